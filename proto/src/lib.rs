@@ -1,0 +1,17 @@
+//! The `kernel.v1` protocol, and the wire conventions both ends must agree on.
+//!
+//! Generated types live in [`v1`]; [`canonical`] holds the JSON canonicalisation and the hashes
+//! (tool fingerprints, call hashes) that the kernel and the worker SDK both compute, so a worker's
+//! announced fingerprint can be checked byte for byte.
+
+pub mod canonical;
+
+/// Generated messages, clients and servers of package `kernel.v1`.
+#[allow(clippy::all, missing_docs)]
+pub mod v1 {
+    tonic::include_proto!("kernel.v1");
+}
+
+/// Encoded `FileDescriptorSet` of the protocol, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/kernel_v1_descriptor.bin"));
