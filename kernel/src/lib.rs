@@ -1,1 +1,25 @@
+//! The kernel: a gRPC server that records every tool call of an agent in an append-only SQLite
+//! log and runs it on a worker under a heartbeated lease.
+//!
+//! How the parts fit, from the edge inwards:
+//! - [`grpc`] converts requests (and only it knows proto types), then calls
+//! - [`scheduler`], the task that owns worker sessions, the queue of calls waiting for a slot and
+//!   the leases of running calls, and
+//! - [`store`], SQLite behind one writer thread that commits queued writes together and publishes
+//!   committed events to the [`hub`], where waiting agents and watchers pick them up.
+//! - [`registry`] holds the tools workers have registered; [`model`] the domain types.
+//!
+//! [`server::run`] assembles them; `main` only parses [`config::Config`] and installs logging.
 
+pub mod config;
+pub mod error;
+pub mod grpc;
+pub mod hub;
+pub mod model;
+pub mod registry;
+pub mod scheduler;
+pub mod server;
+pub mod store;
+
+pub use config::Config;
+pub use error::KernelError;

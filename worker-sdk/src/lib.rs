@@ -1,1 +1,85 @@
+//! Write tools as Rust functions, serve them to the kernel from a worker, and drive runs as an agent.
+//!
+//! The kernel records every tool call of an agent's run, applies policy, and hands each call to
+//! a **worker** that offers the tool. This crate is both ends of that:
+//!
+//! - **Tools.** A [`Tool`] is a name, a description, a JSON Schema of its arguments, a version,
+//!   declared behaviour ([`ToolOptions`]: timeout, retries, idempotency, risk, approval…) and a
+//!   function. The [`#[tool]`](macro@tool) attribute makes one from an ordinary `async fn`
+//!   (the schema comes from the parameter types, the description from the doc comment);
+//!   [`wrap_tool`] and [`wrap_blocking_tool`] make one from a closure over JSON. A tool returns
+//!   `Result<T, ToolError>`; the [`ErrorKind`] of a [`ToolError`] tells the kernel whether to retry.
+//! - **The context.** Each call gets a [`ToolContext`]: run id, idempotency key (stable across
+//!   retries, so side effects can be made to happen once), attempt, cancellation, a progress
+//!   emitter, and the application's shared values ("deps") by type.
+//! - **The worker.** [`Worker`] keeps one streaming session open to the kernel: it announces
+//!   its tools, runs dispatched calls (at most `max_concurrency` at once), heartbeats to keep
+//!   their leases, reconnects with backoff when the connection breaks, and drains on shutdown.
+//! - **The agent.** [`AgentClient`] creates runs and submits each model turn's tool calls
+//!   ([`RunHandle::submit_turn`]); results come back in position order once recorded, and a
+//!   resubmitted turn gets the recorded results instead of running tools twice.
+//!
+//! ```no_run
+//! use serde_json::json;
+//! use worker_sdk::{tool, AgentClient, CancellationToken, Call, NewRun, ToolContext, ToolError, Worker};
+//!
+//! /// Adds two integers.
+//! #[tool(timeout = 5, read_only)]
+//! async fn add(_ctx: ToolContext, a: i64, b: i64) -> Result<i64, ToolError> {
+//!     Ok(a + b)
+//! }
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! // A worker process serves the tool until shutdown is cancelled.
+//! let shutdown = CancellationToken::new();
+//! let worker = Worker::builder("127.0.0.1:50051").name("math").tool(add_tool()).build()?;
+//! tokio::spawn(async move { worker.run(shutdown).await });
+//!
+//! // An agent process calls it through the kernel.
+//! let agent = AgentClient::connect("127.0.0.1:50051").await?;
+//! let run = agent.create_run(NewRun::new("calculator", json!({"goal": "add"}))).await?;
+//! let results = run.call_turn(0, vec![Call::new("add", json!({"a": 2, "b": 3}))]).await?;
+//! assert_eq!(results[0].content, "5");
+//! run.complete(json!({"sum": 5})).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Protocol messages (`kernel_proto::v1`) appear only where the SDK reports what the kernel
+//! recorded ([`Tool::spec`], [`RunSnapshot`]); the crate is re-exported as [`proto`].
 
+#![warn(missing_docs)]
+
+// Lets the code `#[tool]` generates name this crate as `::worker_sdk` inside it too.
+extern crate self as worker_sdk;
+
+mod agent;
+mod backoff;
+mod context;
+mod deps;
+mod error;
+mod session;
+mod tool;
+mod transport;
+mod wire;
+mod worker;
+
+#[doc(hidden)]
+pub mod __private;
+
+pub use agent::{
+    AgentClient, AgentError, Call, CallOutcome, CallStatus, NewRun, ProgressUpdate, RunHandle, RunSnapshot,
+    TurnItem,
+};
+pub use context::{Progress, ToolContext};
+pub use error::{ErrorKind, ToolError};
+pub use kernel_proto as proto;
+/// The cancellation token of [`ToolContext::cancellation`] and [`Worker::run`] (from `tokio-util`).
+pub use tokio_util::sync::CancellationToken;
+pub use tool::{
+    Approval, DEFAULT_TOOL_VERSION, Effect, Idempotency, Invoker, MAX_TOOL_NAME_LEN, RetryPolicy, RiskLevel, Tool,
+    ToolDefinition, ToolDefinitionError, ToolFuture, ToolOptions, validate_tool_name, wrap_blocking_tool,
+    wrap_tool,
+};
+pub use worker::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_CONCURRENCY, Worker, WorkerBuilder, WorkerError};
+pub use worker_sdk_macros::tool;

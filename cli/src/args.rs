@@ -1,0 +1,374 @@
+//! Command-line grammar: every command, flag and argument of `kernelctl`, parsed with clap.
+//!
+//! Values are validated here, while parsing, so a bad address or label filter is a usage error
+//! (exit 2) before any connection is attempted. The parsed [`Cli`] is handed to
+//! [`crate::commands::run`], which knows nothing of how the words were spelled.
+
+use std::fmt;
+use std::str::FromStr;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use kernel_proto::v1::RunStatus;
+
+/// Where the kernel listens when neither `--addr` nor `KERNEL_ADDR` says otherwise.
+pub const DEFAULT_ADDR: &str = "http://127.0.0.1:50051";
+
+/// Largest page the kernel serves for `ListRuns`.
+pub const MAX_RUNS_PAGE: u32 = 1000;
+
+/// Inspect and steer a running kernel: runs, their steps and events, tools and workers.
+#[derive(Debug, Parser)]
+#[command(name = "kernelctl", version, propagate_version = true)]
+pub struct Cli {
+    /// Kernel gRPC address, `http://host:port` or `host:port` (plaintext).
+    #[arg(
+        long,
+        global = true,
+        env = "KERNEL_ADDR",
+        default_value = DEFAULT_ADDR,
+        value_name = "URL"
+    )]
+    pub addr: KernelAddr,
+
+    /// Print machine-readable JSON to stdout instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Runs: list, show, read their event logs, cancel.
+    #[command(subcommand)]
+    Runs(RunsCommand),
+    /// Tools registered with the kernel.
+    #[command(subcommand)]
+    Tools(ToolsCommand),
+    /// Worker sessions connected to the kernel.
+    #[command(subcommand)]
+    Workers(WorkersCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RunsCommand {
+    /// List runs, newest first.
+    #[command(alias = "ls")]
+    List(ListRunsArgs),
+    /// Show one run and every step it recorded.
+    Show {
+        /// Run id.
+        id: String,
+    },
+    /// Print a run's event log, optionally following it live.
+    Events(EventsArgs),
+    /// Cancel a run: its in-flight calls are settled first.
+    Cancel {
+        /// Run id.
+        id: String,
+        /// Why the run is cancelled; recorded in its log.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ListRunsArgs {
+    /// Only runs in this status.
+    #[arg(long, value_enum)]
+    pub status: Option<StatusFilter>,
+
+    /// Only runs of this agent.
+    #[arg(long)]
+    pub agent: Option<String>,
+
+    /// Only runs carrying this label; repeat to require several.
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    pub labels: Vec<LabelFilter>,
+
+    /// Most runs to print.
+    #[arg(
+        long,
+        default_value_t = 50,
+        value_parser = clap::value_parser!(u32).range(1..),
+        conflicts_with = "all"
+    )]
+    pub limit: u32,
+
+    /// Follow every page instead of stopping at --limit.
+    #[arg(long)]
+    pub all: bool,
+
+    /// Resume from a page token printed by an earlier `--json` listing.
+    #[arg(long, value_name = "TOKEN")]
+    pub page_token: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Run id.
+    pub id: String,
+
+    /// First sequence number to print.
+    #[arg(long = "from", value_name = "SEQ", default_value_t = 1)]
+    pub from_seq: u64,
+
+    /// Keep streaming new events until the run ends (or Ctrl-C).
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+
+    /// With --follow, also print live progress of the run's tools (not part of the log).
+    #[arg(long, requires = "follow")]
+    pub progress: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ToolsCommand {
+    /// List every tool ever registered, with the workers offering it now.
+    #[command(alias = "ls")]
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkersCommand {
+    /// List connected worker sessions.
+    #[command(alias = "ls")]
+    List,
+}
+
+/// A run status a listing can be filtered by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusFilter {
+    Pending,
+    Running,
+    Blocked,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl From<StatusFilter> for RunStatus {
+    fn from(status: StatusFilter) -> Self {
+        match status {
+            StatusFilter::Pending => RunStatus::Pending,
+            StatusFilter::Running => RunStatus::Running,
+            StatusFilter::Blocked => RunStatus::Blocked,
+            StatusFilter::Completed => RunStatus::Completed,
+            StatusFilter::Failed => RunStatus::Failed,
+            StatusFilter::Cancelled => RunStatus::Cancelled,
+        }
+    }
+}
+
+/// A kernel address with a scheme, ready for tonic; parsed from `http://host:port` or
+/// `host:port`. `https` is refused until the kernel and this client grow TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelAddr(String);
+
+impl KernelAddr {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for KernelAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for KernelAddr {
+    type Err = String;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        let raw = raw.trim();
+        if raw.is_empty() {
+            return Err("the address is empty".into());
+        }
+        let url = match raw.split_once("://") {
+            Some(("http", _)) => raw.to_owned(),
+            Some(("https", _)) => {
+                return Err("https needs TLS, which kernelctl does not support yet; use http://".into());
+            }
+            Some((scheme, _)) => return Err(format!("unsupported scheme '{scheme}', use http://")),
+            None => format!("http://{raw}"),
+        };
+        let uri: tonic::transport::Uri = url
+            .parse()
+            .map_err(|err| format!("'{raw}' is not a valid address: {err}"))?;
+        if uri.host().is_none_or(str::is_empty) {
+            return Err(format!("'{raw}' has no host"));
+        }
+        Ok(Self(url))
+    }
+}
+
+/// One `key=value` label a run must carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelFilter {
+    pub key: String,
+    pub value: String,
+}
+
+impl fmt::Display for LabelFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.key, self.value)
+    }
+}
+
+impl FromStr for LabelFilter {
+    type Err = String;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        let Some((key, value)) = raw.split_once('=') else {
+            return Err(format!("expected KEY=VALUE, found no '=' in '{raw}'"));
+        };
+        let key = key.trim();
+        if key.is_empty() {
+            return Err(format!("expected KEY=VALUE, found an empty key in '{raw}'"));
+        }
+        Ok(Self {
+            key: key.to_owned(),
+            value: value.to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+    use clap::error::ErrorKind;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("kernelctl").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_grammar_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn label_filters_split_at_the_first_equals_sign() {
+        let label: LabelFilter = "team=search=v2".parse().unwrap();
+        assert_eq!(label.key, "team");
+        assert_eq!(label.value, "search=v2");
+        assert_eq!(label.to_string(), "team=search=v2");
+        let empty_value: LabelFilter = "flag=".parse().unwrap();
+        assert_eq!(empty_value.value, "");
+    }
+
+    #[test]
+    fn label_filters_without_a_key_or_equals_sign_are_rejected() {
+        let missing = "team".parse::<LabelFilter>().unwrap_err();
+        assert!(missing.contains("KEY=VALUE"), "{missing}");
+        assert!(missing.contains("'team'"), "{missing}");
+        assert!("=x".parse::<LabelFilter>().unwrap_err().contains("empty key"));
+    }
+
+    #[test]
+    fn a_bad_label_is_a_usage_error() {
+        let err = parse(&["runs", "list", "--label", "team"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("KEY=VALUE"), "{err}");
+    }
+
+    #[test]
+    fn addresses_get_a_scheme_when_they_lack_one() {
+        let addr: KernelAddr = "localhost:7000".parse().unwrap();
+        assert_eq!(addr.as_str(), "http://localhost:7000");
+        let addr: KernelAddr = "http://kernel.example:80".parse().unwrap();
+        assert_eq!(addr.as_str(), "http://kernel.example:80");
+        let addr: KernelAddr = " 10.0.0.1:50051 ".parse().unwrap();
+        assert_eq!(addr.as_str(), "http://10.0.0.1:50051");
+    }
+
+    #[test]
+    fn bad_addresses_are_rejected() {
+        assert!("".parse::<KernelAddr>().is_err());
+        assert!("ftp://host:1".parse::<KernelAddr>().unwrap_err().contains("scheme"));
+        assert!("host name:1".parse::<KernelAddr>().is_err());
+        assert!("https://k:443".parse::<KernelAddr>().unwrap_err().contains("TLS"));
+        assert_eq!(parse(&["--addr", "", "tools", "list"]).unwrap_err().exit_code(), 2);
+    }
+
+    #[test]
+    fn defaults_and_global_flags() {
+        let cli = parse(&["runs", "list", "--json"]).unwrap();
+        assert!(cli.json);
+        if std::env::var_os("KERNEL_ADDR").is_none() {
+            assert_eq!(cli.addr.as_str(), DEFAULT_ADDR);
+        }
+        let Command::Runs(RunsCommand::List(list)) = cli.command else {
+            panic!("expected runs list");
+        };
+        assert_eq!(list.limit, 50);
+        assert!(!list.all);
+        assert!(list.labels.is_empty());
+        assert_eq!(list.status, None);
+    }
+
+    #[test]
+    fn runs_list_takes_every_filter() {
+        let cli = parse(&[
+            "--addr", "k:1", "runs", "list", "--status", "blocked", "--agent", "planner", "--label",
+            "a=1", "--label", "b=2", "--limit", "10",
+        ])
+        .unwrap();
+        assert_eq!(cli.addr.as_str(), "http://k:1");
+        let Command::Runs(RunsCommand::List(list)) = cli.command else {
+            panic!("expected runs list");
+        };
+        assert_eq!(list.status, Some(StatusFilter::Blocked));
+        assert_eq!(RunStatus::from(StatusFilter::Blocked), RunStatus::Blocked);
+        assert_eq!(list.agent.as_deref(), Some("planner"));
+        let labels: Vec<String> = list.labels.iter().map(ToString::to_string).collect();
+        assert_eq!(labels, ["a=1", "b=2"]);
+        assert_eq!(list.limit, 10);
+    }
+
+    #[test]
+    fn limit_must_be_positive_and_excludes_all() {
+        assert_eq!(parse(&["runs", "list", "--limit", "0"]).unwrap_err().exit_code(), 2);
+        let err = parse(&["runs", "list", "--limit", "5", "--all"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ArgumentConflict);
+        assert!(parse(&["runs", "list", "--all"]).is_ok());
+    }
+
+    #[test]
+    fn unknown_status_is_a_usage_error() {
+        let err = parse(&["runs", "list", "--status", "done"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidValue);
+    }
+
+    #[test]
+    fn events_flags() {
+        let cli = parse(&["runs", "events", "r1", "--from", "7", "--follow", "--progress"]).unwrap();
+        let Command::Runs(RunsCommand::Events(events)) = cli.command else {
+            panic!("expected runs events");
+        };
+        assert_eq!(events.id, "r1");
+        assert_eq!(events.from_seq, 7);
+        assert!(events.follow && events.progress);
+        let err = parse(&["runs", "events", "r1", "--progress"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument);
+    }
+
+    #[test]
+    fn cancel_takes_an_optional_reason() {
+        let cli = parse(&["runs", "cancel", "r1", "--reason", "operator stop"]).unwrap();
+        let Command::Runs(RunsCommand::Cancel { id, reason }) = cli.command else {
+            panic!("expected runs cancel");
+        };
+        assert_eq!(id, "r1");
+        assert_eq!(reason.as_deref(), Some("operator stop"));
+    }
+
+    #[test]
+    fn a_missing_run_id_is_a_usage_error() {
+        assert_eq!(parse(&["runs", "show"]).unwrap_err().exit_code(), 2);
+    }
+}

@@ -1,0 +1,85 @@
+//! Command handlers: each makes its gRPC calls, turns the answer into [`crate::view`] structs and
+//! prints them through [`Output`], as tables or as JSON.
+//!
+//! Handlers stay thin on purpose: paging and streaming live here, layout lives in
+//! [`crate::render`], and the proto-to-view conversion in [`crate::view`].
+
+mod runs;
+mod tools;
+mod workers;
+
+use std::io::{self, Write};
+
+use serde::Serialize;
+
+use crate::args::{Cli, Command, RunsCommand, ToolsCommand, WorkersCommand};
+use crate::client::Kernel;
+use crate::error::CliError;
+
+/// Runs the parsed command against the kernel at `cli.addr`, writing data to `out`.
+pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
+    let mut kernel = Kernel::connect(&cli.addr).await?;
+    let mut out = Output::new(out, cli.json);
+    match cli.command {
+        Command::Runs(RunsCommand::List(args)) => runs::list(&mut kernel, &mut out, args).await,
+        Command::Runs(RunsCommand::Show { id }) => runs::show(&mut kernel, &mut out, id).await,
+        Command::Runs(RunsCommand::Events(args)) => runs::events(&mut kernel, &mut out, args).await,
+        Command::Runs(RunsCommand::Cancel { id, reason }) => {
+            runs::cancel(&mut kernel, &mut out, id, reason).await
+        }
+        Command::Tools(ToolsCommand::List) => tools::list(&mut kernel, &mut out).await,
+        Command::Workers(WorkersCommand::List) => workers::list(&mut kernel, &mut out).await,
+    }?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Where data goes, and in which form.
+pub struct Output<'a> {
+    writer: &'a mut dyn Write,
+    json: bool,
+}
+
+impl<'a> Output<'a> {
+    pub fn new(writer: &'a mut dyn Write, json: bool) -> Self {
+        Self { writer, json }
+    }
+
+    /// Whether `--json` asked for machine output.
+    pub fn is_json(&self) -> bool {
+        self.json
+    }
+
+    /// One pretty-printed JSON document.
+    pub fn document<T: Serialize>(&mut self, value: &T) -> io::Result<()> {
+        serde_json::to_writer_pretty(&mut *self.writer, value).map_err(io::Error::from)?;
+        writeln!(self.writer)
+    }
+
+    /// One compact JSON object on its own line (NDJSON), flushed so a follower sees it at once.
+    pub fn json_line<T: Serialize>(&mut self, value: &T) -> io::Result<()> {
+        serde_json::to_writer(&mut *self.writer, value).map_err(io::Error::from)?;
+        writeln!(self.writer)?;
+        self.writer.flush()
+    }
+
+    /// Text as is (tables already end with a newline).
+    pub fn text(&mut self, text: &str) -> io::Result<()> {
+        self.writer.write_all(text.as_bytes())
+    }
+
+    /// One line of text, flushed.
+    pub fn line(&mut self, line: &str) -> io::Result<()> {
+        writeln!(self.writer, "{line}")?;
+        self.writer.flush()
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.writer.flush()
+    }
+}
+
+#[cfg(test)]
+mod fake_kernel;
+#[cfg(test)]
+mod tests;

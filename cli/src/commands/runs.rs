@@ -1,0 +1,233 @@
+//! `runs list|show|events|cancel`.
+//!
+//! `list` pages with `page_token` until `--limit` runs (or, with `--all`, every page); `events`
+//! pages `ListRunEvents` until `next_seq` is 0, or with `--follow` reads `WatchRunEvents` until the
+//! kernel ends the stream after the run's terminal event, or until Ctrl-C.
+
+use kernel_proto::v1::watch_run_events_response::Item;
+use kernel_proto::v1::{
+    CancelRunRequest, GetRunRequest, ListRunEventsRequest, ListRunsRequest, RunStatus,
+    WatchRunEventsRequest,
+};
+use serde::Serialize;
+
+use super::Output;
+use crate::args::{EventsArgs, ListRunsArgs, MAX_RUNS_PAGE};
+use crate::client::{Kernel, unary};
+use crate::error::CliError;
+use crate::render;
+use crate::view::{EventView, ProgressView, RunDetail, RunView};
+
+/// `runs list --json`.
+#[derive(Serialize)]
+struct RunList {
+    runs: Vec<RunView>,
+    /// Where the listing stopped; `null` when every matching run was printed.
+    next_page_token: Option<String>,
+}
+
+/// `runs cancel --json`.
+#[derive(Serialize)]
+struct RunDocument {
+    run: RunView,
+}
+
+pub async fn list(
+    kernel: &mut Kernel,
+    out: &mut Output<'_>,
+    args: ListRunsArgs,
+) -> Result<(), CliError> {
+    let limit = if args.all { usize::MAX } else { args.limit as usize };
+    let mut request = ListRunsRequest {
+        status: args.status.map_or(RunStatus::Unspecified, RunStatus::from) as i32,
+        agent: args.agent.unwrap_or_default(),
+        labels: args.labels.iter().map(ToString::to_string).collect(),
+        page_size: 0,
+        page_token: args.page_token.unwrap_or_default(),
+    };
+    let mut runs = Vec::new();
+    loop {
+        let wanted = limit.saturating_sub(runs.len());
+        request.page_size = u32::try_from(wanted).unwrap_or(MAX_RUNS_PAGE).min(MAX_RUNS_PAGE);
+        let page = kernel.runs.list_runs(unary(request.clone())).await?.into_inner();
+        let empty = page.runs.is_empty();
+        runs.extend(page.runs.into_iter().map(RunView::from));
+        request.page_token = page.next_page_token;
+        if request.page_token.is_empty() || empty || runs.len() >= limit {
+            break;
+        }
+    }
+    runs.truncate(limit);
+    let next_page_token = Some(request.page_token).filter(|token| !token.is_empty());
+
+    if out.is_json() {
+        out.document(&RunList {
+            runs,
+            next_page_token,
+        })?;
+        return Ok(());
+    }
+    if runs.is_empty() {
+        eprintln!("no runs found");
+    } else {
+        out.text(&render::runs_table(&runs))?;
+    }
+    if next_page_token.is_some() {
+        eprintln!("more runs match: raise --limit or pass --all");
+    }
+    Ok(())
+}
+
+pub async fn show(kernel: &mut Kernel, out: &mut Output<'_>, id: String) -> Result<(), CliError> {
+    let response = kernel.runs.get_run(unary(GetRunRequest { run_id: id })).await?;
+    let detail = RunDetail::try_from(response.into_inner())?;
+    if out.is_json() {
+        out.document(&detail)?;
+    } else {
+        out.text(&render::run_detail(&detail))?;
+    }
+    Ok(())
+}
+
+pub async fn cancel(
+    kernel: &mut Kernel,
+    out: &mut Output<'_>,
+    id: String,
+    reason: Option<String>,
+) -> Result<(), CliError> {
+    let request = CancelRunRequest {
+        run_id: id,
+        reason: reason.unwrap_or_default(),
+    };
+    let response = kernel.runs.cancel_run(unary(request)).await?.into_inner();
+    let run = RunView::from(
+        response
+            .run
+            .ok_or(CliError::MalformedResponse("CancelRun returned no run"))?,
+    );
+    if out.is_json() {
+        out.document(&RunDocument { run })?;
+    } else {
+        out.line(&run.status)?;
+    }
+    Ok(())
+}
+
+pub async fn events(
+    kernel: &mut Kernel,
+    out: &mut Output<'_>,
+    args: EventsArgs,
+) -> Result<(), CliError> {
+    let mut printer = EventPrinter::default();
+    if args.follow {
+        follow_events(kernel, out, &mut printer, args).await?;
+    } else {
+        list_events(kernel, out, &mut printer, args).await?;
+    }
+    if printer.printed == 0 && !out.is_json() {
+        eprintln!("no events");
+    }
+    Ok(())
+}
+
+async fn list_events(
+    kernel: &mut Kernel,
+    out: &mut Output<'_>,
+    printer: &mut EventPrinter,
+    args: EventsArgs,
+) -> Result<(), CliError> {
+    let mut from_seq = args.from_seq;
+    loop {
+        let request = ListRunEventsRequest {
+            run_id: args.id.clone(),
+            from_seq,
+            page_size: 0,
+        };
+        let page = kernel.runs.list_run_events(unary(request)).await?.into_inner();
+        let empty = page.events.is_empty();
+        for event in page.events {
+            printer.event(out, EventView::from(event))?;
+        }
+        // A page that does not move forward would repeat forever; the log has nothing more.
+        if page.next_seq == 0 || page.next_seq <= from_seq || empty {
+            return Ok(());
+        }
+        from_seq = page.next_seq;
+    }
+}
+
+async fn follow_events(
+    kernel: &mut Kernel,
+    out: &mut Output<'_>,
+    printer: &mut EventPrinter,
+    args: EventsArgs,
+) -> Result<(), CliError> {
+    let request = WatchRunEventsRequest {
+        run_id: args.id,
+        from_seq: args.from_seq,
+        include_progress: args.progress,
+    };
+    let mut stream = kernel.runs.watch_run_events(request).await?.into_inner();
+    let interrupt = tokio::signal::ctrl_c();
+    tokio::pin!(interrupt);
+    let mut interrupt_armed = true;
+    loop {
+        let message = tokio::select! {
+            installed = &mut interrupt, if interrupt_armed => {
+                if installed.is_ok() {
+                    return Ok(());
+                }
+                // No signal handler: follow until the stream ends instead.
+                interrupt_armed = false;
+                continue;
+            }
+            message = stream.message() => message?,
+        };
+        let Some(response) = message else {
+            return Ok(());
+        };
+        match response.item {
+            Some(Item::Event(event)) => printer.event(out, EventView::from(event))?,
+            Some(Item::Progress(progress)) => printer.progress(out, ProgressView::from(progress))?,
+            // An item kind this client does not know yet: nothing to print.
+            None => {}
+        }
+    }
+}
+
+/// Prints events and progress as lines (header before the first) or as NDJSON.
+#[derive(Default)]
+struct EventPrinter {
+    printed: usize,
+}
+
+impl EventPrinter {
+    fn event(&mut self, out: &mut Output<'_>, event: EventView) -> std::io::Result<()> {
+        if out.is_json() {
+            out.json_line(&event)?;
+        } else {
+            self.header(out)?;
+            out.line(&render::event_line(&event))?;
+        }
+        self.printed += 1;
+        Ok(())
+    }
+
+    fn progress(&mut self, out: &mut Output<'_>, progress: ProgressView) -> std::io::Result<()> {
+        if out.is_json() {
+            out.json_line(&progress)?;
+        } else {
+            self.header(out)?;
+            out.line(&render::progress_line(&progress))?;
+        }
+        self.printed += 1;
+        Ok(())
+    }
+
+    fn header(&self, out: &mut Output<'_>) -> std::io::Result<()> {
+        if self.printed == 0 {
+            out.line(&render::events_header())?;
+        }
+        Ok(())
+    }
+}

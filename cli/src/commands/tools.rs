@@ -1,0 +1,29 @@
+//! `tools list`: every tool the kernel has seen, with the workers offering it now.
+
+use kernel_proto::v1::ListToolsRequest;
+use serde::Serialize;
+
+use super::Output;
+use crate::client::{Kernel, unary};
+use crate::error::CliError;
+use crate::render;
+use crate::view::ToolView;
+
+#[derive(Serialize)]
+struct ToolList {
+    tools: Vec<ToolView>,
+}
+
+pub async fn list(kernel: &mut Kernel, out: &mut Output<'_>) -> Result<(), CliError> {
+    let response = kernel.registry.list_tools(unary(ListToolsRequest {})).await?;
+    let mut tools: Vec<ToolView> = response.into_inner().tools.into_iter().map(ToolView::from).collect();
+    tools.sort_by(|a, b| (&a.name, &a.version).cmp(&(&b.name, &b.version)));
+    if out.is_json() {
+        out.document(&ToolList { tools })?;
+    } else if tools.is_empty() {
+        eprintln!("no tools registered");
+    } else {
+        out.text(&render::tools_table(&tools))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,585 @@
+//! Human output: tables, detail blocks and event lines drawn from [`crate::view`] structs.
+//!
+//! Everything here is a pure function from views to text, so the layout is unit-tested without a
+//! kernel. Tables use comfy-table's borderless preset with no styling at all, which reads the same
+//! in a terminal, a pipe or a file. Long JSON is cut at [`JSON_CUT`] characters with `…`; `--json`
+//! output never goes through this module and is never cut.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use comfy_table::{ContentArrangement, Table, presets};
+
+use crate::time::{Precision, UtcTime};
+use crate::view::{EventView, Json, ProgressView, RunDetail, RunView, StepView, ToolView, WorkerView};
+
+/// Characters of JSON shown in human output before it is cut.
+pub const JSON_CUT: usize = 200;
+/// Characters of a tool description shown in `tools list`.
+pub const DESCRIPTION_CUT: usize = 60;
+/// Characters of joined tool names shown in `workers list`.
+pub const TOOL_NAMES_CUT: usize = 40;
+/// Hex digits of a fingerprint shown in tables.
+pub const FINGERPRINT_DIGITS: usize = 12;
+
+const NONE: &str = "-";
+
+/// A duration as a person reads it: `850µs`, `12ms`, `1.2s`, `3m04s`, `2h05m`, `3d04h`.
+pub fn duration(d: Duration) -> String {
+    let millis = d.as_millis();
+    let secs = d.as_secs();
+    if millis == 0 {
+        format!("{}µs", d.as_micros())
+    } else if millis < 1_000 {
+        format!("{millis}ms")
+    } else if secs < 60 {
+        format!("{secs}.{}s", d.subsec_millis() / 100)
+    } else if secs < 3_600 {
+        format!("{}m{:02}s", secs / 60, secs % 60)
+    } else if secs < 86_400 {
+        format!("{}h{:02}m", secs / 3_600, secs % 3_600 / 60)
+    } else {
+        format!("{}d{:02}h", secs / 86_400, secs % 86_400 / 3_600)
+    }
+}
+
+/// At most `max_chars` characters of `text`, then `…` when anything was cut.
+pub fn truncate(text: &str, max_chars: usize) -> Cow<'_, str> {
+    match text.char_indices().nth(max_chars) {
+        None => Cow::Borrowed(text),
+        Some((cut, _)) => Cow::Owned(format!("{}…", &text[..cut])),
+    }
+}
+
+/// `text` on one line: newlines, tabs and other control characters become spaces.
+pub fn one_line(text: &str) -> Cow<'_, str> {
+    if text.chars().any(char::is_control) {
+        Cow::Owned(
+            text.chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect(),
+        )
+    } else {
+        Cow::Borrowed(text)
+    }
+}
+
+/// The first [`FINGERPRINT_DIGITS`] hex digits of a fingerprint.
+pub fn short_fingerprint(fingerprint: &str) -> &str {
+    fingerprint
+        .char_indices()
+        .nth(FINGERPRINT_DIGITS)
+        .map_or(fingerprint, |(cut, _)| &fingerprint[..cut])
+}
+
+/// Compact JSON cut for a table or detail line.
+pub fn json_cut(json: &Json) -> String {
+    truncate(&one_line(&json.compact()), JSON_CUT).into_owned()
+}
+
+fn time(t: Option<UtcTime>) -> String {
+    t.map_or_else(|| NONE.to_owned(), |t| t.rfc3339(Precision::Seconds))
+}
+
+fn or_none(text: Option<&str>) -> &str {
+    text.filter(|t| !t.is_empty()).unwrap_or(NONE)
+}
+
+/// A borderless table with a header row; lines carry no trailing spaces.
+pub fn table<R>(headers: &[&str], rows: R) -> String
+where
+    R: IntoIterator<Item = Vec<String>>,
+{
+    let mut table = Table::new();
+    table
+        .load_preset(presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(headers.to_vec());
+    for row in rows {
+        table.add_row(row);
+    }
+    let last = headers.len().saturating_sub(1);
+    for (index, column) in table.column_iter_mut().enumerate() {
+        column.set_padding((0, if index == last { 0 } else { 2 }));
+    }
+    let mut text = String::new();
+    for line in table.lines() {
+        text.push_str(line.trim_end());
+        text.push('\n');
+    }
+    text
+}
+
+/// `label: value` lines with the values aligned.
+fn fields(pairs: &[(&str, String)], indent: &str) -> String {
+    let width = pairs.iter().map(|(label, _)| label.len() + 1).max().unwrap_or(0);
+    let mut text = String::new();
+    for (label, value) in pairs {
+        let label = format!("{label}:");
+        text.push_str(format!("{indent}{label:<width$}  {value}").trim_end());
+        text.push('\n');
+    }
+    text
+}
+
+fn labels(run: &RunView) -> String {
+    if run.labels.is_empty() {
+        return NONE.to_owned();
+    }
+    let pairs: Vec<String> = run.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    one_line(&pairs.join(",")).into_owned()
+}
+
+fn calls(run: &RunView) -> String {
+    match run.max_tool_calls {
+        Some(max) => format!("{}/{max}", run.tool_calls),
+        None => format!("{}/{NONE}", run.tool_calls),
+    }
+}
+
+/// `runs list`: ID, AGENT, STATUS, CALLS, CREATED, UPDATED, LABELS.
+pub fn runs_table(runs: &[RunView]) -> String {
+    table(
+        &["ID", "AGENT", "STATUS", "CALLS", "CREATED", "UPDATED", "LABELS"],
+        runs.iter().map(|run| {
+            vec![
+                run.id.clone(),
+                one_line(&run.agent).into_owned(),
+                run.status.clone(),
+                calls(run),
+                time(run.created_at),
+                time(run.updated_at),
+                labels(run),
+            ]
+        }),
+    )
+}
+
+fn step_version(step: &StepView) -> String {
+    match &step.tool_version {
+        Some(version) => one_line(version).into_owned(),
+        None if step.tool_fingerprint.is_empty() => NONE.to_owned(),
+        None => short_fingerprint(&step.tool_fingerprint).to_owned(),
+    }
+}
+
+/// The step table of `runs show`: KEY, TOOL, VERSION, STATUS, ATTEMPTS, DURATION, WORKER, REPLAYS.
+pub fn steps_table(steps: &[StepView]) -> String {
+    table(
+        &["KEY", "TOOL", "VERSION", "STATUS", "ATTEMPTS", "DURATION", "WORKER", "REPLAYS"],
+        steps.iter().map(|step| {
+            vec![
+                one_line(&step.key).into_owned(),
+                step.tool.clone(),
+                step_version(step),
+                step.status.clone(),
+                step.attempts.to_string(),
+                step.duration().map_or_else(|| NONE.to_owned(), duration),
+                or_none(step.worker.as_deref()).to_owned(),
+                step.replays.to_string(),
+            ]
+        }),
+    )
+}
+
+fn run_fields(run: &RunView) -> String {
+    let mut pairs = vec![
+        ("run", run.id.clone()),
+        ("agent", one_line(&run.agent).into_owned()),
+        ("status", run.status.clone()),
+    ];
+    if let Some(reason) = &run.reason {
+        pairs.push(("reason", one_line(reason).into_owned()));
+    }
+    pairs.extend([
+        ("created", time(run.created_at)),
+        ("updated", time(run.updated_at)),
+        ("labels", labels(run)),
+    ]);
+    let tool_calls = match run.max_tool_calls {
+        Some(max) => format!("{} of at most {max}", run.tool_calls),
+        None => format!("{} (no limit)", run.tool_calls),
+    };
+    pairs.push(("tool calls", tool_calls));
+    if let Some(key) = &run.idempotency_key {
+        pairs.push(("idempotency key", one_line(key).into_owned()));
+    }
+    pairs.push(("input", json_cut(&run.input)));
+    pairs.push((
+        "output",
+        run.output.as_ref().map_or_else(|| NONE.to_owned(), json_cut),
+    ));
+    fields(&pairs, "")
+}
+
+fn step_block(step: &StepView) -> String {
+    let mut text = format!("{} {} ({})\n", one_line(&step.key), step.tool, step.status);
+    let mut pairs = Vec::new();
+    if let Some(call_id) = &step.call_id {
+        pairs.push(("call id", one_line(call_id).into_owned()));
+    }
+    pairs.push(("arguments", json_cut(&step.arguments)));
+    if let Some(output) = &step.output {
+        pairs.push(("result", json_cut(output)));
+    }
+    if let Some(error) = &step.error {
+        let message = truncate(&one_line(&error.message), JSON_CUT).into_owned();
+        let value = match &error.kind {
+            Some(kind) => format!("{kind}: {message}"),
+            None => message,
+        };
+        pairs.push(("error", value));
+    }
+    pairs.push(("dispatch", or_none(step.dispatch_id.as_deref()).to_owned()));
+    if step.is_running() {
+        pairs.push(("lease expires", time(step.lease_expires_at)));
+    }
+    pairs.push(("idempotency key", or_none(Some(&step.idempotency_key)).to_owned()));
+    text.push_str(&fields(&pairs, "  "));
+    text
+}
+
+/// `runs show`: the run's fields, its step table, then one detail block per step.
+pub fn run_detail(detail: &RunDetail) -> String {
+    let mut text = run_fields(&detail.run);
+    text.push('\n');
+    if detail.steps.is_empty() {
+        text.push_str("no steps recorded\n");
+        return text;
+    }
+    text.push_str(&steps_table(&detail.steps));
+    for step in &detail.steps {
+        text.push('\n');
+        text.push_str(&step_block(step));
+    }
+    text
+}
+
+const AT_WIDTH: usize = 24;
+const TYPE_WIDTH: usize = 18;
+
+/// The header line above `runs events` output.
+pub fn events_header() -> String {
+    format!("{:>5}  {:<AT_WIDTH$}  {:<TYPE_WIDTH$}  PAYLOAD", "SEQ", "AT", "TYPE")
+}
+
+/// One `runs events` line: `SEQ  AT  TYPE  PAYLOAD`, time to the millisecond.
+pub fn event_line(event: &EventView) -> String {
+    let at = event
+        .at
+        .map_or_else(|| NONE.to_owned(), |t| t.rfc3339(Precision::Millis));
+    format!(
+        "{:>5}  {at:<AT_WIDTH$}  {:<TYPE_WIDTH$}  {}",
+        event.seq,
+        one_line(&event.kind),
+        json_cut(&event.payload)
+    )
+}
+
+/// A live progress line under `runs events --follow --progress`; it has no sequence number.
+pub fn progress_line(progress: &ProgressView) -> String {
+    let mut body = format!(
+        "{} {}: {}",
+        one_line(&progress.step_key),
+        progress.tool,
+        one_line(&progress.message)
+    );
+    if progress.total > 0 {
+        body.push_str(&format!(" ({}/{})", progress.current, progress.total));
+    }
+    if let Some(data) = &progress.data {
+        body.push(' ');
+        body.push_str(&json_cut(data));
+    }
+    let line = format!("{:>5}  {NONE:<AT_WIDTH$}  {:<TYPE_WIDTH$}  {body}", "~", "progress");
+    line.trim_end().to_owned()
+}
+
+/// `tools list`: NAME, VERSION, FINGERPRINT, RISK, IDEMPOTENCY, WORKERS, DESCRIPTION.
+pub fn tools_table(tools: &[ToolView]) -> String {
+    table(
+        &["NAME", "VERSION", "FINGERPRINT", "RISK", "IDEMPOTENCY", "WORKERS", "DESCRIPTION"],
+        tools.iter().map(|tool| {
+            let workers = if tool.workers.is_empty() {
+                "none connected".to_owned()
+            } else {
+                tool.workers.join(", ")
+            };
+            vec![
+                tool.name.clone(),
+                or_none(tool.version.as_deref()).to_owned(),
+                or_none(Some(short_fingerprint(&tool.fingerprint))).to_owned(),
+                unspecified_as_none(&tool.options.risk),
+                unspecified_as_none(&tool.options.idempotency),
+                one_line(&workers).into_owned(),
+                truncate(one_line(&tool.description).trim(), DESCRIPTION_CUT).into_owned(),
+            ]
+        }),
+    )
+}
+
+fn unspecified_as_none(name: &str) -> String {
+    if name == "unspecified" { NONE } else { name }.to_owned()
+}
+
+fn worker_tools(tools: &[String]) -> String {
+    if tools.is_empty() {
+        return "0".to_owned();
+    }
+    let names = one_line(&tools.join(", ")).into_owned();
+    format!("{}: {}", tools.len(), truncate(&names, TOOL_NAMES_CUT))
+}
+
+/// `workers list`: SESSION, NAME, SLOTS, TOOLS, CONNECTED, LAST HEARTBEAT, DRAINING.
+pub fn workers_table(workers: &[WorkerView]) -> String {
+    table(
+        &["SESSION", "NAME", "SLOTS", "TOOLS", "CONNECTED", "LAST HEARTBEAT", "DRAINING"],
+        workers.iter().map(|worker| {
+            vec![
+                worker.session_id.clone(),
+                one_line(&worker.name).into_owned(),
+                format!("{}/{}", worker.slots_in_use, worker.max_concurrency),
+                worker_tools(&worker.tools),
+                time(worker.connected_at),
+                time(worker.last_heartbeat_at),
+                if worker.draining { "yes" } else { "no" }.to_owned(),
+            ]
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::view::tests::{sample_run, sample_step, ts};
+    use kernel_proto::v1 as pb;
+
+    #[test]
+    fn durations_are_humanised() {
+        assert_eq!(duration(Duration::from_micros(850)), "850µs");
+        assert_eq!(duration(Duration::ZERO), "0µs");
+        assert_eq!(duration(Duration::from_millis(12)), "12ms");
+        assert_eq!(duration(Duration::from_millis(999)), "999ms");
+        assert_eq!(duration(Duration::from_millis(1_000)), "1.0s");
+        assert_eq!(duration(Duration::from_millis(1_250)), "1.2s");
+        assert_eq!(duration(Duration::from_millis(59_999)), "59.9s");
+        assert_eq!(duration(Duration::from_secs(60)), "1m00s");
+        assert_eq!(duration(Duration::from_secs(184)), "3m04s");
+        assert_eq!(duration(Duration::from_secs(3_599)), "59m59s");
+        assert_eq!(duration(Duration::from_secs(3_600 * 2 + 5 * 60 + 59)), "2h05m");
+        assert_eq!(duration(Duration::from_secs(86_400 * 3 + 3_600 * 4)), "3d04h");
+    }
+
+    #[test]
+    fn truncation_counts_characters_not_bytes() {
+        assert_eq!(truncate("short", 10), "short");
+        assert_eq!(truncate("exactly10!", 10), "exactly10!");
+        assert_eq!(truncate("0123456789abc", 10), "0123456789…");
+        assert_eq!(truncate("ééééé", 3), "ééé…");
+        let long = format!(r#"{{"text":"{}"}}"#, "x".repeat(500));
+        let cut = json_cut(&Json::parse(&long).unwrap());
+        assert_eq!(cut.chars().count(), JSON_CUT + 1);
+        assert!(cut.ends_with('…'));
+        assert!(matches!(truncate("abc", 3), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn control_characters_never_break_a_line() {
+        assert_eq!(one_line("a\nb\tc"), "a b c");
+        assert!(matches!(one_line("plain"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn fingerprints_are_shortened() {
+        assert_eq!(short_fingerprint("0123456789abcdef"), "0123456789ab");
+        assert_eq!(short_fingerprint("abc"), "abc");
+    }
+
+    #[test]
+    fn tables_have_a_header_and_no_trailing_spaces() {
+        let text = table(
+            &["A", "LONG HEADER", "C"],
+            [
+                vec!["x".into(), "y".into(), "".into()],
+                vec!["wide cell".into(), "z".into(), "last".into()],
+            ],
+        );
+        assert_eq!(
+            text,
+            "A          LONG HEADER  C\n\
+             x          y\n\
+             wide cell  z            last\n"
+        );
+    }
+
+    #[test]
+    fn runs_table_layout() {
+        let run = RunView::from(sample_run());
+        let unlimited = RunView::from(pb::Run {
+            id: "r2".into(),
+            max_tool_calls: 0,
+            labels: Default::default(),
+            ..sample_run()
+        });
+        let text = runs_table(&[run, unlimited]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[0].starts_with("ID"), "{text}");
+        assert!(lines[0].contains("LABELS"));
+        assert!(lines[1].contains("running"));
+        assert!(lines[1].contains("3/10"));
+        assert!(lines[1].contains("2023-11-14T22:13:20Z"));
+        assert!(lines[1].contains("2023-11-14T22:14:02Z"));
+        assert!(lines[1].ends_with("env=dev,team=travel"));
+        assert!(lines[2].contains("3/-"));
+        assert!(lines[2].ends_with('-'));
+    }
+
+    #[test]
+    fn run_detail_layout() {
+        let failed = pb::Step {
+            status: pb::StepStatus::Failed as i32,
+            output_json: String::new(),
+            error: "boom\nstack".into(),
+            error_kind: pb::ErrorKind::Fatal as i32,
+            tool_version: "2.1.0".into(),
+            ..sample_step(0, 2)
+        };
+        let running = pb::Step {
+            status: pb::StepStatus::Running as i32,
+            output_json: String::new(),
+            finished_at: None,
+            lease_expires_at: ts(1_700_000_030, 0),
+            arguments_json: format!(r#"{{"blob":"{}"}}"#, "y".repeat(400)),
+            ..sample_step(1, 0)
+        };
+        let detail = RunDetail::try_from(pb::GetRunResponse {
+            run: Some(sample_run()),
+            steps: vec![running, failed, sample_step(0, 1)],
+        })
+        .unwrap();
+        let text = run_detail(&detail);
+        assert!(text.starts_with("run:         0192f0c1-run\n"), "{text}");
+        assert!(text.contains("tool calls:  3 of at most 10\n"), "{text}");
+        assert!(text.contains(r#"input:       {"budget":300,"task":"book a flight"}"#));
+        assert!(text.contains("output:      -\n"));
+        assert!(!text.contains("reason:"));
+
+        let table_start = text.find("KEY").unwrap();
+        let table: Vec<&str> = text[table_start..].lines().take(4).collect();
+        assert!(table[0].starts_with("KEY    TOOL    VERSION       STATUS"), "{text}");
+        assert!(table[1].starts_with("t0/p1 "), "{text}");
+        assert!(table[1].contains("0123456789ab"));
+        assert!(table[1].contains("1.2s"));
+        assert!(table[2].starts_with("t0/p2 "));
+        assert!(table[2].contains("2.1.0"));
+        assert!(table[3].starts_with("t1/p0 "));
+        assert!(table[3].contains(" - "), "{text}");
+
+        assert!(text.contains("\nt0/p1 search (succeeded)\n"));
+        assert!(text.contains(r#"  result:           ["AF12","BA7"]"#));
+        assert!(text.contains("  error:            fatal: boom stack\n"), "{text}");
+        assert!(text.contains("  lease expires:    2023-11-14T22:13:50Z\n"), "{text}");
+        assert_eq!(text.matches("lease expires").count(), 1);
+        assert!(text.contains("  idempotency key:  0192f0c1-run/t1/p0\n"));
+        let blob_line = text.lines().find(|l| l.contains("blob")).unwrap();
+        assert!(blob_line.ends_with('…'));
+    }
+
+    #[test]
+    fn a_run_without_steps_says_so() {
+        let detail = RunDetail::try_from(pb::GetRunResponse {
+            run: Some(sample_run()),
+            steps: vec![],
+        })
+        .unwrap();
+        assert!(run_detail(&detail).ends_with("\nno steps recorded\n"));
+    }
+
+    #[test]
+    fn event_lines_align_under_the_header() {
+        let event = EventView::from(pb::Event {
+            run_id: "r".into(),
+            seq: 12,
+            r#type: "tool:start".into(),
+            schema_version: 1,
+            at: ts(1_700_000_000, 7_000_000),
+            payload_json: r#"{"tool": "search"}"#.into(),
+        });
+        let header = events_header();
+        let line = event_line(&event);
+        assert_eq!(
+            line,
+            r#"   12  2023-11-14T22:13:20.007Z  tool:start          {"tool":"search"}"#
+        );
+        assert_eq!(header.find("TYPE"), line.find("tool:start"));
+        assert_eq!(header.find("PAYLOAD"), line.find('{'));
+    }
+
+    #[test]
+    fn progress_lines_show_the_fraction() {
+        let progress = ProgressView::from(pb::Progress {
+            step_key: "t0/p0".into(),
+            tool: "fetch".into(),
+            message: "page".into(),
+            current: 2,
+            total: 5,
+            ..Default::default()
+        });
+        assert!(progress_line(&progress).ends_with("progress            t0/p0 fetch: page (2/5)"));
+    }
+
+    #[test]
+    fn tools_table_layout() {
+        let tool = |name: &str, workers: Vec<String>| {
+            ToolView::from(pb::RegisteredTool {
+                spec: Some(pb::ToolSpec {
+                    name: name.into(),
+                    description: format!("{}\nsecond line", "d".repeat(80)),
+                    version: "1.0".into(),
+                    fingerprint: "fedcba9876543210".into(),
+                    options: Some(pb::ToolOptions {
+                        risk: pb::RiskLevel::High as i32,
+                        idempotency: pb::Idempotency::AtMostOnce as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                workers,
+                ..Default::default()
+            })
+        };
+        let text = tools_table(&[
+            tool("send_email", vec!["mailer".into(), "backup".into()]),
+            tool("search", vec![]),
+        ]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("NAME"));
+        assert!(lines[1].contains("fedcba987654 "));
+        assert!(lines[1].contains("high"));
+        assert!(lines[1].contains("at_most_once"));
+        assert!(lines[1].contains("mailer, backup"));
+        assert!(lines[2].contains("none connected"));
+        assert!(lines[1].ends_with(&format!("{}…", "d".repeat(DESCRIPTION_CUT))));
+    }
+
+    #[test]
+    fn workers_table_layout() {
+        let worker = WorkerView::from(pb::WorkerInfo {
+            session_id: "s-1".into(),
+            name: "py-tools".into(),
+            tools: (0..10).map(|i| format!("tool_number_{i}")).collect(),
+            max_concurrency: 8,
+            slots_in_use: 3,
+            draining: true,
+            connected_at: ts(1_700_000_000, 0),
+            last_heartbeat_at: ts(1_700_000_100, 0),
+        });
+        let text = workers_table(&[worker]);
+        let row = text.lines().nth(1).unwrap();
+        assert!(row.contains("3/8"), "{text}");
+        assert!(row.contains("10: tool_number_0, tool_number_1, tool_numbe…"), "{text}");
+        assert!(row.contains("2023-11-14T22:15:00Z"));
+        assert!(row.ends_with("yes"));
+    }
+}

@@ -1,0 +1,402 @@
+//! Conversions between proto messages and domain types, in one place. Request validation that is
+//! about shape (fields present, JSON parses, names well formed) happens here and names the field.
+
+use std::collections::{BTreeMap, HashSet};
+
+use kernel_proto::canonical;
+use kernel_proto::v1 as pb;
+use prost_types::Timestamp;
+use serde_json::Value;
+
+use crate::error::KernelError;
+use crate::hub::ProgressUpdate;
+use crate::model::{
+    ErrorKind, EventRecord, Idempotency, Millis, RetryPolicy, RiskLevel, RunRecord, RunStatus, StepRecord,
+    StepStatus, ToolDef, ToolOptions, validate_tool_name,
+};
+use crate::registry::KnownTool;
+use crate::scheduler::{SessionHello, WorkerSnapshot};
+
+pub fn timestamp(ms: Millis) -> Timestamp {
+    Timestamp { seconds: ms.div_euclid(1000), nanos: (ms.rem_euclid(1000) * 1_000_000) as i32 }
+}
+
+fn opt_timestamp(ms: Option<Millis>) -> Option<Timestamp> {
+    ms.map(timestamp)
+}
+
+/// Parses JSON text from a request into canonical text; empty text means `default`.
+pub fn canonical_json(text: &str, field: &str, default: &str) -> Result<String, KernelError> {
+    let text = if text.trim().is_empty() { default } else { text };
+    canonical::canonicalize(text).map_err(|e| KernelError::invalid(field, format!("is not valid JSON: {e}")))
+}
+
+pub fn run_status(status: RunStatus) -> pb::RunStatus {
+    match status {
+        RunStatus::Pending => pb::RunStatus::Pending,
+        RunStatus::Running => pb::RunStatus::Running,
+        RunStatus::Blocked => pb::RunStatus::Blocked,
+        RunStatus::Completed => pb::RunStatus::Completed,
+        RunStatus::Failed => pb::RunStatus::Failed,
+        RunStatus::Cancelled => pb::RunStatus::Cancelled,
+    }
+}
+
+pub fn run_status_filter(value: i32) -> Result<Option<RunStatus>, KernelError> {
+    match pb::RunStatus::try_from(value) {
+        Ok(pb::RunStatus::Unspecified) => Ok(None),
+        Ok(pb::RunStatus::Pending) => Ok(Some(RunStatus::Pending)),
+        Ok(pb::RunStatus::Running) => Ok(Some(RunStatus::Running)),
+        Ok(pb::RunStatus::Blocked) => Ok(Some(RunStatus::Blocked)),
+        Ok(pb::RunStatus::Completed) => Ok(Some(RunStatus::Completed)),
+        Ok(pb::RunStatus::Failed) => Ok(Some(RunStatus::Failed)),
+        Ok(pb::RunStatus::Cancelled) => Ok(Some(RunStatus::Cancelled)),
+        Err(_) => Err(KernelError::invalid("status", format!("{value} is not a RunStatus"))),
+    }
+}
+
+fn step_status(status: StepStatus) -> pb::StepStatus {
+    match status {
+        StepStatus::Pending => pb::StepStatus::Pending,
+        StepStatus::Running => pb::StepStatus::Running,
+        StepStatus::Succeeded => pb::StepStatus::Succeeded,
+        StepStatus::Failed => pb::StepStatus::Failed,
+        StepStatus::Cancelled => pb::StepStatus::Cancelled,
+    }
+}
+
+pub fn error_kind(kind: Option<ErrorKind>) -> pb::ErrorKind {
+    match kind {
+        None => pb::ErrorKind::Unspecified,
+        Some(ErrorKind::Retryable) => pb::ErrorKind::Retryable,
+        Some(ErrorKind::Fatal) => pb::ErrorKind::Fatal,
+        Some(ErrorKind::Poison) => pb::ErrorKind::Poison,
+    }
+}
+
+pub fn error_kind_from(value: i32) -> ErrorKind {
+    match pb::ErrorKind::try_from(value) {
+        Ok(pb::ErrorKind::Fatal) => ErrorKind::Fatal,
+        Ok(pb::ErrorKind::Poison) => ErrorKind::Poison,
+        _ => ErrorKind::Retryable,
+    }
+}
+
+pub fn run(run: &RunRecord) -> pb::Run {
+    pb::Run {
+        id: run.id.to_string(),
+        agent: run.agent.clone(),
+        status: run_status(run.status) as i32,
+        input_json: run.input.clone(),
+        output_json: run.output.clone().unwrap_or_default(),
+        reason: run.reason.clone().unwrap_or_default(),
+        labels: run.labels.clone().into_iter().collect(),
+        idempotency_key: run.idempotency_key.clone().unwrap_or_default(),
+        max_tool_calls: run.max_tool_calls,
+        tool_calls: run.tool_calls,
+        last_seq: run.last_seq,
+        created_at: Some(timestamp(run.created_at)),
+        updated_at: Some(timestamp(run.updated_at)),
+    }
+}
+
+pub fn step(step: &StepRecord) -> pb::Step {
+    pb::Step {
+        step_key: step.key.to_string(),
+        turn: step.turn,
+        position: step.position,
+        call_id: step.call_id.clone().unwrap_or_default(),
+        tool: step.tool.clone(),
+        tool_fingerprint: step.fingerprint.clone(),
+        tool_version: step.version.clone(),
+        arguments_json: step.arguments.clone(),
+        call_hash: step.call_hash.clone(),
+        idempotency_key: step.idempotency_key.clone(),
+        status: step_status(step.status) as i32,
+        attempts: step.attempts,
+        output_json: step.output.clone().unwrap_or_default(),
+        error: step.error.clone().unwrap_or_default(),
+        error_kind: error_kind(step.error_kind) as i32,
+        worker: step.worker.clone().unwrap_or_default(),
+        dispatch_id: step.dispatch_id.clone().unwrap_or_default(),
+        lease_expires_at: opt_timestamp(step.lease_expires_at),
+        created_at: Some(timestamp(step.created_at)),
+        started_at: opt_timestamp(step.started_at),
+        finished_at: opt_timestamp(step.finished_at),
+        replays: step.replays,
+        progress_count: step.progress_count,
+    }
+}
+
+pub fn event(event: &EventRecord) -> pb::Event {
+    pb::Event {
+        run_id: event.run_id.to_string(),
+        seq: event.seq,
+        r#type: event.kind.as_str().to_owned(),
+        schema_version: event.schema_version,
+        at: Some(timestamp(event.at)),
+        payload_json: event.payload.clone(),
+    }
+}
+
+pub fn progress(update: &ProgressUpdate) -> pb::Progress {
+    pb::Progress {
+        run_id: update.run_id.to_string(),
+        step_key: update.key.to_string(),
+        position: update.position,
+        tool: update.tool.clone(),
+        message: update.message.clone(),
+        data_json: update.data_json.clone(),
+        current: update.current,
+        total: update.total,
+    }
+}
+
+/// What the agent (and the model) gets for a settled step.
+pub fn call_result(step: &StepRecord, position: u32, replayed: bool) -> pb::CallResult {
+    let (status, content, output_json) = match step.status {
+        StepStatus::Succeeded => {
+            let output = step.output.clone().unwrap_or_else(|| "null".into());
+            let value: Value = serde_json::from_str(&output).unwrap_or(Value::Null);
+            (pb::CallStatus::Ok, canonical::model_text(&value), output)
+        }
+        StepStatus::Cancelled => (pb::CallStatus::Cancelled, step.error.clone().unwrap_or_default(), String::new()),
+        _ => (pb::CallStatus::Error, step.error.clone().unwrap_or_default(), String::new()),
+    };
+    pb::CallResult {
+        position,
+        step_key: step.key.to_string(),
+        tool: step.tool.clone(),
+        status: status as i32,
+        content,
+        output_json,
+        error_kind: error_kind(step.error_kind) as i32,
+        replayed,
+        attempts: step.attempts,
+    }
+}
+
+fn risk(value: i32) -> Option<RiskLevel> {
+    match pb::RiskLevel::try_from(value) {
+        Ok(pb::RiskLevel::Low) => Some(RiskLevel::Low),
+        Ok(pb::RiskLevel::Medium) => Some(RiskLevel::Medium),
+        Ok(pb::RiskLevel::High) => Some(RiskLevel::High),
+        Ok(pb::RiskLevel::Critical) => Some(RiskLevel::Critical),
+        _ => None,
+    }
+}
+
+fn options(field: &str, options: Option<pb::ToolOptions>) -> Result<ToolOptions, KernelError> {
+    let o = options.unwrap_or_default();
+    if o.read_only && o.writes {
+        return Err(KernelError::invalid(format!("{field}.options"), "read_only and writes cannot both be set"));
+    }
+    if !o.cost_per_call.is_finite() || o.cost_per_call < 0.0 {
+        return Err(KernelError::invalid(format!("{field}.options.cost_per_call"), "must be a finite number >= 0"));
+    }
+    let idempotency = match pb::Idempotency::try_from(o.idempotency) {
+        Ok(pb::Idempotency::AtMostOnce) => Some(Idempotency::AtMostOnce),
+        Ok(pb::Idempotency::SafeToRetry) => Some(Idempotency::SafeToRetry),
+        _ => None,
+    };
+    Ok(ToolOptions {
+        timeout_ms: (o.timeout_ms > 0).then_some(o.timeout_ms),
+        retry: o.retry.map(|r| RetryPolicy {
+            max_attempts: r.max_attempts,
+            initial_interval_ms: r.initial_interval_ms,
+            backoff_coefficient: r.backoff_coefficient,
+            max_interval_ms: r.max_interval_ms,
+        }),
+        idempotency: idempotency.map(|i| i.as_str().to_owned()),
+        read_only: o.read_only,
+        writes: o.writes,
+        owner: o.owner,
+        risk: risk(o.risk).map(|r| r.as_str().to_owned()),
+        permissions: o.permissions,
+        resources: o.resources,
+        cost_per_call: o.cost_per_call,
+        cache_ttl_ms: (o.cache_ttl_ms > 0).then_some(o.cache_ttl_ms),
+        requires_approval: o.requires_approval,
+        requires_approval_expr: o.requires_approval_expr,
+        approval_timeout_ms: (o.approval_timeout_ms > 0).then_some(o.approval_timeout_ms),
+        blocking: o.blocking,
+    })
+}
+
+/// Validates a worker's hello: names, schemas, and the fingerprint each tool claims.
+pub fn hello(hello: pb::Hello) -> Result<SessionHello, KernelError> {
+    let name = hello.worker_name.trim().to_owned();
+    if name.is_empty() {
+        return Err(KernelError::invalid("hello.worker_name", "must not be empty"));
+    }
+    if hello.max_concurrency == 0 {
+        return Err(KernelError::invalid("hello.max_concurrency", "must be at least 1"));
+    }
+    if hello.tools.is_empty() {
+        return Err(KernelError::invalid("hello.tools", "a worker must offer at least one tool"));
+    }
+    let mut seen = HashSet::new();
+    let mut tools = Vec::with_capacity(hello.tools.len());
+    for (index, spec) in hello.tools.into_iter().enumerate() {
+        let field = format!("hello.tools[{index}]");
+        validate_tool_name(&spec.name).map_err(|m| KernelError::invalid(format!("{field}.name"), m))?;
+        if !seen.insert(spec.name.clone()) {
+            return Err(KernelError::invalid(format!("{field}.name"), format!("'{}' is offered twice", spec.name)));
+        }
+        let schema_text = if spec.input_schema_json.trim().is_empty() { "{\"type\":\"object\"}" } else { &spec.input_schema_json };
+        let input_schema: Value = serde_json::from_str(schema_text)
+            .map_err(|e| KernelError::invalid(format!("{field}.input_schema_json"), format!("is not valid JSON: {e}")))?;
+        if !input_schema.is_object() {
+            return Err(KernelError::invalid(format!("{field}.input_schema_json"), "must be a JSON Schema object"));
+        }
+        let fingerprint = canonical::tool_fingerprint(&spec.name, &spec.description, &input_schema, &spec.version);
+        if !spec.fingerprint.is_empty() && spec.fingerprint != fingerprint {
+            return Err(KernelError::invalid(
+                format!("{field}.fingerprint"),
+                format!(
+                    "tool '{}' claims fingerprint {} but its name, description, schema and version hash to {}",
+                    spec.name, spec.fingerprint, fingerprint
+                ),
+            ));
+        }
+        let options = options(&field, spec.options)?;
+        tools.push(ToolDef { name: spec.name, description: spec.description, input_schema, version: spec.version, fingerprint, options });
+    }
+    Ok(SessionHello { name, tools, max_concurrency: hello.max_concurrency })
+}
+
+fn options_proto(o: &ToolOptions) -> pb::ToolOptions {
+    pb::ToolOptions {
+        timeout_ms: o.timeout_ms.unwrap_or(0),
+        retry: o.retry.as_ref().map(|r| pb::RetryPolicy {
+            max_attempts: r.max_attempts,
+            initial_interval_ms: r.initial_interval_ms,
+            backoff_coefficient: r.backoff_coefficient,
+            max_interval_ms: r.max_interval_ms,
+        }),
+        idempotency: match o.idempotency() {
+            Idempotency::SafeToRetry => pb::Idempotency::SafeToRetry,
+            Idempotency::AtMostOnce => pb::Idempotency::AtMostOnce,
+        } as i32,
+        read_only: o.read_only,
+        writes: o.writes,
+        owner: o.owner.clone(),
+        risk: match o.risk.as_deref().and_then(|r| r.parse::<RiskLevel>().ok()) {
+            None => pb::RiskLevel::Unspecified,
+            Some(RiskLevel::Low) => pb::RiskLevel::Low,
+            Some(RiskLevel::Medium) => pb::RiskLevel::Medium,
+            Some(RiskLevel::High) => pb::RiskLevel::High,
+            Some(RiskLevel::Critical) => pb::RiskLevel::Critical,
+        } as i32,
+        permissions: o.permissions.clone(),
+        resources: o.resources.clone(),
+        cost_per_call: o.cost_per_call,
+        cache_ttl_ms: o.cache_ttl_ms.unwrap_or(0),
+        requires_approval: o.requires_approval,
+        requires_approval_expr: o.requires_approval_expr.clone(),
+        approval_timeout_ms: o.approval_timeout_ms.unwrap_or(0),
+        blocking: o.blocking,
+    }
+}
+
+pub fn registered_tool(tool: &KnownTool, workers: Vec<String>) -> pb::RegisteredTool {
+    let def = &tool.def;
+    pb::RegisteredTool {
+        spec: Some(pb::ToolSpec {
+            name: def.name.clone(),
+            description: def.description.clone(),
+            input_schema_json: canonical::to_canonical(&def.input_schema),
+            version: def.version.clone(),
+            fingerprint: def.fingerprint.clone(),
+            options: Some(options_proto(&def.options)),
+        }),
+        workers,
+        first_seen_at: Some(timestamp(tool.first_seen_at)),
+        last_seen_at: Some(timestamp(tool.last_seen_at)),
+    }
+}
+
+pub fn worker(worker: &WorkerSnapshot) -> pb::WorkerInfo {
+    pb::WorkerInfo {
+        session_id: worker.session_id.clone(),
+        name: worker.name.clone(),
+        tools: worker.tools.clone(),
+        max_concurrency: worker.max_concurrency,
+        slots_in_use: worker.slots_in_use,
+        draining: worker.draining,
+        connected_at: Some(timestamp(worker.connected_at)),
+        last_heartbeat_at: Some(timestamp(worker.last_heartbeat_at)),
+    }
+}
+
+/// Parses `key=value` label filters.
+pub fn label_filters(labels: &[String]) -> Result<Vec<(String, String)>, KernelError> {
+    labels
+        .iter()
+        .enumerate()
+        .map(|(i, pair)| match pair.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+            _ => Err(KernelError::invalid(format!("labels[{i}]"), format!("'{pair}' is not key=value"))),
+        })
+        .collect()
+}
+
+pub fn labels(labels: std::collections::HashMap<String, String>) -> Result<BTreeMap<String, String>, KernelError> {
+    if let Some(key) = labels.keys().find(|k| k.trim().is_empty()) {
+        return Err(KernelError::invalid("labels", format!("label key '{key}' must not be empty")));
+    }
+    Ok(labels.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str) -> pb::ToolSpec {
+        pb::ToolSpec {
+            name: name.into(),
+            description: "adds".into(),
+            input_schema_json: r#"{"type":"object"}"#.into(),
+            version: "1".into(),
+            fingerprint: String::new(),
+            options: None,
+        }
+    }
+
+    fn hello_with(tools: Vec<pb::ToolSpec>) -> pb::Hello {
+        pb::Hello { worker_name: "w".into(), tools, max_concurrency: 1, sdk_version: String::new() }
+    }
+
+    #[test]
+    fn hello_checks_the_claimed_fingerprint() {
+        let mut good = spec("add");
+        good.fingerprint = canonical::tool_fingerprint("add", "adds", &serde_json::json!({"type":"object"}), "1");
+        assert!(hello(hello_with(vec![good])).is_ok());
+        let mut bad = spec("add");
+        bad.fingerprint = "deadbeef".into();
+        let err = hello(hello_with(vec![bad])).unwrap_err().to_string();
+        assert!(err.contains("hello.tools[0].fingerprint"), "{err}");
+    }
+
+    #[test]
+    fn hello_refuses_bad_names_duplicates_and_contradictions() {
+        assert!(hello(hello_with(vec![spec("bad name")])).unwrap_err().to_string().contains("tools[0].name"));
+        assert!(hello(hello_with(vec![spec("a"), spec("a")])).unwrap_err().to_string().contains("offered twice"));
+        let mut both = spec("a");
+        both.options = Some(pb::ToolOptions { read_only: true, writes: true, ..Default::default() });
+        assert!(hello(hello_with(vec![both])).unwrap_err().to_string().contains("read_only and writes"));
+    }
+
+    #[test]
+    fn canonical_json_names_the_field() {
+        assert_eq!(canonical_json("", "input_json", "null").unwrap(), "null");
+        let err = canonical_json("{nope", "calls[0].arguments_json", "{}").unwrap_err().to_string();
+        assert!(err.starts_with("calls[0].arguments_json: is not valid JSON"), "{err}");
+    }
+
+    #[test]
+    fn timestamps_split_millis() {
+        let ts = timestamp(1_500);
+        assert_eq!((ts.seconds, ts.nanos), (1, 500_000_000));
+    }
+}

@@ -1,0 +1,36 @@
+//! The gRPC boundary. Each service converts requests with [`convert`], calls the store, the
+//! scheduler and the hub, and maps errors through the one `From<KernelError> for Status`. Only this
+//! module imports generated types.
+
+pub mod convert;
+mod registry;
+mod runs;
+mod tool_calls;
+mod workers;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::hub::Hub;
+use crate::registry::Registry;
+use crate::scheduler::Scheduler;
+use crate::store::Store;
+
+pub use registry::RegistryApi;
+pub use runs::RunApi;
+pub use tool_calls::ToolCallApi;
+pub use workers::WorkerApi;
+
+/// What every service shares.
+#[derive(Clone)]
+pub struct Kernel {
+    pub store: Store,
+    pub hub: Hub,
+    pub registry: Registry,
+    pub scheduler: Scheduler,
+    pub shutdown: CancellationToken,
+    /// Timeout of a call whose tool declares none.
+    pub default_timeout_ms: u64,
+}
+
+/// The size of each response stream's buffer.
+const STREAM_BUFFER: usize = 64;

@@ -1,0 +1,258 @@
+//! `RunService`: create, read, end and watch runs.
+
+use std::pin::Pin;
+
+use futures_util::Stream;
+use kernel_proto::v1 as pb;
+use kernel_proto::v1::run_service_server::RunService;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::{Kernel, STREAM_BUFFER, convert};
+use crate::error::KernelError;
+use crate::hub::Signal;
+use crate::model::{EventType, RunId, RunRecord};
+use crate::store::{EndRun, NewRun, RunFilter};
+
+const MAX_PAGE_RUNS: u32 = 1000;
+const MAX_PAGE_EVENTS: u32 = 5000;
+const MAX_IDEMPOTENCY_KEY: usize = 256;
+
+/// Implements `kernel.v1.RunService`.
+pub struct RunApi(pub Kernel);
+
+fn is_terminal_event(kind: EventType) -> bool {
+    matches!(kind, EventType::RunCompleted | EventType::RunFailed | EventType::RunCancelled)
+}
+
+impl RunApi {
+    async fn load(&self, id: &RunId) -> Result<RunRecord, KernelError> {
+        self.0.store.reads.run(id.clone()).await?.ok_or_else(|| KernelError::NotFound(format!("run {id} not found")))
+    }
+
+    async fn end(&self, run_id: &str, end: EndRun) -> Result<RunRecord, KernelError> {
+        let id = RunId::parse(run_id, "run_id")?;
+        let reason = match &end {
+            EndRun::Cancel { reason } | EndRun::Fail { reason } => reason.clone(),
+            EndRun::Complete { .. } => String::new(),
+        };
+        let (run, settled) = self.0.store.end_run(id, end).await?;
+        self.0.scheduler.cancel_steps(settled, format!("run {}: {reason}", run.status));
+        Ok(run)
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchRunEventsResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl RunService for RunApi {
+    async fn create_run(&self, request: Request<pb::CreateRunRequest>) -> Result<Response<pb::CreateRunResponse>, Status> {
+        let req = request.into_inner();
+        let agent = req.agent.trim().to_owned();
+        if agent.is_empty() {
+            return Err(KernelError::invalid("agent", "must not be empty").into());
+        }
+        let idempotency_key = (!req.idempotency_key.is_empty()).then_some(req.idempotency_key);
+        if idempotency_key.as_ref().is_some_and(|k| k.len() > MAX_IDEMPOTENCY_KEY) {
+            return Err(KernelError::invalid("idempotency_key", format!("longer than {MAX_IDEMPOTENCY_KEY} bytes")).into());
+        }
+        let new = NewRun {
+            agent,
+            input: convert::canonical_json(&req.input_json, "input_json", "null")?,
+            labels: convert::labels(req.labels)?,
+            idempotency_key,
+            max_tool_calls: req.max_tool_calls,
+        };
+        let (run, created) = self.0.store.create_run(new).await?;
+        Ok(Response::new(pb::CreateRunResponse { run: Some(convert::run(&run)), created }))
+    }
+
+    async fn get_run(&self, request: Request<pb::GetRunRequest>) -> Result<Response<pb::GetRunResponse>, Status> {
+        let id = RunId::parse(&request.into_inner().run_id, "run_id")?;
+        let run = self.load(&id).await?;
+        let steps = self.0.store.reads.steps(id).await?;
+        Ok(Response::new(pb::GetRunResponse {
+            run: Some(convert::run(&run)),
+            steps: steps.iter().map(convert::step).collect(),
+        }))
+    }
+
+    async fn list_runs(&self, request: Request<pb::ListRunsRequest>) -> Result<Response<pb::ListRunsResponse>, Status> {
+        let req = request.into_inner();
+        let limit = match req.page_size {
+            0 => 50,
+            n => n.min(MAX_PAGE_RUNS),
+        };
+        let before = if req.page_token.is_empty() {
+            None
+        } else {
+            Some(RunId::parse(&req.page_token, "page_token")?.to_string())
+        };
+        let filter = RunFilter {
+            status: convert::run_status_filter(req.status)?,
+            agent: (!req.agent.is_empty()).then_some(req.agent),
+            labels: convert::label_filters(&req.labels)?,
+            before,
+            limit: limit + 1,
+        };
+        let mut runs = self.0.store.reads.runs(filter).await?;
+        let next_page_token = if runs.len() > limit as usize {
+            runs.truncate(limit as usize);
+            runs.last().map(|r| r.id.to_string()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(pb::ListRunsResponse { runs: runs.iter().map(convert::run).collect(), next_page_token }))
+    }
+
+    async fn cancel_run(&self, request: Request<pb::CancelRunRequest>) -> Result<Response<pb::CancelRunResponse>, Status> {
+        let req = request.into_inner();
+        let reason = if req.reason.trim().is_empty() { "cancelled by request".to_owned() } else { req.reason };
+        let run = self.end(&req.run_id, EndRun::Cancel { reason }).await?;
+        Ok(Response::new(pb::CancelRunResponse { run: Some(convert::run(&run)) }))
+    }
+
+    async fn complete_run(&self, request: Request<pb::CompleteRunRequest>) -> Result<Response<pb::CompleteRunResponse>, Status> {
+        let req = request.into_inner();
+        let output = convert::canonical_json(&req.output_json, "output_json", "null")?;
+        let run = self.end(&req.run_id, EndRun::Complete { output }).await?;
+        Ok(Response::new(pb::CompleteRunResponse { run: Some(convert::run(&run)) }))
+    }
+
+    async fn fail_run(&self, request: Request<pb::FailRunRequest>) -> Result<Response<pb::FailRunResponse>, Status> {
+        let req = request.into_inner();
+        if req.reason.trim().is_empty() {
+            return Err(KernelError::invalid("reason", "must say why the run failed").into());
+        }
+        let run = self.end(&req.run_id, EndRun::Fail { reason: req.reason }).await?;
+        Ok(Response::new(pb::FailRunResponse { run: Some(convert::run(&run)) }))
+    }
+
+    async fn list_run_events(
+        &self,
+        request: Request<pb::ListRunEventsRequest>,
+    ) -> Result<Response<pb::ListRunEventsResponse>, Status> {
+        let req = request.into_inner();
+        let id = RunId::parse(&req.run_id, "run_id")?;
+        let run = self.load(&id).await?;
+        let limit = match req.page_size {
+            0 => 500,
+            n => n.min(MAX_PAGE_EVENTS),
+        };
+        let from = req.from_seq.max(1);
+        let events = self.0.store.reads.events(id, from, limit).await?;
+        let next_seq = match events.last() {
+            Some(last) if last.seq < run.last_seq => last.seq + 1,
+            _ => 0,
+        };
+        Ok(Response::new(pb::ListRunEventsResponse { events: events.iter().map(convert::event).collect(), next_seq }))
+    }
+
+    type WatchRunEventsStream = WatchStream;
+
+    async fn watch_run_events(
+        &self,
+        request: Request<pb::WatchRunEventsRequest>,
+    ) -> Result<Response<Self::WatchRunEventsStream>, Status> {
+        let req = request.into_inner();
+        let id = RunId::parse(&req.run_id, "run_id")?;
+        // Subscribe before reading, so every event after the read is also in the channel; the
+        // seam is then de-duplicated by sequence number.
+        let live = self.0.hub.subscribe(&id);
+        self.load(&id).await?;
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let kernel = self.0.clone();
+        tokio::spawn(watch(kernel, id, req.from_seq.max(1), req.include_progress, live, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+type WatchSender = mpsc::Sender<Result<pb::WatchRunEventsResponse, Status>>;
+
+/// Sends stored events from `next` on; returns the next sequence number wanted and whether the
+/// run's terminal event went out.
+async fn catch_up(kernel: &Kernel, id: &RunId, mut next: u64, tx: &WatchSender) -> Result<(u64, bool), KernelError> {
+    loop {
+        let page = kernel.store.reads.events(id.clone(), next, 500).await?;
+        let full = page.len() == 500;
+        for event in page {
+            next = event.seq + 1;
+            let terminal = is_terminal_event(event.kind);
+            let item = pb::watch_run_events_response::Item::Event(convert::event(&event));
+            if tx.send(Ok(pb::WatchRunEventsResponse { item: Some(item) })).await.is_err() {
+                return Ok((next, true));
+            }
+            if terminal {
+                return Ok((next, true));
+            }
+        }
+        if !full {
+            return Ok((next, false));
+        }
+    }
+}
+
+async fn watch(
+    kernel: Kernel,
+    id: RunId,
+    from: u64,
+    include_progress: bool,
+    mut live: broadcast::Receiver<Signal>,
+    tx: WatchSender,
+) {
+    let mut next = from;
+    let mut need_catch_up = true;
+    loop {
+        if need_catch_up {
+            match catch_up(&kernel, &id, next, &tx).await {
+                Ok((after, done)) => {
+                    next = after;
+                    if done {
+                        return;
+                    }
+                }
+                Err(error) => {
+                    let _ = tx.send(Err(error.into())).await;
+                    return;
+                }
+            }
+            need_catch_up = false;
+        }
+        let signal = tokio::select! {
+            _ = kernel.shutdown.cancelled() => {
+                let _ = tx.send(Err(Status::unavailable("kernel shutting down"))).await;
+                return;
+            }
+            _ = tx.closed() => return,
+            signal = live.recv() => signal,
+        };
+        match signal {
+            Ok(Signal::Event(event, _)) => {
+                if event.seq < next {
+                    continue;
+                }
+                if event.seq > next {
+                    // Something between is only in the store: read it from there.
+                    need_catch_up = true;
+                    continue;
+                }
+                next = event.seq + 1;
+                let item = pb::watch_run_events_response::Item::Event(convert::event(&event));
+                if tx.send(Ok(pb::WatchRunEventsResponse { item: Some(item) })).await.is_err() || is_terminal_event(event.kind) {
+                    return;
+                }
+            }
+            Ok(Signal::Progress(update)) => {
+                if include_progress {
+                    let item = pb::watch_run_events_response::Item::Progress(convert::progress(&update));
+                    if tx.send(Ok(pb::WatchRunEventsResponse { item: Some(item) })).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => need_catch_up = true,
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! `WorkerService`: one bidirectional stream per worker.
+//!
+//! The session loop forwards the scheduler's orders to the worker and the worker's messages to
+//! the store and the scheduler. Every message about a dispatch carries `(dispatch_id, attempt)`;
+//! progress is checked against the dispatches this session was sent, and results are fenced by
+//! the store inside the write. When the loop ends for any reason, the scheduler is told at once
+//! and the session's leases are lost.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_util::Stream;
+use kernel_proto::canonical;
+use kernel_proto::v1 as pb;
+use kernel_proto::v1::open_session_request::Message as In;
+use kernel_proto::v1::open_session_response::Message as Out;
+use kernel_proto::v1::worker_service_server::WorkerService;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, info, warn};
+
+use super::{Kernel, STREAM_BUFFER, convert};
+use crate::hub::ProgressUpdate;
+use crate::model::{ErrorKind, RunId, StepKey, now_millis};
+use crate::scheduler::{DispatchOrder, Outbound};
+use crate::store::ResultReport;
+
+/// A worker that opens a stream must say hello within this long.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Implements `kernel.v1.WorkerService`.
+pub struct WorkerApi(pub Kernel);
+
+type SessionStream = Pin<Box<dyn Stream<Item = Result<pb::OpenSessionResponse, Status>> + Send>>;
+type SessionSender = mpsc::Sender<Result<pb::OpenSessionResponse, Status>>;
+
+fn out(message: Out) -> Result<pb::OpenSessionResponse, Status> {
+    Ok(pb::OpenSessionResponse { message: Some(message) })
+}
+
+#[tonic::async_trait]
+impl WorkerService for WorkerApi {
+    type OpenSessionStream = SessionStream;
+
+    async fn open_session(
+        &self,
+        request: Request<Streaming<pb::OpenSessionRequest>>,
+    ) -> Result<Response<Self::OpenSessionStream>, Status> {
+        let mut inbound = request.into_inner();
+        let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded(format!("no hello within {}s", HELLO_TIMEOUT.as_secs())))??;
+        let hello = match first {
+            Some(pb::OpenSessionRequest { message: Some(In::Hello(hello)) }) => convert::hello(hello)?,
+            Some(_) => return Err(Status::failed_precondition("the first message of a session must be a hello")),
+            None => return Err(Status::cancelled("the worker closed the stream before its hello")),
+        };
+        let worker = hello.name.clone();
+        let tools = hello.tools.clone();
+        let (orders_tx, orders) = mpsc::unbounded_channel();
+        let kernel = &self.0;
+        let session_id = kernel.scheduler.join(hello, orders_tx).await?;
+        if let Err(error) = kernel.store.register_tools(tools.clone()).await {
+            kernel.scheduler.leave(session_id, "registration could not be stored".into());
+            return Err(error.into());
+        }
+        kernel.registry.upsert(&tools, now_millis());
+
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let config = kernel.scheduler.config();
+        let welcome = pb::Welcome {
+            session_id: session_id.clone(),
+            heartbeat_interval_ms: config.heartbeat_interval.as_millis() as u64,
+            lease_ttl_ms: config.lease_ttl.as_millis() as u64,
+        };
+        tx.send(out(Out::Welcome(welcome))).await.map_err(|_| Status::cancelled("the worker went away"))?;
+        info!(session_id, worker, "worker session open");
+        let session = Session { kernel: kernel.clone(), session_id, tx, dispatches: HashMap::new() };
+        tokio::spawn(session.run(inbound, orders));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// What the session knows of a dispatch it forwarded.
+struct Held {
+    attempt: u32,
+    run_id: RunId,
+    key: StepKey,
+    position: u32,
+    tool: String,
+    progress: u32,
+}
+
+struct Session {
+    kernel: Kernel,
+    session_id: String,
+    tx: SessionSender,
+    dispatches: HashMap<String, Held>,
+}
+
+impl Session {
+    async fn run(mut self, mut inbound: Streaming<pb::OpenSessionRequest>, mut orders: mpsc::UnboundedReceiver<Outbound>) {
+        let reason = loop {
+            tokio::select! {
+                _ = self.kernel.shutdown.cancelled() => {
+                    let _ = self.tx.send(Err(Status::unavailable("kernel shutting down"))).await;
+                    break "kernel shutting down".to_owned();
+                }
+                message = inbound.message() => match message {
+                    Ok(Some(message)) => {
+                        if let Err(status) = self.on_message(message).await {
+                            let reason = status.message().to_owned();
+                            let _ = self.tx.send(Err(status)).await;
+                            break reason;
+                        }
+                    }
+                    Ok(None) => break "closed its stream".to_owned(),
+                    Err(status) => break format!("stream broke: {}", status.message()),
+                },
+                order = orders.recv() => match order {
+                    Some(Outbound::Close(error)) => {
+                        let reason = error.to_string();
+                        let _ = self.tx.send(Err(error.into())).await;
+                        break reason;
+                    }
+                    Some(order) => {
+                        if !self.forward(order).await {
+                            break "stopped reading its stream".to_owned();
+                        }
+                    }
+                    None => break "scheduler stopped".to_owned(),
+                },
+            }
+        };
+        self.kernel.scheduler.leave(self.session_id.clone(), reason);
+    }
+
+    async fn forward(&mut self, order: Outbound) -> bool {
+        let message = match order {
+            Outbound::Dispatch(DispatchOrder { dispatch_id, attempt, step }) => {
+                self.dispatches.insert(
+                    dispatch_id.clone(),
+                    Held {
+                        attempt,
+                        run_id: step.run_id.clone(),
+                        key: step.key.clone(),
+                        position: step.position,
+                        tool: step.tool.clone(),
+                        progress: 0,
+                    },
+                );
+                Out::Dispatch(pb::Dispatch {
+                    dispatch_id,
+                    attempt,
+                    run_id: step.run_id.to_string(),
+                    step_key: step.key.to_string(),
+                    call_id: step.call_id.clone().unwrap_or_default(),
+                    turn: step.turn,
+                    position: step.position,
+                    tool: step.tool.clone(),
+                    arguments_json: step.arguments.clone(),
+                    idempotency_key: step.idempotency_key.clone(),
+                    timeout_ms: step.timeout_ms,
+                })
+            }
+            Outbound::Cancel { dispatch_id, attempt, reason } => Out::Cancel(pb::CancelDispatch { dispatch_id, attempt, reason }),
+            Outbound::Close(_) => unreachable!("handled by the loop"),
+        };
+        self.tx.send(out(message)).await.is_ok()
+    }
+
+    async fn on_message(&mut self, message: pb::OpenSessionRequest) -> Result<(), Status> {
+        match message.message {
+            Some(In::Heartbeat(_)) => self.kernel.scheduler.heartbeat(self.session_id.clone()),
+            Some(In::Drain(_)) => self.kernel.scheduler.drain(self.session_id.clone()),
+            Some(In::Progress(progress)) => self.on_progress(progress),
+            Some(In::Result(result)) => self.on_result(result),
+            Some(In::Hello(_)) => return Err(Status::failed_precondition("hello may be sent only once per session")),
+            None => return Err(Status::invalid_argument("message: empty session message")),
+        }
+        Ok(())
+    }
+
+    fn on_progress(&mut self, progress: pb::DispatchProgress) {
+        let Some(held) = self.dispatches.get_mut(&progress.dispatch_id).filter(|h| h.attempt == progress.attempt) else {
+            debug!(session_id = self.session_id, dispatch_id = progress.dispatch_id, "progress for a dispatch this session does not hold, dropped");
+            return;
+        };
+        held.progress += 1;
+        self.kernel.hub.publish_progress(ProgressUpdate {
+            run_id: held.run_id.clone(),
+            key: held.key.clone(),
+            position: held.position,
+            tool: held.tool.clone(),
+            message: progress.message,
+            data_json: progress.data_json,
+            current: progress.current,
+            total: progress.total,
+        });
+    }
+
+    fn on_result(&mut self, result: pb::DispatchResult) {
+        let held = self.dispatches.remove(&result.dispatch_id);
+        let tool = held.as_ref().map(|h| h.tool.clone()).unwrap_or_else(|| "?".into());
+        let outcome = match result.outcome {
+            Some(pb::dispatch_result::Outcome::OutputJson(text)) => canonical::canonicalize(&text).map_err(|e| {
+                (ErrorKind::Fatal, format!("tool '{tool}' returned a result that is not valid JSON: {e}"))
+            }),
+            Some(pb::dispatch_result::Outcome::Error(failure)) => {
+                Err((convert::error_kind_from(failure.kind), failure.message))
+            }
+            None => Err((ErrorKind::Fatal, format!("tool '{tool}' returned neither a result nor an error"))),
+        };
+        let report = ResultReport {
+            dispatch_id: result.dispatch_id.clone(),
+            attempt: result.attempt,
+            session_id: self.session_id.clone(),
+            outcome,
+            progress_count: held.as_ref().map(|h| h.progress).unwrap_or(0),
+        };
+        // Recording waits for a commit; the session keeps reading meanwhile.
+        let kernel = self.kernel.clone();
+        let tx = self.tx.clone();
+        let session_id = self.session_id.clone();
+        tokio::spawn(async move {
+            let (accepted, reason) = match kernel.store.record_result(report).await {
+                Ok(Some(step)) => {
+                    debug!(run_id = %step.run_id, step = %step.key, tool = step.tool, status = %step.status, "result recorded");
+                    (true, String::new())
+                }
+                Ok(None) => {
+                    info!(session_id, dispatch_id = result.dispatch_id, attempt = result.attempt, "stale result refused, nothing recorded");
+                    (false, "this dispatch no longer holds its call (stale attempt, timed out, cancelled or not yours)".to_owned())
+                }
+                Err(error) => {
+                    warn!(session_id, dispatch_id = result.dispatch_id, %error, "cannot record a result");
+                    (false, error.to_string())
+                }
+            };
+            kernel.scheduler.settled(result.dispatch_id.clone(), result.attempt);
+            let ack = pb::ResultAck { dispatch_id: result.dispatch_id, attempt: result.attempt, accepted, reason };
+            let _ = tx.send(out(Out::ResultAck(ack))).await;
+        });
+    }
+}

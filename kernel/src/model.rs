@@ -1,0 +1,425 @@
+//! Domain types of the kernel: ids, statuses, tool definitions and the records the store returns.
+//!
+//! Nothing here knows about gRPC or SQLite; `grpc::convert` maps these to and from proto types and
+//! `store` maps them to and from rows.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::KernelError;
+
+/// Milliseconds since the Unix epoch; the store's clock unit.
+pub type Millis = i64;
+
+/// The wall clock in milliseconds.
+pub fn now_millis() -> Millis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as Millis)
+        .unwrap_or(0)
+}
+
+/// A run id: a UUIDv7 in its hyphenated text form, so ids sort by creation time.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunId(String);
+
+impl RunId {
+    /// A fresh id.
+    pub fn new() -> Self {
+        RunId(uuid::Uuid::now_v7().hyphenated().to_string())
+    }
+
+    /// Parses an id given by a client; `field` names the request field in the error.
+    pub fn parse(text: &str, field: &str) -> Result<Self, KernelError> {
+        let uuid = uuid::Uuid::parse_str(text.trim()).map_err(|_| {
+            KernelError::invalid(field, format!("'{}' is not a run id (a UUID)", cut(text, 64)))
+        })?;
+        Ok(RunId(uuid.hyphenated().to_string()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for RunId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Declares a string-backed enum with its text form, used in rows, events and logs.
+macro_rules! text_enum {
+    ($(#[$meta:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name { $($variant),+ }
+
+        impl $name {
+            /// The text form stored in rows and events.
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = String;
+            fn from_str(text: &str) -> Result<Self, Self::Err> {
+                match text {
+                    $($text => Ok($name::$variant),)+
+                    other => Err(format!("unknown {} '{}'", stringify!($name), other)),
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+text_enum!(
+    /// Lifecycle of a run.
+    RunStatus {
+        Pending => "pending",
+        Running => "running",
+        Blocked => "blocked",
+        Completed => "completed",
+        Failed => "failed",
+        Cancelled => "cancelled",
+    }
+);
+
+impl RunStatus {
+    /// Completed, failed and cancelled runs accept nothing more.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled)
+    }
+}
+
+text_enum!(
+    /// Lifecycle of one recorded tool call.
+    StepStatus {
+        Pending => "pending",
+        Running => "running",
+        Succeeded => "succeeded",
+        Failed => "failed",
+        Cancelled => "cancelled",
+    }
+);
+
+impl StepStatus {
+    /// A terminal step has its one `tool:result` event.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, StepStatus::Succeeded | StepStatus::Failed | StepStatus::Cancelled)
+    }
+}
+
+text_enum!(
+    /// What the kernel may do with a call whose worker was lost.
+    Idempotency {
+        SafeToRetry => "safe_to_retry",
+        AtMostOnce => "at_most_once",
+    }
+);
+
+text_enum!(
+    /// Classifies a failed call for retry decisions.
+    ErrorKind {
+        Retryable => "retryable",
+        Fatal => "fatal",
+        Poison => "poison",
+    }
+);
+
+text_enum!(
+    /// How bad a tool's mistakes can be.
+    RiskLevel {
+        Low => "low",
+        Medium => "medium",
+        High => "high",
+        Critical => "critical",
+    }
+);
+
+text_enum!(
+    /// The closed taxonomy of events. Every event carries `schema_version`.
+    EventType {
+        RunCreated => "run:created",
+        RunStarted => "run:started",
+        ToolScheduled => "tool:scheduled",
+        ToolStart => "tool:start",
+        ToolLeaseLost => "tool:lease_lost",
+        ToolResult => "tool:result",
+        RunCompleted => "run:completed",
+        RunFailed => "run:failed",
+        RunCancelled => "run:cancelled",
+    }
+);
+
+/// The version of every event body this kernel writes.
+pub const EVENT_SCHEMA_VERSION: u32 = 1;
+
+/// A step's identity within its run: `t<turn>/p<position>`, or `id:<call id>` when the agent
+/// names the call. The idempotency key handed to tools is derived from it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct StepKey(String);
+
+impl StepKey {
+    /// The identity of a call at `position` of `turn`, or of the named call.
+    pub fn for_call(turn: u32, position: u32, call_id: Option<&str>) -> Self {
+        match call_id {
+            Some(id) => StepKey(format!("id:{id}")),
+            None => StepKey(format!("t{turn}/p{position}")),
+        }
+    }
+
+    /// Rebuilds a key read back from the store.
+    pub fn from_stored(text: String) -> Self {
+        StepKey(text)
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The key a tool receives to deduplicate its effect: stable across retries, redispatches and
+    /// resubmissions of the same call.
+    pub fn idempotency_key(&self, run: &RunId) -> String {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(format!("{}\n{}", run.as_str(), self.0).as_bytes());
+        format!("ik_{}", &hex::encode(digest)[..32])
+    }
+}
+
+impl fmt::Display for StepKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How a failed call is tried again.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    /// Total attempts including the first.
+    pub max_attempts: u32,
+    /// Wait before the second attempt.
+    pub initial_interval_ms: u64,
+    /// Growth of the wait per attempt.
+    pub backoff_coefficient: f64,
+    /// Cap on the wait.
+    pub max_interval_ms: u64,
+}
+
+/// A tool's declared behaviour and metadata, as announced by its workers.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ToolOptions {
+    /// Per-call timeout; `None` means the kernel default.
+    pub timeout_ms: Option<u64>,
+    /// Retry policy; `None` means no retry.
+    pub retry: Option<RetryPolicy>,
+    /// `safe_to_retry` unless declared.
+    pub idempotency: Option<String>,
+    /// Free of side effects.
+    pub read_only: bool,
+    /// Has side effects.
+    pub writes: bool,
+    /// Team or person who owns the tool.
+    pub owner: String,
+    /// Risk rating, if declared.
+    pub risk: Option<String>,
+    /// Permissions a run needs to call the tool.
+    pub permissions: Vec<String>,
+    /// External resources the tool may change.
+    pub resources: Vec<String>,
+    /// Cost of one call.
+    pub cost_per_call: f64,
+    /// Result cache lifetime.
+    pub cache_ttl_ms: Option<u64>,
+    /// Always ask a person.
+    pub requires_approval: bool,
+    /// CEL predicate over `args` deciding whether to ask.
+    pub requires_approval_expr: String,
+    /// How long a person may take to answer.
+    pub approval_timeout_ms: Option<u64>,
+    /// Runs on a thread that cannot be interrupted.
+    pub blocking: bool,
+}
+
+impl ToolOptions {
+    /// The declared idempotency mode, `safe_to_retry` by default.
+    pub fn idempotency(&self) -> Idempotency {
+        self.idempotency
+            .as_deref()
+            .and_then(|text| text.parse().ok())
+            .unwrap_or(Idempotency::SafeToRetry)
+    }
+}
+
+/// A registered tool: what a worker announced, checked by the kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolDef {
+    /// `[a-zA-Z0-9_-]{1,64}`.
+    pub name: String,
+    /// What the model reads about the tool.
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    pub input_schema: Value,
+    /// Declared version; empty when none.
+    pub version: String,
+    /// sha256 over the canonical JSON of name, description, schema and version.
+    pub fingerprint: String,
+    /// Declared behaviour.
+    pub options: ToolOptions,
+}
+
+/// The longest tool name a worker may register.
+pub const MAX_TOOL_NAME: usize = 64;
+
+/// Checks a tool name against `[a-zA-Z0-9_-]{1,64}`.
+pub fn validate_tool_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if name.len() > MAX_TOOL_NAME {
+        return Err(format!("'{}…' is longer than {MAX_TOOL_NAME} characters", cut(name, 64)));
+    }
+    if let Some(bad) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-')) {
+        return Err(format!("'{name}' has the character {bad:?}; allowed are a-z, A-Z, 0-9, _ and -"));
+    }
+    Ok(())
+}
+
+/// Cuts text to at most `max` characters, on a character boundary.
+pub fn cut(text: &str, max: usize) -> &str {
+    match text.char_indices().nth(max) {
+        Some((index, _)) => &text[..index],
+        None => text,
+    }
+}
+
+/// A run as the store holds it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunRecord {
+    pub id: RunId,
+    pub agent: String,
+    pub status: RunStatus,
+    /// Canonical JSON text.
+    pub input: String,
+    /// Canonical JSON text, once completed.
+    pub output: Option<String>,
+    pub reason: Option<String>,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub idempotency_key: Option<String>,
+    pub max_tool_calls: u32,
+    pub tool_calls: u32,
+    pub last_seq: u64,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// A tool call as the store holds it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepRecord {
+    pub run_id: RunId,
+    pub key: StepKey,
+    pub turn: u32,
+    pub position: u32,
+    pub call_id: Option<String>,
+    pub tool: String,
+    pub fingerprint: String,
+    pub version: String,
+    /// Canonical JSON text of the arguments.
+    pub arguments: String,
+    pub call_hash: String,
+    pub idempotency_key: String,
+    pub idempotency: Idempotency,
+    pub timeout_ms: u64,
+    pub status: StepStatus,
+    pub attempts: u32,
+    /// Canonical JSON text of the result, when succeeded.
+    pub output: Option<String>,
+    pub error: Option<String>,
+    pub error_kind: Option<ErrorKind>,
+    pub worker: Option<String>,
+    pub session_id: Option<String>,
+    pub dispatch_id: Option<String>,
+    pub lease_expires_at: Option<Millis>,
+    pub created_at: Millis,
+    pub started_at: Option<Millis>,
+    pub finished_at: Option<Millis>,
+    pub replays: u32,
+    pub progress_count: u32,
+}
+
+/// One entry of a run's log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventRecord {
+    pub run_id: RunId,
+    pub seq: u64,
+    pub kind: EventType,
+    pub schema_version: u32,
+    pub at: Millis,
+    /// JSON text.
+    pub payload: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_names_follow_the_pattern() {
+        assert!(validate_tool_name("read_file-2").is_ok());
+        assert!(validate_tool_name("").is_err());
+        assert!(validate_tool_name("has space").unwrap_err().contains("' '"));
+        assert!(validate_tool_name(&"x".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn step_keys_and_idempotency_keys_are_stable() {
+        let run = RunId::new();
+        let key = StepKey::for_call(2, 1, None);
+        assert_eq!(key.as_str(), "t2/p1");
+        assert_eq!(StepKey::for_call(2, 1, Some("order-9")).as_str(), "id:order-9");
+        assert_eq!(key.idempotency_key(&run), key.idempotency_key(&run));
+        assert_ne!(key.idempotency_key(&run), StepKey::for_call(2, 2, None).idempotency_key(&run));
+    }
+
+    #[test]
+    fn run_ids_parse_and_reject_garbage() {
+        let id = RunId::new();
+        assert_eq!(RunId::parse(id.as_str(), "run_id").unwrap(), id);
+        let err = RunId::parse("nope", "run_id").unwrap_err();
+        assert!(err.to_string().contains("run_id"));
+    }
+
+    #[test]
+    fn cut_respects_char_boundaries() {
+        assert_eq!(cut("héllo", 2), "hé");
+        assert_eq!(cut("ab", 5), "ab");
+    }
+
+    #[test]
+    fn statuses_round_trip_through_text() {
+        for status in [RunStatus::Pending, RunStatus::Cancelled] {
+            assert_eq!(status.as_str().parse::<RunStatus>().unwrap(), status);
+        }
+        assert!(StepStatus::Succeeded.is_terminal());
+        assert!(!StepStatus::Running.is_terminal());
+    }
+}

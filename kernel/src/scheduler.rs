@@ -1,0 +1,608 @@
+//! The scheduler: one task that owns the live view of worker sessions, the queue of calls
+//! waiting for a slot, and the leases of dispatched calls.
+//!
+//! It never awaits the store. A dispatch is reserved here (a slot taken, a lease in state
+//! `Starting`), `tool:start` is written by a spawned task, and only when that commit comes back as
+//! a message does the scheduler tell the worker to run: `tool:start` is durable before any worker
+//! may run the tool. Connection state here is advisory; the store is the truth, and every lease
+//! loss goes through the store's fenced write.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::error::KernelError;
+use crate::model::{Millis, RunId, StepKey, StepRecord, ToolDef, now_millis};
+use crate::store::{LeaseLoss, LossOutcome, StartDispatch, Store, human_ms};
+
+/// Timing of sessions and leases.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// How often workers are asked to heartbeat.
+    pub heartbeat_interval: Duration,
+    /// A worker silent this long loses its session and its leases.
+    pub lease_ttl: Duration,
+    /// A call waits this long for some worker to offer its tool, then fails.
+    pub schedule_to_start_timeout: Duration,
+    /// How long a cancelled dispatch keeps its slot while the worker winds down.
+    pub cancel_grace: Duration,
+    /// How often deadlines are checked.
+    pub tick: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            heartbeat_interval: Duration::from_secs(3),
+            lease_ttl: Duration::from_secs(10),
+            schedule_to_start_timeout: Duration::from_secs(30),
+            cancel_grace: Duration::from_secs(5),
+            tick: Duration::from_millis(100),
+        }
+    }
+}
+
+/// A worker's announcement, validated.
+#[derive(Clone, Debug)]
+pub struct SessionHello {
+    pub name: String,
+    pub tools: Vec<ToolDef>,
+    pub max_concurrency: u32,
+}
+
+/// An order to run a call, as the session forwards it to its worker.
+#[derive(Clone, Debug)]
+pub struct DispatchOrder {
+    pub dispatch_id: String,
+    pub attempt: u32,
+    pub step: StepRecord,
+}
+
+/// What the scheduler asks a session to send its worker.
+#[derive(Debug)]
+pub enum Outbound {
+    Dispatch(DispatchOrder),
+    Cancel { dispatch_id: String, attempt: u32, reason: String },
+    /// End the session with this error (lease expired).
+    Close(KernelError),
+}
+
+/// A connected worker, as `workers list` shows it.
+#[derive(Clone, Debug)]
+pub struct WorkerSnapshot {
+    pub session_id: String,
+    pub name: String,
+    pub tools: Vec<String>,
+    pub max_concurrency: u32,
+    pub slots_in_use: u32,
+    pub draining: bool,
+    pub connected_at: Millis,
+    pub last_heartbeat_at: Millis,
+}
+
+enum Msg {
+    Join {
+        hello: SessionHello,
+        outbound: mpsc::UnboundedSender<Outbound>,
+        reply: oneshot::Sender<Result<String, KernelError>>,
+    },
+    Leave { session_id: String, reason: String },
+    Heartbeat { session_id: String },
+    Drain { session_id: String },
+    Enqueue(StepRecord),
+    Started { dispatch_id: String, attempt: u32, result: Result<Option<StepRecord>, KernelError> },
+    Settled { dispatch_id: String, attempt: u32 },
+    CancelSteps { steps: Vec<StepRecord>, reason: String },
+    Snapshot(oneshot::Sender<Vec<WorkerSnapshot>>),
+}
+
+/// A cheap handle on the scheduler task.
+#[derive(Clone)]
+pub struct Scheduler {
+    tx: mpsc::UnboundedSender<Msg>,
+    config: SchedulerConfig,
+}
+
+impl Scheduler {
+    /// Starts the scheduler task; it stops when `shutdown` is cancelled.
+    pub fn spawn(config: SchedulerConfig, store: Store, shutdown: CancellationToken) -> Scheduler {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let actor = Actor {
+            config: config.clone(),
+            store,
+            me: tx.clone(),
+            sessions: HashMap::new(),
+            queue: VecDeque::new(),
+            leases: HashMap::new(),
+            turn: 0,
+        };
+        tokio::spawn(actor.run(rx, shutdown));
+        Scheduler { tx, config }
+    }
+
+    /// The timing the scheduler runs with.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    fn send(&self, msg: Msg) {
+        // The scheduler outlives every session and request; if it has stopped, the kernel is
+        // shutting down and dropping the message is what shutdown means.
+        let _ = self.tx.send(msg);
+    }
+
+    /// Admits a worker session; refuses a tool whose fingerprint conflicts with a connected worker's.
+    pub async fn join(&self, hello: SessionHello, outbound: mpsc::UnboundedSender<Outbound>) -> Result<String, KernelError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Msg::Join { hello, outbound, reply });
+        answer.await.map_err(|_| KernelError::Unavailable("the scheduler has stopped".into()))?
+    }
+
+    /// The session ended: its leases are lost at once.
+    pub fn leave(&self, session_id: String, reason: String) {
+        self.send(Msg::Leave { session_id, reason });
+    }
+
+    pub fn heartbeat(&self, session_id: String) {
+        self.send(Msg::Heartbeat { session_id });
+    }
+
+    /// No more dispatches to this session.
+    pub fn drain(&self, session_id: String) {
+        self.send(Msg::Drain { session_id });
+    }
+
+    /// A pending step to dispatch.
+    pub fn enqueue(&self, step: StepRecord) {
+        self.send(Msg::Enqueue(step));
+    }
+
+    /// A worker's result for this dispatch was handled (recorded or refused): its slot is free.
+    pub fn settled(&self, dispatch_id: String, attempt: u32) {
+        self.send(Msg::Settled { dispatch_id, attempt });
+    }
+
+    /// These steps were settled by the store (run ended): drop them from the queue and cancel
+    /// their dispatches on the workers.
+    pub fn cancel_steps(&self, steps: Vec<StepRecord>, reason: String) {
+        if !steps.is_empty() {
+            self.send(Msg::CancelSteps { steps, reason });
+        }
+    }
+
+    /// The connected workers.
+    pub async fn snapshot(&self) -> Result<Vec<WorkerSnapshot>, KernelError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Msg::Snapshot(reply));
+        answer.await.map_err(|_| KernelError::Unavailable("the scheduler has stopped".into()))
+    }
+}
+
+struct Session {
+    name: String,
+    tools: HashMap<String, String>,
+    max_concurrency: u32,
+    in_use: u32,
+    draining: bool,
+    outbound: mpsc::UnboundedSender<Outbound>,
+    connected_at: Millis,
+    last_heartbeat: Instant,
+    last_heartbeat_at: Millis,
+}
+
+impl Session {
+    fn can_take(&self, tool: &str) -> bool {
+        !self.draining && self.in_use < self.max_concurrency && self.tools.contains_key(tool)
+    }
+}
+
+struct Queued {
+    step: StepRecord,
+    since: Instant,
+}
+
+enum LeaseState {
+    /// `tool:start` is being written; the worker has not been told.
+    Starting,
+    Running { deadline: Instant },
+    /// A cancel was sent; the slot stays taken until the worker answers or the grace ends.
+    Cancelling { until: Instant },
+}
+
+struct Lease {
+    session_id: String,
+    run_id: RunId,
+    key: StepKey,
+    attempt: u32,
+    timeout: Duration,
+    state: LeaseState,
+}
+
+struct Actor {
+    config: SchedulerConfig,
+    store: Store,
+    me: mpsc::UnboundedSender<Msg>,
+    sessions: HashMap<String, Session>,
+    queue: VecDeque<Queued>,
+    leases: HashMap<String, Lease>,
+    /// Rotates ties between equally loaded workers.
+    turn: usize,
+}
+
+impl Actor {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.config.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                msg = rx.recv() => match msg {
+                    Some(msg) => self.handle(msg),
+                    None => break,
+                },
+                _ = tick.tick() => self.on_tick(),
+            }
+        }
+        debug!("scheduler stopped");
+    }
+
+    fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::Join { hello, outbound, reply } => {
+                let _ = reply.send(self.join(hello, outbound));
+                self.dispatch_ready();
+            }
+            Msg::Leave { session_id, reason } => self.leave(&session_id, &reason),
+            Msg::Heartbeat { session_id } => {
+                if let Some(session) = self.sessions.get_mut(&session_id) {
+                    session.last_heartbeat = Instant::now();
+                    session.last_heartbeat_at = now_millis();
+                }
+            }
+            Msg::Drain { session_id } => {
+                if let Some(session) = self.sessions.get_mut(&session_id) {
+                    info!(session_id, worker = session.name, "worker draining");
+                    session.draining = true;
+                }
+            }
+            Msg::Enqueue(step) => {
+                self.enqueue(step);
+                self.dispatch_ready();
+            }
+            Msg::Started { dispatch_id, attempt, result } => self.started(dispatch_id, attempt, result),
+            Msg::Settled { dispatch_id, attempt } => {
+                if self.leases.get(&dispatch_id).is_some_and(|l| l.attempt == attempt) {
+                    self.release(&dispatch_id);
+                    self.dispatch_ready();
+                }
+            }
+            Msg::CancelSteps { steps, reason } => self.cancel_steps(steps, &reason),
+            Msg::Snapshot(reply) => {
+                let mut workers: Vec<WorkerSnapshot> = self
+                    .sessions
+                    .iter()
+                    .map(|(id, s)| {
+                        let mut tools: Vec<String> = s.tools.keys().cloned().collect();
+                        tools.sort();
+                        WorkerSnapshot {
+                            session_id: id.clone(),
+                            name: s.name.clone(),
+                            tools,
+                            max_concurrency: s.max_concurrency,
+                            slots_in_use: s.in_use,
+                            draining: s.draining,
+                            connected_at: s.connected_at,
+                            last_heartbeat_at: s.last_heartbeat_at,
+                        }
+                    })
+                    .collect();
+                workers.sort_by(|a, b| a.name.cmp(&b.name).then(a.session_id.cmp(&b.session_id)));
+                let _ = reply.send(workers);
+            }
+        }
+    }
+
+    fn join(&mut self, hello: SessionHello, outbound: mpsc::UnboundedSender<Outbound>) -> Result<String, KernelError> {
+        for tool in &hello.tools {
+            for (id, session) in &self.sessions {
+                if let Some(theirs) = session.tools.get(&tool.name)
+                    && *theirs != tool.fingerprint
+                {
+                    return Err(KernelError::AlreadyExists(format!(
+                        "tool '{}' is already offered by worker {} (session {id}) with fingerprint {theirs}; \
+                         this worker announces fingerprint {}. Workers may offer the same tool only with the same \
+                         name, description, schema and version",
+                        tool.name, session.name, tool.fingerprint
+                    )));
+                }
+            }
+        }
+        let session_id = uuid::Uuid::now_v7().to_string();
+        let now = now_millis();
+        info!(session_id, worker = hello.name, tools = hello.tools.len(), slots = hello.max_concurrency, "worker joined");
+        self.sessions.insert(
+            session_id.clone(),
+            Session {
+                name: hello.name,
+                tools: hello.tools.into_iter().map(|t| (t.name, t.fingerprint)).collect(),
+                max_concurrency: hello.max_concurrency,
+                in_use: 0,
+                draining: false,
+                outbound,
+                connected_at: now,
+                last_heartbeat: Instant::now(),
+                last_heartbeat_at: now,
+            },
+        );
+        Ok(session_id)
+    }
+
+    fn leave(&mut self, session_id: &str, reason: &str) {
+        let Some(session) = self.sessions.remove(session_id) else { return };
+        info!(session_id, worker = session.name, reason, "worker left");
+        let lost: Vec<String> =
+            self.leases.iter().filter(|(_, l)| l.session_id == session_id).map(|(id, _)| id.clone()).collect();
+        for dispatch_id in lost {
+            let lease = self.leases.remove(&dispatch_id).expect("listed above");
+            // A lease still `Starting` is lost when its start commit comes back and finds no lease.
+            if !matches!(lease.state, LeaseState::Starting) {
+                self.lose(dispatch_id, lease.attempt, format!("worker {} {reason}", session.name));
+            }
+        }
+        self.dispatch_ready();
+    }
+
+    /// Records the loss in the store and requeues what may run again.
+    fn lose(&self, dispatch_id: String, attempt: u32, reason: String) {
+        let store = self.store.clone();
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            match store.lose_lease(LeaseLoss { dispatch_id: dispatch_id.clone(), attempt, reason: reason.clone() }).await {
+                Ok(LossOutcome::Requeued(step)) => {
+                    info!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, reason, "lease lost, redispatching");
+                    let _ = me.send(Msg::Enqueue(step));
+                }
+                Ok(LossOutcome::Indeterminate(step)) => {
+                    warn!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, reason, "lease lost, at_most_once call is indeterminate");
+                }
+                Ok(LossOutcome::NotHeld) => debug!(dispatch_id, "lost lease no longer held its step"),
+                Err(error) => warn!(dispatch_id, %error, "cannot record a lost lease; boot recovery will"),
+            }
+        });
+    }
+
+    fn enqueue(&mut self, step: StepRecord) {
+        let duplicate = self.queue.iter().any(|q| q.step.run_id == step.run_id && q.step.key == step.key)
+            || self.leases.values().any(|l| l.run_id == step.run_id && l.key == step.key);
+        if !duplicate {
+            self.queue.push_back(Queued { step, since: Instant::now() });
+        }
+    }
+
+    /// Picks the least loaded session that can take `tool`, rotating between equals.
+    fn pick(&mut self, tool: &str) -> Option<String> {
+        let mut candidates: Vec<(&String, &Session)> =
+            self.sessions.iter().filter(|(_, s)| s.can_take(tool)).collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        candidates.sort_by(|a, b| a.0.cmp(b.0));
+        let load = |s: &Session| s.in_use as f64 / s.max_concurrency as f64;
+        let best = candidates.iter().map(|(_, s)| load(s)).fold(f64::INFINITY, f64::min);
+        let equals: Vec<&String> =
+            candidates.iter().filter(|(_, s)| load(s) <= best + f64::EPSILON).map(|(id, _)| *id).collect();
+        self.turn = self.turn.wrapping_add(1);
+        Some(equals[self.turn % equals.len()].clone())
+    }
+
+    fn dispatch_ready(&mut self) {
+        let mut index = 0;
+        while index < self.queue.len() {
+            let tool = self.queue[index].step.tool.clone();
+            match self.pick(&tool) {
+                Some(session_id) => {
+                    let queued = self.queue.remove(index).expect("index in range");
+                    self.reserve(session_id, queued.step);
+                }
+                None => index += 1,
+            }
+        }
+    }
+
+    fn reserve(&mut self, session_id: String, step: StepRecord) {
+        let session = self.sessions.get_mut(&session_id).expect("picked session exists");
+        session.in_use += 1;
+        let dispatch_id = uuid::Uuid::now_v7().to_string();
+        let attempt = step.attempts + 1;
+        let start = StartDispatch {
+            run_id: step.run_id.clone(),
+            key: step.key.clone(),
+            dispatch_id: dispatch_id.clone(),
+            attempt,
+            worker: session.name.clone(),
+            session_id: session_id.clone(),
+            lease_expires_at: now_millis() + self.config.lease_ttl.as_millis() as Millis,
+        };
+        self.leases.insert(
+            dispatch_id.clone(),
+            Lease {
+                session_id,
+                run_id: step.run_id.clone(),
+                key: step.key.clone(),
+                attempt,
+                timeout: Duration::from_millis(step.timeout_ms),
+                state: LeaseState::Starting,
+            },
+        );
+        let store = self.store.clone();
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            let result = store.start_dispatch(start).await;
+            let _ = me.send(Msg::Started { dispatch_id, attempt, result });
+        });
+    }
+
+    fn started(&mut self, dispatch_id: String, attempt: u32, result: Result<Option<StepRecord>, KernelError>) {
+        match result {
+            Ok(Some(step)) => {
+                let live = self
+                    .leases
+                    .get(&dispatch_id)
+                    .and_then(|lease| self.sessions.get(&lease.session_id).map(|s| (lease, s)));
+                match live {
+                    Some((lease, session)) => {
+                        let order = DispatchOrder { dispatch_id: dispatch_id.clone(), attempt, step };
+                        let timeout = lease.timeout;
+                        if session.outbound.send(Outbound::Dispatch(order)).is_err() {
+                            // The session's loop is gone; its Leave is on the way and will find this lease.
+                            return;
+                        }
+                        if let Some(lease) = self.leases.get_mut(&dispatch_id) {
+                            lease.state = LeaseState::Running { deadline: Instant::now() + timeout };
+                        }
+                    }
+                    None => {
+                        // The session ended while tool:start was being written.
+                        self.leases.remove(&dispatch_id);
+                        self.lose(dispatch_id, attempt, "worker session ended before the dispatch was delivered".into());
+                    }
+                }
+            }
+            Ok(None) => {
+                // The step was settled meanwhile (run cancelled): nothing to run.
+                self.release(&dispatch_id);
+                self.dispatch_ready();
+            }
+            Err(error) => {
+                warn!(dispatch_id, %error, "cannot record tool:start; the call waits for the next try");
+                if let Some(lease) = self.leases.get(&dispatch_id) {
+                    let (run, key) = (lease.run_id.clone(), lease.key.clone());
+                    self.release(&dispatch_id);
+                    let store = self.store.clone();
+                    let me = self.me.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        if let Ok(steps) = store.reads.steps(run).await
+                            && let Some(step) = steps.into_iter().find(|s| s.key == key && s.status == crate::model::StepStatus::Pending)
+                        {
+                            let _ = me.send(Msg::Enqueue(step));
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    fn release(&mut self, dispatch_id: &str) {
+        if let Some(lease) = self.leases.remove(dispatch_id)
+            && let Some(session) = self.sessions.get_mut(&lease.session_id)
+        {
+            session.in_use = session.in_use.saturating_sub(1);
+        }
+    }
+
+    fn cancel_steps(&mut self, steps: Vec<StepRecord>, reason: &str) {
+        for step in steps {
+            self.queue.retain(|q| !(q.step.run_id == step.run_id && q.step.key == step.key));
+            let until = Instant::now() + self.config.cancel_grace;
+            for (dispatch_id, lease) in self.leases.iter_mut() {
+                if lease.run_id == step.run_id && lease.key == step.key {
+                    if let Some(session) = self.sessions.get(&lease.session_id) {
+                        let _ = session.outbound.send(Outbound::Cancel {
+                            dispatch_id: dispatch_id.clone(),
+                            attempt: lease.attempt,
+                            reason: reason.to_owned(),
+                        });
+                    }
+                    lease.state = LeaseState::Cancelling { until };
+                }
+            }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        let now = Instant::now();
+
+        let silent: Vec<String> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| now.duration_since(s.last_heartbeat) > self.config.lease_ttl)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for session_id in silent {
+            let message = format!("lease expired: no heartbeat for {}", human_ms(self.config.lease_ttl.as_millis() as u64));
+            if let Some(session) = self.sessions.get(&session_id) {
+                warn!(session_id, worker = session.name, "worker silent past its lease, ending its session");
+                let _ = session.outbound.send(Outbound::Close(KernelError::Unavailable(message.clone())));
+            }
+            self.leave(&session_id, &message);
+        }
+
+        let mut expired = Vec::new();
+        let mut abandoned = Vec::new();
+        for (dispatch_id, lease) in &self.leases {
+            match lease.state {
+                LeaseState::Running { deadline } if now >= deadline => expired.push(dispatch_id.clone()),
+                LeaseState::Cancelling { until } if now >= until => abandoned.push(dispatch_id.clone()),
+                _ => {}
+            }
+        }
+        for dispatch_id in expired {
+            let until = now + self.config.cancel_grace;
+            let lease = self.leases.get_mut(&dispatch_id).expect("listed above");
+            lease.state = LeaseState::Cancelling { until };
+            let attempt = lease.attempt;
+            if let Some(session) = self.sessions.get(&lease.session_id) {
+                let _ = session.outbound.send(Outbound::Cancel {
+                    dispatch_id: dispatch_id.clone(),
+                    attempt,
+                    reason: "timeout".into(),
+                });
+            }
+            let store = self.store.clone();
+            tokio::spawn(async move {
+                match store.time_out(dispatch_id.clone(), attempt).await {
+                    Ok(Some(step)) => info!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, "call timed out"),
+                    Ok(None) => {}
+                    Err(error) => warn!(dispatch_id, %error, "cannot record a timeout"),
+                }
+            });
+        }
+        for dispatch_id in abandoned {
+            debug!(dispatch_id, "cancelled dispatch gave no answer within the grace, freeing its slot");
+            self.release(&dispatch_id);
+        }
+
+        let limit = self.config.schedule_to_start_timeout;
+        let sessions = &self.sessions;
+        let mut starved = Vec::new();
+        self.queue.retain(|queued| {
+            let offered = sessions.values().any(|s| s.tools.contains_key(&queued.step.tool));
+            if !offered && now.duration_since(queued.since) > limit {
+                starved.push(queued.step.clone());
+                false
+            } else {
+                true
+            }
+        });
+        for step in starved {
+            let store = self.store.clone();
+            let message = format!(
+                "no worker offering tool '{}' connected within {}; the call did not run",
+                step.tool,
+                human_ms(limit.as_millis() as u64)
+            );
+            tokio::spawn(async move {
+                if let Err(error) = store.fail_pending(step.run_id.clone(), step.key.clone(), message, "schedule_to_start_timeout").await {
+                    warn!(run_id = %step.run_id, step = %step.key, %error, "cannot fail a starved call");
+                }
+            });
+        }
+
+        self.dispatch_ready();
+    }
+}

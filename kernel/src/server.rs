@@ -1,0 +1,126 @@
+//! Assembles the kernel: store, hub, registry, scheduler and gRPC services; recovers what was in
+//! flight when the kernel last stopped; serves until shutdown, then drains within a bound.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kernel_proto::v1::registry_service_server::RegistryServiceServer;
+use kernel_proto::v1::run_service_server::RunServiceServer;
+use kernel_proto::v1::tool_call_service_server::ToolCallServiceServer;
+use kernel_proto::v1::worker_service_server::WorkerServiceServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::error::KernelError;
+use crate::grpc::{Kernel, RegistryApi, RunApi, ToolCallApi, WorkerApi};
+use crate::hub::Hub;
+use crate::model::StepStatus;
+use crate::registry::Registry;
+use crate::scheduler::Scheduler;
+use crate::store::{LeaseLoss, LossOutcome, Store};
+
+/// Offers again what was pending or leased when the kernel last stopped. Connection state did
+/// not survive the restart, so every lease is gone: a started `safe_to_retry` call is queued
+/// again, a started `at_most_once` call becomes indeterminate.
+async fn recover(store: &Store, scheduler: &Scheduler) -> Result<(), KernelError> {
+    let steps = store.reads.in_flight_steps().await?;
+    let (mut requeued, mut indeterminate) = (0, 0);
+    for step in steps {
+        match step.status {
+            StepStatus::Pending => {
+                scheduler.enqueue(step);
+                requeued += 1;
+            }
+            StepStatus::Running => {
+                let loss = LeaseLoss {
+                    dispatch_id: step.dispatch_id.clone().unwrap_or_default(),
+                    attempt: step.attempts,
+                    reason: "kernel restarted".into(),
+                };
+                match store.lose_lease(loss).await? {
+                    LossOutcome::Requeued(step) => {
+                        scheduler.enqueue(step);
+                        requeued += 1;
+                    }
+                    LossOutcome::Indeterminate(_) => indeterminate += 1,
+                    LossOutcome::NotHeld => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    if requeued + indeterminate > 0 {
+        info!(requeued, indeterminate, "recovered calls in flight at the last stop");
+    }
+    Ok(())
+}
+
+/// Runs the kernel until `shutdown` is cancelled. `on_listening` receives the bound address.
+pub async fn run(config: Config, shutdown: CancellationToken, on_listening: impl FnOnce(SocketAddr)) -> Result<(), KernelError> {
+    let hub = Hub::default();
+    let (store, writer) = Store::open(&config.db, config.durability, hub.clone())?;
+    let registry = Registry::load(store.reads.tools().await?);
+    let scheduler = Scheduler::spawn(config.scheduler(), store.clone(), shutdown.clone());
+    recover(&store, &scheduler).await?;
+
+    let kernel = Kernel {
+        store: store.clone(),
+        hub,
+        registry,
+        scheduler,
+        shutdown: shutdown.clone(),
+        default_timeout_ms: config.default_tool_timeout_ms,
+    };
+
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kernel_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| KernelError::Unavailable(format!("reflection: {e}")))?;
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<RunServiceServer<RunApi>>().await;
+    health_reporter.set_serving::<ToolCallServiceServer<ToolCallApi>>().await;
+    health_reporter.set_serving::<WorkerServiceServer<WorkerApi>>().await;
+    health_reporter.set_serving::<RegistryServiceServer<RegistryApi>>().await;
+
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| KernelError::Unavailable(format!("cannot listen on {}: {e}", config.listen)))?;
+    let addr = listener.local_addr().map_err(|e| KernelError::Unavailable(e.to_string()))?;
+    info!(%addr, db = %config.db.display(), schema = Store::schema_version(), "listening");
+    on_listening(addr);
+
+    let server = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(RunServiceServer::new(RunApi(kernel.clone())))
+        .add_service(ToolCallServiceServer::new(ToolCallApi(kernel.clone())))
+        .add_service(WorkerServiceServer::new(WorkerApi(kernel.clone())))
+        .add_service(RegistryServiceServer::new(RegistryApi(kernel)))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.clone().cancelled_owned());
+
+    let drain = Duration::from_millis(config.drain_timeout_ms);
+    tokio::pin!(server);
+    tokio::select! {
+        result = &mut server => result.map_err(|e| KernelError::Unavailable(format!("server: {e}")))?,
+        _ = shutdown.cancelled() => {
+            info!(drain_ms = drain.as_millis() as u64, "shutting down");
+            match tokio::time::timeout(drain, &mut server).await {
+                Ok(result) => result.map_err(|e| KernelError::Unavailable(format!("server: {e}")))?,
+                Err(_) => warn!("streams still open after the drain timeout; closing them"),
+            }
+        }
+    }
+    drop(server);
+    drop(store);
+    // Give the writer its last batch: every command already queued commits before it exits.
+    let join = tokio::task::spawn_blocking(move || writer.join());
+    if tokio::time::timeout(drain, join).await.is_err() {
+        warn!("store writer did not finish within the drain timeout");
+    }
+    info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,250 @@
+//! The store: SQLite behind one writer thread (group commit) and a pool of readers.
+//!
+//! The store is the system of record. Every write is a typed [`writer::Command`]; the writer folds
+//! whatever is queued into one transaction and answers after `COMMIT`, then publishes the
+//! committed events to the [`Hub`] so watchers and waiting agents learn of them. Only this module
+//! imports rusqlite.
+
+mod ops;
+mod reads;
+mod rows;
+mod schema;
+mod writer;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+pub use ops::{Published, human_ms, unknown_tool_message};
+pub use reads::{Readers, RunFilter};
+use writer::Command;
+
+use crate::error::KernelError;
+use crate::hub::Hub;
+use crate::model::{ErrorKind, Millis, RunId, RunRecord, StepKey, StepRecord, ToolDef};
+
+/// How hard each commit waits for the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Durability {
+    /// `synchronous=FULL`: a committed write survives power loss (the default).
+    Full,
+    /// `synchronous=NORMAL`: faster; in WAL mode a power loss may drop the last commits, a crash
+    /// of the kernel process does not.
+    Normal,
+}
+
+/// A run to create.
+#[derive(Clone, Debug)]
+pub struct NewRun {
+    pub agent: String,
+    /// Canonical JSON text.
+    pub input: String,
+    pub labels: BTreeMap<String, String>,
+    pub idempotency_key: Option<String>,
+    pub max_tool_calls: u32,
+}
+
+/// One call of a submitted turn, validated and resolved against the registry.
+#[derive(Clone, Debug)]
+pub struct PlannedCall {
+    pub position: u32,
+    pub key: StepKey,
+    pub call_id: Option<String>,
+    pub tool_name: String,
+    /// Canonical JSON text.
+    pub arguments: String,
+    /// `None` when no worker ever registered the tool.
+    pub tool: Option<ToolDef>,
+}
+
+/// A turn to record.
+#[derive(Clone, Debug)]
+pub struct TurnPlan {
+    pub run_id: RunId,
+    pub turn: u32,
+    pub calls: Vec<PlannedCall>,
+    /// Registered tool names, for the unknown-tool message.
+    pub available_tools: Vec<String>,
+    pub default_timeout_ms: u64,
+}
+
+/// What recording a turn decided for one call.
+#[derive(Clone, Debug)]
+pub enum CallDisposition {
+    /// Already terminal: its recorded result is served again.
+    Replayed(StepRecord),
+    /// Already in flight: wait for its result.
+    Joined(StepRecord),
+    /// Recorded and settled at once without running (unknown tool, call limit).
+    Settled(StepRecord),
+    /// Recorded as pending: to dispatch.
+    Scheduled(StepRecord),
+    /// Same identity, different tool, fingerprint or arguments: nothing recorded.
+    Diverged { step: StepRecord, message: String },
+}
+
+/// A lease granted to a worker, to record before the worker is told.
+#[derive(Clone, Debug)]
+pub struct StartDispatch {
+    pub run_id: RunId,
+    pub key: StepKey,
+    pub dispatch_id: String,
+    pub attempt: u32,
+    pub worker: String,
+    pub session_id: String,
+    pub lease_expires_at: Millis,
+}
+
+/// A worker's result for a dispatch it claims to hold.
+#[derive(Clone, Debug)]
+pub struct ResultReport {
+    pub dispatch_id: String,
+    pub attempt: u32,
+    pub session_id: String,
+    /// Canonical JSON text, or the error.
+    pub outcome: Result<String, (ErrorKind, String)>,
+    pub progress_count: u32,
+}
+
+/// A lease that ended without a result.
+#[derive(Clone, Debug)]
+pub struct LeaseLoss {
+    pub dispatch_id: String,
+    pub attempt: u32,
+    pub reason: String,
+}
+
+/// What became of a lost lease's step.
+#[derive(Clone, Debug)]
+pub enum LossOutcome {
+    /// The dispatch no longer held the step; nothing recorded.
+    NotHeld,
+    /// safe_to_retry: back to pending, to dispatch again.
+    Requeued(StepRecord),
+    /// at_most_once: failed as indeterminate.
+    Indeterminate(StepRecord),
+}
+
+/// How a run ends.
+#[derive(Clone, Debug)]
+pub enum EndRun {
+    Complete { output: String },
+    Fail { reason: String },
+    Cancel { reason: String },
+}
+
+/// A cheap handle on the store.
+#[derive(Clone)]
+pub struct Store {
+    commands: mpsc::Sender<Command>,
+    /// Read-only queries.
+    pub reads: Readers,
+}
+
+/// The writer thread; joining it waits for the last batch to commit.
+pub struct WriterThread(std::thread::JoinHandle<()>);
+
+impl WriterThread {
+    /// Waits for the writer to drain and exit (all [`Store`] handles must be dropped first).
+    pub fn join(self) {
+        let _ = self.0.join();
+    }
+}
+
+fn open_writer(path: &Path, durability: Durability) -> rusqlite::Result<Connection> {
+    let mut conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(
+        None,
+        "synchronous",
+        match durability {
+            Durability::Full => "FULL",
+            Durability::Normal => "NORMAL",
+        },
+    )?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    schema::migrate(&mut conn)?;
+    Ok(conn)
+}
+
+impl Store {
+    /// Opens (creating and migrating) the database and starts the writer thread.
+    pub fn open(path: &Path, durability: Durability, hub: Hub) -> Result<(Store, WriterThread), KernelError> {
+        let conn = open_writer(path, durability)
+            .map_err(|e| KernelError::Store(format!("cannot open database {}: {e}", path.display())))?;
+        let (commands, receiver) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || writer::run(conn, receiver, move |published| hub.publish_committed(published)))
+            .map_err(|e| KernelError::Store(format!("cannot start the writer thread: {e}")))?;
+        let reads = Readers::open(&PathBuf::from(path))?;
+        Ok((Store { commands, reads }, WriterThread(thread)))
+    }
+
+    /// The schema version this build writes.
+    pub fn schema_version() -> usize {
+        schema::latest()
+    }
+
+    async fn send<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T, KernelError>>) -> Command) -> Result<T, KernelError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(make(reply))
+            .map_err(|_| KernelError::Unavailable("the store writer has stopped".into()))?;
+        answer.await.map_err(|_| KernelError::Unavailable("the store writer has stopped".into()))?
+    }
+
+    pub async fn create_run(&self, new: NewRun) -> Result<(RunRecord, bool), KernelError> {
+        self.send(|reply| Command::CreateRun(new, reply)).await
+    }
+
+    pub async fn schedule_turn(&self, plan: TurnPlan) -> Result<Vec<CallDisposition>, KernelError> {
+        self.send(|reply| Command::ScheduleTurn(plan, reply)).await
+    }
+
+    /// Records `tool:start`; `None` when the step is no longer pending (settled meanwhile).
+    pub async fn start_dispatch(&self, start: StartDispatch) -> Result<Option<StepRecord>, KernelError> {
+        self.send(|reply| Command::StartDispatch(start, reply)).await
+    }
+
+    /// Records a worker's result, fenced by dispatch, attempt and session; `None` when stale.
+    pub async fn record_result(&self, report: ResultReport) -> Result<Option<StepRecord>, KernelError> {
+        self.send(|reply| Command::RecordResult(report, reply)).await
+    }
+
+    pub async fn lose_lease(&self, loss: LeaseLoss) -> Result<LossOutcome, KernelError> {
+        self.send(|reply| Command::LoseLease(loss, reply)).await
+    }
+
+    /// Fails a running dispatch that outlived its timeout; `None` when it no longer held the step.
+    pub async fn time_out(&self, dispatch_id: String, attempt: u32) -> Result<Option<StepRecord>, KernelError> {
+        self.send(|reply| Command::TimeOut { dispatch_id, attempt, reply }).await
+    }
+
+    /// Fails a step that is still waiting for a worker.
+    pub async fn fail_pending(
+        &self,
+        run: RunId,
+        key: StepKey,
+        message: String,
+        reason: &'static str,
+    ) -> Result<Option<StepRecord>, KernelError> {
+        self.send(|reply| Command::FailPending { run, key, message, reason, reply }).await
+    }
+
+    /// Ends a run; failing or cancelling settles its in-flight steps first and returns them.
+    pub async fn end_run(&self, run: RunId, end: EndRun) -> Result<(RunRecord, Vec<StepRecord>), KernelError> {
+        self.send(|reply| Command::EndRun(run, end, reply)).await
+    }
+
+    pub async fn register_tools(&self, tools: Vec<ToolDef>) -> Result<(), KernelError> {
+        self.send(|reply| Command::RegisterTools(tools, reply)).await
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,585 @@
+//! The write operations. Each runs inside the writer's batch transaction (under its own
+//! savepoint), changes projections and appends the events that explain the change, so state and
+//! log commit together or not at all.
+
+use rusqlite::{Connection, params};
+use serde_json::{Value, json};
+
+use super::rows::{self, load_run, load_step, load_step_by_dispatch};
+use super::{
+    CallDisposition, EndRun, LeaseLoss, LossOutcome, NewRun, ResultReport, StartDispatch, TurnPlan,
+};
+use crate::error::KernelError;
+use crate::model::{
+    EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, EventType, Idempotency, Millis, RunId, RunRecord,
+    RunStatus, StepKey, StepRecord, StepStatus, ToolDef,
+};
+
+/// An event committed by a batch, with the step it settled when there is one, so watchers need
+/// no read to learn a result.
+#[derive(Clone, Debug)]
+pub struct Published {
+    pub event: EventRecord,
+    pub step: Option<StepRecord>,
+}
+
+/// The state one command sees: the connection, the batch clock, and the events it appended.
+pub struct Tx<'c> {
+    pub conn: &'c Connection,
+    pub now: Millis,
+    pub published: Vec<Published>,
+}
+
+impl From<rusqlite::Error> for KernelError {
+    fn from(error: rusqlite::Error) -> Self {
+        KernelError::Store(error.to_string())
+    }
+}
+
+type Result<T> = std::result::Result<T, KernelError>;
+
+impl Tx<'_> {
+    fn append(&mut self, run: &RunId, kind: EventType, payload: Value, step: Option<StepRecord>) -> Result<()> {
+        // Taking the next number from the run row inside this transaction keeps the sequence
+        // gap-free and unique even with many writers queued in one batch.
+        let seq: u64 = self
+            .conn
+            .prepare_cached("UPDATE runs SET last_seq = last_seq + 1, updated_at = ?2 WHERE id = ?1 RETURNING last_seq")?
+            .query_row(params![run.as_str(), self.now], |row| row.get(0))?;
+        let payload = payload.to_string();
+        self.conn
+            .prepare_cached("INSERT INTO events (run_id, seq, type, schema_version, at, payload) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?
+            .execute(params![run.as_str(), seq, kind.as_str(), EVENT_SCHEMA_VERSION, self.now, payload])?;
+        self.published.push(Published {
+            event: EventRecord {
+                run_id: run.clone(),
+                seq,
+                kind,
+                schema_version: EVENT_SCHEMA_VERSION,
+                at: self.now,
+                payload,
+            },
+            step,
+        });
+        Ok(())
+    }
+
+    fn run(&self, id: &RunId) -> Result<RunRecord> {
+        load_run(self.conn, id)?.ok_or_else(|| KernelError::NotFound(format!("run {id} not found")))
+    }
+
+    fn step(&self, run: &RunId, key: &StepKey) -> Result<StepRecord> {
+        load_step(self.conn, run, key)?
+            .ok_or_else(|| KernelError::Store(format!("step {key} of run {run} vanished inside its transaction")))
+    }
+}
+
+fn json_or_string(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+}
+
+pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
+    if let Some(key) = &new.idempotency_key {
+        let existing = tx
+            .conn
+            .prepare_cached(&format!("SELECT {} FROM runs WHERE idempotency_key = ?1", rows::RUN_COLUMNS))?
+            .query_row([key], rows::run_from_row);
+        match existing {
+            Ok(run) if run.agent == new.agent && run.input == new.input => return Ok((run, false)),
+            Ok(run) => {
+                return Err(KernelError::AlreadyExists(format!(
+                    "idempotency_key '{key}' is already used by run {} with a different agent or input",
+                    run.id
+                )));
+            }
+            Err(rusqlite::Error::QueryReturnedNoRows) => {}
+            Err(other) => return Err(other.into()),
+        }
+    }
+    let id = RunId::new();
+    let labels = serde_json::to_string(&new.labels).expect("labels serialize");
+    tx.conn
+        .prepare_cached(
+            "INSERT INTO runs (id, agent, status, input, labels, idempotency_key, max_tool_calls, created_at, updated_at) \
+             VALUES (?1, ?2, 'pending', ?3, ?4, ?5, ?6, ?7, ?7)",
+        )?
+        .execute(params![id.as_str(), new.agent, new.input, labels, new.idempotency_key, new.max_tool_calls, tx.now])?;
+    tx.append(
+        &id,
+        EventType::RunCreated,
+        json!({
+            "agent": new.agent,
+            "input": json_or_string(&new.input),
+            "labels": new.labels,
+            "idempotency_key": new.idempotency_key,
+            "max_tool_calls": new.max_tool_calls,
+        }),
+        None,
+    )?;
+    Ok((tx.run(&id)?, true))
+}
+
+/// Explains how a resubmitted call differs from the recorded one.
+fn divergence(step: &StepRecord, tool: &str, fingerprint: &str) -> String {
+    if step.tool != tool {
+        format!(
+            "replay_input_changed: step {} was recorded as a call to '{}', now '{}'",
+            step.key, step.tool, tool
+        )
+    } else if step.fingerprint != fingerprint {
+        format!(
+            "replay_input_changed: tool '{}' changed since step {} was recorded (fingerprint {} then, {} now)",
+            tool, step.key, step.fingerprint, fingerprint
+        )
+    } else {
+        format!(
+            "replay_input_changed: the arguments of step {} ('{}') differ from the recorded ones",
+            step.key, tool
+        )
+    }
+}
+
+/// The message the model reads for a call to a tool nobody registered.
+pub fn unknown_tool_message(name: &str, available: &[String]) -> String {
+    let shown: Vec<&str> = available.iter().take(20).map(String::as_str).collect();
+    let mut list = shown.join(", ");
+    if available.len() > shown.len() {
+        list.push_str(&format!(" (and {} more)", available.len() - shown.len()));
+    }
+    if list.is_empty() {
+        list.push_str("none");
+    }
+    format!("unknown tool '{}'; available: {}", crate::model::cut(name, 64), list)
+}
+
+pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposition>> {
+    let mut run = tx.run(&plan.run_id)?;
+    if run.status.is_terminal() {
+        return Err(KernelError::FailedPrecondition(format!(
+            "run {} is {}; it accepts no new tool calls",
+            run.id, run.status
+        )));
+    }
+    if run.status == RunStatus::Pending {
+        tx.conn
+            .prepare_cached("UPDATE runs SET status = 'running', updated_at = ?2 WHERE id = ?1")?
+            .execute(params![run.id.as_str(), tx.now])?;
+        tx.append(&run.id, EventType::RunStarted, json!({ "turn": plan.turn }), None)?;
+    }
+    let mut dispositions = Vec::with_capacity(plan.calls.len());
+    for call in plan.calls {
+        let fingerprint = call.tool.as_ref().map(|t| t.fingerprint.as_str()).unwrap_or("");
+        let arguments: Value = serde_json::from_str(&call.arguments).unwrap_or(Value::Null);
+        let hash = kernel_proto::canonical::call_hash(&call.tool_name, fingerprint, &arguments);
+        if let Some(step) = load_step(tx.conn, &run.id, &call.key)? {
+            if step.call_hash != hash {
+                let message = divergence(&step, &call.tool_name, fingerprint);
+                dispositions.push(CallDisposition::Diverged { step, message });
+            } else if step.status.is_terminal() {
+                tx.conn
+                    .prepare_cached("UPDATE steps SET replays = replays + 1 WHERE run_id = ?1 AND step_key = ?2")?
+                    .execute(params![run.id.as_str(), call.key.as_str()])?;
+                dispositions.push(CallDisposition::Replayed(tx.step(&run.id, &call.key)?));
+            } else {
+                dispositions.push(CallDisposition::Joined(step));
+            }
+            continue;
+        }
+
+        let over_limit = run.max_tool_calls > 0 && run.tool_calls >= run.max_tool_calls;
+        let refusal = if over_limit {
+            Some(format!(
+                "max_tool_calls reached: run {} may make at most {} tool calls; '{}' did not run",
+                run.id, run.max_tool_calls, call.tool_name
+            ))
+        } else if call.tool.is_none() {
+            Some(unknown_tool_message(&call.tool_name, &plan.available_tools))
+        } else {
+            None
+        };
+        if !over_limit {
+            run.tool_calls += 1;
+        }
+        let (version, idempotency, timeout_ms) = match &call.tool {
+            Some(def) => (
+                def.version.clone(),
+                def.options.idempotency(),
+                def.options.timeout_ms.filter(|t| *t > 0).unwrap_or(plan.default_timeout_ms),
+            ),
+            None => (String::new(), Idempotency::SafeToRetry, plan.default_timeout_ms),
+        };
+        let idempotency_key = call.key.idempotency_key(&run.id);
+        let (status, finished_at) = match &refusal {
+            Some(_) => (StepStatus::Failed, Some(tx.now)),
+            None => (StepStatus::Pending, None),
+        };
+        tx.conn
+            .prepare_cached(
+                "INSERT INTO steps (run_id, step_key, turn, position, call_id, tool, fingerprint, version, arguments, \
+                 call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+            )?
+            .execute(params![
+                run.id.as_str(),
+                call.key.as_str(),
+                plan.turn,
+                call.position,
+                call.call_id,
+                call.tool_name,
+                fingerprint,
+                version,
+                call.arguments,
+                hash,
+                idempotency_key,
+                idempotency.as_str(),
+                timeout_ms,
+                status.as_str(),
+                refusal,
+                refusal.as_ref().map(|_| ErrorKind::Fatal.as_str()),
+                tx.now,
+                finished_at,
+            ])?;
+        let step = tx.step(&run.id, &call.key)?;
+        match &refusal {
+            Some(message) => {
+                tx.append(
+                    &run.id,
+                    EventType::ToolResult,
+                    json!({
+                        "step_key": step.key,
+                        "turn": plan.turn,
+                        "position": call.position,
+                        "call_id": call.call_id,
+                        "tool": call.tool_name,
+                        "arguments": arguments,
+                        "status": "error",
+                        "error": message,
+                        "error_kind": ErrorKind::Fatal.as_str(),
+                        "reason": if over_limit { "max_tool_calls" } else { "unknown_tool" },
+                        "attempts": 0,
+                    }),
+                    Some(step.clone()),
+                )?;
+                dispositions.push(CallDisposition::Settled(step));
+            }
+            None => {
+                tx.append(
+                    &run.id,
+                    EventType::ToolScheduled,
+                    json!({
+                        "step_key": step.key,
+                        "turn": plan.turn,
+                        "position": call.position,
+                        "call_id": call.call_id,
+                        "tool": call.tool_name,
+                        "version": version,
+                        "fingerprint": fingerprint,
+                        "arguments": arguments,
+                        "call_hash": hash,
+                        "idempotency_key": idempotency_key,
+                        "idempotency": idempotency.as_str(),
+                        "timeout_ms": timeout_ms,
+                    }),
+                    None,
+                )?;
+                dispositions.push(CallDisposition::Scheduled(step));
+            }
+        }
+    }
+    tx.conn
+        .prepare_cached("UPDATE runs SET tool_calls = ?2 WHERE id = ?1")?
+        .execute(params![run.id.as_str(), run.tool_calls])?;
+    Ok(dispositions)
+}
+
+pub fn start_dispatch(tx: &mut Tx<'_>, start: StartDispatch) -> Result<Option<StepRecord>> {
+    let changed = tx
+        .conn
+        .prepare_cached(
+            "UPDATE steps SET status = 'running', attempts = ?3, dispatch_id = ?4, worker = ?5, session_id = ?6, \
+             lease_expires_at = ?7, started_at = COALESCE(started_at, ?8) \
+             WHERE run_id = ?1 AND step_key = ?2 AND status = 'pending'",
+        )?
+        .execute(params![
+            start.run_id.as_str(),
+            start.key.as_str(),
+            start.attempt,
+            start.dispatch_id,
+            start.worker,
+            start.session_id,
+            start.lease_expires_at,
+            tx.now,
+        ])?;
+    if changed == 0 {
+        return Ok(None);
+    }
+    let step = tx.step(&start.run_id, &start.key)?;
+    tx.append(
+        &start.run_id,
+        EventType::ToolStart,
+        json!({
+            "step_key": step.key,
+            "position": step.position,
+            "tool": step.tool,
+            "attempt": start.attempt,
+            "dispatch_id": start.dispatch_id,
+            "worker": start.worker,
+            "session_id": start.session_id,
+            "idempotency_key": step.idempotency_key,
+            "lease_expires_at": start.lease_expires_at,
+            "timeout_ms": step.timeout_ms,
+        }),
+        Some(step.clone()),
+    )?;
+    Ok(Some(step))
+}
+
+/// Loads the step a dispatch holds, only while that exact attempt still holds it.
+fn held_step(tx: &Tx<'_>, dispatch_id: &str, attempt: u32, session_id: Option<&str>) -> Result<Option<StepRecord>> {
+    Ok(load_step_by_dispatch(tx.conn, dispatch_id)?.filter(|step| {
+        step.status == StepStatus::Running
+            && step.attempts == attempt
+            && session_id.is_none_or(|s| step.session_id.as_deref() == Some(s))
+    }))
+}
+
+/// Ends a step with its one `tool:result` event.
+fn settle(
+    tx: &mut Tx<'_>,
+    step: &StepRecord,
+    status: StepStatus,
+    outcome: std::result::Result<&str, (ErrorKind, &str)>,
+    progress_count: u32,
+    extra: Value,
+) -> Result<StepRecord> {
+    let (output, error, kind) = match outcome {
+        Ok(output) => (Some(output), None, None),
+        Err((kind, message)) => (None, Some(message), Some(kind)),
+    };
+    tx.conn
+        .prepare_cached(
+            "UPDATE steps SET status = ?3, output = ?4, error = ?5, error_kind = ?6, finished_at = ?7, \
+             progress_count = progress_count + ?8, lease_expires_at = NULL WHERE run_id = ?1 AND step_key = ?2",
+        )?
+        .execute(params![
+            step.run_id.as_str(),
+            step.key.as_str(),
+            status.as_str(),
+            output,
+            error,
+            kind.map(ErrorKind::as_str),
+            tx.now,
+            progress_count,
+        ])?;
+    let settled = tx.step(&step.run_id, &step.key)?;
+    let mut payload = json!({
+        "step_key": settled.key,
+        "position": settled.position,
+        "tool": settled.tool,
+        "status": match status { StepStatus::Succeeded => "ok", StepStatus::Cancelled => "cancelled", _ => "error" },
+        "attempts": settled.attempts,
+        "dispatch_id": settled.dispatch_id,
+        "worker": settled.worker,
+        "progress_count": settled.progress_count,
+        "duration_ms": settled.started_at.map(|s| tx.now - s),
+    });
+    let body = payload.as_object_mut().expect("payload is an object");
+    match outcome {
+        Ok(output) => {
+            body.insert("output".into(), json_or_string(output));
+        }
+        Err((kind, message)) => {
+            body.insert("error".into(), Value::String(message.to_owned()));
+            body.insert("error_kind".into(), Value::String(kind.as_str().to_owned()));
+        }
+    }
+    if let Value::Object(more) = extra {
+        body.extend(more);
+    }
+    tx.append(&step.run_id, EventType::ToolResult, payload, Some(settled.clone()))?;
+    Ok(settled)
+}
+
+pub fn record_result(tx: &mut Tx<'_>, report: ResultReport) -> Result<Option<StepRecord>> {
+    let Some(step) = held_step(tx, &report.dispatch_id, report.attempt, Some(&report.session_id))? else {
+        return Ok(None);
+    };
+    let settled = match &report.outcome {
+        Ok(output) => settle(tx, &step, StepStatus::Succeeded, Ok(output), report.progress_count, Value::Null)?,
+        Err((kind, message)) => {
+            settle(tx, &step, StepStatus::Failed, Err((*kind, message)), report.progress_count, Value::Null)?
+        }
+    };
+    Ok(Some(settled))
+}
+
+pub fn lose_lease(tx: &mut Tx<'_>, loss: LeaseLoss) -> Result<LossOutcome> {
+    let Some(step) = held_step(tx, &loss.dispatch_id, loss.attempt, None)? else {
+        return Ok(LossOutcome::NotHeld);
+    };
+    if step.idempotency == Idempotency::AtMostOnce {
+        let message = format!(
+            "indeterminate: '{}' (at_most_once) was started on worker {} (attempt {}) and the lease was lost ({}); \
+             the effect may or may not have happened, so the kernel will not run it again",
+            step.tool,
+            step.worker.as_deref().unwrap_or("?"),
+            step.attempts,
+            loss.reason
+        );
+        let settled = settle(
+            tx,
+            &step,
+            StepStatus::Failed,
+            Err((ErrorKind::Fatal, &message)),
+            0,
+            json!({ "reason": "indeterminate" }),
+        )?;
+        return Ok(LossOutcome::Indeterminate(settled));
+    }
+    tx.conn
+        .prepare_cached(
+            "UPDATE steps SET status = 'pending', lease_expires_at = NULL WHERE run_id = ?1 AND step_key = ?2",
+        )?
+        .execute(params![step.run_id.as_str(), step.key.as_str()])?;
+    let requeued = tx.step(&step.run_id, &step.key)?;
+    tx.append(
+        &step.run_id,
+        EventType::ToolLeaseLost,
+        json!({
+            "step_key": step.key,
+            "position": step.position,
+            "tool": step.tool,
+            "attempt": step.attempts,
+            "dispatch_id": step.dispatch_id,
+            "worker": step.worker,
+            "reason": loss.reason,
+            "next": "redispatch",
+        }),
+        Some(requeued.clone()),
+    )?;
+    Ok(LossOutcome::Requeued(requeued))
+}
+
+pub fn time_out(tx: &mut Tx<'_>, dispatch_id: &str, attempt: u32) -> Result<Option<StepRecord>> {
+    let Some(step) = held_step(tx, dispatch_id, attempt, None)? else {
+        return Ok(None);
+    };
+    let message = format!(
+        "tool '{}' timed out after {} (attempt {})",
+        step.tool,
+        human_ms(step.timeout_ms),
+        step.attempts
+    );
+    let settled = settle(tx, &step, StepStatus::Failed, Err((ErrorKind::Retryable, &message)), 0, json!({ "reason": "timeout" }))?;
+    Ok(Some(settled))
+}
+
+pub fn fail_pending(tx: &mut Tx<'_>, run: &RunId, key: &StepKey, message: &str, reason: &str) -> Result<Option<StepRecord>> {
+    let Some(step) = load_step(tx.conn, run, key)?.filter(|s| s.status == StepStatus::Pending) else {
+        return Ok(None);
+    };
+    let settled = settle(tx, &step, StepStatus::Failed, Err((ErrorKind::Retryable, message)), 0, json!({ "reason": reason }))?;
+    Ok(Some(settled))
+}
+
+pub fn end_run(tx: &mut Tx<'_>, run_id: &RunId, end: EndRun) -> Result<(RunRecord, Vec<StepRecord>)> {
+    let run = tx.run(run_id)?;
+    if run.status.is_terminal() {
+        return Err(KernelError::FailedPrecondition(format!("run {} is already {}", run.id, run.status)));
+    }
+    let in_flight: Vec<StepRecord> = tx
+        .conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running') ORDER BY turn, position",
+            rows::STEP_COLUMNS
+        ))?
+        .query_map([run.id.as_str()], rows::step_from_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    let (status, kind, output, reason) = match &end {
+        EndRun::Complete { output } => {
+            if !in_flight.is_empty() {
+                return Err(KernelError::FailedPrecondition(format!(
+                    "run {} has {} tool calls in flight; wait for their results or cancel the run",
+                    run.id,
+                    in_flight.len()
+                )));
+            }
+            (RunStatus::Completed, EventType::RunCompleted, Some(output.clone()), None)
+        }
+        EndRun::Fail { reason } => (RunStatus::Failed, EventType::RunFailed, None, Some(reason.clone())),
+        EndRun::Cancel { reason } => (RunStatus::Cancelled, EventType::RunCancelled, None, Some(reason.clone())),
+    };
+    // Settle every in-flight step first, so the run's terminal event is the last word.
+    let mut settled = Vec::with_capacity(in_flight.len());
+    for step in &in_flight {
+        let message = format!("run {}: {}", status, reason.as_deref().unwrap_or(""));
+        settled.push(settle(tx, step, StepStatus::Cancelled, Err((ErrorKind::Fatal, &message)), 0, json!({ "reason": "run_ended" }))?);
+    }
+    tx.conn
+        .prepare_cached("UPDATE runs SET status = ?2, output = ?3, reason = ?4, updated_at = ?5 WHERE id = ?1")?
+        .execute(params![run.id.as_str(), status.as_str(), output, reason, tx.now])?;
+    let payload = match (&output, &reason) {
+        (Some(output), _) => json!({ "output": json_or_string(output) }),
+        (_, reason) => json!({ "reason": reason, "cancelled_steps": settled.len() }),
+    };
+    tx.append(&run.id, kind, payload, None)?;
+    Ok((tx.run(&run.id)?, settled))
+}
+
+pub fn register_tools(tx: &mut Tx<'_>, tools: Vec<ToolDef>) -> Result<()> {
+    for tool in tools {
+        let options = serde_json::to_string(&tool.options).expect("options serialize");
+        tx.conn
+            .prepare_cached(
+                "INSERT INTO tools (name, description, input_schema, version, fingerprint, options, first_seen_at, last_seen_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7) \
+                 ON CONFLICT (name) DO UPDATE SET description = ?2, input_schema = ?3, version = ?4, fingerprint = ?5, \
+                 options = ?6, last_seen_at = ?7",
+            )?
+            .execute(params![
+                tool.name,
+                tool.description,
+                tool.input_schema.to_string(),
+                tool.version,
+                tool.fingerprint,
+                options,
+                tx.now
+            ])?;
+    }
+    Ok(())
+}
+
+/// Renders milliseconds for people: 250ms, 1.5s, 30s, 2m05s.
+pub fn human_ms(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms < 60_000 {
+        if ms % 1000 == 0 { format!("{}s", ms / 1000) } else { format!("{:.1}s", ms as f64 / 1000.0) }
+    } else {
+        format!("{}m{:02}s", ms / 60_000, (ms % 60_000) / 1000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_tool_message_cuts_the_name_and_lists_at_most_twenty() {
+        let available: Vec<String> = (0..25).map(|i| format!("t{i:02}")).collect();
+        let message = unknown_tool_message(&"x".repeat(100), &available);
+        assert!(message.starts_with(&format!("unknown tool '{}';", "x".repeat(64))));
+        assert!(message.contains("t19"));
+        assert!(!message.contains("t20,"));
+        assert!(message.ends_with("(and 5 more)"));
+        assert_eq!(unknown_tool_message("x", &["a".into(), "b".into()]), "unknown tool 'x'; available: a, b");
+    }
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(human_ms(250), "250ms");
+        assert_eq!(human_ms(30_000), "30s");
+        assert_eq!(human_ms(1_500), "1.5s");
+        assert_eq!(human_ms(125_000), "2m05s");
+    }
+}

@@ -1,0 +1,162 @@
+//! Read-only queries, served by a small pool of read-only connections on blocking threads so the
+//! writer is never in the way of a reader (WAL).
+
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, OpenFlags, params_from_iter, types::Value as SqlValue};
+
+use super::rows::{self, EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS};
+use crate::error::KernelError;
+use crate::model::{EventRecord, RunId, RunRecord, RunStatus, StepRecord, ToolDef, ToolOptions};
+
+/// A pool of read-only connections.
+#[derive(Clone)]
+pub struct Readers {
+    pool: Arc<Mutex<Vec<Connection>>>,
+    path: Arc<std::path::PathBuf>,
+}
+
+/// Filters of a run listing.
+#[derive(Clone, Debug, Default)]
+pub struct RunFilter {
+    pub status: Option<RunStatus>,
+    pub agent: Option<String>,
+    pub labels: Vec<(String, String)>,
+    /// Only runs with an id lower than this (newest first paging).
+    pub before: Option<String>,
+    pub limit: u32,
+}
+
+impl Readers {
+    pub fn open(path: &std::path::Path) -> Result<Self, KernelError> {
+        Ok(Readers { pool: Arc::new(Mutex::new(Vec::new())), path: Arc::new(path.to_owned()) })
+    }
+
+    fn connect(&self) -> rusqlite::Result<Connection> {
+        let conn = Connection::open_with_flags(
+            &*self.path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
+        )?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        Ok(conn)
+    }
+
+    /// Runs `query` on a pooled connection on a blocking thread.
+    pub async fn with<T, F>(&self, query: F) -> Result<T, KernelError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        let readers = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = readers.pool.lock().expect("reader pool poisoned").pop();
+            let conn = match pooled {
+                Some(conn) => conn,
+                None => readers.connect()?,
+            };
+            let result = query(&conn);
+            let mut pool = readers.pool.lock().expect("reader pool poisoned");
+            if pool.len() < 8 {
+                pool.push(conn);
+            }
+            result
+        })
+        .await
+        .map_err(|e| KernelError::Store(format!("reader task failed: {e}")))?
+        .map_err(KernelError::from)
+    }
+
+    pub async fn run(&self, id: RunId) -> Result<Option<RunRecord>, KernelError> {
+        self.with(move |conn| rows::load_run(conn, &id)).await
+    }
+
+    pub async fn steps(&self, id: RunId) -> Result<Vec<StepRecord>, KernelError> {
+        self.with(move |conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ?1 ORDER BY turn, position, created_at"
+            ))?
+            .query_map([id.as_str()], rows::step_from_row)?
+            .collect()
+        })
+        .await
+    }
+
+    pub async fn runs(&self, filter: RunFilter) -> Result<Vec<RunRecord>, KernelError> {
+        self.with(move |conn| {
+            let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE 1 = 1");
+            let mut args: Vec<SqlValue> = Vec::new();
+            if let Some(status) = filter.status {
+                sql.push_str(" AND status = ?");
+                args.push(SqlValue::Text(status.as_str().into()));
+            }
+            if let Some(agent) = filter.agent {
+                sql.push_str(" AND agent = ?");
+                args.push(SqlValue::Text(agent));
+            }
+            for (key, value) in filter.labels {
+                sql.push_str(" AND EXISTS (SELECT 1 FROM json_each(runs.labels) WHERE json_each.key = ? AND json_each.value = ?)");
+                args.push(SqlValue::Text(key));
+                args.push(SqlValue::Text(value));
+            }
+            if let Some(before) = filter.before {
+                sql.push_str(" AND id < ?");
+                args.push(SqlValue::Text(before));
+            }
+            sql.push_str(" ORDER BY id DESC LIMIT ?");
+            args.push(SqlValue::Integer(filter.limit as i64));
+            conn.prepare(&sql)?.query_map(params_from_iter(args), rows::run_from_row)?.collect()
+        })
+        .await
+    }
+
+    pub async fn events(&self, id: RunId, from_seq: u64, limit: u32) -> Result<Vec<EventRecord>, KernelError> {
+        self.with(move |conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq LIMIT ?3"
+            ))?
+            .query_map(rusqlite::params![id.as_str(), from_seq, limit], rows::event_from_row)?
+            .collect()
+        })
+        .await
+    }
+
+    /// Steps that were pending or leased when the kernel last stopped.
+    pub async fn in_flight_steps(&self) -> Result<Vec<StepRecord>, KernelError> {
+        self.with(|conn| {
+            conn.prepare(&format!(
+                "SELECT {STEP_COLUMNS} FROM steps WHERE status IN ('pending', 'running') ORDER BY created_at"
+            ))?
+            .query_map([], rows::step_from_row)?
+            .collect()
+        })
+        .await
+    }
+
+    /// Every tool ever registered, with when it was first and last seen.
+    pub async fn tools(&self) -> Result<Vec<(ToolDef, i64, i64)>, KernelError> {
+        self.with(|conn| {
+            conn.prepare(
+                "SELECT name, description, input_schema, version, fingerprint, options, first_seen_at, last_seen_at \
+                 FROM tools ORDER BY name",
+            )?
+            .query_map([], |row| {
+                let schema: String = row.get(2)?;
+                let options: String = row.get(5)?;
+                Ok((
+                    ToolDef {
+                        name: row.get(0)?,
+                        description: row.get(1)?,
+                        input_schema: serde_json::from_str(&schema).unwrap_or_default(),
+                        version: row.get(3)?,
+                        fingerprint: row.get(4)?,
+                        options: serde_json::from_str::<ToolOptions>(&options).unwrap_or_default(),
+                    },
+                    row.get(6)?,
+                    row.get(7)?,
+                ))
+            })?
+            .collect()
+        })
+        .await
+    }
+}

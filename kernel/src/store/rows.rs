@@ -1,0 +1,115 @@
+//! Row mapping shared by the writer and the readers.
+
+use std::collections::BTreeMap;
+
+use rusqlite::{Connection, OptionalExtension, Row};
+
+use crate::model::{EventRecord, RunId, RunRecord, StepKey, StepRecord};
+
+pub const RUN_COLUMNS: &str = "id, agent, status, input, output, reason, labels, idempotency_key, \
+     max_tool_calls, tool_calls, last_seq, created_at, updated_at";
+
+pub const STEP_COLUMNS: &str = "run_id, step_key, turn, position, call_id, tool, fingerprint, version, \
+     arguments, call_hash, idempotency_key, idempotency, timeout_ms, status, attempts, output, error, \
+     error_kind, worker, session_id, dispatch_id, lease_expires_at, created_at, started_at, finished_at, \
+     replays, progress_count";
+
+pub const EVENT_COLUMNS: &str = "run_id, seq, type, schema_version, at, payload";
+
+fn parse<T: std::str::FromStr<Err = String>>(row: &Row<'_>, index: usize) -> rusqlite::Result<T> {
+    let text: String = row.get(index)?;
+    text.parse()
+        .map_err(|e: String| rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, e.into()))
+}
+
+fn parse_opt<T: std::str::FromStr<Err = String>>(row: &Row<'_>, index: usize) -> rusqlite::Result<Option<T>> {
+    let text: Option<String> = row.get(index)?;
+    text.map(|t| {
+        t.parse()
+            .map_err(|e: String| rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, e.into()))
+    })
+    .transpose()
+}
+
+pub fn run_from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
+    let labels: String = row.get(6)?;
+    Ok(RunRecord {
+        id: RunId::parse(&row.get::<_, String>(0)?, "id")
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.to_string().into()))?,
+        agent: row.get(1)?,
+        status: parse(row, 2)?,
+        input: row.get(3)?,
+        output: row.get(4)?,
+        reason: row.get(5)?,
+        labels: serde_json::from_str::<BTreeMap<String, String>>(&labels).unwrap_or_default(),
+        idempotency_key: row.get(7)?,
+        max_tool_calls: row.get(8)?,
+        tool_calls: row.get(9)?,
+        last_seq: row.get(10)?,
+        created_at: row.get(11)?,
+        updated_at: row.get(12)?,
+    })
+}
+
+pub fn step_from_row(row: &Row<'_>) -> rusqlite::Result<StepRecord> {
+    Ok(StepRecord {
+        run_id: RunId::parse(&row.get::<_, String>(0)?, "run_id")
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.to_string().into()))?,
+        key: StepKey::from_stored(row.get(1)?),
+        turn: row.get(2)?,
+        position: row.get(3)?,
+        call_id: row.get(4)?,
+        tool: row.get(5)?,
+        fingerprint: row.get(6)?,
+        version: row.get(7)?,
+        arguments: row.get(8)?,
+        call_hash: row.get(9)?,
+        idempotency_key: row.get(10)?,
+        idempotency: parse(row, 11)?,
+        timeout_ms: row.get(12)?,
+        status: parse(row, 13)?,
+        attempts: row.get(14)?,
+        output: row.get(15)?,
+        error: row.get(16)?,
+        error_kind: parse_opt(row, 17)?,
+        worker: row.get(18)?,
+        session_id: row.get(19)?,
+        dispatch_id: row.get(20)?,
+        lease_expires_at: row.get(21)?,
+        created_at: row.get(22)?,
+        started_at: row.get(23)?,
+        finished_at: row.get(24)?,
+        replays: row.get(25)?,
+        progress_count: row.get(26)?,
+    })
+}
+
+pub fn event_from_row(row: &Row<'_>) -> rusqlite::Result<EventRecord> {
+    Ok(EventRecord {
+        run_id: RunId::parse(&row.get::<_, String>(0)?, "run_id")
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.to_string().into()))?,
+        seq: row.get(1)?,
+        kind: parse(row, 2)?,
+        schema_version: row.get(3)?,
+        at: row.get(4)?,
+        payload: row.get(5)?,
+    })
+}
+
+pub fn load_run(conn: &Connection, id: &RunId) -> rusqlite::Result<Option<RunRecord>> {
+    conn.prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"))?
+        .query_row([id.as_str()], run_from_row)
+        .optional()
+}
+
+pub fn load_step(conn: &Connection, run: &RunId, key: &StepKey) -> rusqlite::Result<Option<StepRecord>> {
+    conn.prepare_cached(&format!("SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ?1 AND step_key = ?2"))?
+        .query_row([run.as_str(), key.as_str()], step_from_row)
+        .optional()
+}
+
+pub fn load_step_by_dispatch(conn: &Connection, dispatch_id: &str) -> rusqlite::Result<Option<StepRecord>> {
+    conn.prepare_cached(&format!("SELECT {STEP_COLUMNS} FROM steps WHERE dispatch_id = ?1"))?
+        .query_row([dispatch_id], step_from_row)
+        .optional()
+}

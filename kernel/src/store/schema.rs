@@ -1,0 +1,98 @@
+//! Numbered migrations. Each runs once, in order, inside the writer's first transaction; the
+//! applied version is kept in `PRAGMA user_version`.
+
+use rusqlite::Connection;
+
+const MIGRATIONS: &[&str] = &[
+    // 1: runs, their event log, steps, and the tool registry.
+    r#"
+    CREATE TABLE runs (
+        id              TEXT PRIMARY KEY,
+        agent           TEXT NOT NULL,
+        status          TEXT NOT NULL,
+        input           TEXT NOT NULL,
+        output          TEXT,
+        reason          TEXT,
+        labels          TEXT NOT NULL,
+        idempotency_key TEXT UNIQUE,
+        max_tool_calls  INTEGER NOT NULL,
+        tool_calls      INTEGER NOT NULL DEFAULT 0,
+        last_seq        INTEGER NOT NULL DEFAULT 0,
+        created_at      INTEGER NOT NULL,
+        updated_at      INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX runs_by_status ON runs (status, id);
+    CREATE INDEX runs_by_agent ON runs (agent, id);
+
+    CREATE TABLE events (
+        run_id         TEXT NOT NULL REFERENCES runs (id),
+        seq            INTEGER NOT NULL,
+        type           TEXT NOT NULL,
+        schema_version INTEGER NOT NULL,
+        at             INTEGER NOT NULL,
+        payload        TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    ) STRICT, WITHOUT ROWID;
+
+    CREATE TABLE steps (
+        run_id           TEXT NOT NULL REFERENCES runs (id),
+        step_key         TEXT NOT NULL,
+        turn             INTEGER NOT NULL,
+        position         INTEGER NOT NULL,
+        call_id          TEXT,
+        tool             TEXT NOT NULL,
+        fingerprint      TEXT NOT NULL,
+        version          TEXT NOT NULL,
+        arguments        TEXT NOT NULL,
+        call_hash        TEXT NOT NULL,
+        idempotency_key  TEXT NOT NULL,
+        idempotency      TEXT NOT NULL,
+        timeout_ms       INTEGER NOT NULL,
+        status           TEXT NOT NULL,
+        attempts         INTEGER NOT NULL DEFAULT 0,
+        output           TEXT,
+        error            TEXT,
+        error_kind       TEXT,
+        worker           TEXT,
+        session_id       TEXT,
+        dispatch_id      TEXT,
+        lease_expires_at INTEGER,
+        created_at       INTEGER NOT NULL,
+        started_at       INTEGER,
+        finished_at      INTEGER,
+        replays          INTEGER NOT NULL DEFAULT 0,
+        progress_count   INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (run_id, step_key)
+    ) STRICT;
+    CREATE INDEX steps_by_dispatch ON steps (dispatch_id) WHERE dispatch_id IS NOT NULL;
+    CREATE INDEX steps_in_flight ON steps (status) WHERE status IN ('pending', 'running');
+
+    CREATE TABLE tools (
+        name          TEXT PRIMARY KEY,
+        description   TEXT NOT NULL,
+        input_schema  TEXT NOT NULL,
+        version       TEXT NOT NULL,
+        fingerprint   TEXT NOT NULL,
+        options       TEXT NOT NULL,
+        first_seen_at INTEGER NOT NULL,
+        last_seen_at  INTEGER NOT NULL
+    ) STRICT;
+    "#,
+];
+
+/// Brings the database to the newest schema.
+pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    let current: usize = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
+    for (index, sql) in MIGRATIONS.iter().enumerate().skip(current) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", index + 1)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+/// The schema version this build writes.
+pub fn latest() -> usize {
+    MIGRATIONS.len()
+}

@@ -1,0 +1,136 @@
+//! The one writer thread. It owns the only write connection, takes typed commands over a
+//! channel, applies everything queued as one transaction (group commit), and answers each command
+//! only after the commit, so a reply always means "durable". Each command runs under its own
+//! savepoint: one refused command does not undo its batch-mates.
+
+use std::sync::mpsc::{Receiver, TryRecvError};
+
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use super::ops::{self, Published, Tx};
+use super::{CallDisposition, EndRun, LeaseLoss, LossOutcome, NewRun, ResultReport, StartDispatch, TurnPlan};
+use crate::error::KernelError;
+use crate::model::{RunId, RunRecord, StepKey, StepRecord, ToolDef, now_millis};
+
+/// The most commands folded into one transaction; bounds the latency of a batch.
+const MAX_BATCH: usize = 512;
+
+type Reply<T> = oneshot::Sender<Result<T, KernelError>>;
+
+/// A write the store can perform.
+pub enum Command {
+    CreateRun(NewRun, Reply<(RunRecord, bool)>),
+    ScheduleTurn(TurnPlan, Reply<Vec<CallDisposition>>),
+    StartDispatch(StartDispatch, Reply<Option<StepRecord>>),
+    RecordResult(ResultReport, Reply<Option<StepRecord>>),
+    LoseLease(LeaseLoss, Reply<LossOutcome>),
+    TimeOut { dispatch_id: String, attempt: u32, reply: Reply<Option<StepRecord>> },
+    FailPending { run: RunId, key: StepKey, message: String, reason: &'static str, reply: Reply<Option<StepRecord>> },
+    EndRun(RunId, EndRun, Reply<(RunRecord, Vec<StepRecord>)>),
+    RegisterTools(Vec<ToolDef>, Reply<()>),
+}
+
+/// Sends a command's answer once its batch has committed (or failed to).
+type Responder = Box<dyn FnOnce(Option<&str>) + Send>;
+
+/// Wraps a command's result into its responder, and says whether the command succeeded.
+fn respond<T: Send + 'static>(result: Result<T, KernelError>, reply: Reply<T>) -> (Responder, bool) {
+    let ok = result.is_ok();
+    let responder: Responder = Box::new(move |commit_error| {
+        let answer = match commit_error {
+            Some(error) => Err(KernelError::Store(format!("commit failed: {error}"))),
+            None => result,
+        };
+        // The caller may have gone away; the write stands either way.
+        let _ = reply.send(answer);
+    });
+    (responder, ok)
+}
+
+fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
+    match command {
+        Command::CreateRun(new, reply) => respond(ops::create_run(tx, new), reply),
+        Command::ScheduleTurn(plan, reply) => respond(ops::schedule_turn(tx, plan), reply),
+        Command::StartDispatch(start, reply) => respond(ops::start_dispatch(tx, start), reply),
+        Command::RecordResult(report, reply) => respond(ops::record_result(tx, report), reply),
+        Command::LoseLease(loss, reply) => respond(ops::lose_lease(tx, loss), reply),
+        Command::TimeOut { dispatch_id, attempt, reply } => respond(ops::time_out(tx, &dispatch_id, attempt), reply),
+        Command::FailPending { run, key, message, reason, reply } => {
+            respond(ops::fail_pending(tx, &run, &key, &message, reason), reply)
+        }
+        Command::EndRun(run, end, reply) => respond(ops::end_run(tx, &run, end), reply),
+        Command::RegisterTools(tools, reply) => respond(ops::register_tools(tx, tools), reply),
+    }
+}
+
+/// Runs one command under a savepoint; a refused command's rows and events are undone.
+fn apply_isolated(conn: &Connection, now: i64, command: Command, published: &mut Vec<Published>) -> Responder {
+    if let Err(error) = conn.execute_batch("SAVEPOINT command") {
+        return fail_command(command, KernelError::Store(error.to_string()));
+    }
+    let mut tx = Tx { conn, now, published: Vec::new() };
+    let (responder, ok) = apply(&mut tx, command);
+    if ok {
+        published.append(&mut tx.published);
+    } else {
+        let _ = conn.execute_batch("ROLLBACK TO command");
+    }
+    let _ = conn.execute_batch("RELEASE command");
+    responder
+}
+
+fn fail_command(command: Command, error: KernelError) -> Responder {
+    let message = error.to_string();
+    let make = || KernelError::Store(message.clone());
+    let (responder, _) = match command {
+        Command::CreateRun(_, reply) => respond(Err(make()), reply),
+        Command::ScheduleTurn(_, reply) => respond(Err(make()), reply),
+        Command::StartDispatch(_, reply) => respond(Err(make()), reply),
+        Command::RecordResult(_, reply) => respond(Err(make()), reply),
+        Command::LoseLease(_, reply) => respond(Err(make()), reply),
+        Command::TimeOut { reply, .. } => respond(Err(make()), reply),
+        Command::FailPending { reply, .. } => respond(Err(make()), reply),
+        Command::EndRun(_, _, reply) => respond(Err(make()), reply),
+        Command::RegisterTools(_, reply) => respond(Err(make()), reply),
+    };
+    responder
+}
+
+/// The writer loop: block for one command, take whatever else is queued, commit once, answer all.
+pub fn run(conn: Connection, commands: Receiver<Command>, publish: impl Fn(Vec<Published>)) {
+    while let Ok(first) = commands.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match commands.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        let now = now_millis();
+        let mut published = Vec::new();
+        let mut responders = Vec::with_capacity(batch.len());
+        let begin = conn.execute_batch("BEGIN IMMEDIATE");
+        if let Err(error) = begin {
+            let message = error.to_string();
+            for command in batch {
+                fail_command(command, KernelError::Store(message.clone()))(None);
+            }
+            continue;
+        }
+        for command in batch {
+            responders.push(apply_isolated(&conn, now, command, &mut published));
+        }
+        let commit_error = conn.execute_batch("COMMIT").err().map(|e| e.to_string());
+        if commit_error.is_some() {
+            let _ = conn.execute_batch("ROLLBACK");
+            published.clear();
+        }
+        for responder in responders {
+            responder(commit_error.as_deref());
+        }
+        if !published.is_empty() {
+            publish(published);
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! The agent's side: create a run, submit each model turn's tool calls, end the run.
+//!
+//! An agent (the model loop) calls [`AgentClient::create_run`] once, then for each model
+//! response [`RunHandle::submit_turn`] (results and progress as they happen) or
+//! [`RunHandle::call_turn`] (just the results). Submitting a turn again after a crash returns
+//! the recorded results without running the tools again, as long as each call keeps its
+//! position (or id) and arguments.
+
+use std::collections::BTreeMap;
+
+use futures_util::{Stream, StreamExt, TryStreamExt, future, stream};
+use kernel_proto::v1 as pb;
+use pb::run_service_client::RunServiceClient;
+use pb::tool_call_service_client::ToolCallServiceClient;
+use serde_json::Value;
+use tonic::transport::Channel;
+
+use crate::error::ErrorKind;
+use crate::{transport, wire};
+
+/// Why an agent request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The kernel answered with an error status (unknown run, run already ended, bad input).
+    #[error("kernel error ({code:?}): {message}", code = .0.code(), message = .0.message())]
+    Status(#[from] tonic::Status),
+    /// The kernel could not be reached.
+    #[error("cannot reach the kernel: {0}")]
+    Transport(String),
+    /// A JSON payload could not be encoded or decoded.
+    #[error("invalid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The kernel's answer lacked something it must carry.
+    #[error("unexpected answer from the kernel: {0}")]
+    Protocol(String),
+}
+
+impl From<tonic::transport::Error> for AgentError {
+    fn from(error: tonic::transport::Error) -> Self {
+        AgentError::Transport(transport::describe(&error))
+    }
+}
+
+/// A run to create.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRun {
+    /// Name of the agent, for listing and policy.
+    pub agent: String,
+    /// The run's input.
+    pub input: Value,
+    /// Free-form labels to filter runs by.
+    pub labels: BTreeMap<String, String>,
+    /// With a key, creating the run again returns the first run instead of a new one.
+    pub idempotency_key: Option<String>,
+    /// Cap on tool calls in the run; 0 means unlimited.
+    pub max_tool_calls: u32,
+}
+
+impl NewRun {
+    /// A run of `agent` on `input`, without labels, key or limit.
+    pub fn new(agent: impl Into<String>, input: Value) -> Self {
+        Self {
+            agent: agent.into(),
+            input,
+            labels: BTreeMap::new(),
+            idempotency_key: None,
+            max_tool_calls: 0,
+        }
+    }
+
+    /// Adds a label.
+    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets the idempotency key.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Caps the number of tool calls.
+    pub fn max_tool_calls(mut self, max: u32) -> Self {
+        self.max_tool_calls = max;
+        self
+    }
+}
+
+/// One tool call of a turn, as the model asked for it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    /// The tool's name.
+    pub tool: String,
+    /// The arguments object.
+    pub arguments: Value,
+    /// Optional identity of the call instead of its position in the turn.
+    pub id: Option<String>,
+}
+
+impl Call {
+    /// A call of `tool` with `arguments` (a JSON object), identified by its position.
+    pub fn new(tool: impl Into<String>, arguments: Value) -> Self {
+        Self { tool: tool.into(), arguments, id: None }
+    }
+
+    /// Identifies the call by `id` rather than its position, so it keeps its recorded result
+    /// even if a regenerated turn orders calls differently.
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+}
+
+/// How a call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CallStatus {
+    /// The tool returned a result.
+    Ok,
+    /// A recoverable error: the model reads `content` and may try something else.
+    Error,
+    /// The call was cancelled.
+    Cancelled,
+}
+
+/// The result of one call, in the form a model loop needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallOutcome {
+    /// The call's position in its turn.
+    pub position: u32,
+    /// The call's identity in the run.
+    pub step_key: String,
+    /// The tool's name.
+    pub tool: String,
+    /// How the call ended.
+    pub status: CallStatus,
+    /// What the model reads: a string result as is, other JSON compact with sorted keys, or the
+    /// error text.
+    pub content: String,
+    /// The result when the call succeeded.
+    pub output: Option<Value>,
+    /// The error's kind when the call failed with one.
+    pub error_kind: Option<ErrorKind>,
+    /// Served from the log: the call had already run.
+    pub replayed: bool,
+    /// Attempts the call took.
+    pub attempts: u32,
+}
+
+/// A progress update from a call still running.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgressUpdate {
+    /// The call's position in its turn.
+    pub position: u32,
+    /// The call's identity in the run.
+    pub step_key: String,
+    /// The tool's name.
+    pub tool: String,
+    /// The status line.
+    pub message: String,
+    /// How far along the call is, out of `total`.
+    pub current: Option<u64>,
+    /// The amount of work `current` counts towards.
+    pub total: Option<u64>,
+    /// Structured detail.
+    pub data: Option<Value>,
+}
+
+/// One item of a turn's stream: progress while calls run, then a result per call in position order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnItem {
+    /// A running call reported progress.
+    Progress(ProgressUpdate),
+    /// A call ended.
+    Result(CallOutcome),
+}
+
+/// A run and its steps as the kernel records them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSnapshot {
+    /// The run.
+    pub run: pb::Run,
+    /// Its tool calls, in order.
+    pub steps: Vec<pb::Step>,
+}
+
+/// A connection to the kernel for agents. Cloning it is cheap and shares the connection.
+#[derive(Debug, Clone)]
+pub struct AgentClient {
+    runs: RunServiceClient<Channel>,
+    calls: ToolCallServiceClient<Channel>,
+}
+
+impl AgentClient {
+    /// Connects to the kernel at `addr` (`http://127.0.0.1:50051`, or `127.0.0.1:50051`).
+    pub async fn connect(addr: impl AsRef<str>) -> Result<Self, AgentError> {
+        let channel = transport::connect(addr.as_ref()).await?;
+        Ok(Self::from_channel(channel))
+    }
+
+    /// Uses an existing channel.
+    pub fn from_channel(channel: Channel) -> Self {
+        Self {
+            runs: RunServiceClient::new(channel.clone()),
+            calls: ToolCallServiceClient::new(channel),
+        }
+    }
+
+    /// Creates a run; with an idempotency key that matches an earlier run, returns that run.
+    pub async fn create_run(&self, run: NewRun) -> Result<RunHandle, AgentError> {
+        let response = self.runs.clone().create_run(wire::create_run_request(run)).await?.into_inner();
+        let run = response.run.ok_or_else(|| AgentError::Protocol("create run answered without a run".into()))?;
+        Ok(RunHandle { id: run.id, created: response.created, client: self.clone() })
+    }
+
+    /// A handle on an existing run, for example to resubmit its turns after a crash.
+    pub fn run(&self, id: impl Into<String>) -> RunHandle {
+        RunHandle { id: id.into(), created: false, client: self.clone() }
+    }
+}
+
+/// One run, to submit turns to and end. Cloning it is cheap.
+#[derive(Debug, Clone)]
+pub struct RunHandle {
+    id: String,
+    created: bool,
+    client: AgentClient,
+}
+
+impl RunHandle {
+    /// The run's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Whether [`AgentClient::create_run`] made a new run (false when its idempotency key
+    /// matched an earlier one, or for a handle from [`AgentClient::run`]).
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// Submits one turn's calls. The stream yields progress as it happens and one result per
+    /// call, in position order, each after the kernel recorded it.
+    pub fn submit_turn(
+        &self,
+        turn: u32,
+        calls: Vec<Call>,
+    ) -> impl Stream<Item = Result<TurnItem, AgentError>> + Send + 'static {
+        let request = wire::submit_turn_request(&self.id, turn, calls);
+        let mut client = self.client.calls.clone();
+        let opened = async move { Ok::<_, AgentError>(client.submit_turn(request).await?.into_inner()) };
+        stream::once(opened)
+            .map_ok(|responses| responses.map_err(AgentError::from))
+            .try_flatten()
+            .try_filter_map(|response| future::ready(wire::turn_item(response)))
+    }
+
+    /// Submits one turn's calls and returns their results in position order, ignoring progress.
+    pub async fn call_turn(&self, turn: u32, calls: Vec<Call>) -> Result<Vec<CallOutcome>, AgentError> {
+        self.submit_turn(turn, calls)
+            .try_filter_map(|item| {
+                future::ready(Ok(match item {
+                    TurnItem::Result(outcome) => Some(outcome),
+                    TurnItem::Progress(_) => None,
+                }))
+            })
+            .try_collect()
+            .await
+    }
+
+    /// Ends the run as completed with its output.
+    pub async fn complete(&self, output: Value) -> Result<(), AgentError> {
+        let request = pb::CompleteRunRequest {
+            run_id: self.id.clone(),
+            output_json: kernel_proto::canonical::to_canonical(&output),
+        };
+        self.client.runs.clone().complete_run(request).await?;
+        Ok(())
+    }
+
+    /// Ends the run as failed.
+    pub async fn fail(&self, reason: impl Into<String>) -> Result<(), AgentError> {
+        let request = pb::FailRunRequest { run_id: self.id.clone(), reason: reason.into() };
+        self.client.runs.clone().fail_run(request).await?;
+        Ok(())
+    }
+
+    /// Cancels the run: its calls in flight are settled first.
+    pub async fn cancel(&self, reason: impl Into<String>) -> Result<(), AgentError> {
+        let request = pb::CancelRunRequest { run_id: self.id.clone(), reason: reason.into() };
+        self.client.runs.clone().cancel_run(request).await?;
+        Ok(())
+    }
+
+    /// The run and its steps as recorded now.
+    pub async fn get(&self) -> Result<RunSnapshot, AgentError> {
+        let response = self.client.runs.clone().get_run(pb::GetRunRequest { run_id: self.id.clone() }).await?;
+        let response = response.into_inner();
+        let run = response.run.ok_or_else(|| AgentError::Protocol("get run answered without a run".into()))?;
+        Ok(RunSnapshot { run, steps: response.steps })
+    }
+}

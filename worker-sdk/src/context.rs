@@ -1,0 +1,326 @@
+//! What a running tool knows about its call: identity, attempt, cancellation, a progress
+//! emitter and the application's deps.
+//!
+//! The worker builds one [`ToolContext`] per dispatch. Tests build one with
+//! [`ToolContext::for_test`] and call the tool function directly, no kernel needed.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use crate::deps::Deps;
+use crate::session::{DispatchRef, Outbound};
+
+/// An ephemeral update from a running tool, streamed live to whoever watches the run.
+///
+/// Progress is not logged event by event; the kernel counts updates on the call's result.
+///
+/// ```
+/// use worker_sdk::Progress;
+///
+/// let update = Progress::new("copied 3 of 10 files").step(3, 10);
+/// assert_eq!(update.total, Some(10));
+/// ```
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Progress {
+    /// A short human-readable status line.
+    pub message: String,
+    /// How far along the call is, out of `total`.
+    pub current: Option<u64>,
+    /// The amount of work `current` counts towards.
+    pub total: Option<u64>,
+    /// Optional structured detail.
+    pub data: Option<Value>,
+}
+
+impl Progress {
+    /// A status line with no fraction and no data.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self { message: message.into(), ..Self::default() }
+    }
+
+    /// Sets the fraction done: `current` of `total`.
+    pub fn step(mut self, current: u64, total: u64) -> Self {
+        self.current = Some(current);
+        self.total = Some(total);
+        self
+    }
+
+    /// Attaches structured detail.
+    pub fn data(mut self, data: Value) -> Self {
+        self.data = Some(data);
+        self
+    }
+}
+
+/// Identity of one dispatched call, as the kernel sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CallInfo {
+    pub(crate) run_id: String,
+    pub(crate) call_id: Option<String>,
+    pub(crate) step_key: String,
+    pub(crate) turn: u32,
+    pub(crate) position: u32,
+    pub(crate) idempotency_key: String,
+    pub(crate) attempt: u32,
+    pub(crate) dispatch_id: String,
+    pub(crate) timeout: Option<Duration>,
+}
+
+impl CallInfo {
+    fn for_test() -> Self {
+        Self {
+            run_id: "test-run".into(),
+            call_id: None,
+            step_key: "t0/p0".into(),
+            turn: 0,
+            position: 0,
+            idempotency_key: "test-run/t0/p0".into(),
+            attempt: 1,
+            dispatch_id: "test-dispatch".into(),
+            timeout: None,
+        }
+    }
+}
+
+/// Where progress updates go.
+#[derive(Debug, Clone)]
+pub(crate) enum ProgressSink {
+    /// Nowhere: a test context without a progress channel.
+    Discard,
+    /// The worker session's outbound stream, tagged with the dispatch they belong to.
+    Session { tx: mpsc::Sender<Outbound>, dispatch: DispatchRef },
+    /// A channel a test reads.
+    Test(mpsc::UnboundedSender<Progress>),
+}
+
+impl ProgressSink {
+    fn send(&self, progress: Progress) {
+        match self {
+            ProgressSink::Discard => {}
+            ProgressSink::Session { tx, dispatch } => {
+                // Progress is best effort: keep half the queue free so heartbeats and results
+                // never wait behind a chatty tool.
+                if tx.capacity() * 2 <= tx.max_capacity() {
+                    debug!(dispatch_id = %dispatch.id, "progress dropped, outbound queue busy");
+                    return;
+                }
+                let message = Outbound::Progress { dispatch: dispatch.clone(), progress };
+                if tx.try_send(message).is_err() {
+                    debug!(dispatch_id = %dispatch.id, "progress dropped, session closed or busy");
+                }
+            }
+            ProgressSink::Test(tx) => {
+                let _ = tx.send(progress);
+            }
+        }
+    }
+}
+
+/// The context a tool runs in. Cloning it is cheap.
+///
+/// ```
+/// use worker_sdk::ToolContext;
+///
+/// let ctx = ToolContext::for_test().with_dep(String::from("config"));
+/// assert_eq!(ctx.attempt(), 1);
+/// assert_eq!(ctx.deps::<String>().as_deref().map(String::as_str), Some("config"));
+/// assert!(!ctx.is_cancelled());
+/// ```
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    call: Arc<CallInfo>,
+    tool: Arc<str>,
+    cancel: CancellationToken,
+    progress: ProgressSink,
+    deps: Deps,
+}
+
+impl ToolContext {
+    pub(crate) fn new(
+        call: CallInfo,
+        tool: &str,
+        cancel: CancellationToken,
+        progress: ProgressSink,
+        deps: Deps,
+    ) -> Self {
+        Self { call: Arc::new(call), tool: tool.into(), cancel, progress, deps }
+    }
+
+    /// A context for calling a tool function in a unit test: run `test-run`, step `t0/p0`,
+    /// attempt 1, a fresh cancellation token, no deps, progress discarded.
+    pub fn for_test() -> Self {
+        Self::new(
+            CallInfo::for_test(),
+            "",
+            CancellationToken::new(),
+            ProgressSink::Discard,
+            Deps::default(),
+        )
+    }
+
+    /// Registers a dep for [`ToolContext::deps`], as [`WorkerBuilder::deps`](crate::WorkerBuilder::deps) does.
+    pub fn with_dep<T: Any + Send + Sync>(mut self, value: T) -> Self {
+        self.deps.insert(value);
+        self
+    }
+
+    /// Uses `token` as the call's cancellation token, so a test can cancel the call.
+    pub fn with_cancellation(mut self, token: CancellationToken) -> Self {
+        self.cancel = token;
+        self
+    }
+
+    /// Sends the call's progress updates to the returned receiver, so a test can read them.
+    pub fn with_progress_channel(mut self) -> (Self, mpsc::UnboundedReceiver<Progress>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.progress = ProgressSink::Test(tx);
+        (self, rx)
+    }
+
+    pub(crate) fn with_tool_name(mut self, tool: &str) -> Self {
+        if &*self.tool != tool {
+            self.tool = tool.into();
+        }
+        self
+    }
+
+    /// The run the call belongs to.
+    pub fn run_id(&self) -> &str {
+        &self.call.run_id
+    }
+
+    /// The agent's own id for the call, when it gave one.
+    pub fn call_id(&self) -> Option<&str> {
+        self.call.call_id.as_deref()
+    }
+
+    /// The call's identity within its run: `t<turn>/p<position>` or `id:<call id>`.
+    pub fn step_key(&self) -> &str {
+        &self.call.step_key
+    }
+
+    /// The model turn that made the call.
+    pub fn turn(&self) -> u32 {
+        self.call.turn
+    }
+
+    /// The call's position within its turn.
+    pub fn position(&self) -> u32 {
+        self.call.position
+    }
+
+    /// A key that stays the same across retries, redispatches and agent restarts of this call:
+    /// pass it to payment APIs and the like to make side effects happen once.
+    pub fn idempotency_key(&self) -> &str {
+        &self.call.idempotency_key
+    }
+
+    /// Which attempt this is, starting at 1.
+    pub fn attempt(&self) -> u32 {
+        self.call.attempt
+    }
+
+    /// The kernel's id for this attempt's lease.
+    pub fn dispatch_id(&self) -> &str {
+        &self.call.dispatch_id
+    }
+
+    /// The name of the tool being called.
+    pub fn tool_name(&self) -> &str {
+        &self.tool
+    }
+
+    /// How long the kernel lets this attempt run before it cancels it, when it said.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.call.timeout
+    }
+
+    /// Cancelled when the kernel cancels the call (timeout, run cancelled) or the session ends.
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Whether the call has been cancelled; poll it in long loops.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Completes when the call is cancelled; select on it beside slow work.
+    pub async fn cancelled(&self) {
+        self.cancel.cancelled().await;
+    }
+
+    /// Reports a status line to whoever watches the run. Never blocks; an update may be
+    /// dropped when the connection is busy.
+    pub fn progress(&self, message: impl Into<String>) {
+        self.progress.send(Progress::new(message));
+    }
+
+    /// Reports a full progress update (fraction and data). Never blocks; an update may be
+    /// dropped when the connection is busy.
+    pub fn progress_with(&self, progress: Progress) {
+        self.progress.send(progress);
+    }
+
+    /// Reports an ephemeral status line; the same as [`ToolContext::progress`].
+    pub fn emit_status(&self, message: impl Into<String>) {
+        self.progress(message);
+    }
+
+    /// A value registered with [`WorkerBuilder::deps`](crate::WorkerBuilder::deps), by type.
+    pub fn deps<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.deps.get::<T>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_context_collects_progress() {
+        let (ctx, mut rx) = ToolContext::for_test().with_progress_channel();
+        ctx.progress("one");
+        ctx.progress_with(Progress::new("two").step(2, 3).data(serde_json::json!({"k": 1})));
+        assert_eq!(rx.try_recv().unwrap(), Progress::new("one"));
+        let two = rx.try_recv().unwrap();
+        assert_eq!((two.current, two.total), (Some(2), Some(3)));
+    }
+
+    #[test]
+    fn session_progress_is_dropped_when_the_queue_is_half_full() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let dispatch = DispatchRef { id: "d1".into(), attempt: 1 };
+        let sink = ProgressSink::Session { tx: tx.clone(), dispatch };
+        let ctx = ToolContext::new(
+            CallInfo::for_test(),
+            "t",
+            CancellationToken::new(),
+            sink,
+            Deps::default(),
+        );
+        for _ in 0..10 {
+            ctx.progress("tick");
+        }
+        let mut received = 0;
+        while rx.try_recv().is_ok() {
+            received += 1;
+        }
+        assert_eq!(received, 2, "two slots of four stay free for heartbeats and results");
+    }
+
+    #[test]
+    fn cancellation_is_visible() {
+        let token = CancellationToken::new();
+        let ctx = ToolContext::for_test().with_cancellation(token.clone());
+        assert!(!ctx.is_cancelled());
+        token.cancel();
+        assert!(ctx.is_cancelled());
+    }
+}

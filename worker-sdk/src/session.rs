@@ -1,0 +1,434 @@
+//! One worker session: a single bidirectional stream to the kernel, from Hello to close.
+//!
+//! The session task owns all of its state (the calls in flight and their cancellation tokens)
+//! and selects over the inbound stream, finished calls and shutdown; nothing is shared behind a
+//! lock. Each dispatch runs on its own task, which sends its result on the outbound channel; a
+//! separate task sends heartbeats so a busy tool never starves the lease.
+//!
+//! A session ends in one of three ways: drained after shutdown (`Ok`), refused by the kernel
+//! before its Welcome (permanent), or lost (transient: the worker reconnects). Results of calls
+//! from a lost session are dropped; the kernel has already redispatched or settled those calls.
+
+use std::collections::HashMap;
+use std::future::ready;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use kernel_proto::v1::worker_service_client::WorkerServiceClient;
+use serde_json::Value;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::context::{CallInfo, Progress, ProgressSink, ToolContext};
+use crate::error::ToolError;
+use crate::tool::{Tool, ToolDefinition};
+use crate::worker::WorkerConfig;
+use crate::{transport, wire};
+
+/// Messages queued on the outbound stream; half the queue is kept for heartbeats and results.
+const OUTBOUND_CAPACITY: usize = 256;
+/// How long the kernel has to answer Hello with Welcome.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a cancelled call may take to stop on its own before it is dropped.
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
+/// How long to wait for the kernel to close its side after a drained session ends ours.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Heartbeat period when the kernel does not say.
+const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// The pair that fences every message about one attempt of one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DispatchRef {
+    pub(crate) id: String,
+    pub(crate) attempt: u32,
+}
+
+/// What the worker sends on its stream.
+#[derive(Debug)]
+pub(crate) enum Outbound {
+    Hello { worker_name: String, tools: Vec<ToolDefinition>, max_concurrency: u32 },
+    Heartbeat,
+    Progress { dispatch: DispatchRef, progress: Progress },
+    Result { dispatch: DispatchRef, outcome: Result<Value, ToolError> },
+    Drain,
+    /// Ends the stream once everything queued before it has been sent.
+    Close,
+}
+
+/// The kernel's answer to Hello.
+#[derive(Debug)]
+pub(crate) struct Welcome {
+    pub(crate) session_id: String,
+    pub(crate) heartbeat_interval: Duration,
+    pub(crate) lease_ttl: Duration,
+}
+
+/// One attempt of one call to run.
+#[derive(Debug)]
+pub(crate) struct DispatchRequest {
+    pub(crate) call: CallInfo,
+    pub(crate) tool: String,
+    /// The arguments, or why their JSON text did not parse.
+    pub(crate) arguments: Result<Value, String>,
+}
+
+/// What the kernel sends on the stream.
+#[derive(Debug)]
+pub(crate) enum Inbound {
+    Welcome(Welcome),
+    Dispatch(DispatchRequest),
+    Cancel { dispatch: DispatchRef, reason: String },
+    ResultAck { dispatch: DispatchRef, accepted: bool, reason: String },
+}
+
+/// How a session that did not fail ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum SessionEnd {
+    /// Shutdown came before the session opened.
+    Stopped,
+    /// Shutdown drained the open session.
+    Drained,
+}
+
+/// How a session failed.
+#[derive(Debug)]
+pub(crate) enum SessionError {
+    /// The kernel refused the registration; trying again will not help.
+    Refused(tonic::Status),
+    /// The connection or the stream broke; `opened` tells whether a Welcome came first.
+    Lost { error: String, opened: bool },
+}
+
+impl SessionError {
+    fn lost(error: impl ToString, opened: bool) -> Self {
+        SessionError::Lost { error: error.to_string(), opened }
+    }
+}
+
+/// Whether a status answering Hello is a verdict on the registration rather than a fault of
+/// the connection.
+fn is_refusal(status: &tonic::Status) -> bool {
+    use tonic::Code;
+    matches!(
+        status.code(),
+        Code::InvalidArgument
+            | Code::AlreadyExists
+            | Code::FailedPrecondition
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::Unimplemented
+    )
+}
+
+fn before_welcome(status: tonic::Status) -> SessionError {
+    if is_refusal(&status) {
+        SessionError::Refused(status)
+    } else {
+        SessionError::lost(format!("{:?}: {}", status.code(), status.message()), false)
+    }
+}
+
+/// Runs one session to its end.
+pub(crate) async fn run(
+    config: &Arc<WorkerConfig>,
+    slots: &Arc<Semaphore>,
+    shutdown: &CancellationToken,
+) -> Result<SessionEnd, SessionError> {
+    let channel = tokio::select! {
+        channel = transport::connect(&config.endpoint) => channel.map_err(|e| SessionError::lost(transport::describe(&e), false))?,
+        _ = shutdown.cancelled() => return Ok(SessionEnd::Stopped),
+    };
+    let mut client = WorkerServiceClient::new(channel);
+
+    // Cancelled on every exit from this function: stops the heartbeat task, ends the outbound
+    // stream and tells calls still running that their session is gone.
+    let session_token = CancellationToken::new();
+    let _stop_session = session_token.clone().drop_guard();
+
+    let (tx, rx) = mpsc::channel(OUTBOUND_CAPACITY);
+    let hello = Outbound::Hello {
+        worker_name: config.name.clone(),
+        tools: config.tools.values().map(|tool| tool.definition().clone()).collect(),
+        max_concurrency: config.max_concurrency,
+    };
+    tx.send(hello).await.expect("the receiver is alive until the stream is handed over");
+    let outbound = ReceiverStream::new(rx)
+        .take_while(|message| ready(!matches!(message, Outbound::Close)))
+        .take_until(session_token.clone().cancelled_owned())
+        .map(wire::outbound);
+
+    let opening = async {
+        let mut inbound = client.open_session(outbound).await.map_err(before_welcome)?.into_inner();
+        let first = inbound.message().await.map_err(before_welcome)?;
+        match first.and_then(wire::inbound) {
+            Some(Inbound::Welcome(welcome)) => Ok((inbound, welcome)),
+            Some(other) => Err(SessionError::lost(format!("expected welcome, got {other:?}"), false)),
+            None => Err(SessionError::lost("kernel closed the session before its welcome", false)),
+        }
+    };
+    let (inbound, welcome) = tokio::select! {
+        opened = tokio::time::timeout(HANDSHAKE_TIMEOUT, opening) => match opened {
+            Ok(opened) => opened?,
+            Err(_) => return Err(SessionError::lost("no welcome from the kernel in time", false)),
+        },
+        _ = shutdown.cancelled() => return Ok(SessionEnd::Stopped),
+    };
+    info!(
+        session_id = %welcome.session_id,
+        worker = %config.name,
+        heartbeat_ms = welcome.heartbeat_interval.as_millis() as u64,
+        lease_ttl_ms = welcome.lease_ttl.as_millis() as u64,
+        "worker session open"
+    );
+
+    let heartbeat = if welcome.heartbeat_interval.is_zero() {
+        DEFAULT_HEARTBEAT
+    } else {
+        welcome.heartbeat_interval
+    };
+    tokio::spawn(send_heartbeats(tx.clone(), heartbeat, session_token.clone()));
+
+    let session = Session {
+        config: Arc::clone(config),
+        slots: Arc::clone(slots),
+        tx,
+        token: session_token,
+        running: HashMap::new(),
+        tasks: JoinSet::new(),
+    };
+    session
+        .serve(inbound, shutdown)
+        .instrument(info_span!("session", session_id = %welcome.session_id))
+        .await
+}
+
+async fn send_heartbeats(tx: mpsc::Sender<Outbound>, every: Duration, token: CancellationToken) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        tokio::select! {
+            _ = token.cancelled() => return,
+            sent = tx.send(Outbound::Heartbeat) => if sent.is_err() { return },
+        }
+    }
+}
+
+/// A call in flight, by dispatch id.
+struct Running {
+    attempt: u32,
+    token: CancellationToken,
+}
+
+struct Session {
+    config: Arc<WorkerConfig>,
+    slots: Arc<Semaphore>,
+    tx: mpsc::Sender<Outbound>,
+    token: CancellationToken,
+    running: HashMap<String, Running>,
+    tasks: JoinSet<DispatchRef>,
+}
+
+impl Session {
+    async fn serve(
+        mut self,
+        mut inbound: tonic::Streaming<kernel_proto::v1::OpenSessionResponse>,
+        shutdown: &CancellationToken,
+    ) -> Result<SessionEnd, SessionError> {
+        let mut drain_deadline: Option<tokio::time::Instant> = None;
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled(), if drain_deadline.is_none() => {
+                    info!(in_flight = self.tasks.len(), "worker draining");
+                    drain_deadline = Some(tokio::time::Instant::now() + self.config.drain_timeout);
+                    if self.tx.send(Outbound::Drain).await.is_err() || self.tasks.is_empty() {
+                        break;
+                    }
+                }
+                _ = tokio::time::sleep_until(drain_deadline.unwrap_or_else(tokio::time::Instant::now)),
+                    if drain_deadline.is_some() =>
+                {
+                    warn!(in_flight = self.tasks.len(), "drain timeout, abandoning calls in flight");
+                    break;
+                }
+                Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
+                    if let Ok(dispatch) = done {
+                        self.finished(&dispatch);
+                    }
+                    if drain_deadline.is_some() && self.tasks.is_empty() {
+                        break;
+                    }
+                }
+                message = inbound.message() => match message {
+                    Ok(Some(message)) => match wire::inbound(message) {
+                        Some(message) => self.handle(message),
+                        None => debug!("empty message from the kernel ignored"),
+                    },
+                    Ok(None) if drain_deadline.is_some() => return Ok(SessionEnd::Drained),
+                    Ok(None) => return Err(SessionError::lost("kernel closed the session", true)),
+                    Err(status) => {
+                        return Err(SessionError::lost(format!("{:?}: {}", status.code(), status.message()), true));
+                    }
+                },
+            }
+        }
+        self.close(inbound).await;
+        Ok(SessionEnd::Drained)
+    }
+
+    /// Ends our side after everything queued is sent, and gives the kernel a moment to end its.
+    async fn close(self, mut inbound: tonic::Streaming<kernel_proto::v1::OpenSessionResponse>) {
+        let closing = async {
+            if self.tx.send(Outbound::Close).await.is_err() {
+                return;
+            }
+            while let Ok(Some(_)) = inbound.message().await {}
+        };
+        if tokio::time::timeout(CLOSE_TIMEOUT, closing).await.is_err() {
+            debug!("kernel did not close the session in time");
+        }
+        info!("worker session closed");
+    }
+
+    fn handle(&mut self, message: Inbound) {
+        match message {
+            Inbound::Dispatch(request) => self.start(request),
+            Inbound::Cancel { dispatch, reason } => match self.running.get(&dispatch.id) {
+                Some(running) if running.attempt == dispatch.attempt => {
+                    info!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, reason, "dispatch cancelled");
+                    running.token.cancel();
+                }
+                _ => debug!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, "cancel for a call not running here ignored"),
+            },
+            Inbound::ResultAck { dispatch, accepted, reason } => {
+                if accepted {
+                    debug!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, "result recorded");
+                } else {
+                    warn!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, reason, "result not recorded");
+                }
+            }
+            Inbound::Welcome(_) => warn!("second welcome on an open session ignored"),
+        }
+    }
+
+    fn start(&mut self, request: DispatchRequest) {
+        let call = &request.call;
+        if let Some(running) = self.running.get(&call.dispatch_id) {
+            if running.attempt == call.attempt {
+                debug!(dispatch_id = %call.dispatch_id, attempt = call.attempt, "duplicate dispatch ignored");
+                return;
+            }
+            // A newer attempt supersedes the one still running here.
+            running.token.cancel();
+        }
+        let token = self.token.child_token();
+        self.running
+            .insert(call.dispatch_id.clone(), Running { attempt: call.attempt, token: token.clone() });
+        let span = info_span!(
+            "dispatch",
+            run_id = %call.run_id,
+            step_key = %call.step_key,
+            tool = %request.tool,
+            attempt = call.attempt,
+        );
+        let job = Job {
+            tool: self.config.tools.get(&request.tool).cloned(),
+            request,
+            token,
+            tx: self.tx.clone(),
+            slots: Arc::clone(&self.slots),
+            deps: self.config.deps.clone(),
+        };
+        self.tasks.spawn(job.run().instrument(span));
+    }
+
+    fn finished(&mut self, dispatch: &DispatchRef) {
+        if self.running.get(&dispatch.id).is_some_and(|running| running.attempt == dispatch.attempt) {
+            self.running.remove(&dispatch.id);
+        }
+    }
+}
+
+/// Everything one dispatch's task needs.
+struct Job {
+    tool: Option<Tool>,
+    request: DispatchRequest,
+    token: CancellationToken,
+    tx: mpsc::Sender<Outbound>,
+    slots: Arc<Semaphore>,
+    deps: crate::deps::Deps,
+}
+
+impl Job {
+    async fn run(self) -> DispatchRef {
+        let dispatch = DispatchRef {
+            id: self.request.call.dispatch_id.clone(),
+            attempt: self.request.call.attempt,
+        };
+        let tx = self.tx.clone();
+        let started = Instant::now();
+        let outcome = self.execute(dispatch.clone()).await;
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        match &outcome {
+            Ok(_) => info!(elapsed_ms, "dispatch succeeded"),
+            Err(error) => info!(elapsed_ms, kind = %error.kind(), error = %error, "dispatch failed"),
+        }
+        if tx.send(Outbound::Result { dispatch: dispatch.clone(), outcome }).await.is_err() {
+            debug!("session gone, result dropped");
+        }
+        dispatch
+    }
+
+    async fn execute(self, dispatch: DispatchRef) -> Result<Value, ToolError> {
+        let Job { tool, request, token, tx, slots, deps } = self;
+        let Some(tool) = tool else {
+            return Err(ToolError::fatal(format!("worker does not offer tool '{}'", request.tool)));
+        };
+        let args = request.arguments.map_err(|error| {
+            ToolError::fatal(format!("invalid arguments for tool '{}': {error}", request.tool))
+        })?;
+        // The kernel never sends more than max_concurrency calls, but calls from a lost session
+        // may still hold slots: wait for one rather than overrun the limit.
+        let _slot = tokio::select! {
+            slot = slots.acquire_owned() => slot.expect("the slot semaphore is never closed"),
+            _ = token.cancelled() => return Err(cancelled()),
+        };
+        debug!("dispatch started");
+        let progress = ProgressSink::Session { tx, dispatch };
+        let ctx = ToolContext::new(request.call, &request.tool, token.clone(), progress, deps);
+        let mut call = tool.call(ctx, args);
+        tokio::select! {
+            result = &mut call => result,
+            _ = token.cancelled() => match tokio::time::timeout(CANCEL_GRACE, call).await {
+                Ok(result) => result,
+                Err(_) => Err(cancelled()),
+            },
+        }
+    }
+}
+
+fn cancelled() -> ToolError {
+    ToolError::retryable("call cancelled before it finished")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_the_registration_verdicts() {
+        assert!(is_refusal(&tonic::Status::already_exists("fingerprint conflict")));
+        assert!(is_refusal(&tonic::Status::invalid_argument("bad name")));
+        assert!(!is_refusal(&tonic::Status::unavailable("restarting")));
+        assert!(!is_refusal(&tonic::Status::internal("oops")));
+    }
+}
