@@ -18,10 +18,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let descriptors = protox::compile(FILES, ["."])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(
-        out_dir.join("kernel_v1_descriptor.bin"),
-        descriptors.encode_to_vec(),
-    )?;
+    std::fs::write(out_dir.join("kernel_v1_descriptor.bin"), descriptors.encode_to_vec())?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

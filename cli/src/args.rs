@@ -314,8 +314,8 @@ mod tests {
     #[test]
     fn runs_list_takes_every_filter() {
         let cli = parse(&[
-            "--addr", "k:1", "runs", "list", "--status", "blocked", "--agent", "planner", "--label",
-            "a=1", "--label", "b=2", "--limit", "10",
+            "--addr", "k:1", "runs", "list", "--status", "blocked", "--agent", "planner", "--label", "a=1", "--label",
+            "b=2", "--limit", "10",
         ])
         .unwrap();
         assert_eq!(cli.addr.as_str(), "http://k:1");

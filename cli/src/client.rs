@@ -18,12 +18,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a unary call may take; `runs events --follow` streams without a deadline.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A unary request with a [`CALL_TIMEOUT`] deadline, sent to the kernel as `grpc-timeout` and
-/// enforced by the channel too, so a wedged kernel cannot hang the command.
-pub fn unary<T>(message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.set_timeout(CALL_TIMEOUT);
-    request
+/// Awaits a unary call for at most [`CALL_TIMEOUT`], so a wedged kernel cannot hang the command;
+/// dropping the call on timeout resets its HTTP/2 stream, which the kernel sees as a cancel.
+pub async fn unary<T>(call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>) -> Result<T, CliError> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(response) => Ok(response?.into_inner()),
+        Err(_) => Err(CliError::Timeout(CALL_TIMEOUT)),
+    }
 }
 
 /// Clients of the services `kernelctl` reads and steers.

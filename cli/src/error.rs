@@ -18,6 +18,10 @@ pub enum CliError {
     #[error("{}: {message}", code_words(*.code))]
     Rpc { code: Code, message: String },
 
+    /// A unary call got no answer in time.
+    #[error("deadline exceeded: no answer from the kernel within {}s", .0.as_secs())]
+    Timeout(std::time::Duration),
+
     /// The kernel answered, but not with what the protocol promises.
     #[error("malformed response from kernel: {0}")]
     MalformedResponse(&'static str),
@@ -129,6 +133,15 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "cannot reach kernel at http://127.0.0.1:1: connection refused"
+        );
+    }
+
+    #[test]
+    fn a_timeout_says_how_long_it_waited() {
+        let err = CliError::Timeout(std::time::Duration::from_secs(30));
+        assert_eq!(
+            err.to_string(),
+            "deadline exceeded: no answer from the kernel within 30s"
         );
     }
 

@@ -54,11 +54,7 @@ pub fn truncate(text: &str, max_chars: usize) -> Cow<'_, str> {
 /// `text` on one line: newlines, tabs and other control characters become spaces.
 pub fn one_line(text: &str) -> Cow<'_, str> {
     if text.chars().any(char::is_control) {
-        Cow::Owned(
-            text.chars()
-                .map(|c| if c.is_control() { ' ' } else { c })
-                .collect(),
-        )
+        Cow::Owned(text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect())
     } else {
         Cow::Borrowed(text)
     }
@@ -166,7 +162,9 @@ fn step_version(step: &StepView) -> String {
 /// The step table of `runs show`: KEY, TOOL, VERSION, STATUS, ATTEMPTS, DURATION, WORKER, REPLAYS.
 pub fn steps_table(steps: &[StepView]) -> String {
     table(
-        &["KEY", "TOOL", "VERSION", "STATUS", "ATTEMPTS", "DURATION", "WORKER", "REPLAYS"],
+        &[
+            "KEY", "TOOL", "VERSION", "STATUS", "ATTEMPTS", "DURATION", "WORKER", "REPLAYS",
+        ],
         steps.iter().map(|step| {
             vec![
                 one_line(&step.key).into_owned(),
@@ -205,10 +203,7 @@ fn run_fields(run: &RunView) -> String {
         pairs.push(("idempotency key", one_line(key).into_owned()));
     }
     pairs.push(("input", json_cut(&run.input)));
-    pairs.push((
-        "output",
-        run.output.as_ref().map_or_else(|| NONE.to_owned(), json_cut),
-    ));
+    pairs.push(("output", run.output.as_ref().map_or_else(|| NONE.to_owned(), json_cut)));
     fields(&pairs, "")
 }
 
@@ -298,7 +293,15 @@ pub fn progress_line(progress: &ProgressView) -> String {
 /// `tools list`: NAME, VERSION, FINGERPRINT, RISK, IDEMPOTENCY, WORKERS, DESCRIPTION.
 pub fn tools_table(tools: &[ToolView]) -> String {
     table(
-        &["NAME", "VERSION", "FINGERPRINT", "RISK", "IDEMPOTENCY", "WORKERS", "DESCRIPTION"],
+        &[
+            "NAME",
+            "VERSION",
+            "FINGERPRINT",
+            "RISK",
+            "IDEMPOTENCY",
+            "WORKERS",
+            "DESCRIPTION",
+        ],
         tools.iter().map(|tool| {
             let workers = if tool.workers.is_empty() {
                 "none connected".to_owned()
@@ -333,7 +336,15 @@ fn worker_tools(tools: &[String]) -> String {
 /// `workers list`: SESSION, NAME, SLOTS, TOOLS, CONNECTED, LAST HEARTBEAT, DRAINING.
 pub fn workers_table(workers: &[WorkerView]) -> String {
     table(
-        &["SESSION", "NAME", "SLOTS", "TOOLS", "CONNECTED", "LAST HEARTBEAT", "DRAINING"],
+        &[
+            "SESSION",
+            "NAME",
+            "SLOTS",
+            "TOOLS",
+            "CONNECTED",
+            "LAST HEARTBEAT",
+            "DRAINING",
+        ],
         workers.iter().map(|worker| {
             vec![
                 worker.session_id.clone(),

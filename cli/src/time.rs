@@ -49,11 +49,7 @@ impl UtcTime {
         let days = self.seconds.div_euclid(SECONDS_PER_DAY);
         let second_of_day = self.seconds.rem_euclid(SECONDS_PER_DAY);
         let (year, month, day) = civil_from_days(days);
-        let (hour, minute, second) = (
-            second_of_day / 3600,
-            second_of_day % 3600 / 60,
-            second_of_day % 60,
-        );
+        let (hour, minute, second) = (second_of_day / 3600, second_of_day % 3600 / 60, second_of_day % 60);
         let fraction = match precision {
             Precision::Seconds => String::new(),
             Precision::Millis => format!(".{:03}", self.nanos / 1_000_000),
@@ -61,7 +57,9 @@ impl UtcTime {
             Precision::Auto if self.nanos.is_multiple_of(1_000_000) => {
                 format!(".{:03}", self.nanos / 1_000_000)
             }
-            Precision::Auto if self.nanos.is_multiple_of(1_000) => format!(".{:06}", self.nanos / 1_000),
+            Precision::Auto if self.nanos.is_multiple_of(1_000) => {
+                format!(".{:06}", self.nanos / 1_000)
+            }
             Precision::Auto => format!(".{:09}", self.nanos),
         };
         format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}{fraction}Z")
@@ -86,8 +84,7 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let day_of_era = z.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let year_of_era = (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
     let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
     let month_from_march = (5 * day_of_year + 2) / 153;
     let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;

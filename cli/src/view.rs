@@ -198,10 +198,7 @@ impl TryFrom<pb::GetRunResponse> for RunDetail {
             .ok_or(CliError::MalformedResponse("GetRun returned no run"))?;
         let mut steps: Vec<StepView> = response.steps.into_iter().map(StepView::from).collect();
         steps.sort_by(|a, b| (a.turn, a.position, &a.key).cmp(&(b.turn, b.position, &b.key)));
-        Ok(Self {
-            run: run.into(),
-            steps,
-        })
+        Ok(Self { run: run.into(), steps })
     }
 }
 
@@ -470,9 +467,12 @@ pub(crate) mod tests {
             input_json: r#"{"task": "book a flight", "budget": 300}"#.into(),
             output_json: String::new(),
             reason: String::new(),
-            labels: [("team".to_owned(), "travel".to_owned()), ("env".to_owned(), "dev".to_owned())]
-                .into_iter()
-                .collect(),
+            labels: [
+                ("team".to_owned(), "travel".to_owned()),
+                ("env".to_owned(), "dev".to_owned()),
+            ]
+            .into_iter()
+            .collect(),
             idempotency_key: String::new(),
             max_tool_calls: 10,
             tool_calls: 3,

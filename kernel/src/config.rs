@@ -59,6 +59,12 @@ impl Config {
 
     /// A configuration for tests: port 0 and the given database.
     pub fn for_tests(db: PathBuf) -> Self {
-        Config::parse_from(["kernel", "--listen", "127.0.0.1:0", "--db", db.to_str().expect("utf-8 path")])
+        Config::parse_from([
+            "kernel",
+            "--listen",
+            "127.0.0.1:0",
+            "--db",
+            db.to_str().expect("utf-8 path"),
+        ])
     }
 }

@@ -28,7 +28,10 @@ pub enum KernelError {
 impl KernelError {
     /// An invalid request field.
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
-        KernelError::InvalidArgument { field: field.into(), message: message.into() }
+        KernelError::InvalidArgument {
+            field: field.into(),
+            message: message.into(),
+        }
     }
 }
 

@@ -49,7 +49,9 @@ impl Hub {
         if runs.len() > 4 * CAPACITY {
             runs.retain(|_, sender| sender.receiver_count() > 0);
         }
-        runs.entry(run.clone()).or_insert_with(|| broadcast::channel(CAPACITY).0).subscribe()
+        runs.entry(run.clone())
+            .or_insert_with(|| broadcast::channel(CAPACITY).0)
+            .subscribe()
     }
 
     fn send(&self, run: &RunId, signal: Signal) {

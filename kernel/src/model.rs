@@ -35,9 +35,8 @@ impl RunId {
 
     /// Parses an id given by a client; `field` names the request field in the error.
     pub fn parse(text: &str, field: &str) -> Result<Self, KernelError> {
-        let uuid = uuid::Uuid::parse_str(text.trim()).map_err(|_| {
-            KernelError::invalid(field, format!("'{}' is not a run id (a UUID)", cut(text, 64)))
-        })?;
+        let uuid = uuid::Uuid::parse_str(text.trim())
+            .map_err(|_| KernelError::invalid(field, format!("'{}' is not a run id (a UUID)", cut(text, 64))))?;
         Ok(RunId(uuid.hyphenated().to_string()))
     }
 
@@ -296,10 +295,18 @@ pub fn validate_tool_name(name: &str) -> Result<(), String> {
         return Err("must not be empty".into());
     }
     if name.len() > MAX_TOOL_NAME {
-        return Err(format!("'{}…' is longer than {MAX_TOOL_NAME} characters", cut(name, 64)));
+        return Err(format!(
+            "'{}…' is longer than {MAX_TOOL_NAME} characters",
+            cut(name, 64)
+        ));
     }
-    if let Some(bad) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-')) {
-        return Err(format!("'{name}' has the character {bad:?}; allowed are a-z, A-Z, 0-9, _ and -"));
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+    {
+        return Err(format!(
+            "'{name}' has the character {bad:?}; allowed are a-z, A-Z, 0-9, _ and -"
+        ));
     }
     Ok(())
 }
@@ -397,7 +404,10 @@ mod tests {
         assert_eq!(key.as_str(), "t2/p1");
         assert_eq!(StepKey::for_call(2, 1, Some("order-9")).as_str(), "id:order-9");
         assert_eq!(key.idempotency_key(&run), key.idempotency_key(&run));
-        assert_ne!(key.idempotency_key(&run), StepKey::for_call(2, 2, None).idempotency_key(&run));
+        assert_ne!(
+            key.idempotency_key(&run),
+            StepKey::for_call(2, 2, None).idempotency_key(&run)
+        );
     }
 
     #[test]

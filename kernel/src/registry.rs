@@ -24,13 +24,28 @@ impl Registry {
     pub fn load(tools: Vec<(ToolDef, Millis, Millis)>) -> Self {
         let map = tools
             .into_iter()
-            .map(|(def, first_seen_at, last_seen_at)| (def.name.clone(), KnownTool { def, first_seen_at, last_seen_at }))
+            .map(|(def, first_seen_at, last_seen_at)| {
+                (
+                    def.name.clone(),
+                    KnownTool {
+                        def,
+                        first_seen_at,
+                        last_seen_at,
+                    },
+                )
+            })
             .collect();
-        Registry { tools: Arc::new(RwLock::new(map)) }
+        Registry {
+            tools: Arc::new(RwLock::new(map)),
+        }
     }
 
     pub fn get(&self, name: &str) -> Option<ToolDef> {
-        self.tools.read().expect("registry poisoned").get(name).map(|t| t.def.clone())
+        self.tools
+            .read()
+            .expect("registry poisoned")
+            .get(name)
+            .map(|t| t.def.clone())
     }
 
     /// Registered names, sorted.
@@ -39,7 +54,12 @@ impl Registry {
     }
 
     pub fn all(&self) -> Vec<KnownTool> {
-        self.tools.read().expect("registry poisoned").values().cloned().collect()
+        self.tools
+            .read()
+            .expect("registry poisoned")
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Records what a worker registered (the store already holds it).
@@ -47,7 +67,14 @@ impl Registry {
         let mut tools = self.tools.write().expect("registry poisoned");
         for def in defs {
             let first_seen_at = tools.get(&def.name).map(|t| t.first_seen_at).unwrap_or(now);
-            tools.insert(def.name.clone(), KnownTool { def: def.clone(), first_seen_at, last_seen_at: now });
+            tools.insert(
+                def.name.clone(),
+                KnownTool {
+                    def: def.clone(),
+                    first_seen_at,
+                    last_seen_at: now,
+                },
+            );
         }
     }
 }

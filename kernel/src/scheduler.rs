@@ -66,7 +66,11 @@ pub struct DispatchOrder {
 #[derive(Debug)]
 pub enum Outbound {
     Dispatch(DispatchOrder),
-    Cancel { dispatch_id: String, attempt: u32, reason: String },
+    Cancel {
+        dispatch_id: String,
+        attempt: u32,
+        reason: String,
+    },
     /// End the session with this error (lease expired).
     Close(KernelError),
 }
@@ -90,13 +94,30 @@ enum Msg {
         outbound: mpsc::UnboundedSender<Outbound>,
         reply: oneshot::Sender<Result<String, KernelError>>,
     },
-    Leave { session_id: String, reason: String },
-    Heartbeat { session_id: String },
-    Drain { session_id: String },
+    Leave {
+        session_id: String,
+        reason: String,
+    },
+    Heartbeat {
+        session_id: String,
+    },
+    Drain {
+        session_id: String,
+    },
     Enqueue(StepRecord),
-    Started { dispatch_id: String, attempt: u32, result: Result<Option<StepRecord>, KernelError> },
-    Settled { dispatch_id: String, attempt: u32 },
-    CancelSteps { steps: Vec<StepRecord>, reason: String },
+    Started {
+        dispatch_id: String,
+        attempt: u32,
+        result: Result<Option<StepRecord>, KernelError>,
+    },
+    Settled {
+        dispatch_id: String,
+        attempt: u32,
+    },
+    CancelSteps {
+        steps: Vec<StepRecord>,
+        reason: String,
+    },
     Snapshot(oneshot::Sender<Vec<WorkerSnapshot>>),
 }
 
@@ -136,10 +157,16 @@ impl Scheduler {
     }
 
     /// Admits a worker session; refuses a tool whose fingerprint conflicts with a connected worker's.
-    pub async fn join(&self, hello: SessionHello, outbound: mpsc::UnboundedSender<Outbound>) -> Result<String, KernelError> {
+    pub async fn join(
+        &self,
+        hello: SessionHello,
+        outbound: mpsc::UnboundedSender<Outbound>,
+    ) -> Result<String, KernelError> {
         let (reply, answer) = oneshot::channel();
         self.send(Msg::Join { hello, outbound, reply });
-        answer.await.map_err(|_| KernelError::Unavailable("the scheduler has stopped".into()))?
+        answer
+            .await
+            .map_err(|_| KernelError::Unavailable("the scheduler has stopped".into()))?
     }
 
     /// The session ended: its leases are lost at once.
@@ -178,7 +205,9 @@ impl Scheduler {
     pub async fn snapshot(&self) -> Result<Vec<WorkerSnapshot>, KernelError> {
         let (reply, answer) = oneshot::channel();
         self.send(Msg::Snapshot(reply));
-        answer.await.map_err(|_| KernelError::Unavailable("the scheduler has stopped".into()))
+        answer
+            .await
+            .map_err(|_| KernelError::Unavailable("the scheduler has stopped".into()))
     }
 }
 
@@ -208,9 +237,13 @@ struct Queued {
 enum LeaseState {
     /// `tool:start` is being written; the worker has not been told.
     Starting,
-    Running { deadline: Instant },
+    Running {
+        deadline: Instant,
+    },
     /// A cancel was sent; the slot stays taken until the worker answers or the grace ends.
-    Cancelling { until: Instant },
+    Cancelling {
+        until: Instant,
+    },
 }
 
 struct Lease {
@@ -273,7 +306,11 @@ impl Actor {
                 self.enqueue(step);
                 self.dispatch_ready();
             }
-            Msg::Started { dispatch_id, attempt, result } => self.started(dispatch_id, attempt, result),
+            Msg::Started {
+                dispatch_id,
+                attempt,
+                result,
+            } => self.started(dispatch_id, attempt, result),
             Msg::Settled { dispatch_id, attempt } => {
                 if self.leases.get(&dispatch_id).is_some_and(|l| l.attempt == attempt) {
                     self.release(&dispatch_id);
@@ -323,7 +360,13 @@ impl Actor {
         }
         let session_id = uuid::Uuid::now_v7().to_string();
         let now = now_millis();
-        info!(session_id, worker = hello.name, tools = hello.tools.len(), slots = hello.max_concurrency, "worker joined");
+        info!(
+            session_id,
+            worker = hello.name,
+            tools = hello.tools.len(),
+            slots = hello.max_concurrency,
+            "worker joined"
+        );
         self.sessions.insert(
             session_id.clone(),
             Session {
@@ -342,10 +385,16 @@ impl Actor {
     }
 
     fn leave(&mut self, session_id: &str, reason: &str) {
-        let Some(session) = self.sessions.remove(session_id) else { return };
+        let Some(session) = self.sessions.remove(session_id) else {
+            return;
+        };
         info!(session_id, worker = session.name, reason, "worker left");
-        let lost: Vec<String> =
-            self.leases.iter().filter(|(_, l)| l.session_id == session_id).map(|(id, _)| id.clone()).collect();
+        let lost: Vec<String> = self
+            .leases
+            .iter()
+            .filter(|(_, l)| l.session_id == session_id)
+            .map(|(id, _)| id.clone())
+            .collect();
         for dispatch_id in lost {
             let lease = self.leases.remove(&dispatch_id).expect("listed above");
             // A lease still `Starting` is lost when its start commit comes back and finds no lease.
@@ -361,7 +410,14 @@ impl Actor {
         let store = self.store.clone();
         let me = self.me.clone();
         tokio::spawn(async move {
-            match store.lose_lease(LeaseLoss { dispatch_id: dispatch_id.clone(), attempt, reason: reason.clone() }).await {
+            match store
+                .lose_lease(LeaseLoss {
+                    dispatch_id: dispatch_id.clone(),
+                    attempt,
+                    reason: reason.clone(),
+                })
+                .await
+            {
                 Ok(LossOutcome::Requeued(step)) => {
                     info!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, reason, "lease lost, redispatching");
                     let _ = me.send(Msg::Enqueue(step));
@@ -376,25 +432,36 @@ impl Actor {
     }
 
     fn enqueue(&mut self, step: StepRecord) {
-        let duplicate = self.queue.iter().any(|q| q.step.run_id == step.run_id && q.step.key == step.key)
-            || self.leases.values().any(|l| l.run_id == step.run_id && l.key == step.key);
+        let duplicate = self
+            .queue
+            .iter()
+            .any(|q| q.step.run_id == step.run_id && q.step.key == step.key)
+            || self
+                .leases
+                .values()
+                .any(|l| l.run_id == step.run_id && l.key == step.key);
         if !duplicate {
-            self.queue.push_back(Queued { step, since: Instant::now() });
+            self.queue.push_back(Queued {
+                step,
+                since: Instant::now(),
+            });
         }
     }
 
     /// Picks the least loaded session that can take `tool`, rotating between equals.
     fn pick(&mut self, tool: &str) -> Option<String> {
-        let mut candidates: Vec<(&String, &Session)> =
-            self.sessions.iter().filter(|(_, s)| s.can_take(tool)).collect();
+        let mut candidates: Vec<(&String, &Session)> = self.sessions.iter().filter(|(_, s)| s.can_take(tool)).collect();
         if candidates.is_empty() {
             return None;
         }
         candidates.sort_by(|a, b| a.0.cmp(b.0));
         let load = |s: &Session| s.in_use as f64 / s.max_concurrency as f64;
         let best = candidates.iter().map(|(_, s)| load(s)).fold(f64::INFINITY, f64::min);
-        let equals: Vec<&String> =
-            candidates.iter().filter(|(_, s)| load(s) <= best + f64::EPSILON).map(|(id, _)| *id).collect();
+        let equals: Vec<&String> = candidates
+            .iter()
+            .filter(|(_, s)| load(s) <= best + f64::EPSILON)
+            .map(|(id, _)| *id)
+            .collect();
         self.turn = self.turn.wrapping_add(1);
         Some(equals[self.turn % equals.len()].clone())
     }
@@ -442,7 +509,11 @@ impl Actor {
         let me = self.me.clone();
         tokio::spawn(async move {
             let result = store.start_dispatch(start).await;
-            let _ = me.send(Msg::Started { dispatch_id, attempt, result });
+            let _ = me.send(Msg::Started {
+                dispatch_id,
+                attempt,
+                result,
+            });
         });
     }
 
@@ -455,20 +526,30 @@ impl Actor {
                     .and_then(|lease| self.sessions.get(&lease.session_id).map(|s| (lease, s)));
                 match live {
                     Some((lease, session)) => {
-                        let order = DispatchOrder { dispatch_id: dispatch_id.clone(), attempt, step };
+                        let order = DispatchOrder {
+                            dispatch_id: dispatch_id.clone(),
+                            attempt,
+                            step,
+                        };
                         let timeout = lease.timeout;
                         if session.outbound.send(Outbound::Dispatch(order)).is_err() {
                             // The session's loop is gone; its Leave is on the way and will find this lease.
                             return;
                         }
                         if let Some(lease) = self.leases.get_mut(&dispatch_id) {
-                            lease.state = LeaseState::Running { deadline: Instant::now() + timeout };
+                            lease.state = LeaseState::Running {
+                                deadline: Instant::now() + timeout,
+                            };
                         }
                     }
                     None => {
                         // The session ended while tool:start was being written.
                         self.leases.remove(&dispatch_id);
-                        self.lose(dispatch_id, attempt, "worker session ended before the dispatch was delivered".into());
+                        self.lose(
+                            dispatch_id,
+                            attempt,
+                            "worker session ended before the dispatch was delivered".into(),
+                        );
                     }
                 }
             }
@@ -487,7 +568,9 @@ impl Actor {
                     tokio::spawn(async move {
                         tokio::time::sleep(Duration::from_millis(200)).await;
                         if let Ok(steps) = store.reads.steps(run).await
-                            && let Some(step) = steps.into_iter().find(|s| s.key == key && s.status == crate::model::StepStatus::Pending)
+                            && let Some(step) = steps
+                                .into_iter()
+                                .find(|s| s.key == key && s.status == crate::model::StepStatus::Pending)
                         {
                             let _ = me.send(Msg::Enqueue(step));
                         }
@@ -507,7 +590,8 @@ impl Actor {
 
     fn cancel_steps(&mut self, steps: Vec<StepRecord>, reason: &str) {
         for step in steps {
-            self.queue.retain(|q| !(q.step.run_id == step.run_id && q.step.key == step.key));
+            self.queue
+                .retain(|q| !(q.step.run_id == step.run_id && q.step.key == step.key));
             let until = Instant::now() + self.config.cancel_grace;
             for (dispatch_id, lease) in self.leases.iter_mut() {
                 if lease.run_id == step.run_id && lease.key == step.key {
@@ -534,10 +618,19 @@ impl Actor {
             .map(|(id, _)| id.clone())
             .collect();
         for session_id in silent {
-            let message = format!("lease expired: no heartbeat for {}", human_ms(self.config.lease_ttl.as_millis() as u64));
+            let message = format!(
+                "lease expired: no heartbeat for {}",
+                human_ms(self.config.lease_ttl.as_millis() as u64)
+            );
             if let Some(session) = self.sessions.get(&session_id) {
-                warn!(session_id, worker = session.name, "worker silent past its lease, ending its session");
-                let _ = session.outbound.send(Outbound::Close(KernelError::Unavailable(message.clone())));
+                warn!(
+                    session_id,
+                    worker = session.name,
+                    "worker silent past its lease, ending its session"
+                );
+                let _ = session
+                    .outbound
+                    .send(Outbound::Close(KernelError::Unavailable(message.clone())));
             }
             self.leave(&session_id, &message);
         }
@@ -566,14 +659,19 @@ impl Actor {
             let store = self.store.clone();
             tokio::spawn(async move {
                 match store.time_out(dispatch_id.clone(), attempt).await {
-                    Ok(Some(step)) => info!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, "call timed out"),
+                    Ok(Some(step)) => {
+                        info!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, "call timed out")
+                    }
                     Ok(None) => {}
                     Err(error) => warn!(dispatch_id, %error, "cannot record a timeout"),
                 }
             });
         }
         for dispatch_id in abandoned {
-            debug!(dispatch_id, "cancelled dispatch gave no answer within the grace, freeing its slot");
+            debug!(
+                dispatch_id,
+                "cancelled dispatch gave no answer within the grace, freeing its slot"
+            );
             self.release(&dispatch_id);
         }
 
@@ -597,7 +695,15 @@ impl Actor {
                 human_ms(limit.as_millis() as u64)
             );
             tokio::spawn(async move {
-                if let Err(error) = store.fail_pending(step.run_id.clone(), step.key.clone(), message, "schedule_to_start_timeout").await {
+                if let Err(error) = store
+                    .fail_pending(
+                        step.run_id.clone(),
+                        step.key.clone(),
+                        message,
+                        "schedule_to_start_timeout",
+                    )
+                    .await
+                {
                     warn!(run_id = %step.run_id, step = %step.key, %error, "cannot fail a starved call");
                 }
             });

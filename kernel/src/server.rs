@@ -59,7 +59,11 @@ async fn recover(store: &Store, scheduler: &Scheduler) -> Result<(), KernelError
 }
 
 /// Runs the kernel until `shutdown` is cancelled. `on_listening` receives the bound address.
-pub async fn run(config: Config, shutdown: CancellationToken, on_listening: impl FnOnce(SocketAddr)) -> Result<(), KernelError> {
+pub async fn run(
+    config: Config,
+    shutdown: CancellationToken,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<(), KernelError> {
     let hub = Hub::default();
     let (store, writer) = Store::open(&config.db, config.durability, hub.clone())?;
     let registry = Registry::load(store.reads.tools().await?);
@@ -75,27 +79,41 @@ pub async fn run(config: Config, shutdown: CancellationToken, on_listening: impl
         default_timeout_ms: config.default_tool_timeout_ms,
     };
 
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(kernel_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // grpcurl and many tools still ask for v1alpha reflection; serve both.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(kernel_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection()
         .build_v1()
+        .map_err(|e| KernelError::Unavailable(format!("reflection: {e}")))?;
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
         .map_err(|e| KernelError::Unavailable(format!("reflection: {e}")))?;
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<RunServiceServer<RunApi>>().await;
-    health_reporter.set_serving::<ToolCallServiceServer<ToolCallApi>>().await;
+    health_reporter
+        .set_serving::<ToolCallServiceServer<ToolCallApi>>()
+        .await;
     health_reporter.set_serving::<WorkerServiceServer<WorkerApi>>().await;
-    health_reporter.set_serving::<RegistryServiceServer<RegistryApi>>().await;
+    health_reporter
+        .set_serving::<RegistryServiceServer<RegistryApi>>()
+        .await;
 
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| KernelError::Unavailable(format!("cannot listen on {}: {e}", config.listen)))?;
-    let addr = listener.local_addr().map_err(|e| KernelError::Unavailable(e.to_string()))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| KernelError::Unavailable(e.to_string()))?;
     info!(%addr, db = %config.db.display(), schema = Store::schema_version(), "listening");
     on_listening(addr);
 
     let server = tonic::transport::Server::builder()
         .add_service(health)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(RunServiceServer::new(RunApi(kernel.clone())))
         .add_service(ToolCallServiceServer::new(ToolCallApi(kernel.clone())))
         .add_service(WorkerServiceServer::new(WorkerApi(kernel.clone())))

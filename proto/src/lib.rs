@@ -13,5 +13,4 @@ pub mod v1 {
 }
 
 /// Encoded `FileDescriptorSet` of the protocol, for gRPC server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/kernel_v1_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kernel_v1_descriptor.bin"));

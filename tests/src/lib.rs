@@ -1,1 +1,550 @@
+//! The end-to-end harness: spawns the real `kernel`, `demo-worker` and `kernelctl` binaries on
+//! port 0, waits on what they log or on the kernel's events (never on a sleep), and checks a
+//! run's whole event log against the kernel's invariants.
+//!
+//! Binaries are taken from the target directory the tests were built into; build them first with
+//! `cargo build --workspace --bins --examples` (the README's test command does).
 
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use kernel_proto::v1 as pb;
+use kernel_proto::v1::registry_service_client::RegistryServiceClient;
+use kernel_proto::v1::run_service_client::RunServiceClient;
+use kernel_proto::v1::tool_call_service_client::ToolCallServiceClient;
+use serde_json::Value;
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+/// How long any single wait may take before the test fails with what was seen.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// The folder holding the workspace's built binaries (`target/debug`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/debug/deps/<test binary>
+    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+}
+
+/// The path of a built binary, failing with the command that builds it.
+pub fn binary(name: &str) -> PathBuf {
+    let dir = bin_dir();
+    for candidate in [dir.join(name), dir.join("examples").join(name)] {
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    panic!(
+        "{name} is not built in {}; run `cargo build --workspace --bins --examples` first",
+        dir.display()
+    );
+}
+
+/// Lines a child process wrote to stderr, shared with the thread that reads them.
+#[derive(Clone, Default)]
+pub struct Log {
+    lines: Arc<(Mutex<Vec<String>>, Condvar)>,
+}
+
+impl Log {
+    fn follow(&self, stream: impl std::io::Read + Send + 'static, echo: &'static str) {
+        let log = self.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                if std::env::var_os("E2E_ECHO").is_some() {
+                    eprintln!("[{echo}] {line}");
+                }
+                let (lines, changed) = &*log.lines;
+                lines.lock().unwrap().push(line);
+                changed.notify_all();
+            }
+        });
+    }
+
+    /// Waits for a line containing `needle` after the first `skip` lines; returns its index and text.
+    pub fn wait_for_after(&self, skip: usize, needle: &str) -> (usize, String) {
+        let deadline = Instant::now() + WAIT;
+        let (lines, changed) = &*self.lines;
+        let mut guard = lines.lock().unwrap();
+        loop {
+            if let Some((index, line)) = guard.iter().enumerate().skip(skip).find(|(_, l)| l.contains(needle)) {
+                return (index, line.clone());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "no log line with {needle:?} within {WAIT:?}; saw:\n{}",
+                guard.join("\n")
+            );
+            guard = changed.wait_timeout(guard, left).unwrap().0;
+        }
+    }
+
+    /// Waits for a line containing `needle`.
+    pub fn wait_for(&self, needle: &str) -> String {
+        self.wait_for_after(0, needle).1
+    }
+
+    /// How many lines so far.
+    pub fn len(&self) -> usize {
+        self.lines.0.lock().unwrap().len()
+    }
+
+    /// Whether no line was logged yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Everything logged so far.
+    pub fn text(&self) -> String {
+        self.lines.0.lock().unwrap().join("\n")
+    }
+}
+
+/// A child process killed (SIGKILL) when dropped.
+pub struct Process {
+    pub child: Child,
+    pub log: Log,
+}
+
+impl Process {
+    fn spawn(mut command: Command, label: &'static str) -> Process {
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().unwrap_or_else(|e| panic!("cannot start {label}: {e}"));
+        let log = Log::default();
+        log.follow(child.stderr.take().expect("piped stderr"), label);
+        Process { child, log }
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGSTOP: the process hangs with its connections open.
+    pub fn stop(&self) {
+        self.signal("STOP");
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    /// SIGTERM, then waits up to `within` for the exit; returns whether it exited successfully.
+    pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        self.signal("TERM");
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Options of a kernel under test. Leases are short so lost workers are noticed quickly.
+#[derive(Clone, Debug)]
+pub struct KernelOptions {
+    pub heartbeat_interval_ms: u64,
+    pub lease_ttl_ms: u64,
+    pub schedule_to_start_timeout_ms: u64,
+    pub default_tool_timeout_ms: u64,
+}
+
+impl Default for KernelOptions {
+    fn default() -> Self {
+        KernelOptions {
+            heartbeat_interval_ms: 200,
+            lease_ttl_ms: 1_500,
+            schedule_to_start_timeout_ms: 10_000,
+            default_tool_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// A running kernel on a port of its own, with a database in a temporary folder.
+pub struct Kernel {
+    pub process: Process,
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+}
+
+impl Kernel {
+    /// Starts a kernel with default test options.
+    pub fn start() -> Kernel {
+        Kernel::start_with(KernelOptions::default())
+    }
+
+    /// Starts a kernel and waits until it listens.
+    pub fn start_with(options: KernelOptions) -> Kernel {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut command = Command::new(binary("kernel"));
+        command
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--db")
+            .arg(dir.path().join("kernel.db"))
+            .env(
+                "KERNEL_HEARTBEAT_INTERVAL_MS",
+                options.heartbeat_interval_ms.to_string(),
+            )
+            .env("KERNEL_LEASE_TTL_MS", options.lease_ttl_ms.to_string())
+            .env(
+                "KERNEL_SCHEDULE_TO_START_TIMEOUT_MS",
+                options.schedule_to_start_timeout_ms.to_string(),
+            )
+            .env(
+                "KERNEL_DEFAULT_TOOL_TIMEOUT_MS",
+                options.default_tool_timeout_ms.to_string(),
+            )
+            .env("KERNEL_DRAIN_TIMEOUT_MS", "2000");
+        let process = Process::spawn(command, "kernel");
+        let line = process.log.wait_for("listening");
+        let addr = line
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix("addr="))
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no addr= in {line:?}"));
+        Kernel { process, addr, dir }
+    }
+
+    /// `http://host:port` for clients.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Starts the example worker against this kernel and waits until its session is open.
+    pub fn worker(&self, name: &str) -> Process {
+        self.worker_with(name, &[])
+    }
+
+    /// Starts the example worker with extra flags.
+    pub fn worker_with(&self, name: &str, args: &[&str]) -> Process {
+        let mut command = Command::new(binary("demo-worker"));
+        command
+            .arg("--kernel")
+            .arg(self.url())
+            .arg("--name")
+            .arg(name)
+            .args(args)
+            .env("RUST_LOG", "info");
+        let process = Process::spawn(command, "worker");
+        process.log.wait_for("worker session open");
+        process
+    }
+
+    /// Runs kernelctl against this kernel.
+    pub fn kernelctl(&self, args: &[&str]) -> Output {
+        Command::new(binary("kernelctl"))
+            .arg("--addr")
+            .arg(self.url())
+            .args(args)
+            .output()
+            .expect("kernelctl runs")
+    }
+
+    pub async fn runs(&self) -> RunServiceClient<Channel> {
+        RunServiceClient::connect(self.url()).await.expect("connect")
+    }
+
+    pub async fn calls(&self) -> ToolCallServiceClient<Channel> {
+        ToolCallServiceClient::connect(self.url()).await.expect("connect")
+    }
+
+    pub async fn registry(&self) -> RegistryServiceClient<Channel> {
+        RegistryServiceClient::connect(self.url()).await.expect("connect")
+    }
+
+    /// Creates a run and returns its id.
+    pub async fn create_run(&self, agent: &str) -> String {
+        let request = pb::CreateRunRequest {
+            agent: agent.into(),
+            input_json: "{}".into(),
+            ..Default::default()
+        };
+        self.runs()
+            .await
+            .create_run(request)
+            .await
+            .expect("create run")
+            .into_inner()
+            .run
+            .expect("run")
+            .id
+    }
+
+    /// Waits until the registry shows `count` sessions offering `tool`.
+    pub async fn wait_for_workers(&self, tool: &str, count: usize) {
+        let deadline = Instant::now() + WAIT;
+        let mut registry = self.registry().await;
+        loop {
+            let workers = registry
+                .list_workers(pb::ListWorkersRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .workers;
+            if workers.iter().filter(|w| w.tools.iter().any(|t| t == tool)).count() == count {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never {count} workers offering {tool}: {workers:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Every event of a run.
+    pub async fn events(&self, run_id: &str) -> Vec<pb::Event> {
+        let mut client = self.runs().await;
+        let mut events = Vec::new();
+        let mut from = 1;
+        loop {
+            let page = client
+                .list_run_events(pb::ListRunEventsRequest {
+                    run_id: run_id.into(),
+                    from_seq: from,
+                    page_size: 1000,
+                })
+                .await
+                .expect("list events")
+                .into_inner();
+            events.extend(page.events);
+            if page.next_seq == 0 {
+                return events;
+            }
+            from = page.next_seq;
+        }
+    }
+
+    /// A run and its steps.
+    pub async fn get(&self, run_id: &str) -> pb::GetRunResponse {
+        self.runs()
+            .await
+            .get_run(pb::GetRunRequest { run_id: run_id.into() })
+            .await
+            .expect("get run")
+            .into_inner()
+    }
+}
+
+/// A call to submit.
+pub fn call(tool: &str, arguments: Value) -> pb::ToolCall {
+    pb::ToolCall {
+        tool: tool.into(),
+        arguments_json: arguments.to_string(),
+        call_id: String::new(),
+    }
+}
+
+/// What a submitted turn streamed back.
+#[derive(Debug, Default)]
+pub struct TurnOutcome {
+    pub results: Vec<pb::CallResult>,
+    pub progress: Vec<pb::Progress>,
+}
+
+/// Submits a turn and reads its whole stream.
+pub async fn submit(
+    kernel: &Kernel,
+    run_id: &str,
+    turn: u32,
+    calls: Vec<pb::ToolCall>,
+) -> Result<TurnOutcome, tonic::Status> {
+    let request = pb::SubmitTurnRequest {
+        run_id: run_id.into(),
+        turn,
+        calls,
+    };
+    let mut stream = kernel.calls().await.submit_turn(request).await?.into_inner();
+    let mut outcome = TurnOutcome::default();
+    while let Some(item) = tokio::time::timeout(WAIT, stream.next()).await.expect("turn stalled") {
+        match item?.item {
+            Some(pb::submit_turn_response::Item::Result(result)) => outcome.results.push(result),
+            Some(pb::submit_turn_response::Item::Progress(progress)) => outcome.progress.push(progress),
+            None => {}
+        }
+    }
+    Ok(outcome)
+}
+
+/// A live view of a run's events.
+pub struct Watch {
+    stream: tonic::Streaming<pb::WatchRunEventsResponse>,
+    pub events: Vec<pb::Event>,
+    pub progress: Vec<pb::Progress>,
+}
+
+impl Watch {
+    pub async fn open(kernel: &Kernel, run_id: &str, from_seq: u64, include_progress: bool) -> Watch {
+        let request = pb::WatchRunEventsRequest {
+            run_id: run_id.into(),
+            from_seq,
+            include_progress,
+        };
+        let stream = kernel
+            .runs()
+            .await
+            .watch_run_events(request)
+            .await
+            .expect("watch")
+            .into_inner();
+        Watch {
+            stream,
+            events: Vec::new(),
+            progress: Vec::new(),
+        }
+    }
+
+    /// Reads until `found` holds for the newest item; returns false if the stream ended first.
+    pub async fn until(&mut self, mut found: impl FnMut(&Watch) -> bool) -> bool {
+        loop {
+            let next = tokio::time::timeout(WAIT, self.stream.next())
+                .await
+                .expect("watch stalled");
+            match next {
+                None => return false,
+                Some(item) => match item.expect("watch item").item {
+                    Some(pb::watch_run_events_response::Item::Event(event)) => self.events.push(event),
+                    Some(pb::watch_run_events_response::Item::Progress(progress)) => self.progress.push(progress),
+                    None => {}
+                },
+            }
+            if found(self) {
+                return true;
+            }
+        }
+    }
+
+    /// Waits for an event of `kind` whose payload satisfies `matches`; returns its payload.
+    pub async fn event(&mut self, kind: &str, matches: impl Fn(&Value) -> bool) -> Value {
+        let seen = self.events.len();
+        let mut hit = None;
+        let found = self
+            .until(|w| {
+                hit = w.events[seen.min(w.events.len())..]
+                    .iter()
+                    .find(|e| e.r#type == kind && matches(&payload(e)))
+                    .map(payload);
+                hit.is_some()
+            })
+            .await;
+        assert!(found, "the watch ended without a {kind} event");
+        hit.expect("found")
+    }
+}
+
+/// An event's payload as JSON.
+pub fn payload(event: &pb::Event) -> Value {
+    serde_json::from_str(&event.payload_json).expect("payload is JSON")
+}
+
+const TERMINAL_RUN_EVENTS: [&str; 3] = ["run:completed", "run:failed", "run:cancelled"];
+
+/// Checks a run's whole log against the invariants: gap-free sequence numbers; exactly one
+/// terminal event per step, with `tool:start` before any worker result; every scheduled call
+/// settled (when `settled` is set); at most one terminal run event, and it comes last.
+pub fn check_log(events: &[pb::Event], settled: bool) {
+    let dump = || {
+        events
+            .iter()
+            .map(|e| format!("{} {} {}", e.seq, e.r#type, e.payload_json))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    for (index, event) in events.iter().enumerate() {
+        assert_eq!(event.seq, index as u64 + 1, "sequence gap or duplicate:\n{}", dump());
+        assert_eq!(event.schema_version, 1);
+    }
+    let mut scheduled = HashSet::new();
+    let mut started: HashMap<String, u64> = HashMap::new();
+    let mut results: HashMap<String, usize> = HashMap::new();
+    for event in events {
+        let body = payload(event);
+        let key = body["step_key"].as_str().unwrap_or_default().to_owned();
+        match event.r#type.as_str() {
+            "tool:scheduled" => {
+                assert!(scheduled.insert(key.clone()), "step {key} scheduled twice:\n{}", dump());
+            }
+            "tool:start" => {
+                assert!(
+                    !results.contains_key(&key),
+                    "tool:start after the result of {key}:\n{}",
+                    dump()
+                );
+                started.insert(key, body["attempt"].as_u64().unwrap());
+            }
+            "tool:result" => {
+                *results.entry(key.clone()).or_default() += 1;
+                if body["attempts"].as_u64().unwrap_or(0) > 0
+                    && body["status"] != "cancelled"
+                    && body.get("reason").is_none()
+                {
+                    assert!(
+                        started.contains_key(&key),
+                        "a worker result for {key} without tool:start:\n{}",
+                        dump()
+                    );
+                    assert_eq!(
+                        started[&key],
+                        body["attempts"].as_u64().unwrap(),
+                        "result from a stale attempt of {key}"
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    for (key, count) in &results {
+        assert_eq!(*count, 1, "step {key} has {count} terminal events:\n{}", dump());
+    }
+    if settled {
+        for key in &scheduled {
+            assert!(results.contains_key(key), "step {key} never settled:\n{}", dump());
+        }
+    }
+    let terminal: Vec<usize> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| TERMINAL_RUN_EVENTS.contains(&e.r#type.as_str()))
+        .map(|(i, _)| i)
+        .collect();
+    assert!(terminal.len() <= 1, "several terminal run events:\n{}", dump());
+    if let Some(index) = terminal.first() {
+        assert_eq!(
+            *index,
+            events.len() - 1,
+            "events after the run's terminal event:\n{}",
+            dump()
+        );
+    }
+}

@@ -78,46 +78,37 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchRunEventsResponse, 
 impl RunService for FakeKernel {
     type WatchRunEventsStream = WatchStream;
 
-    async fn create_run(
-        &self,
-        _: Request<pb::CreateRunRequest>,
-    ) -> Result<Response<pb::CreateRunResponse>, Status> {
+    async fn create_run(&self, _: Request<pb::CreateRunRequest>) -> Result<Response<pb::CreateRunResponse>, Status> {
         Err(Status::unimplemented("not in the fake"))
     }
 
-    async fn get_run(
-        &self,
-        request: Request<pb::GetRunRequest>,
-    ) -> Result<Response<pb::GetRunResponse>, Status> {
+    async fn get_run(&self, request: Request<pb::GetRunRequest>) -> Result<Response<pb::GetRunResponse>, Status> {
         let run = self.find_run(&request.get_ref().run_id)?;
         let steps = self.data.lock().unwrap().steps.clone();
-        Ok(Response::new(pb::GetRunResponse {
-            run: Some(run),
-            steps,
-        }))
+        Ok(Response::new(pb::GetRunResponse { run: Some(run), steps }))
     }
 
-    async fn list_runs(
-        &self,
-        request: Request<pb::ListRunsRequest>,
-    ) -> Result<Response<pb::ListRunsResponse>, Status> {
+    async fn list_runs(&self, request: Request<pb::ListRunsRequest>) -> Result<Response<pb::ListRunsResponse>, Status> {
         let request = request.into_inner();
         let mut data = self.data.lock().unwrap();
         data.list_runs_requests.push(request.clone());
         let start: usize = match request.page_token.as_str() {
             "" => 0,
-            token => token
-                .parse()
-                .map_err(|_| Status::invalid_argument("bad page token"))?,
+            token => token.parse().map_err(|_| Status::invalid_argument("bad page token"))?,
         };
-        let size = if request.page_size == 0 { 50 } else { request.page_size as usize };
+        let size = if request.page_size == 0 {
+            50
+        } else {
+            request.page_size as usize
+        };
         let end = (start + size).min(data.runs.len());
         let runs = data.runs.get(start..end).unwrap_or_default().to_vec();
-        let next_page_token = if end < data.runs.len() { end.to_string() } else { String::new() };
-        Ok(Response::new(pb::ListRunsResponse {
-            runs,
-            next_page_token,
-        }))
+        let next_page_token = if end < data.runs.len() {
+            end.to_string()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(pb::ListRunsResponse { runs, next_page_token }))
     }
 
     async fn cancel_run(
@@ -140,10 +131,7 @@ impl RunService for FakeKernel {
         Err(Status::unimplemented("not in the fake"))
     }
 
-    async fn fail_run(
-        &self,
-        _: Request<pb::FailRunRequest>,
-    ) -> Result<Response<pb::FailRunResponse>, Status> {
+    async fn fail_run(&self, _: Request<pb::FailRunRequest>) -> Result<Response<pb::FailRunResponse>, Status> {
         Err(Status::unimplemented("not in the fake"))
     }
 
@@ -197,10 +185,7 @@ impl RunService for FakeKernel {
 
 #[tonic::async_trait]
 impl RegistryService for FakeKernel {
-    async fn list_tools(
-        &self,
-        _: Request<pb::ListToolsRequest>,
-    ) -> Result<Response<pb::ListToolsResponse>, Status> {
+    async fn list_tools(&self, _: Request<pb::ListToolsRequest>) -> Result<Response<pb::ListToolsResponse>, Status> {
         let tools = self.data.lock().unwrap().tools.clone();
         Ok(Response::new(pb::ListToolsResponse { tools }))
     }

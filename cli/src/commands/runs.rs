@@ -6,8 +6,7 @@
 
 use kernel_proto::v1::watch_run_events_response::Item;
 use kernel_proto::v1::{
-    CancelRunRequest, GetRunRequest, ListRunEventsRequest, ListRunsRequest, RunStatus,
-    WatchRunEventsRequest,
+    CancelRunRequest, GetRunRequest, ListRunEventsRequest, ListRunsRequest, RunStatus, WatchRunEventsRequest,
 };
 use serde::Serialize;
 
@@ -32,11 +31,7 @@ struct RunDocument {
     run: RunView,
 }
 
-pub async fn list(
-    kernel: &mut Kernel,
-    out: &mut Output<'_>,
-    args: ListRunsArgs,
-) -> Result<(), CliError> {
+pub async fn list(kernel: &mut Kernel, out: &mut Output<'_>, args: ListRunsArgs) -> Result<(), CliError> {
     let limit = if args.all { usize::MAX } else { args.limit as usize };
     let mut request = ListRunsRequest {
         status: args.status.map_or(RunStatus::Unspecified, RunStatus::from) as i32,
@@ -49,7 +44,7 @@ pub async fn list(
     loop {
         let wanted = limit.saturating_sub(runs.len());
         request.page_size = u32::try_from(wanted).unwrap_or(MAX_RUNS_PAGE).min(MAX_RUNS_PAGE);
-        let page = kernel.runs.list_runs(unary(request.clone())).await?.into_inner();
+        let page = unary(kernel.runs.list_runs(request.clone())).await?;
         let empty = page.runs.is_empty();
         runs.extend(page.runs.into_iter().map(RunView::from));
         request.page_token = page.next_page_token;
@@ -61,10 +56,7 @@ pub async fn list(
     let next_page_token = Some(request.page_token).filter(|token| !token.is_empty());
 
     if out.is_json() {
-        out.document(&RunList {
-            runs,
-            next_page_token,
-        })?;
+        out.document(&RunList { runs, next_page_token })?;
         return Ok(());
     }
     if runs.is_empty() {
@@ -79,8 +71,8 @@ pub async fn list(
 }
 
 pub async fn show(kernel: &mut Kernel, out: &mut Output<'_>, id: String) -> Result<(), CliError> {
-    let response = kernel.runs.get_run(unary(GetRunRequest { run_id: id })).await?;
-    let detail = RunDetail::try_from(response.into_inner())?;
+    let response = unary(kernel.runs.get_run(GetRunRequest { run_id: id })).await?;
+    let detail = RunDetail::try_from(response)?;
     if out.is_json() {
         out.document(&detail)?;
     } else {
@@ -99,7 +91,7 @@ pub async fn cancel(
         run_id: id,
         reason: reason.unwrap_or_default(),
     };
-    let response = kernel.runs.cancel_run(unary(request)).await?.into_inner();
+    let response = unary(kernel.runs.cancel_run(request)).await?;
     let run = RunView::from(
         response
             .run
@@ -113,11 +105,7 @@ pub async fn cancel(
     Ok(())
 }
 
-pub async fn events(
-    kernel: &mut Kernel,
-    out: &mut Output<'_>,
-    args: EventsArgs,
-) -> Result<(), CliError> {
+pub async fn events(kernel: &mut Kernel, out: &mut Output<'_>, args: EventsArgs) -> Result<(), CliError> {
     let mut printer = EventPrinter::default();
     if args.follow {
         follow_events(kernel, out, &mut printer, args).await?;
@@ -143,7 +131,7 @@ async fn list_events(
             from_seq,
             page_size: 0,
         };
-        let page = kernel.runs.list_run_events(unary(request)).await?.into_inner();
+        let page = unary(kernel.runs.list_run_events(request)).await?;
         let empty = page.events.is_empty();
         for event in page.events {
             printer.event(out, EventView::from(event))?;

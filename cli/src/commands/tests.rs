@@ -52,15 +52,20 @@ async fn runs_list_stops_at_the_limit_and_reports_where() {
     assert_eq!(text.lines().count(), 6, "{text}");
     assert!(text.lines().nth(1).unwrap().starts_with("run-0000 "));
 
-    let doc: Value =
-        serde_json::from_str(&kernelctl(&addr, &["runs", "list", "--limit", "5", "--json"]).await.unwrap())
-            .unwrap();
+    let doc: Value = serde_json::from_str(
+        &kernelctl(&addr, &["runs", "list", "--limit", "5", "--json"])
+            .await
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(doc["runs"].as_array().unwrap().len(), 5);
     assert_eq!(doc["next_page_token"], "5");
     assert_eq!(doc["runs"][0]["input"], json!({"budget": 300, "task": "book a flight"}));
 
     let rest: Value = serde_json::from_str(
-        &kernelctl(&addr, &["runs", "list", "--page-token", "5", "--json"]).await.unwrap(),
+        &kernelctl(&addr, &["runs", "list", "--page-token", "5", "--json"])
+            .await
+            .unwrap(),
     )
     .unwrap();
     assert_eq!(rest["runs"].as_array().unwrap().len(), 2);
@@ -75,8 +80,7 @@ async fn runs_list_all_follows_every_page() {
     });
     let addr = fake.serve().await;
     let doc: Value =
-        serde_json::from_str(&kernelctl(&addr, &["runs", "list", "--all", "--json"]).await.unwrap())
-            .unwrap();
+        serde_json::from_str(&kernelctl(&addr, &["runs", "list", "--all", "--json"]).await.unwrap()).unwrap();
     assert_eq!(doc["runs"].as_array().unwrap().len(), 2_005);
     assert_eq!(doc["runs"][2_004]["id"], "run-2004");
     assert_eq!(doc["next_page_token"], Value::Null);
@@ -91,7 +95,16 @@ async fn runs_list_sends_its_filters() {
     let addr = fake.serve().await;
     let text = kernelctl(
         &addr,
-        &["runs", "list", "--status", "blocked", "--agent", "planner", "--label", "team=travel"],
+        &[
+            "runs",
+            "list",
+            "--status",
+            "blocked",
+            "--agent",
+            "planner",
+            "--label",
+            "team=travel",
+        ],
     )
     .await
     .unwrap();
@@ -119,7 +132,9 @@ async fn runs_show_prints_run_and_steps() {
     assert!(text.find("\nt0/p0 search").unwrap() < text.find("\nt0/p1 search").unwrap());
 
     let doc: Value = serde_json::from_str(
-        &kernelctl(&addr, &["runs", "show", "0192f0c1-run", "--json"]).await.unwrap(),
+        &kernelctl(&addr, &["runs", "show", "0192f0c1-run", "--json"])
+            .await
+            .unwrap(),
     )
     .unwrap();
     assert_eq!(doc["run"]["status"], "running");
@@ -149,8 +164,14 @@ async fn runs_events_pages_until_next_seq_is_zero() {
     assert!(lines[0].starts_with("  SEQ  AT"));
     assert!(lines[1].starts_with("    1  2023-11-14T22:13:21.000Z  tool:result"));
     assert!(lines[5].contains("run:completed"));
-    let froms: Vec<u64> =
-        fake.data.lock().unwrap().list_events_requests.iter().map(|r| r.from_seq).collect();
+    let froms: Vec<u64> = fake
+        .data
+        .lock()
+        .unwrap()
+        .list_events_requests
+        .iter()
+        .map(|r| r.from_seq)
+        .collect();
     assert_eq!(froms, [1, 1 + EVENTS_PAGE as u64, 1 + 2 * EVENTS_PAGE as u64]);
 
     let ndjson = kernelctl(&addr, &["runs", "events", "0192f0c1-run", "--from", "4", "--json"])
@@ -244,16 +265,13 @@ async fn tools_and_workers_are_listed_sorted() {
     let names: Vec<&str> = text.lines().skip(1).map(|l| l.split(' ').next().unwrap()).collect();
     assert_eq!(names, ["alpha", "zeta"]);
     assert!(text.contains("001122334455 "));
-    let doc: Value =
-        serde_json::from_str(&kernelctl(&addr, &["tools", "list", "--json"]).await.unwrap()).unwrap();
+    let doc: Value = serde_json::from_str(&kernelctl(&addr, &["tools", "list", "--json"]).await.unwrap()).unwrap();
     assert_eq!(doc["tools"][0]["name"], "alpha");
 
     let text = kernelctl(&addr, &["workers", "list"]).await.unwrap();
     assert!(text.lines().nth(1).unwrap().starts_with("s-w1 "), "{text}");
     assert!(text.contains("0/4"));
-    let doc: Value =
-        serde_json::from_str(&kernelctl(&addr, &["workers", "list", "--json"]).await.unwrap())
-            .unwrap();
+    let doc: Value = serde_json::from_str(&kernelctl(&addr, &["workers", "list", "--json"]).await.unwrap()).unwrap();
     assert_eq!(doc["workers"][1]["session_id"], "s-w2");
 }
 

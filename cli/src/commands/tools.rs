@@ -15,8 +15,8 @@ struct ToolList {
 }
 
 pub async fn list(kernel: &mut Kernel, out: &mut Output<'_>) -> Result<(), CliError> {
-    let response = kernel.registry.list_tools(unary(ListToolsRequest {})).await?;
-    let mut tools: Vec<ToolView> = response.into_inner().tools.into_iter().map(ToolView::from).collect();
+    let response = unary(kernel.registry.list_tools(ListToolsRequest {})).await?;
+    let mut tools: Vec<ToolView> = response.tools.into_iter().map(ToolView::from).collect();
     tools.sort_by(|a, b| (&a.name, &a.version).cmp(&(&b.name, &b.version)));
     if out.is_json() {
         out.document(&ToolList { tools })?;

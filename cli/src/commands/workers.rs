@@ -15,9 +15,8 @@ struct WorkerList {
 }
 
 pub async fn list(kernel: &mut Kernel, out: &mut Output<'_>) -> Result<(), CliError> {
-    let response = kernel.registry.list_workers(unary(ListWorkersRequest {})).await?;
-    let mut workers: Vec<WorkerView> =
-        response.into_inner().workers.into_iter().map(WorkerView::from).collect();
+    let response = unary(kernel.registry.list_workers(ListWorkersRequest {})).await?;
+    let mut workers: Vec<WorkerView> = response.workers.into_iter().map(WorkerView::from).collect();
     workers.sort_by(|a, b| (&a.name, &a.session_id).cmp(&(&b.name, &b.session_id)));
     if out.is_json() {
         out.document(&WorkerList { workers })?;

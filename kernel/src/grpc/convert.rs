@@ -11,14 +11,17 @@ use serde_json::Value;
 use crate::error::KernelError;
 use crate::hub::ProgressUpdate;
 use crate::model::{
-    ErrorKind, EventRecord, Idempotency, Millis, RetryPolicy, RiskLevel, RunRecord, RunStatus, StepRecord,
-    StepStatus, ToolDef, ToolOptions, validate_tool_name,
+    ErrorKind, EventRecord, Idempotency, Millis, RetryPolicy, RiskLevel, RunRecord, RunStatus, StepRecord, StepStatus,
+    ToolDef, ToolOptions, validate_tool_name,
 };
 use crate::registry::KnownTool;
 use crate::scheduler::{SessionHello, WorkerSnapshot};
 
 pub fn timestamp(ms: Millis) -> Timestamp {
-    Timestamp { seconds: ms.div_euclid(1000), nanos: (ms.rem_euclid(1000) * 1_000_000) as i32 }
+    Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
+    }
 }
 
 fn opt_timestamp(ms: Option<Millis>) -> Option<Timestamp> {
@@ -160,8 +163,16 @@ pub fn call_result(step: &StepRecord, position: u32, replayed: bool) -> pb::Call
             let value: Value = serde_json::from_str(&output).unwrap_or(Value::Null);
             (pb::CallStatus::Ok, canonical::model_text(&value), output)
         }
-        StepStatus::Cancelled => (pb::CallStatus::Cancelled, step.error.clone().unwrap_or_default(), String::new()),
-        _ => (pb::CallStatus::Error, step.error.clone().unwrap_or_default(), String::new()),
+        StepStatus::Cancelled => (
+            pb::CallStatus::Cancelled,
+            step.error.clone().unwrap_or_default(),
+            String::new(),
+        ),
+        _ => (
+            pb::CallStatus::Error,
+            step.error.clone().unwrap_or_default(),
+            String::new(),
+        ),
     };
     pb::CallResult {
         position,
@@ -189,10 +200,16 @@ fn risk(value: i32) -> Option<RiskLevel> {
 fn options(field: &str, options: Option<pb::ToolOptions>) -> Result<ToolOptions, KernelError> {
     let o = options.unwrap_or_default();
     if o.read_only && o.writes {
-        return Err(KernelError::invalid(format!("{field}.options"), "read_only and writes cannot both be set"));
+        return Err(KernelError::invalid(
+            format!("{field}.options"),
+            "read_only and writes cannot both be set",
+        ));
     }
     if !o.cost_per_call.is_finite() || o.cost_per_call < 0.0 {
-        return Err(KernelError::invalid(format!("{field}.options.cost_per_call"), "must be a finite number >= 0"));
+        return Err(KernelError::invalid(
+            format!("{field}.options.cost_per_call"),
+            "must be a finite number >= 0",
+        ));
     }
     let idempotency = match pb::Idempotency::try_from(o.idempotency) {
         Ok(pb::Idempotency::AtMostOnce) => Some(Idempotency::AtMostOnce),
@@ -233,7 +250,10 @@ pub fn hello(hello: pb::Hello) -> Result<SessionHello, KernelError> {
         return Err(KernelError::invalid("hello.max_concurrency", "must be at least 1"));
     }
     if hello.tools.is_empty() {
-        return Err(KernelError::invalid("hello.tools", "a worker must offer at least one tool"));
+        return Err(KernelError::invalid(
+            "hello.tools",
+            "a worker must offer at least one tool",
+        ));
     }
     let mut seen = HashSet::new();
     let mut tools = Vec::with_capacity(hello.tools.len());
@@ -241,13 +261,24 @@ pub fn hello(hello: pb::Hello) -> Result<SessionHello, KernelError> {
         let field = format!("hello.tools[{index}]");
         validate_tool_name(&spec.name).map_err(|m| KernelError::invalid(format!("{field}.name"), m))?;
         if !seen.insert(spec.name.clone()) {
-            return Err(KernelError::invalid(format!("{field}.name"), format!("'{}' is offered twice", spec.name)));
+            return Err(KernelError::invalid(
+                format!("{field}.name"),
+                format!("'{}' is offered twice", spec.name),
+            ));
         }
-        let schema_text = if spec.input_schema_json.trim().is_empty() { "{\"type\":\"object\"}" } else { &spec.input_schema_json };
-        let input_schema: Value = serde_json::from_str(schema_text)
-            .map_err(|e| KernelError::invalid(format!("{field}.input_schema_json"), format!("is not valid JSON: {e}")))?;
+        let schema_text = if spec.input_schema_json.trim().is_empty() {
+            "{\"type\":\"object\"}"
+        } else {
+            &spec.input_schema_json
+        };
+        let input_schema: Value = serde_json::from_str(schema_text).map_err(|e| {
+            KernelError::invalid(format!("{field}.input_schema_json"), format!("is not valid JSON: {e}"))
+        })?;
         if !input_schema.is_object() {
-            return Err(KernelError::invalid(format!("{field}.input_schema_json"), "must be a JSON Schema object"));
+            return Err(KernelError::invalid(
+                format!("{field}.input_schema_json"),
+                "must be a JSON Schema object",
+            ));
         }
         let fingerprint = canonical::tool_fingerprint(&spec.name, &spec.description, &input_schema, &spec.version);
         if !spec.fingerprint.is_empty() && spec.fingerprint != fingerprint {
@@ -260,9 +291,20 @@ pub fn hello(hello: pb::Hello) -> Result<SessionHello, KernelError> {
             ));
         }
         let options = options(&field, spec.options)?;
-        tools.push(ToolDef { name: spec.name, description: spec.description, input_schema, version: spec.version, fingerprint, options });
+        tools.push(ToolDef {
+            name: spec.name,
+            description: spec.description,
+            input_schema,
+            version: spec.version,
+            fingerprint,
+            options,
+        });
     }
-    Ok(SessionHello { name, tools, max_concurrency: hello.max_concurrency })
+    Ok(SessionHello {
+        name,
+        tools,
+        max_concurrency: hello.max_concurrency,
+    })
 }
 
 fn options_proto(o: &ToolOptions) -> pb::ToolOptions {
@@ -336,14 +378,20 @@ pub fn label_filters(labels: &[String]) -> Result<Vec<(String, String)>, KernelE
         .enumerate()
         .map(|(i, pair)| match pair.split_once('=') {
             Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
-            _ => Err(KernelError::invalid(format!("labels[{i}]"), format!("'{pair}' is not key=value"))),
+            _ => Err(KernelError::invalid(
+                format!("labels[{i}]"),
+                format!("'{pair}' is not key=value"),
+            )),
         })
         .collect()
 }
 
 pub fn labels(labels: std::collections::HashMap<String, String>) -> Result<BTreeMap<String, String>, KernelError> {
     if let Some(key) = labels.keys().find(|k| k.trim().is_empty()) {
-        return Err(KernelError::invalid("labels", format!("label key '{key}' must not be empty")));
+        return Err(KernelError::invalid(
+            "labels",
+            format!("label key '{key}' must not be empty"),
+        ));
     }
     Ok(labels.into_iter().collect())
 }
@@ -364,7 +412,12 @@ mod tests {
     }
 
     fn hello_with(tools: Vec<pb::ToolSpec>) -> pb::Hello {
-        pb::Hello { worker_name: "w".into(), tools, max_concurrency: 1, sdk_version: String::new() }
+        pb::Hello {
+            worker_name: "w".into(),
+            tools,
+            max_concurrency: 1,
+            sdk_version: String::new(),
+        }
     }
 
     #[test]
@@ -380,17 +433,38 @@ mod tests {
 
     #[test]
     fn hello_refuses_bad_names_duplicates_and_contradictions() {
-        assert!(hello(hello_with(vec![spec("bad name")])).unwrap_err().to_string().contains("tools[0].name"));
-        assert!(hello(hello_with(vec![spec("a"), spec("a")])).unwrap_err().to_string().contains("offered twice"));
+        assert!(
+            hello(hello_with(vec![spec("bad name")]))
+                .unwrap_err()
+                .to_string()
+                .contains("tools[0].name")
+        );
+        assert!(
+            hello(hello_with(vec![spec("a"), spec("a")]))
+                .unwrap_err()
+                .to_string()
+                .contains("offered twice")
+        );
         let mut both = spec("a");
-        both.options = Some(pb::ToolOptions { read_only: true, writes: true, ..Default::default() });
-        assert!(hello(hello_with(vec![both])).unwrap_err().to_string().contains("read_only and writes"));
+        both.options = Some(pb::ToolOptions {
+            read_only: true,
+            writes: true,
+            ..Default::default()
+        });
+        assert!(
+            hello(hello_with(vec![both]))
+                .unwrap_err()
+                .to_string()
+                .contains("read_only and writes")
+        );
     }
 
     #[test]
     fn canonical_json_names_the_field() {
         assert_eq!(canonical_json("", "input_json", "null").unwrap(), "null");
-        let err = canonical_json("{nope", "calls[0].arguments_json", "{}").unwrap_err().to_string();
+        let err = canonical_json("{nope", "calls[0].arguments_json", "{}")
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("calls[0].arguments_json: is not valid JSON"), "{err}");
     }
 

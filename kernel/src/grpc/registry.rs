@@ -36,8 +36,13 @@ impl RegistryService for RegistryApi {
         Ok(Response::new(pb::ListToolsResponse { tools }))
     }
 
-    async fn list_workers(&self, _: Request<pb::ListWorkersRequest>) -> Result<Response<pb::ListWorkersResponse>, Status> {
+    async fn list_workers(
+        &self,
+        _: Request<pb::ListWorkersRequest>,
+    ) -> Result<Response<pb::ListWorkersResponse>, Status> {
         let workers = self.0.scheduler.snapshot().await?;
-        Ok(Response::new(pb::ListWorkersResponse { workers: workers.iter().map(convert::worker).collect() }))
+        Ok(Response::new(pb::ListWorkersResponse {
+            workers: workers.iter().map(convert::worker).collect(),
+        }))
     }
 }

@@ -23,12 +23,20 @@ const MAX_IDEMPOTENCY_KEY: usize = 256;
 pub struct RunApi(pub Kernel);
 
 fn is_terminal_event(kind: EventType) -> bool {
-    matches!(kind, EventType::RunCompleted | EventType::RunFailed | EventType::RunCancelled)
+    matches!(
+        kind,
+        EventType::RunCompleted | EventType::RunFailed | EventType::RunCancelled
+    )
 }
 
 impl RunApi {
     async fn load(&self, id: &RunId) -> Result<RunRecord, KernelError> {
-        self.0.store.reads.run(id.clone()).await?.ok_or_else(|| KernelError::NotFound(format!("run {id} not found")))
+        self.0
+            .store
+            .reads
+            .run(id.clone())
+            .await?
+            .ok_or_else(|| KernelError::NotFound(format!("run {id} not found")))
     }
 
     async fn end(&self, run_id: &str, end: EndRun) -> Result<RunRecord, KernelError> {
@@ -38,7 +46,9 @@ impl RunApi {
             EndRun::Complete { .. } => String::new(),
         };
         let (run, settled) = self.0.store.end_run(id, end).await?;
-        self.0.scheduler.cancel_steps(settled, format!("run {}: {reason}", run.status));
+        self.0
+            .scheduler
+            .cancel_steps(settled, format!("run {}: {reason}", run.status));
         Ok(run)
     }
 }
@@ -47,7 +57,10 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchRunEventsResponse, 
 
 #[tonic::async_trait]
 impl RunService for RunApi {
-    async fn create_run(&self, request: Request<pb::CreateRunRequest>) -> Result<Response<pb::CreateRunResponse>, Status> {
+    async fn create_run(
+        &self,
+        request: Request<pb::CreateRunRequest>,
+    ) -> Result<Response<pb::CreateRunResponse>, Status> {
         let req = request.into_inner();
         let agent = req.agent.trim().to_owned();
         if agent.is_empty() {
@@ -55,7 +68,9 @@ impl RunService for RunApi {
         }
         let idempotency_key = (!req.idempotency_key.is_empty()).then_some(req.idempotency_key);
         if idempotency_key.as_ref().is_some_and(|k| k.len() > MAX_IDEMPOTENCY_KEY) {
-            return Err(KernelError::invalid("idempotency_key", format!("longer than {MAX_IDEMPOTENCY_KEY} bytes")).into());
+            return Err(
+                KernelError::invalid("idempotency_key", format!("longer than {MAX_IDEMPOTENCY_KEY} bytes")).into(),
+            );
         }
         let new = NewRun {
             agent,
@@ -65,7 +80,10 @@ impl RunService for RunApi {
             max_tool_calls: req.max_tool_calls,
         };
         let (run, created) = self.0.store.create_run(new).await?;
-        Ok(Response::new(pb::CreateRunResponse { run: Some(convert::run(&run)), created }))
+        Ok(Response::new(pb::CreateRunResponse {
+            run: Some(convert::run(&run)),
+            created,
+        }))
     }
 
     async fn get_run(&self, request: Request<pb::GetRunRequest>) -> Result<Response<pb::GetRunResponse>, Status> {
@@ -103,21 +121,38 @@ impl RunService for RunApi {
         } else {
             String::new()
         };
-        Ok(Response::new(pb::ListRunsResponse { runs: runs.iter().map(convert::run).collect(), next_page_token }))
+        Ok(Response::new(pb::ListRunsResponse {
+            runs: runs.iter().map(convert::run).collect(),
+            next_page_token,
+        }))
     }
 
-    async fn cancel_run(&self, request: Request<pb::CancelRunRequest>) -> Result<Response<pb::CancelRunResponse>, Status> {
+    async fn cancel_run(
+        &self,
+        request: Request<pb::CancelRunRequest>,
+    ) -> Result<Response<pb::CancelRunResponse>, Status> {
         let req = request.into_inner();
-        let reason = if req.reason.trim().is_empty() { "cancelled by request".to_owned() } else { req.reason };
+        let reason = if req.reason.trim().is_empty() {
+            "cancelled by request".to_owned()
+        } else {
+            req.reason
+        };
         let run = self.end(&req.run_id, EndRun::Cancel { reason }).await?;
-        Ok(Response::new(pb::CancelRunResponse { run: Some(convert::run(&run)) }))
+        Ok(Response::new(pb::CancelRunResponse {
+            run: Some(convert::run(&run)),
+        }))
     }
 
-    async fn complete_run(&self, request: Request<pb::CompleteRunRequest>) -> Result<Response<pb::CompleteRunResponse>, Status> {
+    async fn complete_run(
+        &self,
+        request: Request<pb::CompleteRunRequest>,
+    ) -> Result<Response<pb::CompleteRunResponse>, Status> {
         let req = request.into_inner();
         let output = convert::canonical_json(&req.output_json, "output_json", "null")?;
         let run = self.end(&req.run_id, EndRun::Complete { output }).await?;
-        Ok(Response::new(pb::CompleteRunResponse { run: Some(convert::run(&run)) }))
+        Ok(Response::new(pb::CompleteRunResponse {
+            run: Some(convert::run(&run)),
+        }))
     }
 
     async fn fail_run(&self, request: Request<pb::FailRunRequest>) -> Result<Response<pb::FailRunResponse>, Status> {
@@ -126,7 +161,9 @@ impl RunService for RunApi {
             return Err(KernelError::invalid("reason", "must say why the run failed").into());
         }
         let run = self.end(&req.run_id, EndRun::Fail { reason: req.reason }).await?;
-        Ok(Response::new(pb::FailRunResponse { run: Some(convert::run(&run)) }))
+        Ok(Response::new(pb::FailRunResponse {
+            run: Some(convert::run(&run)),
+        }))
     }
 
     async fn list_run_events(
@@ -146,7 +183,10 @@ impl RunService for RunApi {
             Some(last) if last.seq < run.last_seq => last.seq + 1,
             _ => 0,
         };
-        Ok(Response::new(pb::ListRunEventsResponse { events: events.iter().map(convert::event).collect(), next_seq }))
+        Ok(Response::new(pb::ListRunEventsResponse {
+            events: events.iter().map(convert::event).collect(),
+            next_seq,
+        }))
     }
 
     type WatchRunEventsStream = WatchStream;
@@ -180,7 +220,11 @@ async fn catch_up(kernel: &Kernel, id: &RunId, mut next: u64, tx: &WatchSender) 
             next = event.seq + 1;
             let terminal = is_terminal_event(event.kind);
             let item = pb::watch_run_events_response::Item::Event(convert::event(&event));
-            if tx.send(Ok(pb::WatchRunEventsResponse { item: Some(item) })).await.is_err() {
+            if tx
+                .send(Ok(pb::WatchRunEventsResponse { item: Some(item) }))
+                .await
+                .is_err()
+            {
                 return Ok((next, true));
             }
             if terminal {
@@ -239,14 +283,23 @@ async fn watch(
                 }
                 next = event.seq + 1;
                 let item = pb::watch_run_events_response::Item::Event(convert::event(&event));
-                if tx.send(Ok(pb::WatchRunEventsResponse { item: Some(item) })).await.is_err() || is_terminal_event(event.kind) {
+                if tx
+                    .send(Ok(pb::WatchRunEventsResponse { item: Some(item) }))
+                    .await
+                    .is_err()
+                    || is_terminal_event(event.kind)
+                {
                     return;
                 }
             }
             Ok(Signal::Progress(update)) => {
                 if include_progress {
                     let item = pb::watch_run_events_response::Item::Progress(convert::progress(&update));
-                    if tx.send(Ok(pb::WatchRunEventsResponse { item: Some(item) })).await.is_err() {
+                    if tx
+                        .send(Ok(pb::WatchRunEventsResponse { item: Some(item) }))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }

@@ -39,7 +39,13 @@ fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<TurnPlan, KernelE
         return Err(KernelError::invalid("calls", "a turn needs at least one call"));
     }
     if req.calls.len() > MAX_CALLS_PER_TURN {
-        return Err(KernelError::invalid("calls", format!("{} calls; a turn may carry at most {MAX_CALLS_PER_TURN}", req.calls.len())));
+        return Err(KernelError::invalid(
+            "calls",
+            format!(
+                "{} calls; a turn may carry at most {MAX_CALLS_PER_TURN}",
+                req.calls.len()
+            ),
+        ));
     }
     let mut ids = HashSet::new();
     let mut calls = Vec::with_capacity(req.calls.len());
@@ -52,20 +58,32 @@ fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<TurnPlan, KernelE
         if name.len() > MAX_REQUESTED_NAME || name.chars().any(char::is_control) {
             return Err(KernelError::invalid(
                 format!("{field}.tool"),
-                format!("'{}…' is not a tool name (control characters or over {MAX_REQUESTED_NAME} bytes)", cut(name, 64).escape_default()),
+                format!(
+                    "'{}…' is not a tool name (control characters or over {MAX_REQUESTED_NAME} bytes)",
+                    cut(name, 64).escape_default()
+                ),
             ));
         }
         let arguments = convert::canonical_json(&call.arguments_json, &format!("{field}.arguments_json"), "{}")?;
         if !arguments.starts_with('{') {
-            return Err(KernelError::invalid(format!("{field}.arguments_json"), "must be a JSON object"));
+            return Err(KernelError::invalid(
+                format!("{field}.arguments_json"),
+                "must be a JSON object",
+            ));
         }
         let call_id = (!call.call_id.is_empty()).then_some(call.call_id);
         if let Some(id) = &call_id {
             if id.len() > MAX_CALL_ID || id.chars().any(char::is_control) {
-                return Err(KernelError::invalid(format!("{field}.call_id"), format!("must be at most {MAX_CALL_ID} printable characters")));
+                return Err(KernelError::invalid(
+                    format!("{field}.call_id"),
+                    format!("must be at most {MAX_CALL_ID} printable characters"),
+                ));
             }
             if !ids.insert(id.clone()) {
-                return Err(KernelError::invalid(format!("{field}.call_id"), format!("'{id}' is used twice in this turn")));
+                return Err(KernelError::invalid(
+                    format!("{field}.call_id"),
+                    format!("'{id}' is used twice in this turn"),
+                ));
             }
         }
         let position = position as u32;
@@ -91,7 +109,10 @@ fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<TurnPlan, KernelE
 impl ToolCallService for ToolCallApi {
     type SubmitTurnStream = TurnStream;
 
-    async fn submit_turn(&self, request: Request<pb::SubmitTurnRequest>) -> Result<Response<Self::SubmitTurnStream>, Status> {
+    async fn submit_turn(
+        &self,
+        request: Request<pb::SubmitTurnRequest>,
+    ) -> Result<Response<Self::SubmitTurnStream>, Status> {
         let plan = plan(&self.0, request.into_inner())?;
         let run_id = plan.run_id.clone();
         let positions: Vec<u32> = plan.calls.iter().map(|c| c.position).collect();
@@ -104,7 +125,14 @@ impl ToolCallService for ToolCallApi {
             }
         }
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(stream_results(self.0.clone(), run_id, positions, dispositions, live, tx));
+        tokio::spawn(stream_results(
+            self.0.clone(),
+            run_id,
+            positions,
+            dispositions,
+            live,
+            tx,
+        ));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
@@ -162,7 +190,12 @@ async fn stream_results(
     mut live: broadcast::Receiver<Signal>,
     tx: TurnSender,
 ) {
-    let mut ordered = Ordered { results: vec![None; dispositions.len()], next: 0, waiting: HashMap::new(), positions };
+    let mut ordered = Ordered {
+        results: vec![None; dispositions.len()],
+        next: 0,
+        waiting: HashMap::new(),
+        positions,
+    };
     for (index, disposition) in dispositions.into_iter().enumerate() {
         let position = ordered.positions[index];
         ordered.results[index] = match disposition {

@@ -53,8 +53,14 @@ impl WorkerService for WorkerApi {
             .await
             .map_err(|_| Status::deadline_exceeded(format!("no hello within {}s", HELLO_TIMEOUT.as_secs())))??;
         let hello = match first {
-            Some(pb::OpenSessionRequest { message: Some(In::Hello(hello)) }) => convert::hello(hello)?,
-            Some(_) => return Err(Status::failed_precondition("the first message of a session must be a hello")),
+            Some(pb::OpenSessionRequest {
+                message: Some(In::Hello(hello)),
+            }) => convert::hello(hello)?,
+            Some(_) => {
+                return Err(Status::failed_precondition(
+                    "the first message of a session must be a hello",
+                ));
+            }
             None => return Err(Status::cancelled("the worker closed the stream before its hello")),
         };
         let worker = hello.name.clone();
@@ -63,7 +69,9 @@ impl WorkerService for WorkerApi {
         let kernel = &self.0;
         let session_id = kernel.scheduler.join(hello, orders_tx).await?;
         if let Err(error) = kernel.store.register_tools(tools.clone()).await {
-            kernel.scheduler.leave(session_id, "registration could not be stored".into());
+            kernel
+                .scheduler
+                .leave(session_id, "registration could not be stored".into());
             return Err(error.into());
         }
         kernel.registry.upsert(&tools, now_millis());
@@ -75,9 +83,16 @@ impl WorkerService for WorkerApi {
             heartbeat_interval_ms: config.heartbeat_interval.as_millis() as u64,
             lease_ttl_ms: config.lease_ttl.as_millis() as u64,
         };
-        tx.send(out(Out::Welcome(welcome))).await.map_err(|_| Status::cancelled("the worker went away"))?;
+        tx.send(out(Out::Welcome(welcome)))
+            .await
+            .map_err(|_| Status::cancelled("the worker went away"))?;
         info!(session_id, worker, "worker session open");
-        let session = Session { kernel: kernel.clone(), session_id, tx, dispatches: HashMap::new() };
+        let session = Session {
+            kernel: kernel.clone(),
+            session_id,
+            tx,
+            dispatches: HashMap::new(),
+        };
         tokio::spawn(session.run(inbound, orders));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -101,7 +116,11 @@ struct Session {
 }
 
 impl Session {
-    async fn run(mut self, mut inbound: Streaming<pb::OpenSessionRequest>, mut orders: mpsc::UnboundedReceiver<Outbound>) {
+    async fn run(
+        mut self,
+        mut inbound: Streaming<pb::OpenSessionRequest>,
+        mut orders: mpsc::UnboundedReceiver<Outbound>,
+    ) {
         let reason = loop {
             tokio::select! {
                 _ = self.kernel.shutdown.cancelled() => {
@@ -139,7 +158,11 @@ impl Session {
 
     async fn forward(&mut self, order: Outbound) -> bool {
         let message = match order {
-            Outbound::Dispatch(DispatchOrder { dispatch_id, attempt, step }) => {
+            Outbound::Dispatch(DispatchOrder {
+                dispatch_id,
+                attempt,
+                step,
+            }) => {
                 self.dispatches.insert(
                     dispatch_id.clone(),
                     Held {
@@ -165,7 +188,15 @@ impl Session {
                     timeout_ms: step.timeout_ms,
                 })
             }
-            Outbound::Cancel { dispatch_id, attempt, reason } => Out::Cancel(pb::CancelDispatch { dispatch_id, attempt, reason }),
+            Outbound::Cancel {
+                dispatch_id,
+                attempt,
+                reason,
+            } => Out::Cancel(pb::CancelDispatch {
+                dispatch_id,
+                attempt,
+                reason,
+            }),
             Outbound::Close(_) => unreachable!("handled by the loop"),
         };
         self.tx.send(out(message)).await.is_ok()
@@ -184,8 +215,16 @@ impl Session {
     }
 
     fn on_progress(&mut self, progress: pb::DispatchProgress) {
-        let Some(held) = self.dispatches.get_mut(&progress.dispatch_id).filter(|h| h.attempt == progress.attempt) else {
-            debug!(session_id = self.session_id, dispatch_id = progress.dispatch_id, "progress for a dispatch this session does not hold, dropped");
+        let Some(held) = self
+            .dispatches
+            .get_mut(&progress.dispatch_id)
+            .filter(|h| h.attempt == progress.attempt)
+        else {
+            debug!(
+                session_id = self.session_id,
+                dispatch_id = progress.dispatch_id,
+                "progress for a dispatch this session does not hold, dropped"
+            );
             return;
         };
         held.progress += 1;
@@ -206,12 +245,18 @@ impl Session {
         let tool = held.as_ref().map(|h| h.tool.clone()).unwrap_or_else(|| "?".into());
         let outcome = match result.outcome {
             Some(pb::dispatch_result::Outcome::OutputJson(text)) => canonical::canonicalize(&text).map_err(|e| {
-                (ErrorKind::Fatal, format!("tool '{tool}' returned a result that is not valid JSON: {e}"))
+                (
+                    ErrorKind::Fatal,
+                    format!("tool '{tool}' returned a result that is not valid JSON: {e}"),
+                )
             }),
             Some(pb::dispatch_result::Outcome::Error(failure)) => {
                 Err((convert::error_kind_from(failure.kind), failure.message))
             }
-            None => Err((ErrorKind::Fatal, format!("tool '{tool}' returned neither a result nor an error"))),
+            None => Err((
+                ErrorKind::Fatal,
+                format!("tool '{tool}' returned neither a result nor an error"),
+            )),
         };
         let report = ResultReport {
             dispatch_id: result.dispatch_id.clone(),
@@ -231,8 +276,17 @@ impl Session {
                     (true, String::new())
                 }
                 Ok(None) => {
-                    info!(session_id, dispatch_id = result.dispatch_id, attempt = result.attempt, "stale result refused, nothing recorded");
-                    (false, "this dispatch no longer holds its call (stale attempt, timed out, cancelled or not yours)".to_owned())
+                    info!(
+                        session_id,
+                        dispatch_id = result.dispatch_id,
+                        attempt = result.attempt,
+                        "stale result refused, nothing recorded"
+                    );
+                    (
+                        false,
+                        "this dispatch no longer holds its call (stale attempt, timed out, cancelled or not yours)"
+                            .to_owned(),
+                    )
                 }
                 Err(error) => {
                     warn!(session_id, dispatch_id = result.dispatch_id, %error, "cannot record a result");
@@ -240,7 +294,12 @@ impl Session {
                 }
             };
             kernel.scheduler.settled(result.dispatch_id.clone(), result.attempt);
-            let ack = pb::ResultAck { dispatch_id: result.dispatch_id, attempt: result.attempt, accepted, reason };
+            let ack = pb::ResultAck {
+                dispatch_id: result.dispatch_id,
+                attempt: result.attempt,
+                accepted,
+                reason,
+            };
             let _ = tx.send(out(Out::ResultAck(ack))).await;
         });
     }

@@ -190,12 +190,17 @@ impl Store {
         schema::latest()
     }
 
-    async fn send<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T, KernelError>>) -> Command) -> Result<T, KernelError> {
+    async fn send<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, KernelError>>) -> Command,
+    ) -> Result<T, KernelError> {
         let (reply, answer) = oneshot::channel();
         self.commands
             .send(make(reply))
             .map_err(|_| KernelError::Unavailable("the store writer has stopped".into()))?;
-        answer.await.map_err(|_| KernelError::Unavailable("the store writer has stopped".into()))?
+        answer
+            .await
+            .map_err(|_| KernelError::Unavailable("the store writer has stopped".into()))?
     }
 
     pub async fn create_run(&self, new: NewRun) -> Result<(RunRecord, bool), KernelError> {
@@ -222,7 +227,12 @@ impl Store {
 
     /// Fails a running dispatch that outlived its timeout; `None` when it no longer held the step.
     pub async fn time_out(&self, dispatch_id: String, attempt: u32) -> Result<Option<StepRecord>, KernelError> {
-        self.send(|reply| Command::TimeOut { dispatch_id, attempt, reply }).await
+        self.send(|reply| Command::TimeOut {
+            dispatch_id,
+            attempt,
+            reply,
+        })
+        .await
     }
 
     /// Fails a step that is still waiting for a worker.
@@ -233,7 +243,14 @@ impl Store {
         message: String,
         reason: &'static str,
     ) -> Result<Option<StepRecord>, KernelError> {
-        self.send(|reply| Command::FailPending { run, key, message, reason, reply }).await
+        self.send(|reply| Command::FailPending {
+            run,
+            key,
+            message,
+            reason,
+            reply,
+        })
+        .await
     }
 
     /// Ends a run; failing or cancelling settles its in-flight steps first and returns them.

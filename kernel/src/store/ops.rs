@@ -6,13 +6,11 @@ use rusqlite::{Connection, params};
 use serde_json::{Value, json};
 
 use super::rows::{self, load_run, load_step, load_step_by_dispatch};
-use super::{
-    CallDisposition, EndRun, LeaseLoss, LossOutcome, NewRun, ResultReport, StartDispatch, TurnPlan,
-};
+use super::{CallDisposition, EndRun, LeaseLoss, LossOutcome, NewRun, ResultReport, StartDispatch, TurnPlan};
 use crate::error::KernelError;
 use crate::model::{
-    EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, EventType, Idempotency, Millis, RunId, RunRecord,
-    RunStatus, StepKey, StepRecord, StepStatus, ToolDef,
+    EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, EventType, Idempotency, Millis, RunId, RunRecord, RunStatus, StepKey,
+    StepRecord, StepStatus, ToolDef,
 };
 
 /// An event committed by a batch, with the step it settled when there is one, so watchers need
@@ -44,12 +42,23 @@ impl Tx<'_> {
         // gap-free and unique even with many writers queued in one batch.
         let seq: u64 = self
             .conn
-            .prepare_cached("UPDATE runs SET last_seq = last_seq + 1, updated_at = ?2 WHERE id = ?1 RETURNING last_seq")?
+            .prepare_cached(
+                "UPDATE runs SET last_seq = last_seq + 1, updated_at = ?2 WHERE id = ?1 RETURNING last_seq",
+            )?
             .query_row(params![run.as_str(), self.now], |row| row.get(0))?;
         let payload = payload.to_string();
         self.conn
-            .prepare_cached("INSERT INTO events (run_id, seq, type, schema_version, at, payload) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?
-            .execute(params![run.as_str(), seq, kind.as_str(), EVENT_SCHEMA_VERSION, self.now, payload])?;
+            .prepare_cached(
+                "INSERT INTO events (run_id, seq, type, schema_version, at, payload) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                run.as_str(),
+                seq,
+                kind.as_str(),
+                EVENT_SCHEMA_VERSION,
+                self.now,
+                payload
+            ])?;
         self.published.push(Published {
             event: EventRecord {
                 run_id: run.clone(),
@@ -82,7 +91,10 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
     if let Some(key) = &new.idempotency_key {
         let existing = tx
             .conn
-            .prepare_cached(&format!("SELECT {} FROM runs WHERE idempotency_key = ?1", rows::RUN_COLUMNS))?
+            .prepare_cached(&format!(
+                "SELECT {} FROM runs WHERE idempotency_key = ?1",
+                rows::RUN_COLUMNS
+            ))?
             .query_row([key], rows::run_from_row);
         match existing {
             Ok(run) if run.agent == new.agent && run.input == new.input => return Ok((run, false)),
@@ -204,7 +216,10 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
             Some(def) => (
                 def.version.clone(),
                 def.options.idempotency(),
-                def.options.timeout_ms.filter(|t| *t > 0).unwrap_or(plan.default_timeout_ms),
+                def.options
+                    .timeout_ms
+                    .filter(|t| *t > 0)
+                    .unwrap_or(plan.default_timeout_ms),
             ),
             None => (String::new(), Idempotency::SafeToRetry, plan.default_timeout_ms),
         };
@@ -405,10 +420,22 @@ pub fn record_result(tx: &mut Tx<'_>, report: ResultReport) -> Result<Option<Ste
         return Ok(None);
     };
     let settled = match &report.outcome {
-        Ok(output) => settle(tx, &step, StepStatus::Succeeded, Ok(output), report.progress_count, Value::Null)?,
-        Err((kind, message)) => {
-            settle(tx, &step, StepStatus::Failed, Err((*kind, message)), report.progress_count, Value::Null)?
-        }
+        Ok(output) => settle(
+            tx,
+            &step,
+            StepStatus::Succeeded,
+            Ok(output),
+            report.progress_count,
+            Value::Null,
+        )?,
+        Err((kind, message)) => settle(
+            tx,
+            &step,
+            StepStatus::Failed,
+            Err((*kind, message)),
+            report.progress_count,
+            Value::Null,
+        )?,
     };
     Ok(Some(settled))
 }
@@ -470,22 +497,45 @@ pub fn time_out(tx: &mut Tx<'_>, dispatch_id: &str, attempt: u32) -> Result<Opti
         human_ms(step.timeout_ms),
         step.attempts
     );
-    let settled = settle(tx, &step, StepStatus::Failed, Err((ErrorKind::Retryable, &message)), 0, json!({ "reason": "timeout" }))?;
+    let settled = settle(
+        tx,
+        &step,
+        StepStatus::Failed,
+        Err((ErrorKind::Retryable, &message)),
+        0,
+        json!({ "reason": "timeout" }),
+    )?;
     Ok(Some(settled))
 }
 
-pub fn fail_pending(tx: &mut Tx<'_>, run: &RunId, key: &StepKey, message: &str, reason: &str) -> Result<Option<StepRecord>> {
+pub fn fail_pending(
+    tx: &mut Tx<'_>,
+    run: &RunId,
+    key: &StepKey,
+    message: &str,
+    reason: &str,
+) -> Result<Option<StepRecord>> {
     let Some(step) = load_step(tx.conn, run, key)?.filter(|s| s.status == StepStatus::Pending) else {
         return Ok(None);
     };
-    let settled = settle(tx, &step, StepStatus::Failed, Err((ErrorKind::Retryable, message)), 0, json!({ "reason": reason }))?;
+    let settled = settle(
+        tx,
+        &step,
+        StepStatus::Failed,
+        Err((ErrorKind::Retryable, message)),
+        0,
+        json!({ "reason": reason }),
+    )?;
     Ok(Some(settled))
 }
 
 pub fn end_run(tx: &mut Tx<'_>, run_id: &RunId, end: EndRun) -> Result<(RunRecord, Vec<StepRecord>)> {
     let run = tx.run(run_id)?;
     if run.status.is_terminal() {
-        return Err(KernelError::FailedPrecondition(format!("run {} is already {}", run.id, run.status)));
+        return Err(KernelError::FailedPrecondition(format!(
+            "run {} is already {}",
+            run.id, run.status
+        )));
     }
     let in_flight: Vec<StepRecord> = tx
         .conn
@@ -504,16 +554,33 @@ pub fn end_run(tx: &mut Tx<'_>, run_id: &RunId, end: EndRun) -> Result<(RunRecor
                     in_flight.len()
                 )));
             }
-            (RunStatus::Completed, EventType::RunCompleted, Some(output.clone()), None)
+            (
+                RunStatus::Completed,
+                EventType::RunCompleted,
+                Some(output.clone()),
+                None,
+            )
         }
         EndRun::Fail { reason } => (RunStatus::Failed, EventType::RunFailed, None, Some(reason.clone())),
-        EndRun::Cancel { reason } => (RunStatus::Cancelled, EventType::RunCancelled, None, Some(reason.clone())),
+        EndRun::Cancel { reason } => (
+            RunStatus::Cancelled,
+            EventType::RunCancelled,
+            None,
+            Some(reason.clone()),
+        ),
     };
     // Settle every in-flight step first, so the run's terminal event is the last word.
     let mut settled = Vec::with_capacity(in_flight.len());
     for step in &in_flight {
         let message = format!("run {}: {}", status, reason.as_deref().unwrap_or(""));
-        settled.push(settle(tx, step, StepStatus::Cancelled, Err((ErrorKind::Fatal, &message)), 0, json!({ "reason": "run_ended" }))?);
+        settled.push(settle(
+            tx,
+            step,
+            StepStatus::Cancelled,
+            Err((ErrorKind::Fatal, &message)),
+            0,
+            json!({ "reason": "run_ended" }),
+        )?);
     }
     tx.conn
         .prepare_cached("UPDATE runs SET status = ?2, output = ?3, reason = ?4, updated_at = ?5 WHERE id = ?1")?
@@ -554,7 +621,11 @@ pub fn human_ms(ms: u64) -> String {
     if ms < 1000 {
         format!("{ms}ms")
     } else if ms < 60_000 {
-        if ms % 1000 == 0 { format!("{}s", ms / 1000) } else { format!("{:.1}s", ms as f64 / 1000.0) }
+        if ms % 1000 == 0 {
+            format!("{}s", ms / 1000)
+        } else {
+            format!("{:.1}s", ms as f64 / 1000.0)
+        }
     } else {
         format!("{}m{:02}s", ms / 60_000, (ms % 60_000) / 1000)
     }
@@ -572,7 +643,10 @@ mod tests {
         assert!(message.contains("t19"));
         assert!(!message.contains("t20,"));
         assert!(message.ends_with("(and 5 more)"));
-        assert_eq!(unknown_tool_message("x", &["a".into(), "b".into()]), "unknown tool 'x'; available: a, b");
+        assert_eq!(
+            unknown_tool_message("x", &["a".into(), "b".into()]),
+            "unknown tool 'x'; available: a, b"
+        );
     }
 
     #[test]

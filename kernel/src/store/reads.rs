@@ -29,7 +29,10 @@ pub struct RunFilter {
 
 impl Readers {
     pub fn open(path: &std::path::Path) -> Result<Self, KernelError> {
-        Ok(Readers { pool: Arc::new(Mutex::new(Vec::new())), path: Arc::new(path.to_owned()) })
+        Ok(Readers {
+            pool: Arc::new(Mutex::new(Vec::new())),
+            path: Arc::new(path.to_owned()),
+        })
     }
 
     fn connect(&self) -> rusqlite::Result<Connection> {

@@ -25,8 +25,9 @@ fn parse<T: std::str::FromStr<Err = String>>(row: &Row<'_>, index: usize) -> rus
 fn parse_opt<T: std::str::FromStr<Err = String>>(row: &Row<'_>, index: usize) -> rusqlite::Result<Option<T>> {
     let text: Option<String> = row.get(index)?;
     text.map(|t| {
-        t.parse()
-            .map_err(|e: String| rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, e.into()))
+        t.parse().map_err(|e: String| {
+            rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, e.into())
+        })
     })
     .transpose()
 }
@@ -34,8 +35,9 @@ fn parse_opt<T: std::str::FromStr<Err = String>>(row: &Row<'_>, index: usize) ->
 pub fn run_from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
     let labels: String = row.get(6)?;
     Ok(RunRecord {
-        id: RunId::parse(&row.get::<_, String>(0)?, "id")
-            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.to_string().into()))?,
+        id: RunId::parse(&row.get::<_, String>(0)?, "id").map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.to_string().into())
+        })?,
         agent: row.get(1)?,
         status: parse(row, 2)?,
         input: row.get(3)?,
@@ -53,8 +55,9 @@ pub fn run_from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
 
 pub fn step_from_row(row: &Row<'_>) -> rusqlite::Result<StepRecord> {
     Ok(StepRecord {
-        run_id: RunId::parse(&row.get::<_, String>(0)?, "run_id")
-            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.to_string().into()))?,
+        run_id: RunId::parse(&row.get::<_, String>(0)?, "run_id").map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.to_string().into())
+        })?,
         key: StepKey::from_stored(row.get(1)?),
         turn: row.get(2)?,
         position: row.get(3)?,
@@ -86,8 +89,9 @@ pub fn step_from_row(row: &Row<'_>) -> rusqlite::Result<StepRecord> {
 
 pub fn event_from_row(row: &Row<'_>) -> rusqlite::Result<EventRecord> {
     Ok(EventRecord {
-        run_id: RunId::parse(&row.get::<_, String>(0)?, "run_id")
-            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.to_string().into()))?,
+        run_id: RunId::parse(&row.get::<_, String>(0)?, "run_id").map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.to_string().into())
+        })?,
         seq: row.get(1)?,
         kind: parse(row, 2)?,
         schema_version: row.get(3)?,
@@ -103,9 +107,11 @@ pub fn load_run(conn: &Connection, id: &RunId) -> rusqlite::Result<Option<RunRec
 }
 
 pub fn load_step(conn: &Connection, run: &RunId, key: &StepKey) -> rusqlite::Result<Option<StepRecord>> {
-    conn.prepare_cached(&format!("SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ?1 AND step_key = ?2"))?
-        .query_row([run.as_str(), key.as_str()], step_from_row)
-        .optional()
+    conn.prepare_cached(&format!(
+        "SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ?1 AND step_key = ?2"
+    ))?
+    .query_row([run.as_str(), key.as_str()], step_from_row)
+    .optional()
 }
 
 pub fn load_step_by_dispatch(conn: &Connection, dispatch_id: &str) -> rusqlite::Result<Option<StepRecord>> {

@@ -16,7 +16,12 @@ fn open() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let hub = Hub::default();
     let (store, writer) = Store::open(&dir.path().join("k.db"), Durability::Normal, hub.clone()).unwrap();
-    Fixture { store, hub, _dir: dir, _writer: writer }
+    Fixture {
+        store,
+        hub,
+        _dir: dir,
+        _writer: writer,
+    }
 }
 
 fn tool(name: &str, idempotency: Idempotency) -> ToolDef {
@@ -27,7 +32,10 @@ fn tool(name: &str, idempotency: Idempotency) -> ToolDef {
         fingerprint: kernel_proto::canonical::tool_fingerprint(name, "d", &schema, ""),
         input_schema: schema,
         version: String::new(),
-        options: ToolOptions { idempotency: Some(idempotency.as_str().into()), ..Default::default() },
+        options: ToolOptions {
+            idempotency: Some(idempotency.as_str().into()),
+            ..Default::default()
+        },
     }
 }
 
@@ -53,7 +61,13 @@ fn call(turn: u32, position: u32, tool: Option<ToolDef>, name: &str, args: &str)
 }
 
 fn plan(run: &RunId, turn: u32, calls: Vec<PlannedCall>) -> TurnPlan {
-    TurnPlan { run_id: run.clone(), turn, calls, available_tools: vec!["add".into()], default_timeout_ms: 30_000 }
+    TurnPlan {
+        run_id: run.clone(),
+        turn,
+        calls,
+        available_tools: vec!["add".into()],
+        default_timeout_ms: 30_000,
+    }
 }
 
 async fn events(store: &Store, run: &RunId) -> Vec<crate::model::EventRecord> {
@@ -62,7 +76,11 @@ async fn events(store: &Store, run: &RunId) -> Vec<crate::model::EventRecord> {
 
 fn assert_gap_free(events: &[crate::model::EventRecord]) {
     for (index, event) in events.iter().enumerate() {
-        assert_eq!(event.seq, index as u64 + 1, "sequence numbers must have no gaps or duplicates");
+        assert_eq!(
+            event.seq,
+            index as u64 + 1,
+            "sequence numbers must have no gaps or duplicates"
+        );
     }
 }
 
@@ -97,7 +115,10 @@ async fn a_repeated_create_with_the_same_key_returns_the_same_run() {
     assert_eq!(first.id, again.id);
     let mut other = new_run(Some("k1"), 0);
     other.input = "[1]".into();
-    assert!(matches!(f.store.create_run(other).await, Err(KernelError::AlreadyExists(_))));
+    assert!(matches!(
+        f.store.create_run(other).await,
+        Err(KernelError::AlreadyExists(_))
+    ));
     assert_eq!(events(&f.store, &first.id).await.len(), 1);
 }
 
@@ -107,7 +128,11 @@ async fn a_call_runs_through_start_and_result_with_gap_free_events() {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let mut live = f.hub.subscribe(&run.id);
     let add = tool("add", Idempotency::SafeToRetry);
-    let turn = f.store.schedule_turn(plan(&run.id, 0, vec![call(0, 0, Some(add), "add", r#"{"a":1}"#)])).await.unwrap();
+    let turn = f
+        .store
+        .schedule_turn(plan(&run.id, 0, vec![call(0, 0, Some(add), "add", r#"{"a":1}"#)]))
+        .await
+        .unwrap();
     let step = scheduled(&turn[0]);
     assert!(start(&f.store, &step, "d1", 1, "s1").await.is_some());
     let settled = f
@@ -130,7 +155,13 @@ async fn a_call_runs_through_start_and_result_with_gap_free_events() {
     let kinds: Vec<EventType> = log.iter().map(|e| e.kind).collect();
     assert_eq!(
         kinds,
-        [EventType::RunCreated, EventType::RunStarted, EventType::ToolScheduled, EventType::ToolStart, EventType::ToolResult]
+        [
+            EventType::RunCreated,
+            EventType::RunStarted,
+            EventType::ToolScheduled,
+            EventType::ToolStart,
+            EventType::ToolResult
+        ]
     );
     // Watchers saw the same events, after their commit.
     let mut seen = Vec::new();
@@ -146,7 +177,11 @@ async fn results_are_fenced_by_dispatch_attempt_and_session() {
     let f = open();
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let add = tool("add", Idempotency::SafeToRetry);
-    let turn = f.store.schedule_turn(plan(&run.id, 0, vec![call(0, 0, Some(add), "add", "{}")])).await.unwrap();
+    let turn = f
+        .store
+        .schedule_turn(plan(&run.id, 0, vec![call(0, 0, Some(add), "add", "{}")]))
+        .await
+        .unwrap();
     let step = scheduled(&turn[0]);
     start(&f.store, &step, "d1", 1, "s1").await.unwrap();
     let before = events(&f.store, &run.id).await.len();
@@ -157,15 +192,32 @@ async fn results_are_fenced_by_dispatch_attempt_and_session() {
         outcome: Ok("1".into()),
         progress_count: 0,
     };
-    assert!(f.store.record_result(report("d1", 2, "s1")).await.unwrap().is_none(), "wrong attempt");
-    assert!(f.store.record_result(report("d1", 1, "s2")).await.unwrap().is_none(), "another session");
-    assert!(f.store.record_result(report("nope", 1, "s1")).await.unwrap().is_none(), "unknown dispatch");
-    assert_eq!(events(&f.store, &run.id).await.len(), before, "stale results record nothing");
+    assert!(
+        f.store.record_result(report("d1", 2, "s1")).await.unwrap().is_none(),
+        "wrong attempt"
+    );
+    assert!(
+        f.store.record_result(report("d1", 1, "s2")).await.unwrap().is_none(),
+        "another session"
+    );
+    assert!(
+        f.store.record_result(report("nope", 1, "s1")).await.unwrap().is_none(),
+        "unknown dispatch"
+    );
+    assert_eq!(
+        events(&f.store, &run.id).await.len(),
+        before,
+        "stale results record nothing"
+    );
 
     // The lease is lost and the call goes to another worker: the first holder is now stale.
     let LossOutcome::Requeued(requeued) = f
         .store
-        .lose_lease(LeaseLoss { dispatch_id: "d1".into(), attempt: 1, reason: "stream broke".into() })
+        .lose_lease(LeaseLoss {
+            dispatch_id: "d1".into(),
+            attempt: 1,
+            reason: "stream broke".into(),
+        })
         .await
         .unwrap()
     else {
@@ -173,12 +225,22 @@ async fn results_are_fenced_by_dispatch_attempt_and_session() {
     };
     assert_eq!(requeued.status, StepStatus::Pending);
     start(&f.store, &requeued, "d2", 2, "s2").await.unwrap();
-    assert!(f.store.record_result(report("d1", 1, "s1")).await.unwrap().is_none(), "late result of the lost lease");
+    assert!(
+        f.store.record_result(report("d1", 1, "s1")).await.unwrap().is_none(),
+        "late result of the lost lease"
+    );
     assert!(f.store.record_result(report("d2", 2, "s2")).await.unwrap().is_some());
-    assert!(f.store.record_result(report("d2", 2, "s2")).await.unwrap().is_none(), "a duplicate result records nothing");
+    assert!(
+        f.store.record_result(report("d2", 2, "s2")).await.unwrap().is_none(),
+        "a duplicate result records nothing"
+    );
     let log = events(&f.store, &run.id).await;
     assert_gap_free(&log);
-    assert_eq!(log.iter().filter(|e| e.kind == EventType::ToolResult).count(), 1, "exactly one terminal event");
+    assert_eq!(
+        log.iter().filter(|e| e.kind == EventType::ToolResult).count(),
+        1,
+        "exactly one terminal event"
+    );
 }
 
 #[tokio::test]
@@ -186,15 +248,25 @@ async fn a_lost_at_most_once_call_is_indeterminate() {
     let f = open();
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let charge = tool("charge", Idempotency::AtMostOnce);
-    let turn = f.store.schedule_turn(plan(&run.id, 0, vec![call(0, 0, Some(charge), "charge", "{}")])).await.unwrap();
+    let turn = f
+        .store
+        .schedule_turn(plan(&run.id, 0, vec![call(0, 0, Some(charge), "charge", "{}")]))
+        .await
+        .unwrap();
     let step = scheduled(&turn[0]);
     start(&f.store, &step, "d1", 1, "s1").await.unwrap();
     let outcome = f
         .store
-        .lose_lease(LeaseLoss { dispatch_id: "d1".into(), attempt: 1, reason: "kernel restarted".into() })
+        .lose_lease(LeaseLoss {
+            dispatch_id: "d1".into(),
+            attempt: 1,
+            reason: "kernel restarted".into(),
+        })
         .await
         .unwrap();
-    let LossOutcome::Indeterminate(step) = outcome else { panic!("expected indeterminate, got {outcome:?}") };
+    let LossOutcome::Indeterminate(step) = outcome else {
+        panic!("expected indeterminate, got {outcome:?}")
+    };
     assert!(step.error.unwrap().starts_with("indeterminate:"));
 }
 
@@ -216,10 +288,14 @@ async fn unknown_tools_are_recorded_without_start_and_count_toward_the_limit() {
         ))
         .await
         .unwrap();
-    let CallDisposition::Settled(unknown) = &turn[0] else { panic!("unknown tool settles at once") };
+    let CallDisposition::Settled(unknown) = &turn[0] else {
+        panic!("unknown tool settles at once")
+    };
     assert_eq!(unknown.error.as_deref(), Some("unknown tool 'weather'; available: add"));
     assert!(matches!(turn[1], CallDisposition::Scheduled(_)));
-    let CallDisposition::Settled(limited) = &turn[2] else { panic!("the third call is past max_tool_calls") };
+    let CallDisposition::Settled(limited) = &turn[2] else {
+        panic!("the third call is past max_tool_calls")
+    };
     assert!(limited.error.as_deref().unwrap().starts_with("max_tool_calls reached"));
     let log = events(&f.store, &run.id).await;
     assert!(!log.iter().any(|e| e.kind == EventType::ToolStart));
@@ -231,17 +307,28 @@ async fn a_resubmitted_turn_replays_joins_or_diverges() {
     let f = open();
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let add = tool("add", Idempotency::SafeToRetry);
-    let calls = || vec![call(0, 0, None, "weather", "{}"), call(0, 1, Some(add.clone()), "add", r#"{"a":1}"#)];
+    let calls = || {
+        vec![
+            call(0, 0, None, "weather", "{}"),
+            call(0, 1, Some(add.clone()), "add", r#"{"a":1}"#),
+        ]
+    };
     f.store.schedule_turn(plan(&run.id, 0, calls())).await.unwrap();
     let again = f.store.schedule_turn(plan(&run.id, 0, calls())).await.unwrap();
     assert!(matches!(&again[0], CallDisposition::Replayed(s) if s.replays == 1));
     assert!(matches!(again[1], CallDisposition::Joined(_)));
     let changed = f
         .store
-        .schedule_turn(plan(&run.id, 0, vec![call(0, 1, Some(add.clone()), "add", r#"{"a":2}"#)]))
+        .schedule_turn(plan(
+            &run.id,
+            0,
+            vec![call(0, 1, Some(add.clone()), "add", r#"{"a":2}"#)],
+        ))
         .await
         .unwrap();
-    let CallDisposition::Diverged { message, .. } = &changed[0] else { panic!("changed arguments diverge") };
+    let CallDisposition::Diverged { message, .. } = &changed[0] else {
+        panic!("changed arguments diverge")
+    };
     assert!(message.starts_with("replay_input_changed"), "{message}");
 }
 
@@ -249,17 +336,34 @@ async fn a_resubmitted_turn_replays_joins_or_diverges() {
 async fn refused_writes_leave_nothing_behind() {
     let f = open();
     let missing = RunId::new();
-    assert!(matches!(f.store.schedule_turn(plan(&missing, 0, vec![call(0, 0, None, "x", "{}")])).await, Err(KernelError::NotFound(_))));
+    assert!(matches!(
+        f.store
+            .schedule_turn(plan(&missing, 0, vec![call(0, 0, None, "x", "{}")]))
+            .await,
+        Err(KernelError::NotFound(_))
+    ));
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
-    f.store.end_run(run.id.clone(), EndRun::Complete { output: "1".into() }).await.unwrap();
+    f.store
+        .end_run(run.id.clone(), EndRun::Complete { output: "1".into() })
+        .await
+        .unwrap();
     let before = events(&f.store, &run.id).await;
-    let refused = f.store.schedule_turn(plan(&run.id, 1, vec![call(1, 0, None, "x", "{}")])).await;
+    let refused = f
+        .store
+        .schedule_turn(plan(&run.id, 1, vec![call(1, 0, None, "x", "{}")]))
+        .await;
     assert!(matches!(refused, Err(KernelError::FailedPrecondition(_))));
     assert!(matches!(
-        f.store.end_run(run.id.clone(), EndRun::Cancel { reason: "late".into() }).await,
+        f.store
+            .end_run(run.id.clone(), EndRun::Cancel { reason: "late".into() })
+            .await,
         Err(KernelError::FailedPrecondition(_))
     ));
-    assert_eq!(events(&f.store, &run.id).await, before, "a refused request writes nothing");
+    assert_eq!(
+        events(&f.store, &run.id).await,
+        before,
+        "a refused request writes nothing"
+    );
     assert!(f.store.reads.steps(run.id.clone()).await.unwrap().is_empty());
 }
 
@@ -270,7 +374,14 @@ async fn cancelling_settles_in_flight_steps_before_the_run() {
     let add = tool("add", Idempotency::SafeToRetry);
     let turn = f
         .store
-        .schedule_turn(plan(&run.id, 0, vec![call(0, 0, Some(add.clone()), "add", "{}"), call(0, 1, Some(add), "add", "{}")]))
+        .schedule_turn(plan(
+            &run.id,
+            0,
+            vec![
+                call(0, 0, Some(add.clone()), "add", "{}"),
+                call(0, 1, Some(add), "add", "{}"),
+            ],
+        ))
         .await
         .unwrap();
     start(&f.store, &scheduled(&turn[0]), "d1", 1, "s1").await.unwrap();
@@ -278,15 +389,29 @@ async fn cancelling_settles_in_flight_steps_before_the_run() {
         f.store.end_run(run.id.clone(), EndRun::Complete { output: "1".into() }).await,
         Err(KernelError::FailedPrecondition(m)) if m.contains("2 tool calls in flight")
     ));
-    let (ended, settled) = f.store.end_run(run.id.clone(), EndRun::Cancel { reason: "user".into() }).await.unwrap();
+    let (ended, settled) = f
+        .store
+        .end_run(run.id.clone(), EndRun::Cancel { reason: "user".into() })
+        .await
+        .unwrap();
     assert_eq!(ended.status, RunStatus::Cancelled);
     assert_eq!(settled.len(), 2);
     assert!(settled.iter().all(|s| s.status == StepStatus::Cancelled));
     let log = events(&f.store, &run.id).await;
     assert_gap_free(&log);
-    assert_eq!(log.last().unwrap().kind, EventType::RunCancelled, "the run's terminal event is last");
+    assert_eq!(
+        log.last().unwrap().kind,
+        EventType::RunCancelled,
+        "the run's terminal event is last"
+    );
     // The cancelled call's worker answers late: nothing is recorded.
-    let late = ResultReport { dispatch_id: "d1".into(), attempt: 1, session_id: "s1".into(), outcome: Ok("1".into()), progress_count: 0 };
+    let late = ResultReport {
+        dispatch_id: "d1".into(),
+        attempt: 1,
+        session_id: "s1".into(),
+        outcome: Ok("1".into()),
+        progress_count: 0,
+    };
     assert!(f.store.record_result(late).await.unwrap().is_none());
     assert_eq!(events(&f.store, &run.id).await.len(), log.len());
 }
@@ -302,7 +427,10 @@ async fn concurrent_appends_keep_sequence_numbers_gap_free() {
         let add = add.clone();
         let run = run.id.clone();
         tasks.push(tokio::spawn(async move {
-            store.schedule_turn(plan(&run, turn, vec![call(turn, 0, Some(add), "add", "{}")])).await.unwrap()
+            store
+                .schedule_turn(plan(&run, turn, vec![call(turn, 0, Some(add), "add", "{}")]))
+                .await
+                .unwrap()
         }));
     }
     for task in tasks {
@@ -320,7 +448,10 @@ async fn the_store_survives_a_reopen() {
     let id = {
         let (store, writer) = Store::open(&path, Durability::Full, Hub::default()).unwrap();
         let (run, _) = store.create_run(new_run(None, 0)).await.unwrap();
-        store.register_tools(vec![tool("add", Idempotency::SafeToRetry)]).await.unwrap();
+        store
+            .register_tools(vec![tool("add", Idempotency::SafeToRetry)])
+            .await
+            .unwrap();
         drop(store);
         tokio::task::spawn_blocking(move || writer.join()).await.unwrap();
         run.id

@@ -25,8 +25,18 @@ pub enum Command {
     StartDispatch(StartDispatch, Reply<Option<StepRecord>>),
     RecordResult(ResultReport, Reply<Option<StepRecord>>),
     LoseLease(LeaseLoss, Reply<LossOutcome>),
-    TimeOut { dispatch_id: String, attempt: u32, reply: Reply<Option<StepRecord>> },
-    FailPending { run: RunId, key: StepKey, message: String, reason: &'static str, reply: Reply<Option<StepRecord>> },
+    TimeOut {
+        dispatch_id: String,
+        attempt: u32,
+        reply: Reply<Option<StepRecord>>,
+    },
+    FailPending {
+        run: RunId,
+        key: StepKey,
+        message: String,
+        reason: &'static str,
+        reply: Reply<Option<StepRecord>>,
+    },
     EndRun(RunId, EndRun, Reply<(RunRecord, Vec<StepRecord>)>),
     RegisterTools(Vec<ToolDef>, Reply<()>),
 }
@@ -55,10 +65,18 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
         Command::StartDispatch(start, reply) => respond(ops::start_dispatch(tx, start), reply),
         Command::RecordResult(report, reply) => respond(ops::record_result(tx, report), reply),
         Command::LoseLease(loss, reply) => respond(ops::lose_lease(tx, loss), reply),
-        Command::TimeOut { dispatch_id, attempt, reply } => respond(ops::time_out(tx, &dispatch_id, attempt), reply),
-        Command::FailPending { run, key, message, reason, reply } => {
-            respond(ops::fail_pending(tx, &run, &key, &message, reason), reply)
-        }
+        Command::TimeOut {
+            dispatch_id,
+            attempt,
+            reply,
+        } => respond(ops::time_out(tx, &dispatch_id, attempt), reply),
+        Command::FailPending {
+            run,
+            key,
+            message,
+            reason,
+            reply,
+        } => respond(ops::fail_pending(tx, &run, &key, &message, reason), reply),
         Command::EndRun(run, end, reply) => respond(ops::end_run(tx, &run, end), reply),
         Command::RegisterTools(tools, reply) => respond(ops::register_tools(tx, tools), reply),
     }
@@ -69,7 +87,11 @@ fn apply_isolated(conn: &Connection, now: i64, command: Command, published: &mut
     if let Err(error) = conn.execute_batch("SAVEPOINT command") {
         return fail_command(command, KernelError::Store(error.to_string()));
     }
-    let mut tx = Tx { conn, now, published: Vec::new() };
+    let mut tx = Tx {
+        conn,
+        now,
+        published: Vec::new(),
+    };
     let (responder, ok) = apply(&mut tx, command);
     if ok {
         published.append(&mut tx.published);
