@@ -28,38 +28,42 @@ pub struct FieldCheck {
 pub fn check_field<T: DeserializeOwned>(value: Option<&Value>) -> Result<(), String> {
     match value {
         Some(value) => T::deserialize(value).map(drop).map_err(|error| error.to_string()),
-        None => T::deserialize(&Value::Null).map(drop).map_err(|_| "missing field".to_owned()),
+        None => T::deserialize(&Value::Null)
+            .map(drop)
+            .map_err(|_| "missing field".to_owned()),
     }
 }
 
-/// The input schema of an arguments struct: an object schema without `$schema` and `title`.
+/// The input schema of an arguments struct: an object schema without `$schema` and `title`,
+/// with `properties` even when there are none (some model APIs insist on it).
 pub fn input_schema<A: schemars::JsonSchema>() -> Value {
-    let mut schema = schemars::SchemaGenerator::default().into_root_schema_for::<A>().to_value();
+    let mut schema = schemars::SchemaGenerator::default()
+        .into_root_schema_for::<A>()
+        .to_value();
     if let Some(object) = schema.as_object_mut() {
         object.remove("$schema");
         object.remove("title");
+        object
+            .entry("properties")
+            .or_insert_with(|| Value::Object(Default::default()));
     }
     schema
 }
 
 /// Decodes a tool's arguments, naming the offending field when it can.
 pub fn decode_args<A: DeserializeOwned>(tool: &str, args: &Value, fields: &[FieldCheck]) -> Result<A, ToolError> {
-    let error = match A::deserialize(args) {
-        Ok(decoded) => return Ok(decoded),
-        Err(error) => error,
+    let invalid = |detail: String| ToolError::fatal(format!("invalid arguments for tool '{tool}': {detail}"));
+    // Serde would also read a struct from an array, by position; the arguments are an object.
+    let Value::Object(object) = args else {
+        return Err(invalid(format!("expected a JSON object, got {}", json_type(args))));
     };
-    let detail = match args {
-        Value::Object(object) => fields
-            .iter()
-            .find_map(|field| {
-                (field.check)(object.get(field.name))
-                    .err()
-                    .map(|detail| format!("field `{}`: {detail}", field.name))
-            })
-            .unwrap_or_else(|| error.to_string()),
-        other => format!("expected a JSON object, got {}", json_type(other)),
-    };
-    Err(ToolError::fatal(format!("invalid arguments for tool '{tool}': {detail}")))
+    A::deserialize(args).map_err(|error| {
+        let field = fields.iter().find_map(|field| {
+            let detail = (field.check)(object.get(field.name)).err()?;
+            Some(format!("field `{}`: {detail}", field.name))
+        });
+        invalid(field.unwrap_or_else(|| error.to_string()))
+    })
 }
 
 fn json_type(value: &Value) -> &'static str {

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use futures_util::{Stream, StreamExt, TryStreamExt, future, stream};
+use futures_util::{Stream, TryStreamExt, future, stream};
 use kernel_proto::v1 as pb;
 use pb::run_service_client::RunServiceClient;
 use pb::tool_call_service_client::ToolCallServiceClient;
@@ -96,18 +96,31 @@ pub struct Call {
     pub arguments: Value,
     /// Optional identity of the call instead of its position in the turn.
     pub id: Option<String>,
+    /// Optional timeout of this call, overriding the tool's own.
+    pub timeout: Option<std::time::Duration>,
 }
 
 impl Call {
     /// A call of `tool` with `arguments` (a JSON object), identified by its position.
     pub fn new(tool: impl Into<String>, arguments: Value) -> Self {
-        Self { tool: tool.into(), arguments, id: None }
+        Self {
+            tool: tool.into(),
+            arguments,
+            id: None,
+            timeout: None,
+        }
     }
 
     /// Identifies the call by `id` rather than its position, so it keeps its recorded result
     /// even if a regenerated turn orders calls differently.
     pub fn with_id(mut self, id: impl Into<String>) -> Self {
         self.id = Some(id.into());
+        self
+    }
+
+    /// Gives this call its own timeout, overriding the tool's.
+    pub fn with_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = Some(timeout);
         self
     }
 }
@@ -208,14 +221,29 @@ impl AgentClient {
 
     /// Creates a run; with an idempotency key that matches an earlier run, returns that run.
     pub async fn create_run(&self, run: NewRun) -> Result<RunHandle, AgentError> {
-        let response = self.runs.clone().create_run(wire::create_run_request(run)).await?.into_inner();
-        let run = response.run.ok_or_else(|| AgentError::Protocol("create run answered without a run".into()))?;
-        Ok(RunHandle { id: run.id, created: response.created, client: self.clone() })
+        let response = self
+            .runs
+            .clone()
+            .create_run(wire::create_run_request(run))
+            .await?
+            .into_inner();
+        let run = response
+            .run
+            .ok_or_else(|| AgentError::Protocol("create run answered without a run".into()))?;
+        Ok(RunHandle {
+            id: run.id,
+            created: response.created,
+            client: self.clone(),
+        })
     }
 
     /// A handle on an existing run, for example to resubmit its turns after a crash.
     pub fn run(&self, id: impl Into<String>) -> RunHandle {
-        RunHandle { id: id.into(), created: false, client: self.clone() }
+        RunHandle {
+            id: id.into(),
+            created: false,
+            client: self.clone(),
+        }
     }
 }
 
@@ -280,23 +308,41 @@ impl RunHandle {
 
     /// Ends the run as failed.
     pub async fn fail(&self, reason: impl Into<String>) -> Result<(), AgentError> {
-        let request = pb::FailRunRequest { run_id: self.id.clone(), reason: reason.into() };
+        let request = pb::FailRunRequest {
+            run_id: self.id.clone(),
+            reason: reason.into(),
+        };
         self.client.runs.clone().fail_run(request).await?;
         Ok(())
     }
 
     /// Cancels the run: its calls in flight are settled first.
     pub async fn cancel(&self, reason: impl Into<String>) -> Result<(), AgentError> {
-        let request = pb::CancelRunRequest { run_id: self.id.clone(), reason: reason.into() };
+        let request = pb::CancelRunRequest {
+            run_id: self.id.clone(),
+            reason: reason.into(),
+        };
         self.client.runs.clone().cancel_run(request).await?;
         Ok(())
     }
 
     /// The run and its steps as recorded now.
     pub async fn get(&self) -> Result<RunSnapshot, AgentError> {
-        let response = self.client.runs.clone().get_run(pb::GetRunRequest { run_id: self.id.clone() }).await?;
+        let response = self
+            .client
+            .runs
+            .clone()
+            .get_run(pb::GetRunRequest {
+                run_id: self.id.clone(),
+            })
+            .await?;
         let response = response.into_inner();
-        let run = response.run.ok_or_else(|| AgentError::Protocol("get run answered without a run".into()))?;
-        Ok(RunSnapshot { run, steps: response.steps })
+        let run = response
+            .run
+            .ok_or_else(|| AgentError::Protocol("get run answered without a run".into()))?;
+        Ok(RunSnapshot {
+            run,
+            steps: response.steps,
+        })
     }
 }

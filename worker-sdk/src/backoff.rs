@@ -12,7 +12,11 @@ pub(crate) struct Backoff {
 
 impl Backoff {
     pub(crate) fn new(initial: Duration, max: Duration) -> Self {
-        Self { initial, max, next: initial }
+        Self {
+            initial,
+            max,
+            next: initial,
+        }
     }
 
     pub(crate) fn next_delay(&mut self) -> Duration {

@@ -41,7 +41,10 @@ pub struct Progress {
 impl Progress {
     /// A status line with no fraction and no data.
     pub fn new(message: impl Into<String>) -> Self {
-        Self { message: message.into(), ..Self::default() }
+        Self {
+            message: message.into(),
+            ..Self::default()
+        }
     }
 
     /// Sets the fraction done: `current` of `total`.
@@ -94,7 +97,10 @@ pub(crate) enum ProgressSink {
     /// Nowhere: a test context without a progress channel.
     Discard,
     /// The worker session's outbound stream, tagged with the dispatch they belong to.
-    Session { tx: mpsc::Sender<Outbound>, dispatch: DispatchRef },
+    Session {
+        tx: mpsc::Sender<Outbound>,
+        dispatch: DispatchRef,
+    },
     /// A channel a test reads.
     Test(mpsc::UnboundedSender<Progress>),
 }
@@ -110,7 +116,10 @@ impl ProgressSink {
                     debug!(dispatch_id = %dispatch.id, "progress dropped, outbound queue busy");
                     return;
                 }
-                let message = Outbound::Progress { dispatch: dispatch.clone(), progress };
+                let message = Outbound::Progress {
+                    dispatch: dispatch.clone(),
+                    progress,
+                };
                 if tx.try_send(message).is_err() {
                     debug!(dispatch_id = %dispatch.id, "progress dropped, session closed or busy");
                 }
@@ -149,11 +158,18 @@ impl ToolContext {
         progress: ProgressSink,
         deps: Deps,
     ) -> Self {
-        Self { call: Arc::new(call), tool: tool.into(), cancel, progress, deps }
+        Self {
+            call: Arc::new(call),
+            tool: tool.into(),
+            cancel,
+            progress,
+            deps,
+        }
     }
 
     /// A context for calling a tool function in a unit test: run `test-run`, step `t0/p0`,
-    /// attempt 1, a fresh cancellation token, no deps, progress discarded.
+    /// attempt 1, a fresh cancellation token, no deps, progress discarded. Its tool name is empty
+    /// until it goes through [`Tool::call`](crate::Tool::call).
     pub fn for_test() -> Self {
         Self::new(
             CallInfo::for_test(),
@@ -296,8 +312,14 @@ mod tests {
     #[test]
     fn session_progress_is_dropped_when_the_queue_is_half_full() {
         let (tx, mut rx) = mpsc::channel(4);
-        let dispatch = DispatchRef { id: "d1".into(), attempt: 1 };
-        let sink = ProgressSink::Session { tx: tx.clone(), dispatch };
+        let dispatch = DispatchRef {
+            id: "d1".into(),
+            attempt: 1,
+        };
+        let sink = ProgressSink::Session {
+            tx: tx.clone(),
+            dispatch,
+        };
         let ctx = ToolContext::new(
             CallInfo::for_test(),
             "t",

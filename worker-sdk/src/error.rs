@@ -73,7 +73,10 @@ impl ToolError {
 
     /// An error of the given kind.
     pub fn with_kind(kind: ErrorKind, message: impl fmt::Display) -> Self {
-        Self { kind, message: message.to_string() }
+        Self {
+            kind,
+            message: message.to_string(),
+        }
     }
 
     /// Whether the kernel may retry the call.

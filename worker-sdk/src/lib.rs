@@ -45,13 +45,27 @@
 //! # }
 //! ```
 //!
+//! `#[tool]` refuses at compile time what the kernel would refuse at registration, such as a tool
+//! declared both read-only and writing, or an option it does not know:
+//!
+//! ```compile_fail
+//! # use worker_sdk::{tool, ToolContext, ToolError};
+//! /// Deletes a file.
+//! #[tool(read_only, writes)] // error: a tool cannot be both `read_only` and `writes`
+//! async fn delete(_ctx: ToolContext, path: String) -> Result<(), ToolError> { Ok(()) }
+//! ```
+//!
+//! ```compile_fail
+//! # use worker_sdk::{tool, ToolContext, ToolError};
+//! /// Deletes a file.
+//! #[tool(retries = 3)] // error: unknown #[tool] option `retries`; expected one of: name, ...
+//! async fn delete(_ctx: ToolContext, path: String) -> Result<(), ToolError> { Ok(()) }
+//! ```
+//!
 //! Protocol messages (`kernel_proto::v1`) appear only where the SDK reports what the kernel
 //! recorded ([`Tool::spec`], [`RunSnapshot`]); the crate is re-exported as [`proto`].
 
 #![warn(missing_docs)]
-
-// Lets the code `#[tool]` generates name this crate as `::worker_sdk` inside it too.
-extern crate self as worker_sdk;
 
 mod agent;
 mod backoff;
@@ -68,8 +82,7 @@ mod worker;
 pub mod __private;
 
 pub use agent::{
-    AgentClient, AgentError, Call, CallOutcome, CallStatus, NewRun, ProgressUpdate, RunHandle, RunSnapshot,
-    TurnItem,
+    AgentClient, AgentError, Call, CallOutcome, CallStatus, NewRun, ProgressUpdate, RunHandle, RunSnapshot, TurnItem,
 };
 pub use context::{Progress, ToolContext};
 pub use error::{ErrorKind, ToolError};
@@ -78,8 +91,7 @@ pub use kernel_proto as proto;
 pub use tokio_util::sync::CancellationToken;
 pub use tool::{
     Approval, DEFAULT_TOOL_VERSION, Effect, Idempotency, Invoker, MAX_TOOL_NAME_LEN, RetryPolicy, RiskLevel, Tool,
-    ToolDefinition, ToolDefinitionError, ToolFuture, ToolOptions, validate_tool_name, wrap_blocking_tool,
-    wrap_tool,
+    ToolDefinition, ToolDefinitionError, ToolFuture, ToolOptions, validate_tool_name, wrap_blocking_tool, wrap_tool,
 };
 pub use worker::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_CONCURRENCY, Worker, WorkerBuilder, WorkerError};
 pub use worker_sdk_macros::tool;

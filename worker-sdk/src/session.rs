@@ -50,10 +50,20 @@ pub(crate) struct DispatchRef {
 /// What the worker sends on its stream.
 #[derive(Debug)]
 pub(crate) enum Outbound {
-    Hello { worker_name: String, tools: Vec<ToolDefinition>, max_concurrency: u32 },
+    Hello {
+        worker_name: String,
+        tools: Vec<ToolDefinition>,
+        max_concurrency: u32,
+    },
     Heartbeat,
-    Progress { dispatch: DispatchRef, progress: Progress },
-    Result { dispatch: DispatchRef, outcome: Result<Value, ToolError> },
+    Progress {
+        dispatch: DispatchRef,
+        progress: Progress,
+    },
+    Result {
+        dispatch: DispatchRef,
+        outcome: Result<Value, ToolError>,
+    },
     Drain,
     /// Ends the stream once everything queued before it has been sent.
     Close,
@@ -81,8 +91,15 @@ pub(crate) struct DispatchRequest {
 pub(crate) enum Inbound {
     Welcome(Welcome),
     Dispatch(DispatchRequest),
-    Cancel { dispatch: DispatchRef, reason: String },
-    ResultAck { dispatch: DispatchRef, accepted: bool, reason: String },
+    Cancel {
+        dispatch: DispatchRef,
+        reason: String,
+    },
+    ResultAck {
+        dispatch: DispatchRef,
+        accepted: bool,
+        reason: String,
+    },
 }
 
 /// How a session that did not fail ended.
@@ -105,7 +122,10 @@ pub(crate) enum SessionError {
 
 impl SessionError {
     fn lost(error: impl ToString, opened: bool) -> Self {
-        SessionError::Lost { error: error.to_string(), opened }
+        SessionError::Lost {
+            error: error.to_string(),
+            opened,
+        }
     }
 }
 
@@ -155,19 +175,28 @@ pub(crate) async fn run(
         tools: config.tools.values().map(|tool| tool.definition().clone()).collect(),
         max_concurrency: config.max_concurrency,
     };
-    tx.send(hello).await.expect("the receiver is alive until the stream is handed over");
+    tx.send(hello)
+        .await
+        .expect("the receiver is alive until the stream is handed over");
     let outbound = ReceiverStream::new(rx)
         .take_while(|message| ready(!matches!(message, Outbound::Close)))
         .take_until(session_token.clone().cancelled_owned())
         .map(wire::outbound);
 
     let opening = async {
-        let mut inbound = client.open_session(outbound).await.map_err(before_welcome)?.into_inner();
+        let mut inbound = client
+            .open_session(outbound)
+            .await
+            .map_err(before_welcome)?
+            .into_inner();
         let first = inbound.message().await.map_err(before_welcome)?;
         match first.and_then(wire::inbound) {
             Some(Inbound::Welcome(welcome)) => Ok((inbound, welcome)),
             Some(other) => Err(SessionError::lost(format!("expected welcome, got {other:?}"), false)),
-            None => Err(SessionError::lost("kernel closed the session before its welcome", false)),
+            None => Err(SessionError::lost(
+                "kernel closed the session before its welcome",
+                false,
+            )),
         }
     };
     let (inbound, welcome) = tokio::select! {
@@ -237,6 +266,16 @@ struct Session {
     tasks: JoinSet<DispatchRef>,
 }
 
+/// Whatever way the session ends, its calls still running are told (cancellation) and left to
+/// finish on their own rather than aborted mid-effect: each stops within the cancel grace, its
+/// slot is held until then, and its result goes nowhere.
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.token.cancel();
+        self.tasks.detach_all();
+    }
+}
+
 impl Session {
     async fn serve(
         mut self,
@@ -301,15 +340,23 @@ impl Session {
 
     fn handle(&mut self, message: Inbound) {
         match message {
+            // A dispatch that crossed our Drain on the wire is already leased to us: run it,
+            // and the drain waits for it like any other call in flight.
             Inbound::Dispatch(request) => self.start(request),
             Inbound::Cancel { dispatch, reason } => match self.running.get(&dispatch.id) {
                 Some(running) if running.attempt == dispatch.attempt => {
                     info!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, reason, "dispatch cancelled");
                     running.token.cancel();
                 }
-                _ => debug!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, "cancel for a call not running here ignored"),
+                _ => {
+                    debug!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, "cancel for a call not running here ignored")
+                }
             },
-            Inbound::ResultAck { dispatch, accepted, reason } => {
+            Inbound::ResultAck {
+                dispatch,
+                accepted,
+                reason,
+            } => {
                 if accepted {
                     debug!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, "result recorded");
                 } else {
@@ -331,8 +378,13 @@ impl Session {
             running.token.cancel();
         }
         let token = self.token.child_token();
-        self.running
-            .insert(call.dispatch_id.clone(), Running { attempt: call.attempt, token: token.clone() });
+        self.running.insert(
+            call.dispatch_id.clone(),
+            Running {
+                attempt: call.attempt,
+                token: token.clone(),
+            },
+        );
         let span = info_span!(
             "dispatch",
             run_id = %call.run_id,
@@ -352,7 +404,11 @@ impl Session {
     }
 
     fn finished(&mut self, dispatch: &DispatchRef) {
-        if self.running.get(&dispatch.id).is_some_and(|running| running.attempt == dispatch.attempt) {
+        if self
+            .running
+            .get(&dispatch.id)
+            .is_some_and(|running| running.attempt == dispatch.attempt)
+        {
             self.running.remove(&dispatch.id);
         }
     }
@@ -382,20 +438,37 @@ impl Job {
             Ok(_) => info!(elapsed_ms, "dispatch succeeded"),
             Err(error) => info!(elapsed_ms, kind = %error.kind(), error = %error, "dispatch failed"),
         }
-        if tx.send(Outbound::Result { dispatch: dispatch.clone(), outcome }).await.is_err() {
+        if tx
+            .send(Outbound::Result {
+                dispatch: dispatch.clone(),
+                outcome,
+            })
+            .await
+            .is_err()
+        {
             debug!("session gone, result dropped");
         }
         dispatch
     }
 
     async fn execute(self, dispatch: DispatchRef) -> Result<Value, ToolError> {
-        let Job { tool, request, token, tx, slots, deps } = self;
+        let Job {
+            tool,
+            request,
+            token,
+            tx,
+            slots,
+            deps,
+        } = self;
         let Some(tool) = tool else {
-            return Err(ToolError::fatal(format!("worker does not offer tool '{}'", request.tool)));
+            return Err(ToolError::fatal(format!(
+                "worker does not offer tool '{}'",
+                request.tool
+            )));
         };
-        let args = request.arguments.map_err(|error| {
-            ToolError::fatal(format!("invalid arguments for tool '{}': {error}", request.tool))
-        })?;
+        let args = request
+            .arguments
+            .map_err(|error| ToolError::fatal(format!("invalid arguments for tool '{}': {error}", request.tool)))?;
         // The kernel never sends more than max_concurrency calls, but calls from a lost session
         // may still hold slots: wait for one rather than overrun the limit.
         let _slot = tokio::select! {

@@ -102,7 +102,12 @@ impl RetryPolicy {
 
     /// Up to `max_attempts` attempts, waiting `initial_interval` and doubling up to `max_interval`.
     pub fn exponential(max_attempts: u32, initial_interval: Duration, max_interval: Duration) -> Self {
-        Self { max_attempts, initial_interval, backoff_coefficient: 2.0, max_interval }
+        Self {
+            max_attempts,
+            initial_interval,
+            backoff_coefficient: 2.0,
+            max_interval,
+        }
     }
 }
 
@@ -158,8 +163,14 @@ pub enum ToolDefinitionError {
 pub fn validate_tool_name(name: &str) -> Result<(), ToolDefinitionError> {
     let valid = !name.is_empty()
         && name.len() <= MAX_TOOL_NAME_LEN
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if valid { Ok(()) } else { Err(ToolDefinitionError::InvalidName(name.to_owned())) }
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if valid {
+        Ok(())
+    } else {
+        Err(ToolDefinitionError::InvalidName(name.to_owned()))
+    }
 }
 
 /// A tool a worker serves: its name, description, JSON Schema, version and options, plus the
@@ -211,12 +222,7 @@ pub const DEFAULT_TOOL_VERSION: &str = "1";
 
 impl Tool {
     /// A tool from its metadata and a function over JSON arguments.
-    pub fn new<F>(
-        name: impl Into<String>,
-        description: impl Into<String>,
-        input_schema: Value,
-        invoker: F,
-    ) -> Self
+    pub fn new<F>(name: impl Into<String>, description: impl Into<String>, input_schema: Value, invoker: F) -> Self
     where
         F: Fn(ToolContext, Value) -> ToolFuture + Send + Sync + 'static,
     {
@@ -417,7 +423,9 @@ impl Tool {
 
 impl fmt::Debug for Tool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Tool").field("definition", &self.definition).finish_non_exhaustive()
+        f.debug_struct("Tool")
+            .field("definition", &self.definition)
+            .finish_non_exhaustive()
     }
 }
 
@@ -425,12 +433,7 @@ impl fmt::Debug for Tool {
 ///
 /// The closure's `Ok` value is converted with `serde_json::to_value`; a value that cannot be
 /// converted fails the call with a fatal error naming the tool.
-pub fn wrap_tool<F, Fut, T>(
-    name: impl Into<String>,
-    description: impl Into<String>,
-    input_schema: Value,
-    f: F,
-) -> Tool
+pub fn wrap_tool<F, Fut, T>(name: impl Into<String>, description: impl Into<String>, input_schema: Value, f: F) -> Tool
 where
     F: Fn(ToolContext, Value) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<T, ToolError>> + Send + 'static,
@@ -477,7 +480,9 @@ where
     match tokio::task::spawn_blocking(body).await {
         Ok(result) => encode_result(&tool, result),
         Err(join) if join.is_panic() => Err(panicked(&tool, join.into_panic().as_ref())),
-        Err(_) => Err(ToolError::retryable(format!("tool '{tool}' was stopped before it finished"))),
+        Err(_) => Err(ToolError::retryable(format!(
+            "tool '{tool}' was stopped before it finished"
+        ))),
     }
 }
 
@@ -513,9 +518,12 @@ mod tests {
     use crate::ErrorKind;
 
     fn echo() -> Tool {
-        wrap_tool("echo", "Returns its input.", json!({"type": "object"}), |_ctx, args| async move {
-            Ok::<_, ToolError>(args)
-        })
+        wrap_tool(
+            "echo",
+            "Returns its input.",
+            json!({"type": "object"}),
+            |_ctx, args| async move { Ok::<_, ToolError>(args) },
+        )
     }
 
     #[test]
@@ -551,20 +559,30 @@ mod tests {
     #[test]
     fn read_only_and_writes_replace_each_other() {
         assert_eq!(echo().read_only().writes().definition().options.effect, Effect::Writes);
-        assert_eq!(echo().writes().read_only().definition().options.effect, Effect::ReadOnly);
+        assert_eq!(
+            echo().writes().read_only().definition().options.effect,
+            Effect::ReadOnly
+        );
     }
 
     #[tokio::test]
     async fn unserializable_results_fail_naming_the_tool() {
-        let tool = wrap_tool("bad", "Returns a map with non-string keys.", json!({"type": "object"}), |_ctx, _args| async {
-            let mut map = BTreeMap::new();
-            map.insert((1, 2), "x");
-            Ok::<_, ToolError>(map)
-        });
+        let tool = wrap_tool(
+            "bad",
+            "Returns a map with non-string keys.",
+            json!({"type": "object"}),
+            |_ctx, _args| async {
+                let mut map = BTreeMap::new();
+                map.insert((1, 2), "x");
+                Ok::<_, ToolError>(map)
+            },
+        );
         let error = tool.call(ToolContext::for_test(), json!({})).await.unwrap_err();
         assert_eq!(error.kind(), ErrorKind::Fatal);
         assert!(
-            error.message().starts_with("tool 'bad' returned a result that cannot be serialized as JSON: "),
+            error
+                .message()
+                .starts_with("tool 'bad' returned a result that cannot be serialized as JSON: "),
             "{error}"
         );
     }
@@ -579,9 +597,15 @@ mod tests {
             Ok(a + 1)
         });
         assert!(tool.definition().options.blocking);
-        assert_eq!(tool.call(ToolContext::for_test(), json!({"a": 1})).await.unwrap(), json!(2));
+        assert_eq!(
+            tool.call(ToolContext::for_test(), json!({"a": 1})).await.unwrap(),
+            json!(2)
+        );
         let error = tool.call(ToolContext::for_test(), json!({"a": "x"})).await.unwrap_err();
-        assert_eq!((error.kind(), error.message()), (ErrorKind::Retryable, "a must be an integer"));
+        assert_eq!(
+            (error.kind(), error.message()),
+            (ErrorKind::Retryable, "a must be an integer")
+        );
         let error = tool.call(ToolContext::for_test(), json!({"a": -1})).await.unwrap_err();
         assert_eq!(error.message(), "tool 'sum' panicked: negative");
     }
@@ -595,6 +619,9 @@ mod tests {
             Ok::<(), ToolError>(())
         });
         let error = tool.call(ToolContext::for_test(), json!({})).await.unwrap_err();
-        assert_eq!((error.kind(), error.message()), (ErrorKind::Fatal, "tool 'boom' panicked: kaboom"));
+        assert_eq!(
+            (error.kind(), error.message()),
+            (ErrorKind::Fatal, "tool 'boom' panicked: kaboom")
+        );
     }
 }

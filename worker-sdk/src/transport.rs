@@ -12,7 +12,11 @@ const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Accepts `host:port` as well as a full URI, defaulting the scheme to `http`.
 pub(crate) fn normalize(addr: &str) -> String {
     let addr = addr.trim();
-    if addr.contains("://") { addr.to_owned() } else { format!("http://{addr}") }
+    if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    }
 }
 
 pub(crate) fn endpoint(addr: &str) -> Result<Endpoint, tonic::transport::Error> {
@@ -31,10 +35,16 @@ pub(crate) async fn connect(addr: &str) -> Result<Channel, tonic::transport::Err
 /// A transport error with its causes: tonic's own message is just "transport error".
 pub(crate) fn describe(error: &tonic::transport::Error) -> String {
     let mut text = error.to_string();
+    let mut last = text.clone();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        // Layers often repeat their inner error's message; keep each once.
+        let message = cause.to_string();
+        if message != last {
+            text.push_str(": ");
+            text.push_str(&message);
+            last = message;
+        }
         source = cause.source();
     }
     text

@@ -31,13 +31,23 @@ fn optional_text(text: String) -> Option<String> {
 }
 
 fn optional_json(text: &str) -> Result<Option<Value>, serde_json::Error> {
-    if text.trim().is_empty() { Ok(None) } else { serde_json::from_str(text).map(Some) }
+    if text.trim().is_empty() {
+        Ok(None)
+    } else {
+        serde_json::from_str(text).map(Some)
+    }
 }
 
 // ---- tools ---------------------------------------------------------------------------------
 
 pub(crate) fn tool_spec(definition: &ToolDefinition) -> pb::ToolSpec {
-    let ToolDefinition { name, description, input_schema, version, options } = definition;
+    let ToolDefinition {
+        name,
+        description,
+        input_schema,
+        version,
+        options,
+    } = definition;
     pb::ToolSpec {
         name: name.clone(),
         description: description.clone(),
@@ -123,7 +133,11 @@ fn error_kind_from_pb(kind: i32) -> Option<ErrorKind> {
 /// stream ends before it.
 pub(crate) fn outbound(message: Outbound) -> pb::OpenSessionRequest {
     let message = match message {
-        Outbound::Hello { worker_name, tools, max_concurrency } => Up::Hello(pb::Hello {
+        Outbound::Hello {
+            worker_name,
+            tools,
+            max_concurrency,
+        } => Up::Hello(pb::Hello {
             worker_name,
             tools: tools.iter().map(tool_spec).collect(),
             max_concurrency,
@@ -170,11 +184,17 @@ pub(crate) fn inbound(message: pb::OpenSessionResponse) -> Option<Inbound> {
         }),
         Down::Dispatch(dispatch) => Inbound::Dispatch(dispatch_request(dispatch)),
         Down::Cancel(cancel) => Inbound::Cancel {
-            dispatch: DispatchRef { id: cancel.dispatch_id, attempt: cancel.attempt },
+            dispatch: DispatchRef {
+                id: cancel.dispatch_id,
+                attempt: cancel.attempt,
+            },
             reason: cancel.reason,
         },
         Down::ResultAck(ack) => Inbound::ResultAck {
-            dispatch: DispatchRef { id: ack.dispatch_id, attempt: ack.attempt },
+            dispatch: DispatchRef {
+                id: ack.dispatch_id,
+                attempt: ack.attempt,
+            },
             accepted: ack.accepted,
             reason: ack.reason,
         },
@@ -226,6 +246,7 @@ pub(crate) fn submit_turn_request(run_id: &str, turn: u32, calls: Vec<Call>) -> 
                 tool: call.tool,
                 arguments_json: to_canonical(&call.arguments),
                 call_id: call.id.unwrap_or_default(),
+                timeout_ms: call.timeout.map(|t| t.as_millis() as u64).unwrap_or(0),
             })
             .collect(),
     }
@@ -247,7 +268,11 @@ fn call_outcome(result: pb::CallResult) -> Result<CallOutcome, AgentError> {
         Ok(pb::CallStatus::Cancelled) => CallStatus::Cancelled,
         _ => CallStatus::Error,
     };
-    let output = if status == CallStatus::Ok { optional_json(&result.output_json)? } else { None };
+    let output = if status == CallStatus::Ok {
+        optional_json(&result.output_json)?
+    } else {
+        None
+    };
     Ok(CallOutcome {
         position: result.position,
         step_key: result.step_key,
@@ -324,9 +349,17 @@ mod tests {
 
     #[test]
     fn results_travel_as_canonical_json() {
-        let dispatch = DispatchRef { id: "d".into(), attempt: 2 };
-        let request = outbound(Outbound::Result { dispatch, outcome: Ok(json!({"b": 1, "a": [1, 2]})) });
-        let Some(Up::Result(result)) = request.message else { panic!("not a result") };
+        let dispatch = DispatchRef {
+            id: "d".into(),
+            attempt: 2,
+        };
+        let request = outbound(Outbound::Result {
+            dispatch,
+            outcome: Ok(json!({"b": 1, "a": [1, 2]})),
+        });
+        let Some(Up::Result(result)) = request.message else {
+            panic!("not a result")
+        };
         assert_eq!(result.attempt, 2);
         assert_eq!(
             result.outcome,
@@ -336,16 +369,32 @@ mod tests {
 
     #[test]
     fn errors_keep_their_kind() {
-        let dispatch = DispatchRef { id: "d".into(), attempt: 1 };
-        let request = outbound(Outbound::Result { dispatch, outcome: Err(ToolError::poison("no")) });
-        let Some(Up::Result(result)) = request.message else { panic!("not a result") };
-        let Some(pb::dispatch_result::Outcome::Error(failure)) = result.outcome else { panic!("not an error") };
-        assert_eq!((failure.message.as_str(), failure.kind), ("no", pb::ErrorKind::Poison as i32));
+        let dispatch = DispatchRef {
+            id: "d".into(),
+            attempt: 1,
+        };
+        let request = outbound(Outbound::Result {
+            dispatch,
+            outcome: Err(ToolError::poison("no")),
+        });
+        let Some(Up::Result(result)) = request.message else {
+            panic!("not a result")
+        };
+        let Some(pb::dispatch_result::Outcome::Error(failure)) = result.outcome else {
+            panic!("not an error")
+        };
+        assert_eq!(
+            (failure.message.as_str(), failure.kind),
+            ("no", pb::ErrorKind::Poison as i32)
+        );
     }
 
     #[test]
     fn progress_without_a_fraction_sends_zeros() {
-        let dispatch = DispatchRef { id: "d".into(), attempt: 1 };
+        let dispatch = DispatchRef {
+            id: "d".into(),
+            attempt: 1,
+        };
         let progress = Progress::new("working").data(json!({"z": 1, "a": 2}));
         let Some(Up::Progress(sent)) = outbound(Outbound::Progress { dispatch, progress }).message else {
             panic!("not progress")
@@ -356,12 +405,17 @@ mod tests {
 
     #[test]
     fn dispatch_arguments_default_to_an_empty_object() {
-        let request = dispatch_request(pb::Dispatch { tool: "t".into(), ..Default::default() });
+        let request = dispatch_request(pb::Dispatch {
+            tool: "t".into(),
+            ..Default::default()
+        });
         assert_eq!(request.arguments, Ok(json!({})));
         assert!(request.call.call_id.is_none());
         assert!(request.call.timeout.is_none());
-        let request =
-            dispatch_request(pb::Dispatch { arguments_json: "{oops".into(), ..Default::default() });
+        let request = dispatch_request(pb::Dispatch {
+            arguments_json: "{oops".into(),
+            ..Default::default()
+        });
         assert!(request.arguments.is_err());
     }
 

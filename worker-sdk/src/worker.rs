@@ -110,7 +110,11 @@ impl WorkerBuilder {
     /// Checks the configuration and every tool the way the kernel will.
     pub fn build(self) -> Result<Worker, WorkerError> {
         transport::endpoint(&self.addr).map_err(|error| {
-            WorkerError::Config(format!("kernel address '{}': {}", self.addr, transport::describe(&error)))
+            WorkerError::Config(format!(
+                "kernel address '{}': {}",
+                self.addr,
+                transport::describe(&error)
+            ))
         })?;
         if self.name.trim().is_empty() {
             return Err(WorkerError::Config("the worker name is empty".into()));
@@ -205,7 +209,10 @@ impl Worker {
                 }
                 Err(SessionError::Refused(status)) => {
                     error!(worker = %self.config.name, code = ?status.code(), error = status.message(), "kernel refused the worker session");
-                    return Err(WorkerError::Refused { code: status.code(), message: status.message().to_owned() });
+                    return Err(WorkerError::Refused {
+                        code: status.code(),
+                        message: status.message().to_owned(),
+                    });
                 }
                 Err(SessionError::Lost { error, opened }) => {
                     if opened {

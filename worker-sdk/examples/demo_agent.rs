@@ -1,0 +1,130 @@
+//! A scripted agent: creates a run, submits three turns of tool calls to the demo worker's
+//! tools, prints each result to stderr, completes the run and prints its id to stdout.
+//!
+//! ```text
+//! cargo run -p worker-sdk --example demo-agent -- --kernel http://127.0.0.1:50051
+//! kernelctl runs show "$(cargo run -q -p worker-sdk --example demo-agent)"
+//! ```
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use futures_util::StreamExt;
+use serde_json::json;
+use worker_sdk::{AgentClient, AgentError, Call, CallOutcome, CallStatus, NewRun, RunHandle, TurnItem};
+
+#[derive(Debug, Parser)]
+#[command(name = "demo-agent", about = "Drive one demo run through the kernel")]
+struct Config {
+    /// Kernel gRPC address.
+    #[arg(long, env = "KERNEL_ADDR", default_value = "http://127.0.0.1:50051")]
+    kernel: String,
+}
+
+fn print_outcome(turn: u32, outcome: &CallOutcome) {
+    let replayed = if outcome.replayed { " (replayed)" } else { "" };
+    eprintln!(
+        "turn {turn} #{} {} {:?}{replayed}: {}",
+        outcome.position, outcome.tool, outcome.status, outcome.content
+    );
+}
+
+/// Tallies outcomes for the run's output.
+#[derive(Default)]
+struct Tally {
+    ok: u32,
+    errors: u32,
+}
+
+impl Tally {
+    fn record(&mut self, turn: u32, outcomes: &[CallOutcome]) {
+        for outcome in outcomes {
+            print_outcome(turn, outcome);
+            match outcome.status {
+                CallStatus::Ok => self.ok += 1,
+                CallStatus::Error | CallStatus::Cancelled => self.errors += 1,
+            }
+        }
+    }
+}
+
+async fn drive(run: &RunHandle) -> Result<serde_json::Value, AgentError> {
+    let mut tally = Tally::default();
+
+    let turn0 = vec![
+        Call::new("add", json!({"a": 2, "b": 3})),
+        Call::new("echo", json!({"value": {"b": 2, "a": 1}})),
+    ];
+    let outcomes = run.call_turn(0, turn0).await?;
+    tally.record(0, &outcomes);
+
+    let mut turn1 = Box::pin(run.submit_turn(1, vec![Call::new("slow", json!({"steps": 5, "delay_ms": 100}))]));
+    let mut outcomes = Vec::new();
+    while let Some(item) = turn1.next().await {
+        match item? {
+            TurnItem::Progress(update) => {
+                let fraction = match (update.current, update.total) {
+                    (Some(current), Some(total)) => format!(" ({current}/{total})"),
+                    _ => String::new(),
+                };
+                eprintln!(
+                    "turn 1 #{} {} progress: {}{fraction}",
+                    update.position, update.tool, update.message
+                );
+            }
+            TurnItem::Result(outcome) => outcomes.push(outcome),
+        }
+    }
+    tally.record(1, &outcomes);
+
+    let turn2 = vec![
+        Call::new("weather", json!({"city": "Paris"})),
+        Call::new("add", json!({"a": "two", "b": 3})),
+    ];
+    let outcomes = run.call_turn(2, turn2).await?;
+    tally.record(2, &outcomes);
+
+    Ok(json!({
+        "summary": "demo finished",
+        "turns": 3,
+        "calls_ok": tally.ok,
+        "calls_failed": tally.errors,
+    }))
+}
+
+async fn run(config: Config) -> Result<String, AgentError> {
+    let client = AgentClient::connect(&config.kernel).await?;
+    let run = client
+        .create_run(NewRun::new("demo-agent", json!({"goal": "show the kernel"})))
+        .await?;
+    eprintln!("run {} created", run.id());
+    match drive(&run).await {
+        Ok(output) => {
+            run.complete(output).await?;
+            eprintln!("run {} completed", run.id());
+            Ok(run.id().to_owned())
+        }
+        Err(error) => {
+            // Leave no run hanging: record why it stopped, then report the original error.
+            if let Err(fail_error) = run.fail(error.to_string()).await {
+                eprintln!("demo-agent: could not mark the run failed: {fail_error}");
+            }
+            Err(error)
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let config = Config::parse();
+    match run(config).await {
+        Ok(run_id) => {
+            println!("{run_id}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("demo-agent: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
