@@ -162,6 +162,7 @@ text_enum!(
         ToolScheduled => "tool:scheduled",
         ToolStart => "tool:start",
         ToolLeaseLost => "tool:lease_lost",
+        ToolAttemptFailed => "tool:attempt_failed",
         ToolResult => "tool:result",
         RunCompleted => "run:completed",
         RunFailed => "run:failed",
@@ -222,6 +223,29 @@ pub struct RetryPolicy {
     pub backoff_coefficient: f64,
     /// Cap on the wait.
     pub max_interval_ms: u64,
+}
+
+impl RetryPolicy {
+    /// Attempts allowed in all, at least one.
+    pub fn attempts(policy: Option<&RetryPolicy>) -> u32 {
+        policy.map(|p| p.max_attempts.max(1)).unwrap_or(1)
+    }
+
+    /// The wait after failed attempt `attempt` (1-based): initial × coefficient^(attempt-1), capped.
+    pub fn delay_ms(&self, attempt: u32) -> u64 {
+        let coefficient = if self.backoff_coefficient.is_finite() && self.backoff_coefficient >= 1.0 {
+            self.backoff_coefficient
+        } else {
+            1.0
+        };
+        let raw = self.initial_interval_ms as f64 * coefficient.powi(attempt.saturating_sub(1).min(64) as i32);
+        let capped = if self.max_interval_ms > 0 {
+            raw.min(self.max_interval_ms as f64)
+        } else {
+            raw
+        };
+        capped.min(u64::MAX as f64 / 2.0) as u64
+    }
 }
 
 /// A tool's declared behaviour and metadata, as announced by its workers.
@@ -371,6 +395,14 @@ pub struct StepRecord {
     pub finished_at: Option<Millis>,
     pub replays: u32,
     pub progress_count: u32,
+    /// The retry policy captured when the call was recorded, so a restart retries the same way.
+    pub retry: Option<RetryPolicy>,
+    /// The tool runs on a thread that cannot be stopped: a timeout is not retried.
+    pub blocking: bool,
+    /// A retry waits until this time.
+    pub not_before: Option<Millis>,
+    /// Times a worker was lost while holding this call.
+    pub lease_losses: u32,
 }
 
 /// One entry of a run's log.
@@ -416,6 +448,25 @@ mod tests {
         assert_eq!(RunId::parse(id.as_str(), "run_id").unwrap(), id);
         let err = RunId::parse("nope", "run_id").unwrap_err();
         assert!(err.to_string().contains("run_id"));
+    }
+
+    #[test]
+    fn retry_delays_grow_and_cap() {
+        let policy = RetryPolicy {
+            max_attempts: 5,
+            initial_interval_ms: 100,
+            backoff_coefficient: 2.0,
+            max_interval_ms: 350,
+        };
+        assert_eq!([1, 2, 3, 4].map(|a| policy.delay_ms(a)), [100, 200, 350, 350]);
+        assert_eq!(RetryPolicy::attempts(None), 1);
+        assert_eq!(
+            RetryPolicy::attempts(Some(&RetryPolicy {
+                max_attempts: 0,
+                ..policy
+            })),
+            1
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::error::KernelError;
-use crate::model::{Millis, RunId, StepKey, StepRecord, ToolDef, now_millis};
+use crate::model::{Millis, RunId, StepKey, StepRecord, StepStatus, ToolDef, now_millis};
 use crate::store::{LeaseLoss, LossOutcome, StartDispatch, Store, human_ms};
 
 /// Timing of sessions and leases.
@@ -65,7 +65,7 @@ pub struct DispatchOrder {
 /// What the scheduler asks a session to send its worker.
 #[derive(Debug)]
 pub enum Outbound {
-    Dispatch(DispatchOrder),
+    Dispatch(Box<DispatchOrder>),
     Cancel {
         dispatch_id: String,
         attempt: u32,
@@ -232,6 +232,26 @@ impl Session {
 struct Queued {
     step: StepRecord,
     since: Instant,
+    /// A retry waits for its backoff; the time lives in the store, this is its local clock.
+    not_before: Option<Instant>,
+}
+
+impl Queued {
+    fn new(step: StepRecord) -> Self {
+        let now = Instant::now();
+        let not_before = step
+            .not_before
+            .map(|at| now + Duration::from_millis(at.saturating_sub(now_millis()).max(0) as u64));
+        Queued {
+            step,
+            since: now,
+            not_before,
+        }
+    }
+
+    fn ready(&self, now: Instant) -> bool {
+        self.not_before.is_none_or(|at| now >= at)
+    }
 }
 
 enum LeaseState {
@@ -441,10 +461,7 @@ impl Actor {
                 .values()
                 .any(|l| l.run_id == step.run_id && l.key == step.key);
         if !duplicate {
-            self.queue.push_back(Queued {
-                step,
-                since: Instant::now(),
-            });
+            self.queue.push_back(Queued::new(step));
         }
     }
 
@@ -467,8 +484,13 @@ impl Actor {
     }
 
     fn dispatch_ready(&mut self) {
+        let now = Instant::now();
         let mut index = 0;
         while index < self.queue.len() {
+            if !self.queue[index].ready(now) {
+                index += 1;
+                continue;
+            }
             let tool = self.queue[index].step.tool.clone();
             match self.pick(&tool) {
                 Some(session_id) => {
@@ -522,25 +544,21 @@ impl Actor {
             Ok(Some(step)) => {
                 let live = self
                     .leases
-                    .get(&dispatch_id)
+                    .get_mut(&dispatch_id)
                     .and_then(|lease| self.sessions.get(&lease.session_id).map(|s| (lease, s)));
                 match live {
                     Some((lease, session)) => {
+                        // Running before sending: if the session is already gone, its Leave finds a
+                        // running lease and records the loss.
+                        lease.state = LeaseState::Running {
+                            deadline: Instant::now() + lease.timeout,
+                        };
                         let order = DispatchOrder {
                             dispatch_id: dispatch_id.clone(),
                             attempt,
                             step,
                         };
-                        let timeout = lease.timeout;
-                        if session.outbound.send(Outbound::Dispatch(order)).is_err() {
-                            // The session's loop is gone; its Leave is on the way and will find this lease.
-                            return;
-                        }
-                        if let Some(lease) = self.leases.get_mut(&dispatch_id) {
-                            lease.state = LeaseState::Running {
-                                deadline: Instant::now() + timeout,
-                            };
-                        }
+                        let _ = session.outbound.send(Outbound::Dispatch(Box::new(order)));
                     }
                     None => {
                         // The session ended while tool:start was being written.
@@ -570,7 +588,7 @@ impl Actor {
                         if let Ok(steps) = store.reads.steps(run).await
                             && let Some(step) = steps
                                 .into_iter()
-                                .find(|s| s.key == key && s.status == crate::model::StepStatus::Pending)
+                                .find(|s| s.key == key && s.status == StepStatus::Pending)
                         {
                             let _ = me.send(Msg::Enqueue(step));
                         }
@@ -657,8 +675,13 @@ impl Actor {
                 });
             }
             let store = self.store.clone();
+            let me = self.me.clone();
             tokio::spawn(async move {
                 match store.time_out(dispatch_id.clone(), attempt).await {
+                    Ok(Some(step)) if step.status == StepStatus::Pending => {
+                        info!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, "call timed out, retrying");
+                        let _ = me.send(Msg::Enqueue(step));
+                    }
                     Ok(Some(step)) => {
                         info!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, "call timed out")
                     }
@@ -680,7 +703,8 @@ impl Actor {
         let mut starved = Vec::new();
         self.queue.retain(|queued| {
             let offered = sessions.values().any(|s| s.tools.contains_key(&queued.step.tool));
-            if !offered && now.duration_since(queued.since) > limit {
+            let waited = now.saturating_duration_since(queued.not_before.unwrap_or(queued.since).max(queued.since));
+            if !offered && waited > limit {
                 starved.push(queued.step.clone());
                 false
             } else {

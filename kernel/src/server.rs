@@ -58,6 +58,30 @@ async fn recover(store: &Store, scheduler: &Scheduler) -> Result<(), KernelError
     Ok(())
 }
 
+/// Serves until `shutdown`, then gives open streams at most `drain` to end. The router (and with it
+/// every service's handle on the store) is dropped on return.
+async fn serve(
+    router: tonic::transport::server::Router,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+    drain: Duration,
+) -> Result<(), KernelError> {
+    let server =
+        router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.clone().cancelled_owned());
+    tokio::pin!(server);
+    tokio::select! {
+        result = &mut server => result.map_err(|e| KernelError::Unavailable(format!("server: {e}")))?,
+        _ = shutdown.cancelled() => {
+            info!(drain_ms = drain.as_millis() as u64, "shutting down");
+            match tokio::time::timeout(drain, &mut server).await {
+                Ok(result) => result.map_err(|e| KernelError::Unavailable(format!("server: {e}")))?,
+                Err(_) => warn!("streams still open after the drain timeout; closing them"),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Runs the kernel until `shutdown` is cancelled. `on_listening` receives the bound address.
 pub async fn run(
     config: Config,
@@ -110,30 +134,23 @@ pub async fn run(
     info!(%addr, db = %config.db.display(), schema = Store::schema_version(), "listening");
     on_listening(addr);
 
-    let server = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(RunServiceServer::new(RunApi(kernel.clone())))
         .add_service(ToolCallServiceServer::new(ToolCallApi(kernel.clone())))
         .add_service(WorkerServiceServer::new(WorkerApi(kernel.clone())))
-        .add_service(RegistryServiceServer::new(RegistryApi(kernel)))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.clone().cancelled_owned());
-
-    let drain = Duration::from_millis(config.drain_timeout_ms);
-    tokio::pin!(server);
-    tokio::select! {
-        result = &mut server => result.map_err(|e| KernelError::Unavailable(format!("server: {e}")))?,
-        _ = shutdown.cancelled() => {
-            info!(drain_ms = drain.as_millis() as u64, "shutting down");
-            match tokio::time::timeout(drain, &mut server).await {
-                Ok(result) => result.map_err(|e| KernelError::Unavailable(format!("server: {e}")))?,
-                Err(_) => warn!("streams still open after the drain timeout; closing them"),
-            }
-        }
-    }
-    drop(server);
+        .add_service(RegistryServiceServer::new(RegistryApi(kernel)));
+    serve(
+        router,
+        listener,
+        shutdown,
+        Duration::from_millis(config.drain_timeout_ms),
+    )
+    .await?;
     drop(store);
+    let drain = Duration::from_millis(config.drain_timeout_ms);
     // Give the writer its last batch: every command already queued commits before it exits.
     let join = tokio::task::spawn_blocking(move || writer.join());
     if tokio::time::timeout(drain, join).await.is_err() {

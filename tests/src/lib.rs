@@ -362,7 +362,7 @@ pub fn call(tool: &str, arguments: Value) -> pb::ToolCall {
     pb::ToolCall {
         tool: tool.into(),
         arguments_json: arguments.to_string(),
-        call_id: String::new(),
+        ..Default::default()
     }
 }
 

@@ -20,25 +20,61 @@ async fn turns_of_calls_run_across_two_workers_with_results_in_order() {
     let contents: Vec<&str> = outcome.results.iter().map(|r| r.content.as_str()).collect();
     let expected: Vec<String> = (0..8).map(|i| (i + 100).to_string()).collect();
     assert_eq!(contents, expected, "results come back in position order");
-    assert!(outcome.results.iter().enumerate().all(|(i, r)| r.position == i as u32 && !r.replayed));
+    assert!(
+        outcome
+            .results
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.position == i as u32 && !r.replayed)
+    );
 
-    let outcome =
-        submit(&kernel, &run, 1, vec![call("echo", json!({"value": {"z": 1, "a": [true, null]}})), call("echo", json!({"value": "plain"}))])
-            .await
-            .unwrap();
-    assert_eq!(outcome.results[0].content, r#"{"a":[true,null],"z":1}"#, "JSON results are compact with sorted keys");
-    assert_eq!(outcome.results[1].content, "plain", "string results go to the model as is");
+    let outcome = submit(
+        &kernel,
+        &run,
+        1,
+        vec![
+            call("echo", json!({"value": {"z": 1, "a": [true, null]}})),
+            call("echo", json!({"value": "plain"})),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        outcome.results[0].content, r#"{"a":[true,null],"z":1}"#,
+        "JSON results are compact with sorted keys"
+    );
+    assert_eq!(
+        outcome.results[1].content, "plain",
+        "string results go to the model as is"
+    );
 
-    let outcome = submit(&kernel, &run, 2, vec![call("fail", json!({"message": "backend down"}))]).await.unwrap();
+    let outcome = submit(&kernel, &run, 2, vec![call("fail", json!({"message": "backend down"}))])
+        .await
+        .unwrap();
     assert_eq!(outcome.results[0].status, pb::CallStatus::Error as i32);
-    assert!(outcome.results[0].content.contains("backend down"), "{:?}", outcome.results[0]);
+    assert!(
+        outcome.results[0].content.contains("backend down"),
+        "{:?}",
+        outcome.results[0]
+    );
 
     let shown = kernel.get(&run).await;
     let workers: std::collections::HashSet<&str> = shown.steps.iter().map(|s| s.worker.as_str()).collect();
-    assert!(workers.contains("w1") && workers.contains("w2"), "calls are spread across workers: {workers:?}");
+    assert!(
+        workers.contains("w1") && workers.contains("w2"),
+        "calls are spread across workers: {workers:?}"
+    );
     assert!(shown.steps.iter().all(|s| s.attempts == 1));
 
-    kernel.runs().await.complete_run(pb::CompleteRunRequest { run_id: run.clone(), output_json: "{}".into() }).await.unwrap();
+    kernel
+        .runs()
+        .await
+        .complete_run(pb::CompleteRunRequest {
+            run_id: run.clone(),
+            output_json: "{}".into(),
+        })
+        .await
+        .unwrap();
     check_log(&kernel.events(&run).await, true);
 }
 
@@ -51,20 +87,40 @@ async fn a_watcher_sees_progress_while_the_call_runs() {
     let turn = {
         let kernel = &kernel;
         let run = run.clone();
-        async move { submit(kernel, &run, 0, vec![call("slow", json!({"steps": 4, "delay_ms": 100}))]).await.unwrap() }
+        async move {
+            submit(
+                kernel,
+                &run,
+                0,
+                vec![call("slow", json!({"steps": 4, "delay_ms": 100}))],
+            )
+            .await
+            .unwrap()
+        }
     };
     let watching = async {
         // Progress arrives before the call's result is recorded.
-        let seen = watch.until(|w| !w.progress.is_empty() || w.events.iter().any(|e| e.r#type == "tool:result")).await;
+        let seen = watch
+            .until(|w| !w.progress.is_empty() || w.events.iter().any(|e| e.r#type == "tool:result"))
+            .await;
         assert!(seen);
-        assert!(!watch.progress.is_empty(), "progress reached the watcher before the result");
+        assert!(
+            !watch.progress.is_empty(),
+            "progress reached the watcher before the result"
+        );
         watch.event("tool:result", |_| true).await
     };
     let (outcome, result) = tokio::join!(turn, watching);
     assert_eq!(outcome.results[0].status, pb::CallStatus::Ok as i32);
-    assert!(!outcome.progress.is_empty(), "the agent's turn stream carries progress too");
+    assert!(
+        !outcome.progress.is_empty(),
+        "the agent's turn stream carries progress too"
+    );
     assert_eq!(outcome.progress[0].tool, "slow");
-    assert_eq!(result["progress_count"], 4, "the result event carries the progress count");
+    assert_eq!(
+        result["progress_count"], 4,
+        "the result event carries the progress count"
+    );
     let events = kernel.events(&run).await;
     assert!(
         events.iter().all(|e| !e.r#type.contains("progress")),
@@ -77,20 +133,39 @@ async fn an_unknown_tool_runs_nothing_and_tells_the_model_what_exists() {
     let kernel = Kernel::start();
     let _worker = kernel.worker("w1");
     let run = kernel.create_run("lost").await;
-    let outcome = submit(&kernel, &run, 0, vec![call("weather", json!({"city": "Oslo"})), call("add", json!({"a": 1, "b": 2}))])
-        .await
-        .unwrap();
+    let outcome = submit(
+        &kernel,
+        &run,
+        0,
+        vec![
+            call("weather", json!({"city": "Oslo"})),
+            call("add", json!({"a": 1, "b": 2})),
+        ],
+    )
+    .await
+    .unwrap();
     let unknown = &outcome.results[0];
     assert_eq!(unknown.status, pb::CallStatus::Error as i32);
-    assert!(unknown.content.starts_with("unknown tool 'weather'; available: "), "{}", unknown.content);
+    assert!(
+        unknown.content.starts_with("unknown tool 'weather'; available: "),
+        "{}",
+        unknown.content
+    );
     for tool in ["add", "echo", "slow"] {
         assert!(unknown.content.contains(tool), "{}", unknown.content);
     }
     assert_eq!(outcome.results[1].content, "3", "the turn goes on");
 
     let events = kernel.events(&run).await;
-    let about_weather: Vec<&pb::Event> = events.iter().filter(|e| e.payload_json.contains("\"weather\"")).collect();
-    assert_eq!(about_weather.len(), 1, "one tool:result and no tool:start: {about_weather:?}");
+    let about_weather: Vec<&pb::Event> = events
+        .iter()
+        .filter(|e| e.payload_json.contains("\"weather\""))
+        .collect();
+    assert_eq!(
+        about_weather.len(),
+        1,
+        "one tool:result and no tool:start: {about_weather:?}"
+    );
     assert_eq!(about_weather[0].r#type, "tool:result");
     assert_eq!(e2e::payload(about_weather[0])["status"], "error");
     let run_row = kernel.get(&run).await.run.unwrap();
@@ -109,7 +184,16 @@ async fn a_call_whose_worker_is_killed_completes_on_the_other_worker() {
     let turn = {
         let kernel = &kernel;
         let run = run.clone();
-        async move { submit(kernel, &run, 0, vec![call("slow", json!({"steps": 10, "delay_ms": 100}))]).await.unwrap() }
+        async move {
+            submit(
+                kernel,
+                &run,
+                0,
+                vec![call("slow", json!({"steps": 10, "delay_ms": 100}))],
+            )
+            .await
+            .unwrap()
+        }
     };
     let killer = async {
         let start = watch.event("tool:start", |_| true).await;
@@ -121,11 +205,20 @@ async fn a_call_whose_worker_is_killed_completes_on_the_other_worker() {
         let lost = watch.event("tool:lease_lost", |_| true).await;
         assert_eq!(lost["worker"], victim.as_str());
         let restart = watch.event("tool:start", |p| p["attempt"] == 2).await;
-        assert_ne!(restart["worker"], victim.as_str(), "redispatched to the surviving worker");
+        assert_ne!(
+            restart["worker"],
+            victim.as_str(),
+            "redispatched to the surviving worker"
+        );
         assert_eq!(restart["idempotency_key"], start["idempotency_key"]);
     };
     let (outcome, ()) = tokio::join!(turn, killer);
-    assert_eq!(outcome.results[0].status, pb::CallStatus::Ok as i32, "{:?}", outcome.results[0]);
+    assert_eq!(
+        outcome.results[0].status,
+        pb::CallStatus::Ok as i32,
+        "{:?}",
+        outcome.results[0]
+    );
     assert_eq!(outcome.results[0].attempts, 2);
     check_log(&kernel.events(&run).await, true);
 }
@@ -139,13 +232,23 @@ async fn bad_input_gets_a_precise_status_and_writes_nothing() {
     let refused = |calls: Vec<pb::ToolCall>, run: &str| {
         let kernel = &kernel;
         let run = run.to_owned();
-        async move { submit(kernel, &run, 0, calls).await.err().expect("refused") }
+        async move { submit(kernel, &run, 0, calls).await.expect_err("refused") }
     };
 
-    let malformed = pb::ToolCall { tool: "add".into(), arguments_json: "{\"a\": 1,".into(), call_id: String::new() };
+    let malformed = pb::ToolCall {
+        tool: "add".into(),
+        arguments_json: "{\"a\": 1,".into(),
+        ..Default::default()
+    };
     let status = refused(vec![call("add", json!({"a": 1, "b": 1})), malformed], &run).await;
     assert_eq!(status.code(), Code::InvalidArgument);
-    assert!(status.message().starts_with("calls[1].arguments_json: is not valid JSON"), "{}", status.message());
+    assert!(
+        status
+            .message()
+            .starts_with("calls[1].arguments_json: is not valid JSON"),
+        "{}",
+        status.message()
+    );
 
     let status = refused(vec![call("", json!({}))], &run).await;
     assert_eq!(status.code(), Code::InvalidArgument);
@@ -168,20 +271,43 @@ async fn bad_input_gets_a_precise_status_and_writes_nothing() {
     assert!(kernel.get(&run).await.steps.is_empty());
 
     let mut runs = kernel.runs().await;
-    runs.fail_run(pb::FailRunRequest { run_id: run.clone(), reason: "gave up".into() }).await.unwrap();
+    runs.fail_run(pb::FailRunRequest {
+        run_id: run.clone(),
+        reason: "gave up".into(),
+    })
+    .await
+    .unwrap();
     let ended = kernel.events(&run).await.len();
     let status = refused(vec![call("add", json!({"a": 1, "b": 1}))], &run).await;
     assert_eq!(status.code(), Code::FailedPrecondition);
     assert!(status.message().contains("is failed"), "{}", status.message());
-    let status = runs.complete_run(pb::CompleteRunRequest { run_id: run.clone(), output_json: "1".into() }).await.unwrap_err();
-    assert_eq!(status.code(), Code::FailedPrecondition);
-    assert_eq!(kernel.events(&run).await.len(), ended, "nothing is appended to a finished run");
-
     let status = runs
-        .create_run(pb::CreateRunRequest { agent: "a".into(), input_json: "{oops".into(), ..Default::default() })
+        .complete_run(pb::CompleteRunRequest {
+            run_id: run.clone(),
+            output_json: "1".into(),
+        })
         .await
         .unwrap_err();
-    assert!(status.message().starts_with("input_json: is not valid JSON"), "{}", status.message());
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(
+        kernel.events(&run).await.len(),
+        ended,
+        "nothing is appended to a finished run"
+    );
+
+    let status = runs
+        .create_run(pb::CreateRunRequest {
+            agent: "a".into(),
+            input_json: "{oops".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        status.message().starts_with("input_json: is not valid JSON"),
+        "{}",
+        status.message()
+    );
     let status = runs.create_run(pb::CreateRunRequest::default()).await.unwrap_err();
     assert_eq!(status.message(), "agent: must not be empty");
 }
@@ -191,26 +317,45 @@ async fn wrong_argument_types_are_a_recoverable_error() {
     let kernel = Kernel::start();
     let _worker = kernel.worker("w1");
     let run = kernel.create_run("typo").await;
-    let outcome = submit(&kernel, &run, 0, vec![call("add", json!({"a": "two", "b": 3}))]).await.unwrap();
+    let outcome = submit(&kernel, &run, 0, vec![call("add", json!({"a": "two", "b": 3}))])
+        .await
+        .unwrap();
     let result = &outcome.results[0];
     assert_eq!(result.status, pb::CallStatus::Error as i32);
-    assert!(result.content.contains("add"), "the error names the tool: {}", result.content);
+    assert!(
+        result.content.contains("add"),
+        "the error names the tool: {}",
+        result.content
+    );
     assert_eq!(result.error_kind, pb::ErrorKind::Fatal as i32);
 }
 
 #[tokio::test]
 async fn a_call_waits_for_a_slot_and_fails_clearly_when_no_worker_offers_its_tool() {
-    let kernel = Kernel::start_with(e2e::KernelOptions { schedule_to_start_timeout_ms: 1_500, ..Default::default() });
+    let kernel = Kernel::start_with(e2e::KernelOptions {
+        schedule_to_start_timeout_ms: 1_500,
+        ..Default::default()
+    });
     let mut worker = kernel.worker("w1");
     let run = kernel.create_run("orphan").await;
     // Register the tool, then take its only worker away.
-    submit(&kernel, &run, 0, vec![call("add", json!({"a": 1, "b": 1}))]).await.unwrap();
+    submit(&kernel, &run, 0, vec![call("add", json!({"a": 1, "b": 1}))])
+        .await
+        .unwrap();
     worker.kill9();
     kernel.wait_for_workers("add", 0).await;
-    let outcome = submit(&kernel, &run, 1, vec![call("add", json!({"a": 1, "b": 1}))]).await.unwrap();
+    let outcome = submit(&kernel, &run, 1, vec![call("add", json!({"a": 1, "b": 1}))])
+        .await
+        .unwrap();
     let result = &outcome.results[0];
     assert_eq!(result.status, pb::CallStatus::Error as i32);
-    assert!(result.content.starts_with("no worker offering tool 'add' connected within"), "{}", result.content);
+    assert!(
+        result
+            .content
+            .starts_with("no worker offering tool 'add' connected within"),
+        "{}",
+        result.content
+    );
     check_log(&kernel.events(&run).await, true);
 }
 
@@ -223,7 +368,9 @@ async fn the_kernel_shuts_down_within_its_drain_while_worker_streams_are_open() 
     let calls = kernel.url();
     let run_id = run.clone();
     let _turn = tokio::spawn(async move {
-        let mut client = kernel_proto::v1::tool_call_service_client::ToolCallServiceClient::connect(calls).await.unwrap();
+        let mut client = kernel_proto::v1::tool_call_service_client::ToolCallServiceClient::connect(calls)
+            .await
+            .unwrap();
         let request = pb::SubmitTurnRequest {
             run_id,
             turn: 0,
@@ -232,7 +379,10 @@ async fn the_kernel_shuts_down_within_its_drain_while_worker_streams_are_open() 
         let _ = client.submit_turn(request).await;
     });
     watch.event("tool:start", |_| true).await;
-    let status = kernel.process.terminate(Duration::from_secs(15)).expect("the kernel exits within its drain");
+    let status = kernel
+        .process
+        .terminate(Duration::from_secs(15))
+        .expect("the kernel exits within its drain");
     assert!(status.success(), "{status:?}");
     kernel.process.log.wait_for("stopped");
 }

@@ -19,10 +19,27 @@ async fn runs_show_tells_which_tool_ran_where_with_what() {
     let kernel = Kernel::start();
     let _worker = kernel.worker("w1");
     let run = kernel.create_run("shown").await;
-    submit(&kernel, &run, 0, vec![call("add", json!({"a": 20, "b": 22})), call("weather", json!({}))]).await.unwrap();
+    submit(
+        &kernel,
+        &run,
+        0,
+        vec![call("add", json!({"a": 20, "b": 22})), call("weather", json!({}))],
+    )
+    .await
+    .unwrap();
 
     let human = stdout(&kernel.kernelctl(&["runs", "show", &run]));
-    for needle in [run.as_str(), "shown", "add", "weather", "succeeded", "failed", "w1", "42", "unknown tool 'weather'"] {
+    for needle in [
+        run.as_str(),
+        "shown",
+        "add",
+        "weather",
+        "succeeded",
+        "failed",
+        "w1",
+        "42",
+        "unknown tool 'weather'",
+    ] {
         assert!(human.contains(needle), "{needle:?} missing from:\n{human}");
     }
 
@@ -43,7 +60,12 @@ async fn runs_show_tells_which_tool_ran_where_with_what() {
     let events = stdout(&kernel.kernelctl(&["--json", "runs", "events", &run]));
     let kinds: Vec<String> = events
         .lines()
-        .map(|line| serde_json::from_str::<Value>(line).unwrap()["type"].as_str().unwrap().to_owned())
+        .map(|line| {
+            serde_json::from_str::<Value>(line).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
         .collect();
     assert_eq!(kinds.first().map(String::as_str), Some("run:created"));
     assert!(kinds.iter().any(|k| k == "tool:start"));
@@ -51,7 +73,12 @@ async fn runs_show_tells_which_tool_ran_where_with_what() {
     let listed = stdout(&kernel.kernelctl(&["runs", "list"]));
     assert!(listed.contains(&run), "{listed}");
     let tools: Value = serde_json::from_str(&stdout(&kernel.kernelctl(&["--json", "tools", "list"]))).unwrap();
-    let add = tools["tools"].as_array().unwrap().iter().find(|t| t["name"] == "add").expect("add is registered");
+    let add = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "add")
+        .expect("add is registered");
     assert_eq!(add["workers"], json!(["w1"]));
     let workers: Value = serde_json::from_str(&stdout(&kernel.kernelctl(&["--json", "workers", "list"]))).unwrap();
     assert_eq!(workers["workers"][0]["name"], "w1");
@@ -69,16 +96,30 @@ async fn runs_show_tells_which_tool_ran_where_with_what() {
 async fn the_demo_agent_runs_its_turns_on_the_example_worker() {
     let kernel = Kernel::start();
     let _worker = kernel.worker("demo-worker");
-    let output = std::process::Command::new(binary("demo-agent")).arg("--kernel").arg(kernel.url()).output().unwrap();
+    let output = std::process::Command::new(binary("demo-agent"))
+        .arg("--kernel")
+        .arg(kernel.url())
+        .output()
+        .unwrap();
     let run = stdout(&output).trim().to_owned();
-    assert!(!run.is_empty() && !run.contains(char::is_whitespace), "the agent prints only the run id: {run:?}");
+    assert!(
+        !run.is_empty() && !run.contains(char::is_whitespace),
+        "the agent prints only the run id: {run:?}"
+    );
 
     let json: Value = serde_json::from_str(&stdout(&kernel.kernelctl(&["--json", "runs", "show", &run]))).unwrap();
     assert_eq!(json["run"]["status"], "completed");
     let steps = json["steps"].as_array().unwrap();
     let by_tool = |tool: &str| steps.iter().filter(|s| s["tool"] == tool).collect::<Vec<_>>();
-    assert!(by_tool("add").iter().any(|s| s["status"] == "succeeded" && s["worker"] == "demo-worker"));
-    assert!(by_tool("add").iter().any(|s| s["status"] == "failed"), "the wrong-typed call fails recoverably");
+    assert!(
+        by_tool("add")
+            .iter()
+            .any(|s| s["status"] == "succeeded" && s["worker"] == "demo-worker")
+    );
+    assert!(
+        by_tool("add").iter().any(|s| s["status"] == "failed"),
+        "the wrong-typed call fails recoverably"
+    );
     assert_eq!(by_tool("weather")[0]["status"], "failed");
     assert!(by_tool("slow")[0]["progress_count"].as_u64().unwrap() > 0);
     e2e::check_log(&kernel.events(&run).await, true);

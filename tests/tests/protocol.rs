@@ -188,7 +188,10 @@ async fn malformed_hellos_get_precise_errors() {
     let kernel = Kernel::start();
     let mut bad_name = spec("x", "d");
     bad_name.name = "no spaces allowed".into();
-    let status = RawWorker::open(&kernel, vec![bad_name]).await.err().expect("refused");
+    let status = RawWorker::open(&kernel, vec![bad_name])
+        .await
+        .map(|_| ())
+        .expect_err("refused");
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(
         status.message().starts_with("hello.tools[0].name"),
@@ -198,7 +201,10 @@ async fn malformed_hellos_get_precise_errors() {
 
     let mut lying = spec("x", "d");
     lying.fingerprint = "0".repeat(64);
-    let status = RawWorker::open(&kernel, vec![lying]).await.err().expect("refused");
+    let status = RawWorker::open(&kernel, vec![lying])
+        .await
+        .map(|_| ())
+        .expect_err("refused");
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(
         status.message().starts_with("hello.tools[0].fingerprint"),
@@ -206,7 +212,7 @@ async fn malformed_hellos_get_precise_errors() {
         status.message()
     );
 
-    let status = RawWorker::open(&kernel, vec![]).await.err().expect("refused");
+    let status = RawWorker::open(&kernel, vec![]).await.map(|_| ()).expect_err("refused");
     assert!(status.message().starts_with("hello.tools"), "{}", status.message());
 
     let tools = kernel

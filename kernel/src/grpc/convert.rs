@@ -128,6 +128,11 @@ pub fn step(step: &StepRecord) -> pb::Step {
         finished_at: opt_timestamp(step.finished_at),
         replays: step.replays,
         progress_count: step.progress_count,
+        next_attempt_at: opt_timestamp(step.not_before.filter(|_| step.status == StepStatus::Pending)),
+        lease_losses: step.lease_losses,
+        max_attempts: RetryPolicy::attempts(step.retry.as_ref()),
+        timeout_ms: step.timeout_ms,
+        idempotency: step.idempotency.as_str().to_owned(),
     }
 }
 

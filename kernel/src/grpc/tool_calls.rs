@@ -94,6 +94,7 @@ fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<TurnPlan, KernelE
             tool_name: name.to_owned(),
             arguments,
             tool: kernel.registry.get(name),
+            timeout_ms: (call.timeout_ms > 0).then_some(call.timeout_ms),
         });
     }
     Ok(TurnPlan {

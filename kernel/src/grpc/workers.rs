@@ -23,7 +23,7 @@ use tracing::{debug, info, warn};
 
 use super::{Kernel, STREAM_BUFFER, convert};
 use crate::hub::ProgressUpdate;
-use crate::model::{ErrorKind, RunId, StepKey, now_millis};
+use crate::model::{ErrorKind, RunId, StepKey, StepStatus, now_millis};
 use crate::scheduler::{DispatchOrder, Outbound};
 use crate::store::ResultReport;
 
@@ -158,11 +158,12 @@ impl Session {
 
     async fn forward(&mut self, order: Outbound) -> bool {
         let message = match order {
-            Outbound::Dispatch(DispatchOrder {
-                dispatch_id,
-                attempt,
-                step,
-            }) => {
+            Outbound::Dispatch(order) => {
+                let DispatchOrder {
+                    dispatch_id,
+                    attempt,
+                    step,
+                } = *order;
                 self.dispatches.insert(
                     dispatch_id.clone(),
                     Held {
@@ -270,9 +271,13 @@ impl Session {
         let tx = self.tx.clone();
         let session_id = self.session_id.clone();
         tokio::spawn(async move {
+            let mut retry = None;
             let (accepted, reason) = match kernel.store.record_result(report).await {
                 Ok(Some(step)) => {
                     debug!(run_id = %step.run_id, step = %step.key, tool = step.tool, status = %step.status, "result recorded");
+                    if step.status == StepStatus::Pending {
+                        retry = Some(step);
+                    }
                     (true, String::new())
                 }
                 Ok(None) => {
@@ -294,6 +299,9 @@ impl Session {
                 }
             };
             kernel.scheduler.settled(result.dispatch_id.clone(), result.attempt);
+            if let Some(step) = retry {
+                kernel.scheduler.enqueue(step);
+            }
             let ack = pb::ResultAck {
                 dispatch_id: result.dispatch_id,
                 attempt: result.attempt,

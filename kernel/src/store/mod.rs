@@ -58,6 +58,8 @@ pub struct PlannedCall {
     pub arguments: String,
     /// `None` when no worker ever registered the tool.
     pub tool: Option<ToolDef>,
+    /// The call's own timeout, overriding the tool's.
+    pub timeout_ms: Option<u64>,
 }
 
 /// A turn to record.

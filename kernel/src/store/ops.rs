@@ -9,9 +9,12 @@ use super::rows::{self, load_run, load_step, load_step_by_dispatch};
 use super::{CallDisposition, EndRun, LeaseLoss, LossOutcome, NewRun, ResultReport, StartDispatch, TurnPlan};
 use crate::error::KernelError;
 use crate::model::{
-    EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, EventType, Idempotency, Millis, RunId, RunRecord, RunStatus, StepKey,
-    StepRecord, StepStatus, ToolDef,
+    EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, EventType, Idempotency, Millis, RetryPolicy, RunId, RunRecord,
+    RunStatus, StepKey, StepRecord, StepStatus, ToolDef,
 };
+
+/// After this many lost workers a call is failed as poison instead of dispatched again.
+pub const MAX_LEASE_LOSSES: u32 = 5;
 
 /// An event committed by a batch, with the step it settled when there is one, so watchers need
 /// no read to learn a result.
@@ -212,17 +215,20 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
         if !over_limit {
             run.tool_calls += 1;
         }
-        let (version, idempotency, timeout_ms) = match &call.tool {
+        let (version, idempotency, declared_timeout, retry, blocking) = match &call.tool {
             Some(def) => (
                 def.version.clone(),
                 def.options.idempotency(),
-                def.options
-                    .timeout_ms
-                    .filter(|t| *t > 0)
-                    .unwrap_or(plan.default_timeout_ms),
+                def.options.timeout_ms.filter(|t| *t > 0),
+                def.options.retry.clone(),
+                def.options.blocking,
             ),
-            None => (String::new(), Idempotency::SafeToRetry, plan.default_timeout_ms),
+            None => (String::new(), Idempotency::SafeToRetry, None, None, false),
         };
+        let timeout_ms = call.timeout_ms.or(declared_timeout).unwrap_or(plan.default_timeout_ms);
+        let retry_text = retry
+            .as_ref()
+            .map(|r| serde_json::to_string(r).expect("policy serializes"));
         let idempotency_key = call.key.idempotency_key(&run.id);
         let (status, finished_at) = match &refusal {
             Some(_) => (StepStatus::Failed, Some(tx.now)),
@@ -231,8 +237,9 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
         tx.conn
             .prepare_cached(
                 "INSERT INTO steps (run_id, step_key, turn, position, call_id, tool, fingerprint, version, arguments, \
-                 call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+                 call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
+                 retry, blocking) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
             )?
             .execute(params![
                 run.id.as_str(),
@@ -253,6 +260,8 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
                 refusal.as_ref().map(|_| ErrorKind::Fatal.as_str()),
                 tx.now,
                 finished_at,
+                retry_text,
+                blocking,
             ])?;
         let step = tx.step(&run.id, &call.key)?;
         match &refusal {
@@ -294,6 +303,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
                         "idempotency_key": idempotency_key,
                         "idempotency": idempotency.as_str(),
                         "timeout_ms": timeout_ms,
+                        "retry": retry,
                     }),
                     None,
                 )?;
@@ -312,7 +322,7 @@ pub fn start_dispatch(tx: &mut Tx<'_>, start: StartDispatch) -> Result<Option<St
         .conn
         .prepare_cached(
             "UPDATE steps SET status = 'running', attempts = ?3, dispatch_id = ?4, worker = ?5, session_id = ?6, \
-             lease_expires_at = ?7, started_at = COALESCE(started_at, ?8) \
+             lease_expires_at = ?7, started_at = COALESCE(started_at, ?8), not_before = NULL \
              WHERE run_id = ?1 AND step_key = ?2 AND status = 'pending'",
         )?
         .execute(params![
@@ -415,11 +425,57 @@ fn settle(
     Ok(settled)
 }
 
+/// Whether a failed attempt of `step` gets another one, and after how long.
+fn next_attempt_delay(step: &StepRecord, kind: ErrorKind) -> Option<u64> {
+    let policy = step.retry.as_ref()?;
+    (kind == ErrorKind::Retryable && step.attempts < RetryPolicy::attempts(Some(policy)))
+        .then(|| policy.delay_ms(step.attempts))
+}
+
+/// Puts a failed attempt back to pending with its retry time, recording the attempt's error.
+fn retry_later(
+    tx: &mut Tx<'_>,
+    step: &StepRecord,
+    (kind, message): (ErrorKind, &str),
+    delay_ms: u64,
+    progress_count: u32,
+    reason: &str,
+) -> Result<StepRecord> {
+    let not_before = tx.now + delay_ms as Millis;
+    tx.conn
+        .prepare_cached(
+            "UPDATE steps SET status = 'pending', error = ?3, error_kind = ?4, not_before = ?5, lease_expires_at = NULL, \
+             progress_count = progress_count + ?6 WHERE run_id = ?1 AND step_key = ?2",
+        )?
+        .execute(params![step.run_id.as_str(), step.key.as_str(), message, kind.as_str(), not_before, progress_count])?;
+    let pending = tx.step(&step.run_id, &step.key)?;
+    tx.append(
+        &step.run_id,
+        EventType::ToolAttemptFailed,
+        json!({
+            "step_key": step.key,
+            "position": step.position,
+            "tool": step.tool,
+            "attempt": step.attempts,
+            "dispatch_id": step.dispatch_id,
+            "worker": step.worker,
+            "error": message,
+            "error_kind": kind.as_str(),
+            "reason": reason,
+            "next_attempt_at": not_before,
+        }),
+        Some(pending.clone()),
+    )?;
+    Ok(pending)
+}
+
+/// Records a worker's result. A retryable error with attempts left puts the step back to pending
+/// (the returned step says so); anything else settles it.
 pub fn record_result(tx: &mut Tx<'_>, report: ResultReport) -> Result<Option<StepRecord>> {
     let Some(step) = held_step(tx, &report.dispatch_id, report.attempt, Some(&report.session_id))? else {
         return Ok(None);
     };
-    let settled = match &report.outcome {
+    let recorded = match &report.outcome {
         Ok(output) => settle(
             tx,
             &step,
@@ -428,16 +484,19 @@ pub fn record_result(tx: &mut Tx<'_>, report: ResultReport) -> Result<Option<Ste
             report.progress_count,
             Value::Null,
         )?,
-        Err((kind, message)) => settle(
-            tx,
-            &step,
-            StepStatus::Failed,
-            Err((*kind, message)),
-            report.progress_count,
-            Value::Null,
-        )?,
+        Err((kind, message)) => match next_attempt_delay(&step, *kind) {
+            Some(delay) => retry_later(tx, &step, (*kind, message), delay, report.progress_count, "error")?,
+            None => settle(
+                tx,
+                &step,
+                StepStatus::Failed,
+                Err((*kind, message)),
+                report.progress_count,
+                Value::Null,
+            )?,
+        },
     };
-    Ok(Some(settled))
+    Ok(Some(recorded))
 }
 
 pub fn lose_lease(tx: &mut Tx<'_>, loss: LeaseLoss) -> Result<LossOutcome> {
@@ -463,9 +522,26 @@ pub fn lose_lease(tx: &mut Tx<'_>, loss: LeaseLoss) -> Result<LossOutcome> {
         )?;
         return Ok(LossOutcome::Indeterminate(settled));
     }
+    if step.lease_losses + 1 >= MAX_LEASE_LOSSES {
+        let message = format!(
+            "'{}' lost its worker {MAX_LEASE_LOSSES} times (last: {}); the call may be crashing its workers, so it is not \
+             dispatched again",
+            step.tool, loss.reason
+        );
+        let settled = settle(
+            tx,
+            &step,
+            StepStatus::Failed,
+            Err((ErrorKind::Poison, &message)),
+            0,
+            json!({ "reason": "lease_lost" }),
+        )?;
+        return Ok(LossOutcome::Indeterminate(settled));
+    }
     tx.conn
         .prepare_cached(
-            "UPDATE steps SET status = 'pending', lease_expires_at = NULL WHERE run_id = ?1 AND step_key = ?2",
+            "UPDATE steps SET status = 'pending', lease_expires_at = NULL, lease_losses = lease_losses + 1 \
+             WHERE run_id = ?1 AND step_key = ?2",
         )?
         .execute(params![step.run_id.as_str(), step.key.as_str()])?;
     let requeued = tx.step(&step.run_id, &step.key)?;
@@ -487,16 +563,30 @@ pub fn lose_lease(tx: &mut Tx<'_>, loss: LeaseLoss) -> Result<LossOutcome> {
     Ok(LossOutcome::Requeued(requeued))
 }
 
+/// Fails a dispatch that outlived its timeout, or schedules its retry. A blocking tool is never
+/// retried on timeout: its thread cannot be stopped, so another attempt could run beside it.
 pub fn time_out(tx: &mut Tx<'_>, dispatch_id: &str, attempt: u32) -> Result<Option<StepRecord>> {
     let Some(step) = held_step(tx, dispatch_id, attempt, None)? else {
         return Ok(None);
     };
-    let message = format!(
+    let mut message = format!(
         "tool '{}' timed out after {} (attempt {})",
         step.tool,
         human_ms(step.timeout_ms),
         step.attempts
     );
+    if step.blocking {
+        message.push_str("; a blocking tool's thread cannot be stopped, so it is not retried");
+    } else if let Some(delay) = next_attempt_delay(&step, ErrorKind::Retryable) {
+        return Ok(Some(retry_later(
+            tx,
+            &step,
+            (ErrorKind::Retryable, &message),
+            delay,
+            0,
+            "timeout",
+        )?));
+    }
     let settled = settle(
         tx,
         &step,
@@ -621,7 +711,7 @@ pub fn human_ms(ms: u64) -> String {
     if ms < 1000 {
         format!("{ms}ms")
     } else if ms < 60_000 {
-        if ms % 1000 == 0 {
+        if ms.is_multiple_of(1000) {
             format!("{}s", ms / 1000)
         } else {
             format!("{:.1}s", ms as f64 / 1000.0)

@@ -12,7 +12,7 @@ pub const RUN_COLUMNS: &str = "id, agent, status, input, output, reason, labels,
 pub const STEP_COLUMNS: &str = "run_id, step_key, turn, position, call_id, tool, fingerprint, version, \
      arguments, call_hash, idempotency_key, idempotency, timeout_ms, status, attempts, output, error, \
      error_kind, worker, session_id, dispatch_id, lease_expires_at, created_at, started_at, finished_at, \
-     replays, progress_count";
+     replays, progress_count, retry, blocking, not_before, lease_losses";
 
 pub const EVENT_COLUMNS: &str = "run_id, seq, type, schema_version, at, payload";
 
@@ -84,6 +84,12 @@ pub fn step_from_row(row: &Row<'_>) -> rusqlite::Result<StepRecord> {
         finished_at: row.get(24)?,
         replays: row.get(25)?,
         progress_count: row.get(26)?,
+        retry: row
+            .get::<_, Option<String>>(27)?
+            .and_then(|text| serde_json::from_str(&text).ok()),
+        blocking: row.get(28)?,
+        not_before: row.get(29)?,
+        lease_losses: row.get(30)?,
     })
 }
 

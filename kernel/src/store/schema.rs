@@ -62,6 +62,10 @@ const MIGRATIONS: &[&str] = &[
         finished_at      INTEGER,
         replays          INTEGER NOT NULL DEFAULT 0,
         progress_count   INTEGER NOT NULL DEFAULT 0,
+        retry            TEXT,
+        blocking         INTEGER NOT NULL DEFAULT 0,
+        not_before       INTEGER,
+        lease_losses     INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (run_id, step_key)
     ) STRICT;
     CREATE INDEX steps_by_dispatch ON steps (dispatch_id) WHERE dispatch_id IS NOT NULL;

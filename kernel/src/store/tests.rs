@@ -57,6 +57,7 @@ fn call(turn: u32, position: u32, tool: Option<ToolDef>, name: &str, args: &str)
         tool_name: name.into(),
         arguments: args.into(),
         tool,
+        timeout_ms: None,
     }
 }
 
