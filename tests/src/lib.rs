@@ -195,6 +195,47 @@ pub struct Kernel {
     pub process: Process,
     pub addr: SocketAddr,
     pub dir: tempfile::TempDir,
+    pub options: KernelOptions,
+}
+
+fn spawn_kernel(dir: &Path, listen: &str, options: &KernelOptions) -> (Process, SocketAddr) {
+    let mut command = Command::new(binary("kernel"));
+    command
+        .arg("--listen")
+        .arg(listen)
+        .arg("--db")
+        .arg(dir.join("kernel.db"))
+        .env(
+            "KERNEL_HEARTBEAT_INTERVAL_MS",
+            options.heartbeat_interval_ms.to_string(),
+        )
+        .env("KERNEL_LEASE_TTL_MS", options.lease_ttl_ms.to_string())
+        .env(
+            "KERNEL_SCHEDULE_TO_START_TIMEOUT_MS",
+            options.schedule_to_start_timeout_ms.to_string(),
+        )
+        .env(
+            "KERNEL_DEFAULT_TOOL_TIMEOUT_MS",
+            options.default_tool_timeout_ms.to_string(),
+        )
+        .env("KERNEL_DRAIN_TIMEOUT_MS", "2000");
+    let process = Process::spawn(command, "kernel");
+    let line = process.log.wait_for("listening");
+    let addr = line
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("addr="))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no addr= in {line:?}"));
+    (process, addr)
+}
+
+/// One line of a fault worker's ledger: what happened, in which tool, under which key and attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerLine {
+    pub what: String,
+    pub tool: String,
+    pub key: String,
+    pub attempt: u32,
 }
 
 impl Kernel {
@@ -206,34 +247,68 @@ impl Kernel {
     /// Starts a kernel and waits until it listens.
     pub fn start_with(options: KernelOptions) -> Kernel {
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut command = Command::new(binary("kernel"));
+        let (process, addr) = spawn_kernel(dir.path(), "127.0.0.1:0", &options);
+        Kernel {
+            process,
+            addr,
+            dir,
+            options,
+        }
+    }
+
+    /// SIGKILL: the kernel dies mid-whatever, with no chance to flush or say goodbye.
+    pub fn kill9(&mut self) {
+        self.process.kill9();
+    }
+
+    /// Starts the kernel again on the same database and address, so workers find it again.
+    pub fn restart(&mut self) {
+        self.process.kill9();
+        let (process, addr) = spawn_kernel(self.dir.path(), &self.addr.to_string(), &self.options);
+        assert_eq!(addr, self.addr);
+        self.process = process;
+    }
+
+    /// Starts the fault-injection worker, which records every execution in this kernel's ledger.
+    pub fn fault_worker(&self, name: &str) -> Process {
+        let mut command = Command::new(binary("fault-worker"));
         command
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--db")
-            .arg(dir.path().join("kernel.db"))
-            .env(
-                "KERNEL_HEARTBEAT_INTERVAL_MS",
-                options.heartbeat_interval_ms.to_string(),
-            )
-            .env("KERNEL_LEASE_TTL_MS", options.lease_ttl_ms.to_string())
-            .env(
-                "KERNEL_SCHEDULE_TO_START_TIMEOUT_MS",
-                options.schedule_to_start_timeout_ms.to_string(),
-            )
-            .env(
-                "KERNEL_DEFAULT_TOOL_TIMEOUT_MS",
-                options.default_tool_timeout_ms.to_string(),
-            )
-            .env("KERNEL_DRAIN_TIMEOUT_MS", "2000");
-        let process = Process::spawn(command, "kernel");
-        let line = process.log.wait_for("listening");
-        let addr = line
-            .split_whitespace()
-            .find_map(|word| word.strip_prefix("addr="))
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("no addr= in {line:?}"));
-        Kernel { process, addr, dir }
+            .arg("--kernel")
+            .arg(self.url())
+            .arg("--name")
+            .arg(name)
+            .arg("--ledger")
+            .arg(self.dir.path().join("ledger.txt"));
+        let process = Process::spawn(command, "fault-worker");
+        process.log.wait_for("worker session open");
+        process
+    }
+
+    /// Everything the fault workers recorded.
+    pub fn ledger(&self) -> Vec<LedgerLine> {
+        let text = std::fs::read_to_string(self.dir.path().join("ledger.txt")).unwrap_or_default();
+        // A line still being written has no newline yet; it is read next time.
+        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+        complete
+            .lines()
+            .map(|line| {
+                let parts: Vec<&str> = line.split(' ').collect();
+                LedgerLine {
+                    what: parts[0].into(),
+                    tool: parts[1].into(),
+                    key: parts[2].into(),
+                    attempt: parts[3].parse().expect("attempt"),
+                }
+            })
+            .collect()
+    }
+
+    /// How many times a call's body started, by idempotency key.
+    pub fn executions(&self, key: &str) -> usize {
+        self.ledger()
+            .iter()
+            .filter(|l| l.what == "start" && l.key == key)
+            .count()
     }
 
     /// `http://host:port` for clients.
@@ -546,5 +621,61 @@ pub fn check_log(events: &[pb::Event], settled: bool) {
             "events after the run's terminal event:\n{}",
             dump()
         );
+    }
+}
+
+/// Polls the ledger until `found` holds (the ledger is a file other processes append to).
+pub async fn wait_ledger(kernel: &Kernel, what: &str, mut found: impl FnMut(&[LedgerLine]) -> bool) -> Vec<LedgerLine> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let ledger = kernel.ledger();
+        if found(&ledger) {
+            return ledger;
+        }
+        assert!(Instant::now() < deadline, "the ledger never showed {what}: {ledger:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Submits a turn as an agent that survives a kernel restart would: on a broken stream or an
+/// unreachable kernel it submits the same turn again until it has every result.
+pub async fn submit_until_done(url: &str, run_id: &str, turn: u32, calls: Vec<pb::ToolCall>) -> TurnOutcome {
+    let deadline = Instant::now() + WAIT * 2;
+    loop {
+        let attempt = async {
+            let mut client = ToolCallServiceClient::connect(url.to_owned())
+                .await
+                .map_err(|e| e.to_string())?;
+            let request = pb::SubmitTurnRequest {
+                run_id: run_id.into(),
+                turn,
+                calls: calls.clone(),
+            };
+            let mut stream = client
+                .submit_turn(request)
+                .await
+                .map_err(|e| e.to_string())?
+                .into_inner();
+            let mut outcome = TurnOutcome::default();
+            while let Some(item) = stream.next().await {
+                match item.map_err(|e| e.to_string())?.item {
+                    Some(pb::submit_turn_response::Item::Result(result)) => outcome.results.push(result),
+                    Some(pb::submit_turn_response::Item::Progress(progress)) => outcome.progress.push(progress),
+                    None => {}
+                }
+            }
+            Ok::<_, String>(outcome)
+        };
+        match attempt.await {
+            Ok(outcome) if outcome.results.len() == calls.len() => return outcome,
+            Ok(outcome) => panic!("a turn ended with {} of {} results", outcome.results.len(), calls.len()),
+            Err(error) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the turn never completed; last error: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
     }
 }
