@@ -171,7 +171,11 @@ pub fn steps_table(steps: &[StepView]) -> String {
                 step.tool.clone(),
                 step_version(step),
                 step.status.clone(),
-                step.attempts.to_string(),
+                if step.max_attempts > 1 {
+                    format!("{}/{}", step.attempts, step.max_attempts)
+                } else {
+                    step.attempts.to_string()
+                },
                 step.duration().map_or_else(|| NONE.to_owned(), duration),
                 or_none(step.worker.as_deref()).to_owned(),
                 step.replays.to_string(),
@@ -223,11 +227,42 @@ fn step_block(step: &StepView) -> String {
             Some(kind) => format!("{kind}: {message}"),
             None => message,
         };
-        pairs.push(("error", value));
+        // A pending step's error is the last failed attempt's; the step is waiting to retry.
+        let label = if step.status == "pending" {
+            "last error"
+        } else {
+            "error"
+        };
+        pairs.push((label, value));
+    }
+    if let Some(next) = step.next_attempt_at {
+        pairs.push(("next attempt", time(Some(next))));
+    }
+    let attempts = if step.max_attempts > 1 {
+        format!("{} of at most {}", step.attempts, step.max_attempts)
+    } else {
+        format!("{} (no retry)", step.attempts)
+    };
+    pairs.push(("attempts", attempts));
+    if step.lease_losses > 0 {
+        pairs.push(("workers lost", step.lease_losses.to_string()));
+    }
+    if let Some(worker) = &step.worker {
+        let holder = if step.is_running() { "held by" } else { "last worker" };
+        pairs.push((holder, worker.clone()));
     }
     pairs.push(("dispatch", or_none(step.dispatch_id.as_deref()).to_owned()));
     if step.is_running() {
         pairs.push(("lease expires", time(step.lease_expires_at)));
+    }
+    if step.replays > 0 {
+        pairs.push(("replayed", format!("{} times from the log", step.replays)));
+    }
+    if let Some(mode) = &step.idempotency {
+        pairs.push(("idempotency", mode.clone()));
+    }
+    if step.timeout_ms > 0 {
+        pairs.push(("timeout", duration(std::time::Duration::from_millis(step.timeout_ms))));
     }
     pairs.push(("idempotency key", or_none(Some(&step.idempotency_key)).to_owned()));
     text.push_str(&fields(&pairs, "  "));

@@ -125,6 +125,15 @@ pub struct StepView {
     pub duration_ms: Option<u64>,
     pub replays: u32,
     pub progress_count: u32,
+    /// When a failed attempt will be tried again.
+    pub next_attempt_at: Option<UtcTime>,
+    /// Attempts the call may take in all (1 = no retry).
+    pub max_attempts: u32,
+    /// Times the worker holding the call was lost.
+    pub lease_losses: u32,
+    /// "safe_to_retry" or "at_most_once".
+    pub idempotency: Option<String>,
+    pub timeout_ms: u64,
 }
 
 impl StepView {
@@ -178,6 +187,11 @@ impl From<pb::Step> for StepView {
             attempts: step.attempts,
             replays: step.replays,
             progress_count: step.progress_count,
+            next_attempt_at: step.next_attempt_at.map(UtcTime::from),
+            max_attempts: step.max_attempts.max(1),
+            lease_losses: step.lease_losses,
+            idempotency: non_empty(step.idempotency),
+            timeout_ms: step.timeout_ms,
         }
     }
 }

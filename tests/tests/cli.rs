@@ -124,3 +124,44 @@ async fn the_demo_agent_runs_its_turns_on_the_example_worker() {
     assert!(by_tool("slow")[0]["progress_count"].as_u64().unwrap() > 0);
     e2e::check_log(&kernel.events(&run).await, true);
 }
+
+#[tokio::test]
+async fn runs_show_explains_a_call_waiting_for_its_retry() {
+    let kernel = Kernel::start();
+    let mut worker = kernel.fault_worker("w1");
+    let run = kernel.create_run("stuck").await;
+    let mut watch = e2e::Watch::open(&kernel, &run, 1, false).await;
+    let url = kernel.url();
+    let agent = tokio::spawn({
+        let run = run.clone();
+        async move {
+            let mut client =
+                kernel_proto::v1::tool_call_service_client::ToolCallServiceClient::connect(url).await.unwrap();
+            let request = kernel_proto::v1::SubmitTurnRequest {
+                run_id: run,
+                turn: 0,
+                calls: vec![call("flaky", json!({"succeed_on": 3}))],
+            };
+            let _ = client.submit_turn(request).await;
+        }
+    });
+    watch.event("tool:attempt_failed", |_| true).await;
+    // With its only worker gone the retry cannot start: the step waits, and says why.
+    worker.kill9();
+    kernel.wait_for_workers("flaky", 0).await;
+
+    let json: Value = serde_json::from_str(&stdout(&kernel.kernelctl(&["--json", "runs", "show", &run]))).unwrap();
+    let step = &json["steps"][0];
+    assert_eq!(step["status"], "pending");
+    assert_eq!(step["attempts"], 1);
+    assert_eq!(step["max_attempts"], 4);
+    assert_eq!(step["error"]["message"], "attempt 1 fails");
+    assert_eq!(step["worker"], "w1");
+    assert!(step["next_attempt_at"].is_string(), "{step}");
+
+    let human = stdout(&kernel.kernelctl(&["runs", "show", &run]));
+    for needle in ["last error", "attempt 1 fails", "next attempt", "1 of at most 4", "last worker", "w1"] {
+        assert!(human.contains(needle), "{needle:?} missing from:\n{human}");
+    }
+    agent.abort();
+}
