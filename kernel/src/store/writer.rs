@@ -148,11 +148,13 @@ pub fn run(conn: Connection, commands: Receiver<Command>, publish: impl Fn(Vec<P
             let _ = conn.execute_batch("ROLLBACK");
             published.clear();
         }
-        for responder in responders {
-            responder(commit_error.as_deref());
-        }
+        // Watchers hear of a commit before its writers are answered, so a caller whose write
+        // returned knows every subscriber already has the events.
         if !published.is_empty() {
             publish(published);
+        }
+        for responder in responders {
+            responder(commit_error.as_deref());
         }
     }
 }
