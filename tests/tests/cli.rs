@@ -135,8 +135,9 @@ async fn runs_show_explains_a_call_waiting_for_its_retry() {
     let agent = tokio::spawn({
         let run = run.clone();
         async move {
-            let mut client =
-                kernel_proto::v1::tool_call_service_client::ToolCallServiceClient::connect(url).await.unwrap();
+            let mut client = kernel_proto::v1::tool_call_service_client::ToolCallServiceClient::connect(url)
+                .await
+                .unwrap();
             let request = kernel_proto::v1::SubmitTurnRequest {
                 run_id: run,
                 turn: 0,
@@ -160,7 +161,14 @@ async fn runs_show_explains_a_call_waiting_for_its_retry() {
     assert!(step["next_attempt_at"].is_string(), "{step}");
 
     let human = stdout(&kernel.kernelctl(&["runs", "show", &run]));
-    for needle in ["last error", "attempt 1 fails", "next attempt", "1 of at most 4", "last worker", "w1"] {
+    for needle in [
+        "last error",
+        "attempt 1 fails",
+        "next attempt",
+        "1 of at most 4",
+        "last worker",
+        "w1",
+    ] {
         assert!(human.contains(needle), "{needle:?} missing from:\n{human}");
     }
     agent.abort();
