@@ -32,6 +32,8 @@ pub struct SchedulerConfig {
     pub cancel_grace: Duration,
     /// How often deadlines are checked.
     pub tick: Duration,
+    /// How often the store is scanned for calls the scheduler lost track of.
+    pub scan_interval: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -42,6 +44,7 @@ impl Default for SchedulerConfig {
             schedule_to_start_timeout: Duration::from_secs(30),
             cancel_grace: Duration::from_secs(5),
             tick: Duration::from_millis(100),
+            scan_interval: Duration::from_secs(5),
         }
     }
 }
@@ -119,6 +122,8 @@ enum Msg {
         reason: String,
     },
     Snapshot(oneshot::Sender<Vec<WorkerSnapshot>>),
+    /// What the store says is in flight, for the periodic scan.
+    Reconcile(Vec<StepRecord>),
 }
 
 /// A cheap handle on the scheduler task.
@@ -290,6 +295,8 @@ impl Actor {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(self.config.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut scan = tokio::time::interval(self.config.scan_interval);
+        scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -298,6 +305,7 @@ impl Actor {
                     None => break,
                 },
                 _ = tick.tick() => self.on_tick(),
+                _ = scan.tick() => self.scan(),
             }
         }
         debug!("scheduler stopped");
@@ -338,6 +346,7 @@ impl Actor {
                 }
             }
             Msg::CancelSteps { steps, reason } => self.cancel_steps(steps, &reason),
+            Msg::Reconcile(steps) => self.reconcile(steps),
             Msg::Snapshot(reply) => {
                 let mut workers: Vec<WorkerSnapshot> = self
                     .sessions
@@ -449,6 +458,51 @@ impl Actor {
                 Err(error) => warn!(dispatch_id, %error, "cannot record a lost lease; boot recovery will"),
             }
         });
+    }
+
+    /// The safety net under every in-memory path: reads what the store says is in flight.
+    fn scan(&self) {
+        let store = self.store.clone();
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            match store.reads.in_flight_steps().await {
+                Ok(steps) => {
+                    let _ = me.send(Msg::Reconcile(steps));
+                }
+                Err(error) => warn!(%error, "in-flight scan failed"),
+            }
+        });
+    }
+
+    /// Offers again a pending step nobody queued, and records the loss of a running step whose
+    /// dispatch no lease here holds (its loss could not be written when it happened).
+    fn reconcile(&mut self, steps: Vec<StepRecord>) {
+        let mut found = 0;
+        for step in steps {
+            match step.status {
+                StepStatus::Pending => {
+                    let before = self.queue.len();
+                    self.enqueue(step);
+                    found += self.queue.len() - before;
+                }
+                StepStatus::Running => {
+                    let held = step.dispatch_id.as_ref().is_some_and(|id| self.leases.contains_key(id));
+                    if !held && let Some(dispatch_id) = step.dispatch_id.clone() {
+                        found += 1;
+                        self.lose(
+                            dispatch_id,
+                            step.attempts,
+                            "no lease held it (found by the in-flight scan)".into(),
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        if found > 0 {
+            warn!(found, "in-flight scan found calls the scheduler had lost track of");
+            self.dispatch_ready();
+        }
     }
 
     fn enqueue(&mut self, step: StepRecord) {
@@ -734,5 +788,96 @@ impl Actor {
         }
 
         self.dispatch_ready();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::hub::Hub;
+    use crate::model::{Idempotency, ToolOptions};
+    use crate::store::{Durability, NewRun, PlannedCall, TurnPlan};
+
+    fn tool(name: &str) -> ToolDef {
+        let schema = serde_json::json!({"type": "object"});
+        ToolDef {
+            name: name.into(),
+            description: String::new(),
+            fingerprint: kernel_proto::canonical::tool_fingerprint(name, "", &schema, ""),
+            input_schema: schema,
+            version: String::new(),
+            options: ToolOptions {
+                idempotency: Some(Idempotency::SafeToRetry.as_str().into()),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// A call recorded as pending but never handed to the scheduler (a lost in-memory message) is
+    /// found by the periodic scan and dispatched.
+    #[tokio::test]
+    async fn the_in_flight_scan_dispatches_a_pending_call_nobody_queued() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _writer) = Store::open(&dir.path().join("k.db"), Durability::Normal, Hub::default()).unwrap();
+        let (run, _) = store
+            .create_run(NewRun {
+                agent: "a".into(),
+                input: "{}".into(),
+                labels: BTreeMap::new(),
+                idempotency_key: None,
+                max_tool_calls: 0,
+            })
+            .await
+            .unwrap();
+        store
+            .schedule_turn(TurnPlan {
+                run_id: run.id.clone(),
+                turn: 0,
+                calls: vec![PlannedCall {
+                    position: 0,
+                    key: StepKey::for_call(0, 0, None),
+                    call_id: None,
+                    tool_name: "t".into(),
+                    arguments: "{}".into(),
+                    tool: Some(tool("t")),
+                    timeout_ms: None,
+                }],
+                available_tools: vec!["t".into()],
+                default_timeout_ms: 30_000,
+            })
+            .await
+            .unwrap();
+
+        let config = SchedulerConfig {
+            scan_interval: Duration::from_millis(50),
+            ..SchedulerConfig::default()
+        };
+        let shutdown = CancellationToken::new();
+        let scheduler = Scheduler::spawn(config, store.clone(), shutdown.clone());
+        let (outbound, mut orders) = mpsc::unbounded_channel();
+        let hello = SessionHello {
+            name: "w".into(),
+            tools: vec![tool("t")],
+            max_concurrency: 1,
+        };
+        scheduler.join(hello, outbound).await.unwrap();
+        let order = tokio::time::timeout(Duration::from_secs(10), orders.recv())
+            .await
+            .expect("dispatched")
+            .unwrap();
+        let Outbound::Dispatch(order) = order else {
+            panic!("expected a dispatch")
+        };
+        assert_eq!(order.step.key, StepKey::for_call(0, 0, None));
+        assert_eq!(order.attempt, 1);
+        let steps = store.reads.steps(run.id).await.unwrap();
+        assert_eq!(
+            steps[0].status,
+            StepStatus::Running,
+            "tool:start was recorded before the dispatch was sent"
+        );
+        shutdown.cancel();
     }
 }
