@@ -10,6 +10,8 @@ const FILES: &[&str] = &[
     "kernel/v1/tool_calls.proto",
     "kernel/v1/workers.proto",
     "kernel/v1/registry.proto",
+    "kernel/v1/approvals.proto",
+    "kernel/v1/admin.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
 use kernel_proto::v1::registry_service_client::RegistryServiceClient;
 use kernel_proto::v1::run_service_client::RunServiceClient;
 use tonic::transport::{Channel, Endpoint};
@@ -32,6 +33,7 @@ pub async fn unary<T>(call: impl Future<Output = Result<tonic::Response<T>, toni
 pub struct Kernel {
     pub runs: RunServiceClient<Channel>,
     pub registry: RegistryServiceClient<Channel>,
+    pub approvals: ApprovalServiceClient<Channel>,
 }
 
 impl Kernel {
@@ -47,6 +49,7 @@ impl Kernel {
         let channel = endpoint.connect().await.map_err(|err| unreachable(&err))?;
         Ok(Self {
             runs: RunServiceClient::new(channel.clone()),
+            approvals: ApprovalServiceClient::new(channel.clone()),
             registry: RegistryServiceClient::new(channel),
         })
     }

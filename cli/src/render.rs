@@ -11,7 +11,7 @@ use std::time::Duration;
 use comfy_table::{ContentArrangement, Table, presets};
 
 use crate::time::{Precision, UtcTime};
-use crate::view::{EventView, Json, ProgressView, RunDetail, RunView, StepView, ToolView, WorkerView};
+use crate::view::{ApprovalView, EventView, Json, ProgressView, RunDetail, RunView, StepView, ToolView, WorkerView};
 
 /// Characters of JSON shown in human output before it is cut.
 pub const JSON_CUT: usize = 200;
@@ -258,6 +258,12 @@ fn step_block(step: &StepView) -> String {
     if step.replays > 0 {
         pairs.push(("replayed", format!("{} times from the log", step.replays)));
     }
+    if let Some(decided_by) = &step.decided_by {
+        pairs.push(("decided by", decided_by.clone()));
+    }
+    if step.unit_cost > 0.0 {
+        pairs.push(("cost", format!("{} ({} per attempt)", step.cost, step.unit_cost)));
+    }
     if let Some(mode) = &step.idempotency {
         pairs.push(("idempotency", mode.clone()));
     }
@@ -282,7 +288,37 @@ pub fn run_detail(detail: &RunDetail) -> String {
         text.push('\n');
         text.push_str(&step_block(step));
     }
+    if detail.manifest.total_cost > 0.0 {
+        text.push_str(&format!("\ncost: {} in all\n", detail.manifest.total_cost));
+        for (tool, cost) in &detail.manifest.cost_by_tool {
+            text.push_str(&format!("  {tool}: {cost}\n"));
+        }
+    }
+    if !detail.approvals.is_empty() {
+        text.push_str("\napprovals:\n");
+        text.push_str(&approvals_table(&detail.approvals));
+    }
     text
+}
+
+/// The table of `approvals list` and of the approvals in `runs show`.
+pub fn approvals_table(approvals: &[ApprovalView]) -> String {
+    table(
+        &["ID", "RUN", "STEP", "TOOL", "STATUS", "ASKED BY", "DECIDER", "REASON", "ARGUMENTS"],
+        approvals.iter().map(|a| {
+            vec![
+                a.id.clone(),
+                a.run_id.clone(),
+                one_line(&a.step_key).into_owned(),
+                a.tool.clone(),
+                a.status.clone(),
+                a.decided_by.clone(),
+                or_none(a.decider.as_deref()).to_owned(),
+                a.reason.as_deref().map_or_else(|| NONE.to_owned(), |r| one_line(r).into_owned()),
+                json_cut(&a.arguments),
+            ]
+        }),
+    )
 }
 
 const AT_WIDTH: usize = 24;

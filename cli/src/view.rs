@@ -68,6 +68,8 @@ pub struct RunView {
     pub last_seq: u64,
     pub created_at: Option<UtcTime>,
     pub updated_at: Option<UtcTime>,
+    pub non_interactive: bool,
+    pub permissions: Vec<String>,
 }
 
 impl From<pb::Run> for RunView {
@@ -84,6 +86,8 @@ impl From<pb::Run> for RunView {
             last_seq: run.last_seq,
             created_at: run.created_at.map(UtcTime::from),
             updated_at: run.updated_at.map(UtcTime::from),
+            non_interactive: run.non_interactive,
+            permissions: run.permissions,
             id: run.id,
             agent: run.agent,
         }
@@ -134,6 +138,11 @@ pub struct StepView {
     /// "safe_to_retry" or "at_most_once".
     pub idempotency: Option<String>,
     pub timeout_ms: u64,
+    /// What the attempts that ran cost.
+    pub cost: f64,
+    pub unit_cost: f64,
+    /// The policy preset, rule or tool flag that allowed, denied or gated the call.
+    pub decided_by: Option<String>,
 }
 
 impl StepView {
@@ -192,6 +201,9 @@ impl From<pb::Step> for StepView {
             lease_losses: step.lease_losses,
             idempotency: non_empty(step.idempotency),
             timeout_ms: step.timeout_ms,
+            cost: step.cost,
+            unit_cost: step.unit_cost,
+            decided_by: non_empty(step.decided_by),
         }
     }
 }
@@ -201,6 +213,8 @@ impl From<pb::Step> for StepView {
 pub struct RunDetail {
     pub run: RunView,
     pub steps: Vec<StepView>,
+    pub manifest: ManifestView,
+    pub approvals: Vec<ApprovalView>,
 }
 
 impl TryFrom<pb::GetRunResponse> for RunDetail {
@@ -212,7 +226,12 @@ impl TryFrom<pb::GetRunResponse> for RunDetail {
             .ok_or(CliError::MalformedResponse("GetRun returned no run"))?;
         let mut steps: Vec<StepView> = response.steps.into_iter().map(StepView::from).collect();
         steps.sort_by(|a, b| (a.turn, a.position, &a.key).cmp(&(b.turn, b.position, &b.key)));
-        Ok(Self { run: run.into(), steps })
+        let manifest = response
+            .manifest
+            .map(|m| ManifestView { total_cost: m.total_cost, cost_by_tool: m.cost_by_tool.into_iter().collect() })
+            .unwrap_or_default();
+        let approvals = response.approvals.into_iter().map(ApprovalView::from).collect();
+        Ok(Self { run: run.into(), steps, manifest, approvals })
     }
 }
 
@@ -416,7 +435,70 @@ pub fn step_status_name(raw: i32) -> String {
         pb::StepStatus::Succeeded => "succeeded",
         pb::StepStatus::Failed => "failed",
         pb::StepStatus::Cancelled => "cancelled",
+        pb::StepStatus::AwaitingApproval => "awaiting_approval",
     })
+}
+
+/// `pending`, `approved`, `consumed`, `rejected`, `expired`, `cancelled`.
+pub fn approval_status_name(raw: i32) -> String {
+    enum_name(raw, |status| match status {
+        pb::ApprovalStatus::Unspecified => "unspecified",
+        pb::ApprovalStatus::Pending => "pending",
+        pb::ApprovalStatus::Approved => "approved",
+        pb::ApprovalStatus::Consumed => "consumed",
+        pb::ApprovalStatus::Rejected => "rejected",
+        pb::ApprovalStatus::Expired => "expired",
+        pb::ApprovalStatus::Cancelled => "cancelled",
+    })
+}
+
+/// A question put to a person about one call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ApprovalView {
+    pub id: String,
+    pub run_id: String,
+    pub step_key: String,
+    pub tool: String,
+    /// The exact arguments the approval covers.
+    pub arguments: Json,
+    pub status: String,
+    pub approvers: Vec<String>,
+    pub message: Option<String>,
+    /// The rule or flag that asked.
+    pub decided_by: String,
+    pub requested_at: Option<UtcTime>,
+    pub expires_at: Option<UtcTime>,
+    pub answered_at: Option<UtcTime>,
+    pub decider: Option<String>,
+    pub reason: Option<String>,
+}
+
+impl From<pb::Approval> for ApprovalView {
+    fn from(approval: pb::Approval) -> Self {
+        Self {
+            status: approval_status_name(approval.status),
+            arguments: Json::parse_or(&approval.arguments_json, Value::Object(Default::default())),
+            message: non_empty(approval.message),
+            requested_at: approval.requested_at.map(UtcTime::from),
+            expires_at: approval.expires_at.map(UtcTime::from),
+            answered_at: approval.answered_at.map(UtcTime::from),
+            decider: non_empty(approval.decider),
+            reason: non_empty(approval.reason),
+            id: approval.id,
+            run_id: approval.run_id,
+            step_key: approval.step_key,
+            tool: approval.tool,
+            approvers: approval.approvers,
+            decided_by: approval.decided_by,
+        }
+    }
+}
+
+/// What a run's calls cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct ManifestView {
+    pub total_cost: f64,
+    pub cost_by_tool: BTreeMap<String, f64>,
 }
 
 /// `retryable`, `fatal`, `poison`.

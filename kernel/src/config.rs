@@ -41,9 +41,30 @@ pub struct Config {
     #[arg(long, env = "KERNEL_DEFAULT_TOOL_TIMEOUT_MS", default_value_t = 30_000)]
     pub default_tool_timeout_ms: u64,
 
+    /// Policy file (YAML): presets and rules deciding allow, deny or ask a person. Reloaded on
+    /// SIGHUP and through AdminService.ReloadPolicy. Without one, every call is allowed.
+    #[arg(long, env = "KERNEL_POLICY")]
+    pub policy: Option<PathBuf>,
+
+    /// Central unit price by tool-name prefix, `PREFIX=PRICE` (repeatable, or comma-separated in
+    /// the environment); applies to tools that declare no cost_per_call; the longest prefix wins.
+    #[arg(long = "unit-price", env = "KERNEL_UNIT_PRICES", value_delimiter = ',', value_parser = parse_unit_price)]
+    pub unit_prices: Vec<(String, f64)>,
+
     /// Milliseconds to wait for open streams to end on SIGINT/SIGTERM.
     #[arg(long, env = "KERNEL_DRAIN_TIMEOUT_MS", default_value_t = 5_000)]
     pub drain_timeout_ms: u64,
+}
+
+fn parse_unit_price(text: &str) -> Result<(String, f64), String> {
+    let (prefix, price) = text
+        .split_once('=')
+        .ok_or_else(|| format!("'{text}' is not PREFIX=PRICE"))?;
+    let price: f64 = price.trim().parse().map_err(|_| format!("'{price}' is not a price"))?;
+    if !price.is_finite() || price < 0.0 {
+        return Err(format!("'{price}' is not a price >= 0"));
+    }
+    Ok((prefix.trim().to_owned(), price))
 }
 
 impl Config {

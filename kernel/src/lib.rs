@@ -13,13 +13,16 @@
 
 pub mod config;
 pub mod error;
+pub mod governance;
 pub mod grpc;
 pub mod hub;
 pub mod model;
+pub mod policy;
 pub mod registry;
 pub mod scheduler;
 pub mod server;
 pub mod store;
+pub mod validation;
 
 pub use config::Config;
 pub use error::KernelError;

@@ -117,6 +117,7 @@ text_enum!(
         Succeeded => "succeeded",
         Failed => "failed",
         Cancelled => "cancelled",
+        AwaitingApproval => "awaiting_approval",
     }
 );
 
@@ -163,6 +164,10 @@ text_enum!(
         ToolStart => "tool:start",
         ToolLeaseLost => "tool:lease_lost",
         ToolAttemptFailed => "tool:attempt_failed",
+        ToolDenied => "tool:denied",
+        RunInterrupted => "run:interrupted",
+        RunResumed => "run:resumed",
+        ApprovalAnswered => "approval:answered",
         ToolResult => "tool:result",
         RunCompleted => "run:completed",
         RunFailed => "run:failed",
@@ -357,6 +362,10 @@ pub struct RunRecord {
     pub labels: std::collections::BTreeMap<String, String>,
     pub idempotency_key: Option<String>,
     pub max_tool_calls: u32,
+    /// A non-interactive run cannot wait for a person.
+    pub interactive: bool,
+    /// Permissions granted to the run, for policies that require them.
+    pub permissions: Vec<String>,
     pub tool_calls: u32,
     pub last_seq: u64,
     pub created_at: Millis,
@@ -403,6 +412,60 @@ pub struct StepRecord {
     pub not_before: Option<Millis>,
     /// Times a worker was lost while holding this call.
     pub lease_losses: u32,
+    /// Price of one attempt, fixed when the call was recorded.
+    pub unit_cost: f64,
+    /// What the attempts that ran cost.
+    pub cost: f64,
+    /// The policy preset, rule or tool flag whose decision let the call through, denied or gated it.
+    pub decided_by: Option<String>,
+    /// Set while the call waits for a person (or waits to be asked).
+    pub approval_gate: Option<ApprovalGate>,
+}
+
+/// What a person is asked before a gated call may start.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalGate {
+    /// How long the person may take; `None` waits indefinitely.
+    pub timeout_ms: Option<u64>,
+    /// Who may answer (advisory until API keys exist).
+    pub approvers: Vec<String>,
+    /// What the approver is told.
+    pub message: Option<String>,
+    /// The rule or flag that asked.
+    pub decided_by: String,
+}
+
+text_enum!(
+    /// Lifecycle of an approval.
+    ApprovalStatus {
+        Pending => "pending",
+        Approved => "approved",
+        Consumed => "consumed",
+        Rejected => "rejected",
+        Expired => "expired",
+        Cancelled => "cancelled",
+    }
+);
+
+/// A question put to a person about one call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApprovalRecord {
+    pub id: String,
+    pub run_id: RunId,
+    pub key: StepKey,
+    pub tool: String,
+    pub call_hash: String,
+    /// Canonical JSON text of the arguments the approval covers.
+    pub arguments: String,
+    pub status: ApprovalStatus,
+    pub approvers: Vec<String>,
+    pub message: Option<String>,
+    pub decided_by: String,
+    pub requested_at: Millis,
+    pub expires_at: Option<Millis>,
+    pub answered_at: Option<Millis>,
+    pub decider: Option<String>,
+    pub reason: Option<String>,
 }
 
 /// One entry of a run's log.

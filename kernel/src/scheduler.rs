@@ -145,6 +145,7 @@ impl Scheduler {
             queue: VecDeque::new(),
             leases: HashMap::new(),
             turn: 0,
+            expiring: Default::default(),
         };
         tokio::spawn(actor.run(rx, shutdown));
         Scheduler { tx, config }
@@ -289,12 +290,16 @@ struct Actor {
     leases: HashMap<String, Lease>,
     /// Rotates ties between equally loaded workers.
     turn: usize,
+    /// An expiry pass is running.
+    expiring: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Actor {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(self.config.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut approvals = tokio::time::interval(Duration::from_millis(250));
+        approvals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut scan = tokio::time::interval(self.config.scan_interval);
         scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -306,6 +311,7 @@ impl Actor {
                 },
                 _ = tick.tick() => self.on_tick(),
                 _ = scan.tick() => self.scan(),
+                _ = approvals.tick() => self.expire_approvals(),
             }
         }
         debug!("scheduler stopped");
@@ -457,6 +463,25 @@ impl Actor {
                 Ok(LossOutcome::NotHeld) => debug!(dispatch_id, "lost lease no longer held its step"),
                 Err(error) => warn!(dispatch_id, %error, "cannot record a lost lease; boot recovery will"),
             }
+        });
+    }
+
+    /// Expires approvals past their deadline; the deadlines live in the store.
+    fn expire_approvals(&mut self) {
+        if self.expiring.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        let store = self.store.clone();
+        let expiring = self.expiring.clone();
+        tokio::spawn(async move {
+            match store.expire_approvals().await {
+                Ok(answered) if !answered.approvals.is_empty() => {
+                    info!(expired = answered.approvals.len(), "approvals expired unanswered")
+                }
+                Ok(_) => {}
+                Err(error) => warn!(%error, "cannot expire approvals"),
+            }
+            expiring.store(false, std::sync::atomic::Ordering::Release);
         });
     }
 
@@ -828,6 +853,8 @@ mod tests {
                 labels: BTreeMap::new(),
                 idempotency_key: None,
                 max_tool_calls: 0,
+                interactive: true,
+                permissions: Vec::new(),
             })
             .await
             .unwrap();
@@ -843,6 +870,10 @@ mod tests {
                     arguments: "{}".into(),
                     tool: Some(tool("t")),
                     timeout_ms: None,
+                    gate: crate::store::CallGate::Run {
+                        decided_by: "default:allow".into(),
+                    },
+                    unit_cost: 0.0,
                 }],
                 available_tools: vec!["t".into()],
                 default_timeout_ms: 30_000,

@@ -4,6 +4,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use kernel_proto::v1::admin_service_server::AdminServiceServer;
+use kernel_proto::v1::approval_service_server::ApprovalServiceServer;
 use kernel_proto::v1::registry_service_server::RegistryServiceServer;
 use kernel_proto::v1::run_service_server::RunServiceServer;
 use kernel_proto::v1::tool_call_service_server::ToolCallServiceServer;
@@ -15,7 +17,8 @@ use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::error::KernelError;
-use crate::grpc::{Kernel, RegistryApi, RunApi, ToolCallApi, WorkerApi};
+use crate::governance::Governance;
+use crate::grpc::{AdminApi, ApprovalApi, Kernel, RegistryApi, RunApi, ToolCallApi, WorkerApi};
 use crate::hub::Hub;
 use crate::model::StepStatus;
 use crate::registry::Registry;
@@ -82,12 +85,32 @@ async fn serve(
     Ok(())
 }
 
+/// Reloads the policy file on every SIGHUP; a file that does not load leaves the current policy.
+async fn reload_on_sighup(governance: Governance, shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+        warn!("cannot listen for SIGHUP; reload the policy through AdminService.ReloadPolicy");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = hangup.recv() => {
+                // Errors are logged by reload itself.
+                let _ = governance.reload();
+            }
+        }
+    }
+}
+
 /// Runs the kernel until `shutdown` is cancelled. `on_listening` receives the bound address.
 pub async fn run(
     config: Config,
     shutdown: CancellationToken,
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<(), KernelError> {
+    // A policy file that does not load stops the kernel before it touches anything.
+    let governance = Governance::load(config.policy.as_deref(), config.unit_prices.clone())?;
     let hub = Hub::default();
     let (store, writer) = Store::open(&config.db, config.durability, hub.clone())?;
     let registry = Registry::load(store.reads.tools().await?);
@@ -99,6 +122,7 @@ pub async fn run(
         hub,
         registry,
         scheduler,
+        governance: governance.clone(),
         shutdown: shutdown.clone(),
         default_timeout_ms: config.default_tool_timeout_ms,
     };
@@ -124,6 +148,11 @@ pub async fn run(
     health_reporter
         .set_serving::<RegistryServiceServer<RegistryApi>>()
         .await;
+    health_reporter
+        .set_serving::<ApprovalServiceServer<ApprovalApi>>()
+        .await;
+    health_reporter.set_serving::<AdminServiceServer<AdminApi>>().await;
+    tokio::spawn(reload_on_sighup(governance, shutdown.clone()));
 
     let listener = TcpListener::bind(config.listen)
         .await
@@ -141,6 +170,8 @@ pub async fn run(
         .add_service(RunServiceServer::new(RunApi(kernel.clone())))
         .add_service(ToolCallServiceServer::new(ToolCallApi(kernel.clone())))
         .add_service(WorkerServiceServer::new(WorkerApi(kernel.clone())))
+        .add_service(ApprovalServiceServer::new(ApprovalApi(kernel.clone())))
+        .add_service(AdminServiceServer::new(AdminApi(kernel.clone())))
         .add_service(RegistryServiceServer::new(RegistryApi(kernel)));
     serve(
         router,

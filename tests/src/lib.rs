@@ -177,6 +177,10 @@ pub struct KernelOptions {
     pub lease_ttl_ms: u64,
     pub schedule_to_start_timeout_ms: u64,
     pub default_tool_timeout_ms: u64,
+    /// A policy file's text, written beside the database and passed with --policy.
+    pub policy: Option<String>,
+    /// More flags for the kernel.
+    pub args: Vec<String>,
 }
 
 impl Default for KernelOptions {
@@ -186,6 +190,8 @@ impl Default for KernelOptions {
             lease_ttl_ms: 1_500,
             schedule_to_start_timeout_ms: 10_000,
             default_tool_timeout_ms: 30_000,
+            policy: None,
+            args: Vec::new(),
         }
     }
 }
@@ -218,7 +224,13 @@ fn spawn_kernel(dir: &Path, listen: &str, options: &KernelOptions) -> (Process, 
             "KERNEL_DEFAULT_TOOL_TIMEOUT_MS",
             options.default_tool_timeout_ms.to_string(),
         )
-        .env("KERNEL_DRAIN_TIMEOUT_MS", "2000");
+        .env("KERNEL_DRAIN_TIMEOUT_MS", "2000")
+        .args(&options.args);
+    if let Some(policy) = &options.policy {
+        let path = dir.join("policy.yaml");
+        std::fs::write(&path, policy).expect("write policy");
+        command.arg("--policy").arg(path);
+    }
     let process = Process::spawn(command, "kernel");
     let line = process.log.wait_for("listening");
     let addr = line
@@ -446,6 +458,7 @@ pub fn call(tool: &str, arguments: Value) -> pb::ToolCall {
 pub struct TurnOutcome {
     pub results: Vec<pb::CallResult>,
     pub progress: Vec<pb::Progress>,
+    pub interrupted: Vec<pb::Interruption>,
 }
 
 /// Submits a turn and reads its whole stream.
@@ -466,6 +479,7 @@ pub async fn submit(
         match item?.item {
             Some(pb::submit_turn_response::Item::Result(result)) => outcome.results.push(result),
             Some(pb::submit_turn_response::Item::Progress(progress)) => outcome.progress.push(progress),
+            Some(pb::submit_turn_response::Item::Interrupted(interruption)) => outcome.interrupted.push(interruption),
             None => {}
         }
     }
@@ -546,7 +560,7 @@ pub fn payload(event: &pb::Event) -> Value {
 const TERMINAL_RUN_EVENTS: [&str; 3] = ["run:completed", "run:failed", "run:cancelled"];
 
 /// Checks a run's whole log against the invariants: gap-free sequence numbers; exactly one
-/// terminal event per step, with `tool:start` before any worker result; every scheduled call
+/// terminal event (`tool:result` or `tool:denied`) per step, with `tool:start` before any worker result; every scheduled call
 /// settled (when `settled` is set); at most one terminal run event, and it comes last.
 pub fn check_log(events: &[pb::Event], settled: bool) {
     let dump = || {
@@ -578,7 +592,7 @@ pub fn check_log(events: &[pb::Event], settled: bool) {
                 );
                 started.insert(key, body["attempt"].as_u64().unwrap());
             }
-            "tool:result" => {
+            "tool:result" | "tool:denied" => {
                 *results.entry(key.clone()).or_default() += 1;
                 if body["attempts"].as_u64().unwrap_or(0) > 0
                     && body["status"] != "cancelled"
@@ -661,6 +675,7 @@ pub async fn submit_until_done(url: &str, run_id: &str, turn: u32, calls: Vec<pb
                 match item.map_err(|e| e.to_string())?.item {
                     Some(pb::submit_turn_response::Item::Result(result)) => outcome.results.push(result),
                     Some(pb::submit_turn_response::Item::Progress(progress)) => outcome.progress.push(progress),
+                    Some(pb::submit_turn_response::Item::Interrupted(i)) => outcome.interrupted.push(i),
                     None => {}
                 }
             }
@@ -678,4 +693,37 @@ pub async fn submit_until_done(url: &str, run_id: &str, turn: u32, calls: Vec<pb
             }
         }
     }
+}
+
+impl Kernel {
+    /// Starts the fault-injection worker with extra flags (e.g. `--max-concurrency 300`).
+    pub fn fault_worker_with(&self, name: &str, args: &[&str]) -> Process {
+        let mut command = Command::new(binary("fault-worker"));
+        command
+            .arg("--kernel")
+            .arg(self.url())
+            .arg("--name")
+            .arg(name)
+            .arg("--ledger")
+            .arg(self.dir.path().join("ledger.txt"))
+            .args(args);
+        let process = Process::spawn(command, "fault-worker");
+        process.log.wait_for("worker session open");
+        process
+    }
+
+    /// The kernel's resident memory in KiB (`VmRSS` of `/proc/<pid>/status`).
+    pub fn rss_kib(&self) -> u64 {
+        proc_status_kib(self.process.child.id(), "VmRSS")
+    }
+}
+
+/// A `kB` field of `/proc/<pid>/status`, such as `VmRSS` or `VmHWM`.
+pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/<pid>/status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|value| value.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }

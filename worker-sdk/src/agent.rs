@@ -54,6 +54,10 @@ pub struct NewRun {
     pub idempotency_key: Option<String>,
     /// Cap on tool calls in the run; 0 means unlimited.
     pub max_tool_calls: u32,
+    /// The run cannot wait for a person: calls that need approval are refused or denied.
+    pub non_interactive: bool,
+    /// Permissions granted to the run, for policies that require them.
+    pub permissions: Vec<String>,
 }
 
 impl NewRun {
@@ -64,6 +68,8 @@ impl NewRun {
             input,
             labels: BTreeMap::new(),
             idempotency_key: None,
+            non_interactive: false,
+            permissions: Vec::new(),
             max_tool_calls: 0,
         }
     }
@@ -184,8 +190,29 @@ pub struct ProgressUpdate {
 pub enum TurnItem {
     /// A running call reported progress.
     Progress(ProgressUpdate),
+    /// A call waits for a person's approval; its result follows once someone answers.
+    Interrupted(Interruption),
     /// A call ended.
     Result(CallOutcome),
+}
+
+/// A call of the turn parked until a person approves or rejects it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Interruption {
+    /// The call's position in its turn.
+    pub position: u32,
+    /// The call's identity in the run.
+    pub step_key: String,
+    /// The tool that was called.
+    pub tool: String,
+    /// Why the call waits, e.g. `tool_approval`.
+    pub reason: String,
+    /// The approval a reviewer answers (`kernelctl approvals approve ID`).
+    pub approval_id: String,
+    /// The exact arguments the approval covers.
+    pub arguments: Value,
+    /// What the approver is told.
+    pub message: String,
 }
 
 /// A run and its steps as the kernel records them.
@@ -283,13 +310,14 @@ impl RunHandle {
             .try_filter_map(|response| future::ready(wire::turn_item(response)))
     }
 
-    /// Submits one turn's calls and returns their results in position order, ignoring progress.
+    /// Submits one turn's calls and returns their results in position order, ignoring progress;
+    /// a call parked for approval is waited for until someone answers.
     pub async fn call_turn(&self, turn: u32, calls: Vec<Call>) -> Result<Vec<CallOutcome>, AgentError> {
         self.submit_turn(turn, calls)
             .try_filter_map(|item| {
                 future::ready(Ok(match item {
                     TurnItem::Result(outcome) => Some(outcome),
-                    TurnItem::Progress(_) => None,
+                    TurnItem::Progress(_) | TurnItem::Interrupted(_) => None,
                 }))
             })
             .try_collect()

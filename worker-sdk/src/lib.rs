@@ -82,7 +82,8 @@ mod worker;
 pub mod __private;
 
 pub use agent::{
-    AgentClient, AgentError, Call, CallOutcome, CallStatus, NewRun, ProgressUpdate, RunHandle, RunSnapshot, TurnItem,
+    AgentClient, AgentError, Call, CallOutcome, CallStatus, Interruption, NewRun, ProgressUpdate, RunHandle, RunSnapshot,
+    TurnItem,
 };
 pub use context::{Progress, ToolContext};
 pub use error::{ErrorKind, ToolError};

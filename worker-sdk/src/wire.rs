@@ -12,7 +12,7 @@ use pb::open_session_request::Message as Up;
 use pb::open_session_response::Message as Down;
 use serde_json::Value;
 
-use crate::agent::{AgentError, Call, CallOutcome, CallStatus, NewRun, ProgressUpdate, TurnItem};
+use crate::agent::{AgentError, Call, CallOutcome, CallStatus, Interruption, NewRun, ProgressUpdate, TurnItem};
 use crate::context::CallInfo;
 use crate::error::{ErrorKind, ToolError};
 use crate::session::{DispatchRef, DispatchRequest, Inbound, Outbound, Welcome};
@@ -233,6 +233,8 @@ pub(crate) fn create_run_request(run: NewRun) -> pb::CreateRunRequest {
         labels: run.labels.into_iter().collect(),
         idempotency_key: run.idempotency_key.unwrap_or_default(),
         max_tool_calls: run.max_tool_calls,
+        non_interactive: run.non_interactive,
+        permissions: run.permissions,
     }
 }
 
@@ -259,6 +261,15 @@ pub(crate) fn turn_item(response: pb::SubmitTurnResponse) -> Result<Option<TurnI
         None => None,
         Some(Item::Result(result)) => Some(TurnItem::Result(call_outcome(result)?)),
         Some(Item::Progress(progress)) => Some(TurnItem::Progress(progress_update(progress))),
+        Some(Item::Interrupted(interruption)) => Some(TurnItem::Interrupted(Interruption {
+            position: interruption.position,
+            step_key: interruption.step_key,
+            tool: interruption.tool,
+            reason: interruption.reason,
+            approval_id: interruption.approval_id,
+            arguments: optional_json(&interruption.arguments_json)?.unwrap_or(Value::Null),
+            message: interruption.message,
+        })),
     })
 }
 

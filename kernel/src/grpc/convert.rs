@@ -11,8 +11,8 @@ use serde_json::Value;
 use crate::error::KernelError;
 use crate::hub::ProgressUpdate;
 use crate::model::{
-    ErrorKind, EventRecord, Idempotency, Millis, RetryPolicy, RiskLevel, RunRecord, RunStatus, StepRecord, StepStatus,
-    ToolDef, ToolOptions, validate_tool_name,
+    ApprovalRecord, ApprovalStatus, ErrorKind, EventRecord, Idempotency, Millis, RetryPolicy, RiskLevel, RunRecord,
+    RunStatus, StepRecord, StepStatus, ToolDef, ToolOptions, validate_tool_name,
 };
 use crate::registry::KnownTool;
 use crate::scheduler::{SessionHello, WorkerSnapshot};
@@ -65,6 +65,7 @@ fn step_status(status: StepStatus) -> pb::StepStatus {
         StepStatus::Succeeded => pb::StepStatus::Succeeded,
         StepStatus::Failed => pb::StepStatus::Failed,
         StepStatus::Cancelled => pb::StepStatus::Cancelled,
+        StepStatus::AwaitingApproval => pb::StepStatus::AwaitingApproval,
     }
 }
 
@@ -100,6 +101,79 @@ pub fn run(run: &RunRecord) -> pb::Run {
         last_seq: run.last_seq,
         created_at: Some(timestamp(run.created_at)),
         updated_at: Some(timestamp(run.updated_at)),
+        non_interactive: !run.interactive,
+        permissions: run.permissions.clone(),
+    }
+}
+
+fn approval_status(status: ApprovalStatus) -> pb::ApprovalStatus {
+    match status {
+        ApprovalStatus::Pending => pb::ApprovalStatus::Pending,
+        ApprovalStatus::Approved => pb::ApprovalStatus::Approved,
+        ApprovalStatus::Consumed => pb::ApprovalStatus::Consumed,
+        ApprovalStatus::Rejected => pb::ApprovalStatus::Rejected,
+        ApprovalStatus::Expired => pb::ApprovalStatus::Expired,
+        ApprovalStatus::Cancelled => pb::ApprovalStatus::Cancelled,
+    }
+}
+
+pub fn approval_status_filter(value: i32) -> Result<ApprovalStatus, KernelError> {
+    match pb::ApprovalStatus::try_from(value) {
+        Ok(pb::ApprovalStatus::Unspecified | pb::ApprovalStatus::Pending) => Ok(ApprovalStatus::Pending),
+        Ok(pb::ApprovalStatus::Approved) => Ok(ApprovalStatus::Approved),
+        Ok(pb::ApprovalStatus::Consumed) => Ok(ApprovalStatus::Consumed),
+        Ok(pb::ApprovalStatus::Rejected) => Ok(ApprovalStatus::Rejected),
+        Ok(pb::ApprovalStatus::Expired) => Ok(ApprovalStatus::Expired),
+        Ok(pb::ApprovalStatus::Cancelled) => Ok(ApprovalStatus::Cancelled),
+        Err(_) => Err(KernelError::invalid(
+            "status",
+            format!("{value} is not an ApprovalStatus"),
+        )),
+    }
+}
+
+pub fn approval(approval: &ApprovalRecord) -> pb::Approval {
+    pb::Approval {
+        id: approval.id.clone(),
+        run_id: approval.run_id.to_string(),
+        step_key: approval.key.to_string(),
+        tool: approval.tool.clone(),
+        arguments_json: approval.arguments.clone(),
+        call_hash: approval.call_hash.clone(),
+        status: approval_status(approval.status) as i32,
+        approvers: approval.approvers.clone(),
+        message: approval.message.clone().unwrap_or_default(),
+        decided_by: approval.decided_by.clone(),
+        requested_at: Some(timestamp(approval.requested_at)),
+        expires_at: opt_timestamp(approval.expires_at),
+        answered_at: opt_timestamp(approval.answered_at),
+        decider: approval.decider.clone().unwrap_or_default(),
+        reason: approval.reason.clone().unwrap_or_default(),
+    }
+}
+
+/// Cost totals of a run's steps.
+pub fn manifest(steps: &[StepRecord]) -> pb::RunManifest {
+    let mut manifest = pb::RunManifest::default();
+    for step in steps {
+        manifest.total_cost += step.cost;
+        if step.cost != 0.0 {
+            *manifest.cost_by_tool.entry(step.tool.clone()).or_default() += step.cost;
+        }
+    }
+    manifest
+}
+
+/// Tells the agent a call of its turn waits for a person.
+pub fn interruption(approval: &ApprovalRecord, position: u32) -> pb::Interruption {
+    pb::Interruption {
+        position,
+        step_key: approval.key.to_string(),
+        tool: approval.tool.clone(),
+        reason: "tool_approval".into(),
+        approval_id: approval.id.clone(),
+        arguments_json: approval.arguments.clone(),
+        message: approval.message.clone().unwrap_or_default(),
     }
 }
 
@@ -133,6 +207,9 @@ pub fn step(step: &StepRecord) -> pb::Step {
         max_attempts: RetryPolicy::attempts(step.retry.as_ref()),
         timeout_ms: step.timeout_ms,
         idempotency: step.idempotency.as_str().to_owned(),
+        cost: step.cost,
+        unit_cost: step.unit_cost,
+        decided_by: step.decided_by.clone().unwrap_or_default(),
     }
 }
 
@@ -285,6 +362,12 @@ pub fn hello(hello: pb::Hello) -> Result<SessionHello, KernelError> {
                 "must be a JSON Schema object",
             ));
         }
+        crate::validation::ArgsValidator::compile(&input_schema).map_err(|e| {
+            KernelError::invalid(
+                format!("{field}.input_schema_json"),
+                format!("is not a usable JSON Schema: {e}"),
+            )
+        })?;
         let fingerprint = canonical::tool_fingerprint(&spec.name, &spec.description, &input_schema, &spec.version);
         if !spec.fingerprint.is_empty() && spec.fingerprint != fingerprint {
             return Err(KernelError::invalid(
@@ -296,6 +379,15 @@ pub fn hello(hello: pb::Hello) -> Result<SessionHello, KernelError> {
             ));
         }
         let options = options(&field, spec.options)?;
+        let expr = options.requires_approval_expr.trim();
+        if !expr.is_empty() {
+            crate::policy::compile_predicate(expr).map_err(|e| {
+                KernelError::invalid(
+                    format!("{field}.options.requires_approval_expr"),
+                    format!("'{expr}' is not a valid CEL predicate: {e}"),
+                )
+            })?;
+        }
         tools.push(ToolDef {
             name: spec.name,
             description: spec.description,

@@ -2,6 +2,8 @@
 //! scheduler and the hub, and maps errors through the one `From<KernelError> for Status`. Only this
 //! module imports generated types.
 
+mod admin;
+mod approvals;
 pub mod convert;
 mod registry;
 mod runs;
@@ -15,6 +17,8 @@ use crate::registry::Registry;
 use crate::scheduler::Scheduler;
 use crate::store::Store;
 
+pub use admin::AdminApi;
+pub use approvals::ApprovalApi;
 pub use registry::RegistryApi;
 pub use runs::RunApi;
 pub use tool_calls::ToolCallApi;
@@ -27,6 +31,7 @@ pub struct Kernel {
     pub hub: Hub,
     pub registry: Registry,
     pub scheduler: Scheduler,
+    pub governance: crate::governance::Governance,
     pub shutdown: CancellationToken,
     /// Timeout of a call whose tool declares none.
     pub default_timeout_ms: u64,

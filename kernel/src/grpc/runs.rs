@@ -78,6 +78,8 @@ impl RunService for RunApi {
             labels: convert::labels(req.labels)?,
             idempotency_key,
             max_tool_calls: req.max_tool_calls,
+            interactive: !req.non_interactive,
+            permissions: req.permissions,
         };
         let (run, created) = self.0.store.create_run(new).await?;
         Ok(Response::new(pb::CreateRunResponse {
@@ -89,10 +91,13 @@ impl RunService for RunApi {
     async fn get_run(&self, request: Request<pb::GetRunRequest>) -> Result<Response<pb::GetRunResponse>, Status> {
         let id = RunId::parse(&request.into_inner().run_id, "run_id")?;
         let run = self.load(&id).await?;
-        let steps = self.0.store.reads.steps(id).await?;
+        let steps = self.0.store.reads.steps(id.clone()).await?;
+        let approvals = self.0.store.reads.run_approvals(id).await?;
         Ok(Response::new(pb::GetRunResponse {
             run: Some(convert::run(&run)),
+            manifest: Some(convert::manifest(&steps)),
             steps: steps.iter().map(convert::step).collect(),
+            approvals: approvals.iter().map(convert::approval).collect(),
         }))
     }
 

@@ -16,8 +16,8 @@ use tonic::{Request, Response, Status};
 use super::{Kernel, STREAM_BUFFER, convert};
 use crate::error::KernelError;
 use crate::hub::Signal;
-use crate::model::{EventType, RunId, StepKey, StepRecord, cut};
-use crate::store::{CallDisposition, PlannedCall, TurnPlan};
+use crate::model::{ApprovalRecord, ApprovalStatus, EventType, RunId, StepKey, StepRecord, cut};
+use crate::store::{CallDisposition, CallGate, PlannedCall, TurnPlan};
 
 /// The most calls one turn may carry.
 const MAX_CALLS_PER_TURN: usize = 256;
@@ -32,9 +32,15 @@ pub struct ToolCallApi(pub Kernel);
 type TurnStream = Pin<Box<dyn Stream<Item = Result<pb::SubmitTurnResponse, Status>> + Send>>;
 type TurnSender = mpsc::Sender<Result<pb::SubmitTurnResponse, Status>>;
 
-/// Validates a turn as a whole before anything is written.
-fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<TurnPlan, KernelError> {
+/// Validates a turn as a whole before anything is written, and decides each call's gate.
+async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<TurnPlan, KernelError> {
     let run_id = RunId::parse(&req.run_id, "run_id")?;
+    let run = kernel
+        .store
+        .reads
+        .run(run_id.clone())
+        .await?
+        .ok_or_else(|| KernelError::NotFound(format!("run {run_id} not found")))?;
     if req.calls.is_empty() {
         return Err(KernelError::invalid("calls", "a turn needs at least one call"));
     }
@@ -87,14 +93,41 @@ fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<TurnPlan, KernelE
             }
         }
         let position = position as u32;
+        let known = kernel.registry.get(name);
+        if let Some(tool) = &known
+            && !run.interactive
+            && tool.def.options.requires_approval
+        {
+            return Err(KernelError::FailedPrecondition(format!(
+                "calls[{position}]: run {run_id} is non-interactive and tool '{name}' is declared requires_approval; \
+                 a non-interactive run cannot wait for a person"
+            )));
+        }
+        let (gate, unit_cost) = match &known {
+            Some(tool) => {
+                let args: serde_json::Value = serde_json::from_str(&arguments).expect("canonical JSON parses");
+                (
+                    kernel.governance.gate(tool, &args, &run),
+                    kernel.governance.unit_cost(&tool.def),
+                )
+            }
+            None => (
+                CallGate::Run {
+                    decided_by: String::new(),
+                },
+                0.0,
+            ),
+        };
         calls.push(PlannedCall {
             position,
             key: StepKey::for_call(req.turn, position, call_id.as_deref()),
             call_id,
             tool_name: name.to_owned(),
             arguments,
-            tool: kernel.registry.get(name),
+            tool: known.map(|t| t.def),
             timeout_ms: (call.timeout_ms > 0).then_some(call.timeout_ms),
+            gate,
+            unit_cost,
         });
     }
     Ok(TurnPlan {
@@ -114,7 +147,7 @@ impl ToolCallService for ToolCallApi {
         &self,
         request: Request<pb::SubmitTurnRequest>,
     ) -> Result<Response<Self::SubmitTurnStream>, Status> {
-        let plan = plan(&self.0, request.into_inner())?;
+        let plan = plan(&self.0, request.into_inner()).await?;
         let run_id = plan.run_id.clone();
         let positions: Vec<u32> = plan.calls.iter().map(|c| c.position).collect();
         // Subscribe before recording, so no result can slip between the write and the wait.
@@ -178,6 +211,18 @@ impl Ordered {
         true
     }
 
+    /// Reports a pending approval of one of this turn's calls, once.
+    async fn interrupt(&self, approval: &ApprovalRecord, told: &mut HashSet<String>, tx: &TurnSender) -> bool {
+        let Some(index) = self.waiting.get(&approval.key) else {
+            return true;
+        };
+        if !told.insert(approval.id.clone()) {
+            return true;
+        }
+        let item = pb::submit_turn_response::Item::Interrupted(convert::interruption(approval, self.positions[*index]));
+        tx.send(Ok(pb::SubmitTurnResponse { item: Some(item) })).await.is_ok()
+    }
+
     fn done(&self) -> bool {
         self.next >= self.results.len()
     }
@@ -203,11 +248,26 @@ async fn stream_results(
             CallDisposition::Replayed(step) => Some(convert::call_result(&step, position, true)),
             CallDisposition::Settled(step) => Some(convert::call_result(&step, position, false)),
             CallDisposition::Diverged { step, message } => Some(diverged(&step, position, &message)),
-            CallDisposition::Joined(step) | CallDisposition::Scheduled(step) => {
+            CallDisposition::Joined(step) | CallDisposition::Scheduled(step) | CallDisposition::Gated(step) => {
                 ordered.waiting.insert(step.key, index);
                 None
             }
         };
+    }
+    // A resubmitted turn whose calls already wait for a person is told so at once; later questions
+    // arrive as run:interrupted events.
+    let mut told = HashSet::new();
+    if let Ok(pending) = kernel
+        .store
+        .reads
+        .approvals(ApprovalStatus::Pending, Some(run_id.clone()))
+        .await
+    {
+        for approval in pending {
+            if !ordered.interrupt(&approval, &mut told, &tx).await {
+                return;
+            }
+        }
     }
     loop {
         if !ordered.flush(&tx).await || ordered.done() {
@@ -222,7 +282,26 @@ async fn stream_results(
             signal = live.recv() => signal,
         };
         match signal {
-            Ok(Signal::Event(event, Some(step))) if event.kind == EventType::ToolResult => ordered.settle(&step),
+            Ok(Signal::Event(event, Some(step)))
+                if matches!(event.kind, EventType::ToolResult | EventType::ToolDenied) =>
+            {
+                ordered.settle(&step)
+            }
+            Ok(Signal::Event(event, Some(step))) if event.kind == EventType::RunInterrupted => {
+                if ordered.waiting.contains_key(&step.key)
+                    && let Ok(pending) = kernel
+                        .store
+                        .reads
+                        .approvals(ApprovalStatus::Pending, Some(run_id.clone()))
+                        .await
+                {
+                    for approval in pending {
+                        if !ordered.interrupt(&approval, &mut told, &tx).await {
+                            return;
+                        }
+                    }
+                }
+            }
             Ok(Signal::Event(..)) => {}
             Ok(Signal::Progress(update)) => {
                 if ordered.waiting.contains_key(&update.key) {

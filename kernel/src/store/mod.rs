@@ -45,6 +45,10 @@ pub struct NewRun {
     pub labels: BTreeMap<String, String>,
     pub idempotency_key: Option<String>,
     pub max_tool_calls: u32,
+    /// `false` for runs that cannot wait for a person.
+    pub interactive: bool,
+    /// Permissions granted to the run.
+    pub permissions: Vec<String>,
 }
 
 /// One call of a submitted turn, validated and resolved against the registry.
@@ -60,6 +64,23 @@ pub struct PlannedCall {
     pub tool: Option<ToolDef>,
     /// The call's own timeout, overriding the tool's.
     pub timeout_ms: Option<u64>,
+    /// What validation and policy decided.
+    pub gate: CallGate,
+    /// Price of one attempt.
+    pub unit_cost: f64,
+}
+
+/// What stands between a recorded call and its dispatch.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CallGate {
+    /// Dispatch it; `decided_by` names what allowed it.
+    Run { decided_by: String },
+    /// Settle it at once with a recoverable error the model reads (e.g. invalid arguments).
+    Refuse { message: String, reason: &'static str },
+    /// Denied by policy: settled under `tool:denied`.
+    Deny { message: String, decided_by: String },
+    /// Ask a person before it may start.
+    Approve(crate::model::ApprovalGate),
 }
 
 /// A turn to record.
@@ -84,6 +105,8 @@ pub enum CallDisposition {
     Settled(StepRecord),
     /// Recorded as pending: to dispatch.
     Scheduled(StepRecord),
+    /// Recorded as awaiting a person's answer.
+    Gated(StepRecord),
     /// Same identity, different tool, fingerprint or arguments: nothing recorded.
     Diverged { step: StepRecord, message: String },
 }
@@ -128,6 +151,22 @@ pub enum LossOutcome {
     Requeued(StepRecord),
     /// at_most_once: failed as indeterminate.
     Indeterminate(StepRecord),
+}
+
+/// A person's answer to an approval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    Approve,
+    Reject,
+}
+
+/// What answering (or expiring) approvals changed.
+#[derive(Clone, Debug, Default)]
+pub struct Answered {
+    /// The approvals answered.
+    pub approvals: Vec<crate::model::ApprovalRecord>,
+    /// Approved steps, now pending: to dispatch.
+    pub to_dispatch: Vec<StepRecord>,
 }
 
 /// How a run ends.
@@ -258,6 +297,29 @@ impl Store {
     /// Ends a run; failing or cancelling settles its in-flight steps first and returns them.
     pub async fn end_run(&self, run: RunId, end: EndRun) -> Result<(RunRecord, Vec<StepRecord>), KernelError> {
         self.send(|reply| Command::EndRun(run, end, reply)).await
+    }
+
+    /// Answers a pending approval, as `decider`.
+    pub async fn answer_approval(
+        &self,
+        id: String,
+        answer: Answer,
+        decider: String,
+        reason: Option<String>,
+    ) -> Result<Answered, KernelError> {
+        self.send(|reply| Command::AnswerApproval {
+            id,
+            answer,
+            decider,
+            reason,
+            reply,
+        })
+        .await
+    }
+
+    /// Expires every pending approval whose deadline has passed.
+    pub async fn expire_approvals(&self) -> Result<Answered, KernelError> {
+        self.send(Command::ExpireApprovals).await
     }
 
     pub async fn register_tools(&self, tools: Vec<ToolDef>) -> Result<(), KernelError> {

@@ -2,15 +2,18 @@
 //! savepoint), changes projections and appends the events that explain the change, so state and
 //! log commit together or not at all.
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Value, json};
 
 use super::rows::{self, load_run, load_step, load_step_by_dispatch};
-use super::{CallDisposition, EndRun, LeaseLoss, LossOutcome, NewRun, ResultReport, StartDispatch, TurnPlan};
+use super::{
+    Answer, Answered, CallDisposition, CallGate, EndRun, LeaseLoss, LossOutcome, NewRun, ResultReport, StartDispatch,
+    TurnPlan,
+};
 use crate::error::KernelError;
 use crate::model::{
-    EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, EventType, Idempotency, Millis, RetryPolicy, RunId, RunRecord,
-    RunStatus, StepKey, StepRecord, StepStatus, ToolDef,
+    ApprovalRecord, ApprovalStatus, EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, EventType, Idempotency, Millis,
+    RetryPolicy, RunId, RunRecord, RunStatus, StepKey, StepRecord, StepStatus, ToolDef,
 };
 
 /// After this many lost workers a call is failed as poison instead of dispatched again.
@@ -115,10 +118,20 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
     let labels = serde_json::to_string(&new.labels).expect("labels serialize");
     tx.conn
         .prepare_cached(
-            "INSERT INTO runs (id, agent, status, input, labels, idempotency_key, max_tool_calls, created_at, updated_at) \
-             VALUES (?1, ?2, 'pending', ?3, ?4, ?5, ?6, ?7, ?7)",
+            "INSERT INTO runs (id, agent, status, input, labels, idempotency_key, max_tool_calls, created_at, updated_at, \
+             interactive, permissions) VALUES (?1, ?2, 'pending', ?3, ?4, ?5, ?6, ?7, ?7, ?8, ?9)",
         )?
-        .execute(params![id.as_str(), new.agent, new.input, labels, new.idempotency_key, new.max_tool_calls, tx.now])?;
+        .execute(params![
+            id.as_str(),
+            new.agent,
+            new.input,
+            labels,
+            new.idempotency_key,
+            new.max_tool_calls,
+            tx.now,
+            new.interactive,
+            serde_json::to_string(&new.permissions).expect("permissions serialize"),
+        ])?;
     tx.append(
         &id,
         EventType::RunCreated,
@@ -128,6 +141,8 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
             "labels": new.labels,
             "idempotency_key": new.idempotency_key,
             "max_tool_calls": new.max_tool_calls,
+            "interactive": new.interactive,
+            "permissions": new.permissions,
         }),
         None,
     )?;
@@ -167,6 +182,14 @@ pub fn unknown_tool_message(name: &str, available: &[String]) -> String {
     format!("unknown tool '{}'; available: {}", crate::model::cut(name, 64), list)
 }
 
+/// How a new call is settled at once, without running: the message, why, and under which event.
+struct Refusal {
+    message: String,
+    reason: &'static str,
+    event: EventType,
+    decided_by: Option<String>,
+}
+
 pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposition>> {
     let mut run = tx.run(&plan.run_id)?;
     if run.status.is_terminal() {
@@ -175,6 +198,18 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
             run.id, run.status
         )));
     }
+    if run.status == RunStatus::Blocked {
+        // A blocked run takes no new effects; a resubmission of calls it already holds joins them.
+        for call in &plan.calls {
+            if load_step(tx.conn, &run.id, &call.key)?.is_none() {
+                return Err(KernelError::FailedPrecondition(format!(
+                    "run {} is blocked waiting for an approval; it accepts no new tool calls until it is answered \
+                     (calls[{}] is new)",
+                    run.id, call.position
+                )));
+            }
+        }
+    }
     if run.status == RunStatus::Pending {
         tx.conn
             .prepare_cached("UPDATE runs SET status = 'running', updated_at = ?2 WHERE id = ?1")?
@@ -182,6 +217,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
         tx.append(&run.id, EventType::RunStarted, json!({ "turn": plan.turn }), None)?;
     }
     let mut dispositions = Vec::with_capacity(plan.calls.len());
+    let mut gated = false;
     for call in plan.calls {
         let fingerprint = call.tool.as_ref().map(|t| t.fingerprint.as_str()).unwrap_or("");
         let arguments: Value = serde_json::from_str(&call.arguments).unwrap_or(Value::Null);
@@ -203,14 +239,38 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
 
         let over_limit = run.max_tool_calls > 0 && run.tool_calls >= run.max_tool_calls;
         let refusal = if over_limit {
-            Some(format!(
-                "max_tool_calls reached: run {} may make at most {} tool calls; '{}' did not run",
-                run.id, run.max_tool_calls, call.tool_name
-            ))
+            Some(Refusal {
+                message: format!(
+                    "max_tool_calls reached: run {} may make at most {} tool calls; '{}' did not run",
+                    run.id, run.max_tool_calls, call.tool_name
+                ),
+                reason: "max_tool_calls",
+                event: EventType::ToolResult,
+                decided_by: None,
+            })
         } else if call.tool.is_none() {
-            Some(unknown_tool_message(&call.tool_name, &plan.available_tools))
+            Some(Refusal {
+                message: unknown_tool_message(&call.tool_name, &plan.available_tools),
+                reason: "unknown_tool",
+                event: EventType::ToolResult,
+                decided_by: None,
+            })
         } else {
-            None
+            match &call.gate {
+                CallGate::Refuse { message, reason } => Some(Refusal {
+                    message: message.clone(),
+                    reason,
+                    event: EventType::ToolResult,
+                    decided_by: None,
+                }),
+                CallGate::Deny { message, decided_by } => Some(Refusal {
+                    message: message.clone(),
+                    reason: "denied",
+                    event: EventType::ToolDenied,
+                    decided_by: Some(decided_by.clone()),
+                }),
+                CallGate::Run { .. } | CallGate::Approve(_) => None,
+            }
         };
         if !over_limit {
             run.tool_calls += 1;
@@ -230,16 +290,28 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
             .as_ref()
             .map(|r| serde_json::to_string(r).expect("policy serializes"));
         let idempotency_key = call.key.idempotency_key(&run.id);
-        let (status, finished_at) = match &refusal {
-            Some(_) => (StepStatus::Failed, Some(tx.now)),
-            None => (StepStatus::Pending, None),
+        let approval = match (&refusal, &call.gate) {
+            (None, CallGate::Approve(gate)) => Some(gate.clone()),
+            _ => None,
+        };
+        let decided_by = match (&refusal, &call.gate) {
+            (Some(refusal), _) => refusal.decided_by.clone(),
+            (None, CallGate::Run { decided_by }) => Some(decided_by.clone()),
+            (None, CallGate::Approve(gate)) => Some(gate.decided_by.clone()),
+            (None, _) => None,
+        };
+        let (status, finished_at) = match (&refusal, &approval) {
+            (Some(_), _) => (StepStatus::Failed, Some(tx.now)),
+            (None, Some(_)) => (StepStatus::AwaitingApproval, None),
+            (None, None) => (StepStatus::Pending, None),
         };
         tx.conn
             .prepare_cached(
                 "INSERT INTO steps (run_id, step_key, turn, position, call_id, tool, fingerprint, version, arguments, \
                  call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
-                 retry, blocking) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
+                 retry, blocking, unit_cost, decided_by, approval_gate) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, \
+                 ?22, ?23)",
             )?
             .execute(params![
                 run.id.as_str(),
@@ -256,65 +328,272 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
                 idempotency.as_str(),
                 timeout_ms,
                 status.as_str(),
-                refusal,
+                refusal.as_ref().map(|r| r.message.as_str()),
                 refusal.as_ref().map(|_| ErrorKind::Fatal.as_str()),
                 tx.now,
                 finished_at,
                 retry_text,
                 blocking,
+                call.unit_cost,
+                decided_by,
+                approval.as_ref().map(|g| serde_json::to_string(g).expect("gate serializes")),
             ])?;
         let step = tx.step(&run.id, &call.key)?;
-        match &refusal {
-            Some(message) => {
-                tx.append(
-                    &run.id,
-                    EventType::ToolResult,
-                    json!({
-                        "step_key": step.key,
-                        "turn": plan.turn,
-                        "position": call.position,
-                        "call_id": call.call_id,
-                        "tool": call.tool_name,
-                        "arguments": arguments,
-                        "status": "error",
-                        "error": message,
-                        "error_kind": ErrorKind::Fatal.as_str(),
-                        "reason": if over_limit { "max_tool_calls" } else { "unknown_tool" },
-                        "attempts": 0,
-                    }),
-                    Some(step.clone()),
-                )?;
-                dispositions.push(CallDisposition::Settled(step));
-            }
-            None => {
-                tx.append(
-                    &run.id,
-                    EventType::ToolScheduled,
-                    json!({
-                        "step_key": step.key,
-                        "turn": plan.turn,
-                        "position": call.position,
-                        "call_id": call.call_id,
-                        "tool": call.tool_name,
-                        "version": version,
-                        "fingerprint": fingerprint,
-                        "arguments": arguments,
-                        "call_hash": hash,
-                        "idempotency_key": idempotency_key,
-                        "idempotency": idempotency.as_str(),
-                        "timeout_ms": timeout_ms,
-                        "retry": retry,
-                    }),
-                    None,
-                )?;
-                dispositions.push(CallDisposition::Scheduled(step));
-            }
+        if let Some(refusal) = refusal {
+            tx.append(
+                &run.id,
+                refusal.event,
+                json!({
+                    "step_key": step.key,
+                    "turn": plan.turn,
+                    "position": call.position,
+                    "call_id": call.call_id,
+                    "tool": call.tool_name,
+                    "version": version,
+                    "fingerprint": fingerprint,
+                    "arguments": arguments,
+                    "status": "error",
+                    "error": refusal.message,
+                    "error_kind": ErrorKind::Fatal.as_str(),
+                    "reason": refusal.reason,
+                    "decided_by": refusal.decided_by,
+                    "attempts": 0,
+                    "cost": 0.0,
+                }),
+                Some(step.clone()),
+            )?;
+            dispositions.push(CallDisposition::Settled(step));
+            continue;
+        }
+        tx.append(
+            &run.id,
+            EventType::ToolScheduled,
+            json!({
+                "step_key": step.key,
+                "turn": plan.turn,
+                "position": call.position,
+                "call_id": call.call_id,
+                "tool": call.tool_name,
+                "version": version,
+                "fingerprint": fingerprint,
+                "arguments": arguments,
+                "call_hash": hash,
+                "idempotency_key": idempotency_key,
+                "idempotency": idempotency.as_str(),
+                "timeout_ms": timeout_ms,
+                "retry": retry,
+                "decided_by": decided_by,
+                "requires_approval": approval.is_some(),
+                "unit_cost": call.unit_cost,
+            }),
+            None,
+        )?;
+        if approval.is_some() {
+            gated = true;
+            dispositions.push(CallDisposition::Gated(step));
+        } else {
+            dispositions.push(CallDisposition::Scheduled(step));
         }
     }
     tx.conn
         .prepare_cached("UPDATE runs SET tool_calls = ?2 WHERE id = ?1")?
         .execute(params![run.id.as_str(), run.tool_calls])?;
+    if gated {
+        ask_next_approval(tx, &run.id)?;
+    }
     Ok(dispositions)
+}
+
+/// Puts the next gated call of the run to a person, one at a time in (turn, position) order;
+/// with none left, a blocked run runs again.
+fn ask_next_approval(tx: &mut Tx<'_>, run_id: &RunId) -> Result<Option<ApprovalRecord>> {
+    let pending: i64 = tx
+        .conn
+        .prepare_cached("SELECT COUNT(*) FROM approvals WHERE run_id = ?1 AND status = 'pending'")?
+        .query_row([run_id.as_str()], |row| row.get(0))?;
+    if pending > 0 {
+        return Ok(None);
+    }
+    let next = tx
+        .conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM steps WHERE run_id = ?1 AND status = 'awaiting_approval' ORDER BY turn, position LIMIT 1",
+            rows::STEP_COLUMNS
+        ))?
+        .query_row([run_id.as_str()], rows::step_from_row)
+        .optional()?;
+    let run = tx.run(run_id)?;
+    let Some(step) = next else {
+        if run.status == RunStatus::Blocked {
+            tx.conn
+                .prepare_cached("UPDATE runs SET status = 'running', updated_at = ?2 WHERE id = ?1")?
+                .execute(params![run_id.as_str(), tx.now])?;
+            tx.append(
+                run_id,
+                EventType::RunResumed,
+                json!({ "reason": "tool_approval" }),
+                None,
+            )?;
+        }
+        return Ok(None);
+    };
+    let gate = step.approval_gate.clone().unwrap_or_default();
+    let id = uuid::Uuid::now_v7().to_string();
+    let expires_at = gate.timeout_ms.map(|t| tx.now + t as Millis);
+    tx.conn
+        .prepare_cached(
+            "INSERT INTO approvals (id, run_id, step_key, tool, call_hash, arguments, status, approvers, message, \
+             decided_by, requested_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?8, ?9, ?10, ?11)",
+        )?
+        .execute(params![
+            id,
+            run_id.as_str(),
+            step.key.as_str(),
+            step.tool,
+            step.call_hash,
+            step.arguments,
+            serde_json::to_string(&gate.approvers).expect("approvers serialize"),
+            gate.message,
+            gate.decided_by,
+            tx.now,
+            expires_at,
+        ])?;
+    if run.status != RunStatus::Blocked {
+        tx.conn
+            .prepare_cached("UPDATE runs SET status = 'blocked', updated_at = ?2 WHERE id = ?1")?
+            .execute(params![run_id.as_str(), tx.now])?;
+    }
+    tx.append(
+        run_id,
+        EventType::RunInterrupted,
+        json!({
+            "reason": "tool_approval",
+            "approval_id": id,
+            "step_key": step.key,
+            "position": step.position,
+            "tool_name": step.tool,
+            "tool_use_id": step.call_id.clone().unwrap_or_else(|| step.key.to_string()),
+            "tool_input": json_or_string(&step.arguments),
+            "approvers": gate.approvers,
+            "message": gate.message,
+            "decided_by": gate.decided_by,
+            "expires_at": expires_at,
+        }),
+        Some(step.clone()),
+    )?;
+    Ok(rows::load_approval(tx.conn, &id)?)
+}
+
+fn settle_approval(
+    tx: &mut Tx<'_>,
+    approval: &ApprovalRecord,
+    status: ApprovalStatus,
+    decider: &str,
+    reason: Option<&str>,
+    answered: &mut Answered,
+) -> Result<()> {
+    tx.conn
+        .prepare_cached("UPDATE approvals SET status = ?2, answered_at = ?3, decider = ?4, reason = ?5 WHERE id = ?1")?
+        .execute(params![approval.id, status.as_str(), tx.now, decider, reason])?;
+    tx.append(
+        &approval.run_id,
+        EventType::ApprovalAnswered,
+        json!({
+            "approval_id": approval.id,
+            "step_key": approval.key,
+            "tool": approval.tool,
+            "answer": status.as_str(),
+            "decider": decider,
+            "reason": reason,
+        }),
+        None,
+    )?;
+    let step = tx.step(&approval.run_id, &approval.key)?;
+    if status == ApprovalStatus::Approved {
+        tx.conn
+            .prepare_cached("UPDATE steps SET status = 'pending' WHERE run_id = ?1 AND step_key = ?2")?
+            .execute(params![step.run_id.as_str(), step.key.as_str()])?;
+        answered.to_dispatch.push(tx.step(&step.run_id, &step.key)?);
+    } else {
+        let answer = if status == ApprovalStatus::Expired {
+            "expired"
+        } else {
+            "rejected"
+        };
+        let mut message = match status {
+            ApprovalStatus::Expired => format!("'{}' was not approved: the approval expired unanswered", step.tool),
+            _ => format!("'{}' was not approved: rejected by {decider}", step.tool),
+        };
+        if let Some(reason) = reason.filter(|r| !r.is_empty()) {
+            message.push_str(&format!(" ({reason})"));
+        }
+        settle(
+            tx,
+            &step,
+            StepStatus::Failed,
+            Err((ErrorKind::Fatal, &message)),
+            0,
+            json!({ "approval": answer }),
+        )?;
+    }
+    answered
+        .approvals
+        .push(rows::load_approval(tx.conn, &approval.id)?.expect("just written"));
+    Ok(())
+}
+
+pub fn answer_approval(
+    tx: &mut Tx<'_>,
+    id: &str,
+    answer: Answer,
+    decider: &str,
+    reason: Option<&str>,
+) -> Result<Answered> {
+    let approval =
+        rows::load_approval(tx.conn, id)?.ok_or_else(|| KernelError::NotFound(format!("approval {id} not found")))?;
+    if approval.status != ApprovalStatus::Pending {
+        return Err(KernelError::FailedPrecondition(format!(
+            "approval {id} is already {}{}",
+            approval.status,
+            approval
+                .decider
+                .as_ref()
+                .map(|d| format!(" by {d}"))
+                .unwrap_or_default()
+        )));
+    }
+    let status = match answer {
+        Answer::Approve => ApprovalStatus::Approved,
+        Answer::Reject => ApprovalStatus::Rejected,
+    };
+    let mut answered = Answered::default();
+    settle_approval(tx, &approval, status, decider, reason, &mut answered)?;
+    ask_next_approval(tx, &approval.run_id)?;
+    Ok(answered)
+}
+
+pub fn expire_approvals(tx: &mut Tx<'_>) -> Result<Answered> {
+    let due: Vec<ApprovalRecord> = tx
+        .conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM approvals WHERE status = 'pending' AND expires_at IS NOT NULL AND expires_at <= ?1",
+            rows::APPROVAL_COLUMNS
+        ))?
+        .query_map([tx.now], rows::approval_from_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut answered = Answered::default();
+    for approval in due {
+        settle_approval(
+            tx,
+            &approval,
+            ApprovalStatus::Expired,
+            "kernel",
+            Some("approval timeout"),
+            &mut answered,
+        )?;
+        ask_next_approval(tx, &approval.run_id)?;
+    }
+    Ok(answered)
 }
 
 pub fn start_dispatch(tx: &mut Tx<'_>, start: StartDispatch) -> Result<Option<StepRecord>> {
@@ -338,6 +617,12 @@ pub fn start_dispatch(tx: &mut Tx<'_>, start: StartDispatch) -> Result<Option<St
     if changed == 0 {
         return Ok(None);
     }
+    // An approval covers one start: it is consumed in the same transaction.
+    tx.conn
+        .prepare_cached(
+            "UPDATE approvals SET status = 'consumed' WHERE run_id = ?1 AND step_key = ?2 AND status = 'approved'",
+        )?
+        .execute(params![start.run_id.as_str(), start.key.as_str()])?;
     let step = tx.step(&start.run_id, &start.key)?;
     tx.append(
         &start.run_id,
@@ -384,7 +669,8 @@ fn settle(
     tx.conn
         .prepare_cached(
             "UPDATE steps SET status = ?3, output = ?4, error = ?5, error_kind = ?6, finished_at = ?7, \
-             progress_count = progress_count + ?8, lease_expires_at = NULL WHERE run_id = ?1 AND step_key = ?2",
+             progress_count = progress_count + ?8, lease_expires_at = NULL, cost = unit_cost * attempts \
+             WHERE run_id = ?1 AND step_key = ?2",
         )?
         .execute(params![
             step.run_id.as_str(),
@@ -407,6 +693,7 @@ fn settle(
         "worker": settled.worker,
         "progress_count": settled.progress_count,
         "duration_ms": settled.started_at.map(|s| tx.now - s),
+        "cost": settled.cost,
     });
     let body = payload.as_object_mut().expect("payload is an object");
     match outcome {
@@ -630,7 +917,8 @@ pub fn end_run(tx: &mut Tx<'_>, run_id: &RunId, end: EndRun) -> Result<(RunRecor
     let in_flight: Vec<StepRecord> = tx
         .conn
         .prepare_cached(&format!(
-            "SELECT {} FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running') ORDER BY turn, position",
+            "SELECT {} FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running', 'awaiting_approval') \
+             ORDER BY turn, position",
             rows::STEP_COLUMNS
         ))?
         .query_map([run.id.as_str()], rows::step_from_row)?
@@ -659,6 +947,11 @@ pub fn end_run(tx: &mut Tx<'_>, run_id: &RunId, end: EndRun) -> Result<(RunRecor
             Some(reason.clone()),
         ),
     };
+    tx.conn
+        .prepare_cached(
+            "UPDATE approvals SET status = 'cancelled', answered_at = ?2 WHERE run_id = ?1 AND status = 'pending'",
+        )?
+        .execute(params![run.id.as_str(), tx.now])?;
     // Settle every in-flight step first, so the run's terminal event is the last word.
     let mut settled = Vec::with_capacity(in_flight.len());
     for step in &in_flight {

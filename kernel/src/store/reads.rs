@@ -5,9 +5,11 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OpenFlags, params_from_iter, types::Value as SqlValue};
 
-use super::rows::{self, EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS};
+use super::rows::{self, APPROVAL_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS};
 use crate::error::KernelError;
-use crate::model::{EventRecord, RunId, RunRecord, RunStatus, StepRecord, ToolDef, ToolOptions};
+use crate::model::{
+    ApprovalRecord, ApprovalStatus, EventRecord, RunId, RunRecord, RunStatus, StepRecord, ToolDef, ToolOptions,
+};
 
 /// A pool of read-only connections.
 #[derive(Clone)]
@@ -118,6 +120,36 @@ impl Readers {
                 "SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq LIMIT ?3"
             ))?
             .query_map(rusqlite::params![id.as_str(), from_seq, limit], rows::event_from_row)?
+            .collect()
+        })
+        .await
+    }
+
+    /// Approvals with a status, optionally of one run, oldest first.
+    pub async fn approvals(
+        &self,
+        status: ApprovalStatus,
+        run: Option<RunId>,
+    ) -> Result<Vec<ApprovalRecord>, KernelError> {
+        self.with(move |conn| {
+            let run = run.map(|r| r.to_string());
+            conn.prepare_cached(&format!(
+                "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = ?1 AND (?2 IS NULL OR run_id = ?2) \
+                 ORDER BY requested_at, id LIMIT 1000"
+            ))?
+            .query_map(rusqlite::params![status.as_str(), run], rows::approval_from_row)?
+            .collect()
+        })
+        .await
+    }
+
+    /// Every approval of a run.
+    pub async fn run_approvals(&self, run: RunId) -> Result<Vec<ApprovalRecord>, KernelError> {
+        self.with(move |conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE run_id = ?1 ORDER BY requested_at, id"
+            ))?
+            .query_map([run.as_str()], rows::approval_from_row)?
             .collect()
         })
         .await

@@ -4,15 +4,18 @@ use std::collections::BTreeMap;
 
 use rusqlite::{Connection, OptionalExtension, Row};
 
-use crate::model::{EventRecord, RunId, RunRecord, StepKey, StepRecord};
+use crate::model::{ApprovalRecord, EventRecord, RunId, RunRecord, StepKey, StepRecord};
 
 pub const RUN_COLUMNS: &str = "id, agent, status, input, output, reason, labels, idempotency_key, \
-     max_tool_calls, tool_calls, last_seq, created_at, updated_at";
+     max_tool_calls, tool_calls, last_seq, created_at, updated_at, interactive, permissions";
 
 pub const STEP_COLUMNS: &str = "run_id, step_key, turn, position, call_id, tool, fingerprint, version, \
      arguments, call_hash, idempotency_key, idempotency, timeout_ms, status, attempts, output, error, \
      error_kind, worker, session_id, dispatch_id, lease_expires_at, created_at, started_at, finished_at, \
-     replays, progress_count, retry, blocking, not_before, lease_losses";
+     replays, progress_count, retry, blocking, not_before, lease_losses, unit_cost, cost, decided_by, approval_gate";
+
+pub const APPROVAL_COLUMNS: &str = "id, run_id, step_key, tool, call_hash, arguments, status, approvers, message, \
+     decided_by, requested_at, expires_at, answered_at, decider, reason";
 
 pub const EVENT_COLUMNS: &str = "run_id, seq, type, schema_version, at, payload";
 
@@ -50,6 +53,8 @@ pub fn run_from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         last_seq: row.get(10)?,
         created_at: row.get(11)?,
         updated_at: row.get(12)?,
+        interactive: row.get(13)?,
+        permissions: serde_json::from_str(&row.get::<_, String>(14)?).unwrap_or_default(),
     })
 }
 
@@ -90,7 +95,41 @@ pub fn step_from_row(row: &Row<'_>) -> rusqlite::Result<StepRecord> {
         blocking: row.get(28)?,
         not_before: row.get(29)?,
         lease_losses: row.get(30)?,
+        unit_cost: row.get(31)?,
+        cost: row.get(32)?,
+        decided_by: row.get(33)?,
+        approval_gate: row
+            .get::<_, Option<String>>(34)?
+            .and_then(|text| serde_json::from_str(&text).ok()),
     })
+}
+
+pub fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<ApprovalRecord> {
+    Ok(ApprovalRecord {
+        id: row.get(0)?,
+        run_id: RunId::parse(&row.get::<_, String>(1)?, "run_id").map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, e.to_string().into())
+        })?,
+        key: StepKey::from_stored(row.get(2)?),
+        tool: row.get(3)?,
+        call_hash: row.get(4)?,
+        arguments: row.get(5)?,
+        status: parse(row, 6)?,
+        approvers: serde_json::from_str(&row.get::<_, String>(7)?).unwrap_or_default(),
+        message: row.get(8)?,
+        decided_by: row.get(9)?,
+        requested_at: row.get(10)?,
+        expires_at: row.get(11)?,
+        answered_at: row.get(12)?,
+        decider: row.get(13)?,
+        reason: row.get(14)?,
+    })
+}
+
+pub fn load_approval(conn: &Connection, id: &str) -> rusqlite::Result<Option<ApprovalRecord>> {
+    conn.prepare_cached(&format!("SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ?1"))?
+        .query_row([id], approval_from_row)
+        .optional()
 }
 
 pub fn event_from_row(row: &Row<'_>) -> rusqlite::Result<EventRecord> {

@@ -16,6 +16,8 @@ const MIGRATIONS: &[&str] = &[
         labels          TEXT NOT NULL,
         idempotency_key TEXT UNIQUE,
         max_tool_calls  INTEGER NOT NULL,
+        interactive     INTEGER NOT NULL DEFAULT 1,
+        permissions     TEXT NOT NULL DEFAULT '[]',
         tool_calls      INTEGER NOT NULL DEFAULT 0,
         last_seq        INTEGER NOT NULL DEFAULT 0,
         created_at      INTEGER NOT NULL,
@@ -66,10 +68,34 @@ const MIGRATIONS: &[&str] = &[
         blocking         INTEGER NOT NULL DEFAULT 0,
         not_before       INTEGER,
         lease_losses     INTEGER NOT NULL DEFAULT 0,
+        unit_cost        REAL NOT NULL DEFAULT 0,
+        cost             REAL NOT NULL DEFAULT 0,
+        decided_by       TEXT,
+        approval_gate    TEXT,
         PRIMARY KEY (run_id, step_key)
     ) STRICT;
     CREATE INDEX steps_by_dispatch ON steps (dispatch_id) WHERE dispatch_id IS NOT NULL;
     CREATE INDEX steps_in_flight ON steps (status) WHERE status IN ('pending', 'running');
+
+    CREATE TABLE approvals (
+        id           TEXT PRIMARY KEY,
+        run_id       TEXT NOT NULL REFERENCES runs (id),
+        step_key     TEXT NOT NULL,
+        tool         TEXT NOT NULL,
+        call_hash    TEXT NOT NULL,
+        arguments    TEXT NOT NULL,
+        status       TEXT NOT NULL,
+        approvers    TEXT NOT NULL,
+        message      TEXT,
+        decided_by   TEXT NOT NULL,
+        requested_at INTEGER NOT NULL,
+        expires_at   INTEGER,
+        answered_at  INTEGER,
+        decider      TEXT,
+        reason       TEXT
+    ) STRICT;
+    CREATE INDEX approvals_pending ON approvals (status, expires_at) WHERE status = 'pending';
+    CREATE INDEX approvals_by_run ON approvals (run_id, step_key);
 
     CREATE TABLE tools (
         name          TEXT PRIMARY KEY,

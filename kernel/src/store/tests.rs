@@ -46,6 +46,8 @@ fn new_run(key: Option<&str>, max_tool_calls: u32) -> NewRun {
         labels: BTreeMap::from([("env".to_owned(), "test".to_owned())]),
         idempotency_key: key.map(str::to_owned),
         max_tool_calls,
+        interactive: true,
+        permissions: Vec::new(),
     }
 }
 
@@ -58,6 +60,10 @@ fn call(turn: u32, position: u32, tool: Option<ToolDef>, name: &str, args: &str)
         arguments: args.into(),
         tool,
         timeout_ms: None,
+        gate: CallGate::Run {
+            decided_by: "default:allow".into(),
+        },
+        unit_cost: 0.0,
     }
 }
 

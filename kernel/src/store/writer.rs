@@ -9,7 +9,9 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use super::ops::{self, Published, Tx};
-use super::{CallDisposition, EndRun, LeaseLoss, LossOutcome, NewRun, ResultReport, StartDispatch, TurnPlan};
+use super::{
+    Answer, Answered, CallDisposition, EndRun, LeaseLoss, LossOutcome, NewRun, ResultReport, StartDispatch, TurnPlan,
+};
 use crate::error::KernelError;
 use crate::model::{RunId, RunRecord, StepKey, StepRecord, ToolDef, now_millis};
 
@@ -39,6 +41,14 @@ pub enum Command {
     },
     EndRun(RunId, EndRun, Reply<(RunRecord, Vec<StepRecord>)>),
     RegisterTools(Vec<ToolDef>, Reply<()>),
+    AnswerApproval {
+        id: String,
+        answer: Answer,
+        decider: String,
+        reason: Option<String>,
+        reply: Reply<Answered>,
+    },
+    ExpireApprovals(Reply<Answered>),
 }
 
 /// Sends a command's answer once its batch has committed (or failed to).
@@ -79,6 +89,17 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
         } => respond(ops::fail_pending(tx, &run, &key, &message, reason), reply),
         Command::EndRun(run, end, reply) => respond(ops::end_run(tx, &run, end), reply),
         Command::RegisterTools(tools, reply) => respond(ops::register_tools(tx, tools), reply),
+        Command::AnswerApproval {
+            id,
+            answer,
+            decider,
+            reason,
+            reply,
+        } => respond(
+            ops::answer_approval(tx, &id, answer, &decider, reason.as_deref()),
+            reply,
+        ),
+        Command::ExpireApprovals(reply) => respond(ops::expire_approvals(tx), reply),
     }
 }
 
@@ -115,6 +136,8 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
         Command::FailPending { reply, .. } => respond(Err(make()), reply),
         Command::EndRun(_, _, reply) => respond(Err(make()), reply),
         Command::RegisterTools(_, reply) => respond(Err(make()), reply),
+        Command::AnswerApproval { reply, .. } => respond(Err(make()), reply),
+        Command::ExpireApprovals(reply) => respond(Err(make()), reply),
     };
     responder
 }

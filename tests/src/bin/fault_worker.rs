@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
-use worker_sdk::{CancellationToken, Idempotency, RetryPolicy, ToolContext, ToolError, Worker, tool};
+use worker_sdk::{CancellationToken, Idempotency, RetryPolicy, RiskLevel, ToolContext, ToolError, Worker, tool};
 
 #[derive(Debug, Parser)]
 struct Config {
@@ -88,6 +88,20 @@ fn block(ctx: ToolContext, hold_ms: u64) -> Result<String, ToolError> {
     Ok("woke up".into())
 }
 
+/// Refund an amount in cents; big refunds need a person's approval (declared on the tool).
+#[tool]
+async fn refund(ctx: ToolContext, cents: i64) -> Result<String, ToolError> {
+    Ledger::write(&ctx, "start");
+    Ok(format!("refunded {cents} cents"))
+}
+
+/// Delete everything; always needs a person.
+#[tool]
+async fn wipe(ctx: ToolContext) -> Result<String, ToolError> {
+    Ledger::write(&ctx, "start");
+    Ok("wiped".into())
+}
+
 #[tokio::main]
 async fn main() {
     let config = Config::parse();
@@ -112,6 +126,15 @@ async fn main() {
             Duration::from_secs(5),
         )))
         .tool(block_tool().timeout(Duration::from_millis(500)).retry(3))
+        .tool(
+            refund_tool()
+                .writes()
+                .risk(RiskLevel::High)
+                .permissions(["billing:write"])
+                .cost_per_call(0.25)
+                .requires_approval_if("args.cents > 10000"),
+        )
+        .tool(wipe_tool().writes().risk(RiskLevel::Critical).requires_approval(true))
         .deps(Ledger(Mutex::new(ledger)))
         .build()
         .expect("worker config");

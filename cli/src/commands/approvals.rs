@@ -1,0 +1,61 @@
+//! `approvals list | approve ID | reject ID`: a person answers the calls parked for approval.
+
+use kernel_proto::v1::{ApproveCallRequest, ListApprovalsRequest, RejectCallRequest};
+use serde::Serialize;
+
+use super::Output;
+use crate::client::{Kernel, unary};
+use crate::error::CliError;
+use crate::render;
+use crate::view::ApprovalView;
+
+#[derive(Serialize)]
+struct ApprovalList {
+    approvals: Vec<ApprovalView>,
+}
+
+#[derive(Serialize)]
+struct Answered {
+    approval: ApprovalView,
+}
+
+/// Pending approvals, optionally of one run.
+pub async fn list(kernel: &mut Kernel, out: &mut Output<'_>, run: Option<String>) -> Result<(), CliError> {
+    let request = ListApprovalsRequest { status: 0, run_id: run.unwrap_or_default() };
+    let response = unary(kernel.approvals.list_approvals(request)).await?;
+    let approvals: Vec<ApprovalView> = response.approvals.into_iter().map(ApprovalView::from).collect();
+    if out.is_json() {
+        out.document(&ApprovalList { approvals })?;
+    } else if approvals.is_empty() {
+        eprintln!("no approvals pending");
+    } else {
+        out.text(&render::approvals_table(&approvals))?;
+    }
+    Ok(())
+}
+
+/// Approves (`approve = true`) or rejects a pending approval as `decider`.
+pub async fn answer(
+    kernel: &mut Kernel,
+    out: &mut Output<'_>,
+    id: String,
+    approve: bool,
+    decider: String,
+    reason: Option<String>,
+) -> Result<(), CliError> {
+    let reason = reason.unwrap_or_default();
+    let approval = if approve {
+        let request = ApproveCallRequest { approval_id: id, decider, reason };
+        unary(kernel.approvals.approve_call(request)).await?.approval
+    } else {
+        let request = RejectCallRequest { approval_id: id, decider, reason };
+        unary(kernel.approvals.reject_call(request)).await?.approval
+    };
+    let approval = ApprovalView::from(approval.ok_or(CliError::MalformedResponse("the kernel returned no approval"))?);
+    if out.is_json() {
+        out.document(&Answered { approval })?;
+    } else {
+        out.text(&format!("{} {} by {}\n", approval.id, approval.status, approval.decider.as_deref().unwrap_or("?")))?;
+    }
+    Ok(())
+}

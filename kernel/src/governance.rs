@@ -1,0 +1,146 @@
+//! What stands between a recorded call and its dispatch: argument validation, the policy file, the
+//! tool's own `requires_approval`, the run's interactivity, and the call's price.
+//!
+//! The policy is swapped whole on reload (SIGHUP or `AdminService.ReloadPolicy`): a file that does
+//! not load is refused and the kernel keeps the policy it had.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use serde_json::Value;
+use tracing::{info, warn};
+
+use crate::error::KernelError;
+use crate::model::{ApprovalGate, RunRecord, ToolDef};
+use crate::policy::{CallFacts, Policy, Verdict};
+use crate::registry::KnownTool;
+use crate::store::CallGate;
+
+/// The policy in force and the central unit prices; a cheap handle.
+#[derive(Clone)]
+pub struct Governance {
+    policy: Arc<RwLock<Arc<Policy>>>,
+    path: Option<PathBuf>,
+    /// (tool-name prefix, price per call), longest prefix first.
+    unit_prices: Arc<Vec<(String, f64)>>,
+}
+
+impl Governance {
+    /// Loads the policy file (allow all without one); a file that does not load stops the kernel.
+    pub fn load(path: Option<&Path>, unit_prices: Vec<(String, f64)>) -> Result<Self, KernelError> {
+        let policy = match path {
+            Some(path) => Policy::load(path).map_err(|e| KernelError::invalid("policy", e.to_string()))?,
+            None => Policy::allow_all(),
+        };
+        let mut unit_prices = unit_prices;
+        unit_prices.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+        Ok(Governance {
+            policy: Arc::new(RwLock::new(Arc::new(policy))),
+            path: path.map(Path::to_owned),
+            unit_prices: Arc::new(unit_prices),
+        })
+    }
+
+    /// The policy file, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Reads the policy file again; on failure the current policy stays and the error says why.
+    pub fn reload(&self) -> Result<usize, KernelError> {
+        let Some(path) = &self.path else {
+            return Err(KernelError::FailedPrecondition(
+                "the kernel runs without a policy file (allow all); start it with --policy to reload one".into(),
+            ));
+        };
+        match Policy::load(path) {
+            Ok(policy) => {
+                let rules = policy.rule_count();
+                *self.policy.write().expect("policy lock poisoned") = Arc::new(policy);
+                info!(path = %path.display(), rules, "policy reloaded");
+                Ok(rules)
+            }
+            Err(error) => {
+                warn!(path = %path.display(), %error, "policy reload refused, keeping the current policy");
+                Err(KernelError::invalid("policy", error.to_string()))
+            }
+        }
+    }
+
+    fn current(&self) -> Arc<Policy> {
+        self.policy.read().expect("policy lock poisoned").clone()
+    }
+
+    /// The price of one attempt: the tool's own, else the longest matching central prefix.
+    pub fn unit_cost(&self, tool: &ToolDef) -> f64 {
+        if tool.options.cost_per_call > 0.0 {
+            return tool.options.cost_per_call;
+        }
+        self.unit_prices
+            .iter()
+            .find(|(prefix, _)| tool.name.starts_with(prefix.as_str()))
+            .map_or(0.0, |(_, p)| *p)
+    }
+
+    /// Decides what happens to a call before it may run.
+    pub fn gate(&self, tool: &KnownTool, args: &Value, run: &RunRecord) -> CallGate {
+        let def = &tool.def;
+        if let Some(validator) = &tool.validator
+            && let Err(message) = validator.check(&def.name, args)
+        {
+            return CallGate::Refuse {
+                message,
+                reason: "invalid_arguments",
+            };
+        }
+        // A predicate that cannot be evaluated asks a person: it fails closed.
+        let tool_requires_approval = def.options.requires_approval
+            || tool
+                .approval_predicate
+                .as_ref()
+                .is_some_and(|predicate| match predicate {
+                    Ok(predicate) => predicate.eval(args).unwrap_or(true),
+                    Err(_) => true,
+                });
+        let risk = def.options.risk.as_deref().and_then(|r| r.parse().ok());
+        let facts = CallFacts {
+            tool: &def.name,
+            args,
+            risk,
+            read_only: def.options.read_only,
+            writes: def.options.writes,
+            permissions: &def.options.permissions,
+            tool_requires_approval,
+            run_agent: &run.agent,
+            run_labels: &run.labels,
+            run_permissions: &run.permissions,
+        };
+        let decision = self.current().decide(&facts);
+        match decision.verdict {
+            Verdict::Allow => CallGate::Run {
+                decided_by: decision.decided_by,
+            },
+            Verdict::Deny { reason } => CallGate::Deny {
+                message: format!("{} not allowed. reason: {reason}", def.name),
+                decided_by: decision.decided_by,
+            },
+            Verdict::Approve { .. } if !run.interactive => CallGate::Deny {
+                message: format!(
+                    "{} not allowed. reason: it needs a person's approval ({}) and run {} is non-interactive",
+                    def.name, decision.decided_by, run.id
+                ),
+                decided_by: decision.decided_by,
+            },
+            Verdict::Approve {
+                timeout_ms,
+                approvers,
+                message,
+            } => CallGate::Approve(ApprovalGate {
+                timeout_ms: timeout_ms.or(def.options.approval_timeout_ms),
+                approvers,
+                message,
+                decided_by: decision.decided_by,
+            }),
+        }
+    }
+}

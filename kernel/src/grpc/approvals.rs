@@ -1,0 +1,86 @@
+//! `ApprovalService`: a person answers the calls parked for approval.
+
+use kernel_proto::v1 as pb;
+use kernel_proto::v1::approval_service_server::ApprovalService;
+use tonic::{Request, Response, Status};
+
+use super::{Kernel, convert};
+use crate::error::KernelError;
+use crate::model::RunId;
+use crate::store::Answer;
+
+/// Implements `kernel.v1.ApprovalService`.
+pub struct ApprovalApi(pub Kernel);
+
+impl ApprovalApi {
+    async fn answer(
+        &self,
+        id: String,
+        answer: Answer,
+        decider: String,
+        reason: String,
+    ) -> Result<pb::Approval, Status> {
+        if id.trim().is_empty() {
+            return Err(KernelError::invalid("approval_id", "must not be empty").into());
+        }
+        if decider.trim().is_empty() {
+            return Err(KernelError::invalid("decider", "must say who decides").into());
+        }
+        let reason = (!reason.trim().is_empty()).then_some(reason);
+        let answered = self.0.store.answer_approval(id, answer, decider, reason).await?;
+        for step in answered.to_dispatch {
+            self.0.scheduler.enqueue(step);
+        }
+        let approval = answered
+            .approvals
+            .first()
+            .ok_or_else(|| KernelError::Store("answer recorded nothing".into()))?;
+        Ok(convert::approval(approval))
+    }
+}
+
+#[tonic::async_trait]
+impl ApprovalService for ApprovalApi {
+    async fn list_approvals(
+        &self,
+        request: Request<pb::ListApprovalsRequest>,
+    ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
+        let req = request.into_inner();
+        let status = convert::approval_status_filter(req.status)?;
+        let run = if req.run_id.is_empty() {
+            None
+        } else {
+            Some(RunId::parse(&req.run_id, "run_id")?)
+        };
+        let approvals = self.0.store.reads.approvals(status, run).await?;
+        Ok(Response::new(pb::ListApprovalsResponse {
+            approvals: approvals.iter().map(convert::approval).collect(),
+        }))
+    }
+
+    async fn approve_call(
+        &self,
+        request: Request<pb::ApproveCallRequest>,
+    ) -> Result<Response<pb::ApproveCallResponse>, Status> {
+        let req = request.into_inner();
+        let approval = self
+            .answer(req.approval_id, Answer::Approve, req.decider, req.reason)
+            .await?;
+        Ok(Response::new(pb::ApproveCallResponse {
+            approval: Some(approval),
+        }))
+    }
+
+    async fn reject_call(
+        &self,
+        request: Request<pb::RejectCallRequest>,
+    ) -> Result<Response<pb::RejectCallResponse>, Status> {
+        let req = request.into_inner();
+        let approval = self
+            .answer(req.approval_id, Answer::Reject, req.decider, req.reason)
+            .await?;
+        Ok(Response::new(pb::RejectCallResponse {
+            approval: Some(approval),
+        }))
+    }
+}

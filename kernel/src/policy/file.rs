@@ -1,0 +1,540 @@
+//! Parsing and validating a policy file.
+//!
+//! Validation happens inside the deserializer, node by node, so every error carries the line of
+//! the YAML node it is about: a bad scalar (risk, decision, glob, CEL, duration) is reported at
+//! its own line, a rule-level problem (a deny without a reason, a duplicate id, an `approval`
+//! block on a rule that does not ask) at the line where the rule starts.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::Deserialize;
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+
+use super::cel::Condition;
+use super::glob::{self, GlobList};
+use super::presets::{MaxRisk, Presets};
+use super::rules::{Matcher, Outcome, Rule};
+use super::{Compiled, Fallback, PolicyError, Risk};
+
+/// Parses, validates and compiles a policy file's text.
+pub(super) fn parse(text: &str) -> Result<Compiled, PolicyError> {
+    let blank = text.lines().all(|line| {
+        let line = line.trim();
+        line.is_empty() || line.starts_with('#') || line == "---"
+    });
+    if blank {
+        return Err(PolicyError::new(
+            None,
+            "the policy file is empty; write `default: allow` or `default: deny` for a policy without rules",
+        ));
+    }
+    let file: PolicyFile = serde_norway::from_str(text).map_err(|e| yaml_error(e, text))?;
+    let mut rules = file.rules.0;
+    // Stable: rules of equal priority keep their file order.
+    rules.sort_by_key(|rule| std::cmp::Reverse(rule.priority));
+    Ok(Compiled {
+        fallback: file.default,
+        presets: Presets {
+            allow_list: file.allow_list.map(|g| g.0),
+            deny_list: file.deny_list.map(|g| g.0),
+            max_risk: file.max_risk.map(|m| m.0),
+            require_permissions: file.require_permissions,
+        },
+        rules,
+    })
+}
+
+/// The error's line, and its message without the trailing "at line L column C" that the
+/// line already says. The message keeps serde_norway's path, such as `rules[1].match: `.
+fn yaml_error(error: serde_norway::Error, text: &str) -> PolicyError {
+    let location = error.location();
+    let mut reason = error.to_string();
+    if let Some(location) = &location {
+        let at = format!(" at line {} column {}", location.line(), location.column());
+        reason = reason.replacen(&at, "", 1);
+    }
+    // A file cut short fails at its end, which libyaml counts as the line after the last.
+    let last_line = text.lines().count().max(1);
+    PolicyError::new(location.map(|l| l.line().min(last_line)), reason)
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a policy: a mapping with default, allow_list, deny_list, max_risk, require_permissions and rules"
+)]
+struct PolicyFile {
+    #[serde(default)]
+    default: Fallback,
+    #[serde(default)]
+    allow_list: Option<Globs>,
+    #[serde(default)]
+    deny_list: Option<Globs>,
+    #[serde(default)]
+    max_risk: Option<MaxRiskField>,
+    #[serde(default)]
+    require_permissions: bool,
+    #[serde(default)]
+    rules: Rules,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a rule: a mapping with id, priority, match, decision, reason and approval"
+)]
+struct RawRule {
+    id: String,
+    #[serde(default)]
+    priority: i64,
+    #[serde(default, rename = "match")]
+    matcher: Option<RawMatch>,
+    decision: DecisionKind,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    approval: Option<RawApproval>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a match: a mapping with tools, agents, risk, read_only, writes and when"
+)]
+struct RawMatch {
+    #[serde(default)]
+    tools: Option<Globs>,
+    #[serde(default)]
+    agents: Option<Globs>,
+    #[serde(default)]
+    risk: Option<NonEmpty<Risk>>,
+    #[serde(default)]
+    read_only: Option<bool>,
+    #[serde(default)]
+    writes: Option<bool>,
+    #[serde(default, deserialize_with = "when")]
+    when: Option<Condition>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an approval: a mapping with timeout, approvers and message"
+)]
+struct RawApproval {
+    #[serde(default)]
+    timeout: Option<Timeout>,
+    #[serde(default)]
+    approvers: Vec<String>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a max_risk: a mapping with ceiling and approve_above"
+)]
+struct RawMaxRisk {
+    #[serde(default)]
+    ceiling: Option<Risk>,
+    #[serde(default)]
+    approve_above: Option<Risk>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DecisionKind {
+    Allow,
+    Deny,
+    Approve,
+}
+
+impl DecisionKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            DecisionKind::Allow => "allow",
+            DecisionKind::Deny => "deny",
+            DecisionKind::Approve => "approve",
+        }
+    }
+}
+
+/// Deserializes a scalar through `parse`, so that a value it refuses is reported at the line of
+/// that value.
+fn scalar<'de, D, T>(
+    deserializer: D,
+    expecting: &'static str,
+    parse: fn(&str) -> Result<T, String>,
+) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    struct ScalarVisitor<T> {
+        expecting: &'static str,
+        parse: fn(&str) -> Result<T, String>,
+    }
+
+    impl<T> Visitor<'_> for ScalarVisitor<T> {
+        type Value = T;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.expecting)
+        }
+
+        fn visit_str<E: de::Error>(self, value: &str) -> Result<T, E> {
+            (self.parse)(value).map_err(E::custom)
+        }
+    }
+
+    deserializer.deserialize_str(ScalarVisitor { expecting, parse })
+}
+
+impl<'de> Deserialize<'de> for Risk {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        scalar(deserializer, "a risk level: low, medium, high or critical", str::parse)
+    }
+}
+
+impl<'de> Deserialize<'de> for Fallback {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        scalar(deserializer, "allow or deny", |text| match text {
+            "allow" => Ok(Fallback::Allow),
+            "deny" => Ok(Fallback::Deny),
+            other => Err(format!("unknown default '{other}' (expected allow or deny)")),
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for DecisionKind {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        scalar(deserializer, "a decision: allow, deny or approve", |text| match text {
+            "allow" => Ok(DecisionKind::Allow),
+            "deny" => Ok(DecisionKind::Deny),
+            "approve" => Ok(DecisionKind::Approve),
+            other => Err(format!("unknown decision '{other}' (expected allow, deny or approve)")),
+        })
+    }
+}
+
+/// A `when` condition; present but null or blank is refused, since an empty predicate must not
+/// silently match nothing (or everything).
+fn when<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Condition>, D::Error> {
+    struct WhenVisitor;
+
+    impl<'de> Visitor<'de> for WhenVisitor {
+        type Value = Condition;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a CEL expression")
+        }
+
+        fn visit_none<E: de::Error>(self) -> Result<Condition, E> {
+            Err(E::custom(
+                "empty `when`: it would never match; remove the key or write a condition",
+            ))
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Condition, E> {
+            self.visit_none()
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Condition, D::Error> {
+            scalar(deserializer, "a CEL expression", Condition::compile)
+        }
+    }
+
+    deserializer.deserialize_option(WhenVisitor).map(Some)
+}
+
+/// A list that must not be empty: an empty matcher list would silently match nothing.
+struct NonEmpty<T>(Vec<T>);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for NonEmpty<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ListVisitor<T>(PhantomData<T>);
+
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for ListVisitor<T> {
+            type Value = NonEmpty<T>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list such as [a, b]")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                if items.is_empty() {
+                    return Err(de::Error::custom(
+                        "empty list: it would match nothing; remove the key instead",
+                    ));
+                }
+                Ok(NonEmpty(items))
+            }
+        }
+
+        deserializer.deserialize_seq(ListVisitor(PhantomData))
+    }
+}
+
+/// One glob, compiled where it is read.
+struct Pattern(globset::Glob);
+
+impl<'de> Deserialize<'de> for Pattern {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        scalar(deserializer, "a glob such as \"read_*\"", glob::compile).map(Pattern)
+    }
+}
+
+/// A non-empty list of globs.
+struct Globs(GlobList);
+
+impl<'de> Deserialize<'de> for Globs {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let NonEmpty(patterns) = NonEmpty::<Pattern>::deserialize(deserializer)?;
+        GlobList::new(patterns.into_iter().map(|p| p.0).collect())
+            .map(Globs)
+            .map_err(de::Error::custom)
+    }
+}
+
+/// An approval timeout in milliseconds: `250ms`, `30s`, `5m`, `1h`, or whole seconds.
+struct Timeout(u64);
+
+impl<'de> Deserialize<'de> for Timeout {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TimeoutVisitor;
+
+        impl Visitor<'_> for TimeoutVisitor {
+            type Value = Timeout;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration such as 30s, 5m, 1h, 250ms, or whole seconds")
+            }
+
+            fn visit_u64<E: de::Error>(self, seconds: u64) -> Result<Timeout, E> {
+                duration_ms(seconds, 1000, &seconds.to_string()).map_err(E::custom)
+            }
+
+            fn visit_i64<E: de::Error>(self, seconds: i64) -> Result<Timeout, E> {
+                match u64::try_from(seconds) {
+                    Ok(seconds) => self.visit_u64(seconds),
+                    Err(_) => Err(E::custom(format!(
+                        "bad duration '{seconds}': a timeout must be positive"
+                    ))),
+                }
+            }
+
+            fn visit_f64<E: de::Error>(self, seconds: f64) -> Result<Timeout, E> {
+                Err(E::custom(format!(
+                    "bad duration '{seconds}': write whole seconds or a unit, such as 1500ms"
+                )))
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Timeout, E> {
+                parse_duration(text).map_err(E::custom)
+            }
+        }
+
+        deserializer.deserialize_any(TimeoutVisitor)
+    }
+}
+
+fn parse_duration(text: &str) -> Result<Timeout, String> {
+    let bad = || format!("bad duration '{text}': write 30s, 5m, 1h, 250ms or a whole number of seconds");
+    let trimmed = text.trim();
+    let split = trimmed.find(|c: char| !c.is_ascii_digit()).unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(split);
+    if digits.is_empty() {
+        return Err(bad());
+    }
+    let count: u64 = digits.parse().map_err(|_| format!("bad duration '{text}': too long"))?;
+    let unit_ms = match unit {
+        "ms" => 1,
+        "" | "s" => 1000,
+        "m" => 60 * 1000,
+        "h" => 60 * 60 * 1000,
+        _ => return Err(bad()),
+    };
+    duration_ms(count, unit_ms, text)
+}
+
+fn duration_ms(count: u64, unit_ms: u64, text: &str) -> Result<Timeout, String> {
+    if count == 0 {
+        return Err(format!("bad duration '{text}': a timeout must be positive"));
+    }
+    count
+        .checked_mul(unit_ms)
+        .map(Timeout)
+        .ok_or_else(|| format!("bad duration '{text}': too long"))
+}
+
+/// `max_risk`, checked where it is written: `approve_above` must not exceed the ceiling.
+struct MaxRiskField(MaxRisk);
+
+impl<'de> Deserialize<'de> for MaxRiskField {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MaxRiskVisitor;
+
+        impl<'de> Visitor<'de> for MaxRiskVisitor {
+            type Value = MaxRiskField;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a mapping with ceiling and approve_above, such as { ceiling: high, approve_above: medium }",
+                )
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<MaxRiskField, A::Error> {
+                let raw = RawMaxRisk::deserialize(MapAccessDeserializer::new(map))?;
+                match (raw.ceiling, raw.approve_above) {
+                    (None, None) => Err(de::Error::custom("max_risk needs a ceiling, an approve_above, or both")),
+                    (Some(ceiling), Some(above)) if above > ceiling => Err(de::Error::custom(format!(
+                        "approve_above ({above}) is above the ceiling ({ceiling}): calls above the ceiling are \
+                         denied, so approve_above must be at most the ceiling"
+                    ))),
+                    (ceiling, approve_above) => Ok(MaxRiskField(MaxRisk {
+                        ceiling: ceiling.unwrap_or(Risk::Critical),
+                        approve_above,
+                    })),
+                }
+            }
+        }
+
+        deserializer.deserialize_map(MaxRiskVisitor)
+    }
+}
+
+/// The rules in file order, each validated where it starts; ids are unique.
+#[derive(Default)]
+struct Rules(Vec<Rule>);
+
+impl<'de> Deserialize<'de> for Rules {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct RulesVisitor;
+
+        impl<'de> Visitor<'de> for RulesVisitor {
+            type Value = Rules;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of rules")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Rules, A::Error> {
+                let mut seen = HashMap::new();
+                let mut rules = Vec::new();
+                while let Some(rule) = seq.next_element_seed(RuleSeed {
+                    seen: &mut seen,
+                    index: rules.len(),
+                })? {
+                    rules.push(rule);
+                }
+                Ok(Rules(rules))
+            }
+        }
+
+        deserializer.deserialize_seq(RulesVisitor)
+    }
+}
+
+/// Deserializes one rule, knowing the ids of the rules before it.
+struct RuleSeed<'s> {
+    seen: &'s mut HashMap<String, usize>,
+    index: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for RuleSeed<'_> {
+    type Value = Rule;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Rule, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RuleSeed<'_> {
+    type Value = Rule;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a rule: a mapping with id, priority, match, decision, reason and approval")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Rule, A::Error> {
+        let raw = RawRule::deserialize(MapAccessDeserializer::new(map))?;
+        build_rule(raw, self.seen, self.index).map_err(de::Error::custom)
+    }
+}
+
+fn build_rule(raw: RawRule, seen: &mut HashMap<String, usize>, index: usize) -> Result<Rule, String> {
+    let id = raw.id;
+    if id.trim().is_empty() {
+        return Err("rule id is empty; decisions record it as rule:<id>".to_owned());
+    }
+    if let Some(first) = seen.get(&id) {
+        return Err(format!(
+            "duplicate rule id '{id}' (rules[{first}] has it already); ids must be unique because decisions \
+             record them"
+        ));
+    }
+    seen.insert(id.clone(), index);
+
+    let reason = raw.reason.filter(|r| !r.trim().is_empty());
+    if raw.approval.is_some() && raw.decision != DecisionKind::Approve {
+        return Err(format!(
+            "rule '{id}' has an `approval` block but decides {}; `approval` applies only to `decision: approve`",
+            raw.decision.as_str()
+        ));
+    }
+    let outcome = match raw.decision {
+        DecisionKind::Allow => Outcome::Allow,
+        DecisionKind::Deny => Outcome::Deny {
+            reason: reason.ok_or_else(|| {
+                format!("rule '{id}' denies without a reason; add `reason`, which the model reads after `not allowed.`")
+            })?,
+        },
+        DecisionKind::Approve => {
+            let approval = raw.approval.unwrap_or(RawApproval {
+                timeout: None,
+                approvers: Vec::new(),
+                message: None,
+            });
+            if approval.approvers.iter().any(|a| a.trim().is_empty()) {
+                return Err(format!("rule '{id}' names an empty approver"));
+            }
+            Outcome::Approve {
+                timeout_ms: approval.timeout.map(|t| t.0),
+                approvers: approval.approvers,
+                message: approval.message.filter(|m| !m.trim().is_empty()).or(reason),
+            }
+        }
+    };
+
+    let matcher = match raw.matcher {
+        None => Matcher::default(),
+        Some(m) => {
+            if m.read_only == Some(true) && m.writes == Some(true) {
+                return Err(format!(
+                    "rule '{id}' matches read_only: true and writes: true, which no tool can be; it would never match"
+                ));
+            }
+            Matcher {
+                tools: m.tools.map(|g| g.0),
+                agents: m.agents.map(|g| g.0),
+                risk: m.risk.map(|r| r.0),
+                read_only: m.read_only,
+                writes: m.writes,
+                when: m.when,
+            }
+        }
+    };
+
+    Ok(Rule {
+        id,
+        priority: raw.priority,
+        matcher,
+        outcome,
+    })
+}

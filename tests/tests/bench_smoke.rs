@@ -1,0 +1,91 @@
+//! `kernelctl bench --quick` against a real kernel: proves the benchmark runs end to end and
+//! reports every section. The only benchmark CI runs; it asserts counts, never timings.
+
+use e2e::{Kernel, binary};
+use kernel_proto::v1 as pb;
+use serde_json::Value;
+
+fn positive(value: &Value, what: &str) -> f64 {
+    let number = value.as_f64().unwrap_or_else(|| panic!("{what} is not a number: {value}"));
+    assert!(number > 0.0, "{what} is {number}");
+    number
+}
+
+#[tokio::test]
+async fn quick_bench_reports_every_section() {
+    let kernel = Kernel::start();
+    let output = kernel.kernelctl(&["bench", "--quick", "--json"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {stderr}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    // Off a terminal, progress is a line per phase on stderr.
+    assert!(stderr.contains("bench: sequential"), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout).expect("the report is JSON");
+
+    assert_eq!(report["workers"], 4);
+    let sequential = &report["sequential"];
+    positive(&sequential["calls"], "sequential calls");
+    for field in ["p50_ms", "p90_ms", "p99_ms", "max_ms", "calls_per_s"] {
+        positive(&sequential[field], field);
+    }
+    assert!(sequential["p50_ms"].as_f64() <= sequential["p99_ms"].as_f64());
+    assert!(sequential["p99_ms"].as_f64() <= sequential["max_ms"].as_f64());
+
+    let levels = report["throughput"].as_array().expect("throughput levels");
+    assert!(!levels.is_empty());
+    for level in levels {
+        positive(&level["concurrency"], "concurrency");
+        positive(&level["calls"], "throughput calls");
+        positive(&level["calls_per_s"], "calls/s");
+        positive(&level["p99_ms"], "throughput p99");
+    }
+
+    positive(&report["fanout"]["calls_per_turn"], "fan-out calls");
+    positive(&report["fanout"]["calls_per_s"], "fan-out calls/s");
+
+    let replay = &report["replay"];
+    let calls = positive(&replay["calls"], "replay calls");
+    assert_eq!(replay["replayed"].as_f64(), Some(calls), "every call replayed: {replay}");
+    positive(&replay["replay_ms"], "replay time");
+
+    let sizes = report["payload"].as_array().expect("payload sizes");
+    let bytes: Vec<u64> = sizes.iter().map(|p| p["bytes"].as_u64().unwrap()).collect();
+    assert_eq!(bytes, [100, 10 << 10, 1 << 20]);
+    for size in sizes {
+        positive(&size["calls"], "payload calls");
+        positive(&size["mb_per_s"], "MB/s");
+    }
+
+    // The bench's worker sessions ended with it.
+    let workers = kernel
+        .registry()
+        .await
+        .list_workers(pb::ListWorkersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .workers;
+    assert!(workers.is_empty(), "sessions left behind: {workers:?}");
+}
+
+#[test]
+fn bench_against_no_kernel_fails_clearly() {
+    // Bind and drop a port so nothing listens on it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let output = std::process::Command::new(binary("kernelctl"))
+        .args(["--addr", &format!("127.0.0.1:{port}"), "bench", "--quick"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cannot reach kernel at"), "{stderr}");
+    assert!(output.stdout.is_empty());
+}
