@@ -10,6 +10,8 @@ use std::str::FromStr;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kernel_proto::v1::RunStatus;
 
+use crate::bench::BenchArgs;
+
 /// Where the kernel listens when neither `--addr` nor `KERNEL_ADDR` says otherwise.
 pub const DEFAULT_ADDR: &str = "http://127.0.0.1:50051";
 
@@ -49,6 +51,11 @@ pub enum Command {
     /// Worker sessions connected to the kernel.
     #[command(subcommand)]
     Workers(WorkersCommand),
+    /// Calls parked for a person's approval: list, approve, reject.
+    #[command(subcommand)]
+    Approvals(ApprovalsCommand),
+    /// Measure the kernel: round-trip latency, throughput, replay and payload sizes.
+    Bench(BenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -135,6 +142,34 @@ pub enum WorkersCommand {
     /// List connected worker sessions.
     #[command(alias = "ls")]
     List,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ApprovalsCommand {
+    /// List pending approvals.
+    #[command(alias = "ls")]
+    List {
+        /// Only this run's approvals.
+        #[arg(long)]
+        run: Option<String>,
+    },
+    /// Let the parked call run, with exactly the arguments it showed.
+    Approve(AnswerArgs),
+    /// Refuse the parked call; the model is told it was not approved.
+    Reject(AnswerArgs),
+}
+
+/// Who answers an approval, and why.
+#[derive(Debug, clap::Args)]
+pub struct AnswerArgs {
+    /// The approval's id (from `approvals list`).
+    pub id: String,
+    /// Who decides; recorded with the answer. Defaults to $USER.
+    #[arg(long = "as", env = "USER")]
+    pub decider: String,
+    /// Why; recorded with the answer and, on a rejection, told to the model.
+    #[arg(long)]
+    pub reason: Option<String>,
 }
 
 /// A run status a listing can be filtered by.

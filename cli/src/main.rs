@@ -4,9 +4,11 @@
 //! outcome to an exit code: 0 ok, 1 failed. The pieces, in the order data flows through them:
 //! [`args`] (grammar) → [`client`] (gRPC channel) → [`commands`] (calls and paging) → [`view`]
 //! (proto → serializable views) → [`render`] (tables) or JSON on stdout; [`error`] words every
-//! failure for stderr.
+//! failure for stderr. `bench` ([`commands::bench`], built from [`bench`]) runs on a
+//! multi-threaded runtime of its own, since it hosts workers and an agent under load.
 
 mod args;
+mod bench;
 mod client;
 mod commands;
 mod error;
@@ -18,11 +20,33 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::args::Cli;
+use crate::args::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Bench(args) => bench(&cli.addr, cli.json, args),
+        command => query(Cli { command, ..cli }),
+    }
+}
+
+fn bench(addr: &args::KernelAddr, json: bool, args: bench::BenchArgs) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    match runtime.block_on(commands::bench::main(addr, json, args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) if err.is_broken_pipe() => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
-    let cli = Cli::parse();
+async fn query(cli: Cli) -> ExitCode {
     let mut stdout = std::io::stdout();
     match commands::run(cli, &mut stdout).await {
         Ok(()) => ExitCode::SUCCESS,

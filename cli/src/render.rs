@@ -11,7 +11,9 @@ use std::time::Duration;
 use comfy_table::{ContentArrangement, Table, presets};
 
 use crate::time::{Precision, UtcTime};
-use crate::view::{ApprovalView, EventView, Json, ProgressView, RunDetail, RunView, StepView, ToolView, WorkerView};
+use crate::view::{
+    ApprovalView, EventView, Json, ProgressView, RunDetail, RunView, StepView, ToolOptionsView, ToolView, WorkerView,
+};
 
 /// Characters of JSON shown in human output before it is cut.
 pub const JSON_CUT: usize = 200;
@@ -304,7 +306,17 @@ pub fn run_detail(detail: &RunDetail) -> String {
 /// The table of `approvals list` and of the approvals in `runs show`.
 pub fn approvals_table(approvals: &[ApprovalView]) -> String {
     table(
-        &["ID", "RUN", "STEP", "TOOL", "STATUS", "ASKED BY", "DECIDER", "REASON", "ARGUMENTS"],
+        &[
+            "ID",
+            "RUN",
+            "STEP",
+            "TOOL",
+            "STATUS",
+            "ASKED BY",
+            "DECIDER",
+            "REASON",
+            "ARGUMENTS",
+        ],
         approvals.iter().map(|a| {
             vec![
                 a.id.clone(),
@@ -314,7 +326,9 @@ pub fn approvals_table(approvals: &[ApprovalView]) -> String {
                 a.status.clone(),
                 a.decided_by.clone(),
                 or_none(a.decider.as_deref()).to_owned(),
-                a.reason.as_deref().map_or_else(|| NONE.to_owned(), |r| one_line(r).into_owned()),
+                a.reason
+                    .as_deref()
+                    .map_or_else(|| NONE.to_owned(), |r| one_line(r).into_owned()),
                 json_cut(&a.arguments),
             ]
         }),
@@ -368,8 +382,10 @@ pub fn tools_table(tools: &[ToolView]) -> String {
             "NAME",
             "VERSION",
             "FINGERPRINT",
+            "OWNER",
             "RISK",
             "IDEMPOTENCY",
+            "GOVERNANCE",
             "WORKERS",
             "DESCRIPTION",
         ],
@@ -383,13 +399,45 @@ pub fn tools_table(tools: &[ToolView]) -> String {
                 tool.name.clone(),
                 or_none(tool.version.as_deref()).to_owned(),
                 or_none(Some(short_fingerprint(&tool.fingerprint))).to_owned(),
+                or_none(tool.options.owner.as_deref()).to_owned(),
                 unspecified_as_none(&tool.options.risk),
                 unspecified_as_none(&tool.options.idempotency),
+                governance(&tool.options),
                 one_line(&workers).into_owned(),
                 truncate(one_line(&tool.description).trim(), DESCRIPTION_CUT).into_owned(),
             ]
         }),
     )
+}
+
+/// The declared effects, approval, permissions, cost and cache of a tool, in a few words.
+fn governance(options: &ToolOptionsView) -> String {
+    let mut parts = Vec::new();
+    if options.read_only {
+        parts.push("read_only".to_owned());
+    }
+    if options.writes {
+        parts.push("writes".to_owned());
+    }
+    match (&options.requires_approval_expr, options.requires_approval) {
+        (Some(expr), _) => parts.push(format!("approval if {}", one_line(expr))),
+        (None, true) => parts.push("approval".to_owned()),
+        (None, false) => {}
+    }
+    if !options.permissions.is_empty() {
+        parts.push(format!("needs {}", options.permissions.join("+")));
+    }
+    if options.cost_per_call > 0.0 {
+        parts.push(format!("{}/call", options.cost_per_call));
+    }
+    if let Some(ttl) = options.cache_ttl_ms {
+        parts.push(format!("cache {}", duration(Duration::from_millis(ttl))));
+    }
+    if parts.is_empty() {
+        NONE.to_owned()
+    } else {
+        parts.join(", ")
+    }
 }
 
 fn unspecified_as_none(name: &str) -> String {
@@ -538,6 +586,7 @@ mod tests {
         let detail = RunDetail::try_from(pb::GetRunResponse {
             run: Some(sample_run()),
             steps: vec![running, failed, sample_step(0, 1)],
+            ..Default::default()
         })
         .unwrap();
         let text = run_detail(&detail);
@@ -573,6 +622,7 @@ mod tests {
         let detail = RunDetail::try_from(pb::GetRunResponse {
             run: Some(sample_run()),
             steps: vec![],
+            ..Default::default()
         })
         .unwrap();
         assert!(run_detail(&detail).ends_with("\nno steps recorded\n"));

@@ -70,6 +70,8 @@ pub struct RunView {
     pub updated_at: Option<UtcTime>,
     pub non_interactive: bool,
     pub permissions: Vec<String>,
+    /// What inspection shows of arguments and results: `io`, `metadata` or `none`.
+    pub capture: String,
 }
 
 impl From<pb::Run> for RunView {
@@ -88,6 +90,12 @@ impl From<pb::Run> for RunView {
             updated_at: run.updated_at.map(UtcTime::from),
             non_interactive: run.non_interactive,
             permissions: run.permissions,
+            capture: match pb::Capture::try_from(run.capture) {
+                Ok(pb::Capture::None) => "none",
+                Ok(pb::Capture::Metadata) => "metadata",
+                _ => "io",
+            }
+            .to_owned(),
             id: run.id,
             agent: run.agent,
         }
@@ -228,10 +236,18 @@ impl TryFrom<pb::GetRunResponse> for RunDetail {
         steps.sort_by(|a, b| (a.turn, a.position, &a.key).cmp(&(b.turn, b.position, &b.key)));
         let manifest = response
             .manifest
-            .map(|m| ManifestView { total_cost: m.total_cost, cost_by_tool: m.cost_by_tool.into_iter().collect() })
+            .map(|m| ManifestView {
+                total_cost: m.total_cost,
+                cost_by_tool: m.cost_by_tool.into_iter().collect(),
+            })
             .unwrap_or_default();
         let approvals = response.approvals.into_iter().map(ApprovalView::from).collect();
-        Ok(Self { run: run.into(), steps, manifest, approvals })
+        Ok(Self {
+            run: run.into(),
+            steps,
+            manifest,
+            approvals,
+        })
     }
 }
 
@@ -575,6 +591,7 @@ pub(crate) mod tests {
             last_seq: 9,
             created_at: ts(1_700_000_000, 0),
             updated_at: ts(1_700_000_042, 500_000_000),
+            ..Default::default()
         }
     }
 
@@ -646,6 +663,9 @@ pub(crate) mod tests {
                 "last_seq": 9,
                 "created_at": "2023-11-14T22:13:20Z",
                 "updated_at": "2023-11-14T22:14:02.500Z",
+                "non_interactive": false,
+                "permissions": [],
+                "capture": "io",
             })
         );
     }
@@ -713,6 +733,7 @@ pub(crate) mod tests {
         let response = pb::GetRunResponse {
             run: Some(sample_run()),
             steps: vec![sample_step(1, 0), sample_step(0, 2), sample_step(0, 1)],
+            ..Default::default()
         };
         let detail = RunDetail::try_from(response).unwrap();
         let keys: Vec<&str> = detail.steps.iter().map(|s| s.key.as_str()).collect();

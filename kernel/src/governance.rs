@@ -144,3 +144,39 @@ impl Governance {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The policy file the README shows must load as shown.
+    #[test]
+    fn the_readme_policy_example_loads() {
+        let readme = include_str!("../../README.md");
+        let start = readme.find("```yaml\n").expect("a yaml block in the README") + "```yaml\n".len();
+        let end = start + readme[start..].find("```").expect("the block ends");
+        let policy = Policy::from_yaml(&readme[start..end]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(policy.rule_count(), 2);
+    }
+
+    #[test]
+    fn the_longest_unit_price_prefix_wins_and_a_declared_cost_beats_it() {
+        let governance = Governance::load(None, vec![("mcp_".into(), 0.001), ("mcp_docs_".into(), 0.002)]).unwrap();
+        let mut tool = ToolDef {
+            name: "mcp_docs_search".into(),
+            description: String::new(),
+            input_schema: serde_json::json!({"type": "object"}),
+            version: String::new(),
+            fingerprint: String::new(),
+            options: Default::default(),
+        };
+        assert_eq!(governance.unit_cost(&tool), 0.002);
+        tool.name = "mcp_web_fetch".into();
+        assert_eq!(governance.unit_cost(&tool), 0.001);
+        tool.options.cost_per_call = 0.5;
+        assert_eq!(governance.unit_cost(&tool), 0.5);
+        tool.name = "local".into();
+        tool.options.cost_per_call = 0.0;
+        assert_eq!(governance.unit_cost(&tool), 0.0);
+    }
+}

@@ -175,6 +175,71 @@ text_enum!(
     }
 );
 
+text_enum!(
+    /// What inspection shows of a run's arguments and results; replay always has them.
+    Capture {
+        None => "none",
+        Metadata => "metadata",
+        Io => "io",
+    }
+);
+
+/// Keys of event payloads that carry arguments, results or inputs.
+const CAPTURED_KEYS: [&str; 5] = ["arguments", "output", "tool_input", "input", "value"];
+
+impl Capture {
+    /// What inspection shows of a JSON text.
+    pub fn json_text(self, text: &str) -> String {
+        match self {
+            Capture::Io => text.to_owned(),
+            _ => self.withheld(text).to_string(),
+        }
+    }
+
+    fn withheld(self, text: &str) -> serde_json::Value {
+        use sha2::{Digest, Sha256};
+        match self {
+            Capture::Metadata => serde_json::json!({
+                "withheld": "capture=metadata",
+                "bytes": text.len(),
+                "sha256": hex::encode(Sha256::digest(text.as_bytes())),
+            }),
+            _ => serde_json::json!({ "withheld": "capture=none" }),
+        }
+    }
+
+    /// What inspection shows of an error text: withheld only at `none` (errors may quote arguments).
+    pub fn error_text(self, text: &str) -> String {
+        match self {
+            Capture::None if !text.is_empty() => "withheld (capture=none)".to_owned(),
+            _ => text.to_owned(),
+        }
+    }
+
+    /// What inspection shows of an event payload.
+    pub fn payload(self, payload: &str) -> String {
+        if self == Capture::Io {
+            return payload.to_owned();
+        }
+        let Ok(serde_json::Value::Object(mut body)) = serde_json::from_str::<serde_json::Value>(payload) else {
+            return payload.to_owned();
+        };
+        for key in CAPTURED_KEYS {
+            if let Some(value) = body.get_mut(key)
+                && !value.is_null()
+            {
+                *value = self.withheld(&value.to_string());
+            }
+        }
+        if self == Capture::None
+            && let Some(serde_json::Value::String(error)) = body.get_mut("error")
+        {
+            *error = self.error_text(error);
+        }
+        serde_json::Value::Object(body).to_string()
+    }
+}
+
 /// The version of every event body this kernel writes.
 pub const EVENT_SCHEMA_VERSION: u32 = 1;
 
@@ -366,6 +431,8 @@ pub struct RunRecord {
     pub interactive: bool,
     /// Permissions granted to the run, for policies that require them.
     pub permissions: Vec<String>,
+    /// What inspection shows of its arguments and results.
+    pub capture: Capture,
     pub tool_calls: u32,
     pub last_seq: u64,
     pub created_at: Millis,
@@ -420,6 +487,8 @@ pub struct StepRecord {
     pub decided_by: Option<String>,
     /// Set while the call waits for a person (or waits to be asked).
     pub approval_gate: Option<ApprovalGate>,
+    /// A read_only tool's cache TTL: a success is kept for identical calls this long.
+    pub cache_ttl_ms: Option<u64>,
 }
 
 /// What a person is asked before a gated call may start.
@@ -466,6 +535,8 @@ pub struct ApprovalRecord {
     pub answered_at: Option<Millis>,
     pub decider: Option<String>,
     pub reason: Option<String>,
+    /// The run's capture level, for what inspection shows of the arguments.
+    pub capture: Capture,
 }
 
 /// One entry of a run's log.
@@ -530,6 +601,19 @@ mod tests {
             })),
             1
         );
+    }
+
+    #[test]
+    fn capture_withholds_what_it_must() {
+        let payload = r#"{"arguments":{"card":"4111"},"error":"card 4111 declined","tool":"charge"}"#;
+        assert_eq!(Capture::Io.payload(payload), payload);
+        let metadata = Capture::Metadata.payload(payload);
+        assert!(
+            !metadata.contains("4111\"}") && metadata.contains("capture=metadata") && metadata.contains("declined")
+        );
+        let none = Capture::None.payload(payload);
+        assert!(!none.contains("4111") && none.contains("\"tool\":\"charge\""), "{none}");
+        assert_eq!(Capture::None.json_text("{}"), r#"{"withheld":"capture=none"}"#);
     }
 
     #[test]

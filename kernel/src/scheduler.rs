@@ -855,6 +855,7 @@ mod tests {
                 max_tool_calls: 0,
                 interactive: true,
                 permissions: Vec::new(),
+                capture: crate::model::Capture::Io,
             })
             .await
             .unwrap();

@@ -119,7 +119,17 @@ async fn worker_kill_to_redispatch() {
         let lost_seen = killed.elapsed();
         let second = watch.event("tool:start", |p| p["attempt"] == 2).await;
         let redispatch_seen = killed.elapsed();
-        let lost_at = since(killed_wall, event_time(watch.events.iter().rev().find(|e| e.r#type == "tool:lease_lost").unwrap()));
+        let lost_at = since(
+            killed_wall,
+            event_time(
+                watch
+                    .events
+                    .iter()
+                    .rev()
+                    .find(|e| e.r#type == "tool:lease_lost")
+                    .unwrap(),
+            ),
+        );
         let start_at = since(killed_wall, event_time(watch.events.last().unwrap()));
         assert_ne!(second["worker"], first["worker"], "attempt 2 ran on the other worker");
 
@@ -142,10 +152,7 @@ async fn worker_kill_to_redispatch() {
         workers.insert(name.clone(), kernel.fault_worker(&name));
     }
     rows.push(("median, kill → lease lost".into(), ms(median(&to_lost))));
-    rows.push((
-        "median, kill → attempt 2 started".into(),
-        ms(median(&to_redispatch)),
-    ));
+    rows.push(("median, kill → attempt 2 started".into(), ms(median(&to_redispatch))));
     rows.push(("target".into(), "≤ 1000 ms".into()));
     print_table(
         "worker SIGKILL → call redispatched (times seen by a watcher; logged = kernel's event time)",
@@ -267,7 +274,10 @@ async fn kernel_kill_restart_with_1000_in_flight() {
             ),
             ("kill → watcher saw all (upper bound)".into(), ms(all_seen)),
             ("lease TTL".into(), ms(lease_ttl)),
-            ("target".into(), format!("≤ {} (lease TTL + 2 s)", ms(lease_ttl + Duration::from_secs(2)))),
+            (
+                "target".into(),
+                format!("≤ {} (lease TTL + 2 s)", ms(lease_ttl + Duration::from_secs(2))),
+            ),
         ],
     );
 }
@@ -309,8 +319,13 @@ fn fill_log(db: &std::path::Path) -> usize {
         for r in 0..LOG_RUNS {
             let run_id = format!("00000000-0000-7000-8000-{r:012}");
             let at = base + r as i64;
-            run.execute(rusqlite::params![run_id, calls_per_run as i64, EVENTS_PER_RUN as i64, at])
-                .unwrap();
+            run.execute(rusqlite::params![
+                run_id,
+                calls_per_run as i64,
+                EVENTS_PER_RUN as i64,
+                at
+            ])
+            .unwrap();
             let created = json!({"agent": "filler", "input": {}, "labels": {}, "max_tool_calls": 0}).to_string();
             event
                 .execute(rusqlite::params![run_id, 1, "run:created", at, created])

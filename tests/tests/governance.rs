@@ -27,7 +27,10 @@ rules:
 "#;
 
 fn governed() -> Kernel {
-    Kernel::start_with(KernelOptions { policy: Some(POLICY.into()), ..Default::default() })
+    Kernel::start_with(KernelOptions {
+        policy: Some(POLICY.into()),
+        ..Default::default()
+    })
 }
 
 async fn approvals(kernel: &Kernel) -> ApprovalServiceClient<tonic::transport::Channel> {
@@ -43,17 +46,41 @@ async fn create_run(kernel: &Kernel, agent: &str, labels: &[(&str, &str)], non_i
         permissions: vec!["billing:write".into()],
         ..Default::default()
     };
-    kernel.runs().await.create_run(request).await.unwrap().into_inner().run.unwrap().id
+    kernel
+        .runs()
+        .await
+        .create_run(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap()
+        .id
 }
 
 /// Submits a turn and returns its stream, to read interruptions before results.
-async fn open_turn(kernel: &Kernel, run: &str, turn: u32, calls: Vec<pb::ToolCall>) -> tonic::Streaming<pb::SubmitTurnResponse> {
-    let request = pb::SubmitTurnRequest { run_id: run.into(), turn, calls };
+async fn open_turn(
+    kernel: &Kernel,
+    run: &str,
+    turn: u32,
+    calls: Vec<pb::ToolCall>,
+) -> tonic::Streaming<pb::SubmitTurnResponse> {
+    let request = pb::SubmitTurnRequest {
+        run_id: run.into(),
+        turn,
+        calls,
+    };
     kernel.calls().await.submit_turn(request).await.unwrap().into_inner()
 }
 
 async fn next_item(stream: &mut tonic::Streaming<pb::SubmitTurnResponse>) -> pb::submit_turn_response::Item {
-    tokio::time::timeout(e2e::WAIT, stream.next()).await.expect("turn stalled").expect("more").unwrap().item.unwrap()
+    tokio::time::timeout(e2e::WAIT, stream.next())
+        .await
+        .expect("turn stalled")
+        .expect("more")
+        .unwrap()
+        .item
+        .unwrap()
 }
 
 async fn interruption(stream: &mut tonic::Streaming<pb::SubmitTurnResponse>) -> pb::Interruption {
@@ -78,10 +105,21 @@ async fn invalid_arguments_list_every_bad_field_and_run_nothing() {
     let kernel = Kernel::start();
     let _worker = kernel.fault_worker("w1");
     let run = kernel.create_run("typo").await;
-    let outcome = submit(&kernel, &run, 0, vec![call("sleepy", json!({"hold_ms": "soon", "extra": 1}))]).await.unwrap();
+    let outcome = submit(
+        &kernel,
+        &run,
+        0,
+        vec![call("sleepy", json!({"hold_ms": "soon", "extra": 1}))],
+    )
+    .await
+    .unwrap();
     let result = &outcome.results[0];
     assert_eq!(result.status, pb::CallStatus::Error as i32);
-    assert!(result.content.starts_with("invalid arguments for tool 'sleepy': "), "{}", result.content);
+    assert!(
+        result.content.starts_with("invalid arguments for tool 'sleepy': "),
+        "{}",
+        result.content
+    );
     assert!(result.content.contains("/hold_ms"), "{}", result.content);
     assert!(result.content.contains("extra"), "{}", result.content);
     let events = kernel.events(&run).await;
@@ -95,7 +133,10 @@ async fn a_big_refund_waits_for_approval_and_runs_once_approved() {
     let kernel = governed();
     let _worker = kernel.fault_worker("w1");
     let run = create_run(&kernel, "billing", &[], false).await;
-    let calls = vec![call("refund", json!({"cents": 500})), call("refund", json!({"cents": 25_000}))];
+    let calls = vec![
+        call("refund", json!({"cents": 500})),
+        call("refund", json!({"cents": 25_000})),
+    ];
     let mut turn = open_turn(&kernel, &run, 0, calls.clone()).await;
     // The question is reported when it is asked; results still come in position order.
     let (mut first, mut asked) = (None, None);
@@ -108,25 +149,50 @@ async fn a_big_refund_waits_for_approval_and_runs_once_approved() {
     }
     let (first, asked) = (first.unwrap(), asked.unwrap());
     assert_eq!(first.content, "refunded 500 cents", "a small refund runs at once");
-    assert_eq!((asked.position, asked.tool.as_str(), asked.reason.as_str()), (1, "refund", "tool_approval"));
-    assert_eq!(serde_json::from_str::<Value>(&asked.arguments_json).unwrap(), json!({"cents": 25_000}));
+    assert_eq!(
+        (asked.position, asked.tool.as_str(), asked.reason.as_str()),
+        (1, "refund", "tool_approval")
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&asked.arguments_json).unwrap(),
+        json!({"cents": 25_000})
+    );
 
     let shown = kernel.get(&run).await;
     assert_eq!(shown.run.unwrap().status, pb::RunStatus::Blocked as i32);
     let events = kernel.events(&run).await;
-    let interrupted = events.iter().find(|e| e.r#type == "run:interrupted").map(payload).unwrap();
+    let interrupted = events
+        .iter()
+        .find(|e| e.r#type == "run:interrupted")
+        .map(payload)
+        .unwrap();
     assert_eq!(interrupted["reason"], "tool_approval");
     assert_eq!(interrupted["tool_name"], "refund");
     assert_eq!(interrupted["tool_input"], json!({"cents": 25_000}));
     assert_eq!(interrupted["decided_by"], "tool:requires_approval");
-    assert!(!events.iter().any(|e| e.r#type == "tool:start" && payload(e)["position"] == 1), "parked before tool:start");
+    assert!(
+        !events
+            .iter()
+            .any(|e| e.r#type == "tool:start" && payload(e)["position"] == 1),
+        "parked before tool:start"
+    );
 
-    let refused = submit(&kernel, &run, 1, vec![call("refund", json!({"cents": 1}))]).await.unwrap_err();
-    assert_eq!(refused.code(), Code::FailedPrecondition, "a blocked run takes no new calls");
+    let refused = submit(&kernel, &run, 1, vec![call("refund", json!({"cents": 1}))])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Code::FailedPrecondition,
+        "a blocked run takes no new calls"
+    );
 
     let approved = approvals(&kernel)
         .await
-        .approve_call(pb::ApproveCallRequest { approval_id: asked.approval_id.clone(), decider: "alice".into(), reason: "ticket 42".into() })
+        .approve_call(pb::ApproveCallRequest {
+            approval_id: asked.approval_id.clone(),
+            decider: "alice".into(),
+            reason: "ticket 42".into(),
+        })
         .await
         .unwrap()
         .into_inner()
@@ -138,7 +204,11 @@ async fn a_big_refund_waits_for_approval_and_runs_once_approved() {
 
     let again = approvals(&kernel)
         .await
-        .reject_call(pb::RejectCallRequest { approval_id: asked.approval_id.clone(), decider: "bob".into(), reason: String::new() })
+        .reject_call(pb::RejectCallRequest {
+            approval_id: asked.approval_id.clone(),
+            decider: "bob".into(),
+            reason: String::new(),
+        })
         .await
         .unwrap_err();
     assert_eq!(again.code(), Code::FailedPrecondition, "an approval is answered once");
@@ -148,14 +218,30 @@ async fn a_big_refund_waits_for_approval_and_runs_once_approved() {
     assert!(replay.results.iter().all(|r| r.replayed));
     assert_eq!(kernel.ledger().len(), 2);
     // The same position with other arguments is a divergence, not a new question.
-    let changed = submit(&kernel, &run, 0, vec![call("refund", json!({"cents": 500})), call("refund", json!({"cents": 99_999}))])
-        .await
-        .unwrap();
-    assert!(changed.results[1].content.starts_with("replay_input_changed"), "{}", changed.results[1].content);
+    let changed = submit(
+        &kernel,
+        &run,
+        0,
+        vec![
+            call("refund", json!({"cents": 500})),
+            call("refund", json!({"cents": 99_999})),
+        ],
+    )
+    .await
+    .unwrap();
+    assert!(
+        changed.results[1].content.starts_with("replay_input_changed"),
+        "{}",
+        changed.results[1].content
+    );
 
     let shown = kernel.get(&run).await;
     let approval = &shown.approvals[0];
-    assert_eq!(approval.status, pb::ApprovalStatus::Consumed as i32, "consumed by the call's start");
+    assert_eq!(
+        approval.status,
+        pb::ApprovalStatus::Consumed as i32,
+        "consumed by the call's start"
+    );
     assert_eq!(shown.run.unwrap().status, pb::RunStatus::Running as i32);
     let manifest = shown.manifest.unwrap();
     assert_eq!(manifest.total_cost, 0.5);
@@ -172,15 +258,26 @@ async fn a_rejected_call_tells_the_model_it_was_not_approved() {
     let asked = interruption(&mut turn).await;
     approvals(&kernel)
         .await
-        .reject_call(pb::RejectCallRequest { approval_id: asked.approval_id, decider: "bob".into(), reason: "too much".into() })
+        .reject_call(pb::RejectCallRequest {
+            approval_id: asked.approval_id,
+            decider: "bob".into(),
+            reason: "too much".into(),
+        })
         .await
         .unwrap();
     let refused = result(&mut turn).await;
     assert_eq!(refused.status, pb::CallStatus::Error as i32);
     assert_eq!(refused.content, "'refund' was not approved: rejected by bob (too much)");
     let events = kernel.events(&run).await;
-    let answer = events.iter().find(|e| e.r#type == "approval:answered").map(payload).unwrap();
-    assert_eq!((answer["answer"].as_str(), answer["decider"].as_str()), (Some("rejected"), Some("bob")));
+    let answer = events
+        .iter()
+        .find(|e| e.r#type == "approval:answered")
+        .map(payload)
+        .unwrap();
+    assert_eq!(
+        (answer["answer"].as_str(), answer["decider"].as_str()),
+        (Some("rejected"), Some("bob"))
+    );
     let settled = events.iter().find(|e| e.r#type == "tool:result").map(payload).unwrap();
     assert_eq!(settled["approval"], "rejected");
     assert!(!events.iter().any(|e| e.r#type == "tool:start"));
@@ -197,8 +294,17 @@ async fn an_unanswered_approval_expires_as_a_rejection() {
     let asked = interruption(&mut turn).await;
     assert_eq!(asked.message, "answer fast");
     let expired = result(&mut turn).await;
-    assert_eq!(expired.content, "'refund' was not approved: the approval expired unanswered (approval timeout)");
-    let settled = kernel.events(&run).await.iter().find(|e| e.r#type == "tool:result").map(payload).unwrap();
+    assert_eq!(
+        expired.content,
+        "'refund' was not approved: the approval expired unanswered (approval timeout)"
+    );
+    let settled = kernel
+        .events(&run)
+        .await
+        .iter()
+        .find(|e| e.r#type == "tool:result")
+        .map(payload)
+        .unwrap();
     assert_eq!(settled["approval"], "expired");
     assert!(kernel.ledger().is_empty());
 }
@@ -210,12 +316,18 @@ async fn a_denied_call_reads_not_allowed_with_the_rule_s_reason() {
     let run = create_run(&kernel, "janitor", &[("env", "prod")], false).await;
     let mut watch = Watch::open(&kernel, &run, 1, false).await;
     let outcome = submit(&kernel, &run, 0, vec![call("wipe", json!({}))]).await.unwrap();
-    assert_eq!(outcome.results[0].content, "wipe not allowed. reason: wiping production is never automatic");
+    assert_eq!(
+        outcome.results[0].content,
+        "wipe not allowed. reason: wiping production is never automatic"
+    );
     let denied = watch.event("tool:denied", |_| true).await;
     assert_eq!(denied["decided_by"], "rule:no-wipes-in-prod");
     assert_eq!(denied["status"], "error");
     let events = kernel.events(&run).await;
-    assert!(!events.iter().any(|e| e.r#type == "tool:result"), "a denial is its own terminal event, not a second one");
+    assert!(
+        !events.iter().any(|e| e.r#type == "tool:result"),
+        "a denial is its own terminal event, not a second one"
+    );
     assert!(kernel.ledger().is_empty());
     check_log(&events, true);
 }
@@ -225,15 +337,33 @@ async fn a_non_interactive_run_cannot_wait_for_a_person() {
     let kernel = governed();
     let _worker = kernel.fault_worker("w1");
     let run = create_run(&kernel, "stream-consumer", &[], true).await;
-    let refused = submit(&kernel, &run, 0, vec![call("sleepy", json!({"hold_ms": 1})), call("wipe", json!({}))])
-        .await
-        .unwrap_err();
+    let refused = submit(
+        &kernel,
+        &run,
+        0,
+        vec![call("sleepy", json!({"hold_ms": 1})), call("wipe", json!({}))],
+    )
+    .await
+    .unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition);
-    assert!(refused.message().contains("calls[1]") && refused.message().contains("non-interactive"), "{}", refused.message());
-    assert!(kernel.get(&run).await.steps.is_empty(), "the refused turn wrote nothing");
+    assert!(
+        refused.message().contains("calls[1]") && refused.message().contains("non-interactive"),
+        "{}",
+        refused.message()
+    );
+    assert!(
+        kernel.get(&run).await.steps.is_empty(),
+        "the refused turn wrote nothing"
+    );
     // A call that only a predicate gates is denied rather than parked.
-    let outcome = submit(&kernel, &run, 0, vec![call("refund", json!({"cents": 20_000}))]).await.unwrap();
-    assert!(outcome.results[0].content.starts_with("refund not allowed. reason: it needs a person's approval"));
+    let outcome = submit(&kernel, &run, 0, vec![call("refund", json!({"cents": 20_000}))])
+        .await
+        .unwrap();
+    assert!(
+        outcome.results[0]
+            .content
+            .starts_with("refund not allowed. reason: it needs a person's approval")
+    );
 }
 
 #[test]
@@ -257,18 +387,175 @@ fn a_policy_file_that_does_not_load_stops_the_kernel_and_a_bad_reload_keeps_the_
         let kernel = governed();
         let _worker = kernel.fault_worker("w1");
         std::fs::write(kernel.dir.path().join("policy.yaml"), "rules: [oops").unwrap();
-        let mut admin = kernel_proto::v1::admin_service_client::AdminServiceClient::connect(kernel.url()).await.unwrap();
+        let mut admin = kernel_proto::v1::admin_service_client::AdminServiceClient::connect(kernel.url())
+            .await
+            .unwrap();
         let status = admin.reload_policy(pb::ReloadPolicyRequest {}).await.unwrap_err();
         assert_eq!(status.code(), Code::InvalidArgument);
         let run = create_run(&kernel, "janitor", &[("env", "prod")], false).await;
         let outcome = submit(&kernel, &run, 0, vec![call("wipe", json!({}))]).await.unwrap();
-        assert!(outcome.results[0].content.starts_with("wipe not allowed"), "the old policy still holds");
+        assert!(
+            outcome.results[0].content.starts_with("wipe not allowed"),
+            "the old policy still holds"
+        );
 
         std::fs::write(kernel.dir.path().join("policy.yaml"), "default: deny\n").unwrap();
-        let reloaded = admin.reload_policy(pb::ReloadPolicyRequest {}).await.unwrap().into_inner();
+        let reloaded = admin
+            .reload_policy(pb::ReloadPolicyRequest {})
+            .await
+            .unwrap()
+            .into_inner();
         assert!(reloaded.path.ends_with("policy.yaml"));
         let run = create_run(&kernel, "anyone", &[], false).await;
-        let outcome = submit(&kernel, &run, 0, vec![call("sleepy", json!({"hold_ms": 1}))]).await.unwrap();
-        assert!(outcome.results[0].content.starts_with("sleepy not allowed"), "{}", outcome.results[0].content);
+        let outcome = submit(&kernel, &run, 0, vec![call("sleepy", json!({"hold_ms": 1}))])
+            .await
+            .unwrap();
+        assert!(
+            outcome.results[0].content.starts_with("sleepy not allowed"),
+            "{}",
+            outcome.results[0].content
+        );
     });
+}
+
+#[tokio::test]
+async fn a_read_only_tool_with_a_cache_ttl_is_served_from_the_store() {
+    let kernel = Kernel::start();
+    let _worker = kernel.worker("w1");
+    let first = kernel.create_run("hasher").await;
+    let outcome = submit(&kernel, &first, 0, vec![call("checksum", json!({"text": "abc"}))])
+        .await
+        .unwrap();
+    let fresh = &outcome.results[0];
+    assert_eq!((fresh.status, fresh.attempts), (pb::CallStatus::Ok as i32, 1));
+
+    let second = kernel.create_run("hasher").await;
+    let outcome = submit(
+        &kernel,
+        &second,
+        0,
+        vec![
+            call("checksum", json!({"text": "abc"})),
+            call("checksum", json!({"text": "abd"})),
+        ],
+    )
+    .await
+    .unwrap();
+    let hit = &outcome.results[0];
+    assert_eq!(
+        hit.content, fresh.content,
+        "the same tool, fingerprint and arguments get the stored result"
+    );
+    assert_eq!(hit.attempts, 0, "nothing ran");
+    assert_eq!(outcome.results[1].attempts, 1, "other arguments are a miss");
+    let events = kernel.events(&second).await;
+    let hit_event = events
+        .iter()
+        .find(|e| e.r#type == "tool:result" && payload(e)["position"] == 0)
+        .unwrap();
+    assert_eq!(payload(hit_event)["cache"], "hit");
+    assert!(
+        !events
+            .iter()
+            .any(|e| e.r#type == "tool:start" && payload(e)["position"] == 0)
+    );
+    check_log(&events, true);
+}
+
+#[tokio::test]
+async fn capture_decides_what_inspection_shows_while_replay_keeps_everything() {
+    let kernel = Kernel::start();
+    let _worker = kernel.worker("w1");
+    let mut runs = kernel.runs().await;
+    let mut ids = Vec::new();
+    for capture in [pb::Capture::None, pb::Capture::Metadata] {
+        let request = pb::CreateRunRequest {
+            agent: "secretive".into(),
+            input_json: r#"{"card":"4111-1111"}"#.into(),
+            capture: capture as i32,
+            ..Default::default()
+        };
+        let run = runs.create_run(request).await.unwrap().into_inner().run.unwrap().id;
+        let calls = vec![call("echo", json!({"value": "4111-1111"}))];
+        let outcome = submit(&kernel, &run, 0, calls.clone()).await.unwrap();
+        assert_eq!(
+            outcome.results[0].content, "4111-1111",
+            "the agent gets its result whatever the capture"
+        );
+        let replay = submit(&kernel, &run, 0, calls).await.unwrap();
+        assert_eq!(replay.results[0].content, "4111-1111", "replay has what it needs");
+        ids.push(run);
+    }
+    for (run, level) in ids.iter().zip(["capture=none", "capture=metadata"]) {
+        let shown = kernel.get(run).await;
+        let text = format!("{:?}{:?}", shown.run, shown.steps);
+        assert!(!text.contains("4111"), "{level} leaks through GetRun: {text}");
+        assert!(text.contains(level), "{text}");
+        let events = kernel.events(run).await;
+        assert!(
+            events.iter().all(|e| !e.payload_json.contains("4111")),
+            "{level} leaks through the event log"
+        );
+        let output = kernel.kernelctl(&["runs", "show", run]);
+        assert!(!String::from_utf8_lossy(&output.stdout).contains("4111"));
+    }
+}
+
+#[tokio::test]
+async fn an_approval_round_trip_through_kernelctl() {
+    let kernel = governed();
+    let _worker = kernel.fault_worker("w1");
+    let run = create_run(&kernel, "billing", &[], false).await;
+    let mut turn = open_turn(&kernel, &run, 0, vec![call("refund", json!({"cents": 30_000}))]).await;
+    let asked = interruption(&mut turn).await;
+
+    let listed = kernel.kernelctl(&["--json", "approvals", "list"]);
+    assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let pending = &listed["approvals"][0];
+    assert_eq!(pending["id"], asked.approval_id.as_str());
+    assert_eq!(pending["tool"], "refund");
+    assert_eq!(
+        pending["arguments"],
+        json!({"cents": 30_000}),
+        "the approver sees exactly what will run"
+    );
+    let table = String::from_utf8(kernel.kernelctl(&["approvals", "list"]).stdout).unwrap();
+    assert!(
+        table.contains(&asked.approval_id) && table.contains("tool:requires_approval"),
+        "{table}"
+    );
+
+    let answer = kernel.kernelctl(&[
+        "approvals",
+        "approve",
+        &asked.approval_id,
+        "--as",
+        "carol",
+        "--reason",
+        "checked",
+    ]);
+    assert!(answer.status.success(), "{}", String::from_utf8_lossy(&answer.stderr));
+    assert!(String::from_utf8_lossy(&answer.stdout).contains("approved by carol"));
+    assert_eq!(result(&mut turn).await.content, "refunded 30000 cents");
+
+    let twice = kernel.kernelctl(&["approvals", "reject", &asked.approval_id, "--as", "dave"]);
+    assert_eq!(
+        twice.status.code(),
+        Some(1),
+        "an answered approval cannot be answered again"
+    );
+
+    let shown: Value = serde_json::from_slice(&kernel.kernelctl(&["--json", "runs", "show", &run]).stdout).unwrap();
+    let step = &shown["steps"][0];
+    assert_eq!(step["decided_by"], "tool:requires_approval");
+    assert_eq!(step["cost"], 0.25);
+    assert_eq!(shown["manifest"]["total_cost"], 0.25);
+    assert_eq!(shown["manifest"]["cost_by_tool"]["refund"], 0.25);
+    assert_eq!(shown["approvals"][0]["decider"], "carol");
+    assert_eq!(shown["approvals"][0]["status"], "consumed");
+    let human = String::from_utf8(kernel.kernelctl(&["runs", "show", &run]).stdout).unwrap();
+    for needle in ["decided by", "tool:requires_approval", "cost", "carol", "approvals:"] {
+        assert!(human.contains(needle), "{needle:?} missing from:\n{human}");
+    }
 }

@@ -72,6 +72,10 @@ async fn drive(run: &RunHandle) -> Result<serde_json::Value, AgentError> {
                     update.position, update.tool, update.message
                 );
             }
+            TurnItem::Interrupted(interruption) => eprintln!(
+                "turn 1 #{} {} waits for approval {}",
+                interruption.position, interruption.tool, interruption.approval_id
+            ),
             TurnItem::Result(outcome) => outcomes.push(outcome),
         }
     }

@@ -131,7 +131,7 @@ async fn echo(_ctx: ToolContext, value: Value) -> Result<Value, ToolError> {
 }
 
 /// Computes the 64-bit FNV-1a hash of a text, as 16 hex digits.
-#[tool(read_only)]
+#[tool(read_only, cache_ttl = 300)]
 fn checksum(text: String) -> Result<String, ToolError> {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0100_0000_01b3;

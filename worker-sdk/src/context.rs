@@ -1,5 +1,5 @@
 //! What a running tool knows about its call: identity, attempt, cancellation, a progress
-//! emitter and the application's deps.
+//! emitter, the tool's own cache and the application's deps.
 //!
 //! The worker builds one [`ToolContext`] per dispatch. Tests build one with
 //! [`ToolContext::for_test`] and call the tool function directly, no kernel needed.
@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use crate::cache::{CacheBackend, ToolCache};
 use crate::deps::Deps;
 use crate::session::{DispatchRef, Outbound};
 
@@ -147,6 +148,7 @@ pub struct ToolContext {
     tool: Arc<str>,
     cancel: CancellationToken,
     progress: ProgressSink,
+    cache: CacheBackend,
     deps: Deps,
 }
 
@@ -156,6 +158,7 @@ impl ToolContext {
         tool: &str,
         cancel: CancellationToken,
         progress: ProgressSink,
+        cache: CacheBackend,
         deps: Deps,
     ) -> Self {
         Self {
@@ -163,19 +166,22 @@ impl ToolContext {
             tool: tool.into(),
             cancel,
             progress,
+            cache,
             deps,
         }
     }
 
     /// A context for calling a tool function in a unit test: run `test-run`, step `t0/p0`,
-    /// attempt 1, a fresh cancellation token, no deps, progress discarded. Its tool name is empty
-    /// until it goes through [`Tool::call`](crate::Tool::call).
+    /// attempt 1, a fresh cancellation token, no deps, progress discarded, and an empty
+    /// in-memory [`cache`](ToolContext::cache) shared by the context's clones. Its tool name is
+    /// empty until it goes through [`Tool::call`](crate::Tool::call).
     pub fn for_test() -> Self {
         Self::new(
             CallInfo::for_test(),
             "",
             CancellationToken::new(),
             ProgressSink::Discard,
+            CacheBackend::memory(),
             Deps::default(),
         )
     }
@@ -293,6 +299,13 @@ impl ToolContext {
     pub fn deps<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
         self.deps.get::<T>()
     }
+
+    /// This tool's own key/value cache, kept by the kernel's store and shared by every call of
+    /// the tool (on any worker); another tool's entries are out of reach. A test context keeps
+    /// it in memory. The handle is cheap; take it per call.
+    pub fn cache(&self) -> ToolCache {
+        ToolCache::new(self.cache.clone(), Arc::clone(&self.tool))
+    }
 }
 
 #[cfg(test)]
@@ -325,6 +338,7 @@ mod tests {
             "t",
             CancellationToken::new(),
             sink,
+            CacheBackend::memory(),
             Deps::default(),
         );
         for _ in 0..10 {

@@ -11,7 +11,8 @@
 //!   `Result<T, ToolError>`; the [`ErrorKind`] of a [`ToolError`] tells the kernel whether to retry.
 //! - **The context.** Each call gets a [`ToolContext`]: run id, idempotency key (stable across
 //!   retries, so side effects can be made to happen once), attempt, cancellation, a progress
-//!   emitter, and the application's shared values ("deps") by type.
+//!   emitter, the tool's own store-backed [`cache`](ToolContext::cache) ([`ToolCache`]: get /
+//!   set with a TTL, namespaced per tool), and the application's shared values ("deps") by type.
 //! - **The worker.** [`Worker`] keeps one streaming session open to the kernel: it announces
 //!   its tools, runs dispatched calls (at most `max_concurrency` at once), heartbeats to keep
 //!   their leases, reconnects with backoff when the connection breaks, and drains on shutdown.
@@ -69,6 +70,7 @@
 
 mod agent;
 mod backoff;
+mod cache;
 mod context;
 mod deps;
 mod error;
@@ -82,9 +84,10 @@ mod worker;
 pub mod __private;
 
 pub use agent::{
-    AgentClient, AgentError, Call, CallOutcome, CallStatus, Interruption, NewRun, ProgressUpdate, RunHandle, RunSnapshot,
-    TurnItem,
+    AgentClient, AgentError, Call, CallOutcome, CallStatus, Interruption, NewRun, ProgressUpdate, RunHandle,
+    RunSnapshot, TurnItem,
 };
+pub use cache::ToolCache;
 pub use context::{Progress, ToolContext};
 pub use error::{ErrorKind, ToolError};
 pub use kernel_proto as proto;

@@ -1,9 +1,12 @@
 //! One worker session: a single bidirectional stream to the kernel, from Hello to close.
 //!
-//! The session task owns all of its state (the calls in flight and their cancellation tokens)
-//! and selects over the inbound stream, finished calls and shutdown; nothing is shared behind a
-//! lock. Each dispatch runs on its own task, which sends its result on the outbound channel; a
-//! separate task sends heartbeats so a busy tool never starves the lease.
+//! The session task owns all of its state (the calls in flight and their cancellation tokens,
+//! the cache requests awaiting an answer) and selects over the inbound stream, finished calls,
+//! newly registered cache requests and shutdown; nothing is shared behind a lock. Each dispatch
+//! runs on its own task, which sends its result on the outbound channel; a separate task sends
+//! heartbeats so a busy tool never starves the lease. A tool's cache request registers its reply
+//! with the session task, then goes out on the outbound channel; the task routes the kernel's
+//! answer back by request id, and a lost session fails whatever is still waiting.
 //!
 //! A session ends in one of three ways: drained after shutdown (`Ok`), refused by the kernel
 //! before its Welcome (permanent), or lost (transient: the worker reconnects). Results of calls
@@ -17,12 +20,13 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use kernel_proto::v1::worker_service_client::WorkerServiceClient;
 use serde_json::Value;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::cache::{CacheBackend, CacheOp, CacheReply, PendingCache};
 use crate::context::{CallInfo, Progress, ProgressSink, ToolContext};
 use crate::error::ToolError;
 use crate::tool::{Tool, ToolDefinition};
@@ -64,6 +68,12 @@ pub(crate) enum Outbound {
         dispatch: DispatchRef,
         outcome: Result<Value, ToolError>,
     },
+    /// A tool's cache request, answered by [`Inbound::Cache`] with the same id.
+    Cache {
+        dispatch: DispatchRef,
+        request_id: u64,
+        op: CacheOp,
+    },
     Drain,
     /// Ends the stream once everything queued before it has been sent.
     Close,
@@ -99,6 +109,10 @@ pub(crate) enum Inbound {
         dispatch: DispatchRef,
         accepted: bool,
         reason: String,
+    },
+    Cache {
+        request_id: u64,
+        reply: CacheReply,
     },
 }
 
@@ -221,6 +235,7 @@ pub(crate) async fn run(
     };
     tokio::spawn(send_heartbeats(tx.clone(), heartbeat, session_token.clone()));
 
+    let (cache_tx, cache_rx) = mpsc::unbounded_channel();
     let session = Session {
         config: Arc::clone(config),
         slots: Arc::clone(slots),
@@ -228,6 +243,9 @@ pub(crate) async fn run(
         token: session_token,
         running: HashMap::new(),
         tasks: JoinSet::new(),
+        cache_tx,
+        cache_rx,
+        cache_pending: HashMap::new(),
     };
     session
         .serve(inbound, shutdown)
@@ -264,6 +282,11 @@ struct Session {
     token: CancellationToken,
     running: HashMap<String, Running>,
     tasks: JoinSet<DispatchRef>,
+    /// Where calls register their cache requests; dropped with the session, which fails them.
+    cache_tx: mpsc::UnboundedSender<PendingCache>,
+    cache_rx: mpsc::UnboundedReceiver<PendingCache>,
+    /// Replies awaited, by request id.
+    cache_pending: HashMap<u64, oneshot::Sender<CacheReply>>,
 }
 
 /// Whatever way the session ends, its calls still running are told (cancellation) and left to
@@ -306,6 +329,11 @@ impl Session {
                     if drain_deadline.is_some() && self.tasks.is_empty() {
                         break;
                     }
+                }
+                // Ahead of the inbound stream: a request is registered before it is sent, so
+                // its registration is always seen before its answer.
+                Some(pending) = self.cache_rx.recv() => {
+                    self.cache_pending.insert(pending.request_id, pending.reply);
                 }
                 message = inbound.message() => match message {
                     Ok(Some(message)) => match wire::inbound(message) {
@@ -363,6 +391,11 @@ impl Session {
                     warn!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, reason, "result not recorded");
                 }
             }
+            Inbound::Cache { request_id, reply } => match self.cache_pending.remove(&request_id) {
+                // The call may have stopped waiting; its answer then goes nowhere.
+                Some(waiting) => drop(waiting.send(reply)),
+                None => debug!(request_id, "cache answer for no pending request ignored"),
+            },
             Inbound::Welcome(_) => warn!("second welcome on an open session ignored"),
         }
     }
@@ -397,6 +430,7 @@ impl Session {
             request,
             token,
             tx: self.tx.clone(),
+            cache: self.cache_tx.clone(),
             slots: Arc::clone(&self.slots),
             deps: self.config.deps.clone(),
         };
@@ -420,6 +454,7 @@ struct Job {
     request: DispatchRequest,
     token: CancellationToken,
     tx: mpsc::Sender<Outbound>,
+    cache: mpsc::UnboundedSender<PendingCache>,
     slots: Arc<Semaphore>,
     deps: crate::deps::Deps,
 }
@@ -457,6 +492,7 @@ impl Job {
             request,
             token,
             tx,
+            cache,
             slots,
             deps,
         } = self;
@@ -476,8 +512,13 @@ impl Job {
             _ = token.cancelled() => return Err(cancelled()),
         };
         debug!("dispatch started");
+        let cache = CacheBackend::Session {
+            tx: tx.clone(),
+            pending: cache,
+            dispatch: dispatch.clone(),
+        };
         let progress = ProgressSink::Session { tx, dispatch };
-        let ctx = ToolContext::new(request.call, &request.tool, token.clone(), progress, deps);
+        let ctx = ToolContext::new(request.call, &request.tool, token.clone(), progress, cache, deps);
         let mut call = tool.call(ctx, args);
         tokio::select! {
             result = &mut call => result,

@@ -13,6 +13,7 @@ use pb::open_session_response::Message as Down;
 use serde_json::Value;
 
 use crate::agent::{AgentError, Call, CallOutcome, CallStatus, Interruption, NewRun, ProgressUpdate, TurnItem};
+use crate::cache::CacheOp;
 use crate::context::CallInfo;
 use crate::error::{ErrorKind, ToolError};
 use crate::session::{DispatchRef, DispatchRequest, Inbound, Outbound, Welcome};
@@ -158,8 +159,30 @@ pub(crate) fn outbound(message: Outbound) -> pb::OpenSessionRequest {
             attempt: dispatch.attempt,
             outcome: Some(dispatch_outcome(outcome)),
         }),
+        Outbound::Cache {
+            dispatch,
+            request_id,
+            op,
+        } => Up::Cache(pb::CacheRequest {
+            request_id,
+            dispatch_id: dispatch.id,
+            attempt: dispatch.attempt,
+            op: Some(cache_op(op)),
+        }),
     };
     pb::OpenSessionRequest { message: Some(message) }
+}
+
+fn cache_op(op: CacheOp) -> pb::cache_request::Op {
+    use pb::cache_request::Op;
+    match op {
+        CacheOp::Get { key } => Op::Get(pb::CacheGet { key }),
+        CacheOp::Set { key, value_json, ttl } => Op::Set(pb::CacheSet {
+            key,
+            value_json,
+            ttl_ms: optional_millis(ttl),
+        }),
+    }
 }
 
 fn dispatch_outcome(outcome: Result<Value, ToolError>) -> pb::dispatch_result::Outcome {
@@ -198,6 +221,16 @@ pub(crate) fn inbound(message: pb::OpenSessionResponse) -> Option<Inbound> {
             accepted: ack.accepted,
             reason: ack.reason,
         },
+        Down::Cache(answer) => Inbound::Cache {
+            request_id: answer.request_id,
+            reply: if !answer.error.is_empty() {
+                Err(answer.error)
+            } else if answer.found {
+                Ok(Some(answer.value_json))
+            } else {
+                Ok(None)
+            },
+        },
     })
 }
 
@@ -235,6 +268,8 @@ pub(crate) fn create_run_request(run: NewRun) -> pb::CreateRunRequest {
         max_tool_calls: run.max_tool_calls,
         non_interactive: run.non_interactive,
         permissions: run.permissions,
+        // Inspection shows everything unless a run asks otherwise.
+        capture: pb::Capture::Io as i32,
     }
 }
 
@@ -412,6 +447,54 @@ mod tests {
         };
         assert_eq!((sent.current, sent.total), (0, 0));
         assert_eq!(sent.data_json, r#"{"a":2,"z":1}"#);
+    }
+
+    #[test]
+    fn cache_requests_and_answers_map_one_to_one() {
+        let dispatch = DispatchRef {
+            id: "d".into(),
+            attempt: 3,
+        };
+        let op = CacheOp::Set {
+            key: "k".into(),
+            value_json: "[1]".into(),
+            ttl: None,
+        };
+        let Some(Up::Cache(request)) = outbound(Outbound::Cache {
+            dispatch,
+            request_id: 9,
+            op,
+        })
+        .message
+        else {
+            panic!("not a cache request")
+        };
+        assert_eq!(
+            (request.request_id, request.dispatch_id.as_str(), request.attempt),
+            (9, "d", 3)
+        );
+        let Some(pb::cache_request::Op::Set(set)) = request.op else {
+            panic!("not a set")
+        };
+        assert_eq!(set.ttl_ms, 0, "no TTL travels as 0: never expires");
+
+        let answer = |found: bool, value_json: &str, error: &str| {
+            let message = pb::OpenSessionResponse {
+                message: Some(Down::Cache(pb::CacheResponse {
+                    request_id: 9,
+                    found,
+                    value_json: value_json.into(),
+                    error: error.into(),
+                })),
+            };
+            match inbound(message) {
+                Some(Inbound::Cache { request_id: 9, reply }) => reply,
+                other => panic!("not a cache answer: {other:?}"),
+            }
+        };
+        assert_eq!(answer(true, "1", ""), Ok(Some("1".into())));
+        assert_eq!(answer(false, "", ""), Ok(None));
+        assert_eq!(answer(false, "", "key: too long"), Err("key: too long".into()));
     }
 
     #[test]

@@ -65,6 +65,7 @@ impl RunService for ScriptedKernel {
         Ok(Response::new(pb::GetRunResponse {
             run: Some(run(&id)),
             steps: vec![step],
+            ..Default::default()
         }))
     }
 

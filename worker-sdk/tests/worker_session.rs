@@ -1,5 +1,5 @@
 //! The worker against a scripted in-process kernel: handshake, dispatch, progress, cancel,
-//! refusal, reconnect, drain and the concurrency limit.
+//! refusal, reconnect, drain, the concurrency limit and the tool cache's requests.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -48,6 +48,27 @@ async fn busy(ctx: ToolContext) -> Result<(), ToolError> {
     gauge.running.fetch_sub(1, Ordering::SeqCst);
     Ok(())
 }
+
+/// Keeps `value` under `key` in the tool's cache for a minute, then reads the key back.
+#[tool]
+async fn remember(ctx: ToolContext, key: String, value: Value) -> Result<Option<Value>, ToolError> {
+    let cache = ctx.cache();
+    cache.set(&key, &value, Some(Duration::from_secs(60))).await?;
+    cache.get_value(&key).await
+}
+
+/// Reads `key` from the tool's cache, and tells the test through its deps when that fails.
+#[tool]
+async fn recall(ctx: ToolContext, key: String) -> Result<Option<Value>, ToolError> {
+    let found = ctx.cache().get_value(&key).await;
+    if let (Err(error), Some(failures)) = (&found, ctx.deps::<Failures>()) {
+        let _ = failures.0.send(error.clone());
+    }
+    found
+}
+
+/// Where `recall` reports its failures: a lost session's result never reaches the kernel.
+struct Failures(mpsc::UnboundedSender<ToolError>);
 
 /// Shared by the test and the tool through the worker's deps.
 #[derive(Default, Clone)]
@@ -425,5 +446,114 @@ async fn never_more_than_max_concurrency_at_once() {
         assert_eq!(output(&kernel.result().await), Ok(Value::Null));
     }
     assert_eq!(gauge.peak.load(Ordering::SeqCst), 2, "six calls ran two at a time");
+    harness.stop().await.unwrap();
+}
+
+/// The next message, which must be a cache request.
+async fn cache_request(kernel: &mut KernelSide) -> pb::CacheRequest {
+    match kernel.next().await {
+        Some(Up::Cache(request)) => request,
+        other => panic!("expected a cache request, got {other:?}"),
+    }
+}
+
+async fn answer(kernel: &KernelSide, request_id: u64, value_json: Option<&str>) {
+    kernel
+        .send(Down::Cache(pb::CacheResponse {
+            request_id,
+            found: value_json.is_some(),
+            value_json: value_json.unwrap_or_default().into(),
+            error: String::new(),
+        }))
+        .await;
+}
+
+#[tokio::test]
+async fn cache_requests_carry_their_dispatch_and_answers_find_their_call() {
+    let mut harness = start(None, |b| b.tool(remember_tool())).await;
+    let mut kernel = harness.next_session().await;
+    kernel
+        .dispatch("d1", "remember", json!({"key": "one", "value": 1}))
+        .await;
+    kernel
+        .dispatch("d2", "remember", json!({"key": "two", "value": {"n": 2}}))
+        .await;
+
+    let mut sets = [cache_request(&mut kernel).await, cache_request(&mut kernel).await];
+    sets.sort_by(|a, b| a.dispatch_id.cmp(&b.dispatch_id));
+    let expected = [("d1", "one", "1"), ("d2", "two", r#"{"n":2}"#)];
+    for (request, (dispatch, key, value)) in sets.iter().zip(expected) {
+        assert_eq!((request.dispatch_id.as_str(), request.attempt), (dispatch, 1));
+        assert_eq!(
+            request.op,
+            Some(pb::cache_request::Op::Set(pb::CacheSet {
+                key: key.into(),
+                value_json: value.into(),
+                ttl_ms: 60_000,
+            }))
+        );
+    }
+    assert_ne!(sets[0].request_id, sets[1].request_id);
+    // Answered out of order: each answer still reaches the call that asked.
+    answer(&kernel, sets[1].request_id, None).await;
+    answer(&kernel, sets[0].request_id, None).await;
+
+    let mut gets = [cache_request(&mut kernel).await, cache_request(&mut kernel).await];
+    gets.sort_by(|a, b| a.dispatch_id.cmp(&b.dispatch_id));
+    assert_eq!(
+        gets[0].op,
+        Some(pb::cache_request::Op::Get(pb::CacheGet { key: "one".into() }))
+    );
+    answer(&kernel, gets[1].request_id, Some(r#""kept by d2""#)).await;
+    answer(&kernel, gets[0].request_id, Some(r#""kept by d1""#)).await;
+
+    let mut results = [kernel.result().await, kernel.result().await];
+    results.sort_by(|a, b| a.dispatch_id.cmp(&b.dispatch_id));
+    assert_eq!(output(&results[0]), Ok(json!("kept by d1")));
+    assert_eq!(output(&results[1]), Ok(json!("kept by d2")));
+    harness.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_refused_cache_request_fails_the_call_retryably() {
+    let mut harness = start(None, |b| b.tool(recall_tool())).await;
+    let mut kernel = harness.next_session().await;
+    kernel.dispatch("d1", "recall", json!({"key": "k"})).await;
+    let request = cache_request(&mut kernel).await;
+    kernel
+        .send(Down::Cache(pb::CacheResponse {
+            request_id: request.request_id,
+            error: "dispatch d1 attempt 1 is not held by this session".into(),
+            ..Default::default()
+        }))
+        .await;
+    assert_eq!(
+        output(&kernel.result().await),
+        Err((
+            "cache request refused: dispatch d1 attempt 1 is not held by this session".into(),
+            pb::ErrorKind::Retryable as i32
+        ))
+    );
+    harness.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_lost_session_fails_cache_requests_still_waiting() {
+    let (failures, mut failed) = mpsc::unbounded_channel();
+    let mut harness = start(None, |b| b.tool(recall_tool()).deps(Failures(failures))).await;
+    let mut kernel = harness.next_session().await;
+    kernel.dispatch("d1", "recall", json!({"key": "k"})).await;
+    let _unanswered = cache_request(&mut kernel).await;
+    kernel
+        .outbound
+        .send(Err(Status::unavailable("kernel restarting")))
+        .await
+        .unwrap();
+    drop(kernel);
+
+    let error = tokio::time::timeout(WAIT, failed.recv()).await.unwrap().unwrap();
+    assert!(error.is_retryable(), "{error:?}");
+    assert!(error.message().contains("session to the kernel was lost"), "{error}");
+    let _reopened = harness.next_session().await;
     harness.stop().await.unwrap();
 }

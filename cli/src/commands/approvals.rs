@@ -21,7 +21,10 @@ struct Answered {
 
 /// Pending approvals, optionally of one run.
 pub async fn list(kernel: &mut Kernel, out: &mut Output<'_>, run: Option<String>) -> Result<(), CliError> {
-    let request = ListApprovalsRequest { status: 0, run_id: run.unwrap_or_default() };
+    let request = ListApprovalsRequest {
+        status: 0,
+        run_id: run.unwrap_or_default(),
+    };
     let response = unary(kernel.approvals.list_approvals(request)).await?;
     let approvals: Vec<ApprovalView> = response.approvals.into_iter().map(ApprovalView::from).collect();
     if out.is_json() {
@@ -45,17 +48,30 @@ pub async fn answer(
 ) -> Result<(), CliError> {
     let reason = reason.unwrap_or_default();
     let approval = if approve {
-        let request = ApproveCallRequest { approval_id: id, decider, reason };
+        let request = ApproveCallRequest {
+            approval_id: id,
+            decider,
+            reason,
+        };
         unary(kernel.approvals.approve_call(request)).await?.approval
     } else {
-        let request = RejectCallRequest { approval_id: id, decider, reason };
+        let request = RejectCallRequest {
+            approval_id: id,
+            decider,
+            reason,
+        };
         unary(kernel.approvals.reject_call(request)).await?.approval
     };
     let approval = ApprovalView::from(approval.ok_or(CliError::MalformedResponse("the kernel returned no approval"))?);
     if out.is_json() {
         out.document(&Answered { approval })?;
     } else {
-        out.text(&format!("{} {} by {}\n", approval.id, approval.status, approval.decider.as_deref().unwrap_or("?")))?;
+        out.text(&format!(
+            "{} {} by {}\n",
+            approval.id,
+            approval.status,
+            approval.decider.as_deref().unwrap_or("?")
+        ))?;
     }
     Ok(())
 }

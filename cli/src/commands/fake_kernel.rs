@@ -85,7 +85,11 @@ impl RunService for FakeKernel {
     async fn get_run(&self, request: Request<pb::GetRunRequest>) -> Result<Response<pb::GetRunResponse>, Status> {
         let run = self.find_run(&request.get_ref().run_id)?;
         let steps = self.data.lock().unwrap().steps.clone();
-        Ok(Response::new(pb::GetRunResponse { run: Some(run), steps }))
+        Ok(Response::new(pb::GetRunResponse {
+            run: Some(run),
+            steps,
+            ..Default::default()
+        }))
     }
 
     async fn list_runs(&self, request: Request<pb::ListRunsRequest>) -> Result<Response<pb::ListRunsResponse>, Status> {

@@ -4,6 +4,8 @@
 //! Handlers stay thin on purpose: paging and streaming live here, layout lives in
 //! [`crate::render`], and the proto-to-view conversion in [`crate::view`].
 
+mod approvals;
+pub mod bench;
 mod runs;
 mod tools;
 mod workers;
@@ -12,7 +14,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use crate::args::{Cli, Command, RunsCommand, ToolsCommand, WorkersCommand};
+use crate::args::{ApprovalsCommand, Cli, Command, RunsCommand, ToolsCommand, WorkersCommand};
 use crate::client::Kernel;
 use crate::error::CliError;
 
@@ -27,6 +29,14 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Runs(RunsCommand::Cancel { id, reason }) => runs::cancel(&mut kernel, &mut out, id, reason).await,
         Command::Tools(ToolsCommand::List) => tools::list(&mut kernel, &mut out).await,
         Command::Workers(WorkersCommand::List) => workers::list(&mut kernel, &mut out).await,
+        Command::Approvals(ApprovalsCommand::List { run }) => approvals::list(&mut kernel, &mut out, run).await,
+        Command::Approvals(ApprovalsCommand::Approve(args)) => {
+            approvals::answer(&mut kernel, &mut out, args.id, true, args.decider, args.reason).await
+        }
+        Command::Approvals(ApprovalsCommand::Reject(args)) => {
+            approvals::answer(&mut kernel, &mut out, args.id, false, args.decider, args.reason).await
+        }
+        Command::Bench(_) => unreachable!("main runs `bench` through commands::bench::main"),
     }?;
     out.flush()?;
     Ok(())

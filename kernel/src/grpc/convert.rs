@@ -11,8 +11,8 @@ use serde_json::Value;
 use crate::error::KernelError;
 use crate::hub::ProgressUpdate;
 use crate::model::{
-    ApprovalRecord, ApprovalStatus, ErrorKind, EventRecord, Idempotency, Millis, RetryPolicy, RiskLevel, RunRecord,
-    RunStatus, StepRecord, StepStatus, ToolDef, ToolOptions, validate_tool_name,
+    ApprovalRecord, ApprovalStatus, Capture, ErrorKind, EventRecord, Idempotency, Millis, RetryPolicy, RiskLevel,
+    RunRecord, RunStatus, StepRecord, StepStatus, ToolDef, ToolOptions, validate_tool_name,
 };
 use crate::registry::KnownTool;
 use crate::scheduler::{SessionHello, WorkerSnapshot};
@@ -86,13 +86,18 @@ pub fn error_kind_from(value: i32) -> ErrorKind {
     }
 }
 
+/// A run as inspection shows it: its input and output only as its capture level allows.
 pub fn run(run: &RunRecord) -> pb::Run {
     pb::Run {
         id: run.id.to_string(),
         agent: run.agent.clone(),
         status: run_status(run.status) as i32,
-        input_json: run.input.clone(),
-        output_json: run.output.clone().unwrap_or_default(),
+        input_json: run.capture.json_text(&run.input),
+        output_json: run
+            .output
+            .as_deref()
+            .map(|o| run.capture.json_text(o))
+            .unwrap_or_default(),
         reason: run.reason.clone().unwrap_or_default(),
         labels: run.labels.clone().into_iter().collect(),
         idempotency_key: run.idempotency_key.clone().unwrap_or_default(),
@@ -103,6 +108,11 @@ pub fn run(run: &RunRecord) -> pb::Run {
         updated_at: Some(timestamp(run.updated_at)),
         non_interactive: !run.interactive,
         permissions: run.permissions.clone(),
+        capture: match run.capture {
+            Capture::None => pb::Capture::None,
+            Capture::Metadata => pb::Capture::Metadata,
+            Capture::Io => pb::Capture::Io,
+        } as i32,
     }
 }
 
@@ -132,13 +142,14 @@ pub fn approval_status_filter(value: i32) -> Result<ApprovalStatus, KernelError>
     }
 }
 
+/// An approval as inspection shows it: arguments at capture io only.
 pub fn approval(approval: &ApprovalRecord) -> pb::Approval {
     pb::Approval {
         id: approval.id.clone(),
         run_id: approval.run_id.to_string(),
         step_key: approval.key.to_string(),
         tool: approval.tool.clone(),
-        arguments_json: approval.arguments.clone(),
+        arguments_json: approval.capture.json_text(&approval.arguments),
         call_hash: approval.call_hash.clone(),
         status: approval_status(approval.status) as i32,
         approvers: approval.approvers.clone(),
@@ -177,7 +188,8 @@ pub fn interruption(approval: &ApprovalRecord, position: u32) -> pb::Interruptio
     }
 }
 
-pub fn step(step: &StepRecord) -> pb::Step {
+/// A step as inspection shows it under its run's capture level.
+pub fn step(step: &StepRecord, capture: Capture) -> pb::Step {
     pb::Step {
         step_key: step.key.to_string(),
         turn: step.turn,
@@ -186,13 +198,13 @@ pub fn step(step: &StepRecord) -> pb::Step {
         tool: step.tool.clone(),
         tool_fingerprint: step.fingerprint.clone(),
         tool_version: step.version.clone(),
-        arguments_json: step.arguments.clone(),
+        arguments_json: capture.json_text(&step.arguments),
         call_hash: step.call_hash.clone(),
         idempotency_key: step.idempotency_key.clone(),
         status: step_status(step.status) as i32,
         attempts: step.attempts,
-        output_json: step.output.clone().unwrap_or_default(),
-        error: step.error.clone().unwrap_or_default(),
+        output_json: step.output.as_deref().map(|o| capture.json_text(o)).unwrap_or_default(),
+        error: step.error.as_deref().map(|e| capture.error_text(e)).unwrap_or_default(),
         error_kind: error_kind(step.error_kind) as i32,
         worker: step.worker.clone().unwrap_or_default(),
         dispatch_id: step.dispatch_id.clone().unwrap_or_default(),
@@ -213,14 +225,15 @@ pub fn step(step: &StepRecord) -> pb::Step {
     }
 }
 
-pub fn event(event: &EventRecord) -> pb::Event {
+/// An event as inspection shows it under its run's capture level.
+pub fn event(event: &EventRecord, capture: Capture) -> pb::Event {
     pb::Event {
         run_id: event.run_id.to_string(),
         seq: event.seq,
         r#type: event.kind.as_str().to_owned(),
         schema_version: event.schema_version,
         at: Some(timestamp(event.at)),
-        payload_json: event.payload.clone(),
+        payload_json: capture.payload(&event.payload),
     }
 }
 
@@ -491,6 +504,16 @@ pub fn labels(labels: std::collections::HashMap<String, String>) -> Result<BTree
         ));
     }
     Ok(labels.into_iter().collect())
+}
+
+/// The capture level a run asks for; unspecified means io.
+pub fn capture(value: i32) -> Result<Capture, KernelError> {
+    match pb::Capture::try_from(value) {
+        Ok(pb::Capture::Unspecified | pb::Capture::Io) => Ok(Capture::Io),
+        Ok(pb::Capture::Metadata) => Ok(Capture::Metadata),
+        Ok(pb::Capture::None) => Ok(Capture::None),
+        Err(_) => Err(KernelError::invalid("capture", format!("{value} is not a Capture"))),
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 use super::{Kernel, STREAM_BUFFER, convert};
 use crate::error::KernelError;
 use crate::hub::Signal;
-use crate::model::{EventType, RunId, RunRecord};
+use crate::model::{Capture, EventType, RunId, RunRecord};
 use crate::store::{EndRun, NewRun, RunFilter};
 
 const MAX_PAGE_RUNS: u32 = 1000;
@@ -80,6 +80,7 @@ impl RunService for RunApi {
             max_tool_calls: req.max_tool_calls,
             interactive: !req.non_interactive,
             permissions: req.permissions,
+            capture: convert::capture(req.capture)?,
         };
         let (run, created) = self.0.store.create_run(new).await?;
         Ok(Response::new(pb::CreateRunResponse {
@@ -96,7 +97,7 @@ impl RunService for RunApi {
         Ok(Response::new(pb::GetRunResponse {
             run: Some(convert::run(&run)),
             manifest: Some(convert::manifest(&steps)),
-            steps: steps.iter().map(convert::step).collect(),
+            steps: steps.iter().map(|step| convert::step(step, run.capture)).collect(),
             approvals: approvals.iter().map(convert::approval).collect(),
         }))
     }
@@ -189,7 +190,7 @@ impl RunService for RunApi {
             _ => 0,
         };
         Ok(Response::new(pb::ListRunEventsResponse {
-            events: events.iter().map(convert::event).collect(),
+            events: events.iter().map(|event| convert::event(event, run.capture)).collect(),
             next_seq,
         }))
     }
@@ -205,10 +206,11 @@ impl RunService for RunApi {
         // Subscribe before reading, so every event after the read is also in the channel; the
         // seam is then de-duplicated by sequence number.
         let live = self.0.hub.subscribe(&id);
-        self.load(&id).await?;
+        let capture = self.load(&id).await?.capture;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let kernel = self.0.clone();
-        tokio::spawn(watch(kernel, id, req.from_seq.max(1), req.include_progress, live, tx));
+        let from = req.from_seq.max(1);
+        tokio::spawn(watch(kernel, id, capture, from, req.include_progress, live, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
@@ -217,14 +219,20 @@ type WatchSender = mpsc::Sender<Result<pb::WatchRunEventsResponse, Status>>;
 
 /// Sends stored events from `next` on; returns the next sequence number wanted and whether the
 /// run's terminal event went out.
-async fn catch_up(kernel: &Kernel, id: &RunId, mut next: u64, tx: &WatchSender) -> Result<(u64, bool), KernelError> {
+async fn catch_up(
+    kernel: &Kernel,
+    id: &RunId,
+    capture: Capture,
+    mut next: u64,
+    tx: &WatchSender,
+) -> Result<(u64, bool), KernelError> {
     loop {
         let page = kernel.store.reads.events(id.clone(), next, 500).await?;
         let full = page.len() == 500;
         for event in page {
             next = event.seq + 1;
             let terminal = is_terminal_event(event.kind);
-            let item = pb::watch_run_events_response::Item::Event(convert::event(&event));
+            let item = pb::watch_run_events_response::Item::Event(convert::event(&event, capture));
             if tx
                 .send(Ok(pb::WatchRunEventsResponse { item: Some(item) }))
                 .await
@@ -245,6 +253,7 @@ async fn catch_up(kernel: &Kernel, id: &RunId, mut next: u64, tx: &WatchSender) 
 async fn watch(
     kernel: Kernel,
     id: RunId,
+    capture: Capture,
     from: u64,
     include_progress: bool,
     mut live: broadcast::Receiver<Signal>,
@@ -254,7 +263,7 @@ async fn watch(
     let mut need_catch_up = true;
     loop {
         if need_catch_up {
-            match catch_up(&kernel, &id, next, &tx).await {
+            match catch_up(&kernel, &id, capture, next, &tx).await {
                 Ok((after, done)) => {
                     next = after;
                     if done {
@@ -287,7 +296,7 @@ async fn watch(
                     continue;
                 }
                 next = event.seq + 1;
-                let item = pb::watch_run_events_response::Item::Event(convert::event(&event));
+                let item = pb::watch_run_events_response::Item::Event(convert::event(&event, capture));
                 if tx
                     .send(Ok(pb::WatchRunEventsResponse { item: Some(item) }))
                     .await

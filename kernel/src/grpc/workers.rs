@@ -2,8 +2,9 @@
 //!
 //! The session loop forwards the scheduler's orders to the worker and the worker's messages to
 //! the store and the scheduler. Every message about a dispatch carries `(dispatch_id, attempt)`;
-//! progress is checked against the dispatches this session was sent, and results are fenced by
-//! the store inside the write. When the loop ends for any reason, the scheduler is told at once
+//! progress and cache requests are checked against the dispatches this session was sent, and
+//! results are fenced by the store inside the write. A cache request reaches only the entries of
+//! the tool its dispatch runs. When the loop ends for any reason, the scheduler is told at once
 //! and the session's leases are lost.
 
 use std::collections::HashMap;
@@ -25,7 +26,7 @@ use super::{Kernel, STREAM_BUFFER, convert};
 use crate::hub::ProgressUpdate;
 use crate::model::{ErrorKind, RunId, StepKey, StepStatus, now_millis};
 use crate::scheduler::{DispatchOrder, Outbound};
-use crate::store::ResultReport;
+use crate::store::{ResultReport, ToolCacheSet};
 
 /// A worker that opens a stream must say hello within this long.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -209,6 +210,7 @@ impl Session {
             Some(In::Drain(_)) => self.kernel.scheduler.drain(self.session_id.clone()),
             Some(In::Progress(progress)) => self.on_progress(progress),
             Some(In::Result(result)) => self.on_result(result),
+            Some(In::Cache(request)) => self.on_cache(request),
             Some(In::Hello(_)) => return Err(Status::failed_precondition("hello may be sent only once per session")),
             None => return Err(Status::invalid_argument("message: empty session message")),
         }
@@ -310,5 +312,90 @@ impl Session {
             };
             let _ = tx.send(out(Out::ResultAck(ack))).await;
         });
+    }
+
+    /// Serves a tool's cache request. The namespace is the tool of the dispatch the request names,
+    /// which this session must hold at that attempt; a worker cannot reach another tool's entries.
+    fn on_cache(&mut self, request: pb::CacheRequest) {
+        let request_id = request.request_id;
+        let Some(held) = self
+            .dispatches
+            .get(&request.dispatch_id)
+            .filter(|h| h.attempt == request.attempt)
+        else {
+            debug!(
+                session_id = self.session_id,
+                dispatch_id = request.dispatch_id,
+                attempt = request.attempt,
+                "cache request for a dispatch this session does not hold, refused"
+            );
+            let error = format!(
+                "dispatch {} attempt {} is not held by this session (finished, superseded or never sent here)",
+                request.dispatch_id, request.attempt
+            );
+            self.answer_cache(cache_refusal(request_id, error));
+            return;
+        };
+        let tool = held.tool.clone();
+        // Reads and commits wait on the store; the session keeps reading meanwhile.
+        let kernel = self.kernel.clone();
+        let tx = self.tx.clone();
+        let session_id = self.session_id.clone();
+        tokio::spawn(async move {
+            let response = match request.op {
+                Some(pb::cache_request::Op::Get(get)) => match kernel.store.reads.tool_cache_get(tool, get.key).await {
+                    Ok(Some(value_json)) => pb::CacheResponse {
+                        request_id,
+                        found: true,
+                        value_json,
+                        error: String::new(),
+                    },
+                    Ok(None) => pb::CacheResponse {
+                        request_id,
+                        ..Default::default()
+                    },
+                    Err(error) => cache_refusal(request_id, error.to_string()),
+                },
+                Some(pb::cache_request::Op::Set(set)) => {
+                    let expires_at = (set.ttl_ms > 0)
+                        .then(|| now_millis().saturating_add(i64::try_from(set.ttl_ms).unwrap_or(i64::MAX)));
+                    let entry = ToolCacheSet {
+                        tool,
+                        key: set.key,
+                        value: set.value_json,
+                        expires_at,
+                    };
+                    match kernel.store.tool_cache_set(entry).await {
+                        Ok(()) => pb::CacheResponse {
+                            request_id,
+                            ..Default::default()
+                        },
+                        Err(error) => cache_refusal(request_id, error.to_string()),
+                    }
+                }
+                None => cache_refusal(request_id, "op: neither get nor set".to_owned()),
+            };
+            if !response.error.is_empty() {
+                debug!(session_id, request_id, error = response.error, "cache request refused");
+            }
+            let _ = tx.send(out(Out::Cache(response))).await;
+        });
+    }
+
+    /// Answers without waiting: a refusal needs no store, and the session loop must not block.
+    fn answer_cache(&self, response: pb::CacheResponse) {
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let _ = tx.send(out(Out::Cache(response))).await;
+        });
+    }
+}
+
+fn cache_refusal(request_id: u64, error: String) -> pb::CacheResponse {
+    pb::CacheResponse {
+        request_id,
+        found: false,
+        value_json: String::new(),
+        error,
     }
 }

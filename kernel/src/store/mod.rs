@@ -49,6 +49,8 @@ pub struct NewRun {
     pub interactive: bool,
     /// Permissions granted to the run.
     pub permissions: Vec<String>,
+    /// What inspection shows of its arguments and results.
+    pub capture: crate::model::Capture,
 }
 
 /// One call of a submitted turn, validated and resolved against the registry.
@@ -175,6 +177,54 @@ pub enum EndRun {
     Complete { output: String },
     Fail { reason: String },
     Cancel { reason: String },
+}
+
+/// The longest key of a tool's cache entry, in bytes.
+pub const TOOL_CACHE_MAX_KEY_BYTES: usize = 256;
+/// The largest value of a tool's cache entry, in bytes of JSON text.
+pub const TOOL_CACHE_MAX_VALUE_BYTES: usize = 1 << 20;
+
+/// One entry of a tool's own cache (`ctx.cache`), to write or replace. The cache is keyed by
+/// `(tool, key)` and is not part of any run's log.
+#[derive(Clone, Debug)]
+pub struct ToolCacheSet {
+    /// The namespace: the tool of the dispatch that asked, never a name a worker sends.
+    pub tool: String,
+    pub key: String,
+    /// JSON text.
+    pub value: String,
+    /// `None` for an entry that never expires.
+    pub expires_at: Option<Millis>,
+}
+
+impl ToolCacheSet {
+    /// Refuses an empty or overlong key and a value that is too big or not JSON.
+    pub fn validate(&self) -> Result<(), KernelError> {
+        check_tool_cache_key(&self.key)?;
+        if self.value.len() > TOOL_CACHE_MAX_VALUE_BYTES {
+            return Err(KernelError::invalid(
+                "value_json",
+                format!(
+                    "{} bytes is over the limit of {TOOL_CACHE_MAX_VALUE_BYTES} bytes (1 MiB)",
+                    self.value.len()
+                ),
+            ));
+        }
+        serde_json::from_str::<serde::de::IgnoredAny>(&self.value)
+            .map_err(|e| KernelError::invalid("value_json", format!("not valid JSON: {e}")))?;
+        Ok(())
+    }
+}
+
+/// Refuses a cache key that is empty or longer than [`TOOL_CACHE_MAX_KEY_BYTES`].
+pub fn check_tool_cache_key(key: &str) -> Result<(), KernelError> {
+    if key.is_empty() || key.len() > TOOL_CACHE_MAX_KEY_BYTES {
+        return Err(KernelError::invalid(
+            "key",
+            format!("must be 1 to {TOOL_CACHE_MAX_KEY_BYTES} bytes, got {}", key.len()),
+        ));
+    }
+    Ok(())
 }
 
 /// A cheap handle on the store.
@@ -324,6 +374,12 @@ impl Store {
 
     pub async fn register_tools(&self, tools: Vec<ToolDef>) -> Result<(), KernelError> {
         self.send(|reply| Command::RegisterTools(tools, reply)).await
+    }
+
+    /// Writes (or replaces) an entry of a tool's cache; a refused entry is never queued.
+    pub async fn tool_cache_set(&self, set: ToolCacheSet) -> Result<(), KernelError> {
+        set.validate()?;
+        self.send(|reply| Command::ToolCacheSet(set, reply)).await
     }
 }
 

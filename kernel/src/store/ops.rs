@@ -119,7 +119,7 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
     tx.conn
         .prepare_cached(
             "INSERT INTO runs (id, agent, status, input, labels, idempotency_key, max_tool_calls, created_at, updated_at, \
-             interactive, permissions) VALUES (?1, ?2, 'pending', ?3, ?4, ?5, ?6, ?7, ?7, ?8, ?9)",
+             interactive, permissions, capture) VALUES (?1, ?2, 'pending', ?3, ?4, ?5, ?6, ?7, ?7, ?8, ?9, ?10)",
         )?
         .execute(params![
             id.as_str(),
@@ -131,6 +131,7 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
             tx.now,
             new.interactive,
             serde_json::to_string(&new.permissions).expect("permissions serialize"),
+            new.capture.as_str(),
         ])?;
     tx.append(
         &id,
@@ -143,6 +144,7 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
             "max_tool_calls": new.max_tool_calls,
             "interactive": new.interactive,
             "permissions": new.permissions,
+            "capture": new.capture.as_str(),
         }),
         None,
     )?;
@@ -300,18 +302,35 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
             (None, CallGate::Approve(gate)) => Some(gate.decided_by.clone()),
             (None, _) => None,
         };
-        let (status, finished_at) = match (&refusal, &approval) {
-            (Some(_), _) => (StepStatus::Failed, Some(tx.now)),
-            (None, Some(_)) => (StepStatus::AwaitingApproval, None),
-            (None, None) => (StepStatus::Pending, None),
+        // A read_only tool with a cache TTL keeps its successes; an identical call (same tool,
+        // fingerprint and canonical arguments) within the TTL is served from the store.
+        let cache_ttl_ms = call
+            .tool
+            .as_ref()
+            .filter(|def| def.options.read_only)
+            .and_then(|def| def.options.cache_ttl_ms)
+            .filter(|ttl| *ttl > 0);
+        let cached: Option<String> = match (&refusal, &approval, cache_ttl_ms) {
+            (None, None, Some(_)) => tx
+                .conn
+                .prepare_cached("SELECT output FROM result_cache WHERE call_hash = ?1 AND expires_at > ?2")?
+                .query_row(params![hash, tx.now], |row| row.get(0))
+                .optional()?,
+            _ => None,
+        };
+        let (status, finished_at) = match (&refusal, &approval, &cached) {
+            (Some(_), _, _) => (StepStatus::Failed, Some(tx.now)),
+            (None, Some(_), _) => (StepStatus::AwaitingApproval, None),
+            (None, None, Some(_)) => (StepStatus::Succeeded, Some(tx.now)),
+            (None, None, None) => (StepStatus::Pending, None),
         };
         tx.conn
             .prepare_cached(
                 "INSERT INTO steps (run_id, step_key, turn, position, call_id, tool, fingerprint, version, arguments, \
                  call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
-                 retry, blocking, unit_cost, decided_by, approval_gate) \
+                 retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, attempts) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, \
-                 ?22, ?23)",
+                 ?22, ?23, ?24, ?25, 0)",
             )?
             .execute(params![
                 run.id.as_str(),
@@ -337,6 +356,8 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
                 call.unit_cost,
                 decided_by,
                 approval.as_ref().map(|g| serde_json::to_string(g).expect("gate serializes")),
+                cache_ttl_ms,
+                cached.as_deref(),
             ])?;
         let step = tx.step(&run.id, &call.key)?;
         if let Some(refusal) = refusal {
@@ -357,6 +378,31 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
                     "error_kind": ErrorKind::Fatal.as_str(),
                     "reason": refusal.reason,
                     "decided_by": refusal.decided_by,
+                    "attempts": 0,
+                    "cost": 0.0,
+                }),
+                Some(step.clone()),
+            )?;
+            dispositions.push(CallDisposition::Settled(step));
+            continue;
+        }
+        if let Some(output) = &cached {
+            tx.append(
+                &run.id,
+                EventType::ToolResult,
+                json!({
+                    "step_key": step.key,
+                    "turn": plan.turn,
+                    "position": call.position,
+                    "call_id": call.call_id,
+                    "tool": call.tool_name,
+                    "version": version,
+                    "fingerprint": fingerprint,
+                    "arguments": arguments,
+                    "status": "ok",
+                    "output": json_or_string(output),
+                    "cache": "hit",
+                    "decided_by": decided_by,
                     "attempts": 0,
                     "cost": 0.0,
                 }),
@@ -763,14 +809,24 @@ pub fn record_result(tx: &mut Tx<'_>, report: ResultReport) -> Result<Option<Ste
         return Ok(None);
     };
     let recorded = match &report.outcome {
-        Ok(output) => settle(
-            tx,
-            &step,
-            StepStatus::Succeeded,
-            Ok(output),
-            report.progress_count,
-            Value::Null,
-        )?,
+        Ok(output) => {
+            if let Some(ttl) = step.cache_ttl_ms {
+                tx.conn
+                    .prepare_cached(
+                        "INSERT INTO result_cache (call_hash, tool, output, stored_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5) \
+                         ON CONFLICT (call_hash) DO UPDATE SET output = ?3, stored_at = ?4, expires_at = ?5",
+                    )?
+                    .execute(params![step.call_hash, step.tool, output, tx.now, tx.now + ttl as Millis])?;
+            }
+            settle(
+                tx,
+                &step,
+                StepStatus::Succeeded,
+                Ok(output),
+                report.progress_count,
+                Value::Null,
+            )?
+        }
         Err((kind, message)) => match next_attempt_delay(&step, *kind) {
             Some(delay) => retry_later(tx, &step, (*kind, message), delay, report.progress_count, "error")?,
             None => settle(
@@ -1012,6 +1068,18 @@ pub fn human_ms(ms: u64) -> String {
     } else {
         format!("{}m{:02}s", ms / 60_000, (ms % 60_000) / 1000)
     }
+}
+
+/// Writes (or replaces) one entry of a tool's cache. It appends no event: the cache is the tool's
+/// scratch space, not part of any run's log.
+pub fn tool_cache_set(tx: &mut Tx<'_>, set: super::ToolCacheSet) -> Result<()> {
+    tx.conn
+        .prepare_cached(
+            "INSERT INTO tool_cache (tool, key, value, expires_at) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT (tool, key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
+        )?
+        .execute(params![set.tool, set.key, set.value, set.expires_at])?;
+    Ok(())
 }
 
 #[cfg(test)]

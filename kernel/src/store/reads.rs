@@ -194,4 +194,20 @@ impl Readers {
         })
         .await
     }
+
+    /// The value a tool keeps under `key` in its cache, unless absent or expired.
+    pub async fn tool_cache_get(&self, tool: String, key: String) -> Result<Option<String>, KernelError> {
+        use rusqlite::OptionalExtension;
+
+        super::check_tool_cache_key(&key)?;
+        let now = crate::model::now_millis();
+        self.with(move |conn| {
+            conn.prepare_cached(
+                "SELECT value FROM tool_cache WHERE tool = ?1 AND key = ?2 AND (expires_at IS NULL OR expires_at > ?3)",
+            )?
+            .query_row(rusqlite::params![tool, key, now], |row| row.get(0))
+            .optional()
+        })
+        .await
+    }
 }

@@ -7,15 +7,16 @@ use rusqlite::{Connection, OptionalExtension, Row};
 use crate::model::{ApprovalRecord, EventRecord, RunId, RunRecord, StepKey, StepRecord};
 
 pub const RUN_COLUMNS: &str = "id, agent, status, input, output, reason, labels, idempotency_key, \
-     max_tool_calls, tool_calls, last_seq, created_at, updated_at, interactive, permissions";
+     max_tool_calls, tool_calls, last_seq, created_at, updated_at, interactive, permissions, capture";
 
 pub const STEP_COLUMNS: &str = "run_id, step_key, turn, position, call_id, tool, fingerprint, version, \
      arguments, call_hash, idempotency_key, idempotency, timeout_ms, status, attempts, output, error, \
      error_kind, worker, session_id, dispatch_id, lease_expires_at, created_at, started_at, finished_at, \
-     replays, progress_count, retry, blocking, not_before, lease_losses, unit_cost, cost, decided_by, approval_gate";
+     replays, progress_count, retry, blocking, not_before, lease_losses, unit_cost, cost, decided_by, approval_gate, cache_ttl_ms";
 
 pub const APPROVAL_COLUMNS: &str = "id, run_id, step_key, tool, call_hash, arguments, status, approvers, message, \
-     decided_by, requested_at, expires_at, answered_at, decider, reason";
+     decided_by, requested_at, expires_at, answered_at, decider, reason, \
+     (SELECT capture FROM runs WHERE runs.id = approvals.run_id)";
 
 pub const EVENT_COLUMNS: &str = "run_id, seq, type, schema_version, at, payload";
 
@@ -55,6 +56,7 @@ pub fn run_from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         updated_at: row.get(12)?,
         interactive: row.get(13)?,
         permissions: serde_json::from_str(&row.get::<_, String>(14)?).unwrap_or_default(),
+        capture: parse(row, 15)?,
     })
 }
 
@@ -101,6 +103,7 @@ pub fn step_from_row(row: &Row<'_>) -> rusqlite::Result<StepRecord> {
         approval_gate: row
             .get::<_, Option<String>>(34)?
             .and_then(|text| serde_json::from_str(&text).ok()),
+        cache_ttl_ms: row.get(35)?,
     })
 }
 
@@ -123,6 +126,7 @@ pub fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<ApprovalRecord> {
         answered_at: row.get(12)?,
         decider: row.get(13)?,
         reason: row.get(14)?,
+        capture: parse(row, 15)?,
     })
 }
 

@@ -17,6 +17,7 @@ const MIGRATIONS: &[&str] = &[
         idempotency_key TEXT UNIQUE,
         max_tool_calls  INTEGER NOT NULL,
         interactive     INTEGER NOT NULL DEFAULT 1,
+        capture         TEXT NOT NULL DEFAULT 'io',
         permissions     TEXT NOT NULL DEFAULT '[]',
         tool_calls      INTEGER NOT NULL DEFAULT 0,
         last_seq        INTEGER NOT NULL DEFAULT 0,
@@ -72,6 +73,7 @@ const MIGRATIONS: &[&str] = &[
         cost             REAL NOT NULL DEFAULT 0,
         decided_by       TEXT,
         approval_gate    TEXT,
+        cache_ttl_ms     INTEGER,
         PRIMARY KEY (run_id, step_key)
     ) STRICT;
     CREATE INDEX steps_by_dispatch ON steps (dispatch_id) WHERE dispatch_id IS NOT NULL;
@@ -96,6 +98,24 @@ const MIGRATIONS: &[&str] = &[
     ) STRICT;
     CREATE INDEX approvals_pending ON approvals (status, expires_at) WHERE status = 'pending';
     CREATE INDEX approvals_by_run ON approvals (run_id, step_key);
+
+    -- Results of read_only tools with a cache TTL, keyed by call hash (tool, fingerprint, canonical
+    -- arguments); and the values tools keep through ctx.cache, namespaced per tool.
+    CREATE TABLE result_cache (
+        call_hash  TEXT PRIMARY KEY,
+        tool       TEXT NOT NULL,
+        output     TEXT NOT NULL,
+        stored_at  INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL
+    ) STRICT;
+
+    CREATE TABLE tool_cache (
+        tool       TEXT NOT NULL,
+        key        TEXT NOT NULL,
+        value      TEXT NOT NULL,
+        expires_at INTEGER,
+        PRIMARY KEY (tool, key)
+    ) STRICT, WITHOUT ROWID;
 
     CREATE TABLE tools (
         name          TEXT PRIMARY KEY,

@@ -48,6 +48,7 @@ fn new_run(key: Option<&str>, max_tool_calls: u32) -> NewRun {
         max_tool_calls,
         interactive: true,
         permissions: Vec::new(),
+        capture: crate::model::Capture::Io,
     }
 }
 
@@ -466,4 +467,116 @@ async fn the_store_survives_a_reopen() {
     let (store, _writer) = Store::open(&path, Durability::Full, Hub::default()).unwrap();
     assert_eq!(store.reads.run(id).await.unwrap().unwrap().status, RunStatus::Pending);
     assert_eq!(store.reads.tools().await.unwrap().len(), 1);
+}
+
+fn cache_entry(tool: &str, key: &str, value: &str, expires_at: Option<i64>) -> ToolCacheSet {
+    ToolCacheSet {
+        tool: tool.into(),
+        key: key.into(),
+        value: value.into(),
+        expires_at,
+    }
+}
+
+#[tokio::test]
+async fn tool_cache_entries_are_namespaced_per_tool_and_expire() {
+    let fx = open();
+    let now = crate::model::now_millis();
+    let get = |tool: &str, key: &str| fx.store.reads.tool_cache_get(tool.into(), key.into());
+
+    assert_eq!(get("rates", "eur").await.unwrap(), None);
+    fx.store
+        .tool_cache_set(cache_entry("rates", "eur", r#"{"usd":1.08}"#, None))
+        .await
+        .unwrap();
+    assert_eq!(get("rates", "eur").await.unwrap().as_deref(), Some(r#"{"usd":1.08}"#));
+    assert_eq!(
+        get("weather", "eur").await.unwrap(),
+        None,
+        "another tool never sees the entry"
+    );
+
+    fx.store
+        .tool_cache_set(cache_entry("rates", "eur", "1.1", Some(now + 60_000)))
+        .await
+        .unwrap();
+    assert_eq!(
+        get("rates", "eur").await.unwrap().as_deref(),
+        Some("1.1"),
+        "a set replaces"
+    );
+
+    fx.store
+        .tool_cache_set(cache_entry("rates", "gbp", "0.85", Some(now - 1)))
+        .await
+        .unwrap();
+    assert_eq!(
+        get("rates", "gbp").await.unwrap(),
+        None,
+        "an expired entry is not found"
+    );
+    fx.store
+        .tool_cache_set(cache_entry("rates", "gbp", "0.86", None))
+        .await
+        .unwrap();
+    assert_eq!(
+        get("rates", "gbp").await.unwrap().as_deref(),
+        Some("0.86"),
+        "and can be set again"
+    );
+}
+
+#[tokio::test]
+async fn refused_tool_cache_entries_write_nothing() {
+    let fx = open();
+    let refusals = [
+        (cache_entry("t", "", "1", None), "key: must be 1 to 256 bytes, got 0"),
+        (
+            cache_entry("t", &"k".repeat(257), "1", None),
+            "key: must be 1 to 256 bytes, got 257",
+        ),
+        (cache_entry("t", "k", "{oops", None), "value_json: not valid JSON"),
+        (
+            cache_entry(
+                "t",
+                "k",
+                &format!("\"{}\"", "x".repeat(TOOL_CACHE_MAX_VALUE_BYTES)),
+                None,
+            ),
+            "value_json: 1048578 bytes is over the limit",
+        ),
+    ];
+    for (entry, expected) in refusals {
+        let error = fx.store.tool_cache_set(entry).await.unwrap_err();
+        assert!(matches!(error, KernelError::InvalidArgument { .. }), "{error:?}");
+        assert!(error.to_string().starts_with(expected), "{error}");
+    }
+    assert_eq!(
+        fx.store.reads.tool_cache_get("t".into(), "k".into()).await.unwrap(),
+        None
+    );
+    let error = fx
+        .store
+        .reads
+        .tool_cache_get("t".into(), String::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, KernelError::InvalidArgument { .. }), "{error:?}");
+
+    let largest = format!("\"{}\"", "x".repeat(TOOL_CACHE_MAX_VALUE_BYTES - 2));
+    fx.store
+        .tool_cache_set(cache_entry("t", &"k".repeat(256), &largest, None))
+        .await
+        .unwrap();
+    let stored = fx
+        .store
+        .reads
+        .tool_cache_get("t".into(), "k".repeat(256))
+        .await
+        .unwrap();
+    assert_eq!(
+        stored.map(|v| v.len()),
+        Some(TOOL_CACHE_MAX_VALUE_BYTES),
+        "the limits are inclusive"
+    );
 }

@@ -49,6 +49,7 @@ pub enum Command {
         reply: Reply<Answered>,
     },
     ExpireApprovals(Reply<Answered>),
+    ToolCacheSet(super::ToolCacheSet, Reply<()>),
 }
 
 /// Sends a command's answer once its batch has committed (or failed to).
@@ -100,6 +101,7 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
             reply,
         ),
         Command::ExpireApprovals(reply) => respond(ops::expire_approvals(tx), reply),
+        Command::ToolCacheSet(set, reply) => respond(ops::tool_cache_set(tx, set), reply),
     }
 }
 
@@ -138,6 +140,7 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
         Command::RegisterTools(_, reply) => respond(Err(make()), reply),
         Command::AnswerApproval { reply, .. } => respond(Err(make()), reply),
         Command::ExpireApprovals(reply) => respond(Err(make()), reply),
+        Command::ToolCacheSet(_, reply) => respond(Err(make()), reply),
     };
     responder
 }

@@ -102,6 +102,28 @@ async fn wipe(ctx: ToolContext) -> Result<String, ToolError> {
     Ok("wiped".into())
 }
 
+/// Keeps `value` under `key` in this tool's cache when given (expiring after `ttl_ms` when
+/// given), then returns what the cache holds under `key`.
+#[tool]
+async fn memo(
+    ctx: ToolContext,
+    key: String,
+    value: Option<i64>,
+    ttl_ms: Option<u64>,
+) -> Result<Option<i64>, ToolError> {
+    let cache = ctx.cache();
+    if let Some(value) = value {
+        cache.set(&key, &value, ttl_ms.map(Duration::from_millis)).await?;
+    }
+    cache.get(&key).await
+}
+
+/// Returns what this tool's own cache holds under `key`; never what `memo` keeps there.
+#[tool]
+async fn peek(ctx: ToolContext, key: String) -> Result<Option<i64>, ToolError> {
+    ctx.cache().get(&key).await
+}
+
 #[tokio::main]
 async fn main() {
     let config = Config::parse();
@@ -135,6 +157,8 @@ async fn main() {
                 .requires_approval_if("args.cents > 10000"),
         )
         .tool(wipe_tool().writes().risk(RiskLevel::Critical).requires_approval(true))
+        .tool(memo_tool())
+        .tool(peek_tool())
         .deps(Ledger(Mutex::new(ledger)))
         .build()
         .expect("worker config");

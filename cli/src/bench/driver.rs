@@ -1,0 +1,429 @@
+//! The agent side of the benchmark: creates runs, submits turns over a small pool of HTTP/2
+//! connections, checks every result, and times each section.
+//!
+//! It speaks `kernel.v1` directly rather than through `worker_sdk::AgentClient`, so the time
+//! measured is the kernel's and the wire's, not an SDK's conversions.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use kernel_proto::v1 as pb;
+use kernel_proto::v1::run_service_client::RunServiceClient;
+use kernel_proto::v1::tool_call_service_client::ToolCallServiceClient;
+use pb::submit_turn_response::Item;
+use tokio::task::JoinSet;
+use tonic::transport::{Channel, Endpoint};
+
+use super::progress::Progress;
+use super::report::{Fanout, Payload, Replay, Sequential, Throughput};
+use super::stats::{Latency, millis};
+use super::workers::{NOOP, PAYLOAD};
+use super::{BenchError, ByteSize};
+use crate::error::{CliError, error_chain};
+
+/// HTTP/2 connections the agent spreads its runs over.
+const CONNECTIONS: usize = 4;
+/// No benchmark turn should take this long; one that does means the kernel is stuck.
+const TURN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The benchmark's agent: connections to the kernel and the label its runs carry.
+#[derive(Clone)]
+pub struct Agent {
+    calls: Vec<ToolCallServiceClient<Channel>>,
+    runs: RunServiceClient<Channel>,
+    label: String,
+}
+
+/// What a concurrent phase measured.
+struct Sample {
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+impl Sample {
+    fn calls_per_s(&self) -> f64 {
+        self.latencies.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+fn noop_call() -> pb::ToolCall {
+    pb::ToolCall {
+        tool: NOOP.into(),
+        arguments_json: "{}".into(),
+        ..Default::default()
+    }
+}
+
+fn payload_call(size: ByteSize) -> pb::ToolCall {
+    pb::ToolCall {
+        tool: PAYLOAD.into(),
+        arguments_json: format!("{{\"bytes\":{}}}", size.0),
+        ..Default::default()
+    }
+}
+
+fn status_name(status: i32) -> String {
+    pb::CallStatus::try_from(status).map_or_else(|_| format!("status {status}"), |s| s.as_str_name().to_lowercase())
+}
+
+/// Every result succeeded, one per call, in position order.
+fn check_results(results: &[pb::CallResult], calls: usize) -> Result<(), BenchError> {
+    if results.len() != calls {
+        return Err(BenchError::Unexpected(format!(
+            "a turn of {calls} calls came back with {} results",
+            results.len()
+        )));
+    }
+    for (index, result) in results.iter().enumerate() {
+        if result.status != pb::CallStatus::Ok as i32 {
+            return Err(BenchError::CallFailed {
+                tool: result.tool.clone(),
+                status: status_name(result.status),
+                content: result.content.clone(),
+            });
+        }
+        if result.position as usize != index {
+            return Err(BenchError::Unexpected(format!(
+                "result {index} of a turn carries position {}",
+                result.position
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Agent {
+    /// Opens the connection pool; `label` marks every run the benchmark creates (`bench=<label>`).
+    pub async fn connect(addr: &str, label: &str) -> Result<Agent, BenchError> {
+        let unreachable = |err: &(dyn std::error::Error + 'static)| CliError::Connect {
+            addr: addr.to_owned(),
+            cause: error_chain(err),
+        };
+        let endpoint = Endpoint::from_shared(addr.to_owned())
+            .map_err(|err| unreachable(&err))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true);
+        let mut channels = Vec::with_capacity(CONNECTIONS);
+        for _ in 0..CONNECTIONS {
+            channels.push(endpoint.connect().await.map_err(|err| unreachable(&err))?);
+        }
+        Ok(Agent {
+            runs: RunServiceClient::new(channels[0].clone()),
+            calls: channels.into_iter().map(ToolCallServiceClient::new).collect(),
+            label: label.to_owned(),
+        })
+    }
+
+    async fn create_run(&self, section: &str) -> Result<String, BenchError> {
+        let request = pb::CreateRunRequest {
+            agent: format!("kernelctl-bench-{section}"),
+            input_json: "{}".into(),
+            labels: [("bench".to_owned(), self.label.clone())].into(),
+            // A policy that would ask a person about a bench call denies it instead, so the
+            // benchmark fails with the reason rather than waiting for an approval.
+            non_interactive: true,
+            ..Default::default()
+        };
+        let response = self.runs.clone().create_run(request).await?.into_inner();
+        response
+            .run
+            .map(|run| run.id)
+            .ok_or_else(|| BenchError::Unexpected("create run answered without a run".into()))
+    }
+
+    /// Creates `count` runs at once (untimed setup).
+    async fn create_runs(&self, section: &str, count: u32) -> Result<Vec<String>, BenchError> {
+        let mut creating = JoinSet::new();
+        for _ in 0..count {
+            let agent = self.clone();
+            let section = section.to_owned();
+            creating.spawn(async move { agent.create_run(&section).await });
+        }
+        let mut ids = Vec::with_capacity(count as usize);
+        while let Some(created) = creating.join_next().await {
+            ids.push(created.map_err(|e| BenchError::Setup(format!("run creation panicked: {e}")))??);
+        }
+        Ok(ids)
+    }
+
+    /// Completes the benchmark's runs so none stays open on the kernel (untimed teardown).
+    async fn complete_runs(&self, ids: Vec<String>) -> Result<(), BenchError> {
+        let mut completing = JoinSet::new();
+        for run_id in ids {
+            let mut runs = self.runs.clone();
+            completing.spawn(async move {
+                let request = pb::CompleteRunRequest {
+                    run_id,
+                    output_json: "null".into(),
+                };
+                runs.complete_run(request).await.map(|_| ())
+            });
+        }
+        while let Some(done) = completing.join_next().await {
+            done.map_err(|e| BenchError::Setup(format!("run completion panicked: {e}")))??;
+        }
+        Ok(())
+    }
+
+    /// Submits one turn on connection `lane` and reads its stream to the end.
+    async fn submit(
+        &self,
+        lane: usize,
+        run_id: &str,
+        turn: u32,
+        calls: Vec<pb::ToolCall>,
+    ) -> Result<Vec<pb::CallResult>, BenchError> {
+        let mut client = self.calls[lane % self.calls.len()].clone();
+        let request = pb::SubmitTurnRequest {
+            run_id: run_id.to_owned(),
+            turn,
+            calls,
+        };
+        let turn = async {
+            let mut stream = client.submit_turn(request).await?.into_inner();
+            let mut results = Vec::new();
+            while let Some(response) = stream.message().await? {
+                if let Some(Item::Result(result)) = response.item {
+                    results.push(result);
+                }
+            }
+            Ok::<_, BenchError>(results)
+        };
+        tokio::time::timeout(TURN_TIMEOUT, turn)
+            .await
+            .map_err(|_| BenchError::Stalled(TURN_TIMEOUT.as_secs()))?
+    }
+
+    /// `n` one-call turns of a single run, one after the other.
+    pub async fn sequential(&self, progress: &Progress, n: u32) -> Result<Sequential, BenchError> {
+        progress.phase("sequential", u64::from(n));
+        let run_id = self.create_run("sequential").await?;
+        let mut latencies = Vec::with_capacity(n as usize);
+        let started = Instant::now();
+        for turn in 0..n {
+            let sent = Instant::now();
+            let results = self.submit(0, &run_id, turn, vec![noop_call()]).await?;
+            latencies.push(sent.elapsed());
+            check_results(&results, 1)?;
+            progress.add(1);
+        }
+        let sample = Sample {
+            elapsed: started.elapsed(),
+            latencies,
+        };
+        self.complete_runs(vec![run_id]).await?;
+        let calls_per_s = sample.calls_per_s();
+        let mut latencies = sample.latencies;
+        let latency = Latency::of(&mut latencies).expect("at least one call");
+        progress.finish(&format!("p50 {:.3}ms, p99 {:.3}ms", latency.p50_ms, latency.p99_ms));
+        Ok(Sequential {
+            calls: u64::from(n),
+            elapsed_s: sample.elapsed.as_secs_f64(),
+            calls_per_s,
+            latency,
+        })
+    }
+
+    /// `concurrency` runs making one-call turns of `call` back to back until `total` calls are
+    /// made; each result is checked by `check`.
+    async fn drive<C>(
+        &self,
+        progress: &Progress,
+        section: &str,
+        concurrency: u32,
+        total: u32,
+        call: pb::ToolCall,
+        check: C,
+    ) -> Result<Sample, BenchError>
+    where
+        C: Fn(&pb::CallResult) -> Result<(), BenchError> + Copy + Send + 'static,
+    {
+        let run_ids = self.create_runs(section, concurrency.min(total)).await?;
+        let claimed = Arc::new(AtomicU32::new(0));
+        let started = Instant::now();
+        let mut runners = JoinSet::new();
+        for (lane, run_id) in run_ids.iter().cloned().enumerate() {
+            let agent = self.clone();
+            let claimed = Arc::clone(&claimed);
+            let call = call.clone();
+            let progress = progress.clone();
+            runners.spawn(async move {
+                let mut latencies = Vec::new();
+                let mut turn = 0;
+                while claimed.fetch_add(1, Ordering::Relaxed) < total {
+                    let sent = Instant::now();
+                    let results = agent.submit(lane, &run_id, turn, vec![call.clone()]).await?;
+                    latencies.push(sent.elapsed());
+                    check_results(&results, 1)?;
+                    check(&results[0])?;
+                    progress.add(1);
+                    turn += 1;
+                }
+                Ok::<_, BenchError>(latencies)
+            });
+        }
+        let mut latencies = Vec::with_capacity(total as usize);
+        while let Some(done) = runners.join_next().await {
+            latencies.extend(done.map_err(|e| BenchError::Setup(format!("a bench run panicked: {e}")))??);
+        }
+        let elapsed = started.elapsed();
+        self.complete_runs(run_ids).await?;
+        Ok(Sample { elapsed, latencies })
+    }
+
+    /// One throughput level.
+    pub async fn throughput(
+        &self,
+        progress: &Progress,
+        concurrency: u32,
+        total: u32,
+    ) -> Result<Throughput, BenchError> {
+        progress.phase(format!("throughput, {concurrency} runs"), u64::from(total));
+        let sample = self
+            .drive(progress, "throughput", concurrency, total, noop_call(), |_| Ok(()))
+            .await?;
+        let calls_per_s = sample.calls_per_s();
+        let mut latencies = sample.latencies;
+        let latency = Latency::of(&mut latencies).expect("at least one call");
+        progress.finish(&format!("{calls_per_s:.0} calls/s, p50 {:.3}ms", latency.p50_ms));
+        Ok(Throughput {
+            concurrency,
+            calls: latencies.len() as u64,
+            elapsed_s: sample.elapsed.as_secs_f64(),
+            calls_per_s,
+            latency,
+        })
+    }
+
+    /// `turns` turns of `calls` calls each, in one run.
+    pub async fn fanout(&self, progress: &Progress, calls: u32, turns: u32) -> Result<Fanout, BenchError> {
+        progress.phase(
+            format!("fan-out, {calls} calls per turn"),
+            u64::from(calls) * u64::from(turns),
+        );
+        let run_id = self.create_run("fanout").await?;
+        let mut latencies = Vec::with_capacity(turns as usize);
+        for turn in 0..turns {
+            let batch = vec![noop_call(); calls as usize];
+            let sent = Instant::now();
+            let results = self.submit(0, &run_id, turn, batch).await?;
+            latencies.push(sent.elapsed());
+            check_results(&results, calls as usize)?;
+            progress.add(u64::from(calls));
+        }
+        self.complete_runs(vec![run_id]).await?;
+        let turn_latency = Latency::of(&mut latencies).expect("at least one turn");
+        let calls_per_s = f64::from(calls) / (turn_latency.p50_ms / 1000.0).max(1e-9);
+        progress.finish(&format!(
+            "{calls_per_s:.0} calls/s, turn p50 {:.1}ms",
+            turn_latency.p50_ms
+        ));
+        Ok(Fanout {
+            calls_per_turn: calls,
+            turns,
+            calls_per_s,
+            turn_latency,
+        })
+    }
+
+    /// Records a run of `turns` × `calls`, then submits every turn again: each result must come
+    /// back from the log.
+    pub async fn replay(&self, progress: &Progress, turns: u32, calls: u32) -> Result<Replay, BenchError> {
+        let total = u64::from(turns) * u64::from(calls);
+        progress.phase(format!("replay, recording {turns} turns of {calls} calls"), total);
+        let run_id = self.create_run("replay").await?;
+        let batch = vec![noop_call(); calls as usize];
+        let recording = Instant::now();
+        for turn in 0..turns {
+            let results = self.submit(0, &run_id, turn, batch.clone()).await?;
+            check_results(&results, calls as usize)?;
+            if let Some(replayed) = results.iter().position(|r| r.replayed) {
+                return Err(BenchError::Unexpected(format!(
+                    "the first submission of turn {turn} served position {replayed} from the log; \
+                     the kernel already knew this run"
+                )));
+            }
+            progress.add(u64::from(calls));
+        }
+        let record = recording.elapsed();
+        progress.finish(&format!("{:.0} calls/s", total as f64 / record.as_secs_f64()));
+
+        progress.phase(format!("replay, resubmitting {turns} turns of {calls} calls"), total);
+        let mut replayed = 0;
+        let replaying = Instant::now();
+        for turn in 0..turns {
+            let results = self.submit(0, &run_id, turn, batch.clone()).await?;
+            check_results(&results, calls as usize)?;
+            let fresh = results.iter().filter(|r| !r.replayed).count();
+            if fresh > 0 {
+                return Err(BenchError::NotReplayed {
+                    turn,
+                    fresh,
+                    calls: results.len(),
+                });
+            }
+            replayed += results.len() as u64;
+            progress.add(u64::from(calls));
+        }
+        let replay = replaying.elapsed();
+        self.complete_runs(vec![run_id]).await?;
+        progress.finish(&format!("{} results from the log in {:.1}ms", replayed, millis(replay)));
+        Ok(Replay {
+            turns,
+            calls_per_turn: calls,
+            calls: total,
+            record_s: record.as_secs_f64(),
+            record_calls_per_s: total as f64 / record.as_secs_f64().max(1e-9),
+            replay_ms: millis(replay),
+            replay_calls_per_s: total as f64 / replay.as_secs_f64().max(1e-9),
+            replayed,
+        })
+    }
+
+    /// `calls` calls whose results are `size` long, from `concurrency` runs.
+    pub async fn payload(
+        &self,
+        progress: &Progress,
+        size: ByteSize,
+        calls: u32,
+        concurrency: u32,
+    ) -> Result<Payload, BenchError> {
+        progress.phase(format!("payload {size}"), u64::from(calls));
+        let expected = size.0 as usize;
+        let length_matches = move |result: &pb::CallResult| {
+            if result.content.len() == expected {
+                Ok(())
+            } else {
+                Err(BenchError::Unexpected(format!(
+                    "a {PAYLOAD} result of {} bytes where {expected} were asked for",
+                    result.content.len()
+                )))
+            }
+        };
+        let sample = self
+            .drive(
+                progress,
+                "payload",
+                concurrency,
+                calls,
+                payload_call(size),
+                length_matches,
+            )
+            .await?;
+        let calls_per_s = sample.calls_per_s();
+        let mb_per_s = calls_per_s * size.0 as f64 / 1e6;
+        let mut latencies = sample.latencies;
+        let latency = Latency::of(&mut latencies).expect("at least one call");
+        progress.finish(&format!("{calls_per_s:.0} calls/s, {mb_per_s:.1} MB/s"));
+        Ok(Payload {
+            bytes: size.0,
+            calls: latencies.len() as u64,
+            concurrency,
+            elapsed_s: sample.elapsed.as_secs_f64(),
+            calls_per_s,
+            mb_per_s,
+            latency,
+        })
+    }
+}

@@ -1,0 +1,342 @@
+//! `kernelctl bench`: how fast a running kernel records and runs tool calls, like
+//! `redis-benchmark` or `pgbench` for this project.
+//!
+//! The command opens `W` worker sessions in this process ([`workers`]), drives runs as an agent
+//! over a few HTTP/2 connections ([`driver`]), times every call, and reports each section
+//! ([`report`]) as a table or JSON. Percentiles come from every recorded latency ([`stats`]);
+//! [`progress`] keeps stderr informed while it runs. The command itself, which ties these
+//! together, is `crate::commands::bench`.
+
+pub mod driver;
+pub mod progress;
+pub mod report;
+pub mod stats;
+pub mod workers;
+
+use std::fmt;
+use std::str::FromStr;
+
+use clap::{Args, ValueEnum};
+use worker_sdk::WorkerError;
+
+use crate::error::CliError;
+
+/// One part of the benchmark, selectable with `--sections`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Section {
+    /// One call per turn, one after the other: round-trip latency.
+    Sequential,
+    /// Concurrent runs, each making one-call turns back to back: calls/s.
+    Throughput,
+    /// One turn of many calls at once.
+    Fanout,
+    /// A recorded run's turns submitted again: every result served from the log.
+    Replay,
+    /// Results of growing size: calls/s and MB/s.
+    Payload,
+}
+
+/// Flags of `kernelctl bench`. Counts left unset take their defaults, or smaller ones with
+/// `--quick`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Smoke run: a few hundred calls in all and a small replay (CI); explicit flags still win.
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Sections to run, comma-separated [default: all].
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "SECTION,...")]
+    pub sections: Vec<Section>,
+
+    /// Worker sessions opened by the benchmark.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub workers: u32,
+
+    /// Calls of the sequential section, one per turn [default: 2000; --quick 50].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub sequential: Option<u32>,
+
+    /// Concurrent runs of each throughput level [default: 1,16,64,256; --quick 1,16].
+    #[arg(long, value_delimiter = ',', value_name = "C,...", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub concurrency: Option<Vec<u32>>,
+
+    /// Calls per throughput level, shared by its runs [default: 5000; --quick 100].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub calls: Option<u32>,
+
+    /// Calls in the one turn of the fan-out section [default: 100; --quick 20].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub fanout: Option<u32>,
+
+    /// Times the fan-out turn is made, each in a new turn [default: 5; --quick 2].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub fanout_turns: Option<u32>,
+
+    /// Turns of the recorded run that the replay section resubmits [default: 100; --quick 5].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub replay_turns: Option<u32>,
+
+    /// Calls per turn of that run [default: 100; --quick 20].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub replay_calls: Option<u32>,
+
+    /// Result sizes of the payload section, e.g. `100,10KiB,1MiB` [default: 100,10KiB,1MiB].
+    #[arg(long, value_delimiter = ',', value_name = "SIZE,...")]
+    pub payloads: Option<Vec<ByteSize>>,
+
+    /// Calls per payload size, at most 64 MiB of results each [default: 500; --quick 10].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub payload_calls: Option<u32>,
+
+    /// Concurrent runs of the payload section.
+    #[arg(long, default_value_t = 16, value_name = "C", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub payload_concurrency: u32,
+}
+
+/// Results of one payload size are capped at this many bytes per size.
+const PAYLOAD_BUDGET: u64 = 64 << 20;
+
+/// What one benchmark invocation runs: [`BenchArgs`] with every default resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub workers: u32,
+    pub sequential: Option<u32>,
+    pub throughput: Option<(Vec<u32>, u32)>,
+    pub fanout: Option<(u32, u32)>,
+    pub replay: Option<(u32, u32)>,
+    /// Sizes with the calls each makes, and the concurrency.
+    pub payload: Option<(Vec<(ByteSize, u32)>, u32)>,
+}
+
+impl Plan {
+    pub fn new(args: &BenchArgs) -> Plan {
+        let quick = args.quick;
+        let pick = |value: Option<u32>, full: u32, small: u32| value.unwrap_or(if quick { small } else { full });
+        let wants = |section| args.sections.is_empty() || args.sections.contains(&section);
+        let payload_calls = pick(args.payload_calls, 500, 10);
+        let sizes = args
+            .payloads
+            .clone()
+            .unwrap_or_else(|| vec![ByteSize(100), ByteSize(10 << 10), ByteSize(1 << 20)]);
+        Plan {
+            workers: args.workers,
+            sequential: wants(Section::Sequential).then(|| pick(args.sequential, 2000, 50)),
+            throughput: wants(Section::Throughput).then(|| {
+                let levels = args
+                    .concurrency
+                    .clone()
+                    .unwrap_or_else(|| if quick { vec![1, 16] } else { vec![1, 16, 64, 256] });
+                (levels, pick(args.calls, 5000, 100))
+            }),
+            fanout: wants(Section::Fanout).then(|| (pick(args.fanout, 100, 20), pick(args.fanout_turns, 5, 2))),
+            replay: wants(Section::Replay).then(|| (pick(args.replay_turns, 100, 5), pick(args.replay_calls, 100, 20))),
+            payload: wants(Section::Payload).then(|| {
+                let sizes = sizes
+                    .into_iter()
+                    .map(|size| {
+                        let budget = (PAYLOAD_BUDGET / size.0.max(1)).max(1);
+                        (size, u64::from(payload_calls).min(budget) as u32)
+                    })
+                    .collect();
+                (sizes, args.payload_concurrency)
+            }),
+        }
+    }
+
+    /// The most calls in flight at once in any section: each worker gets that many slots, so
+    /// worker capacity never bounds a figure.
+    pub fn peak_concurrency(&self) -> u32 {
+        [
+            self.sequential.map(|_| 1),
+            self.throughput
+                .as_ref()
+                .and_then(|(levels, _)| levels.iter().max().copied()),
+            self.fanout.map(|(calls, _)| calls),
+            self.replay.map(|(_, calls)| calls),
+            self.payload.as_ref().map(|(_, concurrency)| *concurrency),
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(1)
+    }
+}
+
+/// A size in bytes, parsed from `100`, `100B`, `10KiB`, `10k`, `1MiB` or `1M` (powers of 1024).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl FromStr for ByteSize {
+    type Err = String;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        let raw = raw.trim();
+        let digits = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
+        let (number, unit) = raw.split_at(digits);
+        let number: u64 = number
+            .parse()
+            .map_err(|_| format!("'{raw}' is not a size like 100, 10KiB or 1MiB"))?;
+        let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" | "kib" => 1 << 10,
+            "m" | "mb" | "mib" => 1 << 20,
+            other => return Err(format!("unknown size unit '{other}' in '{raw}'; use B, KiB or MiB")),
+        };
+        let bytes = number
+            .checked_mul(scale)
+            .filter(|b| *b <= workers::MAX_PAYLOAD)
+            .ok_or_else(|| format!("'{raw}' is larger than {} MiB", workers::MAX_PAYLOAD >> 20))?;
+        Ok(ByteSize(bytes))
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let bytes = self.0;
+        if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {
+            write!(f, "{} MiB", bytes >> 20)
+        } else if bytes >= 1 << 10 && bytes.is_multiple_of(1 << 10) {
+            write!(f, "{} KiB", bytes >> 10)
+        } else {
+            write!(f, "{bytes} B")
+        }
+    }
+}
+
+/// Why a benchmark could not run or finish.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The kernel is unreachable, answered with an error status, or stdout failed.
+    #[error(transparent)]
+    Cli(#[from] CliError),
+
+    /// A bench worker could not be built or was refused by the kernel.
+    #[error("bench worker: {0}")]
+    Worker(WorkerError),
+
+    /// The workers never all connected, or one stopped early.
+    #[error("{0}")]
+    Setup(String),
+
+    /// A call that should have succeeded did not.
+    #[error("a {tool} call failed ({status}): {content}")]
+    CallFailed {
+        tool: String,
+        status: String,
+        content: String,
+    },
+
+    /// A turn came back with the wrong number of results, or a result that is not what was asked.
+    #[error("unexpected answer from the kernel: {0}")]
+    Unexpected(String),
+
+    /// A resubmitted turn ran calls again instead of serving their recorded results.
+    #[error(
+        "replay failed: turn {turn} of the recorded run came back with {fresh} of {calls} results not replayed; \
+         resubmitted calls must be served from the log"
+    )]
+    NotReplayed { turn: u32, fresh: usize, calls: usize },
+
+    /// A turn took longer than any benchmark call should.
+    #[error("a turn got no result within {0}s; is the kernel overloaded or wedged?")]
+    Stalled(u64),
+}
+
+impl From<tonic::Status> for BenchError {
+    fn from(status: tonic::Status) -> Self {
+        BenchError::Cli(CliError::from(status))
+    }
+}
+
+impl From<std::io::Error> for BenchError {
+    fn from(error: std::io::Error) -> Self {
+        BenchError::Cli(CliError::from(error))
+    }
+}
+
+impl BenchError {
+    /// A reader that went away (`| head`) is not a failure of the command.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, BenchError::Cli(error) if error.is_broken_pipe())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> BenchArgs {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            bench: BenchArgs,
+        }
+        Wrapper::try_parse_from(std::iter::once("bench").chain(extra.iter().copied()))
+            .unwrap()
+            .bench
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!("100".parse::<ByteSize>(), Ok(ByteSize(100)));
+        assert_eq!("100B".parse::<ByteSize>(), Ok(ByteSize(100)));
+        assert_eq!("10KiB".parse::<ByteSize>(), Ok(ByteSize(10 << 10)));
+        assert_eq!("10k".parse::<ByteSize>(), Ok(ByteSize(10 << 10)));
+        assert_eq!("1MiB".parse::<ByteSize>(), Ok(ByteSize(1 << 20)));
+        assert_eq!(" 2 M ".parse::<ByteSize>(), Ok(ByteSize(2 << 20)));
+        assert!("1GiB".parse::<ByteSize>().unwrap_err().contains("unknown size unit"));
+        assert!("MiB".parse::<ByteSize>().is_err());
+        assert!("65MiB".parse::<ByteSize>().unwrap_err().contains("larger than 64 MiB"));
+        assert_eq!(ByteSize(100).to_string(), "100 B");
+        assert_eq!(ByteSize(10 << 10).to_string(), "10 KiB");
+        assert_eq!(ByteSize(1 << 20).to_string(), "1 MiB");
+        assert_eq!(ByteSize(1500).to_string(), "1500 B");
+    }
+
+    #[test]
+    fn the_default_plan_is_the_full_benchmark() {
+        let plan = Plan::new(&args(&[]));
+        assert_eq!(plan.workers, 4);
+        assert_eq!(plan.sequential, Some(2000));
+        assert_eq!(plan.throughput, Some((vec![1, 16, 64, 256], 5000)));
+        assert_eq!(plan.fanout, Some((100, 5)));
+        assert_eq!(plan.replay, Some((100, 100)));
+        let (sizes, concurrency) = plan.payload.clone().unwrap();
+        assert_eq!(concurrency, 16);
+        // 1 MiB results are capped at 64 calls (64 MiB).
+        assert_eq!(
+            sizes,
+            vec![(ByteSize(100), 500), (ByteSize(10 << 10), 500), (ByteSize(1 << 20), 64)]
+        );
+        assert_eq!(plan.peak_concurrency(), 256);
+    }
+
+    #[test]
+    fn quick_shrinks_what_flags_leave_unset() {
+        let plan = Plan::new(&args(&["--quick", "--sequential", "7"]));
+        assert_eq!(plan.sequential, Some(7));
+        assert_eq!(plan.throughput, Some((vec![1, 16], 100)));
+        assert_eq!(plan.replay, Some((5, 20)));
+        assert_eq!(plan.fanout, Some((20, 2)));
+        assert!(plan.payload.unwrap().0.iter().all(|(_, calls)| *calls == 10));
+    }
+
+    #[test]
+    fn sections_select_what_runs() {
+        let plan = Plan::new(&args(&[
+            "--sections",
+            "sequential,fanout",
+            "--fanout",
+            "300",
+            "--concurrency",
+            "2,3",
+        ]));
+        assert_eq!(plan.sequential, Some(2000));
+        assert_eq!(plan.fanout, Some((300, 5)));
+        assert_eq!(plan.throughput, None);
+        assert_eq!(plan.replay, None);
+        assert_eq!(plan.payload, None);
+        assert_eq!(plan.peak_concurrency(), 300);
+    }
+}

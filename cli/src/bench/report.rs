@@ -1,0 +1,275 @@
+//! What a benchmark measured, section by section: serialized as is for `--json`, drawn as
+//! tables otherwise. Absent sections are `null` in JSON and left out of the tables.
+
+use serde::Serialize;
+
+use super::stats::Latency;
+use crate::render::table;
+
+/// Every section's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub kernel: String,
+    pub workers: u32,
+    pub sequential: Option<Sequential>,
+    pub throughput: Option<Vec<Throughput>>,
+    pub fanout: Option<Fanout>,
+    pub replay: Option<Replay>,
+    pub payload: Option<Vec<Payload>>,
+}
+
+/// One call per turn, one after the other.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sequential {
+    pub calls: u64,
+    pub elapsed_s: f64,
+    pub calls_per_s: f64,
+    #[serde(flatten)]
+    pub latency: Latency,
+}
+
+/// `concurrency` runs making one-call turns back to back, `calls` in all.
+#[derive(Debug, Clone, Serialize)]
+pub struct Throughput {
+    pub concurrency: u32,
+    pub calls: u64,
+    pub elapsed_s: f64,
+    pub calls_per_s: f64,
+    #[serde(flatten)]
+    pub latency: Latency,
+}
+
+/// Turns of `calls_per_turn` calls each; the latency is that of a whole turn.
+#[derive(Debug, Clone, Serialize)]
+pub struct Fanout {
+    pub calls_per_turn: u32,
+    pub turns: u32,
+    /// Calls per second of the median turn.
+    pub calls_per_s: f64,
+    #[serde(flatten)]
+    pub turn_latency: Latency,
+}
+
+/// A run recorded turn by turn, then every turn submitted again.
+#[derive(Debug, Clone, Serialize)]
+pub struct Replay {
+    pub turns: u32,
+    pub calls_per_turn: u32,
+    pub calls: u64,
+    /// Time to record the run in the first place (every call run by a worker).
+    pub record_s: f64,
+    pub record_calls_per_s: f64,
+    /// Time to resubmit every turn and get every result back from the log.
+    pub replay_ms: f64,
+    pub replay_calls_per_s: f64,
+    /// Results served from the log; always equal to `calls` (anything else fails the benchmark).
+    pub replayed: u64,
+}
+
+/// Calls whose result is `bytes` long, from `concurrency` runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Payload {
+    pub bytes: u64,
+    pub calls: u64,
+    pub concurrency: u32,
+    pub elapsed_s: f64,
+    pub calls_per_s: f64,
+    /// Result bytes delivered to the agent per second, in MB (10^6 bytes).
+    pub mb_per_s: f64,
+    #[serde(flatten)]
+    pub latency: Latency,
+}
+
+/// A latency as a person reads it: `0.412ms`, `12.3ms`, `1.25s`.
+pub fn ms(value: f64) -> String {
+    if value < 10.0 {
+        format!("{value:.3}ms")
+    } else if value < 1000.0 {
+        format!("{value:.1}ms")
+    } else {
+        format!("{:.2}s", value / 1000.0)
+    }
+}
+
+fn rate(value: f64) -> String {
+    format!("{value:.0}")
+}
+
+fn size(bytes: u64) -> String {
+    super::ByteSize(bytes).to_string()
+}
+
+impl Report {
+    /// The human form: a heading and a table per section that ran.
+    pub fn render(&self) -> String {
+        let mut text = format!(
+            "kernelctl bench: {} with {} worker sessions\n",
+            self.kernel, self.workers
+        );
+        if let Some(s) = &self.sequential {
+            text.push_str("\nsequential round trip (one call per turn)\n");
+            text.push_str(&table(
+                &["CALLS", "CALLS/S", "P50", "P90", "P99", "MAX"],
+                [vec![
+                    s.calls.to_string(),
+                    rate(s.calls_per_s),
+                    ms(s.latency.p50_ms),
+                    ms(s.latency.p90_ms),
+                    ms(s.latency.p99_ms),
+                    ms(s.latency.max_ms),
+                ]],
+            ));
+        }
+        if let Some(levels) = &self.throughput {
+            text.push_str("\nthroughput (concurrent runs, one-call turns back to back)\n");
+            text.push_str(&table(
+                &["RUNS", "CALLS", "CALLS/S", "P50", "P99", "MAX"],
+                levels.iter().map(|t| {
+                    vec![
+                        t.concurrency.to_string(),
+                        t.calls.to_string(),
+                        rate(t.calls_per_s),
+                        ms(t.latency.p50_ms),
+                        ms(t.latency.p99_ms),
+                        ms(t.latency.max_ms),
+                    ]
+                }),
+            ));
+        }
+        if let Some(f) = &self.fanout {
+            text.push_str("\nfan-out (all calls of one turn at once)\n");
+            text.push_str(&table(
+                &["CALLS/TURN", "TURNS", "CALLS/S", "TURN P50", "TURN MAX"],
+                [vec![
+                    f.calls_per_turn.to_string(),
+                    f.turns.to_string(),
+                    rate(f.calls_per_s),
+                    ms(f.turn_latency.p50_ms),
+                    ms(f.turn_latency.max_ms),
+                ]],
+            ));
+        }
+        if let Some(r) = &self.replay {
+            text.push_str("\nreplay (every turn of a recorded run submitted again)\n");
+            text.push_str(&table(
+                &["TURNS", "CALLS/TURN", "CALLS", "RECORD", "REPLAY", "REPLAYED/S"],
+                [vec![
+                    r.turns.to_string(),
+                    r.calls_per_turn.to_string(),
+                    r.calls.to_string(),
+                    ms(r.record_s * 1000.0),
+                    ms(r.replay_ms),
+                    rate(r.replay_calls_per_s),
+                ]],
+            ));
+        }
+        if let Some(sizes) = &self.payload {
+            let concurrency = sizes.first().map_or(0, |p| p.concurrency);
+            text.push_str(&format!("\npayload (result size, {concurrency} concurrent runs)\n"));
+            text.push_str(&table(
+                &["SIZE", "CALLS", "CALLS/S", "MB/S", "P50", "P99"],
+                sizes.iter().map(|p| {
+                    vec![
+                        size(p.bytes),
+                        p.calls.to_string(),
+                        rate(p.calls_per_s),
+                        format!("{:.1}", p.mb_per_s),
+                        ms(p.latency.p50_ms),
+                        ms(p.latency.p99_ms),
+                    ]
+                }),
+            ));
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn latency(p50_ms: f64) -> Latency {
+        Latency {
+            p50_ms,
+            p90_ms: p50_ms * 2.0,
+            p99_ms: p50_ms * 4.0,
+            max_ms: p50_ms * 10.0,
+            mean_ms: p50_ms,
+        }
+    }
+
+    fn report() -> Report {
+        Report {
+            kernel: "http://127.0.0.1:1".into(),
+            workers: 4,
+            sequential: Some(Sequential {
+                calls: 2000,
+                elapsed_s: 1.0,
+                calls_per_s: 2000.0,
+                latency: latency(0.5),
+            }),
+            throughput: Some(vec![Throughput {
+                concurrency: 64,
+                calls: 5000,
+                elapsed_s: 0.5,
+                calls_per_s: 10_000.0,
+                latency: latency(6.0),
+            }]),
+            fanout: None,
+            replay: Some(Replay {
+                turns: 100,
+                calls_per_turn: 100,
+                calls: 10_000,
+                record_s: 2.5,
+                record_calls_per_s: 4000.0,
+                replay_ms: 150.0,
+                replay_calls_per_s: 66_666.0,
+                replayed: 10_000,
+            }),
+            payload: Some(vec![Payload {
+                bytes: 1 << 20,
+                calls: 64,
+                concurrency: 16,
+                elapsed_s: 1.0,
+                calls_per_s: 64.0,
+                mb_per_s: 67.1,
+                latency: latency(200.0),
+            }]),
+        }
+    }
+
+    #[test]
+    fn latencies_read_in_the_right_unit() {
+        assert_eq!(ms(0.4123), "0.412ms");
+        assert_eq!(ms(12.34), "12.3ms");
+        assert_eq!(ms(1250.0), "1.25s");
+    }
+
+    #[test]
+    fn tables_show_the_sections_that_ran() {
+        let text = report().render();
+        assert!(text.starts_with("kernelctl bench: http://127.0.0.1:1 with 4 worker sessions\n"));
+        assert!(text.contains("sequential round trip"), "{text}");
+        assert!(
+            text.contains("2000   2000     0.500ms  1.000ms  2.000ms  5.000ms"),
+            "{text}"
+        );
+        assert!(text.contains("64    5000   10000    6.000ms  24.0ms  60.0ms"), "{text}");
+        assert!(!text.contains("fan-out"), "{text}");
+        assert!(text.contains("150.0ms"), "{text}");
+        assert!(text.contains("1 MiB  64     64       67.1"), "{text}");
+        assert!(text.lines().all(|line| line == line.trim_end()));
+    }
+
+    #[test]
+    fn json_flattens_latencies_and_keeps_absent_sections_null() {
+        let json = serde_json::to_value(report()).unwrap();
+        assert_eq!(json["sequential"]["p50_ms"], 0.5);
+        assert_eq!(json["sequential"]["calls"], 2000);
+        assert_eq!(json["throughput"][0]["concurrency"], 64);
+        assert_eq!(json["throughput"][0]["p99_ms"], 24.0);
+        assert!(json["fanout"].is_null());
+        assert_eq!(json["replay"]["replayed"], 10_000);
+        assert_eq!(json["payload"][0]["mb_per_s"], 67.1);
+    }
+}

@@ -1,0 +1,100 @@
+//! `kernelctl bench`: opens the benchmark's worker sessions, runs each planned section against
+//! the kernel, closes the sessions whatever happened, and prints the [`Report`].
+//!
+//! It runs on a multi-threaded runtime of its own (see `main`): agent and workers share this
+//! process, and one thread would bound the figures long before the kernel does.
+
+use crate::args::KernelAddr;
+use crate::bench::driver::Agent;
+use crate::bench::progress::Progress;
+use crate::bench::report::Report;
+use crate::bench::workers::BenchWorkers;
+use crate::bench::{BenchArgs, BenchError, Plan};
+use crate::client::Kernel;
+
+use super::Output;
+
+/// Runs the benchmark against the kernel at `addr` and writes its report to `out`.
+pub async fn run(addr: &KernelAddr, out: &mut Output<'_>, args: BenchArgs) -> Result<(), BenchError> {
+    let plan = Plan::new(&args);
+    // Fails fast, with the usual wording, when nothing listens at `addr`.
+    let kernel = Kernel::connect(addr).await?;
+    let progress = Progress::new();
+    let _ticker = progress.start_ticker();
+
+    let label = format!("{}-{}", std::process::id(), unique_suffix());
+    let agent = Agent::connect(addr.as_str(), &label).await?;
+    progress.note(&format!("opening {} worker sessions", plan.workers));
+    let workers = BenchWorkers::start(
+        addr.as_str(),
+        kernel.registry.clone(),
+        &format!("bench-{label}"),
+        plan.workers,
+        plan.peak_concurrency(),
+    )
+    .await?;
+
+    let measured = sections(&agent, &progress, &plan, addr).await;
+    progress.note("closing worker sessions");
+    workers.stop().await;
+    let report = measured?;
+
+    if out.is_json() {
+        out.document(&report)?;
+    } else {
+        out.text(&report.render())?;
+    }
+    Ok(())
+}
+
+async fn sections(agent: &Agent, progress: &Progress, plan: &Plan, addr: &KernelAddr) -> Result<Report, BenchError> {
+    let mut report = Report {
+        kernel: addr.to_string(),
+        workers: plan.workers,
+        sequential: None,
+        throughput: None,
+        fanout: None,
+        replay: None,
+        payload: None,
+    };
+    if let Some(calls) = plan.sequential {
+        report.sequential = Some(agent.sequential(progress, calls).await?);
+    }
+    if let Some((levels, calls)) = &plan.throughput {
+        let mut measured = Vec::with_capacity(levels.len());
+        for &concurrency in levels {
+            measured.push(agent.throughput(progress, concurrency, *calls).await?);
+        }
+        report.throughput = Some(measured);
+    }
+    if let Some((calls, turns)) = plan.fanout {
+        report.fanout = Some(agent.fanout(progress, calls, turns).await?);
+    }
+    if let Some((turns, calls)) = plan.replay {
+        report.replay = Some(agent.replay(progress, turns, calls).await?);
+    }
+    if let Some((sizes, concurrency)) = &plan.payload {
+        let mut measured = Vec::with_capacity(sizes.len());
+        for &(size, calls) in sizes {
+            measured.push(agent.payload(progress, size, calls, *concurrency).await?);
+        }
+        report.payload = Some(measured);
+    }
+    Ok(report)
+}
+
+/// Distinguishes two benchmarks started by processes that reused a pid.
+fn unique_suffix() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos())
+}
+
+/// [`run`] with stdout, as `main` calls it.
+pub async fn main(addr: &KernelAddr, json: bool, args: BenchArgs) -> Result<(), BenchError> {
+    let mut stdout = std::io::stdout();
+    let mut out = Output::new(&mut stdout, json);
+    run(addr, &mut out, args).await?;
+    out.flush()?;
+    Ok(())
+}
