@@ -559,3 +559,26 @@ async fn an_approval_round_trip_through_kernelctl() {
         assert!(human.contains(needle), "{needle:?} missing from:\n{human}");
     }
 }
+
+#[tokio::test]
+async fn sighup_reloads_the_policy_file() {
+    let kernel = governed();
+    let _worker = kernel.fault_worker("w1");
+    std::fs::write(kernel.dir.path().join("policy.yaml"), "deny_list: [\"sleepy\"]\n").unwrap();
+    let seen = kernel.process.log.len();
+    let hup = std::process::Command::new("kill")
+        .arg("-HUP")
+        .arg(kernel.process.child.id().to_string())
+        .status();
+    assert!(hup.unwrap().success());
+    kernel.process.log.wait_for_after(seen, "policy reloaded");
+    let run = kernel.create_run("anyone").await;
+    let outcome = submit(&kernel, &run, 0, vec![call("sleepy", json!({"hold_ms": 1}))])
+        .await
+        .unwrap();
+    assert!(
+        outcome.results[0].content.starts_with("sleepy not allowed. reason: "),
+        "{}",
+        outcome.results[0].content
+    );
+}

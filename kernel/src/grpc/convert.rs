@@ -580,6 +580,37 @@ mod tests {
     }
 
     #[test]
+    fn hello_refuses_a_requires_approval_predicate_that_does_not_compile() {
+        let mut gated = spec("refund");
+        gated.options = Some(pb::ToolOptions {
+            requires_approval_expr: "args.cents >".into(),
+            ..Default::default()
+        });
+        let err = hello(hello_with(vec![gated])).unwrap_err().to_string();
+        assert!(
+            err.starts_with("hello.tools[0].options.requires_approval_expr"),
+            "{err}"
+        );
+        let mut fine = spec("refund");
+        fine.options = Some(pb::ToolOptions {
+            requires_approval_expr: "args.cents > 10000".into(),
+            ..Default::default()
+        });
+        assert!(hello(hello_with(vec![fine])).is_ok());
+    }
+
+    #[test]
+    fn hello_refuses_a_schema_that_is_not_a_json_schema() {
+        let mut broken = spec("x");
+        broken.input_schema_json = r#"{"type":"nonsense"}"#.into();
+        let err = hello(hello_with(vec![broken])).unwrap_err().to_string();
+        assert!(
+            err.starts_with("hello.tools[0].input_schema_json: is not a usable JSON Schema"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn canonical_json_names_the_field() {
         assert_eq!(canonical_json("", "input_json", "null").unwrap(), "null");
         let err = canonical_json("{nope", "calls[0].arguments_json", "{}")
