@@ -5,6 +5,7 @@
 //! [`crate::commands::run`], which knows nothing of how the words were spelled.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -22,7 +23,8 @@ pub const MAX_RUNS_PAGE: u32 = 1000;
 #[derive(Debug, Parser)]
 #[command(name = "kernelctl", version, propagate_version = true)]
 pub struct Cli {
-    /// Kernel gRPC address, `http://host:port` or `host:port` (plaintext).
+    /// Kernel gRPC address, `http://host:port` or `host:port` (plaintext), or `https://host:port`
+    /// (TLS, needs --tls-ca).
     #[arg(
         long,
         global = true,
@@ -31,6 +33,20 @@ pub struct Cli {
         value_name = "URL"
     )]
     pub addr: KernelAddr,
+
+    /// CA certificate (PEM) that signed the kernel's TLS certificate; for an https:// address.
+    #[arg(long, global = true, env = "KERNEL_TLS_CA", value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// API key for a kernel started with --auth-file; sent as `authorization: Bearer <key>`.
+    #[arg(
+        long,
+        global = true,
+        env = "KERNEL_API_KEY",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    pub api_key: Option<String>,
 
     /// Print machine-readable JSON to stdout instead of tables.
     #[arg(long, global = true)]
@@ -56,6 +72,42 @@ pub enum Command {
     Approvals(ApprovalsCommand),
     /// Measure the kernel: round-trip latency, throughput, replay and payload sizes.
     Bench(BenchArgs),
+    /// API keys for the kernel's auth file; works offline, without a kernel.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Make a new key: prints its secret once on stdout, and on stderr the entry to add to the
+    /// kernel's auth file (which stores only the secret's SHA-256).
+    Create(KeyCreateArgs),
+}
+
+/// Every scope a key may carry; `admin` implies the others.
+pub const SCOPES: [&str; 6] = [
+    "runs:read",
+    "runs:write",
+    "tools:call",
+    "approvals:write",
+    "workers:connect",
+    "admin",
+];
+
+#[derive(Debug, Args)]
+pub struct KeyCreateArgs {
+    /// The key's name: recorded as the approver of what the key approves, named in refusals.
+    #[arg(long)]
+    pub name: String,
+
+    /// A scope the key carries; repeat for several.
+    #[arg(long = "scope", required = true, value_parser = clap::builder::PossibleValuesParser::new(SCOPES))]
+    pub scopes: Vec<String>,
+
+    /// A tool-name glob a worker holding the key may register (`refund*`, `*`); repeat for several.
+    /// Required with `workers:connect`.
+    #[arg(long = "tools", value_name = "GLOB")]
+    pub tools: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -164,7 +216,8 @@ pub enum ApprovalsCommand {
 pub struct AnswerArgs {
     /// The approval's id (from `approvals list`).
     pub id: String,
-    /// Who decides; recorded with the answer. Defaults to $USER.
+    /// Who decides; recorded with the answer. Defaults to $USER. A kernel that requires API keys
+    /// records the key's name instead.
     #[arg(long = "as", env = "USER")]
     pub decider: String,
     /// Why; recorded with the answer and, on a rejection, told to the model.
@@ -196,14 +249,19 @@ impl From<StatusFilter> for RunStatus {
     }
 }
 
-/// A kernel address with a scheme, ready for tonic; parsed from `http://host:port` or
-/// `host:port`. `https` is refused until the kernel and this client grow TLS.
+/// A kernel address with a scheme, ready for tonic; parsed from `http://host:port`,
+/// `https://host:port` or `host:port` (plaintext).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelAddr(String);
 
 impl KernelAddr {
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// Whether the kernel is reached over TLS.
+    pub fn is_https(&self) -> bool {
+        self.0.starts_with("https://")
     }
 }
 
@@ -222,11 +280,8 @@ impl FromStr for KernelAddr {
             return Err("the address is empty".into());
         }
         let url = match raw.split_once("://") {
-            Some(("http", _)) => raw.to_owned(),
-            Some(("https", _)) => {
-                return Err("https needs TLS, which kernelctl does not support yet; use http://".into());
-            }
-            Some((scheme, _)) => return Err(format!("unsupported scheme '{scheme}', use http://")),
+            Some(("http" | "https", _)) => raw.to_owned(),
+            Some((scheme, _)) => return Err(format!("unsupported scheme '{scheme}', use http:// or https://")),
             None => format!("http://{raw}"),
         };
         let uri: tonic::transport::Uri = url
@@ -236,6 +291,25 @@ impl FromStr for KernelAddr {
             return Err(format!("'{raw}' has no host"));
         }
         Ok(Self(url))
+    }
+}
+
+impl Cli {
+    /// Checks that the address and the TLS flags go together: https needs the kernel's CA, and a CA
+    /// makes no sense over plaintext. `bench` runs its own workers and agent, over plaintext only;
+    /// `keys` never connects.
+    pub fn check_tls(&self) -> Result<(), String> {
+        if matches!(self.command, Command::Keys(_)) {
+            return Ok(());
+        }
+        match (self.addr.is_https(), &self.tls_ca) {
+            (true, None) => Err(format!("{} uses TLS: give the kernel's CA with --tls-ca", self.addr)),
+            (false, Some(_)) => Err(format!("--tls-ca needs an https:// address, not {}", self.addr)),
+            (true, Some(_)) if matches!(self.command, Command::Bench(_)) => {
+                Err("bench connects over plaintext only; give an http:// address".into())
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -326,8 +400,20 @@ mod tests {
         assert!("".parse::<KernelAddr>().is_err());
         assert!("ftp://host:1".parse::<KernelAddr>().unwrap_err().contains("scheme"));
         assert!("host name:1".parse::<KernelAddr>().is_err());
-        assert!("https://k:443".parse::<KernelAddr>().unwrap_err().contains("TLS"));
+        assert!("https://k:443".parse::<KernelAddr>().unwrap().is_https());
         assert_eq!(parse(&["--addr", "", "tools", "list"]).unwrap_err().exit_code(), 2);
+    }
+
+    #[test]
+    fn https_and_the_tls_ca_go_together() {
+        let cli = parse(&["--addr", "https://k:1", "--tls-ca", "ca.pem", "tools", "list"]).unwrap();
+        assert!(cli.check_tls().is_ok());
+        let cli = parse(&["--addr", "https://k:1", "tools", "list"]).unwrap();
+        if cli.tls_ca.is_none() {
+            assert!(cli.check_tls().unwrap_err().contains("--tls-ca"));
+        }
+        let cli = parse(&["--addr", "http://k:1", "--tls-ca", "ca.pem", "tools", "list"]).unwrap();
+        assert!(cli.check_tls().unwrap_err().contains("https://"));
     }
 
     #[test]

@@ -4,12 +4,16 @@
 //! [`CliError::Connect`], before any command runs; a kernel that goes away later surfaces as a
 //! gRPC `unavailable` status from the call that noticed.
 
+use std::path::Path;
 use std::time::Duration;
 
 use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
 use kernel_proto::v1::registry_service_client::RegistryServiceClient;
 use kernel_proto::v1::run_service_client::RunServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::args::KernelAddr;
 use crate::error::{CliError, error_chain};
@@ -31,14 +35,53 @@ pub async fn unary<T>(call: impl Future<Output = Result<tonic::Response<T>, toni
 /// Clients of the services `kernelctl` reads and steers.
 #[derive(Debug, Clone)]
 pub struct Kernel {
-    pub runs: RunServiceClient<Channel>,
-    pub registry: RegistryServiceClient<Channel>,
-    pub approvals: ApprovalServiceClient<Channel>,
+    pub runs: RunServiceClient<Authed>,
+    pub registry: RegistryServiceClient<Authed>,
+    pub approvals: ApprovalServiceClient<Authed>,
+}
+
+/// The channel under every client, adding the API key (if any) to each call.
+pub type Authed = InterceptedService<Channel, ApiKey>;
+
+/// `authorization: Bearer <key>` for every call, when `kernelctl` was given `--api-key`.
+#[derive(Clone, Default)]
+pub struct ApiKey(Option<MetadataValue<Ascii>>);
+
+impl ApiKey {
+    fn new(secret: Option<&str>) -> Result<Self, CliError> {
+        let Some(secret) = secret.map(str::trim) else {
+            return Ok(ApiKey(None));
+        };
+        let invalid = || CliError::ApiKey("must be non-empty visible ASCII without spaces".into());
+        if secret.is_empty() || !secret.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(invalid());
+        }
+        let mut value: MetadataValue<Ascii> = format!("Bearer {secret}").parse().map_err(|_| invalid())?;
+        value.set_sensitive(true);
+        Ok(ApiKey(Some(value)))
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "ApiKey(..)" } else { "ApiKey(None)" })
+    }
+}
+
+impl Interceptor for ApiKey {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request.metadata_mut().insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
 }
 
 impl Kernel {
-    /// Opens a channel to the kernel at `addr`.
-    pub async fn connect(addr: &KernelAddr) -> Result<Self, CliError> {
+    /// Opens a channel to the kernel at `addr`, over TLS trusting the CA in `tls_ca` when given;
+    /// every call carries `api_key` when given.
+    pub async fn connect(addr: &KernelAddr, tls_ca: Option<&Path>, api_key: Option<&str>) -> Result<Self, CliError> {
+        let api_key = ApiKey::new(api_key)?;
         let unreachable = |err: &(dyn std::error::Error + 'static)| CliError::Connect {
             addr: addr.to_string(),
             cause: error_chain(err),
@@ -46,11 +89,25 @@ impl Kernel {
         let endpoint = Endpoint::from_shared(addr.as_str().to_owned())
             .map_err(|err| unreachable(&err))?
             .connect_timeout(CONNECT_TIMEOUT);
+        let endpoint = match tls_ca {
+            Some(path) => {
+                let ca = std::fs::read(path).map_err(|err| CliError::TlsCa {
+                    path: path.display().to_string(),
+                    cause: err.to_string(),
+                })?;
+                let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+                endpoint.tls_config(tls).map_err(|err| CliError::TlsCa {
+                    path: path.display().to_string(),
+                    cause: error_chain(&err),
+                })?
+            }
+            None => endpoint,
+        };
         let channel = endpoint.connect().await.map_err(|err| unreachable(&err))?;
         Ok(Self {
-            runs: RunServiceClient::new(channel.clone()),
-            approvals: ApprovalServiceClient::new(channel.clone()),
-            registry: RegistryServiceClient::new(channel),
+            runs: RunServiceClient::with_interceptor(channel.clone(), api_key.clone()),
+            approvals: ApprovalServiceClient::with_interceptor(channel.clone(), api_key.clone()),
+            registry: RegistryServiceClient::with_interceptor(channel, api_key),
         })
     }
 }

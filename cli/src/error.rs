@@ -14,6 +14,14 @@ pub enum CliError {
     #[error("cannot reach kernel at {addr}: {cause}")]
     Connect { addr: String, cause: String },
 
+    /// The CA file given with `--tls-ca` cannot be read or holds no usable certificate.
+    #[error("--tls-ca '{path}': {cause}")]
+    TlsCa { path: String, cause: String },
+
+    /// The key given with `--api-key` cannot travel as gRPC metadata.
+    #[error("--api-key: {0}")]
+    ApiKey(String),
+
     /// A call ended with a gRPC error status, from the kernel or from the channel under it.
     #[error("{}: {message}", code_words(*.code))]
     Rpc { code: Code, message: String },

@@ -18,14 +18,19 @@ mod view;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser};
 
 use crate::args::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(message) = cli.check_tls() {
+        Cli::command().error(ErrorKind::ArgumentConflict, message).exit();
+    }
     match cli.command {
         Command::Bench(args) => bench(&cli.addr, cli.json, args),
+        Command::Keys(args::KeysCommand::Create(args)) => commands::keys::create(args, cli.json),
         command => query(Cli { command, ..cli }),
     }
 }

@@ -51,9 +51,73 @@ pub struct Config {
     #[arg(long = "unit-price", env = "KERNEL_UNIT_PRICES", value_delimiter = ',', value_parser = parse_unit_price)]
     pub unit_prices: Vec<(String, f64)>,
 
+    /// Certificate chain (PEM) to serve gRPC over TLS; needs --tls-key.
+    #[arg(long, env = "KERNEL_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, env = "KERNEL_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// CA certificates (PEM) that sign client certificates: a client presenting one is verified,
+    /// and worker sessions must present one. Needs --tls-cert and --tls-key.
+    #[arg(long, env = "KERNEL_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Auth file (YAML) of API keys: each a name, the SHA-256 of its secret, its scopes and, for
+    /// workers, the tools it may register. Without one every request is allowed, and only on
+    /// loopback unless --insecure.
+    #[arg(long, env = "KERNEL_AUTH_FILE")]
+    pub auth_file: Option<PathBuf>,
+
+    /// Allow --listen on a non-loopback address without --auth-file.
+    #[arg(long, env = "KERNEL_INSECURE")]
+    pub insecure: bool,
+
     /// Milliseconds to wait for open streams to end on SIGINT/SIGTERM.
     #[arg(long, env = "KERNEL_DRAIN_TIMEOUT_MS", default_value_t = 5_000)]
     pub drain_timeout_ms: u64,
+
+    /// Largest arguments of one call, in bytes of JSON text.
+    #[arg(long, env = "KERNEL_MAX_ARGUMENT_BYTES", default_value_t = crate::limits::MIB)]
+    pub max_argument_bytes: usize,
+
+    /// Largest result (or error message) a worker may return for one call, in bytes; a bigger one
+    /// fails that call with an error naming the tool and the limit.
+    #[arg(long, env = "KERNEL_MAX_RESULT_BYTES", default_value_t = crate::limits::MIB)]
+    pub max_result_bytes: usize,
+
+    /// Most calls one turn may carry.
+    #[arg(long, env = "KERNEL_MAX_CALLS_PER_TURN", default_value_t = 256)]
+    pub max_calls_per_turn: usize,
+
+    /// Most turns per run: a turn's number must be below it.
+    #[arg(long, env = "KERNEL_MAX_TURNS_PER_RUN", default_value_t = 10_000)]
+    pub max_turns_per_run: u32,
+
+    /// Most events one run's log may hold; a turn that could overflow it is refused.
+    #[arg(long, env = "KERNEL_MAX_EVENTS_PER_RUN", default_value_t = 1_000_000)]
+    pub max_events_per_run: u64,
+
+    /// Largest gRPC message the kernel decodes, in bytes.
+    #[arg(long, env = "KERNEL_MAX_MESSAGE_BYTES", default_value_t = 8 * crate::limits::MIB)]
+    pub max_message_bytes: usize,
+
+    /// Most worker sessions open at once.
+    #[arg(long, env = "KERNEL_MAX_SESSIONS", default_value_t = 1_024)]
+    pub max_sessions: usize,
+
+    /// Most calls of one run not yet settled.
+    #[arg(long, env = "KERNEL_MAX_PENDING_CALLS_PER_RUN", default_value_t = 1_024)]
+    pub max_pending_calls_per_run: usize,
+
+    /// Progress messages per second one worker session may send; the excess is dropped (0: no limit).
+    #[arg(long, env = "KERNEL_PROGRESS_PER_SECOND", default_value_t = 200)]
+    pub progress_per_second: u32,
+
+    /// Heartbeats per second one worker session may send; the excess is dropped (0: no limit).
+    #[arg(long, env = "KERNEL_HEARTBEATS_PER_SECOND", default_value_t = 20)]
+    pub heartbeats_per_second: u32,
 }
 
 fn parse_unit_price(text: &str) -> Result<(String, f64), String> {
@@ -75,6 +139,22 @@ impl Config {
             lease_ttl: Duration::from_millis(self.lease_ttl_ms.max(self.heartbeat_interval_ms * 2).max(20)),
             schedule_to_start_timeout: Duration::from_millis(self.schedule_to_start_timeout_ms),
             ..SchedulerConfig::default()
+        }
+    }
+
+    /// The limits on agents, workers and connections.
+    pub fn limits(&self) -> crate::limits::Limits {
+        crate::limits::Limits {
+            max_argument_bytes: self.max_argument_bytes,
+            max_result_bytes: self.max_result_bytes,
+            max_calls_per_turn: self.max_calls_per_turn,
+            max_turns_per_run: self.max_turns_per_run,
+            max_events_per_run: self.max_events_per_run,
+            max_message_bytes: self.max_message_bytes,
+            max_sessions: self.max_sessions,
+            max_pending_calls_per_run: self.max_pending_calls_per_run,
+            progress_per_second: self.progress_per_second,
+            heartbeats_per_second: self.heartbeats_per_second,
         }
     }
 

@@ -20,6 +20,15 @@ pub enum KernelError {
     /// The kernel is shutting down or a component stopped.
     #[error("{0}")]
     Unavailable(String),
+    /// A configured limit was exceeded; the message names the field, the size and the limit.
+    #[error("{field}: {message}")]
+    LimitExceeded { field: String, message: String },
+    /// No API key, or one the kernel does not know.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The API key lacks what the request needs (a scope, or a tool a worker may register).
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The store failed; the message says which operation.
     #[error("store: {0}")]
     Store(String),
@@ -43,6 +52,9 @@ impl From<KernelError> for Status {
             KernelError::FailedPrecondition(_) => Code::FailedPrecondition,
             KernelError::AlreadyExists(_) => Code::AlreadyExists,
             KernelError::Unavailable(_) => Code::Unavailable,
+            KernelError::LimitExceeded { .. } => Code::ResourceExhausted,
+            KernelError::Unauthenticated(_) => Code::Unauthenticated,
+            KernelError::PermissionDenied(_) => Code::PermissionDenied,
             KernelError::Store(_) => Code::Internal,
         };
         Status::new(code, error.to_string())

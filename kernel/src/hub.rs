@@ -12,8 +12,11 @@ use tokio::sync::broadcast;
 use crate::model::{EventRecord, RunId, StepKey, StepRecord};
 use crate::store::Published;
 
-/// Per-run buffer; a subscriber further behind than this re-reads from the store.
-const CAPACITY: usize = 1024;
+/// Per-run buffer, allocated when a run gets its first subscriber; a subscriber further behind
+/// than this re-reads from the store.
+const CAPACITY: usize = 256;
+/// Above this many channels, those nobody listens to any more are dropped.
+const PRUNE_ABOVE: usize = 1024;
 
 /// An ephemeral progress update of a running call.
 #[derive(Clone, Debug)]
@@ -46,7 +49,7 @@ impl Hub {
     /// Subscribes to a run's signals; subscribe before reading the store so nothing falls between.
     pub fn subscribe(&self, run: &RunId) -> broadcast::Receiver<Signal> {
         let mut runs = self.runs.lock().expect("hub poisoned");
-        if runs.len() > 4 * CAPACITY {
+        if runs.len() > PRUNE_ABOVE {
             runs.retain(|_, sender| sender.receiver_count() > 0);
         }
         runs.entry(run.clone())
@@ -57,7 +60,7 @@ impl Hub {
     fn send(&self, run: &RunId, signal: Signal) {
         let mut runs = self.runs.lock().expect("hub poisoned");
         if let Some(sender) = runs.get(run)
-            && sender.send(signal).is_err()
+            && (sender.send(signal).is_err() || sender.receiver_count() == 0)
         {
             runs.remove(run);
         }

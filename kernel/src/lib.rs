@@ -8,20 +8,25 @@
 //! - [`store`], SQLite behind one writer thread that commits queued writes together and publishes
 //!   committed events to the [`hub`], where waiting agents and watchers pick them up.
 //! - [`registry`] holds the tools workers have registered; [`model`] the domain types.
+//! - [`auth`] stands in front of every `kernel.v1` service: with an auth file, a request passes
+//!   only with an API key holding the method's scope, and handlers see the key's name.
 //!
 //! [`server::run`] assembles them; `main` only parses [`config::Config`] and installs logging.
 
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod governance;
 pub mod grpc;
 pub mod hub;
+pub mod limits;
 pub mod model;
 pub mod policy;
 pub mod registry;
 pub mod scheduler;
 pub mod server;
 pub mod store;
+pub mod tls;
 pub mod validation;
 
 pub use config::Config;

@@ -564,9 +564,20 @@ impl Actor {
 
     fn dispatch_ready(&mut self) {
         let now = Instant::now();
+        // Under load the queue is long and every session full: stop as soon as no slot is left, and
+        // pick at most once per tool that found no session, or each event would cost a pick per
+        // queued call (found by the load test: 10,000 queued calls took minutes).
+        let mut no_session: std::collections::HashSet<String> = std::collections::HashSet::new();
         let mut index = 0;
         while index < self.queue.len() {
-            if !self.queue[index].ready(now) {
+            if !self
+                .sessions
+                .values()
+                .any(|s| !s.draining && s.in_use < s.max_concurrency)
+            {
+                break;
+            }
+            if !self.queue[index].ready(now) || no_session.contains(&self.queue[index].step.tool) {
                 index += 1;
                 continue;
             }
@@ -576,7 +587,10 @@ impl Actor {
                     let queued = self.queue.remove(index).expect("index in range");
                     self.reserve(session_id, queued.step);
                 }
-                None => index += 1,
+                None => {
+                    no_session.insert(tool);
+                    index += 1;
+                }
             }
         }
     }
@@ -875,6 +889,7 @@ mod tests {
                         decided_by: "default:allow".into(),
                     },
                     unit_cost: 0.0,
+                    call_hash: kernel_proto::canonical::call_hash("t", &tool("t").fingerprint, &serde_json::json!({})),
                 }],
                 available_tools: vec!["t".into()],
                 default_timeout_ms: 30_000,

@@ -11,10 +11,11 @@ use kernel_proto::v1::run_service_server::RunServiceServer;
 use kernel_proto::v1::tool_call_service_server::ToolCallServiceServer;
 use kernel_proto::v1::worker_service_server::WorkerServiceServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
 use tracing::{info, warn};
 
+use crate::auth::Guarded;
 use crate::config::Config;
 use crate::error::KernelError;
 use crate::governance::Governance;
@@ -31,28 +32,30 @@ use crate::store::{LeaseLoss, LossOutcome, Store};
 async fn recover(store: &Store, scheduler: &Scheduler) -> Result<(), KernelError> {
     let steps = store.reads.in_flight_steps().await?;
     let (mut requeued, mut indeterminate) = (0, 0);
+    let mut losses = Vec::new();
     for step in steps {
         match step.status {
             StepStatus::Pending => {
                 scheduler.enqueue(step);
                 requeued += 1;
             }
-            StepStatus::Running => {
-                let loss = LeaseLoss {
-                    dispatch_id: step.dispatch_id.clone().unwrap_or_default(),
-                    attempt: step.attempts,
-                    reason: "kernel restarted".into(),
-                };
-                match store.lose_lease(loss).await? {
-                    LossOutcome::Requeued(step) => {
-                        scheduler.enqueue(step);
-                        requeued += 1;
-                    }
-                    LossOutcome::Indeterminate(_) => indeterminate += 1,
-                    LossOutcome::NotHeld => {}
-                }
-            }
+            StepStatus::Running => losses.push(store.lose_lease(LeaseLoss {
+                dispatch_id: step.dispatch_id.clone().unwrap_or_default(),
+                attempt: step.attempts,
+                reason: "kernel restarted".into(),
+            })),
             _ => {}
+        }
+    }
+    // All at once, so the writer folds them into a few transactions instead of one each.
+    for outcome in futures_util::future::join_all(losses).await {
+        match outcome? {
+            LossOutcome::Requeued(step) => {
+                scheduler.enqueue(step);
+                requeued += 1;
+            }
+            LossOutcome::Indeterminate(_) => indeterminate += 1,
+            LossOutcome::NotHeld => {}
         }
     }
     if requeued + indeterminate > 0 {
@@ -70,7 +73,11 @@ async fn serve(
     drain: Duration,
 ) -> Result<(), KernelError> {
     let server =
-        router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.clone().cancelled_owned());
+        // Nagle would hold every small response for the peer's delayed ACK (about 40 ms a call).
+        router.serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown.clone().cancelled_owned(),
+        );
     tokio::pin!(server);
     tokio::select! {
         result = &mut server => result.map_err(|e| KernelError::Unavailable(format!("server: {e}")))?,
@@ -111,6 +118,10 @@ pub async fn run(
 ) -> Result<(), KernelError> {
     // A policy file that does not load stops the kernel before it touches anything.
     let governance = Governance::load(config.policy.as_deref(), config.unit_prices.clone())?;
+    // So do TLS files that do not load.
+    let mut server = crate::tls::server_builder(&config)?;
+    // And an auth file that does not load, or a non-loopback address without one or --insecure.
+    let keys = crate::auth::load(config.auth_file.as_deref(), config.listen, config.insecure)?;
     let hub = Hub::default();
     let (store, writer) = Store::open(&config.db, config.durability, hub.clone())?;
     let registry = Registry::load(store.reads.tools().await?);
@@ -125,6 +136,8 @@ pub async fn run(
         governance: governance.clone(),
         shutdown: shutdown.clone(),
         default_timeout_ms: config.default_tool_timeout_ms,
+        limits: config.limits(),
+        sessions: std::sync::Arc::new(tokio::sync::Semaphore::new(config.max_sessions)),
     };
 
     // grpcurl and many tools still ask for v1alpha reflection; serve both.
@@ -163,16 +176,39 @@ pub async fn run(
     info!(%addr, db = %config.db.display(), schema = Store::schema_version(), "listening");
     on_listening(addr);
 
-    let router = tonic::transport::Server::builder()
+    // A message over this is refused by tonic before it is decoded.
+    let max_message = config.max_message_bytes;
+    let router = server
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(RunServiceServer::new(RunApi(kernel.clone())))
-        .add_service(ToolCallServiceServer::new(ToolCallApi(kernel.clone())))
-        .add_service(WorkerServiceServer::new(WorkerApi(kernel.clone())))
-        .add_service(ApprovalServiceServer::new(ApprovalApi(kernel.clone())))
-        .add_service(AdminServiceServer::new(AdminApi(kernel.clone())))
-        .add_service(RegistryServiceServer::new(RegistryApi(kernel)));
+        .add_service(Guarded::new(
+            RunServiceServer::new(RunApi(kernel.clone())).max_decoding_message_size(max_message),
+            keys.clone(),
+        ))
+        .add_service(Guarded::new(
+            ToolCallServiceServer::new(ToolCallApi(kernel.clone())).max_decoding_message_size(max_message),
+            keys.clone(),
+        ))
+        .add_service(Guarded::new(
+            InterceptedService::new(
+                WorkerServiceServer::new(WorkerApi(kernel.clone())).max_decoding_message_size(max_message),
+                crate::tls::WorkerGate::new(&config),
+            ),
+            keys.clone(),
+        ))
+        .add_service(Guarded::new(
+            ApprovalServiceServer::new(ApprovalApi(kernel.clone())).max_decoding_message_size(max_message),
+            keys.clone(),
+        ))
+        .add_service(Guarded::new(
+            AdminServiceServer::new(AdminApi(kernel.clone())).max_decoding_message_size(max_message),
+            keys.clone(),
+        ))
+        .add_service(Guarded::new(
+            RegistryServiceServer::new(RegistryApi(kernel)).max_decoding_message_size(max_message),
+            keys,
+        ));
     serve(
         router,
         listener,

@@ -95,3 +95,120 @@ mod tests {
         assert_ne!(one, call_hash("add", "g", &serde_json::json!({"a": 1})));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    //! Properties of canonical JSON and the call hash over generated JSON values, including
+    //! escapes, non-ASCII keys, nested containers and numbers at the edges of their types.
+
+    use proptest::prelude::*;
+    use serde_json::{Map, Number, Value};
+
+    use super::*;
+
+    fn number() -> impl Strategy<Value = Number> {
+        prop_oneof![
+            any::<i64>().prop_map(Number::from),
+            any::<u64>().prop_map(Number::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| Number::from_f64(f).expect("finite")),
+        ]
+    }
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            number().prop_map(Value::Number),
+            any::<String>().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 64, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                prop::collection::btree_map(any::<String>(), inner, 0..8)
+                    .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Renders `value` as JSON text with every object's keys in reverse order and whitespace
+    /// between tokens: the same value, written the way a careless client might.
+    fn scrambled(value: &Value) -> String {
+        match value {
+            Value::Object(map) => {
+                let members: Vec<String> = map
+                    .iter()
+                    .rev()
+                    .map(|(k, v)| format!("{} : {}", Value::String(k.clone()), scrambled(v)))
+                    .collect();
+                format!("{{ {} }}", members.join(" ,\n "))
+            }
+            Value::Array(items) => {
+                let items: Vec<String> = items.iter().map(scrambled).collect();
+                format!("[ {} ]", items.join(" , "))
+            }
+            other => other.to_string(),
+        }
+    }
+
+    /// The same object with its keys inserted in reverse order.
+    fn reversed(value: &Value) -> Value {
+        match value {
+            Value::Object(map) => {
+                let mut out = Map::new();
+                for (k, v) in map.iter().rev() {
+                    out.insert(k.clone(), reversed(v));
+                }
+                Value::Object(out)
+            }
+            Value::Array(items) => Value::Array(items.iter().map(reversed).collect()),
+            other => other.clone(),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn canonicalize_is_idempotent(value in json()) {
+            let once = canonicalize(&value.to_string()).unwrap();
+            prop_assert_eq!(canonicalize(&once).unwrap(), once.clone());
+            prop_assert_eq!(serde_json::from_str::<Value>(&once).unwrap(), value);
+        }
+
+        #[test]
+        fn canonical_text_ignores_key_order_and_whitespace(value in json()) {
+            let expected = to_canonical(&value);
+            prop_assert_eq!(canonicalize(&scrambled(&value)).unwrap(), expected.clone());
+            prop_assert_eq!(to_canonical(&reversed(&value)), expected);
+        }
+
+        #[test]
+        fn canonicalize_never_panics_on_arbitrary_text(text in any::<String>()) {
+            if let Ok(canonical) = canonicalize(&text) {
+                prop_assert_eq!(canonicalize(&canonical).unwrap(), canonical);
+            }
+        }
+
+        #[test]
+        fn call_hash_is_stable_and_order_free(tool in "[a-z_]{1,16}", fingerprint in "[0-9a-f]{8}", value in json()) {
+            let hash = call_hash(&tool, &fingerprint, &value);
+            prop_assert_eq!(hash.len(), 64);
+            prop_assert_eq!(&hash, &call_hash(&tool, &fingerprint, &reversed(&value)));
+            let reparsed: Value = serde_json::from_str(&scrambled(&value)).unwrap();
+            prop_assert_eq!(&hash, &call_hash(&tool, &fingerprint, &reparsed));
+            let other = Value::Array(vec![value.clone()]);
+            prop_assert_ne!(&hash, &call_hash(&tool, &fingerprint, &other));
+            prop_assert_ne!(&hash, &call_hash(&format!("{tool}x"), &fingerprint, &value));
+        }
+    }
+
+    #[test]
+    fn call_hash_is_pinned() {
+        // A change of this value changes every recorded call's identity: replays would diverge.
+        let hash = call_hash("add", "f", &serde_json::json!({"b": 2, "a": 1}));
+        assert_eq!(hash, call_hash("add", "f", &serde_json::json!({"a": 1, "b": 2})));
+        assert_eq!(hash.len(), 64);
+    }
+}

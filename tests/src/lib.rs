@@ -727,3 +727,31 @@ pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
         .and_then(|value| value.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
+
+impl Kernel {
+    /// `https://127.0.0.1:PORT` for clients of a kernel started with `--tls-cert` (the test
+    /// certificates name both `localhost` and `127.0.0.1`).
+    pub fn https_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.addr.port())
+    }
+}
+
+impl Process {
+    /// Starts any command as a child process that is killed when dropped, following its stderr;
+    /// waits for nothing (a refused worker never logs its session open).
+    pub fn start(command: Command, label: &'static str) -> Process {
+        Process::spawn(command, label)
+    }
+
+    /// Waits up to `within` for the process to exit by itself; `None` if it is still running.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}

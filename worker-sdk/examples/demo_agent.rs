@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use futures_util::StreamExt;
 use serde_json::json;
-use worker_sdk::{AgentClient, AgentError, Call, CallOutcome, CallStatus, NewRun, RunHandle, TurnItem};
+use worker_sdk::{AgentClient, AgentError, Call, CallOutcome, CallStatus, NewRun, RunHandle, Tls, TurnItem};
 
 #[derive(Debug, Parser)]
 #[command(name = "demo-agent", about = "Drive one demo run through the kernel")]
@@ -19,6 +19,12 @@ struct Config {
     /// Kernel gRPC address.
     #[arg(long, env = "KERNEL_ADDR", default_value = "http://127.0.0.1:50051")]
     kernel: String,
+    /// CA certificate (PEM) of a kernel served over TLS (give an https:// address).
+    #[arg(long, env = "KERNEL_TLS_CA")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// API key, for a kernel started with --auth-file (needs runs:write, tools:call, runs:read).
+    #[arg(long, env = "KERNEL_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
 }
 
 fn print_outcome(turn: u32, outcome: &CallOutcome) {
@@ -97,7 +103,17 @@ async fn drive(run: &RunHandle) -> Result<serde_json::Value, AgentError> {
 }
 
 async fn run(config: Config) -> Result<String, AgentError> {
-    let client = AgentClient::connect(&config.kernel).await?;
+    let client = match &config.tls_ca {
+        Some(ca) => {
+            let tls = Tls::from_ca_file(ca).map_err(|e| AgentError::Config(e.to_string()))?;
+            AgentClient::connect_tls(&config.kernel, tls).await?
+        }
+        None => AgentClient::connect(&config.kernel).await?,
+    };
+    let client = match &config.api_key {
+        Some(key) => client.api_key(key)?,
+        None => client,
+    };
     let run = client
         .create_run(NewRun::new("demo-agent", json!({"goal": "show the kernel"})))
         .await?;

@@ -6,6 +6,9 @@
 //! cargo run -p worker-sdk --example demo-worker -- --kernel http://127.0.0.1:50051 --root .
 //! ```
 //!
+//! For a kernel served over TLS, give an `https://` address and `--tls-ca`, plus `--tls-cert` and
+//! `--tls-key` when the kernel requires client certificates (`--tls-client-ca`).
+//!
 //! It logs `worker session open` once the kernel has accepted it, and drains on SIGINT or SIGTERM.
 
 use std::io::IsTerminal;
@@ -17,7 +20,7 @@ use clap::Parser;
 use serde_json::Value;
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
-use worker_sdk::{CancellationToken, Progress, Tool, ToolContext, ToolError, Worker, tool};
+use worker_sdk::{CancellationToken, Progress, Tls, Tool, ToolContext, ToolError, Worker, tool};
 
 #[derive(Debug, Parser)]
 #[command(name = "demo-worker", about = "Serve the demo tools to a kernel")]
@@ -34,6 +37,30 @@ struct Config {
     /// Calls run at once.
     #[arg(long, default_value_t = 8)]
     max_concurrency: u32,
+    /// CA certificate (PEM) of a kernel served over TLS (give an https:// address).
+    #[arg(long, env = "KERNEL_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) to present, for a kernel started with --tls-client-ca.
+    #[arg(long, env = "KERNEL_TLS_CLIENT_CERT", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, env = "KERNEL_TLS_CLIENT_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// API key, for a kernel started with --auth-file (needs workers:connect and these tools).
+    #[arg(long, env = "KERNEL_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+}
+
+/// The TLS settings the flags ask for, if any.
+fn tls(config: &Config) -> std::io::Result<Option<Tls>> {
+    let Some(ca) = &config.tls_ca else {
+        return Ok(None);
+    };
+    let tls = Tls::from_ca_file(ca)?;
+    match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Ok(Some(tls.identity_files(cert, key)?)),
+        _ => Ok(Some(tls)),
+    }
 }
 
 /// The folder `read_file` is confined to, canonical.
@@ -159,12 +186,19 @@ async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Box<dyn 
         .canonicalize()
         .map_err(|error| format!("root folder '{}': {error}", config.root.display()))?;
     info!(kernel = %config.kernel, root = %root.display(), "demo worker starting");
-    let worker = Worker::builder(config.kernel)
+    let tls = tls(&config)?;
+    let mut builder = Worker::builder(config.kernel)
         .name(config.name)
         .max_concurrency(config.max_concurrency)
         .tools(tools())
-        .deps(FileRoot(root))
-        .build()?;
+        .deps(FileRoot(root));
+    if let Some(tls) = tls {
+        builder = builder.tls(tls);
+    }
+    if let Some(key) = config.api_key {
+        builder = builder.api_key(key);
+    }
+    let worker = builder.build()?;
     worker.run(shutdown).await?;
     Ok(())
 }

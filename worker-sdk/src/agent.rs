@@ -15,7 +15,9 @@ use pb::tool_call_service_client::ToolCallServiceClient;
 use serde_json::Value;
 use tonic::transport::Channel;
 
+use crate::auth::{self, ApiKey};
 use crate::error::ErrorKind;
+use crate::tls::Tls;
 use crate::{transport, wire};
 
 /// Why an agent request failed.
@@ -33,6 +35,10 @@ pub enum AgentError {
     /// The kernel's answer lacked something it must carry.
     #[error("unexpected answer from the kernel: {0}")]
     Protocol(String),
+    /// The client was configured with something it cannot use (such as an API key that cannot
+    /// travel as metadata).
+    #[error("invalid client configuration: {0}")]
+    Config(String),
 }
 
 impl From<tonic::transport::Error> for AgentError {
@@ -229,12 +235,23 @@ pub struct RunSnapshot {
 pub struct AgentClient {
     runs: RunServiceClient<Channel>,
     calls: ToolCallServiceClient<Channel>,
+    api_key: Option<ApiKey>,
 }
 
 impl AgentClient {
     /// Connects to the kernel at `addr` (`http://127.0.0.1:50051`, or `127.0.0.1:50051`).
     pub async fn connect(addr: impl AsRef<str>) -> Result<Self, AgentError> {
-        let channel = transport::connect(addr.as_ref()).await?;
+        let channel = transport::connect_secure(addr.as_ref(), None)
+            .await
+            .map_err(AgentError::Transport)?;
+        Ok(Self::from_channel(channel))
+    }
+
+    /// Connects over TLS to the kernel at `addr` (`https://kernel:50051`, or `kernel:50051`).
+    pub async fn connect_tls(addr: impl AsRef<str>, tls: Tls) -> Result<Self, AgentError> {
+        let channel = transport::connect_secure(addr.as_ref(), Some(&tls))
+            .await
+            .map_err(AgentError::Transport)?;
         Ok(Self::from_channel(channel))
     }
 
@@ -243,7 +260,20 @@ impl AgentClient {
         Self {
             runs: RunServiceClient::new(channel.clone()),
             calls: ToolCallServiceClient::new(channel),
+            api_key: None,
         }
+    }
+
+    /// Sends `secret` as `authorization: Bearer <secret>` on every call, for a kernel that
+    /// requires API keys (the key needs `runs:write` and `tools:call`; `runs:read` for
+    /// [`RunHandle::get`]).
+    pub fn api_key(mut self, secret: impl AsRef<str>) -> Result<Self, AgentError> {
+        self.api_key = Some(ApiKey::new(secret.as_ref()).map_err(AgentError::Config)?);
+        Ok(self)
+    }
+
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        auth::request(message, self.api_key.as_ref())
     }
 
     /// Creates a run; with an idempotency key that matches an earlier run, returns that run.
@@ -251,7 +281,7 @@ impl AgentClient {
         let response = self
             .runs
             .clone()
-            .create_run(wire::create_run_request(run))
+            .create_run(self.request(wire::create_run_request(run)))
             .await?
             .into_inner();
         let run = response
@@ -301,7 +331,7 @@ impl RunHandle {
         turn: u32,
         calls: Vec<Call>,
     ) -> impl Stream<Item = Result<TurnItem, AgentError>> + Send + 'static {
-        let request = wire::submit_turn_request(&self.id, turn, calls);
+        let request = self.client.request(wire::submit_turn_request(&self.id, turn, calls));
         let mut client = self.client.calls.clone();
         let opened = async move { Ok::<_, AgentError>(client.submit_turn(request).await?.into_inner()) };
         stream::once(opened)
@@ -330,7 +360,11 @@ impl RunHandle {
             run_id: self.id.clone(),
             output_json: kernel_proto::canonical::to_canonical(&output),
         };
-        self.client.runs.clone().complete_run(request).await?;
+        self.client
+            .runs
+            .clone()
+            .complete_run(self.client.request(request))
+            .await?;
         Ok(())
     }
 
@@ -340,7 +374,7 @@ impl RunHandle {
             run_id: self.id.clone(),
             reason: reason.into(),
         };
-        self.client.runs.clone().fail_run(request).await?;
+        self.client.runs.clone().fail_run(self.client.request(request)).await?;
         Ok(())
     }
 
@@ -350,7 +384,11 @@ impl RunHandle {
             run_id: self.id.clone(),
             reason: reason.into(),
         };
-        self.client.runs.clone().cancel_run(request).await?;
+        self.client
+            .runs
+            .clone()
+            .cancel_run(self.client.request(request))
+            .await?;
         Ok(())
     }
 
@@ -360,9 +398,9 @@ impl RunHandle {
             .client
             .runs
             .clone()
-            .get_run(pb::GetRunRequest {
+            .get_run(self.client.request(pb::GetRunRequest {
                 run_id: self.id.clone(),
-            })
+            }))
             .await?;
         let response = response.into_inner();
         let run = response

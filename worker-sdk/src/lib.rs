@@ -19,6 +19,9 @@
 //! - **The agent.** [`AgentClient`] creates runs and submits each model turn's tool calls
 //!   ([`RunHandle::submit_turn`]); results come back in position order once recorded, and a
 //!   resubmitted turn gets the recorded results instead of running tools twice.
+//! - **TLS.** For a kernel served over `https://`, both take [`Tls`] settings: the kernel's CA,
+//!   optionally a client certificate (which a kernel with `--tls-client-ca` requires of workers)
+//!   and a domain name override.
 //!
 //! ```no_run
 //! use serde_json::json;
@@ -69,12 +72,14 @@
 #![warn(missing_docs)]
 
 mod agent;
+mod auth;
 mod backoff;
 mod cache;
 mod context;
 mod deps;
 mod error;
 mod session;
+mod tls;
 mod tool;
 mod transport;
 mod wire;
@@ -91,6 +96,7 @@ pub use cache::ToolCache;
 pub use context::{Progress, ToolContext};
 pub use error::{ErrorKind, ToolError};
 pub use kernel_proto as proto;
+pub use tls::Tls;
 /// The cancellation token of [`ToolContext::cancellation`] and [`Worker::run`] (from `tokio-util`).
 pub use tokio_util::sync::CancellationToken;
 pub use tool::{

@@ -162,7 +162,7 @@ fn before_welcome(status: tonic::Status) -> SessionError {
     if is_refusal(&status) {
         SessionError::Refused(status)
     } else {
-        SessionError::lost(format!("{:?}: {}", status.code(), status.message()), false)
+        SessionError::lost(transport::describe_status(&status), false)
     }
 }
 
@@ -173,7 +173,7 @@ pub(crate) async fn run(
     shutdown: &CancellationToken,
 ) -> Result<SessionEnd, SessionError> {
     let channel = tokio::select! {
-        channel = transport::connect(&config.endpoint) => channel.map_err(|e| SessionError::lost(transport::describe(&e), false))?,
+        channel = transport::connect_secure(&config.endpoint, config.tls.as_ref()) => channel.map_err(|e| SessionError::lost(e, false))?,
         _ = shutdown.cancelled() => return Ok(SessionEnd::Stopped),
     };
     let mut client = WorkerServiceClient::new(channel);
@@ -199,7 +199,7 @@ pub(crate) async fn run(
 
     let opening = async {
         let mut inbound = client
-            .open_session(outbound)
+            .open_session(crate::auth::request(outbound, config.api_key.as_ref()))
             .await
             .map_err(before_welcome)?
             .into_inner();
@@ -343,7 +343,7 @@ impl Session {
                     Ok(None) if drain_deadline.is_some() => return Ok(SessionEnd::Drained),
                     Ok(None) => return Err(SessionError::lost("kernel closed the session", true)),
                     Err(status) => {
-                        return Err(SessionError::lost(format!("{:?}: {}", status.code(), status.message()), true));
+                        return Err(SessionError::lost(transport::describe_status(&status), true));
                     }
                 },
             }

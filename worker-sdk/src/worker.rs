@@ -14,9 +14,11 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::auth::ApiKey;
 use crate::backoff::Backoff;
 use crate::deps::Deps;
 use crate::session::{self, SessionEnd, SessionError};
+use crate::tls::Tls;
 use crate::tool::{Tool, ToolDefinitionError};
 use crate::transport;
 
@@ -56,6 +58,8 @@ pub(crate) struct WorkerConfig {
     pub(crate) tools: BTreeMap<String, Tool>,
     pub(crate) deps: Deps,
     pub(crate) drain_timeout: Duration,
+    pub(crate) tls: Option<Tls>,
+    pub(crate) api_key: Option<ApiKey>,
 }
 
 /// Configures a [`Worker`]; start with [`Worker::builder`].
@@ -67,6 +71,8 @@ pub struct WorkerBuilder {
     tools: Vec<Tool>,
     deps: Deps,
     drain_timeout: Duration,
+    tls: Option<Tls>,
+    api_key: Option<String>,
 }
 
 impl WorkerBuilder {
@@ -107,18 +113,33 @@ impl WorkerBuilder {
         self
     }
 
+    /// Connects over TLS with these settings (see [`Tls`] for how they go with the address).
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Sends `secret` as `authorization: Bearer <secret>` when opening a session, for a kernel
+    /// that requires API keys. The key needs `workers:connect`, and its tool globs must cover
+    /// every tool this worker offers, or the kernel refuses the session.
+    pub fn api_key(mut self, secret: impl Into<String>) -> Self {
+        self.api_key = Some(secret.into());
+        self
+    }
+
     /// Checks the configuration and every tool the way the kernel will.
     pub fn build(self) -> Result<Worker, WorkerError> {
-        transport::endpoint(&self.addr).map_err(|error| {
-            WorkerError::Config(format!(
-                "kernel address '{}': {}",
-                self.addr,
-                transport::describe(&error)
-            ))
-        })?;
+        transport::secure_endpoint(&self.addr, self.tls.as_ref())
+            .map_err(|error| WorkerError::Config(format!("kernel address '{}': {error}", self.addr)))?;
         if self.name.trim().is_empty() {
             return Err(WorkerError::Config("the worker name is empty".into()));
         }
+        let api_key = self
+            .api_key
+            .as_deref()
+            .map(ApiKey::new)
+            .transpose()
+            .map_err(WorkerError::Config)?;
         if self.max_concurrency == 0 {
             return Err(WorkerError::Config("max_concurrency must be at least 1".into()));
         }
@@ -141,6 +162,8 @@ impl WorkerBuilder {
                 tools,
                 deps: self.deps,
                 drain_timeout: self.drain_timeout,
+                tls: self.tls,
+                api_key,
             }),
         })
     }
@@ -179,6 +202,8 @@ impl Worker {
             tools: Vec::new(),
             deps: Deps::default(),
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            tls: None,
+            api_key: None,
         }
     }
 

@@ -18,7 +18,7 @@ use tonic::transport::{Channel, Endpoint};
 use super::progress::Progress;
 use super::report::{Fanout, Payload, Replay, Sequential, Throughput};
 use super::stats::{Latency, millis};
-use super::workers::{NOOP, PAYLOAD};
+use super::workers::{NOOP, PAYLOAD, payload_text};
 use super::{BenchError, ByteSize};
 use crate::error::{CliError, error_chain};
 
@@ -64,7 +64,10 @@ fn payload_call(size: ByteSize) -> pb::ToolCall {
 }
 
 fn status_name(status: i32) -> String {
-    pb::CallStatus::try_from(status).map_or_else(|_| format!("status {status}"), |s| s.as_str_name().to_lowercase())
+    pb::CallStatus::try_from(status).map_or_else(
+        |_| format!("status {status}"),
+        |s| s.as_str_name().trim_start_matches("CALL_STATUS_").to_lowercase(),
+    )
 }
 
 /// Every result succeeded, one per call, in position order.
@@ -390,7 +393,7 @@ impl Agent {
         concurrency: u32,
     ) -> Result<Payload, BenchError> {
         progress.phase(format!("payload {size}"), u64::from(calls));
-        let expected = size.0 as usize;
+        let expected = payload_text(size.0).len();
         let length_matches = move |result: &pb::CallResult| {
             if result.content.len() == expected {
                 Ok(())

@@ -80,7 +80,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub replay_calls: Option<u32>,
 
-    /// Result sizes of the payload section, e.g. `100,10KiB,1MiB` [default: 100,10KiB,1MiB].
+    /// Result sizes (as recorded, JSON) of the payload section, e.g. `100,10KiB,1MiB`
+    /// [default: 100,10KiB,1MiB].
     #[arg(long, value_delimiter = ',', value_name = "SIZE,...")]
     pub payloads: Option<Vec<ByteSize>>,
 

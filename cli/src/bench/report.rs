@@ -66,7 +66,7 @@ pub struct Replay {
     pub replayed: u64,
 }
 
-/// Calls whose result is `bytes` long, from `concurrency` runs.
+/// Calls whose result (as recorded, JSON) is `bytes` long, from `concurrency` runs.
 #[derive(Debug, Clone, Serialize)]
 pub struct Payload {
     pub bytes: u64,

@@ -1,5 +1,6 @@
 //! The benchmark's workers: `W` sessions opened from this process through `worker-sdk`, each
-//! offering `bench_noop` (returns null) and `bench_payload` (returns a string of `bytes` bytes).
+//! offering `bench_noop` (returns null) and `bench_payload` (returns a string whose JSON encoding,
+//! the result the kernel records and limits, is `bytes` long).
 //!
 //! They live until [`BenchWorkers::stop`] (or drop) cancels their shutdown token, so no session
 //! outlives the command.
@@ -10,10 +11,10 @@ use kernel_proto::v1 as pb;
 use kernel_proto::v1::registry_service_client::RegistryServiceClient;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
-use tonic::transport::Channel;
 use worker_sdk::{CancellationToken, Tool, ToolError, Worker, WorkerError, wrap_tool};
 
 use super::BenchError;
+use crate::client::Authed;
 
 /// The no-op tool.
 pub const NOOP: &str = "bench_noop";
@@ -22,6 +23,12 @@ pub const PAYLOAD: &str = "bench_payload";
 
 /// Largest result `bench_payload` builds, so a typo cannot exhaust memory.
 pub const MAX_PAYLOAD: u64 = 64 << 20;
+
+/// The string whose JSON encoding (with its two quotes) is `bytes` long; shorter sizes get an
+/// empty string.
+pub fn payload_text(bytes: u64) -> String {
+    "x".repeat(bytes.saturating_sub(2) as usize)
+}
 
 const SESSIONS_TIMEOUT: Duration = Duration::from_secs(15);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -38,7 +45,7 @@ fn noop_tool() -> Tool {
 fn payload_tool() -> Tool {
     wrap_tool(
         PAYLOAD,
-        "Returns a string of `bytes` bytes (kernelctl bench).",
+        "Returns a string whose JSON encoding is `bytes` long (kernelctl bench).",
         json!({
             "type": "object",
             "properties": {"bytes": {"type": "integer", "minimum": 0, "maximum": MAX_PAYLOAD}},
@@ -50,7 +57,7 @@ fn payload_tool() -> Tool {
                 .as_u64()
                 .filter(|b| *b <= MAX_PAYLOAD)
                 .ok_or_else(|| ToolError::fatal(format!("bytes must be an integer up to {MAX_PAYLOAD}")))?;
-            Ok::<_, ToolError>("x".repeat(bytes as usize))
+            Ok::<_, ToolError>(payload_text(bytes))
         },
     )
 }
@@ -66,7 +73,7 @@ impl BenchWorkers {
     /// until the kernel lists them all.
     pub async fn start(
         addr: &str,
-        registry: RegistryServiceClient<Channel>,
+        registry: RegistryServiceClient<Authed>,
         prefix: &str,
         count: u32,
         slots: u32,
@@ -94,7 +101,7 @@ impl BenchWorkers {
 
     async fn wait_for_sessions(
         &mut self,
-        mut registry: RegistryServiceClient<Channel>,
+        mut registry: RegistryServiceClient<Authed>,
         prefix: &str,
         count: u32,
     ) -> Result<(), BenchError> {
@@ -144,5 +151,18 @@ impl Drop for BenchWorkers {
     fn drop(&mut self) {
         // On an early return the sessions still end: the token stops them, the set aborts them.
         self.shutdown.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_results_encode_to_the_requested_size() {
+        for bytes in [2, 100, 10 << 10, 1 << 20] {
+            assert_eq!(serde_json::to_string(&payload_text(bytes)).unwrap().len() as u64, bytes);
+        }
+        assert_eq!(payload_text(1), "");
     }
 }

@@ -18,7 +18,7 @@ use super::Output;
 pub async fn run(addr: &KernelAddr, out: &mut Output<'_>, args: BenchArgs) -> Result<(), BenchError> {
     let plan = Plan::new(&args);
     // Fails fast, with the usual wording, when nothing listens at `addr`.
-    let kernel = Kernel::connect(addr).await?;
+    let kernel = Kernel::connect(addr, None, None).await?;
     let progress = Progress::new();
     let _ticker = progress.start_ticker();
 

@@ -6,6 +6,7 @@
 
 mod approvals;
 pub mod bench;
+pub mod keys;
 mod runs;
 mod tools;
 mod workers;
@@ -20,7 +21,7 @@ use crate::error::CliError;
 
 /// Runs the parsed command against the kernel at `cli.addr`, writing data to `out`.
 pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
-    let mut kernel = Kernel::connect(&cli.addr).await?;
+    let mut kernel = Kernel::connect(&cli.addr, cli.tls_ca.as_deref(), cli.api_key.as_deref()).await?;
     let mut out = Output::new(out, cli.json);
     match cli.command {
         Command::Runs(RunsCommand::List(args)) => runs::list(&mut kernel, &mut out, args).await,
@@ -37,6 +38,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
             approvals::answer(&mut kernel, &mut out, args.id, false, args.decider, args.reason).await
         }
         Command::Bench(_) => unreachable!("main runs `bench` through commands::bench::main"),
+        Command::Keys(_) => unreachable!("main runs `keys` without a kernel"),
     }?;
     out.flush()?;
     Ok(())

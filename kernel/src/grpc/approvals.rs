@@ -5,9 +5,19 @@ use kernel_proto::v1::approval_service_server::ApprovalService;
 use tonic::{Request, Response, Status};
 
 use super::{Kernel, convert};
+use crate::auth::Caller;
 use crate::error::KernelError;
 use crate::model::RunId;
 use crate::store::Answer;
+
+/// Who answers: with API keys, the key's name (a request's `decider` cannot speak for someone
+/// else); without them, the `decider` the request names.
+fn decider(caller: Option<Caller>, requested: String) -> String {
+    match caller {
+        Some(caller) => caller.name().to_owned(),
+        None => requested,
+    }
+}
 
 /// Implements `kernel.v1.ApprovalService`.
 pub struct ApprovalApi(pub Kernel);
@@ -62,9 +72,11 @@ impl ApprovalService for ApprovalApi {
         &self,
         request: Request<pb::ApproveCallRequest>,
     ) -> Result<Response<pb::ApproveCallResponse>, Status> {
+        let caller = request.extensions().get::<Caller>().cloned();
         let req = request.into_inner();
+        let decider = decider(caller, req.decider);
         let approval = self
-            .answer(req.approval_id, Answer::Approve, req.decider, req.reason)
+            .answer(req.approval_id, Answer::Approve, decider, req.reason)
             .await?;
         Ok(Response::new(pb::ApproveCallResponse {
             approval: Some(approval),
@@ -75,9 +87,11 @@ impl ApprovalService for ApprovalApi {
         &self,
         request: Request<pb::RejectCallRequest>,
     ) -> Result<Response<pb::RejectCallResponse>, Status> {
+        let caller = request.extensions().get::<Caller>().cloned();
         let req = request.into_inner();
+        let decider = decider(caller, req.decider);
         let approval = self
-            .answer(req.approval_id, Answer::Reject, req.decider, req.reason)
+            .answer(req.approval_id, Answer::Reject, decider, req.reason)
             .await?;
         Ok(Response::new(pb::RejectCallResponse {
             approval: Some(approval),

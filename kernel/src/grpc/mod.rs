@@ -35,6 +35,10 @@ pub struct Kernel {
     pub shutdown: CancellationToken,
     /// Timeout of a call whose tool declares none.
     pub default_timeout_ms: u64,
+    /// Limits on agents, workers and connections.
+    pub limits: crate::limits::Limits,
+    /// One permit per open worker session, `limits.max_sessions` in all.
+    pub sessions: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 /// The size of each response stream's buffer.

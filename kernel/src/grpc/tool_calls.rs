@@ -16,11 +16,11 @@ use tonic::{Request, Response, Status};
 use super::{Kernel, STREAM_BUFFER, convert};
 use crate::error::KernelError;
 use crate::hub::Signal;
-use crate::model::{ApprovalRecord, ApprovalStatus, EventType, RunId, StepKey, StepRecord, cut};
+use crate::limits::{self, Limits};
+use crate::model::{ApprovalRecord, ApprovalStatus, EventType, RunId, StepKey, StepRecord, StepStatus, cut};
+use crate::registry::KnownTool;
 use crate::store::{CallDisposition, CallGate, PlannedCall, TurnPlan};
 
-/// The most calls one turn may carry.
-const MAX_CALLS_PER_TURN: usize = 256;
 /// The longest call id accepted.
 const MAX_CALL_ID: usize = 128;
 /// A requested tool name longer than this is malformed, not merely unknown.
@@ -33,7 +33,7 @@ type TurnStream = Pin<Box<dyn Stream<Item = Result<pb::SubmitTurnResponse, Statu
 type TurnSender = mpsc::Sender<Result<pb::SubmitTurnResponse, Status>>;
 
 /// Validates a turn as a whole before anything is written, and decides each call's gate.
-async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<TurnPlan, KernelError> {
+async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, KernelError> {
     let run_id = RunId::parse(&req.run_id, "run_id")?;
     let run = kernel
         .store
@@ -44,17 +44,39 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<TurnPlan, K
     if req.calls.is_empty() {
         return Err(KernelError::invalid("calls", "a turn needs at least one call"));
     }
-    if req.calls.len() > MAX_CALLS_PER_TURN {
-        return Err(KernelError::invalid(
+    let limits = &kernel.limits;
+    if req.calls.len() > limits.max_calls_per_turn {
+        return Err(limits::exceeded(
             "calls",
+            format!("{} calls", req.calls.len()),
+            format!("{} calls per turn", limits.max_calls_per_turn),
+            "max-calls-per-turn",
+        ));
+    }
+    if req.turn >= limits.max_turns_per_run {
+        return Err(limits::exceeded(
+            "turn",
+            format!("turn {}", req.turn),
             format!(
-                "{} calls; a turn may carry at most {MAX_CALLS_PER_TURN}",
-                req.calls.len()
+                "{} turns per run (turns 0 to {})",
+                limits.max_turns_per_run,
+                limits.max_turns_per_run - 1
             ),
+            "max-turns-per-run",
+        ));
+    }
+    let added = limits::EVENTS_PER_CALL * req.calls.len() as u64;
+    if run.last_seq.saturating_add(added) > limits.max_events_per_run {
+        return Err(limits::exceeded(
+            "calls",
+            format!("run {run_id} has {} events and this turn may add {added}", run.last_seq),
+            format!("{} events per run", limits.max_events_per_run),
+            "max-events-per-run",
         ));
     }
     let mut ids = HashSet::new();
     let mut calls = Vec::with_capacity(req.calls.len());
+    let mut checks = Vec::with_capacity(req.calls.len());
     for (position, call) in req.calls.into_iter().enumerate() {
         let field = format!("calls[{position}]");
         let name = call.tool.trim();
@@ -70,6 +92,12 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<TurnPlan, K
                 ),
             ));
         }
+        Limits::check_bytes(
+            &format!("{field}.arguments_json"),
+            call.arguments_json.len(),
+            limits.max_argument_bytes,
+            "max-argument-bytes",
+        )?;
         let arguments = convert::canonical_json(&call.arguments_json, &format!("{field}.arguments_json"), "{}")?;
         if !arguments.starts_with('{') {
             return Err(KernelError::invalid(
@@ -103,21 +131,10 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<TurnPlan, K
                  a non-interactive run cannot wait for a person"
             )));
         }
-        let (gate, unit_cost) = match &known {
-            Some(tool) => {
-                let args: serde_json::Value = serde_json::from_str(&arguments).expect("canonical JSON parses");
-                (
-                    kernel.governance.gate(tool, &args, &run),
-                    kernel.governance.unit_cost(&tool.def),
-                )
-            }
-            None => (
-                CallGate::Run {
-                    decided_by: String::new(),
-                },
-                0.0,
-            ),
-        };
+        let args: serde_json::Value = serde_json::from_str(&arguments).expect("canonical JSON parses");
+        let fingerprint = known.as_ref().map_or("", |tool| tool.def.fingerprint.as_str());
+        let call_hash = kernel_proto::canonical::call_hash(name, fingerprint, &args);
+        checks.push((known.clone(), args));
         calls.push(PlannedCall {
             position,
             key: StepKey::for_call(req.turn, position, call_id.as_deref()),
@@ -126,17 +143,59 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<TurnPlan, K
             arguments,
             tool: known.map(|t| t.def),
             timeout_ms: (call.timeout_ms > 0).then_some(call.timeout_ms),
-            gate,
-            unit_cost,
+            // Decided by `decide` once the turn is known not to be a pure replay.
+            gate: CallGate::Run {
+                decided_by: String::new(),
+            },
+            unit_cost: 0.0,
+            call_hash,
         });
     }
-    Ok(TurnPlan {
+    let plan = TurnPlan {
         run_id,
         turn: req.turn,
         calls,
         available_tools: kernel.registry.names(),
         default_timeout_ms: kernel.default_timeout_ms,
-    })
+    };
+    Ok(Planned { plan, checks, run })
+}
+
+/// A validated turn, with what its calls still have to pass before they may be recorded.
+struct Planned {
+    plan: TurnPlan,
+    /// Per call: the registered tool (if any) and the parsed arguments.
+    checks: Vec<(Option<KnownTool>, serde_json::Value)>,
+    run: crate::model::RunRecord,
+}
+
+/// Decides each call's gate (argument validation, policy, approval) and price, and checks the
+/// run's pending-call limit. Skipped for a turn that only replays recorded results.
+async fn decide(kernel: &Kernel, planned: Planned) -> Result<TurnPlan, KernelError> {
+    let Planned { mut plan, checks, run } = planned;
+    let (run_id, calls, limits) = (&plan.run_id, &plan.calls, &kernel.limits);
+    // Calls of this turn already in flight are joined, not added; every other unsettled call counts.
+    let unsettled = kernel.store.reads.unsettled_step_keys(run_id.clone()).await?;
+    let pending = calls.len()
+        + unsettled
+            .iter()
+            .filter(|key| !calls.iter().any(|c| c.key.to_string() == **key))
+            .count();
+    if pending > limits.max_pending_calls_per_run {
+        return Err(limits::exceeded(
+            "calls",
+            format!("run {run_id} would have {pending} unsettled calls"),
+            format!("{} per run", limits.max_pending_calls_per_run),
+            "max-pending-calls-per-run",
+        ));
+    }
+    for (call, (known, args)) in plan.calls.iter_mut().zip(checks) {
+        if let Some(tool) = known {
+            call.gate = kernel.governance.gate(&tool, &args, &run);
+            call.unit_cost = kernel.governance.unit_cost(&tool.def);
+        }
+    }
+    Ok(plan)
 }
 
 #[tonic::async_trait]
@@ -147,12 +206,28 @@ impl ToolCallService for ToolCallApi {
         &self,
         request: Request<pb::SubmitTurnRequest>,
     ) -> Result<Response<Self::SubmitTurnStream>, Status> {
-        let plan = plan(&self.0, request.into_inner()).await?;
-        let run_id = plan.run_id.clone();
-        let positions: Vec<u32> = plan.calls.iter().map(|c| c.position).collect();
+        let planned = plan(&self.0, request.into_inner()).await?;
+        let run_id = planned.plan.run_id.clone();
+        let positions: Vec<u32> = planned.plan.calls.iter().map(|c| c.position).collect();
         // Subscribe before recording, so no result can slip between the write and the wait.
         let live = self.0.hub.subscribe(&run_id);
-        let dispositions = self.0.store.schedule_turn(plan).await?;
+        // A resubmitted turn whose calls all settled is served from a read: the results are
+        // durable already, so only the replay counter is written, without waiting for it.
+        let identities = planned
+            .plan
+            .calls
+            .iter()
+            .map(|c| (c.key.clone(), c.call_hash.clone()))
+            .collect();
+        let dispositions = match self.0.store.reads.replayable(run_id.clone(), identities).await? {
+            Some(steps) => {
+                self.0
+                    .store
+                    .note_replays(run_id.clone(), steps.iter().map(|s| s.key.clone()).collect());
+                steps.into_iter().map(CallDisposition::Replayed).collect()
+            }
+            None => self.0.store.schedule_turn(decide(&self.0, planned).await?).await?,
+        };
         for disposition in &dispositions {
             if let CallDisposition::Scheduled(step) = disposition {
                 self.0.scheduler.enqueue(step.clone());
@@ -242,6 +317,10 @@ async fn stream_results(
         waiting: HashMap::new(),
         positions,
     };
+    // Only a joined call already parked has a question this stream has not seen as an event.
+    let parked = dispositions
+        .iter()
+        .any(|d| matches!(d, CallDisposition::Joined(step) if step.status == StepStatus::AwaitingApproval));
     for (index, disposition) in dispositions.into_iter().enumerate() {
         let position = ordered.positions[index];
         ordered.results[index] = match disposition {
@@ -257,11 +336,12 @@ async fn stream_results(
     // A resubmitted turn whose calls already wait for a person is told so at once; later questions
     // arrive as run:interrupted events.
     let mut told = HashSet::new();
-    if let Ok(pending) = kernel
-        .store
-        .reads
-        .approvals(ApprovalStatus::Pending, Some(run_id.clone()))
-        .await
+    if parked
+        && let Ok(pending) = kernel
+            .store
+            .reads
+            .approvals(ApprovalStatus::Pending, Some(run_id.clone()))
+            .await
     {
         for approval in pending {
             if !ordered.interrupt(&approval, &mut told, &tx).await {

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::Stream;
 use kernel_proto::canonical;
@@ -17,19 +17,25 @@ use kernel_proto::v1 as pb;
 use kernel_proto::v1::open_session_request::Message as In;
 use kernel_proto::v1::open_session_response::Message as Out;
 use kernel_proto::v1::worker_service_server::WorkerService;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
 use super::{Kernel, STREAM_BUFFER, convert};
+use crate::auth::Caller;
 use crate::hub::ProgressUpdate;
-use crate::model::{ErrorKind, RunId, StepKey, StepStatus, now_millis};
+use crate::limits::{self, LogEvery, RateLimit};
+use crate::model::{ErrorKind, RunId, StepKey, StepStatus, cut, now_millis};
 use crate::scheduler::{DispatchOrder, Outbound};
 use crate::store::{ResultReport, ToolCacheSet};
 
 /// A worker that opens a stream must say hello within this long.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Each kind of misbehaviour of a session is logged at most once per this interval.
+const LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// How much of an oversized error message a worker sent is kept.
+const KEPT_ERROR_CHARS: usize = 1024;
 
 /// Implements `kernel.v1.WorkerService`.
 pub struct WorkerApi(pub Kernel);
@@ -41,6 +47,22 @@ fn out(message: Out) -> Result<pb::OpenSessionResponse, Status> {
     Ok(pb::OpenSessionResponse { message: Some(message) })
 }
 
+/// The status a worker gets for a frame that could not be read: bytes that do not decode are the
+/// worker's fault, not an internal error, and a frame over the message limit names the limit.
+fn unreadable(status: Status, max_message_bytes: usize) -> Status {
+    match status.code() {
+        Code::Internal => Status::invalid_argument(format!("message: cannot decode: {}", status.message())),
+        Code::OutOfRange | Code::ResourceExhausted => limits::exceeded(
+            "message",
+            status.message(),
+            format!("{max_message_bytes} bytes"),
+            "max-message-bytes",
+        )
+        .into(),
+        _ => status,
+    }
+}
+
 #[tonic::async_trait]
 impl WorkerService for WorkerApi {
     type OpenSessionStream = SessionStream;
@@ -49,10 +71,23 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<Streaming<pb::OpenSessionRequest>>,
     ) -> Result<Response<Self::OpenSessionStream>, Status> {
+        // Set when the kernel requires API keys: the key's globs bound the tools this worker offers.
+        let caller = request.extensions().get::<Caller>().cloned();
+        // The permit is held until the session ends, its hello included.
+        let limits = self.0.limits;
+        let permit = self.0.sessions.clone().try_acquire_owned().map_err(|_| {
+            limits::exceeded(
+                "session",
+                format!("{} worker sessions are open", limits.max_sessions),
+                format!("{} sessions", limits.max_sessions),
+                "max-sessions",
+            )
+        })?;
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
             .await
-            .map_err(|_| Status::deadline_exceeded(format!("no hello within {}s", HELLO_TIMEOUT.as_secs())))??;
+            .map_err(|_| Status::deadline_exceeded(format!("no hello within {}s", HELLO_TIMEOUT.as_secs())))?
+            .map_err(|status| unreadable(status, limits.max_message_bytes))?;
         let hello = match first {
             Some(pb::OpenSessionRequest {
                 message: Some(In::Hello(hello)),
@@ -64,6 +99,11 @@ impl WorkerService for WorkerApi {
             }
             None => return Err(Status::cancelled("the worker closed the stream before its hello")),
         };
+        if let Some(caller) = &caller {
+            for tool in &hello.tools {
+                caller.may_register(&tool.name)?;
+            }
+        }
         let worker = hello.name.clone();
         let tools = hello.tools.clone();
         let (orders_tx, orders) = mpsc::unbounded_channel();
@@ -88,11 +128,16 @@ impl WorkerService for WorkerApi {
             .await
             .map_err(|_| Status::cancelled("the worker went away"))?;
         info!(session_id, worker, "worker session open");
+        let now = Instant::now();
         let session = Session {
             kernel: kernel.clone(),
             session_id,
             tx,
             dispatches: HashMap::new(),
+            _permit: permit,
+            progress_limit: RateLimit::per_second(limits.progress_per_second, now),
+            heartbeat_limit: RateLimit::per_second(limits.heartbeats_per_second, now),
+            logs: Logs::default(),
         };
         tokio::spawn(session.run(inbound, orders));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -114,6 +159,32 @@ struct Session {
     session_id: String,
     tx: SessionSender,
     dispatches: HashMap<String, Held>,
+    /// This session's place under `--max-sessions`, released when it ends.
+    _permit: OwnedSemaphorePermit,
+    progress_limit: RateLimit,
+    heartbeat_limit: RateLimit,
+    logs: Logs,
+}
+
+/// One rate-limited log per kind of misbehaviour, so a hostile worker cannot flood the log.
+struct Logs {
+    progress_flood: LogEvery,
+    heartbeat_flood: LogEvery,
+    progress_not_held: LogEvery,
+    result_not_held: LogEvery,
+    oversized_result: LogEvery,
+}
+
+impl Default for Logs {
+    fn default() -> Self {
+        Logs {
+            progress_flood: LogEvery::new(LOG_INTERVAL),
+            heartbeat_flood: LogEvery::new(LOG_INTERVAL),
+            progress_not_held: LogEvery::new(LOG_INTERVAL),
+            result_not_held: LogEvery::new(LOG_INTERVAL),
+            oversized_result: LogEvery::new(LOG_INTERVAL),
+        }
+    }
 }
 
 impl Session {
@@ -137,7 +208,12 @@ impl Session {
                         }
                     }
                     Ok(None) => break "closed its stream".to_owned(),
-                    Err(status) => break format!("stream broke: {}", status.message()),
+                    Err(status) => {
+                        let status = unreadable(status, self.kernel.limits.max_message_bytes);
+                        let reason = format!("stream broke: {}", status.message());
+                        let _ = self.tx.send(Err(status)).await;
+                        break reason;
+                    }
                 },
                 order = orders.recv() => match order {
                     Some(Outbound::Close(error)) => {
@@ -206,7 +282,19 @@ impl Session {
 
     async fn on_message(&mut self, message: pb::OpenSessionRequest) -> Result<(), Status> {
         match message.message {
-            Some(In::Heartbeat(_)) => self.kernel.scheduler.heartbeat(self.session_id.clone()),
+            Some(In::Heartbeat(_)) => {
+                let now = Instant::now();
+                if self.heartbeat_limit.allow(now) {
+                    self.kernel.scheduler.heartbeat(self.session_id.clone());
+                } else if let Some(suppressed) = self.logs.heartbeat_flood.hit(now) {
+                    warn!(
+                        session_id = self.session_id,
+                        limit = self.kernel.limits.heartbeats_per_second,
+                        suppressed,
+                        "heartbeat flood: dropping heartbeats over the limit per second"
+                    );
+                }
+            }
             Some(In::Drain(_)) => self.kernel.scheduler.drain(self.session_id.clone()),
             Some(In::Progress(progress)) => self.on_progress(progress),
             Some(In::Result(result)) => self.on_result(result),
@@ -218,16 +306,31 @@ impl Session {
     }
 
     fn on_progress(&mut self, progress: pb::DispatchProgress) {
+        let now = Instant::now();
+        if !self.progress_limit.allow(now) {
+            if let Some(suppressed) = self.logs.progress_flood.hit(now) {
+                warn!(
+                    session_id = self.session_id,
+                    limit = self.kernel.limits.progress_per_second,
+                    suppressed,
+                    "progress flood: dropping progress over the limit per second"
+                );
+            }
+            return;
+        }
         let Some(held) = self
             .dispatches
             .get_mut(&progress.dispatch_id)
             .filter(|h| h.attempt == progress.attempt)
         else {
-            debug!(
-                session_id = self.session_id,
-                dispatch_id = progress.dispatch_id,
-                "progress for a dispatch this session does not hold, dropped"
-            );
+            if let Some(suppressed) = self.logs.progress_not_held.hit(now) {
+                warn!(
+                    session_id = self.session_id,
+                    dispatch_id = progress.dispatch_id,
+                    suppressed,
+                    "progress for a dispatch this session does not hold, dropped"
+                );
+            }
             return;
         };
         held.progress += 1;
@@ -244,15 +347,73 @@ impl Session {
     }
 
     fn on_result(&mut self, result: pb::DispatchResult) {
-        let held = self.dispatches.remove(&result.dispatch_id);
-        let tool = held.as_ref().map(|h| h.tool.clone()).unwrap_or_else(|| "?".into());
+        // Only the attempt this session was sent may report; anything else (never sent here, a
+        // wrong attempt, a second result) is refused without reaching the store, which would
+        // refuse it too.
+        let held = match self.dispatches.get(&result.dispatch_id) {
+            Some(held) if held.attempt == result.attempt => self.dispatches.remove(&result.dispatch_id),
+            _ => None,
+        };
+        let Some(held) = held else {
+            if let Some(suppressed) = self.logs.result_not_held.hit(Instant::now()) {
+                info!(
+                    session_id = self.session_id,
+                    dispatch_id = result.dispatch_id,
+                    attempt = result.attempt,
+                    suppressed,
+                    "result for a dispatch this session does not hold refused, nothing recorded"
+                );
+            }
+            let ack = pb::ResultAck {
+                dispatch_id: result.dispatch_id,
+                attempt: result.attempt,
+                accepted: false,
+                reason: "this dispatch no longer holds its call (stale attempt, timed out, cancelled or not yours)"
+                    .to_owned(),
+            };
+            let tx = self.tx.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(out(Out::ResultAck(ack))).await;
+            });
+            return;
+        };
+        let tool = held.tool.clone();
+        let max = self.kernel.limits.max_result_bytes;
         let outcome = match result.outcome {
+            Some(pb::dispatch_result::Outcome::OutputJson(text)) if text.len() > max => {
+                if let Some(suppressed) = self.logs.oversized_result.hit(Instant::now()) {
+                    warn!(
+                        session_id = self.session_id,
+                        tool,
+                        bytes = text.len(),
+                        limit = max,
+                        suppressed,
+                        "oversized result: the call fails, the session goes on"
+                    );
+                }
+                Err((
+                    ErrorKind::Fatal,
+                    format!(
+                        "tool '{tool}' returned a result of {} bytes; the limit is {max} bytes (--max-result-bytes)",
+                        text.len()
+                    ),
+                ))
+            }
             Some(pb::dispatch_result::Outcome::OutputJson(text)) => canonical::canonicalize(&text).map_err(|e| {
                 (
                     ErrorKind::Fatal,
                     format!("tool '{tool}' returned a result that is not valid JSON: {e}"),
                 )
             }),
+            Some(pb::dispatch_result::Outcome::Error(failure)) if failure.message.len() > max => Err((
+                convert::error_kind_from(failure.kind),
+                format!(
+                    "{}… (tool '{tool}' returned an error message of {} bytes, cut; the limit is {max} bytes \
+                     (--max-result-bytes))",
+                    cut(&failure.message, KEPT_ERROR_CHARS),
+                    failure.message.len()
+                ),
+            )),
             Some(pb::dispatch_result::Outcome::Error(failure)) => {
                 Err((convert::error_kind_from(failure.kind), failure.message))
             }
@@ -266,7 +427,7 @@ impl Session {
             attempt: result.attempt,
             session_id: self.session_id.clone(),
             outcome,
-            progress_count: held.as_ref().map(|h| h.progress).unwrap_or(0),
+            progress_count: held.progress,
         };
         // Recording waits for a commit; the session keeps reading meanwhile.
         let kernel = self.kernel.clone();

@@ -46,7 +46,7 @@
 
 mod cel;
 mod file;
-mod glob;
+pub(crate) mod glob;
 mod presets;
 mod rules;
 #[cfg(test)]

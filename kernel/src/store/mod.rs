@@ -66,6 +66,8 @@ pub struct PlannedCall {
     pub tool: Option<ToolDef>,
     /// The call's own timeout, overriding the tool's.
     pub timeout_ms: Option<u64>,
+    /// Hash of tool, fingerprint and canonical arguments: what a resubmission must match.
+    pub call_hash: String,
     /// What validation and policy decided.
     pub gate: CallGate,
     /// Price of one attempt.
@@ -365,6 +367,13 @@ impl Store {
             reply,
         })
         .await
+    }
+
+    /// Counts a replay of these settled steps. The results served are durable already, so the
+    /// caller does not wait for this commit.
+    pub fn note_replays(&self, run: RunId, keys: Vec<StepKey>) {
+        let (reply, _) = oneshot::channel();
+        let _ = self.commands.send(Command::NoteReplays(run, keys, reply));
     }
 
     /// Expires every pending approval whose deadline has passed.

@@ -223,7 +223,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
     for call in plan.calls {
         let fingerprint = call.tool.as_ref().map(|t| t.fingerprint.as_str()).unwrap_or("");
         let arguments: Value = serde_json::from_str(&call.arguments).unwrap_or(Value::Null);
-        let hash = kernel_proto::canonical::call_hash(&call.tool_name, fingerprint, &arguments);
+        let hash = call.call_hash.clone();
         if let Some(step) = load_step(tx.conn, &run.id, &call.key)? {
             if step.call_hash != hash {
                 let message = divergence(&step, &call.tool_name, fingerprint);
@@ -585,6 +585,16 @@ fn settle_approval(
     answered
         .approvals
         .push(rows::load_approval(tx.conn, &approval.id)?.expect("just written"));
+    Ok(())
+}
+
+pub fn note_replays(tx: &mut Tx<'_>, run: &RunId, keys: &[StepKey]) -> Result<()> {
+    let mut bump = tx
+        .conn
+        .prepare_cached("UPDATE steps SET replays = replays + 1 WHERE run_id = ?1 AND step_key = ?2")?;
+    for key in keys {
+        bump.execute(params![run.as_str(), key.as_str()])?;
+    }
     Ok(())
 }
 

@@ -86,6 +86,18 @@ impl Readers {
         .await
     }
 
+    /// Keys of a run's steps that are not yet settled (pending, running or awaiting approval).
+    pub async fn unsettled_step_keys(&self, id: RunId) -> Result<Vec<String>, KernelError> {
+        self.with(move |conn| {
+            conn.prepare_cached(
+                "SELECT step_key FROM steps WHERE run_id = ?1 AND status NOT IN ('succeeded', 'failed', 'cancelled')",
+            )?
+            .query_map([id.as_str()], |row| row.get(0))?
+            .collect()
+        })
+        .await
+    }
+
     pub async fn runs(&self, filter: RunFilter) -> Result<Vec<RunRecord>, KernelError> {
         self.with(move |conn| {
             let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE 1 = 1");
@@ -121,6 +133,26 @@ impl Readers {
             ))?
             .query_map(rusqlite::params![id.as_str(), from_seq, limit], rows::event_from_row)?
             .collect()
+        })
+        .await
+    }
+
+    /// The recorded steps of a resubmitted turn, when every call is settled and identical to its
+    /// recording; `None` sends the turn through the writer (something to run, join or refuse).
+    pub async fn replayable(
+        &self,
+        run: RunId,
+        calls: Vec<(crate::model::StepKey, String)>,
+    ) -> Result<Option<Vec<StepRecord>>, KernelError> {
+        self.with(move |conn| {
+            let mut steps = Vec::with_capacity(calls.len());
+            for (key, hash) in &calls {
+                match rows::load_step(conn, &run, key)? {
+                    Some(step) if step.status.is_terminal() && step.call_hash == *hash => steps.push(step),
+                    _ => return Ok(None),
+                }
+            }
+            Ok(Some(steps))
         })
         .await
     }

@@ -53,7 +53,11 @@ fn new_run(key: Option<&str>, max_tool_calls: u32) -> NewRun {
 }
 
 fn call(turn: u32, position: u32, tool: Option<ToolDef>, name: &str, args: &str) -> PlannedCall {
+    let fingerprint = tool.as_ref().map_or(String::new(), |t| t.fingerprint.clone());
+    let value: serde_json::Value = serde_json::from_str(args).unwrap();
+    let call_hash = kernel_proto::canonical::call_hash(name, &fingerprint, &value);
     PlannedCall {
+        call_hash,
         position,
         key: StepKey::for_call(turn, position, None),
         call_id: None,

@@ -49,6 +49,7 @@ pub enum Command {
         reply: Reply<Answered>,
     },
     ExpireApprovals(Reply<Answered>),
+    NoteReplays(RunId, Vec<StepKey>, Reply<()>),
     ToolCacheSet(super::ToolCacheSet, Reply<()>),
 }
 
@@ -101,6 +102,7 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
             reply,
         ),
         Command::ExpireApprovals(reply) => respond(ops::expire_approvals(tx), reply),
+        Command::NoteReplays(run, keys, reply) => respond(ops::note_replays(tx, &run, &keys), reply),
         Command::ToolCacheSet(set, reply) => respond(ops::tool_cache_set(tx, set), reply),
     }
 }
@@ -140,6 +142,7 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
         Command::RegisterTools(_, reply) => respond(Err(make()), reply),
         Command::AnswerApproval { reply, .. } => respond(Err(make()), reply),
         Command::ExpireApprovals(reply) => respond(Err(make()), reply),
+        Command::NoteReplays(_, _, reply) => respond(Err(make()), reply),
         Command::ToolCacheSet(_, reply) => respond(Err(make()), reply),
     };
     responder

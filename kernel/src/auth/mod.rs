@@ -1,0 +1,361 @@
+//! API keys with scopes.
+//!
+//! The kernel reads its keys from an auth file (`--auth-file`), YAML, one entry per key:
+//!
+//! ```yaml
+//! keys:
+//!   - name: ci-reader                  # recorded as the approver, named in refusals and logs
+//!     sha256: 9f86d0...                # hex SHA-256 of the secret; the secret itself is never stored
+//!     scopes: ["runs:read"]
+//!   - name: billing-worker
+//!     sha256: 60303a...
+//!     scopes: ["workers:connect"]
+//!     tools: ["refund*", "billing_*"]  # tool-name globs this worker may register
+//! ```
+//!
+//! A client sends its secret as `authorization: Bearer <secret>` metadata. [`KeyRing::authorize`]
+//! hashes it, compares the digest with every stored one in constant time, and checks that the key
+//! holds the scope of the method called ([`required_scope`]); [`Guarded`] does this in front of
+//! each `kernel.v1` service, so a refused request never reaches a handler and writes nothing.
+//! Health and reflection are not guarded. The handlers find the authenticated [`Caller`] in the
+//! request's extensions: approvals record its name as the decider, and a worker session refuses
+//! a hello that offers a tool outside the key's globs ([`Caller::may_register`]).
+
+mod guard;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tracing::{info, warn};
+
+use crate::error::KernelError;
+use crate::policy::glob::{self, GlobList};
+
+pub use guard::Guarded;
+
+/// What a key may do. `admin` implies every other scope.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Read runs, events, approvals, tools and workers.
+    RunsRead,
+    /// Create, complete, fail and cancel runs.
+    RunsWrite,
+    /// Submit turns of tool calls.
+    ToolsCall,
+    /// Approve or reject parked calls.
+    ApprovalsWrite,
+    /// Open a worker session (and register the tools the key's globs allow).
+    WorkersConnect,
+    /// Everything, including `AdminService`.
+    Admin,
+}
+
+impl Scope {
+    /// Every scope, in the order the docs list them.
+    pub const ALL: [Scope; 6] = [
+        Scope::RunsRead,
+        Scope::RunsWrite,
+        Scope::ToolsCall,
+        Scope::ApprovalsWrite,
+        Scope::WorkersConnect,
+        Scope::Admin,
+    ];
+
+    /// The name used in auth files and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::RunsRead => "runs:read",
+            Scope::RunsWrite => "runs:write",
+            Scope::ToolsCall => "tools:call",
+            Scope::ApprovalsWrite => "approvals:write",
+            Scope::WorkersConnect => "workers:connect",
+            Scope::Admin => "admin",
+        }
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Scope {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Scope::ALL.into_iter().find(|s| s.as_str() == text).ok_or_else(|| {
+            let known: Vec<_> = Scope::ALL.iter().map(|s| s.as_str()).collect();
+            format!("unknown scope '{text}'; known: {}", known.join(", "))
+        })
+    }
+}
+
+/// The scope a `kernel.v1` method needs, by its gRPC path (`/kernel.v1.RunService/GetRun`).
+/// A method this table does not know needs `admin`, so a new RPC is closed until it is mapped.
+pub fn required_scope(path: &str) -> Scope {
+    let method = path.strip_prefix("/kernel.v1.").unwrap_or("");
+    match method {
+        "RunService/GetRun" | "RunService/ListRuns" | "RunService/ListRunEvents" | "RunService/WatchRunEvents" => {
+            Scope::RunsRead
+        }
+        "RunService/CreateRun" | "RunService/CompleteRun" | "RunService/FailRun" | "RunService/CancelRun" => {
+            Scope::RunsWrite
+        }
+        "ToolCallService/SubmitTurn" => Scope::ToolsCall,
+        "ApprovalService/ListApprovals" => Scope::RunsRead,
+        "ApprovalService/ApproveCall" | "ApprovalService/RejectCall" => Scope::ApprovalsWrite,
+        "WorkerService/OpenSession" => Scope::WorkersConnect,
+        _ if method.starts_with("RegistryService/") => Scope::RunsRead,
+        _ => Scope::Admin,
+    }
+}
+
+/// The hex SHA-256 of a secret: what an auth file stores.
+pub fn secret_digest_hex(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+/// Equality of two digests in time independent of where they differ.
+fn digests_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// The authenticated key behind a request; handlers find it in the request's extensions.
+/// Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Caller(Arc<KeyInfo>);
+
+#[derive(Debug)]
+struct KeyInfo {
+    name: String,
+    scopes: HashSet<Scope>,
+    tools: Option<GlobList>,
+}
+
+impl Caller {
+    /// The key's name.
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    /// Whether the key holds `scope` (`admin` holds them all).
+    pub fn has(&self, scope: Scope) -> bool {
+        self.0.scopes.contains(&Scope::Admin) || self.0.scopes.contains(&scope)
+    }
+
+    /// Whether a worker holding this key may register `tool`: an `admin` key may register any
+    /// tool, a worker key those its globs match.
+    pub fn may_register(&self, tool: &str) -> Result<(), KernelError> {
+        if self.0.scopes.contains(&Scope::Admin) {
+            return Ok(());
+        }
+        match &self.0.tools {
+            Some(globs) if globs.is_match(tool) => Ok(()),
+            Some(globs) => Err(KernelError::PermissionDenied(format!(
+                "key '{}' may not register tool '{tool}' (its tools: {})",
+                self.0.name,
+                globs.describe()
+            ))),
+            None => Err(KernelError::PermissionDenied(format!(
+                "key '{}' may not register tool '{tool}' (it lists no tools)",
+                self.0.name
+            ))),
+        }
+    }
+}
+
+/// One stored key.
+#[derive(Debug)]
+struct Key {
+    digest: [u8; 32],
+    caller: Caller,
+}
+
+/// The keys the kernel accepts, loaded from the auth file.
+#[derive(Debug)]
+pub struct KeyRing {
+    keys: Vec<Key>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileDoc {
+    keys: Vec<FileKey>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileKey {
+    name: String,
+    sha256: String,
+    scopes: Vec<String>,
+    #[serde(default)]
+    tools: Option<Vec<String>>,
+}
+
+/// Longest key name accepted; the name is recorded as the approver.
+const MAX_NAME_LEN: usize = 128;
+
+impl KeyRing {
+    /// Reads an auth file; a file that does not load stops the kernel with the reason.
+    pub fn load(path: &Path) -> Result<KeyRing, KernelError> {
+        let invalid = |message: String| KernelError::invalid("--auth-file", format!("{}: {message}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|e| invalid(format!("cannot read: {e}")))?;
+        KeyRing::from_yaml(&text).map_err(invalid)
+    }
+
+    /// Parses the auth file's text (see the module docs for the format).
+    pub fn from_yaml(text: &str) -> Result<KeyRing, String> {
+        let doc: FileDoc = serde_norway::from_str(text).map_err(|e| e.to_string())?;
+        let mut names = HashSet::new();
+        let mut digests = HashSet::new();
+        let mut keys = Vec::with_capacity(doc.keys.len());
+        for (index, entry) in doc.keys.into_iter().enumerate() {
+            let at = |message: String| format!("keys[{index}]: {message}");
+            let name = entry.name.trim().to_owned();
+            if name.is_empty() || name.len() > MAX_NAME_LEN || name.chars().any(char::is_control) {
+                return Err(at(format!(
+                    "name must be 1 to {MAX_NAME_LEN} characters without control characters"
+                )));
+            }
+            if !names.insert(name.clone()) {
+                return Err(at(format!("name '{name}' is used twice")));
+            }
+            let digest = parse_digest(&entry.sha256).map_err(|m| at(format!("{name}: sha256 {m}")))?;
+            if !digests.insert(digest) {
+                return Err(at(format!("{name}: the same secret is listed twice")));
+            }
+            if entry.scopes.is_empty() {
+                return Err(at(format!("{name}: scopes must list at least one scope")));
+            }
+            let scopes = entry
+                .scopes
+                .iter()
+                .map(|s| s.parse::<Scope>())
+                .collect::<Result<HashSet<_>, _>>()
+                .map_err(|m| at(format!("{name}: {m}")))?;
+            let tools = match entry.tools {
+                None if scopes.contains(&Scope::WorkersConnect) && !scopes.contains(&Scope::Admin) => {
+                    return Err(at(format!(
+                        "{name}: a key with workers:connect must list the tools it may register (\"*\" for any)"
+                    )));
+                }
+                None => None,
+                Some(_) if !scopes.contains(&Scope::WorkersConnect) && !scopes.contains(&Scope::Admin) => {
+                    return Err(at(format!("{name}: tools apply only to keys with workers:connect")));
+                }
+                Some(patterns) => {
+                    let globs = patterns
+                        .iter()
+                        .map(|p| glob::compile(p))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|m| at(format!("{name}: tools: {m}")))?;
+                    Some(GlobList::new(globs).map_err(|m| at(format!("{name}: tools: {m}")))?)
+                }
+            };
+            keys.push(Key {
+                digest,
+                caller: Caller(Arc::new(KeyInfo { name, scopes, tools })),
+            });
+        }
+        Ok(KeyRing { keys })
+    }
+
+    /// How many keys the file holds.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether the file holds no key (then every guarded request is refused).
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The key whose secret is `secret`. Every stored digest is compared, each in constant time.
+    pub fn authenticate(&self, secret: &str) -> Option<Caller> {
+        let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+        let mut found = None;
+        for key in &self.keys {
+            if digests_equal(&key.digest, &digest) {
+                found = Some(key.caller.clone());
+            }
+        }
+        found
+    }
+
+    /// Checks an `authorization` header value against the scope `path` needs.
+    /// No or an unknown key is `Unauthenticated`; a key without the scope `PermissionDenied`.
+    pub fn authorize(&self, path: &str, authorization: Option<&[u8]>) -> Result<Caller, KernelError> {
+        let Some(header) = authorization else {
+            return Err(KernelError::Unauthenticated(
+                "missing API key: send 'authorization: Bearer <key>'".into(),
+            ));
+        };
+        let secret = std::str::from_utf8(header)
+            .ok()
+            .and_then(|value| {
+                let (scheme, secret) = value.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| secret.trim())
+            })
+            .filter(|secret| !secret.is_empty())
+            .ok_or_else(|| KernelError::Unauthenticated("the authorization metadata is not 'Bearer <key>'".into()))?;
+        let caller = self
+            .authenticate(secret)
+            .ok_or_else(|| KernelError::Unauthenticated("unknown API key".into()))?;
+        let scope = required_scope(path);
+        if !caller.has(scope) {
+            return Err(KernelError::PermissionDenied(format!(
+                "key '{}' lacks scope '{scope}' needed for {}",
+                caller.name(),
+                path.trim_start_matches('/')
+            )));
+        }
+        Ok(caller)
+    }
+}
+
+/// The keys to enforce, from `--auth-file`, or `None` when authentication is off. Without an auth
+/// file the kernel may listen only on a loopback address unless `insecure` says otherwise.
+pub fn load(auth_file: Option<&Path>, listen: SocketAddr, insecure: bool) -> Result<Option<Arc<KeyRing>>, KernelError> {
+    match auth_file {
+        Some(path) => {
+            let keys = KeyRing::load(path)?;
+            info!(keys = keys.len(), file = %path.display(), "api keys required");
+            Ok(Some(Arc::new(keys)))
+        }
+        None if listen.ip().is_loopback() => {
+            info!("no --auth-file: serving without authentication, on loopback only");
+            Ok(None)
+        }
+        None if insecure => {
+            warn!(%listen, "no --auth-file and --insecure: anyone who can reach this address may do anything");
+            Ok(None)
+        }
+        None => Err(KernelError::invalid(
+            "--listen",
+            format!(
+                "{listen} is not a loopback address; give --auth-file to require API keys, \
+                 or --insecure to serve it without authentication"
+            ),
+        )),
+    }
+}
+
+fn parse_digest(text: &str) -> Result<[u8; 32], String> {
+    let text = text.trim();
+    let bytes = hex::decode(text).map_err(|_| "must be 64 hex digits".to_owned())?;
+    bytes
+        .try_into()
+        .map_err(|_| "must be 64 hex digits (a SHA-256 of the secret)".to_owned())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,231 @@
+use prost::Message;
+use tonic::Code;
+use tonic::Status;
+
+use super::*;
+
+fn ring(yaml: &str) -> KeyRing {
+    KeyRing::from_yaml(yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+}
+
+fn file() -> String {
+    format!(
+        r#"
+keys:
+  - name: reader
+    sha256: {reader}
+    scopes: [runs:read]
+  - name: billing-worker
+    sha256: "{worker}"
+    scopes: ["workers:connect"]
+    tools: ["refund*", "billing_*"]
+  - name: root
+    sha256: {root}
+    scopes: [admin]
+"#,
+        reader = secret_digest_hex("r-secret"),
+        worker = secret_digest_hex("w-secret"),
+        root = secret_digest_hex("root-secret"),
+    )
+}
+
+fn bearer(secret: &str) -> Vec<u8> {
+    format!("Bearer {secret}").into_bytes()
+}
+
+#[test]
+fn the_file_parses_names_scopes_and_tools() {
+    let keys = ring(&file());
+    assert_eq!(keys.len(), 3);
+    let reader = keys.authenticate("r-secret").expect("reader");
+    assert_eq!(reader.name(), "reader");
+    assert!(reader.has(Scope::RunsRead));
+    assert!(!reader.has(Scope::RunsWrite));
+    let root = keys.authenticate("root-secret").expect("root");
+    assert!(Scope::ALL.iter().all(|s| root.has(*s)), "admin implies every scope");
+}
+
+#[test]
+fn only_the_exact_secret_matches() {
+    let keys = ring(&file());
+    assert!(keys.authenticate("r-secret").is_some());
+    for wrong in ["", "r-secre", "r-secret ", "R-SECRET", &secret_digest_hex("r-secret")] {
+        assert!(keys.authenticate(wrong).is_none(), "{wrong:?}");
+    }
+}
+
+#[test]
+fn digests_compare_whole() {
+    let a = [7u8; 32];
+    let mut b = a;
+    assert!(digests_equal(&a, &b));
+    b[31] ^= 1;
+    assert!(!digests_equal(&a, &b));
+    b = a;
+    b[0] ^= 0x80;
+    assert!(!digests_equal(&a, &b));
+}
+
+#[test]
+fn bad_files_are_refused_with_the_reason() {
+    let digest = secret_digest_hex("x");
+    let cases = [
+        ("keys: [{name: a, sha256: abc, scopes: [admin]}]".to_owned(), "64 hex"),
+        (
+            format!("keys: [{{name: a, sha256: {digest}, scopes: [root]}}]"),
+            "unknown scope 'root'",
+        ),
+        (
+            format!("keys: [{{name: a, sha256: {digest}, scopes: []}}]"),
+            "at least one scope",
+        ),
+        (
+            format!("keys: [{{name: a, sha256: {digest}, scopes: [workers:connect]}}]"),
+            "must list the tools",
+        ),
+        (
+            format!("keys: [{{name: a, sha256: {digest}, scopes: [runs:read], tools: ['*']}}]"),
+            "only to keys with workers:connect",
+        ),
+        (
+            format!("keys: [{{name: a, sha256: {digest}, scopes: [admin], secret: x}}]"),
+            "unknown field",
+        ),
+        (
+            format!(
+                "keys: [{{name: a, sha256: {digest}, scopes: [admin]}}, {{name: a, sha256: {}, scopes: [admin]}}]",
+                secret_digest_hex("y")
+            ),
+            "used twice",
+        ),
+        (
+            format!(
+                "keys: [{{name: a, sha256: {digest}, scopes: [admin]}}, {{name: b, sha256: {digest}, scopes: [admin]}}]"
+            ),
+            "listed twice",
+        ),
+        (
+            format!("keys: [{{name: a, sha256: {digest}, scopes: [workers:connect], tools: ['']}}]"),
+            "empty glob",
+        ),
+        (
+            format!("keys: [{{name: '', sha256: {digest}, scopes: [admin]}}]"),
+            "name must be",
+        ),
+    ];
+    for (yaml, expected) in cases {
+        let error = KeyRing::from_yaml(&yaml).expect_err(&yaml);
+        assert!(error.contains(expected), "{yaml}\n=> {error}");
+    }
+}
+
+#[test]
+fn every_kernel_method_maps_to_its_scope() {
+    let expected = [
+        ("/kernel.v1.RunService/GetRun", Scope::RunsRead),
+        ("/kernel.v1.RunService/ListRuns", Scope::RunsRead),
+        ("/kernel.v1.RunService/ListRunEvents", Scope::RunsRead),
+        ("/kernel.v1.RunService/WatchRunEvents", Scope::RunsRead),
+        ("/kernel.v1.RunService/CreateRun", Scope::RunsWrite),
+        ("/kernel.v1.RunService/CompleteRun", Scope::RunsWrite),
+        ("/kernel.v1.RunService/FailRun", Scope::RunsWrite),
+        ("/kernel.v1.RunService/CancelRun", Scope::RunsWrite),
+        ("/kernel.v1.ToolCallService/SubmitTurn", Scope::ToolsCall),
+        ("/kernel.v1.ApprovalService/ListApprovals", Scope::RunsRead),
+        ("/kernel.v1.ApprovalService/ApproveCall", Scope::ApprovalsWrite),
+        ("/kernel.v1.ApprovalService/RejectCall", Scope::ApprovalsWrite),
+        ("/kernel.v1.WorkerService/OpenSession", Scope::WorkersConnect),
+        ("/kernel.v1.RegistryService/ListTools", Scope::RunsRead),
+        ("/kernel.v1.RegistryService/ListWorkers", Scope::RunsRead),
+        ("/kernel.v1.AdminService/ReloadPolicy", Scope::Admin),
+        ("/kernel.v1.RunService/SomethingNew", Scope::Admin),
+    ];
+    for (path, scope) in expected {
+        assert_eq!(required_scope(path), scope, "{path}");
+    }
+}
+
+/// Every RPC the protocol declares is mapped on purpose: a new one must be added to
+/// [`required_scope`] (only `AdminService` may fall through to `admin`).
+#[test]
+fn no_declared_method_falls_through_to_admin_by_accident() {
+    let set = prost_types::FileDescriptorSet::decode(kernel_proto::FILE_DESCRIPTOR_SET).expect("descriptor set");
+    let mut seen = 0;
+    for file in set.file.iter().filter(|f| f.package() == "kernel.v1") {
+        for service in &file.service {
+            for method in &service.method {
+                let path = format!("/kernel.v1.{}/{}", service.name(), method.name());
+                let scope = required_scope(&path);
+                assert!(
+                    scope != Scope::Admin || service.name() == "AdminService",
+                    "{path} is not mapped to a scope"
+                );
+                seen += 1;
+            }
+        }
+    }
+    assert!(seen >= 16, "only {seen} methods in the descriptor set");
+}
+
+#[test]
+fn authorize_separates_unauthenticated_from_permission_denied() {
+    let keys = ring(&file());
+    let get = "/kernel.v1.RunService/GetRun";
+    let create = "/kernel.v1.RunService/CreateRun";
+    let code = |r: Result<Caller, KernelError>| Status::from(r.unwrap_err()).code();
+
+    assert_eq!(code(keys.authorize(get, None)), Code::Unauthenticated);
+    assert_eq!(code(keys.authorize(get, Some(b"Bearer nope"))), Code::Unauthenticated);
+    assert_eq!(
+        code(keys.authorize(get, Some(b"Basic r-secret"))),
+        Code::Unauthenticated
+    );
+    assert_eq!(code(keys.authorize(get, Some(b"Bearer "))), Code::Unauthenticated);
+    assert_eq!(code(keys.authorize(get, Some(b"r-secret"))), Code::Unauthenticated);
+
+    assert_eq!(keys.authorize(get, Some(&bearer("r-secret"))).unwrap().name(), "reader");
+    assert!(
+        keys.authorize(get, Some(b"bearer r-secret")).is_ok(),
+        "the scheme is case-insensitive"
+    );
+    let denied = keys.authorize(create, Some(&bearer("r-secret"))).unwrap_err();
+    let status = Status::from(denied);
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(
+        status.message().contains("'reader'") && status.message().contains("runs:write"),
+        "{status:?}"
+    );
+    assert!(keys.authorize(create, Some(&bearer("root-secret"))).is_ok());
+}
+
+#[test]
+fn worker_keys_register_only_their_globs() {
+    let keys = ring(&file());
+    let worker = keys.authenticate("w-secret").unwrap();
+    assert!(worker.may_register("refund").is_ok());
+    assert!(worker.may_register("refund_big").is_ok());
+    assert!(worker.may_register("billing_report").is_ok());
+    let status = Status::from(worker.may_register("rm_rf").unwrap_err());
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(
+        status.message().contains("'rm_rf'") && status.message().contains("'billing-worker'"),
+        "{status:?}"
+    );
+    assert!(
+        keys.authenticate("root-secret")
+            .unwrap()
+            .may_register("anything")
+            .is_ok()
+    );
+    assert!(keys.authenticate("r-secret").unwrap().may_register("refund").is_err());
+}
+
+#[test]
+fn an_empty_file_refuses_everyone() {
+    let keys = ring("keys: []");
+    assert!(keys.is_empty());
+    assert!(
+        keys.authorize("/kernel.v1.RunService/GetRun", Some(b"Bearer x"))
+            .is_err()
+    );
+}

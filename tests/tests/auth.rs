@@ -1,0 +1,450 @@
+//! API keys end to end: keys made by `kernelctl keys create`, a kernel started with `--auth-file`,
+//! and every kind of refusal (no key, wrong key, missing scope, a worker offering a tool outside
+//! its globs) answered with the right code and writing nothing; the approver recorded is the
+//! key's name; without an auth file the kernel stays on loopback unless `--insecure`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use e2e::{Kernel, KernelOptions, Process, WAIT, binary, call};
+use kernel_proto::v1 as pb;
+use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
+use kernel_proto::v1::registry_service_client::RegistryServiceClient;
+use kernel_proto::v1::run_service_client::RunServiceClient;
+use kernel_proto::v1::tool_call_service_client::ToolCallServiceClient;
+use serde_json::{Value, json};
+use tokio_stream::StreamExt;
+use tonic::Code;
+
+/// A key as `kernelctl keys create` prints it.
+struct Key {
+    secret: String,
+    entry: String,
+}
+
+fn create_key(name: &str, scopes: &[&str], tools: &[&str]) -> Key {
+    let mut command = Command::new(binary("kernelctl"));
+    command.args(["keys", "create", "--name", name]);
+    for scope in scopes {
+        command.args(["--scope", scope]);
+    }
+    for tool in tools {
+        command.args(["--tools", tool]);
+    }
+    let output = command.output().expect("kernelctl runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let secret = String::from_utf8(output.stdout).unwrap().trim().to_owned();
+    assert!(!stderr.contains(&secret), "the secret goes to stdout only");
+    let entry = stderr
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    Key { secret, entry }
+}
+
+/// The keys of these tests and a kernel that requires them.
+struct Secured {
+    kernel: Kernel,
+    admin: String,
+    reader: String,
+    agent: String,
+    approver: String,
+    worker: String,
+    adder: String,
+    _files: tempfile::TempDir,
+}
+
+const APPROVE_ADD: &str = r#"
+rules:
+  - id: ask-before-adding
+    match: { tools: ["add"] }
+    decision: approve
+"#;
+
+fn secured() -> Secured {
+    secured_with(Some(APPROVE_ADD))
+}
+
+fn secured_with(policy: Option<&str>) -> Secured {
+    let admin = create_key("root", &["admin"], &[]);
+    let reader = create_key("auditor", &["runs:read"], &[]);
+    let agent = create_key("agent-1", &["runs:write", "tools:call", "runs:read"], &[]);
+    let approver = create_key("oncall-alice", &["approvals:write", "runs:read"], &[]);
+    let worker = create_key("demo-workers", &["workers:connect"], &["*"]);
+    let adder = create_key("math-team", &["workers:connect"], &["add", "divide"]);
+    let files = tempfile::tempdir().unwrap();
+    let path: PathBuf = files.path().join("auth.yaml");
+    let entries = [&admin, &reader, &agent, &approver, &worker, &adder].map(|k| k.entry.as_str());
+    std::fs::write(&path, format!("keys:\n{}\n", entries.join("\n"))).unwrap();
+    let kernel = Kernel::start_with(KernelOptions {
+        policy: policy.map(str::to_owned),
+        args: vec!["--auth-file".into(), path.to_str().unwrap().into()],
+        ..Default::default()
+    });
+    kernel.process.log.wait_for("api keys required");
+    Secured {
+        kernel,
+        admin: admin.secret,
+        reader: reader.secret,
+        agent: agent.secret,
+        approver: approver.secret,
+        worker: worker.secret,
+        adder: adder.secret,
+        _files: files,
+    }
+}
+
+fn with_key<T>(message: T, key: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    request
+}
+
+fn new_run() -> pb::CreateRunRequest {
+    pb::CreateRunRequest {
+        agent: "a".into(),
+        input_json: "{}".into(),
+        ..Default::default()
+    }
+}
+
+async fn runs(kernel: &Kernel) -> RunServiceClient<tonic::transport::Channel> {
+    RunServiceClient::connect(kernel.url()).await.unwrap()
+}
+
+async fn run_count(secured: &Secured) -> usize {
+    runs(&secured.kernel)
+        .await
+        .list_runs(with_key(pb::ListRunsRequest::default(), &secured.admin))
+        .await
+        .unwrap()
+        .into_inner()
+        .runs
+        .len()
+}
+
+/// Starts the demo worker with `key`, without waiting for a session it may be refused.
+fn demo_worker(kernel: &Kernel, name: &str, key: &str) -> Process {
+    let mut command = Command::new(binary("demo-worker"));
+    command
+        .arg("--kernel")
+        .arg(kernel.url())
+        .arg("--name")
+        .arg(name)
+        .env("KERNEL_API_KEY", key)
+        .env("RUST_LOG", "info");
+    Process::start(command, "worker")
+}
+
+#[tokio::test]
+async fn no_key_or_a_wrong_key_is_unauthenticated_and_writes_nothing() {
+    let secured = secured();
+    let kernel = &secured.kernel;
+    let mut client = runs(kernel).await;
+
+    let status = client.create_run(new_run()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("Bearer"), "{status:?}");
+    for wrong in ["nope", &format!("{}x", secured.agent)] {
+        let status = client.create_run(with_key(new_run(), wrong)).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    }
+    let mut turn = ToolCallServiceClient::connect(kernel.url()).await.unwrap();
+    let status = turn
+        .submit_turn(pb::SubmitTurnRequest {
+            run_id: "0190a0a0-0000-7000-8000-000000000000".into(),
+            turn: 0,
+            calls: vec![call("add", json!({"a": 1, "b": 2}))],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated);
+    let status = RegistryServiceClient::connect(kernel.url())
+        .await
+        .unwrap()
+        .list_tools(pb::ListToolsRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated);
+
+    assert_eq!(run_count(&secured).await, 0, "refused requests write nothing");
+    assert!(
+        !kernel.process.log.text().contains(&secured.agent),
+        "secrets never reach the log"
+    );
+}
+
+#[tokio::test]
+async fn a_key_without_the_scope_is_permission_denied() {
+    let secured = secured();
+    let kernel = &secured.kernel;
+    let mut client = runs(kernel).await;
+
+    let status = client
+        .create_run(with_key(new_run(), &secured.reader))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(
+        status.message().contains("auditor") && status.message().contains("runs:write"),
+        "{status:?}"
+    );
+    assert_eq!(run_count(&secured).await, 0, "a denied request writes nothing");
+
+    // Reading is what the reader may do; an agent key may create runs; admin may do anything.
+    client
+        .list_runs(with_key(pb::ListRunsRequest::default(), &secured.reader))
+        .await
+        .unwrap();
+    let run = client
+        .create_run(with_key(new_run(), &secured.agent))
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap();
+    let status = client
+        .cancel_run(with_key(
+            pb::CancelRunRequest {
+                run_id: run.id.clone(),
+                reason: "no".into(),
+            },
+            &secured.approver,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    let mut approvals = ApprovalServiceClient::connect(kernel.url()).await.unwrap();
+    let status = approvals
+        .approve_call(with_key(
+            pb::ApproveCallRequest {
+                approval_id: "x".into(),
+                decider: "me".into(),
+                reason: String::new(),
+            },
+            &secured.agent,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    client
+        .cancel_run(with_key(
+            pb::CancelRunRequest {
+                run_id: run.id,
+                reason: "admin".into(),
+            },
+            &secured.admin,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(run_count(&secured).await, 1);
+}
+
+#[tokio::test]
+async fn a_worker_key_registers_only_the_tools_its_globs_allow() {
+    let secured = secured();
+    let kernel = &secured.kernel;
+
+    // The demo worker offers more than add and divide: its hello is refused, it stops for good.
+    let mut refused = demo_worker(kernel, "sneaky", &secured.adder);
+    let line = refused.log.wait_for("kernel refused the worker session");
+    assert!(
+        line.contains("PermissionDenied") && line.contains("math-team"),
+        "{line}"
+    );
+    assert!(refused.wait_exit(WAIT).is_some(), "a refused worker does not retry");
+    // A key without workers:connect cannot open a session at all.
+    let mut reader = demo_worker(kernel, "reader", &secured.reader);
+    let line = reader.log.wait_for("kernel refused the worker session");
+    assert!(
+        line.contains("PermissionDenied") && line.contains("workers:connect"),
+        "{line}"
+    );
+    assert!(reader.wait_exit(WAIT).is_some());
+
+    let mut registry = RegistryServiceClient::connect(kernel.url()).await.unwrap();
+    let tools = registry
+        .list_tools(with_key(pb::ListToolsRequest {}, &secured.reader))
+        .await
+        .unwrap()
+        .into_inner()
+        .tools;
+    assert!(tools.is_empty(), "a refused hello registers nothing: {tools:?}");
+
+    let worker = demo_worker(kernel, "trusted", &secured.worker);
+    worker.log.wait_for("worker session open");
+    let workers = registry
+        .list_workers(with_key(pb::ListWorkersRequest {}, &secured.reader))
+        .await
+        .unwrap()
+        .into_inner()
+        .workers;
+    assert_eq!(workers.len(), 1, "{workers:?}");
+}
+
+#[tokio::test]
+async fn the_approver_recorded_is_the_keys_name_and_kernelctl_sends_its_key() {
+    let secured = secured();
+    let kernel = &secured.kernel;
+    let worker = demo_worker(kernel, "trusted", &secured.worker);
+    worker.log.wait_for("worker session open");
+
+    let run = runs(kernel)
+        .await
+        .create_run(with_key(new_run(), &secured.agent))
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap()
+        .id;
+    let mut calls = ToolCallServiceClient::connect(kernel.url()).await.unwrap();
+    let mut turn = calls
+        .submit_turn(with_key(
+            pb::SubmitTurnRequest {
+                run_id: run.clone(),
+                turn: 0,
+                calls: vec![call("add", json!({"a": 2, "b": 3}))],
+            },
+            &secured.agent,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let asked = loop {
+        let item = tokio::time::timeout(WAIT, turn.next()).await.unwrap().unwrap().unwrap();
+        if let Some(pb::submit_turn_response::Item::Interrupted(asked)) = item.item {
+            break asked;
+        }
+    };
+
+    // kernelctl without a key is refused; with one it lists and answers.
+    let refused = kernel.kernelctl(&["approvals", "list"]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("unauthenticated"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let listed = kernel.kernelctl(&["--api-key", &secured.approver, "--json", "approvals", "list"]);
+    assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed["approvals"][0]["id"], asked.approval_id.as_str());
+
+    let denied = kernel.kernelctl(&[
+        "--api-key",
+        &secured.reader,
+        "approvals",
+        "approve",
+        &asked.approval_id,
+        "--as",
+        "auditor",
+    ]);
+    assert_eq!(denied.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&denied.stderr).contains("permission denied"));
+
+    // The key speaks for its holder: `--as` cannot name someone else.
+    let answer = Command::new(binary("kernelctl"))
+        .args(["--addr", &kernel.url(), "approvals", "approve", &asked.approval_id])
+        .args(["--as", "mallory", "--reason", "looks fine"])
+        .env("KERNEL_API_KEY", &secured.approver)
+        .output()
+        .unwrap();
+    assert!(answer.status.success(), "{}", String::from_utf8_lossy(&answer.stderr));
+    assert!(
+        String::from_utf8_lossy(&answer.stdout).contains("approved by oncall-alice"),
+        "{}",
+        String::from_utf8_lossy(&answer.stdout)
+    );
+    let result = loop {
+        let item = tokio::time::timeout(WAIT, turn.next()).await.unwrap().unwrap().unwrap();
+        if let Some(pb::submit_turn_response::Item::Result(result)) = item.item {
+            break result;
+        }
+    };
+    assert_eq!(result.content, "5");
+
+    let shown = kernel.kernelctl(&["--api-key", &secured.reader, "--json", "runs", "show", &run]);
+    assert!(shown.status.success(), "{}", String::from_utf8_lossy(&shown.stderr));
+    let approvals = ApprovalServiceClient::connect(kernel.url())
+        .await
+        .unwrap()
+        .list_approvals(with_key(
+            pb::ListApprovalsRequest {
+                run_id: run.clone(),
+                status: pb::ApprovalStatus::Consumed as i32,
+            },
+            &secured.reader,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .approvals;
+    assert_eq!(approvals.len(), 1);
+    assert_eq!(approvals[0].decider, "oncall-alice");
+}
+
+fn kernel_on(listen: &str, extra: &[&str]) -> (Process, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = Command::new(binary("kernel"));
+    command
+        .args(["--listen", listen, "--db"])
+        .arg(dir.path().join("kernel.db"))
+        .args(extra)
+        .env_remove("KERNEL_AUTH_FILE")
+        .env_remove("KERNEL_INSECURE");
+    (Process::start(command, "kernel"), dir)
+}
+
+#[test]
+fn without_an_auth_file_the_kernel_stays_on_loopback_unless_insecure() {
+    let (mut public, _dir) = kernel_on("0.0.0.0:0", &[]);
+    let status = public.wait_exit(WAIT).expect("the kernel refuses to start");
+    assert!(!status.success());
+    let text = public.log.text();
+    assert!(
+        text.contains("not a loopback address") && text.contains("--insecure") && text.contains("--auth-file"),
+        "{text}"
+    );
+
+    let (insecure, _insecure_dir) = kernel_on("0.0.0.0:0", &["--insecure"]);
+    insecure.log.wait_for("listening");
+    assert!(insecure.log.text().contains("--insecure"));
+
+    let (local, _local_dir) = kernel_on("127.0.0.1:0", &[]);
+    local.log.wait_for("listening");
+    assert!(local.log.text().contains("loopback only"));
+}
+
+#[tokio::test]
+async fn the_demo_worker_and_agent_take_their_keys_from_the_environment() {
+    let secured = secured_with(None);
+    let kernel = &secured.kernel;
+    let worker = demo_worker(kernel, "demo-worker", &secured.worker);
+    worker.log.wait_for("worker session open");
+    let agent = |key: &str| {
+        Command::new(binary("demo-agent"))
+            .arg("--kernel")
+            .arg(kernel.url())
+            .env("KERNEL_API_KEY", key)
+            .output()
+            .unwrap()
+    };
+    let refused = agent(&secured.reader);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("PermissionDenied"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let output = agent(&secured.agent);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let run = String::from_utf8(output.stdout).unwrap().trim().to_owned();
+    let shown = kernel.kernelctl(&["--api-key", &secured.reader, "--json", "runs", "show", &run]);
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(shown["run"]["status"], "completed");
+}

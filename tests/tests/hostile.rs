@@ -1,0 +1,569 @@
+//! Hostile workers and clients, driven by raw gRPC clients: floods of progress and heartbeats, a
+//! session that never says hello, frames that do not decode, oversized arguments and results, and
+//! the per-run limits. Each is refused or dropped, logged at most once per interval, and the kernel
+//! stays responsive to everyone else.
+
+use std::time::{Duration, Instant};
+
+use e2e::{Kernel, KernelOptions, WAIT, call, check_log, payload, submit};
+use kernel_proto::canonical;
+use kernel_proto::v1 as pb;
+use kernel_proto::v1::open_session_request::Message as In;
+use kernel_proto::v1::open_session_response::Message as Out;
+use kernel_proto::v1::worker_service_client::WorkerServiceClient;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+
+const MIB: usize = 1 << 20;
+
+fn spec(name: &str) -> pb::ToolSpec {
+    let schema = json!({"type": "object"});
+    pb::ToolSpec {
+        name: name.into(),
+        description: "a raw tool".into(),
+        input_schema_json: schema.to_string(),
+        version: "1".into(),
+        fingerprint: canonical::tool_fingerprint(name, "a raw tool", &schema, "1"),
+        options: None,
+    }
+}
+
+/// A worker session driven by hand.
+struct RawWorker {
+    tx: mpsc::Sender<pb::OpenSessionRequest>,
+    rx: tonic::Streaming<pb::OpenSessionResponse>,
+}
+
+impl RawWorker {
+    async fn open(kernel: &Kernel, tool: &str) -> Result<RawWorker, tonic::Status> {
+        let (tx, outbound) = mpsc::channel(256);
+        let hello = pb::Hello {
+            worker_name: "raw".into(),
+            tools: vec![spec(tool)],
+            max_concurrency: 8,
+            sdk_version: "test".into(),
+        };
+        tx.send(pb::OpenSessionRequest {
+            message: Some(In::Hello(hello)),
+        })
+        .await
+        .unwrap();
+        let mut client = WorkerServiceClient::connect(kernel.url()).await.unwrap();
+        let mut rx = client.open_session(ReceiverStream::new(outbound)).await?.into_inner();
+        match rx.next().await.expect("welcome")?.message {
+            Some(Out::Welcome(_)) => Ok(RawWorker { tx, rx }),
+            other => panic!("expected a welcome, got {other:?}"),
+        }
+    }
+
+    async fn send(&self, message: In) {
+        self.tx
+            .send(pb::OpenSessionRequest { message: Some(message) })
+            .await
+            .unwrap();
+    }
+
+    async fn next(&mut self) -> Out {
+        let message = tokio::time::timeout(WAIT, self.rx.next())
+            .await
+            .expect("session stalled");
+        message
+            .expect("stream open")
+            .expect("no error")
+            .message
+            .expect("message")
+    }
+
+    async fn dispatch(&mut self) -> pb::Dispatch {
+        match self.next().await {
+            Out::Dispatch(dispatch) => dispatch,
+            other => panic!("expected a dispatch, got {other:?}"),
+        }
+    }
+
+    async fn result(&mut self, dispatch: &pb::Dispatch, output: String) -> pb::ResultAck {
+        self.send(In::Result(pb::DispatchResult {
+            dispatch_id: dispatch.dispatch_id.clone(),
+            attempt: dispatch.attempt,
+            outcome: Some(pb::dispatch_result::Outcome::OutputJson(output)),
+        }))
+        .await;
+        loop {
+            match self.next().await {
+                Out::ResultAck(ack) if ack.dispatch_id == dispatch.dispatch_id => return ack,
+                Out::ResultAck(_) => {}
+                other => panic!("expected a result ack, got {other:?}"),
+            }
+        }
+    }
+}
+
+/// Submits a turn in the background; the handle yields what it streamed back.
+fn submit_later(
+    kernel: &Kernel,
+    run: &str,
+    turn: u32,
+    calls: Vec<pb::ToolCall>,
+) -> tokio::task::JoinHandle<Result<e2e::TurnOutcome, tonic::Status>> {
+    let url = kernel.url();
+    let run = run.to_owned();
+    tokio::spawn(async move {
+        let request = pb::SubmitTurnRequest {
+            run_id: run,
+            turn,
+            calls,
+        };
+        let mut client = kernel_proto::v1::tool_call_service_client::ToolCallServiceClient::connect(url)
+            .await
+            .unwrap();
+        let mut stream = client.submit_turn(request).await?.into_inner();
+        let mut outcome = e2e::TurnOutcome::default();
+        while let Some(item) = stream.next().await {
+            match item?.item {
+                Some(pb::submit_turn_response::Item::Result(result)) => outcome.results.push(result),
+                Some(pb::submit_turn_response::Item::Progress(progress)) => outcome.progress.push(progress),
+                _ => {}
+            }
+        }
+        Ok(outcome)
+    })
+}
+
+#[tokio::test]
+async fn a_flood_of_progress_and_heartbeats_is_dropped_while_others_keep_working() {
+    let kernel = Kernel::start();
+    let _helper = kernel.worker("helper");
+    let mut flooder = RawWorker::open(&kernel, "flooded").await.unwrap();
+    let flooded_run = kernel.create_run("flooded").await;
+    let flooded_turn = submit_later(&kernel, &flooded_run, 0, vec![call("flooded", json!({}))]);
+    let dispatch = flooder.dispatch().await;
+
+    const FLOOD: usize = 100_000;
+    let tx = flooder.tx.clone();
+    let (dispatch_id, attempt) = (dispatch.dispatch_id.clone(), dispatch.attempt);
+    let flood = tokio::spawn(async move {
+        for i in 0..FLOOD {
+            let progress = pb::DispatchProgress {
+                dispatch_id: dispatch_id.clone(),
+                attempt,
+                message: format!("step {i}"),
+                ..Default::default()
+            };
+            let frames = [In::Progress(progress), In::Heartbeat(pb::Heartbeat::default())];
+            for message in frames {
+                tx.send(pb::OpenSessionRequest { message: Some(message) })
+                    .await
+                    .unwrap();
+            }
+        }
+    });
+
+    // Another agent's calls keep completing, each promptly, while the flood goes on.
+    let other_run = kernel.create_run("bystander").await;
+    let started = Instant::now();
+    let mut turns = 0;
+    let mut slowest = Duration::ZERO;
+    while !flood.is_finished() {
+        let begun = Instant::now();
+        let outcome = submit(
+            &kernel,
+            &other_run,
+            turns,
+            vec![call("add", json!({"a": turns, "b": 1}))],
+        )
+        .await
+        .expect("a bystander's turn");
+        slowest = slowest.max(begun.elapsed());
+        assert_eq!(outcome.results[0].content, (turns + 1).to_string());
+        turns += 1;
+    }
+    flood.await.unwrap();
+    let flood_time = started.elapsed();
+    eprintln!(
+        "flood of {FLOOD} progress + {FLOOD} heartbeats took {flood_time:?}; {turns} bystander turns, slowest {slowest:?}"
+    );
+    assert!(turns >= 1, "the bystander completed turns during the flood");
+    assert!(slowest < Duration::from_secs(5), "a bystander's turn took {slowest:?}");
+
+    // The flooding session goes on: its result is accepted.
+    let ack = flooder.result(&dispatch, json!({"done": true}).to_string()).await;
+    assert!(ack.accepted, "{ack:?}");
+    let outcome = flooded_turn.await.unwrap().unwrap();
+    assert_eq!(outcome.results[0].status, pb::CallStatus::Ok as i32);
+    assert!(
+        outcome.progress.len() < FLOOD / 2,
+        "excess progress was dropped, {} delivered",
+        outcome.progress.len()
+    );
+    let events = kernel.events(&flooded_run).await;
+    check_log(&events, true);
+    let result = events.iter().find(|e| e.r#type == "tool:result").expect("tool:result");
+    let counted = payload(result)["progress_count"].as_u64().unwrap_or(0);
+    assert!(counted < (FLOOD / 2) as u64, "progress_count {counted}");
+
+    // Logged once per kind per interval, not once per message.
+    let log = kernel.process.log.text();
+    let intervals = flood_time.as_secs() / 10 + 1;
+    for kind in ["progress flood", "heartbeat flood"] {
+        let lines = log.matches(kind).count() as u64;
+        assert!(
+            (1..=intervals + 1).contains(&lines),
+            "{lines} '{kind}' lines in {flood_time:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_session_that_never_says_hello_is_closed_and_frees_its_place() {
+    let kernel = Kernel::start_with(KernelOptions {
+        args: vec!["--max-sessions".into(), "1".into()],
+        ..KernelOptions::default()
+    });
+    let started = Instant::now();
+    // Two sessions that never say hello: the first to arrive takes the only place and is closed
+    // after the hello timeout; the other is refused at once.
+    let silent = |url: String| {
+        tokio::spawn(async move {
+            let (tx, outbound) = mpsc::channel::<pb::OpenSessionRequest>(1);
+            let mut client = WorkerServiceClient::connect(url).await.unwrap();
+            let status = client
+                .open_session(ReceiverStream::new(outbound))
+                .await
+                .expect_err("a silent session is refused");
+            drop(tx);
+            (status, started.elapsed())
+        })
+    };
+    let (first, second) = (silent(kernel.url()), silent(kernel.url()));
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    let (mut refused, mut closed) = (first, second);
+    if refused.0.code() != Code::ResourceExhausted {
+        std::mem::swap(&mut refused, &mut closed);
+    }
+    assert_eq!(refused.0.code(), Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(
+        refused.0.message(),
+        "session: 1 worker sessions are open; the limit is 1 sessions (--max-sessions)"
+    );
+    assert!(refused.1 < Duration::from_secs(5), "refused after {:?}", refused.1);
+
+    let (status, waited) = closed;
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(status.message().contains("no hello"), "{}", status.message());
+    assert!(
+        waited >= Duration::from_secs(9) && waited < Duration::from_secs(20),
+        "closed after {waited:?}"
+    );
+    // Its place is free again.
+    RawWorker::open(&kernel, "late")
+        .await
+        .expect("a session after the silent one");
+}
+
+/// A frame that is valid protobuf but not a valid session message: field 1 (`hello`) and
+/// field 3 (`progress`) are messages on the wire, sent here as varints; field 99 does not exist.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Frame {
+    #[prost(message, optional, tag = "1")]
+    hello: Option<pb::Hello>,
+    #[prost(uint64, tag = "3")]
+    progress_as_varint: u64,
+    #[prost(string, tag = "99")]
+    from_the_future: String,
+}
+
+fn hello_frame() -> Frame {
+    Frame {
+        hello: Some(pb::Hello {
+            worker_name: "raw".into(),
+            tools: vec![spec("framed")],
+            max_concurrency: 1,
+            sdk_version: "test".into(),
+        }),
+        ..Frame::default()
+    }
+}
+
+/// Opens a session that sends `frames` and keeps its side open.
+async fn raw_session(
+    kernel: &Kernel,
+    frames: Vec<Frame>,
+) -> (
+    Result<tonic::Streaming<pb::OpenSessionResponse>, tonic::Status>,
+    mpsc::Sender<Frame>,
+) {
+    let (tx, outbound) = mpsc::channel(8);
+    for frame in frames {
+        tx.send(frame).await.unwrap();
+    }
+    let channel = tonic::transport::Channel::from_shared(kernel.url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/kernel.v1.WorkerService/OpenSession");
+    let codec = tonic_prost::ProstCodec::<Frame, pb::OpenSessionResponse>::default();
+    let response = grpc
+        .streaming(tonic::Request::new(ReceiverStream::new(outbound)), path, codec)
+        .await
+        .map(tonic::Response::into_inner);
+    (response, tx)
+}
+
+/// The status that ends a session after its welcome.
+async fn closing_status(mut stream: tonic::Streaming<pb::OpenSessionResponse>) -> tonic::Status {
+    let welcome = stream.next().await.expect("welcome").expect("welcome");
+    assert!(matches!(welcome.message, Some(Out::Welcome(_))), "{welcome:?}");
+    tokio::time::timeout(WAIT, async {
+        loop {
+            match stream.next().await {
+                Some(Ok(_)) => {}
+                Some(Err(status)) => return status,
+                None => panic!("the session ended without a status"),
+            }
+        }
+    })
+    .await
+    .expect("the session was closed")
+}
+
+#[tokio::test]
+async fn frames_that_do_not_decode_are_refused_with_a_status() {
+    let kernel = Kernel::start();
+
+    let garbage = Frame {
+        progress_as_varint: 7,
+        ..Frame::default()
+    };
+    let (response, _tx) = raw_session(&kernel, vec![garbage.clone()]).await;
+    let status = response.expect_err("a garbage first frame is refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().starts_with("message: cannot decode"),
+        "{}",
+        status.message()
+    );
+
+    let (response, _tx) = raw_session(&kernel, vec![hello_frame(), garbage]).await;
+    let status = closing_status(response.expect("hello accepted")).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().starts_with("message: cannot decode"),
+        "{}",
+        status.message()
+    );
+
+    let unknown = Frame {
+        from_the_future: "x".into(),
+        ..Frame::default()
+    };
+    let (response, _tx) = raw_session(&kernel, vec![hello_frame(), unknown]).await;
+    let status = closing_status(response.expect("hello accepted")).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert_eq!(status.message(), "message: empty session message");
+
+    // Everyone else is served as before.
+    let _worker = RawWorker::open(&kernel, "framed").await.expect("a well-behaved worker");
+    let run = kernel.create_run("after-garbage").await;
+    assert!(!kernel.events(&run).await.is_empty());
+}
+
+#[tokio::test]
+async fn oversized_arguments_are_refused_and_an_oversized_result_fails_only_its_call() {
+    let kernel = Kernel::start();
+    let mut worker = RawWorker::open(&kernel, "big").await.unwrap();
+    let run = kernel.create_run("big").await;
+    let before = kernel.events(&run).await.len();
+
+    let huge = json!({"blob": "x".repeat(MIB)});
+    let status = submit(
+        &kernel,
+        &run,
+        0,
+        vec![call("big", json!({})), call("big", huge.clone())],
+    )
+    .await
+    .expect_err("refused");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(
+        status.message(),
+        format!(
+            "calls[1].arguments_json: {} bytes; the limit is 1048576 bytes (--max-argument-bytes)",
+            huge.to_string().len()
+        )
+    );
+    assert_eq!(kernel.events(&run).await.len(), before, "a refused turn writes nothing");
+
+    let turn = submit_later(&kernel, &run, 0, vec![call("big", json!({"n": 1}))]);
+    let dispatch = worker.dispatch().await;
+    let output = json!("y".repeat(2 * MIB)).to_string();
+    let ack = worker.result(&dispatch, output.clone()).await;
+    assert!(ack.accepted, "recorded as the call's error: {ack:?}");
+    let outcome = turn.await.unwrap().unwrap();
+    let result = &outcome.results[0];
+    assert_eq!(result.status, pb::CallStatus::Error as i32);
+    assert_eq!(result.error_kind, pb::ErrorKind::Fatal as i32);
+    assert_eq!(
+        result.content,
+        format!(
+            "tool 'big' returned a result of {} bytes; the limit is 1048576 bytes (--max-result-bytes)",
+            output.len()
+        )
+    );
+
+    // The session goes on.
+    let turn = submit_later(&kernel, &run, 1, vec![call("big", json!({"n": 2}))]);
+    let dispatch = worker.dispatch().await;
+    assert!(worker.result(&dispatch, "\"small\"".into()).await.accepted);
+    let outcome = turn.await.unwrap().unwrap();
+    assert_eq!(outcome.results[0].content, "small");
+    check_log(&kernel.events(&run).await, true);
+}
+
+#[tokio::test]
+async fn a_frame_over_the_message_limit_is_refused_naming_the_limit() {
+    let kernel = Kernel::start_with(KernelOptions {
+        args: vec!["--max-message-bytes".into(), "65536".into()],
+        ..KernelOptions::default()
+    });
+    let run = kernel.create_run("wordy").await;
+    let before = kernel.events(&run).await.len();
+    let status = submit(
+        &kernel,
+        &run,
+        0,
+        vec![call("any", json!({"blob": "x".repeat(100_000)}))],
+    )
+    .await
+    .expect_err("refused");
+    assert!(
+        matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted),
+        "{status:?}"
+    );
+    assert_eq!(kernel.events(&run).await.len(), before);
+
+    let mut worker = RawWorker::open(&kernel, "wordy").await.unwrap();
+    let turn = submit_later(&kernel, &run, 0, vec![call("wordy", json!({}))]);
+    let dispatch = worker.dispatch().await;
+    worker
+        .send(In::Result(pb::DispatchResult {
+            dispatch_id: dispatch.dispatch_id.clone(),
+            attempt: dispatch.attempt,
+            outcome: Some(pb::dispatch_result::Outcome::OutputJson(
+                json!("z".repeat(100_000)).to_string(),
+            )),
+        }))
+        .await;
+    let status = tokio::time::timeout(WAIT, async {
+        loop {
+            match worker.rx.next().await {
+                Some(Ok(_)) => {}
+                Some(Err(status)) => return status,
+                None => panic!("closed without a status"),
+            }
+        }
+    })
+    .await
+    .expect("closed");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("(--max-message-bytes)"),
+        "{}",
+        status.message()
+    );
+    // The session is gone, so its lease is lost; the call is retried elsewhere (here: nowhere).
+    drop(turn);
+}
+
+#[tokio::test]
+async fn per_run_limits_refuse_a_turn_and_write_nothing() {
+    let kernel = Kernel::start_with(KernelOptions {
+        args: [
+            "--max-calls-per-turn",
+            "3",
+            "--max-turns-per-run",
+            "4",
+            "--max-pending-calls-per-run",
+            "4",
+            "--max-events-per-run",
+            "30",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..KernelOptions::default()
+    });
+    let _helper = kernel.worker("helper");
+    let mut holder = RawWorker::open(&kernel, "held").await.unwrap();
+    let run = kernel.create_run("limited").await;
+    let before = kernel.events(&run).await.len();
+
+    let add = |n: i64| call("add", json!({"a": n, "b": 1}));
+    let status = submit(&kernel, &run, 0, (0..4).map(add).collect())
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(
+        status.message(),
+        "calls: 4 calls; the limit is 3 calls per turn (--max-calls-per-turn)"
+    );
+    let status = submit(&kernel, &run, 4, vec![add(1)]).await.expect_err("refused");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(
+        status.message(),
+        "turn: turn 4; the limit is 4 turns per run (turns 0 to 3) (--max-turns-per-run)"
+    );
+    assert_eq!(kernel.events(&run).await.len(), before);
+
+    // Three calls held by a worker that does not answer yet; two more would make five unsettled.
+    let held_calls: Vec<_> = (0..3).map(|n| call("held", json!({"n": n}))).collect();
+    let held_turn = submit_later(&kernel, &run, 0, held_calls.clone());
+    let mut dispatches = Vec::new();
+    for _ in 0..3 {
+        dispatches.push(holder.dispatch().await);
+    }
+    let before = kernel.events(&run).await.len();
+    let status = submit(&kernel, &run, 1, vec![add(1), add(2)])
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(
+        status.message(),
+        format!("calls: run {run} would have 5 unsettled calls; the limit is 4 per run (--max-pending-calls-per-run)")
+    );
+    assert_eq!(kernel.events(&run).await.len(), before);
+    // Resubmitting the held turn joins its calls instead of adding to them.
+    let joined = submit_later(&kernel, &run, 0, held_calls);
+    for dispatch in &dispatches {
+        assert!(holder.result(dispatch, "1".into()).await.accepted);
+    }
+    assert_eq!(held_turn.await.unwrap().unwrap().results.len(), 3);
+    assert_eq!(joined.await.unwrap().unwrap().results.len(), 3);
+
+    // Turns of three calls until the next one could pass 30 events.
+    let mut refused = false;
+    for turn in 1..4 {
+        let events = kernel.events(&run).await.len();
+        match submit(&kernel, &run, turn, (0..3).map(add).collect()).await {
+            Ok(outcome) => assert_eq!(outcome.results.len(), 3),
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted);
+                assert!(
+                    status
+                        .message()
+                        .ends_with("the limit is 30 events per run (--max-events-per-run)")
+                );
+                assert!(events + 9 > 30, "refused at {events} events");
+                assert_eq!(kernel.events(&run).await.len(), events);
+                refused = true;
+                break;
+            }
+        }
+    }
+    assert!(refused, "the event limit refused a turn");
+    check_log(&kernel.events(&run).await, true);
+}

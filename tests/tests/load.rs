@@ -1,0 +1,237 @@
+//! Load without loss: many concurrent runs of ten calls each over fifty worker sessions, with
+//! sessions killed and replaced while the calls run. Afterwards every run's log passes the
+//! invariant checker, every call has exactly one result, no `at_most_once` call ran twice, and the
+//! kernel's memory is printed before, at the peak and after.
+//!
+//! The workers run in this process (fifty worker processes would crowd two cores); killing one
+//! aborts its session task, which drops its connection without a goodbye, as a crash would.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use e2e::{Kernel, KernelOptions, check_log, proc_status_kib};
+use kernel_proto::v1 as pb;
+use kernel_proto::v1::tool_call_service_client::ToolCallServiceClient;
+use serde_json::json;
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+use worker_sdk::{CancellationToken, Idempotency, ToolContext, ToolError, Worker, tool};
+
+const SESSIONS: usize = 50;
+const CALLS_PER_RUN: usize = 10;
+/// Agents share this many connections (one HTTP/2 connection serves a bounded number of streams).
+const AGENT_CONNECTIONS: usize = 20;
+
+/// How often each `(tool, idempotency key)` started, across every worker of this process.
+#[derive(Clone, Default)]
+struct Ledger(Arc<Mutex<HashMap<(String, String), u32>>>);
+
+impl Ledger {
+    fn start(ctx: &ToolContext) {
+        let ledger = ctx.deps::<Ledger>().expect("ledger dependency");
+        let key = (ctx.tool_name().to_owned(), ctx.idempotency_key().to_owned());
+        *ledger.0.lock().expect("ledger lock").entry(key).or_default() += 1;
+    }
+}
+
+/// Safe to run again: record, hold, answer.
+#[tool]
+async fn step(ctx: ToolContext, n: u64, hold_ms: u64) -> Result<u64, ToolError> {
+    Ledger::start(&ctx);
+    tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+    Ok(n)
+}
+
+/// Must not run twice.
+#[tool(idempotency = "at_most_once")]
+async fn pay(ctx: ToolContext, n: u64, hold_ms: u64) -> Result<u64, ToolError> {
+    Ledger::start(&ctx);
+    tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+    Ok(n)
+}
+
+fn start_worker(url: &str, index: usize, generation: usize, ledger: &Ledger) -> tokio::task::JoinHandle<()> {
+    let worker = Worker::builder(url.to_owned())
+        .name(format!("load-{index}-{generation}"))
+        .max_concurrency(32)
+        .tool(step_tool())
+        .tool(pay_tool().idempotency(Idempotency::AtMostOnce))
+        .deps(ledger.clone())
+        .build()
+        .expect("worker config");
+    tokio::spawn(async move {
+        let _ = worker.run(CancellationToken::new()).await;
+    })
+}
+
+/// The calls of run `r`: eight `step`s and two `pay`s, each holding a few milliseconds.
+fn calls_of(r: usize) -> Vec<pb::ToolCall> {
+    (0..CALLS_PER_RUN)
+        .map(|i| {
+            let tool = if i % 5 == 4 { "pay" } else { "step" };
+            pb::ToolCall {
+                tool: tool.into(),
+                arguments_json: json!({"n": r * CALLS_PER_RUN + i, "hold_ms": (r + i) % 20}).to_string(),
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+/// Submits the turn until every result is in, resubmitting after a broken stream.
+async fn run_turn(channel: Channel, run_id: String, calls: Vec<pb::ToolCall>) -> Vec<pb::CallResult> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let mut client = ToolCallServiceClient::new(channel.clone());
+        let request = pb::SubmitTurnRequest {
+            run_id: run_id.clone(),
+            turn: 0,
+            calls: calls.clone(),
+        };
+        let attempt = async {
+            let mut stream = client.submit_turn(request).await?.into_inner();
+            let mut results = Vec::new();
+            while let Some(item) = stream.next().await {
+                if let Some(pb::submit_turn_response::Item::Result(result)) = item?.item {
+                    results.push(result);
+                }
+            }
+            Ok::<_, tonic::Status>(results)
+        };
+        match attempt.await {
+            Ok(results) if results.len() == calls.len() => return results,
+            Ok(results) => panic!("run {run_id}: a turn ended with {} results", results.len()),
+            Err(status) => {
+                assert!(Instant::now() < deadline, "run {run_id} never completed: {status:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn load(runs: usize, kills: usize) {
+    // Two test threads carry a thousand agents and fifty workers, so a heartbeat can be late by
+    // more than the harness's short lease; a killed session loses its leases at once regardless.
+    let kernel = Kernel::start_with(KernelOptions {
+        heartbeat_interval_ms: 500,
+        lease_ttl_ms: 15_000,
+        schedule_to_start_timeout_ms: 120_000,
+        default_tool_timeout_ms: 60_000,
+        ..KernelOptions::default()
+    });
+    let url = kernel.url();
+    let pid = kernel.process.child.id();
+    let ledger = Ledger::default();
+    let mut workers: Vec<_> = (0..SESSIONS).map(|i| start_worker(&url, i, 0, &ledger)).collect();
+    kernel.wait_for_workers("pay", SESSIONS).await;
+    let rss_before = kernel.rss_kib();
+
+    let mut channels = Vec::new();
+    for _ in 0..AGENT_CONNECTIONS {
+        channels.push(Channel::from_shared(url.clone()).unwrap().connect().await.unwrap());
+    }
+    let mut run_ids = Vec::with_capacity(runs);
+    for r in 0..runs {
+        run_ids.push(kernel.create_run(&format!("load-{r}")).await);
+    }
+
+    let started = Instant::now();
+    let turns: Vec<_> = run_ids
+        .iter()
+        .enumerate()
+        .map(|(r, run_id)| {
+            tokio::spawn(run_turn(
+                channels[r % AGENT_CONNECTIONS].clone(),
+                run_id.clone(),
+                calls_of(r),
+            ))
+        })
+        .collect();
+
+    // Kill sessions and start replacements while the turns run.
+    let mut killed = 0;
+    let mut generation = 1;
+    while killed < kills && turns.iter().any(|t| !t.is_finished()) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let index = spread(killed, SESSIONS);
+        workers[index].abort();
+        killed += 1;
+        workers[index] = start_worker(&url, index, generation, &ledger);
+        generation += 1;
+    }
+    let mut outcomes = Vec::with_capacity(runs);
+    for turn in turns {
+        outcomes.push(turn.await.expect("an agent task"));
+    }
+    let elapsed = started.elapsed();
+    let rss_peak = proc_status_kib(pid, "VmHWM");
+
+    let ledger = ledger.0.lock().unwrap().clone();
+    let (mut ok, mut errors, mut indeterminate) = (0, 0, 0);
+    for (r, (run_id, results)) in run_ids.iter().zip(&outcomes).enumerate() {
+        assert_eq!(results.len(), CALLS_PER_RUN, "run {r}");
+        for (i, result) in results.iter().enumerate() {
+            assert_eq!(result.position as usize, i, "run {r}: results in position order");
+            if result.status == pb::CallStatus::Ok as i32 {
+                ok += 1;
+                assert_eq!(
+                    result.content,
+                    (r * CALLS_PER_RUN + i).to_string(),
+                    "run {run_id} call {i}"
+                );
+            } else {
+                errors += 1;
+                // Only an at_most_once call whose worker died may fail, and only as indeterminate.
+                assert_eq!(result.tool, "pay", "run {run_id} call {i}: {result:?}");
+                assert!(result.content.contains("indeterminate"), "{result:?}");
+                indeterminate += 1;
+            }
+        }
+    }
+    let twice: Vec<_> = ledger
+        .iter()
+        .filter(|((tool, _), n)| tool == "pay" && **n > 1)
+        .collect();
+    assert!(twice.is_empty(), "at_most_once calls that ran twice: {twice:?}");
+
+    let mut events = 0;
+    for run_id in &run_ids {
+        let log = kernel.events(run_id).await;
+        check_log(&log, true);
+        assert_eq!(
+            log.iter().filter(|e| e.r#type == "tool:result").count(),
+            CALLS_PER_RUN,
+            "run {run_id}: one tool:result per call"
+        );
+        events += log.len();
+    }
+
+    for worker in &workers {
+        worker.abort();
+    }
+    drop(channels);
+    // Give the kernel a moment to notice the closed sessions and drop what it held for them.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_after = kernel.rss_kib();
+    let calls = runs * CALLS_PER_RUN;
+    eprintln!(
+        "load: {runs} runs x {CALLS_PER_RUN} calls over {SESSIONS} sessions, {killed} sessions killed: \
+         {calls} calls in {elapsed:.1?} ({:.0} calls/s); {ok} ok, {errors} failed ({indeterminate} indeterminate); \
+         {events} events; kernel RSS before {rss_before} KiB, peak {rss_peak} KiB, after {rss_after} KiB",
+        calls as f64 / elapsed.as_secs_f64()
+    );
+    assert_eq!(ok + errors, calls);
+}
+
+/// A spread of session indexes without a random source: deterministic across runs.
+fn spread(k: usize, n: usize) -> usize {
+    (k * 7919 + 13) % n
+}
+
+/// The full size: 1,000 concurrent runs of 10 calls each over 50 sessions, with a session killed
+/// and replaced every 500 ms while they run (about 40 s in a debug build on two cores).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_without_loss() {
+    load(1_000, 40).await;
+}
