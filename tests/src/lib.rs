@@ -5,6 +5,8 @@
 //! Binaries are taken from the target directory the tests were built into; build them first with
 //! `cargo build --workspace --bins --examples` (the README's test command does).
 
+pub mod raw;
+
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+use e2e::raw::{RawWorker, tool_spec};
 use e2e::{Kernel, KernelOptions, WAIT, call, check_log, payload, submit};
-use kernel_proto::canonical;
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::open_session_request::Message as In;
 use kernel_proto::v1::open_session_response::Message as Out;
@@ -19,86 +19,8 @@ use tonic::Code;
 
 const MIB: usize = 1 << 20;
 
-fn spec(name: &str) -> pb::ToolSpec {
-    let schema = json!({"type": "object"});
-    pb::ToolSpec {
-        name: name.into(),
-        description: "a raw tool".into(),
-        input_schema_json: schema.to_string(),
-        version: "1".into(),
-        fingerprint: canonical::tool_fingerprint(name, "a raw tool", &schema, "1"),
-        options: None,
-    }
-}
-
-/// A worker session driven by hand.
-struct RawWorker {
-    tx: mpsc::Sender<pb::OpenSessionRequest>,
-    rx: tonic::Streaming<pb::OpenSessionResponse>,
-}
-
-impl RawWorker {
-    async fn open(kernel: &Kernel, tool: &str) -> Result<RawWorker, tonic::Status> {
-        let (tx, outbound) = mpsc::channel(256);
-        let hello = pb::Hello {
-            worker_name: "raw".into(),
-            tools: vec![spec(tool)],
-            max_concurrency: 8,
-            sdk_version: "test".into(),
-        };
-        tx.send(pb::OpenSessionRequest {
-            message: Some(In::Hello(hello)),
-        })
-        .await
-        .unwrap();
-        let mut client = WorkerServiceClient::connect(kernel.url()).await.unwrap();
-        let mut rx = client.open_session(ReceiverStream::new(outbound)).await?.into_inner();
-        match rx.next().await.expect("welcome")?.message {
-            Some(Out::Welcome(_)) => Ok(RawWorker { tx, rx }),
-            other => panic!("expected a welcome, got {other:?}"),
-        }
-    }
-
-    async fn send(&self, message: In) {
-        self.tx
-            .send(pb::OpenSessionRequest { message: Some(message) })
-            .await
-            .unwrap();
-    }
-
-    async fn next(&mut self) -> Out {
-        let message = tokio::time::timeout(WAIT, self.rx.next())
-            .await
-            .expect("session stalled");
-        message
-            .expect("stream open")
-            .expect("no error")
-            .message
-            .expect("message")
-    }
-
-    async fn dispatch(&mut self) -> pb::Dispatch {
-        match self.next().await {
-            Out::Dispatch(dispatch) => dispatch,
-            other => panic!("expected a dispatch, got {other:?}"),
-        }
-    }
-
-    async fn result(&mut self, dispatch: &pb::Dispatch, output: String) -> pb::ResultAck {
-        self.send(In::Result(pb::DispatchResult {
-            dispatch_id: dispatch.dispatch_id.clone(),
-            attempt: dispatch.attempt,
-            outcome: Some(pb::dispatch_result::Outcome::OutputJson(output)),
-        }))
-        .await;
-        loop {
-            match self.next().await {
-                Out::ResultAck(ack) if ack.dispatch_id == dispatch.dispatch_id => return ack,
-                Out::ResultAck(_) => {}
-                other => panic!("expected a result ack, got {other:?}"),
-            }
-        }
-    }
+fn tool_spec_raw(name: &str) -> pb::ToolSpec {
+    tool_spec(name, "a raw tool")
 }
 
 /// Submits a turn in the background; the handle yields what it streamed back.
@@ -136,7 +58,7 @@ fn submit_later(
 async fn a_flood_of_progress_and_heartbeats_is_dropped_while_others_keep_working() {
     let kernel = Kernel::start();
     let _helper = kernel.worker("helper");
-    let mut flooder = RawWorker::open(&kernel, "flooded").await.unwrap();
+    let mut flooder = RawWorker::offering(&kernel, "flooded").await.unwrap();
     let flooded_run = kernel.create_run("flooded").await;
     let flooded_turn = submit_later(&kernel, &flooded_run, 0, vec![call("flooded", json!({}))]);
     let dispatch = flooder.dispatch().await;
@@ -189,7 +111,13 @@ async fn a_flood_of_progress_and_heartbeats_is_dropped_while_others_keep_working
     assert!(slowest < Duration::from_secs(5), "a bystander's turn took {slowest:?}");
 
     // The flooding session goes on: its result is accepted.
-    let ack = flooder.result(&dispatch, json!({"done": true}).to_string()).await;
+    let ack = flooder
+        .result(
+            &dispatch.dispatch_id,
+            dispatch.attempt,
+            &json!({"done": true}).to_string(),
+        )
+        .await;
     assert!(ack.accepted, "{ack:?}");
     let outcome = flooded_turn.await.unwrap().unwrap();
     assert_eq!(outcome.results[0].status, pb::CallStatus::Ok as i32);
@@ -258,7 +186,7 @@ async fn a_session_that_never_says_hello_is_closed_and_frees_its_place() {
         "closed after {waited:?}"
     );
     // Its place is free again.
-    RawWorker::open(&kernel, "late")
+    RawWorker::offering(&kernel, "late")
         .await
         .expect("a session after the silent one");
 }
@@ -279,7 +207,7 @@ fn hello_frame() -> Frame {
     Frame {
         hello: Some(pb::Hello {
             worker_name: "raw".into(),
-            tools: vec![spec("framed")],
+            tools: vec![tool_spec_raw("framed")],
             max_concurrency: 1,
             sdk_version: "test".into(),
         }),
@@ -368,7 +296,9 @@ async fn frames_that_do_not_decode_are_refused_with_a_status() {
     assert_eq!(status.message(), "message: empty session message");
 
     // Everyone else is served as before.
-    let _worker = RawWorker::open(&kernel, "framed").await.expect("a well-behaved worker");
+    let _worker = RawWorker::offering(&kernel, "framed")
+        .await
+        .expect("a well-behaved worker");
     let run = kernel.create_run("after-garbage").await;
     assert!(!kernel.events(&run).await.is_empty());
 }
@@ -376,7 +306,7 @@ async fn frames_that_do_not_decode_are_refused_with_a_status() {
 #[tokio::test]
 async fn oversized_arguments_are_refused_and_an_oversized_result_fails_only_its_call() {
     let kernel = Kernel::start();
-    let mut worker = RawWorker::open(&kernel, "big").await.unwrap();
+    let mut worker = RawWorker::offering(&kernel, "big").await.unwrap();
     let run = kernel.create_run("big").await;
     let before = kernel.events(&run).await.len();
 
@@ -402,7 +332,7 @@ async fn oversized_arguments_are_refused_and_an_oversized_result_fails_only_its_
     let turn = submit_later(&kernel, &run, 0, vec![call("big", json!({"n": 1}))]);
     let dispatch = worker.dispatch().await;
     let output = json!("y".repeat(2 * MIB)).to_string();
-    let ack = worker.result(&dispatch, output.clone()).await;
+    let ack = worker.result(&dispatch.dispatch_id, dispatch.attempt, &output).await;
     assert!(ack.accepted, "recorded as the call's error: {ack:?}");
     let outcome = turn.await.unwrap().unwrap();
     let result = &outcome.results[0];
@@ -419,7 +349,12 @@ async fn oversized_arguments_are_refused_and_an_oversized_result_fails_only_its_
     // The session goes on.
     let turn = submit_later(&kernel, &run, 1, vec![call("big", json!({"n": 2}))]);
     let dispatch = worker.dispatch().await;
-    assert!(worker.result(&dispatch, "\"small\"".into()).await.accepted);
+    assert!(
+        worker
+            .result(&dispatch.dispatch_id, dispatch.attempt, "\"small\"")
+            .await
+            .accepted
+    );
     let outcome = turn.await.unwrap().unwrap();
     assert_eq!(outcome.results[0].content, "small");
     check_log(&kernel.events(&run).await, true);
@@ -447,7 +382,7 @@ async fn a_frame_over_the_message_limit_is_refused_naming_the_limit() {
     );
     assert_eq!(kernel.events(&run).await.len(), before);
 
-    let mut worker = RawWorker::open(&kernel, "wordy").await.unwrap();
+    let mut worker = RawWorker::offering(&kernel, "wordy").await.unwrap();
     let turn = submit_later(&kernel, &run, 0, vec![call("wordy", json!({}))]);
     let dispatch = worker.dispatch().await;
     worker
@@ -498,7 +433,7 @@ async fn per_run_limits_refuse_a_turn_and_write_nothing() {
         ..KernelOptions::default()
     });
     let _helper = kernel.worker("helper");
-    let mut holder = RawWorker::open(&kernel, "held").await.unwrap();
+    let mut holder = RawWorker::offering(&kernel, "held").await.unwrap();
     let run = kernel.create_run("limited").await;
     let before = kernel.events(&run).await.len();
 
@@ -539,7 +474,12 @@ async fn per_run_limits_refuse_a_turn_and_write_nothing() {
     // Resubmitting the held turn joins its calls instead of adding to them.
     let joined = submit_later(&kernel, &run, 0, held_calls);
     for dispatch in &dispatches {
-        assert!(holder.result(dispatch, "1".into()).await.accepted);
+        assert!(
+            holder
+                .result(&dispatch.dispatch_id, dispatch.attempt, "1")
+                .await
+                .accepted
+        );
     }
     assert_eq!(held_turn.await.unwrap().unwrap().results.len(), 3);
     assert_eq!(joined.await.unwrap().unwrap().results.len(), 3);

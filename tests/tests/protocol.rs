@@ -3,102 +3,18 @@
 
 use std::time::Duration;
 
-use e2e::{Kernel, WAIT, Watch, call, check_log, submit};
-use kernel_proto::canonical;
+use e2e::raw::{RawWorker, tool_spec};
+use e2e::{Kernel, Watch, call, check_log, submit};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::open_session_request::Message as In;
-use kernel_proto::v1::open_session_response::Message as Out;
-use kernel_proto::v1::worker_service_client::WorkerServiceClient;
 use serde_json::json;
-use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
-
-fn spec(name: &str, description: &str) -> pb::ToolSpec {
-    let schema = json!({"type": "object"});
-    pb::ToolSpec {
-        name: name.into(),
-        description: description.into(),
-        input_schema_json: schema.to_string(),
-        version: "1".into(),
-        fingerprint: canonical::tool_fingerprint(name, description, &schema, "1"),
-        options: None,
-    }
-}
-
-/// A worker session driven by hand.
-struct RawWorker {
-    tx: mpsc::Sender<pb::OpenSessionRequest>,
-    rx: tonic::Streaming<pb::OpenSessionResponse>,
-}
-
-impl RawWorker {
-    async fn open(kernel: &Kernel, tools: Vec<pb::ToolSpec>) -> Result<(RawWorker, pb::Welcome), tonic::Status> {
-        let (tx, outbound) = mpsc::channel(16);
-        let hello = pb::Hello {
-            worker_name: "raw".into(),
-            tools,
-            max_concurrency: 4,
-            sdk_version: "test".into(),
-        };
-        tx.send(pb::OpenSessionRequest {
-            message: Some(In::Hello(hello)),
-        })
-        .await
-        .unwrap();
-        let mut client = WorkerServiceClient::connect(kernel.url()).await.unwrap();
-        let mut rx = client.open_session(ReceiverStream::new(outbound)).await?.into_inner();
-        let welcome = match rx.next().await.expect("welcome")?.message {
-            Some(Out::Welcome(welcome)) => welcome,
-            other => panic!("expected a welcome, got {other:?}"),
-        };
-        Ok((RawWorker { tx, rx }, welcome))
-    }
-
-    async fn send(&self, message: In) {
-        self.tx
-            .send(pb::OpenSessionRequest { message: Some(message) })
-            .await
-            .unwrap();
-    }
-
-    async fn next(&mut self) -> Out {
-        let message = tokio::time::timeout(WAIT, self.rx.next())
-            .await
-            .expect("session stalled");
-        message
-            .expect("stream open")
-            .expect("no error")
-            .message
-            .expect("message")
-    }
-
-    async fn dispatch(&mut self) -> pb::Dispatch {
-        match self.next().await {
-            Out::Dispatch(dispatch) => dispatch,
-            other => panic!("expected a dispatch, got {other:?}"),
-        }
-    }
-
-    async fn result(&mut self, dispatch_id: &str, attempt: u32, output: &str) -> pb::ResultAck {
-        self.send(In::Result(pb::DispatchResult {
-            dispatch_id: dispatch_id.into(),
-            attempt,
-            outcome: Some(pb::dispatch_result::Outcome::OutputJson(output.into())),
-        }))
-        .await;
-        match self.next().await {
-            Out::ResultAck(ack) => ack,
-            other => panic!("expected a result ack, got {other:?}"),
-        }
-    }
-}
 
 #[tokio::test]
 async fn results_from_a_dispatch_not_held_are_refused_and_record_nothing() {
     let kernel = Kernel::start();
-    let (mut worker, welcome) = RawWorker::open(&kernel, vec![spec("raw_tool", "a raw tool")])
+    let (mut worker, welcome) = RawWorker::open(&kernel, vec![tool_spec("raw_tool", "a raw tool")])
         .await
         .unwrap();
     assert!(!welcome.session_id.is_empty());
@@ -168,12 +84,12 @@ async fn results_from_a_dispatch_not_held_are_refused_and_record_nothing() {
 #[tokio::test]
 async fn a_conflicting_registration_is_refused_naming_both_fingerprints() {
     let kernel = Kernel::start();
-    let first = spec("shared", "version one");
+    let first = tool_spec("shared", "version one");
     let (_worker, _) = RawWorker::open(&kernel, vec![first.clone()]).await.unwrap();
     let (_same, _) = RawWorker::open(&kernel, vec![first.clone()])
         .await
         .expect("the same fingerprint may be shared");
-    let second = spec("shared", "version two");
+    let second = tool_spec("shared", "version two");
     let status = RawWorker::open(&kernel, vec![second.clone()])
         .await
         .err()
@@ -186,7 +102,7 @@ async fn a_conflicting_registration_is_refused_naming_both_fingerprints() {
 #[tokio::test]
 async fn malformed_hellos_get_precise_errors() {
     let kernel = Kernel::start();
-    let mut bad_name = spec("x", "d");
+    let mut bad_name = tool_spec("x", "d");
     bad_name.name = "no spaces allowed".into();
     let status = RawWorker::open(&kernel, vec![bad_name])
         .await
@@ -199,7 +115,7 @@ async fn malformed_hellos_get_precise_errors() {
         status.message()
     );
 
-    let mut lying = spec("x", "d");
+    let mut lying = tool_spec("x", "d");
     lying.fingerprint = "0".repeat(64);
     let status = RawWorker::open(&kernel, vec![lying])
         .await
@@ -229,7 +145,7 @@ async fn malformed_hellos_get_precise_errors() {
 #[tokio::test]
 async fn a_silent_worker_loses_its_session_and_its_call_goes_to_another() {
     let kernel = Kernel::start();
-    let (mut silent, welcome) = RawWorker::open(&kernel, vec![spec("raw_tool", "a raw tool")])
+    let (mut silent, welcome) = RawWorker::open(&kernel, vec![tool_spec("raw_tool", "a raw tool")])
         .await
         .unwrap();
     let run = kernel.create_run("raw").await;
@@ -247,7 +163,7 @@ async fn a_silent_worker_loses_its_session_and_its_call_goes_to_another() {
         let lost = watch.event("tool:lease_lost", |_| true).await;
         assert_eq!(lost["dispatch_id"], first.dispatch_id.as_str());
         assert!(lost["reason"].as_str().unwrap().contains("lease expired"), "{lost}");
-        let (mut second, _) = RawWorker::open(kernel_ref, vec![spec("raw_tool", "a raw tool")])
+        let (mut second, _) = RawWorker::open(kernel_ref, vec![tool_spec("raw_tool", "a raw tool")])
             .await
             .unwrap();
         let redispatch = second.dispatch().await;

@@ -4,16 +4,13 @@
 
 use std::time::{Duration, Instant};
 
+use e2e::raw::RawWorker;
 use e2e::{Kernel, WAIT, call, check_log, submit};
-use kernel_proto::canonical;
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::open_session_request::Message as In;
 use kernel_proto::v1::open_session_response::Message as Out;
-use kernel_proto::v1::worker_service_client::WorkerServiceClient;
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
-use tokio_stream::wrappers::ReceiverStream;
 
 /// Submits one call as its own turn and returns its content (`null` when the cache is empty).
 async fn one(kernel: &Kernel, run: &str, turn: u32, tool: &str, arguments: Value) -> String {
@@ -101,90 +98,6 @@ async fn an_entry_expires_after_its_ttl() {
     );
 }
 
-/// A worker session driven by hand, offering one tool.
-struct RawWorker {
-    tx: mpsc::Sender<pb::OpenSessionRequest>,
-    rx: tonic::Streaming<pb::OpenSessionResponse>,
-    next_request: u64,
-}
-
-impl RawWorker {
-    async fn open(kernel: &Kernel, tool: &str) -> RawWorker {
-        let schema = json!({"type": "object"});
-        let spec = pb::ToolSpec {
-            name: tool.into(),
-            description: "a raw tool".into(),
-            input_schema_json: schema.to_string(),
-            version: "1".into(),
-            fingerprint: canonical::tool_fingerprint(tool, "a raw tool", &schema, "1"),
-            options: None,
-        };
-        let (tx, outbound) = mpsc::channel(16);
-        let hello = pb::Hello {
-            worker_name: "raw".into(),
-            tools: vec![spec],
-            max_concurrency: 4,
-            sdk_version: "test".into(),
-        };
-        tx.send(pb::OpenSessionRequest {
-            message: Some(In::Hello(hello)),
-        })
-        .await
-        .unwrap();
-        let mut client = WorkerServiceClient::connect(kernel.url()).await.unwrap();
-        let rx = client
-            .open_session(ReceiverStream::new(outbound))
-            .await
-            .unwrap()
-            .into_inner();
-        let mut worker = RawWorker {
-            tx,
-            rx,
-            next_request: 1,
-        };
-        assert!(matches!(worker.next().await, Out::Welcome(_)));
-        worker
-    }
-
-    async fn send(&self, message: In) {
-        self.tx
-            .send(pb::OpenSessionRequest { message: Some(message) })
-            .await
-            .unwrap();
-    }
-
-    async fn next(&mut self) -> Out {
-        let message = tokio::time::timeout(WAIT, self.rx.next())
-            .await
-            .expect("session stalled");
-        message
-            .expect("stream open")
-            .expect("no error")
-            .message
-            .expect("message")
-    }
-
-    /// Sends one cache request for `(dispatch_id, attempt)` and returns the kernel's answer.
-    async fn cache(&mut self, dispatch_id: &str, attempt: u32, op: pb::cache_request::Op) -> pb::CacheResponse {
-        let request_id = self.next_request;
-        self.next_request += 1;
-        self.send(In::Cache(pb::CacheRequest {
-            request_id,
-            dispatch_id: dispatch_id.into(),
-            attempt,
-            op: Some(op),
-        }))
-        .await;
-        match self.next().await {
-            Out::Cache(answer) => {
-                assert_eq!(answer.request_id, request_id);
-                answer
-            }
-            other => panic!("expected a cache answer, got {other:?}"),
-        }
-    }
-}
-
 fn get(key: &str) -> pb::cache_request::Op {
     pb::cache_request::Op::Get(pb::CacheGet { key: key.into() })
 }
@@ -207,7 +120,7 @@ async fn requests_are_fenced_by_a_held_dispatch_and_refusals_write_nothing() {
         "1"
     );
 
-    let mut raw = RawWorker::open(&kernel, "raw_tool").await;
+    let mut raw = RawWorker::offering(&kernel, "raw_tool").await.unwrap();
     let refused = raw.cache("not-a-dispatch", 1, get("shared")).await;
     assert!(
         refused
