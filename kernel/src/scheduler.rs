@@ -893,6 +893,7 @@ mod tests {
                 }],
                 available_tools: vec!["t".into()],
                 default_timeout_ms: 30_000,
+                max_pending_calls: 1024,
             })
             .await
             .unwrap();

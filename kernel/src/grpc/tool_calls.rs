@@ -157,6 +157,7 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, Ke
         calls,
         available_tools: kernel.registry.names(),
         default_timeout_ms: kernel.default_timeout_ms,
+        max_pending_calls: kernel.limits.max_pending_calls_per_run,
     };
     Ok(Planned { plan, checks, run })
 }
@@ -169,26 +170,10 @@ struct Planned {
     run: crate::model::RunRecord,
 }
 
-/// Decides each call's gate (argument validation, policy, approval) and price, and checks the
-/// run's pending-call limit. Skipped for a turn that only replays recorded results.
+/// Decides each call's gate (argument validation, policy, approval) and price. Skipped for a turn
+/// that only replays recorded results.
 async fn decide(kernel: &Kernel, planned: Planned) -> Result<TurnPlan, KernelError> {
     let Planned { mut plan, checks, run } = planned;
-    let (run_id, calls, limits) = (&plan.run_id, &plan.calls, &kernel.limits);
-    // Calls of this turn already in flight are joined, not added; every other unsettled call counts.
-    let unsettled = kernel.store.reads.unsettled_step_keys(run_id.clone()).await?;
-    let pending = calls.len()
-        + unsettled
-            .iter()
-            .filter(|key| !calls.iter().any(|c| c.key.to_string() == **key))
-            .count();
-    if pending > limits.max_pending_calls_per_run {
-        return Err(limits::exceeded(
-            "calls",
-            format!("run {run_id} would have {pending} unsettled calls"),
-            format!("{} per run", limits.max_pending_calls_per_run),
-            "max-pending-calls-per-run",
-        ));
-    }
     for (call, (known, args)) in plan.calls.iter_mut().zip(checks) {
         if let Some(tool) = known {
             call.gate = kernel.governance.gate(&tool, &args, &run);

@@ -96,6 +96,8 @@ pub struct TurnPlan {
     /// Registered tool names, for the unknown-tool message.
     pub available_tools: Vec<String>,
     pub default_timeout_ms: u64,
+    /// Unsettled calls a run may have; checked inside the write, so concurrent turns cannot both pass.
+    pub max_pending_calls: usize,
 }
 
 /// What recording a turn decided for one call.

@@ -212,6 +212,29 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
             }
         }
     }
+    // Calls of this turn already recorded are joined or replayed, not added.
+    let mut new_calls = 0;
+    for call in &plan.calls {
+        if load_step(tx.conn, &run.id, &call.key)?.is_none() {
+            new_calls += 1;
+        }
+    }
+    if new_calls > 0 {
+        let unsettled: usize = tx
+            .conn
+            .prepare_cached(
+                "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running', 'awaiting_approval')",
+            )?
+            .query_row([run.id.as_str()], |row| row.get(0))?;
+        if unsettled + new_calls > plan.max_pending_calls {
+            return Err(crate::limits::exceeded(
+                "calls",
+                format!("run {} would have {} unsettled calls", run.id, unsettled + new_calls),
+                format!("{} per run", plan.max_pending_calls),
+                "max-pending-calls-per-run",
+            ));
+        }
+    }
     if run.status == RunStatus::Pending {
         tx.conn
             .prepare_cached("UPDATE runs SET status = 'running', updated_at = ?2 WHERE id = ?1")?

@@ -86,18 +86,6 @@ impl Readers {
         .await
     }
 
-    /// Keys of a run's steps that are not yet settled (pending, running or awaiting approval).
-    pub async fn unsettled_step_keys(&self, id: RunId) -> Result<Vec<String>, KernelError> {
-        self.with(move |conn| {
-            conn.prepare_cached(
-                "SELECT step_key FROM steps WHERE run_id = ?1 AND status NOT IN ('succeeded', 'failed', 'cancelled')",
-            )?
-            .query_map([id.as_str()], |row| row.get(0))?
-            .collect()
-        })
-        .await
-    }
-
     pub async fn runs(&self, filter: RunFilter) -> Result<Vec<RunRecord>, KernelError> {
         self.with(move |conn| {
             let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE 1 = 1");

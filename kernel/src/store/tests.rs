@@ -79,6 +79,7 @@ fn plan(run: &RunId, turn: u32, calls: Vec<PlannedCall>) -> TurnPlan {
         calls,
         available_tools: vec!["add".into()],
         default_timeout_ms: 30_000,
+        max_pending_calls: 1024,
     }
 }
 
@@ -583,4 +584,37 @@ async fn refused_tool_cache_entries_write_nothing() {
         Some(TOOL_CACHE_MAX_VALUE_BYTES),
         "the limits are inclusive"
     );
+}
+
+#[tokio::test]
+async fn the_pending_call_limit_holds_for_concurrent_turns() {
+    let f = open();
+    let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let add = tool("add", Idempotency::SafeToRetry);
+    let turn = |n: u32| {
+        let mut plan = plan(
+            &run.id,
+            n,
+            vec![
+                call(n, 0, Some(add.clone()), "add", "{}"),
+                call(n, 1, Some(add.clone()), "add", "{}"),
+            ],
+        );
+        plan.max_pending_calls = 3;
+        plan
+    };
+    let (a, b) = tokio::join!(f.store.schedule_turn(turn(0)), f.store.schedule_turn(turn(1)));
+    let refused = [&a, &b]
+        .iter()
+        .filter(|r| matches!(r, Err(KernelError::LimitExceeded { .. })))
+        .count();
+    assert_eq!(
+        refused, 1,
+        "two turns of two calls cannot both fit under a limit of three: {a:?} {b:?}"
+    );
+    let pending = f.store.reads.steps(run.id.clone()).await.unwrap();
+    assert_eq!(pending.len(), 2, "the refused turn wrote nothing");
+    // Resubmitting the admitted turn joins its calls: they are not counted twice.
+    let admitted = if a.is_ok() { 0 } else { 1 };
+    assert!(f.store.schedule_turn(turn(admitted)).await.is_ok());
 }
