@@ -154,14 +154,7 @@ impl Process {
     /// SIGTERM, then waits up to `within` for the exit; returns whether it exited successfully.
     pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         self.signal("TERM");
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        self.wait_exit(within)
     }
 }
 

@@ -383,54 +383,45 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
                 cached.as_deref(),
             ])?;
         let step = tx.step(&run.id, &call.key)?;
+        // A call settled at once, without running, is described the same way whatever settled it.
+        let settled_at_once = |outcome: Value| {
+            let mut body = json!({
+                "step_key": step.key,
+                "turn": plan.turn,
+                "position": call.position,
+                "call_id": call.call_id,
+                "tool": call.tool_name,
+                "version": version,
+                "fingerprint": fingerprint,
+                "arguments": arguments,
+                "attempts": 0,
+                "cost": 0.0,
+            });
+            if let (Value::Object(body), Value::Object(outcome)) = (&mut body, outcome) {
+                body.extend(outcome);
+            }
+            body
+        };
         if let Some(refusal) = refusal {
-            tx.append(
-                &run.id,
-                refusal.event,
-                json!({
-                    "step_key": step.key,
-                    "turn": plan.turn,
-                    "position": call.position,
-                    "call_id": call.call_id,
-                    "tool": call.tool_name,
-                    "version": version,
-                    "fingerprint": fingerprint,
-                    "arguments": arguments,
-                    "status": "error",
-                    "error": refusal.message,
-                    "error_kind": ErrorKind::Fatal.as_str(),
-                    "reason": refusal.reason,
-                    "decided_by": refusal.decided_by,
-                    "attempts": 0,
-                    "cost": 0.0,
-                }),
-                Some(step.clone()),
-            )?;
+            let payload = settled_at_once(json!({
+                "status": "error",
+                "error": refusal.message,
+                "error_kind": ErrorKind::Fatal.as_str(),
+                "reason": refusal.reason,
+                "decided_by": refusal.decided_by,
+            }));
+            tx.append(&run.id, refusal.event, payload, Some(step.clone()))?;
             dispositions.push(CallDisposition::Settled(step));
             continue;
         }
         if let Some(output) = &cached {
-            tx.append(
-                &run.id,
-                EventType::ToolResult,
-                json!({
-                    "step_key": step.key,
-                    "turn": plan.turn,
-                    "position": call.position,
-                    "call_id": call.call_id,
-                    "tool": call.tool_name,
-                    "version": version,
-                    "fingerprint": fingerprint,
-                    "arguments": arguments,
-                    "status": "ok",
-                    "output": json_or_string(output),
-                    "cache": "hit",
-                    "decided_by": decided_by,
-                    "attempts": 0,
-                    "cost": 0.0,
-                }),
-                Some(step.clone()),
-            )?;
+            let payload = settled_at_once(json!({
+                "status": "ok",
+                "output": json_or_string(output),
+                "cache": "hit",
+                "decided_by": decided_by,
+            }));
+            tx.append(&run.id, EventType::ToolResult, payload, Some(step.clone()))?;
             dispositions.push(CallDisposition::Settled(step));
             continue;
         }
