@@ -70,6 +70,8 @@ pub enum Command {
     /// Calls parked for a person's approval: list, approve, reject.
     #[command(subcommand)]
     Approvals(ApprovalsCommand),
+    /// What the kernel holds now: sessions, queued and leased calls, live runs, memory (needs admin).
+    Status,
     /// Measure the kernel: round-trip latency, throughput, replay and payload sizes.
     Bench(BenchArgs),
     /// API keys for the kernel's auth file; works offline, without a kernel.

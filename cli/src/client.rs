@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use kernel_proto::v1::admin_service_client::AdminServiceClient;
 use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
 use kernel_proto::v1::registry_service_client::RegistryServiceClient;
 use kernel_proto::v1::run_service_client::RunServiceClient;
@@ -38,6 +39,7 @@ pub struct Kernel {
     pub runs: RunServiceClient<Authed>,
     pub registry: RegistryServiceClient<Authed>,
     pub approvals: ApprovalServiceClient<Authed>,
+    pub admin: AdminServiceClient<Authed>,
 }
 
 /// The channel under every client, adding the API key (if any) to each call.
@@ -107,6 +109,7 @@ impl Kernel {
         Ok(Self {
             runs: RunServiceClient::with_interceptor(channel.clone(), api_key.clone()),
             approvals: ApprovalServiceClient::with_interceptor(channel.clone(), api_key.clone()),
+            admin: AdminServiceClient::with_interceptor(channel.clone(), api_key.clone()),
             registry: RegistryServiceClient::with_interceptor(channel, api_key),
         })
     }

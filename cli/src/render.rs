@@ -12,7 +12,8 @@ use comfy_table::{ContentArrangement, Table, presets};
 
 use crate::time::{Precision, UtcTime};
 use crate::view::{
-    ApprovalView, EventView, Json, ProgressView, RunDetail, RunView, StepView, ToolOptionsView, ToolView, WorkerView,
+    ApprovalView, EventView, Json, ProgressView, RunDetail, RunView, StatusView, StepView, ToolOptionsView, ToolView,
+    WorkerView,
 };
 
 /// Characters of JSON shown in human output before it is cut.
@@ -478,6 +479,41 @@ pub fn workers_table(workers: &[WorkerView]) -> String {
     )
 }
 
+/// Bytes in binary units with one decimal: `812.0 KiB`, `41.3 MiB`.
+fn bytes(n: Option<u64>) -> String {
+    let Some(n) = n else {
+        return NONE.to_owned();
+    };
+    let units = ["B", "KiB", "MiB", "GiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < units.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}
+
+pub fn status_text(status: &StatusView) -> String {
+    fields(
+        &[
+            ("version", status.version.clone()),
+            ("started", time(status.started_at)),
+            ("worker sessions", status.worker_sessions.to_string()),
+            ("queued calls", status.queued_calls.to_string()),
+            ("leased calls", status.leased_calls.to_string()),
+            ("live runs", status.live_runs.to_string()),
+            ("resident", bytes(status.resident_bytes)),
+            ("allocated", bytes(status.allocated_bytes)),
+        ],
+        "",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -693,6 +729,29 @@ mod tests {
         assert!(lines[1].contains("mailer, backup"));
         assert!(lines[2].contains("none connected"));
         assert!(lines[1].ends_with(&format!("{}…", "d".repeat(DESCRIPTION_CUT))));
+    }
+
+    #[test]
+    fn status_layout() {
+        let status = StatusView::from(pb::GetStatusResponse {
+            version: "0.1.0".into(),
+            started_at: Some(prost_types::Timestamp {
+                seconds: 1_700_000_000,
+                nanos: 0,
+            }),
+            worker_sessions: 2,
+            queued_calls: 0,
+            leased_calls: 3,
+            live_runs: 1,
+            resident_bytes: 43_302_912,
+            allocated_bytes: 0,
+        });
+        let text = status_text(&status);
+        assert!(text.contains("worker sessions:  2"), "{text}");
+        assert!(text.contains("resident:         41.3 MiB"), "{text}");
+        assert!(text.contains(&format!("allocated:        {NONE}")), "{text}");
+        assert_eq!(bytes(Some(512)), "512 B");
+        assert_eq!(bytes(Some(1536)), "1.5 KiB");
     }
 
     #[test]

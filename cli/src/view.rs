@@ -429,6 +429,34 @@ impl From<pb::WorkerInfo> for WorkerView {
     }
 }
 
+/// What the kernel holds in memory now. Byte figures the kernel could not read are `null`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StatusView {
+    pub version: String,
+    pub started_at: Option<UtcTime>,
+    pub worker_sessions: u32,
+    pub queued_calls: u32,
+    pub leased_calls: u32,
+    pub live_runs: u32,
+    pub resident_bytes: Option<u64>,
+    pub allocated_bytes: Option<u64>,
+}
+
+impl From<pb::GetStatusResponse> for StatusView {
+    fn from(status: pb::GetStatusResponse) -> Self {
+        Self {
+            version: status.version,
+            started_at: status.started_at.map(UtcTime::from),
+            worker_sessions: status.worker_sessions,
+            queued_calls: status.queued_calls,
+            leased_calls: status.leased_calls,
+            live_runs: status.live_runs,
+            resident_bytes: (status.resident_bytes > 0).then_some(status.resident_bytes),
+            allocated_bytes: (status.allocated_bytes > 0).then_some(status.allocated_bytes),
+        }
+    }
+}
+
 /// `pending`, `running`, `blocked`, `completed`, `failed`, `cancelled`.
 pub fn run_status_name(raw: i32) -> String {
     enum_name(raw, |status| match status {

@@ -2,7 +2,9 @@
 //! each commit) and ephemeral progress (published by worker sessions, never logged).
 //!
 //! Subscribers are agents waiting for their turn's results and event watchers. A subscriber that
-//! falls behind is told it lagged and re-reads from the store, which is the truth.
+//! falls behind is told it lagged and re-reads from the store, which is the truth. A run's channel
+//! lives exactly as long as it has subscribers: the last one to leave drops it, so a thousand
+//! finished turns leave nothing behind.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,8 +17,6 @@ use crate::store::Published;
 /// Per-run buffer, allocated when a run gets its first subscriber; a subscriber further behind
 /// than this re-reads from the store.
 const CAPACITY: usize = 256;
-/// Above this many channels, those nobody listens to any more are dropped.
-const PRUNE_ABOVE: usize = 1024;
 
 /// An ephemeral progress update of a running call.
 #[derive(Clone, Debug)]
@@ -47,23 +47,32 @@ pub struct Hub {
 
 impl Hub {
     /// Subscribes to a run's signals; subscribe before reading the store so nothing falls between.
-    pub fn subscribe(&self, run: &RunId) -> broadcast::Receiver<Signal> {
-        let mut runs = self.runs.lock().expect("hub poisoned");
-        if runs.len() > PRUNE_ABOVE {
-            runs.retain(|_, sender| sender.receiver_count() > 0);
-        }
-        runs.entry(run.clone())
+    pub fn subscribe(&self, run: &RunId) -> Subscription {
+        let receiver = self
+            .runs
+            .lock()
+            .expect("hub poisoned")
+            .entry(run.clone())
             .or_insert_with(|| broadcast::channel(CAPACITY).0)
-            .subscribe()
+            .subscribe();
+        Subscription {
+            receiver,
+            run: run.clone(),
+            hub: self.clone(),
+        }
     }
 
     fn send(&self, run: &RunId, signal: Signal) {
-        let mut runs = self.runs.lock().expect("hub poisoned");
-        if let Some(sender) = runs.get(run)
-            && (sender.send(signal).is_err() || sender.receiver_count() == 0)
-        {
-            runs.remove(run);
+        let runs = self.runs.lock().expect("hub poisoned");
+        if let Some(sender) = runs.get(run) {
+            // No receiver is not an error: the last one may be leaving right now.
+            let _ = sender.send(signal);
         }
+    }
+
+    /// Runs with a live channel: a turn waiting for its results or a watcher.
+    pub fn channels(&self) -> usize {
+        self.runs.lock().expect("hub poisoned").len()
     }
 
     /// Publishes what a store batch committed.
@@ -78,5 +87,78 @@ impl Hub {
     pub fn publish_progress(&self, update: ProgressUpdate) {
         let run = update.run_id.clone();
         self.send(&run, Signal::Progress(Arc::new(update)));
+    }
+}
+
+/// One subscriber's view of a run's signals; dropping the last one frees the run's channel.
+pub struct Subscription {
+    receiver: broadcast::Receiver<Signal>,
+    run: RunId,
+    hub: Hub,
+}
+
+impl Subscription {
+    /// The next signal, or `Lagged` when this subscriber fell behind (re-read the store).
+    pub async fn recv(&mut self) -> Result<Signal, broadcast::error::RecvError> {
+        self.receiver.recv().await
+    }
+
+    #[cfg(test)]
+    pub fn try_recv(&mut self) -> Result<Signal, broadcast::error::TryRecvError> {
+        self.receiver.try_recv()
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut runs = self.hub.runs.lock().expect("hub poisoned");
+        // Under the lock nobody can subscribe, and this receiver keeps the channel in the map, so
+        // a count of one is this subscriber alone.
+        if runs.get(&self.run).is_some_and(|sender| sender.receiver_count() == 1) {
+            runs.remove(&self.run);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_subscriber_to_leave_frees_the_runs_channel() {
+        let hub = Hub::default();
+        let (one, two) = (RunId::new(), RunId::new());
+        let first = hub.subscribe(&one);
+        let second = hub.subscribe(&one);
+        let other = hub.subscribe(&two);
+        assert_eq!(hub.channels(), 2);
+        drop(first);
+        assert_eq!(hub.channels(), 2, "a subscriber is still listening to the run");
+        drop(second);
+        assert_eq!(hub.channels(), 1, "the run's channel left with its last subscriber");
+        drop(other);
+        assert_eq!(hub.channels(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_channel_made_again_after_its_subscribers_left_delivers() {
+        let hub = Hub::default();
+        let run = RunId::new();
+        drop(hub.subscribe(&run));
+        let mut again = hub.subscribe(&run);
+        hub.publish_progress(ProgressUpdate {
+            run_id: run.clone(),
+            key: crate::model::StepKey::for_call(0, 0, None),
+            position: 0,
+            tool: "t".into(),
+            message: "half".into(),
+            data_json: String::new(),
+            current: 1,
+            total: 2,
+        });
+        match again.recv().await {
+            Ok(Signal::Progress(update)) => assert_eq!(update.message, "half"),
+            other => panic!("expected the progress update, got {other:?}"),
+        }
     }
 }

@@ -20,6 +20,7 @@ pub mod governance;
 pub mod grpc;
 pub mod hub;
 pub mod limits;
+pub mod memory;
 pub mod model;
 pub mod policy;
 pub mod registry;

@@ -9,10 +9,11 @@ use crate::model::{Millis, ToolDef};
 use crate::policy::{Predicate, compile_predicate};
 use crate::validation::ArgsValidator;
 
-/// A known tool, what its calls are checked with, and when it was seen.
-#[derive(Clone, Debug)]
+/// A known tool, what its calls are checked with, and when it was seen. Shared, not cloned: a
+/// turn of many calls holds one reference per call, not a copy of the schema and its validator.
+#[derive(Debug)]
 pub struct KnownTool {
-    pub def: ToolDef,
+    pub def: Arc<ToolDef>,
     /// `None` only for a stored tool whose schema no longer compiles.
     pub validator: Option<ArgsValidator>,
     /// The tool's `requires_approval` predicate over `args`, compiled; `Err` when a stored
@@ -33,7 +34,7 @@ impl KnownTool {
             Some(compile_predicate(expr))
         };
         KnownTool {
-            def,
+            def: Arc::new(def),
             validator,
             approval_predicate,
             first_seen_at,
@@ -45,7 +46,7 @@ impl KnownTool {
 /// A cheap handle on the known tools.
 #[derive(Clone, Default)]
 pub struct Registry {
-    tools: Arc<RwLock<BTreeMap<String, KnownTool>>>,
+    tools: Arc<RwLock<BTreeMap<String, Arc<KnownTool>>>>,
 }
 
 impl Registry {
@@ -53,7 +54,10 @@ impl Registry {
         let map = tools
             .into_iter()
             .map(|(def, first_seen_at, last_seen_at)| {
-                (def.name.clone(), KnownTool::new(def, first_seen_at, last_seen_at))
+                (
+                    def.name.clone(),
+                    Arc::new(KnownTool::new(def, first_seen_at, last_seen_at)),
+                )
             })
             .collect();
         Registry {
@@ -61,7 +65,7 @@ impl Registry {
         }
     }
 
-    pub fn get(&self, name: &str) -> Option<KnownTool> {
+    pub fn get(&self, name: &str) -> Option<Arc<KnownTool>> {
         self.tools.read().expect("registry poisoned").get(name).cloned()
     }
 
@@ -70,7 +74,7 @@ impl Registry {
         self.tools.read().expect("registry poisoned").keys().cloned().collect()
     }
 
-    pub fn all(&self) -> Vec<KnownTool> {
+    pub fn all(&self) -> Vec<Arc<KnownTool>> {
         self.tools
             .read()
             .expect("registry poisoned")
@@ -84,7 +88,10 @@ impl Registry {
         let mut tools = self.tools.write().expect("registry poisoned");
         for def in defs {
             let first_seen_at = tools.get(&def.name).map(|t| t.first_seen_at).unwrap_or(now);
-            tools.insert(def.name.clone(), KnownTool::new(def.clone(), first_seen_at, now));
+            tools.insert(
+                def.name.clone(),
+                Arc::new(KnownTool::new(def.clone(), first_seen_at, now)),
+            );
         }
     }
 }

@@ -7,7 +7,7 @@
 //! may run the tool. Connection state here is advisory; the store is the truth, and every lease
 //! loss goes through the store's fenced write.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -18,6 +18,10 @@ use tracing::{debug, info, warn};
 use crate::error::KernelError;
 use crate::model::{Millis, RunId, StepKey, StepRecord, StepStatus, ToolDef, now_millis};
 use crate::store::{LeaseLoss, LossOutcome, StartDispatch, Store, human_ms};
+
+mod queue;
+
+use queue::Queue;
 
 /// Timing of sessions and leases.
 #[derive(Clone, Debug)]
@@ -91,6 +95,14 @@ pub struct WorkerSnapshot {
     pub last_heartbeat_at: Millis,
 }
 
+/// What the scheduler holds in memory; all three return to zero when the kernel is idle.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedulerGauges {
+    pub sessions: usize,
+    pub queued: usize,
+    pub leased: usize,
+}
+
 enum Msg {
     Join {
         hello: SessionHello,
@@ -122,6 +134,7 @@ enum Msg {
         reason: String,
     },
     Snapshot(oneshot::Sender<Vec<WorkerSnapshot>>),
+    Gauges(oneshot::Sender<SchedulerGauges>),
     /// What the store says is in flight, for the periodic scan.
     Reconcile(Vec<StepRecord>),
 }
@@ -142,7 +155,7 @@ impl Scheduler {
             store,
             me: tx.clone(),
             sessions: HashMap::new(),
-            queue: VecDeque::new(),
+            queue: Queue::default(),
             leases: HashMap::new(),
             turn: 0,
             expiring: Default::default(),
@@ -207,6 +220,15 @@ impl Scheduler {
         }
     }
 
+    /// How many sessions, queued calls and leases the scheduler holds.
+    pub async fn gauges(&self) -> Result<SchedulerGauges, KernelError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Msg::Gauges(reply));
+        answer
+            .await
+            .map_err(|_| KernelError::Unavailable("the scheduler has stopped".into()))
+    }
+
     /// The connected workers.
     pub async fn snapshot(&self) -> Result<Vec<WorkerSnapshot>, KernelError> {
         let (reply, answer) = oneshot::channel();
@@ -232,31 +254,6 @@ struct Session {
 impl Session {
     fn can_take(&self, tool: &str) -> bool {
         !self.draining && self.in_use < self.max_concurrency && self.tools.contains_key(tool)
-    }
-}
-
-struct Queued {
-    step: StepRecord,
-    since: Instant,
-    /// A retry waits for its backoff; the time lives in the store, this is its local clock.
-    not_before: Option<Instant>,
-}
-
-impl Queued {
-    fn new(step: StepRecord) -> Self {
-        let now = Instant::now();
-        let not_before = step
-            .not_before
-            .map(|at| now + Duration::from_millis(at.saturating_sub(now_millis()).max(0) as u64));
-        Queued {
-            step,
-            since: now,
-            not_before,
-        }
-    }
-
-    fn ready(&self, now: Instant) -> bool {
-        self.not_before.is_none_or(|at| now >= at)
     }
 }
 
@@ -286,7 +283,7 @@ struct Actor {
     store: Store,
     me: mpsc::UnboundedSender<Msg>,
     sessions: HashMap<String, Session>,
-    queue: VecDeque<Queued>,
+    queue: Queue,
     leases: HashMap<String, Lease>,
     /// Rotates ties between equally loaded workers.
     turn: usize,
@@ -353,6 +350,13 @@ impl Actor {
             }
             Msg::CancelSteps { steps, reason } => self.cancel_steps(steps, &reason),
             Msg::Reconcile(steps) => self.reconcile(steps),
+            Msg::Gauges(reply) => {
+                let _ = reply.send(SchedulerGauges {
+                    sessions: self.sessions.len(),
+                    queued: self.queue.len(),
+                    leased: self.leases.len(),
+                });
+            }
             Msg::Snapshot(reply) => {
                 let mut workers: Vec<WorkerSnapshot> = self
                     .sessions
@@ -531,16 +535,12 @@ impl Actor {
     }
 
     fn enqueue(&mut self, step: StepRecord) {
-        let duplicate = self
-            .queue
-            .iter()
-            .any(|q| q.step.run_id == step.run_id && q.step.key == step.key)
-            || self
-                .leases
-                .values()
-                .any(|l| l.run_id == step.run_id && l.key == step.key);
-        if !duplicate {
-            self.queue.push_back(Queued::new(step));
+        let leased = self
+            .leases
+            .values()
+            .any(|l| l.run_id == step.run_id && l.key == step.key);
+        if !leased {
+            self.queue.push(step);
         }
     }
 
@@ -577,14 +577,14 @@ impl Actor {
             {
                 break;
             }
-            if !self.queue[index].ready(now) || no_session.contains(&self.queue[index].step.tool) {
+            if !self.queue.get(index).ready(now) || no_session.contains(&self.queue.get(index).step.tool) {
                 index += 1;
                 continue;
             }
-            let tool = self.queue[index].step.tool.clone();
+            let tool = self.queue.get(index).step.tool.clone();
             match self.pick(&tool) {
                 Some(session_id) => {
-                    let queued = self.queue.remove(index).expect("index in range");
+                    let queued = self.queue.remove(index);
                     self.reserve(session_id, queued.step);
                 }
                 None => {
@@ -883,7 +883,7 @@ mod tests {
                     call_id: None,
                     tool_name: "t".into(),
                     arguments: "{}".into(),
-                    tool: Some(tool("t")),
+                    tool: Some(std::sync::Arc::new(tool("t"))),
                     timeout_ms: None,
                     gate: crate::store::CallGate::Run {
                         decided_by: "default:allow".into(),

@@ -138,6 +138,7 @@ pub async fn run(
         default_timeout_ms: config.default_tool_timeout_ms,
         limits: config.limits(),
         sessions: std::sync::Arc::new(tokio::sync::Semaphore::new(config.max_sessions)),
+        started_at: crate::model::now_millis(),
     };
 
     // grpcurl and many tools still ask for v1alpha reflection; serve both.

@@ -16,6 +16,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use kernel_proto::v1 as pb;
+use kernel_proto::v1::admin_service_client::AdminServiceClient;
 use kernel_proto::v1::registry_service_client::RegistryServiceClient;
 use kernel_proto::v1::run_service_client::RunServiceClient;
 use kernel_proto::v1::tool_call_service_client::ToolCallServiceClient;
@@ -363,6 +364,35 @@ impl Kernel {
 
     pub async fn registry(&self) -> RegistryServiceClient<Channel> {
         RegistryServiceClient::connect(self.url()).await.expect("connect")
+    }
+
+    /// What the kernel holds in memory now (`AdminService.GetStatus`).
+    pub async fn status(&self) -> pb::GetStatusResponse {
+        AdminServiceClient::connect(self.url())
+            .await
+            .expect("connect")
+            .get_status(pb::GetStatusRequest {})
+            .await
+            .expect("get status")
+            .into_inner()
+    }
+
+    /// Waits until the kernel holds no session, queued call, lease or run channel, and returns its
+    /// status then.
+    pub async fn wait_idle(&self) -> pb::GetStatusResponse {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let status = self.status().await;
+            if status.worker_sessions == 0
+                && status.queued_calls == 0
+                && status.leased_calls == 0
+                && status.live_runs == 0
+            {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the kernel never went idle: {status:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Creates a run and returns its id.

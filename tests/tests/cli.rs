@@ -173,3 +173,25 @@ async fn runs_show_explains_a_call_waiting_for_its_retry() {
     }
     agent.abort();
 }
+
+#[tokio::test]
+async fn status_reports_sessions_and_memory() {
+    let kernel = Kernel::start();
+    let _worker = kernel.worker("w1");
+    kernel.wait_for_workers("add", 1).await;
+
+    let json: Value = serde_json::from_str(&stdout(&kernel.kernelctl(&["--json", "status"]))).unwrap();
+    assert_eq!(json["worker_sessions"], 1, "{json}");
+    assert_eq!(json["queued_calls"], 0, "{json}");
+    assert_eq!(json["leased_calls"], 0, "{json}");
+    assert_eq!(json["live_runs"], 0, "{json}");
+    assert_eq!(json["version"], env!("CARGO_PKG_VERSION"), "{json}");
+    // The kernel binary runs on jemalloc, so both memory figures are known.
+    assert!(json["resident_bytes"].as_u64().unwrap() > 1 << 20, "{json}");
+    assert!(json["allocated_bytes"].as_u64().unwrap() > 0, "{json}");
+
+    let human = stdout(&kernel.kernelctl(&["status"]));
+    for needle in ["worker sessions:", "resident:", "MiB", "allocated:"] {
+        assert!(human.contains(needle), "{needle:?} missing from:\n{human}");
+    }
+}

@@ -8,6 +8,7 @@ mod approvals;
 pub mod bench;
 pub mod keys;
 mod runs;
+mod status;
 mod tools;
 mod workers;
 
@@ -37,6 +38,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Approvals(ApprovalsCommand::Reject(args)) => {
             approvals::answer(&mut kernel, &mut out, args.id, false, args.decider, args.reason).await
         }
+        Command::Status => status::show(&mut kernel, &mut out).await,
         Command::Bench(_) => unreachable!("main runs `bench` through commands::bench::main"),
         Command::Keys(_) => unreachable!("main runs `keys` without a kernel"),
     }?;

@@ -138,6 +138,7 @@ fn every_kernel_method_maps_to_its_scope() {
         ("/kernel.v1.RegistryService/ListTools", Scope::RunsRead),
         ("/kernel.v1.RegistryService/ListWorkers", Scope::RunsRead),
         ("/kernel.v1.AdminService/ReloadPolicy", Scope::Admin),
+        ("/kernel.v1.AdminService/GetStatus", Scope::Admin),
         ("/kernel.v1.RunService/SomethingNew", Scope::Admin),
     ];
     for (path, scope) in expected {

@@ -27,4 +27,19 @@ impl AdminService for AdminApi {
             rules: rules as u32,
         }))
     }
+
+    async fn get_status(&self, _: Request<pb::GetStatusRequest>) -> Result<Response<pb::GetStatusResponse>, Status> {
+        let gauges = self.0.scheduler.gauges().await?;
+        let memory = crate::memory::figures();
+        Ok(Response::new(pb::GetStatusResponse {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            started_at: Some(super::convert::timestamp(self.0.started_at)),
+            worker_sessions: gauges.sessions as u32,
+            queued_calls: gauges.queued as u32,
+            leased_calls: gauges.leased as u32,
+            live_runs: self.0.hub.channels() as u32,
+            resident_bytes: memory.resident_bytes,
+            allocated_bytes: memory.allocated_bytes,
+        }))
+    }
 }

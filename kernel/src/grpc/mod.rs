@@ -39,6 +39,8 @@ pub struct Kernel {
     pub limits: crate::limits::Limits,
     /// One permit per open worker session, `limits.max_sessions` in all.
     pub sessions: std::sync::Arc<tokio::sync::Semaphore>,
+    /// When this process started serving.
+    pub started_at: crate::model::Millis,
 }
 
 /// The size of each response stream's buffer.

@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 
 use super::{Kernel, STREAM_BUFFER, convert};
 use crate::error::KernelError;
-use crate::hub::Signal;
+use crate::hub::{Signal, Subscription};
 use crate::model::{Capture, EventType, RunId, RunRecord};
 use crate::store::{EndRun, NewRun, RunFilter};
 
@@ -256,7 +256,7 @@ async fn watch(
     capture: Capture,
     from: u64,
     include_progress: bool,
-    mut live: broadcast::Receiver<Signal>,
+    mut live: Subscription,
     tx: WatchSender,
 ) {
     let mut next = from;

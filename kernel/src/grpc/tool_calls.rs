@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
+use std::sync::Arc;
 
 use futures_util::Stream;
 use kernel_proto::v1 as pb;
@@ -15,7 +16,7 @@ use tonic::{Request, Response, Status};
 
 use super::{Kernel, STREAM_BUFFER, convert};
 use crate::error::KernelError;
-use crate::hub::Signal;
+use crate::hub::{Signal, Subscription};
 use crate::limits::{self, Limits};
 use crate::model::{ApprovalRecord, ApprovalStatus, EventType, RunId, StepKey, StepRecord, StepStatus, cut};
 use crate::registry::KnownTool;
@@ -141,7 +142,7 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, Ke
             call_id,
             tool_name: name.to_owned(),
             arguments,
-            tool: known.map(|t| t.def),
+            tool: known.map(|t| t.def.clone()),
             timeout_ms: (call.timeout_ms > 0).then_some(call.timeout_ms),
             // Decided by `decide` once the turn is known not to be a pure replay.
             gate: CallGate::Run {
@@ -166,7 +167,7 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, Ke
 struct Planned {
     plan: TurnPlan,
     /// Per call: the registered tool (if any) and the parsed arguments.
-    checks: Vec<(Option<KnownTool>, serde_json::Value)>,
+    checks: Vec<(Option<Arc<KnownTool>>, serde_json::Value)>,
     run: crate::model::RunRecord,
 }
 
@@ -293,7 +294,7 @@ async fn stream_results(
     run_id: RunId,
     positions: Vec<u32>,
     dispositions: Vec<CallDisposition>,
-    mut live: broadcast::Receiver<Signal>,
+    mut live: Subscription,
     tx: TurnSender,
 ) {
     let mut ordered = Ordered {

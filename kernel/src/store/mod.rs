@@ -13,7 +13,7 @@ mod writer;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
@@ -63,7 +63,7 @@ pub struct PlannedCall {
     /// Canonical JSON text.
     pub arguments: String,
     /// `None` when no worker ever registered the tool.
-    pub tool: Option<ToolDef>,
+    pub tool: Option<Arc<ToolDef>>,
     /// The call's own timeout, overriding the tool's.
     pub timeout_ms: Option<u64>,
     /// Hash of tool, fingerprint and canonical arguments: what a resubmission must match.

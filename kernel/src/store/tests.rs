@@ -63,7 +63,7 @@ fn call(turn: u32, position: u32, tool: Option<ToolDef>, name: &str, args: &str)
         call_id: None,
         tool_name: name.into(),
         arguments: args.into(),
-        tool,
+        tool: tool.map(std::sync::Arc::new),
         timeout_ms: None,
         gate: CallGate::Run {
             decided_by: "default:allow".into(),

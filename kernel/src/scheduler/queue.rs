@@ -1,0 +1,185 @@
+//! The calls waiting for a worker slot, in arrival order, indexed by step: under load the queue
+//! holds thousands of calls, and asking whether a step is already queued must not scan them all.
+
+use std::collections::{HashSet, VecDeque};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::model::{RunId, StepKey, StepRecord, now_millis};
+
+/// Below this capacity a drained queue keeps its buffers; above it, they shrink once mostly empty,
+/// so a burst of queued calls does not keep its memory after it has been served.
+const KEEP_CAPACITY: usize = 256;
+
+pub(super) struct Queued {
+    pub step: StepRecord,
+    pub since: Instant,
+    /// A retry waits for its backoff; the time lives in the store, this is its local clock.
+    pub not_before: Option<Instant>,
+}
+
+impl Queued {
+    fn new(step: StepRecord) -> Self {
+        let now = Instant::now();
+        let not_before = step
+            .not_before
+            .map(|at| now + Duration::from_millis(at.saturating_sub(now_millis()).max(0) as u64));
+        Queued {
+            step,
+            since: now,
+            not_before,
+        }
+    }
+
+    pub fn ready(&self, now: Instant) -> bool {
+        self.not_before.is_none_or(|at| now >= at)
+    }
+}
+
+#[derive(Default)]
+pub(super) struct Queue {
+    items: VecDeque<Queued>,
+    keys: HashSet<(RunId, StepKey)>,
+}
+
+impl Queue {
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    #[cfg(test)]
+    pub fn contains(&self, run_id: &RunId, key: &StepKey) -> bool {
+        self.keys.contains(&(run_id.clone(), key.clone()))
+    }
+
+    /// Queues the step at the back unless it is queued already; says whether it was added.
+    pub fn push(&mut self, step: StepRecord) -> bool {
+        if !self.keys.insert((step.run_id.clone(), step.key.clone())) {
+            return false;
+        }
+        self.items.push_back(Queued::new(step));
+        true
+    }
+
+    pub fn get(&self, index: usize) -> &Queued {
+        &self.items[index]
+    }
+
+    pub fn remove(&mut self, index: usize) -> Queued {
+        let queued = self.items.remove(index).expect("index in range");
+        self.keys.remove(&(queued.step.run_id.clone(), queued.step.key.clone()));
+        self.shrink();
+        queued
+    }
+
+    /// Keeps the calls `keep` approves, in order.
+    pub fn retain(&mut self, mut keep: impl FnMut(&Queued) -> bool) {
+        let keys = &mut self.keys;
+        self.items.retain(|queued| {
+            let kept = keep(queued);
+            if !kept {
+                keys.remove(&(queued.step.run_id.clone(), queued.step.key.clone()));
+            }
+            kept
+        });
+        self.shrink();
+    }
+
+    fn shrink(&mut self) {
+        let len = self.items.len();
+        if self.items.capacity() > KEEP_CAPACITY && len < self.items.capacity() / 4 {
+            self.items.shrink_to(KEEP_CAPACITY.max(len * 2));
+        }
+        if self.keys.capacity() > KEEP_CAPACITY && len < self.keys.capacity() / 4 {
+            self.keys.shrink_to(KEEP_CAPACITY.max(len * 2));
+        }
+    }
+
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.items.capacity()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Idempotency, StepStatus};
+
+    fn step(run: &RunId, n: u32) -> StepRecord {
+        StepRecord {
+            run_id: run.clone(),
+            key: StepKey::for_call(0, n, None),
+            turn: 0,
+            position: n,
+            call_id: None,
+            tool: "t".into(),
+            fingerprint: String::new(),
+            version: String::new(),
+            arguments: "{}".into(),
+            call_hash: String::new(),
+            idempotency_key: String::new(),
+            idempotency: Idempotency::SafeToRetry,
+            timeout_ms: 1_000,
+            status: StepStatus::Pending,
+            attempts: 0,
+            output: None,
+            error: None,
+            error_kind: None,
+            worker: None,
+            session_id: None,
+            dispatch_id: None,
+            lease_expires_at: None,
+            created_at: 0,
+            started_at: None,
+            finished_at: None,
+            replays: 0,
+            progress_count: 0,
+            retry: None,
+            blocking: false,
+            not_before: None,
+            lease_losses: 0,
+            unit_cost: 0.0,
+            cost: 0.0,
+            decided_by: None,
+            approval_gate: None,
+            cache_ttl_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_step_is_queued_once_until_it_leaves() {
+        let run = RunId::new();
+        let mut queue = Queue::default();
+        assert!(queue.push(step(&run, 0)));
+        assert!(!queue.push(step(&run, 0)), "a second offer of a queued step is ignored");
+        assert!(queue.push(step(&run, 1)));
+        assert_eq!(queue.len(), 2);
+        let first = queue.remove(0);
+        assert_eq!(first.step.key, StepKey::for_call(0, 0, None));
+        assert!(!queue.contains(&run, &first.step.key));
+        assert!(queue.push(step(&run, 0)), "a step that left may be queued again");
+        queue.retain(|q| q.step.key != StepKey::for_call(0, 1, None));
+        assert!(!queue.contains(&run, &StepKey::for_call(0, 1, None)));
+        assert_eq!(queue.len(), 1);
+    }
+
+    #[test]
+    fn a_drained_burst_gives_its_memory_back() {
+        let run = RunId::new();
+        let mut queue = Queue::default();
+        for n in 0..10_000 {
+            queue.push(step(&run, n));
+        }
+        assert!(queue.capacity() >= 10_000);
+        while queue.len() > 0 {
+            queue.remove(0);
+        }
+        assert!(
+            queue.capacity() <= KEEP_CAPACITY * 2,
+            "capacity {} after draining",
+            queue.capacity()
+        );
+    }
+}
