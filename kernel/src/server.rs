@@ -2,6 +2,7 @@
 //! flight when the kernel last stopped; serves until shutdown, then drains within a bound.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kernel_proto::v1::admin_service_server::AdminServiceServer;
@@ -15,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tracing::{info, warn};
 
-use crate::auth::Guarded;
+use crate::auth::{Guarded, Keys};
 use crate::config::Config;
 use crate::error::KernelError;
 use crate::governance::Governance;
@@ -92,8 +93,9 @@ async fn serve(
     Ok(())
 }
 
-/// Reloads the policy file on every SIGHUP; a file that does not load leaves the current policy.
-async fn reload_on_sighup(governance: Governance, shutdown: CancellationToken) {
+/// Reloads the policy file and the auth file on every SIGHUP; a file that does not load leaves
+/// what it would have replaced in force.
+async fn reload_on_sighup(governance: Governance, keys: Option<Arc<Keys>>, shutdown: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut hangup) = signal(SignalKind::hangup()) else {
         warn!("cannot listen for SIGHUP; reload the policy through AdminService.ReloadPolicy");
@@ -103,8 +105,11 @@ async fn reload_on_sighup(governance: Governance, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = hangup.recv() => {
-                // Errors are logged by reload itself.
+                // Errors are logged by each reload.
                 let _ = governance.reload();
+                if let Some(keys) = &keys {
+                    let _ = keys.reload();
+                }
             }
         }
     }
@@ -137,8 +142,9 @@ pub async fn run(
         shutdown: shutdown.clone(),
         default_timeout_ms: config.default_tool_timeout_ms,
         limits: config.limits(),
-        sessions: std::sync::Arc::new(tokio::sync::Semaphore::new(config.max_sessions)),
+        sessions: Arc::new(tokio::sync::Semaphore::new(config.max_sessions)),
         started_at: crate::model::now_millis(),
+        keys: keys.clone(),
     };
 
     // grpcurl and many tools still ask for v1alpha reflection; serve both.
@@ -166,7 +172,7 @@ pub async fn run(
         .set_serving::<ApprovalServiceServer<ApprovalApi>>()
         .await;
     health_reporter.set_serving::<AdminServiceServer<AdminApi>>().await;
-    tokio::spawn(reload_on_sighup(governance, shutdown.clone()));
+    tokio::spawn(reload_on_sighup(governance, keys.clone(), shutdown.clone()));
 
     let listener = TcpListener::bind(config.listen)
         .await

@@ -152,6 +152,11 @@ impl Process {
         self.signal("CONT");
     }
 
+    /// SIGHUP: the kernel reads its policy and auth files again.
+    pub fn hangup(&self) {
+        self.signal("HUP");
+    }
+
     /// SIGTERM, then waits up to `within` for the exit; returns whether it exited successfully.
     pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         self.signal("TERM");

@@ -1,7 +1,8 @@
 //! API keys end to end: keys made by `kernelctl keys create`, a kernel started with `--auth-file`,
 //! and every kind of refusal (no key, wrong key, missing scope, a worker offering a tool outside
 //! its globs) answered with the right code and writing nothing; the approver recorded is the
-//! key's name; without an auth file the kernel stays on loopback unless `--insecure`.
+//! key's name; without an auth file the kernel stays on loopback unless `--insecure`; SIGHUP puts
+//! a new auth file in force and closes the sessions of keys it removed.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -53,7 +54,7 @@ struct Secured {
     approver: String,
     worker: String,
     adder: String,
-    _files: tempfile::TempDir,
+    files: tempfile::TempDir,
 }
 
 const APPROVE_ADD: &str = r#"
@@ -78,6 +79,7 @@ fn secured_with(policy: Option<&str>) -> Secured {
     let path: PathBuf = files.path().join("auth.yaml");
     let entries = [&admin, &reader, &agent, &approver, &worker, &adder].map(|k| k.entry.as_str());
     std::fs::write(&path, format!("keys:\n{}\n", entries.join("\n"))).unwrap();
+    std::fs::write(files.path().join("reader.yaml"), &reader.entry).unwrap();
     let kernel = Kernel::start_with(KernelOptions {
         policy: policy.map(str::to_owned),
         args: vec!["--auth-file".into(), path.to_str().unwrap().into()],
@@ -92,7 +94,7 @@ fn secured_with(policy: Option<&str>) -> Secured {
         approver: approver.secret,
         worker: worker.secret,
         adder: adder.secret,
-        _files: files,
+        files,
     }
 }
 
@@ -447,4 +449,69 @@ async fn the_demo_worker_and_agent_take_their_keys_from_the_environment() {
     let shown = kernel.kernelctl(&["--api-key", &secured.reader, "--json", "runs", "show", &run]);
     let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
     assert_eq!(shown["run"]["status"], "completed");
+}
+
+#[tokio::test]
+async fn sighup_puts_a_new_auth_file_in_force_and_closes_sessions_of_removed_keys() {
+    let secured = secured_with(None);
+    let kernel = &secured.kernel;
+    let path = secured.files.path().join("auth.yaml");
+    let mut worker = demo_worker(kernel, "trusted", &secured.worker);
+    worker.log.wait_for("worker session open");
+    let mut registry = RegistryServiceClient::connect(kernel.url()).await.unwrap();
+    let workers = |key: &str| with_key(pb::ListWorkersRequest {}, key);
+    assert_eq!(
+        registry
+            .list_workers(workers(&secured.reader))
+            .await
+            .unwrap()
+            .into_inner()
+            .workers
+            .len(),
+        1
+    );
+
+    // A file that does not load is refused; the keys in force stay.
+    std::fs::write(&path, "keys: [ {name: broken").unwrap();
+    let seen = kernel.process.log.len();
+    kernel.process.hangup();
+    kernel.process.log.wait_for_after(seen, "api keys not reloaded");
+    assert!(registry.list_workers(workers(&secured.reader)).await.is_ok());
+
+    // The new file keeps the reader and drops the worker's key, and adds one.
+    let auditor = create_key("auditor-2", &["runs:read"], &[]);
+    let reader_entry = std::fs::read_to_string(secured.files.path().join("reader.yaml")).unwrap();
+    std::fs::write(&path, format!("keys:\n{reader_entry}\n{}\n", auditor.entry)).unwrap();
+    let seen = kernel.process.log.len();
+    kernel.process.hangup();
+    kernel.process.log.wait_for_after(seen, "api keys reloaded");
+
+    // The open session of the removed key is closed, and the worker cannot come back with it.
+    let (_, line) = kernel
+        .process
+        .log
+        .wait_for_after(seen, "worker session closed: its key no longer admits it");
+    assert!(line.contains("demo-workers"), "{line}");
+    worker.log.wait_for("kernel refused the worker session");
+    assert!(worker.wait_exit(WAIT).is_some(), "a refused worker does not retry");
+    let deadline = std::time::Instant::now() + WAIT;
+    while !registry
+        .list_workers(workers(&auditor.secret))
+        .await
+        .unwrap()
+        .into_inner()
+        .workers
+        .is_empty()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session of the removed key stayed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    // The new key is in force, the kept one still works, a removed one is refused.
+    assert!(registry.list_workers(workers(&secured.reader)).await.is_ok());
+    let refused = registry.list_workers(workers(&secured.admin)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
 }

@@ -566,11 +566,7 @@ async fn sighup_reloads_the_policy_file() {
     let _worker = kernel.fault_worker("w1");
     std::fs::write(kernel.dir.path().join("policy.yaml"), "deny_list: [\"sleepy\"]\n").unwrap();
     let seen = kernel.process.log.len();
-    let hup = std::process::Command::new("kill")
-        .arg("-HUP")
-        .arg(kernel.process.child.id().to_string())
-        .status();
-    assert!(hup.unwrap().success());
+    kernel.process.hangup();
     kernel.process.log.wait_for_after(seen, "policy reloaded");
     let run = kernel.create_run("anyone").await;
     let outcome = submit(&kernel, &run, 0, vec![call("sleepy", json!({"hold_ms": 1}))])

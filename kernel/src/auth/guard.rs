@@ -11,7 +11,7 @@ use tonic::codegen::{BoxFuture, Service};
 use tonic::server::NamedService;
 use tracing::debug;
 
-use super::KeyRing;
+use super::Keys;
 
 /// A gRPC service behind the API-key check. With keys, a request passes only with a key that
 /// holds the method's scope, and carries the [`Caller`](super::Caller) in its extensions; a
@@ -19,12 +19,12 @@ use super::KeyRing;
 #[derive(Clone)]
 pub struct Guarded<S> {
     inner: S,
-    keys: Option<Arc<KeyRing>>,
+    keys: Option<Arc<Keys>>,
 }
 
 impl<S> Guarded<S> {
     /// Puts `inner` behind `keys` (`None`: authentication is off).
-    pub fn new(inner: S, keys: Option<Arc<KeyRing>>) -> Self {
+    pub fn new(inner: S, keys: Option<Arc<Keys>>) -> Self {
         Guarded { inner, keys }
     }
 }
@@ -51,7 +51,7 @@ where
     fn call(&mut self, mut request: Request<Body>) -> Self::Future {
         if let Some(keys) = &self.keys {
             let header = request.headers().get("authorization").map(|value| value.as_bytes());
-            match keys.authorize(request.uri().path(), header) {
+            match keys.current().authorize(request.uri().path(), header) {
                 Ok(caller) => {
                     request.extensions_mut().insert(caller);
                 }

@@ -20,19 +20,24 @@
 //! Health and reflection are not guarded. The handlers find the authenticated [`Caller`] in the
 //! request's extensions: approvals record its name as the decider, and a worker session refuses
 //! a hello that offers a tool outside the key's globs ([`Caller::may_register`]).
+//!
+//! SIGHUP reads the file again ([`Keys::reload`]); a file that does not load is refused with its
+//! reason and the keys in force stay. A new file applies to the next request at once, and an open
+//! worker session whose key was removed, or no longer allows a tool it offers, is closed.
 
 mod guard;
 
 use std::collections::HashSet;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use tracing::{info, warn};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
 
 use crate::error::KernelError;
 use crate::policy::glob::{self, GlobList};
@@ -135,6 +140,7 @@ pub struct Caller(Arc<KeyInfo>);
 
 #[derive(Debug)]
 struct KeyInfo {
+    digest: [u8; 32],
     name: String,
     scopes: HashSet<Scope>,
     tools: Option<GlobList>,
@@ -177,6 +183,52 @@ impl Caller {
 struct Key {
     digest: [u8; 32],
     caller: Caller,
+}
+
+/// The keys in force and the file they come from. Cheap to read: each request takes the current
+/// ring; a reload swaps it whole, and open worker sessions watch the swap.
+#[derive(Debug)]
+pub struct Keys {
+    path: PathBuf,
+    ring: watch::Sender<Arc<KeyRing>>,
+}
+
+impl Keys {
+    /// Reads the auth file; a file that does not load stops the kernel with the reason.
+    pub fn load(path: &Path) -> Result<Keys, KernelError> {
+        let ring = KeyRing::load(path)?;
+        Ok(Keys {
+            path: path.to_owned(),
+            ring: watch::Sender::new(Arc::new(ring)),
+        })
+    }
+
+    /// The keys requests are checked against now.
+    pub fn current(&self) -> Arc<KeyRing> {
+        self.ring.borrow().clone()
+    }
+
+    /// Changes of the keys in force, for sessions that outlive a reload.
+    pub fn watch(&self) -> watch::Receiver<Arc<KeyRing>> {
+        self.ring.subscribe()
+    }
+
+    /// Reads the file again and puts its keys in force; a file that does not load is refused and
+    /// the keys in force stay. Returns how many keys the file holds.
+    pub fn reload(&self) -> Result<usize, KernelError> {
+        match KeyRing::load(&self.path) {
+            Ok(ring) => {
+                let count = ring.len();
+                self.ring.send_replace(Arc::new(ring));
+                info!(keys = count, file = %self.path.display(), "api keys reloaded");
+                Ok(count)
+            }
+            Err(err) => {
+                error!(error = %err, "api keys not reloaded; the keys in force stay");
+                Err(err)
+            }
+        }
+    }
 }
 
 /// The keys the kernel accepts, loaded from the auth file.
@@ -263,7 +315,12 @@ impl KeyRing {
             };
             keys.push(Key {
                 digest,
-                caller: Caller(Arc::new(KeyInfo { name, scopes, tools })),
+                caller: Caller(Arc::new(KeyInfo {
+                    digest,
+                    name,
+                    scopes,
+                    tools,
+                })),
             });
         }
         Ok(KeyRing { keys })
@@ -289,6 +346,31 @@ impl KeyRing {
             }
         }
         found
+    }
+
+    /// Whether a worker session opened with `caller`'s key may stay open under these keys, offering
+    /// `tools`: the key must still be here, hold `workers:connect` and allow each tool.
+    pub fn still_admits(&self, caller: &Caller, tools: &[String]) -> Result<(), KernelError> {
+        let mut found = None;
+        for key in &self.keys {
+            if digests_equal(&key.digest, &caller.0.digest) {
+                found = Some(&key.caller);
+            }
+        }
+        let Some(current) = found else {
+            return Err(KernelError::Unauthenticated(format!(
+                "key '{}' was removed from the auth file",
+                caller.name()
+            )));
+        };
+        if !current.has(Scope::WorkersConnect) {
+            return Err(KernelError::PermissionDenied(format!(
+                "key '{}' no longer holds scope '{}'",
+                current.name(),
+                Scope::WorkersConnect
+            )));
+        }
+        tools.iter().try_for_each(|tool| current.may_register(tool))
     }
 
     /// Checks an `authorization` header value against the scope `path` needs.
@@ -324,11 +406,11 @@ impl KeyRing {
 
 /// The keys to enforce, from `--auth-file`, or `None` when authentication is off. Without an auth
 /// file the kernel may listen only on a loopback address unless `insecure` says otherwise.
-pub fn load(auth_file: Option<&Path>, listen: SocketAddr, insecure: bool) -> Result<Option<Arc<KeyRing>>, KernelError> {
+pub fn load(auth_file: Option<&Path>, listen: SocketAddr, insecure: bool) -> Result<Option<Arc<Keys>>, KernelError> {
     match auth_file {
         Some(path) => {
-            let keys = KeyRing::load(path)?;
-            info!(keys = keys.len(), file = %path.display(), "api keys required");
+            let keys = Keys::load(path)?;
+            info!(keys = keys.current().len(), file = %path.display(), "api keys required");
             Ok(Some(Arc::new(keys)))
         }
         None if listen.ip().is_loopback() => {

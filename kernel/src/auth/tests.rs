@@ -230,3 +230,67 @@ fn an_empty_file_refuses_everyone() {
             .is_err()
     );
 }
+
+#[test]
+fn a_session_stays_admitted_only_while_its_key_allows_it() {
+    let before = ring(&file());
+    let worker = before.authenticate("w-secret").expect("worker key");
+    let offered = vec!["refund_order".to_owned(), "billing_report".to_owned()];
+    assert!(before.still_admits(&worker, &offered).is_ok());
+
+    // The same file read again admits it again: identity is the secret, not the object.
+    assert!(ring(&file()).still_admits(&worker, &offered).is_ok());
+
+    let removed = ring(
+        &file()
+            .replace("billing-worker", "other-worker")
+            .replace(&secret_digest_hex("w-secret"), &secret_digest_hex("new-secret")),
+    );
+    let status = Status::from(removed.still_admits(&worker, &offered).unwrap_err());
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("billing-worker"), "{status:?}");
+
+    let narrowed = ring(&file().replace(r#"["refund*", "billing_*"]"#, r#"["refund*"]"#));
+    let status = Status::from(narrowed.still_admits(&worker, &offered).unwrap_err());
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(status.message().contains("billing_report"), "{status:?}");
+
+    let demoted = ring(&file().replace(
+        "scopes: [\"workers:connect\"]\n    tools: [\"refund*\", \"billing_*\"]",
+        "scopes: [\"runs:read\"]",
+    ));
+    let error = demoted.still_admits(&worker, &offered).unwrap_err();
+    assert!(error.to_string().contains("workers:connect"), "{error}");
+}
+
+#[test]
+fn a_reload_swaps_the_keys_and_a_bad_file_keeps_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys.yaml");
+    std::fs::write(&path, file()).unwrap();
+    let keys = Keys::load(&path).unwrap();
+    let watch = keys.watch();
+    assert!(keys.current().authenticate("r-secret").is_some());
+
+    std::fs::write(&path, "keys: [ {name: broken").unwrap();
+    let error = keys.reload().unwrap_err();
+    assert!(error.to_string().contains("--auth-file"), "{error}");
+    assert!(
+        keys.current().authenticate("r-secret").is_some(),
+        "the keys in force stay"
+    );
+    assert!(!watch.has_changed().unwrap(), "a refused file changes nothing");
+
+    std::fs::write(
+        &path,
+        file().replace(&secret_digest_hex("r-secret"), &secret_digest_hex("r2")),
+    )
+    .unwrap();
+    assert_eq!(keys.reload().unwrap(), 3);
+    assert!(watch.has_changed().unwrap());
+    assert!(
+        keys.current().authenticate("r-secret").is_none(),
+        "the old secret is refused"
+    );
+    assert!(keys.current().authenticate("r2").is_some(), "the new one is in force");
+}

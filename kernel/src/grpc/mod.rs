@@ -41,6 +41,8 @@ pub struct Kernel {
     pub sessions: std::sync::Arc<tokio::sync::Semaphore>,
     /// When this process started serving.
     pub started_at: crate::model::Millis,
+    /// The API keys in force; `None` when authentication is off.
+    pub keys: Option<std::sync::Arc<crate::auth::Keys>>,
 }
 
 /// The size of each response stream's buffer.

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::Stream;
@@ -17,13 +18,14 @@ use kernel_proto::v1 as pb;
 use kernel_proto::v1::open_session_request::Message as In;
 use kernel_proto::v1::open_session_response::Message as Out;
 use kernel_proto::v1::worker_service_server::WorkerService;
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
 use super::{Kernel, STREAM_BUFFER, convert};
-use crate::auth::Caller;
+use crate::auth::{Caller, KeyRing};
+use crate::error::KernelError;
 use crate::hub::ProgressUpdate;
 use crate::limits::{self, LogEvery, RateLimit};
 use crate::model::{ErrorKind, RunId, StepKey, StepStatus, cut, now_millis};
@@ -106,6 +108,15 @@ impl WorkerService for WorkerApi {
         }
         let worker = hello.name.clone();
         let tools = hello.tools.clone();
+        // Watch the keys from before the session joins, so a reload from here on is seen.
+        let auth = match (&self.0.keys, caller) {
+            (Some(keys), Some(caller)) => Some(SessionAuth {
+                keys: keys.watch(),
+                caller,
+                tools: tools.iter().map(|t| t.name.clone()).collect(),
+            }),
+            _ => None,
+        };
         let (orders_tx, orders) = mpsc::unbounded_channel();
         let kernel = &self.0;
         let session_id = kernel.scheduler.join(hello, orders_tx).await?;
@@ -138,6 +149,7 @@ impl WorkerService for WorkerApi {
             progress_limit: RateLimit::per_second(limits.progress_per_second, now),
             heartbeat_limit: RateLimit::per_second(limits.heartbeats_per_second, now),
             logs: Logs::default(),
+            auth,
         };
         tokio::spawn(session.run(inbound, orders));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -154,6 +166,30 @@ struct Held {
     progress: u32,
 }
 
+/// What admitted a session when the kernel requires keys, checked again on every reload.
+struct SessionAuth {
+    keys: watch::Receiver<Arc<KeyRing>>,
+    caller: Caller,
+    tools: Vec<String>,
+}
+
+/// Resolves when the keys in force no longer admit the session (its key removed, or no longer
+/// allowing a tool it offers); never when the kernel runs without keys.
+async fn key_revoked(auth: &mut Option<SessionAuth>) -> KernelError {
+    let Some(auth) = auth else {
+        return std::future::pending().await;
+    };
+    loop {
+        let ring = auth.keys.borrow_and_update().clone();
+        if let Err(refusal) = ring.still_admits(&auth.caller, &auth.tools) {
+            return refusal;
+        }
+        if auth.keys.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}
+
 struct Session {
     kernel: Kernel,
     session_id: String,
@@ -164,6 +200,7 @@ struct Session {
     progress_limit: RateLimit,
     heartbeat_limit: RateLimit,
     logs: Logs,
+    auth: Option<SessionAuth>,
 }
 
 /// One rate-limited log per kind of misbehaviour, so a hostile worker cannot flood the log.
@@ -215,6 +252,12 @@ impl Session {
                         break reason;
                     }
                 },
+                refusal = key_revoked(&mut self.auth) => {
+                    let reason = refusal.to_string();
+                    warn!(session_id = self.session_id, reason, "worker session closed: its key no longer admits it");
+                    let _ = self.tx.send(Err(refusal.into())).await;
+                    break reason;
+                }
                 order = orders.recv() => match order {
                     Some(Outbound::Close(error)) => {
                         let reason = error.to_string();
