@@ -298,8 +298,7 @@ impl FromStr for KernelAddr {
 
 impl Cli {
     /// Checks that the address and the TLS flags go together: https needs the kernel's CA, and a CA
-    /// makes no sense over plaintext. `bench` runs its own workers and agent, over plaintext only;
-    /// `keys` never connects.
+    /// makes no sense over plaintext. `keys` never connects.
     pub fn check_tls(&self) -> Result<(), String> {
         if matches!(self.command, Command::Keys(_)) {
             return Ok(());
@@ -307,10 +306,15 @@ impl Cli {
         match (self.addr.is_https(), &self.tls_ca) {
             (true, None) => Err(format!("{} uses TLS: give the kernel's CA with --tls-ca", self.addr)),
             (false, Some(_)) => Err(format!("--tls-ca needs an https:// address, not {}", self.addr)),
-            (true, Some(_)) if matches!(self.command, Command::Bench(_)) => {
-                Err("bench connects over plaintext only; give an http:// address".into())
-            }
             _ => Ok(()),
+        }
+    }
+
+    /// The TLS CA and API key every connection of this command uses.
+    pub fn access(&self) -> crate::client::Access {
+        crate::client::Access {
+            tls_ca: self.tls_ca.clone(),
+            api_key: self.api_key.clone(),
         }
     }
 }

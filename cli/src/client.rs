@@ -4,7 +4,7 @@
 //! [`CliError::Connect`], before any command runs; a kernel that goes away later surfaces as a
 //! gRPC `unavailable` status from the call that noticed.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use kernel_proto::v1::admin_service_client::AdminServiceClient;
@@ -50,7 +50,8 @@ pub type Authed = InterceptedService<Channel, ApiKey>;
 pub struct ApiKey(Option<MetadataValue<Ascii>>);
 
 impl ApiKey {
-    fn new(secret: Option<&str>) -> Result<Self, CliError> {
+    /// Checks `secret` once, before any call carries it.
+    pub fn new(secret: Option<&str>) -> Result<Self, CliError> {
         let Some(secret) = secret.map(str::trim) else {
             return Ok(ApiKey(None));
         };
@@ -79,33 +80,55 @@ impl Interceptor for ApiKey {
     }
 }
 
-impl Kernel {
-    /// Opens a channel to the kernel at `addr`, over TLS trusting the CA in `tls_ca` when given;
-    /// every call carries `api_key` when given.
-    pub async fn connect(addr: &KernelAddr, tls_ca: Option<&Path>, api_key: Option<&str>) -> Result<Self, CliError> {
-        let api_key = ApiKey::new(api_key)?;
-        let unreachable = |err: &(dyn std::error::Error + 'static)| CliError::Connect {
-            addr: addr.to_string(),
-            cause: error_chain(err),
-        };
+/// What it takes to reach the kernel besides its address: the CA to trust for TLS and the API key
+/// to send. Queries and `bench` (its agent and its workers) use the same.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    pub tls_ca: Option<PathBuf>,
+    pub api_key: Option<String>,
+}
+
+impl Access {
+    /// An endpoint for `addr`, over TLS trusting [`Access::tls_ca`] when given.
+    pub fn endpoint(&self, addr: &KernelAddr) -> Result<Endpoint, CliError> {
         let endpoint = Endpoint::from_shared(addr.as_str().to_owned())
-            .map_err(|err| unreachable(&err))?
+            .map_err(|err| unreachable(addr, &err))?
             .connect_timeout(CONNECT_TIMEOUT);
-        let endpoint = match tls_ca {
-            Some(path) => {
-                let ca = std::fs::read(path).map_err(|err| CliError::TlsCa {
-                    path: path.display().to_string(),
-                    cause: err.to_string(),
-                })?;
-                let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
-                endpoint.tls_config(tls).map_err(|err| CliError::TlsCa {
-                    path: path.display().to_string(),
-                    cause: error_chain(&err),
-                })?
-            }
-            None => endpoint,
+        let Some(path) = &self.tls_ca else {
+            return Ok(endpoint);
         };
-        let channel = endpoint.connect().await.map_err(|err| unreachable(&err))?;
+        let tls_error = |cause: String| CliError::TlsCa {
+            path: path.display().to_string(),
+            cause,
+        };
+        let ca = std::fs::read(path).map_err(|err| tls_error(err.to_string()))?;
+        let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+        endpoint.tls_config(tls).map_err(|err| tls_error(error_chain(&err)))
+    }
+
+    /// The key every call carries, checked.
+    pub fn api_key(&self) -> Result<ApiKey, CliError> {
+        ApiKey::new(self.api_key.as_deref())
+    }
+}
+
+/// The kernel at `addr` could not be reached.
+pub fn unreachable(addr: &KernelAddr, err: &(dyn std::error::Error + 'static)) -> CliError {
+    CliError::Connect {
+        addr: addr.to_string(),
+        cause: error_chain(err),
+    }
+}
+
+impl Kernel {
+    /// Opens a channel to the kernel at `addr` with `access` (TLS and API key, when given).
+    pub async fn connect(addr: &KernelAddr, access: &Access) -> Result<Self, CliError> {
+        let api_key = access.api_key()?;
+        let channel = access
+            .endpoint(addr)?
+            .connect()
+            .await
+            .map_err(|err| unreachable(addr, &err))?;
         Ok(Self {
             runs: RunServiceClient::with_interceptor(channel.clone(), api_key.clone()),
             approvals: ApprovalServiceClient::with_interceptor(channel.clone(), api_key.clone()),

@@ -28,19 +28,20 @@ fn main() -> ExitCode {
     if let Err(message) = cli.check_tls() {
         Cli::command().error(ErrorKind::ArgumentConflict, message).exit();
     }
+    let access = cli.access();
     match cli.command {
-        Command::Bench(args) => bench(&cli.addr, cli.json, args),
+        Command::Bench(args) => bench(&cli.addr, &access, cli.json, args),
         Command::Keys(args::KeysCommand::Create(args)) => commands::keys::create(args, cli.json),
         command => query(Cli { command, ..cli }),
     }
 }
 
-fn bench(addr: &args::KernelAddr, json: bool, args: bench::BenchArgs) -> ExitCode {
+fn bench(addr: &args::KernelAddr, access: &client::Access, json: bool, args: bench::BenchArgs) -> ExitCode {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    match runtime.block_on(commands::bench::main(addr, json, args)) {
+    match runtime.block_on(commands::bench::main(addr, access, json, args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if err.is_broken_pipe() => ExitCode::SUCCESS,
         Err(err) => {

@@ -386,3 +386,66 @@ fn a_missing_or_bad_tls_file_stops_the_kernel_naming_it() {
         "--tls-cert without --tls-key is a usage error"
     );
 }
+
+#[tokio::test]
+async fn bench_runs_over_tls_with_an_api_key() {
+    let pki = Pki::new();
+    let key: Value = serde_json::from_str(&stdout(&kernelctl(&[
+        "--json",
+        "keys",
+        "create",
+        "--name",
+        "bench",
+        "--scope",
+        "runs:write",
+        "--scope",
+        "tools:call",
+        "--scope",
+        "runs:read",
+        "--scope",
+        "workers:connect",
+        "--tools",
+        "bench_*",
+    ])))
+    .unwrap();
+    let auth = pki.path("auth.yaml");
+    std::fs::write(&auth, format!("keys:\n{}", key["entry"].as_str().unwrap())).unwrap();
+    let kernel = Kernel::start_with(KernelOptions {
+        args: vec![
+            "--tls-cert".to_owned(),
+            pki.arg("server.pem"),
+            "--tls-key".to_owned(),
+            pki.arg("server.key"),
+            "--auth-file".to_owned(),
+            auth.to_str().unwrap().to_owned(),
+        ],
+        ..KernelOptions::default()
+    });
+    kernel.process.log.wait_for("serving over tls");
+    let (https, ca) = (kernel.https_url(), pki.arg("ca.pem"));
+    let secret = key["secret"].as_str().unwrap();
+    let bench = [
+        "--addr",
+        &https,
+        "--tls-ca",
+        &ca,
+        "--json",
+        "bench",
+        "--quick",
+        "--sections",
+        "sequential",
+        "--sequential",
+        "10",
+    ];
+
+    // Without the key the kernel refuses the benchmark before it measures anything.
+    let refused = kernelctl(&bench);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.to_lowercase().contains("api key"), "{stderr}");
+
+    let mut with_key = vec!["--api-key", secret];
+    with_key.extend(bench);
+    let report: Value = serde_json::from_str(&stdout(&kernelctl(&with_key))).unwrap();
+    assert_eq!(report["sequential"]["calls"], 10, "{report}");
+}

@@ -13,14 +13,14 @@ use kernel_proto::v1::run_service_client::RunServiceClient;
 use kernel_proto::v1::tool_call_service_client::ToolCallServiceClient;
 use pb::submit_turn_response::Item;
 use tokio::task::JoinSet;
-use tonic::transport::{Channel, Endpoint};
 
 use super::progress::Progress;
 use super::report::{Fanout, Payload, Replay, Sequential, Throughput};
 use super::stats::{Latency, millis};
 use super::workers::{NOOP, PAYLOAD, payload_text};
 use super::{BenchError, ByteSize};
-use crate::error::{CliError, error_chain};
+use crate::args::KernelAddr;
+use crate::client::{Access, Authed, unreachable};
 
 /// HTTP/2 connections the agent spreads its runs over.
 const CONNECTIONS: usize = 4;
@@ -30,8 +30,8 @@ const TURN_TIMEOUT: Duration = Duration::from_secs(120);
 /// The benchmark's agent: connections to the kernel and the label its runs carry.
 #[derive(Clone)]
 pub struct Agent {
-    calls: Vec<ToolCallServiceClient<Channel>>,
-    runs: RunServiceClient<Channel>,
+    calls: Vec<ToolCallServiceClient<Authed>>,
+    runs: RunServiceClient<Authed>,
     label: String,
 }
 
@@ -98,22 +98,19 @@ fn check_results(results: &[pb::CallResult], calls: usize) -> Result<(), BenchEr
 
 impl Agent {
     /// Opens the connection pool; `label` marks every run the benchmark creates (`bench=<label>`).
-    pub async fn connect(addr: &str, label: &str) -> Result<Agent, BenchError> {
-        let unreachable = |err: &(dyn std::error::Error + 'static)| CliError::Connect {
-            addr: addr.to_owned(),
-            cause: error_chain(err),
-        };
-        let endpoint = Endpoint::from_shared(addr.to_owned())
-            .map_err(|err| unreachable(&err))?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true);
+    pub async fn connect(addr: &KernelAddr, access: &Access, label: &str) -> Result<Agent, BenchError> {
+        let api_key = access.api_key()?;
+        let endpoint = access.endpoint(addr)?.tcp_nodelay(true);
         let mut channels = Vec::with_capacity(CONNECTIONS);
         for _ in 0..CONNECTIONS {
-            channels.push(endpoint.connect().await.map_err(|err| unreachable(&err))?);
+            channels.push(endpoint.connect().await.map_err(|err| unreachable(addr, &err))?);
         }
         Ok(Agent {
-            runs: RunServiceClient::new(channels[0].clone()),
-            calls: channels.into_iter().map(ToolCallServiceClient::new).collect(),
+            runs: RunServiceClient::with_interceptor(channels[0].clone(), api_key.clone()),
+            calls: channels
+                .into_iter()
+                .map(|channel| ToolCallServiceClient::with_interceptor(channel, api_key.clone()))
+                .collect(),
             label: label.to_owned(),
         })
     }

@@ -11,10 +11,11 @@ use kernel_proto::v1 as pb;
 use kernel_proto::v1::registry_service_client::RegistryServiceClient;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
-use worker_sdk::{CancellationToken, Tool, ToolError, Worker, WorkerError, wrap_tool};
+use worker_sdk::{CancellationToken, Tls, Tool, ToolError, Worker, WorkerError, wrap_tool};
 
 use super::BenchError;
-use crate::client::Authed;
+use crate::client::{Access, Authed};
+use crate::error::CliError;
 
 /// The no-op tool.
 pub const NOOP: &str = "bench_noop";
@@ -73,6 +74,7 @@ impl BenchWorkers {
     /// until the kernel lists them all.
     pub async fn start(
         addr: &str,
+        access: &Access,
         registry: RegistryServiceClient<Authed>,
         prefix: &str,
         count: u32,
@@ -83,15 +85,27 @@ impl BenchWorkers {
             shutdown: shutdown.clone(),
             tasks: JoinSet::new(),
         };
+        let tls = match &access.tls_ca {
+            Some(path) => Some(Tls::from_ca_file(path).map_err(|err| CliError::TlsCa {
+                path: path.display().to_string(),
+                cause: err.to_string(),
+            })?),
+            None => None,
+        };
         for index in 0..count {
-            let worker = Worker::builder(addr)
+            let mut builder = Worker::builder(addr)
                 .name(format!("{prefix}-{index}"))
                 .max_concurrency(slots)
                 .drain_timeout(Duration::from_secs(5))
                 .tool(noop_tool())
-                .tool(payload_tool())
-                .build()
-                .map_err(BenchError::Worker)?;
+                .tool(payload_tool());
+            if let Some(tls) = &tls {
+                builder = builder.tls(tls.clone());
+            }
+            if let Some(secret) = &access.api_key {
+                builder = builder.api_key(secret.trim());
+            }
+            let worker = builder.build().map_err(BenchError::Worker)?;
             let token = shutdown.clone();
             workers.tasks.spawn(async move { worker.run(token).await });
         }

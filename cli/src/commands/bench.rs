@@ -10,23 +10,25 @@ use crate::bench::progress::Progress;
 use crate::bench::report::Report;
 use crate::bench::workers::BenchWorkers;
 use crate::bench::{BenchArgs, BenchError, Plan};
-use crate::client::Kernel;
+use crate::client::{Access, Kernel};
 
 use super::Output;
 
-/// Runs the benchmark against the kernel at `addr` and writes its report to `out`.
-pub async fn run(addr: &KernelAddr, out: &mut Output<'_>, args: BenchArgs) -> Result<(), BenchError> {
+/// Runs the benchmark against the kernel at `addr` and writes its report to `out`. With keys, the
+/// key needs `runs:write`, `tools:call` and `workers:connect` with tools `bench_*` (or `admin`).
+pub async fn run(addr: &KernelAddr, access: &Access, out: &mut Output<'_>, args: BenchArgs) -> Result<(), BenchError> {
     let plan = Plan::new(&args);
     // Fails fast, with the usual wording, when nothing listens at `addr`.
-    let kernel = Kernel::connect(addr, None, None).await?;
+    let kernel = Kernel::connect(addr, access).await?;
     let progress = Progress::new();
     let _ticker = progress.start_ticker();
 
     let label = format!("{}-{}", std::process::id(), unique_suffix());
-    let agent = Agent::connect(addr.as_str(), &label).await?;
+    let agent = Agent::connect(addr, access, &label).await?;
     progress.note(&format!("opening {} worker sessions", plan.workers));
     let workers = BenchWorkers::start(
         addr.as_str(),
+        access,
         kernel.registry.clone(),
         &format!("bench-{label}"),
         plan.workers,
@@ -91,10 +93,10 @@ fn unique_suffix() -> u32 {
 }
 
 /// [`run`] with stdout, as `main` calls it.
-pub async fn main(addr: &KernelAddr, json: bool, args: BenchArgs) -> Result<(), BenchError> {
+pub async fn main(addr: &KernelAddr, access: &Access, json: bool, args: BenchArgs) -> Result<(), BenchError> {
     let mut stdout = std::io::stdout();
     let mut out = Output::new(&mut stdout, json);
-    run(addr, &mut out, args).await?;
+    run(addr, access, &mut out, args).await?;
     out.flush()?;
     Ok(())
 }

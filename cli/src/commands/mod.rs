@@ -22,7 +22,7 @@ use crate::error::CliError;
 
 /// Runs the parsed command against the kernel at `cli.addr`, writing data to `out`.
 pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
-    let mut kernel = Kernel::connect(&cli.addr, cli.tls_ca.as_deref(), cli.api_key.as_deref()).await?;
+    let mut kernel = Kernel::connect(&cli.addr, &cli.access()).await?;
     let mut out = Output::new(out, cli.json);
     match cli.command {
         Command::Runs(RunsCommand::List(args)) => runs::list(&mut kernel, &mut out, args).await,
