@@ -93,6 +93,43 @@ async fn serve(
     Ok(())
 }
 
+/// How often expired cache entries are purged, and at most how many per write, so a large backlog
+/// never holds the writer for long.
+const PURGE_EVERY: Duration = Duration::from_secs(60);
+const PURGE_BATCH: usize = 1_000;
+
+/// Deletes expired cache entries (read_only results and `ctx.cache`) at start and then every
+/// [`PURGE_EVERY`]: reads skip them already; this keeps the database from growing with them.
+async fn purge_expired_caches(store: Store, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(PURGE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let mut purged = 0;
+        // Fewer than a batch means neither cache had more expired entries.
+        loop {
+            match store.purge_expired(PURGE_BATCH).await {
+                Ok(count) => {
+                    purged += count;
+                    if count < PURGE_BATCH || shutdown.is_cancelled() {
+                        break;
+                    }
+                }
+                Err(error) => {
+                    warn!(%error, "expired cache entries not purged");
+                    break;
+                }
+            }
+        }
+        if purged > 0 {
+            info!(purged, "expired cache entries purged");
+        }
+    }
+}
+
 /// Reloads the policy file and the auth file on every SIGHUP; a file that does not load leaves
 /// what it would have replaced in force.
 async fn reload_on_sighup(governance: Governance, keys: Option<Arc<Keys>>, shutdown: CancellationToken) {
@@ -173,6 +210,7 @@ pub async fn run(
         .await;
     health_reporter.set_serving::<AdminServiceServer<AdminApi>>().await;
     tokio::spawn(reload_on_sighup(governance, keys.clone(), shutdown.clone()));
+    tokio::spawn(purge_expired_caches(store.clone(), shutdown.clone()));
 
     let listener = TcpListener::bind(config.listen)
         .await

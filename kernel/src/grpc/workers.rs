@@ -564,7 +564,9 @@ impl Session {
                     let expires_at = (set.ttl_ms > 0)
                         .then(|| now_millis().saturating_add(i64::try_from(set.ttl_ms).unwrap_or(i64::MAX)));
                     let entry = ToolCacheSet {
-                        tool,
+                        dispatch_id: request.dispatch_id,
+                        attempt: request.attempt,
+                        session_id: session_id.clone(),
                         key: set.key,
                         value: set.value_json,
                         expires_at,

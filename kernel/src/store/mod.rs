@@ -192,8 +192,12 @@ pub const TOOL_CACHE_MAX_VALUE_BYTES: usize = 1 << 20;
 /// `(tool, key)` and is not part of any run's log.
 #[derive(Clone, Debug)]
 pub struct ToolCacheSet {
-    /// The namespace: the tool of the dispatch that asked, never a name a worker sends.
-    pub tool: String,
+    /// The dispatch that asks, fenced inside the write like a result: an attempt that timed out,
+    /// was lost or was superseded writes nothing. Its tool is the namespace, never a name a
+    /// worker sends.
+    pub dispatch_id: String,
+    pub attempt: u32,
+    pub session_id: String,
     pub key: String,
     /// JSON text.
     pub value: String,
@@ -385,6 +389,11 @@ impl Store {
 
     pub async fn register_tools(&self, tools: Vec<ToolDef>) -> Result<(), KernelError> {
         self.send(|reply| Command::RegisterTools(tools, reply)).await
+    }
+
+    /// Deletes up to `limit` expired entries of each cache; returns how many went.
+    pub async fn purge_expired(&self, limit: usize) -> Result<usize, KernelError> {
+        self.send(|reply| Command::PurgeExpired(limit, reply)).await
     }
 
     /// Writes (or replaces) an entry of a tool's cache; a refused entry is never queued.

@@ -1094,16 +1094,45 @@ pub fn human_ms(ms: u64) -> String {
     }
 }
 
-/// Writes (or replaces) one entry of a tool's cache. It appends no event: the cache is the tool's
-/// scratch space, not part of any run's log.
+/// Writes (or replaces) one entry of the cache of the tool the asking dispatch runs, if that
+/// dispatch still runs on that session. It appends no event: the cache is the tool's scratch space,
+/// not part of any run's log.
 pub fn tool_cache_set(tx: &mut Tx<'_>, set: super::ToolCacheSet) -> Result<()> {
+    let Some(step) = held_step(tx, &set.dispatch_id, set.attempt, Some(&set.session_id))? else {
+        return Err(KernelError::FailedPrecondition(format!(
+            "dispatch {} attempt {} no longer runs on this session (finished, timed out or lost); \
+             the cache was not written",
+            set.dispatch_id, set.attempt
+        )));
+    };
     tx.conn
         .prepare_cached(
             "INSERT INTO tool_cache (tool, key, value, expires_at) VALUES (?1, ?2, ?3, ?4) \
              ON CONFLICT (tool, key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
         )?
-        .execute(params![set.tool, set.key, set.value, set.expires_at])?;
+        .execute(params![step.tool, set.key, set.value, set.expires_at])?;
     Ok(())
+}
+
+/// Deletes up to `limit` expired entries of each cache (read_only results and `ctx.cache`), oldest
+/// expiry first; returns how many went. Reads already skip them; this keeps the file from growing.
+pub fn purge_expired(tx: &mut Tx<'_>, limit: usize) -> Result<usize> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let results = tx
+        .conn
+        .prepare_cached(
+            "DELETE FROM result_cache WHERE call_hash IN \
+             (SELECT call_hash FROM result_cache WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)",
+        )?
+        .execute(params![tx.now, limit])?;
+    let entries = tx
+        .conn
+        .prepare_cached(
+            "DELETE FROM tool_cache WHERE (tool, key) IN \
+             (SELECT tool, key FROM tool_cache WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)",
+        )?
+        .execute(params![tx.now, limit])?;
+    Ok(results + entries)
 }
 
 #[cfg(test)]

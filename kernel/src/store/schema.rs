@@ -128,6 +128,11 @@ const MIGRATIONS: &[&str] = &[
         last_seen_at  INTEGER NOT NULL
     ) STRICT;
     "#,
+    // 2: expired cache entries are purged in the background; these find them without a scan.
+    r#"
+    CREATE INDEX result_cache_expiry ON result_cache (expires_at);
+    CREATE INDEX tool_cache_expiry ON tool_cache (expires_at) WHERE expires_at IS NOT NULL;
+    "#,
 ];
 
 /// Brings the database to the newest schema.

@@ -474,9 +474,26 @@ async fn the_store_survives_a_reopen() {
     assert_eq!(store.reads.tools().await.unwrap().len(), 1);
 }
 
-fn cache_entry(tool: &str, key: &str, value: &str, expires_at: Option<i64>) -> ToolCacheSet {
+/// A dispatch of `tool` running as `dispatch` (attempt 1) on session `s1`: the only kind of
+/// caller that may write the tool's cache.
+async fn running(fx: &Fixture, tool_name: &str, dispatch: &str) -> StepRecord {
+    let (run, _) = fx.store.create_run(new_run(None, 0)).await.unwrap();
+    let def = tool(tool_name, Idempotency::SafeToRetry);
+    let turn = fx
+        .store
+        .schedule_turn(plan(&run.id, 0, vec![call(0, 0, Some(def), tool_name, "{}")]))
+        .await
+        .unwrap();
+    start(&fx.store, &scheduled(&turn[0]), dispatch, 1, "s1")
+        .await
+        .expect("started")
+}
+
+fn cache_entry(dispatch: &str, key: &str, value: &str, expires_at: Option<i64>) -> ToolCacheSet {
     ToolCacheSet {
-        tool: tool.into(),
+        dispatch_id: dispatch.into(),
+        attempt: 1,
+        session_id: "s1".into(),
         key: key.into(),
         value: value.into(),
         expires_at,
@@ -487,11 +504,12 @@ fn cache_entry(tool: &str, key: &str, value: &str, expires_at: Option<i64>) -> T
 async fn tool_cache_entries_are_namespaced_per_tool_and_expire() {
     let fx = open();
     let now = crate::model::now_millis();
+    running(&fx, "rates", "d-rates").await;
     let get = |tool: &str, key: &str| fx.store.reads.tool_cache_get(tool.into(), key.into());
 
     assert_eq!(get("rates", "eur").await.unwrap(), None);
     fx.store
-        .tool_cache_set(cache_entry("rates", "eur", r#"{"usd":1.08}"#, None))
+        .tool_cache_set(cache_entry("d-rates", "eur", r#"{"usd":1.08}"#, None))
         .await
         .unwrap();
     assert_eq!(get("rates", "eur").await.unwrap().as_deref(), Some(r#"{"usd":1.08}"#));
@@ -502,7 +520,7 @@ async fn tool_cache_entries_are_namespaced_per_tool_and_expire() {
     );
 
     fx.store
-        .tool_cache_set(cache_entry("rates", "eur", "1.1", Some(now + 60_000)))
+        .tool_cache_set(cache_entry("d-rates", "eur", "1.1", Some(now + 60_000)))
         .await
         .unwrap();
     assert_eq!(
@@ -512,7 +530,7 @@ async fn tool_cache_entries_are_namespaced_per_tool_and_expire() {
     );
 
     fx.store
-        .tool_cache_set(cache_entry("rates", "gbp", "0.85", Some(now - 1)))
+        .tool_cache_set(cache_entry("d-rates", "gbp", "0.85", Some(now - 1)))
         .await
         .unwrap();
     assert_eq!(
@@ -521,7 +539,7 @@ async fn tool_cache_entries_are_namespaced_per_tool_and_expire() {
         "an expired entry is not found"
     );
     fx.store
-        .tool_cache_set(cache_entry("rates", "gbp", "0.86", None))
+        .tool_cache_set(cache_entry("d-rates", "gbp", "0.86", None))
         .await
         .unwrap();
     assert_eq!(
@@ -532,18 +550,105 @@ async fn tool_cache_entries_are_namespaced_per_tool_and_expire() {
 }
 
 #[tokio::test]
+async fn only_a_dispatch_still_running_on_its_session_writes_the_cache() {
+    let fx = open();
+    let step = running(&fx, "rates", "d1").await;
+    let get = || fx.store.reads.tool_cache_get("rates".into(), "eur".into());
+
+    let refused = [
+        ToolCacheSet {
+            session_id: "another-session".into(),
+            ..cache_entry("d1", "eur", "1", None)
+        },
+        ToolCacheSet {
+            attempt: 2,
+            ..cache_entry("d1", "eur", "1", None)
+        },
+        cache_entry("never-sent", "eur", "1", None),
+    ];
+    for entry in refused {
+        let error = fx.store.tool_cache_set(entry.clone()).await.unwrap_err();
+        assert!(
+            matches!(error, KernelError::FailedPrecondition(_)),
+            "{entry:?}: {error:?}"
+        );
+        assert!(error.to_string().contains("no longer runs on this session"), "{error}");
+    }
+    assert_eq!(get().await.unwrap(), None, "a refused write leaves nothing");
+
+    // Once the call settles, its dispatch can no longer write, however late its request comes.
+    fx.store
+        .tool_cache_set(cache_entry("d1", "eur", "1", None))
+        .await
+        .unwrap();
+    fx.store
+        .record_result(ResultReport {
+            dispatch_id: "d1".into(),
+            attempt: 1,
+            session_id: "s1".into(),
+            outcome: Ok("null".into()),
+            progress_count: 0,
+        })
+        .await
+        .unwrap()
+        .expect("settled");
+    let error = fx
+        .store
+        .tool_cache_set(cache_entry("d1", "eur", "2", None))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, KernelError::FailedPrecondition(_)), "{error:?}");
+    assert_eq!(
+        get().await.unwrap().as_deref(),
+        Some("1"),
+        "the late write changed nothing"
+    );
+    assert_eq!(step.tool, "rates");
+}
+
+#[tokio::test]
+async fn expired_cache_entries_are_purged_in_batches_and_live_ones_stay() {
+    let fx = open();
+    let now = crate::model::now_millis();
+    running(&fx, "rates", "d1").await;
+    for n in 0..5 {
+        let expires_at = Some(now - 1_000 + n);
+        fx.store
+            .tool_cache_set(cache_entry("d1", &format!("old-{n}"), "1", expires_at))
+            .await
+            .unwrap();
+    }
+    fx.store
+        .tool_cache_set(cache_entry("d1", "live", "2", Some(now + 60_000)))
+        .await
+        .unwrap();
+    fx.store
+        .tool_cache_set(cache_entry("d1", "forever", "3", None))
+        .await
+        .unwrap();
+
+    assert_eq!(fx.store.purge_expired(3).await.unwrap(), 3, "at most a batch per write");
+    assert_eq!(fx.store.purge_expired(3).await.unwrap(), 2);
+    assert_eq!(fx.store.purge_expired(3).await.unwrap(), 0);
+    let get = |key: &str| fx.store.reads.tool_cache_get("rates".into(), key.into());
+    assert_eq!(get("live").await.unwrap().as_deref(), Some("2"));
+    assert_eq!(get("forever").await.unwrap().as_deref(), Some("3"));
+}
+
+#[tokio::test]
 async fn refused_tool_cache_entries_write_nothing() {
     let fx = open();
+    running(&fx, "t", "d-t").await;
     let refusals = [
-        (cache_entry("t", "", "1", None), "key: must be 1 to 256 bytes, got 0"),
+        (cache_entry("d-t", "", "1", None), "key: must be 1 to 256 bytes, got 0"),
         (
-            cache_entry("t", &"k".repeat(257), "1", None),
+            cache_entry("d-t", &"k".repeat(257), "1", None),
             "key: must be 1 to 256 bytes, got 257",
         ),
-        (cache_entry("t", "k", "{oops", None), "value_json: not valid JSON"),
+        (cache_entry("d-t", "k", "{oops", None), "value_json: not valid JSON"),
         (
             cache_entry(
-                "t",
+                "d-t",
                 "k",
                 &format!("\"{}\"", "x".repeat(TOOL_CACHE_MAX_VALUE_BYTES)),
                 None,
@@ -570,7 +675,7 @@ async fn refused_tool_cache_entries_write_nothing() {
 
     let largest = format!("\"{}\"", "x".repeat(TOOL_CACHE_MAX_VALUE_BYTES - 2));
     fx.store
-        .tool_cache_set(cache_entry("t", &"k".repeat(256), &largest, None))
+        .tool_cache_set(cache_entry("d-t", &"k".repeat(256), &largest, None))
         .await
         .unwrap();
     let stored = fx

@@ -51,6 +51,8 @@ pub enum Command {
     ExpireApprovals(Reply<Answered>),
     NoteReplays(RunId, Vec<StepKey>, Reply<()>),
     ToolCacheSet(super::ToolCacheSet, Reply<()>),
+    /// Deletes at most this many expired entries of each cache.
+    PurgeExpired(usize, Reply<usize>),
 }
 
 /// Sends a command's answer once its batch has committed (or failed to).
@@ -104,6 +106,7 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
         Command::ExpireApprovals(reply) => respond(ops::expire_approvals(tx), reply),
         Command::NoteReplays(run, keys, reply) => respond(ops::note_replays(tx, &run, &keys), reply),
         Command::ToolCacheSet(set, reply) => respond(ops::tool_cache_set(tx, set), reply),
+        Command::PurgeExpired(limit, reply) => respond(ops::purge_expired(tx, limit), reply),
     }
 }
 
@@ -144,6 +147,7 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
         Command::ExpireApprovals(reply) => respond(Err(make()), reply),
         Command::NoteReplays(_, _, reply) => respond(Err(make()), reply),
         Command::ToolCacheSet(_, reply) => respond(Err(make()), reply),
+        Command::PurgeExpired(_, reply) => respond(Err(make()), reply),
     };
     responder
 }
