@@ -128,10 +128,13 @@ const MIGRATIONS: &[&str] = &[
         last_seen_at  INTEGER NOT NULL
     ) STRICT;
     "#,
-    // 2: expired cache entries are purged in the background; these find them without a scan.
+    // 2: expired cache entries are purged in the background; these find them without a scan. A
+    // turn counts its run's open calls (the pending-calls limit): without its own index that count
+    // read every call the run ever made, so a long run's turns grew slower one by one.
     r#"
     CREATE INDEX result_cache_expiry ON result_cache (expires_at);
     CREATE INDEX tool_cache_expiry ON tool_cache (expires_at) WHERE expires_at IS NOT NULL;
+    CREATE INDEX steps_open_by_run ON steps (run_id) WHERE status IN ('pending', 'running', 'awaiting_approval');
     "#,
 ];
 
