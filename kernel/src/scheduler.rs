@@ -135,6 +135,12 @@ enum Msg {
     },
     Snapshot(oneshot::Sender<Vec<WorkerSnapshot>>),
     Gauges(oneshot::Sender<SchedulerGauges>),
+    Reserve {
+        run_id: RunId,
+        calls: Vec<(StepKey, String)>,
+        reply: oneshot::Sender<Vec<Option<StartDispatch>>>,
+    },
+    Reserved(Vec<(StartDispatch, Option<StepRecord>)>),
     /// What the store says is in flight, for the periodic scan.
     Reconcile(Vec<StepRecord>),
 }
@@ -220,6 +226,26 @@ impl Scheduler {
         }
     }
 
+    /// Reserves worker slots for the calls `(key, tool)` of a new turn of `run_id`, so that each
+    /// call's `tool:start` can be recorded in the same commit as its `tool:scheduled`: one slot per
+    /// call whose tool has a free one, and none while calls are queued (they come first). Every
+    /// reservation must come back through [`Scheduler::reserved`].
+    pub async fn reserve(&self, run_id: RunId, calls: Vec<(StepKey, String)>) -> Vec<Option<StartDispatch>> {
+        let none = calls.len();
+        let (reply, answer) = oneshot::channel();
+        self.send(Msg::Reserve { run_id, calls, reply });
+        answer.await.unwrap_or_else(|_| vec![None; none])
+    }
+
+    /// What became of reserved slots once the turn was written: a call started on its slot goes to
+    /// its worker; a slot whose call did not start (gated, settled at once, or the write failed) is
+    /// given back.
+    pub fn reserved(&self, outcome: Vec<(StartDispatch, Option<StepRecord>)>) {
+        if !outcome.is_empty() {
+            self.send(Msg::Reserved(outcome));
+        }
+    }
+
     /// How many sessions, queued calls and leases the scheduler holds.
     pub async fn gauges(&self) -> Result<SchedulerGauges, KernelError> {
         let (reply, answer) = oneshot::channel();
@@ -274,7 +300,6 @@ struct Lease {
     run_id: RunId,
     key: StepKey,
     attempt: u32,
-    timeout: Duration,
     state: LeaseState,
 }
 
@@ -350,6 +375,25 @@ impl Actor {
             }
             Msg::CancelSteps { steps, reason } => self.cancel_steps(steps, &reason),
             Msg::Reconcile(steps) => self.reconcile(steps),
+            Msg::Reserve { run_id, calls, reply } => {
+                let reservations = self.reserve_for_turn(&run_id, calls);
+                if let Err(unused) = reply.send(reservations) {
+                    // The turn went away before it was written: nothing will start on these slots.
+                    for start in unused.into_iter().flatten() {
+                        self.release(&start.dispatch_id);
+                    }
+                    self.dispatch_ready();
+                }
+            }
+            Msg::Reserved(outcome) => {
+                for (start, step) in outcome {
+                    match step {
+                        Some(step) => self.started(start.dispatch_id, start.attempt, Ok(Some(step))),
+                        None => self.release(&start.dispatch_id),
+                    }
+                }
+                self.dispatch_ready();
+            }
             Msg::Gauges(reply) => {
                 let _ = reply.send(SchedulerGauges {
                     sessions: self.sessions.len(),
@@ -595,31 +639,36 @@ impl Actor {
         }
     }
 
-    fn reserve(&mut self, session_id: String, step: StepRecord) {
+    /// Takes a slot of `session_id` for attempt `attempt` of a call, as a lease still `Starting`.
+    fn take_slot(&mut self, session_id: String, run_id: &RunId, key: &StepKey, attempt: u32) -> StartDispatch {
         let session = self.sessions.get_mut(&session_id).expect("picked session exists");
         session.in_use += 1;
-        let dispatch_id = uuid::Uuid::now_v7().to_string();
-        let attempt = step.attempts + 1;
         let start = StartDispatch {
-            run_id: step.run_id.clone(),
-            key: step.key.clone(),
-            dispatch_id: dispatch_id.clone(),
+            run_id: run_id.clone(),
+            key: key.clone(),
+            dispatch_id: uuid::Uuid::now_v7().to_string(),
             attempt,
             worker: session.name.clone(),
             session_id: session_id.clone(),
             lease_expires_at: now_millis() + self.config.lease_ttl.as_millis() as Millis,
         };
         self.leases.insert(
-            dispatch_id.clone(),
+            start.dispatch_id.clone(),
             Lease {
                 session_id,
-                run_id: step.run_id.clone(),
-                key: step.key.clone(),
+                run_id: run_id.clone(),
+                key: key.clone(),
                 attempt,
-                timeout: Duration::from_millis(step.timeout_ms),
                 state: LeaseState::Starting,
             },
         );
+        start
+    }
+
+    /// Starts a queued call on `session_id`: records its `tool:start`, then sends it.
+    fn reserve(&mut self, session_id: String, step: StepRecord) {
+        let start = self.take_slot(session_id, &step.run_id, &step.key, step.attempts + 1);
+        let (dispatch_id, attempt) = (start.dispatch_id.clone(), start.attempt);
         let store = self.store.clone();
         let me = self.me.clone();
         tokio::spawn(async move {
@@ -630,6 +679,21 @@ impl Actor {
                 result,
             });
         });
+    }
+
+    /// Slots for the new calls of a turn, taken only while nothing waits in the queue.
+    fn reserve_for_turn(&mut self, run_id: &RunId, calls: Vec<(StepKey, String)>) -> Vec<Option<StartDispatch>> {
+        calls
+            .into_iter()
+            .map(|(key, tool)| {
+                if !self.queue.is_empty() {
+                    return None;
+                }
+                let session_id = self.pick(&tool)?;
+                // A new call's first attempt.
+                Some(self.take_slot(session_id, run_id, &key, 1))
+            })
+            .collect()
     }
 
     fn started(&mut self, dispatch_id: String, attempt: u32, result: Result<Option<StepRecord>, KernelError>) {
@@ -644,7 +708,7 @@ impl Actor {
                         // Running before sending: if the session is already gone, its Leave finds a
                         // running lease and records the loss.
                         lease.state = LeaseState::Running {
-                            deadline: Instant::now() + lease.timeout,
+                            deadline: Instant::now() + Duration::from_millis(step.timeout_ms),
                         };
                         let order = DispatchOrder {
                             dispatch_id: dispatch_id.clone(),
@@ -890,6 +954,7 @@ mod tests {
                     },
                     unit_cost: 0.0,
                     call_hash: kernel_proto::canonical::call_hash("t", &tool("t").fingerprint, &serde_json::json!({})),
+                    start: None,
                 }],
                 available_tools: vec!["t".into()],
                 default_timeout_ms: 30_000,

@@ -20,7 +20,7 @@ use crate::hub::{Signal, Subscription};
 use crate::limits::{self, Limits};
 use crate::model::{ApprovalRecord, ApprovalStatus, EventType, RunId, StepKey, StepRecord, StepStatus, cut};
 use crate::registry::KnownTool;
-use crate::store::{CallDisposition, CallGate, PlannedCall, TurnPlan};
+use crate::store::{CallDisposition, CallGate, PlannedCall, StartDispatch, TurnPlan};
 
 /// The longest call id accepted.
 const MAX_CALL_ID: usize = 128;
@@ -150,6 +150,7 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, Ke
             },
             unit_cost: 0.0,
             call_hash,
+            start: None,
         });
     }
     let plan = TurnPlan {
@@ -161,6 +162,48 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, Ke
         max_pending_calls: kernel.limits.max_pending_calls_per_run,
     };
     Ok(Planned { plan, checks, run })
+}
+
+/// Records a new turn and sets its calls going. Calls ready to run get a worker slot reserved
+/// before the write, so their `tool:start` is in the same commit as their `tool:scheduled` (one
+/// commit fewer per call); the others are queued as they are recorded.
+async fn schedule(kernel: &Kernel, mut plan: TurnPlan) -> Result<Vec<CallDisposition>, KernelError> {
+    let runnable: Vec<usize> = (0..plan.calls.len())
+        .filter(|&i| plan.calls[i].tool.is_some() && matches!(plan.calls[i].gate, CallGate::Run { .. }))
+        .collect();
+    let wanted = runnable
+        .iter()
+        .map(|&i| (plan.calls[i].key.clone(), plan.calls[i].tool_name.clone()))
+        .collect();
+    let reservations = if runnable.is_empty() {
+        Vec::new()
+    } else {
+        kernel.scheduler.reserve(plan.run_id.clone(), wanted).await
+    };
+    let mut reserved = Vec::new();
+    for (&i, start) in runnable.iter().zip(reservations) {
+        if let Some(start) = start {
+            reserved.push(start.clone());
+            plan.calls[i].start = Some(start);
+        }
+    }
+    let written = kernel.store.schedule_turn(plan).await;
+    let mut outcome: Vec<(StartDispatch, Option<StepRecord>)> = reserved.into_iter().map(|s| (s, None)).collect();
+    if let Ok(dispositions) = &written {
+        for disposition in dispositions {
+            match disposition {
+                CallDisposition::Started(step) => {
+                    if let Some(slot) = outcome.iter_mut().find(|(s, _)| s.key == step.key) {
+                        slot.1 = Some(step.clone());
+                    }
+                }
+                CallDisposition::Scheduled(step) => kernel.scheduler.enqueue(step.clone()),
+                _ => {}
+            }
+        }
+    }
+    kernel.scheduler.reserved(outcome);
+    written
 }
 
 /// A validated turn, with what its calls still have to pass before they may be recorded.
@@ -212,13 +255,16 @@ impl ToolCallService for ToolCallApi {
                     .note_replays(run_id.clone(), steps.iter().map(|s| s.key.clone()).collect());
                 steps.into_iter().map(CallDisposition::Replayed).collect()
             }
-            None => self.0.store.schedule_turn(decide(&self.0, planned).await?).await?,
-        };
-        for disposition in &dispositions {
-            if let CallDisposition::Scheduled(step) = disposition {
-                self.0.scheduler.enqueue(step.clone());
+            None => {
+                let plan = decide(&self.0, planned).await?;
+                // Runs to the end even if the agent goes away meanwhile: slots reserved for the
+                // turn must come back to the scheduler whatever happens.
+                let kernel = self.0.clone();
+                tokio::spawn(async move { schedule(&kernel, plan).await })
+                    .await
+                    .map_err(|e| KernelError::Store(format!("scheduling the turn failed: {e}")))??
             }
-        }
+        };
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(stream_results(
             self.0.clone(),
@@ -313,7 +359,10 @@ async fn stream_results(
             CallDisposition::Replayed(step) => Some(convert::call_result(&step, position, true)),
             CallDisposition::Settled(step) => Some(convert::call_result(&step, position, false)),
             CallDisposition::Diverged { step, message } => Some(diverged(&step, position, &message)),
-            CallDisposition::Joined(step) | CallDisposition::Scheduled(step) | CallDisposition::Gated(step) => {
+            CallDisposition::Joined(step)
+            | CallDisposition::Scheduled(step)
+            | CallDisposition::Started(step)
+            | CallDisposition::Gated(step) => {
                 ordered.waiting.insert(step.key, index);
                 None
             }

@@ -48,6 +48,10 @@ impl Queue {
         self.items.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
     #[cfg(test)]
     pub fn contains(&self, run_id: &RunId, key: &StepKey) -> bool {
         self.keys.contains(&(run_id.clone(), key.clone()))

@@ -72,6 +72,9 @@ pub struct PlannedCall {
     pub gate: CallGate,
     /// Price of one attempt.
     pub unit_cost: f64,
+    /// A worker slot the scheduler reserved for this call: if the call is recorded ready to run,
+    /// its `tool:start` is recorded in the same commit as its `tool:scheduled`.
+    pub start: Option<StartDispatch>,
 }
 
 /// What stands between a recorded call and its dispatch.
@@ -111,6 +114,8 @@ pub enum CallDisposition {
     Settled(StepRecord),
     /// Recorded as pending: to dispatch.
     Scheduled(StepRecord),
+    /// Recorded and started on the slot reserved for it, in one commit: to send to its worker.
+    Started(StepRecord),
     /// Recorded as awaiting a person's answer.
     Gated(StepRecord),
     /// Same identity, different tool, fingerprint or arguments: nothing recorded.

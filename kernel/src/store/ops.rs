@@ -451,6 +451,13 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
         if approval.is_some() {
             gated = true;
             dispositions.push(CallDisposition::Gated(step));
+        } else if let Some(start) = call.start.clone() {
+            // Pending since a moment ago in this same commit, so it starts; were it not to, the
+            // scheduler gives the reserved slot back and queues the call as usual.
+            match start_dispatch(tx, start)? {
+                Some(started) => dispositions.push(CallDisposition::Started(started)),
+                None => dispositions.push(CallDisposition::Scheduled(step)),
+            }
         } else {
             dispositions.push(CallDisposition::Scheduled(step));
         }

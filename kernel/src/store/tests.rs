@@ -69,6 +69,7 @@ fn call(turn: u32, position: u32, tool: Option<ToolDef>, name: &str, args: &str)
             decided_by: "default:allow".into(),
         },
         unit_cost: 0.0,
+        start: None,
     }
 }
 
@@ -117,6 +118,74 @@ fn scheduled(disposition: &CallDisposition) -> StepRecord {
         CallDisposition::Scheduled(step) => step.clone(),
         other => panic!("expected scheduled, got {other:?}"),
     }
+}
+
+fn slot(run: &RunId, key: StepKey, dispatch: &str) -> StartDispatch {
+    StartDispatch {
+        run_id: run.clone(),
+        key,
+        dispatch_id: dispatch.into(),
+        attempt: 1,
+        worker: "w".into(),
+        session_id: "s1".into(),
+        lease_expires_at: 0,
+    }
+}
+
+#[tokio::test]
+async fn a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit() {
+    let f = open();
+    let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let mut live = f.hub.subscribe(&run.id);
+    let add = tool("add", Idempotency::SafeToRetry);
+    let mut reserved = call(0, 0, Some(add.clone()), "add", r#"{"a":1}"#);
+    reserved.start = Some(slot(&run.id, reserved.key.clone(), "d1"));
+    let queued = call(0, 1, Some(add.clone()), "add", r#"{"a":2}"#);
+    let mut gated = call(0, 2, Some(add), "add", r#"{"a":3}"#);
+    gated.gate = CallGate::Approve(crate::model::ApprovalGate {
+        timeout_ms: None,
+        approvers: Vec::new(),
+        message: None,
+        decided_by: "rule:ask".into(),
+    });
+    gated.start = Some(slot(&run.id, gated.key.clone(), "d3"));
+
+    let turn = f
+        .store
+        .schedule_turn(plan(&run.id, 0, vec![reserved, queued, gated]))
+        .await
+        .unwrap();
+    let CallDisposition::Started(started) = &turn[0] else {
+        panic!("expected started, got {:?}", turn[0]);
+    };
+    assert_eq!(started.status, StepStatus::Running);
+    assert_eq!(started.dispatch_id.as_deref(), Some("d1"));
+    assert_eq!(started.attempts, 1);
+    assert!(
+        matches!(turn[1], CallDisposition::Scheduled(_)),
+        "no slot: queued as before"
+    );
+    assert!(
+        matches!(&turn[2], CallDisposition::Gated(step) if step.dispatch_id.is_none()),
+        "a gated call does not start on its slot: {:?}",
+        turn[2]
+    );
+
+    // tool:scheduled then tool:start, gap-free, published together by the one commit.
+    let log = events(&f.store, &run.id).await;
+    assert_gap_free(&log);
+    let first: Vec<_> = log
+        .iter()
+        .filter(|e| e.payload.contains(&format!("\"step_key\":\"{}\"", started.key)))
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(first, [EventType::ToolScheduled, EventType::ToolStart]);
+    let mut published = Vec::new();
+    while let Ok(crate::hub::Signal::Event(event, _)) = live.try_recv() {
+        published.push(event.seq);
+    }
+    // Everything after run:created (written before the subscription).
+    assert_eq!(published, log.iter().skip(1).map(|e| e.seq).collect::<Vec<_>>());
 }
 
 #[tokio::test]
