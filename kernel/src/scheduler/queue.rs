@@ -177,7 +177,7 @@ mod tests {
             queue.push(step(&run, n));
         }
         assert!(queue.capacity() >= 10_000);
-        while queue.len() > 0 {
+        while !queue.is_empty() {
             queue.remove(0);
         }
         assert!(
