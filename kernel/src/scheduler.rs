@@ -993,4 +993,142 @@ mod tests {
         );
         shutdown.cancel();
     }
+
+    async fn store_with_run() -> (tempfile::TempDir, Store, crate::store::WriterThread, RunId) {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, writer) = Store::open(&dir.path().join("k.db"), Durability::Normal, Hub::default()).unwrap();
+        let (run, _) = store
+            .create_run(NewRun {
+                agent: "a".into(),
+                input: "{}".into(),
+                labels: BTreeMap::new(),
+                idempotency_key: None,
+                max_tool_calls: 0,
+                interactive: true,
+                permissions: Vec::new(),
+                capture: crate::model::Capture::Io,
+            })
+            .await
+            .unwrap();
+        (dir, store, writer, run.id)
+    }
+
+    fn one_call(run: &RunId, start: Option<StartDispatch>) -> TurnPlan {
+        TurnPlan {
+            run_id: run.clone(),
+            turn: 0,
+            calls: vec![PlannedCall {
+                position: 0,
+                key: StepKey::for_call(0, 0, None),
+                call_id: None,
+                tool_name: "t".into(),
+                arguments: "{}".into(),
+                tool: Some(std::sync::Arc::new(tool("t"))),
+                timeout_ms: None,
+                gate: crate::store::CallGate::Run {
+                    decided_by: "default:allow".into(),
+                },
+                unit_cost: 0.0,
+                call_hash: kernel_proto::canonical::call_hash("t", &tool("t").fingerprint, &serde_json::json!({})),
+                start,
+            }],
+            available_tools: vec!["t".into()],
+            default_timeout_ms: 30_000,
+            max_pending_calls: 1024,
+        }
+    }
+
+    async fn join_one_slot(scheduler: &Scheduler) -> (String, mpsc::UnboundedReceiver<Outbound>) {
+        let (outbound, orders) = mpsc::unbounded_channel();
+        let hello = SessionHello {
+            name: "w".into(),
+            tools: vec![tool("t")],
+            max_concurrency: 1,
+        };
+        (scheduler.join(hello, outbound).await.unwrap(), orders)
+    }
+
+    #[tokio::test]
+    async fn a_reserved_slot_is_held_until_its_call_starts_or_it_is_given_back() {
+        let (_dir, store, _writer, run) = store_with_run().await;
+        let shutdown = CancellationToken::new();
+        let scheduler = Scheduler::spawn(SchedulerConfig::default(), store.clone(), shutdown.clone());
+        let (_session, mut orders) = join_one_slot(&scheduler).await;
+        let key = StepKey::for_call(0, 0, None);
+        let wanted = vec![(key.clone(), "t".to_owned())];
+
+        let first = scheduler.reserve(run.clone(), wanted.clone()).await;
+        let start = first[0].clone().expect("a free slot is reserved");
+        assert_eq!(start.attempt, 1);
+        assert_eq!(
+            scheduler.reserve(run.clone(), wanted.clone()).await,
+            vec![None],
+            "the one slot is taken"
+        );
+        scheduler.reserved(vec![(start, None)]);
+        let again = scheduler.reserve(run.clone(), wanted).await;
+        let start = again[0].clone().expect("a slot given back can be reserved again");
+
+        // Written with its slot: the call starts in the same commit and goes to the worker.
+        let turn = store.schedule_turn(one_call(&run, Some(start.clone()))).await.unwrap();
+        let crate::store::CallDisposition::Started(step) = &turn[0] else {
+            panic!("expected started, got {:?}", turn[0]);
+        };
+        scheduler.reserved(vec![(start.clone(), Some(step.clone()))]);
+        let Some(Outbound::Dispatch(order)) = tokio::time::timeout(Duration::from_secs(10), orders.recv())
+            .await
+            .expect("dispatched")
+        else {
+            panic!("expected a dispatch")
+        };
+        assert_eq!(
+            (order.dispatch_id.as_str(), order.attempt),
+            (start.dispatch_id.as_str(), 1)
+        );
+        assert_eq!(scheduler.gauges().await.unwrap().leased, 1);
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_slot_whose_session_left_before_the_write_loses_the_call_and_it_runs_again() {
+        let (_dir, store, _writer, run) = store_with_run().await;
+        let shutdown = CancellationToken::new();
+        let scheduler = Scheduler::spawn(SchedulerConfig::default(), store.clone(), shutdown.clone());
+        let (session, _orders) = join_one_slot(&scheduler).await;
+        let key = StepKey::for_call(0, 0, None);
+        let start = scheduler
+            .reserve(run.clone(), vec![(key.clone(), "t".to_owned())])
+            .await[0]
+            .clone()
+            .expect("reserved");
+        scheduler.leave(session, "closed its stream".into());
+
+        let turn = store.schedule_turn(one_call(&run, Some(start.clone()))).await.unwrap();
+        let crate::store::CallDisposition::Started(step) = &turn[0] else {
+            panic!("expected started, got {:?}", turn[0]);
+        };
+        scheduler.reserved(vec![(start, Some(step.clone()))]);
+
+        // The start was recorded for a session that is gone: the loss is recorded and the call,
+        // safe to retry, waits for the next worker.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let steps = store.reads.steps(run.clone()).await.unwrap();
+            if steps[0].lease_losses == 1 {
+                assert_eq!(steps[0].status, StepStatus::Pending, "{:?}", steps[0]);
+                break;
+            }
+            assert!(Instant::now() < deadline, "the loss was never recorded: {:?}", steps[0]);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let (_session, mut orders) = join_one_slot(&scheduler).await;
+        let Some(Outbound::Dispatch(order)) = tokio::time::timeout(Duration::from_secs(10), orders.recv())
+            .await
+            .expect("dispatched again")
+        else {
+            panic!("expected a dispatch")
+        };
+        assert_eq!(order.attempt, 2);
+        shutdown.cancel();
+    }
 }

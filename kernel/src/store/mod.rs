@@ -123,7 +123,7 @@ pub enum CallDisposition {
 }
 
 /// A lease granted to a worker, to record before the worker is told.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct StartDispatch {
     pub run_id: RunId,
     pub key: StepKey,
