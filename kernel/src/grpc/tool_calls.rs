@@ -36,12 +36,6 @@ type TurnSender = mpsc::Sender<Result<pb::SubmitTurnResponse, Status>>;
 /// Validates a turn as a whole before anything is written, and decides each call's gate.
 async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, KernelError> {
     let run_id = RunId::parse(&req.run_id, "run_id")?;
-    let run = kernel
-        .store
-        .reads
-        .run(run_id.clone())
-        .await?
-        .ok_or_else(|| KernelError::NotFound(format!("run {run_id} not found")))?;
     if req.calls.is_empty() {
         return Err(KernelError::invalid("calls", "a turn needs at least one call"));
     }
@@ -67,14 +61,6 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, Ke
         ));
     }
     let added = limits::EVENTS_PER_CALL * req.calls.len() as u64;
-    if run.last_seq.saturating_add(added) > limits.max_events_per_run {
-        return Err(limits::exceeded(
-            "calls",
-            format!("run {run_id} has {} events and this turn may add {added}", run.last_seq),
-            format!("{} events per run", limits.max_events_per_run),
-            "max-events-per-run",
-        ));
-    }
     let mut ids = HashSet::new();
     let mut calls = Vec::with_capacity(req.calls.len());
     let mut checks = Vec::with_capacity(req.calls.len());
@@ -123,15 +109,6 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, Ke
         }
         let position = position as u32;
         let known = kernel.registry.get(name);
-        if let Some(tool) = &known
-            && !run.interactive
-            && tool.def.options.requires_approval
-        {
-            return Err(KernelError::FailedPrecondition(format!(
-                "calls[{position}]: run {run_id} is non-interactive and tool '{name}' is declared requires_approval; \
-                 a non-interactive run cannot wait for a person"
-            )));
-        }
         let args: serde_json::Value = serde_json::from_str(&arguments).expect("canonical JSON parses");
         let fingerprint = known.as_ref().map_or("", |tool| tool.def.fingerprint.as_str());
         let call_hash = kernel_proto::canonical::call_hash(name, fingerprint, &args);
@@ -153,6 +130,30 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, Ke
             start: None,
         });
     }
+    // One read for the run and for whether the turn is recorded already (then it is replayed).
+    let identities = calls.iter().map(|c| (c.key.clone(), c.call_hash.clone())).collect();
+    let (run, replayable) = kernel.store.reads.turn(run_id.clone(), identities).await?;
+    let run = run.ok_or_else(|| KernelError::NotFound(format!("run {run_id} not found")))?;
+    if run.last_seq.saturating_add(added) > limits.max_events_per_run {
+        return Err(limits::exceeded(
+            "calls",
+            format!("run {run_id} has {} events and this turn may add {added}", run.last_seq),
+            format!("{} events per run", limits.max_events_per_run),
+            "max-events-per-run",
+        ));
+    }
+    if !run.interactive
+        && let Some((call, _)) = calls
+            .iter()
+            .zip(&checks)
+            .find(|(_, (known, _))| known.as_ref().is_some_and(|tool| tool.def.options.requires_approval))
+    {
+        return Err(KernelError::FailedPrecondition(format!(
+            "calls[{}]: run {run_id} is non-interactive and tool '{}' is declared requires_approval; \
+             a non-interactive run cannot wait for a person",
+            call.position, call.tool_name
+        )));
+    }
     let plan = TurnPlan {
         run_id,
         turn: req.turn,
@@ -161,7 +162,12 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, Ke
         default_timeout_ms: kernel.default_timeout_ms,
         max_pending_calls: kernel.limits.max_pending_calls_per_run,
     };
-    Ok(Planned { plan, checks, run })
+    Ok(Planned {
+        plan,
+        checks,
+        run,
+        replayable,
+    })
 }
 
 /// Records a new turn and sets its calls going. Calls ready to run get a worker slot reserved
@@ -212,12 +218,16 @@ struct Planned {
     /// Per call: the registered tool (if any) and the parsed arguments.
     checks: Vec<(Option<Arc<KnownTool>>, serde_json::Value)>,
     run: crate::model::RunRecord,
+    /// Set when every call of the turn is recorded and settled: the turn is served from the log.
+    replayable: Option<Vec<StepRecord>>,
 }
 
 /// Decides each call's gate (argument validation, policy, approval) and price. Skipped for a turn
 /// that only replays recorded results.
 async fn decide(kernel: &Kernel, planned: Planned) -> Result<TurnPlan, KernelError> {
-    let Planned { mut plan, checks, run } = planned;
+    let Planned {
+        mut plan, checks, run, ..
+    } = planned;
     for (call, (known, args)) in plan.calls.iter_mut().zip(checks) {
         if let Some(tool) = known {
             call.gate = kernel.governance.gate(&tool, &args, &run);
@@ -235,20 +245,14 @@ impl ToolCallService for ToolCallApi {
         &self,
         request: Request<pb::SubmitTurnRequest>,
     ) -> Result<Response<Self::SubmitTurnStream>, Status> {
-        let planned = plan(&self.0, request.into_inner()).await?;
+        let mut planned = plan(&self.0, request.into_inner()).await?;
         let run_id = planned.plan.run_id.clone();
         let positions: Vec<u32> = planned.plan.calls.iter().map(|c| c.position).collect();
         // Subscribe before recording, so no result can slip between the write and the wait.
         let live = self.0.hub.subscribe(&run_id);
         // A resubmitted turn whose calls all settled is served from a read: the results are
         // durable already, so only the replay counter is written, without waiting for it.
-        let identities = planned
-            .plan
-            .calls
-            .iter()
-            .map(|c| (c.key.clone(), c.call_hash.clone()))
-            .collect();
-        let dispositions = match self.0.store.reads.replayable(run_id.clone(), identities).await? {
+        let dispositions = match planned.replayable.take() {
             Some(steps) => {
                 self.0
                     .store

@@ -125,22 +125,25 @@ impl Readers {
         .await
     }
 
-    /// The recorded steps of a resubmitted turn, when every call is settled and identical to its
-    /// recording; `None` sends the turn through the writer (something to run, join or refuse).
-    pub async fn replayable(
+    /// A turn's run, and its recorded calls when every call `(key, call_hash)` is recorded with the
+    /// same hash and settled (the turn is then a pure replay), in one read.
+    pub async fn turn(
         &self,
         run: RunId,
         calls: Vec<(crate::model::StepKey, String)>,
-    ) -> Result<Option<Vec<StepRecord>>, KernelError> {
+    ) -> Result<(Option<RunRecord>, Option<Vec<StepRecord>>), KernelError> {
         self.with(move |conn| {
+            let Some(record) = rows::load_run(conn, &run)? else {
+                return Ok((None, None));
+            };
             let mut steps = Vec::with_capacity(calls.len());
             for (key, hash) in &calls {
                 match rows::load_step(conn, &run, key)? {
                     Some(step) if step.status.is_terminal() && step.call_hash == *hash => steps.push(step),
-                    _ => return Ok(None),
+                    _ => return Ok((Some(record), None)),
                 }
             }
-            Ok(Some(steps))
+            Ok((Some(record), Some(steps)))
         })
         .await
     }
