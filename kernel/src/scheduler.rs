@@ -922,46 +922,8 @@ mod tests {
     /// found by the periodic scan and dispatched.
     #[tokio::test]
     async fn the_in_flight_scan_dispatches_a_pending_call_nobody_queued() {
-        let dir = tempfile::tempdir().unwrap();
-        let (store, _writer) = Store::open(&dir.path().join("k.db"), Durability::Normal, Hub::default()).unwrap();
-        let (run, _) = store
-            .create_run(NewRun {
-                agent: "a".into(),
-                input: "{}".into(),
-                labels: BTreeMap::new(),
-                idempotency_key: None,
-                max_tool_calls: 0,
-                interactive: true,
-                permissions: Vec::new(),
-                capture: crate::model::Capture::Io,
-            })
-            .await
-            .unwrap();
-        store
-            .schedule_turn(TurnPlan {
-                run_id: run.id.clone(),
-                turn: 0,
-                calls: vec![PlannedCall {
-                    position: 0,
-                    key: StepKey::for_call(0, 0, None),
-                    call_id: None,
-                    tool_name: "t".into(),
-                    arguments: "{}".into(),
-                    tool: Some(std::sync::Arc::new(tool("t"))),
-                    timeout_ms: None,
-                    gate: crate::store::CallGate::Run {
-                        decided_by: "default:allow".into(),
-                    },
-                    unit_cost: 0.0,
-                    call_hash: kernel_proto::canonical::call_hash("t", &tool("t").fingerprint, &serde_json::json!({})),
-                    start: None,
-                }],
-                available_tools: vec!["t".into()],
-                default_timeout_ms: 30_000,
-                max_pending_calls: 1024,
-            })
-            .await
-            .unwrap();
+        let (_dir, store, _writer, run) = store_with_run().await;
+        store.schedule_turn(one_call(&run, None)).await.unwrap();
 
         let config = SchedulerConfig {
             scan_interval: Duration::from_millis(50),
@@ -969,13 +931,7 @@ mod tests {
         };
         let shutdown = CancellationToken::new();
         let scheduler = Scheduler::spawn(config, store.clone(), shutdown.clone());
-        let (outbound, mut orders) = mpsc::unbounded_channel();
-        let hello = SessionHello {
-            name: "w".into(),
-            tools: vec![tool("t")],
-            max_concurrency: 1,
-        };
-        scheduler.join(hello, outbound).await.unwrap();
+        let (_session, mut orders) = join_one_slot(&scheduler).await;
         let order = tokio::time::timeout(Duration::from_secs(10), orders.recv())
             .await
             .expect("dispatched")
@@ -985,7 +941,7 @@ mod tests {
         };
         assert_eq!(order.step.key, StepKey::for_call(0, 0, None));
         assert_eq!(order.attempt, 1);
-        let steps = store.reads.steps(run.id).await.unwrap();
+        let steps = store.reads.steps(run).await.unwrap();
         assert_eq!(
             steps[0].status,
             StepStatus::Running,
