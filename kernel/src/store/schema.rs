@@ -129,12 +129,14 @@ const MIGRATIONS: &[&str] = &[
     ) STRICT;
     "#,
     // 2: expired cache entries are purged in the background; these find them without a scan. A
-    // turn counts its run's open calls (the pending-calls limit): without its own index that count
-    // read every call the run ever made, so a long run's turns grew slower one by one.
+    // turn counts its run's open calls (the pending-calls limit): without an index on the run and
+    // status that count read every call the run ever made, so a long run's turns grew slower one
+    // by one. (Not a partial index on status: SQLite then updates a step's status in two passes
+    // through a temporary table, and freeing it made glibc trim and regrow the writer's heap.)
     r#"
     CREATE INDEX result_cache_expiry ON result_cache (expires_at);
     CREATE INDEX tool_cache_expiry ON tool_cache (expires_at) WHERE expires_at IS NOT NULL;
-    CREATE INDEX steps_open_by_run ON steps (run_id) WHERE status IN ('pending', 'running', 'awaiting_approval');
+    CREATE INDEX steps_by_run_status ON steps (run_id, status);
     "#,
 ];
 
