@@ -284,6 +284,11 @@ impl Kernel {
 
     /// Starts the fault-injection worker, which records every execution in this kernel's ledger.
     pub fn fault_worker(&self, name: &str) -> Process {
+        self.fault_worker_with(name, &[])
+    }
+
+    /// Starts the fault-injection worker with extra flags (e.g. `--max-concurrency 300`).
+    pub fn fault_worker_with(&self, name: &str, args: &[&str]) -> Process {
         let mut command = Command::new(binary("fault-worker"));
         command
             .arg("--kernel")
@@ -291,7 +296,8 @@ impl Kernel {
             .arg("--name")
             .arg(name)
             .arg("--ledger")
-            .arg(self.dir.path().join("ledger.txt"));
+            .arg(self.dir.path().join("ledger.txt"))
+            .args(args);
         let process = Process::spawn(command, "fault-worker");
         process.log.wait_for("worker session open");
         process
@@ -726,22 +732,6 @@ pub async fn submit_until_done(url: &str, run_id: &str, turn: u32, calls: Vec<pb
 }
 
 impl Kernel {
-    /// Starts the fault-injection worker with extra flags (e.g. `--max-concurrency 300`).
-    pub fn fault_worker_with(&self, name: &str, args: &[&str]) -> Process {
-        let mut command = Command::new(binary("fault-worker"));
-        command
-            .arg("--kernel")
-            .arg(self.url())
-            .arg("--name")
-            .arg(name)
-            .arg("--ledger")
-            .arg(self.dir.path().join("ledger.txt"))
-            .args(args);
-        let process = Process::spawn(command, "fault-worker");
-        process.log.wait_for("worker session open");
-        process
-    }
-
     /// The kernel's resident memory in KiB (`VmRSS` of `/proc/<pid>/status`).
     pub fn rss_kib(&self) -> u64 {
         proc_status_kib(self.process.child.id(), "VmRSS")

@@ -58,26 +58,23 @@ pub(crate) async fn connect_secure(addr: &str, tls: Option<&Tls>) -> Result<Chan
 /// A status with its code and the causes under it: a broken connection or a failed TLS handshake
 /// says only "transport error" in its message.
 pub(crate) fn describe_status(status: &tonic::Status) -> String {
-    let mut text = format!("{:?}: {}", status.code(), status.message());
-    let mut last = status.message().to_owned();
-    let mut source = status.source();
-    while let Some(cause) = source {
-        let message = cause.to_string();
-        if message != last {
-            text.push_str(": ");
-            text.push_str(&message);
-            last = message;
-        }
-        source = cause.source();
-    }
-    text
+    with_causes(
+        format!("{:?}: {}", status.code(), status.message()),
+        status.message(),
+        status.source(),
+    )
 }
 
 /// A transport error with its causes: tonic's own message is just "transport error".
 pub(crate) fn describe(error: &tonic::transport::Error) -> String {
-    let mut text = error.to_string();
-    let mut last = text.clone();
-    let mut source = error.source();
+    let text = error.to_string();
+    let last = text.clone();
+    with_causes(text, &last, error.source())
+}
+
+/// `text`, then each cause under it after `: `; `last` is the message `text` ends with.
+fn with_causes(mut text: String, last: &str, mut source: Option<&(dyn std::error::Error + 'static)>) -> String {
+    let mut last = last.to_owned();
     while let Some(cause) = source {
         // Layers often repeat their inner error's message; keep each once.
         let message = cause.to_string();

@@ -334,6 +334,31 @@ impl Ordered {
         tx.send(Ok(pb::SubmitTurnResponse { item: Some(item) })).await.is_ok()
     }
 
+    /// Reports each pending approval of this turn's calls not reported yet; `false` once the agent
+    /// has gone. A failed read reports nothing now: the next `run:interrupted` tries again.
+    async fn interrupt_pending(
+        &self,
+        kernel: &Kernel,
+        run_id: &RunId,
+        told: &mut HashSet<String>,
+        tx: &TurnSender,
+    ) -> bool {
+        let Ok(pending) = kernel
+            .store
+            .reads
+            .approvals(ApprovalStatus::Pending, Some(run_id.clone()))
+            .await
+        else {
+            return true;
+        };
+        for approval in pending {
+            if !self.interrupt(&approval, told, tx).await {
+                return false;
+            }
+        }
+        true
+    }
+
     fn done(&self) -> bool {
         self.next >= self.results.len()
     }
@@ -375,18 +400,8 @@ async fn stream_results(
     // A resubmitted turn whose calls already wait for a person is told so at once; later questions
     // arrive as run:interrupted events.
     let mut told = HashSet::new();
-    if parked
-        && let Ok(pending) = kernel
-            .store
-            .reads
-            .approvals(ApprovalStatus::Pending, Some(run_id.clone()))
-            .await
-    {
-        for approval in pending {
-            if !ordered.interrupt(&approval, &mut told, &tx).await {
-                return;
-            }
-        }
+    if parked && !ordered.interrupt_pending(&kernel, &run_id, &mut told, &tx).await {
+        return;
     }
     loop {
         if !ordered.flush(&tx).await || ordered.done() {
@@ -408,17 +423,9 @@ async fn stream_results(
             }
             Ok(Signal::Event(event, Some(step))) if event.kind == EventType::RunInterrupted => {
                 if ordered.waiting.contains_key(&step.key)
-                    && let Ok(pending) = kernel
-                        .store
-                        .reads
-                        .approvals(ApprovalStatus::Pending, Some(run_id.clone()))
-                        .await
+                    && !ordered.interrupt_pending(&kernel, &run_id, &mut told, &tx).await
                 {
-                    for approval in pending {
-                        if !ordered.interrupt(&approval, &mut told, &tx).await {
-                            return;
-                        }
-                    }
+                    return;
                 }
             }
             Ok(Signal::Event(..)) => {}

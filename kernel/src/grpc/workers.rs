@@ -110,11 +110,13 @@ impl WorkerService for WorkerApi {
         let tools = hello.tools.clone();
         // Watch the keys from before the session joins, so a reload from here on is seen.
         let auth = match (&self.0.keys, caller) {
-            (Some(keys), Some(caller)) => Some(SessionAuth {
-                keys: keys.watch(),
-                caller,
-                tools: tools.iter().map(|t| t.name.clone()).collect(),
-            }),
+            (Some(keys), Some(caller)) => {
+                let mut keys = keys.watch();
+                let tools: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
+                // A reload between the request's check and this watch is seen here.
+                keys.borrow_and_update().still_admits(&caller, &tools)?;
+                Some(SessionAuth { keys, caller, tools })
+            }
             _ => None,
         };
         let (orders_tx, orders) = mpsc::unbounded_channel();
@@ -173,19 +175,20 @@ struct SessionAuth {
     tools: Vec<String>,
 }
 
-/// Resolves when the keys in force no longer admit the session (its key removed, or no longer
-/// allowing a tool it offers); never when the kernel runs without keys.
+/// Resolves when a reload puts in force keys that no longer admit the session (its key removed,
+/// or no longer allowing a tool it offers); never when the kernel runs without keys. It checks only
+/// on a reload, not each time the session loop polls it.
 async fn key_revoked(auth: &mut Option<SessionAuth>) -> KernelError {
     let Some(auth) = auth else {
         return std::future::pending().await;
     };
     loop {
+        if auth.keys.changed().await.is_err() {
+            return std::future::pending().await;
+        }
         let ring = auth.keys.borrow_and_update().clone();
         if let Err(refusal) = ring.still_admits(&auth.caller, &auth.tools) {
             return refusal;
-        }
-        if auth.keys.changed().await.is_err() {
-            return std::future::pending().await;
         }
     }
 }

@@ -16,8 +16,8 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use super::cel::Condition;
 use super::glob::{self, GlobList};
 use super::presets::{MaxRisk, Presets};
-use super::rules::{Matcher, Outcome, Rule};
-use super::{Compiled, Fallback, PolicyError, Risk};
+use super::rules::{Matcher, Rule};
+use super::{Compiled, Fallback, PolicyError, Risk, Verdict};
 
 /// Parses, validates and compiles a policy file's text.
 pub(super) fn parse(text: &str) -> Result<Compiled, PolicyError> {
@@ -489,8 +489,8 @@ fn build_rule(raw: RawRule, seen: &mut HashMap<String, usize>, index: usize) -> 
         ));
     }
     let outcome = match raw.decision {
-        DecisionKind::Allow => Outcome::Allow,
-        DecisionKind::Deny => Outcome::Deny {
+        DecisionKind::Allow => Verdict::Allow,
+        DecisionKind::Deny => Verdict::Deny {
             reason: reason.ok_or_else(|| {
                 format!("rule '{id}' denies without a reason; add `reason`, which the model reads after `not allowed.`")
             })?,
@@ -504,7 +504,7 @@ fn build_rule(raw: RawRule, seen: &mut HashMap<String, usize>, index: usize) -> 
             if approval.approvers.iter().any(|a| a.trim().is_empty()) {
                 return Err(format!("rule '{id}' names an empty approver"));
             }
-            Outcome::Approve {
+            Verdict::Approve {
                 timeout_ms: approval.timeout.map(|t| t.0),
                 approvers: approval.approvers,
                 message: approval.message.filter(|m| !m.trim().is_empty()).or(reason),

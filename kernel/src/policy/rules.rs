@@ -12,21 +12,8 @@ pub(crate) struct Rule {
     pub(crate) id: String,
     pub(crate) priority: i64,
     pub(crate) matcher: Matcher,
-    pub(crate) outcome: Outcome,
-}
-
-/// What a rule decides when it matches.
-#[derive(Clone, Debug)]
-pub(crate) enum Outcome {
-    Allow,
-    Deny {
-        reason: String,
-    },
-    Approve {
-        timeout_ms: Option<u64>,
-        approvers: Vec<String>,
-        message: Option<String>,
-    },
+    /// What the rule decides when it matches.
+    pub(crate) outcome: Verdict,
 }
 
 /// The matchers of a rule; an absent one matches any call.
@@ -51,24 +38,6 @@ impl Matcher {
     }
 }
 
-impl Outcome {
-    fn verdict(&self) -> Verdict {
-        match self {
-            Outcome::Allow => Verdict::Allow,
-            Outcome::Deny { reason } => Verdict::Deny { reason: reason.clone() },
-            Outcome::Approve {
-                timeout_ms,
-                approvers,
-                message,
-            } => Verdict::Approve {
-                timeout_ms: *timeout_ms,
-                approvers: approvers.clone(),
-                message: message.clone(),
-            },
-        }
-    }
-}
-
 /// The decision of the first matching rule in `rules` (already in priority order).
 ///
 /// A condition that cannot be evaluated fails closed: a deny or approve rule counts as
@@ -81,16 +50,16 @@ pub(crate) fn first_match(rules: &[Rule], call: &CallFacts<'_>) -> Option<Decisi
         }
         let by = format!("rule:{}", rule.id);
         let Some(when) = &rule.matcher.when else {
-            return Some(Decision::new(by, rule.outcome.verdict()));
+            return Some(Decision::new(by, rule.outcome.clone()));
         };
         let context = context.get_or_insert_with(|| call_context(call));
         match when.eval(context) {
-            Ok(true) => return Some(Decision::new(by, rule.outcome.verdict())),
+            Ok(true) => return Some(Decision::new(by, rule.outcome.clone())),
             Ok(false) => continue,
             Err(error) => {
                 tracing::warn!(rule = %rule.id, tool = call.tool, %error, "policy condition failed, failing closed");
                 let failure = format!("policy rule {} could not be evaluated: {error}", rule.id);
-                let verdict = match rule.outcome.verdict() {
+                let verdict = match rule.outcome.clone() {
                     Verdict::Allow => Verdict::Deny { reason: failure },
                     Verdict::Deny { reason } => Verdict::Deny {
                         reason: format!("{reason} ({failure})"),

@@ -877,38 +877,42 @@ pub fn lose_lease(tx: &mut Tx<'_>, loss: LeaseLoss) -> Result<LossOutcome> {
     let Some(step) = held_step(tx, &loss.dispatch_id, loss.attempt, None)? else {
         return Ok(LossOutcome::NotHeld);
     };
-    if step.idempotency == Idempotency::AtMostOnce {
-        let message = format!(
-            "indeterminate: '{}' (at_most_once) was started on worker {} (attempt {}) and the lease was lost ({}); \
-             the effect may or may not have happened, so the kernel will not run it again",
-            step.tool,
-            step.worker.as_deref().unwrap_or("?"),
-            step.attempts,
-            loss.reason
-        );
+    // A call that may not run again ends here: at_most_once (indeterminate), or one that keeps
+    // losing its workers (poison).
+    let ended = if step.idempotency == Idempotency::AtMostOnce {
+        Some((
+            ErrorKind::Fatal,
+            "indeterminate",
+            format!(
+                "indeterminate: '{}' (at_most_once) was started on worker {} (attempt {}) and the lease was lost ({}); \
+                 the effect may or may not have happened, so the kernel will not run it again",
+                step.tool,
+                step.worker.as_deref().unwrap_or("?"),
+                step.attempts,
+                loss.reason
+            ),
+        ))
+    } else if step.lease_losses + 1 >= MAX_LEASE_LOSSES {
+        Some((
+            ErrorKind::Poison,
+            "lease_lost",
+            format!(
+                "'{}' lost its worker {MAX_LEASE_LOSSES} times (last: {}); the call may be crashing its workers, so it \
+                 is not dispatched again",
+                step.tool, loss.reason
+            ),
+        ))
+    } else {
+        None
+    };
+    if let Some((kind, reason, message)) = ended {
         let settled = settle(
             tx,
             &step,
             StepStatus::Failed,
-            Err((ErrorKind::Fatal, &message)),
+            Err((kind, &message)),
             0,
-            json!({ "reason": "indeterminate" }),
-        )?;
-        return Ok(LossOutcome::Indeterminate(settled));
-    }
-    if step.lease_losses + 1 >= MAX_LEASE_LOSSES {
-        let message = format!(
-            "'{}' lost its worker {MAX_LEASE_LOSSES} times (last: {}); the call may be crashing its workers, so it is not \
-             dispatched again",
-            step.tool, loss.reason
-        );
-        let settled = settle(
-            tx,
-            &step,
-            StepStatus::Failed,
-            Err((ErrorKind::Poison, &message)),
-            0,
-            json!({ "reason": "lease_lost" }),
+            json!({ "reason": reason }),
         )?;
         return Ok(LossOutcome::Indeterminate(settled));
     }
