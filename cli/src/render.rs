@@ -509,6 +509,13 @@ pub fn status_text(status: &StatusView) -> String {
             ("live runs", status.live_runs.to_string()),
             ("resident", bytes(status.resident_bytes)),
             ("allocated", bytes(status.allocated_bytes)),
+            (
+                "in-flight scans",
+                format!(
+                    "{} ({} lost calls found)",
+                    status.in_flight_scans, status.lost_calls_found
+                ),
+            ),
         ],
         "",
     )
@@ -745,11 +752,14 @@ mod tests {
             live_runs: 1,
             resident_bytes: 43_302_912,
             allocated_bytes: 0,
+            in_flight_scans: 4,
+            lost_calls_found: 0,
         });
         let text = status_text(&status);
         assert!(text.contains("worker sessions:  2"), "{text}");
         assert!(text.contains("resident:         41.3 MiB"), "{text}");
         assert!(text.contains(&format!("allocated:        {NONE}")), "{text}");
+        assert!(text.contains("in-flight scans:  4 (0 lost calls found)"), "{text}");
         assert_eq!(bytes(Some(512)), "512 B");
         assert_eq!(bytes(Some(1536)), "1.5 KiB");
     }

@@ -440,6 +440,8 @@ pub struct StatusView {
     pub live_runs: u32,
     pub resident_bytes: Option<u64>,
     pub allocated_bytes: Option<u64>,
+    pub in_flight_scans: u64,
+    pub lost_calls_found: u64,
 }
 
 impl From<pb::GetStatusResponse> for StatusView {
@@ -453,6 +455,8 @@ impl From<pb::GetStatusResponse> for StatusView {
             live_runs: status.live_runs,
             resident_bytes: (status.resident_bytes > 0).then_some(status.resident_bytes),
             allocated_bytes: (status.allocated_bytes > 0).then_some(status.allocated_bytes),
+            in_flight_scans: status.in_flight_scans,
+            lost_calls_found: status.lost_calls_found,
         }
     }
 }

@@ -37,6 +37,11 @@ pub struct Config {
     #[arg(long, env = "KERNEL_SCHEDULE_TO_START_TIMEOUT_MS", default_value_t = 30_000)]
     pub schedule_to_start_timeout_ms: u64,
 
+    /// Milliseconds between scans of the store for calls the scheduler lost track of (a safety
+    /// net: boot recovery and the in-memory paths find everything else).
+    #[arg(long, env = "KERNEL_SCAN_INTERVAL_MS", default_value_t = 5_000)]
+    pub scan_interval_ms: u64,
+
     /// Timeout in milliseconds of a call whose tool declares none.
     #[arg(long, env = "KERNEL_DEFAULT_TOOL_TIMEOUT_MS", default_value_t = 30_000)]
     pub default_tool_timeout_ms: u64,
@@ -138,6 +143,7 @@ impl Config {
             heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms.max(10)),
             lease_ttl: Duration::from_millis(self.lease_ttl_ms.max(self.heartbeat_interval_ms * 2).max(20)),
             schedule_to_start_timeout: Duration::from_millis(self.schedule_to_start_timeout_ms),
+            scan_interval: Duration::from_millis(self.scan_interval_ms.max(10)),
             ..SchedulerConfig::default()
         }
     }

@@ -95,12 +95,17 @@ pub struct WorkerSnapshot {
     pub last_heartbeat_at: Millis,
 }
 
-/// What the scheduler holds in memory; all three return to zero when the kernel is idle.
+/// What the scheduler holds in memory (the first three return to zero when the kernel is idle),
+/// and what its in-flight scan has found since start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SchedulerGauges {
     pub sessions: usize,
     pub queued: usize,
     pub leased: usize,
+    /// In-flight scans completed.
+    pub scans: u64,
+    /// Calls those scans found that no in-memory path held: each one is a lost message.
+    pub lost_found: u64,
 }
 
 enum Msg {
@@ -165,6 +170,8 @@ impl Scheduler {
             leases: HashMap::new(),
             turn: 0,
             expiring: Default::default(),
+            scans: 0,
+            lost_found: 0,
         };
         tokio::spawn(actor.run(rx, shutdown));
         Scheduler { tx, config }
@@ -314,6 +321,9 @@ struct Actor {
     turn: usize,
     /// An expiry pass is running.
     expiring: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// In-flight scans reconciled, and the calls they found lost.
+    scans: u64,
+    lost_found: u64,
 }
 
 impl Actor {
@@ -322,7 +332,9 @@ impl Actor {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut approvals = tokio::time::interval(Duration::from_millis(250));
         approvals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut scan = tokio::time::interval(self.config.scan_interval);
+        // The first scan waits a whole interval: what was in flight at boot is recovered (and
+        // queued) before the scheduler starts, so a scan at once would only race that recovery.
+        let mut scan = tokio::time::interval_at(Instant::now() + self.config.scan_interval, self.config.scan_interval);
         scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -399,6 +411,8 @@ impl Actor {
                     sessions: self.sessions.len(),
                     queued: self.queue.len(),
                     leased: self.leases.len(),
+                    scans: self.scans,
+                    lost_found: self.lost_found,
                 });
             }
             Msg::Snapshot(reply) => {
@@ -572,18 +586,24 @@ impl Actor {
                 _ => {}
             }
         }
+        self.scans += 1;
         if found > 0 {
+            self.lost_found += found as u64;
             warn!(found, "in-flight scan found calls the scheduler had lost track of");
             self.dispatch_ready();
         }
     }
 
+    /// Queues a pending step unless a lease holds it already. A lease being cancelled (its
+    /// attempt timed out, the worker has not answered) keeps its slot but no longer holds the
+    /// step: the retry goes out at its time, whatever the old attempt's worker does.
     fn enqueue(&mut self, step: StepRecord) {
-        let leased = self
-            .leases
-            .values()
-            .any(|l| l.run_id == step.run_id && l.key == step.key);
-        if !leased {
+        let held = self.leases.values().any(|l| {
+            l.run_id == step.run_id
+                && l.key == step.key
+                && (l.attempt > step.attempts || !matches!(l.state, LeaseState::Cancelling { .. }))
+        });
+        if !held {
             self.queue.push(step);
         }
     }
@@ -947,6 +967,8 @@ mod tests {
             StepStatus::Running,
             "tool:start was recorded before the dispatch was sent"
         );
+        let gauges = scheduler.gauges().await.unwrap();
+        assert_eq!(gauges.lost_found, 1, "the scan counts what it found: {gauges:?}");
         shutdown.cancel();
     }
 
@@ -1002,6 +1024,66 @@ mod tests {
             max_concurrency: 1,
         };
         (scheduler.join(hello, outbound).await.unwrap(), orders)
+    }
+
+    /// A retry after a timeout goes out at its time, though the timed-out attempt's worker never
+    /// answers the cancel (its lease is still being cancelled) and no scan would find it.
+    #[tokio::test]
+    async fn a_retry_after_a_timeout_goes_out_while_the_old_attempt_is_still_cancelling() {
+        let (_dir, store, _writer, run) = store_with_run().await;
+        let mut plan = one_call(&run, None);
+        let mut def = tool("t");
+        def.options.retry = Some(crate::model::RetryPolicy {
+            max_attempts: 2,
+            initial_interval_ms: 0,
+            backoff_coefficient: 1.0,
+            max_interval_ms: 0,
+        });
+        plan.calls[0].tool = Some(std::sync::Arc::new(def));
+        plan.calls[0].timeout_ms = Some(100);
+        let turn = store.schedule_turn(plan).await.unwrap();
+        let crate::store::CallDisposition::Scheduled(step) = &turn[0] else {
+            panic!("expected scheduled, got {:?}", turn[0]);
+        };
+
+        let config = SchedulerConfig {
+            scan_interval: Duration::from_secs(3600),
+            cancel_grace: Duration::from_secs(3600),
+            ..SchedulerConfig::default()
+        };
+        let shutdown = CancellationToken::new();
+        let scheduler = Scheduler::spawn(config, store.clone(), shutdown.clone());
+        let (outbound, mut orders) = mpsc::unbounded_channel();
+        let hello = SessionHello {
+            name: "w".into(),
+            tools: vec![tool("t")],
+            max_concurrency: 2,
+        };
+        scheduler.join(hello, outbound).await.unwrap();
+        scheduler.enqueue(step.clone());
+
+        let mut seen = Vec::new();
+        let second = loop {
+            let next = tokio::time::timeout(Duration::from_secs(10), orders.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no retry was dispatched; the worker was sent {seen:?}"))
+                .expect("session open");
+            match next {
+                Outbound::Dispatch(order) if order.attempt == 2 => break order,
+                other => seen.push(format!("{other:?}")),
+            }
+        };
+        assert!(
+            seen.iter().any(|o| o.contains("Cancel")),
+            "the timed-out attempt was cancelled first: {seen:?}"
+        );
+        assert_eq!(second.step.key, step.key);
+        assert_eq!(
+            scheduler.gauges().await.unwrap().leased,
+            2,
+            "the old attempt keeps its slot until its worker answers"
+        );
+        shutdown.cancel();
     }
 
     #[tokio::test]

@@ -22,24 +22,23 @@ use crate::error::KernelError;
 use crate::governance::Governance;
 use crate::grpc::{AdminApi, ApprovalApi, Kernel, RegistryApi, RunApi, ToolCallApi, WorkerApi};
 use crate::hub::Hub;
-use crate::model::StepStatus;
+use crate::model::{StepRecord, StepStatus};
 use crate::registry::Registry;
 use crate::scheduler::Scheduler;
-use crate::store::{LeaseLoss, LossOutcome, Store};
+use crate::store::{DbLock, LeaseLoss, LossOutcome, Store};
 
-/// Offers again what was pending or leased when the kernel last stopped. Connection state did
-/// not survive the restart, so every lease is gone: a started `safe_to_retry` call is queued
-/// again, a started `at_most_once` call becomes indeterminate.
-async fn recover(store: &Store, scheduler: &Scheduler) -> Result<(), KernelError> {
+/// Finds what was pending or leased when the kernel last stopped, returning the calls to queue
+/// again. Connection state did not survive the restart, so every lease is gone: a started
+/// `safe_to_retry` call is queued again, a started `at_most_once` call becomes indeterminate.
+/// It runs before the scheduler starts, so the scheduler's in-flight scan never races it.
+async fn recover(store: &Store) -> Result<Vec<StepRecord>, KernelError> {
     let steps = store.reads.in_flight_steps().await?;
-    let (mut requeued, mut indeterminate) = (0, 0);
+    let mut queue = Vec::new();
+    let mut indeterminate = 0;
     let mut losses = Vec::new();
     for step in steps {
         match step.status {
-            StepStatus::Pending => {
-                scheduler.enqueue(step);
-                requeued += 1;
-            }
+            StepStatus::Pending => queue.push(step),
             StepStatus::Running => losses.push(store.lose_lease(LeaseLoss {
                 dispatch_id: step.dispatch_id.clone().unwrap_or_default(),
                 attempt: step.attempts,
@@ -51,18 +50,18 @@ async fn recover(store: &Store, scheduler: &Scheduler) -> Result<(), KernelError
     // All at once, so the writer folds them into a few transactions instead of one each.
     for outcome in futures_util::future::join_all(losses).await {
         match outcome? {
-            LossOutcome::Requeued(step) => {
-                scheduler.enqueue(step);
-                requeued += 1;
-            }
+            LossOutcome::Requeued(step) => queue.push(step),
             LossOutcome::Indeterminate(_) => indeterminate += 1,
             LossOutcome::NotHeld => {}
         }
     }
-    if requeued + indeterminate > 0 {
-        info!(requeued, indeterminate, "recovered calls in flight at the last stop");
+    if !queue.is_empty() || indeterminate > 0 {
+        info!(
+            requeued = queue.len(),
+            indeterminate, "recovered calls in flight at the last stop"
+        );
     }
-    Ok(())
+    Ok(queue)
 }
 
 /// Serves until `shutdown`, then gives open streams at most `drain` to end. The router (and with it
@@ -164,11 +163,18 @@ pub async fn run(
     let mut server = crate::tls::server_builder(&config)?;
     // And an auth file that does not load, or a non-loopback address without one or --insecure.
     let keys = crate::auth::load(config.auth_file.as_deref(), config.listen, config.insecure)?;
+    // One kernel per database, claimed before anything reads or writes it; then the port, so a
+    // kernel that cannot serve creates no database.
+    let db_lock = DbLock::acquire(&config.db)?;
+    let listener = bind(config.listen).await?;
     let hub = Hub::default();
     let (store, writer) = Store::open(&config.db, config.durability, hub.clone())?;
     let registry = Registry::load(store.reads.tools().await?);
+    let recovered = recover(&store).await?;
     let scheduler = Scheduler::spawn(config.scheduler(), store.clone(), shutdown.clone());
-    recover(&store, &scheduler).await?;
+    for step in recovered {
+        scheduler.enqueue(step);
+    }
 
     let kernel = Kernel {
         store: store.clone(),
@@ -212,9 +218,6 @@ pub async fn run(
     tokio::spawn(reload_on_sighup(governance, keys.clone(), shutdown.clone()));
     tokio::spawn(purge_expired_caches(store.clone(), shutdown.clone()));
 
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| KernelError::Unavailable(format!("cannot listen on {}: {e}", config.listen)))?;
     let addr = listener
         .local_addr()
         .map_err(|e| KernelError::Unavailable(e.to_string()))?;
@@ -269,5 +272,17 @@ pub async fn run(
         warn!("store writer did not finish within the drain timeout");
     }
     info!("stopped");
+    drop(db_lock);
     Ok(())
+}
+
+/// Binds the gRPC port, saying what to do when another process holds it.
+async fn bind(addr: SocketAddr) -> Result<TcpListener, KernelError> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => format!(" (another kernel? use --listen {}:0 for a free port)", addr.ip()),
+            _ => String::new(),
+        };
+        KernelError::Unavailable(format!("cannot listen on {addr}: {e}{hint}"))
+    })
 }

@@ -205,7 +205,8 @@ pub struct Kernel {
     pub options: KernelOptions,
 }
 
-fn spawn_kernel(dir: &Path, listen: &str, options: &KernelOptions) -> (Process, SocketAddr) {
+/// The command that starts a kernel on `dir/kernel.db` with `options`.
+fn kernel_command(dir: &Path, listen: &str, options: &KernelOptions) -> Command {
     let mut command = Command::new(binary("kernel"));
     command
         .arg("--listen")
@@ -232,7 +233,11 @@ fn spawn_kernel(dir: &Path, listen: &str, options: &KernelOptions) -> (Process, 
         std::fs::write(&path, policy).expect("write policy");
         command.arg("--policy").arg(path);
     }
-    let process = Process::spawn(command, "kernel");
+    command
+}
+
+fn spawn_kernel(dir: &Path, listen: &str, options: &KernelOptions) -> (Process, SocketAddr) {
+    let process = Process::spawn(kernel_command(dir, listen, options), "kernel");
     let line = process.log.wait_for("listening");
     let addr = line
         .split_whitespace()
@@ -280,6 +285,17 @@ impl Kernel {
         let (process, addr) = spawn_kernel(self.dir.path(), &self.addr.to_string(), &self.options);
         assert_eq!(addr, self.addr);
         self.process = process;
+    }
+
+    /// Starts another kernel process on this kernel's database, listening on `listen`, and
+    /// waits for nothing: it may refuse to start.
+    pub fn another_on_same_db(&self, listen: &str) -> Process {
+        Process::spawn(kernel_command(self.dir.path(), listen, &self.options), "kernel-2")
+    }
+
+    /// The kernel's database file.
+    pub fn db_path(&self) -> PathBuf {
+        self.dir.path().join("kernel.db")
     }
 
     /// Starts the fault-injection worker, which records every execution in this kernel's ledger.

@@ -40,6 +40,8 @@ impl AdminService for AdminApi {
             live_runs: self.0.hub.channels() as u32,
             resident_bytes: memory.resident_bytes,
             allocated_bytes: memory.allocated_bytes,
+            in_flight_scans: gauges.scans,
+            lost_calls_found: gauges.lost_found,
         }))
     }
 }

@@ -5,6 +5,7 @@
 //! committed events to the [`Hub`] so watchers and waiting agents learn of them. Only this module
 //! imports rusqlite.
 
+mod lock;
 mod ops;
 mod reads;
 mod rows;
@@ -18,6 +19,7 @@ use std::sync::{Arc, mpsc};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+pub use lock::{DbLock, lock_path};
 pub use ops::{Published, human_ms, unknown_tool_message};
 pub use reads::{Readers, RunFilter};
 use writer::Command;

@@ -673,13 +673,16 @@ pub fn expire_approvals(tx: &mut Tx<'_>) -> Result<Answered> {
     Ok(answered)
 }
 
+/// Records the start of attempt `start.attempt`, only if the step is pending and its last attempt
+/// was the one before: a start built from a stale snapshot of the step changes nothing, so an
+/// attempt number is never issued twice.
 pub fn start_dispatch(tx: &mut Tx<'_>, start: StartDispatch) -> Result<Option<StepRecord>> {
     let changed = tx
         .conn
         .prepare_cached(
             "UPDATE steps SET status = 'running', attempts = ?3, dispatch_id = ?4, worker = ?5, session_id = ?6, \
              lease_expires_at = ?7, started_at = COALESCE(started_at, ?8), not_before = NULL \
-             WHERE run_id = ?1 AND step_key = ?2 AND status = 'pending'",
+             WHERE run_id = ?1 AND step_key = ?2 AND status = 'pending' AND attempts = ?3 - 1",
         )?
         .execute(params![
             start.run_id.as_str(),
@@ -883,14 +886,7 @@ pub fn lose_lease(tx: &mut Tx<'_>, loss: LeaseLoss) -> Result<LossOutcome> {
         Some((
             ErrorKind::Fatal,
             "indeterminate",
-            format!(
-                "indeterminate: '{}' (at_most_once) was started on worker {} (attempt {}) and the lease was lost ({}); \
-                 the effect may or may not have happened, so the kernel will not run it again",
-                step.tool,
-                step.worker.as_deref().unwrap_or("?"),
-                step.attempts,
-                loss.reason
-            ),
+            indeterminate_message(&step, &format!("the lease was lost ({})", loss.reason)),
         ))
     } else if step.lease_losses + 1 >= MAX_LEASE_LOSSES {
         Some((
@@ -941,12 +937,41 @@ pub fn lose_lease(tx: &mut Tx<'_>, loss: LeaseLoss) -> Result<LossOutcome> {
     Ok(LossOutcome::Requeued(requeued))
 }
 
+/// What the model reads of an `at_most_once` call that started and then ended without the tool's
+/// own word on it.
+fn indeterminate_message(step: &StepRecord, what_happened: &str) -> String {
+    format!(
+        "indeterminate: '{}' (at_most_once) was started on worker {} (attempt {}) and {what_happened}; \
+         the effect may or may not have happened, so the kernel will not run it again",
+        step.tool,
+        step.worker.as_deref().unwrap_or("?"),
+        step.attempts,
+    )
+}
+
 /// Fails a dispatch that outlived its timeout, or schedules its retry. A blocking tool is never
-/// retried on timeout: its thread cannot be stopped, so another attempt could run beside it.
+/// retried on timeout: its thread cannot be stopped, so another attempt could run beside it. An
+/// `at_most_once` call that timed out is indeterminate: the tool started and said nothing, which
+/// is as uncertain as a lost worker; its retry policy covers only errors the tool itself returned.
 pub fn time_out(tx: &mut Tx<'_>, dispatch_id: &str, attempt: u32) -> Result<Option<StepRecord>> {
     let Some(step) = held_step(tx, dispatch_id, attempt, None)? else {
         return Ok(None);
     };
+    if step.idempotency == Idempotency::AtMostOnce {
+        let message = indeterminate_message(
+            &step,
+            &format!("timed out after {} without a result", human_ms(step.timeout_ms)),
+        );
+        let settled = settle(
+            tx,
+            &step,
+            StepStatus::Failed,
+            Err((ErrorKind::Fatal, &message)),
+            0,
+            json!({ "reason": "indeterminate", "cause": "timeout" }),
+        )?;
+        return Ok(Some(settled));
+    }
     let mut message = format!(
         "tool '{}' timed out after {} (attempt {})",
         step.tool,

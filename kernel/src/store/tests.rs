@@ -352,6 +352,137 @@ async fn a_lost_at_most_once_call_is_indeterminate() {
     assert!(step.error.unwrap().starts_with("indeterminate:"));
 }
 
+fn with_retries(mut def: ToolDef, max_attempts: u32) -> ToolDef {
+    def.options.retry = Some(crate::model::RetryPolicy {
+        max_attempts,
+        initial_interval_ms: 0,
+        backoff_coefficient: 1.0,
+        max_interval_ms: 0,
+    });
+    def
+}
+
+/// A timeout after `tool:start` is as uncertain as a lost worker: an at_most_once call is
+/// indeterminate and not tried again, whatever its retry policy says; the policy still covers
+/// errors the tool itself returned.
+#[tokio::test]
+async fn a_timed_out_at_most_once_call_is_indeterminate_and_never_retried() {
+    let f = open();
+    let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let charge = with_retries(tool("charge", Idempotency::AtMostOnce), 3);
+    let turn = f
+        .store
+        .schedule_turn(plan(
+            &run.id,
+            0,
+            vec![
+                call(0, 0, Some(charge.clone()), "charge", r#"{"n":1}"#),
+                call(0, 1, Some(charge), "charge", r#"{"n":2}"#),
+            ],
+        ))
+        .await
+        .unwrap();
+    let (timed, erring) = (scheduled(&turn[0]), scheduled(&turn[1]));
+    start(&f.store, &timed, "d1", 1, "s1").await.unwrap();
+    let step = f.store.time_out("d1".into(), 1).await.unwrap().expect("held");
+    assert_eq!(step.status, StepStatus::Failed, "not back to pending: {step:?}");
+    assert_eq!(step.error_kind, Some(ErrorKind::Fatal));
+    let error = step.error.unwrap();
+    assert!(error.starts_with("indeterminate:"), "{error}");
+    assert!(error.contains("timed out after 30s"), "{error}");
+    assert!(
+        start(&f.store, &step_again(&f, &run.id, &timed.key).await, "d2", 2, "s1")
+            .await
+            .is_none()
+    );
+
+    // The tool's own retryable error is its word that the effect did not happen: retried.
+    start(&f.store, &erring, "d3", 1, "s1").await.unwrap();
+    let retried = f
+        .store
+        .record_result(ResultReport {
+            dispatch_id: "d3".into(),
+            attempt: 1,
+            session_id: "s1".into(),
+            outcome: Err((ErrorKind::Retryable, "card network busy".into())),
+            progress_count: 0,
+        })
+        .await
+        .unwrap()
+        .expect("held");
+    assert_eq!(retried.status, StepStatus::Pending);
+
+    let log = events(&f.store, &run.id).await;
+    assert_gap_free(&log);
+    let result = log
+        .iter()
+        .find(|e| e.kind == EventType::ToolResult)
+        .expect("the timed-out call settled");
+    let payload: serde_json::Value = serde_json::from_str(&result.payload).unwrap();
+    assert_eq!(payload["reason"], "indeterminate");
+    assert!(
+        !log.iter().any(|e| e.kind == EventType::ToolAttemptFailed
+            && e.payload.contains(&format!("\"step_key\":\"{}\"", timed.key))),
+        "no retry was scheduled for the timed-out call"
+    );
+}
+
+async fn step_again(f: &Fixture, run: &RunId, key: &StepKey) -> StepRecord {
+    f.store
+        .reads
+        .steps(run.clone())
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|s| &s.key == key)
+        .expect("step")
+}
+
+/// A start built from a stale snapshot of a step (attempt numbers it has issued already) records
+/// nothing, so no attempt number is issued twice.
+#[tokio::test]
+async fn a_start_is_fenced_by_the_attempt_it_expects() {
+    let f = open();
+    let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let sleepy = tool("sleepy", Idempotency::SafeToRetry);
+    let turn = f
+        .store
+        .schedule_turn(plan(&run.id, 0, vec![call(0, 0, Some(sleepy), "sleepy", "{}")]))
+        .await
+        .unwrap();
+    let stale = scheduled(&turn[0]);
+    assert!(
+        start(&f.store, &stale, "d0", 2, "s1").await.is_none(),
+        "attempt 2 before attempt 1"
+    );
+    start(&f.store, &stale, "d1", 1, "s1").await.expect("attempt 1");
+    let outcome = f
+        .store
+        .lose_lease(LeaseLoss {
+            dispatch_id: "d1".into(),
+            attempt: 1,
+            reason: "worker left".into(),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(outcome, LossOutcome::Requeued(_)), "{outcome:?}");
+    // Pending again; the snapshot taken before attempt 1 would issue attempt 1 a second time.
+    assert!(
+        start(&f.store, &stale, "d2", 1, "s1").await.is_none(),
+        "attempt 1 was issued already"
+    );
+    let second = start(&f.store, &stale, "d3", 2, "s1").await.expect("attempt 2");
+    assert_eq!((second.attempts, second.dispatch_id.as_deref()), (2, Some("d3")));
+    let starts: Vec<serde_json::Value> = events(&f.store, &run.id)
+        .await
+        .iter()
+        .filter(|e| e.kind == EventType::ToolStart)
+        .map(|e| serde_json::from_str(&e.payload).unwrap())
+        .collect();
+    let attempts: Vec<u64> = starts.iter().map(|p| p["attempt"].as_u64().unwrap()).collect();
+    assert_eq!(attempts, [1, 2]);
+}
+
 #[tokio::test]
 async fn unknown_tools_are_recorded_without_start_and_count_toward_the_limit() {
     let f = open();
