@@ -76,6 +76,11 @@ pub fn json_cut(json: &Json) -> String {
     truncate(&one_line(&json.compact()), JSON_CUT).into_owned()
 }
 
+/// Whether [`json_cut`] cuts `json`.
+pub fn is_cut(json: &Json) -> bool {
+    one_line(&json.compact()).chars().count() > JSON_CUT
+}
+
 fn time(t: Option<UtcTime>) -> String {
     t.map_or_else(|| NONE.to_owned(), |t| t.rfc3339(Precision::Seconds))
 }
@@ -129,10 +134,11 @@ fn labels(run: &RunView) -> String {
     one_line(&pairs.join(",")).into_owned()
 }
 
+/// Calls made, and the run's max_tool_calls when it has one: `5`, `5 of 20`.
 fn calls(run: &RunView) -> String {
     match run.max_tool_calls {
-        Some(max) => format!("{}/{max}", run.tool_calls),
-        None => format!("{}/{NONE}", run.tool_calls),
+        Some(max) => format!("{} of {max}", run.tool_calls),
+        None => run.tool_calls.to_string(),
     }
 }
 
@@ -173,7 +179,7 @@ pub fn steps_table(steps: &[StepView]) -> String {
                 one_line(&step.key).into_owned(),
                 step.tool.clone(),
                 step_version(step),
-                step.status.clone(),
+                step.shown_status().to_owned(),
                 if step.max_attempts > 1 {
                     format!("{}/{}", step.attempts, step.max_attempts)
                 } else {
@@ -202,8 +208,8 @@ fn run_fields(run: &RunView) -> String {
         ("labels", labels(run)),
     ]);
     let tool_calls = match run.max_tool_calls {
-        Some(max) => format!("{} of at most {max}", run.tool_calls),
-        None => format!("{} (no limit)", run.tool_calls),
+        Some(max) => format!("{} made, of at most {max} (max_tool_calls)", run.tool_calls),
+        None => format!("{} made (no max_tool_calls limit)", run.tool_calls),
     };
     pairs.push(("tool calls", tool_calls));
     if let Some(key) = &run.idempotency_key {
@@ -215,7 +221,7 @@ fn run_fields(run: &RunView) -> String {
 }
 
 fn step_block(step: &StepView) -> String {
-    let mut text = format!("{} {} ({})\n", one_line(&step.key), step.tool, step.status);
+    let mut text = format!("{} {} ({})\n", one_line(&step.key), step.tool, step.shown_status());
     let mut pairs = Vec::new();
     if let Some(call_id) = &step.call_id {
         pairs.push(("call id", one_line(call_id).into_owned()));
@@ -226,9 +232,11 @@ fn step_block(step: &StepView) -> String {
     }
     if let Some(error) = &step.error {
         let message = truncate(&one_line(&error.message), JSON_CUT).into_owned();
-        let value = match &error.kind {
-            Some(kind) => format!("{kind}: {message}"),
-            None => message,
+        // An error kind (retryable, fatal, poison) is the tool's word on a failed attempt; a call
+        // the kernel refused or a person rejected has its outcome in the status instead.
+        let value = match (&error.kind, step.outcome.as_deref()) {
+            (Some(kind), None | Some("tool_error")) => format!("{kind}: {message}"),
+            _ => message,
         };
         // A pending step's error is the last failed attempt's; the step is waiting to retry.
         let label = if step.status == "pending" {
@@ -263,6 +271,13 @@ fn step_block(step: &StepView) -> String {
     }
     if let Some(decided_by) = &step.decided_by {
         pairs.push(("decided by", decided_by.clone()));
+    }
+    if let Some(approval) = &step.approval {
+        let mut answer = format!("{} by {}", approval.answer, one_line(&approval.decider));
+        if let Some(reason) = &approval.reason {
+            answer.push_str(&format!(": {}", one_line(reason)));
+        }
+        pairs.push(("approval", answer));
     }
     if step.unit_cost > 0.0 {
         pairs.push(("cost", format!("{} ({} per attempt)", step.cost, step.unit_cost)));
@@ -600,11 +615,12 @@ mod tests {
         assert!(lines[0].starts_with("ID"), "{text}");
         assert!(lines[0].contains("LABELS"));
         assert!(lines[1].contains("running"));
-        assert!(lines[1].contains("3/10"));
+        assert!(lines[1].contains(" 3 of 10 "), "{text}");
         assert!(lines[1].contains("2023-11-14T22:13:20Z"));
         assert!(lines[1].contains("2023-11-14T22:14:02Z"));
         assert!(lines[1].ends_with("env=dev,team=travel"));
-        assert!(lines[2].contains("3/-"));
+        assert!(lines[2].contains("running  3  "), "no limit: just the count: {text}");
+        assert!(!lines[2].contains("3/"), "{text}");
         assert!(lines[2].ends_with('-'));
     }
 
@@ -634,7 +650,10 @@ mod tests {
         .unwrap();
         let text = run_detail(&detail);
         assert!(text.starts_with("run:         0192f0c1-run\n"), "{text}");
-        assert!(text.contains("tool calls:  3 of at most 10\n"), "{text}");
+        assert!(
+            text.contains("tool calls:  3 made, of at most 10 (max_tool_calls)\n"),
+            "{text}"
+        );
         assert!(text.contains(r#"input:       {"budget":300,"task":"book a flight"}"#));
         assert!(text.contains("output:      -\n"));
         assert!(!text.contains("reason:"));
@@ -658,6 +677,57 @@ mod tests {
         assert!(text.contains("  idempotency key:  0192f0c1-run/t1/p0\n"));
         let blob_line = text.lines().find(|l| l.contains("blob")).unwrap();
         assert!(blob_line.ends_with('…'));
+    }
+
+    /// A call the kernel refused or a person rejected shows why in its status, with no error kind,
+    /// and the approval's answer on the step; only a tool's own error reads `failed`.
+    #[test]
+    fn refused_and_rejected_calls_say_why() {
+        let settled = |position, outcome: pb::CallOutcome, error: &str| pb::Step {
+            status: pb::StepStatus::Failed as i32,
+            output_json: String::new(),
+            error: error.into(),
+            error_kind: pb::ErrorKind::Fatal as i32,
+            outcome: outcome as i32,
+            ..sample_step(0, position)
+        };
+        let denied = settled(0, pb::CallOutcome::Denied, "wipe not allowed. reason: never");
+        let rejected = pb::Step {
+            approval: Some(pb::ApprovalDecision {
+                approval_id: "ap-1".into(),
+                answer: pb::ApprovalStatus::Rejected as i32,
+                decider: "bob".into(),
+                reason: "no ticket".into(),
+                answered_at: None,
+            }),
+            ..settled(
+                1,
+                pb::CallOutcome::Rejected,
+                "'refund' was not approved: rejected by bob",
+            )
+        };
+        let broke = settled(2, pb::CallOutcome::ToolError, "disk full");
+        let detail = RunDetail::try_from(pb::GetRunResponse {
+            run: Some(sample_run()),
+            steps: vec![denied, rejected, broke],
+            ..Default::default()
+        })
+        .unwrap();
+        let text = run_detail(&detail);
+        assert!(text.contains("t0/p0 search (denied)\n"), "{text}");
+        assert!(
+            text.contains("  error:            wipe not allowed. reason: never\n"),
+            "{text}"
+        );
+        assert!(text.contains("t0/p1 search (rejected)\n"), "{text}");
+        assert!(
+            text.contains("  approval:         rejected by bob: no ticket\n"),
+            "{text}"
+        );
+        assert!(text.contains("t0/p2 search (failed)\n"), "{text}");
+        assert!(text.contains("  error:            fatal: disk full\n"), "{text}");
+        let table: Vec<&str> = text[text.find("KEY").unwrap()..].lines().take(4).collect();
+        assert!(table[1].contains(" denied "), "{text}");
     }
 
     #[test]

@@ -151,9 +151,33 @@ pub struct StepView {
     pub unit_cost: f64,
     /// The policy preset, rule or tool flag that allowed, denied or gated the call.
     pub decided_by: Option<String>,
+    /// Why the call ended as it did (`ok`, `denied`, `indeterminate`, ...); `None` until settled.
+    pub outcome: Option<String>,
+    /// The answer to the call's approval, when it was gated and answered.
+    pub approval: Option<StepApproval>,
+}
+
+/// The answer a gated call got, as `runs show` prints it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StepApproval {
+    pub approval_id: String,
+    /// `approved`, `rejected` or `expired`.
+    pub answer: String,
+    pub decider: String,
+    pub reason: Option<String>,
 }
 
 impl StepView {
+    /// The status people read: a settled call that did not succeed shows why (`denied`,
+    /// `rejected`, `timed_out`, `indeterminate`, ...), and `failed` only for a tool's own error.
+    pub fn shown_status(&self) -> &str {
+        match self.outcome.as_deref() {
+            None | Some("ok" | "cancelled") => &self.status,
+            Some("tool_error") => "failed",
+            Some(outcome) => outcome,
+        }
+    }
+
     /// From start to finish; `None` until the step has finished.
     pub fn duration(&self) -> Option<Duration> {
         self.finished_at?.since(self.started_at?)
@@ -212,6 +236,13 @@ impl From<pb::Step> for StepView {
             cost: step.cost,
             unit_cost: step.unit_cost,
             decided_by: non_empty(step.decided_by),
+            outcome: outcome_name(step.outcome),
+            approval: step.approval.map(|a| StepApproval {
+                approval_id: a.approval_id,
+                answer: approval_answer_name(a.answer),
+                decider: a.decider,
+                reason: non_empty(a.reason),
+            }),
         }
     }
 }
@@ -458,6 +489,37 @@ impl From<pb::GetStatusResponse> for StatusView {
             in_flight_scans: status.in_flight_scans,
             lost_calls_found: status.lost_calls_found,
         }
+    }
+}
+
+/// `ok`, `denied`, `indeterminate`, ...; `None` for a call not settled yet.
+pub fn outcome_name(raw: i32) -> Option<String> {
+    let name = enum_name(raw, |outcome| match outcome {
+        pb::CallOutcome::Unspecified => "",
+        pb::CallOutcome::Ok => "ok",
+        pb::CallOutcome::ToolError => "tool_error",
+        pb::CallOutcome::InvalidArguments => "invalid_arguments",
+        pb::CallOutcome::UnknownTool => "unknown_tool",
+        pb::CallOutcome::Denied => "denied",
+        pb::CallOutcome::Rejected => "rejected",
+        pb::CallOutcome::Expired => "expired",
+        pb::CallOutcome::TimedOut => "timed_out",
+        pb::CallOutcome::Indeterminate => "indeterminate",
+        pb::CallOutcome::Poison => "poison",
+        pb::CallOutcome::Cancelled => "cancelled",
+        pb::CallOutcome::ReplayInputChanged => "replay_input_changed",
+        pb::CallOutcome::LimitExceeded => "limit_exceeded",
+        pb::CallOutcome::NoWorker => "no_worker",
+    });
+    non_empty(name)
+}
+
+fn approval_answer_name(raw: i32) -> String {
+    match pb::ApprovalStatus::try_from(raw) {
+        Ok(pb::ApprovalStatus::Approved | pb::ApprovalStatus::Consumed) => "approved".into(),
+        Ok(pb::ApprovalStatus::Rejected) => "rejected".into(),
+        Ok(pb::ApprovalStatus::Expired) => "expired".into(),
+        _ => format!("unknown({raw})"),
     }
 }
 

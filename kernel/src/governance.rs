@@ -91,6 +91,7 @@ impl Governance {
             return CallGate::Refuse {
                 message,
                 reason: "invalid_arguments",
+                outcome: crate::model::Outcome::InvalidArguments,
             };
         }
         // A predicate that cannot be evaluated asks a person: it fails closed.

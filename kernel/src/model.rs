@@ -87,6 +87,19 @@ macro_rules! text_enum {
                 f.write_str(self.as_str())
             }
         }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(deserializer)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
     };
 }
 
@@ -127,6 +140,27 @@ impl StepStatus {
         matches!(self, StepStatus::Succeeded | StepStatus::Failed | StepStatus::Cancelled)
     }
 }
+
+text_enum!(
+    /// Why a settled call ended as it did: the closed set a program matches on, beside the text
+    /// the model reads.
+    Outcome {
+        Ok => "ok",
+        ToolError => "tool_error",
+        InvalidArguments => "invalid_arguments",
+        UnknownTool => "unknown_tool",
+        Denied => "denied",
+        Rejected => "rejected",
+        Expired => "expired",
+        TimedOut => "timed_out",
+        Indeterminate => "indeterminate",
+        Poison => "poison",
+        Cancelled => "cancelled",
+        ReplayInputChanged => "replay_input_changed",
+        LimitExceeded => "limit_exceeded",
+        NoWorker => "no_worker",
+    }
+);
 
 text_enum!(
     /// What the kernel may do with a call whose worker was lost.
@@ -489,6 +523,34 @@ pub struct StepRecord {
     pub approval_gate: Option<ApprovalGate>,
     /// A read_only tool's cache TTL: a success is kept for identical calls this long.
     pub cache_ttl_ms: Option<u64>,
+    /// Why the step ended as it did; `None` while it is not settled.
+    pub outcome: Option<Outcome>,
+    /// The answer to the step's approval, once someone (or the clock) gave one.
+    pub approval: Option<ApprovalDecision>,
+}
+
+impl StepRecord {
+    /// The step's outcome; for a step settled before outcomes were recorded, the best reading of
+    /// its status.
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.outcome.or(match self.status {
+            StepStatus::Succeeded => Some(Outcome::Ok),
+            StepStatus::Cancelled => Some(Outcome::Cancelled),
+            StepStatus::Failed => Some(Outcome::ToolError),
+            _ => None,
+        })
+    }
+}
+
+/// A person's (or the clock's) answer to a gated call, kept on the step it decided.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalDecision {
+    pub approval_id: String,
+    /// `approved`, `rejected` or `expired`.
+    pub answer: ApprovalStatus,
+    pub decider: String,
+    pub reason: Option<String>,
+    pub answered_at: Millis,
 }
 
 /// What a person is asked before a gated call may start.

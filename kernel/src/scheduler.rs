@@ -901,7 +901,7 @@ impl Actor {
                         step.run_id.clone(),
                         step.key.clone(),
                         message,
-                        "schedule_to_start_timeout",
+                        ("schedule_to_start_timeout", crate::model::Outcome::NoWorker),
                     )
                     .await
                 {

@@ -35,7 +35,7 @@ async fn runs_show_tells_which_tool_ran_where_with_what() {
         "add",
         "weather",
         "succeeded",
-        "failed",
+        "unknown_tool",
         "w1",
         "42",
         "unknown tool 'weather'",
@@ -55,6 +55,11 @@ async fn runs_show_tells_which_tool_ran_where_with_what() {
     assert_eq!(steps[0]["worker"], "w1");
     assert_eq!(steps[0]["attempts"], 1);
     assert_eq!(steps[1]["status"], "failed");
+    assert_eq!(
+        steps[1]["outcome"], "unknown_tool",
+        "the JSON keeps the status and says why"
+    );
+    assert_eq!(steps[0]["outcome"], "ok");
     assert_eq!(steps[1]["attempts"], 0);
 
     let events = stdout(&kernel.kernelctl(&["--json", "runs", "events", &run]));

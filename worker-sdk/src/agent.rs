@@ -17,6 +17,7 @@ use tonic::transport::Channel;
 
 use crate::auth::{self, ApiKey};
 use crate::error::ErrorKind;
+use crate::outcome::{ApprovalDecision, Outcome, ToolCallRejected};
 use crate::tls::Tls;
 use crate::{transport, wire};
 
@@ -62,12 +63,29 @@ pub struct NewRun {
     pub max_tool_calls: u32,
     /// The run cannot wait for a person: calls that need approval are refused or denied.
     pub non_interactive: bool,
-    /// Permissions granted to the run, for policies that require them.
+    /// Permissions the run asks for, for policies that require them. With API keys, each must be
+    /// among the creating key's grants.
     pub permissions: Vec<String>,
+    /// What inspection (`runs show`, events, approvals) shows of the run's arguments and results.
+    pub capture: Capture,
+}
+
+/// What inspection shows of a run's arguments, results, input and error texts; replay always has
+/// them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Capture {
+    /// Nothing: not even sizes or error texts.
+    None,
+    /// Their size and hash, not their content.
+    Metadata,
+    /// Everything (the default).
+    #[default]
+    Io,
 }
 
 impl NewRun {
-    /// A run of `agent` on `input`, without labels, key or limit.
+    /// A run of `agent` on `input`, without labels, key, limit or permissions, interactive, with
+    /// everything captured.
     pub fn new(agent: impl Into<String>, input: Value) -> Self {
         Self {
             agent: agent.into(),
@@ -77,7 +95,27 @@ impl NewRun {
             non_interactive: false,
             permissions: Vec::new(),
             max_tool_calls: 0,
+            capture: Capture::Io,
         }
+    }
+
+    /// Marks the run as unable to wait for a person: a turn offering a tool that always needs
+    /// approval is refused, and a call a policy would ask about is denied.
+    pub fn non_interactive(mut self) -> Self {
+        self.non_interactive = true;
+        self
+    }
+
+    /// Asks for a permission (repeatable), for policies with `require_permissions`.
+    pub fn permission(mut self, permission: impl Into<String>) -> Self {
+        self.permissions.push(permission.into());
+        self
+    }
+
+    /// Sets what inspection shows of the run's arguments and results.
+    pub fn capture(mut self, capture: Capture) -> Self {
+        self.capture = capture;
+        self
     }
 
     /// Adds a label.
@@ -170,6 +208,31 @@ pub struct CallOutcome {
     pub replayed: bool,
     /// Attempts the call took.
     pub attempts: u32,
+    /// Why the call ended as it did, for the program (the model reads `content`).
+    pub outcome: Outcome,
+    /// The policy preset, rule or tool flag that allowed, denied or gated the call.
+    pub decided_by: Option<String>,
+    /// The answer to the call's approval, when it was gated.
+    pub approval: Option<ApprovalDecision>,
+}
+
+impl CallOutcome {
+    /// The rejection, when the call was gated and not approved (rejected by a person, or its
+    /// approval expired): match on it, or return it as the agent's error.
+    pub fn rejection(&self) -> Option<ToolCallRejected> {
+        let expired = match self.outcome {
+            Outcome::Rejected => false,
+            Outcome::Expired => true,
+            _ => return None,
+        };
+        let approval = self.approval.as_ref();
+        Some(ToolCallRejected {
+            tool_name: self.tool.clone(),
+            reason: approval.and_then(|a| a.reason.clone()),
+            expired,
+            decider: approval.map(|a| a.decider.clone()).unwrap_or_default(),
+        })
+    }
 }
 
 /// A progress update from a call still running.

@@ -78,6 +78,7 @@ mod cache;
 mod context;
 mod deps;
 mod error;
+mod outcome;
 mod session;
 mod tls;
 mod tool;
@@ -89,13 +90,14 @@ mod worker;
 pub mod __private;
 
 pub use agent::{
-    AgentClient, AgentError, Call, CallOutcome, CallStatus, Interruption, NewRun, ProgressUpdate, RunHandle,
+    AgentClient, AgentError, Call, CallOutcome, CallStatus, Capture, Interruption, NewRun, ProgressUpdate, RunHandle,
     RunSnapshot, TurnItem,
 };
 pub use cache::ToolCache;
 pub use context::{Progress, ToolContext};
 pub use error::{ErrorKind, ToolError};
 pub use kernel_proto as proto;
+pub use outcome::{ApprovalAnswer, ApprovalDecision, Outcome, ToolCallRejected};
 pub use tls::Tls;
 /// The cancellation token of [`ToolContext::cancellation`] and [`Worker::run`] (from `tokio-util`).
 pub use tokio_util::sync::CancellationToken;

@@ -12,10 +12,13 @@ use pb::open_session_request::Message as Up;
 use pb::open_session_response::Message as Down;
 use serde_json::Value;
 
-use crate::agent::{AgentError, Call, CallOutcome, CallStatus, Interruption, NewRun, ProgressUpdate, TurnItem};
+use crate::agent::{
+    AgentError, Call, CallOutcome, CallStatus, Capture, Interruption, NewRun, ProgressUpdate, TurnItem,
+};
 use crate::cache::CacheOp;
 use crate::context::CallInfo;
 use crate::error::{ErrorKind, ToolError};
+use crate::outcome::{ApprovalAnswer, ApprovalDecision, Outcome};
 use crate::session::{DispatchRef, DispatchRequest, Inbound, Outbound, Welcome};
 use crate::tool::{Approval, Effect, Idempotency, RetryPolicy, RiskLevel, ToolDefinition, ToolOptions};
 
@@ -268,8 +271,11 @@ pub(crate) fn create_run_request(run: NewRun) -> pb::CreateRunRequest {
         max_tool_calls: run.max_tool_calls,
         non_interactive: run.non_interactive,
         permissions: run.permissions,
-        // Inspection shows everything unless a run asks otherwise.
-        capture: pb::Capture::Io as i32,
+        capture: match run.capture {
+            Capture::None => pb::Capture::None,
+            Capture::Metadata => pb::Capture::Metadata,
+            Capture::Io => pb::Capture::Io,
+        } as i32,
     }
 }
 
@@ -329,6 +335,45 @@ fn call_outcome(result: pb::CallResult) -> Result<CallOutcome, AgentError> {
         error_kind: error_kind_from_pb(result.error_kind),
         replayed: result.replayed,
         attempts: result.attempts,
+        outcome: outcome_from_pb(result.outcome),
+        decided_by: Some(result.decided_by).filter(|d| !d.is_empty()),
+        approval: result.approval.and_then(approval_decision),
+    })
+}
+
+fn outcome_from_pb(value: i32) -> Outcome {
+    match pb::CallOutcome::try_from(value) {
+        Ok(pb::CallOutcome::Ok) => Outcome::Ok,
+        Ok(pb::CallOutcome::ToolError) => Outcome::ToolError,
+        Ok(pb::CallOutcome::InvalidArguments) => Outcome::InvalidArguments,
+        Ok(pb::CallOutcome::UnknownTool) => Outcome::UnknownTool,
+        Ok(pb::CallOutcome::Denied) => Outcome::Denied,
+        Ok(pb::CallOutcome::Rejected) => Outcome::Rejected,
+        Ok(pb::CallOutcome::Expired) => Outcome::Expired,
+        Ok(pb::CallOutcome::TimedOut) => Outcome::TimedOut,
+        Ok(pb::CallOutcome::Indeterminate) => Outcome::Indeterminate,
+        Ok(pb::CallOutcome::Poison) => Outcome::Poison,
+        Ok(pb::CallOutcome::Cancelled) => Outcome::Cancelled,
+        Ok(pb::CallOutcome::ReplayInputChanged) => Outcome::ReplayInputChanged,
+        Ok(pb::CallOutcome::LimitExceeded) => Outcome::LimitExceeded,
+        Ok(pb::CallOutcome::NoWorker) => Outcome::NoWorker,
+        Ok(pb::CallOutcome::Unspecified) | Err(_) => Outcome::Unknown,
+    }
+}
+
+/// An approval's answer; `None` for one that is not an answer (pending, or unknown to this SDK).
+fn approval_decision(decision: pb::ApprovalDecision) -> Option<ApprovalDecision> {
+    let answer = match pb::ApprovalStatus::try_from(decision.answer) {
+        Ok(pb::ApprovalStatus::Approved | pb::ApprovalStatus::Consumed) => ApprovalAnswer::Approved,
+        Ok(pb::ApprovalStatus::Rejected) => ApprovalAnswer::Rejected,
+        Ok(pb::ApprovalStatus::Expired) => ApprovalAnswer::Expired,
+        _ => return None,
+    };
+    Some(ApprovalDecision {
+        approval_id: decision.approval_id,
+        answer,
+        decider: decision.decider,
+        reason: Some(decision.reason).filter(|r| !r.is_empty()),
     })
 }
 
@@ -533,5 +578,70 @@ mod tests {
         assert_eq!(outcome.status, CallStatus::Error);
         assert_eq!(outcome.error_kind, Some(ErrorKind::Fatal));
         assert!(outcome.output.is_none());
+        assert_eq!(outcome.outcome, Outcome::Unknown, "an outcome this SDK cannot read");
+        assert!(outcome.rejection().is_none());
+    }
+
+    #[test]
+    fn a_gated_call_that_was_not_approved_reads_as_a_typed_rejection() {
+        let result = |outcome: pb::CallOutcome, answer: pb::ApprovalStatus, reason: &str| pb::CallResult {
+            tool: "refund".into(),
+            status: pb::CallStatus::Error as i32,
+            content: "'refund' was not approved".into(),
+            outcome: outcome as i32,
+            decided_by: "rule:big-refunds".into(),
+            approval: Some(pb::ApprovalDecision {
+                approval_id: "ap-1".into(),
+                answer: answer as i32,
+                decider: "alice".into(),
+                reason: reason.into(),
+                answered_at: None,
+            }),
+            ..Default::default()
+        };
+        let rejected = call_outcome(result(
+            pb::CallOutcome::Rejected,
+            pb::ApprovalStatus::Rejected,
+            "too much",
+        ))
+        .unwrap();
+        assert_eq!(rejected.decided_by.as_deref(), Some("rule:big-refunds"));
+        let rejection = rejected.rejection().expect("a rejection");
+        assert_eq!(
+            rejection,
+            crate::ToolCallRejected {
+                tool_name: "refund".into(),
+                reason: Some("too much".into()),
+                expired: false,
+                decider: "alice".into(),
+            }
+        );
+        assert_eq!(rejection.to_string(), "'refund' was not approved: too much");
+        let expired = call_outcome(result(pb::CallOutcome::Expired, pb::ApprovalStatus::Expired, "")).unwrap();
+        assert!(expired.rejection().expect("expiry is a rejection").expired);
+        let approved = call_outcome(result(pb::CallOutcome::Ok, pb::ApprovalStatus::Consumed, "ok")).unwrap();
+        assert!(approved.rejection().is_none());
+        assert_eq!(approved.approval.unwrap().answer, ApprovalAnswer::Approved);
+    }
+
+    #[test]
+    fn a_new_run_sends_everything_create_run_takes() {
+        let request = create_run_request(
+            NewRun::new("billing", json!({"order": 9}))
+                .label("env", "prod")
+                .idempotency_key("order-9")
+                .max_tool_calls(20)
+                .non_interactive()
+                .permission("billing:write")
+                .capture(Capture::Metadata),
+        );
+        assert_eq!(request.agent, "billing");
+        assert_eq!(request.input_json, r#"{"order":9}"#);
+        assert_eq!(request.labels.get("env").map(String::as_str), Some("prod"));
+        assert_eq!(request.idempotency_key, "order-9");
+        assert_eq!(request.max_tool_calls, 20);
+        assert!(request.non_interactive);
+        assert_eq!(request.permissions, ["billing:write"]);
+        assert_eq!(request.capture, pb::Capture::Metadata as i32);
     }
 }

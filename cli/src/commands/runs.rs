@@ -115,6 +115,13 @@ pub async fn events(kernel: &mut Kernel, out: &mut Output<'_>, args: EventsArgs)
     if printer.printed == 0 && !out.is_json() {
         eprintln!("no events");
     }
+    if printer.cut > 0 {
+        eprintln!(
+            "{} payloads longer than {} characters were cut (…); --json shows them whole",
+            printer.cut,
+            render::JSON_CUT
+        );
+    }
     Ok(())
 }
 
@@ -187,6 +194,8 @@ async fn follow_events(
 #[derive(Default)]
 struct EventPrinter {
     printed: usize,
+    /// Payloads shown cut, to say where the whole ones are.
+    cut: usize,
 }
 
 impl EventPrinter {
@@ -196,6 +205,9 @@ impl EventPrinter {
         } else {
             self.header(out)?;
             out.line(&render::event_line(&event))?;
+            if render::is_cut(&event.payload) {
+                self.cut += 1;
+            }
         }
         self.printed += 1;
         Ok(())

@@ -11,8 +11,8 @@ use serde_json::Value;
 use crate::error::KernelError;
 use crate::hub::ProgressUpdate;
 use crate::model::{
-    ApprovalRecord, ApprovalStatus, Capture, ErrorKind, EventRecord, Idempotency, Millis, RetryPolicy, RiskLevel,
-    RunRecord, RunStatus, StepRecord, StepStatus, ToolDef, ToolOptions, validate_tool_name,
+    ApprovalDecision, ApprovalRecord, ApprovalStatus, Capture, ErrorKind, EventRecord, Idempotency, Millis, Outcome,
+    RetryPolicy, RiskLevel, RunRecord, RunStatus, StepRecord, StepStatus, ToolDef, ToolOptions, validate_tool_name,
 };
 use crate::registry::KnownTool;
 use crate::scheduler::{SessionHello, WorkerSnapshot};
@@ -113,6 +113,38 @@ pub fn run(run: &RunRecord) -> pb::Run {
             Capture::Metadata => pb::Capture::Metadata,
             Capture::Io => pb::Capture::Io,
         } as i32,
+    }
+}
+
+/// Why a settled call ended as it did.
+pub fn outcome(outcome: Option<Outcome>) -> pb::CallOutcome {
+    match outcome {
+        None => pb::CallOutcome::Unspecified,
+        Some(Outcome::Ok) => pb::CallOutcome::Ok,
+        Some(Outcome::ToolError) => pb::CallOutcome::ToolError,
+        Some(Outcome::InvalidArguments) => pb::CallOutcome::InvalidArguments,
+        Some(Outcome::UnknownTool) => pb::CallOutcome::UnknownTool,
+        Some(Outcome::Denied) => pb::CallOutcome::Denied,
+        Some(Outcome::Rejected) => pb::CallOutcome::Rejected,
+        Some(Outcome::Expired) => pb::CallOutcome::Expired,
+        Some(Outcome::TimedOut) => pb::CallOutcome::TimedOut,
+        Some(Outcome::Indeterminate) => pb::CallOutcome::Indeterminate,
+        Some(Outcome::Poison) => pb::CallOutcome::Poison,
+        Some(Outcome::Cancelled) => pb::CallOutcome::Cancelled,
+        Some(Outcome::ReplayInputChanged) => pb::CallOutcome::ReplayInputChanged,
+        Some(Outcome::LimitExceeded) => pb::CallOutcome::LimitExceeded,
+        Some(Outcome::NoWorker) => pb::CallOutcome::NoWorker,
+    }
+}
+
+/// The answer a gated call got.
+pub fn approval_decision(decision: &ApprovalDecision) -> pb::ApprovalDecision {
+    pb::ApprovalDecision {
+        approval_id: decision.approval_id.clone(),
+        answer: approval_status(decision.answer) as i32,
+        decider: decision.decider.clone(),
+        reason: decision.reason.clone().unwrap_or_default(),
+        answered_at: Some(timestamp(decision.answered_at)),
     }
 }
 
@@ -222,6 +254,8 @@ pub fn step(step: &StepRecord, capture: Capture) -> pb::Step {
         cost: step.cost,
         unit_cost: step.unit_cost,
         decided_by: step.decided_by.clone().unwrap_or_default(),
+        outcome: outcome(step.outcome()) as i32,
+        approval: step.approval.as_ref().map(approval_decision),
     }
 }
 
@@ -279,6 +313,9 @@ pub fn call_result(step: &StepRecord, position: u32, replayed: bool) -> pb::Call
         error_kind: error_kind(step.error_kind) as i32,
         replayed,
         attempts: step.attempts,
+        outcome: outcome(step.outcome()) as i32,
+        decided_by: step.decided_by.clone().unwrap_or_default(),
+        approval: step.approval.as_ref().map(approval_decision),
     }
 }
 

@@ -293,6 +293,9 @@ fn diverged(step: &StepRecord, position: u32, message: &str) -> pb::CallResult {
         error_kind: pb::ErrorKind::Fatal as i32,
         replayed: false,
         attempts: step.attempts,
+        outcome: pb::CallOutcome::ReplayInputChanged as i32,
+        decided_by: String::new(),
+        approval: None,
     }
 }
 

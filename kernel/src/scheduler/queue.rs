@@ -149,6 +149,8 @@ mod tests {
             decided_by: None,
             approval_gate: None,
             cache_ttl_ms: None,
+            outcome: None,
+            approval: None,
         }
     }
 

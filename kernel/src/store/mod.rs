@@ -85,7 +85,11 @@ pub enum CallGate {
     /// Dispatch it; `decided_by` names what allowed it.
     Run { decided_by: String },
     /// Settle it at once with a recoverable error the model reads (e.g. invalid arguments).
-    Refuse { message: String, reason: &'static str },
+    Refuse {
+        message: String,
+        reason: &'static str,
+        outcome: crate::model::Outcome,
+    },
     /// Denied by policy: settled under `tool:denied`.
     Deny { message: String, decided_by: String },
     /// Ask a person before it may start.
@@ -359,19 +363,21 @@ impl Store {
         .await
     }
 
-    /// Fails a step that is still waiting for a worker.
+    /// Fails a step that is still waiting for a worker, saying why (`reason` in its event) and with
+    /// which outcome.
     pub async fn fail_pending(
         &self,
         run: RunId,
         key: StepKey,
         message: String,
-        reason: &'static str,
+        (reason, outcome): (&'static str, crate::model::Outcome),
     ) -> Result<Option<StepRecord>, KernelError> {
         self.send(|reply| Command::FailPending {
             run,
             key,
             message,
             reason,
+            outcome,
             reply,
         })
         .await

@@ -12,8 +12,8 @@ use super::{
 };
 use crate::error::KernelError;
 use crate::model::{
-    ApprovalRecord, ApprovalStatus, EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, EventType, Idempotency, Millis,
-    RetryPolicy, RunId, RunRecord, RunStatus, StepKey, StepRecord, StepStatus, ToolDef,
+    ApprovalDecision, ApprovalRecord, ApprovalStatus, EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, EventType,
+    Idempotency, Millis, Outcome, RetryPolicy, RunId, RunRecord, RunStatus, StepKey, StepRecord, StepStatus, ToolDef,
 };
 
 /// After this many lost workers a call is failed as poison instead of dispatched again.
@@ -188,6 +188,7 @@ pub fn unknown_tool_message(name: &str, available: &[String]) -> String {
 struct Refusal {
     message: String,
     reason: &'static str,
+    outcome: Outcome,
     event: EventType,
     decided_by: Option<String>,
 }
@@ -270,6 +271,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
                     run.id, run.max_tool_calls, call.tool_name
                 ),
                 reason: "max_tool_calls",
+                outcome: Outcome::LimitExceeded,
                 event: EventType::ToolResult,
                 decided_by: None,
             })
@@ -277,20 +279,27 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
             Some(Refusal {
                 message: unknown_tool_message(&call.tool_name, &plan.available_tools),
                 reason: "unknown_tool",
+                outcome: Outcome::UnknownTool,
                 event: EventType::ToolResult,
                 decided_by: None,
             })
         } else {
             match &call.gate {
-                CallGate::Refuse { message, reason } => Some(Refusal {
+                CallGate::Refuse {
+                    message,
+                    reason,
+                    outcome,
+                } => Some(Refusal {
                     message: message.clone(),
                     reason,
+                    outcome: *outcome,
                     event: EventType::ToolResult,
                     decided_by: None,
                 }),
                 CallGate::Deny { message, decided_by } => Some(Refusal {
                     message: message.clone(),
                     reason: "denied",
+                    outcome: Outcome::Denied,
                     event: EventType::ToolDenied,
                     decided_by: Some(decided_by.clone()),
                 }),
@@ -351,9 +360,9 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
             .prepare_cached(
                 "INSERT INTO steps (run_id, step_key, turn, position, call_id, tool, fingerprint, version, arguments, \
                  call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
-                 retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, attempts) \
+                 retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, outcome, attempts) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, \
-                 ?22, ?23, ?24, ?25, 0)",
+                 ?22, ?23, ?24, ?25, ?26, 0)",
             )?
             .execute(params![
                 run.id.as_str(),
@@ -381,6 +390,11 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
                 approval.as_ref().map(|g| serde_json::to_string(g).expect("gate serializes")),
                 cache_ttl_ms,
                 cached.as_deref(),
+                match (&refusal, &cached) {
+                    (Some(refusal), _) => Some(refusal.outcome.as_str()),
+                    (None, Some(_)) => Some(Outcome::Ok.as_str()),
+                    (None, None) => None,
+                },
             ])?;
         let step = tx.step(&run.id, &call.key)?;
         // A call settled at once, without running, is described the same way whatever settled it.
@@ -408,6 +422,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
                 "error": refusal.message,
                 "error_kind": ErrorKind::Fatal.as_str(),
                 "reason": refusal.reason,
+                "outcome": refusal.outcome.as_str(),
                 "decided_by": refusal.decided_by,
             }));
             tx.append(&run.id, refusal.event, payload, Some(step.clone()))?;
@@ -419,6 +434,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
                 "status": "ok",
                 "output": json_or_string(output),
                 "cache": "hit",
+                "outcome": Outcome::Ok.as_str(),
                 "decided_by": decided_by,
             }));
             tx.append(&run.id, EventType::ToolResult, payload, Some(step.clone()))?;
@@ -575,6 +591,20 @@ fn settle_approval(
         }),
         None,
     )?;
+    let decision = ApprovalDecision {
+        approval_id: approval.id.clone(),
+        answer: status,
+        decider: decider.to_owned(),
+        reason: reason.map(str::to_owned),
+        answered_at: tx.now,
+    };
+    tx.conn
+        .prepare_cached("UPDATE steps SET approval = ?3 WHERE run_id = ?1 AND step_key = ?2")?
+        .execute(params![
+            approval.run_id.as_str(),
+            approval.key.as_str(),
+            serde_json::to_string(&decision).expect("decision serializes")
+        ])?;
     let step = tx.step(&approval.run_id, &approval.key)?;
     if status == ApprovalStatus::Approved {
         tx.conn
@@ -582,10 +612,10 @@ fn settle_approval(
             .execute(params![step.run_id.as_str(), step.key.as_str()])?;
         answered.to_dispatch.push(tx.step(&step.run_id, &step.key)?);
     } else {
-        let answer = if status == ApprovalStatus::Expired {
-            "expired"
+        let (answer, outcome) = if status == ApprovalStatus::Expired {
+            ("expired", Outcome::Expired)
         } else {
-            "rejected"
+            ("rejected", Outcome::Rejected)
         };
         let mut message = match status {
             ApprovalStatus::Expired => format!("'{}' was not approved: the approval expired unanswered", step.tool),
@@ -597,10 +627,10 @@ fn settle_approval(
         settle(
             tx,
             &step,
-            StepStatus::Failed,
+            (StepStatus::Failed, outcome),
             Err((ErrorKind::Fatal, &message)),
             0,
-            json!({ "approval": answer }),
+            json!({ "approval": answer, "decider": decider, "approval_reason": reason }),
         )?;
     }
     answered
@@ -733,11 +763,11 @@ fn held_step(tx: &Tx<'_>, dispatch_id: &str, attempt: u32, session_id: Option<&s
     }))
 }
 
-/// Ends a step with its one `tool:result` event.
+/// Ends a step with its one `tool:result` event: its terminal status, and why it ended so.
 fn settle(
     tx: &mut Tx<'_>,
     step: &StepRecord,
-    status: StepStatus,
+    (status, why): (StepStatus, Outcome),
     outcome: std::result::Result<&str, (ErrorKind, &str)>,
     progress_count: u32,
     extra: Value,
@@ -749,7 +779,7 @@ fn settle(
     tx.conn
         .prepare_cached(
             "UPDATE steps SET status = ?3, output = ?4, error = ?5, error_kind = ?6, finished_at = ?7, \
-             progress_count = progress_count + ?8, lease_expires_at = NULL, cost = unit_cost * attempts \
+             progress_count = progress_count + ?8, lease_expires_at = NULL, cost = unit_cost * attempts, outcome = ?9 \
              WHERE run_id = ?1 AND step_key = ?2",
         )?
         .execute(params![
@@ -761,6 +791,7 @@ fn settle(
             kind.map(ErrorKind::as_str),
             tx.now,
             progress_count,
+            why.as_str(),
         ])?;
     let settled = tx.step(&step.run_id, &step.key)?;
     let mut payload = json!({
@@ -774,6 +805,7 @@ fn settle(
         "progress_count": settled.progress_count,
         "duration_ms": settled.started_at.map(|s| tx.now - s),
         "cost": settled.cost,
+        "outcome": why.as_str(),
     });
     let body = payload.as_object_mut().expect("payload is an object");
     match outcome {
@@ -855,7 +887,7 @@ pub fn record_result(tx: &mut Tx<'_>, report: ResultReport) -> Result<Option<Ste
             settle(
                 tx,
                 &step,
-                StepStatus::Succeeded,
+                (StepStatus::Succeeded, Outcome::Ok),
                 Ok(output),
                 report.progress_count,
                 Value::Null,
@@ -866,7 +898,7 @@ pub fn record_result(tx: &mut Tx<'_>, report: ResultReport) -> Result<Option<Ste
             None => settle(
                 tx,
                 &step,
-                StepStatus::Failed,
+                (StepStatus::Failed, Outcome::ToolError),
                 Err((*kind, message)),
                 report.progress_count,
                 Value::Null,
@@ -885,12 +917,14 @@ pub fn lose_lease(tx: &mut Tx<'_>, loss: LeaseLoss) -> Result<LossOutcome> {
     let ended = if step.idempotency == Idempotency::AtMostOnce {
         Some((
             ErrorKind::Fatal,
+            Outcome::Indeterminate,
             "indeterminate",
             indeterminate_message(&step, &format!("the lease was lost ({})", loss.reason)),
         ))
     } else if step.lease_losses + 1 >= MAX_LEASE_LOSSES {
         Some((
             ErrorKind::Poison,
+            Outcome::Poison,
             "lease_lost",
             format!(
                 "'{}' lost its worker {MAX_LEASE_LOSSES} times (last: {}); the call may be crashing its workers, so it \
@@ -901,11 +935,11 @@ pub fn lose_lease(tx: &mut Tx<'_>, loss: LeaseLoss) -> Result<LossOutcome> {
     } else {
         None
     };
-    if let Some((kind, reason, message)) = ended {
+    if let Some((kind, outcome, reason, message)) = ended {
         let settled = settle(
             tx,
             &step,
-            StepStatus::Failed,
+            (StepStatus::Failed, outcome),
             Err((kind, &message)),
             0,
             json!({ "reason": reason }),
@@ -965,7 +999,7 @@ pub fn time_out(tx: &mut Tx<'_>, dispatch_id: &str, attempt: u32) -> Result<Opti
         let settled = settle(
             tx,
             &step,
-            StepStatus::Failed,
+            (StepStatus::Failed, Outcome::Indeterminate),
             Err((ErrorKind::Fatal, &message)),
             0,
             json!({ "reason": "indeterminate", "cause": "timeout" }),
@@ -993,7 +1027,7 @@ pub fn time_out(tx: &mut Tx<'_>, dispatch_id: &str, attempt: u32) -> Result<Opti
     let settled = settle(
         tx,
         &step,
-        StepStatus::Failed,
+        (StepStatus::Failed, Outcome::TimedOut),
         Err((ErrorKind::Retryable, &message)),
         0,
         json!({ "reason": "timeout" }),
@@ -1006,7 +1040,7 @@ pub fn fail_pending(
     run: &RunId,
     key: &StepKey,
     message: &str,
-    reason: &str,
+    (reason, outcome): (&str, Outcome),
 ) -> Result<Option<StepRecord>> {
     let Some(step) = load_step(tx.conn, run, key)?.filter(|s| s.status == StepStatus::Pending) else {
         return Ok(None);
@@ -1014,7 +1048,7 @@ pub fn fail_pending(
     let settled = settle(
         tx,
         &step,
-        StepStatus::Failed,
+        (StepStatus::Failed, outcome),
         Err((ErrorKind::Retryable, message)),
         0,
         json!({ "reason": reason }),
@@ -1075,7 +1109,7 @@ pub fn end_run(tx: &mut Tx<'_>, run_id: &RunId, end: EndRun) -> Result<(RunRecor
         settled.push(settle(
             tx,
             step,
-            StepStatus::Cancelled,
+            (StepStatus::Cancelled, Outcome::Cancelled),
             Err((ErrorKind::Fatal, &message)),
             0,
             json!({ "reason": "run_ended" }),

@@ -138,6 +138,27 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX tool_cache_expiry ON tool_cache (expires_at) WHERE expires_at IS NOT NULL;
     CREATE INDEX steps_by_run_status ON steps (run_id, status);
     "#,
+    // 3: a settled step's outcome (why it ended so, for programs) and the answer to its approval.
+    // Steps settled before this read their outcome from what they recorded.
+    r#"
+    ALTER TABLE steps ADD COLUMN outcome TEXT;
+    ALTER TABLE steps ADD COLUMN approval TEXT;
+    UPDATE steps SET outcome = CASE
+        WHEN status = 'succeeded' THEN 'ok'
+        WHEN status = 'cancelled' THEN 'cancelled'
+        WHEN error LIKE 'indeterminate:%' THEN 'indeterminate'
+        WHEN error_kind = 'poison' THEN 'poison'
+        WHEN error LIKE 'unknown tool %' THEN 'unknown_tool'
+        WHEN error LIKE 'invalid arguments for tool %' THEN 'invalid_arguments'
+        WHEN error LIKE 'max_tool_calls reached:%' THEN 'limit_exceeded'
+        WHEN error LIKE '% was not approved: the approval expired%' THEN 'expired'
+        WHEN error LIKE '% was not approved: rejected by %' THEN 'rejected'
+        WHEN error LIKE '% not allowed. reason: %' THEN 'denied'
+        WHEN error LIKE 'tool % timed out after %' THEN 'timed_out'
+        WHEN error LIKE 'no worker offering tool %' THEN 'no_worker'
+        ELSE 'tool_error' END
+    WHERE status IN ('succeeded', 'failed', 'cancelled');
+    "#,
 ];
 
 /// Brings the database to the newest schema.

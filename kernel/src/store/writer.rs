@@ -37,6 +37,7 @@ pub enum Command {
         key: StepKey,
         message: String,
         reason: &'static str,
+        outcome: crate::model::Outcome,
         reply: Reply<Option<StepRecord>>,
     },
     EndRun(RunId, EndRun, Reply<(RunRecord, Vec<StepRecord>)>),
@@ -89,8 +90,9 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
             key,
             message,
             reason,
+            outcome,
             reply,
-        } => respond(ops::fail_pending(tx, &run, &key, &message, reason), reply),
+        } => respond(ops::fail_pending(tx, &run, &key, &message, (reason, outcome)), reply),
         Command::EndRun(run, end, reply) => respond(ops::end_run(tx, &run, end), reply),
         Command::RegisterTools(tools, reply) => respond(ops::register_tools(tx, tools), reply),
         Command::AnswerApproval {
