@@ -66,6 +66,13 @@
 //! async fn delete(_ctx: ToolContext, path: String) -> Result<(), ToolError> { Ok(()) }
 //! ```
 //!
+//! ```compile_fail
+//! # use worker_sdk::{tool, ToolContext, ToolError};
+//! /// Charges a card.
+//! #[tool(cache_ttl = 60)] // error: `cache_ttl` needs `read_only`
+//! async fn charge(_ctx: ToolContext, cents: i64) -> Result<(), ToolError> { Ok(()) }
+//! ```
+//!
 //! Protocol messages (`kernel_proto::v1`) appear only where the SDK reports what the kernel
 //! recorded ([`Tool::spec`], [`RunSnapshot`]); the crate is re-exported as [`proto`].
 

@@ -157,6 +157,12 @@ pub enum ToolDefinitionError {
     /// Two tools of one worker share a name.
     #[error("tool '{0}' is offered twice")]
     DuplicateName(String),
+    /// A result cache on a tool that is not `read_only`.
+    #[error(
+        "tool '{0}' has a cache_ttl but is not read_only: only a tool without side effects may have its results \
+         served again from the cache"
+    )]
+    CacheWithoutReadOnly(String),
 }
 
 /// Checks a tool name against `[a-zA-Z0-9_-]{1,64}`.
@@ -271,6 +277,9 @@ impl Tool {
         }
         if matches!(&d.options.approval, Approval::When(expr) if expr.trim().is_empty()) {
             return Err(ToolDefinitionError::EmptyApprovalPredicate(d.name.clone()));
+        }
+        if d.options.cache_ttl.is_some() && d.options.effect != Effect::ReadOnly {
+            return Err(ToolDefinitionError::CacheWithoutReadOnly(d.name.clone()));
         }
         Ok(())
     }
@@ -544,6 +553,11 @@ mod tests {
             Err(ToolDefinitionError::InvalidSchema("echo".into()))
         );
         assert!(echo().requires_approval_if(" ").validate().is_err());
+        assert_eq!(
+            echo().cache_ttl(Duration::from_secs(60)).validate(),
+            Err(ToolDefinitionError::CacheWithoutReadOnly("echo".into()))
+        );
+        assert!(echo().read_only().cache_ttl(Duration::from_secs(60)).validate().is_ok());
         assert!(echo().name("bad name").validate().is_err());
     }
 

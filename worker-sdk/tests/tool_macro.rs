@@ -20,7 +20,6 @@ use worker_sdk::{Approval, Effect, ErrorKind, Idempotency, RetryPolicy, RiskLeve
     idempotency = "at_most_once",
     writes,
     cost_per_call = 0.0025,
-    cache_ttl = 1.5,
     requires_approval = "args.cents > 10000",
     approval_timeout = 3600
 )]
@@ -49,7 +48,7 @@ async fn add(_ctx: ToolContext, a: i64, b: i64) -> Result<i64, ToolError> {
 }
 
 /// Counts words on a blocking thread.
-#[tool(name = "word-count", read_only)]
+#[tool(name = "word-count", read_only, cache_ttl = 1.5)]
 fn word_count(text: String) -> Result<usize, ToolError> {
     Ok(text.split_whitespace().count())
 }
@@ -123,7 +122,7 @@ fn spec_carries_name_description_schema_and_options() {
     assert_eq!(options.permissions, ["billing:write"]);
     assert_eq!(options.resources, ["ledger", "email"]);
     assert_eq!(options.cost_per_call, 0.0025);
-    assert_eq!(options.cache_ttl, Some(Duration::from_millis(1500)));
+    assert_eq!(options.cache_ttl, None, "a cache needs read_only");
     assert_eq!(options.approval, Approval::When("args.cents > 10000".into()));
     assert_eq!(options.approval_timeout, Some(Duration::from_secs(3600)));
     assert!(!options.blocking);
@@ -135,7 +134,7 @@ fn spec_carries_name_description_schema_and_options() {
     let pb = spec.options.unwrap();
     assert_eq!(
         (pb.timeout_ms, pb.cache_ttl_ms, pb.approval_timeout_ms),
-        (10_000, 1_500, 3_600_000)
+        (10_000, 0, 3_600_000)
     );
     assert_eq!(pb.retry.unwrap().max_attempts, 3);
     assert_eq!(pb.requires_approval_expr, "args.cents > 10000");
@@ -164,6 +163,8 @@ fn defaults_and_renames() {
     let words = word_count_tool();
     assert_eq!(words.definition().name, "word-count");
     assert_eq!(words.definition().options.effect, Effect::ReadOnly);
+    assert_eq!(words.definition().options.cache_ttl, Some(Duration::from_millis(1500)));
+    assert_eq!(words.spec().options.unwrap().cache_ttl_ms, 1_500);
     assert!(words.definition().options.blocking);
 
     let broken = broken_tool();

@@ -337,6 +337,13 @@ fn options(field: &str, options: Option<pb::ToolOptions>) -> Result<ToolOptions,
             "read_only and writes cannot both be set",
         ));
     }
+    if o.cache_ttl_ms > 0 && !o.read_only {
+        return Err(KernelError::invalid(
+            format!("{field}.options.cache_ttl_ms"),
+            "a result cache needs read_only: only a tool without side effects may have its results served again \
+             (declare the tool read_only, or drop cache_ttl)",
+        ));
+    }
     if !o.cost_per_call.is_finite() || o.cost_per_call < 0.0 {
         return Err(KernelError::invalid(
             format!("{field}.options.cost_per_call"),
@@ -634,6 +641,27 @@ mod tests {
             ..Default::default()
         });
         assert!(hello(hello_with(vec![fine])).is_ok());
+    }
+
+    #[test]
+    fn hello_refuses_a_cache_ttl_on_a_tool_that_is_not_read_only() {
+        let mut cached = spec("charge");
+        cached.options = Some(pb::ToolOptions {
+            cache_ttl_ms: 60_000,
+            ..Default::default()
+        });
+        let err = hello(hello_with(vec![cached])).unwrap_err().to_string();
+        assert!(
+            err.starts_with("hello.tools[0].options.cache_ttl_ms: a result cache needs read_only"),
+            "{err}"
+        );
+        let mut reader = spec("search");
+        reader.options = Some(pb::ToolOptions {
+            cache_ttl_ms: 60_000,
+            read_only: true,
+            ..Default::default()
+        });
+        assert!(hello(hello_with(vec![reader])).is_ok());
     }
 
     #[test]

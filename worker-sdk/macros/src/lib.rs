@@ -62,6 +62,7 @@ struct Options {
     resources: Option<Vec<String>>,
     cost_per_call: Option<f64>,
     cache_ttl: Option<u64>,
+    cache_ttl_span: Option<Span>,
     requires_approval: Option<TokenStream2>,
     approval_timeout: Option<u64>,
     seen: Vec<String>,
@@ -86,7 +87,10 @@ impl Options {
             }
             "description" => self.description = Some(meta.value()?.parse()?),
             "timeout" => self.timeout = Some(seconds_as_millis(&meta.value()?.parse()?)?),
-            "cache_ttl" => self.cache_ttl = Some(seconds_as_millis(&meta.value()?.parse()?)?),
+            "cache_ttl" => {
+                self.cache_ttl_span = Some(meta.path.span());
+                self.cache_ttl = Some(seconds_as_millis(&meta.value()?.parse()?)?);
+            }
             "approval_timeout" => self.approval_timeout = Some(seconds_as_millis(&meta.value()?.parse()?)?),
             "retry" => {
                 let lit: syn::LitInt = meta.value()?.parse()?;
@@ -179,6 +183,18 @@ impl Options {
             }
         }
         self.seen.push(key);
+        Ok(())
+    }
+
+    /// Refuses options that make no sense together, as the kernel would at registration.
+    fn check(&self) -> syn::Result<()> {
+        if let (Some(span), None) = (self.cache_ttl_span, self.read_only) {
+            return Err(syn::Error::new(
+                span,
+                "`cache_ttl` needs `read_only`: only a tool without side effects may have its results served \
+                 again from the cache; add `read_only` or drop `cache_ttl`",
+            ));
+        }
         Ok(())
     }
 
@@ -314,6 +330,7 @@ struct Argument {
 }
 
 fn expand(options: Options, mut function: ItemFn) -> syn::Result<TokenStream2> {
+    options.check()?;
     let sig = &function.sig;
     if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
         return Err(syn::Error::new(
@@ -548,6 +565,23 @@ mod tests {
             async fn f(ctx: ToolContext) {}
         );
         assert!(expand_error(quote!(), no_result).contains("returns Result"));
+    }
+
+    #[test]
+    fn a_cache_ttl_needs_read_only() {
+        let function = || {
+            quote!(
+                async fn f(ctx: ToolContext) -> Result<(), ToolError> {
+                    Ok(())
+                }
+            )
+        };
+        let refused = expand_error(quote!(cache_ttl = 60), function());
+        assert!(refused.contains("`cache_ttl` needs `read_only`"), "{refused}");
+        let writes = expand_error(quote!(writes, cache_ttl = 60), function());
+        assert!(writes.contains("needs `read_only`"), "{writes}");
+        let options = parse_options(quote!(read_only, cache_ttl = 60)).unwrap();
+        assert!(expand(options, syn::parse2(function()).unwrap()).is_ok());
     }
 
     #[test]
