@@ -110,6 +110,16 @@ pub struct KeyCreateArgs {
     /// Required with `workers:connect`.
     #[arg(long = "tools", value_name = "GLOB")]
     pub tools: Vec<String>,
+
+    /// A permission glob the runs this key creates may hold (`billing:*`); repeat for several.
+    /// Needs `runs:write`. A key without grants creates runs without permissions.
+    #[arg(long = "grants", value_name = "GLOB")]
+    pub grants: Vec<String>,
+
+    /// A group the key's holder belongs to, which a policy rule's `approvers` may name; repeat
+    /// for several.
+    #[arg(long = "group", value_name = "NAME")]
+    pub groups: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -212,6 +212,16 @@ fn run_fields(run: &RunView) -> String {
         None => format!("{} made (no max_tool_calls limit)", run.tool_calls),
     };
     pairs.push(("tool calls", tool_calls));
+    if !run.permissions.is_empty() {
+        let source = match &run.permissions_granted_by {
+            Some(key) => format!("granted by key {}", one_line(key)),
+            None => "claimed by the run: the kernel has no auth file".to_owned(),
+        };
+        pairs.push((
+            "permissions",
+            format!("{} ({source})", one_line(&run.permissions.join(", "))),
+        ));
+    }
     if let Some(key) = &run.idempotency_key {
         pairs.push(("idempotency key", one_line(key).into_owned()));
     }
@@ -329,6 +339,9 @@ pub fn approvals_table(approvals: &[ApprovalView]) -> String {
             "TOOL",
             "STATUS",
             "ASKED BY",
+            "APPROVERS",
+            "EXPIRES",
+            "MESSAGE",
             "DECIDER",
             "REASON",
             "ARGUMENTS",
@@ -341,6 +354,17 @@ pub fn approvals_table(approvals: &[ApprovalView]) -> String {
                 a.tool.clone(),
                 a.status.clone(),
                 a.decided_by.clone(),
+                // Who may answer: with API keys only these key names or groups; none listed, anyone
+                // with approvals:write.
+                if a.approvers.is_empty() {
+                    "any".to_owned()
+                } else {
+                    one_line(&a.approvers.join(",")).into_owned()
+                },
+                a.expires_at.map_or_else(|| "never".to_owned(), |t| time(Some(t))),
+                a.message
+                    .as_deref()
+                    .map_or_else(|| NONE.to_owned(), |m| truncate(&one_line(m), 60).into_owned()),
                 or_none(a.decider.as_deref()).to_owned(),
                 a.reason
                     .as_deref()
@@ -728,6 +752,63 @@ mod tests {
         assert!(text.contains("  error:            fatal: disk full\n"), "{text}");
         let table: Vec<&str> = text[text.find("KEY").unwrap()..].lines().take(4).collect();
         assert!(table[1].contains(" denied "), "{text}");
+    }
+
+    #[test]
+    fn permissions_say_who_granted_them() {
+        let granted = RunView::from(pb::Run {
+            permissions: vec!["billing:write".into()],
+            permissions_granted_by: "billing-agent".into(),
+            ..sample_run()
+        });
+        let detail = |run: RunView| {
+            run_detail(&RunDetail {
+                run,
+                steps: Vec::new(),
+                approvals: Vec::new(),
+                manifest: Default::default(),
+            })
+        };
+        let text = detail(granted.clone());
+        assert!(
+            text.contains("permissions:  billing:write (granted by key billing-agent)\n"),
+            "{text}"
+        );
+        let claimed = RunView {
+            permissions_granted_by: None,
+            ..granted
+        };
+        assert!(detail(claimed).contains("(claimed by the run: the kernel has no auth file)"));
+        assert!(!detail(RunView::from(sample_run())).contains("permissions:"));
+    }
+
+    #[test]
+    fn approvals_say_who_may_answer_and_until_when() {
+        let approval = |approvers: Vec<String>, expires_at| {
+            ApprovalView::from(pb::Approval {
+                id: "ap-1".into(),
+                run_id: "r1".into(),
+                step_key: "t0/p0".into(),
+                tool: "refund".into(),
+                arguments_json: r#"{"cents":50000}"#.into(),
+                status: pb::ApprovalStatus::Pending as i32,
+                approvers,
+                message: "check the ticket".into(),
+                decided_by: "rule:big-refunds".into(),
+                expires_at,
+                ..Default::default()
+            })
+        };
+        let text = approvals_table(&[
+            approval(vec!["payments-oncall".into(), "bob".into()], ts(1_700_003_600, 0)),
+            approval(Vec::new(), None),
+        ]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].contains("APPROVERS") && lines[0].contains("EXPIRES") && lines[0].contains("MESSAGE"));
+        assert!(lines[1].contains("payments-oncall,bob"), "{text}");
+        assert!(lines[1].contains("2023-11-14T23:13:20Z"), "{text}");
+        assert!(lines[1].contains("check the ticket"), "{text}");
+        assert!(lines[2].contains(" any ") && lines[2].contains(" never "), "{text}");
     }
 
     #[test]

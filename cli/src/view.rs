@@ -70,6 +70,8 @@ pub struct RunView {
     pub updated_at: Option<UtcTime>,
     pub non_interactive: bool,
     pub permissions: Vec<String>,
+    /// The API key that granted the permissions; `None` without an auth file (the run's claim).
+    pub permissions_granted_by: Option<String>,
     /// What inspection shows of arguments and results: `io`, `metadata` or `none`.
     pub capture: String,
 }
@@ -90,6 +92,7 @@ impl From<pb::Run> for RunView {
             updated_at: run.updated_at.map(UtcTime::from),
             non_interactive: run.non_interactive,
             permissions: run.permissions,
+            permissions_granted_by: non_empty(run.permissions_granted_by),
             capture: match pb::Capture::try_from(run.capture) {
                 Ok(pb::Capture::None) => "none",
                 Ok(pb::Capture::Metadata) => "metadata",
@@ -759,6 +762,7 @@ pub(crate) mod tests {
                 "updated_at": "2023-11-14T22:14:02.500Z",
                 "non_interactive": false,
                 "permissions": [],
+                "permissions_granted_by": null,
                 "capture": "io",
             })
         );

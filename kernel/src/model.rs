@@ -467,6 +467,8 @@ pub struct RunRecord {
     pub permissions: Vec<String>,
     /// What inspection shows of its arguments and results.
     pub capture: Capture,
+    /// The API key that granted the run its permissions; `None` without an auth file.
+    pub granted_by: Option<String>,
     pub tool_calls: u32,
     pub last_seq: u64,
     pub created_at: Millis,

@@ -984,6 +984,7 @@ mod tests {
                 max_tool_calls: 0,
                 interactive: true,
                 permissions: Vec::new(),
+                granted_by: None,
                 capture: crate::model::Capture::Io,
             })
             .await

@@ -464,19 +464,29 @@ impl Kernel {
 
     /// Every event of a run.
     pub async fn events(&self, run_id: &str) -> Vec<pb::Event> {
+        self.events_as(run_id, None).await
+    }
+
+    /// Every event of a run, read with an API key.
+    pub async fn events_with_key(&self, run_id: &str, key: &str) -> Vec<pb::Event> {
+        self.events_as(run_id, Some(key)).await
+    }
+
+    async fn events_as(&self, run_id: &str, key: Option<&str>) -> Vec<pb::Event> {
         let mut client = self.runs().await;
         let mut events = Vec::new();
         let mut from = 1;
         loop {
-            let page = client
-                .list_run_events(pb::ListRunEventsRequest {
-                    run_id: run_id.into(),
-                    from_seq: from,
-                    page_size: 1000,
-                })
-                .await
-                .expect("list events")
-                .into_inner();
+            let mut request = tonic::Request::new(pb::ListRunEventsRequest {
+                run_id: run_id.into(),
+                from_seq: from,
+                page_size: 1000,
+            });
+            if let Some(key) = key {
+                let bearer = format!("Bearer {key}").parse().expect("a key fits in metadata");
+                request.metadata_mut().insert("authorization", bearer);
+            }
+            let page = client.list_run_events(request).await.expect("list events").into_inner();
             events.extend(page.events);
             if page.next_seq == 0 {
                 return events;

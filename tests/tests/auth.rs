@@ -24,8 +24,13 @@ struct Key {
 }
 
 fn create_key(name: &str, scopes: &[&str], tools: &[&str]) -> Key {
+    create_key_with(name, scopes, tools, &[])
+}
+
+/// A key with more `keys create` flags (`--grants`, `--group`).
+fn create_key_with(name: &str, scopes: &[&str], tools: &[&str], extra: &[&str]) -> Key {
     let mut command = Command::new(binary("kernelctl"));
-    command.args(["keys", "create", "--name", name]);
+    command.args(["keys", "create", "--name", name]).args(extra);
     for scope in scopes {
         command.args(["--scope", scope]);
     }
@@ -514,4 +519,156 @@ async fn sighup_puts_a_new_auth_file_in_force_and_closes_sessions_of_removed_key
     assert!(registry.list_workers(workers(&secured.reader)).await.is_ok());
     let refused = registry.list_workers(workers(&secured.admin)).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+}
+
+const APPROVE_ADD_BY_ONCALL: &str = r#"
+rules:
+  - id: oncall-adds
+    match: { tools: ["add"] }
+    decision: approve
+    approval: { approvers: ["payments-oncall"], message: "check the ticket", timeout: 1h }
+"#;
+
+/// With keys, a run holds only permissions its creating key may grant, and an approval whose
+/// rule lists approvers takes an answer only from a key named there or in a group named there;
+/// every refusal is PERMISSION_DENIED and writes nothing.
+#[tokio::test]
+async fn permissions_come_from_the_key_and_only_listed_approvers_may_answer() {
+    let admin = create_key("root", &["admin"], &[]);
+    let billing = create_key_with(
+        "billing-agent",
+        &["runs:write", "tools:call", "runs:read"],
+        &[],
+        &["--grants", "billing:*"],
+    );
+    let plain = create_key("plain-agent", &["runs:write", "tools:call"], &[]);
+    let alice = create_key_with(
+        "alice",
+        &["approvals:write", "runs:read"],
+        &[],
+        &["--group", "payments-oncall"],
+    );
+    let bob = create_key("bob", &["approvals:write", "runs:read"], &[]);
+    let worker = create_key("workers", &["workers:connect"], &["*"]);
+    let files = tempfile::tempdir().unwrap();
+    let path = files.path().join("auth.yaml");
+    let entries = [&admin, &billing, &plain, &alice, &bob, &worker].map(|k| k.entry.as_str());
+    std::fs::write(&path, format!("keys:\n{}\n", entries.join("\n"))).unwrap();
+    let kernel = Kernel::start_with(KernelOptions {
+        policy: Some(APPROVE_ADD_BY_ONCALL.into()),
+        args: vec!["--auth-file".into(), path.to_str().unwrap().into()],
+        ..Default::default()
+    });
+    let demo = demo_worker(&kernel, "trusted", &worker.secret);
+    demo.log.wait_for("worker session open");
+
+    let claim = |key: &str| {
+        with_key(
+            pb::CreateRunRequest {
+                permissions: vec!["billing:write".into()],
+                ..new_run()
+            },
+            key,
+        )
+    };
+    let refused = runs(&kernel).await.create_run(claim(&plain.secret)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("permissions[0]") && refused.message().contains("'billing:write'"),
+        "{}",
+        refused.message()
+    );
+    let listed = runs(&kernel)
+        .await
+        .list_runs(with_key(pb::ListRunsRequest::default(), &admin.secret))
+        .await
+        .unwrap()
+        .into_inner()
+        .runs;
+    assert!(listed.is_empty(), "a refused create writes nothing");
+
+    let run = runs(&kernel)
+        .await
+        .create_run(claim(&billing.secret))
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap();
+    assert_eq!(run.permissions, ["billing:write"]);
+    assert_eq!(run.permissions_granted_by, "billing-agent");
+    let shown = kernel.kernelctl(&["--api-key", &admin.secret, "runs", "show", &run.id]);
+    assert!(
+        String::from_utf8_lossy(&shown.stdout).contains("billing:write (granted by key billing-agent)"),
+        "{}",
+        String::from_utf8_lossy(&shown.stdout)
+    );
+
+    let mut turn = ToolCallServiceClient::connect(kernel.url())
+        .await
+        .unwrap()
+        .submit_turn(with_key(
+            pb::SubmitTurnRequest {
+                run_id: run.id.clone(),
+                turn: 0,
+                calls: vec![call("add", json!({"a": 2, "b": 3}))],
+            },
+            &billing.secret,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let asked = loop {
+        let item = tokio::time::timeout(WAIT, turn.next()).await.unwrap().unwrap().unwrap();
+        if let Some(pb::submit_turn_response::Item::Interrupted(asked)) = item.item {
+            break asked;
+        }
+    };
+    let pending = kernel.kernelctl(&["--api-key", &bob.secret, "approvals", "list"]);
+    let pending = String::from_utf8_lossy(&pending.stdout).into_owned();
+    assert!(
+        pending.contains("payments-oncall") && pending.contains("check the ticket"),
+        "approvals list shows who may answer and what they are told:\n{pending}"
+    );
+
+    let events_before = kernel.events_with_key(&run.id, &admin.secret).await;
+    let mut approvals = ApprovalServiceClient::connect(kernel.url()).await.unwrap();
+    let not_listed = approvals
+        .approve_call(with_key(
+            pb::ApproveCallRequest {
+                approval_id: asked.approval_id.clone(),
+                decider: "payments-oncall".into(),
+                reason: "I'll allow it".into(),
+            },
+            &bob.secret,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(not_listed.code(), Code::PermissionDenied, "{not_listed:?}");
+    assert!(not_listed.message().contains("key 'bob'"), "{}", not_listed.message());
+    assert_eq!(
+        kernel.events_with_key(&run.id, &admin.secret).await.len(),
+        events_before.len(),
+        "a refused answer writes nothing"
+    );
+
+    approvals
+        .approve_call(with_key(
+            pb::ApproveCallRequest {
+                approval_id: asked.approval_id.clone(),
+                decider: String::new(),
+                reason: "ticket 42".into(),
+            },
+            &alice.secret,
+        ))
+        .await
+        .expect("a member of a listed group answers");
+    let result = loop {
+        let item = tokio::time::timeout(WAIT, turn.next()).await.unwrap().unwrap().unwrap();
+        if let Some(pb::submit_turn_response::Item::Result(result)) = item.item {
+            break result;
+        }
+    };
+    assert_eq!(result.content, "5");
+    assert_eq!(result.approval.map(|a| a.decider), Some("alice".to_owned()));
 }

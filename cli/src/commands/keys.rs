@@ -24,6 +24,10 @@ struct NewKey {
     scopes: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    grants: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    groups: Vec<String>,
     /// The YAML entry to add under `keys:` in the auth file.
     entry: String,
 }
@@ -47,6 +51,21 @@ fn check(args: &KeyCreateArgs) -> Result<(), String> {
     if args.tools.iter().any(|t| t.is_empty()) {
         return Err("--tools must not be empty".into());
     }
+    if !args.grants.is_empty() && !has("runs:write") && !has("admin") {
+        return Err("--grants applies only to keys with --scope runs:write".into());
+    }
+    if args.grants.iter().any(|g| g.is_empty()) {
+        return Err("--grants must not be empty".into());
+    }
+    if args
+        .groups
+        .iter()
+        .any(|g| g.trim().is_empty() || g.len() > MAX_NAME_LEN || g.chars().any(char::is_control))
+    {
+        return Err(format!(
+            "--group must be 1 to {MAX_NAME_LEN} characters without control characters"
+        ));
+    }
     Ok(())
 }
 
@@ -56,14 +75,16 @@ fn json<T: Serialize + ?Sized>(value: &T) -> String {
 }
 
 /// The auth-file entry, in YAML.
-fn entry(name: &str, digest: &str, scopes: &[String], tools: &[String]) -> String {
+fn entry(name: &str, digest: &str, scopes: &[String], lists: [(&str, &[String]); 3]) -> String {
     let mut text = format!(
         "  - name: {}\n    sha256: {digest}\n    scopes: {}\n",
         json(name),
         json(scopes)
     );
-    if !tools.is_empty() {
-        text.push_str(&format!("    tools: {}\n", json(tools)));
+    for (field, values) in lists {
+        if !values.is_empty() {
+            text.push_str(&format!("    {field}: {}\n", json(values)));
+        }
     }
     text
 }
@@ -77,13 +98,21 @@ fn new_key(args: KeyCreateArgs) -> Result<NewKey, String> {
     let mut scopes = args.scopes;
     scopes.dedup();
     let name = args.name.trim().to_owned();
-    let entry = entry(&name, &sha256, &scopes, &args.tools);
+    let groups: Vec<String> = args.groups.iter().map(|g| g.trim().to_owned()).collect();
+    let entry = entry(
+        &name,
+        &sha256,
+        &scopes,
+        [("tools", &args.tools), ("grants", &args.grants), ("groups", &groups)],
+    );
     Ok(NewKey {
         name,
         secret,
         sha256,
         scopes,
         tools: args.tools,
+        grants: args.grants,
+        groups,
         entry,
     })
 }
@@ -128,7 +157,26 @@ mod tests {
             name: "ci".into(),
             scopes: scopes.iter().map(|s| s.to_string()).collect(),
             tools: tools.iter().map(|s| s.to_string()).collect(),
+            grants: Vec::new(),
+            groups: Vec::new(),
         }
+    }
+
+    #[test]
+    fn grants_and_groups_go_into_the_entry() {
+        let mut agent = args(&["runs:write", "tools:call"], &[]);
+        agent.grants = vec!["billing:*".into()];
+        agent.groups = vec![" payments-oncall ".into()];
+        let key = new_key(agent).unwrap();
+        assert!(
+            key.entry
+                .ends_with("    grants: [\"billing:*\"]\n    groups: [\"payments-oncall\"]\n"),
+            "{}",
+            key.entry
+        );
+        let mut reader = args(&["runs:read"], &[]);
+        reader.grants = vec!["billing:*".into()];
+        assert!(new_key(reader).unwrap_err().contains("runs:write"));
     }
 
     #[test]

@@ -11,7 +11,19 @@
 //!     sha256: 60303a...
 //!     scopes: ["workers:connect"]
 //!     tools: ["refund*", "billing_*"]  # tool-name globs this worker may register
+//!   - name: billing-agent
+//!     sha256: 2c26b4...
+//!     scopes: ["runs:write", "tools:call"]
+//!     grants: ["billing:*"]            # permission globs the runs it creates may hold
+//!   - name: alice
+//!     sha256: fcde2b...
+//!     scopes: ["approvals:write", "runs:read"]
+//!     groups: ["payments-oncall"]      # names a rule's `approvers` may list instead of hers
 //! ```
+//!
+//! With keys, a run's permissions must be among its creating key's `grants` ([`Caller::may_grant`]),
+//! and an approval whose rule lists `approvers` may be answered only by a key named there, or in
+//! one of the groups named there ([`Caller::may_answer`]).
 //!
 //! A client sends its secret as `authorization: Bearer <secret>` metadata. [`KeyRing::authorize`]
 //! hashes it, compares the digest with every stored one in constant time, and checks that the key
@@ -144,6 +156,10 @@ struct KeyInfo {
     name: String,
     scopes: HashSet<Scope>,
     tools: Option<GlobList>,
+    /// Permission globs the runs this key creates may hold.
+    grants: Option<GlobList>,
+    /// Groups the key's holder belongs to, for approvers lists.
+    groups: Vec<String>,
 }
 
 impl Caller {
@@ -155,6 +171,50 @@ impl Caller {
     /// Whether the key holds `scope` (`admin` holds them all).
     pub fn has(&self, scope: Scope) -> bool {
         self.0.scopes.contains(&Scope::Admin) || self.0.scopes.contains(&scope)
+    }
+
+    /// Whether a run this key creates may hold `permissions`: each must match one of the key's
+    /// `grants` (an `admin` key may grant any). The refusal names the first one that does not.
+    pub fn may_grant(&self, permissions: &[String]) -> Result<(), KernelError> {
+        if self.0.scopes.contains(&Scope::Admin) {
+            return Ok(());
+        }
+        for (index, permission) in permissions.iter().enumerate() {
+            let granted = self.0.grants.as_ref().is_some_and(|g| g.is_match(permission));
+            if !granted {
+                let grants = self
+                    .0
+                    .grants
+                    .as_ref()
+                    .map_or_else(|| "none".to_owned(), GlobList::describe);
+                return Err(KernelError::PermissionDenied(format!(
+                    "permissions[{index}]: key '{}' may not grant '{permission}' (its grants: {grants})",
+                    self.0.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this key may answer an approval whose rule lists `approvers`: anyone with the
+    /// scope when the list is empty, else only a key named there or in a group named there.
+    pub fn may_answer(&self, approvers: &[String]) -> Result<(), KernelError> {
+        let listed = approvers
+            .iter()
+            .any(|a| *a == self.0.name || self.0.groups.iter().any(|g| g == a));
+        if approvers.is_empty() || listed {
+            return Ok(());
+        }
+        let groups = if self.0.groups.is_empty() {
+            "no groups".to_owned()
+        } else {
+            format!("groups {}", self.0.groups.join(", "))
+        };
+        Err(KernelError::PermissionDenied(format!(
+            "key '{}' ({groups}) is not among this approval's approvers ({})",
+            self.0.name,
+            approvers.join(", ")
+        )))
     }
 
     /// Whether a worker holding this key may register `tool`: an `admin` key may register any
@@ -251,6 +311,19 @@ struct FileKey {
     scopes: Vec<String>,
     #[serde(default)]
     tools: Option<Vec<String>>,
+    #[serde(default)]
+    grants: Option<Vec<String>>,
+    #[serde(default)]
+    groups: Vec<String>,
+}
+
+/// Compiles a list of globs from the auth file.
+fn globs(patterns: &[String]) -> Result<GlobList, String> {
+    let compiled = patterns
+        .iter()
+        .map(|p| glob::compile(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    GlobList::new(compiled)
 }
 
 /// Longest key name accepted; the name is recorded as the approver.
@@ -304,15 +377,25 @@ impl KeyRing {
                 Some(_) if !scopes.contains(&Scope::WorkersConnect) && !scopes.contains(&Scope::Admin) => {
                     return Err(at(format!("{name}: tools apply only to keys with workers:connect")));
                 }
-                Some(patterns) => {
-                    let globs = patterns
-                        .iter()
-                        .map(|p| glob::compile(p))
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(|m| at(format!("{name}: tools: {m}")))?;
-                    Some(GlobList::new(globs).map_err(|m| at(format!("{name}: tools: {m}")))?)
-                }
+                Some(patterns) => Some(globs(&patterns).map_err(|m| at(format!("{name}: tools: {m}")))?),
             };
+            let grants = match entry.grants {
+                None => None,
+                Some(_) if !scopes.contains(&Scope::RunsWrite) && !scopes.contains(&Scope::Admin) => {
+                    return Err(at(format!("{name}: grants apply only to keys with runs:write")));
+                }
+                Some(patterns) => Some(globs(&patterns).map_err(|m| at(format!("{name}: grants: {m}")))?),
+            };
+            let mut groups = Vec::with_capacity(entry.groups.len());
+            for group in entry.groups {
+                let group = group.trim().to_owned();
+                if group.is_empty() || group.len() > MAX_NAME_LEN || group.chars().any(char::is_control) {
+                    return Err(at(format!(
+                        "{name}: a group must be 1 to {MAX_NAME_LEN} characters without control characters"
+                    )));
+                }
+                groups.push(group);
+            }
             keys.push(Key {
                 digest,
                 caller: Caller(Arc::new(KeyInfo {
@@ -320,6 +403,8 @@ impl KeyRing {
                     name,
                     scopes,
                     tools,
+                    grants,
+                    groups,
                 })),
             });
         }

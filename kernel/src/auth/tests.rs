@@ -294,3 +294,104 @@ fn a_reload_swaps_the_keys_and_a_bad_file_keeps_them() {
     );
     assert!(keys.current().authenticate("r2").is_some(), "the new one is in force");
 }
+
+fn governed() -> KeyRing {
+    ring(&format!(
+        r#"
+keys:
+  - name: billing-agent
+    sha256: {agent}
+    scopes: ["runs:write", "tools:call"]
+    grants: ["billing:*", "email:send"]
+  - name: plain-agent
+    sha256: {plain}
+    scopes: ["runs:write"]
+  - name: alice
+    sha256: {alice}
+    scopes: ["approvals:write"]
+    groups: ["payments-oncall"]
+  - name: root
+    sha256: {root}
+    scopes: [admin]
+"#,
+        agent = secret_digest_hex("agent"),
+        plain = secret_digest_hex("plain"),
+        alice = secret_digest_hex("alice"),
+        root = secret_digest_hex("root"),
+    ))
+}
+
+#[test]
+fn a_run_holds_only_what_its_creating_key_may_grant() {
+    let keys = governed();
+    let agent = keys.authenticate("agent").unwrap();
+    assert!(agent.may_grant(&["billing:write".into(), "email:send".into()]).is_ok());
+    let wider = agent
+        .may_grant(&["billing:write".into(), "payroll:write".into()])
+        .unwrap_err();
+    assert!(matches!(wider, KernelError::PermissionDenied(_)));
+    assert_eq!(
+        wider.to_string(),
+        "permissions[1]: key 'billing-agent' may not grant 'payroll:write' (its grants: billing:*, email:send)"
+    );
+    let plain = keys.authenticate("plain").unwrap();
+    assert!(plain.may_grant(&[]).is_ok(), "no permissions asked, none needed");
+    assert!(
+        plain
+            .may_grant(&["billing:write".into()])
+            .unwrap_err()
+            .to_string()
+            .contains("(its grants: none)")
+    );
+    assert!(
+        keys.authenticate("root")
+            .unwrap()
+            .may_grant(&["anything".into()])
+            .is_ok()
+    );
+}
+
+#[test]
+fn only_a_listed_approver_or_group_member_may_answer() {
+    let keys = governed();
+    let alice = keys.authenticate("alice").unwrap();
+    assert!(alice.may_answer(&[]).is_ok(), "no approvers listed: the scope suffices");
+    assert!(alice.may_answer(&["alice".into()]).is_ok());
+    assert!(alice.may_answer(&["bob".into(), "payments-oncall".into()]).is_ok());
+    let refused = alice.may_answer(&["bob".into(), "legal".into()]).unwrap_err();
+    assert!(matches!(refused, KernelError::PermissionDenied(_)));
+    assert_eq!(
+        refused.to_string(),
+        "key 'alice' (groups payments-oncall) is not among this approval's approvers (bob, legal)"
+    );
+    let root = keys.authenticate("root").unwrap();
+    assert!(
+        root.may_answer(&["payments-oncall".into()]).is_err(),
+        "a rule's approvers bind admin keys too"
+    );
+}
+
+#[test]
+fn grants_and_groups_are_checked_when_the_file_loads() {
+    let digest = secret_digest_hex("x");
+    let grants_on_a_reader =
+        format!("keys:\n  - name: r\n    sha256: {digest}\n    scopes: [runs:read]\n    grants: [\"billing:*\"]\n");
+    assert!(
+        KeyRing::from_yaml(&grants_on_a_reader)
+            .unwrap_err()
+            .contains("grants apply only to keys with runs:write")
+    );
+    let bad_glob = format!("keys:\n  - name: a\n    sha256: {digest}\n    scopes: [runs:write]\n    grants: [\"\"]\n");
+    assert!(
+        KeyRing::from_yaml(&bad_glob)
+            .unwrap_err()
+            .contains("grants: empty glob")
+    );
+    let empty_group =
+        format!("keys:\n  - name: a\n    sha256: {digest}\n    scopes: [approvals:write]\n    groups: [\" \"]\n");
+    assert!(
+        KeyRing::from_yaml(&empty_group)
+            .unwrap_err()
+            .contains("a group must be")
+    );
+}

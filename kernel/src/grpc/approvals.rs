@@ -12,7 +12,7 @@ use crate::store::Answer;
 
 /// Who answers: with API keys, the key's name (a request's `decider` cannot speak for someone
 /// else); without them, the `decider` the request names.
-fn decider(caller: Option<Caller>, requested: String) -> String {
+fn decider(caller: Option<&Caller>, requested: String) -> String {
     match caller {
         Some(caller) => caller.name().to_owned(),
         None => requested,
@@ -23,18 +23,33 @@ fn decider(caller: Option<Caller>, requested: String) -> String {
 pub struct ApprovalApi(pub Kernel);
 
 impl ApprovalApi {
+    /// Records `answer` as `caller` (with keys) or as the request's `decider` (without). With keys,
+    /// an approval whose rule lists approvers takes an answer only from a key named there or in a
+    /// group named there; anyone else is refused and nothing is written. The list is fixed when
+    /// the approval is asked, so checking it before the write cannot race a change.
     async fn answer(
         &self,
         id: String,
         answer: Answer,
-        decider: String,
+        (caller, decider): (Option<Caller>, String),
         reason: String,
     ) -> Result<pb::Approval, Status> {
         if id.trim().is_empty() {
             return Err(KernelError::invalid("approval_id", "must not be empty").into());
         }
+        let decider = self::decider(caller.as_ref(), decider);
         if decider.trim().is_empty() {
             return Err(KernelError::invalid("decider", "must say who decides").into());
+        }
+        if let Some(caller) = &caller {
+            let asked = self
+                .0
+                .store
+                .reads
+                .approval(id.clone())
+                .await?
+                .ok_or_else(|| KernelError::NotFound(format!("approval {id} not found")))?;
+            caller.may_answer(&asked.approvers)?;
         }
         let reason = (!reason.trim().is_empty()).then_some(reason);
         let answered = self.0.store.answer_approval(id, answer, decider, reason).await?;
@@ -74,9 +89,8 @@ impl ApprovalService for ApprovalApi {
     ) -> Result<Response<pb::ApproveCallResponse>, Status> {
         let caller = request.extensions().get::<Caller>().cloned();
         let req = request.into_inner();
-        let decider = decider(caller, req.decider);
         let approval = self
-            .answer(req.approval_id, Answer::Approve, decider, req.reason)
+            .answer(req.approval_id, Answer::Approve, (caller, req.decider), req.reason)
             .await?;
         Ok(Response::new(pb::ApproveCallResponse {
             approval: Some(approval),
@@ -89,9 +103,8 @@ impl ApprovalService for ApprovalApi {
     ) -> Result<Response<pb::RejectCallResponse>, Status> {
         let caller = request.extensions().get::<Caller>().cloned();
         let req = request.into_inner();
-        let decider = decider(caller, req.decider);
         let approval = self
-            .answer(req.approval_id, Answer::Reject, decider, req.reason)
+            .answer(req.approval_id, Answer::Reject, (caller, req.decider), req.reason)
             .await?;
         Ok(Response::new(pb::RejectCallResponse {
             approval: Some(approval),

@@ -113,6 +113,7 @@ pub fn run(run: &RunRecord) -> pb::Run {
             Capture::Metadata => pb::Capture::Metadata,
             Capture::Io => pb::Capture::Io,
         } as i32,
+        permissions_granted_by: run.granted_by.clone().unwrap_or_default(),
     }
 }
 

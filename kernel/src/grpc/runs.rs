@@ -61,10 +61,16 @@ impl RunService for RunApi {
         &self,
         request: Request<pb::CreateRunRequest>,
     ) -> Result<Response<pb::CreateRunResponse>, Status> {
+        let caller = request.extensions().get::<crate::auth::Caller>().cloned();
         let req = request.into_inner();
         let agent = req.agent.trim().to_owned();
         if agent.is_empty() {
             return Err(KernelError::invalid("agent", "must not be empty").into());
+        }
+        // With keys a run holds only what its creating key may grant; without them (loopback
+        // development) its claim stands.
+        if let Some(caller) = &caller {
+            caller.may_grant(&req.permissions)?;
         }
         let idempotency_key = (!req.idempotency_key.is_empty()).then_some(req.idempotency_key);
         if idempotency_key.as_ref().is_some_and(|k| k.len() > MAX_IDEMPOTENCY_KEY) {
@@ -80,6 +86,7 @@ impl RunService for RunApi {
             max_tool_calls: req.max_tool_calls,
             interactive: !req.non_interactive,
             permissions: req.permissions,
+            granted_by: caller.map(|c| c.name().to_owned()),
             capture: convert::capture(req.capture)?,
         };
         let (run, created) = self.0.store.create_run(new).await?;

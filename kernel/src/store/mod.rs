@@ -51,6 +51,8 @@ pub struct NewRun {
     pub interactive: bool,
     /// Permissions granted to the run.
     pub permissions: Vec<String>,
+    /// The API key that granted them; `None` without an auth file, where the run's claim stands.
+    pub granted_by: Option<String>,
     /// What inspection shows of its arguments and results.
     pub capture: crate::model::Capture,
 }

@@ -119,7 +119,7 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
     tx.conn
         .prepare_cached(
             "INSERT INTO runs (id, agent, status, input, labels, idempotency_key, max_tool_calls, created_at, updated_at, \
-             interactive, permissions, capture) VALUES (?1, ?2, 'pending', ?3, ?4, ?5, ?6, ?7, ?7, ?8, ?9, ?10)",
+             interactive, permissions, capture, granted_by) VALUES (?1, ?2, 'pending', ?3, ?4, ?5, ?6, ?7, ?7, ?8, ?9, ?10, ?11)",
         )?
         .execute(params![
             id.as_str(),
@@ -132,6 +132,7 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
             new.interactive,
             serde_json::to_string(&new.permissions).expect("permissions serialize"),
             new.capture.as_str(),
+            new.granted_by,
         ])?;
     tx.append(
         &id,
@@ -144,6 +145,7 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
             "max_tool_calls": new.max_tool_calls,
             "interactive": new.interactive,
             "permissions": new.permissions,
+            "permissions_granted_by": new.granted_by,
             "capture": new.capture.as_str(),
         }),
         None,

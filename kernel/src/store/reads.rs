@@ -166,6 +166,11 @@ impl Readers {
         .await
     }
 
+    /// One approval.
+    pub async fn approval(&self, id: String) -> Result<Option<ApprovalRecord>, KernelError> {
+        self.with(move |conn| rows::load_approval(conn, &id)).await
+    }
+
     /// Every approval of a run.
     pub async fn run_approvals(&self, run: RunId) -> Result<Vec<ApprovalRecord>, KernelError> {
         self.with(move |conn| {

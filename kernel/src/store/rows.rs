@@ -7,7 +7,7 @@ use rusqlite::{Connection, OptionalExtension, Row};
 use crate::model::{ApprovalRecord, EventRecord, RunId, RunRecord, StepKey, StepRecord};
 
 pub const RUN_COLUMNS: &str = "id, agent, status, input, output, reason, labels, idempotency_key, \
-     max_tool_calls, tool_calls, last_seq, created_at, updated_at, interactive, permissions, capture";
+     max_tool_calls, tool_calls, last_seq, created_at, updated_at, interactive, permissions, capture, granted_by";
 
 pub const STEP_COLUMNS: &str = "run_id, step_key, turn, position, call_id, tool, fingerprint, version, \
      arguments, call_hash, idempotency_key, idempotency, timeout_ms, status, attempts, output, error, \
@@ -57,6 +57,7 @@ pub fn run_from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         interactive: row.get(13)?,
         permissions: serde_json::from_str(&row.get::<_, String>(14)?).unwrap_or_default(),
         capture: parse(row, 15)?,
+        granted_by: row.get(16)?,
     })
 }
 

@@ -159,6 +159,10 @@ const MIGRATIONS: &[&str] = &[
         ELSE 'tool_error' END
     WHERE status IN ('succeeded', 'failed', 'cancelled');
     "#,
+    // 4: which API key granted a run its permissions (NULL: no auth file, the run's own claim).
+    r#"
+    ALTER TABLE runs ADD COLUMN granted_by TEXT;
+    "#,
 ];
 
 /// Brings the database to the newest schema.

@@ -48,6 +48,7 @@ fn new_run(key: Option<&str>, max_tool_calls: u32) -> NewRun {
         max_tool_calls,
         interactive: true,
         permissions: Vec::new(),
+        granted_by: None,
         capture: crate::model::Capture::Io,
     }
 }
