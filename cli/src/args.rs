@@ -196,9 +196,15 @@ pub struct EventsArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum ToolsCommand {
-    /// List every tool ever registered, with the workers offering it now.
+    /// List every registered tool, with the workers offering it now.
     #[command(alias = "ls")]
     List,
+    /// Forget a registered tool that no connected worker offers (needs admin); its recorded calls
+    /// stay in their runs.
+    Forget {
+        /// The tool's name.
+        name: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

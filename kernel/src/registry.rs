@@ -1,8 +1,10 @@
-//! The tools the kernel knows: every tool a worker ever registered, loaded from the store at
-//! boot and updated when a worker joins, with what a call of it is checked against (its compiled
-//! JSON Schema and `requires_approval` predicate). A call to a name not here is an unknown tool.
+//! The tools the kernel knows: every tool a worker registered and nobody forgot, loaded from the
+//! store at boot and updated when a worker joins, with what a call of it is checked against (its
+//! compiled JSON Schema and `requires_approval` predicate), and how many connected sessions offer
+//! it now. A call to a name not here is an unknown tool; the tools offered now are the ones an
+//! unknown-tool message lists.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use crate::model::{Millis, ToolDef};
@@ -43,15 +45,22 @@ impl KnownTool {
     }
 }
 
+#[derive(Default)]
+struct Known {
+    tools: BTreeMap<String, Arc<KnownTool>>,
+    /// Connected sessions offering each tool; a tool at zero is not in the map.
+    offers: HashMap<String, usize>,
+}
+
 /// A cheap handle on the known tools.
 #[derive(Clone, Default)]
 pub struct Registry {
-    tools: Arc<RwLock<BTreeMap<String, Arc<KnownTool>>>>,
+    known: Arc<RwLock<Known>>,
 }
 
 impl Registry {
     pub fn load(tools: Vec<(ToolDef, Millis, Millis)>) -> Self {
-        let map = tools
+        let tools = tools
             .into_iter()
             .map(|(def, first_seen_at, last_seen_at)| {
                 (
@@ -61,37 +70,115 @@ impl Registry {
             })
             .collect();
         Registry {
-            tools: Arc::new(RwLock::new(map)),
+            known: Arc::new(RwLock::new(Known {
+                tools,
+                offers: HashMap::new(),
+            })),
         }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Known> {
+        self.known.read().expect("registry poisoned")
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Known> {
+        self.known.write().expect("registry poisoned")
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<KnownTool>> {
-        self.tools.read().expect("registry poisoned").get(name).cloned()
-    }
-
-    /// Registered names, sorted.
-    pub fn names(&self) -> Vec<String> {
-        self.tools.read().expect("registry poisoned").keys().cloned().collect()
+        self.read().tools.get(name).cloned()
     }
 
     pub fn all(&self) -> Vec<Arc<KnownTool>> {
-        self.tools
-            .read()
-            .expect("registry poisoned")
-            .values()
-            .cloned()
-            .collect()
+        self.read().tools.values().cloned().collect()
     }
 
-    /// Records what a worker registered (the store already holds it).
-    pub fn upsert(&self, defs: &[ToolDef], now: Millis) {
-        let mut tools = self.tools.write().expect("registry poisoned");
+    /// Names of the tools some connected session offers now, sorted.
+    pub fn offered_names(&self) -> Vec<String> {
+        let known = self.read();
+        let mut names: Vec<String> = known.offers.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// How many connected sessions offer `name` now.
+    pub fn offers(&self, name: &str) -> usize {
+        self.read().offers.get(name).copied().unwrap_or(0)
+    }
+
+    /// Records what a joining session registered (the store already holds it) and offers.
+    pub fn join(&self, defs: &[ToolDef], now: Millis) {
+        let mut known = self.write();
         for def in defs {
-            let first_seen_at = tools.get(&def.name).map(|t| t.first_seen_at).unwrap_or(now);
-            tools.insert(
+            let first_seen_at = known.tools.get(&def.name).map(|t| t.first_seen_at).unwrap_or(now);
+            known.tools.insert(
                 def.name.clone(),
                 Arc::new(KnownTool::new(def.clone(), first_seen_at, now)),
             );
+            *known.offers.entry(def.name.clone()).or_default() += 1;
         }
+    }
+
+    /// A session that offered `names` left; returns those no session offers any more.
+    pub fn leave(&self, names: &[String]) -> Vec<String> {
+        let mut known = self.write();
+        let mut unoffered = Vec::new();
+        for name in names {
+            if let Some(count) = known.offers.get_mut(name) {
+                *count -= 1;
+                if *count == 0 {
+                    known.offers.remove(name);
+                    unoffered.push(name.clone());
+                }
+            }
+        }
+        unoffered
+    }
+
+    /// Forgets the tools among `names` that no session offers (the store forgot them already);
+    /// returns those forgotten.
+    pub fn forget(&self, names: &[String]) -> Vec<String> {
+        let mut known = self.write();
+        let mut forgotten = Vec::new();
+        for name in names {
+            if !known.offers.contains_key(name) && known.tools.remove(name).is_some() {
+                forgotten.push(name.clone());
+            }
+        }
+        forgotten
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn def(name: &str) -> ToolDef {
+        let schema = serde_json::json!({"type": "object"});
+        ToolDef {
+            name: name.into(),
+            description: String::new(),
+            fingerprint: kernel_proto::canonical::tool_fingerprint(name, "", &schema, ""),
+            input_schema: schema,
+            version: String::new(),
+            options: Default::default(),
+        }
+    }
+
+    #[test]
+    fn offers_follow_the_sessions_and_only_an_unoffered_tool_is_forgotten() {
+        let registry = Registry::default();
+        registry.join(&[def("a"), def("b")], 1);
+        registry.join(&[def("b")], 2);
+        assert_eq!(registry.offered_names(), ["a", "b"]);
+        assert_eq!(registry.offers("b"), 2);
+        assert_eq!(registry.leave(&["a".into(), "b".into()]), ["a"]);
+        assert_eq!(registry.offered_names(), ["b"]);
+        assert_eq!(registry.forget(&["a".into(), "b".into()]), ["a"], "b is still offered");
+        assert!(registry.get("a").is_none());
+        assert!(registry.get("b").is_some());
+        assert_eq!(registry.get("b").unwrap().first_seen_at, 1);
+        assert_eq!(registry.leave(&["b".into()]), ["b"]);
+        assert!(registry.offered_names().is_empty());
     }
 }

@@ -59,6 +59,8 @@ pub struct SessionHello {
     pub name: String,
     pub tools: Vec<ToolDef>,
     pub max_concurrency: u32,
+    /// Forget the session's tools once no session offers them (benchmarks, tests).
+    pub ephemeral_tools: bool,
 }
 
 /// An order to run a call, as the session forwards it to its worker.
@@ -1003,6 +1005,7 @@ mod tests {
                 tool_name: "t".into(),
                 arguments: "{}".into(),
                 tool: Some(std::sync::Arc::new(tool("t"))),
+                not_offered: false,
                 timeout_ms: None,
                 gate: crate::store::CallGate::Run {
                     decided_by: "default:allow".into(),
@@ -1023,6 +1026,7 @@ mod tests {
             name: "w".into(),
             tools: vec![tool("t")],
             max_concurrency: 1,
+            ephemeral_tools: false,
         };
         (scheduler.join(hello, outbound).await.unwrap(), orders)
     }
@@ -1059,6 +1063,7 @@ mod tests {
             name: "w".into(),
             tools: vec![tool("t")],
             max_concurrency: 2,
+            ephemeral_tools: false,
         };
         scheduler.join(hello, outbound).await.unwrap();
         scheduler.enqueue(step.clone());

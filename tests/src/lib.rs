@@ -534,6 +534,7 @@ pub async fn submit(
         run_id: run_id.into(),
         turn,
         calls,
+        offered_tools: Vec::new(),
     };
     let mut stream = kernel.calls().await.submit_turn(request).await?.into_inner();
     let mut outcome = TurnOutcome::default();
@@ -726,6 +727,7 @@ pub async fn submit_until_done(url: &str, run_id: &str, turn: u32, calls: Vec<pb
                 run_id: run_id.into(),
                 turn,
                 calls: calls.clone(),
+                offered_tools: Vec::new(),
             };
             let mut stream = client
                 .submit_turn(request)

@@ -44,6 +44,7 @@ impl RawWorker {
             tools,
             max_concurrency: 8,
             sdk_version: "test".into(),
+            ephemeral_tools: false,
         };
         tx.send(pb::OpenSessionRequest {
             message: Some(In::Hello(hello)),

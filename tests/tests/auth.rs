@@ -166,6 +166,7 @@ async fn no_key_or_a_wrong_key_is_unauthenticated_and_writes_nothing() {
             run_id: "0190a0a0-0000-7000-8000-000000000000".into(),
             turn: 0,
             calls: vec![call("add", json!({"a": 1, "b": 2}))],
+            offered_tools: Vec::new(),
         })
         .await
         .unwrap_err();
@@ -316,6 +317,7 @@ async fn the_approver_recorded_is_the_keys_name_and_kernelctl_sends_its_key() {
                 run_id: run.clone(),
                 turn: 0,
                 calls: vec![call("add", json!({"a": 2, "b": 3}))],
+                offered_tools: Vec::new(),
             },
             &secured.agent,
         ))
@@ -612,6 +614,7 @@ async fn permissions_come_from_the_key_and_only_listed_approvers_may_answer() {
                 run_id: run.id.clone(),
                 turn: 0,
                 calls: vec![call("add", json!({"a": 2, "b": 3}))],
+                offered_tools: Vec::new(),
             },
             &billing.secret,
         ))

@@ -85,6 +85,27 @@ async fn quick_bench_reports_every_section() {
         assert!(Instant::now() < deadline, "sessions left behind: {workers:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // And its tools with them: nothing named bench_* stays registered.
+    loop {
+        let tools = kernel
+            .registry()
+            .await
+            .list_tools(pb::ListToolsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .tools;
+        let left: Vec<String> = tools
+            .iter()
+            .filter_map(|t| t.spec.as_ref().map(|s| s.name.clone()))
+            .filter(|name| name.starts_with("bench_"))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "bench tools left behind: {left:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[test]

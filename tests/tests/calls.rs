@@ -375,6 +375,7 @@ async fn the_kernel_shuts_down_within_its_drain_while_worker_streams_are_open() 
             run_id,
             turn: 0,
             calls: vec![call("slow", json!({"steps": 100, "delay_ms": 100}))],
+            offered_tools: Vec::new(),
         };
         let _ = client.submit_turn(request).await;
     });

@@ -57,7 +57,12 @@ async fn hold_turn(url: String, run_id: String, turn: u32, calls: Vec<pb::ToolCa
     let Ok(mut client) = ToolCallServiceClient::connect(url).await else {
         return;
     };
-    let request = pb::SubmitTurnRequest { run_id, turn, calls };
+    let request = pb::SubmitTurnRequest {
+        run_id,
+        turn,
+        calls,
+        offered_tools: Vec::new(),
+    };
     if let Ok(response) = client.submit_turn(request).await {
         let mut stream = response.into_inner();
         while let Ok(Some(_)) = stream.message().await {}
@@ -468,6 +473,7 @@ async fn idle_session(url: String, index: usize) -> (tonic::Streaming<pb::OpenSe
             tools: vec![spec],
             max_concurrency: 1,
             sdk_version: "fault-timing".into(),
+            ephemeral_tools: false,
         })),
     };
     let heartbeat = || pb::OpenSessionRequest {
@@ -619,6 +625,7 @@ async fn rss_with_10000_runs() {
                     run_id: run.id,
                     turn: 0,
                     calls: vec![call("noop", json!({}))],
+                    offered_tools: Vec::new(),
                 };
                 let mut stream = calls.submit_turn(request).await.expect("submit").into_inner();
                 let mut results = 0;

@@ -69,6 +69,7 @@ async fn open_turn(
         run_id: run.into(),
         turn,
         calls,
+        offered_tools: Vec::new(),
     };
     kernel.calls().await.submit_turn(request).await.unwrap().into_inner()
 }

@@ -37,6 +37,7 @@ fn submit_later(
             run_id: run,
             turn,
             calls,
+            offered_tools: Vec::new(),
         };
         let mut client = kernel_proto::v1::tool_call_service_client::ToolCallServiceClient::connect(url)
             .await
@@ -210,6 +211,7 @@ fn hello_frame() -> Frame {
             tools: vec![tool_spec_raw("framed")],
             max_concurrency: 1,
             sdk_version: "test".into(),
+            ephemeral_tools: false,
         }),
         ..Frame::default()
     }

@@ -89,6 +89,7 @@ async fn run_turn(channel: Channel, run_id: String, calls: Vec<pb::ToolCall>) ->
             run_id: run_id.clone(),
             turn: 0,
             calls: calls.clone(),
+            offered_tools: Vec::new(),
         };
         let attempt = async {
             let mut stream = client.submit_turn(request).await?.into_inner();

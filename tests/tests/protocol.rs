@@ -28,6 +28,7 @@ async fn results_from_a_dispatch_not_held_are_refused_and_record_nothing() {
                 run_id: run,
                 turn: 0,
                 calls: vec![call("raw_tool", json!({"x": 1}))],
+                offered_tools: Vec::new(),
             };
             let mut client = kernel_proto::v1::tool_call_service_client::ToolCallServiceClient::connect(kernel_url)
                 .await
@@ -216,6 +217,7 @@ async fn the_watch_stream_has_no_gap_and_no_duplicate_at_its_seam() {
                     run_id: run.clone(),
                     turn,
                     calls: vec![call("nope", json!({})); 3],
+                    offered_tools: Vec::new(),
                 };
                 let mut stream = client.submit_turn(request).await.unwrap().into_inner();
                 while stream.next().await.is_some() {}

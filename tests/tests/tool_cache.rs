@@ -137,6 +137,7 @@ async fn requests_are_fenced_by_a_held_dispatch_and_refusals_write_nothing() {
                 run_id: run,
                 turn: 1,
                 calls: vec![call("raw_tool", json!({}))],
+                offered_tools: Vec::new(),
             };
             let mut client = kernel_proto::v1::tool_call_service_client::ToolCallServiceClient::connect(url)
                 .await

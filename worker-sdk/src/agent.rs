@@ -7,6 +7,7 @@
 //! position (or id) and arguments.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use futures_util::{Stream, TryStreamExt, future, stream};
 use kernel_proto::v1 as pb;
@@ -354,6 +355,7 @@ impl AgentClient {
             id: run.id,
             created: response.created,
             client: self.clone(),
+            offered_tools: Arc::default(),
         })
     }
 
@@ -363,6 +365,7 @@ impl AgentClient {
             id: id.into(),
             created: false,
             client: self.clone(),
+            offered_tools: Arc::default(),
         }
     }
 }
@@ -373,9 +376,23 @@ pub struct RunHandle {
     id: String,
     created: bool,
     client: AgentClient,
+    /// The tools the model is offered, sent with every turn; empty: none named.
+    offered_tools: Arc<[String]>,
 }
 
 impl RunHandle {
+    /// The same run, sending with every turn the tools the model was offered: a call to a tool
+    /// outside them comes back as an unknown tool listing them, and a resubmitted call recorded
+    /// for a tool no longer offered fails with `replay_input_changed`.
+    pub fn offering<I, S>(mut self, tools: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.offered_tools = tools.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// The run's id.
     pub fn id(&self) -> &str {
         &self.id
@@ -394,7 +411,9 @@ impl RunHandle {
         turn: u32,
         calls: Vec<Call>,
     ) -> impl Stream<Item = Result<TurnItem, AgentError>> + Send + 'static {
-        let request = self.client.request(wire::submit_turn_request(&self.id, turn, calls));
+        let request = self
+            .client
+            .request(wire::submit_turn_request(&self.id, turn, calls, &self.offered_tools));
         let mut client = self.client.calls.clone();
         let opened = async move { Ok::<_, AgentError>(client.submit_turn(request).await?.into_inner()) };
         stream::once(opened)

@@ -58,6 +58,7 @@ pub(crate) enum Outbound {
         worker_name: String,
         tools: Vec<ToolDefinition>,
         max_concurrency: u32,
+        ephemeral_tools: bool,
     },
     Heartbeat,
     Progress {
@@ -188,6 +189,7 @@ pub(crate) async fn run(
         worker_name: config.name.clone(),
         tools: config.tools.values().map(|tool| tool.definition().clone()).collect(),
         max_concurrency: config.max_concurrency,
+        ephemeral_tools: config.ephemeral_tools,
     };
     tx.send(hello)
         .await

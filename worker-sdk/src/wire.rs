@@ -141,11 +141,13 @@ pub(crate) fn outbound(message: Outbound) -> pb::OpenSessionRequest {
             worker_name,
             tools,
             max_concurrency,
+            ephemeral_tools,
         } => Up::Hello(pb::Hello {
             worker_name,
             tools: tools.iter().map(tool_spec).collect(),
             max_concurrency,
             sdk_version: env!("CARGO_PKG_VERSION").to_owned(),
+            ephemeral_tools,
         }),
         Outbound::Heartbeat | Outbound::Close => Up::Heartbeat(pb::Heartbeat {}),
         Outbound::Drain => Up::Drain(pb::Drain {}),
@@ -279,10 +281,16 @@ pub(crate) fn create_run_request(run: NewRun) -> pb::CreateRunRequest {
     }
 }
 
-pub(crate) fn submit_turn_request(run_id: &str, turn: u32, calls: Vec<Call>) -> pb::SubmitTurnRequest {
+pub(crate) fn submit_turn_request(
+    run_id: &str,
+    turn: u32,
+    calls: Vec<Call>,
+    offered_tools: &[String],
+) -> pb::SubmitTurnRequest {
     pb::SubmitTurnRequest {
         run_id: run_id.to_owned(),
         turn,
+        offered_tools: offered_tools.to_vec(),
         calls: calls
             .into_iter()
             .map(|call| pb::ToolCall {

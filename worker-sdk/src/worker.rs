@@ -60,6 +60,7 @@ pub(crate) struct WorkerConfig {
     pub(crate) drain_timeout: Duration,
     pub(crate) tls: Option<Tls>,
     pub(crate) api_key: Option<ApiKey>,
+    pub(crate) ephemeral_tools: bool,
 }
 
 /// Configures a [`Worker`]; start with [`Worker::builder`].
@@ -73,6 +74,7 @@ pub struct WorkerBuilder {
     drain_timeout: Duration,
     tls: Option<Tls>,
     api_key: Option<String>,
+    ephemeral_tools: bool,
 }
 
 impl WorkerBuilder {
@@ -127,6 +129,14 @@ impl WorkerBuilder {
         self
     }
 
+    /// Asks the kernel to forget this worker's tools once no session offers them (for benchmarks
+    /// and tests, whose tools should not stay in `tools list` or in unknown-tool messages). By
+    /// default a tool stays registered after its workers leave.
+    pub fn ephemeral_tools(mut self) -> Self {
+        self.ephemeral_tools = true;
+        self
+    }
+
     /// Checks the configuration and every tool the way the kernel will.
     pub fn build(self) -> Result<Worker, WorkerError> {
         transport::secure_endpoint(&self.addr, self.tls.as_ref())
@@ -164,6 +174,7 @@ impl WorkerBuilder {
                 drain_timeout: self.drain_timeout,
                 tls: self.tls,
                 api_key,
+                ephemeral_tools: self.ephemeral_tools,
             }),
         })
     }
@@ -204,6 +215,7 @@ impl Worker {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             tls: None,
             api_key: None,
+            ephemeral_tools: false,
         }
     }
 

@@ -179,6 +179,7 @@ impl Agent {
             run_id: run_id.to_owned(),
             turn,
             calls,
+            offered_tools: Vec::new(),
         };
         let turn = async {
             let mut stream = client.submit_turn(request).await?.into_inner();

@@ -97,6 +97,9 @@ impl BenchWorkers {
                 .name(format!("{prefix}-{index}"))
                 .max_concurrency(slots)
                 .drain_timeout(Duration::from_secs(5))
+                // The bench's tools leave with its sessions: no bench_* in `tools list` or in an
+                // agent's unknown-tool message afterwards.
+                .ephemeral_tools()
                 .tool(noop_tool())
                 .tool(payload_tool());
             if let Some(tls) = &tls {

@@ -30,6 +30,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Runs(RunsCommand::Events(args)) => runs::events(&mut kernel, &mut out, args).await,
         Command::Runs(RunsCommand::Cancel { id, reason }) => runs::cancel(&mut kernel, &mut out, id, reason).await,
         Command::Tools(ToolsCommand::List) => tools::list(&mut kernel, &mut out).await,
+        Command::Tools(ToolsCommand::Forget { name }) => tools::forget(&mut kernel, &mut out, name).await,
         Command::Workers(WorkersCommand::List) => workers::list(&mut kernel, &mut out).await,
         Command::Approvals(ApprovalsCommand::List { run }) => approvals::list(&mut kernel, &mut out, run).await,
         Command::Approvals(ApprovalsCommand::Approve(args)) => {

@@ -1,6 +1,7 @@
-//! `tools list`: every tool the kernel has seen, with the workers offering it now.
+//! `tools list`: every tool the kernel knows, with the workers offering it now; `tools forget`:
+//! drop one no worker offers any more.
 
-use kernel_proto::v1::ListToolsRequest;
+use kernel_proto::v1::{ForgetToolRequest, ListToolsRequest};
 use serde::Serialize;
 
 use super::Output;
@@ -24,6 +25,21 @@ pub async fn list(kernel: &mut Kernel, out: &mut Output<'_>) -> Result<(), CliEr
         eprintln!("no tools registered");
     } else {
         out.text(&render::tools_table(&tools))?;
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct Forgotten {
+    forgotten: String,
+}
+
+pub async fn forget(kernel: &mut Kernel, out: &mut Output<'_>, name: String) -> Result<(), CliError> {
+    unary(kernel.admin.forget_tool(ForgetToolRequest { name: name.clone() })).await?;
+    if out.is_json() {
+        out.document(&Forgotten { forgotten: name })?;
+    } else {
+        out.line(&format!("forgot {name}"))?;
     }
     Ok(())
 }

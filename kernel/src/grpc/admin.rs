@@ -3,8 +3,11 @@
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::admin_service_server::AdminService;
 use tonic::{Request, Response, Status};
+use tracing::info;
 
-use super::Kernel;
+use super::{Kernel, convert};
+use crate::error::KernelError;
+use crate::model::cut;
 
 /// Implements `kernel.v1.AdminService`.
 pub struct AdminApi(pub Kernel);
@@ -25,6 +28,32 @@ impl AdminService for AdminApi {
         Ok(Response::new(pb::ReloadPolicyResponse {
             path,
             rules: rules as u32,
+        }))
+    }
+
+    async fn forget_tool(
+        &self,
+        request: Request<pb::ForgetToolRequest>,
+    ) -> Result<Response<pb::ForgetToolResponse>, Status> {
+        let name = request.into_inner().name;
+        let tool = self
+            .0
+            .registry
+            .get(&name)
+            .ok_or_else(|| KernelError::NotFound(format!("tool '{}' is not registered", cut(&name, 64))))?;
+        let offering = self.0.registry.offers(&name);
+        if offering > 0 {
+            return Err(KernelError::FailedPrecondition(format!(
+                "tool '{name}' is offered by {offering} connected worker session(s); forget it once none offers it"
+            ))
+            .into());
+        }
+        self.0.store.forget_tools(vec![name.clone()]).await?;
+        // A worker that joined meanwhile keeps its tool: the registry forgets only an unoffered one.
+        self.0.registry.forget(&[name.clone()]);
+        info!(tool = name, "tool forgotten");
+        Ok(Response::new(pb::ForgetToolResponse {
+            spec: Some(convert::tool_spec(&tool.def)),
         }))
     }
 

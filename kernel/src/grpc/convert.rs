@@ -459,6 +459,7 @@ pub fn hello(hello: pb::Hello) -> Result<SessionHello, KernelError> {
         name,
         tools,
         max_concurrency: hello.max_concurrency,
+        ephemeral_tools: hello.ephemeral_tools,
     })
 }
 
@@ -496,17 +497,21 @@ fn options_proto(o: &ToolOptions) -> pb::ToolOptions {
     }
 }
 
+/// A tool as its worker registered it.
+pub fn tool_spec(def: &ToolDef) -> pb::ToolSpec {
+    pb::ToolSpec {
+        name: def.name.clone(),
+        description: def.description.clone(),
+        input_schema_json: canonical::to_canonical(&def.input_schema),
+        version: def.version.clone(),
+        fingerprint: def.fingerprint.clone(),
+        options: Some(options_proto(&def.options)),
+    }
+}
+
 pub fn registered_tool(tool: &KnownTool, workers: Vec<String>) -> pb::RegisteredTool {
-    let def = &tool.def;
     pb::RegisteredTool {
-        spec: Some(pb::ToolSpec {
-            name: def.name.clone(),
-            description: def.description.clone(),
-            input_schema_json: canonical::to_canonical(&def.input_schema),
-            version: def.version.clone(),
-            fingerprint: def.fingerprint.clone(),
-            options: Some(options_proto(&def.options)),
-        }),
+        spec: Some(tool_spec(&tool.def)),
         workers,
         first_seen_at: Some(timestamp(tool.first_seen_at)),
         last_seen_at: Some(timestamp(tool.last_seen_at)),
@@ -582,6 +587,7 @@ mod tests {
             tools,
             max_concurrency: 1,
             sdk_version: String::new(),
+            ephemeral_tools: false,
         }
     }
 

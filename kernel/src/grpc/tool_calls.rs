@@ -60,6 +60,7 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, Ke
             "max-turns-per-run",
         ));
     }
+    let offer = offered_tools(&req.offered_tools)?;
     let added = limits::EVENTS_PER_CALL * req.calls.len() as u64;
     let mut ids = HashSet::new();
     let mut calls = Vec::with_capacity(req.calls.len());
@@ -108,7 +109,9 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, Ke
             }
         }
         let position = position as u32;
-        let known = kernel.registry.get(name);
+        // A tool the model was not offered is unknown to this turn, registered or not.
+        let not_offered = offer.as_ref().is_some_and(|offer| !offer.contains(name));
+        let known = if not_offered { None } else { kernel.registry.get(name) };
         let args: serde_json::Value = serde_json::from_str(&arguments).expect("canonical JSON parses");
         let fingerprint = known.as_ref().map_or("", |tool| tool.def.fingerprint.as_str());
         let call_hash = kernel_proto::canonical::call_hash(name, fingerprint, &args);
@@ -120,6 +123,7 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, Ke
             tool_name: name.to_owned(),
             arguments,
             tool: known.map(|t| t.def.clone()),
+            not_offered,
             timeout_ms: (call.timeout_ms > 0).then_some(call.timeout_ms),
             // Decided by `decide` once the turn is known not to be a pure replay.
             gate: CallGate::Run {
@@ -154,11 +158,21 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, Ke
             call.position, call.tool_name
         )));
     }
+    // Listed only for a turn with an unknown call: the offer, or what connected workers offer now.
+    let available_tools = match (&offer, calls.iter().any(|c| c.tool.is_none())) {
+        (_, false) => Vec::new(),
+        (Some(offer), true) => {
+            let mut names: Vec<String> = offer.iter().cloned().collect();
+            names.sort();
+            names
+        }
+        (None, true) => kernel.registry.offered_names(),
+    };
     let plan = TurnPlan {
         run_id,
         turn: req.turn,
         calls,
-        available_tools: kernel.registry.names(),
+        available_tools,
         default_timeout_ms: kernel.default_timeout_ms,
         max_pending_calls: kernel.limits.max_pending_calls_per_run,
     };
@@ -168,6 +182,29 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, Ke
         run,
         replayable,
     })
+}
+
+/// The most tools a turn may say the model was offered.
+const MAX_OFFERED_TOOLS: usize = 1024;
+
+/// The tools the model was offered for a turn, checked; `None` when the turn names none.
+fn offered_tools(names: &[String]) -> Result<Option<HashSet<String>>, KernelError> {
+    if names.is_empty() {
+        return Ok(None);
+    }
+    if names.len() > MAX_OFFERED_TOOLS {
+        return Err(KernelError::invalid(
+            "offered_tools",
+            format!("{} tools; at most {MAX_OFFERED_TOOLS}", names.len()),
+        ));
+    }
+    let mut offer = HashSet::with_capacity(names.len());
+    for (index, name) in names.iter().enumerate() {
+        crate::model::validate_tool_name(name)
+            .map_err(|message| KernelError::invalid(format!("offered_tools[{index}]"), message))?;
+        offer.insert(name.clone());
+    }
+    Ok(Some(offer))
 }
 
 /// Records a new turn and sets its calls going. Calls ready to run get a worker slot reserved

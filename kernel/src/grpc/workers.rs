@@ -108,6 +108,7 @@ impl WorkerService for WorkerApi {
         }
         let worker = hello.name.clone();
         let tools = hello.tools.clone();
+        let ephemeral_tools = hello.ephemeral_tools;
         // Watch the keys from before the session joins, so a reload from here on is seen.
         let auth = match (&self.0.keys, caller) {
             (Some(keys), Some(caller)) => {
@@ -128,7 +129,7 @@ impl WorkerService for WorkerApi {
                 .leave(session_id, "registration could not be stored".into());
             return Err(error.into());
         }
-        kernel.registry.upsert(&tools, now_millis());
+        kernel.registry.join(&tools, now_millis());
 
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let config = kernel.scheduler.config();
@@ -152,6 +153,10 @@ impl WorkerService for WorkerApi {
             heartbeat_limit: RateLimit::per_second(limits.heartbeats_per_second, now),
             logs: Logs::default(),
             auth,
+            offered: Offered {
+                tools: tools.iter().map(|t| t.name.clone()).collect(),
+                ephemeral: ephemeral_tools,
+            },
         };
         tokio::spawn(session.run(inbound, orders));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -204,6 +209,35 @@ struct Session {
     heartbeat_limit: RateLimit,
     logs: Logs,
     auth: Option<SessionAuth>,
+    offered: Offered,
+}
+
+/// The tools a session offers, withdrawn from the registry when it ends.
+struct Offered {
+    tools: Vec<String>,
+    /// Forget them once no session offers them.
+    ephemeral: bool,
+}
+
+impl Offered {
+    /// Withdraws the session's offer; ephemeral tools nobody offers any more are forgotten, in the
+    /// store first, then in the registry (which keeps any a new session offers meanwhile).
+    fn withdraw(self, kernel: &Kernel) {
+        let unoffered = kernel.registry.leave(&self.tools);
+        if !self.ephemeral || unoffered.is_empty() {
+            return;
+        }
+        let kernel = kernel.clone();
+        tokio::spawn(async move {
+            match kernel.store.forget_tools(unoffered).await {
+                Ok(forgotten) => {
+                    let forgotten = kernel.registry.forget(&forgotten);
+                    debug!(tools = ?forgotten, "ephemeral tools forgotten with their last session");
+                }
+                Err(error) => warn!(%error, "ephemeral tools not forgotten"),
+            }
+        });
+    }
 }
 
 /// One rate-limited log per kind of misbehaviour, so a hostile worker cannot flood the log.
@@ -277,6 +311,14 @@ impl Session {
             }
         };
         self.kernel.scheduler.leave(self.session_id.clone(), reason);
+        let offered = std::mem::replace(
+            &mut self.offered,
+            Offered {
+                tools: Vec::new(),
+                ephemeral: false,
+            },
+        );
+        offered.withdraw(&self.kernel);
     }
 
     async fn forward(&mut self, order: Outbound) -> bool {

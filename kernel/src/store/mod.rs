@@ -66,8 +66,10 @@ pub struct PlannedCall {
     pub tool_name: String,
     /// Canonical JSON text.
     pub arguments: String,
-    /// `None` when no worker ever registered the tool.
+    /// `None` when no worker registered the tool, or the turn's offer leaves it out.
     pub tool: Option<Arc<ToolDef>>,
+    /// The turn named the tools the model was offered, and this call's is not among them.
+    pub not_offered: bool,
     /// The call's own timeout, overriding the tool's.
     pub timeout_ms: Option<u64>,
     /// Hash of tool, fingerprint and canonical arguments: what a resubmission must match.
@@ -104,7 +106,8 @@ pub struct TurnPlan {
     pub run_id: RunId,
     pub turn: u32,
     pub calls: Vec<PlannedCall>,
-    /// Registered tool names, for the unknown-tool message.
+    /// What an unknown-tool message lists: the turn's offer, or the tools connected workers offer
+    /// now (empty when every call's tool is known).
     pub available_tools: Vec<String>,
     pub default_timeout_ms: u64,
     /// Unsettled calls a run may have; checked inside the write, so concurrent turns cannot both pass.
@@ -422,6 +425,12 @@ impl Store {
 
     pub async fn register_tools(&self, tools: Vec<ToolDef>) -> Result<(), KernelError> {
         self.send(|reply| Command::RegisterTools(tools, reply)).await
+    }
+
+    /// Deletes registered tools with their cached results and `ctx.cache` entries; returns the
+    /// names that were registered. Recorded calls of them stay in their runs.
+    pub async fn forget_tools(&self, names: Vec<String>) -> Result<Vec<String>, KernelError> {
+        self.send(|reply| Command::ForgetTools(names, reply)).await
     }
 
     /// Deletes up to `limit` expired entries of each cache; returns how many went.

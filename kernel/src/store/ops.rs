@@ -154,8 +154,14 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
 }
 
 /// Explains how a resubmitted call differs from the recorded one.
-fn divergence(step: &StepRecord, tool: &str, fingerprint: &str) -> String {
-    if step.tool != tool {
+fn divergence(step: &StepRecord, call: &super::PlannedCall, fingerprint: &str) -> String {
+    let tool = call.tool_name.as_str();
+    if call.not_offered && step.tool == tool {
+        format!(
+            "replay_input_changed: step {} was recorded as a call to '{tool}', which this turn does not offer",
+            step.key
+        )
+    } else if step.tool != tool {
         format!(
             "replay_input_changed: step {} was recorded as a call to '{}', now '{}'",
             step.key, step.tool, tool
@@ -252,7 +258,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
         let hash = call.call_hash.clone();
         if let Some(step) = load_step(tx.conn, &run.id, &call.key)? {
             if step.call_hash != hash {
-                let message = divergence(&step, &call.tool_name, fingerprint);
+                let message = divergence(&step, &call, fingerprint);
                 dispositions.push(CallDisposition::Diverged { step, message });
             } else if step.status.is_terminal() {
                 tx.conn
@@ -1149,6 +1155,26 @@ pub fn register_tools(tx: &mut Tx<'_>, tools: Vec<ToolDef>) -> Result<()> {
             ])?;
     }
     Ok(())
+}
+
+pub fn forget_tools(tx: &mut Tx<'_>, names: &[String]) -> Result<Vec<String>> {
+    let mut forgotten = Vec::with_capacity(names.len());
+    for name in names {
+        let deleted = tx
+            .conn
+            .prepare_cached("DELETE FROM tools WHERE name = ?1")?
+            .execute([name])?;
+        if deleted > 0 {
+            tx.conn
+                .prepare_cached("DELETE FROM result_cache WHERE tool = ?1")?
+                .execute([name])?;
+            tx.conn
+                .prepare_cached("DELETE FROM tool_cache WHERE tool = ?1")?
+                .execute([name])?;
+            forgotten.push(name.clone());
+        }
+    }
+    Ok(forgotten)
 }
 
 /// Renders milliseconds for people: 250ms, 1.5s, 30s, 2m05s.

@@ -65,6 +65,7 @@ fn call(turn: u32, position: u32, tool: Option<ToolDef>, name: &str, args: &str)
         tool_name: name.into(),
         arguments: args.into(),
         tool: tool.map(std::sync::Arc::new),
+        not_offered: false,
         timeout_ms: None,
         gate: CallGate::Run {
             decided_by: "default:allow".into(),

@@ -42,6 +42,7 @@ pub enum Command {
     },
     EndRun(RunId, EndRun, Reply<(RunRecord, Vec<StepRecord>)>),
     RegisterTools(Vec<ToolDef>, Reply<()>),
+    ForgetTools(Vec<String>, Reply<Vec<String>>),
     AnswerApproval {
         id: String,
         answer: Answer,
@@ -95,6 +96,7 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
         } => respond(ops::fail_pending(tx, &run, &key, &message, (reason, outcome)), reply),
         Command::EndRun(run, end, reply) => respond(ops::end_run(tx, &run, end), reply),
         Command::RegisterTools(tools, reply) => respond(ops::register_tools(tx, tools), reply),
+        Command::ForgetTools(names, reply) => respond(ops::forget_tools(tx, &names), reply),
         Command::AnswerApproval {
             id,
             answer,
@@ -145,6 +147,7 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
         Command::FailPending { reply, .. } => respond(Err(make()), reply),
         Command::EndRun(_, _, reply) => respond(Err(make()), reply),
         Command::RegisterTools(_, reply) => respond(Err(make()), reply),
+        Command::ForgetTools(_, reply) => respond(Err(make()), reply),
         Command::AnswerApproval { reply, .. } => respond(Err(make()), reply),
         Command::ExpireApprovals(reply) => respond(Err(make()), reply),
         Command::NoteReplays(_, _, reply) => respond(Err(make()), reply),
