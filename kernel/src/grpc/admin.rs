@@ -50,7 +50,7 @@ impl AdminService for AdminApi {
         }
         self.0.store.forget_tools(vec![name.clone()]).await?;
         // A worker that joined meanwhile keeps its tool: the registry forgets only an unoffered one.
-        self.0.registry.forget(&[name.clone()]);
+        self.0.registry.forget(std::slice::from_ref(&name));
         info!(tool = name, "tool forgotten");
         Ok(Response::new(pb::ForgetToolResponse {
             spec: Some(convert::tool_spec(&tool.def)),
