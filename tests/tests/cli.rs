@@ -1,6 +1,6 @@
 //! kernelctl and the demo agent against a real kernel and worker, as a new user would run them.
 
-use e2e::{Kernel, binary, call, submit};
+use e2e::{Kernel, Process, binary, call, submit};
 use serde_json::{Value, json};
 
 fn stdout(output: &std::process::Output) -> String {
@@ -127,6 +127,46 @@ async fn the_demo_agent_runs_its_turns_on_the_example_worker() {
     );
     assert_eq!(by_tool("weather")[0]["status"], "failed");
     assert!(by_tool("slow")[0]["progress_count"].as_u64().unwrap() > 0);
+    e2e::check_log(&kernel.events(&run).await, true);
+}
+
+#[tokio::test]
+async fn the_demo_agent_waits_for_a_big_refund_to_be_approved() {
+    let kernel = Kernel::start();
+    let _worker = kernel.worker("demo-worker");
+    let mut command = std::process::Command::new(binary("demo-agent"));
+    command.arg("--kernel").arg(kernel.url()).args(["--scenario", "refund"]);
+    let mut agent = Process::start(command, "demo-agent");
+    let created = agent.log.wait_for(" created");
+    let run = created.split_whitespace().nth(1).unwrap().to_owned();
+
+    let asked = agent.log.wait_for("waits for approval");
+    let id = asked
+        .rsplit("waits for approval ")
+        .next()
+        .unwrap()
+        .trim_end_matches("; answer it with:");
+    assert!(asked.contains("\"cents\":25000"), "{asked}");
+    let printed = agent.log.wait_for("approvals approve");
+    assert_eq!(
+        printed.trim(),
+        format!("cargo run -p kernelctl -- approvals approve {id} --as alice --reason \"ticket 42\"")
+    );
+    agent.log.wait_for("turn 0 #0 refund Ok: refunded 500 cents");
+    let listed = stdout(&kernel.kernelctl(&["approvals", "list"]));
+    assert!(listed.contains(id), "{listed}");
+
+    stdout(&kernel.kernelctl(&["approvals", "approve", id, "--as", "alice", "--reason", "ticket 42"]));
+    agent.log.wait_for("turn 0 #1 refund Ok: refunded 25000 cents");
+    agent.log.wait_for(&format!("run {run} completed"));
+    let status = agent
+        .wait_exit(std::time::Duration::from_secs(10))
+        .expect("the agent exits");
+    assert!(status.success(), "{}", agent.log.text());
+
+    let json: Value = serde_json::from_str(&stdout(&kernel.kernelctl(&["--json", "runs", "show", &run]))).unwrap();
+    assert_eq!(json["run"]["status"], "completed");
+    assert_eq!(json["steps"][1]["decided_by"], "tool:requires_approval");
     e2e::check_log(&kernel.events(&run).await, true);
 }
 

@@ -1,14 +1,19 @@
-//! A scripted agent: creates a run, submits three turns of tool calls to the demo worker's
-//! tools, prints each result to stderr, completes the run and prints its id to stdout.
+//! A scripted agent: creates a run, submits turns of tool calls to the demo worker's tools,
+//! prints each result to stderr, completes the run and prints its id to stdout.
 //!
 //! ```text
 //! cargo run -p worker-sdk --example demo-agent -- --kernel http://127.0.0.1:50051
-//! kernelctl runs show "$(cargo run -q -p worker-sdk --example demo-agent)"
+//! cargo run -p kernelctl -- runs show "$(cargo run -q -p worker-sdk --example demo-agent)"
 //! ```
+//!
+//! The default scenario, `tour`, takes three turns: arithmetic and an echo, a slow call that
+//! reports progress, then an unknown tool and wrongly typed arguments. `--scenario refund` asks
+//! for a small refund, which runs at once, and a large one, which waits until someone answers its
+//! approval (`kernelctl approvals approve ID`); the agent prints the command and waits.
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use futures_util::StreamExt;
 use serde_json::json;
 use worker_sdk::{AgentClient, AgentError, Call, CallOutcome, CallStatus, NewRun, RunHandle, Tls, TurnItem};
@@ -25,6 +30,17 @@ struct Config {
     /// API key, for a kernel started with --auth-file (needs runs:write, tools:call, runs:read).
     #[arg(long, env = "KERNEL_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// What the run does.
+    #[arg(long, value_enum, default_value_t = Scenario::Tour)]
+    scenario: Scenario,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Scenario {
+    /// Three turns: arithmetic and an echo, a slow call with progress, then two calls that fail.
+    Tour,
+    /// A small refund that runs at once and a large one that waits for a person's approval.
+    Refund,
 }
 
 fn print_outcome(turn: u32, outcome: &CallOutcome) {
@@ -54,7 +70,7 @@ impl Tally {
     }
 }
 
-async fn drive(run: &RunHandle) -> Result<serde_json::Value, AgentError> {
+async fn tour(run: &RunHandle) -> Result<serde_json::Value, AgentError> {
     let mut tally = Tally::default();
 
     let turn0 = vec![
@@ -102,6 +118,43 @@ async fn drive(run: &RunHandle) -> Result<serde_json::Value, AgentError> {
     }))
 }
 
+async fn refund(run: &RunHandle) -> Result<serde_json::Value, AgentError> {
+    let calls = vec![
+        Call::new("refund", json!({"customer": "cus_42", "cents": 500})),
+        Call::new("refund", json!({"customer": "cus_42", "cents": 25_000})),
+    ];
+    let mut turn = Box::pin(run.submit_turn(0, calls));
+    let mut outcomes = Vec::new();
+    while let Some(item) = turn.next().await {
+        match item? {
+            TurnItem::Interrupted(asked) => {
+                eprintln!(
+                    "turn 0 #{} {} {} waits for approval {}; answer it with:",
+                    asked.position, asked.tool, asked.arguments, asked.approval_id
+                );
+                eprintln!(
+                    "    cargo run -p kernelctl -- approvals approve {} --as alice --reason \"ticket 42\"",
+                    asked.approval_id
+                );
+                eprintln!(
+                    "    cargo run -p kernelctl -- approvals reject {} --as bob --reason \"too much\"",
+                    asked.approval_id
+                );
+            }
+            TurnItem::Progress(_) => {}
+            TurnItem::Result(outcome) => {
+                print_outcome(0, &outcome);
+                outcomes.push(outcome);
+            }
+        }
+    }
+    let refunded = outcomes
+        .iter()
+        .filter(|outcome| outcome.status == CallStatus::Ok)
+        .count();
+    Ok(json!({"summary": "refunds asked", "refunded": refunded, "refused": outcomes.len() - refunded}))
+}
+
 async fn run(config: Config) -> Result<String, AgentError> {
     let client = match &config.tls_ca {
         Some(ca) => {
@@ -114,11 +167,19 @@ async fn run(config: Config) -> Result<String, AgentError> {
         Some(key) => client.api_key(key)?,
         None => client,
     };
+    let goal = match config.scenario {
+        Scenario::Tour => "show the kernel",
+        Scenario::Refund => "refund a customer",
+    };
     let run = client
-        .create_run(NewRun::new("demo-agent", json!({"goal": "show the kernel"})))
+        .create_run(NewRun::new("demo-agent", json!({"goal": goal})))
         .await?;
     eprintln!("run {} created", run.id());
-    match drive(&run).await {
+    let driven = match config.scenario {
+        Scenario::Tour => tour(&run).await,
+        Scenario::Refund => refund(&run).await,
+    };
+    match driven {
         Ok(output) => {
             run.complete(output).await?;
             eprintln!("run {} completed", run.id());

@@ -1,6 +1,6 @@
 //! A worker serving a handful of demo tools: arithmetic, a confined file reader, a slow tool that
-//! reports progress and honours cancellation, a tool that always fails, an echo, and a blocking
-//! checksum.
+//! reports progress and honours cancellation, a tool that always fails, an echo, a blocking
+//! checksum, and a refund that waits for a person's approval above 100.00.
 //!
 //! ```text
 //! cargo run -p worker-sdk --example demo-worker -- --kernel http://127.0.0.1:50051 --root .
@@ -168,6 +168,27 @@ fn checksum(text: String) -> Result<String, ToolError> {
     Ok(format!("{hash:016x}"))
 }
 
+/// Refunds a customer (pretend: nothing leaves the worker); more than 10000 cents needs approval.
+#[tool(
+    writes,
+    idempotency = "at_most_once",
+    timeout = 10,
+    requires_approval = "args.cents > 10000"
+)]
+async fn refund(
+    ctx: ToolContext,
+    /// Who gets the money back.
+    customer: String,
+    /// The amount, in cents.
+    cents: u64,
+) -> Result<String, ToolError> {
+    // A real refund would send the idempotency key to the payment system as its dedup key.
+    Ok(format!(
+        "refunded {cents} cents to {customer} (idempotency key {})",
+        ctx.idempotency_key()
+    ))
+}
+
 fn tools() -> Vec<Tool> {
     vec![
         add_tool(),
@@ -177,6 +198,7 @@ fn tools() -> Vec<Tool> {
         fail_tool(),
         echo_tool(),
         checksum_tool(),
+        refund_tool(),
     ]
 }
 
@@ -316,6 +338,11 @@ mod tests {
                 .await
                 .unwrap(),
             value
+        );
+        let refund = tools.iter().find(|tool| tool.definition().name == "refund").unwrap();
+        assert_eq!(
+            refund.definition().options.approval,
+            worker_sdk::Approval::When("args.cents > 10000".into())
         );
         let fail = tools.iter().find(|tool| tool.definition().name == "fail").unwrap();
         let error = fail
