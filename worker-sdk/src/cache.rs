@@ -85,10 +85,15 @@ struct MemoryEntry {
 
 impl MemoryCache {
     fn get(&self, tool: &str, key: &str) -> Option<String> {
+        self.get_at(tool, key, Instant::now())
+    }
+
+    /// The entry as of `now` (the clock is a parameter so tests need no paused runtime).
+    fn get_at(&self, tool: &str, key: &str, now: Instant) -> Option<String> {
         let mut entries = self.entries.lock().expect("cache lock poisoned");
         let id = (tool.to_owned(), key.to_owned());
         match entries.get(&id) {
-            Some(entry) if entry.expires_at.is_none_or(|at| Instant::now() < at) => Some(entry.value_json.clone()),
+            Some(entry) if entry.expires_at.is_none_or(|at| now < at) => Some(entry.value_json.clone()),
             Some(_) => {
                 entries.remove(&id);
                 None
@@ -98,9 +103,13 @@ impl MemoryCache {
     }
 
     fn set(&self, tool: &str, key: String, value_json: String, ttl: Option<Duration>) {
+        self.set_at(tool, key, value_json, ttl, Instant::now());
+    }
+
+    fn set_at(&self, tool: &str, key: String, value_json: String, ttl: Option<Duration>, now: Instant) {
         let entry = MemoryEntry {
             value_json,
-            expires_at: ttl.map(|ttl| Instant::now() + ttl),
+            expires_at: ttl.map(|ttl| now + ttl),
         };
         self.entries
             .lock()
@@ -304,17 +313,16 @@ mod tests {
         assert_eq!(rates.get::<String>("today").await.unwrap().as_deref(), Some("1.08"));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn entries_expire_after_their_ttl() {
-        let cache = ToolContext::for_test().cache();
-        cache.set("short", &1, Some(Duration::from_secs(300))).await.unwrap();
-        cache.set("forever", &2, None).await.unwrap();
-        tokio::time::advance(Duration::from_secs(299)).await;
-        assert_eq!(cache.get::<i64>("short").await.unwrap(), Some(1));
-        tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(cache.get::<i64>("short").await.unwrap(), None);
-        tokio::time::advance(Duration::from_secs(86_400)).await;
-        assert_eq!(cache.get::<i64>("forever").await.unwrap(), Some(2));
+    #[test]
+    fn entries_expire_after_their_ttl() {
+        let cache = MemoryCache::default();
+        let start = Instant::now();
+        let at = |seconds| start + Duration::from_secs(seconds);
+        cache.set_at("t", "short".into(), "1".into(), Some(Duration::from_secs(300)), start);
+        cache.set_at("t", "forever".into(), "2".into(), None, start);
+        assert_eq!(cache.get_at("t", "short", at(299)).as_deref(), Some("1"));
+        assert_eq!(cache.get_at("t", "short", at(300)), None);
+        assert_eq!(cache.get_at("t", "forever", at(86_700)).as_deref(), Some("2"));
     }
 
     #[tokio::test]
