@@ -142,6 +142,23 @@ pub enum RunsCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Delete a finished run with its events, steps, approvals and cached results (needs admin);
+    /// a run in flight is refused.
+    Delete {
+        /// Run id.
+        id: String,
+    },
+    /// Delete every run that finished more than DURATION ago (needs admin).
+    Prune {
+        /// How long ago: 30d, 12h, 90m, 3600s (or 0 for every finished run).
+        #[arg(long, value_name = "DURATION", value_parser = parse_age)]
+        finished_before: u64,
+    },
+}
+
+/// A duration such as `30d` or `90m`, in milliseconds.
+fn parse_age(text: &str) -> Result<u64, String> {
+    kernel_proto::duration::parse_millis(text)
 }
 
 #[derive(Debug, Args)]

@@ -42,6 +42,12 @@ pub struct Config {
     #[arg(long, env = "KERNEL_SCAN_INTERVAL_MS", default_value_t = 5_000)]
     pub scan_interval_ms: u64,
 
+    /// Delete finished runs (with their events, steps, approvals and cached results) once they
+    /// finished this long ago, checked every minute (twice per retention under two minutes):
+    /// 30d, 12h, 90m. Without it runs are kept.
+    #[arg(long, env = "KERNEL_RETAIN_FINISHED", value_parser = parse_retention)]
+    pub retain_finished: Option<Duration>,
+
     /// Timeout in milliseconds of a call whose tool declares none.
     #[arg(long, env = "KERNEL_DEFAULT_TOOL_TIMEOUT_MS", default_value_t = 30_000)]
     pub default_tool_timeout_ms: u64,
@@ -123,6 +129,13 @@ pub struct Config {
     /// Heartbeats per second one worker session may send; the excess is dropped (0: no limit).
     #[arg(long, env = "KERNEL_HEARTBEATS_PER_SECOND", default_value_t = 20)]
     pub heartbeats_per_second: u32,
+}
+
+fn parse_retention(text: &str) -> Result<Duration, String> {
+    match kernel_proto::duration::parse_millis(text)? {
+        0 => Err("a retention of 0 would delete every run as it finishes; give a positive duration".into()),
+        ms => Ok(Duration::from_millis(ms)),
+    }
 }
 
 fn parse_unit_price(text: &str) -> Result<(String, f64), String> {

@@ -24,6 +24,7 @@ pub mod memory;
 pub mod model;
 pub mod policy;
 pub mod registry;
+pub mod retention;
 pub mod scheduler;
 pub mod server;
 pub mod store;

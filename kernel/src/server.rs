@@ -217,6 +217,17 @@ pub async fn run(
     health_reporter.set_serving::<AdminServiceServer<AdminApi>>().await;
     tokio::spawn(reload_on_sighup(governance, keys.clone(), shutdown.clone()));
     tokio::spawn(purge_expired_caches(store.clone(), shutdown.clone()));
+    if let Some(retain) = config.retain_finished {
+        info!(
+            retain_ms = retain.as_millis() as u64,
+            "finished runs are deleted past the retention"
+        );
+        tokio::spawn(crate::retention::retain_finished(
+            store.clone(),
+            retain,
+            shutdown.clone(),
+        ));
+    }
 
     let addr = listener
         .local_addr()

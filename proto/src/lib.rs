@@ -2,9 +2,11 @@
 //!
 //! Generated types live in [`v1`]; [`canonical`] holds the JSON canonicalisation and the hashes
 //! (tool fingerprints, call hashes) that the kernel and the worker SDK both compute, so a worker's
-//! announced fingerprint can be checked byte for byte.
+//! announced fingerprint can be checked byte for byte; [`duration`] reads durations as people
+//! write them, for the kernel's flags and policy files and for `kernelctl`.
 
 pub mod canonical;
+pub mod duration;
 
 /// Generated messages, clients and servers of package `kernel.v1`.
 #[allow(clippy::all, missing_docs)]

@@ -29,6 +29,10 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Runs(RunsCommand::Show { id }) => runs::show(&mut kernel, &mut out, id).await,
         Command::Runs(RunsCommand::Events(args)) => runs::events(&mut kernel, &mut out, args).await,
         Command::Runs(RunsCommand::Cancel { id, reason }) => runs::cancel(&mut kernel, &mut out, id, reason).await,
+        Command::Runs(RunsCommand::Delete { id }) => runs::delete(&mut kernel, &mut out, id).await,
+        Command::Runs(RunsCommand::Prune { finished_before }) => {
+            runs::prune(&mut kernel, &mut out, finished_before).await
+        }
         Command::Tools(ToolsCommand::List) => tools::list(&mut kernel, &mut out).await,
         Command::Tools(ToolsCommand::Forget { name }) => tools::forget(&mut kernel, &mut out, name).await,
         Command::Workers(WorkersCommand::List) => workers::list(&mut kernel, &mut out).await,

@@ -105,6 +105,53 @@ pub async fn cancel(
     Ok(())
 }
 
+/// What `runs delete` and `runs prune` removed, for `--json`.
+#[derive(Serialize)]
+struct DeletionView {
+    runs: u64,
+    events: u64,
+    steps: u64,
+    approvals: u64,
+    cache_entries: u64,
+}
+
+impl From<Option<kernel_proto::v1::RunDeletion>> for DeletionView {
+    fn from(deleted: Option<kernel_proto::v1::RunDeletion>) -> Self {
+        let d = deleted.unwrap_or_default();
+        DeletionView {
+            runs: d.runs,
+            events: d.events,
+            steps: d.steps,
+            approvals: d.approvals,
+            cache_entries: d.cache_entries,
+        }
+    }
+}
+
+fn print_deletion(out: &mut Output<'_>, deleted: DeletionView) -> Result<(), CliError> {
+    if out.is_json() {
+        out.document(&deleted)?;
+    } else {
+        out.line(&format!(
+            "deleted {} runs ({} events, {} steps, {} approvals, {} cache entries)",
+            deleted.runs, deleted.events, deleted.steps, deleted.approvals, deleted.cache_entries
+        ))?;
+    }
+    Ok(())
+}
+
+pub async fn delete(kernel: &mut Kernel, out: &mut Output<'_>, id: String) -> Result<(), CliError> {
+    let request = kernel_proto::v1::DeleteRunRequest { run_id: id };
+    let response = unary(kernel.admin.delete_run(request)).await?;
+    print_deletion(out, DeletionView::from(response.deleted))
+}
+
+pub async fn prune(kernel: &mut Kernel, out: &mut Output<'_>, min_age_ms: u64) -> Result<(), CliError> {
+    let request = kernel_proto::v1::PruneRunsRequest { min_age_ms };
+    let response = unary(kernel.admin.prune_runs(request)).await?;
+    print_deletion(out, DeletionView::from(response.deleted))
+}
+
 pub async fn events(kernel: &mut Kernel, out: &mut Output<'_>, args: EventsArgs) -> Result<(), CliError> {
     let mut printer = EventPrinter::default();
     if args.follow {

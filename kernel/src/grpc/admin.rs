@@ -7,7 +7,18 @@ use tracing::info;
 
 use super::{Kernel, convert};
 use crate::error::KernelError;
-use crate::model::cut;
+use crate::model::{RunId, cut};
+use crate::store::Deleted;
+
+fn deletion(deleted: Deleted) -> pb::RunDeletion {
+    pb::RunDeletion {
+        runs: deleted.runs,
+        events: deleted.events,
+        steps: deleted.steps,
+        approvals: deleted.approvals,
+        cache_entries: deleted.cache_entries,
+    }
+}
 
 /// Implements `kernel.v1.AdminService`.
 pub struct AdminApi(pub Kernel);
@@ -54,6 +65,35 @@ impl AdminService for AdminApi {
         info!(tool = name, "tool forgotten");
         Ok(Response::new(pb::ForgetToolResponse {
             spec: Some(convert::tool_spec(&tool.def)),
+        }))
+    }
+
+    async fn delete_run(
+        &self,
+        request: Request<pb::DeleteRunRequest>,
+    ) -> Result<Response<pb::DeleteRunResponse>, Status> {
+        let id = RunId::parse(&request.into_inner().run_id, "run_id")?;
+        let deleted = self.0.store.delete_run(id.clone()).await?;
+        info!(run_id = %id, events = deleted.events, "run deleted");
+        Ok(Response::new(pb::DeleteRunResponse {
+            deleted: Some(deletion(deleted)),
+        }))
+    }
+
+    async fn prune_runs(
+        &self,
+        request: Request<pb::PruneRunsRequest>,
+    ) -> Result<Response<pb::PruneRunsResponse>, Status> {
+        let min_age_ms = request.into_inner().min_age_ms;
+        let deleted = crate::retention::prune(&self.0.store, min_age_ms).await?;
+        info!(
+            runs = deleted.runs,
+            events = deleted.events,
+            min_age_ms,
+            "finished runs pruned"
+        );
+        Ok(Response::new(pb::PruneRunsResponse {
+            deleted: Some(deletion(deleted)),
         }))
     }
 

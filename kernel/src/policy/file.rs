@@ -317,7 +317,7 @@ impl<'de> Deserialize<'de> for Timeout {
             }
 
             fn visit_u64<E: de::Error>(self, seconds: u64) -> Result<Timeout, E> {
-                duration_ms(seconds, 1000, &seconds.to_string()).map_err(E::custom)
+                parse_duration(&seconds.to_string()).map_err(E::custom)
             }
 
             fn visit_i64<E: de::Error>(self, seconds: i64) -> Result<Timeout, E> {
@@ -345,32 +345,10 @@ impl<'de> Deserialize<'de> for Timeout {
 }
 
 fn parse_duration(text: &str) -> Result<Timeout, String> {
-    let bad = || format!("bad duration '{text}': write 30s, 5m, 1h, 250ms or a whole number of seconds");
-    let trimmed = text.trim();
-    let split = trimmed.find(|c: char| !c.is_ascii_digit()).unwrap_or(trimmed.len());
-    let (digits, unit) = trimmed.split_at(split);
-    if digits.is_empty() {
-        return Err(bad());
+    match kernel_proto::duration::parse_millis(text)? {
+        0 => Err(format!("bad duration '{text}': a timeout must be positive")),
+        ms => Ok(Timeout(ms)),
     }
-    let count: u64 = digits.parse().map_err(|_| format!("bad duration '{text}': too long"))?;
-    let unit_ms = match unit {
-        "ms" => 1,
-        "" | "s" => 1000,
-        "m" => 60 * 1000,
-        "h" => 60 * 60 * 1000,
-        _ => return Err(bad()),
-    };
-    duration_ms(count, unit_ms, text)
-}
-
-fn duration_ms(count: u64, unit_ms: u64, text: &str) -> Result<Timeout, String> {
-    if count == 0 {
-        return Err(format!("bad duration '{text}': a timeout must be positive"));
-    }
-    count
-        .checked_mul(unit_ms)
-        .map(Timeout)
-        .ok_or_else(|| format!("bad duration '{text}': too long"))
 }
 
 /// `max_risk`, checked where it is written: `approve_above` must not exceed the ceiling.

@@ -199,6 +199,26 @@ pub enum EndRun {
     Cancel { reason: String },
 }
 
+/// What deleting runs removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Deleted {
+    pub runs: u64,
+    pub events: u64,
+    pub steps: u64,
+    pub approvals: u64,
+    pub cache_entries: u64,
+}
+
+impl Deleted {
+    pub fn add(&mut self, other: Deleted) {
+        self.runs += other.runs;
+        self.events += other.events;
+        self.steps += other.steps;
+        self.approvals += other.approvals;
+        self.cache_entries += other.cache_entries;
+    }
+}
+
 /// The longest key of a tool's cache entry, in bytes.
 pub const TOOL_CACHE_MAX_KEY_BYTES: usize = 256;
 /// The largest value of a tool's cache entry, in bytes of JSON text.
@@ -425,6 +445,17 @@ impl Store {
 
     pub async fn register_tools(&self, tools: Vec<ToolDef>) -> Result<(), KernelError> {
         self.send(|reply| Command::RegisterTools(tools, reply)).await
+    }
+
+    /// Deletes a finished run with its events, steps, approvals and its calls' cached results.
+    pub async fn delete_run(&self, run: RunId) -> Result<Deleted, KernelError> {
+        self.send(|reply| Command::DeleteRun(run, reply)).await
+    }
+
+    /// Deletes up to `limit` runs that finished before `finished_before` (oldest first).
+    pub async fn prune_runs(&self, finished_before: Millis, limit: usize) -> Result<Deleted, KernelError> {
+        self.send(|reply| Command::PruneRuns(finished_before, limit, reply))
+            .await
     }
 
     /// Deletes registered tools with their cached results and `ctx.cache` entries; returns the

@@ -1177,6 +1177,57 @@ pub fn forget_tools(tx: &mut Tx<'_>, names: &[String]) -> Result<Vec<String>> {
     Ok(forgotten)
 }
 
+/// Deletes one finished run with everything recorded under it; refuses a run in flight.
+pub fn delete_run(tx: &mut Tx<'_>, run_id: &RunId) -> Result<super::Deleted> {
+    let run = tx.run(run_id)?;
+    if !run.status.is_terminal() {
+        return Err(KernelError::FailedPrecondition(format!(
+            "run {run_id} is {}; only a finished run can be deleted (cancel it first: kernelctl runs cancel {run_id})",
+            run.status
+        )));
+    }
+    remove_run(tx, run_id)
+}
+
+/// Deletes up to `limit` runs that finished before `finished_before`, oldest first.
+pub fn prune_runs(tx: &mut Tx<'_>, finished_before: Millis, limit: usize) -> Result<super::Deleted> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let ids: Vec<String> = tx
+        .conn
+        .prepare_cached(
+            "SELECT id FROM runs WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at < ?1 \
+             ORDER BY updated_at LIMIT ?2",
+        )?
+        .query_map(params![finished_before, limit], |row| row.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut deleted = super::Deleted::default();
+    for id in ids {
+        let id = RunId::parse(&id, "id")?;
+        deleted.add(remove_run(tx, &id)?);
+    }
+    Ok(deleted)
+}
+
+/// Removes a run's rows, children first; the cache entries its calls stored go with them, so a
+/// deleted run's results are not served to another.
+fn remove_run(tx: &mut Tx<'_>, run_id: &RunId) -> Result<super::Deleted> {
+    let id = run_id.as_str();
+    let delete = |sql: &str| -> Result<u64> { Ok(tx.conn.prepare_cached(sql)?.execute([id])? as u64) };
+    let cache_entries =
+        delete("DELETE FROM result_cache WHERE call_hash IN (SELECT call_hash FROM steps WHERE run_id = ?1)")?;
+    let approvals = delete("DELETE FROM approvals WHERE run_id = ?1")?;
+    let steps = delete("DELETE FROM steps WHERE run_id = ?1")?;
+    let events = delete("DELETE FROM events WHERE run_id = ?1")?;
+    let runs = delete("DELETE FROM runs WHERE id = ?1")?;
+    Ok(super::Deleted {
+        runs,
+        events,
+        steps,
+        approvals,
+        cache_entries,
+    })
+}
+
 /// Renders milliseconds for people: 250ms, 1.5s, 30s, 2m05s.
 pub fn human_ms(ms: u64) -> String {
     if ms < 1000 {

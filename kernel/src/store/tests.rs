@@ -925,3 +925,95 @@ async fn the_pending_call_limit_holds_for_concurrent_turns() {
     let admitted = if a.is_ok() { 0 } else { 1 };
     assert!(f.store.schedule_turn(turn(admitted)).await.is_ok());
 }
+
+/// Deleting a run takes everything recorded under it and nothing of other runs; a run in flight
+/// is refused and keeps everything.
+#[tokio::test]
+async fn a_finished_run_is_deleted_whole_and_a_run_in_flight_is_refused() {
+    let f = open();
+    let reader = {
+        let mut def = tool("lookup", Idempotency::SafeToRetry);
+        def.options.read_only = true;
+        def.options.cache_ttl_ms = Some(60_000);
+        def
+    };
+    let mut runs = Vec::new();
+    for n in 0..2 {
+        let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+        let args = format!(r#"{{"n":{n}}}"#);
+        let turn = f
+            .store
+            .schedule_turn(plan(
+                &run.id,
+                0,
+                vec![call(0, 0, Some(reader.clone()), "lookup", &args)],
+            ))
+            .await
+            .unwrap();
+        let step = scheduled(&turn[0]);
+        let dispatch = format!("d{n}");
+        start(&f.store, &step, &dispatch, 1, "s1").await.unwrap();
+        f.store
+            .record_result(ResultReport {
+                dispatch_id: dispatch,
+                attempt: 1,
+                session_id: "s1".into(),
+                outcome: Ok("42".into()),
+                progress_count: 0,
+            })
+            .await
+            .unwrap();
+        runs.push(run.id);
+    }
+    let refused = f.store.delete_run(runs[0].clone()).await.unwrap_err();
+    assert!(matches!(refused, KernelError::FailedPrecondition(_)), "{refused}");
+    assert!(refused.to_string().contains("cancel it first"), "{refused}");
+    assert!(
+        !events(&f.store, &runs[0]).await.is_empty(),
+        "a refused delete keeps everything"
+    );
+
+    f.store
+        .end_run(runs[0].clone(), EndRun::Complete { output: "null".into() })
+        .await
+        .unwrap();
+    let logged = events(&f.store, &runs[0]).await.len() as u64;
+    let deleted = f.store.delete_run(runs[0].clone()).await.unwrap();
+    assert_eq!(
+        deleted,
+        Deleted {
+            runs: 1,
+            events: logged,
+            steps: 1,
+            approvals: 0,
+            cache_entries: 1,
+        }
+    );
+    assert!(f.store.reads.run(runs[0].clone()).await.unwrap().is_none());
+    assert!(events(&f.store, &runs[0]).await.is_empty());
+    assert!(matches!(
+        f.store.delete_run(runs[0].clone()).await,
+        Err(KernelError::NotFound(_))
+    ));
+    // The other run, and its cached result, are untouched.
+    assert_eq!(f.store.reads.steps(runs[1].clone()).await.unwrap().len(), 1);
+    let still: i64 = f
+        .store
+        .reads
+        .with(|conn| conn.query_row("SELECT COUNT(*) FROM result_cache", [], |row| row.get(0)))
+        .await
+        .unwrap();
+    assert_eq!(still, 1);
+
+    // Pruning takes only finished runs older than the cut.
+    f.store
+        .end_run(runs[1].clone(), EndRun::Cancel { reason: "done".into() })
+        .await
+        .unwrap();
+    let (young, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let none = f.store.prune_runs(0, 100).await.unwrap();
+    assert_eq!(none.runs, 0, "nothing finished before the epoch");
+    let pruned = f.store.prune_runs(crate::model::now_millis() + 1, 100).await.unwrap();
+    assert_eq!(pruned.runs, 1, "the finished run goes, the pending one stays");
+    assert!(f.store.reads.run(young.id).await.unwrap().is_some());
+}

@@ -43,6 +43,9 @@ pub enum Command {
     EndRun(RunId, EndRun, Reply<(RunRecord, Vec<StepRecord>)>),
     RegisterTools(Vec<ToolDef>, Reply<()>),
     ForgetTools(Vec<String>, Reply<Vec<String>>),
+    DeleteRun(RunId, Reply<super::Deleted>),
+    /// Deletes at most this many runs finished before this time.
+    PruneRuns(crate::model::Millis, usize, Reply<super::Deleted>),
     AnswerApproval {
         id: String,
         answer: Answer,
@@ -97,6 +100,8 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
         Command::EndRun(run, end, reply) => respond(ops::end_run(tx, &run, end), reply),
         Command::RegisterTools(tools, reply) => respond(ops::register_tools(tx, tools), reply),
         Command::ForgetTools(names, reply) => respond(ops::forget_tools(tx, &names), reply),
+        Command::DeleteRun(run, reply) => respond(ops::delete_run(tx, &run), reply),
+        Command::PruneRuns(before, limit, reply) => respond(ops::prune_runs(tx, before, limit), reply),
         Command::AnswerApproval {
             id,
             answer,
@@ -148,6 +153,8 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
         Command::EndRun(_, _, reply) => respond(Err(make()), reply),
         Command::RegisterTools(_, reply) => respond(Err(make()), reply),
         Command::ForgetTools(_, reply) => respond(Err(make()), reply),
+        Command::DeleteRun(_, reply) => respond(Err(make()), reply),
+        Command::PruneRuns(_, _, reply) => respond(Err(make()), reply),
         Command::AnswerApproval { reply, .. } => respond(Err(make()), reply),
         Command::ExpireApprovals(reply) => respond(Err(make()), reply),
         Command::NoteReplays(_, _, reply) => respond(Err(make()), reply),
