@@ -347,7 +347,8 @@ impl Cli {
     pub fn access(&self) -> crate::client::Access {
         crate::client::Access {
             tls_ca: self.tls_ca.clone(),
-            api_key: self.api_key.clone(),
+            // `KERNEL_API_KEY=` (set but empty) means no key, as an unset variable does.
+            api_key: self.api_key.clone().filter(|key| !key.trim().is_empty()),
         }
     }
 }

@@ -44,22 +44,27 @@ fn bench(addr: &args::KernelAddr, access: &client::Access, json: bool, args: ben
     match runtime.block_on(commands::bench::main(addr, access, json, args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if err.is_broken_pipe() => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err}");
-            ExitCode::FAILURE
-        }
+        Err(err) => runtime.block_on(report(addr, &err.to_string())),
     }
+}
+
+/// Prints a failure, then what to do about it when the failure is a usual mistake (a plaintext
+/// address for a TLS kernel, no kernel at the address).
+async fn report(addr: &args::KernelAddr, error: &str) -> ExitCode {
+    eprintln!("error: {error}");
+    if let Some(hint) = worker_sdk::diagnose(addr.as_str(), error).await {
+        eprintln!("hint: {hint}");
+    }
+    ExitCode::FAILURE
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn query(cli: Cli) -> ExitCode {
     let mut stdout = std::io::stdout();
+    let addr = cli.addr.clone();
     match commands::run(cli, &mut stdout).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if err.is_broken_pipe() => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err}");
-            ExitCode::FAILURE
-        }
+        Err(err) => report(&addr, &err.to_string()).await,
     }
 }

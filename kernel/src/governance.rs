@@ -29,8 +29,15 @@ impl Governance {
     /// Loads the policy file (allow all without one); a file that does not load stops the kernel.
     pub fn load(path: Option<&Path>, unit_prices: Vec<(String, f64)>) -> Result<Self, KernelError> {
         let policy = match path {
-            Some(path) => Policy::load(path).map_err(|e| KernelError::invalid("policy", e.to_string()))?,
-            None => Policy::allow_all(),
+            Some(path) => {
+                let policy = Policy::load(path).map_err(|e| KernelError::invalid("policy", e.to_string()))?;
+                info!(path = %path.display(), rules = policy.rule_count(), "policy loaded");
+                policy
+            }
+            None => {
+                info!("no --policy: every call is allowed");
+                Policy::allow_all()
+            }
         };
         let mut unit_prices = unit_prices;
         unit_prices.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));

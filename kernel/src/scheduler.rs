@@ -846,17 +846,22 @@ impl Actor {
             let lease = self.leases.get_mut(&dispatch_id).expect("listed above");
             lease.state = LeaseState::Cancelling { until };
             let attempt = lease.attempt;
-            if let Some(session) = self.sessions.get(&lease.session_id) {
-                let _ = session.outbound.send(Outbound::Cancel {
-                    dispatch_id: dispatch_id.clone(),
-                    attempt,
-                    reason: "timeout".into(),
-                });
-            }
+            let outbound = self.sessions.get(&lease.session_id).map(|s| s.outbound.clone());
             let store = self.store.clone();
             let me = self.me.clone();
             tokio::spawn(async move {
-                match store.time_out(dispatch_id.clone(), attempt).await {
+                let recorded = store.time_out(dispatch_id.clone(), attempt).await;
+                // The worker is told to stop only once the timeout is durable: told first, it could
+                // answer with a "cancelled" error that commits before the timeout and decides the
+                // call (a safe call not retried, an at_most_once call not indeterminate).
+                if let Some(outbound) = outbound {
+                    let _ = outbound.send(Outbound::Cancel {
+                        dispatch_id: dispatch_id.clone(),
+                        attempt,
+                        reason: "timeout".into(),
+                    });
+                }
+                match recorded {
                     Ok(Some(step)) if step.status == StepStatus::Pending => {
                         info!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, "call timed out, retrying");
                         let _ = me.send(Msg::Enqueue(step));
@@ -1076,6 +1081,19 @@ mod tests {
                 .expect("session open");
             match next {
                 Outbound::Dispatch(order) if order.attempt == 2 => break order,
+                Outbound::Cancel { attempt: 1, .. } => {
+                    // Told to stop only once the timeout is durable, so an answer to the cancel
+                    // cannot decide the call.
+                    let steps = store.reads.steps(run.clone()).await.unwrap();
+                    let timed_out = steps[0].error.as_deref().is_some_and(|e| e.contains("timed out after"));
+                    let past_attempt_1 = steps[0].status == StepStatus::Pending || steps[0].attempts == 2;
+                    assert!(
+                        timed_out && past_attempt_1,
+                        "the timeout is recorded first: {:?}",
+                        steps[0]
+                    );
+                    seen.push("Cancel".into());
+                }
                 other => seen.push(format!("{other:?}")),
             }
         };

@@ -339,6 +339,11 @@ async fn the_approver_recorded_is_the_keys_name_and_kernelctl_sends_its_key() {
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--api-key or KERNEL_API_KEY"),
+        "a missing key says how to give one: {}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
     let listed = kernel.kernelctl(&["--api-key", &secured.approver, "--json", "approvals", "list"]);
     assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
     let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();

@@ -33,6 +33,15 @@ fn governed() -> Kernel {
     })
 }
 
+#[test]
+fn the_kernel_says_at_start_which_policy_it_runs() {
+    let kernel = governed();
+    let line = kernel.process.log.wait_for("policy loaded");
+    assert!(line.contains("policy.yaml") && line.contains("rules=2"), "{line}");
+    let open = Kernel::start();
+    open.process.log.wait_for("no --policy: every call is allowed");
+}
+
 async fn approvals(kernel: &Kernel) -> ApprovalServiceClient<tonic::transport::Channel> {
     ApprovalServiceClient::connect(kernel.url()).await.unwrap()
 }

@@ -259,6 +259,50 @@ async fn plaintext_and_untrusting_clients_are_refused() {
     stdout(&kernelctl(&["--addr", &https, "--tls-ca", &ca, "tools", "list"]));
 }
 
+/// A client speaking the wrong protocol for the kernel is told what to change, not only the
+/// raw failure (`frame with invalid size`, `broken pipe`, `InvalidContentType`).
+#[tokio::test]
+async fn a_client_on_the_wrong_protocol_is_told_what_to_change() {
+    let pki = Pki::new();
+    let kernel = tls_kernel(&pki, false);
+    let url = kernel.url();
+    let serves_tls = format!("the kernel at {url} serves TLS: use an https:// address");
+
+    let cleartext = kernelctl(&["--addr", &url, "runs", "list"]);
+    assert_eq!(cleartext.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&cleartext.stderr);
+    assert!(stderr.contains(&format!("hint: {serves_tls}")), "{stderr}");
+
+    let agent = match AgentClient::connect(&url).await {
+        Ok(agent) => agent.create_run(NewRun::new("plain", json!({}))).await.unwrap_err(),
+        Err(error) => error,
+    };
+    assert!(agent.to_string().contains(&serves_tls), "{agent}");
+
+    let mut command = Command::new(binary("demo-worker"));
+    command.args(["--kernel", &url, "--name", "plain"]);
+    let worker = Process::start(command, "worker");
+    worker.log.wait_for(&serves_tls);
+
+    // The other way round: a TLS client on a plaintext kernel.
+    let plain = Kernel::start();
+    let https = format!("https://127.0.0.1:{}", plain.addr.port());
+    let wrong = kernelctl(&["--addr", &https, "--tls-ca", &pki.arg("ca.pem"), "runs", "list"]);
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        stderr.contains(&format!("hint: the kernel at {https} serves plaintext")),
+        "{stderr}"
+    );
+
+    // And no kernel at all.
+    let nobody = kernelctl(&["--addr", "http://127.0.0.1:1", "runs", "list"]);
+    let stderr = String::from_utf8_lossy(&nobody.stderr);
+    assert!(
+        stderr.contains("hint: is the kernel running at http://127.0.0.1:1?"),
+        "{stderr}"
+    );
+}
+
 #[tokio::test]
 async fn worker_sessions_need_a_client_certificate_when_the_kernel_asks() {
     let pki = Pki::new();

@@ -27,7 +27,7 @@ use crate::{transport, wire};
 pub enum AgentError {
     /// The kernel answered with an error status (unknown run, run already ended, bad input).
     #[error("kernel error ({code:?}): {message}", code = .0.code(), message = .0.message())]
-    Status(#[from] tonic::Status),
+    Status(tonic::Status),
     /// The kernel could not be reached.
     #[error("cannot reach the kernel: {0}")]
     Transport(String),
@@ -41,6 +41,42 @@ pub enum AgentError {
     /// travel as metadata).
     #[error("invalid client configuration: {0}")]
     Config(String),
+}
+
+/// The error for a failed call to the kernel at `addr`: for a broken connection, with what to do
+/// about it when [`transport::diagnose`] can tell (it may look at the address once).
+async fn failed(addr: Option<&str>, status: tonic::Status) -> AgentError {
+    let connection = matches!(
+        status.code(),
+        tonic::Code::Internal | tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+    );
+    if let (true, Some(addr)) = (connection, addr) {
+        let described = transport::describe_status(&status);
+        if let Some(hint) = transport::diagnose(addr, &described).await {
+            return AgentError::Transport(format!("{described} ({hint})"));
+        }
+    }
+    AgentError::from(status)
+}
+
+impl From<tonic::Status> for AgentError {
+    /// A status the channel made from a failed connection (not an answer of the kernel) is a
+    /// transport error, with what to do about it when that is known (a plaintext client on a TLS
+    /// kernel sees only `h2 protocol error`).
+    fn from(status: tonic::Status) -> Self {
+        let described = transport::describe_status(&status);
+        match transport::connection_hint("", &described) {
+            Some(hint)
+                if matches!(
+                    status.code(),
+                    tonic::Code::Internal | tonic::Code::Unavailable | tonic::Code::Unknown
+                ) =>
+            {
+                AgentError::Transport(format!("{described} ({hint})"))
+            }
+            _ => AgentError::Status(status),
+        }
+    }
 }
 
 impl From<tonic::transport::Error> for AgentError {
@@ -300,6 +336,8 @@ pub struct AgentClient {
     runs: RunServiceClient<Channel>,
     calls: ToolCallServiceClient<Channel>,
     api_key: Option<ApiKey>,
+    /// The address connected to, to say what to do when the connection fails.
+    addr: Option<Arc<str>>,
 }
 
 impl AgentClient {
@@ -308,7 +346,7 @@ impl AgentClient {
         let channel = transport::connect_secure(addr.as_ref(), None)
             .await
             .map_err(AgentError::Transport)?;
-        Ok(Self::from_channel(channel))
+        Ok(Self::from_channel(channel).at(addr.as_ref()))
     }
 
     /// Connects over TLS to the kernel at `addr` (`https://kernel:50051`, or `kernel:50051`).
@@ -316,7 +354,24 @@ impl AgentClient {
         let channel = transport::connect_secure(addr.as_ref(), Some(&tls))
             .await
             .map_err(AgentError::Transport)?;
-        Ok(Self::from_channel(channel))
+        Ok(Self::from_channel(channel).at(addr.as_ref()))
+    }
+
+    fn at(mut self, addr: &str) -> Self {
+        self.addr = Some(addr.into());
+        self
+    }
+
+    /// Awaits a call and unwraps its answer; a failed connection (not a refusal by the kernel)
+    /// says what to do about it when that is known, such as a plaintext address for a TLS kernel.
+    async fn call<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, AgentError> {
+        match call.await {
+            Ok(response) => Ok(response.into_inner()),
+            Err(status) => Err(failed(self.addr.as_deref(), status).await),
+        }
     }
 
     /// Uses an existing channel.
@@ -325,6 +380,7 @@ impl AgentClient {
             runs: RunServiceClient::new(channel.clone()),
             calls: ToolCallServiceClient::new(channel),
             api_key: None,
+            addr: None,
         }
     }
 
@@ -343,11 +399,12 @@ impl AgentClient {
     /// Creates a run; with an idempotency key that matches an earlier run, returns that run.
     pub async fn create_run(&self, run: NewRun) -> Result<RunHandle, AgentError> {
         let response = self
-            .runs
-            .clone()
-            .create_run(self.request(wire::create_run_request(run)))
-            .await?
-            .into_inner();
+            .call(
+                self.runs
+                    .clone()
+                    .create_run(self.request(wire::create_run_request(run))),
+            )
+            .await?;
         let run = response
             .run
             .ok_or_else(|| AgentError::Protocol("create run answered without a run".into()))?;
@@ -415,7 +472,13 @@ impl RunHandle {
             .client
             .request(wire::submit_turn_request(&self.id, turn, calls, &self.offered_tools));
         let mut client = self.client.calls.clone();
-        let opened = async move { Ok::<_, AgentError>(client.submit_turn(request).await?.into_inner()) };
+        let addr = self.client.addr.clone();
+        let opened = async move {
+            match client.submit_turn(request).await {
+                Ok(response) => Ok(response.into_inner()),
+                Err(status) => Err(failed(addr.as_deref(), status).await),
+            }
+        };
         stream::once(opened)
             .map_ok(|responses| responses.map_err(AgentError::from))
             .try_flatten()
@@ -442,10 +505,9 @@ impl RunHandle {
             run_id: self.id.clone(),
             output_json: kernel_proto::canonical::to_canonical(&output),
         };
-        self.client
-            .runs
-            .clone()
-            .complete_run(self.client.request(request))
+        let client = &self.client;
+        client
+            .call(client.runs.clone().complete_run(client.request(request)))
             .await?;
         Ok(())
     }
@@ -456,7 +518,10 @@ impl RunHandle {
             run_id: self.id.clone(),
             reason: reason.into(),
         };
-        self.client.runs.clone().fail_run(self.client.request(request)).await?;
+        let client = &self.client;
+        client
+            .call(client.runs.clone().fail_run(client.request(request)))
+            .await?;
         Ok(())
     }
 
@@ -466,25 +531,20 @@ impl RunHandle {
             run_id: self.id.clone(),
             reason: reason.into(),
         };
-        self.client
-            .runs
-            .clone()
-            .cancel_run(self.client.request(request))
+        let client = &self.client;
+        client
+            .call(client.runs.clone().cancel_run(client.request(request)))
             .await?;
         Ok(())
     }
 
     /// The run and its steps as recorded now.
     pub async fn get(&self) -> Result<RunSnapshot, AgentError> {
-        let response = self
-            .client
-            .runs
-            .clone()
-            .get_run(self.client.request(pb::GetRunRequest {
-                run_id: self.id.clone(),
-            }))
-            .await?;
-        let response = response.into_inner();
+        let client = &self.client;
+        let request = client.request(pb::GetRunRequest {
+            run_id: self.id.clone(),
+        });
+        let response = client.call(client.runs.clone().get_run(request)).await?;
         let run = response
             .run
             .ok_or_else(|| AgentError::Protocol("get run answered without a run".into()))?;

@@ -112,5 +112,6 @@ pub use tool::{
     Approval, DEFAULT_TOOL_VERSION, Effect, Idempotency, Invoker, MAX_TOOL_NAME_LEN, RetryPolicy, RiskLevel, Tool,
     ToolDefinition, ToolDefinitionError, ToolFuture, ToolOptions, validate_tool_name, wrap_blocking_tool, wrap_tool,
 };
+pub use transport::{connection_hint, diagnose};
 pub use worker::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_CONCURRENCY, Worker, WorkerBuilder, WorkerError};
 pub use worker_sdk_macros::tool;

@@ -159,11 +159,11 @@ fn is_refusal(status: &tonic::Status) -> bool {
     )
 }
 
-fn before_welcome(status: tonic::Status) -> SessionError {
+fn before_welcome(addr: &str, status: tonic::Status) -> SessionError {
     if is_refusal(&status) {
         SessionError::Refused(status)
     } else {
-        SessionError::lost(transport::describe_status(&status), false)
+        SessionError::lost(transport::with_hint(addr, transport::describe_status(&status)), false)
     }
 }
 
@@ -203,9 +203,12 @@ pub(crate) async fn run(
         let mut inbound = client
             .open_session(crate::auth::request(outbound, config.api_key.as_ref()))
             .await
-            .map_err(before_welcome)?
+            .map_err(|status| before_welcome(&config.endpoint, status))?
             .into_inner();
-        let first = inbound.message().await.map_err(before_welcome)?;
+        let first = inbound
+            .message()
+            .await
+            .map_err(|status| before_welcome(&config.endpoint, status))?;
         match first.and_then(wire::inbound) {
             Some(Inbound::Welcome(welcome)) => Ok((inbound, welcome)),
             Some(other) => Err(SessionError::lost(format!("expected welcome, got {other:?}"), false)),

@@ -258,13 +258,28 @@ impl Worker {
                     }
                     attempt += 1;
                     let delay = backoff.next_delay();
-                    warn!(
-                        worker = %self.config.name,
-                        attempt,
-                        retry_in_ms = delay.as_millis() as u64,
-                        error,
-                        "kernel session lost, reconnecting"
-                    );
+                    let retry_in_ms = delay.as_millis() as u64;
+                    if opened {
+                        warn!(worker = %self.config.name, attempt, retry_in_ms, error, "kernel session lost, reconnecting");
+                    } else {
+                        // The hint is looked for once per streak of failures, not on every retry.
+                        let hint = if attempt == 1 {
+                            crate::transport::diagnose(&self.config.endpoint, &error)
+                                .await
+                                .filter(|hint| !error.contains(hint.as_str()))
+                        } else {
+                            None
+                        };
+                        warn!(
+                            worker = %self.config.name,
+                            kernel = %self.config.endpoint,
+                            attempt,
+                            retry_in_ms,
+                            error,
+                            hint,
+                            "cannot reach the kernel, reconnecting"
+                        );
+                    }
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
                         _ = shutdown.cancelled() => {

@@ -463,7 +463,9 @@ impl KeyRing {
     pub fn authorize(&self, path: &str, authorization: Option<&[u8]>) -> Result<Caller, KernelError> {
         let Some(header) = authorization else {
             return Err(KernelError::Unauthenticated(
-                "missing API key: send 'authorization: Bearer <key>'".into(),
+                "missing API key: this kernel requires one (kernelctl and the demo binaries: --api-key or \
+                 KERNEL_API_KEY; the SDK: .api_key(...)); it travels as 'authorization: Bearer <key>'"
+                    .into(),
             ));
         };
         let secret = std::str::from_utf8(header)
