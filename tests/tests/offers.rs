@@ -1,8 +1,6 @@
 //! Which tools an agent is told exist: the turn's offer when it names one, otherwise what connected
 //! workers offer now; and a registered tool nobody offers any more can be forgotten.
 
-use std::time::{Duration, Instant};
-
 use e2e::{Kernel, WAIT, call, check_log, submit};
 use kernel_proto::v1 as pb;
 use serde_json::json;
@@ -34,33 +32,13 @@ async fn submit_offering(
     results
 }
 
-/// Waits until no connected worker offers `tool`.
-async fn wait_unoffered(kernel: &Kernel, tool: &str) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let workers = kernel
-            .registry()
-            .await
-            .list_workers(pb::ListWorkersRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .workers;
-        if !workers.iter().any(|w| w.tools.iter().any(|t| t == tool)) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{tool} is still offered: {workers:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test]
 async fn an_unknown_tool_lists_what_connected_workers_offer_now() {
     let kernel = Kernel::start();
     let mut gone = kernel.fault_worker("gone");
     kernel.wait_for_workers("sleepy", 1).await;
     gone.kill9();
-    wait_unoffered(&kernel, "sleepy").await;
+    kernel.wait_for_workers("sleepy", 0).await;
     let _demo = kernel.worker("demo");
     let run = kernel.create_run("offers").await;
     let outcome = submit(&kernel, &run, 0, vec![call("nosuch", json!({}))]).await.unwrap();
@@ -140,7 +118,7 @@ async fn tools_forget_refuses_an_offered_tool_and_forgets_one_nobody_offers() {
     assert!(stderr.contains("offered by 1 connected worker"), "{stderr}");
 
     worker.kill9();
-    wait_unoffered(&kernel, "sleepy").await;
+    kernel.wait_for_workers("sleepy", 0).await;
     let forgot = kernel.kernelctl(&["tools", "forget", "sleepy"]);
     assert!(forgot.status.success(), "{}", String::from_utf8_lossy(&forgot.stderr));
     assert_eq!(String::from_utf8_lossy(&forgot.stdout).trim(), "forgot sleepy");
