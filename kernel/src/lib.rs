@@ -6,7 +6,10 @@
 //! - [`scheduler`], the task that owns worker sessions, the queue of calls waiting for a slot and
 //!   the leases of running calls, and
 //! - [`store`], SQLite behind one writer thread that commits queued writes together and publishes
-//!   committed events to the [`hub`], where waiting agents and watchers pick them up.
+//!   committed events to the [`hub`], where waiting agents and watchers pick them up. The store
+//!   loads records and saves changes; [`machine`] decides them (so far the life of a dispatch:
+//!   start, result, lease loss, timeout; the rest of the rules still live in the store's ops).
+//! - [`retention`] deletes finished runs on request or past `--retain-finished`.
 //! - [`registry`] holds the tools workers have registered; [`model`] the domain types.
 //! - [`auth`] stands in front of every `kernel.v1` service: with an auth file, a request passes
 //!   only with an API key holding the method's scope, and handlers see the key's name.
@@ -20,6 +23,7 @@ pub mod governance;
 pub mod grpc;
 pub mod hub;
 pub mod limits;
+pub mod machine;
 pub mod memory;
 pub mod model;
 pub mod policy;

@@ -19,14 +19,16 @@ use std::sync::{Arc, mpsc};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+pub use crate::machine::dispatch::{LeaseLoss, ResultReport, StartDispatch};
+pub use crate::machine::human_ms;
 pub use lock::{DbLock, lock_path};
-pub use ops::{Published, human_ms, unknown_tool_message};
+pub use ops::{Published, unknown_tool_message};
 pub use reads::{Readers, RunFilter};
 use writer::Command;
 
 use crate::error::KernelError;
 use crate::hub::Hub;
-use crate::model::{ErrorKind, Millis, RunId, RunRecord, StepKey, StepRecord, ToolDef};
+use crate::model::{Millis, RunId, RunRecord, StepKey, StepRecord, ToolDef};
 
 /// How hard each commit waits for the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -131,37 +133,6 @@ pub enum CallDisposition {
     Gated(StepRecord),
     /// Same identity, different tool, fingerprint or arguments: nothing recorded.
     Diverged { step: StepRecord, message: String },
-}
-
-/// A lease granted to a worker, to record before the worker is told.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StartDispatch {
-    pub run_id: RunId,
-    pub key: StepKey,
-    pub dispatch_id: String,
-    pub attempt: u32,
-    pub worker: String,
-    pub session_id: String,
-    pub lease_expires_at: Millis,
-}
-
-/// A worker's result for a dispatch it claims to hold.
-#[derive(Clone, Debug)]
-pub struct ResultReport {
-    pub dispatch_id: String,
-    pub attempt: u32,
-    pub session_id: String,
-    /// Canonical JSON text, or the error.
-    pub outcome: Result<String, (ErrorKind, String)>,
-    pub progress_count: u32,
-}
-
-/// A lease that ended without a result.
-#[derive(Clone, Debug)]
-pub struct LeaseLoss {
-    pub dispatch_id: String,
-    pub attempt: u32,
-    pub reason: String,
 }
 
 /// What became of a lost lease's step.

@@ -6,18 +6,14 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Value, json};
 
 use super::rows::{self, load_run, load_step, load_step_by_dispatch};
-use super::{
-    Answer, Answered, CallDisposition, CallGate, EndRun, LeaseLoss, LossOutcome, NewRun, ResultReport, StartDispatch,
-    TurnPlan,
-};
+use super::{Answer, Answered, CallDisposition, CallGate, EndRun, LossOutcome, NewRun, TurnPlan};
 use crate::error::KernelError;
+use crate::machine::dispatch::{self, LeaseLoss, ResultReport, StartDispatch};
+use crate::machine::{StepChange, json_or_string};
 use crate::model::{
     ApprovalDecision, ApprovalRecord, ApprovalStatus, EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, EventType,
-    Idempotency, Millis, Outcome, RetryPolicy, RunId, RunRecord, RunStatus, StepKey, StepRecord, StepStatus, ToolDef,
+    Idempotency, Millis, Outcome, RunId, RunRecord, RunStatus, StepKey, StepRecord, StepStatus, ToolDef,
 };
-
-/// After this many lost workers a call is failed as poison instead of dispatched again.
-pub const MAX_LEASE_LOSSES: u32 = 5;
 
 /// An event committed by a batch, with the step it settled when there is one, so watchers need
 /// no read to learn a result.
@@ -79,6 +75,15 @@ impl Tx<'_> {
         Ok(())
     }
 
+    /// Saves a step as a transition of the machine left it and appends the event that records
+    /// the transition; returns the step.
+    fn apply(&mut self, change: StepChange) -> Result<StepRecord> {
+        save_step(self.conn, &change.step)?;
+        let StepChange { step, event } = change;
+        self.append(&step.run_id, event.kind, event.payload, Some(step.clone()))?;
+        Ok(step)
+    }
+
     fn run(&self, id: &RunId) -> Result<RunRecord> {
         load_run(self.conn, id)?.ok_or_else(|| KernelError::NotFound(format!("run {id} not found")))
     }
@@ -87,10 +92,6 @@ impl Tx<'_> {
         load_step(self.conn, run, key)?
             .ok_or_else(|| KernelError::Store(format!("step {key} of run {run} vanished inside its transaction")))
     }
-}
-
-fn json_or_string(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
 }
 
 pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
@@ -151,6 +152,38 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
         None,
     )?;
     Ok((tx.run(&id)?, true))
+}
+
+/// Writes what a transition may change of a step; what a call was (tool, arguments, identity,
+/// policy) is written once, when it is recorded.
+fn save_step(conn: &Connection, step: &StepRecord) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE steps SET status = ?3, attempts = ?4, output = ?5, error = ?6, error_kind = ?7, worker = ?8, \
+         session_id = ?9, dispatch_id = ?10, lease_expires_at = ?11, started_at = ?12, finished_at = ?13, \
+         progress_count = ?14, not_before = ?15, lease_losses = ?16, cost = ?17, outcome = ?18 \
+         WHERE run_id = ?1 AND step_key = ?2",
+    )?
+    .execute(params![
+        step.run_id.as_str(),
+        step.key.as_str(),
+        step.status.as_str(),
+        step.attempts,
+        step.output,
+        step.error,
+        step.error_kind.map(ErrorKind::as_str),
+        step.worker,
+        step.session_id,
+        step.dispatch_id,
+        step.lease_expires_at,
+        step.started_at,
+        step.finished_at,
+        step.progress_count,
+        step.not_before,
+        step.lease_losses,
+        step.cost,
+        step.outcome.map(Outcome::as_str),
+    ])?;
+    Ok(())
 }
 
 /// Explains how a resubmitted call differs from the recorded one.
@@ -478,7 +511,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
         } else if let Some(start) = call.start.clone() {
             // Pending since a moment ago in this same commit, so it starts; were it not to, the
             // scheduler gives the reserved slot back and queues the call as usual.
-            match start_dispatch(tx, start)? {
+            match start_loaded(tx, &step, &start)? {
                 Some(started) => dispositions.push(CallDisposition::Started(started)),
                 None => dispositions.push(CallDisposition::Scheduled(step)),
             }
@@ -632,14 +665,14 @@ fn settle_approval(
         if let Some(reason) = reason.filter(|r| !r.is_empty()) {
             message.push_str(&format!(" ({reason})"));
         }
-        settle(
-            tx,
+        tx.apply(dispatch::settle(
             &step,
             (StepStatus::Failed, outcome),
             Err((ErrorKind::Fatal, &message)),
             0,
             json!({ "approval": answer, "decider": decider, "approval_reason": reason }),
-        )?;
+            tx.now,
+        ))?;
     }
     answered
         .approvals
@@ -711,169 +744,33 @@ pub fn expire_approvals(tx: &mut Tx<'_>) -> Result<Answered> {
     Ok(answered)
 }
 
-/// Records the start of attempt `start.attempt`, only if the step is pending and its last attempt
-/// was the one before: a start built from a stale snapshot of the step changes nothing, so an
-/// attempt number is never issued twice.
+/// Records the start of a dispatch, as the machine decides ([`dispatch::start`]); `None` when
+/// the step may not start (settled meanwhile, or a stale attempt).
 pub fn start_dispatch(tx: &mut Tx<'_>, start: StartDispatch) -> Result<Option<StepRecord>> {
-    let changed = tx
-        .conn
-        .prepare_cached(
-            "UPDATE steps SET status = 'running', attempts = ?3, dispatch_id = ?4, worker = ?5, session_id = ?6, \
-             lease_expires_at = ?7, started_at = COALESCE(started_at, ?8), not_before = NULL \
-             WHERE run_id = ?1 AND step_key = ?2 AND status = 'pending' AND attempts = ?3 - 1",
-        )?
-        .execute(params![
-            start.run_id.as_str(),
-            start.key.as_str(),
-            start.attempt,
-            start.dispatch_id,
-            start.worker,
-            start.session_id,
-            start.lease_expires_at,
-            tx.now,
-        ])?;
-    if changed == 0 {
+    let Some(step) = load_step(tx.conn, &start.run_id, &start.key)? else {
         return Ok(None);
-    }
+    };
+    start_loaded(tx, &step, &start)
+}
+
+/// Starts `step`, already loaded in this transaction.
+fn start_loaded(tx: &mut Tx<'_>, step: &StepRecord, start: &StartDispatch) -> Result<Option<StepRecord>> {
+    let Some(change) = dispatch::start(step, start, tx.now) else {
+        return Ok(None);
+    };
     // An approval covers one start: it is consumed in the same transaction.
     tx.conn
         .prepare_cached(
             "UPDATE approvals SET status = 'consumed' WHERE run_id = ?1 AND step_key = ?2 AND status = 'approved'",
         )?
         .execute(params![start.run_id.as_str(), start.key.as_str()])?;
-    let step = tx.step(&start.run_id, &start.key)?;
-    tx.append(
-        &start.run_id,
-        EventType::ToolStart,
-        json!({
-            "step_key": step.key,
-            "position": step.position,
-            "tool": step.tool,
-            "attempt": start.attempt,
-            "dispatch_id": start.dispatch_id,
-            "worker": start.worker,
-            "session_id": start.session_id,
-            "idempotency_key": step.idempotency_key,
-            "lease_expires_at": start.lease_expires_at,
-            "timeout_ms": step.timeout_ms,
-        }),
-        Some(step.clone()),
-    )?;
-    Ok(Some(step))
+    Ok(Some(tx.apply(change)?))
 }
 
 /// Loads the step a dispatch holds, only while that exact attempt still holds it.
 fn held_step(tx: &Tx<'_>, dispatch_id: &str, attempt: u32, session_id: Option<&str>) -> Result<Option<StepRecord>> {
-    Ok(load_step_by_dispatch(tx.conn, dispatch_id)?.filter(|step| {
-        step.status == StepStatus::Running
-            && step.attempts == attempt
-            && session_id.is_none_or(|s| step.session_id.as_deref() == Some(s))
-    }))
-}
-
-/// Ends a step with its one `tool:result` event: its terminal status, and why it ended so.
-fn settle(
-    tx: &mut Tx<'_>,
-    step: &StepRecord,
-    (status, why): (StepStatus, Outcome),
-    outcome: std::result::Result<&str, (ErrorKind, &str)>,
-    progress_count: u32,
-    extra: Value,
-) -> Result<StepRecord> {
-    let (output, error, kind) = match outcome {
-        Ok(output) => (Some(output), None, None),
-        Err((kind, message)) => (None, Some(message), Some(kind)),
-    };
-    tx.conn
-        .prepare_cached(
-            "UPDATE steps SET status = ?3, output = ?4, error = ?5, error_kind = ?6, finished_at = ?7, \
-             progress_count = progress_count + ?8, lease_expires_at = NULL, cost = unit_cost * attempts, outcome = ?9 \
-             WHERE run_id = ?1 AND step_key = ?2",
-        )?
-        .execute(params![
-            step.run_id.as_str(),
-            step.key.as_str(),
-            status.as_str(),
-            output,
-            error,
-            kind.map(ErrorKind::as_str),
-            tx.now,
-            progress_count,
-            why.as_str(),
-        ])?;
-    let settled = tx.step(&step.run_id, &step.key)?;
-    let mut payload = json!({
-        "step_key": settled.key,
-        "position": settled.position,
-        "tool": settled.tool,
-        "status": match status { StepStatus::Succeeded => "ok", StepStatus::Cancelled => "cancelled", _ => "error" },
-        "attempts": settled.attempts,
-        "dispatch_id": settled.dispatch_id,
-        "worker": settled.worker,
-        "progress_count": settled.progress_count,
-        "duration_ms": settled.started_at.map(|s| tx.now - s),
-        "cost": settled.cost,
-        "outcome": why.as_str(),
-    });
-    let body = payload.as_object_mut().expect("payload is an object");
-    match outcome {
-        Ok(output) => {
-            body.insert("output".into(), json_or_string(output));
-        }
-        Err((kind, message)) => {
-            body.insert("error".into(), Value::String(message.to_owned()));
-            body.insert("error_kind".into(), Value::String(kind.as_str().to_owned()));
-        }
-    }
-    if let Value::Object(more) = extra {
-        body.extend(more);
-    }
-    tx.append(&step.run_id, EventType::ToolResult, payload, Some(settled.clone()))?;
-    Ok(settled)
-}
-
-/// Whether a failed attempt of `step` gets another one, and after how long.
-fn next_attempt_delay(step: &StepRecord, kind: ErrorKind) -> Option<u64> {
-    let policy = step.retry.as_ref()?;
-    (kind == ErrorKind::Retryable && step.attempts < RetryPolicy::attempts(Some(policy)))
-        .then(|| policy.delay_ms(step.attempts))
-}
-
-/// Puts a failed attempt back to pending with its retry time, recording the attempt's error.
-fn retry_later(
-    tx: &mut Tx<'_>,
-    step: &StepRecord,
-    (kind, message): (ErrorKind, &str),
-    delay_ms: u64,
-    progress_count: u32,
-    reason: &str,
-) -> Result<StepRecord> {
-    let not_before = tx.now + delay_ms as Millis;
-    tx.conn
-        .prepare_cached(
-            "UPDATE steps SET status = 'pending', error = ?3, error_kind = ?4, not_before = ?5, lease_expires_at = NULL, \
-             progress_count = progress_count + ?6 WHERE run_id = ?1 AND step_key = ?2",
-        )?
-        .execute(params![step.run_id.as_str(), step.key.as_str(), message, kind.as_str(), not_before, progress_count])?;
-    let pending = tx.step(&step.run_id, &step.key)?;
-    tx.append(
-        &step.run_id,
-        EventType::ToolAttemptFailed,
-        json!({
-            "step_key": step.key,
-            "position": step.position,
-            "tool": step.tool,
-            "attempt": step.attempts,
-            "dispatch_id": step.dispatch_id,
-            "worker": step.worker,
-            "error": message,
-            "error_kind": kind.as_str(),
-            "reason": reason,
-            "next_attempt_at": not_before,
-        }),
-        Some(pending.clone()),
-    )?;
-    Ok(pending)
+    Ok(load_step_by_dispatch(tx.conn, dispatch_id)?
+        .filter(|step| dispatch::held(step, dispatch_id, attempt, session_id)))
 }
 
 /// Records a worker's result. A retryable error with attempts left puts the step back to pending
@@ -882,165 +779,37 @@ pub fn record_result(tx: &mut Tx<'_>, report: ResultReport) -> Result<Option<Ste
     let Some(step) = held_step(tx, &report.dispatch_id, report.attempt, Some(&report.session_id))? else {
         return Ok(None);
     };
-    let recorded = match &report.outcome {
-        Ok(output) => {
-            if let Some(ttl) = step.cache_ttl_ms {
-                tx.conn
-                    .prepare_cached(
-                        "INSERT INTO result_cache (call_hash, tool, output, stored_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5) \
-                         ON CONFLICT (call_hash) DO UPDATE SET output = ?3, stored_at = ?4, expires_at = ?5",
-                    )?
-                    .execute(params![step.call_hash, step.tool, output, tx.now, tx.now + ttl as Millis])?;
-            }
-            settle(
-                tx,
-                &step,
-                (StepStatus::Succeeded, Outcome::Ok),
-                Ok(output),
-                report.progress_count,
-                Value::Null,
+    let (change, cached_until) = dispatch::record_result(&step, &report, tx.now);
+    if let (Some(expires_at), Ok(output)) = (cached_until, &report.outcome) {
+        tx.conn
+            .prepare_cached(
+                "INSERT INTO result_cache (call_hash, tool, output, stored_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5) \
+                 ON CONFLICT (call_hash) DO UPDATE SET output = ?3, stored_at = ?4, expires_at = ?5",
             )?
-        }
-        Err((kind, message)) => match next_attempt_delay(&step, *kind) {
-            Some(delay) => retry_later(tx, &step, (*kind, message), delay, report.progress_count, "error")?,
-            None => settle(
-                tx,
-                &step,
-                (StepStatus::Failed, Outcome::ToolError),
-                Err((*kind, message)),
-                report.progress_count,
-                Value::Null,
-            )?,
-        },
-    };
-    Ok(Some(recorded))
+            .execute(params![step.call_hash, step.tool, output, tx.now, expires_at])?;
+    }
+    Ok(Some(tx.apply(change)?))
 }
 
 pub fn lose_lease(tx: &mut Tx<'_>, loss: LeaseLoss) -> Result<LossOutcome> {
     let Some(step) = held_step(tx, &loss.dispatch_id, loss.attempt, None)? else {
         return Ok(LossOutcome::NotHeld);
     };
-    // A call that may not run again ends here: at_most_once (indeterminate), or one that keeps
-    // losing its workers (poison).
-    let ended = if step.idempotency == Idempotency::AtMostOnce {
-        Some((
-            ErrorKind::Fatal,
-            Outcome::Indeterminate,
-            "indeterminate",
-            indeterminate_message(&step, &format!("the lease was lost ({})", loss.reason)),
-        ))
-    } else if step.lease_losses + 1 >= MAX_LEASE_LOSSES {
-        Some((
-            ErrorKind::Poison,
-            Outcome::Poison,
-            "lease_lost",
-            format!(
-                "'{}' lost its worker {MAX_LEASE_LOSSES} times (last: {}); the call may be crashing its workers, so it \
-                 is not dispatched again",
-                step.tool, loss.reason
-            ),
-        ))
+    let step = tx.apply(dispatch::lose_lease(&step, &loss, tx.now))?;
+    Ok(if step.status == StepStatus::Pending {
+        LossOutcome::Requeued(step)
     } else {
-        None
-    };
-    if let Some((kind, outcome, reason, message)) = ended {
-        let settled = settle(
-            tx,
-            &step,
-            (StepStatus::Failed, outcome),
-            Err((kind, &message)),
-            0,
-            json!({ "reason": reason }),
-        )?;
-        return Ok(LossOutcome::Indeterminate(settled));
-    }
-    tx.conn
-        .prepare_cached(
-            "UPDATE steps SET status = 'pending', lease_expires_at = NULL, lease_losses = lease_losses + 1 \
-             WHERE run_id = ?1 AND step_key = ?2",
-        )?
-        .execute(params![step.run_id.as_str(), step.key.as_str()])?;
-    let requeued = tx.step(&step.run_id, &step.key)?;
-    tx.append(
-        &step.run_id,
-        EventType::ToolLeaseLost,
-        json!({
-            "step_key": step.key,
-            "position": step.position,
-            "tool": step.tool,
-            "attempt": step.attempts,
-            "dispatch_id": step.dispatch_id,
-            "worker": step.worker,
-            "reason": loss.reason,
-            "next": "redispatch",
-        }),
-        Some(requeued.clone()),
-    )?;
-    Ok(LossOutcome::Requeued(requeued))
+        LossOutcome::Indeterminate(step)
+    })
 }
 
-/// What the model reads of an `at_most_once` call that started and then ended without the tool's
-/// own word on it.
-fn indeterminate_message(step: &StepRecord, what_happened: &str) -> String {
-    format!(
-        "indeterminate: '{}' (at_most_once) was started on worker {} (attempt {}) and {what_happened}; \
-         the effect may or may not have happened, so the kernel will not run it again",
-        step.tool,
-        step.worker.as_deref().unwrap_or("?"),
-        step.attempts,
-    )
-}
-
-/// Fails a dispatch that outlived its timeout, or schedules its retry. A blocking tool is never
-/// retried on timeout: its thread cannot be stopped, so another attempt could run beside it. An
-/// `at_most_once` call that timed out is indeterminate: the tool started and said nothing, which
-/// is as uncertain as a lost worker; its retry policy covers only errors the tool itself returned.
+/// Records a dispatch that outlived its timeout, as the machine decides ([`dispatch::time_out`]);
+/// `None` when the dispatch no longer held its step.
 pub fn time_out(tx: &mut Tx<'_>, dispatch_id: &str, attempt: u32) -> Result<Option<StepRecord>> {
     let Some(step) = held_step(tx, dispatch_id, attempt, None)? else {
         return Ok(None);
     };
-    if step.idempotency == Idempotency::AtMostOnce {
-        let message = indeterminate_message(
-            &step,
-            &format!("timed out after {} without a result", human_ms(step.timeout_ms)),
-        );
-        let settled = settle(
-            tx,
-            &step,
-            (StepStatus::Failed, Outcome::Indeterminate),
-            Err((ErrorKind::Fatal, &message)),
-            0,
-            json!({ "reason": "indeterminate", "cause": "timeout" }),
-        )?;
-        return Ok(Some(settled));
-    }
-    let mut message = format!(
-        "tool '{}' timed out after {} (attempt {})",
-        step.tool,
-        human_ms(step.timeout_ms),
-        step.attempts
-    );
-    if step.blocking {
-        message.push_str("; a blocking tool's thread cannot be stopped, so it is not retried");
-    } else if let Some(delay) = next_attempt_delay(&step, ErrorKind::Retryable) {
-        return Ok(Some(retry_later(
-            tx,
-            &step,
-            (ErrorKind::Retryable, &message),
-            delay,
-            0,
-            "timeout",
-        )?));
-    }
-    let settled = settle(
-        tx,
-        &step,
-        (StepStatus::Failed, Outcome::TimedOut),
-        Err((ErrorKind::Retryable, &message)),
-        0,
-        json!({ "reason": "timeout" }),
-    )?;
-    Ok(Some(settled))
+    Ok(Some(tx.apply(dispatch::time_out(&step, tx.now))?))
 }
 
 pub fn fail_pending(
@@ -1048,20 +817,14 @@ pub fn fail_pending(
     run: &RunId,
     key: &StepKey,
     message: &str,
-    (reason, outcome): (&str, Outcome),
+    why: (&str, Outcome),
 ) -> Result<Option<StepRecord>> {
-    let Some(step) = load_step(tx.conn, run, key)?.filter(|s| s.status == StepStatus::Pending) else {
+    let Some(step) = load_step(tx.conn, run, key)? else {
         return Ok(None);
     };
-    let settled = settle(
-        tx,
-        &step,
-        (StepStatus::Failed, outcome),
-        Err((ErrorKind::Retryable, message)),
-        0,
-        json!({ "reason": reason }),
-    )?;
-    Ok(Some(settled))
+    dispatch::fail_pending(&step, message, why, tx.now)
+        .map(|change| tx.apply(change))
+        .transpose()
 }
 
 pub fn end_run(tx: &mut Tx<'_>, run_id: &RunId, end: EndRun) -> Result<(RunRecord, Vec<StepRecord>)> {
@@ -1114,14 +877,14 @@ pub fn end_run(tx: &mut Tx<'_>, run_id: &RunId, end: EndRun) -> Result<(RunRecor
     let mut settled = Vec::with_capacity(in_flight.len());
     for step in &in_flight {
         let message = format!("run {}: {}", status, reason.as_deref().unwrap_or(""));
-        settled.push(settle(
-            tx,
+        settled.push(tx.apply(dispatch::settle(
             step,
             (StepStatus::Cancelled, Outcome::Cancelled),
             Err((ErrorKind::Fatal, &message)),
             0,
             json!({ "reason": "run_ended" }),
-        )?);
+            tx.now,
+        ))?);
     }
     tx.conn
         .prepare_cached("UPDATE runs SET status = ?2, output = ?3, reason = ?4, updated_at = ?5 WHERE id = ?1")?
@@ -1228,21 +991,6 @@ fn remove_run(tx: &mut Tx<'_>, run_id: &RunId) -> Result<super::Deleted> {
     })
 }
 
-/// Renders milliseconds for people: 250ms, 1.5s, 30s, 2m05s.
-pub fn human_ms(ms: u64) -> String {
-    if ms < 1000 {
-        format!("{ms}ms")
-    } else if ms < 60_000 {
-        if ms.is_multiple_of(1000) {
-            format!("{}s", ms / 1000)
-        } else {
-            format!("{:.1}s", ms as f64 / 1000.0)
-        }
-    } else {
-        format!("{}m{:02}s", ms / 60_000, (ms % 60_000) / 1000)
-    }
-}
-
 /// Writes (or replaces) one entry of the cache of the tool the asking dispatch runs, if that
 /// dispatch still runs on that session. It appends no event: the cache is the tool's scratch space,
 /// not part of any run's log.
@@ -1300,13 +1048,5 @@ mod tests {
             unknown_tool_message("x", &["a".into(), "b".into()]),
             "unknown tool 'x'; available: a, b"
         );
-    }
-
-    #[test]
-    fn durations_read_well() {
-        assert_eq!(human_ms(250), "250ms");
-        assert_eq!(human_ms(30_000), "30s");
-        assert_eq!(human_ms(1_500), "1.5s");
-        assert_eq!(human_ms(125_000), "2m05s");
     }
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::model::{EventType, Idempotency, RunStatus, StepStatus, ToolOptions};
+use crate::model::{ErrorKind, EventType, Idempotency, RunStatus, StepStatus, ToolOptions};
 
 struct Fixture {
     store: Store,

@@ -1,0 +1,368 @@
+//! One dispatch of a step: its start on a worker, its result, the loss of its lease, its timeout;
+//! and how a step settles or waits for its next attempt, whatever ends the attempt.
+
+use serde_json::{Value, json};
+
+use super::{NewEvent, StepChange, human_ms, json_or_string};
+use crate::model::{
+    ErrorKind, EventType, Idempotency, Millis, Outcome, RetryPolicy, RunId, StepKey, StepRecord, StepStatus,
+};
+
+/// After this many lost workers a call is failed as poison instead of dispatched again.
+pub const MAX_LEASE_LOSSES: u32 = 5;
+
+/// A lease granted to a worker, to record before the worker is told.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StartDispatch {
+    pub run_id: RunId,
+    pub key: StepKey,
+    pub dispatch_id: String,
+    pub attempt: u32,
+    pub worker: String,
+    pub session_id: String,
+    pub lease_expires_at: Millis,
+}
+
+/// A worker's result for a dispatch it claims to hold.
+#[derive(Clone, Debug)]
+pub struct ResultReport {
+    pub dispatch_id: String,
+    pub attempt: u32,
+    pub session_id: String,
+    /// Canonical JSON text, or the error.
+    pub outcome: Result<String, (ErrorKind, String)>,
+    pub progress_count: u32,
+}
+
+/// A lease that ended without a result.
+#[derive(Clone, Debug)]
+pub struct LeaseLoss {
+    pub dispatch_id: String,
+    pub attempt: u32,
+    pub reason: String,
+}
+
+/// Whether the dispatch `(dispatch_id, attempt)` of `session` (any session when `None`) still
+/// holds `step`: only then may a message about it change anything.
+pub fn held(step: &StepRecord, dispatch_id: &str, attempt: u32, session: Option<&str>) -> bool {
+    step.status == StepStatus::Running
+        && step.dispatch_id.as_deref() == Some(dispatch_id)
+        && step.attempts == attempt
+        && session.is_none_or(|s| step.session_id.as_deref() == Some(s))
+}
+
+/// Starts attempt `start.attempt` of a pending step on its worker; `None` when the step is not
+/// pending (settled meanwhile) or the start was built from a stale view of it (the attempt is
+/// not the one after its last), so an attempt number is never issued twice.
+pub fn start(step: &StepRecord, start: &StartDispatch, now: Millis) -> Option<StepChange> {
+    if step.status != StepStatus::Pending || step.attempts.checked_add(1) != Some(start.attempt) {
+        return None;
+    }
+    let mut started = step.clone();
+    started.status = StepStatus::Running;
+    started.attempts = start.attempt;
+    started.dispatch_id = Some(start.dispatch_id.clone());
+    started.worker = Some(start.worker.clone());
+    started.session_id = Some(start.session_id.clone());
+    started.lease_expires_at = Some(start.lease_expires_at);
+    started.started_at = step.started_at.or(Some(now));
+    started.not_before = None;
+    let payload = json!({
+        "step_key": started.key,
+        "position": started.position,
+        "tool": started.tool,
+        "attempt": start.attempt,
+        "dispatch_id": start.dispatch_id,
+        "worker": start.worker,
+        "session_id": start.session_id,
+        "idempotency_key": started.idempotency_key,
+        "lease_expires_at": start.lease_expires_at,
+        "timeout_ms": started.timeout_ms,
+    });
+    Some(StepChange {
+        step: started,
+        event: NewEvent {
+            kind: EventType::ToolStart,
+            payload,
+        },
+    })
+}
+
+/// Ends a step with its one `tool:result`: its terminal status and why (`end`), its output or
+/// error, the progress its last attempt reported, and `extra` fields for the event.
+pub fn settle(
+    step: &StepRecord,
+    (status, why): (StepStatus, Outcome),
+    outcome: Result<&str, (ErrorKind, &str)>,
+    progress_count: u32,
+    extra: Value,
+    now: Millis,
+) -> StepChange {
+    debug_assert!(
+        status.is_terminal() && !step.status.is_terminal(),
+        "a settled step settles once"
+    );
+    let mut settled = step.clone();
+    settled.status = status;
+    settled.outcome = Some(why);
+    settled.finished_at = Some(now);
+    settled.progress_count += progress_count;
+    settled.lease_expires_at = None;
+    settled.cost = settled.unit_cost * f64::from(settled.attempts);
+    match outcome {
+        Ok(output) => {
+            settled.output = Some(output.to_owned());
+            settled.error = None;
+            settled.error_kind = None;
+        }
+        Err((kind, message)) => {
+            settled.output = None;
+            settled.error = Some(message.to_owned());
+            settled.error_kind = Some(kind);
+        }
+    }
+    let mut payload = json!({
+        "step_key": settled.key,
+        "position": settled.position,
+        "tool": settled.tool,
+        "status": match status { StepStatus::Succeeded => "ok", StepStatus::Cancelled => "cancelled", _ => "error" },
+        "attempts": settled.attempts,
+        "dispatch_id": settled.dispatch_id,
+        "worker": settled.worker,
+        "progress_count": settled.progress_count,
+        "duration_ms": settled.started_at.map(|s| now - s),
+        "cost": settled.cost,
+        "outcome": why.as_str(),
+    });
+    let body = payload.as_object_mut().expect("payload is an object");
+    match outcome {
+        Ok(output) => {
+            body.insert("output".into(), json_or_string(output));
+        }
+        Err((kind, message)) => {
+            body.insert("error".into(), Value::String(message.to_owned()));
+            body.insert("error_kind".into(), Value::String(kind.as_str().to_owned()));
+        }
+    }
+    if let Value::Object(more) = extra {
+        body.extend(more);
+    }
+    StepChange {
+        step: settled,
+        event: NewEvent {
+            kind: EventType::ToolResult,
+            payload,
+        },
+    }
+}
+
+/// Whether a failed attempt of `step` gets another one, and after how long.
+fn next_attempt_delay(step: &StepRecord, kind: ErrorKind) -> Option<u64> {
+    let policy = step.retry.as_ref()?;
+    (kind == ErrorKind::Retryable && step.attempts < RetryPolicy::attempts(Some(policy)))
+        .then(|| policy.delay_ms(step.attempts))
+}
+
+/// Puts a failed attempt back to pending with its retry time, recording the attempt's error.
+fn retry_later(
+    step: &StepRecord,
+    (kind, message): (ErrorKind, &str),
+    delay_ms: u64,
+    progress_count: u32,
+    reason: &str,
+    now: Millis,
+) -> StepChange {
+    let not_before = now + delay_ms as Millis;
+    let mut pending = step.clone();
+    pending.status = StepStatus::Pending;
+    pending.error = Some(message.to_owned());
+    pending.error_kind = Some(kind);
+    pending.not_before = Some(not_before);
+    pending.lease_expires_at = None;
+    pending.progress_count += progress_count;
+    let payload = json!({
+        "step_key": step.key,
+        "position": step.position,
+        "tool": step.tool,
+        "attempt": step.attempts,
+        "dispatch_id": step.dispatch_id,
+        "worker": step.worker,
+        "error": message,
+        "error_kind": kind.as_str(),
+        "reason": reason,
+        "next_attempt_at": not_before,
+    });
+    StepChange {
+        step: pending,
+        event: NewEvent {
+            kind: EventType::ToolAttemptFailed,
+            payload,
+        },
+    }
+}
+
+/// What a worker's result does to the step its dispatch holds (see [`held`]): a success or a
+/// final error settles it, a retryable error with attempts left waits for the next attempt.
+/// The second value is how long a success stays in the result cache, for a tool that keeps one.
+pub fn record_result(step: &StepRecord, report: &ResultReport, now: Millis) -> (StepChange, Option<Millis>) {
+    match &report.outcome {
+        Ok(output) => {
+            let cached_until = step.cache_ttl_ms.map(|ttl| now + ttl as Millis);
+            let change = settle(
+                step,
+                (StepStatus::Succeeded, Outcome::Ok),
+                Ok(output),
+                report.progress_count,
+                Value::Null,
+                now,
+            );
+            (change, cached_until)
+        }
+        Err((kind, message)) => {
+            let change = match next_attempt_delay(step, *kind) {
+                Some(delay) => retry_later(step, (*kind, message), delay, report.progress_count, "error", now),
+                None => settle(
+                    step,
+                    (StepStatus::Failed, Outcome::ToolError),
+                    Err((*kind, message)),
+                    report.progress_count,
+                    Value::Null,
+                    now,
+                ),
+            };
+            (change, None)
+        }
+    }
+}
+
+/// What the model reads of an `at_most_once` call that started and then ended without the tool's
+/// own word on it.
+fn indeterminate_message(step: &StepRecord, what_happened: &str) -> String {
+    format!(
+        "indeterminate: '{}' (at_most_once) was started on worker {} (attempt {}) and {what_happened}; \
+         the effect may or may not have happened, so the kernel will not run it again",
+        step.tool,
+        step.worker.as_deref().unwrap_or("?"),
+        step.attempts,
+    )
+}
+
+/// What losing its lease does to a held step: an `at_most_once` step is settled as
+/// indeterminate and one that lost its worker [`MAX_LEASE_LOSSES`] times as poison (neither may
+/// run again); any other goes back to pending, to be dispatched again with the same key.
+pub fn lose_lease(step: &StepRecord, loss: &LeaseLoss, now: Millis) -> StepChange {
+    let ended = if step.idempotency == Idempotency::AtMostOnce {
+        Some((
+            ErrorKind::Fatal,
+            Outcome::Indeterminate,
+            "indeterminate",
+            indeterminate_message(step, &format!("the lease was lost ({})", loss.reason)),
+        ))
+    } else if step.lease_losses + 1 >= MAX_LEASE_LOSSES {
+        Some((
+            ErrorKind::Poison,
+            Outcome::Poison,
+            "lease_lost",
+            format!(
+                "'{}' lost its worker {MAX_LEASE_LOSSES} times (last: {}); the call may be crashing its workers, so it \
+                 is not dispatched again",
+                step.tool, loss.reason
+            ),
+        ))
+    } else {
+        None
+    };
+    if let Some((kind, outcome, reason, message)) = ended {
+        return settle(
+            step,
+            (StepStatus::Failed, outcome),
+            Err((kind, &message)),
+            0,
+            json!({ "reason": reason }),
+            now,
+        );
+    }
+    let mut requeued = step.clone();
+    requeued.status = StepStatus::Pending;
+    requeued.lease_expires_at = None;
+    requeued.lease_losses += 1;
+    let payload = json!({
+        "step_key": step.key,
+        "position": step.position,
+        "tool": step.tool,
+        "attempt": step.attempts,
+        "dispatch_id": step.dispatch_id,
+        "worker": step.worker,
+        "reason": loss.reason,
+        "next": "redispatch",
+    });
+    StepChange {
+        step: requeued,
+        event: NewEvent {
+            kind: EventType::ToolLeaseLost,
+            payload,
+        },
+    }
+}
+
+/// What a timeout does to a held step: an `at_most_once` step is indeterminate (the tool started
+/// and said nothing, as uncertain as a lost worker; its retry policy covers only errors the tool
+/// returned); a blocking step fails (its thread cannot be stopped, so another attempt could run
+/// beside it); any other is retried by its policy, or fails as timed out.
+pub fn time_out(step: &StepRecord, now: Millis) -> StepChange {
+    if step.idempotency == Idempotency::AtMostOnce {
+        let message = indeterminate_message(
+            step,
+            &format!("timed out after {} without a result", human_ms(step.timeout_ms)),
+        );
+        return settle(
+            step,
+            (StepStatus::Failed, Outcome::Indeterminate),
+            Err((ErrorKind::Fatal, &message)),
+            0,
+            json!({ "reason": "indeterminate", "cause": "timeout" }),
+            now,
+        );
+    }
+    let mut message = format!(
+        "tool '{}' timed out after {} (attempt {})",
+        step.tool,
+        human_ms(step.timeout_ms),
+        step.attempts
+    );
+    if step.blocking {
+        message.push_str("; a blocking tool's thread cannot be stopped, so it is not retried");
+    } else if let Some(delay) = next_attempt_delay(step, ErrorKind::Retryable) {
+        return retry_later(step, (ErrorKind::Retryable, &message), delay, 0, "timeout", now);
+    }
+    settle(
+        step,
+        (StepStatus::Failed, Outcome::TimedOut),
+        Err((ErrorKind::Retryable, &message)),
+        0,
+        json!({ "reason": "timeout" }),
+        now,
+    )
+}
+
+/// Fails a step still waiting for a worker, without having run; `None` when it is not pending.
+pub fn fail_pending(
+    step: &StepRecord,
+    message: &str,
+    (reason, outcome): (&str, Outcome),
+    now: Millis,
+) -> Option<StepChange> {
+    (step.status == StepStatus::Pending).then(|| {
+        settle(
+            step,
+            (StepStatus::Failed, outcome),
+            Err((ErrorKind::Retryable, message)),
+            0,
+            json!({ "reason": reason }),
+            now,
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests;

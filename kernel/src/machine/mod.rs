@@ -1,0 +1,75 @@
+//! The state machine: the kernel's rules, as functions from the records a command needs to the
+//! changes it makes. Nothing here does I/O or knows a store, a stream or a clock: the store loads
+//! the records (by key, inside its write transaction), calls a function here with the batch's
+//! time, and saves what comes back; the events it returns are appended in order and numbered by
+//! the store. So every rule is written once, for every backend, and tested without a database.
+//!
+//! The commands of one dispatch of a step ([`dispatch`]) and the invariants each upholds:
+//! - [`dispatch::start`]: a step starts only while pending, and only as the attempt after its
+//!   last (an attempt number is never issued twice); `tool:start` is the change the store commits
+//!   before any worker is told to run.
+//! - [`dispatch::held`]: every message about a dispatch is fenced by `(dispatch_id, attempt,
+//!   session)`; a stale one changes nothing.
+//! - [`dispatch::record_result`]: a result settles the step with its one `tool:result`, or a
+//!   retryable error with attempts left puts it back to pending with its next attempt's time.
+//! - [`dispatch::lose_lease`]: a lost lease requeues a `safe_to_retry` step, settles an
+//!   `at_most_once` step as indeterminate, and one lost too often as poison.
+//! - [`dispatch::time_out`]: a timeout retries a safe step by its policy, never a blocking one, and
+//!   settles an `at_most_once` step as indeterminate (the tool started and gave no answer).
+//! - [`dispatch::fail_pending`]: a step no worker took in time fails without having run.
+//!
+//! Settled steps are terminal: no function here takes a settled step anywhere else, so a late or
+//! out-of-order message never reverts one.
+
+pub mod dispatch;
+
+use serde_json::Value;
+
+use crate::model::{EventType, StepRecord};
+
+/// An event to append to a run's log; the store gives it the run's next sequence number.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewEvent {
+    pub kind: EventType,
+    pub payload: Value,
+}
+
+/// A step as a transition leaves it, and the event that records the transition.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepChange {
+    pub step: StepRecord,
+    pub event: NewEvent,
+}
+
+/// Renders milliseconds for people: 250ms, 1.5s, 30s, 2m05s.
+pub fn human_ms(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms < 60_000 {
+        if ms.is_multiple_of(1000) {
+            format!("{}s", ms / 1000)
+        } else {
+            format!("{:.1}s", ms as f64 / 1000.0)
+        }
+    } else {
+        format!("{}m{:02}s", ms / 60_000, (ms % 60_000) / 1000)
+    }
+}
+
+/// A JSON text as a value, or as a string when it is not JSON.
+pub(crate) fn json_or_string(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(human_ms(250), "250ms");
+        assert_eq!(human_ms(30_000), "30s");
+        assert_eq!(human_ms(1_500), "1.5s");
+        assert_eq!(human_ms(125_000), "2m05s");
+    }
+}
