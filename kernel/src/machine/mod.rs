@@ -18,10 +18,26 @@
 //!   settles an `at_most_once` step as indeterminate (the tool started and gave no answer).
 //! - [`dispatch::fail_pending`]: a step no worker took in time fails without having run.
 //!
+//! Approvals ([`approval`]):
+//! - [`approval::ask_next`]: gated calls are asked one at a time in (turn, position) order; a run
+//!   with a question open is blocked, and runs again once none waits.
+//! - [`approval::answer`]: an approval is answered once; approve makes the call pending (its start
+//!   consumes the approval), reject or an expiry settles it without running.
+//!
+//! A run's end ([`run`]):
+//! - [`run::end`]: a run ends once; completing needs every call settled, failing or cancelling
+//!   settles the calls in flight and withdraws open questions first, so the terminal event is the
+//!   last of the log.
+//!
 //! Settled steps are terminal: no function here takes a settled step anywhere else, so a late or
 //! out-of-order message never reverts one.
 
+pub mod approval;
 pub mod dispatch;
+pub mod run;
+
+#[cfg(test)]
+mod records;
 
 use serde_json::Value;
 

@@ -21,6 +21,7 @@ use tokio::sync::oneshot;
 
 pub use crate::machine::dispatch::{LeaseLoss, ResultReport, StartDispatch};
 pub use crate::machine::human_ms;
+pub use crate::machine::run::EndRun;
 pub use lock::{DbLock, lock_path};
 pub use ops::{Published, unknown_tool_message};
 pub use reads::{Readers, RunFilter};
@@ -160,14 +161,6 @@ pub struct Answered {
     pub approvals: Vec<crate::model::ApprovalRecord>,
     /// Approved steps, now pending: to dispatch.
     pub to_dispatch: Vec<StepRecord>,
-}
-
-/// How a run ends.
-#[derive(Clone, Debug)]
-pub enum EndRun {
-    Complete { output: String },
-    Fail { reason: String },
-    Cancel { reason: String },
 }
 
 /// What deleting runs removed.

@@ -6,13 +6,15 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Value, json};
 
 use super::rows::{self, load_run, load_step, load_step_by_dispatch};
-use super::{Answer, Answered, CallDisposition, CallGate, EndRun, LossOutcome, NewRun, TurnPlan};
+use super::{Answer, Answered, CallDisposition, CallGate, LossOutcome, NewRun, TurnPlan};
 use crate::error::KernelError;
+use crate::machine::approval::{self, Ask, Decided};
 use crate::machine::dispatch::{self, LeaseLoss, ResultReport, StartDispatch};
+use crate::machine::run::{self, EndRun};
 use crate::machine::{StepChange, json_or_string};
 use crate::model::{
-    ApprovalDecision, ApprovalRecord, ApprovalStatus, EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, EventType,
-    Idempotency, Millis, Outcome, RunId, RunRecord, RunStatus, StepKey, StepRecord, StepStatus, ToolDef,
+    ApprovalRecord, ApprovalStatus, EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, EventType, Idempotency, Millis,
+    Outcome, RunId, RunRecord, RunStatus, StepKey, StepRecord, StepStatus, ToolDef,
 };
 
 /// An event committed by a batch, with the step it settled when there is one, so watchers need
@@ -160,7 +162,7 @@ fn save_step(conn: &Connection, step: &StepRecord) -> Result<()> {
     conn.prepare_cached(
         "UPDATE steps SET status = ?3, attempts = ?4, output = ?5, error = ?6, error_kind = ?7, worker = ?8, \
          session_id = ?9, dispatch_id = ?10, lease_expires_at = ?11, started_at = ?12, finished_at = ?13, \
-         progress_count = ?14, not_before = ?15, lease_losses = ?16, cost = ?17, outcome = ?18 \
+         progress_count = ?14, not_before = ?15, lease_losses = ?16, cost = ?17, outcome = ?18, approval = ?19 \
          WHERE run_id = ?1 AND step_key = ?2",
     )?
     .execute(params![
@@ -182,6 +184,9 @@ fn save_step(conn: &Connection, step: &StepRecord) -> Result<()> {
         step.lease_losses,
         step.cost,
         step.outcome.map(Outcome::as_str),
+        step.approval
+            .as_ref()
+            .map(|a| serde_json::to_string(a).expect("a decision serializes")),
     ])?;
     Ok(())
 }
@@ -530,153 +535,119 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
 
 /// Puts the next gated call of the run to a person, one at a time in (turn, position) order;
 /// with none left, a blocked run runs again.
-fn ask_next_approval(tx: &mut Tx<'_>, run_id: &RunId) -> Result<Option<ApprovalRecord>> {
-    let pending: i64 = tx
+fn ask_next_approval(tx: &mut Tx<'_>, run_id: &RunId) -> Result<()> {
+    let open: i64 = tx
         .conn
         .prepare_cached("SELECT COUNT(*) FROM approvals WHERE run_id = ?1 AND status = 'pending'")?
         .query_row([run_id.as_str()], |row| row.get(0))?;
-    if pending > 0 {
-        return Ok(None);
-    }
-    let next = tx
-        .conn
-        .prepare_cached(&format!(
-            "SELECT {} FROM steps WHERE run_id = ?1 AND status = 'awaiting_approval' ORDER BY turn, position LIMIT 1",
-            rows::STEP_COLUMNS
-        ))?
-        .query_row([run_id.as_str()], rows::step_from_row)
-        .optional()?;
-    let run = tx.run(run_id)?;
-    let Some(step) = next else {
-        if run.status == RunStatus::Blocked {
-            tx.conn
-                .prepare_cached("UPDATE runs SET status = 'running', updated_at = ?2 WHERE id = ?1")?
-                .execute(params![run_id.as_str(), tx.now])?;
-            tx.append(
-                run_id,
-                EventType::RunResumed,
-                json!({ "reason": "tool_approval" }),
-                None,
-            )?;
-        }
-        return Ok(None);
-    };
-    let gate = step.approval_gate.clone().unwrap_or_default();
-    let id = uuid::Uuid::now_v7().to_string();
-    let expires_at = gate.timeout_ms.map(|t| tx.now + t as Millis);
-    tx.conn
-        .prepare_cached(
-            "INSERT INTO approvals (id, run_id, step_key, tool, call_hash, arguments, status, approvers, message, \
-             decided_by, requested_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?8, ?9, ?10, ?11)",
-        )?
-        .execute(params![
-            id,
-            run_id.as_str(),
-            step.key.as_str(),
-            step.tool,
-            step.call_hash,
-            step.arguments,
-            serde_json::to_string(&gate.approvers).expect("approvers serialize"),
-            gate.message,
-            gate.decided_by,
-            tx.now,
-            expires_at,
-        ])?;
-    if run.status != RunStatus::Blocked {
+    let next = if open > 0 {
+        None
+    } else {
         tx.conn
-            .prepare_cached("UPDATE runs SET status = 'blocked', updated_at = ?2 WHERE id = ?1")?
-            .execute(params![run_id.as_str(), tx.now])?;
+            .prepare_cached(&format!(
+                "SELECT {} FROM steps WHERE run_id = ?1 AND status = 'awaiting_approval' ORDER BY turn, position LIMIT 1",
+                rows::STEP_COLUMNS
+            ))?
+            .query_row([run_id.as_str()], rows::step_from_row)
+            .optional()?
+    };
+    let run = tx.run(run_id)?;
+    let id = uuid::Uuid::now_v7().to_string();
+    match approval::ask_next(&run, open as usize, next.as_ref(), id, tx.now) {
+        Ask::Nothing => {}
+        Ask::Resume { run, event } => {
+            save_run(tx.conn, &run)?;
+            tx.append(run_id, event.kind, event.payload, None)?;
+        }
+        Ask::Ask(question) => {
+            let approval::Question {
+                approval,
+                step,
+                run,
+                event,
+            } = *question;
+            insert_approval(tx.conn, &approval)?;
+            if let Some(run) = run {
+                save_run(tx.conn, &run)?;
+            }
+            tx.append(run_id, event.kind, event.payload, Some(step))?;
+        }
     }
-    tx.append(
-        run_id,
-        EventType::RunInterrupted,
-        json!({
-            "reason": "tool_approval",
-            "approval_id": id,
-            "step_key": step.key,
-            "position": step.position,
-            "tool_name": step.tool,
-            "tool_use_id": step.call_id.clone().unwrap_or_else(|| step.key.to_string()),
-            "tool_input": json_or_string(&step.arguments),
-            "approvers": gate.approvers,
-            "message": gate.message,
-            "decided_by": gate.decided_by,
-            "expires_at": expires_at,
-        }),
-        Some(step.clone()),
-    )?;
-    Ok(rows::load_approval(tx.conn, &id)?)
+    Ok(())
 }
 
+fn insert_approval(conn: &Connection, approval: &ApprovalRecord) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO approvals (id, run_id, step_key, tool, call_hash, arguments, status, approvers, message, \
+         decided_by, requested_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+    )?
+    .execute(params![
+        approval.id,
+        approval.run_id.as_str(),
+        approval.key.as_str(),
+        approval.tool,
+        approval.call_hash,
+        approval.arguments,
+        approval.status.as_str(),
+        serde_json::to_string(&approval.approvers).expect("approvers serialize"),
+        approval.message,
+        approval.decided_by,
+        approval.requested_at,
+        approval.expires_at,
+    ])?;
+    Ok(())
+}
+
+/// Writes what an answer or a run's end changes of an approval.
+fn save_approval(conn: &Connection, approval: &ApprovalRecord) -> Result<()> {
+    conn.prepare_cached("UPDATE approvals SET status = ?2, answered_at = ?3, decider = ?4, reason = ?5 WHERE id = ?1")?
+        .execute(params![
+            approval.id,
+            approval.status.as_str(),
+            approval.answered_at,
+            approval.decider,
+            approval.reason
+        ])?;
+    Ok(())
+}
+
+/// Writes what a transition may change of a run; its sequence number is the log's own.
+fn save_run(conn: &Connection, run: &RunRecord) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE runs SET status = ?2, output = ?3, reason = ?4, tool_calls = ?5, updated_at = ?6 WHERE id = ?1",
+    )?
+    .execute(params![
+        run.id.as_str(),
+        run.status.as_str(),
+        run.output,
+        run.reason,
+        run.tool_calls,
+        run.updated_at
+    ])?;
+    Ok(())
+}
+
+/// Records an answer to `approval` as the machine decides ([`approval::answer`]).
 fn settle_approval(
     tx: &mut Tx<'_>,
     approval: &ApprovalRecord,
-    status: ApprovalStatus,
-    decider: &str,
-    reason: Option<&str>,
+    answer: (ApprovalStatus, &str, Option<&str>),
     answered: &mut Answered,
 ) -> Result<()> {
-    tx.conn
-        .prepare_cached("UPDATE approvals SET status = ?2, answered_at = ?3, decider = ?4, reason = ?5 WHERE id = ?1")?
-        .execute(params![approval.id, status.as_str(), tx.now, decider, reason])?;
-    tx.append(
-        &approval.run_id,
-        EventType::ApprovalAnswered,
-        json!({
-            "approval_id": approval.id,
-            "step_key": approval.key,
-            "tool": approval.tool,
-            "answer": status.as_str(),
-            "decider": decider,
-            "reason": reason,
-        }),
-        None,
-    )?;
-    let decision = ApprovalDecision {
-        approval_id: approval.id.clone(),
-        answer: status,
-        decider: decider.to_owned(),
-        reason: reason.map(str::to_owned),
-        answered_at: tx.now,
-    };
-    tx.conn
-        .prepare_cached("UPDATE steps SET approval = ?3 WHERE run_id = ?1 AND step_key = ?2")?
-        .execute(params![
-            approval.run_id.as_str(),
-            approval.key.as_str(),
-            serde_json::to_string(&decision).expect("decision serializes")
-        ])?;
     let step = tx.step(&approval.run_id, &approval.key)?;
-    if status == ApprovalStatus::Approved {
-        tx.conn
-            .prepare_cached("UPDATE steps SET status = 'pending' WHERE run_id = ?1 AND step_key = ?2")?
-            .execute(params![step.run_id.as_str(), step.key.as_str()])?;
-        answered.to_dispatch.push(tx.step(&step.run_id, &step.key)?);
-    } else {
-        let (answer, outcome) = if status == ApprovalStatus::Expired {
-            ("expired", Outcome::Expired)
-        } else {
-            ("rejected", Outcome::Rejected)
-        };
-        let mut message = match status {
-            ApprovalStatus::Expired => format!("'{}' was not approved: the approval expired unanswered", step.tool),
-            _ => format!("'{}' was not approved: rejected by {decider}", step.tool),
-        };
-        if let Some(reason) = reason.filter(|r| !r.is_empty()) {
-            message.push_str(&format!(" ({reason})"));
+    let change = approval::answer(approval, &step, answer, tx.now)?;
+    save_approval(tx.conn, &change.approval)?;
+    tx.append(&approval.run_id, change.event.kind, change.event.payload, None)?;
+    match change.step {
+        Decided::Approved(step) => {
+            save_step(tx.conn, &step)?;
+            answered.to_dispatch.push(step);
         }
-        tx.apply(dispatch::settle(
-            &step,
-            (StepStatus::Failed, outcome),
-            Err((ErrorKind::Fatal, &message)),
-            0,
-            json!({ "approval": answer, "decider": decider, "approval_reason": reason }),
-            tx.now,
-        ))?;
+        Decided::Refused(settled) => {
+            tx.apply(settled)?;
+        }
     }
-    answered
-        .approvals
-        .push(rows::load_approval(tx.conn, &approval.id)?.expect("just written"));
+    answered.approvals.push(change.approval);
     Ok(())
 }
 
@@ -699,23 +670,12 @@ pub fn answer_approval(
 ) -> Result<Answered> {
     let approval =
         rows::load_approval(tx.conn, id)?.ok_or_else(|| KernelError::NotFound(format!("approval {id} not found")))?;
-    if approval.status != ApprovalStatus::Pending {
-        return Err(KernelError::FailedPrecondition(format!(
-            "approval {id} is already {}{}",
-            approval.status,
-            approval
-                .decider
-                .as_ref()
-                .map(|d| format!(" by {d}"))
-                .unwrap_or_default()
-        )));
-    }
     let status = match answer {
         Answer::Approve => ApprovalStatus::Approved,
         Answer::Reject => ApprovalStatus::Rejected,
     };
     let mut answered = Answered::default();
-    settle_approval(tx, &approval, status, decider, reason, &mut answered)?;
+    settle_approval(tx, &approval, (status, decider, reason), &mut answered)?;
     ask_next_approval(tx, &approval.run_id)?;
     Ok(answered)
 }
@@ -734,9 +694,7 @@ pub fn expire_approvals(tx: &mut Tx<'_>) -> Result<Answered> {
         settle_approval(
             tx,
             &approval,
-            ApprovalStatus::Expired,
-            "kernel",
-            Some("approval timeout"),
+            (ApprovalStatus::Expired, "kernel", Some("approval timeout")),
             &mut answered,
         )?;
         ask_next_approval(tx, &approval.run_id)?;
@@ -829,12 +787,6 @@ pub fn fail_pending(
 
 pub fn end_run(tx: &mut Tx<'_>, run_id: &RunId, end: EndRun) -> Result<(RunRecord, Vec<StepRecord>)> {
     let run = tx.run(run_id)?;
-    if run.status.is_terminal() {
-        return Err(KernelError::FailedPrecondition(format!(
-            "run {} is already {}",
-            run.id, run.status
-        )));
-    }
     let in_flight: Vec<StepRecord> = tx
         .conn
         .prepare_cached(&format!(
@@ -844,56 +796,24 @@ pub fn end_run(tx: &mut Tx<'_>, run_id: &RunId, end: EndRun) -> Result<(RunRecor
         ))?
         .query_map([run.id.as_str()], rows::step_from_row)?
         .collect::<rusqlite::Result<_>>()?;
-    let (status, kind, output, reason) = match &end {
-        EndRun::Complete { output } => {
-            if !in_flight.is_empty() {
-                return Err(KernelError::FailedPrecondition(format!(
-                    "run {} has {} tool calls in flight; wait for their results or cancel the run",
-                    run.id,
-                    in_flight.len()
-                )));
-            }
-            (
-                RunStatus::Completed,
-                EventType::RunCompleted,
-                Some(output.clone()),
-                None,
-            )
-        }
-        EndRun::Fail { reason } => (RunStatus::Failed, EventType::RunFailed, None, Some(reason.clone())),
-        EndRun::Cancel { reason } => (
-            RunStatus::Cancelled,
-            EventType::RunCancelled,
-            None,
-            Some(reason.clone()),
-        ),
-    };
-    tx.conn
-        .prepare_cached(
-            "UPDATE approvals SET status = 'cancelled', answered_at = ?2 WHERE run_id = ?1 AND status = 'pending'",
-        )?
-        .execute(params![run.id.as_str(), tx.now])?;
-    // Settle every in-flight step first, so the run's terminal event is the last word.
-    let mut settled = Vec::with_capacity(in_flight.len());
-    for step in &in_flight {
-        let message = format!("run {}: {}", status, reason.as_deref().unwrap_or(""));
-        settled.push(tx.apply(dispatch::settle(
-            step,
-            (StepStatus::Cancelled, Outcome::Cancelled),
-            Err((ErrorKind::Fatal, &message)),
-            0,
-            json!({ "reason": "run_ended" }),
-            tx.now,
-        ))?);
+    let open: Vec<ApprovalRecord> = tx
+        .conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM approvals WHERE run_id = ?1 AND status = 'pending'",
+            rows::APPROVAL_COLUMNS
+        ))?
+        .query_map([run.id.as_str()], rows::approval_from_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    let ended = run::end(&run, &in_flight, &open, &end, tx.now)?;
+    for approval in &ended.withdrawn {
+        save_approval(tx.conn, approval)?;
     }
-    tx.conn
-        .prepare_cached("UPDATE runs SET status = ?2, output = ?3, reason = ?4, updated_at = ?5 WHERE id = ?1")?
-        .execute(params![run.id.as_str(), status.as_str(), output, reason, tx.now])?;
-    let payload = match (&output, &reason) {
-        (Some(output), _) => json!({ "output": json_or_string(output) }),
-        (_, reason) => json!({ "reason": reason, "cancelled_steps": settled.len() }),
-    };
-    tx.append(&run.id, kind, payload, None)?;
+    let mut settled = Vec::with_capacity(ended.settled.len());
+    for change in ended.settled {
+        settled.push(tx.apply(change)?);
+    }
+    save_run(tx.conn, &ended.run)?;
+    tx.append(&run.id, ended.event.kind, ended.event.payload, None)?;
     Ok((tx.run(&run.id)?, settled))
 }
 

@@ -1,52 +1,8 @@
 //! Table-driven tests of a dispatch's transitions: no database, just records in and changes out.
 
 use super::*;
+use crate::machine::records::{NOW, step};
 use crate::model::RetryPolicy;
-
-const NOW: Millis = 1_000_000;
-
-fn step() -> StepRecord {
-    StepRecord {
-        run_id: RunId::parse("01a23000-0000-7000-8000-000000000001", "run").unwrap(),
-        key: StepKey::for_call(0, 0, None),
-        turn: 0,
-        position: 0,
-        call_id: None,
-        tool: "charge".into(),
-        fingerprint: "f".into(),
-        version: "1".into(),
-        arguments: "{}".into(),
-        call_hash: "h".into(),
-        idempotency_key: "ik".into(),
-        idempotency: Idempotency::SafeToRetry,
-        timeout_ms: 30_000,
-        status: StepStatus::Pending,
-        attempts: 0,
-        output: None,
-        error: None,
-        error_kind: None,
-        worker: None,
-        session_id: None,
-        dispatch_id: None,
-        lease_expires_at: None,
-        created_at: NOW - 10,
-        started_at: None,
-        finished_at: None,
-        replays: 0,
-        progress_count: 0,
-        retry: None,
-        blocking: false,
-        not_before: None,
-        lease_losses: 0,
-        unit_cost: 0.5,
-        cost: 0.0,
-        decided_by: None,
-        approval_gate: None,
-        cache_ttl_ms: None,
-        outcome: None,
-        approval: None,
-    }
-}
 
 fn lease(attempt: u32) -> StartDispatch {
     StartDispatch {

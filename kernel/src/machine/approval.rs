@@ -1,0 +1,337 @@
+//! Approvals: the gated calls of a run are put to a person one at a time, in (turn, position)
+//! order; the run is blocked while one is open and runs again once none is left. An answer is
+//! given once: approve lets the call go to a worker (its start consumes the approval), reject or
+//! an expiry settles it without running.
+
+use serde_json::json;
+
+use super::dispatch::settle;
+use super::{NewEvent, StepChange, json_or_string};
+use crate::error::KernelError;
+use crate::model::{
+    ApprovalDecision, ApprovalRecord, ApprovalStatus, ErrorKind, EventType, Millis, Outcome, RunRecord, RunStatus,
+    StepRecord, StepStatus,
+};
+
+/// What asking the next gated call of a run changes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Ask {
+    /// Nothing: a question is open already, or nothing waits and the run was not blocked.
+    Nothing,
+    /// Nothing waits any more: the blocked run runs again.
+    Resume { run: Box<RunRecord>, event: NewEvent },
+    /// Put a question to a person, blocking the run.
+    Ask(Box<Question>),
+}
+
+/// A question to put to a person about one gated call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Question {
+    pub approval: ApprovalRecord,
+    pub step: StepRecord,
+    /// The run, when asking changes its status.
+    pub run: Option<RunRecord>,
+    pub event: NewEvent,
+}
+
+/// Decides what to ask next in `run`, which has `open` questions pending and `next` as its first
+/// call awaiting approval; a new question gets the id `id`.
+pub fn ask_next(run: &RunRecord, open: usize, next: Option<&StepRecord>, id: String, now: Millis) -> Ask {
+    if open > 0 {
+        return Ask::Nothing;
+    }
+    let Some(step) = next else {
+        if run.status != RunStatus::Blocked {
+            return Ask::Nothing;
+        }
+        let mut resumed = run.clone();
+        resumed.status = RunStatus::Running;
+        resumed.updated_at = now;
+        return Ask::Resume {
+            run: Box::new(resumed),
+            event: NewEvent {
+                kind: EventType::RunResumed,
+                payload: json!({ "reason": "tool_approval" }),
+            },
+        };
+    };
+    let gate = step.approval_gate.clone().unwrap_or_default();
+    let expires_at = gate.timeout_ms.map(|t| now + t as Millis);
+    let payload = json!({
+        "reason": "tool_approval",
+        "approval_id": id,
+        "step_key": step.key,
+        "position": step.position,
+        "tool_name": step.tool,
+        "tool_use_id": step.call_id.clone().unwrap_or_else(|| step.key.to_string()),
+        "tool_input": json_or_string(&step.arguments),
+        "approvers": gate.approvers,
+        "message": gate.message,
+        "decided_by": gate.decided_by,
+        "expires_at": expires_at,
+    });
+    let approval = ApprovalRecord {
+        id,
+        run_id: run.id.clone(),
+        key: step.key.clone(),
+        tool: step.tool.clone(),
+        call_hash: step.call_hash.clone(),
+        arguments: step.arguments.clone(),
+        status: ApprovalStatus::Pending,
+        approvers: gate.approvers,
+        message: gate.message,
+        decided_by: gate.decided_by,
+        requested_at: now,
+        expires_at,
+        answered_at: None,
+        decider: None,
+        reason: None,
+        capture: run.capture,
+    };
+    let blocked = (run.status != RunStatus::Blocked).then(|| {
+        let mut blocked = run.clone();
+        blocked.status = RunStatus::Blocked;
+        blocked.updated_at = now;
+        blocked
+    });
+    Ask::Ask(Box::new(Question {
+        approval,
+        step: step.clone(),
+        run: blocked,
+        event: NewEvent {
+            kind: EventType::RunInterrupted,
+            payload,
+        },
+    }))
+}
+
+/// What an answer does to the gated step.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decided {
+    /// Approved: pending again, to dispatch; its start consumes the approval.
+    Approved(StepRecord),
+    /// Rejected or expired: settled without running.
+    Refused(StepChange),
+}
+
+/// An answer to one approval: the approval answered, the event that says so, and the step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Answer {
+    pub approval: ApprovalRecord,
+    pub event: NewEvent,
+    pub step: Decided,
+}
+
+/// Answers `approval` about `step` with `status` (approved, rejected or expired) as `decider`;
+/// an approval that is not pending any more is refused: an answer is given once.
+pub fn answer(
+    approval: &ApprovalRecord,
+    step: &StepRecord,
+    (status, decider, reason): (ApprovalStatus, &str, Option<&str>),
+    now: Millis,
+) -> Result<Answer, KernelError> {
+    if approval.status != ApprovalStatus::Pending {
+        return Err(KernelError::FailedPrecondition(format!(
+            "approval {} is already {}{}",
+            approval.id,
+            approval.status,
+            approval
+                .decider
+                .as_ref()
+                .map(|d| format!(" by {d}"))
+                .unwrap_or_default()
+        )));
+    }
+    debug_assert!(matches!(
+        status,
+        ApprovalStatus::Approved | ApprovalStatus::Rejected | ApprovalStatus::Expired
+    ));
+    let mut answered = approval.clone();
+    answered.status = status;
+    answered.answered_at = Some(now);
+    answered.decider = Some(decider.to_owned());
+    answered.reason = reason.map(str::to_owned);
+    let event = NewEvent {
+        kind: EventType::ApprovalAnswered,
+        payload: json!({
+            "approval_id": approval.id,
+            "step_key": approval.key,
+            "tool": approval.tool,
+            "answer": status.as_str(),
+            "decider": decider,
+            "reason": reason,
+        }),
+    };
+    let mut decided = step.clone();
+    decided.approval = Some(ApprovalDecision {
+        approval_id: approval.id.clone(),
+        answer: status,
+        decider: decider.to_owned(),
+        reason: reason.map(str::to_owned),
+        answered_at: now,
+    });
+    let step = if status == ApprovalStatus::Approved {
+        decided.status = StepStatus::Pending;
+        Decided::Approved(decided)
+    } else {
+        let (answer, outcome, mut message) = match status {
+            ApprovalStatus::Expired => (
+                "expired",
+                Outcome::Expired,
+                format!("'{}' was not approved: the approval expired unanswered", step.tool),
+            ),
+            _ => (
+                "rejected",
+                Outcome::Rejected,
+                format!("'{}' was not approved: rejected by {decider}", step.tool),
+            ),
+        };
+        if let Some(reason) = reason.filter(|r| !r.is_empty()) {
+            message.push_str(&format!(" ({reason})"));
+        }
+        Decided::Refused(settle(
+            &decided,
+            (StepStatus::Failed, outcome),
+            Err((ErrorKind::Fatal, &message)),
+            0,
+            json!({ "approval": answer, "decider": decider, "approval_reason": reason }),
+            now,
+        ))
+    };
+    Ok(Answer {
+        approval: answered,
+        event,
+        step,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::records::{NOW, run, step};
+    use crate::model::ApprovalGate;
+
+    fn gated(position: u32) -> StepRecord {
+        let mut step = step();
+        step.key = crate::model::StepKey::for_call(0, position, None);
+        step.position = position;
+        step.status = StepStatus::AwaitingApproval;
+        step.approval_gate = Some(ApprovalGate {
+            timeout_ms: Some(60_000),
+            approvers: vec!["payments-oncall".into()],
+            message: Some("check the ticket".into()),
+            decided_by: "rule:big-refunds".into(),
+        });
+        step
+    }
+
+    fn asked(open: usize, next: Option<&StepRecord>, status: RunStatus) -> Ask {
+        let mut run = run();
+        run.status = status;
+        ask_next(&run, open, next, "ap-1".into(), NOW)
+    }
+
+    #[test]
+    fn questions_are_put_one_at_a_time_and_a_blocked_run_resumes_when_none_is_left() {
+        let waiting = gated(1);
+        // (open questions, next gated call, run status) -> what happens
+        assert_eq!(
+            asked(1, Some(&waiting), RunStatus::Blocked),
+            Ask::Nothing,
+            "one at a time"
+        );
+        assert_eq!(asked(0, None, RunStatus::Running), Ask::Nothing);
+        let Ask::Resume { run, event } = asked(0, None, RunStatus::Blocked) else {
+            panic!("a blocked run with nothing to ask resumes");
+        };
+        assert_eq!((run.status, event.kind), (RunStatus::Running, EventType::RunResumed));
+
+        let Ask::Ask(question) = asked(0, Some(&waiting), RunStatus::Running) else {
+            panic!("the next gated call is asked");
+        };
+        let Question {
+            approval,
+            step,
+            run,
+            event,
+        } = *question;
+        assert_eq!(approval.status, ApprovalStatus::Pending);
+        assert_eq!(approval.key, waiting.key);
+        assert_eq!(approval.expires_at, Some(NOW + 60_000));
+        assert_eq!(approval.approvers, ["payments-oncall"]);
+        assert_eq!(step.key, waiting.key);
+        assert_eq!(run.map(|r| r.status), Some(RunStatus::Blocked));
+        assert_eq!(event.kind, EventType::RunInterrupted);
+        assert_eq!(event.payload["approval_id"], "ap-1");
+        assert_eq!(event.payload["tool_use_id"], "t0/p1");
+        let Ask::Ask(question) = asked(0, Some(&waiting), RunStatus::Blocked) else {
+            panic!("asked");
+        };
+        assert_eq!(question.run, None, "an already blocked run stays as it is");
+    }
+
+    fn question(step: &StepRecord) -> ApprovalRecord {
+        let Ask::Ask(question) = asked(0, Some(step), RunStatus::Running) else {
+            panic!("asked");
+        };
+        question.approval
+    }
+
+    #[test]
+    fn an_answer_is_given_once_and_only_approve_lets_the_call_run() {
+        let waiting = gated(0);
+        let open = question(&waiting);
+        let cases: &[(ApprovalStatus, Option<Outcome>, &str)] = &[
+            (ApprovalStatus::Approved, None, ""),
+            (
+                ApprovalStatus::Rejected,
+                Some(Outcome::Rejected),
+                "rejected by bob (no ticket)",
+            ),
+            (
+                ApprovalStatus::Expired,
+                Some(Outcome::Expired),
+                "the approval expired unanswered",
+            ),
+        ];
+        for &(status, outcome, said) in cases {
+            let decider = if status == ApprovalStatus::Expired {
+                "kernel"
+            } else {
+                "bob"
+            };
+            let answered = answer(&open, &waiting, (status, decider, Some("no ticket")), NOW).unwrap();
+            assert_eq!(answered.approval.status, status);
+            assert_eq!(answered.approval.decider.as_deref(), Some(decider));
+            assert_eq!(answered.event.kind, EventType::ApprovalAnswered);
+            match (answered.step, outcome) {
+                (Decided::Approved(step), None) => {
+                    assert_eq!(step.status, StepStatus::Pending, "to dispatch");
+                    assert_eq!(step.approval.map(|a| a.decider), Some("bob".into()));
+                }
+                (Decided::Refused(change), Some(outcome)) => {
+                    assert_eq!(change.step.status, StepStatus::Failed);
+                    assert_eq!(change.step.outcome, Some(outcome));
+                    assert_eq!(change.step.attempts, 0, "it never ran");
+                    assert!(
+                        change.step.error.as_deref().unwrap().contains(said),
+                        "{:?}",
+                        change.step.error
+                    );
+                    assert_eq!(change.event.kind, EventType::ToolResult);
+                }
+                (other, _) => panic!("{status}: {other:?}"),
+            }
+            let again = answer(
+                &answered.approval,
+                &waiting,
+                (ApprovalStatus::Approved, "alice", None),
+                NOW,
+            );
+            assert!(
+                matches!(again, Err(KernelError::FailedPrecondition(ref m)) if m.contains("is already")),
+                "{status}: {again:?}"
+            );
+        }
+    }
+}

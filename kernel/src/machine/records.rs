@@ -1,0 +1,73 @@
+//! Records for the state machine's tests: a pending step and a running run, to vary per case.
+
+use crate::model::{Capture, Idempotency, Millis, RunId, RunRecord, RunStatus, StepKey, StepRecord, StepStatus};
+
+/// The time every transition of these tests happens at.
+pub const NOW: Millis = 1_000_000;
+
+/// A pending call of `charge`, safe to retry, with no retry policy, that never ran.
+pub fn step() -> StepRecord {
+    StepRecord {
+        run_id: RunId::parse("01a23000-0000-7000-8000-000000000001", "run").unwrap(),
+        key: StepKey::for_call(0, 0, None),
+        turn: 0,
+        position: 0,
+        call_id: None,
+        tool: "charge".into(),
+        fingerprint: "f".into(),
+        version: "1".into(),
+        arguments: "{}".into(),
+        call_hash: "h".into(),
+        idempotency_key: "ik".into(),
+        idempotency: Idempotency::SafeToRetry,
+        timeout_ms: 30_000,
+        status: StepStatus::Pending,
+        attempts: 0,
+        output: None,
+        error: None,
+        error_kind: None,
+        worker: None,
+        session_id: None,
+        dispatch_id: None,
+        lease_expires_at: None,
+        created_at: NOW - 10,
+        started_at: None,
+        finished_at: None,
+        replays: 0,
+        progress_count: 0,
+        retry: None,
+        blocking: false,
+        not_before: None,
+        lease_losses: 0,
+        unit_cost: 0.5,
+        cost: 0.0,
+        decided_by: None,
+        approval_gate: None,
+        cache_ttl_ms: None,
+        outcome: None,
+        approval: None,
+    }
+}
+
+/// A running, interactive run with no calls yet.
+pub fn run() -> RunRecord {
+    RunRecord {
+        id: step().run_id,
+        agent: "billing".into(),
+        status: RunStatus::Running,
+        input: "{}".into(),
+        output: None,
+        reason: None,
+        labels: Default::default(),
+        idempotency_key: None,
+        max_tool_calls: 0,
+        interactive: true,
+        permissions: Vec::new(),
+        capture: Capture::Io,
+        granted_by: None,
+        tool_calls: 0,
+        last_seq: 3,
+        created_at: NOW - 1_000,
+        updated_at: NOW - 1_000,
+    }
+}

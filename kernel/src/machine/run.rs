@@ -1,0 +1,184 @@
+//! How a run ends: completing needs every call settled; failing or cancelling settles the calls
+//! in flight first (and withdraws the questions still open), so the run's terminal event is the
+//! last word of its log. A run ends once.
+
+use serde_json::json;
+
+use super::dispatch::settle;
+use super::{NewEvent, StepChange, json_or_string};
+use crate::error::KernelError;
+use crate::model::{
+    ApprovalRecord, ApprovalStatus, ErrorKind, EventType, Millis, Outcome, RunRecord, RunStatus, StepRecord, StepStatus,
+};
+
+/// How a run ends.
+#[derive(Clone, Debug)]
+pub enum EndRun {
+    Complete { output: String },
+    Fail { reason: String },
+    Cancel { reason: String },
+}
+
+/// What ending a run changes, in the order the store applies it: questions withdrawn, calls
+/// settled, then the run and its terminal event.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunEnd {
+    pub withdrawn: Vec<ApprovalRecord>,
+    pub settled: Vec<StepChange>,
+    pub run: RunRecord,
+    pub event: NewEvent,
+}
+
+/// Ends `run`, whose calls in flight are `in_flight` and whose open questions are `open`.
+pub fn end(
+    run: &RunRecord,
+    in_flight: &[StepRecord],
+    open: &[ApprovalRecord],
+    end: &EndRun,
+    now: Millis,
+) -> Result<RunEnd, KernelError> {
+    if run.status.is_terminal() {
+        return Err(KernelError::FailedPrecondition(format!(
+            "run {} is already {}",
+            run.id, run.status
+        )));
+    }
+    let (status, kind, output, reason) = match end {
+        EndRun::Complete { output } => {
+            if !in_flight.is_empty() {
+                return Err(KernelError::FailedPrecondition(format!(
+                    "run {} has {} tool calls in flight; wait for their results or cancel the run",
+                    run.id,
+                    in_flight.len()
+                )));
+            }
+            (
+                RunStatus::Completed,
+                EventType::RunCompleted,
+                Some(output.clone()),
+                None,
+            )
+        }
+        EndRun::Fail { reason } => (RunStatus::Failed, EventType::RunFailed, None, Some(reason.clone())),
+        EndRun::Cancel { reason } => (
+            RunStatus::Cancelled,
+            EventType::RunCancelled,
+            None,
+            Some(reason.clone()),
+        ),
+    };
+    let withdrawn = open
+        .iter()
+        .filter(|a| a.status == ApprovalStatus::Pending)
+        .map(|a| {
+            let mut withdrawn = a.clone();
+            withdrawn.status = ApprovalStatus::Cancelled;
+            withdrawn.answered_at = Some(now);
+            withdrawn
+        })
+        .collect();
+    let message = format!("run {}: {}", status, reason.as_deref().unwrap_or(""));
+    let settled: Vec<StepChange> = in_flight
+        .iter()
+        .map(|step| {
+            settle(
+                step,
+                (StepStatus::Cancelled, Outcome::Cancelled),
+                Err((ErrorKind::Fatal, &message)),
+                0,
+                json!({ "reason": "run_ended" }),
+                now,
+            )
+        })
+        .collect();
+    let payload = match (&output, &reason) {
+        (Some(output), _) => json!({ "output": json_or_string(output) }),
+        (_, reason) => json!({ "reason": reason, "cancelled_steps": settled.len() }),
+    };
+    let mut ended = run.clone();
+    ended.status = status;
+    ended.output = output;
+    ended.reason = reason;
+    ended.updated_at = now;
+    Ok(RunEnd {
+        withdrawn,
+        settled,
+        run: ended,
+        event: NewEvent { kind, payload },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::records::{NOW, run, step};
+
+    fn open_question() -> ApprovalRecord {
+        ApprovalRecord {
+            id: "ap-1".into(),
+            run_id: run().id,
+            key: step().key,
+            tool: "refund".into(),
+            call_hash: "h".into(),
+            arguments: "{}".into(),
+            status: ApprovalStatus::Pending,
+            approvers: Vec::new(),
+            message: None,
+            decided_by: "tool:requires_approval".into(),
+            requested_at: NOW - 5,
+            expires_at: None,
+            answered_at: None,
+            decider: None,
+            reason: None,
+            capture: crate::model::Capture::Io,
+        }
+    }
+
+    #[test]
+    fn cancelling_settles_calls_and_withdraws_questions_before_the_run_ends() {
+        let in_flight = [step(), {
+            let mut gated = step();
+            gated.status = StepStatus::AwaitingApproval;
+            gated
+        }];
+        let ended = end(
+            &run(),
+            &in_flight,
+            &[open_question()],
+            &EndRun::Cancel {
+                reason: "operator".into(),
+            },
+            NOW,
+        )
+        .unwrap();
+        assert_eq!(ended.withdrawn.len(), 1);
+        assert_eq!(ended.withdrawn[0].status, ApprovalStatus::Cancelled);
+        assert_eq!(ended.settled.len(), 2);
+        assert!(ended.settled.iter().all(|c| c.step.status == StepStatus::Cancelled
+            && c.step.outcome == Some(Outcome::Cancelled)
+            && c.event.kind == EventType::ToolResult));
+        assert_eq!(ended.run.status, RunStatus::Cancelled);
+        assert_eq!(ended.run.reason.as_deref(), Some("operator"));
+        assert_eq!(ended.event.kind, EventType::RunCancelled);
+        assert_eq!(ended.event.payload["cancelled_steps"], 2);
+    }
+
+    #[test]
+    fn a_run_ends_once_and_completes_only_with_every_call_settled() {
+        let complete = EndRun::Complete { output: "42".into() };
+        let busy = end(&run(), &[step()], &[], &complete, NOW).unwrap_err();
+        assert!(busy.to_string().contains("1 tool calls in flight"), "{busy}");
+        let done = end(&run(), &[], &[], &complete, NOW).unwrap();
+        assert_eq!(
+            (done.run.status, done.run.output.as_deref()),
+            (RunStatus::Completed, Some("42"))
+        );
+        assert_eq!(done.event.payload["output"], 42);
+        for status in [RunStatus::Completed, RunStatus::Failed, RunStatus::Cancelled] {
+            let mut ended = run();
+            ended.status = status;
+            let again = end(&ended, &[], &[], &EndRun::Fail { reason: "x".into() }, NOW);
+            assert!(matches!(again, Err(KernelError::FailedPrecondition(_))), "{status}");
+        }
+    }
+}
