@@ -7,8 +7,8 @@
 //!   the leases of running calls, and
 //! - [`store`], SQLite behind one writer thread that commits queued writes together and publishes
 //!   committed events to the [`hub`], where waiting agents and watchers pick them up. The store
-//!   loads records and saves changes; [`machine`] decides them (so far a dispatch's life,
-//!   approvals and a run's end; recording a turn's calls still decides in the store's ops).
+//!   loads records and saves changes; [`machine`] decides them: every rule of a run, its calls,
+//!   their dispatches and approvals, with no I/O.
 //! - [`retention`] deletes finished runs on request or past `--retain-finished`.
 //! - [`registry`] holds the tools workers have registered; [`model`] the domain types.
 //! - [`auth`] stands in front of every `kernel.v1` service: with an auth file, a request passes

@@ -88,7 +88,15 @@ pub fn start(step: &StepRecord, start: &StartDispatch, now: Millis) -> Option<St
     })
 }
 
-/// Ends a step with its one `tool:result`: its terminal status and why (`end`), its output or
+/// Whether starting `step` uses up an approval: the start of an approved call consumes it, in
+/// the same transaction, so one approval covers one start.
+pub fn consumes_approval(step: &StepRecord) -> bool {
+    step.approval
+        .as_ref()
+        .is_some_and(|a| a.answer == crate::model::ApprovalStatus::Approved)
+}
+
+/// Ends a step with its one `tool:result`: its terminal status and why, its output or
 /// error, the progress its last attempt reported, and `extra` fields for the event.
 pub fn settle(
     step: &StepRecord,

@@ -4,6 +4,17 @@
 //! time, and saves what comes back; the events it returns are appended in order and numbered by
 //! the store. So every rule is written once, for every backend, and tested without a database.
 //!
+//! A turn's calls ([`turn`]):
+//! - [`turn::admit`]: a finished run takes no call, a blocked run no new one, no run more
+//!   unsettled calls than its limit; the first turn starts a pending run.
+//! - [`turn::resubmitted`]: a call already recorded at its identity is replayed (settled), joined
+//!   (in flight) or refused as `replay_input_changed` (another tool, fingerprint or arguments),
+//!   never run again.
+//! - [`turn::decide`] and [`turn::record`]: a new call over `max_tool_calls`, to an unknown tool,
+//!   with invalid arguments or denied by policy is settled at once with its one terminal event and
+//!   no `tool:start`; a gated one waits for a person; a cached one is served; any other is
+//!   scheduled.
+//!
 //! The commands of one dispatch of a step ([`dispatch`]) and the invariants each upholds:
 //! - [`dispatch::start`]: a step starts only while pending, and only as the attempt after its
 //!   last (an attempt number is never issued twice); `tool:start` is the change the store commits
@@ -24,7 +35,10 @@
 //! - [`approval::answer`]: an approval is answered once; approve makes the call pending (its start
 //!   consumes the approval), reject or an expiry settles it without running.
 //!
-//! A run's end ([`run`]):
+//! A run's life ([`run`]):
+//! - [`run::create`]: an idempotency key gives back the run that holds it, and refuses another
+//!   agent or input under it.
+//! - [`run::deletable`]: only a finished run may be deleted.
 //! - [`run::end`]: a run ends once; completing needs every call settled, failing or cancelling
 //!   settles the calls in flight and withdraws open questions first, so the terminal event is the
 //!   last of the log.
@@ -35,6 +49,7 @@
 pub mod approval;
 pub mod dispatch;
 pub mod run;
+pub mod turn;
 
 #[cfg(test)]
 mod records;

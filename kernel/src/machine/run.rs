@@ -1,4 +1,5 @@
-//! How a run ends: completing needs every call settled; failing or cancelling settles the calls
+//! How a run begins and ends. A create with an idempotency key returns the run that holds it
+//! (same agent and input) instead of a second one. Completing needs every call settled; failing or cancelling settles the calls
 //! in flight first (and withdraws the questions still open), so the run's terminal event is the
 //! last word of its log. A run ends once.
 
@@ -7,9 +8,102 @@ use serde_json::json;
 use super::dispatch::settle;
 use super::{NewEvent, StepChange, json_or_string};
 use crate::error::KernelError;
+use std::collections::BTreeMap;
+
 use crate::model::{
-    ApprovalRecord, ApprovalStatus, ErrorKind, EventType, Millis, Outcome, RunRecord, RunStatus, StepRecord, StepStatus,
+    ApprovalRecord, ApprovalStatus, Capture, ErrorKind, EventType, Millis, Outcome, RunId, RunRecord, RunStatus,
+    StepRecord, StepStatus,
 };
+
+/// A run to create.
+#[derive(Clone, Debug)]
+pub struct NewRun {
+    pub agent: String,
+    /// Canonical JSON text.
+    pub input: String,
+    pub labels: BTreeMap<String, String>,
+    pub idempotency_key: Option<String>,
+    pub max_tool_calls: u32,
+    /// `false` for runs that cannot wait for a person.
+    pub interactive: bool,
+    /// Permissions granted to the run.
+    pub permissions: Vec<String>,
+    /// The API key that granted them; `None` without an auth file, where the run's claim stands.
+    pub granted_by: Option<String>,
+    /// What inspection shows of its arguments and results.
+    pub capture: Capture,
+}
+
+/// What creating a run does: with an idempotency key a run already holds, that run (when its
+/// agent and input match; anything else under the same key is refused), else a new run.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Created {
+    Existing(Box<RunRecord>),
+    New { run: Box<RunRecord>, event: NewEvent },
+}
+
+/// Creates a run as `new` asks, given the run that holds its idempotency key, if any; a new run
+/// gets the id `id`.
+pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis) -> Result<Created, KernelError> {
+    if let Some(run) = existing {
+        if run.agent == new.agent && run.input == new.input {
+            return Ok(Created::Existing(Box::new(run)));
+        }
+        return Err(KernelError::AlreadyExists(format!(
+            "idempotency_key '{}' is already used by run {} with a different agent or input",
+            new.idempotency_key.as_deref().unwrap_or_default(),
+            run.id
+        )));
+    }
+    let event = NewEvent {
+        kind: EventType::RunCreated,
+        payload: json!({
+            "agent": new.agent,
+            "input": json_or_string(&new.input),
+            "labels": new.labels,
+            "idempotency_key": new.idempotency_key,
+            "max_tool_calls": new.max_tool_calls,
+            "interactive": new.interactive,
+            "permissions": new.permissions,
+            "permissions_granted_by": new.granted_by,
+            "capture": new.capture.as_str(),
+        }),
+    };
+    let run = RunRecord {
+        id,
+        agent: new.agent.clone(),
+        status: RunStatus::Pending,
+        input: new.input.clone(),
+        output: None,
+        reason: None,
+        labels: new.labels.clone(),
+        idempotency_key: new.idempotency_key.clone(),
+        max_tool_calls: new.max_tool_calls,
+        interactive: new.interactive,
+        permissions: new.permissions.clone(),
+        capture: new.capture,
+        granted_by: new.granted_by.clone(),
+        tool_calls: 0,
+        last_seq: 0,
+        created_at: now,
+        updated_at: now,
+    };
+    Ok(Created::New {
+        run: Box::new(run),
+        event,
+    })
+}
+
+/// Refuses to delete a run still in flight: only a finished run may go.
+pub fn deletable(run: &RunRecord) -> Result<(), KernelError> {
+    if run.status.is_terminal() {
+        return Ok(());
+    }
+    Err(KernelError::FailedPrecondition(format!(
+        "run {} is {}; only a finished run can be deleted (cancel it first: kernelctl runs cancel {})",
+        run.id, run.status, run.id
+    )))
+}
 
 /// How a run ends.
 #[derive(Clone, Debug)]
@@ -161,6 +255,50 @@ mod tests {
         assert_eq!(ended.run.reason.as_deref(), Some("operator"));
         assert_eq!(ended.event.kind, EventType::RunCancelled);
         assert_eq!(ended.event.payload["cancelled_steps"], 2);
+    }
+
+    fn new_run(key: Option<&str>) -> NewRun {
+        NewRun {
+            agent: "billing".into(),
+            input: "{}".into(),
+            labels: BTreeMap::new(),
+            idempotency_key: key.map(str::to_owned),
+            max_tool_calls: 0,
+            interactive: true,
+            permissions: Vec::new(),
+            granted_by: None,
+            capture: Capture::Io,
+        }
+    }
+
+    #[test]
+    fn a_key_gives_back_its_run_and_refuses_another_under_it() {
+        let id = run().id;
+        let Created::New { run: created, event } = create(None, &new_run(Some("k")), id.clone(), NOW).unwrap() else {
+            panic!("a new run");
+        };
+        assert_eq!((created.status, created.id.clone()), (RunStatus::Pending, id));
+        assert_eq!(event.kind, EventType::RunCreated);
+        let again = create(Some((*created).clone()), &new_run(Some("k")), RunId::new(), NOW).unwrap();
+        assert_eq!(again, Created::Existing(created.clone()));
+        let mut other = new_run(Some("k"));
+        other.input = "[1]".into();
+        let refused = create(Some(*created), &other, RunId::new(), NOW).unwrap_err();
+        assert!(matches!(refused, KernelError::AlreadyExists(_)), "{refused}");
+    }
+
+    #[test]
+    fn only_a_finished_run_may_be_deleted() {
+        for status in [RunStatus::Pending, RunStatus::Running, RunStatus::Blocked] {
+            let mut live = run();
+            live.status = status;
+            assert!(deletable(&live).is_err(), "{status}");
+        }
+        for status in [RunStatus::Completed, RunStatus::Failed, RunStatus::Cancelled] {
+            let mut done = run();
+            done.status = status;
+            assert!(deletable(&done).is_ok(), "{status}");
+        }
     }
 
     #[test]

@@ -12,18 +12,19 @@ mod rows;
 mod schema;
 mod writer;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, mpsc};
+use std::sync::mpsc;
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 pub use crate::machine::dispatch::{LeaseLoss, ResultReport, StartDispatch};
 pub use crate::machine::human_ms;
-pub use crate::machine::run::EndRun;
+pub use crate::machine::run::{EndRun, NewRun};
+pub use crate::machine::turn::unknown_tool_message;
+pub use crate::machine::turn::{CallDisposition, CallGate, PlannedCall, TurnPlan};
 pub use lock::{DbLock, lock_path};
-pub use ops::{Published, unknown_tool_message};
+pub use ops::Published;
 pub use reads::{Readers, RunFilter};
 use writer::Command;
 
@@ -39,101 +40,6 @@ pub enum Durability {
     /// `synchronous=NORMAL`: faster; in WAL mode a power loss may drop the last commits, a crash
     /// of the kernel process does not.
     Normal,
-}
-
-/// A run to create.
-#[derive(Clone, Debug)]
-pub struct NewRun {
-    pub agent: String,
-    /// Canonical JSON text.
-    pub input: String,
-    pub labels: BTreeMap<String, String>,
-    pub idempotency_key: Option<String>,
-    pub max_tool_calls: u32,
-    /// `false` for runs that cannot wait for a person.
-    pub interactive: bool,
-    /// Permissions granted to the run.
-    pub permissions: Vec<String>,
-    /// The API key that granted them; `None` without an auth file, where the run's claim stands.
-    pub granted_by: Option<String>,
-    /// What inspection shows of its arguments and results.
-    pub capture: crate::model::Capture,
-}
-
-/// One call of a submitted turn, validated and resolved against the registry.
-#[derive(Clone, Debug)]
-pub struct PlannedCall {
-    pub position: u32,
-    pub key: StepKey,
-    pub call_id: Option<String>,
-    pub tool_name: String,
-    /// Canonical JSON text.
-    pub arguments: String,
-    /// `None` when no worker registered the tool, or the turn's offer leaves it out.
-    pub tool: Option<Arc<ToolDef>>,
-    /// The turn named the tools the model was offered, and this call's is not among them.
-    pub not_offered: bool,
-    /// The call's own timeout, overriding the tool's.
-    pub timeout_ms: Option<u64>,
-    /// Hash of tool, fingerprint and canonical arguments: what a resubmission must match.
-    pub call_hash: String,
-    /// What validation and policy decided.
-    pub gate: CallGate,
-    /// Price of one attempt.
-    pub unit_cost: f64,
-    /// A worker slot the scheduler reserved for this call: if the call is recorded ready to run,
-    /// its `tool:start` is recorded in the same commit as its `tool:scheduled`.
-    pub start: Option<StartDispatch>,
-}
-
-/// What stands between a recorded call and its dispatch.
-#[derive(Clone, Debug, PartialEq)]
-pub enum CallGate {
-    /// Dispatch it; `decided_by` names what allowed it.
-    Run { decided_by: String },
-    /// Settle it at once with a recoverable error the model reads (e.g. invalid arguments).
-    Refuse {
-        message: String,
-        reason: &'static str,
-        outcome: crate::model::Outcome,
-    },
-    /// Denied by policy: settled under `tool:denied`.
-    Deny { message: String, decided_by: String },
-    /// Ask a person before it may start.
-    Approve(crate::model::ApprovalGate),
-}
-
-/// A turn to record.
-#[derive(Clone, Debug)]
-pub struct TurnPlan {
-    pub run_id: RunId,
-    pub turn: u32,
-    pub calls: Vec<PlannedCall>,
-    /// What an unknown-tool message lists: the turn's offer, or the tools connected workers offer
-    /// now (empty when every call's tool is known).
-    pub available_tools: Vec<String>,
-    pub default_timeout_ms: u64,
-    /// Unsettled calls a run may have; checked inside the write, so concurrent turns cannot both pass.
-    pub max_pending_calls: usize,
-}
-
-/// What recording a turn decided for one call.
-#[derive(Clone, Debug)]
-pub enum CallDisposition {
-    /// Already terminal: its recorded result is served again.
-    Replayed(StepRecord),
-    /// Already in flight: wait for its result.
-    Joined(StepRecord),
-    /// Recorded and settled at once without running (unknown tool, call limit).
-    Settled(StepRecord),
-    /// Recorded as pending: to dispatch.
-    Scheduled(StepRecord),
-    /// Recorded and started on the slot reserved for it, in one commit: to send to its worker.
-    Started(StepRecord),
-    /// Recorded as awaiting a person's answer.
-    Gated(StepRecord),
-    /// Same identity, different tool, fingerprint or arguments: nothing recorded.
-    Diverged { step: StepRecord, message: String },
 }
 
 /// What became of a lost lease's step.

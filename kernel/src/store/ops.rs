@@ -3,18 +3,19 @@
 //! log commit together or not at all.
 
 use rusqlite::{Connection, OptionalExtension, params};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::rows::{self, load_run, load_step, load_step_by_dispatch};
-use super::{Answer, Answered, CallDisposition, CallGate, LossOutcome, NewRun, TurnPlan};
+use super::{Answer, Answered, LossOutcome};
 use crate::error::KernelError;
+use crate::machine::StepChange;
 use crate::machine::approval::{self, Ask, Decided};
 use crate::machine::dispatch::{self, LeaseLoss, ResultReport, StartDispatch};
-use crate::machine::run::{self, EndRun};
-use crate::machine::{StepChange, json_or_string};
+use crate::machine::run::{self, Created, EndRun, NewRun};
+use crate::machine::turn::{self, CallDisposition, Next, TurnPlan};
 use crate::model::{
-    ApprovalRecord, ApprovalStatus, EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, EventType, Idempotency, Millis,
-    Outcome, RunId, RunRecord, RunStatus, StepKey, StepRecord, StepStatus, ToolDef,
+    ApprovalRecord, ApprovalStatus, EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, EventType, Millis, Outcome, RunId,
+    RunRecord, StepKey, StepRecord, StepStatus, ToolDef,
 };
 
 /// An event committed by a batch, with the step it settled when there is one, so watchers need
@@ -97,63 +98,48 @@ impl Tx<'_> {
 }
 
 pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
-    if let Some(key) = &new.idempotency_key {
-        let existing = tx
+    let existing = match &new.idempotency_key {
+        Some(key) => tx
             .conn
             .prepare_cached(&format!(
                 "SELECT {} FROM runs WHERE idempotency_key = ?1",
                 rows::RUN_COLUMNS
             ))?
-            .query_row([key], rows::run_from_row);
-        match existing {
-            Ok(run) if run.agent == new.agent && run.input == new.input => return Ok((run, false)),
-            Ok(run) => {
-                return Err(KernelError::AlreadyExists(format!(
-                    "idempotency_key '{key}' is already used by run {} with a different agent or input",
-                    run.id
-                )));
-            }
-            Err(rusqlite::Error::QueryReturnedNoRows) => {}
-            Err(other) => return Err(other.into()),
+            .query_row([key], rows::run_from_row)
+            .optional()?,
+        None => None,
+    };
+    match run::create(existing, &new, RunId::new(), tx.now)? {
+        Created::Existing(run) => Ok((*run, false)),
+        Created::New { run, event } => {
+            insert_run(tx.conn, &run)?;
+            tx.append(&run.id, event.kind, event.payload, None)?;
+            Ok((tx.run(&run.id)?, true))
         }
     }
-    let id = RunId::new();
-    let labels = serde_json::to_string(&new.labels).expect("labels serialize");
-    tx.conn
-        .prepare_cached(
-            "INSERT INTO runs (id, agent, status, input, labels, idempotency_key, max_tool_calls, created_at, updated_at, \
-             interactive, permissions, capture, granted_by) VALUES (?1, ?2, 'pending', ?3, ?4, ?5, ?6, ?7, ?7, ?8, ?9, ?10, ?11)",
-        )?
-        .execute(params![
-            id.as_str(),
-            new.agent,
-            new.input,
-            labels,
-            new.idempotency_key,
-            new.max_tool_calls,
-            tx.now,
-            new.interactive,
-            serde_json::to_string(&new.permissions).expect("permissions serialize"),
-            new.capture.as_str(),
-            new.granted_by,
-        ])?;
-    tx.append(
-        &id,
-        EventType::RunCreated,
-        json!({
-            "agent": new.agent,
-            "input": json_or_string(&new.input),
-            "labels": new.labels,
-            "idempotency_key": new.idempotency_key,
-            "max_tool_calls": new.max_tool_calls,
-            "interactive": new.interactive,
-            "permissions": new.permissions,
-            "permissions_granted_by": new.granted_by,
-            "capture": new.capture.as_str(),
-        }),
-        None,
-    )?;
-    Ok((tx.run(&id)?, true))
+}
+
+fn insert_run(conn: &Connection, run: &RunRecord) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO runs (id, agent, status, input, labels, idempotency_key, max_tool_calls, created_at, updated_at, \
+         interactive, permissions, capture, granted_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+    )?
+    .execute(params![
+        run.id.as_str(),
+        run.agent,
+        run.status.as_str(),
+        run.input,
+        serde_json::to_string(&run.labels).expect("labels serialize"),
+        run.idempotency_key,
+        run.max_tool_calls,
+        run.created_at,
+        run.updated_at,
+        run.interactive,
+        serde_json::to_string(&run.permissions).expect("permissions serialize"),
+        run.capture.as_str(),
+        run.granted_by,
+    ])?;
+    Ok(())
 }
 
 /// Writes what a transition may change of a step; what a call was (tool, arguments, identity,
@@ -162,8 +148,8 @@ fn save_step(conn: &Connection, step: &StepRecord) -> Result<()> {
     conn.prepare_cached(
         "UPDATE steps SET status = ?3, attempts = ?4, output = ?5, error = ?6, error_kind = ?7, worker = ?8, \
          session_id = ?9, dispatch_id = ?10, lease_expires_at = ?11, started_at = ?12, finished_at = ?13, \
-         progress_count = ?14, not_before = ?15, lease_losses = ?16, cost = ?17, outcome = ?18, approval = ?19 \
-         WHERE run_id = ?1 AND step_key = ?2",
+         progress_count = ?14, not_before = ?15, lease_losses = ?16, cost = ?17, outcome = ?18, approval = ?19, \
+         replays = ?20 WHERE run_id = ?1 AND step_key = ?2",
     )?
     .execute(params![
         step.run_id.as_str(),
@@ -187,350 +173,142 @@ fn save_step(conn: &Connection, step: &StepRecord) -> Result<()> {
         step.approval
             .as_ref()
             .map(|a| serde_json::to_string(a).expect("a decision serializes")),
+        step.replays,
     ])?;
     Ok(())
 }
 
-/// Explains how a resubmitted call differs from the recorded one.
-fn divergence(step: &StepRecord, call: &super::PlannedCall, fingerprint: &str) -> String {
-    let tool = call.tool_name.as_str();
-    if call.not_offered && step.tool == tool {
-        format!(
-            "replay_input_changed: step {} was recorded as a call to '{tool}', which this turn does not offer",
-            step.key
-        )
-    } else if step.tool != tool {
-        format!(
-            "replay_input_changed: step {} was recorded as a call to '{}', now '{}'",
-            step.key, step.tool, tool
-        )
-    } else if step.fingerprint != fingerprint {
-        format!(
-            "replay_input_changed: tool '{}' changed since step {} was recorded (fingerprint {} then, {} now)",
-            tool, step.key, step.fingerprint, fingerprint
-        )
-    } else {
-        format!(
-            "replay_input_changed: the arguments of step {} ('{}') differ from the recorded ones",
-            step.key, tool
-        )
-    }
-}
-
-/// The message the model reads for a call to a tool nobody registered.
-pub fn unknown_tool_message(name: &str, available: &[String]) -> String {
-    let shown: Vec<&str> = available.iter().take(20).map(String::as_str).collect();
-    let mut list = shown.join(", ");
-    if available.len() > shown.len() {
-        list.push_str(&format!(" (and {} more)", available.len() - shown.len()));
-    }
-    if list.is_empty() {
-        list.push_str("none");
-    }
-    format!("unknown tool '{}'; available: {}", crate::model::cut(name, 64), list)
-}
-
-/// How a new call is settled at once, without running: the message, why, and under which event.
-struct Refusal {
-    message: String,
-    reason: &'static str,
-    outcome: Outcome,
-    event: EventType,
-    decided_by: Option<String>,
-}
-
 pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposition>> {
     let mut run = tx.run(&plan.run_id)?;
-    if run.status.is_terminal() {
-        return Err(KernelError::FailedPrecondition(format!(
-            "run {} is {}; it accepts no new tool calls",
-            run.id, run.status
-        )));
+    let recorded = plan
+        .calls
+        .iter()
+        .map(|call| load_step(tx.conn, &run.id, &call.key))
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let unsettled = if turn::adds_calls(&recorded) {
+        Some(
+            tx.conn
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running', 'awaiting_approval')",
+                )?
+                .query_row([run.id.as_str()], |row| row.get::<_, usize>(0))?,
+        )
+    } else {
+        None
+    };
+    if let Some((started, event)) = turn::admit(&run, &plan, &recorded, unsettled, tx.now)? {
+        save_run(tx.conn, &started)?;
+        tx.append(&run.id, event.kind, event.payload, None)?;
+        run = started;
     }
-    if run.status == RunStatus::Blocked {
-        // A blocked run takes no new effects; a resubmission of calls it already holds joins them.
-        for call in &plan.calls {
-            if load_step(tx.conn, &run.id, &call.key)?.is_none() {
-                return Err(KernelError::FailedPrecondition(format!(
-                    "run {} is blocked waiting for an approval; it accepts no new tool calls until it is answered \
-                     (calls[{}] is new)",
-                    run.id, call.position
-                )));
-            }
-        }
-    }
-    // Calls of this turn already recorded are joined or replayed, not added.
-    let mut new_calls = 0;
-    for call in &plan.calls {
-        if load_step(tx.conn, &run.id, &call.key)?.is_none() {
-            new_calls += 1;
-        }
-    }
-    if new_calls > 0 {
-        let unsettled: usize = tx
-            .conn
-            .prepare_cached(
-                "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running', 'awaiting_approval')",
-            )?
-            .query_row([run.id.as_str()], |row| row.get(0))?;
-        if unsettled + new_calls > plan.max_pending_calls {
-            return Err(crate::limits::exceeded(
-                "calls",
-                format!("run {} would have {} unsettled calls", run.id, unsettled + new_calls),
-                format!("{} per run", plan.max_pending_calls),
-                "max-pending-calls-per-run",
-            ));
-        }
-    }
-    if run.status == RunStatus::Pending {
-        tx.conn
-            .prepare_cached("UPDATE runs SET status = 'running', updated_at = ?2 WHERE id = ?1")?
-            .execute(params![run.id.as_str(), tx.now])?;
-        tx.append(&run.id, EventType::RunStarted, json!({ "turn": plan.turn }), None)?;
-    }
+    let counted_before = run.tool_calls;
     let mut dispositions = Vec::with_capacity(plan.calls.len());
     let mut gated = false;
-    for call in plan.calls {
-        let fingerprint = call.tool.as_ref().map(|t| t.fingerprint.as_str()).unwrap_or("");
-        let arguments: Value = serde_json::from_str(&call.arguments).unwrap_or(Value::Null);
-        let hash = call.call_hash.clone();
-        if let Some(step) = load_step(tx.conn, &run.id, &call.key)? {
-            if step.call_hash != hash {
-                let message = divergence(&step, &call, fingerprint);
-                dispositions.push(CallDisposition::Diverged { step, message });
-            } else if step.status.is_terminal() {
-                tx.conn
-                    .prepare_cached("UPDATE steps SET replays = replays + 1 WHERE run_id = ?1 AND step_key = ?2")?
-                    .execute(params![run.id.as_str(), call.key.as_str()])?;
-                dispositions.push(CallDisposition::Replayed(tx.step(&run.id, &call.key)?));
-            } else {
-                dispositions.push(CallDisposition::Joined(step));
+    for (call, recorded) in plan.calls.iter().zip(recorded) {
+        if let Some(step) = recorded {
+            let disposition = turn::resubmitted(step, call);
+            if let CallDisposition::Replayed(step) = &disposition {
+                save_step(tx.conn, step)?;
             }
+            dispositions.push(disposition);
             continue;
         }
-
-        let over_limit = run.max_tool_calls > 0 && run.tool_calls >= run.max_tool_calls;
-        let refusal = if over_limit {
-            Some(Refusal {
-                message: format!(
-                    "max_tool_calls reached: run {} may make at most {} tool calls; '{}' did not run",
-                    run.id, run.max_tool_calls, call.tool_name
-                ),
-                reason: "max_tool_calls",
-                outcome: Outcome::LimitExceeded,
-                event: EventType::ToolResult,
-                decided_by: None,
-            })
-        } else if call.tool.is_none() {
-            Some(Refusal {
-                message: unknown_tool_message(&call.tool_name, &plan.available_tools),
-                reason: "unknown_tool",
-                outcome: Outcome::UnknownTool,
-                event: EventType::ToolResult,
-                decided_by: None,
-            })
-        } else {
-            match &call.gate {
-                CallGate::Refuse {
-                    message,
-                    reason,
-                    outcome,
-                } => Some(Refusal {
-                    message: message.clone(),
-                    reason,
-                    outcome: *outcome,
-                    event: EventType::ToolResult,
-                    decided_by: None,
-                }),
-                CallGate::Deny { message, decided_by } => Some(Refusal {
-                    message: message.clone(),
-                    reason: "denied",
-                    outcome: Outcome::Denied,
-                    event: EventType::ToolDenied,
-                    decided_by: Some(decided_by.clone()),
-                }),
-                CallGate::Run { .. } | CallGate::Approve(_) => None,
-            }
-        };
-        if !over_limit {
-            run.tool_calls += 1;
-        }
-        let (version, idempotency, declared_timeout, retry, blocking) = match &call.tool {
-            Some(def) => (
-                def.version.clone(),
-                def.options.idempotency(),
-                def.options.timeout_ms.filter(|t| *t > 0),
-                def.options.retry.clone(),
-                def.options.blocking,
-            ),
-            None => (String::new(), Idempotency::SafeToRetry, None, None, false),
-        };
-        let timeout_ms = call.timeout_ms.or(declared_timeout).unwrap_or(plan.default_timeout_ms);
-        let retry_text = retry
-            .as_ref()
-            .map(|r| serde_json::to_string(r).expect("policy serializes"));
-        let idempotency_key = call.key.idempotency_key(&run.id);
-        let approval = match (&refusal, &call.gate) {
-            (None, CallGate::Approve(gate)) => Some(gate.clone()),
-            _ => None,
-        };
-        let decided_by = match (&refusal, &call.gate) {
-            (Some(refusal), _) => refusal.decided_by.clone(),
-            (None, CallGate::Run { decided_by }) => Some(decided_by.clone()),
-            (None, CallGate::Approve(gate)) => Some(gate.decided_by.clone()),
-            (None, _) => None,
-        };
-        // A read_only tool with a cache TTL keeps its successes; an identical call (same tool,
-        // fingerprint and canonical arguments) within the TTL is served from the store.
-        let cache_ttl_ms = call
-            .tool
-            .as_ref()
-            .filter(|def| def.options.read_only)
-            .and_then(|def| def.options.cache_ttl_ms)
-            .filter(|ttl| *ttl > 0);
-        let cached: Option<String> = match (&refusal, &approval, cache_ttl_ms) {
-            (None, None, Some(_)) => tx
-                .conn
+        let decision = turn::decide(&run, call, &plan.available_tools);
+        let cached = if decision.may_use_cache() {
+            tx.conn
                 .prepare_cached("SELECT output FROM result_cache WHERE call_hash = ?1 AND expires_at > ?2")?
-                .query_row(params![hash, tx.now], |row| row.get(0))
-                .optional()?,
-            _ => None,
-        };
-        let (status, finished_at) = match (&refusal, &approval, &cached) {
-            (Some(_), _, _) => (StepStatus::Failed, Some(tx.now)),
-            (None, Some(_), _) => (StepStatus::AwaitingApproval, None),
-            (None, None, Some(_)) => (StepStatus::Succeeded, Some(tx.now)),
-            (None, None, None) => (StepStatus::Pending, None),
-        };
-        tx.conn
-            .prepare_cached(
-                "INSERT INTO steps (run_id, step_key, turn, position, call_id, tool, fingerprint, version, arguments, \
-                 call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
-                 retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, outcome, attempts) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, \
-                 ?22, ?23, ?24, ?25, ?26, 0)",
-            )?
-            .execute(params![
-                run.id.as_str(),
-                call.key.as_str(),
-                plan.turn,
-                call.position,
-                call.call_id,
-                call.tool_name,
-                fingerprint,
-                version,
-                call.arguments,
-                hash,
-                idempotency_key,
-                idempotency.as_str(),
-                timeout_ms,
-                status.as_str(),
-                refusal.as_ref().map(|r| r.message.as_str()),
-                refusal.as_ref().map(|_| ErrorKind::Fatal.as_str()),
-                tx.now,
-                finished_at,
-                retry_text,
-                blocking,
-                call.unit_cost,
-                decided_by,
-                approval.as_ref().map(|g| serde_json::to_string(g).expect("gate serializes")),
-                cache_ttl_ms,
-                cached.as_deref(),
-                match (&refusal, &cached) {
-                    (Some(refusal), _) => Some(refusal.outcome.as_str()),
-                    (None, Some(_)) => Some(Outcome::Ok.as_str()),
-                    (None, None) => None,
-                },
-            ])?;
-        let step = tx.step(&run.id, &call.key)?;
-        // A call settled at once, without running, is described the same way whatever settled it.
-        let settled_at_once = |outcome: Value| {
-            let mut body = json!({
-                "step_key": step.key,
-                "turn": plan.turn,
-                "position": call.position,
-                "call_id": call.call_id,
-                "tool": call.tool_name,
-                "version": version,
-                "fingerprint": fingerprint,
-                "arguments": arguments,
-                "attempts": 0,
-                "cost": 0.0,
-            });
-            if let (Value::Object(body), Value::Object(outcome)) = (&mut body, outcome) {
-                body.extend(outcome);
-            }
-            body
-        };
-        if let Some(refusal) = refusal {
-            let payload = settled_at_once(json!({
-                "status": "error",
-                "error": refusal.message,
-                "error_kind": ErrorKind::Fatal.as_str(),
-                "reason": refusal.reason,
-                "outcome": refusal.outcome.as_str(),
-                "decided_by": refusal.decided_by,
-            }));
-            tx.append(&run.id, refusal.event, payload, Some(step.clone()))?;
-            dispositions.push(CallDisposition::Settled(step));
-            continue;
-        }
-        if let Some(output) = &cached {
-            let payload = settled_at_once(json!({
-                "status": "ok",
-                "output": json_or_string(output),
-                "cache": "hit",
-                "outcome": Outcome::Ok.as_str(),
-                "decided_by": decided_by,
-            }));
-            tx.append(&run.id, EventType::ToolResult, payload, Some(step.clone()))?;
-            dispositions.push(CallDisposition::Settled(step));
-            continue;
-        }
-        tx.append(
-            &run.id,
-            EventType::ToolScheduled,
-            json!({
-                "step_key": step.key,
-                "turn": plan.turn,
-                "position": call.position,
-                "call_id": call.call_id,
-                "tool": call.tool_name,
-                "version": version,
-                "fingerprint": fingerprint,
-                "arguments": arguments,
-                "call_hash": hash,
-                "idempotency_key": idempotency_key,
-                "idempotency": idempotency.as_str(),
-                "timeout_ms": timeout_ms,
-                "retry": retry,
-                "decided_by": decided_by,
-                "requires_approval": approval.is_some(),
-                "unit_cost": call.unit_cost,
-            }),
-            None,
-        )?;
-        if approval.is_some() {
-            gated = true;
-            dispositions.push(CallDisposition::Gated(step));
-        } else if let Some(start) = call.start.clone() {
-            // Pending since a moment ago in this same commit, so it starts; were it not to, the
-            // scheduler gives the reserved slot back and queues the call as usual.
-            match start_loaded(tx, &step, &start)? {
-                Some(started) => dispositions.push(CallDisposition::Started(started)),
-                None => dispositions.push(CallDisposition::Scheduled(step)),
-            }
+                .query_row(params![call.call_hash, tx.now], |row| row.get(0))
+                .optional()?
         } else {
-            dispositions.push(CallDisposition::Scheduled(step));
+            None
+        };
+        let recorded = turn::record(
+            &mut run,
+            (plan.turn, plan.default_timeout_ms),
+            call,
+            decision,
+            cached,
+            tx.now,
+        );
+        insert_step(tx.conn, &recorded.step)?;
+        let step = recorded.step;
+        match recorded.next {
+            Next::Settled => {
+                tx.append(&run.id, recorded.event.kind, recorded.event.payload, Some(step.clone()))?;
+                dispositions.push(CallDisposition::Settled(step));
+            }
+            Next::Gated => {
+                tx.append(&run.id, recorded.event.kind, recorded.event.payload, None)?;
+                gated = true;
+                dispositions.push(CallDisposition::Gated(step));
+            }
+            Next::Scheduled => {
+                tx.append(&run.id, recorded.event.kind, recorded.event.payload, None)?;
+                // Pending since a moment ago in this same commit, so it starts; were it not to,
+                // the scheduler gives the reserved slot back and queues the call as usual.
+                let started = match &call.start {
+                    Some(start) => start_loaded(tx, &step, start)?,
+                    None => None,
+                };
+                dispositions.push(match started {
+                    Some(started) => CallDisposition::Started(started),
+                    None => CallDisposition::Scheduled(step),
+                });
+            }
         }
     }
-    tx.conn
-        .prepare_cached("UPDATE runs SET tool_calls = ?2 WHERE id = ?1")?
-        .execute(params![run.id.as_str(), run.tool_calls])?;
+    if run.tool_calls != counted_before {
+        save_run(tx.conn, &run)?;
+    }
     if gated {
         ask_next_approval(tx, &run.id)?;
     }
     Ok(dispositions)
+}
+
+/// Writes a call as the machine recorded it.
+fn insert_step(conn: &Connection, step: &StepRecord) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO steps (run_id, step_key, turn, position, call_id, tool, fingerprint, version, arguments, \
+         call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
+         retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, outcome, attempts) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, \
+         ?22, ?23, ?24, ?25, ?26, ?27)",
+    )?
+    .execute(params![
+        step.run_id.as_str(),
+        step.key.as_str(),
+        step.turn,
+        step.position,
+        step.call_id,
+        step.tool,
+        step.fingerprint,
+        step.version,
+        step.arguments,
+        step.call_hash,
+        step.idempotency_key,
+        step.idempotency.as_str(),
+        step.timeout_ms,
+        step.status.as_str(),
+        step.error,
+        step.error_kind.map(ErrorKind::as_str),
+        step.created_at,
+        step.finished_at,
+        step.retry
+            .as_ref()
+            .map(|r| serde_json::to_string(r).expect("policy serializes")),
+        step.blocking,
+        step.unit_cost,
+        step.decided_by,
+        step.approval_gate
+            .as_ref()
+            .map(|g| serde_json::to_string(g).expect("gate serializes")),
+        step.cache_ttl_ms,
+        step.output,
+        step.outcome.map(Outcome::as_str),
+        step.attempts,
+    ])?;
+    Ok(())
 }
 
 /// Puts the next gated call of the run to a person, one at a time in (turn, position) order;
@@ -716,12 +494,13 @@ fn start_loaded(tx: &mut Tx<'_>, step: &StepRecord, start: &StartDispatch) -> Re
     let Some(change) = dispatch::start(step, start, tx.now) else {
         return Ok(None);
     };
-    // An approval covers one start: it is consumed in the same transaction.
-    tx.conn
-        .prepare_cached(
-            "UPDATE approvals SET status = 'consumed' WHERE run_id = ?1 AND step_key = ?2 AND status = 'approved'",
-        )?
-        .execute(params![start.run_id.as_str(), start.key.as_str()])?;
+    if dispatch::consumes_approval(step) {
+        tx.conn
+            .prepare_cached(
+                "UPDATE approvals SET status = 'consumed' WHERE run_id = ?1 AND step_key = ?2 AND status = 'approved'",
+            )?
+            .execute(params![start.run_id.as_str(), start.key.as_str()])?;
+    }
     Ok(Some(tx.apply(change)?))
 }
 
@@ -862,13 +641,7 @@ pub fn forget_tools(tx: &mut Tx<'_>, names: &[String]) -> Result<Vec<String>> {
 
 /// Deletes one finished run with everything recorded under it; refuses a run in flight.
 pub fn delete_run(tx: &mut Tx<'_>, run_id: &RunId) -> Result<super::Deleted> {
-    let run = tx.run(run_id)?;
-    if !run.status.is_terminal() {
-        return Err(KernelError::FailedPrecondition(format!(
-            "run {run_id} is {}; only a finished run can be deleted (cancel it first: kernelctl runs cancel {run_id})",
-            run.status
-        )));
-    }
+    run::deletable(&tx.run(run_id)?)?;
     remove_run(tx, run_id)
 }
 
@@ -950,23 +723,4 @@ pub fn purge_expired(tx: &mut Tx<'_>, limit: usize) -> Result<usize> {
         )?
         .execute(params![tx.now, limit])?;
     Ok(results + entries)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unknown_tool_message_cuts_the_name_and_lists_at_most_twenty() {
-        let available: Vec<String> = (0..25).map(|i| format!("t{i:02}")).collect();
-        let message = unknown_tool_message(&"x".repeat(100), &available);
-        assert!(message.starts_with(&format!("unknown tool '{}';", "x".repeat(64))));
-        assert!(message.contains("t19"));
-        assert!(!message.contains("t20,"));
-        assert!(message.ends_with("(and 5 more)"));
-        assert_eq!(
-            unknown_tool_message("x", &["a".into(), "b".into()]),
-            "unknown tool 'x'; available: a, b"
-        );
-    }
 }

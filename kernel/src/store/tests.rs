@@ -532,6 +532,8 @@ async fn a_resubmitted_turn_replays_joins_or_diverges() {
     let again = f.store.schedule_turn(plan(&run.id, 0, calls())).await.unwrap();
     assert!(matches!(&again[0], CallDisposition::Replayed(s) if s.replays == 1));
     assert!(matches!(again[1], CallDisposition::Joined(_)));
+    let stored = f.store.reads.steps(run.id.clone()).await.unwrap();
+    assert_eq!(stored[0].replays, 1, "the replay is counted in the store");
     let changed = f
         .store
         .schedule_turn(plan(
