@@ -52,6 +52,8 @@ pub mod run;
 pub mod turn;
 
 #[cfg(test)]
+mod properties;
+#[cfg(test)]
 mod records;
 
 use serde_json::Value;
