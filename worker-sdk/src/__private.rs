@@ -10,9 +10,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::context::ToolContext;
 use crate::error::ToolError;
 use crate::tool::{Tool, encode_result, run_blocking};
+use crate::worker::context::ToolContext;
 
 /// Checks one argument on its own, to name the field when the arguments as a whole do not decode.
 #[derive(Debug, Clone, Copy)]

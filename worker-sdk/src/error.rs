@@ -144,6 +144,25 @@ impl From<serde_json::Error> for ToolError {
     }
 }
 
+pub(crate) fn error_kind_to_pb(kind: ErrorKind) -> kernel_proto::v1::ErrorKind {
+    use kernel_proto::v1 as pb;
+    match kind {
+        ErrorKind::Retryable => pb::ErrorKind::Retryable,
+        ErrorKind::Fatal => pb::ErrorKind::Fatal,
+        ErrorKind::Poison => pb::ErrorKind::Poison,
+    }
+}
+
+pub(crate) fn error_kind_from_pb(kind: i32) -> Option<ErrorKind> {
+    use kernel_proto::v1 as pb;
+    match pb::ErrorKind::try_from(kind).ok()? {
+        pb::ErrorKind::Unspecified => None,
+        pb::ErrorKind::Retryable => Some(ErrorKind::Retryable),
+        pb::ErrorKind::Fatal => Some(ErrorKind::Fatal),
+        pb::ErrorKind::Poison => Some(ErrorKind::Poison),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,6 +23,10 @@
 //!   optionally a client certificate (which a kernel with `--tls-client-ca` requires of workers)
 //!   and a domain name override.
 //!
+//! The source is laid out by side: `tool/` (definitions), `worker/` (the session, the context,
+//! the cache) and `agent/` (the client and its outcomes), each converting its own protocol
+//! messages in its own `wire.rs`, so the agent side never imports the worker side.
+//!
 //! ```no_run
 //! use serde_json::json;
 //! use worker_sdk::{tool, AgentClient, CancellationToken, Call, NewRun, ToolContext, ToolError, Worker};
@@ -81,30 +85,24 @@
 mod agent;
 mod auth;
 mod backoff;
-mod cache;
-mod context;
 mod deps;
 mod error;
-mod outcome;
-mod session;
+mod fields;
 mod tls;
 mod tool;
 mod transport;
-mod wire;
 mod worker;
 
 #[doc(hidden)]
 pub mod __private;
 
+pub use agent::outcome::{ApprovalAnswer, ApprovalDecision, Outcome, ToolCallRejected};
 pub use agent::{
     AgentClient, AgentError, Call, CallOutcome, CallStatus, Capture, Interruption, NewRun, ProgressUpdate, RunHandle,
     RunSnapshot, TurnItem,
 };
-pub use cache::ToolCache;
-pub use context::{Progress, ToolContext};
 pub use error::{ErrorKind, ToolError};
 pub use kernel_proto as proto;
-pub use outcome::{ApprovalAnswer, ApprovalDecision, Outcome, ToolCallRejected};
 pub use tls::Tls;
 /// The cancellation token of [`ToolContext::cancellation`] and [`Worker::run`] (from `tokio-util`).
 pub use tokio_util::sync::CancellationToken;
@@ -113,5 +111,7 @@ pub use tool::{
     ToolDefinition, ToolDefinitionError, ToolFuture, ToolOptions, validate_tool_name, wrap_blocking_tool, wrap_tool,
 };
 pub use transport::{connection_hint, diagnose};
+pub use worker::cache::ToolCache;
+pub use worker::context::{Progress, ToolContext};
 pub use worker::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_CONCURRENCY, Worker, WorkerBuilder, WorkerError};
 pub use worker_sdk_macros::tool;

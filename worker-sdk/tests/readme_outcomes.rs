@@ -32,6 +32,7 @@ fn doc_block(source: &str) -> String {
 
 #[test]
 fn the_readme_outcomes_snippet_is_the_compiled_doc_test() {
-    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/outcome.rs")).expect("outcome.rs");
+    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/agent/outcome.rs"))
+        .expect("agent/outcome.rs");
     assert_eq!(readme_block("## Outcomes a program can read"), doc_block(&source));
 }

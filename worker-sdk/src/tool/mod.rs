@@ -5,6 +5,8 @@
 //! arguments and a hand-written schema. The builder methods set the declared behaviour
 //! ([`ToolOptions`]) that the kernel enforces: timeout, retries, idempotency, risk, approval.
 
+pub(crate) mod wire;
+
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -16,8 +18,8 @@ use futures_util::future::BoxFuture;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::context::ToolContext;
 use crate::error::ToolError;
+use crate::worker::context::ToolContext;
 
 /// The future a tool's invoker returns: the result as JSON, or the error.
 pub type ToolFuture = BoxFuture<'static, Result<Value, ToolError>>;
@@ -257,7 +259,7 @@ impl Tool {
     /// What the worker announces to the kernel, with the fingerprint computed the way the
     /// kernel checks it.
     pub fn spec(&self) -> kernel_proto::v1::ToolSpec {
-        crate::wire::tool_spec(&self.definition)
+        crate::tool::wire::tool_spec(&self.definition)
     }
 
     /// The fingerprint: sha256 over the canonical JSON of name, description, input schema and

@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::error::ToolError;
-use crate::session::{DispatchRef, Outbound};
+use crate::worker::session::{DispatchRef, Outbound};
 
 /// How long a cache request waits for the kernel's answer before it fails retryably.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -285,7 +285,7 @@ mod tests {
 
     use super::*;
     use crate::ErrorKind;
-    use crate::context::ToolContext;
+    use crate::worker::context::ToolContext;
 
     #[tokio::test]
     async fn a_test_context_keeps_values_in_memory_shared_by_its_clones() {

@@ -6,6 +6,9 @@
 //! the recorded results without running the tools again, as long as each call keeps its
 //! position (or id) and arguments.
 
+pub(crate) mod outcome;
+mod wire;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -18,9 +21,9 @@ use tonic::transport::Channel;
 
 use crate::auth::{self, ApiKey};
 use crate::error::ErrorKind;
-use crate::outcome::{ApprovalDecision, Outcome, ToolCallRejected};
 use crate::tls::Tls;
-use crate::{transport, wire};
+use crate::transport;
+use outcome::{ApprovalDecision, Outcome, ToolCallRejected};
 
 /// Why an agent request failed.
 #[derive(Debug, thiserror::Error)]

@@ -5,6 +5,11 @@
 //! ends it with an error; a broken connection is retried with exponential backoff and jitter
 //! (100 ms doubling to 5 s); cancelling the shutdown token drains the open session and returns.
 
+pub(crate) mod cache;
+pub(crate) mod context;
+pub(crate) mod session;
+mod wire;
+
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,10 +22,10 @@ use tracing::{error, info, warn};
 use crate::auth::ApiKey;
 use crate::backoff::Backoff;
 use crate::deps::Deps;
-use crate::session::{self, SessionEnd, SessionError};
 use crate::tls::Tls;
 use crate::tool::{Tool, ToolDefinitionError};
 use crate::transport;
+use session::{SessionEnd, SessionError};
 
 /// Calls a worker runs at once unless told otherwise.
 pub const DEFAULT_MAX_CONCURRENCY: u32 = 8;

@@ -13,9 +13,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::cache::{CacheBackend, ToolCache};
 use crate::deps::Deps;
-use crate::session::{DispatchRef, Outbound};
+use crate::worker::cache::{CacheBackend, ToolCache};
+use crate::worker::session::{DispatchRef, Outbound};
 
 /// An ephemeral update from a running tool, streamed live to whoever watches the run.
 ///

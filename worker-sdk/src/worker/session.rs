@@ -26,12 +26,13 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::cache::{CacheBackend, CacheOp, CacheReply, PendingCache};
-use crate::context::{CallInfo, Progress, ProgressSink, ToolContext};
+use super::wire;
 use crate::error::ToolError;
 use crate::tool::{Tool, ToolDefinition};
+use crate::transport;
 use crate::worker::WorkerConfig;
-use crate::{transport, wire};
+use crate::worker::cache::{CacheBackend, CacheOp, CacheReply, PendingCache};
+use crate::worker::context::{CallInfo, Progress, ProgressSink, ToolContext};
 
 /// Messages queued on the outbound stream; half the queue is kept for heartbeats and results.
 const OUTBOUND_CAPACITY: usize = 256;
