@@ -69,7 +69,7 @@ async fn runs_delete_and_prune_remove_finished_runs_and_refuse_runs_in_flight() 
     assert!(exists(&kernel, &older).await, "it finished less than an hour ago");
     let pruned = kernel.kernelctl(&["runs", "prune", "--finished-before", "0s"]);
     assert!(
-        String::from_utf8_lossy(&pruned.stdout).starts_with("deleted 1 runs"),
+        String::from_utf8_lossy(&pruned.stdout).starts_with("deleted 1 run ("),
         "{pruned:?}"
     );
     assert!(!exists(&kernel, &older).await);

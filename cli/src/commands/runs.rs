@@ -132,8 +132,9 @@ fn print_deletion(out: &mut Output<'_>, deleted: DeletionView) -> Result<(), Cli
     if out.is_json() {
         out.document(&deleted)?;
     } else {
+        let runs = if deleted.runs == 1 { "run" } else { "runs" };
         out.line(&format!(
-            "deleted {} runs ({} events, {} steps, {} approvals, {} cache entries)",
+            "deleted {} {runs} ({} events, {} steps, {} approvals, {} cache entries)",
             deleted.runs, deleted.events, deleted.steps, deleted.approvals, deleted.cache_entries
         ))?;
     }
