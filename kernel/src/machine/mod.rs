@@ -54,7 +54,7 @@ pub mod turn;
 #[cfg(test)]
 mod properties;
 #[cfg(test)]
-mod records;
+pub(crate) mod records;
 
 use serde_json::Value;
 

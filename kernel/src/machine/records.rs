@@ -1,4 +1,5 @@
-//! Records for the state machine's tests: a pending step and a running run, to vary per case.
+//! Records for tests of the state machine (and of the scheduler's queue): a pending step and a
+//! running run, to vary per case.
 
 use crate::model::{Capture, Idempotency, Millis, RunId, RunRecord, RunStatus, StepKey, StepRecord, StepStatus};
 

@@ -109,48 +109,13 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Idempotency, StepStatus};
 
     fn step(run: &RunId, n: u32) -> StepRecord {
         StepRecord {
             run_id: run.clone(),
             key: StepKey::for_call(0, n, None),
-            turn: 0,
             position: n,
-            call_id: None,
-            tool: "t".into(),
-            fingerprint: String::new(),
-            version: String::new(),
-            arguments: "{}".into(),
-            call_hash: String::new(),
-            idempotency_key: String::new(),
-            idempotency: Idempotency::SafeToRetry,
-            timeout_ms: 1_000,
-            status: StepStatus::Pending,
-            attempts: 0,
-            output: None,
-            error: None,
-            error_kind: None,
-            worker: None,
-            session_id: None,
-            dispatch_id: None,
-            lease_expires_at: None,
-            created_at: 0,
-            started_at: None,
-            finished_at: None,
-            replays: 0,
-            progress_count: 0,
-            retry: None,
-            blocking: false,
-            not_before: None,
-            lease_losses: 0,
-            unit_cost: 0.0,
-            cost: 0.0,
-            decided_by: None,
-            approval_gate: None,
-            cache_ttl_ms: None,
-            outcome: None,
-            approval: None,
+            ..crate::machine::records::step()
         }
     }
 
