@@ -16,8 +16,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::error::KernelError;
+use crate::machine::human_ms;
 use crate::model::{Millis, RunId, StepKey, StepRecord, StepStatus, ToolDef, now_millis};
-use crate::store::{LeaseLoss, LossOutcome, StartDispatch, Store, human_ms};
+use crate::store::{LeaseLoss, LossOutcome, StartDispatch, Store};
 
 mod queue;
 

@@ -147,6 +147,45 @@ fn demo_worker(kernel: &Kernel, name: &str, key: &str) -> Process {
     Process::start(command, "worker")
 }
 
+/// Opens a turn of run `run` calling `add` (gated by this file's policies), with `key`.
+async fn add_turn(kernel: &Kernel, run: &str, key: &str) -> tonic::Streaming<pb::SubmitTurnResponse> {
+    ToolCallServiceClient::connect(kernel.url())
+        .await
+        .unwrap()
+        .submit_turn(with_key(
+            pb::SubmitTurnRequest {
+                run_id: run.into(),
+                turn: 0,
+                calls: vec![call("add", json!({"a": 2, "b": 3}))],
+                offered_tools: Vec::new(),
+            },
+            key,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// The turn's next interruption (the approval question).
+async fn interrupted(turn: &mut tonic::Streaming<pb::SubmitTurnResponse>) -> pb::Interruption {
+    loop {
+        let item = tokio::time::timeout(WAIT, turn.next()).await.unwrap().unwrap().unwrap();
+        if let Some(pb::submit_turn_response::Item::Interrupted(asked)) = item.item {
+            return asked;
+        }
+    }
+}
+
+/// The turn's next result.
+async fn result_of(turn: &mut tonic::Streaming<pb::SubmitTurnResponse>) -> pb::CallResult {
+    loop {
+        let item = tokio::time::timeout(WAIT, turn.next()).await.unwrap().unwrap().unwrap();
+        if let Some(pb::submit_turn_response::Item::Result(result)) = item.item {
+            return result;
+        }
+    }
+}
+
 #[tokio::test]
 async fn no_key_or_a_wrong_key_is_unauthenticated_and_writes_nothing() {
     let secured = secured();
@@ -310,26 +349,8 @@ async fn the_approver_recorded_is_the_keys_name_and_kernelctl_sends_its_key() {
         .run
         .unwrap()
         .id;
-    let mut calls = ToolCallServiceClient::connect(kernel.url()).await.unwrap();
-    let mut turn = calls
-        .submit_turn(with_key(
-            pb::SubmitTurnRequest {
-                run_id: run.clone(),
-                turn: 0,
-                calls: vec![call("add", json!({"a": 2, "b": 3}))],
-                offered_tools: Vec::new(),
-            },
-            &secured.agent,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    let asked = loop {
-        let item = tokio::time::timeout(WAIT, turn.next()).await.unwrap().unwrap().unwrap();
-        if let Some(pb::submit_turn_response::Item::Interrupted(asked)) = item.item {
-            break asked;
-        }
-    };
+    let mut turn = add_turn(kernel, &run, &secured.agent).await;
+    let asked = interrupted(&mut turn).await;
 
     // kernelctl without a key is refused; with one it lists and answers.
     let refused = kernel.kernelctl(&["approvals", "list"]);
@@ -374,12 +395,7 @@ async fn the_approver_recorded_is_the_keys_name_and_kernelctl_sends_its_key() {
         "{}",
         String::from_utf8_lossy(&answer.stdout)
     );
-    let result = loop {
-        let item = tokio::time::timeout(WAIT, turn.next()).await.unwrap().unwrap().unwrap();
-        if let Some(pb::submit_turn_response::Item::Result(result)) = item.item {
-            break result;
-        }
-    };
+    let result = result_of(&mut turn).await;
     assert_eq!(result.content, "5");
 
     let shown = kernel.kernelctl(&["--api-key", &secured.reader, "--json", "runs", "show", &run]);
@@ -611,27 +627,8 @@ async fn permissions_come_from_the_key_and_only_listed_approvers_may_answer() {
         String::from_utf8_lossy(&shown.stdout)
     );
 
-    let mut turn = ToolCallServiceClient::connect(kernel.url())
-        .await
-        .unwrap()
-        .submit_turn(with_key(
-            pb::SubmitTurnRequest {
-                run_id: run.id.clone(),
-                turn: 0,
-                calls: vec![call("add", json!({"a": 2, "b": 3}))],
-                offered_tools: Vec::new(),
-            },
-            &billing.secret,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    let asked = loop {
-        let item = tokio::time::timeout(WAIT, turn.next()).await.unwrap().unwrap().unwrap();
-        if let Some(pb::submit_turn_response::Item::Interrupted(asked)) = item.item {
-            break asked;
-        }
-    };
+    let mut turn = add_turn(&kernel, &run.id, &billing.secret).await;
+    let asked = interrupted(&mut turn).await;
     let pending = kernel.kernelctl(&["--api-key", &bob.secret, "approvals", "list"]);
     let pending = String::from_utf8_lossy(&pending.stdout).into_owned();
     assert!(
@@ -671,12 +668,7 @@ async fn permissions_come_from_the_key_and_only_listed_approvers_may_answer() {
         ))
         .await
         .expect("a member of a listed group answers");
-    let result = loop {
-        let item = tokio::time::timeout(WAIT, turn.next()).await.unwrap().unwrap().unwrap();
-        if let Some(pb::submit_turn_response::Item::Result(result)) = item.item {
-            break result;
-        }
-    };
+    let result = result_of(&mut turn).await;
     assert_eq!(result.content, "5");
     assert_eq!(result.approval.map(|a| a.decider), Some("alice".to_owned()));
 }

@@ -406,8 +406,8 @@ pub fn record(
         approval: None,
     };
     let arguments: Value = serde_json::from_str(&call.arguments).unwrap_or(Value::Null);
-    // A call settled at once, without running, is described the same way whatever settled it.
-    let settled_at_once = |outcome: Value| {
+    // Every event of a new call names it the same way; each adds what it records.
+    let described = |more: Value| {
         let mut body = json!({
             "step_key": step.key,
             "turn": turn,
@@ -417,9 +417,15 @@ pub fn record(
             "version": version,
             "fingerprint": fingerprint,
             "arguments": arguments,
-            "attempts": 0,
-            "cost": 0.0,
         });
+        if let (Value::Object(body), Value::Object(more)) = (&mut body, more) {
+            body.extend(more);
+        }
+        body
+    };
+    // A call settled at once, without running, is described the same way whatever settled it.
+    let settled_at_once = |outcome: Value| {
+        let mut body = described(json!({ "attempts": 0, "cost": 0.0 }));
         if let (Value::Object(body), Value::Object(outcome)) = (&mut body, outcome) {
             body.extend(outcome);
         }
@@ -457,15 +463,7 @@ pub fn record(
             Next::Settled,
         )
     } else {
-        let payload = json!({
-            "step_key": step.key,
-            "turn": turn,
-            "position": call.position,
-            "call_id": call.call_id,
-            "tool": call.tool_name,
-            "version": version,
-            "fingerprint": fingerprint,
-            "arguments": arguments,
+        let payload = described(json!({
             "call_hash": call.call_hash,
             "idempotency_key": step.idempotency_key,
             "idempotency": idempotency.as_str(),
@@ -474,7 +472,7 @@ pub fn record(
             "decided_by": decided_by,
             "requires_approval": approval.is_some(),
             "unit_cost": call.unit_cost,
-        });
+        }));
         let next = if approval.is_some() {
             Next::Gated
         } else {

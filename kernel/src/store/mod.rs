@@ -19,7 +19,6 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 pub use crate::machine::dispatch::{LeaseLoss, ResultReport, StartDispatch};
-pub use crate::machine::human_ms;
 pub use crate::machine::run::{EndRun, NewRun};
 pub use crate::machine::turn::unknown_tool_message;
 pub use crate::machine::turn::{CallDisposition, CallGate, PlannedCall, TurnPlan};
