@@ -12,6 +12,7 @@ const FILES: &[&str] = &[
     "kernel/v1/registry.proto",
     "kernel/v1/approvals.proto",
     "kernel/v1/admin.proto",
+    "kernel/v1/hosted.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -526,7 +526,7 @@ fn approval_answer_name(raw: i32) -> String {
     }
 }
 
-/// `pending`, `running`, `blocked`, `completed`, `failed`, `cancelled`.
+/// `pending`, `running`, `blocked`, `suspended`, `completed`, `failed`, `cancelled`.
 pub fn run_status_name(raw: i32) -> String {
     enum_name(raw, |status| match status {
         pb::RunStatus::Unspecified => "unspecified",
@@ -536,6 +536,7 @@ pub fn run_status_name(raw: i32) -> String {
         pb::RunStatus::Completed => "completed",
         pb::RunStatus::Failed => "failed",
         pb::RunStatus::Cancelled => "cancelled",
+        pb::RunStatus::Suspended => "suspended",
     })
 }
 

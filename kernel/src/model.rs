@@ -112,6 +112,7 @@ text_enum!(
         Completed => "completed",
         Failed => "failed",
         Cancelled => "cancelled",
+        Suspended => "suspended",
     }
 );
 
@@ -140,6 +141,25 @@ impl StepStatus {
         matches!(self, StepStatus::Succeeded | StepStatus::Failed | StepStatus::Cancelled)
     }
 }
+
+text_enum!(
+    /// What a recorded step is.
+    StepKind {
+        Tool => "tool",
+        Agent => "agent",
+        Local => "local",
+    }
+);
+
+text_enum!(
+    /// What a hosted handler's local step may do, as it declares: a branch may run `read` and
+    /// `pure` steps live, never `write` ones.
+    Effect {
+        Read => "read",
+        Pure => "pure",
+        Write => "write",
+    }
+);
 
 text_enum!(
     /// Why a settled call ended as it did: the closed set a program matches on, beside the text
@@ -206,6 +226,10 @@ text_enum!(
         RunCompleted => "run:completed",
         RunFailed => "run:failed",
         RunCancelled => "run:cancelled",
+        AgentDispatched => "agent:dispatched",
+        AgentLeaseLost => "agent:lease_lost",
+        AgentResult => "agent:result",
+        StepResult => "step:result",
     }
 );
 
@@ -291,6 +315,16 @@ impl StepKey {
         }
     }
 
+    /// The identity of a hosted run's own dispatch, one per run.
+    pub fn agent() -> Self {
+        StepKey("agent".to_owned())
+    }
+
+    /// The identity of a hosted handler's local step.
+    pub fn local(step_id: &str, occurrence: u32) -> Self {
+        StepKey(kernel_proto::canonical::local_step_key(step_id, occurrence))
+    }
+
     /// Rebuilds a key read back from the store.
     pub fn from_stored(text: String) -> Self {
         StepKey(text)
@@ -304,9 +338,7 @@ impl StepKey {
     /// The key a tool receives to deduplicate its effect: stable across retries, redispatches and
     /// resubmissions of the same call.
     pub fn idempotency_key(&self, run: &RunId) -> String {
-        use sha2::{Digest, Sha256};
-        let digest = Sha256::digest(format!("{}\n{}", run.as_str(), self.0).as_bytes());
-        format!("ik_{}", &hex::encode(digest)[..32])
+        kernel_proto::canonical::idempotency_key(run.as_str(), &self.0)
     }
 }
 
@@ -414,6 +446,21 @@ pub struct ToolDef {
     pub options: ToolOptions,
 }
 
+/// An agent a worker hosts, as it announced it: the kernel dispatches runs of it to such workers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentDef {
+    /// `[a-zA-Z0-9_-]{1,64}`, as tool names.
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of a run's input; `true` accepts any.
+    pub input_schema: Value,
+    pub version: String,
+    /// sha256 over the canonical JSON of name, description, schema and version.
+    pub fingerprint: String,
+    /// Runs of it one worker hosts at once; `None` bounds them only by the worker's slots.
+    pub max_concurrency: Option<u32>,
+}
+
 /// The longest tool name a worker may register.
 pub const MAX_TOOL_NAME: usize = 64;
 
@@ -469,6 +516,10 @@ pub struct RunRecord {
     pub capture: Capture,
     /// The API key that granted the run its permissions; `None` without an auth file.
     pub granted_by: Option<String>,
+    /// The kernel dispatches the run's handler to workers offering its agent.
+    pub hosted: bool,
+    /// Times a hosted run's handler was dispatched.
+    pub dispatches: u32,
     pub tool_calls: u32,
     pub last_seq: u64,
     pub created_at: Millis,
@@ -480,6 +531,9 @@ pub struct RunRecord {
 pub struct StepRecord {
     pub run_id: RunId,
     pub key: StepKey,
+    pub kind: StepKind,
+    /// A local step's declared effect.
+    pub effect: Option<Effect>,
     pub turn: u32,
     pub position: u32,
     pub call_id: Option<String>,

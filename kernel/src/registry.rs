@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
-use crate::model::{Millis, ToolDef};
+use crate::model::{AgentDef, Millis, ToolDef};
 use crate::policy::{Predicate, compile_predicate};
 use crate::validation::ArgsValidator;
 
@@ -45,9 +45,18 @@ impl KnownTool {
     }
 }
 
+/// An agent some worker hosts (or hosted), and what a run's input is checked with.
+#[derive(Debug)]
+pub struct KnownAgent {
+    pub def: AgentDef,
+    /// `None` only for a stored agent whose schema no longer compiles.
+    pub validator: Option<ArgsValidator>,
+}
+
 #[derive(Default)]
 struct Known {
     tools: BTreeMap<String, Arc<KnownTool>>,
+    agents: BTreeMap<String, Arc<KnownAgent>>,
     /// Connected sessions offering each tool; a tool at zero is not in the map.
     offers: HashMap<String, usize>,
 }
@@ -72,6 +81,7 @@ impl Registry {
         Registry {
             known: Arc::new(RwLock::new(Known {
                 tools,
+                agents: BTreeMap::new(),
                 offers: HashMap::new(),
             })),
         }
@@ -83,6 +93,27 @@ impl Registry {
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Known> {
         self.known.write().expect("registry poisoned")
+    }
+
+    /// Records agents workers offer (at boot: offered before); a newer announcement replaces an
+    /// older one.
+    pub fn know_agents(&self, defs: &[AgentDef]) {
+        let mut known = self.write();
+        for def in defs {
+            let validator = ArgsValidator::compile(&def.input_schema).ok();
+            known.agents.insert(
+                def.name.clone(),
+                Arc::new(KnownAgent {
+                    def: def.clone(),
+                    validator,
+                }),
+            );
+        }
+    }
+
+    /// An agent some worker offers or offered.
+    pub fn agent(&self, name: &str) -> Option<Arc<KnownAgent>> {
+        self.read().agents.get(name).cloned()
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<KnownTool>> {

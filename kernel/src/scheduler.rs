@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::KernelError;
 use crate::machine::human_ms;
-use crate::model::{Millis, RunId, StepKey, StepRecord, StepStatus, ToolDef, now_millis};
+use crate::model::{AgentDef, Millis, RunId, StepKey, StepKind, StepRecord, StepStatus, ToolDef, now_millis};
 use crate::store::{LeaseLoss, LossOutcome, StartDispatch, Store};
 
 mod queue;
@@ -62,6 +62,8 @@ pub struct SessionHello {
     pub max_concurrency: u32,
     /// Forget the session's tools once no session offers them (benchmarks, tests).
     pub ephemeral_tools: bool,
+    /// Agents whose runs the worker hosts.
+    pub agents: Vec<AgentDef>,
 }
 
 /// An order to run a call, as the session forwards it to its worker.
@@ -278,6 +280,10 @@ impl Scheduler {
 struct Session {
     name: String,
     tools: HashMap<String, String>,
+    /// Agents hosted: fingerprint and how many runs of each at once (`None`: only the slots bound).
+    agents: HashMap<String, (String, Option<u32>)>,
+    /// Runs of each agent this session hosts now.
+    hosting: HashMap<String, u32>,
     max_concurrency: u32,
     in_use: u32,
     draining: bool,
@@ -288,8 +294,19 @@ struct Session {
 }
 
 impl Session {
-    fn can_take(&self, tool: &str) -> bool {
-        !self.draining && self.in_use < self.max_concurrency && self.tools.contains_key(tool)
+    fn can_take(&self, kind: StepKind, name: &str) -> bool {
+        !self.draining && self.in_use < self.max_concurrency && self.offers(kind, name) && {
+            let hosting = self.hosting.get(name).copied().unwrap_or(0);
+            kind != StepKind::Agent || self.agents.get(name).and_then(|a| a.1).is_none_or(|max| hosting < max)
+        }
+    }
+
+    /// Whether the session offers the tool (or, for a run's dispatch, the agent) `name`.
+    fn offers(&self, kind: StepKind, name: &str) -> bool {
+        match kind {
+            StepKind::Agent => self.agents.contains_key(name),
+            _ => self.tools.contains_key(name),
+        }
     }
 }
 
@@ -311,6 +328,8 @@ struct Lease {
     key: StepKey,
     attempt: u32,
     state: LeaseState,
+    /// The agent, for the dispatch of a hosted run: it counts toward the agent's bound.
+    agent: Option<String>,
 }
 
 struct Actor {
@@ -458,12 +477,27 @@ impl Actor {
                 }
             }
         }
+        for agent in &hello.agents {
+            for (id, session) in &self.sessions {
+                if let Some((theirs, _)) = session.agents.get(&agent.name)
+                    && *theirs != agent.fingerprint
+                {
+                    return Err(KernelError::AlreadyExists(format!(
+                        "agent '{}' is already hosted by worker {} (session {id}) with fingerprint {theirs}; this \
+                         worker announces fingerprint {}. Workers may host the same agent only with the same name, \
+                         description, input schema and version",
+                        agent.name, session.name, agent.fingerprint
+                    )));
+                }
+            }
+        }
         let session_id = uuid::Uuid::now_v7().to_string();
         let now = now_millis();
         info!(
             session_id,
             worker = hello.name,
             tools = hello.tools.len(),
+            agents = hello.agents.len(),
             slots = hello.max_concurrency,
             "worker joined"
         );
@@ -472,6 +506,12 @@ impl Actor {
             Session {
                 name: hello.name,
                 tools: hello.tools.into_iter().map(|t| (t.name, t.fingerprint)).collect(),
+                agents: hello
+                    .agents
+                    .into_iter()
+                    .map(|a| (a.name, (a.fingerprint, a.max_concurrency)))
+                    .collect(),
+                hosting: HashMap::new(),
                 max_concurrency: hello.max_concurrency,
                 in_use: 0,
                 draining: false,
@@ -611,9 +651,11 @@ impl Actor {
         }
     }
 
-    /// Picks the least loaded session that can take `tool`, rotating between equals.
-    fn pick(&mut self, tool: &str) -> Option<String> {
-        let mut candidates: Vec<(&String, &Session)> = self.sessions.iter().filter(|(_, s)| s.can_take(tool)).collect();
+    /// Picks the least loaded session that can take `name` (a tool, or an agent for a run's
+    /// dispatch), rotating between equals.
+    fn pick(&mut self, kind: StepKind, name: &str) -> Option<String> {
+        let mut candidates: Vec<(&String, &Session)> =
+            self.sessions.iter().filter(|(_, s)| s.can_take(kind, name)).collect();
         if candidates.is_empty() {
             return None;
         }
@@ -634,7 +676,7 @@ impl Actor {
         // Under load the queue is long and every session full: stop as soon as no slot is left, and
         // pick at most once per tool that found no session, or each event would cost a pick per
         // queued call (found by the load test: 10,000 queued calls took minutes).
-        let mut no_session: std::collections::HashSet<String> = std::collections::HashSet::new();
+        let mut no_session: std::collections::HashSet<(StepKind, String)> = std::collections::HashSet::new();
         let mut index = 0;
         while index < self.queue.len() {
             if !self
@@ -644,18 +686,19 @@ impl Actor {
             {
                 break;
             }
-            if !self.queue.get(index).ready(now) || no_session.contains(&self.queue.get(index).step.tool) {
+            let step = &self.queue.get(index).step;
+            let target = (step.kind, step.tool.clone());
+            if !self.queue.get(index).ready(now) || no_session.contains(&target) {
                 index += 1;
                 continue;
             }
-            let tool = self.queue.get(index).step.tool.clone();
-            match self.pick(&tool) {
+            match self.pick(target.0, &target.1) {
                 Some(session_id) => {
                     let queued = self.queue.remove(index);
                     self.reserve(session_id, queued.step);
                 }
                 None => {
-                    no_session.insert(tool);
+                    no_session.insert(target);
                     index += 1;
                 }
             }
@@ -663,9 +706,17 @@ impl Actor {
     }
 
     /// Takes a slot of `session_id` for attempt `attempt` of a call, as a lease still `Starting`.
-    fn take_slot(&mut self, session_id: String, run_id: &RunId, key: &StepKey, attempt: u32) -> StartDispatch {
+    fn take_slot(
+        &mut self,
+        session_id: String,
+        (run_id, key, agent): (&RunId, &StepKey, Option<&str>),
+        attempt: u32,
+    ) -> StartDispatch {
         let session = self.sessions.get_mut(&session_id).expect("picked session exists");
         session.in_use += 1;
+        if let Some(agent) = agent {
+            *session.hosting.entry(agent.to_owned()).or_default() += 1;
+        }
         let start = StartDispatch {
             run_id: run_id.clone(),
             key: key.clone(),
@@ -683,6 +734,7 @@ impl Actor {
                 key: key.clone(),
                 attempt,
                 state: LeaseState::Starting,
+                agent: agent.map(str::to_owned),
             },
         );
         start
@@ -690,7 +742,8 @@ impl Actor {
 
     /// Starts a queued call on `session_id`: records its `tool:start`, then sends it.
     fn reserve(&mut self, session_id: String, step: StepRecord) {
-        let start = self.take_slot(session_id, &step.run_id, &step.key, step.attempts + 1);
+        let agent = (step.kind == StepKind::Agent).then_some(step.tool.as_str());
+        let start = self.take_slot(session_id, (&step.run_id, &step.key, agent), step.attempts + 1);
         let (dispatch_id, attempt) = (start.dispatch_id.clone(), start.attempt);
         let store = self.store.clone();
         let me = self.me.clone();
@@ -712,9 +765,9 @@ impl Actor {
                 if !self.queue.is_empty() {
                     return None;
                 }
-                let session_id = self.pick(&tool)?;
+                let session_id = self.pick(StepKind::Tool, &tool)?;
                 // A new call's first attempt.
-                Some(self.take_slot(session_id, run_id, &key, 1))
+                Some(self.take_slot(session_id, (run_id, &key, None), 1))
             })
             .collect()
     }
@@ -730,8 +783,13 @@ impl Actor {
                     Some((lease, session)) => {
                         // Running before sending: if the session is already gone, its Leave finds a
                         // running lease and records the loss.
+                        // A hosted run's handler has no timeout: it may wait on people for days.
+                        let timeout = match step.timeout_ms {
+                            0 => Duration::from_secs(10 * 365 * 24 * 3600),
+                            ms => Duration::from_millis(ms),
+                        };
                         lease.state = LeaseState::Running {
-                            deadline: Instant::now() + Duration::from_millis(step.timeout_ms),
+                            deadline: Instant::now() + timeout,
                         };
                         let order = DispatchOrder {
                             dispatch_id: dispatch_id.clone(),
@@ -783,6 +841,9 @@ impl Actor {
             && let Some(session) = self.sessions.get_mut(&lease.session_id)
         {
             session.in_use = session.in_use.saturating_sub(1);
+            if let Some(hosting) = lease.agent.and_then(|agent| session.hosting.get_mut(&agent)) {
+                *hosting = hosting.saturating_sub(1);
+            }
         }
     }
 
@@ -887,7 +948,9 @@ impl Actor {
         let sessions = &self.sessions;
         let mut starved = Vec::new();
         self.queue.retain(|queued| {
-            let offered = sessions.values().any(|s| s.tools.contains_key(&queued.step.tool));
+            // A hosted run waits for a worker hosting its agent however long that takes.
+            let offered = queued.step.kind == StepKind::Agent
+                || sessions.values().any(|s| s.offers(queued.step.kind, &queued.step.tool));
             let waited = now.saturating_duration_since(queued.not_before.unwrap_or(queued.since).max(queued.since));
             if !offered && waited > limit {
                 starved.push(queued.step.clone());
@@ -994,6 +1057,7 @@ mod tests {
                 permissions: Vec::new(),
                 granted_by: None,
                 capture: crate::model::Capture::Io,
+                hosted: None,
             })
             .await
             .unwrap();
@@ -1023,6 +1087,7 @@ mod tests {
             available_tools: vec!["t".into()],
             default_timeout_ms: 30_000,
             max_pending_calls: 1024,
+            fence: None,
         }
     }
 
@@ -1033,6 +1098,7 @@ mod tests {
             tools: vec![tool("t")],
             max_concurrency: 1,
             ephemeral_tools: false,
+            agents: Vec::new(),
         };
         (scheduler.join(hello, outbound).await.unwrap(), orders)
     }
@@ -1070,6 +1136,7 @@ mod tests {
             tools: vec![tool("t")],
             max_concurrency: 2,
             ephemeral_tools: false,
+            agents: Vec::new(),
         };
         scheduler.join(hello, outbound).await.unwrap();
         scheduler.enqueue(step.clone());

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use kernel_proto::v1::admin_service_server::AdminServiceServer;
 use kernel_proto::v1::approval_service_server::ApprovalServiceServer;
+use kernel_proto::v1::hosted_service_server::HostedServiceServer;
 use kernel_proto::v1::registry_service_server::RegistryServiceServer;
 use kernel_proto::v1::run_service_server::RunServiceServer;
 use kernel_proto::v1::tool_call_service_server::ToolCallServiceServer;
@@ -20,7 +21,7 @@ use crate::auth::{Guarded, Keys};
 use crate::config::Config;
 use crate::error::KernelError;
 use crate::governance::Governance;
-use crate::grpc::{AdminApi, ApprovalApi, Kernel, RegistryApi, RunApi, ToolCallApi, WorkerApi};
+use crate::grpc::{AdminApi, ApprovalApi, HostedApi, Kernel, RegistryApi, RunApi, ToolCallApi, WorkerApi};
 use crate::hub::Hub;
 use crate::model::{StepRecord, StepStatus};
 use crate::registry::Registry;
@@ -170,6 +171,7 @@ pub async fn run(
     let hub = Hub::default();
     let (store, writer) = Store::open(&config.db, config.durability, hub.clone())?;
     let registry = Registry::load(store.reads.tools().await?);
+    registry.know_agents(&store.reads.agents().await?);
     let recovered = recover(&store).await?;
     let scheduler = Scheduler::spawn(config.scheduler(), store.clone(), shutdown.clone());
     for step in recovered {
@@ -207,6 +209,7 @@ pub async fn run(
     health_reporter
         .set_serving::<ToolCallServiceServer<ToolCallApi>>()
         .await;
+    health_reporter.set_serving::<HostedServiceServer<HostedApi>>().await;
     health_reporter.set_serving::<WorkerServiceServer<WorkerApi>>().await;
     health_reporter
         .set_serving::<RegistryServiceServer<RegistryApi>>()
@@ -252,6 +255,14 @@ pub async fn run(
         .add_service(Guarded::new(
             InterceptedService::new(
                 WorkerServiceServer::new(WorkerApi(kernel.clone())).max_decoding_message_size(max_message),
+                crate::tls::WorkerGate::new(&config),
+            ),
+            keys.clone(),
+        ))
+        .add_service(Guarded::new(
+            // A hosted handler is a worker: the same client certificate admits both.
+            InterceptedService::new(
+                HostedServiceServer::new(HostedApi(kernel.clone())).max_decoding_message_size(max_message),
                 crate::tls::WorkerGate::new(&config),
             ),
             keys.clone(),

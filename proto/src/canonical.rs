@@ -55,6 +55,19 @@ pub fn call_hash(tool: &str, fingerprint: &str, arguments: &Value) -> String {
     sha256_hex(to_canonical(&doc).as_bytes())
 }
 
+/// The identity of a hosted handler's local step within its run: its id and how many steps with
+/// that id the handler ran before it.
+pub fn local_step_key(step_id: &str, occurrence: u32) -> String {
+    format!("step:{step_id}#{occurrence}")
+}
+
+/// The key a step's effect is deduplicated with: derived from the run and the step's identity
+/// only, so it is the same on every retry, redispatch and replay of that step.
+pub fn idempotency_key(run_id: &str, step_key: &str) -> String {
+    let digest = Sha256::digest(format!("{run_id}\n{step_key}").as_bytes());
+    format!("ik_{}", &hex::encode(digest)[..32])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

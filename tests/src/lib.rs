@@ -647,7 +647,7 @@ pub fn check_log(events: &[pb::Event], settled: bool) {
             "tool:scheduled" => {
                 assert!(scheduled.insert(key.clone()), "step {key} scheduled twice:\n{}", dump());
             }
-            "tool:start" => {
+            "tool:start" | "agent:dispatched" => {
                 assert!(
                     !results.contains_key(&key),
                     "tool:start after the result of {key}:\n{}",
@@ -655,7 +655,7 @@ pub fn check_log(events: &[pb::Event], settled: bool) {
                 );
                 started.insert(key, body["attempt"].as_u64().unwrap());
             }
-            "tool:result" | "tool:denied" => {
+            "tool:result" | "tool:denied" | "agent:result" | "step:result" => {
                 *results.entry(key.clone()).or_default() += 1;
                 if body["attempts"].as_u64().unwrap_or(0) > 0
                     && body["status"] != "cancelled"

@@ -45,6 +45,7 @@ impl RawWorker {
             max_concurrency: 8,
             sdk_version: "test".into(),
             ephemeral_tools: false,
+            agents: Vec::new(),
         };
         tx.send(pb::OpenSessionRequest {
             message: Some(In::Hello(hello)),

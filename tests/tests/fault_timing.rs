@@ -474,6 +474,7 @@ async fn idle_session(url: String, index: usize) -> (tonic::Streaming<pb::OpenSe
             max_concurrency: 1,
             sdk_version: "fault-timing".into(),
             ephemeral_tools: false,
+            agents: Vec::new(),
         })),
     };
     let heartbeat = || pb::OpenSessionRequest {

@@ -212,6 +212,7 @@ fn hello_frame() -> Frame {
             max_concurrency: 1,
             sdk_version: "test".into(),
             ephemeral_tools: false,
+            agents: Vec::new(),
         }),
         ..Frame::default()
     }

@@ -88,6 +88,7 @@ mod backoff;
 mod deps;
 mod error;
 mod fields;
+mod hosted;
 mod tls;
 mod tool;
 mod transport;
@@ -102,6 +103,7 @@ pub use agent::{
     RunSnapshot, TurnItem,
 };
 pub use error::{ErrorKind, ToolError};
+pub use hosted::{Agent, AgentContext, AgentDefinition, AgentFuture, StepEffect, StepInfo};
 pub use kernel_proto as proto;
 pub use tls::Tls;
 /// The cancellation token of [`ToolContext::cancellation`] and [`Worker::run`] (from `tokio-util`).

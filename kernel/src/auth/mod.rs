@@ -128,7 +128,9 @@ pub fn required_scope(path: &str) -> Scope {
         "ToolCallService/SubmitTurn" => Scope::ToolsCall,
         "ApprovalService/ListApprovals" => Scope::RunsRead,
         "ApprovalService/ApproveCall" | "ApprovalService/RejectCall" => Scope::ApprovalsWrite,
+        // A hosted handler's operations come from its worker, fenced by the run's dispatch.
         "WorkerService/OpenSession" => Scope::WorkersConnect,
+        _ if method.starts_with("HostedService/") => Scope::WorkersConnect,
         _ if method.starts_with("RegistryService/") => Scope::RunsRead,
         _ => Scope::Admin,
     }

@@ -11,8 +11,9 @@ use serde_json::Value;
 use crate::error::KernelError;
 use crate::hub::ProgressUpdate;
 use crate::model::{
-    ApprovalDecision, ApprovalRecord, ApprovalStatus, Capture, ErrorKind, EventRecord, Idempotency, Millis, Outcome,
-    RetryPolicy, RiskLevel, RunRecord, RunStatus, StepRecord, StepStatus, ToolDef, ToolOptions, validate_tool_name,
+    AgentDef, ApprovalDecision, ApprovalRecord, ApprovalStatus, Capture, ErrorKind, EventRecord, Idempotency, Millis,
+    Outcome, RetryPolicy, RiskLevel, RunRecord, RunStatus, StepKind, StepRecord, StepStatus, ToolDef, ToolOptions,
+    validate_tool_name,
 };
 use crate::registry::KnownTool;
 use crate::scheduler::{SessionHello, WorkerSnapshot};
@@ -42,6 +43,7 @@ pub fn run_status(status: RunStatus) -> pb::RunStatus {
         RunStatus::Completed => pb::RunStatus::Completed,
         RunStatus::Failed => pb::RunStatus::Failed,
         RunStatus::Cancelled => pb::RunStatus::Cancelled,
+        RunStatus::Suspended => pb::RunStatus::Suspended,
     }
 }
 
@@ -54,6 +56,7 @@ pub fn run_status_filter(value: i32) -> Result<Option<RunStatus>, KernelError> {
         Ok(pb::RunStatus::Completed) => Ok(Some(RunStatus::Completed)),
         Ok(pb::RunStatus::Failed) => Ok(Some(RunStatus::Failed)),
         Ok(pb::RunStatus::Cancelled) => Ok(Some(RunStatus::Cancelled)),
+        Ok(pb::RunStatus::Suspended) => Ok(Some(RunStatus::Suspended)),
         Err(_) => Err(KernelError::invalid("status", format!("{value} is not a RunStatus"))),
     }
 }
@@ -114,6 +117,8 @@ pub fn run(run: &RunRecord) -> pb::Run {
             Capture::Io => pb::Capture::Io,
         } as i32,
         permissions_granted_by: run.granted_by.clone().unwrap_or_default(),
+        hosted: run.hosted,
+        dispatches: run.dispatches,
     }
 }
 
@@ -257,7 +262,19 @@ pub fn step(step: &StepRecord, capture: Capture) -> pb::Step {
         decided_by: step.decided_by.clone().unwrap_or_default(),
         outcome: outcome(step.outcome()) as i32,
         approval: step.approval.as_ref().map(approval_decision),
+        kind: match step.kind {
+            StepKind::Tool => pb::StepKind::Tool,
+            StepKind::Agent => pb::StepKind::Agent,
+            StepKind::Local => pb::StepKind::Local,
+        } as i32,
+        effect: step.effect.map(|e| e.as_str().to_owned()).unwrap_or_default(),
     }
+}
+
+/// A recorded step as its handler replays it: arguments and results as recorded, whatever the
+/// run's capture level.
+pub fn history_step(step: &StepRecord) -> pb::Step {
+    self::step(step, Capture::Io)
 }
 
 /// An event as inspection shows it under its run's capture level.
@@ -389,12 +406,13 @@ pub fn hello(hello: pb::Hello) -> Result<SessionHello, KernelError> {
     if hello.max_concurrency == 0 {
         return Err(KernelError::invalid("hello.max_concurrency", "must be at least 1"));
     }
-    if hello.tools.is_empty() {
+    if hello.tools.is_empty() && hello.agents.is_empty() {
         return Err(KernelError::invalid(
             "hello.tools",
-            "a worker must offer at least one tool",
+            "a worker must offer at least one tool or agent",
         ));
     }
+    let agents = agents(hello.agents)?;
     let mut seen = HashSet::new();
     let mut tools = Vec::with_capacity(hello.tools.len());
     for (index, spec) in hello.tools.into_iter().enumerate() {
@@ -460,7 +478,58 @@ pub fn hello(hello: pb::Hello) -> Result<SessionHello, KernelError> {
         tools,
         max_concurrency: hello.max_concurrency,
         ephemeral_tools: hello.ephemeral_tools,
+        agents,
     })
+}
+
+/// The agents a hello announces, checked as tools are: a valid name offered once, a usable
+/// input schema, and the fingerprint those hash to.
+fn agents(specs: Vec<pb::AgentSpec>) -> Result<Vec<AgentDef>, KernelError> {
+    let mut seen = HashSet::new();
+    let mut agents = Vec::with_capacity(specs.len());
+    for (index, spec) in specs.into_iter().enumerate() {
+        let field = format!("hello.agents[{index}]");
+        validate_tool_name(&spec.name).map_err(|m| KernelError::invalid(format!("{field}.name"), m))?;
+        if !seen.insert(spec.name.clone()) {
+            return Err(KernelError::invalid(
+                format!("{field}.name"),
+                format!("'{}' is offered twice", spec.name),
+            ));
+        }
+        let schema_text = if spec.input_schema_json.trim().is_empty() {
+            "true"
+        } else {
+            &spec.input_schema_json
+        };
+        let input_schema: Value = serde_json::from_str(schema_text).map_err(|e| {
+            KernelError::invalid(format!("{field}.input_schema_json"), format!("is not valid JSON: {e}"))
+        })?;
+        crate::validation::ArgsValidator::compile(&input_schema).map_err(|e| {
+            KernelError::invalid(
+                format!("{field}.input_schema_json"),
+                format!("is not a usable JSON Schema: {e}"),
+            )
+        })?;
+        let fingerprint = canonical::tool_fingerprint(&spec.name, &spec.description, &input_schema, &spec.version);
+        if !spec.fingerprint.is_empty() && spec.fingerprint != fingerprint {
+            return Err(KernelError::invalid(
+                format!("{field}.fingerprint"),
+                format!(
+                    "agent '{}' claims fingerprint {} but its name, description, schema and version hash to {}",
+                    spec.name, spec.fingerprint, fingerprint
+                ),
+            ));
+        }
+        agents.push(AgentDef {
+            name: spec.name,
+            description: spec.description,
+            input_schema,
+            version: spec.version,
+            fingerprint,
+            max_concurrency: (spec.max_concurrency > 0).then_some(spec.max_concurrency),
+        });
+    }
+    Ok(agents)
 }
 
 fn options_proto(o: &ToolOptions) -> pb::ToolOptions {
@@ -588,6 +657,7 @@ mod tests {
             max_concurrency: 1,
             sdk_version: String::new(),
             ephemeral_tools: false,
+            agents: Vec::new(),
         }
     }
 

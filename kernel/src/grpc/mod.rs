@@ -5,6 +5,7 @@
 mod admin;
 mod approvals;
 pub mod convert;
+mod hosted;
 mod registry;
 mod runs;
 mod tool_calls;
@@ -19,6 +20,7 @@ use crate::store::Store;
 
 pub use admin::AdminApi;
 pub use approvals::ApprovalApi;
+pub use hosted::HostedApi;
 pub use registry::RegistryApi;
 pub use runs::RunApi;
 pub use tool_calls::ToolCallApi;

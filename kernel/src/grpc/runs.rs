@@ -13,7 +13,7 @@ use super::{Kernel, STREAM_BUFFER, convert};
 use crate::error::KernelError;
 use crate::hub::{Signal, Subscription};
 use crate::model::{Capture, EventType, RunId, RunRecord};
-use crate::store::{EndRun, NewRun, RunFilter};
+use crate::store::{EndRun, HostedAgent, NewRun, RunFilter};
 
 const MAX_PAGE_RUNS: u32 = 1000;
 const MAX_PAGE_EVENTS: u32 = 5000;
@@ -78,9 +78,36 @@ impl RunService for RunApi {
                 KernelError::invalid("idempotency_key", format!("longer than {MAX_IDEMPOTENCY_KEY} bytes")).into(),
             );
         }
+        let input = convert::canonical_json(&req.input_json, "input_json", "null")?;
+        let hosted = match self.0.registry.agent(&agent) {
+            Some(known) => {
+                if let Some(validator) = &known.validator {
+                    let value: serde_json::Value = serde_json::from_str(&input).expect("canonical JSON parses");
+                    validator.check(&agent, &value).map_err(|problems| {
+                        KernelError::invalid(
+                            "input_json",
+                            problems.replacen("invalid arguments for tool", "invalid input for agent", 1),
+                        )
+                    })?;
+                }
+                Some(HostedAgent {
+                    name: known.def.name.clone(),
+                    fingerprint: known.def.fingerprint.clone(),
+                    version: known.def.version.clone(),
+                })
+            }
+            None if req.hosted => {
+                return Err(KernelError::NotFound(format!(
+                    "no worker offers or has offered agent '{agent}'; start a worker that hosts it, or create the \
+                     run without hosted to drive it with SubmitTurn"
+                ))
+                .into());
+            }
+            None => None,
+        };
         let new = NewRun {
             agent,
-            input: convert::canonical_json(&req.input_json, "input_json", "null")?,
+            input,
             labels: convert::labels(req.labels)?,
             idempotency_key,
             max_tool_calls: req.max_tool_calls,
@@ -88,8 +115,12 @@ impl RunService for RunApi {
             permissions: req.permissions,
             granted_by: caller.map(|c| c.name().to_owned()),
             capture: convert::capture(req.capture)?,
+            hosted,
         };
-        let (run, created) = self.0.store.create_run(new).await?;
+        let (run, created, dispatch) = self.0.store.create_run_dispatching(new).await?;
+        if let Some(dispatch) = dispatch {
+            self.0.scheduler.enqueue(dispatch);
+        }
         Ok(Response::new(pb::CreateRunResponse {
             run: Some(convert::run(&run)),
             created,
@@ -162,7 +193,15 @@ impl RunService for RunApi {
     ) -> Result<Response<pb::CompleteRunResponse>, Status> {
         let req = request.into_inner();
         let output = convert::canonical_json(&req.output_json, "output_json", "null")?;
-        let run = self.end(&req.run_id, EndRun::Complete { output }).await?;
+        let run = self
+            .end(
+                &req.run_id,
+                EndRun::Complete {
+                    output,
+                    settle_in_flight: false,
+                },
+            )
+            .await?;
         Ok(Response::new(pb::CompleteRunResponse {
             run: Some(convert::run(&run)),
         }))

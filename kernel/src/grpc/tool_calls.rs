@@ -20,7 +20,7 @@ use crate::hub::{Signal, Subscription};
 use crate::limits::{self, Limits};
 use crate::model::{ApprovalRecord, ApprovalStatus, EventType, RunId, StepKey, StepRecord, StepStatus, cut};
 use crate::registry::KnownTool;
-use crate::store::{CallDisposition, CallGate, PlannedCall, StartDispatch, TurnPlan};
+use crate::store::{CallDisposition, CallGate, Fence, PlannedCall, StartDispatch, TurnPlan};
 
 /// The longest call id accepted.
 const MAX_CALL_ID: usize = 128;
@@ -34,7 +34,7 @@ type TurnStream = Pin<Box<dyn Stream<Item = Result<pb::SubmitTurnResponse, Statu
 type TurnSender = mpsc::Sender<Result<pb::SubmitTurnResponse, Status>>;
 
 /// Validates a turn as a whole before anything is written, and decides each call's gate.
-async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, KernelError> {
+async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>) -> Result<Planned, KernelError> {
     let run_id = RunId::parse(&req.run_id, "run_id")?;
     if req.calls.is_empty() {
         return Err(KernelError::invalid("calls", "a turn needs at least one call"));
@@ -175,6 +175,7 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest) -> Result<Planned, Ke
         available_tools,
         default_timeout_ms: kernel.default_timeout_ms,
         max_pending_calls: kernel.limits.max_pending_calls_per_run,
+        fence,
     };
     Ok(Planned {
         plan,
@@ -282,41 +283,52 @@ impl ToolCallService for ToolCallApi {
         &self,
         request: Request<pb::SubmitTurnRequest>,
     ) -> Result<Response<Self::SubmitTurnStream>, Status> {
-        let mut planned = plan(&self.0, request.into_inner()).await?;
-        let run_id = planned.plan.run_id.clone();
-        let positions: Vec<u32> = planned.plan.calls.iter().map(|c| c.position).collect();
-        // Subscribe before recording, so no result can slip between the write and the wait.
-        let live = self.0.hub.subscribe(&run_id);
-        // A resubmitted turn whose calls all settled is served from a read: the results are
-        // durable already, so only the replay counter is written, without waiting for it.
-        let dispositions = match planned.replayable.take() {
-            Some(steps) => {
-                self.0
-                    .store
-                    .note_replays(run_id.clone(), steps.iter().map(|s| s.key.clone()).collect());
-                steps.into_iter().map(CallDisposition::Replayed).collect()
-            }
-            None => {
-                let plan = decide(&self.0, planned).await?;
-                // Runs to the end even if the agent goes away meanwhile: slots reserved for the
-                // turn must come back to the scheduler whatever happens.
-                let kernel = self.0.clone();
-                tokio::spawn(async move { schedule(&kernel, plan).await })
-                    .await
-                    .map_err(|e| KernelError::Store(format!("scheduling the turn failed: {e}")))??
-            }
-        };
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(stream_results(
-            self.0.clone(),
-            run_id,
-            positions,
-            dispositions,
-            live,
-            tx,
-        ));
+        let rx = submit(&self.0, request.into_inner(), None).await?;
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
+}
+
+/// Records a turn (or serves it from the log) and streams its results: for an agent's
+/// SubmitTurn, and for a hosted handler's calls under `fence`, the dispatch of its run.
+pub(super) async fn submit(
+    kernel: &Kernel,
+    request: pb::SubmitTurnRequest,
+    fence: Option<Fence>,
+) -> Result<mpsc::Receiver<Result<pb::SubmitTurnResponse, Status>>, KernelError> {
+    let mut planned = plan(kernel, request, fence).await?;
+    let run_id = planned.plan.run_id.clone();
+    let positions: Vec<u32> = planned.plan.calls.iter().map(|c| c.position).collect();
+    // Subscribe before recording, so no result can slip between the write and the wait.
+    let live = kernel.hub.subscribe(&run_id);
+    // A resubmitted turn whose calls all settled is served from a read: the results are
+    // durable already, so only the replay counter is written, without waiting for it.
+    let dispositions = match planned.replayable.take() {
+        Some(steps) => {
+            kernel
+                .store
+                .note_replays(run_id.clone(), steps.iter().map(|s| s.key.clone()).collect());
+            steps.into_iter().map(CallDisposition::Replayed).collect()
+        }
+        None => {
+            let plan = decide(kernel, planned).await?;
+            // Runs to the end even if the agent goes away meanwhile: slots reserved for the
+            // turn must come back to the scheduler whatever happens.
+            let kernel = kernel.clone();
+            tokio::spawn(async move { schedule(&kernel, plan).await })
+                .await
+                .map_err(|e| KernelError::Store(format!("scheduling the turn failed: {e}")))??
+        }
+    };
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    tokio::spawn(stream_results(
+        kernel.clone(),
+        run_id,
+        positions,
+        dispositions,
+        live,
+        tx,
+    ));
+    Ok(rx)
 }
 
 fn diverged(step: &StepRecord, position: u32, message: &str) -> pb::CallResult {

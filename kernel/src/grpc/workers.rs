@@ -28,7 +28,7 @@ use crate::auth::{Caller, KeyRing};
 use crate::error::KernelError;
 use crate::hub::ProgressUpdate;
 use crate::limits::{self, LogEvery, RateLimit};
-use crate::model::{ErrorKind, RunId, StepKey, StepStatus, cut, now_millis};
+use crate::model::{ErrorKind, RunId, StepKey, StepKind, StepStatus, cut, now_millis};
 use crate::scheduler::{DispatchOrder, Outbound};
 use crate::store::{ResultReport, ToolCacheSet};
 
@@ -102,10 +102,16 @@ impl WorkerService for WorkerApi {
             None => return Err(Status::cancelled("the worker closed the stream before its hello")),
         };
         if let Some(caller) = &caller {
-            for tool in &hello.tools {
-                caller.may_register(&tool.name)?;
+            for name in hello
+                .tools
+                .iter()
+                .map(|t| &t.name)
+                .chain(hello.agents.iter().map(|a| &a.name))
+            {
+                caller.may_register(name)?;
             }
         }
+        let agents = hello.agents.clone();
         let worker = hello.name.clone();
         let tools = hello.tools.clone();
         let ephemeral_tools = hello.ephemeral_tools;
@@ -129,7 +135,16 @@ impl WorkerService for WorkerApi {
                 .leave(session_id, "registration could not be stored".into());
             return Err(error.into());
         }
+        if !agents.is_empty()
+            && let Err(error) = kernel.store.register_agents(agents.clone()).await
+        {
+            kernel
+                .scheduler
+                .leave(session_id, "registration could not be stored".into());
+            return Err(error.into());
+        }
         kernel.registry.join(&tools, now_millis());
+        kernel.registry.know_agents(&agents);
 
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let config = kernel.scheduler.config();
@@ -340,6 +355,16 @@ impl Session {
                         progress: 0,
                     },
                 );
+                if step.kind == StepKind::Agent {
+                    let run = pb::RunDispatch {
+                        dispatch_id,
+                        attempt,
+                        run_id: step.run_id.to_string(),
+                        agent: step.tool.clone(),
+                        input_json: step.arguments.clone(),
+                    };
+                    return self.tx.send(out(Out::Run(run))).await.is_ok();
+                }
                 Out::Dispatch(pb::Dispatch {
                     dispatch_id,
                     attempt,
@@ -523,9 +548,15 @@ impl Session {
         let session_id = self.session_id.clone();
         tokio::spawn(async move {
             let mut retry = None;
-            let (accepted, reason) = match kernel.store.record_result(report).await {
-                Ok(Some(step)) => {
+            let (accepted, reason) = match kernel.store.record_outcome(report).await {
+                Ok(Some((step, cancelled))) => {
                     debug!(run_id = %step.run_id, step = %step.key, tool = step.tool, status = %step.status, "result recorded");
+                    if step.kind == StepKind::Agent {
+                        info!(run_id = %step.run_id, agent = step.tool, status = %step.status, "hosted run finished");
+                        kernel
+                            .scheduler
+                            .cancel_steps(cancelled, "the run's handler returned".to_owned());
+                    }
                     if step.status == StepStatus::Pending {
                         retry = Some(step);
                     }

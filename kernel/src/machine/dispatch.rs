@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 
 use super::{NewEvent, StepChange, human_ms, json_or_string};
 use crate::model::{
-    ErrorKind, EventType, Idempotency, Millis, Outcome, RetryPolicy, RunId, StepKey, StepRecord, StepStatus,
+    ErrorKind, EventType, Idempotency, Millis, Outcome, RetryPolicy, RunId, StepKey, StepKind, StepRecord, StepStatus,
 };
 
 /// After this many lost workers a call is failed as poison instead of dispatched again.
@@ -82,7 +82,11 @@ pub fn start(step: &StepRecord, start: &StartDispatch, now: Millis) -> Option<St
     Some(StepChange {
         step: started,
         event: NewEvent {
-            kind: EventType::ToolStart,
+            kind: if step.kind == StepKind::Agent {
+                EventType::AgentDispatched
+            } else {
+                EventType::ToolStart
+            },
             payload,
         },
     })
@@ -158,7 +162,11 @@ pub fn settle(
     StepChange {
         step: settled,
         event: NewEvent {
-            kind: EventType::ToolResult,
+            kind: if step.kind == StepKind::Agent {
+                EventType::AgentResult
+            } else {
+                EventType::ToolResult
+            },
             payload,
         },
     }
@@ -307,7 +315,11 @@ pub fn lose_lease(step: &StepRecord, loss: &LeaseLoss, now: Millis) -> StepChang
     StepChange {
         step: requeued,
         event: NewEvent {
-            kind: EventType::ToolLeaseLost,
+            kind: if step.kind == StepKind::Agent {
+                EventType::AgentLeaseLost
+            } else {
+                EventType::ToolLeaseLost
+            },
             payload,
         },
     }

@@ -43,11 +43,18 @@
 //!   settles the calls in flight and withdraws open questions first, so the terminal event is the
 //!   last of the log.
 //!
+//! Hosted runs ([`hosted`]): a run whose handler a worker hosts has its own dispatch, a step of
+//! kind `agent` under every rule above; [`hosted::check_fence`] admits only the attempt holding
+//! it, [`hosted::place`] checks each operation against what its place in the handler's order
+//! recorded (`replay_input_changed` otherwise), [`hosted::record_local`] records a finished local
+//! step, and [`hosted::finish`] ends the run with the handler's outcome.
+//!
 //! Settled steps are terminal: no function here takes a settled step anywhere else, so a late or
 //! out-of-order message never reverts one.
 
 pub mod approval;
 pub mod dispatch;
+pub mod hosted;
 pub mod run;
 pub mod turn;
 

@@ -11,6 +11,8 @@ pub fn step() -> StepRecord {
     StepRecord {
         run_id: RunId::parse("01a23000-0000-7000-8000-000000000001", "run").unwrap(),
         key: StepKey::for_call(0, 0, None),
+        kind: crate::model::StepKind::Tool,
+        effect: None,
         turn: 0,
         position: 0,
         call_id: None,
@@ -66,6 +68,8 @@ pub fn run() -> RunRecord {
         permissions: Vec::new(),
         capture: Capture::Io,
         granted_by: None,
+        hosted: false,
+        dispatches: 0,
         tool_calls: 0,
         last_seq: 3,
         created_at: NOW - 1_000,

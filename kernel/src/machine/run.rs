@@ -32,6 +32,8 @@ pub struct NewRun {
     pub granted_by: Option<String>,
     /// What inspection shows of its arguments and results.
     pub capture: Capture,
+    /// The agent a worker hosts, when the kernel dispatches the run's handler.
+    pub hosted: Option<super::hosted::HostedAgent>,
 }
 
 /// What creating a run does: with an idempotency key a run already holds, that run (when its
@@ -39,7 +41,12 @@ pub struct NewRun {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Created {
     Existing(Box<RunRecord>),
-    New { run: Box<RunRecord>, event: NewEvent },
+    /// A new run; a hosted one with its own dispatch, pending.
+    New {
+        run: Box<RunRecord>,
+        event: NewEvent,
+        dispatch: Option<Box<StepRecord>>,
+    },
 }
 
 /// Creates a run as `new` asks, given the run that holds its idempotency key, if any; a new run
@@ -67,6 +74,7 @@ pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis)
             "permissions": new.permissions,
             "permissions_granted_by": new.granted_by,
             "capture": new.capture.as_str(),
+            "hosted": new.hosted.is_some(),
         }),
     };
     let run = RunRecord {
@@ -83,14 +91,21 @@ pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis)
         permissions: new.permissions.clone(),
         capture: new.capture,
         granted_by: new.granted_by.clone(),
+        hosted: new.hosted.is_some(),
+        dispatches: 0,
         tool_calls: 0,
         last_seq: 0,
         created_at: now,
         updated_at: now,
     };
+    let dispatch = new
+        .hosted
+        .as_ref()
+        .map(|agent| Box::new(super::hosted::dispatch_step(&run, agent, now)));
     Ok(Created::New {
         run: Box::new(run),
         event,
+        dispatch,
     })
 }
 
@@ -108,9 +123,18 @@ pub fn deletable(run: &RunRecord) -> Result<(), KernelError> {
 /// How a run ends.
 #[derive(Clone, Debug)]
 pub enum EndRun {
-    Complete { output: String },
-    Fail { reason: String },
-    Cancel { reason: String },
+    /// With `settle_in_flight`, calls still in flight are cancelled (a hosted handler returned
+    /// without awaiting them); without, they must have settled.
+    Complete {
+        output: String,
+        settle_in_flight: bool,
+    },
+    Fail {
+        reason: String,
+    },
+    Cancel {
+        reason: String,
+    },
 }
 
 /// What ending a run changes, in the order the store applies it: questions withdrawn, calls
@@ -138,8 +162,11 @@ pub fn end(
         )));
     }
     let (status, kind, output, reason) = match end {
-        EndRun::Complete { output } => {
-            if !in_flight.is_empty() {
+        EndRun::Complete {
+            output,
+            settle_in_flight,
+        } => {
+            if !in_flight.is_empty() && !settle_in_flight {
                 return Err(KernelError::FailedPrecondition(format!(
                     "run {} has {} tool calls in flight; wait for their results or cancel the run",
                     run.id,
@@ -186,7 +213,7 @@ pub fn end(
         })
         .collect();
     let payload = match (&output, &reason) {
-        (Some(output), _) => json!({ "output": json_or_string(output) }),
+        (Some(output), _) => json!({ "output": json_or_string(output), "cancelled_steps": settled.len() }),
         (_, reason) => json!({ "reason": reason, "cancelled_steps": settled.len() }),
     };
     let mut ended = run.clone();
@@ -268,13 +295,17 @@ mod tests {
             permissions: Vec::new(),
             granted_by: None,
             capture: Capture::Io,
+            hosted: None,
         }
     }
 
     #[test]
     fn a_key_gives_back_its_run_and_refuses_another_under_it() {
         let id = run().id;
-        let Created::New { run: created, event } = create(None, &new_run(Some("k")), id.clone(), NOW).unwrap() else {
+        let Created::New {
+            run: created, event, ..
+        } = create(None, &new_run(Some("k")), id.clone(), NOW).unwrap()
+        else {
             panic!("a new run");
         };
         assert_eq!((created.status, created.id.clone()), (RunStatus::Pending, id));
@@ -303,7 +334,10 @@ mod tests {
 
     #[test]
     fn a_run_ends_once_and_completes_only_with_every_call_settled() {
-        let complete = EndRun::Complete { output: "42".into() };
+        let complete = EndRun::Complete {
+            output: "42".into(),
+            settle_in_flight: false,
+        };
         let busy = end(&run(), &[step()], &[], &complete, NOW).unwrap_err();
         assert!(busy.to_string().contains("1 tool calls in flight"), "{busy}");
         let done = end(&run(), &[], &[], &complete, NOW).unwrap();

@@ -11,8 +11,8 @@ use super::dispatch::StartDispatch;
 use super::{NewEvent, json_or_string};
 use crate::error::KernelError;
 use crate::model::{
-    ApprovalGate, ErrorKind, EventType, Idempotency, Millis, Outcome, RunId, RunRecord, RunStatus, StepKey, StepRecord,
-    StepStatus, ToolDef, cut,
+    ApprovalGate, ErrorKind, EventType, Idempotency, Millis, Outcome, RunId, RunRecord, RunStatus, StepKey, StepKind,
+    StepRecord, StepStatus, ToolDef, cut,
 };
 
 /// One call of a submitted turn, validated and resolved against the registry.
@@ -70,6 +70,8 @@ pub struct TurnPlan {
     pub default_timeout_ms: u64,
     /// Unsettled calls a run may have; checked inside the write, so concurrent turns cannot both pass.
     pub max_pending_calls: usize,
+    /// The dispatch of a hosted run whose handler calls: checked inside the write.
+    pub fence: Option<super::hosted::Fence>,
 }
 
 /// What recording a turn decided for one call.
@@ -368,6 +370,8 @@ pub fn record(
     let step = StepRecord {
         run_id: run.id.clone(),
         key: call.key.clone(),
+        kind: StepKind::Tool,
+        effect: None,
         turn,
         position: call.position,
         call_id: call.call_id.clone(),
@@ -537,6 +541,7 @@ mod tests {
             available_tools: vec!["lookup".into(), "search".into()],
             default_timeout_ms: 30_000,
             max_pending_calls: 2,
+            fence: None,
         }
     }
 

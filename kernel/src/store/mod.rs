@@ -19,17 +19,19 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 pub use crate::machine::dispatch::{LeaseLoss, ResultReport, StartDispatch};
+pub use crate::machine::hosted::{Fence, HostedAgent, LocalStep};
 pub use crate::machine::run::{EndRun, NewRun};
 pub use crate::machine::turn::unknown_tool_message;
 pub use crate::machine::turn::{CallDisposition, CallGate, PlannedCall, TurnPlan};
 pub use lock::{DbLock, lock_path};
 pub use ops::Published;
+pub use ops::StepRecorded;
 pub use reads::{Readers, RunFilter};
 use writer::Command;
 
 use crate::error::KernelError;
 use crate::hub::Hub;
-use crate::model::{Millis, RunId, RunRecord, StepKey, StepRecord, ToolDef};
+use crate::model::{AgentDef, Millis, RunId, RunRecord, StepKey, StepRecord, ToolDef};
 
 /// How hard each commit waits for the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -226,6 +228,15 @@ impl Store {
     }
 
     pub async fn create_run(&self, new: NewRun) -> Result<(RunRecord, bool), KernelError> {
+        let (run, created, _) = self.create_run_dispatching(new).await?;
+        Ok((run, created))
+    }
+
+    /// Creates a run; a new hosted one comes back with its pending dispatch, to queue.
+    pub async fn create_run_dispatching(
+        &self,
+        new: NewRun,
+    ) -> Result<(RunRecord, bool, Option<StepRecord>), KernelError> {
         self.send(|reply| Command::CreateRun(new, reply)).await
     }
 
@@ -240,7 +251,26 @@ impl Store {
 
     /// Records a worker's result, fenced by dispatch, attempt and session; `None` when stale.
     pub async fn record_result(&self, report: ResultReport) -> Result<Option<StepRecord>, KernelError> {
+        Ok(self.record_outcome(report).await?.map(|(step, _)| step))
+    }
+
+    /// Records a worker's result as [`Store::record_result`] does, with the steps it cancelled:
+    /// a hosted handler's outcome ends its run, and what the handler left in flight is cancelled.
+    pub async fn record_outcome(
+        &self,
+        report: ResultReport,
+    ) -> Result<Option<(StepRecord, Vec<StepRecord>)>, KernelError> {
         self.send(|reply| Command::RecordResult(report, reply)).await
+    }
+
+    /// Records a hosted handler's finished local step, fenced by the run's dispatch.
+    pub async fn record_step(&self, run: RunId, fence: Fence, local: LocalStep) -> Result<StepRecorded, KernelError> {
+        self.send(|reply| Command::RecordStep(run, fence, local, reply)).await
+    }
+
+    /// Keeps the agents a worker offers, so runs created while none is connected are hosted.
+    pub async fn register_agents(&self, agents: Vec<AgentDef>) -> Result<(), KernelError> {
+        self.send(|reply| Command::RegisterAgents(agents, reply)).await
     }
 
     pub async fn lose_lease(&self, loss: LeaseLoss) -> Result<LossOutcome, KernelError> {

@@ -11,11 +11,12 @@ use crate::error::KernelError;
 use crate::machine::StepChange;
 use crate::machine::approval::{self, Ask, Decided};
 use crate::machine::dispatch::{self, LeaseLoss, ResultReport, StartDispatch};
+use crate::machine::hosted::{self, LocalStep, Place};
 use crate::machine::run::{self, Created, EndRun, NewRun};
 use crate::machine::turn::{self, CallDisposition, Next, TurnPlan};
 use crate::model::{
     ApprovalRecord, ApprovalStatus, EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, EventType, Millis, Outcome, RunId,
-    RunRecord, StepKey, StepRecord, StepStatus, ToolDef,
+    RunRecord, StepKey, StepKind, StepRecord, StepStatus, ToolDef,
 };
 
 /// An event committed by a batch, with the step it settled when there is one, so watchers need
@@ -97,7 +98,7 @@ impl Tx<'_> {
     }
 }
 
-pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
+pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool, Option<StepRecord>)> {
     let existing = match &new.idempotency_key {
         Some(key) => tx
             .conn
@@ -110,11 +111,14 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
         None => None,
     };
     match run::create(existing, &new, RunId::new(), tx.now)? {
-        Created::Existing(run) => Ok((*run, false)),
-        Created::New { run, event } => {
+        Created::Existing(run) => Ok((*run, false, None)),
+        Created::New { run, event, dispatch } => {
             insert_run(tx.conn, &run)?;
             tx.append(&run.id, event.kind, event.payload, None)?;
-            Ok((tx.run(&run.id)?, true))
+            if let Some(dispatch) = &dispatch {
+                insert_step(tx.conn, dispatch)?;
+            }
+            Ok((tx.run(&run.id)?, true, dispatch.map(|d| *d)))
         }
     }
 }
@@ -122,7 +126,8 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool)> {
 fn insert_run(conn: &Connection, run: &RunRecord) -> Result<()> {
     conn.prepare_cached(
         "INSERT INTO runs (id, agent, status, input, labels, idempotency_key, max_tool_calls, created_at, updated_at, \
-         interactive, permissions, capture, granted_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+         interactive, permissions, capture, granted_by, hosted) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
     )?
     .execute(params![
         run.id.as_str(),
@@ -138,6 +143,7 @@ fn insert_run(conn: &Connection, run: &RunRecord) -> Result<()> {
         serde_json::to_string(&run.permissions).expect("permissions serialize"),
         run.capture.as_str(),
         run.granted_by,
+        run.hosted,
     ])?;
     Ok(())
 }
@@ -185,11 +191,34 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
         .iter()
         .map(|call| load_step(tx.conn, &run.id, &call.key))
         .collect::<rusqlite::Result<Vec<_>>>()?;
+    if run.hosted || plan.fence.is_some() {
+        let dispatch = load_step(tx.conn, &run.id, &StepKey::agent())?;
+        hosted::check_fence(&run, dispatch.as_ref(), plan.fence.as_ref())?;
+        let keys: Vec<StepKey> = plan.calls.iter().map(|c| c.key.clone()).collect();
+        let at_place = steps_at_place(tx.conn, &run.id, plan.turn)?;
+        let elsewhere: Vec<StepRecord> = recorded.iter().flatten().cloned().collect();
+        if let Err(message) = hosted::place(plan.turn, &keys, &at_place, &elsewhere) {
+            let step = at_place
+                .first()
+                .or(elsewhere.first())
+                .cloned()
+                .expect("a divergence names a recorded step");
+            return Ok(plan
+                .calls
+                .iter()
+                .map(|_| CallDisposition::Diverged {
+                    step: step.clone(),
+                    message: message.clone(),
+                })
+                .collect());
+        }
+    }
     let unsettled = if turn::adds_calls(&recorded) {
         Some(
             tx.conn
                 .prepare_cached(
-                    "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running', 'awaiting_approval')",
+                    "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running', 'awaiting_approval') \
+                     AND kind = 'tool'",
                 )?
                 .query_row([run.id.as_str()], |row| row.get::<_, usize>(0))?,
         )
@@ -271,9 +300,9 @@ fn insert_step(conn: &Connection, step: &StepRecord) -> Result<()> {
     conn.prepare_cached(
         "INSERT INTO steps (run_id, step_key, turn, position, call_id, tool, fingerprint, version, arguments, \
          call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
-         retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, outcome, attempts) \
+         retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, outcome, attempts, kind, effect) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, \
-         ?22, ?23, ?24, ?25, ?26, ?27)",
+         ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)",
     )?
     .execute(params![
         step.run_id.as_str(),
@@ -307,6 +336,8 @@ fn insert_step(conn: &Connection, step: &StepRecord) -> Result<()> {
         step.output,
         step.outcome.map(Outcome::as_str),
         step.attempts,
+        step.kind.as_str(),
+        step.effect.map(crate::model::Effect::as_str),
     ])?;
     Ok(())
 }
@@ -392,7 +423,8 @@ fn save_approval(conn: &Connection, approval: &ApprovalRecord) -> Result<()> {
 /// Writes what a transition may change of a run; its sequence number is the log's own.
 fn save_run(conn: &Connection, run: &RunRecord) -> Result<()> {
     conn.prepare_cached(
-        "UPDATE runs SET status = ?2, output = ?3, reason = ?4, tool_calls = ?5, updated_at = ?6 WHERE id = ?1",
+        "UPDATE runs SET status = ?2, output = ?3, reason = ?4, tool_calls = ?5, updated_at = ?6, dispatches = ?7 \
+         WHERE id = ?1",
     )?
     .execute(params![
         run.id.as_str(),
@@ -400,7 +432,8 @@ fn save_run(conn: &Connection, run: &RunRecord) -> Result<()> {
         run.output,
         run.reason,
         run.tool_calls,
-        run.updated_at
+        run.updated_at,
+        run.dispatches,
     ])?;
     Ok(())
 }
@@ -494,6 +527,13 @@ fn start_loaded(tx: &mut Tx<'_>, step: &StepRecord, start: &StartDispatch) -> Re
     let Some(change) = dispatch::start(step, start, tx.now) else {
         return Ok(None);
     };
+    if step.kind == StepKind::Agent {
+        let (run, event) = hosted::dispatched(&tx.run(&step.run_id)?, tx.now);
+        save_run(tx.conn, &run)?;
+        if let Some(event) = event {
+            tx.append(&run.id, event.kind, event.payload, None)?;
+        }
+    }
     if dispatch::consumes_approval(step) {
         tx.conn
             .prepare_cached(
@@ -512,10 +552,13 @@ fn held_step(tx: &Tx<'_>, dispatch_id: &str, attempt: u32, session_id: Option<&s
 
 /// Records a worker's result. A retryable error with attempts left puts the step back to pending
 /// (the returned step says so); anything else settles it.
-pub fn record_result(tx: &mut Tx<'_>, report: ResultReport) -> Result<Option<StepRecord>> {
+pub fn record_result(tx: &mut Tx<'_>, report: ResultReport) -> Result<Option<(StepRecord, Vec<StepRecord>)>> {
     let Some(step) = held_step(tx, &report.dispatch_id, report.attempt, Some(&report.session_id))? else {
         return Ok(None);
     };
+    if step.kind == StepKind::Agent {
+        return finish_hosted(tx, &step, &report).map(Some);
+    }
     let (change, cached_until) = dispatch::record_result(&step, &report, tx.now);
     if let (Some(expires_at), Ok(output)) = (cached_until, &report.outcome) {
         tx.conn
@@ -525,7 +568,63 @@ pub fn record_result(tx: &mut Tx<'_>, report: ResultReport) -> Result<Option<Ste
             )?
             .execute(params![step.call_hash, step.tool, output, tx.now, expires_at])?;
     }
-    Ok(Some(tx.apply(change)?))
+    Ok(Some((tx.apply(change)?, Vec::new())))
+}
+
+/// What a run has in flight and the questions it has open, for ending it.
+fn in_flight_and_open(tx: &Tx<'_>, run: &RunId) -> Result<(Vec<StepRecord>, Vec<ApprovalRecord>)> {
+    let in_flight: Vec<StepRecord> = tx
+        .conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running', 'awaiting_approval') \
+             ORDER BY turn, position",
+            rows::STEP_COLUMNS
+        ))?
+        .query_map([run.as_str()], rows::step_from_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    let open: Vec<ApprovalRecord> = tx
+        .conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM approvals WHERE run_id = ?1 AND status = 'pending'",
+            rows::APPROVAL_COLUMNS
+        ))?
+        .query_map([run.as_str()], rows::approval_from_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok((in_flight, open))
+}
+
+/// Applies what ending a run changes: questions withdrawn, calls settled, the run and its event.
+fn apply_end(tx: &mut Tx<'_>, ended: run::RunEnd) -> Result<(RunRecord, Vec<StepRecord>)> {
+    for approval in &ended.withdrawn {
+        save_approval(tx.conn, approval)?;
+    }
+    let mut settled = Vec::with_capacity(ended.settled.len());
+    for change in ended.settled {
+        settled.push(tx.apply(change)?);
+    }
+    save_run(tx.conn, &ended.run)?;
+    tx.append(&ended.run.id, ended.event.kind, ended.event.payload, None)?;
+    Ok((tx.run(&ended.run.id)?, settled))
+}
+
+/// A hosted handler's outcome: its dispatch settles and its run ends, cancelling what the
+/// handler left in flight (returned, to cancel on their workers).
+fn finish_hosted(
+    tx: &mut Tx<'_>,
+    dispatch: &StepRecord,
+    report: &ResultReport,
+) -> Result<(StepRecord, Vec<StepRecord>)> {
+    let run = tx.run(&dispatch.run_id)?;
+    let (in_flight, open) = in_flight_and_open(tx, &run.id)?;
+    let outcome = report
+        .outcome
+        .as_ref()
+        .map(String::as_str)
+        .map_err(|(kind, message)| (*kind, message.as_str()));
+    let (settled, ended) = hosted::finish(&run, dispatch, outcome, &in_flight, &open, tx.now)?;
+    let step = tx.apply(settled)?;
+    let (_, cancelled) = apply_end(tx, ended)?;
+    Ok((step, cancelled))
 }
 
 pub fn lose_lease(tx: &mut Tx<'_>, loss: LeaseLoss) -> Result<LossOutcome> {
@@ -566,34 +665,82 @@ pub fn fail_pending(
 
 pub fn end_run(tx: &mut Tx<'_>, run_id: &RunId, end: EndRun) -> Result<(RunRecord, Vec<StepRecord>)> {
     let run = tx.run(run_id)?;
-    let in_flight: Vec<StepRecord> = tx
-        .conn
+    if run.hosted && matches!(end, EndRun::Complete { .. }) && !run.status.is_terminal() {
+        return Err(KernelError::FailedPrecondition(format!(
+            "run {} is hosted by agent '{}': its handler's return value completes it (fail or cancel it instead)",
+            run.id, run.agent
+        )));
+    }
+    let (in_flight, open) = in_flight_and_open(tx, &run.id)?;
+    let ended = run::end(&run, &in_flight, &open, &end, tx.now)?;
+    apply_end(tx, ended)
+}
+
+/// The steps a hosted handler recorded at place `seq` of its order.
+fn steps_at_place(conn: &Connection, run: &RunId, seq: u32) -> Result<Vec<StepRecord>> {
+    Ok(conn
         .prepare_cached(&format!(
-            "SELECT {} FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running', 'awaiting_approval') \
-             ORDER BY turn, position",
+            "SELECT {} FROM steps WHERE run_id = ?1 AND turn = ?2 AND kind != 'agent' ORDER BY position",
             rows::STEP_COLUMNS
         ))?
-        .query_map([run.id.as_str()], rows::step_from_row)?
-        .collect::<rusqlite::Result<_>>()?;
-    let open: Vec<ApprovalRecord> = tx
-        .conn
-        .prepare_cached(&format!(
-            "SELECT {} FROM approvals WHERE run_id = ?1 AND status = 'pending'",
-            rows::APPROVAL_COLUMNS
-        ))?
-        .query_map([run.id.as_str()], rows::approval_from_row)?
-        .collect::<rusqlite::Result<_>>()?;
-    let ended = run::end(&run, &in_flight, &open, &end, tx.now)?;
-    for approval in &ended.withdrawn {
-        save_approval(tx.conn, approval)?;
+        .query_map(params![run.as_str(), seq], rows::step_from_row)?
+        .collect::<rusqlite::Result<_>>()?)
+}
+
+/// Records a hosted handler's finished local step, fenced by the run's dispatch; a step recorded
+/// before keeps its first outcome, and one that differs from what its place holds is refused.
+pub fn record_step(tx: &mut Tx<'_>, run_id: &RunId, fence: &hosted::Fence, local: LocalStep) -> Result<StepRecorded> {
+    let run = tx.run(run_id)?;
+    let dispatch = load_step(tx.conn, &run.id, &StepKey::agent())?;
+    hosted::check_fence(&run, dispatch.as_ref(), Some(fence))?;
+    let key = StepKey::local(&local.step_id, local.occurrence);
+    let at_place = steps_at_place(tx.conn, &run.id, local.seq)?;
+    let elsewhere: Vec<StepRecord> = load_step(tx.conn, &run.id, &key)?.into_iter().collect();
+    match hosted::place(local.seq, std::slice::from_ref(&key), &at_place, &elsewhere) {
+        Err(message) => Ok(StepRecorded::Diverged(message)),
+        Ok(Place::Recorded(mut steps)) => Ok(StepRecorded::Replayed(steps.remove(0))),
+        Ok(Place::Open) => {
+            let change = hosted::record_local(&run, &local, tx.now);
+            insert_step(tx.conn, &change.step)?;
+            tx.append(
+                &run.id,
+                change.event.kind,
+                change.event.payload,
+                Some(change.step.clone()),
+            )?;
+            Ok(StepRecorded::Recorded(change.step))
+        }
     }
-    let mut settled = Vec::with_capacity(ended.settled.len());
-    for change in ended.settled {
-        settled.push(tx.apply(change)?);
+}
+
+/// What recording a local step did.
+#[derive(Clone, Debug)]
+pub enum StepRecorded {
+    Recorded(StepRecord),
+    /// Recorded before (by an earlier attempt of the handler): that outcome stands.
+    Replayed(StepRecord),
+    /// The handler is not deterministic: its place holds another step.
+    Diverged(String),
+}
+
+pub fn register_agents(tx: &mut Tx<'_>, agents: Vec<crate::model::AgentDef>) -> Result<()> {
+    for agent in agents {
+        tx.conn
+            .prepare_cached(
+                "INSERT INTO agents (name, description, input_schema, version, fingerprint, first_seen_at, last_seen_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) ON CONFLICT (name) DO UPDATE SET description = ?2, \
+                 input_schema = ?3, version = ?4, fingerprint = ?5, last_seen_at = ?6",
+            )?
+            .execute(params![
+                agent.name,
+                agent.description,
+                agent.input_schema.to_string(),
+                agent.version,
+                agent.fingerprint,
+                tx.now
+            ])?;
     }
-    save_run(tx.conn, &ended.run)?;
-    tx.append(&run.id, ended.event.kind, ended.event.payload, None)?;
-    Ok((tx.run(&run.id)?, settled))
+    Ok(())
 }
 
 pub fn register_tools(tx: &mut Tx<'_>, tools: Vec<ToolDef>) -> Result<()> {

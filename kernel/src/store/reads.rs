@@ -195,6 +195,39 @@ impl Readers {
         .await
     }
 
+    /// Every agent a worker ever offered.
+    pub async fn agents(&self) -> Result<Vec<crate::model::AgentDef>, KernelError> {
+        self.with(|conn| {
+            conn.prepare("SELECT name, description, input_schema, version, fingerprint FROM agents ORDER BY name")?
+                .query_map([], |row| {
+                    Ok(crate::model::AgentDef {
+                        name: row.get(0)?,
+                        description: row.get(1)?,
+                        input_schema: serde_json::from_str(&row.get::<_, String>(2)?)
+                            .unwrap_or(serde_json::Value::Bool(true)),
+                        version: row.get(3)?,
+                        fingerprint: row.get(4)?,
+                        max_concurrency: None,
+                    })
+                })?
+                .collect()
+        })
+        .await
+    }
+
+    /// A hosted run's recorded steps in its handler's order (its own dispatch left out), with
+    /// arguments and results as recorded.
+    pub async fn history(&self, run: RunId) -> Result<Vec<StepRecord>, KernelError> {
+        self.with(move |conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ?1 AND kind != 'agent' ORDER BY turn, position"
+            ))?
+            .query_map([run.as_str()], rows::step_from_row)?
+            .collect()
+        })
+        .await
+    }
+
     /// Every tool ever registered, with when it was first and last seen.
     pub async fn tools(&self) -> Result<Vec<(ToolDef, i64, i64)>, KernelError> {
         self.with(|conn| {

@@ -7,12 +7,12 @@ use rusqlite::{Connection, OptionalExtension, Row};
 use crate::model::{ApprovalRecord, EventRecord, RunId, RunRecord, StepKey, StepRecord};
 
 pub const RUN_COLUMNS: &str = "id, agent, status, input, output, reason, labels, idempotency_key, \
-     max_tool_calls, tool_calls, last_seq, created_at, updated_at, interactive, permissions, capture, granted_by";
+     max_tool_calls, tool_calls, last_seq, created_at, updated_at, interactive, permissions, capture, granted_by, hosted, dispatches";
 
 pub const STEP_COLUMNS: &str = "run_id, step_key, turn, position, call_id, tool, fingerprint, version, \
      arguments, call_hash, idempotency_key, idempotency, timeout_ms, status, attempts, output, error, \
      error_kind, worker, session_id, dispatch_id, lease_expires_at, created_at, started_at, finished_at, \
-     replays, progress_count, retry, blocking, not_before, lease_losses, unit_cost, cost, decided_by, approval_gate, cache_ttl_ms, outcome, approval";
+     replays, progress_count, retry, blocking, not_before, lease_losses, unit_cost, cost, decided_by, approval_gate, cache_ttl_ms, outcome, approval, kind, effect";
 
 pub const APPROVAL_COLUMNS: &str = "id, run_id, step_key, tool, call_hash, arguments, status, approvers, message, \
      decided_by, requested_at, expires_at, answered_at, decider, reason, \
@@ -58,6 +58,8 @@ pub fn run_from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         permissions: serde_json::from_str(&row.get::<_, String>(14)?).unwrap_or_default(),
         capture: parse(row, 15)?,
         granted_by: row.get(16)?,
+        hosted: row.get(17)?,
+        dispatches: row.get(18)?,
     })
 }
 
@@ -67,6 +69,8 @@ pub fn step_from_row(row: &Row<'_>) -> rusqlite::Result<StepRecord> {
             rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.to_string().into())
         })?,
         key: StepKey::from_stored(row.get(1)?),
+        kind: parse(row, 38)?,
+        effect: parse_opt(row, 39)?,
         turn: row.get(2)?,
         position: row.get(3)?,
         call_id: row.get(4)?,

@@ -163,6 +163,26 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE runs ADD COLUMN granted_by TEXT;
     "#,
+    // 5: hosted runs. A run whose handler a worker hosts has one step of kind 'agent' (its own
+    // dispatch, leased like a call's), and its handler's local steps are steps of kind 'local'.
+    // Agents workers have offered are kept, so a run created while none is connected still waits
+    // for one.
+    r#"
+    ALTER TABLE runs ADD COLUMN hosted INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN dispatches INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE steps ADD COLUMN kind TEXT NOT NULL DEFAULT 'tool';
+    ALTER TABLE steps ADD COLUMN effect TEXT;
+    CREATE INDEX steps_by_place ON steps (run_id, turn);
+    CREATE TABLE agents (
+        name          TEXT PRIMARY KEY,
+        description   TEXT NOT NULL,
+        input_schema  TEXT NOT NULL,
+        version       TEXT NOT NULL,
+        fingerprint   TEXT NOT NULL,
+        first_seen_at INTEGER NOT NULL,
+        last_seen_at  INTEGER NOT NULL
+    ) STRICT;
+    "#,
 ];
 
 /// Brings the database to the newest schema.

@@ -50,6 +50,7 @@ fn new_run(key: Option<&str>, max_tool_calls: u32) -> NewRun {
         permissions: Vec::new(),
         granted_by: None,
         capture: crate::model::Capture::Io,
+        hosted: None,
     }
 }
 
@@ -83,6 +84,7 @@ fn plan(run: &RunId, turn: u32, calls: Vec<PlannedCall>) -> TurnPlan {
         available_tools: vec!["add".into()],
         default_timeout_ms: 30_000,
         max_pending_calls: 1024,
+        fence: None,
     }
 }
 
@@ -561,7 +563,13 @@ async fn refused_writes_leave_nothing_behind() {
     ));
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     f.store
-        .end_run(run.id.clone(), EndRun::Complete { output: "1".into() })
+        .end_run(
+            run.id.clone(),
+            EndRun::Complete {
+                output: "1".into(),
+                settle_in_flight: false,
+            },
+        )
         .await
         .unwrap();
     let before = events(&f.store, &run.id).await;
@@ -603,7 +611,7 @@ async fn cancelling_settles_in_flight_steps_before_the_run() {
         .unwrap();
     start(&f.store, &scheduled(&turn[0]), "d1", 1, "s1").await.unwrap();
     assert!(matches!(
-        f.store.end_run(run.id.clone(), EndRun::Complete { output: "1".into() }).await,
+        f.store.end_run(run.id.clone(), EndRun::Complete { output: "1".into(), settle_in_flight: false }).await,
         Err(KernelError::FailedPrecondition(m)) if m.contains("2 tool calls in flight")
     ));
     let (ended, settled) = f
@@ -976,7 +984,13 @@ async fn a_finished_run_is_deleted_whole_and_a_run_in_flight_is_refused() {
     );
 
     f.store
-        .end_run(runs[0].clone(), EndRun::Complete { output: "null".into() })
+        .end_run(
+            runs[0].clone(),
+            EndRun::Complete {
+                output: "null".into(),
+                settle_in_flight: false,
+            },
+        )
         .await
         .unwrap();
     let logged = events(&f.store, &runs[0]).await.len() as u64;

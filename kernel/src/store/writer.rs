@@ -10,10 +10,11 @@ use tokio::sync::oneshot;
 
 use super::ops::{self, Published, Tx};
 use super::{
-    Answer, Answered, CallDisposition, EndRun, LeaseLoss, LossOutcome, NewRun, ResultReport, StartDispatch, TurnPlan,
+    Answer, Answered, CallDisposition, EndRun, Fence, LeaseLoss, LocalStep, LossOutcome, NewRun, ResultReport,
+    StartDispatch, StepRecorded, TurnPlan,
 };
 use crate::error::KernelError;
-use crate::model::{RunId, RunRecord, StepKey, StepRecord, ToolDef, now_millis};
+use crate::model::{AgentDef, RunId, RunRecord, StepKey, StepRecord, ToolDef, now_millis};
 
 /// The most commands folded into one transaction; bounds the latency of a batch.
 const MAX_BATCH: usize = 512;
@@ -22,10 +23,10 @@ type Reply<T> = oneshot::Sender<Result<T, KernelError>>;
 
 /// A write the store can perform.
 pub enum Command {
-    CreateRun(NewRun, Reply<(RunRecord, bool)>),
+    CreateRun(NewRun, Reply<(RunRecord, bool, Option<StepRecord>)>),
     ScheduleTurn(TurnPlan, Reply<Vec<CallDisposition>>),
     StartDispatch(StartDispatch, Reply<Option<StepRecord>>),
-    RecordResult(ResultReport, Reply<Option<StepRecord>>),
+    RecordResult(ResultReport, Reply<Option<(StepRecord, Vec<StepRecord>)>>),
     LoseLease(LeaseLoss, Reply<LossOutcome>),
     TimeOut {
         dispatch_id: String,
@@ -58,6 +59,8 @@ pub enum Command {
     ToolCacheSet(super::ToolCacheSet, Reply<()>),
     /// Deletes at most this many expired entries of each cache.
     PurgeExpired(usize, Reply<usize>),
+    RecordStep(RunId, Fence, LocalStep, Reply<StepRecorded>),
+    RegisterAgents(Vec<AgentDef>, Reply<()>),
 }
 
 /// Sends a command's answer once its batch has committed (or failed to).
@@ -116,6 +119,8 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
         Command::NoteReplays(run, keys, reply) => respond(ops::note_replays(tx, &run, &keys), reply),
         Command::ToolCacheSet(set, reply) => respond(ops::tool_cache_set(tx, set), reply),
         Command::PurgeExpired(limit, reply) => respond(ops::purge_expired(tx, limit), reply),
+        Command::RecordStep(run, fence, local, reply) => respond(ops::record_step(tx, &run, &fence, local), reply),
+        Command::RegisterAgents(agents, reply) => respond(ops::register_agents(tx, agents), reply),
     }
 }
 
@@ -160,6 +165,8 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
         Command::NoteReplays(_, _, reply) => respond(Err(make()), reply),
         Command::ToolCacheSet(_, reply) => respond(Err(make()), reply),
         Command::PurgeExpired(_, reply) => respond(Err(make()), reply),
+        Command::RecordStep(_, _, _, reply) => respond(Err(make()), reply),
+        Command::RegisterAgents(_, reply) => respond(Err(make()), reply),
     };
     responder
 }

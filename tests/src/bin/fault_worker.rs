@@ -8,8 +8,12 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use clap::Parser;
+use serde_json::{Value, json};
 use tracing_subscriber::EnvFilter;
-use worker_sdk::{CancellationToken, Idempotency, RetryPolicy, RiskLevel, ToolContext, ToolError, Worker, tool};
+use worker_sdk::{
+    Agent, AgentContext, AgentError, Call, CancellationToken, Idempotency, RetryPolicy, RiskLevel, ToolContext,
+    ToolError, Worker, tool,
+};
 
 #[derive(Debug, Parser)]
 struct Config {
@@ -22,9 +26,54 @@ struct Config {
     ledger: PathBuf,
     #[arg(long, default_value_t = 16)]
     max_concurrency: u32,
+    /// Host the `pipeline` agent and offer no tools.
+    #[arg(long)]
+    agents_only: bool,
 }
 
 struct Ledger(Mutex<std::fs::File>);
+
+/// The ledger hosted handlers write to (they have no deps).
+static LEDGER: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Appends `start <step> <idempotency key> <dispatch attempt>` for a local step's closure.
+fn ledger_step(step: &str, key: &str, attempt: u32) {
+    let path = LEDGER.get().expect("ledger path");
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .expect("ledger file");
+    file.write_all(format!("start {step} {key} {attempt}\n").as_bytes())
+        .expect("ledger write");
+    file.sync_data().expect("ledger sync");
+}
+
+/// A hosted agent: `calls` rounds of a local step (`prep`, holding `hold_ms`) then a `sleepy`
+/// call. With `diverge`, a redispatched handler calls `sleepy` with other arguments, as a
+/// handler that is not deterministic would.
+async fn pipeline(ctx: AgentContext, input: Value) -> Result<Value, AgentError> {
+    let rounds = input["calls"].as_u64().unwrap_or(3);
+    let hold_ms = input["hold_ms"].as_u64().unwrap_or(100);
+    let diverge = input["diverge"].as_bool().unwrap_or(false) && ctx.attempt() > 1;
+    let mut total = 0;
+    for round in 0..rounds {
+        let attempt = ctx.attempt();
+        let value: u64 = ctx
+            .step("prep", move |info| async move {
+                ledger_step("step:prep", &info.idempotency_key, attempt);
+                tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+                Ok::<_, String>(round * 10)
+            })
+            .await?;
+        total += value;
+        let hold = if diverge { hold_ms + 1 } else { hold_ms };
+        let result = ctx.call(Call::new("sleepy", json!({ "hold_ms": hold }))).await?;
+        if result.outcome != worker_sdk::Outcome::Ok {
+            return Err(AgentError::failed(format!("sleepy failed: {}", result.content)));
+        }
+    }
+    Ok(json!({ "rounds": rounds, "total": total }))
+}
 
 impl Ledger {
     fn write(ctx: &ToolContext, what: &str) {
@@ -137,9 +186,21 @@ async fn main() {
         .append(true)
         .open(&config.ledger)
         .expect("ledger file");
-    let worker = Worker::builder(config.kernel)
+    LEDGER.set(config.ledger.clone()).expect("set once");
+    let builder = Worker::builder(config.kernel)
         .name(config.name)
-        .max_concurrency(config.max_concurrency)
+        .max_concurrency(config.max_concurrency);
+    if config.agents_only {
+        let agent = Agent::new("pipeline", "Steps and sleepy calls, for fault tests", pipeline);
+        let worker = builder.agent(agent).build().expect("worker config");
+        let shutdown = CancellationToken::new();
+        if let Err(error) = worker.run(shutdown).await {
+            eprintln!("fault worker stopped: {error}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    let worker = builder
         .tool(sleepy_tool())
         .tool(charge_tool().idempotency(Idempotency::AtMostOnce))
         .tool(flaky_tool().retry_policy(RetryPolicy::exponential(

@@ -7,7 +7,7 @@
 //! position (or id) and arguments.
 
 pub(crate) mod outcome;
-mod wire;
+pub(crate) mod wire;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -44,6 +44,28 @@ pub enum AgentError {
     /// travel as metadata).
     #[error("invalid client configuration: {0}")]
     Config(String),
+    /// A hosted handler failed; the run fails with this reason.
+    #[error("{0}")]
+    Failed(String),
+    /// A hosted handler is not deterministic: a place of its order holds another step than the
+    /// one recorded there. The run fails with this, whatever the handler does with it.
+    #[error("{0}")]
+    ReplayInputChanged(String),
+    /// A hosted handler's local step failed (now, or when it was recorded).
+    #[error("step {step} failed: {message}")]
+    Step {
+        /// The step's identity, `step:<id>#<occurrence>`.
+        step: String,
+        /// The step's error.
+        message: String,
+    },
+}
+
+impl AgentError {
+    /// A hosted handler's own failure: the run fails with `message` as its reason.
+    pub fn failed(message: impl std::fmt::Display) -> Self {
+        AgentError::Failed(message.to_string())
+    }
 }
 
 /// The error for a failed call to the kernel at `addr`: for a broken connection, with what to do

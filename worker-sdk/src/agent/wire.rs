@@ -12,6 +12,7 @@ use crate::fields::optional_json;
 
 pub(crate) fn create_run_request(run: NewRun) -> pb::CreateRunRequest {
     pb::CreateRunRequest {
+        hosted: false,
         agent: run.agent,
         input_json: to_canonical(&run.input),
         labels: run.labels.into_iter().collect(),
@@ -68,7 +69,7 @@ pub(crate) fn turn_item(response: pb::SubmitTurnResponse) -> Result<Option<TurnI
     })
 }
 
-fn call_outcome(result: pb::CallResult) -> Result<CallOutcome, AgentError> {
+pub(crate) fn call_outcome(result: pb::CallResult) -> Result<CallOutcome, AgentError> {
     let status = match pb::CallStatus::try_from(result.status) {
         Ok(pb::CallStatus::Ok) => CallStatus::Ok,
         Ok(pb::CallStatus::Cancelled) => CallStatus::Cancelled,

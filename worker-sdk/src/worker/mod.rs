@@ -22,6 +22,7 @@ use tracing::{error, info, warn};
 use crate::auth::ApiKey;
 use crate::backoff::Backoff;
 use crate::deps::Deps;
+use crate::hosted::Agent;
 use crate::tls::Tls;
 use crate::tool::{Tool, ToolDefinitionError};
 use crate::transport;
@@ -61,6 +62,7 @@ pub(crate) struct WorkerConfig {
     pub(crate) name: String,
     pub(crate) max_concurrency: u32,
     pub(crate) tools: BTreeMap<String, Tool>,
+    pub(crate) agents: BTreeMap<String, Agent>,
     pub(crate) deps: Deps,
     pub(crate) drain_timeout: Duration,
     pub(crate) tls: Option<Tls>,
@@ -75,6 +77,7 @@ pub struct WorkerBuilder {
     name: String,
     max_concurrency: u32,
     tools: Vec<Tool>,
+    agents: Vec<Agent>,
     deps: Deps,
     drain_timeout: Duration,
     tls: Option<Tls>,
@@ -98,6 +101,13 @@ impl WorkerBuilder {
     /// Adds a tool.
     pub fn tool(mut self, tool: Tool) -> Self {
         self.tools.push(tool);
+        self
+    }
+
+    /// Hosts an agent: the kernel sends this worker runs of it, and each run's handler runs
+    /// here within the worker's slots (see [`Agent`]).
+    pub fn agent(mut self, agent: Agent) -> Self {
+        self.agents.push(agent);
         self
     }
 
@@ -158,8 +168,18 @@ impl WorkerBuilder {
         if self.max_concurrency == 0 {
             return Err(WorkerError::Config("max_concurrency must be at least 1".into()));
         }
-        if self.tools.is_empty() {
-            return Err(WorkerError::Config("the worker offers no tools".into()));
+        if self.tools.is_empty() && self.agents.is_empty() {
+            return Err(WorkerError::Config(
+                "the worker offers no tools and hosts no agents".into(),
+            ));
+        }
+        let mut agents = BTreeMap::new();
+        for agent in self.agents {
+            agent.validate()?;
+            let name = agent.definition().name.clone();
+            if agents.insert(name.clone(), agent).is_some() {
+                return Err(ToolDefinitionError::DuplicateName(name).into());
+            }
         }
         let mut tools = BTreeMap::new();
         for tool in self.tools {
@@ -175,6 +195,7 @@ impl WorkerBuilder {
                 name: self.name,
                 max_concurrency: self.max_concurrency,
                 tools,
+                agents,
                 deps: self.deps,
                 drain_timeout: self.drain_timeout,
                 tls: self.tls,
@@ -216,6 +237,7 @@ impl Worker {
             name: "worker".into(),
             max_concurrency: DEFAULT_MAX_CONCURRENCY,
             tools: Vec::new(),
+            agents: Vec::new(),
             deps: Deps::default(),
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             tls: None,
@@ -317,7 +339,7 @@ mod tests {
         assert!(Worker::builder("127.0.0.1:1").tool(noop("a")).build().is_ok());
         assert_eq!(
             error(Worker::builder("127.0.0.1:1")),
-            "invalid worker configuration: the worker offers no tools"
+            "invalid worker configuration: the worker offers no tools and hosts no agents"
         );
         assert_eq!(
             error(Worker::builder("127.0.0.1:1").tool(noop("a")).max_concurrency(0)),

@@ -18,16 +18,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use kernel_proto::v1::hosted_service_client::HostedServiceClient;
 use kernel_proto::v1::worker_service_client::WorkerServiceClient;
 use serde_json::Value;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::wire;
+use crate::auth::ApiKey;
 use crate::error::ToolError;
+use crate::hosted::{Agent, AgentContext, AgentDefinition, HostedDispatch};
 use crate::tool::{Tool, ToolDefinition};
 use crate::transport;
 use crate::worker::WorkerConfig;
@@ -58,6 +62,7 @@ pub(crate) enum Outbound {
     Hello {
         worker_name: String,
         tools: Vec<ToolDefinition>,
+        agents: Vec<AgentDefinition>,
         max_concurrency: u32,
         ephemeral_tools: bool,
     },
@@ -98,11 +103,21 @@ pub(crate) struct DispatchRequest {
     pub(crate) arguments: Result<Value, String>,
 }
 
+/// One attempt of a hosted run's handler to run.
+#[derive(Debug)]
+pub(crate) struct RunRequest {
+    pub(crate) dispatch: HostedDispatch,
+    pub(crate) agent: String,
+    /// The run's input, or why its JSON text did not parse.
+    pub(crate) input: Result<Value, String>,
+}
+
 /// What the kernel sends on the stream.
 #[derive(Debug)]
 pub(crate) enum Inbound {
     Welcome(Welcome),
     Dispatch(DispatchRequest),
+    Run(RunRequest),
     Cancel {
         dispatch: DispatchRef,
         reason: String,
@@ -178,6 +193,8 @@ pub(crate) async fn run(
         channel = transport::connect_secure(&config.endpoint, config.tls.as_ref()) => channel.map_err(|e| SessionError::lost(e, false))?,
         _ = shutdown.cancelled() => return Ok(SessionEnd::Stopped),
     };
+    // Hosted handlers call the kernel on the session's connection.
+    let hosted = HostedServiceClient::new(channel.clone());
     let mut client = WorkerServiceClient::new(channel);
 
     // Cancelled on every exit from this function: stops the heartbeat task, ends the outbound
@@ -189,6 +206,7 @@ pub(crate) async fn run(
     let hello = Outbound::Hello {
         worker_name: config.name.clone(),
         tools: config.tools.values().map(|tool| tool.definition().clone()).collect(),
+        agents: config.agents.values().map(|agent| agent.definition().clone()).collect(),
         max_concurrency: config.max_concurrency,
         ephemeral_tools: config.ephemeral_tools,
     };
@@ -252,6 +270,7 @@ pub(crate) async fn run(
         cache_tx,
         cache_rx,
         cache_pending: HashMap::new(),
+        hosted,
     };
     session
         .serve(inbound, shutdown)
@@ -293,6 +312,8 @@ struct Session {
     cache_rx: mpsc::UnboundedReceiver<PendingCache>,
     /// Replies awaited, by request id.
     cache_pending: HashMap<u64, oneshot::Sender<CacheReply>>,
+    /// What hosted handlers record their operations through.
+    hosted: HostedServiceClient<Channel>,
 }
 
 /// Whatever way the session ends, its calls still running are told (cancellation) and left to
@@ -377,6 +398,7 @@ impl Session {
             // A dispatch that crossed our Drain on the wire is already leased to us: run it,
             // and the drain waits for it like any other call in flight.
             Inbound::Dispatch(request) => self.start(request),
+            Inbound::Run(request) => self.start_run(request),
             Inbound::Cancel { dispatch, reason } => match self.running.get(&dispatch.id) {
                 Some(running) if running.attempt == dispatch.attempt => {
                     info!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, reason, "dispatch cancelled");
@@ -439,6 +461,48 @@ impl Session {
             cache: self.cache_tx.clone(),
             slots: Arc::clone(&self.slots),
             deps: self.config.deps.clone(),
+        };
+        self.tasks.spawn(job.run().instrument(span));
+    }
+
+    /// Starts a hosted run's handler on its own task, like a call: it holds a slot while it runs,
+    /// and its outcome goes back as the dispatch's result.
+    fn start_run(&mut self, request: RunRequest) {
+        let dispatch = DispatchRef {
+            id: request.dispatch.dispatch_id.clone(),
+            attempt: request.dispatch.attempt,
+        };
+        if self
+            .running
+            .get(&dispatch.id)
+            .is_some_and(|running| running.attempt == dispatch.attempt)
+        {
+            debug!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, "duplicate run dispatch ignored");
+            return;
+        }
+        let token = self.token.child_token();
+        self.running.insert(
+            dispatch.id.clone(),
+            Running {
+                attempt: dispatch.attempt,
+                token: token.clone(),
+            },
+        );
+        let span = info_span!(
+            "run",
+            run_id = %request.dispatch.run_id,
+            agent = %request.agent,
+            attempt = dispatch.attempt,
+        );
+        let job = HostedJob {
+            agent: self.config.agents.get(&request.agent).cloned(),
+            request,
+            dispatch,
+            token,
+            tx: self.tx.clone(),
+            slots: Arc::clone(&self.slots),
+            client: self.hosted.clone(),
+            api_key: self.config.api_key.clone(),
         };
         self.tasks.spawn(job.run().instrument(span));
     }
@@ -533,6 +597,88 @@ impl Job {
                 Err(_) => Err(cancelled()),
             },
         }
+    }
+}
+
+/// Everything one dispatch of a hosted run's handler needs.
+struct HostedJob {
+    agent: Option<Agent>,
+    request: RunRequest,
+    dispatch: DispatchRef,
+    token: CancellationToken,
+    tx: mpsc::Sender<Outbound>,
+    slots: Arc<Semaphore>,
+    client: HostedServiceClient<Channel>,
+    api_key: Option<ApiKey>,
+}
+
+impl HostedJob {
+    async fn run(self) -> DispatchRef {
+        let dispatch = self.dispatch.clone();
+        let tx = self.tx.clone();
+        let token = self.token.clone();
+        let started = Instant::now();
+        // A cancelled run's handler is dropped where it waits: its recorded steps stand, and
+        // nothing it would still do is recorded (the kernel no longer holds the dispatch).
+        let outcome = tokio::select! {
+            outcome = self.execute() => outcome,
+            _ = token.cancelled() => {
+                info!("run dispatch cancelled, handler dropped");
+                Err(cancelled())
+            }
+        };
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        match &outcome {
+            Ok(_) => info!(elapsed_ms, "handler returned"),
+            Err(error) => info!(elapsed_ms, error = %error, "handler failed"),
+        }
+        if tx
+            .send(Outbound::Result {
+                dispatch: dispatch.clone(),
+                outcome,
+            })
+            .await
+            .is_err()
+        {
+            debug!("session gone, run outcome dropped");
+        }
+        dispatch
+    }
+
+    async fn execute(self) -> Result<Value, ToolError> {
+        let HostedJob {
+            agent,
+            request,
+            token,
+            slots,
+            client,
+            api_key,
+            ..
+        } = self;
+        let Some(agent) = agent else {
+            return Err(ToolError::fatal(format!(
+                "worker does not host agent '{}'",
+                request.agent
+            )));
+        };
+        let input = request.input.map_err(|error| {
+            ToolError::fatal(format!("the input of agent '{}' is not JSON: {error}", request.agent))
+        })?;
+        let _slot = tokio::select! {
+            slot = slots.acquire_owned() => slot.expect("the slot semaphore is never closed"),
+            _ = token.cancelled() => return Err(cancelled()),
+        };
+        let history = crate::hosted::load_history(&client, api_key.as_ref(), &request.dispatch)
+            .await
+            .map_err(|error| ToolError::retryable(format!("cannot load the run's history: {error}")))?;
+        debug!(recorded = history.len(), "handler starting");
+        let ctx = AgentContext::new(request.dispatch, client, api_key, history, token);
+        let outcome = agent.handle(ctx.clone(), input).await;
+        // A handler that diverged fails the run with the divergence, even if it caught it.
+        if let Some(diverged) = ctx.diverged() {
+            return Err(ToolError::fatal(diverged));
+        }
+        outcome.map_err(|error| ToolError::fatal(error.to_string()))
     }
 }
 

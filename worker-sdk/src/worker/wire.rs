@@ -11,9 +11,10 @@ use serde_json::Value;
 
 use super::cache::CacheOp;
 use super::context::CallInfo;
-use super::session::{DispatchRef, DispatchRequest, Inbound, Outbound, Welcome};
+use super::session::{DispatchRef, DispatchRequest, Inbound, Outbound, RunRequest, Welcome};
 use crate::error::{ToolError, error_kind_to_pb};
 use crate::fields::{optional_millis, optional_text};
+use crate::hosted::{HostedDispatch, agent_spec};
 use crate::tool::wire::tool_spec;
 
 /// Encodes one message of the worker's outbound stream. `Close` never reaches here: the
@@ -23,11 +24,13 @@ pub(crate) fn outbound(message: Outbound) -> pb::OpenSessionRequest {
         Outbound::Hello {
             worker_name,
             tools,
+            agents,
             max_concurrency,
             ephemeral_tools,
         } => Up::Hello(pb::Hello {
             worker_name,
             tools: tools.iter().map(tool_spec).collect(),
+            agents: agents.iter().map(agent_spec).collect(),
             max_concurrency,
             sdk_version: env!("CARGO_PKG_VERSION").to_owned(),
             ephemeral_tools,
@@ -94,6 +97,19 @@ pub(crate) fn inbound(message: pb::OpenSessionResponse) -> Option<Inbound> {
             lease_ttl: Duration::from_millis(welcome.lease_ttl_ms),
         }),
         Down::Dispatch(dispatch) => Inbound::Dispatch(dispatch_request(dispatch)),
+        Down::Run(run) => Inbound::Run(RunRequest {
+            input: if run.input_json.trim().is_empty() {
+                Ok(Value::Null)
+            } else {
+                serde_json::from_str(&run.input_json).map_err(|error| error.to_string())
+            },
+            dispatch: HostedDispatch {
+                run_id: run.run_id,
+                dispatch_id: run.dispatch_id,
+                attempt: run.attempt,
+            },
+            agent: run.agent,
+        }),
         Down::Cancel(cancel) => Inbound::Cancel {
             dispatch: DispatchRef {
                 id: cancel.dispatch_id,

@@ -1,0 +1,471 @@
+//! Hosted runs: a run whose handler a worker hosts. The run's own dispatch is a step of kind
+//! `agent`, queued, leased and fenced exactly like a call, so every rule of [`super::dispatch`]
+//! holds for it (one attempt number each, fenced messages, a lost lease redispatches). What is
+//! particular to it is here:
+//!
+//! - [`dispatch_step`]: a hosted run is created with its dispatch pending.
+//! - [`check_fence`]: every operation of the handler names the dispatch it runs under; only the
+//!   attempt that holds the run's dispatch may record anything, and a hosted run takes no turn
+//!   from outside its handler.
+//! - [`place`]: each operation has a place in the handler's order (its `seq`; a tool turn's
+//!   number is its place). An operation that reaches a place recorded with another identity is a
+//!   divergence: `replay_input_changed`, nothing recorded.
+//! - [`record_local`]: a finished local step is recorded with its one `step:result` before the
+//!   handler sees its outcome; a step recorded before keeps its first outcome.
+//! - [`finish`]: the handler's return value settles the dispatch and ends the run (an error fails
+//!   it), cancelling what the handler left in flight.
+
+use serde_json::json;
+
+use super::dispatch::{held, settle};
+use super::run::{self, EndRun, RunEnd};
+use super::{NewEvent, StepChange, json_or_string};
+use crate::error::KernelError;
+use crate::model::{
+    ApprovalRecord, Effect, ErrorKind, EventType, Idempotency, Millis, Outcome, RunRecord, RunStatus, StepKey,
+    StepKind, StepRecord, StepStatus,
+};
+
+/// The agent a worker offers, as a hosted run records it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostedAgent {
+    pub name: String,
+    pub fingerprint: String,
+    pub version: String,
+}
+
+/// The dispatch of a hosted run an operation of its handler claims to run under.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fence {
+    pub dispatch_id: String,
+    pub attempt: u32,
+}
+
+/// The pending dispatch of a new hosted run: its handler, to run on a worker offering `agent`
+/// with the run's input. It never times out (a handler may wait on people for days) and is
+/// dispatched again whenever its worker is lost, since the handler replays what it recorded.
+pub fn dispatch_step(run: &RunRecord, agent: &HostedAgent, now: Millis) -> StepRecord {
+    let key = StepKey::agent();
+    StepRecord {
+        run_id: run.id.clone(),
+        idempotency_key: key.idempotency_key(&run.id),
+        key,
+        kind: StepKind::Agent,
+        effect: None,
+        turn: 0,
+        position: 0,
+        call_id: None,
+        tool: agent.name.clone(),
+        fingerprint: agent.fingerprint.clone(),
+        version: agent.version.clone(),
+        arguments: run.input.clone(),
+        call_hash: String::new(),
+        idempotency: Idempotency::SafeToRetry,
+        timeout_ms: 0,
+        status: StepStatus::Pending,
+        attempts: 0,
+        output: None,
+        error: None,
+        error_kind: None,
+        worker: None,
+        session_id: None,
+        dispatch_id: None,
+        lease_expires_at: None,
+        created_at: now,
+        started_at: None,
+        finished_at: None,
+        replays: 0,
+        progress_count: 0,
+        retry: None,
+        blocking: false,
+        not_before: None,
+        lease_losses: 0,
+        unit_cost: 0.0,
+        cost: 0.0,
+        decided_by: None,
+        approval_gate: None,
+        cache_ttl_ms: None,
+        outcome: None,
+        approval: None,
+    }
+}
+
+/// Refuses an operation on `run` unless it comes from the attempt that holds the run's dispatch
+/// (`dispatch`, the run's agent step): a handler superseded by a redispatch, cancelled or
+/// finished records nothing; a hosted run's turns come only from its handler, and a run driven
+/// by its caller takes no fenced operation.
+pub fn check_fence(run: &RunRecord, dispatch: Option<&StepRecord>, fence: Option<&Fence>) -> Result<(), KernelError> {
+    match (run.hosted, fence) {
+        (false, None) => Ok(()),
+        (false, Some(_)) => Err(KernelError::FailedPrecondition(format!(
+            "run {} is not hosted; its caller drives it with ToolCallService.SubmitTurn",
+            run.id
+        ))),
+        (true, None) => Err(KernelError::FailedPrecondition(format!(
+            "run {} is hosted by agent '{}': only its handler calls tools for it (HostedService), not SubmitTurn",
+            run.id, run.agent
+        ))),
+        (true, Some(fence)) => {
+            if run.status.is_terminal() {
+                return Err(KernelError::FailedPrecondition(format!(
+                    "run {} is {}; it accepts nothing more",
+                    run.id, run.status
+                )));
+            }
+            match dispatch {
+                Some(step) if held(step, &fence.dispatch_id, fence.attempt, None) => Ok(()),
+                _ => Err(KernelError::FailedPrecondition(format!(
+                    "dispatch {} attempt {} no longer holds run {} (superseded by a redispatch, cancelled or \
+                     finished); nothing was recorded",
+                    fence.dispatch_id, fence.attempt, run.id
+                ))),
+            }
+        }
+    }
+}
+
+/// What the handler's order holds at one place.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Place {
+    /// Nothing recorded there yet: the operation runs live.
+    Open,
+    /// The same operation was recorded there: its recorded steps.
+    Recorded(Vec<StepRecord>),
+}
+
+/// Checks an operation reaching place `seq` with identities `keys` against what is recorded
+/// there (`at_place`, the run's steps with that place) and at those identities elsewhere
+/// (`elsewhere`): the same identities replay or join, new ones at an open place run live, and
+/// anything else is a divergence whose message names the place and what changed.
+pub fn place(seq: u32, keys: &[StepKey], at_place: &[StepRecord], elsewhere: &[StepRecord]) -> Result<Place, String> {
+    if let Some(step) = elsewhere.iter().find(|s| s.turn != seq) {
+        return Err(format!(
+            "replay_input_changed: step {} was recorded at place {} of the handler's order, now it comes at place {seq}",
+            step.key, step.turn
+        ));
+    }
+    if at_place.is_empty() {
+        return Ok(Place::Open);
+    }
+    let mut recorded: Vec<&StepKey> = at_place.iter().map(|s| &s.key).collect();
+    recorded.sort();
+    let mut now: Vec<&StepKey> = keys.iter().collect();
+    now.sort();
+    if recorded != now {
+        let was: Vec<&str> = recorded.iter().map(|k| k.as_str()).collect();
+        let is: Vec<&str> = now.iter().map(|k| k.as_str()).collect();
+        return Err(format!(
+            "replay_input_changed: place {seq} of the handler's order was recorded as {}, now it is {}",
+            was.join(", "),
+            is.join(", ")
+        ));
+    }
+    Ok(Place::Recorded(at_place.to_vec()))
+}
+
+/// A finished local step of a handler, to record.
+#[derive(Clone, Debug)]
+pub struct LocalStep {
+    pub seq: u32,
+    pub step_id: String,
+    pub occurrence: u32,
+    pub effect: Effect,
+    pub once: bool,
+    /// Canonical JSON text, or the step's error.
+    pub outcome: Result<String, String>,
+}
+
+/// Records a finished local step of `run`'s handler: one step, terminal at once, with its one
+/// `step:result`.
+pub fn record_local(run: &RunRecord, local: &LocalStep, now: Millis) -> StepChange {
+    let key = StepKey::local(&local.step_id, local.occurrence);
+    let (status, outcome, output, error) = match &local.outcome {
+        Ok(output) => (StepStatus::Succeeded, Outcome::Ok, Some(output.clone()), None),
+        Err(message) => (StepStatus::Failed, Outcome::ToolError, None, Some(message.clone())),
+    };
+    let mut step = dispatch_step(
+        run,
+        &HostedAgent {
+            name: local.step_id.clone(),
+            fingerprint: String::new(),
+            version: String::new(),
+        },
+        now,
+    );
+    step.idempotency_key = key.idempotency_key(&run.id);
+    step.key = key;
+    step.kind = StepKind::Local;
+    step.effect = Some(local.effect);
+    step.turn = local.seq;
+    step.position = local.occurrence;
+    step.arguments = "null".into();
+    step.status = status;
+    step.attempts = 1;
+    step.output = output;
+    step.error = error.clone();
+    step.error_kind = error.as_ref().map(|_| ErrorKind::Fatal);
+    step.started_at = Some(now);
+    step.finished_at = Some(now);
+    step.outcome = Some(outcome);
+    step.decided_by = Some(if local.once { "ctx.once" } else { "ctx.step" }.to_owned());
+    let mut payload = json!({
+        "step_key": step.key,
+        "seq": local.seq,
+        "step_id": local.step_id,
+        "occurrence": local.occurrence,
+        "effect": local.effect.as_str(),
+        "once": local.once,
+        "status": if error.is_none() { "ok" } else { "error" },
+        "idempotency_key": step.idempotency_key,
+    });
+    let body = payload.as_object_mut().expect("payload is an object");
+    match &local.outcome {
+        Ok(output) => body.insert("output".into(), json_or_string(output)),
+        Err(message) => body.insert("error".into(), json!(message)),
+    };
+    StepChange {
+        step,
+        event: NewEvent {
+            kind: EventType::StepResult,
+            payload,
+        },
+    }
+}
+
+/// What the run's dispatch starting on a worker does to the run: a pending run starts, a
+/// suspended one runs again, and the dispatch is counted.
+pub fn dispatched(run: &RunRecord, now: Millis) -> (RunRecord, Option<NewEvent>) {
+    let mut running = run.clone();
+    running.dispatches += 1;
+    running.updated_at = now;
+    let event = match run.status {
+        RunStatus::Pending => Some(NewEvent {
+            kind: EventType::RunStarted,
+            payload: json!({ "hosted": true }),
+        }),
+        _ => None,
+    };
+    if matches!(run.status, RunStatus::Pending | RunStatus::Suspended) {
+        running.status = RunStatus::Running;
+    }
+    (running, event)
+}
+
+/// Ends a hosted run with its handler's outcome: the dispatch settles with its one
+/// `agent:result`, then the run ends (an output completes it, an error fails it) after the calls
+/// the handler left in flight are cancelled and open questions withdrawn.
+pub fn finish(
+    run: &RunRecord,
+    dispatch: &StepRecord,
+    outcome: Result<&str, (ErrorKind, &str)>,
+    in_flight: &[StepRecord],
+    open: &[ApprovalRecord],
+    now: Millis,
+) -> Result<(StepChange, RunEnd), KernelError> {
+    let (status, why) = match outcome {
+        Ok(_) => (StepStatus::Succeeded, Outcome::Ok),
+        Err(_) => (StepStatus::Failed, Outcome::ToolError),
+    };
+    let settled = settle(dispatch, (status, why), outcome, 0, serde_json::Value::Null, now);
+    let end = match outcome {
+        Ok(output) => EndRun::Complete {
+            output: output.to_owned(),
+            settle_in_flight: true,
+        },
+        Err((_, message)) => EndRun::Fail {
+            reason: message.to_owned(),
+        },
+    };
+    let others: Vec<StepRecord> = in_flight.iter().filter(|s| s.key != dispatch.key).cloned().collect();
+    let ended = run::end(run, &others, open, &end, now)?;
+    Ok((settled, ended))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::dispatch::{StartDispatch, start};
+    use crate::machine::records::{NOW, run, step};
+
+    fn hosted_run() -> RunRecord {
+        let mut run = run();
+        run.hosted = true;
+        run.status = RunStatus::Pending;
+        run
+    }
+
+    fn agent() -> HostedAgent {
+        HostedAgent {
+            name: "researcher".into(),
+            fingerprint: "fp".into(),
+            version: "1".into(),
+        }
+    }
+
+    fn started(run: &RunRecord, dispatch_id: &str, attempt: u32) -> StepRecord {
+        let mut pending = dispatch_step(run, &agent(), NOW);
+        pending.attempts = attempt - 1;
+        let slot = StartDispatch {
+            run_id: run.id.clone(),
+            key: StepKey::agent(),
+            dispatch_id: dispatch_id.into(),
+            attempt,
+            worker: "w".into(),
+            session_id: "s".into(),
+            lease_expires_at: NOW + 10_000,
+        };
+        start(&pending, &slot, NOW).expect("a pending dispatch starts").step
+    }
+
+    #[test]
+    fn a_hosted_run_dispatch_is_leased_like_a_call_and_its_events_say_agent() {
+        let run = hosted_run();
+        let pending = dispatch_step(&run, &agent(), NOW);
+        assert_eq!(
+            (pending.kind, pending.status, pending.timeout_ms),
+            (StepKind::Agent, StepStatus::Pending, 0)
+        );
+        let slot = StartDispatch {
+            run_id: run.id.clone(),
+            key: StepKey::agent(),
+            dispatch_id: "d1".into(),
+            attempt: 1,
+            worker: "w".into(),
+            session_id: "s".into(),
+            lease_expires_at: NOW + 10_000,
+        };
+        let change = start(&pending, &slot, NOW).unwrap();
+        assert_eq!(change.event.kind, EventType::AgentDispatched);
+        let (running, event) = dispatched(&run, NOW);
+        assert_eq!((running.status, running.dispatches), (RunStatus::Running, 1));
+        assert_eq!(event.unwrap().kind, EventType::RunStarted);
+        let mut suspended = running.clone();
+        suspended.status = RunStatus::Suspended;
+        let (again, event) = dispatched(&suspended, NOW);
+        assert_eq!((again.status, again.dispatches, event), (RunStatus::Running, 2, None));
+    }
+
+    #[test]
+    fn only_the_attempt_holding_the_dispatch_passes_the_fence() {
+        let mut run = hosted_run();
+        run.status = RunStatus::Running;
+        let holding = started(&run, "d2", 2);
+        let fence = |id: &str, attempt| Fence {
+            dispatch_id: id.into(),
+            attempt,
+        };
+        assert!(check_fence(&run, Some(&holding), Some(&fence("d2", 2))).is_ok());
+        for (id, attempt) in [("d2", 1), ("d1", 2), ("other", 3)] {
+            let refused = check_fence(&run, Some(&holding), Some(&fence(id, attempt))).unwrap_err();
+            assert!(refused.to_string().contains("no longer holds"), "{refused}");
+        }
+        let outside = check_fence(&run, Some(&holding), None).unwrap_err();
+        assert!(outside.to_string().contains("only its handler"), "{outside}");
+        let external = crate::machine::records::run();
+        assert!(check_fence(&external, None, None).is_ok());
+        assert!(check_fence(&external, None, Some(&fence("d2", 2))).is_err());
+        let mut ended = run.clone();
+        ended.status = RunStatus::Cancelled;
+        assert!(check_fence(&ended, Some(&holding), Some(&fence("d2", 2))).is_err());
+    }
+
+    fn local(seq: u32, id: &str, occurrence: u32) -> StepRecord {
+        let local = LocalStep {
+            seq,
+            step_id: id.into(),
+            occurrence,
+            effect: Effect::Write,
+            once: false,
+            outcome: Ok("1".into()),
+        };
+        record_local(&hosted_run(), &local, NOW).step
+    }
+
+    #[test]
+    fn a_place_replays_the_same_identity_and_diverges_on_another() {
+        let fetched = local(3, "fetch", 0);
+        assert_eq!(place(4, &[StepKey::local("fetch", 1)], &[], &[]), Ok(Place::Open));
+        assert_eq!(
+            place(
+                3,
+                std::slice::from_ref(&fetched.key),
+                std::slice::from_ref(&fetched),
+                std::slice::from_ref(&fetched)
+            ),
+            Ok(Place::Recorded(vec![fetched.clone()]))
+        );
+        let other = place(3, &[StepKey::local("pay", 0)], std::slice::from_ref(&fetched), &[]).unwrap_err();
+        assert!(
+            other.contains("place 3") && other.contains("step:fetch#0") && other.contains("step:pay#0"),
+            "{other}"
+        );
+        let moved = place(
+            5,
+            std::slice::from_ref(&fetched.key),
+            &[],
+            std::slice::from_ref(&fetched),
+        )
+        .unwrap_err();
+        assert!(moved.contains("place 3") && moved.contains("place 5"), "{moved}");
+        let mut call = step();
+        call.turn = 3;
+        let turn = place(
+            3,
+            &[StepKey::for_call(3, 0, None), StepKey::for_call(3, 1, None)],
+            &[call],
+            &[],
+        )
+        .unwrap_err();
+        assert!(turn.contains("t0/p0"), "{turn}");
+    }
+
+    #[test]
+    fn a_local_step_is_recorded_settled_with_its_one_event() {
+        let change = record_local(
+            &hosted_run(),
+            &LocalStep {
+                seq: 2,
+                step_id: "model".into(),
+                occurrence: 0,
+                effect: Effect::Write,
+                once: true,
+                outcome: Err("boom".into()),
+            },
+            NOW,
+        );
+        assert_eq!(change.event.kind, EventType::StepResult);
+        assert_eq!(change.step.kind, StepKind::Local);
+        assert_eq!(
+            (change.step.status, change.step.outcome),
+            (StepStatus::Failed, Some(Outcome::ToolError))
+        );
+        assert_eq!(change.event.payload["once"], true);
+        assert_eq!(
+            change.step.idempotency_key,
+            StepKey::local("model", 0).idempotency_key(&hosted_run().id)
+        );
+    }
+
+    #[test]
+    fn the_handler_outcome_settles_the_dispatch_and_ends_the_run_cancelling_what_is_left() {
+        let mut run = hosted_run();
+        run.status = RunStatus::Running;
+        let dispatch = started(&run, "d1", 1);
+        let left = step();
+        let (settled, ended) = finish(&run, &dispatch, Ok("42"), &[dispatch.clone(), left], &[], NOW).unwrap();
+        assert_eq!(settled.event.kind, EventType::AgentResult);
+        assert_eq!(settled.step.status, StepStatus::Succeeded);
+        assert_eq!(ended.run.status, RunStatus::Completed);
+        assert_eq!(
+            ended.settled.len(),
+            1,
+            "the call left in flight is cancelled, the dispatch settled once"
+        );
+        let (failed, ended) = finish(&run, &dispatch, Err((ErrorKind::Fatal, "no")), &[], &[], NOW).unwrap();
+        assert_eq!(failed.step.status, StepStatus::Failed);
+        assert_eq!(
+            (ended.run.status, ended.run.reason.as_deref()),
+            (RunStatus::Failed, Some("no"))
+        );
+    }
+}

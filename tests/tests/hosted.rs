@@ -1,0 +1,195 @@
+//! Hosted runs with real processes: the `pipeline` agent of the fault worker (rounds of a local
+//! step and a `sleepy` call) hosted on one worker while another serves the tool, its host or the
+//! kernel killed mid-run. The ledger says how often each tool body and step closure really ran.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use e2e::{Kernel, LedgerLine, check_log, payload, wait_ledger};
+use kernel_proto::v1 as pb;
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn start_pipeline(kernel: &Kernel, input: Value) -> String {
+    let request = pb::CreateRunRequest {
+        agent: "pipeline".into(),
+        input_json: input.to_string(),
+        hosted: true,
+        ..Default::default()
+    };
+    let run = kernel
+        .runs()
+        .await
+        .create_run(request)
+        .await
+        .expect("create a hosted run")
+        .into_inner()
+        .run
+        .expect("run");
+    assert!(run.hosted, "a run of an agent a worker hosts is hosted: {run:?}");
+    run.id
+}
+
+async fn finished(kernel: &Kernel, run: &str) -> pb::Run {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let got = kernel.get(run).await.run.expect("run");
+        let status = pb::RunStatus::try_from(got.status).unwrap();
+        if matches!(
+            status,
+            pb::RunStatus::Completed | pb::RunStatus::Failed | pb::RunStatus::Cancelled
+        ) {
+            return got;
+        }
+        assert!(Instant::now() < deadline, "the run never finished: {got:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn starts<'a>(ledger: &'a [LedgerLine], what: &str) -> Vec<&'a LedgerLine> {
+    ledger.iter().filter(|l| l.what == "start" && l.tool == what).collect()
+}
+
+/// Each key that ran, with how often.
+fn by_key(lines: &[&LedgerLine]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for line in lines {
+        *counts.entry(line.key.clone()).or_default() += 1;
+    }
+    counts
+}
+
+/// Idempotency keys of the local steps recorded so far.
+async fn recorded_steps(kernel: &Kernel, run: &str) -> Vec<String> {
+    kernel
+        .events(run)
+        .await
+        .iter()
+        .filter(|e| e.r#type == "step:result")
+        .map(|e| payload(e)["idempotency_key"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Waits until the host has started the `prep` step of round `round` (0-based): by then the
+/// tool calls of the rounds before it are recorded and none is in flight.
+async fn wait_for_prep(kernel: &Kernel, round: usize) {
+    wait_ledger(kernel, "the prep step of the round", |l| {
+        starts(l, "step:prep").len() > round
+    })
+    .await;
+}
+
+fn assert_ran_once_each(kernel: &Kernel, recorded_before: &[String], rounds: usize) {
+    let ledger = kernel.ledger();
+    let calls = by_key(&starts(&ledger, "sleepy"));
+    assert_eq!(calls.len(), rounds, "one sleepy call per round: {ledger:?}");
+    assert!(calls.values().all(|n| *n == 1), "each tool call ran once: {calls:?}");
+    let steps = by_key(&starts(&ledger, "step:prep"));
+    assert_eq!(steps.len(), rounds, "one prep step per round: {steps:?}");
+    for key in recorded_before {
+        assert_eq!(
+            steps[key], 1,
+            "a step recorded before the kill never runs again: {steps:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_hosted_run_whose_worker_is_killed_resumes_on_another_and_runs_nothing_twice() {
+    let kernel = Kernel::start();
+    let _tools = kernel.fault_worker("tools");
+    let mut host1 = kernel.fault_worker_with("host1", &["--agents-only"]);
+    let run = start_pipeline(&kernel, json!({"calls": 4, "hold_ms": 300})).await;
+    // After its second tool call, the handler is in the third round's step.
+    wait_for_prep(&kernel, 2).await;
+    let recorded = recorded_steps(&kernel, &run).await;
+    host1.kill9();
+    let _host2 = kernel.fault_worker_with("host2", &["--agents-only"]);
+    let done = finished(&kernel, &run).await;
+    assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&done.output_json).unwrap(),
+        json!({"rounds": 4, "total": 60})
+    );
+    assert!(done.dispatches >= 2, "the run was dispatched again: {done:?}");
+    assert_ran_once_each(&kernel, &recorded, 4);
+    let events = kernel.events(&run).await;
+    check_log(&events, true);
+    let dispatches: Vec<&pb::Event> = events.iter().filter(|e| e.r#type == "agent:dispatched").collect();
+    assert_eq!(payload(dispatches.last().unwrap())["worker"], "host2", "{dispatches:?}");
+    assert!(events.iter().any(|e| e.r#type == "agent:lease_lost"));
+}
+
+#[tokio::test]
+async fn a_hosted_run_survives_a_kernel_kill_and_runs_nothing_twice() {
+    let mut kernel = Kernel::start();
+    let _tools = kernel.fault_worker("tools");
+    let _host = kernel.fault_worker_with("host", &["--agents-only"]);
+    let run = start_pipeline(&kernel, json!({"calls": 3, "hold_ms": 500})).await;
+    wait_for_prep(&kernel, 1).await;
+    let recorded = recorded_steps(&kernel, &run).await;
+    kernel.kill9();
+    kernel.restart();
+    let done = finished(&kernel, &run).await;
+    assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
+    assert_ran_once_each(&kernel, &recorded, 3);
+    check_log(&kernel.events(&run).await, true);
+}
+
+#[tokio::test]
+async fn a_handler_that_is_not_deterministic_fails_with_replay_input_changed_naming_the_step() {
+    let kernel = Kernel::start();
+    let _tools = kernel.fault_worker("tools");
+    let mut host1 = kernel.fault_worker_with("host1", &["--agents-only"]);
+    let run = start_pipeline(&kernel, json!({"calls": 3, "hold_ms": 300, "diverge": true})).await;
+    wait_for_prep(&kernel, 1).await;
+    host1.kill9();
+    let _host2 = kernel.fault_worker_with("host2", &["--agents-only"]);
+    let done = finished(&kernel, &run).await;
+    assert_eq!(done.status, pb::RunStatus::Failed as i32, "{done:?}");
+    assert!(
+        done.reason.starts_with("replay_input_changed") && done.reason.contains("t1/p0"),
+        "the reason names the place that changed: {}",
+        done.reason
+    );
+    let ledger = kernel.ledger();
+    assert_eq!(
+        starts(&ledger, "sleepy").len(),
+        1,
+        "the changed call never ran: {ledger:?}"
+    );
+    check_log(&kernel.events(&run).await, true);
+}
+
+#[tokio::test]
+async fn a_hosted_run_takes_no_turn_from_outside_its_handler_and_no_complete() {
+    let kernel = Kernel::start();
+    let _host = kernel.fault_worker_with("host", &["--agents-only"]);
+    let run = start_pipeline(&kernel, json!({"calls": 1, "hold_ms": 60_000})).await;
+    wait_for_prep(&kernel, 0).await;
+    let turn = pb::SubmitTurnRequest {
+        run_id: run.clone(),
+        turn: 5,
+        calls: vec![e2e::call("sleepy", json!({"hold_ms": 1}))],
+        offered_tools: Vec::new(),
+    };
+    let refused = kernel.calls().await.submit_turn(turn).await.expect_err("refused");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("only its handler"), "{refused:?}");
+    let complete = pb::CompleteRunRequest {
+        run_id: run.clone(),
+        output_json: "1".into(),
+    };
+    let refused = kernel.runs().await.complete_run(complete).await.expect_err("refused");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    // Cancelling settles the run's dispatch (the handler is dropped on its worker).
+    let cancel = pb::CancelRunRequest {
+        run_id: run.clone(),
+        reason: "test".into(),
+    };
+    kernel.runs().await.cancel_run(cancel).await.expect("cancel");
+    let done = finished(&kernel, &run).await;
+    assert_eq!(done.status, pb::RunStatus::Cancelled as i32);
+    check_log(&kernel.events(&run).await, true);
+}
