@@ -124,6 +124,17 @@ pub struct KeyCreateArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum RunsCommand {
+    /// Start a run of an agent a worker hosts; the kernel dispatches it to such a worker.
+    Start {
+        /// The agent, as a worker announced it.
+        agent: String,
+        /// The run's input, as JSON.
+        #[arg(long, default_value = "null")]
+        input: String,
+        /// Print the run's events until it ends; exit 1 unless it completed.
+        #[arg(long, short = 'f')]
+        follow: bool,
+    },
     /// List runs, newest first.
     #[command(alias = "ls")]
     List(ListRunsArgs),

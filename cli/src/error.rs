@@ -37,6 +37,10 @@ pub enum CliError {
     /// Writing to stdout failed.
     #[error("cannot write output: {0}")]
     Output(#[from] io::Error),
+
+    /// A followed run ended other than completed.
+    #[error("run {id} {status}{reason}")]
+    RunEnded { id: String, status: String, reason: String },
 }
 
 impl CliError {

@@ -193,3 +193,39 @@ async fn a_hosted_run_takes_no_turn_from_outside_its_handler_and_no_complete() {
     assert_eq!(done.status, pb::RunStatus::Cancelled as i32);
     check_log(&kernel.events(&run).await, true);
 }
+
+#[tokio::test]
+async fn kernelctl_starts_a_hosted_run_and_follows_it_to_its_end() {
+    let kernel = Kernel::start();
+    let _tools = kernel.fault_worker("tools");
+    let _host = kernel.fault_worker_with("host", &["--agents-only"]);
+    let started = kernel.kernelctl(&[
+        "runs",
+        "start",
+        "pipeline",
+        "--input",
+        r#"{"calls": 2, "hold_ms": 10}"#,
+        "--follow",
+    ]);
+    let stdout = String::from_utf8_lossy(&started.stdout);
+    let stderr = String::from_utf8_lossy(&started.stderr);
+    assert!(started.status.success(), "{stdout}\n{stderr}");
+    for event in [
+        "run:created",
+        "agent:dispatched",
+        "step:result",
+        "tool:result",
+        "agent:result",
+        "run:completed",
+    ] {
+        assert!(stdout.contains(event), "{event} in\n{stdout}");
+    }
+    assert!(stderr.contains("completed"), "{stderr}");
+    let unknown = kernel.kernelctl(&["runs", "start", "nosuch", "--input", "{}"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        stderr.contains("no worker offers or has offered agent 'nosuch'"),
+        "{stderr}"
+    );
+}

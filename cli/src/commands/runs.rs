@@ -70,6 +70,63 @@ pub async fn list(kernel: &mut Kernel, out: &mut Output<'_>, args: ListRunsArgs)
     Ok(())
 }
 
+/// Creates a hosted run and prints its id; with `follow`, its events until it ends.
+pub async fn start(
+    kernel: &mut Kernel,
+    out: &mut Output<'_>,
+    (agent, input): (String, String),
+    follow: bool,
+) -> Result<(), CliError> {
+    let request = kernel_proto::v1::CreateRunRequest {
+        agent,
+        input_json: input,
+        hosted: true,
+        ..Default::default()
+    };
+    let response = unary(kernel.runs.create_run(request)).await?;
+    let run = RunView::from(
+        response
+            .run
+            .ok_or(CliError::MalformedResponse("CreateRun returned no run"))?,
+    );
+    let id = run.id.clone();
+    if !follow {
+        if out.is_json() {
+            out.document(&RunDocument { run })?;
+        } else {
+            out.line(&id)?;
+        }
+        return Ok(());
+    }
+    eprintln!("run {id} started");
+    let args = EventsArgs {
+        id: id.clone(),
+        from_seq: 1,
+        follow: true,
+        progress: false,
+    };
+    let mut printer = EventPrinter::default();
+    follow_events(kernel, out, &mut printer, args).await?;
+    let response = unary(kernel.runs.get_run(GetRunRequest { run_id: id.clone() })).await?;
+    let run = response
+        .run
+        .ok_or(CliError::MalformedResponse("GetRun returned no run"))?;
+    let status = crate::view::run_status_name(run.status);
+    if status == "completed" {
+        eprintln!("run {id} completed");
+        return Ok(());
+    }
+    Err(CliError::RunEnded {
+        id,
+        reason: if run.reason.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", run.reason)
+        },
+        status,
+    })
+}
+
 pub async fn show(kernel: &mut Kernel, out: &mut Output<'_>, id: String) -> Result<(), CliError> {
     let response = unary(kernel.runs.get_run(GetRunRequest { run_id: id })).await?;
     let detail = RunDetail::try_from(response)?;
