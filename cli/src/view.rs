@@ -540,7 +540,7 @@ pub fn run_status_name(raw: i32) -> String {
     })
 }
 
-/// `pending`, `running`, `succeeded`, `failed`, `cancelled`.
+/// `pending`, `running`, `succeeded`, `failed`, `cancelled`, `awaiting_approval`, `suspended`.
 pub fn step_status_name(raw: i32) -> String {
     enum_name(raw, |status| match status {
         pb::StepStatus::Unspecified => "unspecified",
@@ -550,6 +550,7 @@ pub fn step_status_name(raw: i32) -> String {
         pb::StepStatus::Failed => "failed",
         pb::StepStatus::Cancelled => "cancelled",
         pb::StepStatus::AwaitingApproval => "awaiting_approval",
+        pb::StepStatus::Suspended => "suspended",
     })
 }
 

@@ -43,6 +43,8 @@ pub enum Signal {
 #[derive(Clone, Default)]
 pub struct Hub {
     runs: Arc<Mutex<HashMap<RunId, broadcast::Sender<Signal>>>>,
+    /// Where woken hosted dispatches go to be queued (the scheduler), once it runs.
+    ready: Arc<std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<StepRecord>>>,
 }
 
 impl Hub {
@@ -75,9 +77,19 @@ impl Hub {
         self.runs.lock().expect("hub poisoned").len()
     }
 
+    /// Sends every hosted dispatch a commit woke (`agent:resumed`) to `ready`, to be queued.
+    pub fn on_ready(&self, ready: tokio::sync::mpsc::UnboundedSender<StepRecord>) {
+        let _ = self.ready.set(ready);
+    }
+
     /// Publishes what a store batch committed.
     pub fn publish_committed(&self, published: Vec<Published>) {
         for item in published {
+            if item.event.kind == crate::model::EventType::AgentResumed
+                && let (Some(ready), Some(step)) = (self.ready.get(), &item.step)
+            {
+                let _ = ready.send(step.clone());
+            }
             let run = item.event.run_id.clone();
             self.send(&run, Signal::Event(Arc::new(item.event), item.step.map(Arc::new)));
         }

@@ -132,6 +132,7 @@ text_enum!(
         Failed => "failed",
         Cancelled => "cancelled",
         AwaitingApproval => "awaiting_approval",
+        Suspended => "suspended",
     }
 );
 
@@ -148,6 +149,7 @@ text_enum!(
         Tool => "tool",
         Agent => "agent",
         Local => "local",
+        Subagent => "subagent",
     }
 );
 
@@ -230,6 +232,10 @@ text_enum!(
         AgentLeaseLost => "agent:lease_lost",
         AgentResult => "agent:result",
         StepResult => "step:result",
+        AgentSuspended => "agent:suspended",
+        AgentResumed => "agent:resumed",
+        SubagentStart => "subagent:start",
+        SubagentResult => "subagent:result",
     }
 );
 
@@ -318,6 +324,11 @@ impl StepKey {
     /// The identity of a hosted run's own dispatch, one per run.
     pub fn agent() -> Self {
         StepKey("agent".to_owned())
+    }
+
+    /// The identity of a hosted handler's subagent: the agent and how many it started before.
+    pub fn subagent(agent: &str, occurrence: u32) -> Self {
+        StepKey(format!("subagent:{agent}#{occurrence}"))
     }
 
     /// The identity of a hosted handler's local step.
@@ -520,6 +531,12 @@ pub struct RunRecord {
     pub hosted: bool,
     /// Times a hosted run's handler was dispatched.
     pub dispatches: u32,
+    /// The run that started this one as a subagent, and its step waiting for it.
+    pub parent: Option<(RunId, StepKey)>,
+    /// Subagents with one session key run one at a time, in order of start.
+    pub session_key: Option<String>,
+    /// Times a hosted run's handler gave back its slot to wait.
+    pub suspensions: u32,
     pub tool_calls: u32,
     pub last_seq: u64,
     pub created_at: Millis,

@@ -1058,6 +1058,8 @@ mod tests {
                 granted_by: None,
                 capture: crate::model::Capture::Io,
                 hosted: None,
+                parent: None,
+                session_key: None,
             })
             .await
             .unwrap();

@@ -177,6 +177,16 @@ pub async fn run(
     for step in recovered {
         scheduler.enqueue(step);
     }
+    // Hosted dispatches a commit woke (a suspended handler whose wait settled, a session's next
+    // run) go to the scheduler; the in-flight scan finds any this misses.
+    let (ready, mut woken) = tokio::sync::mpsc::unbounded_channel();
+    hub.on_ready(ready);
+    let waker = scheduler.clone();
+    tokio::spawn(async move {
+        while let Some(step) = woken.recv().await {
+            waker.enqueue(step);
+        }
+    });
 
     let kernel = Kernel {
         store: store.clone(),

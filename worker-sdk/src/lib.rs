@@ -103,7 +103,7 @@ pub use agent::{
     RunSnapshot, TurnItem,
 };
 pub use error::{ErrorKind, ToolError};
-pub use hosted::{Agent, AgentContext, AgentDefinition, AgentFuture, StepEffect, StepInfo};
+pub use hosted::{Agent, AgentContext, AgentDefinition, AgentFuture, SessionInfo, StepEffect, StepInfo, Subagent};
 pub use kernel_proto as proto;
 pub use tls::Tls;
 /// The cancellation token of [`ToolContext::cancellation`] and [`Worker::run`] (from `tokio-util`).

@@ -136,6 +136,7 @@ fn output(result: &pb::DispatchResult) -> Result<Value, (String, i32)> {
     match result.outcome.clone().expect("an outcome") {
         pb::dispatch_result::Outcome::OutputJson(text) => Ok(serde_json::from_str(&text).unwrap()),
         pb::dispatch_result::Outcome::Error(failure) => Err((failure.message, failure.kind)),
+        pb::dispatch_result::Outcome::Suspended(_) => panic!("a tool call never suspends"),
     }
 }
 

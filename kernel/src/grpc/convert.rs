@@ -69,6 +69,7 @@ fn step_status(status: StepStatus) -> pb::StepStatus {
         StepStatus::Failed => pb::StepStatus::Failed,
         StepStatus::Cancelled => pb::StepStatus::Cancelled,
         StepStatus::AwaitingApproval => pb::StepStatus::AwaitingApproval,
+        StepStatus::Suspended => pb::StepStatus::Suspended,
     }
 }
 
@@ -119,6 +120,10 @@ pub fn run(run: &RunRecord) -> pb::Run {
         permissions_granted_by: run.granted_by.clone().unwrap_or_default(),
         hosted: run.hosted,
         dispatches: run.dispatches,
+        parent_run_id: run.parent.as_ref().map(|(id, _)| id.to_string()).unwrap_or_default(),
+        parent_step_key: run.parent.as_ref().map(|(_, key)| key.to_string()).unwrap_or_default(),
+        session_key: run.session_key.clone().unwrap_or_default(),
+        suspensions: run.suspensions,
     }
 }
 
@@ -266,8 +271,13 @@ pub fn step(step: &StepRecord, capture: Capture) -> pb::Step {
             StepKind::Tool => pb::StepKind::Tool,
             StepKind::Agent => pb::StepKind::Agent,
             StepKind::Local => pb::StepKind::Local,
+            StepKind::Subagent => pb::StepKind::Subagent,
         } as i32,
         effect: step.effect.map(|e| e.as_str().to_owned()).unwrap_or_default(),
+        child_run_id: match step.kind {
+            StepKind::Subagent => step.call_id.clone().unwrap_or_default(),
+            _ => String::new(),
+        },
     }
 }
 

@@ -17,7 +17,7 @@ use crate::error::KernelError;
 use crate::limits::Limits;
 use crate::machine::hosted;
 use crate::model::{Effect, RunId, StepKey, StepKind};
-use crate::store::{Fence, LocalStep, StepRecorded};
+use crate::store::{Fence, HostedAgent, LocalStep, NewRun, StepRecorded, SubagentStart, SubagentStarted};
 
 /// The longest local step id accepted.
 const MAX_STEP_ID: usize = 128;
@@ -68,6 +68,34 @@ fn check_step_id(id: &str) -> Result<(), KernelError> {
 }
 
 impl HostedApi {
+    /// What a dispatch of the run's handler knows beyond its input: its parent, and its session's
+    /// last completed run with that run's output.
+    async fn context(&self, run_id: &RunId) -> Result<pb::RunContext, KernelError> {
+        let run = self
+            .0
+            .store
+            .reads
+            .run(run_id.clone())
+            .await?
+            .ok_or_else(|| KernelError::NotFound(format!("run {run_id} not found")))?;
+        let previous = match &run.session_key {
+            Some(session) => {
+                self.0
+                    .store
+                    .reads
+                    .previous_in_session(session.clone(), run.id.clone())
+                    .await?
+            }
+            None => None,
+        };
+        Ok(pb::RunContext {
+            parent_run_id: run.parent.as_ref().map(|(id, _)| id.to_string()).unwrap_or_default(),
+            session_key: run.session_key.clone().unwrap_or_default(),
+            previous_run_id: previous.as_ref().map(|r| r.id.to_string()).unwrap_or_default(),
+            previous_output_json: previous.and_then(|r| r.output).unwrap_or_default(),
+        })
+    }
+
     /// Refuses a read from a dispatch that does not hold its run, as a write would be refused.
     async fn check_holds(&self, run_id: &RunId, fence: &Fence) -> Result<(), KernelError> {
         let run = self
@@ -94,8 +122,16 @@ impl HostedService for HostedApi {
     ) -> Result<Response<Self::LoadHistoryStream>, Status> {
         let (run_id, fence) = fence(request.into_inner().dispatch)?;
         self.check_holds(&run_id, &fence).await?;
+        let context = self.context(&run_id).await?;
         let steps = self.0.store.reads.history(run_id).await?;
         let registry = self.0.registry.clone();
+        let mut context = Some(context);
+        let first = steps.is_empty().then(|| {
+            Ok(pb::LoadHistoryResponse {
+                context: context.take(),
+                ..Default::default()
+            })
+        });
         let items = steps.into_iter().map(move |step| {
             // A tool whose definition changed since its call was recorded cannot be replayed: the
             // handler sends that turn to the kernel, which answers replay_input_changed.
@@ -109,9 +145,12 @@ impl HostedService for HostedApi {
                 step: Some(convert::history_step(&step)),
                 tool_changed,
                 result,
+                context: context.take(),
             })
         });
-        Ok(Response::new(Box::pin(tokio_stream::iter(items))))
+        Ok(Response::new(Box::pin(tokio_stream::iter(
+            first.into_iter().chain(items),
+        ))))
     }
 
     async fn call_tools(
@@ -188,7 +227,151 @@ impl HostedService for HostedApi {
         };
         Ok(Response::new(response))
     }
+
+    async fn start_subagent(
+        &self,
+        request: Request<pb::StartSubagentRequest>,
+    ) -> Result<Response<pb::StartSubagentResponse>, Status> {
+        let caller = request.extensions().get::<crate::auth::Caller>().cloned();
+        let req = request.into_inner();
+        let (run_id, fence) = fence(req.dispatch)?;
+        // A child run is a new run: the worker's key needs runs:write as well.
+        if let Some(caller) = &caller
+            && !caller.has(crate::auth::Scope::RunsWrite)
+        {
+            return Err(KernelError::PermissionDenied(format!(
+                "starting a subagent creates a run: key '{}' needs the scope runs:write",
+                caller.name()
+            ))
+            .into());
+        }
+        let agent = req.agent.trim().to_owned();
+        let known = self
+            .0
+            .registry
+            .agent(&agent)
+            .ok_or_else(|| KernelError::NotFound(format!("no worker offers or has offered agent '{agent}'")))?;
+        let input = convert::canonical_json(&req.input_json, "input_json", "null")?;
+        if let Some(validator) = &known.validator {
+            let value: serde_json::Value = serde_json::from_str(&input).expect("canonical JSON parses");
+            validator.check(&agent, &value).map_err(|problems| {
+                KernelError::invalid(
+                    "input_json",
+                    problems.replacen("invalid arguments for tool", "invalid input for agent", 1),
+                )
+            })?;
+        }
+        let session_key = match req.session_key.trim() {
+            "" => None,
+            key if key.len() > MAX_SESSION_KEY => {
+                return Err(KernelError::invalid("session_key", format!("longer than {MAX_SESSION_KEY} bytes")).into());
+            }
+            key => Some(key.to_owned()),
+        };
+        let parent = self
+            .0
+            .store
+            .reads
+            .run(run_id.clone())
+            .await?
+            .ok_or_else(|| KernelError::NotFound(format!("run {run_id} not found")))?;
+        if session_key.is_some() && session_key == parent.session_key {
+            return Err(KernelError::invalid(
+                "session_key",
+                "must differ from the parent run's own session (derive it from the parent's run id)",
+            )
+            .into());
+        }
+        let child = NewRun {
+            agent,
+            input,
+            labels: parent.labels.clone(),
+            idempotency_key: None,
+            max_tool_calls: 0,
+            interactive: parent.interactive,
+            permissions: parent.permissions.clone(),
+            granted_by: parent.granted_by.clone(),
+            capture: parent.capture,
+            hosted: Some(HostedAgent {
+                name: known.def.name.clone(),
+                fingerprint: known.def.fingerprint.clone(),
+                version: known.def.version.clone(),
+            }),
+            parent: None,
+            session_key,
+        };
+        let start = SubagentStart {
+            parent: run_id,
+            fence,
+            seq: req.seq,
+            occurrence: req.occurrence,
+            child,
+        };
+        let response = match self.0.store.start_subagent(start).await? {
+            SubagentStarted::Started { step, dispatch } => {
+                if let Some(dispatch) = dispatch {
+                    self.0.scheduler.enqueue(*dispatch);
+                }
+                pb::StartSubagentResponse {
+                    step: Some(convert::history_step(&step)),
+                    replayed: false,
+                    diverged: String::new(),
+                }
+            }
+            SubagentStarted::Replayed(step) => pb::StartSubagentResponse {
+                step: Some(convert::history_step(&step)),
+                replayed: true,
+                diverged: String::new(),
+            },
+            SubagentStarted::Diverged(message) => pb::StartSubagentResponse {
+                step: None,
+                replayed: false,
+                diverged: message,
+            },
+        };
+        Ok(Response::new(response))
+    }
+
+    async fn await_step(
+        &self,
+        request: Request<pb::AwaitStepRequest>,
+    ) -> Result<Response<pb::AwaitStepResponse>, Status> {
+        let req = request.into_inner();
+        let (run_id, fence) = fence(req.dispatch)?;
+        let key = StepKey::from_stored(req.step_key);
+        // Subscribe before reading, so a settle between the read and the wait is seen.
+        let mut live = self.0.hub.subscribe(&run_id);
+        loop {
+            self.check_holds(&run_id, &fence).await?;
+            let steps = self.0.store.reads.steps(run_id.clone()).await?;
+            let step = steps
+                .iter()
+                .find(|s| s.key == key)
+                .ok_or_else(|| KernelError::NotFound(format!("run {run_id} has no step {key}")))?;
+            if step.status.is_terminal() {
+                return Ok(Response::new(pb::AwaitStepResponse {
+                    step: Some(convert::history_step(step)),
+                }));
+            }
+            // Any change of the run may be ours (or end the dispatch); a lag re-reads too.
+            loop {
+                tokio::select! {
+                    _ = self.0.shutdown.cancelled() => {
+                        return Err(KernelError::Unavailable("kernel shutting down".into()).into());
+                    }
+                    signal = live.recv() => match signal {
+                        Ok(crate::hub::Signal::Event(event, _)) if event.kind != crate::model::EventType::StepResult => break,
+                        Ok(_) => continue,
+                        Err(_) => break,
+                    },
+                }
+            }
+        }
+    }
 }
+
+/// The longest session key accepted.
+const MAX_SESSION_KEY: usize = 256;
 
 #[cfg(test)]
 mod tests {

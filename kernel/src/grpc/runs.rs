@@ -116,6 +116,8 @@ impl RunService for RunApi {
             granted_by: caller.map(|c| c.name().to_owned()),
             capture: convert::capture(req.capture)?,
             hosted,
+            parent: None,
+            session_key: None,
         };
         let (run, created, dispatch) = self.0.store.create_run_dispatching(new).await?;
         if let Some(dispatch) = dispatch {

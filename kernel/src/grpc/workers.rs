@@ -30,7 +30,7 @@ use crate::hub::ProgressUpdate;
 use crate::limits::{self, LogEvery, RateLimit};
 use crate::model::{ErrorKind, RunId, StepKey, StepKind, StepStatus, cut, now_millis};
 use crate::scheduler::{DispatchOrder, Outbound};
-use crate::store::{ResultReport, ToolCacheSet};
+use crate::store::{ResultReport, SuspendReport, ToolCacheSet};
 
 /// A worker that opens a stream must say hello within this long.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -490,6 +490,10 @@ impl Session {
             });
             return;
         };
+        if let Some(pb::dispatch_result::Outcome::Suspended(suspended)) = result.outcome {
+            self.on_suspended(result.dispatch_id, result.attempt, suspended.waiting_on);
+            return;
+        }
         let tool = held.tool.clone();
         let max = self.kernel.limits.max_result_bytes;
         let outcome = match result.outcome {
@@ -530,6 +534,7 @@ impl Session {
             Some(pb::dispatch_result::Outcome::Error(failure)) => {
                 Err((convert::error_kind_from(failure.kind), failure.message))
             }
+            Some(pb::dispatch_result::Outcome::Suspended(_)) => unreachable!("handled above"),
             None => Err((
                 ErrorKind::Fatal,
                 format!("tool '{tool}' returned neither a result nor an error"),
@@ -587,6 +592,43 @@ impl Session {
             let ack = pb::ResultAck {
                 dispatch_id: result.dispatch_id,
                 attempt: result.attempt,
+                accepted,
+                reason,
+            };
+            let _ = tx.send(out(Out::ResultAck(ack))).await;
+        });
+    }
+
+    /// A hosted handler gave back its slot: its dispatch is suspended (fenced in the write), the
+    /// slot freed, and the run queued again at once when what it waits on settled on the way.
+    fn on_suspended(&mut self, dispatch_id: String, attempt: u32, waiting_on: Vec<String>) {
+        let report = SuspendReport {
+            dispatch_id: dispatch_id.clone(),
+            attempt,
+            session_id: self.session_id.clone(),
+            waiting_on,
+        };
+        let kernel = self.kernel.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let (accepted, reason) = match kernel.store.suspend_dispatch(report).await {
+                Ok(Some(step)) => {
+                    info!(run_id = %step.run_id, agent = step.tool, status = %step.status, "hosted run suspended");
+                    if step.status == StepStatus::Pending {
+                        kernel.scheduler.enqueue(step);
+                    }
+                    (true, String::new())
+                }
+                Ok(None) => (false, "this dispatch no longer holds its run".to_owned()),
+                Err(error) => {
+                    warn!(dispatch_id, %error, "cannot record a suspension");
+                    (false, error.to_string())
+                }
+            };
+            kernel.scheduler.settled(dispatch_id.clone(), attempt);
+            let ack = pb::ResultAck {
+                dispatch_id,
+                attempt,
                 accepted,
                 reason,
             };

@@ -162,10 +162,10 @@ pub fn settle(
     StepChange {
         step: settled,
         event: NewEvent {
-            kind: if step.kind == StepKind::Agent {
-                EventType::AgentResult
-            } else {
-                EventType::ToolResult
+            kind: match step.kind {
+                StepKind::Agent => EventType::AgentResult,
+                StepKind::Subagent => EventType::SubagentResult,
+                _ => EventType::ToolResult,
             },
             payload,
         },

@@ -281,6 +281,135 @@ pub fn finish(
     Ok((settled, ended))
 }
 
+/// The subagent step a handler records at place `seq` when it starts child run `child` of
+/// `agent`: running until the child ends.
+pub fn subagent_step(run: &RunRecord, (seq, key): (u32, StepKey), child: &RunRecord, now: Millis) -> StepChange {
+    let mut step = dispatch_step(
+        run,
+        &HostedAgent {
+            name: child.agent.clone(),
+            fingerprint: String::new(),
+            version: String::new(),
+        },
+        now,
+    );
+    step.idempotency_key = key.idempotency_key(&run.id);
+    step.key = key;
+    step.kind = StepKind::Subagent;
+    step.turn = seq;
+    step.arguments = child.input.clone();
+    step.call_id = Some(child.id.to_string());
+    step.status = StepStatus::Running;
+    step.attempts = 1;
+    step.started_at = Some(now);
+    let payload = json!({
+        "step_key": step.key,
+        "seq": seq,
+        "agent": child.agent,
+        "child_run_id": child.id.as_str(),
+        "session_key": child.session_key,
+        "input": json_or_string(&child.input),
+    });
+    StepChange {
+        step,
+        event: NewEvent {
+            kind: EventType::SubagentStart,
+            payload,
+        },
+    }
+}
+
+/// What a child run's end does to its parent's step waiting for it: a completed child settles it
+/// with the child's output, a failed or cancelled one with an error the parent's handler sees.
+/// `None` when the step settled already (the parent ended first).
+pub fn child_ended(step: &StepRecord, child: &RunRecord, now: Millis) -> Option<StepChange> {
+    if step.status.is_terminal() {
+        return None;
+    }
+    let extra = json!({ "child_run_id": child.id.as_str(), "child_status": child.status.as_str() });
+    Some(match (child.status, &child.output) {
+        (RunStatus::Completed, Some(output)) => {
+            settle(step, (StepStatus::Succeeded, Outcome::Ok), Ok(output), 0, extra, now)
+        }
+        (status, _) => {
+            let message = format!(
+                "subagent '{}' (run {}) {}: {}",
+                child.agent,
+                child.id,
+                status,
+                child.reason.as_deref().unwrap_or("")
+            );
+            let (settled, why) = if status == RunStatus::Cancelled {
+                (StepStatus::Cancelled, Outcome::Cancelled)
+            } else {
+                (StepStatus::Failed, Outcome::ToolError)
+            };
+            settle(step, (settled, why), Err((ErrorKind::Fatal, &message)), 0, extra, now)
+        }
+    })
+}
+
+/// What a handler giving back its slot does: its dispatch waits, suspended, for one of
+/// `waiting_on` (the steps it awaits, as loaded) to settle. When one has settled already (it
+/// crossed the suspension on the way), the dispatch goes back to pending at once instead, so
+/// no wake-up is lost.
+pub fn suspend(
+    run: &RunRecord,
+    dispatch: &StepRecord,
+    waiting_on: &[Option<StepRecord>],
+    now: Millis,
+) -> (StepChange, RunRecord) {
+    let settled = waiting_on
+        .iter()
+        .any(|s| s.as_ref().is_none_or(|s| s.status.is_terminal()));
+    let mut waiting = dispatch.clone();
+    waiting.lease_expires_at = None;
+    let mut run = run.clone();
+    run.updated_at = now;
+    let keys: Vec<&str> = waiting_on.iter().flatten().map(|s| s.key.as_str()).collect();
+    if settled {
+        waiting.status = StepStatus::Pending;
+    } else {
+        waiting.status = StepStatus::Suspended;
+        run.status = RunStatus::Suspended;
+        run.suspensions += 1;
+    }
+    let payload = json!({
+        "step_key": dispatch.key,
+        "attempt": dispatch.attempts,
+        "dispatch_id": dispatch.dispatch_id,
+        "worker": dispatch.worker,
+        "waiting_on": keys,
+        "next": if settled { "redispatch" } else { "wait" },
+    });
+    (
+        StepChange {
+            step: waiting,
+            event: NewEvent {
+                kind: EventType::AgentSuspended,
+                payload,
+            },
+        },
+        run,
+    )
+}
+
+/// Wakes a suspended dispatch because `because` settled (a step it may await) or its session's
+/// run before it ended; `None` when it is not suspended.
+pub fn resume(dispatch: &StepRecord, because: &str) -> Option<StepChange> {
+    (dispatch.status == StepStatus::Suspended).then(|| {
+        let mut pending = dispatch.clone();
+        pending.status = StepStatus::Pending;
+        StepChange {
+            event: NewEvent {
+                kind: EventType::AgentResumed,
+                payload: json!({ "step_key": dispatch.key, "because": because }),
+            },
+            step: pending,
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -444,6 +573,78 @@ mod tests {
             change.step.idempotency_key,
             StepKey::local("model", 0).idempotency_key(&hosted_run().id)
         );
+    }
+
+    fn child(status: RunStatus) -> RunRecord {
+        let mut child = hosted_run();
+        child.id = crate::model::RunId::new();
+        child.agent = "researcher".into();
+        child.status = status;
+        child.output = (status == RunStatus::Completed).then(|| "\"found\"".to_owned());
+        child.reason = (status != RunStatus::Completed).then(|| "gave up".to_owned());
+        child
+    }
+
+    #[test]
+    fn a_subagent_step_settles_with_its_child_s_end_once() {
+        let mut run = hosted_run();
+        run.status = RunStatus::Running;
+        let started = subagent_step(
+            &run,
+            (4, StepKey::subagent("researcher", 0)),
+            &child(RunStatus::Pending),
+            NOW,
+        );
+        assert_eq!(started.event.kind, EventType::SubagentStart);
+        assert_eq!(
+            (started.step.kind, started.step.status, started.step.turn),
+            (StepKind::Subagent, StepStatus::Running, 4)
+        );
+        let done = child_ended(&started.step, &child(RunStatus::Completed), NOW).unwrap();
+        assert_eq!(done.event.kind, EventType::SubagentResult);
+        assert_eq!(
+            (done.step.status, done.step.output.as_deref()),
+            (StepStatus::Succeeded, Some("\"found\""))
+        );
+        assert!(
+            child_ended(&done.step, &child(RunStatus::Failed), NOW).is_none(),
+            "settles once"
+        );
+        let failed = child_ended(&started.step, &child(RunStatus::Failed), NOW).unwrap();
+        assert!(
+            failed.step.error.as_deref().unwrap().contains("failed: gave up"),
+            "{:?}",
+            failed.step.error
+        );
+        let cancelled = child_ended(&started.step, &child(RunStatus::Cancelled), NOW).unwrap();
+        assert_eq!(cancelled.step.status, StepStatus::Cancelled);
+    }
+
+    #[test]
+    fn a_suspension_waits_unless_what_it_awaits_settled_on_the_way() {
+        let mut run = hosted_run();
+        run.status = RunStatus::Running;
+        let dispatch = started(&run, "d1", 1);
+        let waiting = subagent_step(
+            &run,
+            (1, StepKey::subagent("researcher", 0)),
+            &child(RunStatus::Pending),
+            NOW,
+        )
+        .step;
+        let (suspended, after) = suspend(&run, &dispatch, &[Some(waiting.clone())], NOW);
+        assert_eq!(suspended.step.status, StepStatus::Suspended);
+        assert_eq!((after.status, after.suspensions), (RunStatus::Suspended, 1));
+        let settled = child_ended(&waiting, &child(RunStatus::Completed), NOW).unwrap().step;
+        let (at_once, after) = suspend(&run, &dispatch, &[Some(waiting), Some(settled)], NOW);
+        assert_eq!(at_once.step.status, StepStatus::Pending, "no wake-up is lost");
+        assert_eq!(after.status, RunStatus::Running);
+        let woken = resume(&suspended.step, "subagent:researcher#0").unwrap();
+        assert_eq!(
+            (woken.step.status, woken.event.kind),
+            (StepStatus::Pending, EventType::AgentResumed)
+        );
+        assert!(resume(&woken.step, "again").is_none());
     }
 
     #[test]

@@ -34,6 +34,10 @@ pub struct NewRun {
     pub capture: Capture,
     /// The agent a worker hosts, when the kernel dispatches the run's handler.
     pub hosted: Option<super::hosted::HostedAgent>,
+    /// The run (and its step) that starts this one as a subagent.
+    pub parent: Option<(RunId, crate::model::StepKey)>,
+    /// Subagents with one session key run one at a time, in order of start.
+    pub session_key: Option<String>,
 }
 
 /// What creating a run does: with an idempotency key a run already holds, that run (when its
@@ -75,6 +79,9 @@ pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis)
             "permissions_granted_by": new.granted_by,
             "capture": new.capture.as_str(),
             "hosted": new.hosted.is_some(),
+            "parent_run_id": new.parent.as_ref().map(|(id, _)| id.as_str()),
+            "parent_step_key": new.parent.as_ref().map(|(_, key)| key.as_str()),
+            "session_key": new.session_key,
         }),
     };
     let run = RunRecord {
@@ -93,6 +100,9 @@ pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis)
         granted_by: new.granted_by.clone(),
         hosted: new.hosted.is_some(),
         dispatches: 0,
+        parent: new.parent.clone(),
+        session_key: new.session_key.clone(),
+        suspensions: 0,
         tool_calls: 0,
         last_seq: 0,
         created_at: now,
@@ -296,6 +306,8 @@ mod tests {
             granted_by: None,
             capture: Capture::Io,
             hosted: None,
+            parent: None,
+            session_key: None,
         }
     }
 

@@ -25,7 +25,7 @@ pub use crate::machine::turn::unknown_tool_message;
 pub use crate::machine::turn::{CallDisposition, CallGate, PlannedCall, TurnPlan};
 pub use lock::{DbLock, lock_path};
 pub use ops::Published;
-pub use ops::StepRecorded;
+pub use ops::{StepRecorded, SubagentStart, SubagentStarted, SuspendReport};
 pub use reads::{Readers, RunFilter};
 use writer::Command;
 
@@ -266,6 +266,16 @@ impl Store {
     /// Records a hosted handler's finished local step, fenced by the run's dispatch.
     pub async fn record_step(&self, run: RunId, fence: Fence, local: LocalStep) -> Result<StepRecorded, KernelError> {
         self.send(|reply| Command::RecordStep(run, fence, local, reply)).await
+    }
+
+    /// Suspends a hosted handler's dispatch (fenced); `None` when it no longer held its run.
+    pub async fn suspend_dispatch(&self, report: SuspendReport) -> Result<Option<StepRecord>, KernelError> {
+        self.send(|reply| Command::SuspendDispatch(report, reply)).await
+    }
+
+    /// Starts a hosted handler's subagent, or returns the one recorded at its place.
+    pub async fn start_subagent(&self, start: SubagentStart) -> Result<SubagentStarted, KernelError> {
+        self.send(|reply| Command::StartSubagent(Box::new(start), reply)).await
     }
 
     /// Keeps the agents a worker offers, so runs created while none is connected are hosted.

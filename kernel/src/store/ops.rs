@@ -85,7 +85,22 @@ impl Tx<'_> {
         save_step(self.conn, &change.step)?;
         let StepChange { step, event } = change;
         self.append(&step.run_id, event.kind, event.payload, Some(step.clone()))?;
+        if step.status.is_terminal() && matches!(step.kind, StepKind::Tool | StepKind::Subagent) {
+            self.wake(&step.run_id, step.key.as_str())?;
+        }
         Ok(step)
+    }
+
+    /// Wakes the run's suspended handler, if it has one, in the transaction that settled what it
+    /// may wait on: a wake-up is never lost between a settle and a suspension.
+    fn wake(&mut self, run: &RunId, because: &str) -> Result<()> {
+        if let Some(dispatch) = load_step(self.conn, run, &StepKey::agent())?
+            && let Some(change) = hosted::resume(&dispatch, because)
+        {
+            save_step(self.conn, &change.step)?;
+            self.append(run, change.event.kind, change.event.payload, Some(change.step))?;
+        }
+        Ok(())
     }
 
     fn run(&self, id: &RunId) -> Result<RunRecord> {
@@ -126,8 +141,8 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool, Opti
 fn insert_run(conn: &Connection, run: &RunRecord) -> Result<()> {
     conn.prepare_cached(
         "INSERT INTO runs (id, agent, status, input, labels, idempotency_key, max_tool_calls, created_at, updated_at, \
-         interactive, permissions, capture, granted_by, hosted) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+         interactive, permissions, capture, granted_by, hosted, parent_run_id, parent_step, session_key) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
     )?
     .execute(params![
         run.id.as_str(),
@@ -144,6 +159,9 @@ fn insert_run(conn: &Connection, run: &RunRecord) -> Result<()> {
         run.capture.as_str(),
         run.granted_by,
         run.hosted,
+        run.parent.as_ref().map(|(id, _)| id.as_str()),
+        run.parent.as_ref().map(|(_, key)| key.as_str()),
+        run.session_key,
     ])?;
     Ok(())
 }
@@ -423,8 +441,8 @@ fn save_approval(conn: &Connection, approval: &ApprovalRecord) -> Result<()> {
 /// Writes what a transition may change of a run; its sequence number is the log's own.
 fn save_run(conn: &Connection, run: &RunRecord) -> Result<()> {
     conn.prepare_cached(
-        "UPDATE runs SET status = ?2, output = ?3, reason = ?4, tool_calls = ?5, updated_at = ?6, dispatches = ?7 \
-         WHERE id = ?1",
+        "UPDATE runs SET status = ?2, output = ?3, reason = ?4, tool_calls = ?5, updated_at = ?6, dispatches = ?7, \
+         suspensions = ?8 WHERE id = ?1",
     )?
     .execute(params![
         run.id.as_str(),
@@ -434,6 +452,7 @@ fn save_run(conn: &Connection, run: &RunRecord) -> Result<()> {
         run.tool_calls,
         run.updated_at,
         run.dispatches,
+        run.suspensions,
     ])?;
     Ok(())
 }
@@ -576,8 +595,8 @@ fn in_flight_and_open(tx: &Tx<'_>, run: &RunId) -> Result<(Vec<StepRecord>, Vec<
     let in_flight: Vec<StepRecord> = tx
         .conn
         .prepare_cached(&format!(
-            "SELECT {} FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running', 'awaiting_approval') \
-             ORDER BY turn, position",
+            "SELECT {} FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running', 'awaiting_approval', \
+             'suspended') ORDER BY turn, position",
             rows::STEP_COLUMNS
         ))?
         .query_map([run.as_str()], rows::step_from_row)?
@@ -604,7 +623,44 @@ fn apply_end(tx: &mut Tx<'_>, ended: run::RunEnd) -> Result<(RunRecord, Vec<Step
     }
     save_run(tx.conn, &ended.run)?;
     tx.append(&ended.run.id, ended.event.kind, ended.event.payload, None)?;
-    Ok((tx.run(&ended.run.id)?, settled))
+    let run = tx.run(&ended.run.id)?;
+    if let Some((parent, key)) = &run.parent
+        && let Some(step) = load_step(tx.conn, parent, key)?
+        && let Some(change) = hosted::child_ended(&step, &run, tx.now)
+    {
+        tx.apply(change)?;
+    }
+    if let Some(session) = &run.session_key {
+        release_session(tx, session)?;
+    }
+    Ok((run, settled))
+}
+
+/// Lets the next run of a session go: the oldest one still waiting for the runs before it.
+fn release_session(tx: &mut Tx<'_>, session: &str) -> Result<()> {
+    let next: Option<String> = tx
+        .conn
+        .prepare_cached(
+            "SELECT id FROM runs WHERE session_key = ?1 AND status NOT IN ('completed', 'failed', 'cancelled') \
+             ORDER BY id LIMIT 1",
+        )?
+        .query_row([session], |row| row.get(0))
+        .optional()?;
+    if let Some(next) = next {
+        let next = RunId::parse(&next, "session run")?;
+        tx.wake(&next, "the session's run before it ended")?;
+    }
+    Ok(())
+}
+
+/// Whether a run of `session` created before now has not finished: a new one waits for it.
+fn session_busy(conn: &Connection, session: &str) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM runs WHERE session_key = ?1 \
+             AND status NOT IN ('completed', 'failed', 'cancelled'))",
+        )?
+        .query_row([session], |row| row.get(0))?)
 }
 
 /// A hosted handler's outcome: its dispatch settles and its run ends, cancelling what the
@@ -615,6 +671,7 @@ fn finish_hosted(
     report: &ResultReport,
 ) -> Result<(StepRecord, Vec<StepRecord>)> {
     let run = tx.run(&dispatch.run_id)?;
+    let mut cancelled = cancel_children(tx, &run)?;
     let (in_flight, open) = in_flight_and_open(tx, &run.id)?;
     let outcome = report
         .outcome
@@ -623,8 +680,108 @@ fn finish_hosted(
         .map_err(|(kind, message)| (*kind, message.as_str()));
     let (settled, ended) = hosted::finish(&run, dispatch, outcome, &in_flight, &open, tx.now)?;
     let step = tx.apply(settled)?;
-    let (_, cancelled) = apply_end(tx, ended)?;
+    let (_, more) = apply_end(tx, ended)?;
+    cancelled.extend(more);
     Ok((step, cancelled))
+}
+
+/// A handler gave back its slot to wait on `waiting_on`: its dispatch is suspended, or pending
+/// again at once when one of them settled on the way. `None` when the dispatch no longer held
+/// the run.
+pub fn suspend_dispatch(tx: &mut Tx<'_>, report: SuspendReport) -> Result<Option<StepRecord>> {
+    let Some(dispatch) = held_step(tx, &report.dispatch_id, report.attempt, Some(&report.session_id))? else {
+        return Ok(None);
+    };
+    if dispatch.kind != StepKind::Agent {
+        return Err(KernelError::FailedPrecondition(format!(
+            "dispatch {} runs a tool call; only a hosted run's handler may suspend",
+            report.dispatch_id
+        )));
+    }
+    let run = tx.run(&dispatch.run_id)?;
+    let waiting = report
+        .waiting_on
+        .iter()
+        .map(|key| load_step(tx.conn, &run.id, &StepKey::from_stored(key.clone())))
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let (change, run) = hosted::suspend(&run, &dispatch, &waiting, tx.now);
+    save_run(tx.conn, &run)?;
+    Ok(Some(tx.apply(change)?))
+}
+
+/// A handler's suspension, as its worker reported it.
+#[derive(Clone, Debug)]
+pub struct SuspendReport {
+    pub dispatch_id: String,
+    pub attempt: u32,
+    pub session_id: String,
+    pub waiting_on: Vec<String>,
+}
+
+/// Starts a subagent of a hosted handler at place `seq`, or returns the one recorded there: the
+/// child run (hosted, linked to its parent and the step waiting for it) and that step, created
+/// together. A child of a session whose earlier run has not finished waits for it.
+pub fn start_subagent(tx: &mut Tx<'_>, start: SubagentStart) -> Result<SubagentStarted> {
+    let parent = tx.run(&start.parent)?;
+    let dispatch = load_step(tx.conn, &parent.id, &StepKey::agent())?;
+    hosted::check_fence(&parent, dispatch.as_ref(), Some(&start.fence))?;
+    let key = StepKey::subagent(&start.child.agent, start.occurrence);
+    let at_place = steps_at_place(tx.conn, &parent.id, start.seq)?;
+    let elsewhere: Vec<StepRecord> = load_step(tx.conn, &parent.id, &key)?.into_iter().collect();
+    match hosted::place(start.seq, std::slice::from_ref(&key), &at_place, &elsewhere) {
+        Err(message) => Ok(SubagentStarted::Diverged(message)),
+        Ok(Place::Recorded(mut steps)) => Ok(SubagentStarted::Replayed(Box::new(steps.remove(0)))),
+        Ok(Place::Open) => {
+            let mut new = start.child;
+            new.parent = Some((parent.id.clone(), key.clone()));
+            let waits = match &new.session_key {
+                Some(session) => session_busy(tx.conn, session)?,
+                None => false,
+            };
+            let (child, _, dispatch) = create_run(tx, new)?;
+            let mut dispatch = dispatch.expect("a subagent's run is hosted");
+            if waits {
+                dispatch.status = StepStatus::Suspended;
+                save_step(tx.conn, &dispatch)?;
+            }
+            let change = hosted::subagent_step(&parent, (start.seq, key), &child, tx.now);
+            insert_step(tx.conn, &change.step)?;
+            tx.append(
+                &parent.id,
+                change.event.kind,
+                change.event.payload,
+                Some(change.step.clone()),
+            )?;
+            Ok(SubagentStarted::Started {
+                step: Box::new(change.step),
+                dispatch: (!waits).then(|| Box::new(dispatch)),
+            })
+        }
+    }
+}
+
+/// A subagent to start.
+#[derive(Clone, Debug)]
+pub struct SubagentStart {
+    pub parent: RunId,
+    pub fence: hosted::Fence,
+    pub seq: u32,
+    pub occurrence: u32,
+    pub child: NewRun,
+}
+
+/// What starting a subagent did.
+#[derive(Clone, Debug)]
+pub enum SubagentStarted {
+    /// A new child run; its dispatch to queue, unless it waits for its session.
+    Started {
+        step: Box<StepRecord>,
+        dispatch: Option<Box<StepRecord>>,
+    },
+    /// Started before (by an earlier attempt): that child, never a second.
+    Replayed(Box<StepRecord>),
+    /// The handler is not deterministic: its place holds another step.
+    Diverged(String),
 }
 
 pub fn lose_lease(tx: &mut Tx<'_>, loss: LeaseLoss) -> Result<LossOutcome> {
@@ -671,9 +828,39 @@ pub fn end_run(tx: &mut Tx<'_>, run_id: &RunId, end: EndRun) -> Result<(RunRecor
             run.id, run.agent
         )));
     }
+    end_tree(tx, &run, &end)
+}
+
+/// Ends a run after its subagents: each child still running is cancelled first (its own children
+/// before it), which settles the step waiting for it; then the run's own calls, then the run.
+/// Returns the run and every step settled on the way, to cancel on their workers.
+fn end_tree(tx: &mut Tx<'_>, run: &RunRecord, end: &EndRun) -> Result<(RunRecord, Vec<StepRecord>)> {
+    let mut settled = cancel_children(tx, run)?;
     let (in_flight, open) = in_flight_and_open(tx, &run.id)?;
-    let ended = run::end(&run, &in_flight, &open, &end, tx.now)?;
-    apply_end(tx, ended)
+    let ended = run::end(run, &in_flight, &open, end, tx.now)?;
+    let (run, more) = apply_end(tx, ended)?;
+    settled.extend(more);
+    Ok((run, settled))
+}
+
+/// Cancels the children of `run` still running, deepest first.
+fn cancel_children(tx: &mut Tx<'_>, run: &RunRecord) -> Result<Vec<StepRecord>> {
+    let children: Vec<String> = tx
+        .conn
+        .prepare_cached(
+            "SELECT id FROM runs WHERE parent_run_id = ?1 AND status NOT IN ('completed', 'failed', 'cancelled') \
+             ORDER BY id",
+        )?
+        .query_map([run.id.as_str()], |row| row.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut settled = Vec::new();
+    for child in children {
+        let child = tx.run(&RunId::parse(&child, "child run")?)?;
+        let reason = format!("parent run {} ended", run.id);
+        let (_, steps) = end_tree(tx, &child, &EndRun::Cancel { reason })?;
+        settled.extend(steps);
+    }
+    Ok(settled)
 }
 
 /// The steps a hosted handler recorded at place `seq` of its order.

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use rusqlite::{Connection, OpenFlags, params_from_iter, types::Value as SqlValue};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params_from_iter, types::Value as SqlValue};
 
 use super::rows::{self, APPROVAL_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS};
 use crate::error::KernelError;
@@ -191,6 +191,19 @@ impl Readers {
             ))?
             .query_map([], rows::step_from_row)?
             .collect()
+        })
+        .await
+    }
+
+    /// The last run of `session` created before `before` that completed.
+    pub async fn previous_in_session(&self, session: String, before: RunId) -> Result<Option<RunRecord>, KernelError> {
+        self.with(move |conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE session_key = ?1 AND id < ?2 AND status = 'completed' \
+                 ORDER BY id DESC LIMIT 1"
+            ))?
+            .query_row(rusqlite::params![session, before.as_str()], rows::run_from_row)
+            .optional()
         })
         .await
     }

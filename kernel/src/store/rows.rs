@@ -7,7 +7,8 @@ use rusqlite::{Connection, OptionalExtension, Row};
 use crate::model::{ApprovalRecord, EventRecord, RunId, RunRecord, StepKey, StepRecord};
 
 pub const RUN_COLUMNS: &str = "id, agent, status, input, output, reason, labels, idempotency_key, \
-     max_tool_calls, tool_calls, last_seq, created_at, updated_at, interactive, permissions, capture, granted_by, hosted, dispatches";
+     max_tool_calls, tool_calls, last_seq, created_at, updated_at, interactive, permissions, capture, granted_by, hosted, dispatches, parent_run_id, parent_step, \
+     session_key, suspensions";
 
 pub const STEP_COLUMNS: &str = "run_id, step_key, turn, position, call_id, tool, fingerprint, version, \
      arguments, call_hash, idempotency_key, idempotency, timeout_ms, status, attempts, output, error, \
@@ -60,6 +61,17 @@ pub fn run_from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         granted_by: row.get(16)?,
         hosted: row.get(17)?,
         dispatches: row.get(18)?,
+        parent: match (row.get::<_, Option<String>>(19)?, row.get::<_, Option<String>>(20)?) {
+            (Some(run), Some(step)) => Some((
+                RunId::parse(&run, "parent_run_id").map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(19, rusqlite::types::Type::Text, e.to_string().into())
+                })?,
+                StepKey::from_stored(step),
+            )),
+            _ => None,
+        },
+        session_key: row.get(21)?,
+        suspensions: row.get(22)?,
     })
 }
 

@@ -183,6 +183,16 @@ const MIGRATIONS: &[&str] = &[
         last_seen_at  INTEGER NOT NULL
     ) STRICT;
     "#,
+    // 6: subagents and sessions. A child run names its parent and the parent's step waiting for
+    // it; runs of one session key run one at a time, in order of creation.
+    r#"
+    ALTER TABLE runs ADD COLUMN parent_run_id TEXT;
+    ALTER TABLE runs ADD COLUMN parent_step TEXT;
+    ALTER TABLE runs ADD COLUMN session_key TEXT;
+    ALTER TABLE runs ADD COLUMN suspensions INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX runs_by_parent ON runs (parent_run_id, id) WHERE parent_run_id IS NOT NULL;
+    CREATE INDEX runs_by_session ON runs (session_key, id) WHERE session_key IS NOT NULL;
+    "#,
 ];
 
 /// Brings the database to the newest schema.

@@ -51,6 +51,8 @@ fn new_run(key: Option<&str>, max_tool_calls: u32) -> NewRun {
         granted_by: None,
         capture: crate::model::Capture::Io,
         hosted: None,
+        parent: None,
+        session_key: None,
     }
 }
 

@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 use super::ops::{self, Published, Tx};
 use super::{
     Answer, Answered, CallDisposition, EndRun, Fence, LeaseLoss, LocalStep, LossOutcome, NewRun, ResultReport,
-    StartDispatch, StepRecorded, TurnPlan,
+    StartDispatch, StepRecorded, SubagentStart, SubagentStarted, SuspendReport, TurnPlan,
 };
 use crate::error::KernelError;
 use crate::model::{AgentDef, RunId, RunRecord, StepKey, StepRecord, ToolDef, now_millis};
@@ -61,6 +61,8 @@ pub enum Command {
     PurgeExpired(usize, Reply<usize>),
     RecordStep(RunId, Fence, LocalStep, Reply<StepRecorded>),
     RegisterAgents(Vec<AgentDef>, Reply<()>),
+    SuspendDispatch(SuspendReport, Reply<Option<StepRecord>>),
+    StartSubagent(Box<SubagentStart>, Reply<SubagentStarted>),
 }
 
 /// Sends a command's answer once its batch has committed (or failed to).
@@ -121,6 +123,8 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
         Command::PurgeExpired(limit, reply) => respond(ops::purge_expired(tx, limit), reply),
         Command::RecordStep(run, fence, local, reply) => respond(ops::record_step(tx, &run, &fence, local), reply),
         Command::RegisterAgents(agents, reply) => respond(ops::register_agents(tx, agents), reply),
+        Command::SuspendDispatch(report, reply) => respond(ops::suspend_dispatch(tx, report), reply),
+        Command::StartSubagent(start, reply) => respond(ops::start_subagent(tx, *start), reply),
     }
 }
 
@@ -167,6 +171,8 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
         Command::PurgeExpired(_, reply) => respond(Err(make()), reply),
         Command::RecordStep(_, _, _, reply) => respond(Err(make()), reply),
         Command::RegisterAgents(_, reply) => respond(Err(make()), reply),
+        Command::SuspendDispatch(_, reply) => respond(Err(make()), reply),
+        Command::StartSubagent(_, reply) => respond(Err(make()), reply),
     };
     responder
 }

@@ -75,6 +75,69 @@ async fn pipeline(ctx: AgentContext, input: Value) -> Result<Value, AgentError> 
     Ok(json!({ "rounds": rounds, "total": total }))
 }
 
+/// A subagent: a `work` step holding `hold_ms`, then its label and the output of its session's
+/// previous run.
+async fn child(ctx: AgentContext, input: Value) -> Result<Value, AgentError> {
+    let hold_ms = input["hold_ms"].as_u64().unwrap_or(50);
+    let label = input["label"].clone();
+    let attempt = ctx.attempt();
+    ctx.step("work", move |info| async move {
+        ledger_step("step:work", &info.idempotency_key, attempt);
+        tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+        Ok::<_, String>(())
+    })
+    .await?;
+    let previous = ctx.session().and_then(|s| s.previous_output).unwrap_or(Value::Null);
+    Ok(json!({ "label": label, "previous": previous, "run_id": ctx.run_id() }))
+}
+
+/// A parent: `mode` `one` starts one `child`, `many` starts `n` at once, `session` starts `n` at
+/// once on one session; `approval` calls `wipe` (always asked); `nested` calls a tool inside a
+/// step.
+async fn parent(ctx: AgentContext, input: Value) -> Result<Value, AgentError> {
+    let hold_ms = input["hold_ms"].as_u64().unwrap_or(50);
+    let n = input["n"].as_u64().unwrap_or(3);
+    match input["mode"].as_str().unwrap_or("one") {
+        "one" => {
+            ctx.subagent("child", json!({"label": "only", "hold_ms": hold_ms}))
+                .await
+        }
+        "many" | "session" => {
+            let session = format!("child:{}", ctx.run_id());
+            let children: Vec<_> = (0..n)
+                .map(|i| {
+                    let started = ctx.subagent("child", json!({"label": i, "hold_ms": hold_ms}));
+                    let started = if input["mode"] == "session" {
+                        started.session(session.clone())
+                    } else {
+                        started
+                    };
+                    std::future::IntoFuture::into_future(started)
+                })
+                .collect();
+            let outputs = futures_util::future::try_join_all(children).await?;
+            Ok(Value::Array(outputs))
+        }
+        "approval" => {
+            let wiped = ctx.call(Call::new("wipe", json!({}))).await?;
+            Ok(json!({ "outcome": wiped.outcome.as_str(), "content": wiped.content }))
+        }
+        "nested" => {
+            let inner = ctx.clone();
+            ctx.step("outer", move |_| async move {
+                inner
+                    .call(Call::new("wipe", json!({})))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .await?;
+            Ok(Value::Null)
+        }
+        other => Err(AgentError::failed(format!("unknown mode {other}"))),
+    }
+}
+
 impl Ledger {
     fn write(ctx: &ToolContext, what: &str) {
         let ledger = ctx.deps::<Ledger>().expect("ledger dependency");
@@ -191,8 +254,16 @@ async fn main() {
         .name(config.name)
         .max_concurrency(config.max_concurrency);
     if config.agents_only {
-        let agent = Agent::new("pipeline", "Steps and sleepy calls, for fault tests", pipeline);
-        let worker = builder.agent(agent).build().expect("worker config");
+        let worker = builder
+            .agent(Agent::new(
+                "pipeline",
+                "Steps and sleepy calls, for fault tests",
+                pipeline,
+            ))
+            .agent(Agent::new("parent", "Starts subagents, for fault tests", parent))
+            .agent(Agent::new("child", "A subagent, for fault tests", child))
+            .build()
+            .expect("worker config");
         let shutdown = CancellationToken::new();
         if let Err(error) = worker.run(shutdown).await {
             eprintln!("fault worker stopped: {error}");

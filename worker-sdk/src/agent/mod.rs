@@ -51,6 +51,20 @@ pub enum AgentError {
     /// one recorded there. The run fails with this, whatever the handler does with it.
     #[error("{0}")]
     ReplayInputChanged(String),
+    /// A subagent's child run failed or was cancelled.
+    #[error("subagent '{agent}' (run {run_id}) did not complete: {message}")]
+    Subagent {
+        /// The child's agent.
+        agent: String,
+        /// The child run.
+        run_id: String,
+        /// How it ended.
+        message: String,
+    },
+    /// An operation that could wait on something durable (a person, a child run) was called
+    /// inside a local step, where nothing may suspend.
+    #[error("{0}")]
+    NestedDurableOperation(String),
     /// A hosted handler's local step failed (now, or when it was recorded).
     #[error("step {step} failed: {message}")]
     Step {

@@ -63,6 +63,90 @@ struct Inner {
     history: History,
     order: Mutex<Order>,
     cancellation: CancellationToken,
+    waits: Mutex<Waits>,
+    changed: tokio::sync::Notify,
+    context: pb::RunContext,
+    /// Places of subagents called and not started yet: they start in place order, so a
+    /// session's runs go in the order the handler started them.
+    starting: Mutex<std::collections::BTreeSet<u32>>,
+    started: tokio::sync::Notify,
+}
+
+/// What the handler's operations are doing now, to tell when all of them wait on something
+/// durable (then the handler may give back its slot).
+#[derive(Debug, Default)]
+struct Waits {
+    /// Operations called and not finished.
+    active: usize,
+    /// Of those, the ones waiting on something durable (a call in flight, a person, a child).
+    durable: usize,
+    /// Of those, the ones that may wait long (a person, a child): only these suspend.
+    long: usize,
+    /// Local steps running now: nothing inside one may wait durably.
+    in_step: usize,
+    /// The steps waited on, with how many waits name each.
+    keys: std::collections::BTreeMap<String, usize>,
+}
+
+/// Counts an operation as active until dropped.
+struct Active(AgentContext);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.inner.waits.lock().expect("waits poisoned").active -= 1;
+        self.0.inner.changed.notify_waiters();
+    }
+}
+
+/// Counts an active operation as waiting durably on `keys` until dropped.
+struct Durable {
+    ctx: AgentContext,
+    keys: Vec<String>,
+    long: bool,
+}
+
+impl Drop for Durable {
+    fn drop(&mut self) {
+        let mut waits = self.ctx.inner.waits.lock().expect("waits poisoned");
+        waits.durable -= 1;
+        if self.long {
+            waits.long -= 1;
+        }
+        for key in &self.keys {
+            if let Some(count) = waits.keys.get_mut(key) {
+                *count -= 1;
+                if *count == 0 {
+                    waits.keys.remove(key);
+                }
+            }
+        }
+        drop(waits);
+        self.ctx.inner.changed.notify_waiters();
+    }
+}
+
+/// Counts a running local step until dropped.
+struct InStep(AgentContext);
+
+impl Drop for InStep {
+    fn drop(&mut self) {
+        self.0.inner.waits.lock().expect("waits poisoned").in_step -= 1;
+    }
+}
+
+/// How long every operation must wait durably before the handler gives back its slot: a child
+/// or an answer that comes quickly costs no redispatch.
+const SUSPEND_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The previous run of a subagent's session, as the subagent continues from it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionInfo {
+    /// The session key the subagent was started with.
+    pub key: String,
+    /// The last run of the session that completed before this one.
+    pub previous_run_id: Option<String>,
+    /// That run's output.
+    pub previous_output: Option<serde_json::Value>,
 }
 
 /// What a hosted handler does its work through; cheap to clone (clones share the order).
@@ -92,7 +176,11 @@ impl AgentContext {
         cancellation: CancellationToken,
     ) -> Self {
         let mut history = History::default();
-        for entry in recorded {
+        let mut context = pb::RunContext::default();
+        for mut entry in recorded {
+            if let Some(found) = entry.context.take() {
+                context = found;
+            }
             if let Some(step) = &entry.step {
                 history.keys.insert(step.step_key.clone(), step.turn);
                 history.places.entry(step.turn).or_default().push(entry);
@@ -106,7 +194,89 @@ impl AgentContext {
                 history,
                 order: Mutex::new(Order::default()),
                 cancellation,
+                waits: Mutex::new(Waits::default()),
+                changed: tokio::sync::Notify::new(),
+                context,
+                starting: Mutex::new(std::collections::BTreeSet::new()),
+                started: tokio::sync::Notify::new(),
             }),
+        }
+    }
+
+    /// The run that started this one as a subagent.
+    pub fn parent_run_id(&self) -> Option<&str> {
+        Some(self.inner.context.parent_run_id.as_str()).filter(|id| !id.is_empty())
+    }
+
+    /// For a subagent started on a session: the session and the run it continues from.
+    pub fn session(&self) -> Option<SessionInfo> {
+        let context = &self.inner.context;
+        (!context.session_key.is_empty()).then(|| SessionInfo {
+            key: context.session_key.clone(),
+            previous_run_id: Some(context.previous_run_id.clone()).filter(|id| !id.is_empty()),
+            previous_output: (!context.previous_output_json.is_empty())
+                .then(|| serde_json::from_str(&context.previous_output_json).ok())
+                .flatten(),
+        })
+    }
+
+    fn active(&self) -> Active {
+        self.inner.waits.lock().expect("waits poisoned").active += 1;
+        Active(self.clone())
+    }
+
+    fn durable(&self, keys: Vec<String>, long: bool) -> Durable {
+        let mut waits = self.inner.waits.lock().expect("waits poisoned");
+        waits.durable += 1;
+        if long {
+            waits.long += 1;
+        }
+        for key in &keys {
+            *waits.keys.entry(key.clone()).or_default() += 1;
+        }
+        drop(waits);
+        self.inner.changed.notify_waiters();
+        Durable {
+            ctx: self.clone(),
+            keys,
+            long,
+        }
+    }
+
+    /// Refuses an operation that could wait durably from inside a local step.
+    fn not_in_step(&self, what: &str) -> Result<(), AgentError> {
+        if self.inner.waits.lock().expect("waits poisoned").in_step > 0 {
+            return Err(AgentError::NestedDurableOperation(format!(
+                "{what} inside a local step: nothing inside a step may wait on something durable; call it from \
+                 the handler, between steps"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Resolves with the steps waited on once every active operation has waited durably for
+    /// [`SUSPEND_AFTER`], at least one of them on a person or a child: the handler may then give
+    /// back its slot.
+    pub(crate) async fn suspendable(&self) -> Vec<String> {
+        loop {
+            let changed = self.inner.changed.notified();
+            let ready = {
+                let waits = self.inner.waits.lock().expect("waits poisoned");
+                waits.active > 0 && waits.durable == waits.active && waits.long > 0
+            };
+            if ready {
+                tokio::select! {
+                    _ = changed => continue,
+                    _ = tokio::time::sleep(SUSPEND_AFTER) => {
+                        let waits = self.inner.waits.lock().expect("waits poisoned");
+                        if waits.active > 0 && waits.durable == waits.active && waits.long > 0 {
+                            return waits.keys.keys().cloned().collect();
+                        }
+                    }
+                }
+            } else {
+                changed.await;
+            }
         }
     }
 
@@ -185,11 +355,24 @@ impl AgentContext {
     ) -> impl Future<Output = Result<Vec<CallOutcome>, AgentError>> + Send + 'static {
         let ctx = self.clone();
         let place = self.next_place(None);
+        // A call inside a step would take a place the step's replay does not take again.
+        let nested = self.not_in_step("a tool call");
+        let active = self.active();
         async move {
+            let _active = active;
+            nested?;
             let (seq, _) = place?;
             if let Some(recorded) = ctx.recorded_turn(seq, &calls) {
                 return Ok(recorded);
             }
+            let keys: Vec<String> = calls
+                .iter()
+                .enumerate()
+                .map(|(position, call)| match &call.id {
+                    Some(id) => format!("id:{id}"),
+                    None => format!("t{seq}/p{position}"),
+                })
+                .collect();
             let request = pb::CallToolsRequest {
                 dispatch: Some(ctx.dispatch_pb()),
                 turn: Some(crate::agent::wire::submit_turn_request(ctx.run_id(), seq, calls, &[])),
@@ -200,14 +383,21 @@ impl AgentContext {
                 .await
                 .map_err(AgentError::from)?
                 .into_inner();
+            // Recorded now: the calls wait on their workers, and a gated one on a person.
+            let mut waiting = Some(ctx.durable(keys.clone(), false));
             let mut outcomes = Vec::new();
             while let Some(response) = stream.message().await.map_err(AgentError::from)? {
-                if let Some(item) = response.item
-                    && let Some(crate::agent::TurnItem::Result(outcome)) = crate::agent::wire::turn_item(item)?
-                {
-                    outcomes.push(outcome);
+                match response.item.map(crate::agent::wire::turn_item).transpose()?.flatten() {
+                    Some(crate::agent::TurnItem::Result(outcome)) => outcomes.push(outcome),
+                    // A call waits for a person: the turn may wait long now.
+                    Some(crate::agent::TurnItem::Interrupted(_)) => {
+                        drop(waiting.take());
+                        waiting = Some(ctx.durable(keys.clone(), true));
+                    }
+                    _ => {}
                 }
             }
+            drop(waiting);
             if let Some(diverged) = outcomes.iter().find(|o| o.outcome == Outcome::ReplayInputChanged) {
                 return Err(ctx.diverge(diverged.content.clone()));
             }
@@ -308,7 +498,11 @@ impl AgentContext {
     {
         let ctx = self.clone();
         let place = self.next_place(Some(&id));
+        let nested = self.not_in_step(&format!("step '{id}'"));
+        let active = self.active();
         async move {
+            let _active = active;
+            nested?;
             let (seq, occurrence) = place?;
             let key = local_step_key(&id, occurrence);
             if let Some(recorded) = ctx.recorded_step(seq, &key)? {
@@ -319,10 +513,15 @@ impl AgentContext {
                 id: id.clone(),
                 occurrence,
             };
+            let running = {
+                ctx.inner.waits.lock().expect("waits poisoned").in_step += 1;
+                InStep(ctx.clone())
+            };
             let outcome = match f(info).await {
                 Ok(value) => Ok(to_canonical(&serde_json::to_value(value)?)),
                 Err(error) => Err(error.to_string()),
             };
+            drop(running);
             let request = wire::record_step_request(ctx.dispatch_pb(), (seq, &id, occurrence), effect, once, outcome);
             let mut client = ctx.inner.client.clone();
             let response = client
@@ -337,6 +536,113 @@ impl AgentContext {
                 .step
                 .ok_or_else(|| AgentError::Protocol("the kernel recorded a step without returning it".into()))?;
             decode_step(step)
+        }
+    }
+
+    /// Starts a subagent: a child run of `agent` (hosted on any worker offering it), linked to
+    /// this run, and returns its output; a failed or cancelled child is [`AgentError::Subagent`].
+    /// Await the returned [`Subagent`], optionally after [`Subagent::session`]. On replay the
+    /// recorded child is returned (its output, or the child still running is joined), never a
+    /// second one. While it waits, the handler may give back its slot (the run is suspended).
+    pub fn subagent(&self, agent: impl Into<String>, input: serde_json::Value) -> Subagent {
+        Subagent {
+            ctx: self.clone(),
+            agent: agent.into(),
+            input,
+            session: None,
+        }
+    }
+
+    fn start_subagent(
+        &self,
+        agent: String,
+        input: serde_json::Value,
+        session: Option<String>,
+    ) -> impl Future<Output = Result<serde_json::Value, AgentError>> + Send + 'static {
+        let ctx = self.clone();
+        let nested = self.not_in_step(&format!("subagent '{agent}'"));
+        let place = self.next_place(Some(&format!("subagent:{agent}")));
+        if let Ok((seq, _)) = &place {
+            self.inner.starting.lock().expect("starting poisoned").insert(*seq);
+        }
+        let active = self.active();
+        async move {
+            let _active = active;
+            nested?;
+            let (seq, occurrence) = place?;
+            let key = format!("subagent:{agent}#{occurrence}");
+            let recorded = ctx.recorded_step(seq, &key);
+            let turn = ctx.start_in_order(seq).await;
+            let step = match recorded? {
+                Some(step) => step,
+                None => {
+                    let request = pb::StartSubagentRequest {
+                        dispatch: Some(ctx.dispatch_pb()),
+                        seq,
+                        agent: agent.clone(),
+                        input_json: to_canonical(&input),
+                        session_key: session.unwrap_or_default(),
+                        occurrence,
+                    };
+                    let mut client = ctx.inner.client.clone();
+                    let response = client
+                        .start_subagent(crate::auth::request(request, ctx.inner.api_key.as_ref()))
+                        .await
+                        .map_err(AgentError::from)?
+                        .into_inner();
+                    if !response.diverged.is_empty() {
+                        return Err(ctx.diverge(response.diverged));
+                    }
+                    response
+                        .step
+                        .ok_or_else(|| AgentError::Protocol("the kernel started a subagent without its step".into()))?
+                }
+            };
+            drop(turn);
+            let step = if is_settled(&step) {
+                step
+            } else {
+                let _waiting = ctx.durable(vec![key.clone()], true);
+                let request = pb::AwaitStepRequest {
+                    dispatch: Some(ctx.dispatch_pb()),
+                    step_key: key.clone(),
+                };
+                let mut client = ctx.inner.client.clone();
+                client
+                    .await_step(crate::auth::request(request, ctx.inner.api_key.as_ref()))
+                    .await
+                    .map_err(AgentError::from)?
+                    .into_inner()
+                    .step
+                    .ok_or_else(|| AgentError::Protocol("the kernel answered an await without its step".into()))?
+            };
+            if step.status == pb::StepStatus::Succeeded as i32 {
+                let text = if step.output_json.is_empty() {
+                    "null"
+                } else {
+                    &step.output_json
+                };
+                Ok(serde_json::from_str(text)?)
+            } else {
+                Err(AgentError::Subagent {
+                    agent,
+                    run_id: step.child_run_id,
+                    message: step.error,
+                })
+            }
+        }
+    }
+
+    /// Waits until every subagent called before place `seq` has started; the start at `seq`
+    /// goes next, and lets the ones after it go when the returned guard drops.
+    async fn start_in_order(&self, seq: u32) -> StartTurn {
+        loop {
+            let started = self.inner.started.notified();
+            let first = self.inner.starting.lock().expect("starting poisoned").first().copied();
+            if first.is_none_or(|first| first >= seq) {
+                return StartTurn(self.clone(), seq);
+            }
+            started.await;
         }
     }
 
@@ -367,6 +673,55 @@ impl AgentContext {
             },
         }
     }
+}
+
+/// A subagent's turn to start; the next one's comes when it drops.
+struct StartTurn(AgentContext, u32);
+
+impl Drop for StartTurn {
+    fn drop(&mut self) {
+        self.0.inner.starting.lock().expect("starting poisoned").remove(&self.1);
+        self.0.inner.started.notify_waiters();
+    }
+}
+
+/// A subagent to start; await it (see [`AgentContext::subagent`]).
+#[must_use = "a subagent starts when awaited"]
+pub struct Subagent {
+    ctx: AgentContext,
+    agent: String,
+    input: serde_json::Value,
+    session: Option<String>,
+}
+
+impl Subagent {
+    /// Starts it on session `key`: subagents of one session run one at a time, in order of
+    /// start, and each continues from the last one that completed ([`AgentContext::session`]).
+    /// The key must differ from this run's own session; derive it from this run's id
+    /// (`format!("researcher:{}", ctx.run_id())`) so no other parent can reuse it.
+    pub fn session(mut self, key: impl Into<String>) -> Self {
+        self.session = Some(key.into());
+        self
+    }
+}
+
+impl std::future::IntoFuture for Subagent {
+    type Output = Result<serde_json::Value, AgentError>;
+    type IntoFuture = std::pin::Pin<Box<dyn Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.ctx.start_subagent(self.agent, self.input, self.session))
+    }
+}
+
+fn is_settled(step: &pb::Step) -> bool {
+    [
+        pb::StepStatus::Succeeded,
+        pb::StepStatus::Failed,
+        pb::StepStatus::Cancelled,
+    ]
+    .iter()
+    .any(|s| *s as i32 == step.status)
 }
 
 /// A recorded local step's outcome as the handler gets it.

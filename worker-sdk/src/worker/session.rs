@@ -75,6 +75,11 @@ pub(crate) enum Outbound {
         dispatch: DispatchRef,
         outcome: Result<Value, ToolError>,
     },
+    /// A hosted handler gave back its slot, waiting on these steps.
+    Suspended {
+        dispatch: DispatchRef,
+        waiting_on: Vec<String>,
+    },
     /// A tool's cache request, answered by [`Inbound::Cache`] with the same id.
     Cache {
         dispatch: DispatchRef,
@@ -627,6 +632,20 @@ impl HostedJob {
                 Err(cancelled())
             }
         };
+        let outcome = match outcome {
+            Ok(Handled::Suspended(waiting_on)) => {
+                info!(waiting_on = ?waiting_on, "handler suspended, slot given back");
+                let _ = tx
+                    .send(Outbound::Suspended {
+                        dispatch: dispatch.clone(),
+                        waiting_on,
+                    })
+                    .await;
+                return dispatch;
+            }
+            Ok(Handled::Returned(value)) => Ok(value),
+            Err(error) => Err(error),
+        };
         let elapsed_ms = started.elapsed().as_millis() as u64;
         match &outcome {
             Ok(_) => info!(elapsed_ms, "handler returned"),
@@ -645,7 +664,7 @@ impl HostedJob {
         dispatch
     }
 
-    async fn execute(self) -> Result<Value, ToolError> {
+    async fn execute(self) -> Result<Handled, ToolError> {
         let HostedJob {
             agent,
             request,
@@ -673,13 +692,26 @@ impl HostedJob {
             .map_err(|error| ToolError::retryable(format!("cannot load the run's history: {error}")))?;
         debug!(recorded = history.len(), "handler starting");
         let ctx = AgentContext::new(request.dispatch, client, api_key, history, token);
-        let outcome = agent.handle(ctx.clone(), input).await;
+        // When everything the handler awaits waits on something durable, it is dropped and
+        // its slot given back; the kernel dispatches the run again when one of them settles.
+        let outcome = tokio::select! {
+            outcome = agent.handle(ctx.clone(), input) => outcome,
+            waiting_on = ctx.suspendable() => return Ok(Handled::Suspended(waiting_on)),
+        };
         // A handler that diverged fails the run with the divergence, even if it caught it.
         if let Some(diverged) = ctx.diverged() {
             return Err(ToolError::fatal(diverged));
         }
-        outcome.map_err(|error| ToolError::fatal(error.to_string()))
+        outcome
+            .map(Handled::Returned)
+            .map_err(|error| ToolError::fatal(error.to_string()))
     }
+}
+
+/// How a dispatch of a handler ended on this worker.
+enum Handled {
+    Returned(Value),
+    Suspended(Vec<String>),
 }
 
 fn cancelled() -> ToolError {

@@ -50,6 +50,13 @@ pub(crate) fn outbound(message: Outbound) -> pb::OpenSessionRequest {
             attempt: dispatch.attempt,
             outcome: Some(dispatch_outcome(outcome)),
         }),
+        Outbound::Suspended { dispatch, waiting_on } => Up::Result(pb::DispatchResult {
+            dispatch_id: dispatch.id,
+            attempt: dispatch.attempt,
+            outcome: Some(pb::dispatch_result::Outcome::Suspended(pb::DispatchSuspended {
+                waiting_on,
+            })),
+        }),
         Outbound::Cache {
             dispatch,
             request_id,

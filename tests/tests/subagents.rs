@@ -1,0 +1,232 @@
+//! Subagents, sessions and suspension with real processes: the fault worker's `parent` and
+//! `child` agents, hosted on workers with few slots.
+
+use std::time::{Duration, Instant};
+
+use e2e::{Kernel, check_log, payload, wait_ledger};
+use kernel_proto::v1 as pb;
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn start(kernel: &Kernel, agent: &str, input: Value) -> String {
+    let request = pb::CreateRunRequest {
+        agent: agent.into(),
+        input_json: input.to_string(),
+        hosted: true,
+        ..Default::default()
+    };
+    kernel
+        .runs()
+        .await
+        .create_run(request)
+        .await
+        .expect("create a hosted run")
+        .into_inner()
+        .run
+        .expect("run")
+        .id
+}
+
+async fn wait_status(kernel: &Kernel, run: &str, done: impl Fn(pb::RunStatus) -> bool) -> pb::Run {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let got = kernel.get(run).await.run.expect("run");
+        if done(pb::RunStatus::try_from(got.status).unwrap()) {
+            return got;
+        }
+        assert!(Instant::now() < deadline, "the run never got there: {got:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn finished(kernel: &Kernel, run: &str) -> pb::Run {
+    wait_status(kernel, run, |s| {
+        matches!(
+            s,
+            pb::RunStatus::Completed | pb::RunStatus::Failed | pb::RunStatus::Cancelled
+        )
+    })
+    .await
+}
+
+/// The child runs of `parent`, oldest first.
+async fn children(kernel: &Kernel, parent: &str) -> Vec<pb::Run> {
+    let runs = kernel
+        .runs()
+        .await
+        .list_runs(pb::ListRunsRequest {
+            page_size: 1000,
+            ..Default::default()
+        })
+        .await
+        .expect("list runs")
+        .into_inner()
+        .runs;
+    let mut children: Vec<pb::Run> = runs.into_iter().filter(|r| r.parent_run_id == parent).collect();
+    children.sort_by(|a, b| a.id.cmp(&b.id));
+    children
+}
+
+#[tokio::test]
+async fn a_one_slot_worker_hosts_a_parent_and_its_child_by_suspending_the_parent() {
+    let kernel = Kernel::start();
+    let _host = kernel.fault_worker_with("host", &["--agents-only", "--max-concurrency", "1"]);
+    let run = start(&kernel, "parent", json!({"mode": "one", "hold_ms": 50})).await;
+    let done = finished(&kernel, &run).await;
+    assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
+    let output: Value = serde_json::from_str(&done.output_json).unwrap();
+    assert_eq!(output["label"], "only");
+    assert!(done.suspensions >= 1, "the parent gave back the only slot: {done:?}");
+    let kids = children(&kernel, &run).await;
+    assert_eq!(kids.len(), 1, "one child, never a second: {kids:?}");
+    assert_eq!(kids[0].parent_step_key, "subagent:child#0");
+    assert_eq!(output["run_id"], kids[0].id);
+    let events = kernel.events(&run).await;
+    check_log(&events, true);
+    for kind in ["subagent:start", "agent:suspended", "agent:resumed", "subagent:result"] {
+        assert!(events.iter().any(|e| e.r#type == kind), "{kind}: {events:?}");
+    }
+    let created = kernel.events(&kids[0].id).await;
+    assert_eq!(
+        payload(&created[0])["parent_run_id"],
+        run.as_str(),
+        "events carry the parent"
+    );
+}
+
+#[tokio::test]
+async fn three_subagents_at_once_on_a_two_slot_worker_all_finish() {
+    let kernel = Kernel::start();
+    let _host = kernel.fault_worker_with("host", &["--agents-only", "--max-concurrency", "2"]);
+    let run = start(&kernel, "parent", json!({"mode": "many", "n": 3, "hold_ms": 100})).await;
+    let done = finished(&kernel, &run).await;
+    assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
+    let output: Vec<Value> = serde_json::from_str(&done.output_json).unwrap();
+    let labels: Vec<&Value> = output.iter().map(|o| &o["label"]).collect();
+    assert_eq!(labels, [&json!(0), &json!(1), &json!(2)]);
+    assert_eq!(children(&kernel, &run).await.len(), 3);
+    let ledger = kernel.ledger();
+    assert_eq!(
+        ledger.iter().filter(|l| l.tool == "step:work").count(),
+        3,
+        "each child's step ran once: {ledger:?}"
+    );
+    check_log(&kernel.events(&run).await, true);
+}
+
+#[tokio::test]
+async fn subagents_on_one_session_run_one_at_a_time_each_seeing_the_previous_output() {
+    let kernel = Kernel::start();
+    let _host = kernel.fault_worker_with("host", &["--agents-only", "--max-concurrency", "4"]);
+    let run = start(&kernel, "parent", json!({"mode": "session", "n": 3, "hold_ms": 200})).await;
+    let done = finished(&kernel, &run).await;
+    assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
+    let output: Vec<Value> = serde_json::from_str(&done.output_json).unwrap();
+    assert_eq!(output[0]["previous"], Value::Null, "{output:?}");
+    assert_eq!(output[1]["previous"]["label"], 0, "{output:?}");
+    assert_eq!(output[2]["previous"]["label"], 1, "{output:?}");
+    // One at a time: each child started after the one before it ended.
+    let kids = children(&kernel, &run).await;
+    assert_eq!(kids.len(), 3);
+    assert!(kids.iter().all(|k| k.session_key == format!("child:{run}")), "{kids:?}");
+    let mut previous_end = None;
+    for kid in &kids {
+        let events = kernel.events(&kid.id).await;
+        let started = events
+            .iter()
+            .find(|e| e.r#type == "agent:dispatched")
+            .expect("dispatched");
+        let ended = events.iter().find(|e| e.r#type == "run:completed").expect("completed");
+        if let Some(end) = previous_end {
+            assert!(
+                timestamp(started) >= end,
+                "a session run started before the one before it ended"
+            );
+        }
+        previous_end = Some(timestamp(ended));
+    }
+}
+
+fn timestamp(event: &pb::Event) -> i128 {
+    let at = event.at.as_ref().expect("at");
+    i128::from(at.seconds) * 1_000_000_000 + i128::from(at.nanos)
+}
+
+#[tokio::test]
+async fn cancelling_a_parent_cancels_its_child_first() {
+    let kernel = Kernel::start();
+    let _host = kernel.fault_worker_with("host", &["--agents-only", "--max-concurrency", "2"]);
+    let run = start(&kernel, "parent", json!({"mode": "one", "hold_ms": 60_000})).await;
+    wait_ledger(&kernel, "the child's step", |l| l.iter().any(|l| l.tool == "step:work")).await;
+    let cancel = pb::CancelRunRequest {
+        run_id: run.clone(),
+        reason: "operator".into(),
+    };
+    kernel.runs().await.cancel_run(cancel).await.expect("cancel");
+    let done = finished(&kernel, &run).await;
+    assert_eq!(done.status, pb::RunStatus::Cancelled as i32);
+    let kids = children(&kernel, &run).await;
+    assert_eq!(kids[0].status, pb::RunStatus::Cancelled as i32, "{kids:?}");
+    assert!(kids[0].reason.contains(&format!("parent run {run} ended")), "{kids:?}");
+    let child_end = kernel.events(&kids[0].id).await;
+    let parent_end = kernel.events(&run).await;
+    let child_at = timestamp(child_end.iter().find(|e| e.r#type == "run:cancelled").unwrap());
+    let parent_at = timestamp(parent_end.iter().find(|e| e.r#type == "run:cancelled").unwrap());
+    assert!(child_at <= parent_at, "the child ends first");
+    check_log(&parent_end, true);
+    check_log(&child_end, true);
+}
+
+#[tokio::test]
+async fn a_hosted_run_waiting_for_approval_is_suspended_and_holds_no_slot() {
+    let kernel = Kernel::start();
+    let _tools = kernel.fault_worker("tools");
+    let _host = kernel.fault_worker_with("host", &["--agents-only", "--max-concurrency", "1"]);
+    let run = start(&kernel, "parent", json!({"mode": "approval"})).await;
+    let suspended = wait_status(&kernel, &run, |s| s == pb::RunStatus::Suspended).await;
+    assert_eq!(suspended.suspensions, 1);
+    let workers = kernel
+        .registry()
+        .await
+        .list_workers(pb::ListWorkersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .workers;
+    let host = workers.iter().find(|w| w.name == "host").expect("host");
+    assert_eq!(host.slots_in_use, 0, "a suspended run holds no slot: {host:?}");
+    let approvals = kernel.kernelctl(&["approvals", "list", "--json"]);
+    let listed = String::from_utf8_lossy(&approvals.stdout);
+    let id = listed
+        .split('"')
+        .skip_while(|part| *part != "id")
+        .nth(2)
+        .expect("an approval id")
+        .to_owned();
+    let approved = kernel.kernelctl(&["approvals", "approve", "--as", "tester", &id]);
+    assert!(
+        approved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&approved.stderr)
+    );
+    let done = finished(&kernel, &run).await;
+    assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
+    let output: Value = serde_json::from_str(&done.output_json).unwrap();
+    assert_eq!(output["outcome"], "ok", "{output}");
+    check_log(&kernel.events(&run).await, true);
+}
+
+#[tokio::test]
+async fn a_tool_call_inside_a_step_fails_with_the_nested_operation_error() {
+    let kernel = Kernel::start();
+    let _host = kernel.fault_worker_with("host", &["--agents-only"]);
+    let run = start(&kernel, "parent", json!({"mode": "nested"})).await;
+    let done = finished(&kernel, &run).await;
+    assert_eq!(done.status, pb::RunStatus::Failed as i32, "{done:?}");
+    assert!(
+        done.reason.contains("a tool call inside a local step"),
+        "{}",
+        done.reason
+    );
+}
