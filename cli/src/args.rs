@@ -138,6 +138,11 @@ pub enum RunsCommand {
     /// List runs, newest first.
     #[command(alias = "ls")]
     List(ListRunsArgs),
+    /// Show a run and the subagent runs under it, with their status.
+    Tree {
+        /// Run id.
+        id: String,
+    },
     /// Show one run and every step it recorded.
     Show {
         /// Run id.
@@ -185,6 +190,10 @@ pub struct ListRunsArgs {
     /// Only runs carrying this label; repeat to require several.
     #[arg(long = "label", value_name = "KEY=VALUE")]
     pub labels: Vec<LabelFilter>,
+
+    /// Only the subagent runs this run started.
+    #[arg(long, value_name = "RUN_ID")]
+    pub parent: Option<String>,
 
     /// Most runs to print.
     #[arg(

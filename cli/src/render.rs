@@ -160,6 +160,15 @@ pub fn runs_table(runs: &[RunView]) -> String {
     )
 }
 
+/// What a step is, in the TOOL column: a tool's name, or for a hosted run's other steps their
+/// kind and name (`agent:triage`, `local:fetch`, `subagent:researcher`).
+fn step_what(step: &StepView) -> String {
+    match step.kind.as_str() {
+        "tool" => step.tool.clone(),
+        kind => format!("{kind}:{}", step.tool),
+    }
+}
+
 fn step_version(step: &StepView) -> String {
     match &step.tool_version {
         Some(version) => one_line(version).into_owned(),
@@ -177,7 +186,7 @@ pub fn steps_table(steps: &[StepView]) -> String {
         steps.iter().map(|step| {
             vec![
                 one_line(&step.key).into_owned(),
-                step.tool.clone(),
+                step_what(step),
                 step_version(step),
                 step.shown_status().to_owned(),
                 if step.max_attempts > 1 {
@@ -212,6 +221,22 @@ fn run_fields(run: &RunView) -> String {
         None => format!("{} made (no max_tool_calls limit)", run.tool_calls),
     };
     pairs.push(("tool calls", tool_calls));
+    if run.hosted {
+        pairs.push((
+            "hosted",
+            format!(
+                "dispatched {} times, suspended {} times (the agent step below is each dispatch of the handler)",
+                run.dispatches, run.suspensions
+            ),
+        ));
+    }
+    if let Some(parent) = &run.parent_run_id {
+        let step = run.parent_step_key.as_deref().unwrap_or(NONE);
+        pairs.push(("parent", format!("{parent} (its step {})", one_line(step))));
+    }
+    if let Some(session) = &run.session_key {
+        pairs.push(("session", one_line(session).into_owned()));
+    }
     if !run.permissions.is_empty() {
         let source = match &run.permissions_granted_by {
             Some(key) => format!("granted by key {}", one_line(key)),
@@ -231,9 +256,20 @@ fn run_fields(run: &RunView) -> String {
 }
 
 fn step_block(step: &StepView) -> String {
-    let mut text = format!("{} {} ({})\n", one_line(&step.key), step.tool, step.shown_status());
+    let mut text = format!(
+        "{} {} ({})\n",
+        one_line(&step.key),
+        step_what(step),
+        step.shown_status()
+    );
     let mut pairs = Vec::new();
-    if let Some(call_id) = &step.call_id {
+    if let Some(effect) = &step.effect {
+        pairs.push(("effect", effect.clone()));
+    }
+    if let Some(child) = &step.child_run_id {
+        pairs.push(("child run", child.clone()));
+    }
+    if let (Some(call_id), "tool") = (&step.call_id, step.kind.as_str()) {
         pairs.push(("call id", one_line(call_id).into_owned()));
     }
     pairs.push(("arguments", json_cut(&step.arguments)));
@@ -259,12 +295,16 @@ fn step_block(step: &StepView) -> String {
     if let Some(next) = step.next_attempt_at {
         pairs.push(("next attempt", time(Some(next))));
     }
-    let attempts = if step.max_attempts > 1 {
-        format!("{} of at most {}", step.attempts, step.max_attempts)
-    } else {
-        format!("{} (no retry)", step.attempts)
+    let attempts = match step.kind.as_str() {
+        // Each attempt of a hosted run's own step is a dispatch of its handler, which replays.
+        "agent" => format!("{} (each replays what the ones before recorded)", step.attempts),
+        "local" | "subagent" => String::new(),
+        _ if step.max_attempts > 1 => format!("{} of at most {}", step.attempts, step.max_attempts),
+        _ => format!("{} (no retry)", step.attempts),
     };
-    pairs.push(("attempts", attempts));
+    if !attempts.is_empty() {
+        pairs.push((if step.kind == "agent" { "dispatches" } else { "attempts" }, attempts));
+    }
     if step.lease_losses > 0 {
         pairs.push(("workers lost", step.lease_losses.to_string()));
     }
@@ -272,7 +312,9 @@ fn step_block(step: &StepView) -> String {
         let holder = if step.is_running() { "held by" } else { "last worker" };
         pairs.push((holder, worker.clone()));
     }
-    pairs.push(("dispatch", or_none(step.dispatch_id.as_deref()).to_owned()));
+    if matches!(step.kind.as_str(), "tool" | "agent") {
+        pairs.push(("dispatch", or_none(step.dispatch_id.as_deref()).to_owned()));
+    }
     if step.is_running() {
         pairs.push(("lease expires", time(step.lease_expires_at)));
     }
@@ -292,7 +334,7 @@ fn step_block(step: &StepView) -> String {
     if step.unit_cost > 0.0 {
         pairs.push(("cost", format!("{} ({} per attempt)", step.cost, step.unit_cost)));
     }
-    if let Some(mode) = &step.idempotency {
+    if let (Some(mode), "tool") = (&step.idempotency, step.kind.as_str()) {
         pairs.push(("idempotency", mode.clone()));
     }
     if step.timeout_ms > 0 {
@@ -325,6 +367,27 @@ pub fn run_detail(detail: &RunDetail) -> String {
     if !detail.approvals.is_empty() {
         text.push_str("\napprovals:\n");
         text.push_str(&approvals_table(&detail.approvals));
+    }
+    text
+}
+
+/// `runs tree`: each run with its status, its children indented under it.
+pub fn run_tree(nodes: &[(usize, RunView)]) -> String {
+    let mut text = String::new();
+    for (depth, run) in nodes {
+        let session = run
+            .session_key
+            .as_deref()
+            .map(|s| format!(" session {}", one_line(s)))
+            .unwrap_or_default();
+        text.push_str(&format!(
+            "{}{} {} {}{}\n",
+            "  ".repeat(*depth),
+            run.id,
+            one_line(&run.agent),
+            run.status,
+            session
+        ));
     }
     text
 }

@@ -74,6 +74,15 @@ pub struct RunView {
     pub permissions_granted_by: Option<String>,
     /// What inspection shows of arguments and results: `io`, `metadata` or `none`.
     pub capture: String,
+    /// The kernel dispatches the run's handler to workers hosting its agent.
+    pub hosted: bool,
+    /// Times a hosted run's handler was dispatched, and gave back its slot to wait.
+    pub dispatches: u32,
+    pub suspensions: u32,
+    /// The run that started this one as a subagent, and its step waiting for it.
+    pub parent_run_id: Option<String>,
+    pub parent_step_key: Option<String>,
+    pub session_key: Option<String>,
 }
 
 impl From<pb::Run> for RunView {
@@ -99,6 +108,12 @@ impl From<pb::Run> for RunView {
                 _ => "io",
             }
             .to_owned(),
+            hosted: run.hosted,
+            dispatches: run.dispatches,
+            suspensions: run.suspensions,
+            parent_run_id: non_empty(run.parent_run_id),
+            parent_step_key: non_empty(run.parent_step_key),
+            session_key: non_empty(run.session_key),
             id: run.id,
             agent: run.agent,
         }
@@ -117,6 +132,12 @@ pub struct StepError {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StepView {
     pub key: String,
+    /// `tool`, `agent` (a hosted run's own dispatch), `local` (a handler's step) or `subagent`.
+    pub kind: String,
+    /// A local step's declared effect: `read`, `pure` or `write`.
+    pub effect: Option<String>,
+    /// A subagent step's child run.
+    pub child_run_id: Option<String>,
     pub turn: u32,
     pub position: u32,
     pub call_id: Option<String>,
@@ -208,6 +229,15 @@ impl From<pb::Step> for StepView {
             .and_then(|(end, start)| end.since(start))
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         Self {
+            kind: match pb::StepKind::try_from(step.kind) {
+                Ok(pb::StepKind::Agent) => "agent",
+                Ok(pb::StepKind::Local) => "local",
+                Ok(pb::StepKind::Subagent) => "subagent",
+                _ => "tool",
+            }
+            .to_owned(),
+            effect: non_empty(step.effect),
+            child_run_id: non_empty(step.child_run_id),
             status: step_status_name(step.status),
             call_id: non_empty(step.call_id),
             tool_version: non_empty(step.tool_version),

@@ -93,6 +93,33 @@ async fn a_one_slot_worker_hosts_a_parent_and_its_child_by_suspending_the_parent
         run.as_str(),
         "events carry the parent"
     );
+
+    let tree = kernel.kernelctl(&["runs", "tree", &run]);
+    let tree = String::from_utf8_lossy(&tree.stdout);
+    let lines: Vec<&str> = tree.lines().collect();
+    assert_eq!(lines.len(), 2, "{tree}");
+    assert!(lines[0].starts_with(&format!("{run} parent completed")), "{tree}");
+    assert!(
+        lines[1].starts_with(&format!("  {} child completed", kids[0].id)),
+        "{tree}"
+    );
+    let listed = kernel.kernelctl(&["runs", "list", "--parent", &run]);
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.contains(&kids[0].id) && !listed.contains(&format!("{run} ")),
+        "{listed}"
+    );
+    let shown = kernel.kernelctl(&["runs", "show", &run]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    for part in [
+        "hosted",
+        "suspended 1 times",
+        "agent:parent",
+        "subagent:child",
+        "child run",
+    ] {
+        assert!(shown.contains(part), "{part} in\n{shown}");
+    }
 }
 
 #[tokio::test]

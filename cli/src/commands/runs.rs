@@ -39,6 +39,7 @@ pub async fn list(kernel: &mut Kernel, out: &mut Output<'_>, args: ListRunsArgs)
         labels: args.labels.iter().map(ToString::to_string).collect(),
         page_size: 0,
         page_token: args.page_token.unwrap_or_default(),
+        parent_run_id: args.parent.unwrap_or_default(),
     };
     let mut runs = Vec::new();
     loop {
@@ -125,6 +126,45 @@ pub async fn start(
         },
         status,
     })
+}
+
+/// The runs under `id` (its subagents, theirs, ...), depth first, oldest child first.
+pub async fn tree(kernel: &mut Kernel, out: &mut Output<'_>, id: String) -> Result<(), CliError> {
+    let root = unary(kernel.runs.get_run(GetRunRequest { run_id: id })).await?;
+    let root = RunView::from(root.run.ok_or(CliError::MalformedResponse("GetRun returned no run"))?);
+    let mut nodes = Vec::new();
+    let mut stack = vec![(0usize, root)];
+    while let Some((depth, run)) = stack.pop() {
+        let mut children = Vec::new();
+        let mut request = ListRunsRequest {
+            parent_run_id: run.id.clone(),
+            page_size: MAX_RUNS_PAGE,
+            ..Default::default()
+        };
+        loop {
+            let page = unary(kernel.runs.list_runs(request.clone())).await?;
+            children.extend(page.runs.into_iter().map(RunView::from));
+            if page.next_page_token.is_empty() {
+                break;
+            }
+            request.page_token = page.next_page_token;
+        }
+        // Listed newest first; the stack pops the oldest first.
+        stack.extend(children.into_iter().map(|child| (depth + 1, child)));
+        nodes.push((depth, run));
+    }
+    if out.is_json() {
+        #[derive(serde::Serialize)]
+        struct Node {
+            depth: usize,
+            run: RunView,
+        }
+        let runs: Vec<Node> = nodes.into_iter().map(|(depth, run)| Node { depth, run }).collect();
+        out.document(&serde_json::json!({ "runs": runs }))?;
+    } else {
+        out.text(&render::run_tree(&nodes))?;
+    }
+    Ok(())
 }
 
 pub async fn show(kernel: &mut Kernel, out: &mut Output<'_>, id: String) -> Result<(), CliError> {

@@ -157,6 +157,10 @@ impl RunService for RunApi {
             status: convert::run_status_filter(req.status)?,
             agent: (!req.agent.is_empty()).then_some(req.agent),
             labels: convert::label_filters(&req.labels)?,
+            parent: match req.parent_run_id.trim() {
+                "" => None,
+                id => Some(RunId::parse(id, "parent_run_id")?),
+            },
             before,
             limit: limit + 1,
         };

@@ -318,9 +318,9 @@ fn insert_step(conn: &Connection, step: &StepRecord) -> Result<()> {
     conn.prepare_cached(
         "INSERT INTO steps (run_id, step_key, turn, position, call_id, tool, fingerprint, version, arguments, \
          call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
-         retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, outcome, attempts, kind, effect) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, \
-         ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)",
+         retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, outcome, attempts, kind, effect, \
+         started_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, \
+         ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)",
     )?
     .execute(params![
         step.run_id.as_str(),
@@ -356,6 +356,7 @@ fn insert_step(conn: &Connection, step: &StepRecord) -> Result<()> {
         step.attempts,
         step.kind.as_str(),
         step.effect.map(crate::model::Effect::as_str),
+        step.started_at,
     ])?;
     Ok(())
 }

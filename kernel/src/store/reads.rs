@@ -24,6 +24,8 @@ pub struct RunFilter {
     pub status: Option<RunStatus>,
     pub agent: Option<String>,
     pub labels: Vec<(String, String)>,
+    /// Only the children of this run.
+    pub parent: Option<RunId>,
     /// Only runs with an id lower than this (newest first paging).
     pub before: Option<String>,
     pub limit: u32,
@@ -102,6 +104,10 @@ impl Readers {
                 sql.push_str(" AND EXISTS (SELECT 1 FROM json_each(runs.labels) WHERE json_each.key = ? AND json_each.value = ?)");
                 args.push(SqlValue::Text(key));
                 args.push(SqlValue::Text(value));
+            }
+            if let Some(parent) = filter.parent {
+                sql.push_str(" AND parent_run_id = ?");
+                args.push(SqlValue::Text(parent.to_string()));
             }
             if let Some(before) = filter.before {
                 sql.push_str(" AND id < ?");
