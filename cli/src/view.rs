@@ -796,6 +796,12 @@ pub(crate) mod tests {
                 "permissions": [],
                 "permissions_granted_by": null,
                 "capture": "io",
+                "hosted": false,
+                "dispatches": 0,
+                "suspensions": 0,
+                "parent_run_id": null,
+                "parent_step_key": null,
+                "session_key": null,
             })
         );
     }
