@@ -229,3 +229,65 @@ async fn kernelctl_starts_a_hosted_run_and_follows_it_to_its_end() {
         "{stderr}"
     );
 }
+
+/// The README's quickstart: the demo worker's `trip_planner`, its worker SIGKILLed while the slow
+/// call runs, finishes on another worker; the model was asked once and each note taken once.
+#[tokio::test]
+async fn the_demo_trip_planner_survives_a_sigkill_of_its_worker() {
+    let kernel = Kernel::start();
+    let mut first = kernel.worker("demo-1");
+    let started = kernel.kernelctl(&[
+        "runs",
+        "start",
+        "trip_planner",
+        "--input",
+        r#"{"destination": "Lisbon", "days": 3}"#,
+    ]);
+    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
+    let run = String::from_utf8_lossy(&started.stdout).trim().to_owned();
+    let mut watch = e2e::Watch::open(&kernel, &run, 1, false).await;
+    watch.event("tool:start", |body| body["tool"] == "slow").await;
+    first.kill9();
+    let _second = kernel.worker("demo-2");
+    let done = finished(&kernel, &run).await;
+    assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
+    let output: Value = serde_json::from_str(&done.output_json).unwrap();
+    assert_eq!(
+        output["notes"],
+        json!(["book a hotel in Lisbon", "pack light"]),
+        "{output}"
+    );
+    assert!(
+        output["summary"].as_str().unwrap().starts_with("3 days and 4 nights"),
+        "{output}"
+    );
+    let events = kernel.events(&run).await;
+    check_log(&events, true);
+    let recorded = |key: &str| {
+        events
+            .iter()
+            .filter(|e| e.r#type == "step:result" && payload(e)["step_key"] == key)
+            .count()
+    };
+    assert_eq!(recorded("step:model:plan#0"), 1, "the model was asked once");
+    let model_at = events
+        .iter()
+        .find(|e| e.r#type == "step:result" && payload(e)["step_key"] == "step:model:plan#0")
+        .map(|e| payload(e)["output"]["asked_at_ms"].clone())
+        .unwrap();
+    assert_eq!(
+        output["plan_asked_at_ms"], model_at,
+        "the replay got the recorded answer"
+    );
+    let starts = |tool: &str| {
+        events
+            .iter()
+            .filter(|e| e.r#type == "tool:start" && payload(e)["tool"] == tool)
+            .count()
+    };
+    assert_eq!((starts("add"), starts("echo")), (1, 1), "finished calls ran once");
+    assert_eq!(starts("slow"), 2, "the call running on the killed worker ran again");
+    let subagents = events.iter().filter(|e| e.r#type == "subagent:start").count();
+    assert_eq!(subagents, 2, "one note taker per note, never a second");
+    assert!(events.iter().any(|e| e.r#type == "agent:lease_lost"));
+}

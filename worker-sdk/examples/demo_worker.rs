@@ -1,6 +1,7 @@
 //! A worker serving a handful of demo tools: arithmetic, a confined file reader, a slow tool that
 //! reports progress and honours cancellation, a tool that always fails, an echo, a blocking
-//! checksum, and a refund that waits for a person's approval above 100.00.
+//! checksum, and a refund that waits for a person's approval above 100.00; and hosting two agents,
+//! `trip_planner` and its subagent `note_taker` (see `demo_worker/agents.rs`).
 //!
 //! ```text
 //! cargo run -p worker-sdk --example demo-worker -- --kernel http://127.0.0.1:50051 --root .
@@ -21,6 +22,9 @@ use serde_json::Value;
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 use worker_sdk::{CancellationToken, Progress, Tls, Tool, ToolContext, ToolError, Worker, tool};
+
+#[path = "demo_worker/agents.rs"]
+mod agents;
 
 #[derive(Debug, Parser)]
 #[command(name = "demo-worker", about = "Serve the demo tools to a kernel")]
@@ -214,6 +218,9 @@ async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Box<dyn 
         .max_concurrency(config.max_concurrency)
         .tools(tools())
         .deps(FileRoot(root));
+    for agent in agents::agents() {
+        builder = builder.agent(agent);
+    }
     if let Some(tls) = tls {
         builder = builder.tls(tls);
     }
