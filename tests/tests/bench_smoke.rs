@@ -68,6 +68,22 @@ async fn quick_bench_reports_every_section() {
         positive(&size["mb_per_s"], "MB/s");
     }
 
+    let hosted = &report["hosted"];
+    let steps = positive(&hosted["steps"], "hosted steps");
+    let calls = positive(&hosted["calls"], "hosted calls");
+    assert_eq!(
+        hosted["replayed"].as_f64(),
+        Some(steps + calls),
+        "every recorded step and call replayed after the host was lost: {hosted}"
+    );
+    for field in ["steps_live_ms", "calls_live_ms"] {
+        positive(&hosted[field], field);
+    }
+    // On the kernel's millisecond clock, either can round to 0 on a fast disk.
+    for field in ["resume_ms", "replay_ms"] {
+        assert!(hosted[field].as_f64().is_some_and(|ms| ms >= 0.0), "{field}: {hosted}");
+    }
+
     // The bench's worker sessions ended with it (the kernel may take a moment to notice).
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

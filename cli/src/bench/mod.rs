@@ -8,6 +8,7 @@
 //! together, is `crate::commands::bench`.
 
 pub mod driver;
+pub mod hosted;
 pub mod progress;
 pub mod report;
 pub mod stats;
@@ -34,6 +35,9 @@ pub enum Section {
     Replay,
     /// Results of growing size: calls/s and MB/s.
     Payload,
+    /// Hosted runs: local steps and tool calls live, then replayed from the start on another
+    /// host after the first is lost.
+    Hosted,
 }
 
 /// Flags of `kernelctl bench`. Counts left unset take their defaults, or smaller ones with
@@ -92,6 +96,14 @@ pub struct BenchArgs {
     /// Concurrent runs of the payload section.
     #[arg(long, default_value_t = 16, value_name = "C", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub payload_concurrency: u32,
+
+    /// Local steps of the hosted section's runs [default: 1000; --quick 50].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4000))]
+    pub hosted_steps: Option<u32>,
+
+    /// Tool calls of the hosted section's runs [default: 1000; --quick 50].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4000))]
+    pub hosted_calls: Option<u32>,
 }
 
 /// Results of one payload size are capped at this many bytes per size.
@@ -107,6 +119,8 @@ pub struct Plan {
     pub replay: Option<(u32, u32)>,
     /// Sizes with the calls each makes, and the concurrency.
     pub payload: Option<(Vec<(ByteSize, u32)>, u32)>,
+    /// Local steps and tool calls of the hosted runs.
+    pub hosted: Option<(u32, u32)>,
 }
 
 impl Plan {
@@ -141,6 +155,8 @@ impl Plan {
                     .collect();
                 (sizes, args.payload_concurrency)
             }),
+            hosted: wants(Section::Hosted)
+                .then(|| (pick(args.hosted_steps, 1000, 50), pick(args.hosted_calls, 1000, 50))),
         }
     }
 
@@ -311,6 +327,7 @@ mod tests {
             vec![(ByteSize(100), 500), (ByteSize(10 << 10), 500), (ByteSize(1 << 20), 64)]
         );
         assert_eq!(plan.peak_concurrency(), 256);
+        assert_eq!(plan.hosted, Some((1000, 1000)));
     }
 
     #[test]
@@ -321,6 +338,7 @@ mod tests {
         assert_eq!(plan.replay, Some((5, 20)));
         assert_eq!(plan.fanout, Some((20, 2)));
         assert!(plan.payload.unwrap().0.iter().all(|(_, calls)| *calls == 10));
+        assert_eq!(plan.hosted, Some((50, 50)));
     }
 
     #[test]

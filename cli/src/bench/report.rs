@@ -16,6 +16,7 @@ pub struct Report {
     pub fanout: Option<Fanout>,
     pub replay: Option<Replay>,
     pub payload: Option<Vec<Payload>>,
+    pub hosted: Option<super::hosted::Hosted>,
 }
 
 /// One call per turn, one after the other.
@@ -180,6 +181,35 @@ impl Report {
                 }),
             ));
         }
+        if let Some(h) = &self.hosted {
+            text.push_str(
+                "
+hosted runs (live, then replayed from the start on another host after the first is lost)
+",
+            );
+            text.push_str(&table(
+                &[
+                    "STEPS",
+                    "STEPS LIVE",
+                    "PER STEP",
+                    "CALLS",
+                    "CALLS LIVE",
+                    "PER CALL",
+                    "RESUME",
+                    "REPLAY",
+                ],
+                [vec![
+                    h.steps.to_string(),
+                    ms(h.steps_live_ms),
+                    format!("{:.0}µs", h.step_us),
+                    h.calls.to_string(),
+                    ms(h.calls_live_ms),
+                    format!("{:.0}µs", h.call_us),
+                    ms(h.resume_ms),
+                    format!("{} ({} recorded)", ms(h.replay_ms), h.replayed),
+                ]],
+            ));
+        }
         text
     }
 }
@@ -235,6 +265,17 @@ mod tests {
                 mb_per_s: 67.1,
                 latency: latency(200.0),
             }]),
+            hosted: Some(super::super::hosted::Hosted {
+                steps: 1000,
+                calls: 1000,
+                steps_live_ms: 900.0,
+                step_us: 900.0,
+                calls_live_ms: 1500.0,
+                call_us: 1500.0,
+                resume_ms: 3.0,
+                replay_ms: 40.0,
+                replayed: 2000,
+            }),
         }
     }
 
@@ -258,6 +299,11 @@ mod tests {
         assert!(!text.contains("fan-out"), "{text}");
         assert!(text.contains("150.0ms"), "{text}");
         assert!(text.contains("1 MiB  64     64       67.1"), "{text}");
+        assert!(text.contains("hosted runs"), "{text}");
+        assert!(
+            text.contains("900µs") && text.contains("40.0ms (2000 recorded)"),
+            "{text}"
+        );
         assert!(text.lines().all(|line| line == line.trim_end()));
     }
 

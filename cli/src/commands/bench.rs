@@ -37,6 +37,19 @@ pub async fn run(addr: &KernelAddr, access: &Access, out: &mut Output<'_>, args:
     .await?;
 
     let measured = sections(&agent, &progress, &plan, addr).await;
+    let measured = match (measured, plan.hosted) {
+        (Ok(mut report), Some(counts)) => {
+            let clients = (kernel.runs.clone(), kernel.registry.clone());
+            match crate::bench::hosted::run((addr.as_str(), access), clients, &progress, &label, counts).await {
+                Ok(hosted) => {
+                    report.hosted = Some(hosted);
+                    Ok(report)
+                }
+                Err(error) => Err(error),
+            }
+        }
+        (measured, _) => measured,
+    };
     progress.note("closing worker sessions");
     workers.stop().await;
     let report = measured?;
@@ -58,6 +71,7 @@ async fn sections(agent: &Agent, progress: &Progress, plan: &Plan, addr: &Kernel
         fanout: None,
         replay: None,
         payload: None,
+        hosted: None,
     };
     if let Some(calls) = plan.sequential {
         report.sequential = Some(agent.sequential(progress, calls).await?);
