@@ -77,6 +77,21 @@
 //! async fn charge(_ctx: ToolContext, cents: i64) -> Result<(), ToolError> { Ok(()) }
 //! ```
 //!
+//! `#[agent]` refuses a handler the model of a hosted agent cannot describe:
+//!
+//! ```compile_fail
+//! # use worker_sdk::{agent, AgentContext, AgentError};
+//! #[agent] // error: the agent has no description: add a doc comment or `description = "..."`
+//! async fn silent(_ctx: AgentContext, _input: serde_json::Value) -> Result<(), AgentError> { Ok(()) }
+//! ```
+//!
+//! ```compile_fail
+//! # use worker_sdk::{agent, AgentContext, AgentError};
+//! /// Not async.
+//! #[agent] // error: an #[agent] handler is an async fn(AgentContext, Input) -> Result<Output, AgentError>
+//! fn blocking(_ctx: AgentContext, _input: serde_json::Value) -> Result<(), AgentError> { Ok(()) }
+//! ```
+//!
 //! Protocol messages (`kernel_proto::v1`) appear only where the SDK reports what the kernel
 //! recorded ([`Tool::spec`], [`RunSnapshot`]); the crate is re-exported as [`proto`].
 
@@ -116,4 +131,4 @@ pub use transport::{connection_hint, diagnose};
 pub use worker::cache::ToolCache;
 pub use worker::context::{Progress, ToolContext};
 pub use worker::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_CONCURRENCY, Worker, WorkerBuilder, WorkerError};
-pub use worker_sdk_macros::tool;
+pub use worker_sdk_macros::{agent, tool};

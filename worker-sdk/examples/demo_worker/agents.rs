@@ -4,7 +4,7 @@
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use worker_sdk::{Agent, AgentContext, AgentError, Call, StepEffect};
+use worker_sdk::{Agent, AgentContext, AgentError, Call, StepEffect, agent};
 
 /// What a trip is planned for.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -28,6 +28,8 @@ fn scripted_model(destination: &str) -> Value {
     })
 }
 
+/// Plans a trip with a model, tools and a note taker.
+#[agent]
 async fn trip_planner(ctx: AgentContext, trip: Trip) -> Result<Value, AgentError> {
     let destination = trip.destination.clone();
     let plan: Value = ctx
@@ -70,6 +72,8 @@ pub struct Note {
     pub note: String,
 }
 
+/// Keeps a session's notes.
+#[agent]
 async fn note_taker(ctx: AgentContext, input: Note) -> Result<Value, AgentError> {
     // A session run continues from the last one that completed.
     let mut notes: Vec<Value> = ctx

@@ -4,6 +4,8 @@
 //! `worker_sdk::Tool`: the parameters after the context become a hidden arguments struct whose
 //! JSON Schema (schemars) is the tool's input schema and whose decoding (serde) feeds the call.
 
+mod agent;
+
 use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as TokenStream2};
 use quote::{format_ident, quote, quote_spanned};
@@ -40,6 +42,35 @@ pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
     parse_macro_input!(attr with parser);
     let function = parse_macro_input!(item as ItemFn);
     match expand(options, function) {
+        Ok(tokens) => tokens.into(),
+        Err(error) => error.to_compile_error().into(),
+    }
+}
+
+/// Turns an async function into a hosted agent's handler: keeps the function and adds
+/// `<name>_agent() -> worker_sdk::Agent`.
+///
+/// ```ignore
+/// /// Looks a question up and summarizes what it found.
+/// #[agent(version = "2", max_concurrency = 4)]
+/// async fn researcher(ctx: AgentContext, question: Question) -> Result<Answer, AgentError> {
+///     let found = ctx.call(Call::new("search", json!({"q": question.text}))).await?;
+///     Ok(Answer { text: found.content })
+/// }
+/// ```
+///
+/// The handler takes the `AgentContext` and the run's input (its type's JSON Schema is the
+/// agent's input schema) and returns `Result<Output, AgentError>`. The description is the first
+/// paragraph of the doc comment; an agent with neither a doc comment nor `description` does not
+/// compile. Options: `name = "..."` (default: the function's name), `description = "..."`,
+/// `version = "..."`, `max_concurrency = <runs one worker hosts at once>`.
+#[proc_macro_attribute]
+pub fn agent(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let mut options = agent::Options::default();
+    let parser = syn::meta::parser(|meta| options.parse(meta));
+    parse_macro_input!(attr with parser);
+    let function = parse_macro_input!(item as ItemFn);
+    match agent::expand(options, function) {
         Ok(tokens) => tokens.into(),
         Err(error) => error.to_compile_error().into(),
     }
