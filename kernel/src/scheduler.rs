@@ -295,10 +295,16 @@ struct Session {
 
 impl Session {
     fn can_take(&self, kind: StepKind, name: &str) -> bool {
-        !self.draining && self.in_use < self.max_concurrency && self.offers(kind, name) && {
-            let hosting = self.hosting.get(name).copied().unwrap_or(0);
-            kind != StepKind::Agent || self.agents.get(name).and_then(|a| a.1).is_none_or(|max| hosting < max)
-        }
+        !self.draining
+            && self.in_use < self.max_concurrency
+            && self.offers(kind, name)
+            && (kind != StepKind::Agent || self.hosts_another(name))
+    }
+
+    /// Whether the agent's bound on this session leaves room for another of its runs.
+    fn hosts_another(&self, agent: &str) -> bool {
+        let hosting = self.hosting.get(agent).copied().unwrap_or(0);
+        self.agents.get(agent).and_then(|a| a.1).is_none_or(|max| hosting < max)
     }
 
     /// Whether the session offers the tool (or, for a run's dispatch, the agent) `name`.
@@ -676,7 +682,9 @@ impl Actor {
         // Under load the queue is long and every session full: stop as soon as no slot is left, and
         // pick at most once per tool that found no session, or each event would cost a pick per
         // queued call (found by the load test: 10,000 queued calls took minutes).
-        let mut no_session: std::collections::HashSet<(StepKind, String)> = std::collections::HashSet::new();
+        // Tools and agents that found no session, apart: an agent may share a tool's name.
+        let mut no_session: [std::collections::HashSet<String>; 2] = Default::default();
+        let slot = |kind: StepKind| usize::from(kind == StepKind::Agent);
         let mut index = 0;
         while index < self.queue.len() {
             if !self
@@ -686,19 +694,20 @@ impl Actor {
             {
                 break;
             }
-            let step = &self.queue.get(index).step;
-            let target = (step.kind, step.tool.clone());
-            if !self.queue.get(index).ready(now) || no_session.contains(&target) {
+            let queued = self.queue.get(index);
+            let kind = queued.step.kind;
+            if !queued.ready(now) || no_session[slot(kind)].contains(&queued.step.tool) {
                 index += 1;
                 continue;
             }
-            match self.pick(target.0, &target.1) {
+            let name = queued.step.tool.clone();
+            match self.pick(kind, &name) {
                 Some(session_id) => {
                     let queued = self.queue.remove(index);
                     self.reserve(session_id, queued.step);
                 }
                 None => {
-                    no_session.insert(target);
+                    no_session[slot(kind)].insert(name);
                     index += 1;
                 }
             }

@@ -235,10 +235,11 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
         Some(
             tx.conn
                 .prepare_cached(
-                    "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running', 'awaiting_approval') \
-                     AND kind = 'tool'",
+                    "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running', 'awaiting_approval')",
                 )?
-                .query_row([run.id.as_str()], |row| row.get::<_, usize>(0))?,
+                .query_row([run.id.as_str()], |row| row.get::<_, usize>(0))?
+                // A hosted run's own dispatch runs while its handler calls; it is not a call.
+                .saturating_sub(usize::from(run.hosted)),
         )
     } else {
         None
@@ -278,6 +279,9 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
             tx.now,
         );
         insert_step(tx.conn, &recorded.step)?;
+        if run.hosted {
+            insert_place(tx.conn, &recorded.step)?;
+        }
         let step = recorded.step;
         match recorded.next {
             Next::Settled => {
@@ -747,6 +751,7 @@ pub fn start_subagent(tx: &mut Tx<'_>, start: SubagentStart) -> Result<SubagentS
             }
             let change = hosted::subagent_step(&parent, (start.seq, key), &child, tx.now);
             insert_step(tx.conn, &change.step)?;
+            insert_place(tx.conn, &change.step)?;
             tx.append(
                 &parent.id,
                 change.event.kind,
@@ -868,11 +873,19 @@ fn cancel_children(tx: &mut Tx<'_>, run: &RunRecord) -> Result<Vec<StepRecord>> 
 fn steps_at_place(conn: &Connection, run: &RunId, seq: u32) -> Result<Vec<StepRecord>> {
     Ok(conn
         .prepare_cached(&format!(
-            "SELECT {} FROM steps WHERE run_id = ?1 AND turn = ?2 AND kind != 'agent' ORDER BY position",
+            "SELECT {} FROM steps WHERE run_id = ?1 AND step_key IN \
+             (SELECT step_key FROM places WHERE run_id = ?1 AND seq = ?2) ORDER BY position",
             rows::STEP_COLUMNS
         ))?
         .query_map(params![run.as_str(), seq], rows::step_from_row)?
         .collect::<rusqlite::Result<_>>()?)
+}
+
+/// Records that a hosted handler's step sits at place `seq` of its order.
+fn insert_place(conn: &Connection, step: &StepRecord) -> Result<()> {
+    conn.prepare_cached("INSERT INTO places (run_id, seq, step_key) VALUES (?1, ?2, ?3)")?
+        .execute(params![step.run_id.as_str(), step.turn, step.key.as_str()])?;
+    Ok(())
 }
 
 /// Records a hosted handler's finished local step, fenced by the run's dispatch; a step recorded
@@ -890,6 +903,7 @@ pub fn record_step(tx: &mut Tx<'_>, run_id: &RunId, fence: &hosted::Fence, local
         Ok(Place::Open) => {
             let change = hosted::record_local(&run, &local, tx.now);
             insert_step(tx.conn, &change.step)?;
+            insert_place(tx.conn, &change.step)?;
             tx.append(
                 &run.id,
                 change.event.kind,
@@ -1008,6 +1022,7 @@ fn remove_run(tx: &mut Tx<'_>, run_id: &RunId) -> Result<super::Deleted> {
         delete("DELETE FROM result_cache WHERE call_hash IN (SELECT call_hash FROM steps WHERE run_id = ?1)")?;
     let approvals = delete("DELETE FROM approvals WHERE run_id = ?1")?;
     let steps = delete("DELETE FROM steps WHERE run_id = ?1")?;
+    delete("DELETE FROM places WHERE run_id = ?1")?;
     let events = delete("DELETE FROM events WHERE run_id = ?1")?;
     let runs = delete("DELETE FROM runs WHERE id = ?1")?;
     Ok(super::Deleted {

@@ -172,7 +172,14 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs ADD COLUMN dispatches INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE steps ADD COLUMN kind TEXT NOT NULL DEFAULT 'tool';
     ALTER TABLE steps ADD COLUMN effect TEXT;
-    CREATE INDEX steps_by_place ON steps (run_id, turn);
+    -- Where each step of a hosted handler sits in its order, for the replay check; written only
+    -- for hosted runs, so other runs' calls maintain no index for it.
+    CREATE TABLE places (
+        run_id   TEXT NOT NULL,
+        seq      INTEGER NOT NULL,
+        step_key TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq, step_key)
+    ) STRICT, WITHOUT ROWID;
     CREATE TABLE agents (
         name          TEXT PRIMARY KEY,
         description   TEXT NOT NULL,
