@@ -153,6 +153,52 @@ impl Governance {
     }
 }
 
+impl Governance {
+    /// Whether a policy file is in force: only then may a local step be denied, so only then does
+    /// a hosted handler check each live step before running it.
+    pub fn checks_steps(&self) -> bool {
+        self.path.is_some()
+    }
+
+    /// Decides whether a hosted handler's local step `step_id` may run: the policy sees it as the
+    /// tool `step:<id>` (its effect `read` or `pure` as read-only, `write` as writing), so rules and
+    /// lists match it by that name. A step cannot wait for a person: a rule that would ask denies
+    /// it. `Err` carries the reason and what decided.
+    pub fn step_gate(
+        &self,
+        step_id: &str,
+        effect: crate::model::Effect,
+        run: &RunRecord,
+    ) -> Result<String, (String, String)> {
+        let name = format!("step:{step_id}");
+        let facts = CallFacts {
+            tool: &name,
+            args: &Value::Null,
+            risk: None,
+            read_only: effect != crate::model::Effect::Write,
+            writes: effect == crate::model::Effect::Write,
+            permissions: &[],
+            tool_requires_approval: false,
+            run_agent: &run.agent,
+            run_labels: &run.labels,
+            run_permissions: &run.permissions,
+        };
+        let decision = self.current().decide(&facts);
+        match decision.verdict {
+            Verdict::Allow => Ok(decision.decided_by),
+            Verdict::Deny { reason } => Err((format!("{name} not allowed. reason: {reason}"), decision.decided_by)),
+            Verdict::Approve { .. } => Err((
+                format!(
+                    "{name} not allowed. reason: the policy would ask a person ({}), and a local step cannot wait \
+                     for one",
+                    decision.decided_by
+                ),
+                decision.decided_by,
+            )),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

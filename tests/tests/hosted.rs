@@ -291,3 +291,45 @@ async fn the_demo_trip_planner_survives_a_sigkill_of_its_worker() {
     assert_eq!(subagents, 2, "one note taker per note, never a second");
     assert!(events.iter().any(|e| e.r#type == "agent:lease_lost"));
 }
+
+/// A policy rule on `step:<id>` denies a local step before it runs; the handler sees the denial
+/// as an error (here it returns it), and the denial is recorded, so a replay gets it again.
+#[tokio::test]
+async fn a_policy_denies_a_local_step_before_it_runs() {
+    let policy = r#"
+default: allow
+rules:
+  - id: no-prep
+    match: { tools: ["step:prep"] }
+    decision: deny
+    reason: "prep is done by hand"
+"#;
+    let kernel = Kernel::start_with(e2e::KernelOptions {
+        policy: Some(policy.into()),
+        ..Default::default()
+    });
+    let _tools = kernel.fault_worker("tools");
+    let _host = kernel.fault_worker_with("host", &["--agents-only"]);
+    let run = start_pipeline(&kernel, json!({"calls": 2, "hold_ms": 10})).await;
+    let done = finished(&kernel, &run).await;
+    assert_eq!(done.status, pb::RunStatus::Failed as i32, "{done:?}");
+    assert!(
+        done.reason
+            .contains("step:prep not allowed. reason: prep is done by hand"),
+        "{}",
+        done.reason
+    );
+    let ledger = kernel.ledger();
+    assert!(
+        starts(&ledger, "step:prep").is_empty(),
+        "the denied step never ran: {ledger:?}"
+    );
+    let steps = kernel.get(&run).await.steps;
+    let denied = steps
+        .iter()
+        .find(|s| s.step_key == "step:prep#0")
+        .expect("the denial is recorded");
+    assert_eq!(denied.outcome, pb::CallOutcome::Denied as i32);
+    assert_eq!(denied.decided_by, "rule:no-prep");
+    check_log(&kernel.events(&run).await, true);
+}

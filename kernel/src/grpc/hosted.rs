@@ -68,6 +68,15 @@ fn check_step_id(id: &str) -> Result<(), KernelError> {
 }
 
 impl HostedApi {
+    async fn load_run(&self, run_id: &RunId) -> Result<crate::model::RunRecord, KernelError> {
+        self.0
+            .store
+            .reads
+            .run(run_id.clone())
+            .await?
+            .ok_or_else(|| KernelError::NotFound(format!("run {run_id} not found")))
+    }
+
     /// What a dispatch of the run's handler knows beyond its input: its parent, and its session's
     /// last completed run with that run's output.
     async fn context(&self, run_id: &RunId) -> Result<pb::RunContext, KernelError> {
@@ -93,6 +102,7 @@ impl HostedApi {
             session_key: run.session_key.clone().unwrap_or_default(),
             previous_run_id: previous.as_ref().map(|r| r.id.to_string()).unwrap_or_default(),
             previous_output_json: previous.and_then(|r| r.output).unwrap_or_default(),
+            check_steps: self.0.governance.checks_steps(),
         })
     }
 
@@ -177,12 +187,7 @@ impl HostedService for HostedApi {
         let req = request.into_inner();
         let (run_id, fence) = fence(req.dispatch)?;
         check_step_id(&req.step_id)?;
-        let effect = match req.effect.trim() {
-            "" => Effect::Write,
-            text => text
-                .parse()
-                .map_err(|_| KernelError::invalid("effect", format!("'{text}' is not read, pure or write")))?,
-        };
+        let effect = effect(&req.effect)?;
         let limits = &self.0.limits;
         let outcome = match req.outcome {
             Some(pb::record_step_request::Outcome::OutputJson(text)) => {
@@ -200,6 +205,15 @@ impl HostedService for HostedApi {
             }
             None => return Err(KernelError::invalid("outcome", "must be output_json or error").into()),
         };
+        let decided_by = match self.0.governance.checks_steps() {
+            true => {
+                let run = self.load_run(&run_id).await?;
+                Some(match self.0.governance.step_gate(&req.step_id, effect, &run) {
+                    Ok(decided_by) | Err((_, decided_by)) => decided_by,
+                })
+            }
+            false => None,
+        };
         let local = LocalStep {
             seq: req.seq,
             step_id: req.step_id,
@@ -207,6 +221,8 @@ impl HostedService for HostedApi {
             effect,
             once: req.once,
             outcome,
+            decided_by,
+            denied: false,
         };
         let response = match self.0.store.record_step(run_id, fence, local).await? {
             StepRecorded::Recorded(step) => pb::RecordStepResponse {
@@ -332,6 +348,53 @@ impl HostedService for HostedApi {
         Ok(Response::new(response))
     }
 
+    async fn check_step(
+        &self,
+        request: Request<pb::CheckStepRequest>,
+    ) -> Result<Response<pb::CheckStepResponse>, Status> {
+        let req = request.into_inner();
+        let (run_id, fence) = fence(req.dispatch)?;
+        check_step_id(&req.step_id)?;
+        let effect = effect(&req.effect)?;
+        let run = self.load_run(&run_id).await?;
+        let (reason, decided_by) = match self.0.governance.step_gate(&req.step_id, effect, &run) {
+            Ok(decided_by) => {
+                self.check_holds(&run_id, &fence).await?;
+                return Ok(Response::new(pb::CheckStepResponse {
+                    allowed: true,
+                    decided_by,
+                    ..Default::default()
+                }));
+            }
+            Err(denied) => denied,
+        };
+        // The denial is the step's recorded outcome: a replay gets it again, whatever the policy
+        // says by then.
+        let local = LocalStep {
+            seq: req.seq,
+            step_id: req.step_id,
+            occurrence: req.occurrence,
+            effect,
+            once: req.once,
+            outcome: Err(reason),
+            decided_by: Some(decided_by.clone()),
+            denied: true,
+        };
+        let response = match self.0.store.record_step(run_id, fence, local).await? {
+            StepRecorded::Recorded(step) | StepRecorded::Replayed(step) => pb::CheckStepResponse {
+                allowed: false,
+                decided_by,
+                step: Some(convert::history_step(&step)),
+                diverged: String::new(),
+            },
+            StepRecorded::Diverged(message) => pb::CheckStepResponse {
+                diverged: message,
+                ..Default::default()
+            },
+        };
+        Ok(Response::new(response))
+    }
+
     async fn await_step(
         &self,
         request: Request<pb::AwaitStepRequest>,
@@ -367,6 +430,16 @@ impl HostedService for HostedApi {
                 }
             }
         }
+    }
+}
+
+/// A local step's declared effect, `write` when empty.
+fn effect(text: &str) -> Result<Effect, KernelError> {
+    match text.trim() {
+        "" => Ok(Effect::Write),
+        text => text
+            .parse()
+            .map_err(|_| KernelError::invalid("effect", format!("'{text}' is not read, pure or write"))),
     }
 }
 

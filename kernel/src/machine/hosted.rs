@@ -173,6 +173,9 @@ pub struct LocalStep {
     pub once: bool,
     /// Canonical JSON text, or the step's error.
     pub outcome: Result<String, String>,
+    /// The policy's word on the step (`None` without a policy file); a denied step never ran.
+    pub decided_by: Option<String>,
+    pub denied: bool,
 }
 
 /// Records a finished local step of `run`'s handler: one step, terminal at once, with its one
@@ -181,6 +184,7 @@ pub fn record_local(run: &RunRecord, local: &LocalStep, now: Millis) -> StepChan
     let key = StepKey::local(&local.step_id, local.occurrence);
     let (status, outcome, output, error) = match &local.outcome {
         Ok(output) => (StepStatus::Succeeded, Outcome::Ok, Some(output.clone()), None),
+        Err(message) if local.denied => (StepStatus::Failed, Outcome::Denied, None, Some(message.clone())),
         Err(message) => (StepStatus::Failed, Outcome::ToolError, None, Some(message.clone())),
     };
     let mut step = dispatch_step(
@@ -207,7 +211,10 @@ pub fn record_local(run: &RunRecord, local: &LocalStep, now: Millis) -> StepChan
     step.started_at = Some(now);
     step.finished_at = Some(now);
     step.outcome = Some(outcome);
-    step.decided_by = Some(if local.once { "ctx.once" } else { "ctx.step" }.to_owned());
+    step.decided_by = local
+        .decided_by
+        .clone()
+        .or_else(|| Some(if local.once { "ctx.once" } else { "ctx.step" }.to_owned()));
     let mut payload = json!({
         "step_key": step.key,
         "seq": local.seq,
@@ -216,6 +223,8 @@ pub fn record_local(run: &RunRecord, local: &LocalStep, now: Millis) -> StepChan
         "effect": local.effect.as_str(),
         "once": local.once,
         "status": if error.is_none() { "ok" } else { "error" },
+        "outcome": outcome.as_str(),
+        "decided_by": step.decided_by,
         "idempotency_key": step.idempotency_key,
     });
     let body = payload.as_object_mut().expect("payload is an object");
@@ -506,6 +515,8 @@ mod tests {
             effect: Effect::Write,
             once: false,
             outcome: Ok("1".into()),
+            decided_by: None,
+            denied: false,
         };
         record_local(&hosted_run(), &local, NOW).step
     }
@@ -559,6 +570,8 @@ mod tests {
                 effect: Effect::Write,
                 once: true,
                 outcome: Err("boom".into()),
+                decided_by: None,
+                denied: false,
             },
             NOW,
         );

@@ -65,6 +65,15 @@ pub enum AgentError {
     /// inside a local step, where nothing may suspend.
     #[error("{0}")]
     NestedDurableOperation(String),
+    /// The policy denied a hosted handler's local step (it never ran): the handler sees this,
+    /// unlike a denied tool call, which is a result the model reads.
+    #[error("{message}")]
+    Denied {
+        /// The step's identity, `step:<id>#<occurrence>`.
+        step: String,
+        /// `step:<id> not allowed. reason: ...`.
+        message: String,
+    },
     /// A hosted handler's local step failed (now, or when it was recorded).
     #[error("step {step} failed: {message}")]
     Step {

@@ -508,6 +508,31 @@ impl AgentContext {
             if let Some(recorded) = ctx.recorded_step(seq, &key)? {
                 return decode_step(recorded);
             }
+            if ctx.inner.context.check_steps {
+                let request = pb::CheckStepRequest {
+                    dispatch: Some(ctx.dispatch_pb()),
+                    seq,
+                    step_id: id.clone(),
+                    occurrence,
+                    effect: effect.as_str().to_owned(),
+                    once,
+                };
+                let mut client = ctx.inner.client.clone();
+                let checked = client
+                    .check_step(crate::auth::request(request, ctx.inner.api_key.as_ref()))
+                    .await
+                    .map_err(AgentError::from)?
+                    .into_inner();
+                if !checked.diverged.is_empty() {
+                    return Err(ctx.diverge(checked.diverged));
+                }
+                if !checked.allowed {
+                    let step = checked
+                        .step
+                        .ok_or_else(|| AgentError::Protocol("the kernel denied a step without recording it".into()))?;
+                    return decode_step(step);
+                }
+            }
             let info = StepInfo {
                 idempotency_key: idempotency_key(ctx.run_id(), &key),
                 id: id.clone(),
@@ -733,6 +758,11 @@ fn decode_step<T: DeserializeOwned>(step: pb::Step) -> Result<T, AgentError> {
             &step.output_json
         };
         Ok(serde_json::from_str(text)?)
+    } else if step.outcome == pb::CallOutcome::Denied as i32 {
+        Err(AgentError::Denied {
+            step: step.step_key,
+            message: step.error,
+        })
     } else {
         Err(AgentError::Step {
             step: step.step_key,
