@@ -85,8 +85,10 @@ impl Hub {
     /// Publishes what a store batch committed.
     pub fn publish_committed(&self, published: Vec<Published>) {
         for item in published {
-            if item.event.kind == crate::model::EventType::AgentResumed
-                && let (Some(ready), Some(step)) = (self.ready.get(), &item.step)
+            if matches!(
+                item.event.kind,
+                crate::model::EventType::AgentResumed | crate::model::EventType::ToolResumed
+            ) && let (Some(ready), Some(step)) = (self.ready.get(), &item.step)
             {
                 let _ = ready.send(step.clone());
             }

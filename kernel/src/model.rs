@@ -236,6 +236,8 @@ text_enum!(
         AgentResumed => "agent:resumed",
         SubagentStart => "subagent:start",
         SubagentResult => "subagent:result",
+        ToolSuspended => "tool:suspended",
+        ToolResumed => "tool:resumed",
     }
 );
 
@@ -329,6 +331,18 @@ impl StepKey {
     /// The identity of a hosted handler's subagent: the agent and how many it started before.
     pub fn subagent(agent: &str, occurrence: u32) -> Self {
         StepKey(format!("subagent:{agent}#{occurrence}"))
+    }
+
+    /// The identity of a subagent a tool call's body started: the call's key, the agent and how
+    /// many of it the body started before (`subagent:t3/p0/researcher#0`).
+    pub fn tool_subagent(call: &StepKey, agent: &str, occurrence: u32) -> Self {
+        StepKey(format!("subagent:{}/{agent}#{occurrence}", call.0))
+    }
+
+    /// For a subagent a tool call started, that call's key: the step to wake when it ends.
+    pub fn waiter(&self) -> Option<StepKey> {
+        let rest = self.0.strip_prefix("subagent:")?;
+        rest.rfind('/').map(|end| StepKey(rest[..end].to_owned()))
     }
 
     /// The identity of a hosted handler's local step.

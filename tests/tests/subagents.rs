@@ -257,3 +257,35 @@ async fn a_tool_call_inside_a_step_fails_with_the_nested_operation_error() {
         done.reason
     );
 }
+
+/// A handler's turn of three tool calls, each starting a subagent, on one worker with two slots
+/// that offers the tools and hosts the agents: the handler gives back its slot while the calls
+/// run, and each call gives back its slot while its child runs, so nothing deadlocks.
+#[tokio::test]
+async fn three_concurrent_tool_calls_each_start_a_subagent_on_a_two_slot_worker() {
+    let kernel = Kernel::start();
+    let _worker = kernel.fault_worker_with("both", &["--with-agents", "--max-concurrency", "2"]);
+    let run = start(&kernel, "parent", json!({"mode": "tools", "n": 3, "hold_ms": 50})).await;
+    let done = finished(&kernel, &run).await;
+    assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
+    let output: Vec<Value> = serde_json::from_str(&done.output_json).unwrap();
+    let labels: Vec<&Value> = output.iter().map(|o| &o["label"]).collect();
+    assert_eq!(labels, [&json!("0"), &json!("1"), &json!("2")], "{output:?}");
+    let kids = children(&kernel, &run).await;
+    assert_eq!(kids.len(), 3, "one child per call, never a second: {kids:?}");
+    for kid in &kids {
+        assert!(kid.parent_step_key.starts_with("subagent:t0/p"), "{kid:?}");
+    }
+    let events = kernel.events(&run).await;
+    check_log(&events, true);
+    assert!(
+        events.iter().any(|e| e.r#type == "tool:suspended"),
+        "a call gave back its slot"
+    );
+    let ledger = kernel.ledger();
+    assert_eq!(
+        ledger.iter().filter(|l| l.tool == "step:work").count(),
+        3,
+        "each child's step ran once: {ledger:?}"
+    );
+}

@@ -129,6 +129,6 @@ pub use tool::{
 };
 pub use transport::{connection_hint, diagnose};
 pub use worker::cache::ToolCache;
-pub use worker::context::{Progress, ToolContext};
+pub use worker::context::{Progress, ToolContext, ToolSubagent};
 pub use worker::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_CONCURRENCY, Worker, WorkerBuilder, WorkerError};
 pub use worker_sdk_macros::{agent, tool};

@@ -116,6 +116,12 @@ impl HostedApi {
             .await?
             .ok_or_else(|| KernelError::NotFound(format!("run {run_id} not found")))?;
         let steps = self.0.store.reads.steps(run_id.clone()).await?;
+        // A tool call's body waiting on its subagents runs under the call's own dispatch.
+        if steps.iter().any(|s| {
+            s.kind == StepKind::Tool && crate::machine::dispatch::held(s, &fence.dispatch_id, fence.attempt, None)
+        }) {
+            return Ok(());
+        }
         let dispatch = steps.iter().find(|s| s.key == StepKey::agent());
         hosted::check_fence(&run, dispatch, Some(fence))
     }

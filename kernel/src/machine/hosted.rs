@@ -358,10 +358,11 @@ pub fn child_ended(step: &StepRecord, child: &RunRecord, now: Millis) -> Option<
     })
 }
 
-/// What a handler giving back its slot does: its dispatch waits, suspended, for one of
-/// `waiting_on` (the steps it awaits, as loaded) to settle. When one has settled already (it
-/// crossed the suspension on the way), the dispatch goes back to pending at once instead, so
-/// no wake-up is lost.
+/// What a handler (or a tool body waiting on its subagents) giving back its slot does: its
+/// dispatch waits, suspended, for one of `waiting_on` (the steps it awaits, as loaded) to settle.
+/// When one has settled already (it crossed the suspension on the way), the dispatch goes back to
+/// pending at once instead, so no wake-up is lost. A handler's run is suspended with it; a tool
+/// call's run is not (its handler, if any, waits on the call).
 pub fn suspend(
     run: &RunRecord,
     dispatch: &StepRecord,
@@ -371,18 +372,21 @@ pub fn suspend(
     let settled = waiting_on
         .iter()
         .any(|s| s.as_ref().is_none_or(|s| s.status.is_terminal()));
+    let handler = dispatch.kind == StepKind::Agent;
     let mut waiting = dispatch.clone();
     waiting.lease_expires_at = None;
     let mut run = run.clone();
-    run.updated_at = now;
-    let keys: Vec<&str> = waiting_on.iter().flatten().map(|s| s.key.as_str()).collect();
     if settled {
         waiting.status = StepStatus::Pending;
     } else {
         waiting.status = StepStatus::Suspended;
-        run.status = RunStatus::Suspended;
-        run.suspensions += 1;
+        if handler {
+            run.status = RunStatus::Suspended;
+            run.suspensions += 1;
+            run.updated_at = now;
+        }
     }
+    let keys: Vec<&str> = waiting_on.iter().flatten().map(|s| s.key.as_str()).collect();
     let payload = json!({
         "step_key": dispatch.key,
         "attempt": dispatch.attempts,
@@ -391,13 +395,15 @@ pub fn suspend(
         "waiting_on": keys,
         "next": if settled { "redispatch" } else { "wait" },
     });
+    let kind = if handler {
+        EventType::AgentSuspended
+    } else {
+        EventType::ToolSuspended
+    };
     (
         StepChange {
             step: waiting,
-            event: NewEvent {
-                kind: EventType::AgentSuspended,
-                payload,
-            },
+            event: NewEvent { kind, payload },
         },
         run,
     )
@@ -411,7 +417,11 @@ pub fn resume(dispatch: &StepRecord, because: &str) -> Option<StepChange> {
         pending.status = StepStatus::Pending;
         StepChange {
             event: NewEvent {
-                kind: EventType::AgentResumed,
+                kind: if dispatch.kind == StepKind::Agent {
+                    EventType::AgentResumed
+                } else {
+                    EventType::ToolResumed
+                },
                 payload: json!({ "step_key": dispatch.key, "because": because }),
             },
             step: pending,

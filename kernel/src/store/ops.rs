@@ -86,6 +86,9 @@ impl Tx<'_> {
         let StepChange { step, event } = change;
         self.append(&step.run_id, event.kind, event.payload, Some(step.clone()))?;
         if step.status.is_terminal() && matches!(step.kind, StepKind::Tool | StepKind::Subagent) {
+            if let Some(waiter) = step.key.waiter() {
+                self.wake_step(&step.run_id, &waiter, step.key.as_str())?;
+            }
             self.wake(&step.run_id, step.key.as_str())?;
         }
         Ok(step)
@@ -94,7 +97,13 @@ impl Tx<'_> {
     /// Wakes the run's suspended handler, if it has one, in the transaction that settled what it
     /// may wait on: a wake-up is never lost between a settle and a suspension.
     fn wake(&mut self, run: &RunId, because: &str) -> Result<()> {
-        if let Some(dispatch) = load_step(self.conn, run, &StepKey::agent())?
+        self.wake_step(run, &StepKey::agent(), because)
+    }
+
+    /// Wakes the suspended dispatch of step `key` (a handler, or a tool call waiting on its
+    /// subagents), if it is suspended.
+    fn wake_step(&mut self, run: &RunId, key: &StepKey, because: &str) -> Result<()> {
+        if let Some(dispatch) = load_step(self.conn, run, key)?
             && let Some(change) = hosted::resume(&dispatch, because)
         {
             save_step(self.conn, &change.step)?;
@@ -697,9 +706,9 @@ pub fn suspend_dispatch(tx: &mut Tx<'_>, report: SuspendReport) -> Result<Option
     let Some(dispatch) = held_step(tx, &report.dispatch_id, report.attempt, Some(&report.session_id))? else {
         return Ok(None);
     };
-    if dispatch.kind != StepKind::Agent {
+    if dispatch.kind == StepKind::Tool && dispatch.idempotency == crate::model::Idempotency::AtMostOnce {
         return Err(KernelError::FailedPrecondition(format!(
-            "dispatch {} runs a tool call; only a hosted run's handler may suspend",
+            "dispatch {} runs an at_most_once call, which may not run again: it cannot give back its slot",
             report.dispatch_id
         )));
     }
@@ -728,6 +737,16 @@ pub struct SuspendReport {
 /// together. A child of a session whose earlier run has not finished waits for it.
 pub fn start_subagent(tx: &mut Tx<'_>, start: SubagentStart) -> Result<SubagentStarted> {
     let parent = tx.run(&start.parent)?;
+    // From a tool call's body: fenced by the call's own dispatch, keyed under the call.
+    if let Some(call) = held_step(tx, &start.fence.dispatch_id, start.fence.attempt, None)?
+        .filter(|step| step.kind == StepKind::Tool && step.run_id == parent.id)
+    {
+        let key = StepKey::tool_subagent(&call.key, &start.child.agent, start.occurrence);
+        if let Some(recorded) = load_step(tx.conn, &parent.id, &key)? {
+            return Ok(SubagentStarted::Replayed(Box::new(recorded)));
+        }
+        return new_subagent(tx, &parent, (call.turn, key), start.child);
+    }
     let dispatch = load_step(tx.conn, &parent.id, &StepKey::agent())?;
     hosted::check_fence(&parent, dispatch.as_ref(), Some(&start.fence))?;
     let key = StepKey::subagent(&start.child.agent, start.occurrence);
@@ -737,33 +756,47 @@ pub fn start_subagent(tx: &mut Tx<'_>, start: SubagentStart) -> Result<SubagentS
         Err(message) => Ok(SubagentStarted::Diverged(message)),
         Ok(Place::Recorded(mut steps)) => Ok(SubagentStarted::Replayed(Box::new(steps.remove(0)))),
         Ok(Place::Open) => {
-            let mut new = start.child;
-            new.parent = Some((parent.id.clone(), key.clone()));
-            let waits = match &new.session_key {
-                Some(session) => session_busy(tx.conn, session)?,
-                None => false,
-            };
-            let (child, _, dispatch) = create_run(tx, new)?;
-            let mut dispatch = dispatch.expect("a subagent's run is hosted");
-            if waits {
-                dispatch.status = StepStatus::Suspended;
-                save_step(tx.conn, &dispatch)?;
+            let started = new_subagent(tx, &parent, (start.seq, key), start.child)?;
+            if let SubagentStarted::Started { step, .. } = &started {
+                insert_place(tx.conn, step)?;
             }
-            let change = hosted::subagent_step(&parent, (start.seq, key), &child, tx.now);
-            insert_step(tx.conn, &change.step)?;
-            insert_place(tx.conn, &change.step)?;
-            tx.append(
-                &parent.id,
-                change.event.kind,
-                change.event.payload,
-                Some(change.step.clone()),
-            )?;
-            Ok(SubagentStarted::Started {
-                step: Box::new(change.step),
-                dispatch: (!waits).then(|| Box::new(dispatch)),
-            })
+            Ok(started)
         }
     }
+}
+
+/// Creates a subagent's child run (hosted, linked to `parent` and to the step `key` waiting for
+/// it) and that step, at place `seq`. A child of a session whose earlier run has not finished
+/// waits for it.
+fn new_subagent(
+    tx: &mut Tx<'_>,
+    parent: &RunRecord,
+    (seq, key): (u32, StepKey),
+    mut new: NewRun,
+) -> Result<SubagentStarted> {
+    new.parent = Some((parent.id.clone(), key.clone()));
+    let waits = match &new.session_key {
+        Some(session) => session_busy(tx.conn, session)?,
+        None => false,
+    };
+    let (child, _, dispatch) = create_run(tx, new)?;
+    let mut dispatch = dispatch.expect("a subagent's run is hosted");
+    if waits {
+        dispatch.status = StepStatus::Suspended;
+        save_step(tx.conn, &dispatch)?;
+    }
+    let change = hosted::subagent_step(parent, (seq, key), &child, tx.now);
+    insert_step(tx.conn, &change.step)?;
+    tx.append(
+        &parent.id,
+        change.event.kind,
+        change.event.payload,
+        Some(change.step.clone()),
+    )?;
+    Ok(SubagentStarted::Started {
+        step: Box::new(change.step),
+        dispatch: (!waits).then(|| Box::new(dispatch)),
+    })
 }
 
 /// A subagent to start.

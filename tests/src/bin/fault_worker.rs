@@ -26,9 +26,12 @@ struct Config {
     ledger: PathBuf,
     #[arg(long, default_value_t = 16)]
     max_concurrency: u32,
-    /// Host the `pipeline` agent and offer no tools.
+    /// Host the agents and offer no tools.
     #[arg(long)]
     agents_only: bool,
+    /// Host the agents as well as offering the tools.
+    #[arg(long, conflicts_with = "agents_only")]
+    with_agents: bool,
 }
 
 struct Ledger(Mutex<std::fs::File>);
@@ -121,6 +124,18 @@ async fn parent(ctx: AgentContext, input: Value) -> Result<Value, AgentError> {
         "approval" => {
             let wiped = ctx.call(Call::new("wipe", json!({}))).await?;
             Ok(json!({ "outcome": wiped.outcome.as_str(), "content": wiped.content }))
+        }
+        "tools" => {
+            let calls = (0..n)
+                .map(|i| Call::new("delegate", json!({"label": i.to_string(), "hold_ms": hold_ms})))
+                .collect();
+            let results = ctx.call_turn(calls).await?;
+            Ok(Value::Array(
+                results
+                    .into_iter()
+                    .map(|r| serde_json::from_str(&r.content).unwrap_or(Value::Null))
+                    .collect(),
+            ))
         }
         "nested" => {
             let inner = ctx.clone();
@@ -230,6 +245,14 @@ async fn memo(
     cache.get(&key).await
 }
 
+/// Starts a `child` subagent from the tool's body and returns its output.
+#[tool]
+async fn delegate(ctx: ToolContext, label: String, hold_ms: u64) -> Result<Value, ToolError> {
+    Ledger::write(&ctx, "start");
+    ctx.subagent("child", json!({ "label": label, "hold_ms": hold_ms }))
+        .await
+}
+
 /// Returns what this tool's own cache holds under `key`; never what `memo` keeps there.
 #[tool]
 async fn peek(ctx: ToolContext, key: String) -> Result<Option<i64>, ToolError> {
@@ -253,17 +276,22 @@ async fn main() {
     let builder = Worker::builder(config.kernel)
         .name(config.name)
         .max_concurrency(config.max_concurrency);
+    let agents = || {
+        [
+            Agent::new("pipeline", "Steps and sleepy calls, for fault tests", pipeline),
+            Agent::new("parent", "Starts subagents, for fault tests", parent),
+            Agent::new("child", "A subagent, for fault tests", child),
+        ]
+    };
+    let builder = if config.with_agents || config.agents_only {
+        agents()
+            .into_iter()
+            .fold(builder, |builder, agent| builder.agent(agent))
+    } else {
+        builder
+    };
     if config.agents_only {
-        let worker = builder
-            .agent(Agent::new(
-                "pipeline",
-                "Steps and sleepy calls, for fault tests",
-                pipeline,
-            ))
-            .agent(Agent::new("parent", "Starts subagents, for fault tests", parent))
-            .agent(Agent::new("child", "A subagent, for fault tests", child))
-            .build()
-            .expect("worker config");
+        let worker = builder.build().expect("worker config");
         let shutdown = CancellationToken::new();
         if let Err(error) = worker.run(shutdown).await {
             eprintln!("fault worker stopped: {error}");
@@ -291,6 +319,7 @@ async fn main() {
         .tool(wipe_tool().writes().risk(RiskLevel::Critical).requires_approval(true))
         .tool(memo_tool())
         .tool(peek_tool())
+        .tool(delegate_tool())
         .deps(Ledger(Mutex::new(ledger)))
         .build()
         .expect("worker config");

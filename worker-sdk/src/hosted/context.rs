@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use super::StepEffect;
+use super::subagent::{ChildRun, KernelLink, child_outcome, is_settled};
 use super::wire;
 use crate::agent::outcome::Outcome;
 use crate::agent::{AgentError, Call, CallOutcome};
@@ -137,6 +138,8 @@ impl Drop for InStep {
 /// How long every operation must wait durably before the handler gives back its slot: a child
 /// or an answer that comes quickly costs no redispatch.
 const SUSPEND_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long a handler waits on tool calls alone before it gives back its slot.
+const SUSPEND_AFTER_CALLS: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The previous run of a subagent's session, as the subagent continues from it.
 #[derive(Debug, Clone, PartialEq)]
@@ -255,29 +258,39 @@ impl AgentContext {
     }
 
     /// Resolves with the steps waited on once every active operation has waited durably for
-    /// [`SUSPEND_AFTER`], at least one of them on a person or a child: the handler may then give
-    /// back its slot.
+    /// [`SUSPEND_AFTER`] (at least one of them on a person or a child) or [`SUSPEND_AFTER_CALLS`]
+    /// (on tool calls alone): the handler may then give back its slot.
     pub(crate) async fn suspendable(&self) -> Vec<String> {
         loop {
             let changed = self.inner.changed.notified();
-            let ready = {
-                let waits = self.inner.waits.lock().expect("waits poisoned");
-                waits.active > 0 && waits.durable == waits.active && waits.long > 0
-            };
-            if ready {
-                tokio::select! {
+            match self.waits_durably() {
+                Some(after) => tokio::select! {
                     _ = changed => continue,
-                    _ = tokio::time::sleep(SUSPEND_AFTER) => {
-                        let waits = self.inner.waits.lock().expect("waits poisoned");
-                        if waits.active > 0 && waits.durable == waits.active && waits.long > 0 {
-                            return waits.keys.keys().cloned().collect();
+                    _ = tokio::time::sleep(after) => {
+                        if self.waits_durably() == Some(after) {
+                            return self.inner.waits.lock().expect("waits poisoned").keys.keys().cloned().collect();
                         }
                     }
-                }
-            } else {
-                changed.await;
+                },
+                None => changed.await,
             }
         }
+    }
+
+    /// How long the handler may wait as it waits now before it gives back its slot: `None` while
+    /// something it awaits is not durable (a local step running, a call not yet recorded).
+    fn waits_durably(&self) -> Option<std::time::Duration> {
+        let waits = self.inner.waits.lock().expect("waits poisoned");
+        if waits.active == 0 || waits.durable < waits.active {
+            return None;
+        }
+        // Tool calls alone usually answer quickly; they suspend the handler only when they take
+        // long (or cannot start: their worker's slots are what the handler holds).
+        Some(if waits.long > 0 {
+            SUSPEND_AFTER
+        } else {
+            SUSPEND_AFTER_CALLS
+        })
     }
 
     /// The run this handler executes.
@@ -325,6 +338,14 @@ impl AgentContext {
             None => 0,
         };
         Ok((seq, occurrence))
+    }
+
+    fn link(&self) -> KernelLink {
+        KernelLink {
+            client: self.inner.client.clone(),
+            api_key: self.inner.api_key.clone(),
+            dispatch: self.dispatch_pb(),
+        }
     }
 
     fn dispatch_pb(&self) -> pb::HostedDispatch {
@@ -601,20 +622,14 @@ impl AgentContext {
             let step = match recorded? {
                 Some(step) => step,
                 None => {
-                    let request = pb::StartSubagentRequest {
-                        dispatch: Some(ctx.dispatch_pb()),
+                    let child = ChildRun {
                         seq,
-                        agent: agent.clone(),
-                        input_json: to_canonical(&input),
-                        session_key: session.unwrap_or_default(),
+                        agent: &agent,
                         occurrence,
+                        input: &input,
+                        session,
                     };
-                    let mut client = ctx.inner.client.clone();
-                    let response = client
-                        .start_subagent(crate::auth::request(request, ctx.inner.api_key.as_ref()))
-                        .await
-                        .map_err(AgentError::from)?
-                        .into_inner();
+                    let response = ctx.link().start(child).await?;
                     if !response.diverged.is_empty() {
                         return Err(ctx.diverge(response.diverged));
                     }
@@ -628,33 +643,9 @@ impl AgentContext {
                 step
             } else {
                 let _waiting = ctx.durable(vec![key.clone()], true);
-                let request = pb::AwaitStepRequest {
-                    dispatch: Some(ctx.dispatch_pb()),
-                    step_key: key.clone(),
-                };
-                let mut client = ctx.inner.client.clone();
-                client
-                    .await_step(crate::auth::request(request, ctx.inner.api_key.as_ref()))
-                    .await
-                    .map_err(AgentError::from)?
-                    .into_inner()
-                    .step
-                    .ok_or_else(|| AgentError::Protocol("the kernel answered an await without its step".into()))?
+                ctx.link().await_step(&key).await?
             };
-            if step.status == pb::StepStatus::Succeeded as i32 {
-                let text = if step.output_json.is_empty() {
-                    "null"
-                } else {
-                    &step.output_json
-                };
-                Ok(serde_json::from_str(text)?)
-            } else {
-                Err(AgentError::Subagent {
-                    agent,
-                    run_id: step.child_run_id,
-                    message: step.error,
-                })
-            }
+            child_outcome(agent, step)
         }
     }
 
@@ -737,16 +728,6 @@ impl std::future::IntoFuture for Subagent {
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(self.ctx.start_subagent(self.agent, self.input, self.session))
     }
-}
-
-fn is_settled(step: &pb::Step) -> bool {
-    [
-        pb::StepStatus::Succeeded,
-        pb::StepStatus::Failed,
-        pb::StepStatus::Cancelled,
-    ]
-    .iter()
-    .any(|s| *s as i32 == step.status)
 }
 
 /// A recorded local step's outcome as the handler gets it.

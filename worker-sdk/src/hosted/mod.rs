@@ -23,6 +23,7 @@
 //! `write` step's effect [`StepInfo::idempotency_key`] to deduplicate it.
 
 mod context;
+pub(crate) mod subagent;
 mod wire;
 
 use std::fmt;

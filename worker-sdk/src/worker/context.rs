@@ -13,7 +13,15 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use tokio::sync::Notify;
+
+use crate::agent::AgentError;
 use crate::deps::Deps;
+use crate::error::ToolError;
+use crate::hosted::subagent::{ChildRun, KernelLink, child_outcome, is_settled};
 use crate::worker::cache::{CacheBackend, ToolCache};
 use crate::worker::session::{DispatchRef, Outbound};
 
@@ -150,6 +158,67 @@ pub struct ToolContext {
     progress: ProgressSink,
     cache: CacheBackend,
     deps: Deps,
+    /// The kernel, for subagents; `None` in a test context.
+    kernel: Option<KernelLink>,
+    subagents: Arc<Subagents>,
+}
+
+/// The subagents a tool body started and waits on.
+#[derive(Debug, Default)]
+struct Subagents {
+    /// How many of each agent the body started in this attempt.
+    occurrences: Mutex<HashMap<String, u32>>,
+    /// The subagent steps the body waits on now, with how many waits name each.
+    waiting: Mutex<BTreeMap<String, usize>>,
+    changed: Notify,
+}
+
+/// Counts a wait on a subagent step until dropped.
+struct Waiting(Arc<Subagents>, String);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut waiting = self.0.waiting.lock().expect("waits poisoned");
+        if let Some(count) = waiting.get_mut(&self.1) {
+            *count -= 1;
+            if *count == 0 {
+                waiting.remove(&self.1);
+            }
+        }
+        drop(waiting);
+        self.0.changed.notify_waiters();
+    }
+}
+
+/// How long a tool body must wait on its subagents alone before its call gives back its slot.
+const SUSPEND_AFTER: Duration = Duration::from_millis(100);
+
+/// A subagent a tool body starts; await it (see [`ToolContext::subagent`]).
+#[must_use = "a subagent starts when awaited"]
+pub struct ToolSubagent {
+    ctx: ToolContext,
+    agent: String,
+    input: Value,
+    session: Option<String>,
+}
+
+impl ToolSubagent {
+    /// Starts it on session `key`: subagents of one session run one at a time, in order of
+    /// start, each continuing from the last one that completed. Derive the key from the run's id
+    /// so no other run can reuse it.
+    pub fn session(mut self, key: impl Into<String>) -> Self {
+        self.session = Some(key.into());
+        self
+    }
+}
+
+impl std::future::IntoFuture for ToolSubagent {
+    type Output = Result<Value, ToolError>;
+    type IntoFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move { self.ctx.run_subagent(self.agent, self.input, self.session).await })
+    }
 }
 
 impl ToolContext {
@@ -168,6 +237,102 @@ impl ToolContext {
             progress,
             cache,
             deps,
+            kernel: None,
+            subagents: Arc::default(),
+        }
+    }
+
+    /// Lets the body start subagents through `kernel`, under the call's dispatch.
+    pub(crate) fn with_kernel(mut self, kernel: KernelLink) -> Self {
+        self.kernel = Some(kernel);
+        self
+    }
+
+    /// Starts a subagent: a child run of the hosted agent `agent`, linked to this call's run,
+    /// and returns its output; a child that fails or is cancelled is a fatal error. The worker's
+    /// key needs `runs:write`. The same call run again (a retry, a redispatch) gets back the child
+    /// it started, never a second one.
+    ///
+    /// While the body waits on its subagents alone, a `safe_to_retry` call gives back its
+    /// worker slot after 100 ms (so children can run on the same worker): the body is dropped,
+    /// and once a child ends the call runs again from the start (next attempt, same idempotency
+    /// key), getting the children's outcomes at once. So start subagents before the body's
+    /// effects, or make those idempotent. An `at_most_once` call keeps its slot.
+    pub fn subagent(&self, agent: impl Into<String>, input: Value) -> ToolSubagent {
+        ToolSubagent {
+            ctx: self.clone(),
+            agent: agent.into(),
+            input,
+            session: None,
+        }
+    }
+
+    async fn run_subagent(&self, agent: String, input: Value, session: Option<String>) -> Result<Value, ToolError> {
+        let Some(kernel) = &self.kernel else {
+            return Err(ToolError::fatal(format!(
+                "subagent '{agent}': this context has no kernel (a test context); a dispatched call has one"
+            )));
+        };
+        let occurrence = {
+            let mut occurrences = self.subagents.occurrences.lock().expect("occurrences poisoned");
+            let count = occurrences.entry(agent.clone()).or_default();
+            *count += 1;
+            *count - 1
+        };
+        let child = ChildRun {
+            seq: 0,
+            agent: &agent,
+            occurrence,
+            input: &input,
+            session,
+        };
+        let failed = |error: AgentError| ToolError::fatal(format!("subagent '{agent}': {error}"));
+        let response = kernel.start(child).await.map_err(failed)?;
+        let step = response
+            .step
+            .ok_or_else(|| ToolError::fatal(format!("subagent '{agent}': the kernel returned no step")))?;
+        let step = if is_settled(&step) {
+            step
+        } else {
+            let _waiting = self.waiting(step.step_key.clone());
+            kernel.await_step(&step.step_key).await.map_err(failed)?
+        };
+        child_outcome(agent.clone(), step).map_err(|error| ToolError::fatal(error.to_string()))
+    }
+
+    fn waiting(&self, key: String) -> Waiting {
+        *self
+            .subagents
+            .waiting
+            .lock()
+            .expect("waits poisoned")
+            .entry(key.clone())
+            .or_default() += 1;
+        self.subagents.changed.notify_waiters();
+        Waiting(Arc::clone(&self.subagents), key)
+    }
+
+    /// Resolves with the subagent steps waited on once the body has waited on subagents for
+    /// [`SUSPEND_AFTER`] without a change: the call may then give back its slot.
+    pub(crate) async fn suspendable(&self) -> Vec<String> {
+        loop {
+            let changed = self.subagents.changed.notified();
+            let waiting: Vec<String> = self
+                .subagents
+                .waiting
+                .lock()
+                .expect("waits poisoned")
+                .keys()
+                .cloned()
+                .collect();
+            if waiting.is_empty() {
+                changed.await;
+                continue;
+            }
+            tokio::select! {
+                _ = changed => {}
+                _ = tokio::time::sleep(SUSPEND_AFTER) => return waiting,
+            }
         }
     }
 

@@ -31,6 +31,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::wire;
 use crate::auth::ApiKey;
 use crate::error::ToolError;
+use crate::hosted::subagent::KernelLink;
 use crate::hosted::{Agent, AgentContext, AgentDefinition, HostedDispatch};
 use crate::tool::{Tool, ToolDefinition};
 use crate::transport;
@@ -458,6 +459,15 @@ impl Session {
             tool = %request.tool,
             attempt = call.attempt,
         );
+        let kernel = KernelLink {
+            client: self.hosted.clone(),
+            api_key: self.config.api_key.clone(),
+            dispatch: kernel_proto::v1::HostedDispatch {
+                run_id: request.call.run_id.clone(),
+                dispatch_id: request.call.dispatch_id.clone(),
+                attempt: request.call.attempt,
+            },
+        };
         let job = Job {
             tool: self.config.tools.get(&request.tool).cloned(),
             request,
@@ -466,6 +476,7 @@ impl Session {
             cache: self.cache_tx.clone(),
             slots: Arc::clone(&self.slots),
             deps: self.config.deps.clone(),
+            kernel,
         };
         self.tasks.spawn(job.run().instrument(span));
     }
@@ -532,6 +543,7 @@ struct Job {
     cache: mpsc::UnboundedSender<PendingCache>,
     slots: Arc<Semaphore>,
     deps: crate::deps::Deps,
+    kernel: KernelLink,
 }
 
 impl Job {
@@ -542,7 +554,20 @@ impl Job {
         };
         let tx = self.tx.clone();
         let started = Instant::now();
-        let outcome = self.execute(dispatch.clone()).await;
+        let outcome = match self.execute(dispatch.clone()).await {
+            Ok(Handled::Suspended(waiting_on)) => {
+                info!(waiting_on = ?waiting_on, "call waits on its subagents, slot given back");
+                let _ = tx
+                    .send(Outbound::Suspended {
+                        dispatch: dispatch.clone(),
+                        waiting_on,
+                    })
+                    .await;
+                return dispatch;
+            }
+            Ok(Handled::Returned(value)) => Ok(value),
+            Err(error) => Err(error),
+        };
         let elapsed_ms = started.elapsed().as_millis() as u64;
         match &outcome {
             Ok(_) => info!(elapsed_ms, "dispatch succeeded"),
@@ -561,7 +586,7 @@ impl Job {
         dispatch
     }
 
-    async fn execute(self, dispatch: DispatchRef) -> Result<Value, ToolError> {
+    async fn execute(self, dispatch: DispatchRef) -> Result<Handled, ToolError> {
         let Job {
             tool,
             request,
@@ -570,6 +595,7 @@ impl Job {
             cache,
             slots,
             deps,
+            kernel,
         } = self;
         let Some(tool) = tool else {
             return Err(ToolError::fatal(format!(
@@ -593,12 +619,16 @@ impl Job {
             dispatch: dispatch.clone(),
         };
         let progress = ProgressSink::Session { tx, dispatch };
-        let ctx = ToolContext::new(request.call, &request.tool, token.clone(), progress, cache, deps);
-        let mut call = tool.call(ctx, args);
+        let ctx =
+            ToolContext::new(request.call, &request.tool, token.clone(), progress, cache, deps).with_kernel(kernel);
+        // A call that may run again gives back its slot while its body waits on subagents alone.
+        let may_suspend = tool.definition().options.idempotency != crate::tool::Idempotency::AtMostOnce;
+        let mut call = tool.call(ctx.clone(), args);
         tokio::select! {
-            result = &mut call => result,
+            result = &mut call => result.map(Handled::Returned),
+            waiting_on = ctx.suspendable(), if may_suspend => Ok(Handled::Suspended(waiting_on)),
             _ = token.cancelled() => match tokio::time::timeout(CANCEL_GRACE, call).await {
-                Ok(result) => result,
+                Ok(result) => result.map(Handled::Returned),
                 Err(_) => Err(cancelled()),
             },
         }
