@@ -53,6 +53,32 @@ pub struct KnownAgent {
     pub validator: Option<ArgsValidator>,
 }
 
+impl KnownAgent {
+    /// Checks a run's input (canonical JSON text) against the agent's schema; the error names
+    /// `input_json` and every bad field.
+    pub fn check_input(&self, input: &str) -> Result<(), crate::error::KernelError> {
+        let Some(validator) = &self.validator else {
+            return Ok(());
+        };
+        let value: serde_json::Value = serde_json::from_str(input).expect("canonical JSON parses");
+        validator.check(&self.def.name, &value).map_err(|problems| {
+            crate::error::KernelError::invalid(
+                "input_json",
+                problems.replacen("invalid arguments for tool", "invalid input for agent", 1),
+            )
+        })
+    }
+
+    /// The agent as a hosted run records it.
+    pub fn hosted(&self) -> crate::machine::hosted::HostedAgent {
+        crate::machine::hosted::HostedAgent {
+            name: self.def.name.clone(),
+            fingerprint: self.def.fingerprint.clone(),
+            version: self.def.version.clone(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Known {
     tools: BTreeMap<String, Arc<KnownTool>>,

@@ -440,6 +440,51 @@ impl Kernel {
             .id
     }
 
+    /// Creates a hosted run of `agent` (one a worker hosts) and returns its id.
+    pub async fn start_hosted(&self, agent: &str, input: Value) -> String {
+        let request = pb::CreateRunRequest {
+            agent: agent.into(),
+            input_json: input.to_string(),
+            hosted: true,
+            ..Default::default()
+        };
+        let run = self
+            .runs()
+            .await
+            .create_run(request)
+            .await
+            .expect("create a hosted run")
+            .into_inner()
+            .run
+            .expect("run");
+        assert!(run.hosted, "a run of an agent a worker hosts is hosted: {run:?}");
+        run.id
+    }
+
+    /// Waits until the run's status is one `done` accepts, and returns the run.
+    pub async fn wait_status(&self, run: &str, done: impl Fn(pb::RunStatus) -> bool) -> pb::Run {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let got = self.get(run).await.run.expect("run");
+            if done(pb::RunStatus::try_from(got.status).expect("a known status")) {
+                return got;
+            }
+            assert!(Instant::now() < deadline, "the run never got there: {got:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until the run has ended, and returns it.
+    pub async fn finished(&self, run: &str) -> pb::Run {
+        self.wait_status(run, |s| {
+            matches!(
+                s,
+                pb::RunStatus::Completed | pb::RunStatus::Failed | pb::RunStatus::Cancelled
+            )
+        })
+        .await
+    }
+
     /// Waits until the registry shows `count` sessions offering `tool`.
     pub async fn wait_for_workers(&self, tool: &str, count: usize) {
         let deadline = Instant::now() + WAIT;

@@ -3,49 +3,10 @@
 //! kernel killed mid-run. The ledger says how often each tool body and step closure really ran.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
 
 use e2e::{Kernel, LedgerLine, check_log, payload, wait_ledger};
 use kernel_proto::v1 as pb;
 use serde_json::{Value, json};
-
-const WAIT: Duration = Duration::from_secs(60);
-
-async fn start_pipeline(kernel: &Kernel, input: Value) -> String {
-    let request = pb::CreateRunRequest {
-        agent: "pipeline".into(),
-        input_json: input.to_string(),
-        hosted: true,
-        ..Default::default()
-    };
-    let run = kernel
-        .runs()
-        .await
-        .create_run(request)
-        .await
-        .expect("create a hosted run")
-        .into_inner()
-        .run
-        .expect("run");
-    assert!(run.hosted, "a run of an agent a worker hosts is hosted: {run:?}");
-    run.id
-}
-
-async fn finished(kernel: &Kernel, run: &str) -> pb::Run {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let got = kernel.get(run).await.run.expect("run");
-        let status = pb::RunStatus::try_from(got.status).unwrap();
-        if matches!(
-            status,
-            pb::RunStatus::Completed | pb::RunStatus::Failed | pb::RunStatus::Cancelled
-        ) {
-            return got;
-        }
-        assert!(Instant::now() < deadline, "the run never finished: {got:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 fn starts<'a>(ledger: &'a [LedgerLine], what: &str) -> Vec<&'a LedgerLine> {
     ledger.iter().filter(|l| l.what == "start" && l.tool == what).collect()
@@ -100,13 +61,15 @@ async fn a_hosted_run_whose_worker_is_killed_resumes_on_another_and_runs_nothing
     let kernel = Kernel::start();
     let _tools = kernel.fault_worker("tools");
     let mut host1 = kernel.fault_worker_with("host1", &["--agents-only"]);
-    let run = start_pipeline(&kernel, json!({"calls": 4, "hold_ms": 300})).await;
+    let run = kernel
+        .start_hosted("pipeline", json!({"calls": 4, "hold_ms": 300}))
+        .await;
     // After its second tool call, the handler is in the third round's step.
     wait_for_prep(&kernel, 2).await;
     let recorded = recorded_steps(&kernel, &run).await;
     host1.kill9();
     let _host2 = kernel.fault_worker_with("host2", &["--agents-only"]);
-    let done = finished(&kernel, &run).await;
+    let done = kernel.finished(&run).await;
     assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
     assert_eq!(
         serde_json::from_str::<Value>(&done.output_json).unwrap(),
@@ -126,12 +89,14 @@ async fn a_hosted_run_survives_a_kernel_kill_and_runs_nothing_twice() {
     let mut kernel = Kernel::start();
     let _tools = kernel.fault_worker("tools");
     let _host = kernel.fault_worker_with("host", &["--agents-only"]);
-    let run = start_pipeline(&kernel, json!({"calls": 3, "hold_ms": 500})).await;
+    let run = kernel
+        .start_hosted("pipeline", json!({"calls": 3, "hold_ms": 500}))
+        .await;
     wait_for_prep(&kernel, 1).await;
     let recorded = recorded_steps(&kernel, &run).await;
     kernel.kill9();
     kernel.restart();
-    let done = finished(&kernel, &run).await;
+    let done = kernel.finished(&run).await;
     assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
     assert_ran_once_each(&kernel, &recorded, 3);
     check_log(&kernel.events(&run).await, true);
@@ -142,11 +107,13 @@ async fn a_handler_that_is_not_deterministic_fails_with_replay_input_changed_nam
     let kernel = Kernel::start();
     let _tools = kernel.fault_worker("tools");
     let mut host1 = kernel.fault_worker_with("host1", &["--agents-only"]);
-    let run = start_pipeline(&kernel, json!({"calls": 3, "hold_ms": 300, "diverge": true})).await;
+    let run = kernel
+        .start_hosted("pipeline", json!({"calls": 3, "hold_ms": 300, "diverge": true}))
+        .await;
     wait_for_prep(&kernel, 1).await;
     host1.kill9();
     let _host2 = kernel.fault_worker_with("host2", &["--agents-only"]);
-    let done = finished(&kernel, &run).await;
+    let done = kernel.finished(&run).await;
     assert_eq!(done.status, pb::RunStatus::Failed as i32, "{done:?}");
     assert!(
         done.reason.starts_with("replay_input_changed") && done.reason.contains("t1/p0"),
@@ -166,7 +133,9 @@ async fn a_handler_that_is_not_deterministic_fails_with_replay_input_changed_nam
 async fn a_hosted_run_takes_no_turn_from_outside_its_handler_and_no_complete() {
     let kernel = Kernel::start();
     let _host = kernel.fault_worker_with("host", &["--agents-only"]);
-    let run = start_pipeline(&kernel, json!({"calls": 1, "hold_ms": 60_000})).await;
+    let run = kernel
+        .start_hosted("pipeline", json!({"calls": 1, "hold_ms": 60_000}))
+        .await;
     wait_for_prep(&kernel, 0).await;
     let turn = pb::SubmitTurnRequest {
         run_id: run.clone(),
@@ -189,7 +158,7 @@ async fn a_hosted_run_takes_no_turn_from_outside_its_handler_and_no_complete() {
         reason: "test".into(),
     };
     kernel.runs().await.cancel_run(cancel).await.expect("cancel");
-    let done = finished(&kernel, &run).await;
+    let done = kernel.finished(&run).await;
     assert_eq!(done.status, pb::RunStatus::Cancelled as i32);
     check_log(&kernel.events(&run).await, true);
 }
@@ -249,7 +218,7 @@ async fn the_demo_trip_planner_survives_a_sigkill_of_its_worker() {
     watch.event("tool:start", |body| body["tool"] == "slow").await;
     first.kill9();
     let _second = kernel.worker("demo-2");
-    let done = finished(&kernel, &run).await;
+    let done = kernel.finished(&run).await;
     assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
     let output: Value = serde_json::from_str(&done.output_json).unwrap();
     assert_eq!(
@@ -310,8 +279,10 @@ rules:
     });
     let _tools = kernel.fault_worker("tools");
     let _host = kernel.fault_worker_with("host", &["--agents-only"]);
-    let run = start_pipeline(&kernel, json!({"calls": 2, "hold_ms": 10})).await;
-    let done = finished(&kernel, &run).await;
+    let run = kernel
+        .start_hosted("pipeline", json!({"calls": 2, "hold_ms": 10}))
+        .await;
+    let done = kernel.finished(&run).await;
     assert_eq!(done.status, pb::RunStatus::Failed as i32, "{done:?}");
     assert!(
         done.reason

@@ -1,54 +1,9 @@
 //! Subagents, sessions and suspension with real processes: the fault worker's `parent` and
 //! `child` agents, hosted on workers with few slots.
 
-use std::time::{Duration, Instant};
-
 use e2e::{Kernel, check_log, payload, wait_ledger};
 use kernel_proto::v1 as pb;
 use serde_json::{Value, json};
-
-const WAIT: Duration = Duration::from_secs(60);
-
-async fn start(kernel: &Kernel, agent: &str, input: Value) -> String {
-    let request = pb::CreateRunRequest {
-        agent: agent.into(),
-        input_json: input.to_string(),
-        hosted: true,
-        ..Default::default()
-    };
-    kernel
-        .runs()
-        .await
-        .create_run(request)
-        .await
-        .expect("create a hosted run")
-        .into_inner()
-        .run
-        .expect("run")
-        .id
-}
-
-async fn wait_status(kernel: &Kernel, run: &str, done: impl Fn(pb::RunStatus) -> bool) -> pb::Run {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let got = kernel.get(run).await.run.expect("run");
-        if done(pb::RunStatus::try_from(got.status).unwrap()) {
-            return got;
-        }
-        assert!(Instant::now() < deadline, "the run never got there: {got:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn finished(kernel: &Kernel, run: &str) -> pb::Run {
-    wait_status(kernel, run, |s| {
-        matches!(
-            s,
-            pb::RunStatus::Completed | pb::RunStatus::Failed | pb::RunStatus::Cancelled
-        )
-    })
-    .await
-}
 
 /// The child runs of `parent`, oldest first.
 async fn children(kernel: &Kernel, parent: &str) -> Vec<pb::Run> {
@@ -72,8 +27,10 @@ async fn children(kernel: &Kernel, parent: &str) -> Vec<pb::Run> {
 async fn a_one_slot_worker_hosts_a_parent_and_its_child_by_suspending_the_parent() {
     let kernel = Kernel::start();
     let _host = kernel.fault_worker_with("host", &["--agents-only", "--max-concurrency", "1"]);
-    let run = start(&kernel, "parent", json!({"mode": "one", "hold_ms": 50})).await;
-    let done = finished(&kernel, &run).await;
+    let run = kernel
+        .start_hosted("parent", json!({"mode": "one", "hold_ms": 50}))
+        .await;
+    let done = kernel.finished(&run).await;
     assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
     let output: Value = serde_json::from_str(&done.output_json).unwrap();
     assert_eq!(output["label"], "only");
@@ -126,8 +83,10 @@ async fn a_one_slot_worker_hosts_a_parent_and_its_child_by_suspending_the_parent
 async fn three_subagents_at_once_on_a_two_slot_worker_all_finish() {
     let kernel = Kernel::start();
     let _host = kernel.fault_worker_with("host", &["--agents-only", "--max-concurrency", "2"]);
-    let run = start(&kernel, "parent", json!({"mode": "many", "n": 3, "hold_ms": 100})).await;
-    let done = finished(&kernel, &run).await;
+    let run = kernel
+        .start_hosted("parent", json!({"mode": "many", "n": 3, "hold_ms": 100}))
+        .await;
+    let done = kernel.finished(&run).await;
     assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
     let output: Vec<Value> = serde_json::from_str(&done.output_json).unwrap();
     let labels: Vec<&Value> = output.iter().map(|o| &o["label"]).collect();
@@ -146,8 +105,10 @@ async fn three_subagents_at_once_on_a_two_slot_worker_all_finish() {
 async fn subagents_on_one_session_run_one_at_a_time_each_seeing_the_previous_output() {
     let kernel = Kernel::start();
     let _host = kernel.fault_worker_with("host", &["--agents-only", "--max-concurrency", "4"]);
-    let run = start(&kernel, "parent", json!({"mode": "session", "n": 3, "hold_ms": 200})).await;
-    let done = finished(&kernel, &run).await;
+    let run = kernel
+        .start_hosted("parent", json!({"mode": "session", "n": 3, "hold_ms": 200}))
+        .await;
+    let done = kernel.finished(&run).await;
     assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
     let output: Vec<Value> = serde_json::from_str(&done.output_json).unwrap();
     assert_eq!(output[0]["previous"], Value::Null, "{output:?}");
@@ -184,14 +145,16 @@ fn timestamp(event: &pb::Event) -> i128 {
 async fn cancelling_a_parent_cancels_its_child_first() {
     let kernel = Kernel::start();
     let _host = kernel.fault_worker_with("host", &["--agents-only", "--max-concurrency", "2"]);
-    let run = start(&kernel, "parent", json!({"mode": "one", "hold_ms": 60_000})).await;
+    let run = kernel
+        .start_hosted("parent", json!({"mode": "one", "hold_ms": 60_000}))
+        .await;
     wait_ledger(&kernel, "the child's step", |l| l.iter().any(|l| l.tool == "step:work")).await;
     let cancel = pb::CancelRunRequest {
         run_id: run.clone(),
         reason: "operator".into(),
     };
     kernel.runs().await.cancel_run(cancel).await.expect("cancel");
-    let done = finished(&kernel, &run).await;
+    let done = kernel.finished(&run).await;
     assert_eq!(done.status, pb::RunStatus::Cancelled as i32);
     let kids = children(&kernel, &run).await;
     assert_eq!(kids[0].status, pb::RunStatus::Cancelled as i32, "{kids:?}");
@@ -210,8 +173,8 @@ async fn a_hosted_run_waiting_for_approval_is_suspended_and_holds_no_slot() {
     let kernel = Kernel::start();
     let _tools = kernel.fault_worker("tools");
     let _host = kernel.fault_worker_with("host", &["--agents-only", "--max-concurrency", "1"]);
-    let run = start(&kernel, "parent", json!({"mode": "approval"})).await;
-    let suspended = wait_status(&kernel, &run, |s| s == pb::RunStatus::Suspended).await;
+    let run = kernel.start_hosted("parent", json!({"mode": "approval"})).await;
+    let suspended = kernel.wait_status(&run, |s| s == pb::RunStatus::Suspended).await;
     assert_eq!(suspended.suspensions, 1);
     let workers = kernel
         .registry()
@@ -237,7 +200,7 @@ async fn a_hosted_run_waiting_for_approval_is_suspended_and_holds_no_slot() {
         "{}",
         String::from_utf8_lossy(&approved.stderr)
     );
-    let done = finished(&kernel, &run).await;
+    let done = kernel.finished(&run).await;
     assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
     let output: Value = serde_json::from_str(&done.output_json).unwrap();
     assert_eq!(output["outcome"], "ok", "{output}");
@@ -248,8 +211,8 @@ async fn a_hosted_run_waiting_for_approval_is_suspended_and_holds_no_slot() {
 async fn a_tool_call_inside_a_step_fails_with_the_nested_operation_error() {
     let kernel = Kernel::start();
     let _host = kernel.fault_worker_with("host", &["--agents-only"]);
-    let run = start(&kernel, "parent", json!({"mode": "nested"})).await;
-    let done = finished(&kernel, &run).await;
+    let run = kernel.start_hosted("parent", json!({"mode": "nested"})).await;
+    let done = kernel.finished(&run).await;
     assert_eq!(done.status, pb::RunStatus::Failed as i32, "{done:?}");
     assert!(
         done.reason.contains("a tool call inside a local step"),
@@ -265,8 +228,10 @@ async fn a_tool_call_inside_a_step_fails_with_the_nested_operation_error() {
 async fn three_concurrent_tool_calls_each_start_a_subagent_on_a_two_slot_worker() {
     let kernel = Kernel::start();
     let _worker = kernel.fault_worker_with("both", &["--with-agents", "--max-concurrency", "2"]);
-    let run = start(&kernel, "parent", json!({"mode": "tools", "n": 3, "hold_ms": 50})).await;
-    let done = finished(&kernel, &run).await;
+    let run = kernel
+        .start_hosted("parent", json!({"mode": "tools", "n": 3, "hold_ms": 50}))
+        .await;
+    let done = kernel.finished(&run).await;
     assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
     let output: Vec<Value> = serde_json::from_str(&done.output_json).unwrap();
     let labels: Vec<&Value> = output.iter().map(|o| &o["label"]).collect();

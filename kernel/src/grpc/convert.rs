@@ -427,41 +427,19 @@ pub fn hello(hello: pb::Hello) -> Result<SessionHello, KernelError> {
     let mut tools = Vec::with_capacity(hello.tools.len());
     for (index, spec) in hello.tools.into_iter().enumerate() {
         let field = format!("hello.tools[{index}]");
-        validate_tool_name(&spec.name).map_err(|m| KernelError::invalid(format!("{field}.name"), m))?;
-        if !seen.insert(spec.name.clone()) {
-            return Err(KernelError::invalid(
-                format!("{field}.name"),
-                format!("'{}' is offered twice", spec.name),
-            ));
-        }
-        let schema_text = if spec.input_schema_json.trim().is_empty() {
-            "{\"type\":\"object\"}"
-        } else {
-            &spec.input_schema_json
+        let announced = Announced {
+            what: "tool",
+            name: &spec.name,
+            description: &spec.description,
+            schema: &spec.input_schema_json,
+            version: &spec.version,
+            fingerprint: &spec.fingerprint,
         };
-        let input_schema: Value = serde_json::from_str(schema_text).map_err(|e| {
-            KernelError::invalid(format!("{field}.input_schema_json"), format!("is not valid JSON: {e}"))
-        })?;
+        let (input_schema, fingerprint) = announced.check(&field, "{\"type\":\"object\"}", &mut seen)?;
         if !input_schema.is_object() {
             return Err(KernelError::invalid(
                 format!("{field}.input_schema_json"),
                 "must be a JSON Schema object",
-            ));
-        }
-        crate::validation::ArgsValidator::compile(&input_schema).map_err(|e| {
-            KernelError::invalid(
-                format!("{field}.input_schema_json"),
-                format!("is not a usable JSON Schema: {e}"),
-            )
-        })?;
-        let fingerprint = canonical::tool_fingerprint(&spec.name, &spec.description, &input_schema, &spec.version);
-        if !spec.fingerprint.is_empty() && spec.fingerprint != fingerprint {
-            return Err(KernelError::invalid(
-                format!("{field}.fingerprint"),
-                format!(
-                    "tool '{}' claims fingerprint {} but its name, description, schema and version hash to {}",
-                    spec.name, spec.fingerprint, fingerprint
-                ),
             ));
         }
         let options = options(&field, spec.options)?;
@@ -492,44 +470,70 @@ pub fn hello(hello: pb::Hello) -> Result<SessionHello, KernelError> {
     })
 }
 
+/// What a hello says of one tool or agent: checked alike.
+struct Announced<'a> {
+    what: &'static str,
+    name: &'a str,
+    description: &'a str,
+    schema: &'a str,
+    version: &'a str,
+    fingerprint: &'a str,
+}
+
+impl Announced<'_> {
+    /// Checks the name (valid, offered once in `seen`), the input schema (JSON, usable; `default`
+    /// when empty) and the claimed fingerprint; returns the schema and the fingerprint they hash to.
+    fn check(&self, field: &str, default: &str, seen: &mut HashSet<String>) -> Result<(Value, String), KernelError> {
+        validate_tool_name(self.name).map_err(|m| KernelError::invalid(format!("{field}.name"), m))?;
+        if !seen.insert(self.name.to_owned()) {
+            return Err(KernelError::invalid(
+                format!("{field}.name"),
+                format!("'{}' is offered twice", self.name),
+            ));
+        }
+        let text = if self.schema.trim().is_empty() {
+            default
+        } else {
+            self.schema
+        };
+        let schema: Value = serde_json::from_str(text).map_err(|e| {
+            KernelError::invalid(format!("{field}.input_schema_json"), format!("is not valid JSON: {e}"))
+        })?;
+        crate::validation::ArgsValidator::compile(&schema).map_err(|e| {
+            KernelError::invalid(
+                format!("{field}.input_schema_json"),
+                format!("is not a usable JSON Schema: {e}"),
+            )
+        })?;
+        let fingerprint = canonical::tool_fingerprint(self.name, self.description, &schema, self.version);
+        if !self.fingerprint.is_empty() && self.fingerprint != fingerprint {
+            return Err(KernelError::invalid(
+                format!("{field}.fingerprint"),
+                format!(
+                    "{} '{}' claims fingerprint {} but its name, description, schema and version hash to {}",
+                    self.what, self.name, self.fingerprint, fingerprint
+                ),
+            ));
+        }
+        Ok((schema, fingerprint))
+    }
+}
+
 /// The agents a hello announces, checked as tools are: a valid name offered once, a usable
 /// input schema, and the fingerprint those hash to.
 fn agents(specs: Vec<pb::AgentSpec>) -> Result<Vec<AgentDef>, KernelError> {
     let mut seen = HashSet::new();
     let mut agents = Vec::with_capacity(specs.len());
     for (index, spec) in specs.into_iter().enumerate() {
-        let field = format!("hello.agents[{index}]");
-        validate_tool_name(&spec.name).map_err(|m| KernelError::invalid(format!("{field}.name"), m))?;
-        if !seen.insert(spec.name.clone()) {
-            return Err(KernelError::invalid(
-                format!("{field}.name"),
-                format!("'{}' is offered twice", spec.name),
-            ));
-        }
-        let schema_text = if spec.input_schema_json.trim().is_empty() {
-            "true"
-        } else {
-            &spec.input_schema_json
+        let announced = Announced {
+            what: "agent",
+            name: &spec.name,
+            description: &spec.description,
+            schema: &spec.input_schema_json,
+            version: &spec.version,
+            fingerprint: &spec.fingerprint,
         };
-        let input_schema: Value = serde_json::from_str(schema_text).map_err(|e| {
-            KernelError::invalid(format!("{field}.input_schema_json"), format!("is not valid JSON: {e}"))
-        })?;
-        crate::validation::ArgsValidator::compile(&input_schema).map_err(|e| {
-            KernelError::invalid(
-                format!("{field}.input_schema_json"),
-                format!("is not a usable JSON Schema: {e}"),
-            )
-        })?;
-        let fingerprint = canonical::tool_fingerprint(&spec.name, &spec.description, &input_schema, &spec.version);
-        if !spec.fingerprint.is_empty() && spec.fingerprint != fingerprint {
-            return Err(KernelError::invalid(
-                format!("{field}.fingerprint"),
-                format!(
-                    "agent '{}' claims fingerprint {} but its name, description, schema and version hash to {}",
-                    spec.name, spec.fingerprint, fingerprint
-                ),
-            ));
-        }
+        let (input_schema, fingerprint) = announced.check(&format!("hello.agents[{index}]"), "true", &mut seen)?;
         agents.push(AgentDef {
             name: spec.name,
             description: spec.description,

@@ -17,7 +17,7 @@ use crate::error::KernelError;
 use crate::limits::Limits;
 use crate::machine::hosted;
 use crate::model::{Effect, RunId, StepKey, StepKind};
-use crate::store::{Fence, HostedAgent, LocalStep, NewRun, StepRecorded, SubagentStart, SubagentStarted};
+use crate::store::{Fence, LocalStep, NewRun, StepRecorded, SubagentStart};
 
 /// The longest local step id accepted.
 const MAX_STEP_ID: usize = 128;
@@ -230,22 +230,11 @@ impl HostedService for HostedApi {
             decided_by,
             denied: false,
         };
-        let response = match self.0.store.record_step(run_id, fence, local).await? {
-            StepRecorded::Recorded(step) => pb::RecordStepResponse {
-                step: Some(convert::history_step(&step)),
-                replayed: false,
-                diverged: String::new(),
-            },
-            StepRecorded::Replayed(step) => pb::RecordStepResponse {
-                step: Some(convert::history_step(&step)),
-                replayed: true,
-                diverged: String::new(),
-            },
-            StepRecorded::Diverged(message) => pb::RecordStepResponse {
-                step: None,
-                replayed: false,
-                diverged: message,
-            },
+        let (step, replayed, diverged) = placed(self.0.store.record_step(run_id, fence, local).await?);
+        let response = pb::RecordStepResponse {
+            step,
+            replayed,
+            diverged,
         };
         Ok(Response::new(response))
     }
@@ -274,15 +263,7 @@ impl HostedService for HostedApi {
             .agent(&agent)
             .ok_or_else(|| KernelError::NotFound(format!("no worker offers or has offered agent '{agent}'")))?;
         let input = convert::canonical_json(&req.input_json, "input_json", "null")?;
-        if let Some(validator) = &known.validator {
-            let value: serde_json::Value = serde_json::from_str(&input).expect("canonical JSON parses");
-            validator.check(&agent, &value).map_err(|problems| {
-                KernelError::invalid(
-                    "input_json",
-                    problems.replacen("invalid arguments for tool", "invalid input for agent", 1),
-                )
-            })?;
-        }
+        known.check_input(&input)?;
         let session_key = match req.session_key.trim() {
             "" => None,
             key if key.len() > MAX_SESSION_KEY => {
@@ -314,11 +295,7 @@ impl HostedService for HostedApi {
             permissions: parent.permissions.clone(),
             granted_by: parent.granted_by.clone(),
             capture: parent.capture,
-            hosted: Some(HostedAgent {
-                name: known.def.name.clone(),
-                fingerprint: known.def.fingerprint.clone(),
-                version: known.def.version.clone(),
-            }),
+            hosted: Some(known.hosted()),
             parent: None,
             session_key,
         };
@@ -329,27 +306,15 @@ impl HostedService for HostedApi {
             occurrence: req.occurrence,
             child,
         };
-        let response = match self.0.store.start_subagent(start).await? {
-            SubagentStarted::Started { step, dispatch } => {
-                if let Some(dispatch) = dispatch {
-                    self.0.scheduler.enqueue(*dispatch);
-                }
-                pb::StartSubagentResponse {
-                    step: Some(convert::history_step(&step)),
-                    replayed: false,
-                    diverged: String::new(),
-                }
-            }
-            SubagentStarted::Replayed(step) => pb::StartSubagentResponse {
-                step: Some(convert::history_step(&step)),
-                replayed: true,
-                diverged: String::new(),
-            },
-            SubagentStarted::Diverged(message) => pb::StartSubagentResponse {
-                step: None,
-                replayed: false,
-                diverged: message,
-            },
+        let (recorded, dispatch) = self.0.store.start_subagent(start).await?;
+        if let Some(dispatch) = dispatch {
+            self.0.scheduler.enqueue(*dispatch);
+        }
+        let (step, replayed, diverged) = placed(recorded);
+        let response = pb::StartSubagentResponse {
+            step,
+            replayed,
+            diverged,
         };
         Ok(Response::new(response))
     }
@@ -386,17 +351,12 @@ impl HostedService for HostedApi {
             decided_by: Some(decided_by.clone()),
             denied: true,
         };
-        let response = match self.0.store.record_step(run_id, fence, local).await? {
-            StepRecorded::Recorded(step) | StepRecorded::Replayed(step) => pb::CheckStepResponse {
-                allowed: false,
-                decided_by,
-                step: Some(convert::history_step(&step)),
-                diverged: String::new(),
-            },
-            StepRecorded::Diverged(message) => pb::CheckStepResponse {
-                diverged: message,
-                ..Default::default()
-            },
+        let (step, _, diverged) = placed(self.0.store.record_step(run_id, fence, local).await?);
+        let response = pb::CheckStepResponse {
+            allowed: false,
+            decided_by,
+            step,
+            diverged,
         };
         Ok(Response::new(response))
     }
@@ -436,6 +396,16 @@ impl HostedService for HostedApi {
                 }
             }
         }
+    }
+}
+
+/// What recording a step at its place did, as the responses say it: the step, whether it was
+/// recorded before, and the divergence when its place holds another.
+fn placed(recorded: StepRecorded) -> (Option<pb::Step>, bool, String) {
+    match recorded {
+        StepRecorded::Recorded(step) => (Some(convert::history_step(&step)), false, String::new()),
+        StepRecorded::Replayed(step) => (Some(convert::history_step(&step)), true, String::new()),
+        StepRecorded::Diverged(message) => (None, false, message),
     }
 }
 

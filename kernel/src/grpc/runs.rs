@@ -13,7 +13,7 @@ use super::{Kernel, STREAM_BUFFER, convert};
 use crate::error::KernelError;
 use crate::hub::{Signal, Subscription};
 use crate::model::{Capture, EventType, RunId, RunRecord};
-use crate::store::{EndRun, HostedAgent, NewRun, RunFilter};
+use crate::store::{EndRun, NewRun, RunFilter};
 
 const MAX_PAGE_RUNS: u32 = 1000;
 const MAX_PAGE_EVENTS: u32 = 5000;
@@ -81,20 +81,8 @@ impl RunService for RunApi {
         let input = convert::canonical_json(&req.input_json, "input_json", "null")?;
         let hosted = match self.0.registry.agent(&agent) {
             Some(known) => {
-                if let Some(validator) = &known.validator {
-                    let value: serde_json::Value = serde_json::from_str(&input).expect("canonical JSON parses");
-                    validator.check(&agent, &value).map_err(|problems| {
-                        KernelError::invalid(
-                            "input_json",
-                            problems.replacen("invalid arguments for tool", "invalid input for agent", 1),
-                        )
-                    })?;
-                }
-                Some(HostedAgent {
-                    name: known.def.name.clone(),
-                    fingerprint: known.def.fingerprint.clone(),
-                    version: known.def.version.clone(),
-                })
+                known.check_input(&input)?;
+                Some(known.hosted())
             }
             None if req.hosted => {
                 return Err(KernelError::NotFound(format!(

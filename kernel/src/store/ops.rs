@@ -743,7 +743,7 @@ pub fn start_subagent(tx: &mut Tx<'_>, start: SubagentStart) -> Result<SubagentS
     {
         let key = StepKey::tool_subagent(&call.key, &start.child.agent, start.occurrence);
         if let Some(recorded) = load_step(tx.conn, &parent.id, &key)? {
-            return Ok(SubagentStarted::Replayed(Box::new(recorded)));
+            return Ok((StepRecorded::Replayed(recorded), None));
         }
         return new_subagent(tx, &parent, (call.turn, key), start.child);
     }
@@ -753,11 +753,11 @@ pub fn start_subagent(tx: &mut Tx<'_>, start: SubagentStart) -> Result<SubagentS
     let at_place = steps_at_place(tx.conn, &parent.id, start.seq)?;
     let elsewhere: Vec<StepRecord> = load_step(tx.conn, &parent.id, &key)?.into_iter().collect();
     match hosted::place(start.seq, std::slice::from_ref(&key), &at_place, &elsewhere) {
-        Err(message) => Ok(SubagentStarted::Diverged(message)),
-        Ok(Place::Recorded(mut steps)) => Ok(SubagentStarted::Replayed(Box::new(steps.remove(0)))),
+        Err(message) => Ok((StepRecorded::Diverged(message), None)),
+        Ok(Place::Recorded(mut steps)) => Ok((StepRecorded::Replayed(steps.remove(0)), None)),
         Ok(Place::Open) => {
             let started = new_subagent(tx, &parent, (start.seq, key), start.child)?;
-            if let SubagentStarted::Started { step, .. } = &started {
+            if let (StepRecorded::Recorded(step), _) = &started {
                 insert_place(tx.conn, step)?;
             }
             Ok(started)
@@ -793,10 +793,10 @@ fn new_subagent(
         change.event.payload,
         Some(change.step.clone()),
     )?;
-    Ok(SubagentStarted::Started {
-        step: Box::new(change.step),
-        dispatch: (!waits).then(|| Box::new(dispatch)),
-    })
+    Ok((
+        StepRecorded::Recorded(change.step),
+        (!waits).then(|| Box::new(dispatch)),
+    ))
 }
 
 /// A subagent to start.
@@ -809,19 +809,9 @@ pub struct SubagentStart {
     pub child: NewRun,
 }
 
-/// What starting a subagent did.
-#[derive(Clone, Debug)]
-pub enum SubagentStarted {
-    /// A new child run; its dispatch to queue, unless it waits for its session.
-    Started {
-        step: Box<StepRecord>,
-        dispatch: Option<Box<StepRecord>>,
-    },
-    /// Started before (by an earlier attempt): that child, never a second.
-    Replayed(Box<StepRecord>),
-    /// The handler is not deterministic: its place holds another step.
-    Diverged(String),
-}
+/// What starting a subagent did, and the child's dispatch to queue (none when the child waits
+/// for its session, or when it was started before).
+pub type SubagentStarted = (StepRecorded, Option<Box<StepRecord>>);
 
 pub fn lose_lease(tx: &mut Tx<'_>, loss: LeaseLoss) -> Result<LossOutcome> {
     let Some(step) = held_step(tx, &loss.dispatch_id, loss.attempt, None)? else {

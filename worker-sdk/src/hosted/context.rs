@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use super::StepEffect;
-use super::subagent::{ChildRun, KernelLink, child_outcome, is_settled};
+use super::subagent::{ChildRun, KernelLink, child_outcome, is_settled, output_text};
 use super::wire;
 use crate::agent::outcome::Outcome;
 use crate::agent::{AgentError, Call, CallOutcome};
@@ -733,12 +733,7 @@ impl std::future::IntoFuture for Subagent {
 /// A recorded local step's outcome as the handler gets it.
 fn decode_step<T: DeserializeOwned>(step: pb::Step) -> Result<T, AgentError> {
     if step.status == pb::StepStatus::Succeeded as i32 {
-        let text = if step.output_json.is_empty() {
-            "null"
-        } else {
-            &step.output_json
-        };
-        Ok(serde_json::from_str(text)?)
+        Ok(serde_json::from_str(output_text(&step))?)
     } else if step.outcome == pb::CallOutcome::Denied as i32 {
         Err(AgentError::Denied {
             step: step.step_key,

@@ -83,15 +83,19 @@ pub(crate) fn is_settled(step: &pb::Step) -> bool {
     .any(|s| *s as i32 == step.status)
 }
 
+/// A succeeded step's output as JSON text (`null` when it recorded none).
+pub(crate) fn output_text(step: &pb::Step) -> &str {
+    if step.output_json.is_empty() {
+        "null"
+    } else {
+        &step.output_json
+    }
+}
+
 /// A settled subagent step as its starter gets it: the child's output, or why it did not complete.
 pub(crate) fn child_outcome(agent: String, step: pb::Step) -> Result<Value, AgentError> {
     if step.status == pb::StepStatus::Succeeded as i32 {
-        let text = if step.output_json.is_empty() {
-            "null"
-        } else {
-            &step.output_json
-        };
-        Ok(serde_json::from_str(text)?)
+        Ok(serde_json::from_str(output_text(&step))?)
     } else {
         Err(AgentError::Subagent {
             agent,

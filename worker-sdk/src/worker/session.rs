@@ -554,36 +554,8 @@ impl Job {
         };
         let tx = self.tx.clone();
         let started = Instant::now();
-        let outcome = match self.execute(dispatch.clone()).await {
-            Ok(Handled::Suspended(waiting_on)) => {
-                info!(waiting_on = ?waiting_on, "call waits on its subagents, slot given back");
-                let _ = tx
-                    .send(Outbound::Suspended {
-                        dispatch: dispatch.clone(),
-                        waiting_on,
-                    })
-                    .await;
-                return dispatch;
-            }
-            Ok(Handled::Returned(value)) => Ok(value),
-            Err(error) => Err(error),
-        };
-        let elapsed_ms = started.elapsed().as_millis() as u64;
-        match &outcome {
-            Ok(_) => info!(elapsed_ms, "dispatch succeeded"),
-            Err(error) => info!(elapsed_ms, kind = %error.kind(), error = %error, "dispatch failed"),
-        }
-        if tx
-            .send(Outbound::Result {
-                dispatch: dispatch.clone(),
-                outcome,
-            })
-            .await
-            .is_err()
-        {
-            debug!("session gone, result dropped");
-        }
-        dispatch
+        let outcome = self.execute(dispatch.clone()).await;
+        report(&tx, dispatch, outcome, started).await
     }
 
     async fn execute(self, dispatch: DispatchRef) -> Result<Handled, ToolError> {
@@ -662,36 +634,7 @@ impl HostedJob {
                 Err(cancelled())
             }
         };
-        let outcome = match outcome {
-            Ok(Handled::Suspended(waiting_on)) => {
-                info!(waiting_on = ?waiting_on, "handler suspended, slot given back");
-                let _ = tx
-                    .send(Outbound::Suspended {
-                        dispatch: dispatch.clone(),
-                        waiting_on,
-                    })
-                    .await;
-                return dispatch;
-            }
-            Ok(Handled::Returned(value)) => Ok(value),
-            Err(error) => Err(error),
-        };
-        let elapsed_ms = started.elapsed().as_millis() as u64;
-        match &outcome {
-            Ok(_) => info!(elapsed_ms, "handler returned"),
-            Err(error) => info!(elapsed_ms, error = %error, "handler failed"),
-        }
-        if tx
-            .send(Outbound::Result {
-                dispatch: dispatch.clone(),
-                outcome,
-            })
-            .await
-            .is_err()
-        {
-            debug!("session gone, run outcome dropped");
-        }
-        dispatch
+        report(&tx, dispatch, outcome, started).await
     }
 
     async fn execute(self) -> Result<Handled, ToolError> {
@@ -738,7 +681,45 @@ impl HostedJob {
     }
 }
 
-/// How a dispatch of a handler ended on this worker.
+/// Tells the kernel how a dispatch (a call, or a run's handler) ended here: its slot given back
+/// while it waits, or its outcome.
+async fn report(
+    tx: &mpsc::Sender<Outbound>,
+    dispatch: DispatchRef,
+    outcome: Result<Handled, ToolError>,
+    started: Instant,
+) -> DispatchRef {
+    let elapsed_ms = started.elapsed().as_millis() as u64;
+    let message = match outcome {
+        Ok(Handled::Suspended(waiting_on)) => {
+            info!(elapsed_ms, waiting_on = ?waiting_on, "dispatch waits durably, slot given back");
+            Outbound::Suspended {
+                dispatch: dispatch.clone(),
+                waiting_on,
+            }
+        }
+        Ok(Handled::Returned(value)) => {
+            info!(elapsed_ms, "dispatch succeeded");
+            Outbound::Result {
+                dispatch: dispatch.clone(),
+                outcome: Ok(value),
+            }
+        }
+        Err(error) => {
+            info!(elapsed_ms, kind = %error.kind(), error = %error, "dispatch failed");
+            Outbound::Result {
+                dispatch: dispatch.clone(),
+                outcome: Err(error),
+            }
+        }
+    };
+    if tx.send(message).await.is_err() {
+        debug!("session gone, outcome dropped");
+    }
+    dispatch
+}
+
+/// How a dispatch ended on this worker.
 enum Handled {
     Returned(Value),
     Suspended(Vec<String>),
