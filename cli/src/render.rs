@@ -555,7 +555,7 @@ fn worker_tools(tools: &[String]) -> String {
     format!("{}: {}", tools.len(), truncate(&names, TOOL_NAMES_CUT))
 }
 
-/// `workers list`: SESSION, NAME, SLOTS, TOOLS, CONNECTED, LAST HEARTBEAT, DRAINING.
+/// `workers list`: SESSION, NAME, SLOTS, TOOLS, AGENTS, CONNECTED, LAST HEARTBEAT, DRAINING.
 pub fn workers_table(workers: &[WorkerView]) -> String {
     table(
         &[
@@ -563,6 +563,7 @@ pub fn workers_table(workers: &[WorkerView]) -> String {
             "NAME",
             "SLOTS",
             "TOOLS",
+            "AGENTS",
             "CONNECTED",
             "LAST HEARTBEAT",
             "DRAINING",
@@ -573,6 +574,7 @@ pub fn workers_table(workers: &[WorkerView]) -> String {
                 one_line(&worker.name).into_owned(),
                 format!("{}/{}", worker.slots_in_use, worker.max_concurrency),
                 worker_tools(&worker.tools),
+                worker_tools(&worker.agents),
                 time(worker.connected_at),
                 time(worker.last_heartbeat_at),
                 if worker.draining { "yes" } else { "no" }.to_owned(),
@@ -984,6 +986,7 @@ mod tests {
             session_id: "s-1".into(),
             name: "py-tools".into(),
             tools: (0..10).map(|i| format!("tool_number_{i}")).collect(),
+            agents: vec!["triage".into()],
             max_concurrency: 8,
             slots_in_use: 3,
             draining: true,
@@ -994,6 +997,7 @@ mod tests {
         let row = text.lines().nth(1).unwrap();
         assert!(row.contains("3/8"), "{text}");
         assert!(row.contains("10: tool_number_0, tool_number_1, tool_numbe…"), "{text}");
+        assert!(row.contains("1: triage"), "{text}");
         assert!(row.contains("2023-11-14T22:15:00Z"));
         assert!(row.ends_with("yes"));
     }

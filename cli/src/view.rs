@@ -471,6 +471,8 @@ pub struct WorkerView {
     pub session_id: String,
     pub name: String,
     pub tools: Vec<String>,
+    /// The agents the worker hosts.
+    pub agents: Vec<String>,
     pub max_concurrency: u32,
     pub slots_in_use: u32,
     pub draining: bool,
@@ -484,6 +486,7 @@ impl From<pb::WorkerInfo> for WorkerView {
             session_id: worker.session_id,
             name: worker.name,
             tools: worker.tools,
+            agents: worker.agents,
             max_concurrency: worker.max_concurrency,
             slots_in_use: worker.slots_in_use,
             draining: worker.draining,

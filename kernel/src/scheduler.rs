@@ -93,6 +93,7 @@ pub struct WorkerSnapshot {
     pub session_id: String,
     pub name: String,
     pub tools: Vec<String>,
+    pub agents: Vec<String>,
     pub max_concurrency: u32,
     pub slots_in_use: u32,
     pub draining: bool,
@@ -450,10 +451,13 @@ impl Actor {
                     .map(|(id, s)| {
                         let mut tools: Vec<String> = s.tools.keys().cloned().collect();
                         tools.sort();
+                        let mut agents: Vec<String> = s.agents.keys().cloned().collect();
+                        agents.sort();
                         WorkerSnapshot {
                             session_id: id.clone(),
                             name: s.name.clone(),
                             tools,
+                            agents,
                             max_concurrency: s.max_concurrency,
                             slots_in_use: s.in_use,
                             draining: s.draining,

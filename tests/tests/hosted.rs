@@ -190,6 +190,12 @@ async fn kernelctl_starts_a_hosted_run_and_follows_it_to_its_end() {
         assert!(stdout.contains(event), "{event} in\n{stdout}");
     }
     assert!(stderr.contains("completed"), "{stderr}");
+    let workers = kernel.kernelctl(&["workers", "list"]);
+    let workers = String::from_utf8_lossy(&workers.stdout);
+    assert!(
+        workers.contains("3: child, parent, pipeline"),
+        "the host's agents are listed: {workers}"
+    );
     let unknown = kernel.kernelctl(&["runs", "start", "nosuch", "--input", "{}"]);
     assert_eq!(unknown.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&unknown.stderr);

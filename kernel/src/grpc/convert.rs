@@ -606,6 +606,7 @@ pub fn worker(worker: &WorkerSnapshot) -> pb::WorkerInfo {
         session_id: worker.session_id.clone(),
         name: worker.name.clone(),
         tools: worker.tools.clone(),
+        agents: worker.agents.clone(),
         max_concurrency: worker.max_concurrency,
         slots_in_use: worker.slots_in_use,
         draining: worker.draining,
