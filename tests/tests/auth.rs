@@ -672,3 +672,51 @@ async fn permissions_come_from_the_key_and_only_listed_approvers_may_answer() {
     assert_eq!(result.content, "5");
     assert_eq!(result.approval.map(|a| a.decider), Some("alice".to_owned()));
 }
+
+/// Starting a subagent creates a run: a hosting worker whose key lacks `runs:write` is refused
+/// with PERMISSION_DENIED naming the scope, no child run is created, and the parent fails with it.
+#[tokio::test]
+async fn a_subagent_needs_runs_write_on_the_hosting_worker_s_key() {
+    let secured = secured_with(None);
+    let kernel = &secured.kernel;
+    let worker = demo_worker(kernel, "hosts", &secured.worker);
+    worker.log.wait_for("worker session open");
+    let request = pb::CreateRunRequest {
+        agent: "trip_planner".into(),
+        input_json: json!({"destination": "Porto", "days": 1}).to_string(),
+        hosted: true,
+        ..Default::default()
+    };
+    let run = runs(kernel)
+        .await
+        .create_run(with_key(request, &secured.agent))
+        .await
+        .expect("a key with runs:write creates the hosted run")
+        .into_inner()
+        .run
+        .unwrap()
+        .id;
+    let deadline = std::time::Instant::now() + WAIT;
+    let done = loop {
+        let got = runs(kernel)
+            .await
+            .get_run(with_key(pb::GetRunRequest { run_id: run.clone() }, &secured.admin))
+            .await
+            .unwrap()
+            .into_inner()
+            .run
+            .unwrap();
+        if got.status == pb::RunStatus::Failed as i32 || got.status == pb::RunStatus::Completed as i32 {
+            break got;
+        }
+        assert!(std::time::Instant::now() < deadline, "the run never ended: {got:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(done.status, pb::RunStatus::Failed as i32, "{done:?}");
+    assert!(
+        done.reason.contains("key 'demo-workers' needs the scope runs:write"),
+        "{}",
+        done.reason
+    );
+    assert_eq!(run_count(&secured).await, 1, "no child run was created");
+}

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::model::{ErrorKind, EventType, Idempotency, RunStatus, StepStatus, ToolOptions};
+use crate::model::{ErrorKind, EventType, Idempotency, RunStatus, StepKind, StepStatus, ToolOptions};
 
 struct Fixture {
     store: Store,
@@ -1034,4 +1034,176 @@ async fn a_finished_run_is_deleted_whole_and_a_run_in_flight_is_refused() {
     let pruned = f.store.prune_runs(crate::model::now_millis() + 1, 100).await.unwrap();
     assert_eq!(pruned.runs, 1, "the finished run goes, the pending one stays");
     assert!(f.store.reads.run(young.id).await.unwrap().is_some());
+}
+
+fn hosted_run() -> NewRun {
+    let mut new = new_run(None, 0);
+    new.agent = "researcher".into();
+    new.hosted = Some(crate::store::HostedAgent {
+        name: "researcher".into(),
+        fingerprint: "fp".into(),
+        version: "1".into(),
+    });
+    new
+}
+
+fn local(seq: u32, id: &str) -> crate::store::LocalStep {
+    crate::store::LocalStep {
+        seq,
+        step_id: id.into(),
+        occurrence: 0,
+        effect: crate::model::Effect::Write,
+        once: false,
+        outcome: Ok("7".into()),
+        decided_by: None,
+        denied: false,
+    }
+}
+
+fn fence(dispatch: &str, attempt: u32) -> crate::store::Fence {
+    crate::store::Fence {
+        dispatch_id: dispatch.into(),
+        attempt,
+    }
+}
+
+/// A hosted run is created with its dispatch pending; only the attempt holding that dispatch
+/// records a step, and a refused step writes nothing.
+#[tokio::test]
+async fn a_hosted_run_records_steps_only_from_the_attempt_holding_its_dispatch() {
+    let f = open();
+    let (run, _, dispatch) = f.store.create_run_dispatching(hosted_run()).await.unwrap();
+    let dispatch = dispatch.expect("a hosted run's dispatch");
+    assert_eq!((dispatch.kind, dispatch.status), (StepKind::Agent, StepStatus::Pending));
+    let started = start(&f.store, &dispatch, "d1", 1, "s1").await.expect("dispatched");
+    assert_eq!(
+        f.store.reads.run(run.id.clone()).await.unwrap().unwrap().status,
+        RunStatus::Running
+    );
+    let before = events(&f.store, &run.id).await.len();
+    for stale in [fence("d1", 2), fence("d0", 1)] {
+        let refused = f
+            .store
+            .record_step(run.id.clone(), stale, local(0, "fetch"))
+            .await
+            .unwrap_err();
+        assert!(refused.to_string().contains("no longer holds"), "{refused}");
+    }
+    assert_eq!(
+        events(&f.store, &run.id).await.len(),
+        before,
+        "a refused step writes nothing"
+    );
+    let recorded = f
+        .store
+        .record_step(run.id.clone(), fence("d1", 1), local(0, "fetch"))
+        .await
+        .unwrap();
+    let StepRecorded::Recorded(step) = recorded else {
+        panic!("recorded: {recorded:?}")
+    };
+    assert_eq!((step.kind, step.output.as_deref()), (StepKind::Local, Some("7")));
+    // The same step again keeps its first outcome; another one at its place diverges.
+    let again = f
+        .store
+        .record_step(run.id.clone(), fence("d1", 1), local(0, "fetch"))
+        .await
+        .unwrap();
+    assert!(matches!(again, StepRecorded::Replayed(_)), "{again:?}");
+    let other = f
+        .store
+        .record_step(run.id.clone(), fence("d1", 1), local(0, "pay"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&other, StepRecorded::Diverged(m) if m.contains("step:fetch#0")),
+        "{other:?}"
+    );
+    // A lost host: the dispatch is pending again, and the next attempt is the one that records.
+    let lost = f
+        .store
+        .lose_lease(LeaseLoss {
+            dispatch_id: "d1".into(),
+            attempt: 1,
+            reason: "worker gone".into(),
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(lost, LossOutcome::Requeued(ref step) if step.status == StepStatus::Pending),
+        "{lost:?}"
+    );
+    assert!(
+        f.store
+            .record_step(run.id.clone(), fence("d1", 1), local(1, "next"))
+            .await
+            .is_err()
+    );
+    start(&f.store, &started, "d2", 2, "s2")
+        .await
+        .expect("dispatched again");
+    assert!(
+        f.store
+            .record_step(run.id.clone(), fence("d2", 2), local(1, "next"))
+            .await
+            .is_ok()
+    );
+    assert_gap_free(&events(&f.store, &run.id).await);
+}
+
+/// A suspended handler is woken in the commit that settles what it waits on, so no wake-up is
+/// lost between the two; and a suspension crossing a settle goes back to pending at once.
+#[tokio::test]
+async fn a_suspended_handler_is_woken_in_the_commit_that_settles_its_call() {
+    let f = open();
+    let (run, _, dispatch) = f.store.create_run_dispatching(hosted_run()).await.unwrap();
+    start(&f.store, &dispatch.unwrap(), "d1", 1, "s1").await.unwrap();
+    let mut turn = plan(
+        &run.id,
+        0,
+        vec![call(0, 0, Some(tool("add", Idempotency::SafeToRetry)), "add", "{}")],
+    );
+    turn.fence = Some(fence("d1", 1));
+    let call_step = scheduled(&f.store.schedule_turn(turn).await.unwrap()[0]);
+    start(&f.store, &call_step, "c1", 1, "s1").await.unwrap();
+    let suspend = |waiting_on: Vec<String>| crate::store::SuspendReport {
+        dispatch_id: "d1".into(),
+        attempt: 1,
+        session_id: "s1".into(),
+        waiting_on,
+    };
+    let suspended = f
+        .store
+        .suspend_dispatch(suspend(vec![call_step.key.to_string()]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(suspended.status, StepStatus::Suspended);
+    assert_eq!(
+        f.store.reads.run(run.id.clone()).await.unwrap().unwrap().status,
+        RunStatus::Suspended
+    );
+    f.store
+        .record_result(ResultReport {
+            dispatch_id: "c1".into(),
+            attempt: 1,
+            session_id: "s1".into(),
+            outcome: Ok("3".into()),
+            progress_count: 0,
+        })
+        .await
+        .unwrap();
+    let steps = f.store.reads.steps(run.id.clone()).await.unwrap();
+    let handler = steps.iter().find(|s| s.key == StepKey::agent()).unwrap();
+    assert_eq!(handler.status, StepStatus::Pending, "woken by the call's result");
+    let kinds: Vec<EventType> = events(&f.store, &run.id).await.iter().map(|e| e.kind).collect();
+    let result = kinds.iter().position(|k| *k == EventType::ToolResult).unwrap();
+    assert_eq!(kinds[result + 1], EventType::AgentResumed, "{kinds:?}");
+    // Dispatched again, it suspends on the settled call: pending at once, no wait.
+    start(&f.store, handler, "d2", 2, "s1").await.unwrap();
+    let mut again = suspend(vec![call_step.key.to_string()]);
+    again.dispatch_id = "d2".into();
+    again.attempt = 2;
+    let at_once = f.store.suspend_dispatch(again).await.unwrap().unwrap();
+    assert_eq!(at_once.status, StepStatus::Pending);
 }
