@@ -77,6 +77,19 @@
 //! async fn charge(_ctx: ToolContext, cents: i64) -> Result<(), ToolError> { Ok(()) }
 //! ```
 //!
+//! ```compile_fail
+//! # use worker_sdk::{tool, ToolContext, ToolError};
+//! #[tool] // error: the model would see no description of this tool: add a doc comment or `description = "..."`
+//! async fn undocumented(_ctx: ToolContext) -> Result<(), ToolError> { Ok(()) }
+//! ```
+//!
+//! ```compile_fail
+//! # use worker_sdk::{tool, ToolContext, ToolError};
+//! /// Charges a card.
+//! #[tool("charge", name = "bill")] // error: the tool id is given twice
+//! async fn charge(_ctx: ToolContext) -> Result<(), ToolError> { Ok(()) }
+//! ```
+//!
 //! `#[agent]` refuses a handler the model of a hosted agent cannot describe:
 //!
 //! ```compile_fail

@@ -272,3 +272,31 @@ async fn unserializable_results_name_the_tool() {
         "{error}"
     );
 }
+
+/// Charges a card.
+#[tool("charge", idempotency = "at_most_once")]
+async fn charge_card(_ctx: ToolContext, cents: i64) -> Result<i64, ToolError> {
+    Ok(cents)
+}
+
+/// Looks an order up.
+#[tool("lookup_order")]
+async fn find(_ctx: ToolContext, id: String) -> Result<String, ToolError> {
+    Ok(id)
+}
+
+/// Pings.
+#[tool()]
+async fn ping(_ctx: ToolContext) -> Result<(), ToolError> {
+    Ok(())
+}
+
+#[test]
+fn the_tool_id_may_come_first_alone_or_with_options_and_the_bare_call_form_takes_the_fn_name() {
+    let charge = charge_card_tool();
+    assert_eq!(charge.definition().name, "charge");
+    assert_eq!(charge.definition().options.idempotency, Idempotency::AtMostOnce);
+    assert_eq!(find_tool().definition().name, "lookup_order");
+    assert_eq!(ping_tool().definition().name, "ping");
+    assert_eq!(ping_tool().definition().description, "Pings.");
+}

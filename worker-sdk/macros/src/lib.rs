@@ -30,6 +30,11 @@ const OPTIONS: &str = "name, description, timeout, retry, idempotency, read_only
 /// the arguments the model fills in, described by their doc comments. The description is the
 /// first paragraph of the function's doc comment. A non-async function runs on a blocking thread.
 ///
+/// The tool id may come first, as a bare string: `#[tool("charge")]`, or
+/// `#[tool("charge", idempotency = "at_most_once")]`; `#[tool]` and `#[tool()]` take the
+/// function's name. A tool with neither a doc comment nor `description` does not compile: the
+/// model would see no description.
+///
 /// Options: `name = "..."`, `description = "..."`, `timeout = <seconds>`, `retry = <retries>`,
 /// `idempotency = "safe_to_retry" | "at_most_once"`, `read_only`, `writes`, `version = "..."`,
 /// `owner = "..."`, `risk = "low" | "medium" | "high" | "critical"`, `permissions = [...]`,
@@ -38,7 +43,7 @@ const OPTIONS: &str = "name, description, timeout, retry, idempotency, read_only
 #[proc_macro_attribute]
 pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut options = Options::default();
-    let parser = syn::meta::parser(|meta| options.parse(meta));
+    let parser = |input: syn::parse::ParseStream<'_>| options.parse_all(input);
     parse_macro_input!(attr with parser);
     let function = parse_macro_input!(item as ItemFn);
     match expand(options, function) {
@@ -100,22 +105,42 @@ struct Options {
 }
 
 impl Options {
+    /// Parses the attribute's arguments: an optional tool id first, as a bare string
+    /// (`#[tool("charge")]`, `#[tool("charge", idempotency = "at_most_once")]`), then options.
+    fn parse_all(&mut self, input: syn::parse::ParseStream<'_>) -> syn::Result<()> {
+        if input.peek(LitStr) {
+            let name: LitStr = input.parse()?;
+            self.set_name(name)?;
+            if input.is_empty() {
+                return Ok(());
+            }
+            input.parse::<syn::Token![,]>()?;
+        }
+        let rest: TokenStream2 = input.parse()?;
+        syn::parse::Parser::parse2(syn::meta::parser(|meta| self.parse(meta)), rest)
+    }
+
+    fn set_name(&mut self, name: LitStr) -> syn::Result<()> {
+        if self.name.is_some() {
+            return Err(syn::Error::new(name.span(), "the tool id is given twice"));
+        }
+        if !valid_tool_name(&name.value()) {
+            return Err(syn::Error::new(
+                name.span(),
+                "a tool name is 1 to 64 characters from [a-zA-Z0-9_-]",
+            ));
+        }
+        self.name = Some(name);
+        Ok(())
+    }
+
     fn parse(&mut self, meta: syn::meta::ParseNestedMeta<'_>) -> syn::Result<()> {
         let key = meta.path.get_ident().map(|ident| ident.to_string()).unwrap_or_default();
         if self.seen.contains(&key) {
             return Err(meta.error(format!("option `{key}` is given twice")));
         }
         match key.as_str() {
-            "name" => {
-                let name: LitStr = meta.value()?.parse()?;
-                if !valid_tool_name(&name.value()) {
-                    return Err(syn::Error::new(
-                        name.span(),
-                        "a tool name is 1 to 64 characters from [a-zA-Z0-9_-]",
-                    ));
-                }
-                self.name = Some(name);
-            }
+            "name" => self.set_name(meta.value()?.parse()?)?,
             "description" => self.description = Some(meta.value()?.parse()?),
             "timeout" => self.timeout = Some(seconds_as_millis(&meta.value()?.parse()?)?),
             "cache_ttl" => {
@@ -434,6 +459,12 @@ fn expand(options: Options, mut function: ItemFn) -> syn::Result<TokenStream2> {
         .as_ref()
         .map(LitStr::value)
         .unwrap_or_else(|| summary(&function.attrs));
+    if description.trim().is_empty() {
+        return Err(syn::Error::new(
+            fn_ident.span(),
+            "the model would see no description of this tool: add a doc comment or `description = \"...\"`",
+        ));
+    }
 
     let vis = &function.vis;
     let builder_ident = format_ident!("{}_tool", fn_name);
