@@ -365,6 +365,21 @@ async fn a_non_interactive_run_cannot_wait_for_a_person() {
         kernel.get(&run).await.steps.is_empty(),
         "the refused turn wrote nothing"
     );
+    // Nor may it offer the model such a tool, whatever it calls: refused before anything is recorded.
+    let offering = pb::SubmitTurnRequest {
+        run_id: run.clone(),
+        turn: 0,
+        calls: vec![call("sleepy", json!({"hold_ms": 1}))],
+        offered_tools: vec!["sleepy".into(), "wipe".into()],
+    };
+    let refused = kernel.calls().await.submit_turn(offering).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("offered_tools[1]") && refused.message().contains("'wipe'"),
+        "{}",
+        refused.message()
+    );
+    assert!(kernel.get(&run).await.steps.is_empty(), "the refused offer wrote nothing");
     // A call that only a predicate gates is denied rather than parked.
     let outcome = submit(&kernel, &run, 0, vec![call("refund", json!({"cents": 20_000}))])
         .await

@@ -61,6 +61,7 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
         ));
     }
     let offer = offered_tools(&req.offered_tools)?;
+    let req_offer = req.offered_tools;
     let added = limits::EVENTS_PER_CALL * req.calls.len() as u64;
     let mut ids = HashSet::new();
     let mut calls = Vec::with_capacity(req.calls.len());
@@ -145,6 +146,20 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
             format!("{} events per run", limits.max_events_per_run),
             "max-events-per-run",
         ));
+    }
+    // A run that cannot wait for a person cannot offer the model a tool that always asks one.
+    if !run.interactive
+        && let Some((index, name)) = req_offer.iter().enumerate().find(|(_, name)| {
+            kernel
+                .registry
+                .get(name)
+                .is_some_and(|tool| tool.def.options.requires_approval)
+        })
+    {
+        return Err(KernelError::FailedPrecondition(format!(
+            "offered_tools[{index}]: run {run_id} is non-interactive and tool '{name}' is declared \
+             requires_approval; a non-interactive run cannot offer it"
+        )));
     }
     if !run.interactive
         && let Some((call, _)) = calls
