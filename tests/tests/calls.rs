@@ -387,3 +387,53 @@ async fn the_kernel_shuts_down_within_its_drain_while_worker_streams_are_open() 
     assert!(status.success(), "{status:?}");
     kernel.process.log.wait_for("stopped");
 }
+
+/// One explicit call id in two turns running together: the same call joins, another call under
+/// it is refused with ALREADY_EXISTS naming the id and the call in flight, and writes nothing; a
+/// repeated id within one turn is refused too.
+#[tokio::test]
+async fn a_call_id_held_in_flight_by_another_turn_is_refused_unless_it_is_the_same_call() {
+    let kernel = Kernel::start();
+    let _worker = kernel.worker("w1");
+    let run = kernel.create_run("careful").await;
+    let slow = |delay_ms: u64| {
+        let mut slow = call("slow", json!({"steps": 1, "delay_ms": delay_ms}));
+        slow.call_id = "order-9".into();
+        slow
+    };
+    let mut watch = Watch::open(&kernel, &run, 1, false).await;
+    let first = submit(&kernel, &run, 0, vec![slow(1500)]);
+    let second = async {
+        watch.event("tool:start", |_| true).await;
+        let before = kernel.events(&run).await.len();
+        let refused = submit(&kernel, &run, 1, vec![slow(10)]).await.expect_err("refused");
+        assert_eq!(refused.code(), Code::AlreadyExists, "{refused:?}");
+        assert!(
+            refused
+                .message()
+                .starts_with("concurrent_call_id: calls[0] has call_id 'order-9'")
+                && refused.message().contains("'slow' of turn 0"),
+            "{}",
+            refused.message()
+        );
+        assert_eq!(
+            kernel.events(&run).await.len(),
+            before,
+            "the refused turn wrote nothing"
+        );
+        // The same call under the same id joins the one in flight.
+        submit(&kernel, &run, 1, vec![slow(1500)]).await.expect("joined")
+    };
+    let (first, joined) = tokio::join!(first, second);
+    assert_eq!(first.unwrap().results[0].content, joined.results[0].content);
+    let mut twice = vec![slow(10), slow(10)];
+    twice[1].tool = "echo".into();
+    let refused = submit(&kernel, &run, 2, twice).await.expect_err("refused");
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert!(
+        refused.message().contains("'order-9' is used twice in this turn"),
+        "{}",
+        refused.message()
+    );
+    check_log(&kernel.events(&run).await, true);
+}

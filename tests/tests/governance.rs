@@ -379,7 +379,10 @@ async fn a_non_interactive_run_cannot_wait_for_a_person() {
         "{}",
         refused.message()
     );
-    assert!(kernel.get(&run).await.steps.is_empty(), "the refused offer wrote nothing");
+    assert!(
+        kernel.get(&run).await.steps.is_empty(),
+        "the refused offer wrote nothing"
+    );
     // A call that only a predicate gates is denied rather than parked.
     let outcome = submit(&kernel, &run, 0, vec![call("refund", json!({"cents": 20_000}))])
         .await

@@ -95,8 +95,9 @@ pub enum CallDisposition {
 
 /// Refuses a turn the run cannot take, given what it already recorded at each call's identity
 /// (`recorded`, by position) and, when the turn adds calls, how many of its calls are unsettled:
-/// a finished run takes no call, a blocked run no new one, and no run more unsettled calls than
-/// the limit. Returns the run as the turn leaves it and its event, when the turn starts it.
+/// a finished run takes no call, a blocked run no new one, no run more unsettled calls than the
+/// limit, and no turn a call id that another turn's call holds in flight with another tool or
+/// other arguments. Returns the run as the turn leaves it and its event, when the turn starts it.
 pub fn admit(
     run: &RunRecord,
     plan: &TurnPlan,
@@ -108,6 +109,16 @@ pub fn admit(
         return Err(KernelError::FailedPrecondition(format!(
             "run {} is {}; it accepts no new tool calls",
             run.id, run.status
+        )));
+    }
+    if let Some((call, step)) = concurrent_call_id(plan, recorded) {
+        return Err(KernelError::AlreadyExists(format!(
+            "concurrent_call_id: calls[{}] has call_id '{}', which the call '{}' of turn {} holds in flight with \
+             other arguments or another tool; give this call another id, or wait for that one to settle",
+            call.position,
+            call.call_id.as_deref().unwrap_or_default(),
+            step.tool,
+            step.turn
         )));
     }
     let new_calls = recorded.iter().filter(|step| step.is_none()).count();
@@ -144,6 +155,24 @@ pub fn admit(
         };
         (started, event)
     }))
+}
+
+/// A call of `plan` whose explicit id another turn's call holds in flight, as something else:
+/// two calls running together under one id would share one record (Pyrula's
+/// `ConcurrentCallIdError`). The same call again joins it; a settled one is a replay or a
+/// divergence as usual.
+fn concurrent_call_id<'a>(
+    plan: &'a TurnPlan,
+    recorded: &'a [Option<StepRecord>],
+) -> Option<(&'a PlannedCall, &'a StepRecord)> {
+    plan.calls.iter().zip(recorded).find_map(|(call, step)| {
+        let step = step.as_ref()?;
+        (call.call_id.is_some()
+            && !step.status.is_terminal()
+            && step.turn != plan.turn
+            && step.call_hash != call.call_hash)
+            .then_some((call, step))
+    })
 }
 
 /// Whether a turn adds calls, so the limit on unsettled calls needs their count.
@@ -773,5 +802,33 @@ mod tests {
             unknown_tool_message("x", &["a".into(), "b".into()]),
             "unknown tool 'x'; available: a, b"
         );
+    }
+
+    #[test]
+    fn a_call_id_another_turn_holds_in_flight_as_something_else_is_refused() {
+        let mut named = allowed();
+        named.call_id = Some("order-9".into());
+        named.key = StepKey::for_call(1, 0, Some("order-9"));
+        let mut turn = plan(vec![named]);
+        turn.turn = 1;
+        let mut in_flight = step();
+        in_flight.key = StepKey::for_call(0, 0, Some("order-9"));
+        in_flight.call_id = Some("order-9".into());
+        in_flight.status = StepStatus::Running;
+        in_flight.call_hash = "other".into();
+        let refused = admit(&run(), &turn, &[Some(in_flight.clone())], Some(1), NOW).unwrap_err();
+        assert!(matches!(refused, KernelError::AlreadyExists(_)), "{refused}");
+        let message = refused.to_string();
+        assert!(
+            message.contains("'order-9'") && message.contains("'charge' of turn 0"),
+            "{message}"
+        );
+        // The same call again joins; a settled one is a replay or a divergence, not this refusal.
+        let mut same = in_flight.clone();
+        same.call_hash = "h".into();
+        assert!(admit(&run(), &turn, &[Some(same)], Some(1), NOW).is_ok());
+        let mut settled = in_flight;
+        settled.status = StepStatus::Succeeded;
+        assert!(admit(&run(), &turn, &[Some(settled)], Some(1), NOW).is_ok());
     }
 }

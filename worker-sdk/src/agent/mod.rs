@@ -44,6 +44,10 @@ pub enum AgentError {
     /// travel as metadata).
     #[error("invalid client configuration: {0}")]
     Config(String),
+    /// The turn gave a call an explicit id that another turn's call, still in flight, holds with
+    /// another tool or other arguments (Pyrula's `ConcurrentCallIdError`); nothing was recorded.
+    #[error("{0}")]
+    ConcurrentCallId(String),
     /// A hosted handler failed; the run fails with this reason.
     #[error("{0}")]
     Failed(String),
@@ -113,6 +117,9 @@ impl From<tonic::Status> for AgentError {
     /// kernel sees only `h2 protocol error`).
     fn from(status: tonic::Status) -> Self {
         let described = transport::describe_status(&status);
+        if status.code() == tonic::Code::AlreadyExists && status.message().starts_with("concurrent_call_id:") {
+            return AgentError::ConcurrentCallId(status.message().to_owned());
+        }
         match transport::connection_hint("", &described) {
             Some(hint)
                 if matches!(
@@ -600,5 +607,18 @@ impl RunHandle {
             run,
             steps: response.steps,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_id_held_by_another_turn_is_its_own_error() {
+        let status = tonic::Status::already_exists("concurrent_call_id: calls[0] has call_id 'order-9', ...");
+        assert!(matches!(AgentError::from(status), AgentError::ConcurrentCallId(m) if m.contains("order-9")));
+        let other = tonic::Status::already_exists("idempotency_key 'k' is already used");
+        assert!(matches!(AgentError::from(other), AgentError::Status(_)));
     }
 }
