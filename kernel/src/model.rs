@@ -442,6 +442,9 @@ pub struct ToolOptions {
     pub approval_timeout_ms: Option<u64>,
     /// Runs on a thread that cannot be interrupted.
     pub blocking: bool,
+    /// Null-valued optional arguments are dropped before the call is validated and recorded.
+    #[serde(default)]
+    pub strip_nulls: bool,
 }
 
 impl ToolOptions {

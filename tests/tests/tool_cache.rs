@@ -214,3 +214,26 @@ async fn requests_are_fenced_by_a_held_dispatch_and_refusals_write_nothing() {
         "raw_tool's entry under the same key is its own"
     );
 }
+
+/// `memo` declares `strip_nulls`: the nulls a model fills optional fields with are dropped before
+/// the call is validated, hashed and recorded, so the record, the replay identity and the tool see
+/// the same arguments, with or without the nulls.
+#[tokio::test]
+async fn a_tool_that_strips_nulls_records_and_replays_the_call_without_them() {
+    let kernel = Kernel::start();
+    let _worker = kernel.fault_worker("w1");
+    let run = kernel.create_run("nulls").await;
+    let sent = json!({"key": "rate", "value": 7, "ttl_ms": null});
+    assert_eq!(one(&kernel, &run, 0, "memo", sent).await, "7");
+    let steps = kernel.get(&run).await.steps;
+    assert_eq!(
+        steps[0].arguments_json, r#"{"key":"rate","value":7}"#,
+        "recorded without the null"
+    );
+    // The same call without the null is the same call: replayed, not diverged.
+    let again = submit(&kernel, &run, 0, vec![call("memo", json!({"key": "rate", "value": 7}))])
+        .await
+        .unwrap();
+    assert!(again.results[0].replayed, "{:?}", again.results[0]);
+    check_log(&kernel.events(&run).await, true);
+}

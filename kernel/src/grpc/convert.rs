@@ -404,6 +404,7 @@ fn options(field: &str, options: Option<pb::ToolOptions>) -> Result<ToolOptions,
         requires_approval_expr: o.requires_approval_expr,
         approval_timeout_ms: (o.approval_timeout_ms > 0).then_some(o.approval_timeout_ms),
         blocking: o.blocking,
+        strip_nulls: o.strip_nulls,
     })
 }
 
@@ -577,6 +578,7 @@ fn options_proto(o: &ToolOptions) -> pb::ToolOptions {
         requires_approval_expr: o.requires_approval_expr.clone(),
         approval_timeout_ms: o.approval_timeout_ms.unwrap_or(0),
         blocking: o.blocking,
+        strip_nulls: o.strip_nulls,
     }
 }
 

@@ -113,7 +113,15 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
         // A tool the model was not offered is unknown to this turn, registered or not.
         let not_offered = offer.as_ref().is_some_and(|offer| !offer.contains(name));
         let known = if not_offered { None } else { kernel.registry.get(name) };
-        let args: serde_json::Value = serde_json::from_str(&arguments).expect("canonical JSON parses");
+        let mut args: serde_json::Value = serde_json::from_str(&arguments).expect("canonical JSON parses");
+        // Models fill optional fields with null, and typed tools reject it: a tool that asks has
+        // them dropped before anything sees the arguments, the record and the replay identity included.
+        let arguments = match &known {
+            Some(tool) if tool.def.options.strip_nulls && strip_nulls(&mut args, &tool.def.input_schema) => {
+                kernel_proto::canonical::to_canonical(&args)
+            }
+            _ => arguments,
+        };
         let fingerprint = known.as_ref().map_or("", |tool| tool.def.fingerprint.as_str());
         let call_hash = kernel_proto::canonical::call_hash(name, fingerprint, &args);
         checks.push((known.clone(), args));
@@ -198,6 +206,20 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
         run,
         replayable,
     })
+}
+
+/// Drops the null-valued fields of `args` that `schema` does not require; whether any went.
+fn strip_nulls(args: &mut serde_json::Value, schema: &serde_json::Value) -> bool {
+    let required: Vec<&str> = schema["required"]
+        .as_array()
+        .map(|names| names.iter().filter_map(serde_json::Value::as_str).collect())
+        .unwrap_or_default();
+    let Some(fields) = args.as_object_mut() else {
+        return false;
+    };
+    let before = fields.len();
+    fields.retain(|name, value| !value.is_null() || required.contains(&name.as_str()));
+    fields.len() != before
 }
 
 /// The most tools a turn may say the model was offered.
@@ -520,5 +542,21 @@ async fn stream_results(
             }
             Err(broadcast::error::RecvError::Closed) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::strip_nulls;
+
+    #[test]
+    fn nulls_of_optional_fields_go_and_required_ones_stay() {
+        let schema = json!({"type": "object", "required": ["key"]});
+        let mut args = json!({"key": null, "value": null, "ttl_ms": 5, "note": null});
+        assert!(strip_nulls(&mut args, &schema));
+        assert_eq!(args, json!({"key": null, "ttl_ms": 5}));
+        assert!(!strip_nulls(&mut args, &schema), "nothing more to drop");
     }
 }

@@ -230,8 +230,9 @@ async fn wipe(ctx: ToolContext) -> Result<String, ToolError> {
 }
 
 /// Keeps `value` under `key` in this tool's cache when given (expiring after `ttl_ms` when
-/// given), then returns what the cache holds under `key`.
-#[tool]
+/// given), then returns what the cache holds under `key`. Null optional arguments are dropped by
+/// the kernel before the call is recorded.
+#[tool(strip_nulls)]
 async fn memo(
     ctx: ToolContext,
     key: String,

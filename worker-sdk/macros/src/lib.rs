@@ -12,7 +12,7 @@ use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Attribute, Expr, ExprArray, ExprLit, FnArg, ItemFn, Lit, LitStr, Pat, ReturnType, Type, parse_macro_input};
 
-const OPTIONS: &str = "name, description, timeout, retry, idempotency, read_only, writes, version, owner, \
+const OPTIONS: &str = "name, description, timeout, retry, idempotency, read_only, writes, strip_nulls, version, owner, \
                        risk, permissions, resources, cost_per_call, cache_ttl, requires_approval, approval_timeout";
 
 /// Turns a function into a tool: keeps the function and adds `<name>_tool() -> worker_sdk::Tool`.
@@ -90,6 +90,7 @@ struct Options {
     retry: Option<u32>,
     idempotency: Option<TokenStream2>,
     read_only: Option<Span>,
+    strip_nulls: bool,
     writes: Option<Span>,
     version: Option<String>,
     owner: Option<String>,
@@ -180,6 +181,7 @@ impl Options {
                     }
                 });
             }
+            "strip_nulls" => self.strip_nulls = true,
             "read_only" | "writes" => {
                 let span = meta.path.span();
                 let on = if meta.input.peek(syn::Token![=]) {
@@ -270,6 +272,9 @@ impl Options {
         }
         if self.read_only.is_some() {
             out.extend(quote!(.read_only()));
+        }
+        if self.strip_nulls {
+            out.extend(quote!(.strip_nulls()));
         }
         if self.writes.is_some() {
             out.extend(quote!(.writes()));

@@ -142,6 +142,9 @@ pub struct ToolOptions {
     pub approval_timeout: Option<Duration>,
     /// Runs on a blocking thread that cannot be interrupted.
     pub blocking: bool,
+    /// The kernel drops null-valued optional arguments before validating, hashing and recording
+    /// each call (Rebuno's null stripping).
+    pub strip_nulls: bool,
 }
 
 /// A tool definition the kernel would refuse.
@@ -422,6 +425,14 @@ impl Tool {
     /// How long an unanswered approval waits before it counts as rejected.
     pub fn approval_timeout(mut self, timeout: Duration) -> Self {
         self.definition.options.approval_timeout = Some(timeout);
+        self
+    }
+
+    /// Has the kernel drop null-valued optional arguments before it validates, hashes and records
+    /// each call: models fill optional fields with null, and typed parameters reject it. The
+    /// record, the replay identity and the tool then all see the same arguments.
+    pub fn strip_nulls(mut self) -> Self {
+        self.definition.options.strip_nulls = true;
         self
     }
 

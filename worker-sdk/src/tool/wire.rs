@@ -48,6 +48,7 @@ fn tool_options(options: &ToolOptions) -> pb::ToolOptions {
         requires_approval_expr,
         approval_timeout_ms: optional_millis(options.approval_timeout),
         blocking: options.blocking,
+        strip_nulls: options.strip_nulls,
     }
 }
 
@@ -98,6 +99,7 @@ mod tests {
             approval: Approval::When("args.cents > 10000".into()),
             approval_timeout: Some(Duration::from_secs(3600)),
             blocking: true,
+            strip_nulls: true,
         };
         let pb = tool_options(&options);
         assert_eq!(pb.timeout_ms, 1500);
@@ -114,6 +116,7 @@ mod tests {
         assert_eq!(pb.requires_approval_expr, "args.cents > 10000");
         assert_eq!(pb.approval_timeout_ms, 3_600_000);
         assert!(pb.blocking);
+        assert!(pb.strip_nulls);
 
         let defaults = tool_options(&ToolOptions::default());
         assert_eq!(defaults.timeout_ms, 0);
