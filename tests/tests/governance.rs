@@ -606,3 +606,84 @@ async fn sighup_reloads_the_policy_file() {
         outcome.results[0].content
     );
 }
+
+/// `max_risk` and `require_permissions` end to end, against the fault worker's declared risks
+/// (`refund` high, `wipe` critical, the rest undeclared, so low) and permissions (`refund` needs
+/// `billing:write`).
+#[tokio::test]
+async fn max_risk_and_require_permissions_decide_calls_end_to_end() {
+    let kernel = Kernel::start_with(KernelOptions {
+        policy: Some(
+            "default: allow\nmax_risk: { ceiling: high, approve_above: medium }\nrequire_permissions: true\n".into(),
+        ),
+        ..Default::default()
+    });
+    let _worker = kernel.fault_worker("w1");
+    // A run without billing:write.
+    let request = pb::CreateRunRequest {
+        agent: "limited".into(),
+        input_json: "{}".into(),
+        ..Default::default()
+    };
+    let unprivileged = kernel
+        .runs()
+        .await
+        .create_run(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap()
+        .id;
+    let outcome = submit(
+        &kernel,
+        &unprivileged,
+        0,
+        vec![
+            call("sleepy", json!({"hold_ms": 1})),
+            call("refund", json!({"cents": 5})),
+            call("wipe", json!({})),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcome.results[0].status, pb::CallStatus::Ok as i32, "low risk runs");
+    for (index, expected) in [(1, "billing:write"), (2, "critical")] {
+        let result = &outcome.results[index];
+        assert_eq!(result.outcome, pb::CallOutcome::Denied as i32, "{result:?}");
+        assert!(result.content.contains(expected), "{}", result.content);
+    }
+    // A run holding billing:write: the high-risk refund now asks a person instead.
+    let privileged = create_run(&kernel, "billing", &[], false).await;
+    let mut turn = open_turn(&kernel, &privileged, 0, vec![call("refund", json!({"cents": 5}))]).await;
+    let first = turn.next().await.unwrap().unwrap();
+    let Some(pb::submit_turn_response::Item::Interrupted(asked)) = first.item else {
+        panic!("expected an approval question, got {first:?}");
+    };
+    assert_eq!(asked.tool, "refund");
+    assert!(
+        kernel.ledger().iter().all(|l| l.tool != "refund"),
+        "nothing ran before the answer"
+    );
+}
+
+/// A tool's context says which turn and position its call has, as recorded.
+#[tokio::test]
+async fn a_tool_s_context_knows_its_turn_and_position() {
+    let kernel = Kernel::start();
+    let _worker = kernel.fault_worker("w1");
+    let run = kernel.create_run("curious").await;
+    let outcome = submit(
+        &kernel,
+        &run,
+        3,
+        vec![call("sleepy", json!({"hold_ms": 1})), call("whoami", json!({}))],
+    )
+    .await
+    .unwrap();
+    let seen: Value = serde_json::from_str(&outcome.results[1].content).unwrap();
+    assert_eq!(
+        seen,
+        json!({"turn": 3, "position": 1, "step_key": "t3/p1", "attempt": 1})
+    );
+}

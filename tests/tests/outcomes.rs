@@ -173,3 +173,30 @@ async fn every_way_a_call_ends_has_its_outcome_and_details() {
     );
     check_log(&events, true);
 }
+
+/// A tool with a retry policy: a retryable error is retried to its last attempt, a fatal or a
+/// poison one never.
+#[tokio::test]
+async fn fatal_and_poison_errors_are_never_retried() {
+    let kernel = Kernel::start();
+    let _worker = kernel.fault_worker("w1");
+    let run = kernel.create_run("unlucky").await;
+    let calls = ["retryable", "fatal", "poison"]
+        .map(|kind| e2e::call("failing", json!({ "kind": kind })))
+        .to_vec();
+    let outcome = e2e::submit(&kernel, &run, 0, calls).await.unwrap();
+    let attempts: Vec<u32> = outcome.results.iter().map(|r| r.attempts).collect();
+    assert_eq!(attempts, [3, 1, 1], "{:?}", outcome.results);
+    let kinds: Vec<i32> = outcome.results.iter().map(|r| r.error_kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            pb::ErrorKind::Retryable as i32,
+            pb::ErrorKind::Fatal as i32,
+            pb::ErrorKind::Poison as i32
+        ]
+    );
+    let runs = kernel.ledger().iter().filter(|l| l.tool == "failing").count();
+    assert_eq!(runs, 5, "three attempts, then one each");
+    check_log(&kernel.events(&run).await, true);
+}

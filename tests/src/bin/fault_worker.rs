@@ -246,6 +246,28 @@ async fn memo(
     cache.get(&key).await
 }
 
+/// Fails with an error of `kind` (`retryable`, `fatal` or `poison`); retried by its policy.
+#[tool]
+async fn failing(ctx: ToolContext, kind: String) -> Result<(), ToolError> {
+    Ledger::write(&ctx, "start");
+    Err(match kind.as_str() {
+        "fatal" => ToolError::fatal("fatal on purpose"),
+        "poison" => ToolError::poison("poison on purpose"),
+        _ => ToolError::retryable("retryable on purpose"),
+    })
+}
+
+/// Returns what its context says of the call: turn, position, step key and attempt.
+#[tool(read_only)]
+async fn whoami(ctx: ToolContext) -> Result<Value, ToolError> {
+    Ok(json!({
+        "turn": ctx.turn(),
+        "position": ctx.position(),
+        "step_key": ctx.step_key(),
+        "attempt": ctx.attempt(),
+    }))
+}
+
 /// Starts a `child` subagent from the tool's body and returns its output.
 #[tool]
 async fn delegate(ctx: ToolContext, label: String, hold_ms: u64) -> Result<Value, ToolError> {
@@ -321,6 +343,12 @@ async fn main() {
         .tool(memo_tool())
         .tool(peek_tool())
         .tool(delegate_tool())
+        .tool(whoami_tool())
+        .tool(failing_tool().retry_policy(RetryPolicy::exponential(
+            3,
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+        )))
         .deps(Ledger(Mutex::new(ledger)))
         .build()
         .expect("worker config");
