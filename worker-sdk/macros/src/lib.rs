@@ -539,8 +539,29 @@ mod tests {
 
     fn parse_options(tokens: TokenStream2) -> syn::Result<Options> {
         let mut options = Options::default();
-        syn::meta::parser(|meta| options.parse(meta)).parse2(tokens)?;
+        syn::parse::Parser::parse2(|input: syn::parse::ParseStream<'_>| options.parse_all(input), tokens)?;
         Ok(options)
+    }
+
+    #[test]
+    fn the_tool_id_may_come_first_and_only_once() {
+        let options = parse_options(quote!("charge", idempotency = "at_most_once")).unwrap();
+        assert_eq!(options.name.unwrap().value(), "charge");
+        assert!(parse_options(quote!("charge")).is_ok());
+        assert!(parse_options(quote!()).is_ok());
+        assert!(error(quote!("charge", name = "bill")).contains("the tool id is given twice"));
+        assert!(error(quote!("no spaces")).contains("1 to 64 characters"));
+    }
+
+    #[test]
+    fn a_tool_without_a_description_is_refused() {
+        let undocumented = quote!(
+            async fn f(ctx: ToolContext) -> Result<(), ToolError> {
+                Ok(())
+            }
+        );
+        let refused = expand_error(quote!(), undocumented);
+        assert!(refused.contains("the model would see no description"), "{refused}");
     }
 
     fn error(tokens: TokenStream2) -> String {
@@ -638,6 +659,7 @@ mod tests {
     fn a_cache_ttl_needs_read_only() {
         let function = || {
             quote!(
+                /// Does f.
                 async fn f(ctx: ToolContext) -> Result<(), ToolError> {
                     Ok(())
                 }
