@@ -533,7 +533,6 @@ fn expand(options: Options, mut function: ItemFn) -> syn::Result<TokenStream2> {
 
 #[cfg(test)]
 mod tests {
-    use syn::parse::Parser;
 
     use super::*;
 
