@@ -127,6 +127,9 @@ enum Msg {
     Heartbeat {
         session_id: String,
     },
+    Ready {
+        session_id: String,
+    },
     Drain {
         session_id: String,
     },
@@ -216,6 +219,12 @@ impl Scheduler {
         self.send(Msg::Heartbeat { session_id });
     }
 
+    /// The session's tools and agents are registered: `workers list` may show it now, and a
+    /// client that sees it there may use what it offers.
+    pub fn ready(&self, session_id: String) {
+        self.send(Msg::Ready { session_id });
+    }
+
     /// No more dispatches to this session.
     pub fn drain(&self, session_id: String) {
         self.send(Msg::Drain { session_id });
@@ -285,6 +294,8 @@ struct Session {
     agents: HashMap<String, (String, Option<u32>)>,
     /// Runs of each agent this session hosts now.
     hosting: HashMap<String, u32>,
+    /// Registered: listed by `workers list` (dispatches may go to it before).
+    ready: bool,
     max_concurrency: u32,
     in_use: u32,
     draining: bool,
@@ -393,6 +404,11 @@ impl Actor {
                     session.last_heartbeat_at = now_millis();
                 }
             }
+            Msg::Ready { session_id } => {
+                if let Some(session) = self.sessions.get_mut(&session_id) {
+                    session.ready = true;
+                }
+            }
             Msg::Drain { session_id } => {
                 if let Some(session) = self.sessions.get_mut(&session_id) {
                     info!(session_id, worker = session.name, "worker draining");
@@ -448,6 +464,7 @@ impl Actor {
                 let mut workers: Vec<WorkerSnapshot> = self
                     .sessions
                     .iter()
+                    .filter(|(_, s)| s.ready)
                     .map(|(id, s)| {
                         let mut tools: Vec<String> = s.tools.keys().cloned().collect();
                         tools.sort();
@@ -522,6 +539,7 @@ impl Actor {
                     .map(|a| (a.name, (a.fingerprint, a.max_concurrency)))
                     .collect(),
                 hosting: HashMap::new(),
+                ready: false,
                 max_concurrency: hello.max_concurrency,
                 in_use: 0,
                 draining: false,

@@ -145,6 +145,7 @@ impl WorkerService for WorkerApi {
         }
         kernel.registry.join(&tools, now_millis());
         kernel.registry.know_agents(&agents);
+        kernel.scheduler.ready(session_id.clone());
 
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let config = kernel.scheduler.config();
