@@ -554,6 +554,8 @@ pub struct RunRecord {
     pub session_key: Option<String>,
     /// Times a hosted run's handler gave back its slot to wait.
     pub suspensions: u32,
+    /// The default bound on how many calls of one turn run at once; 0: none.
+    pub max_concurrency: u32,
     pub tool_calls: u32,
     pub last_seq: u64,
     pub created_at: Millis,
@@ -568,6 +570,8 @@ pub struct StepRecord {
     pub kind: StepKind,
     /// A local step's declared effect.
     pub effect: Option<Effect>,
+    /// At most this many calls of the step's turn run at once.
+    pub max_concurrency: Option<u32>,
     pub turn: u32,
     pub position: u32,
     pub call_id: Option<String>,

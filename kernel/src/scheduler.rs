@@ -151,6 +151,8 @@ enum Msg {
     Gauges(oneshot::Sender<SchedulerGauges>),
     Reserve {
         run_id: RunId,
+        /// The turn, and how many of its calls may run at once.
+        turn: (u32, Option<u32>),
         calls: Vec<(StepKey, String)>,
         reply: oneshot::Sender<Vec<Option<StartDispatch>>>,
     },
@@ -252,10 +254,20 @@ impl Scheduler {
     /// call's `tool:start` can be recorded in the same commit as its `tool:scheduled`: one slot per
     /// call whose tool has a free one, and none while calls are queued (they come first). Every
     /// reservation must come back through [`Scheduler::reserved`].
-    pub async fn reserve(&self, run_id: RunId, calls: Vec<(StepKey, String)>) -> Vec<Option<StartDispatch>> {
+    pub async fn reserve(
+        &self,
+        run_id: RunId,
+        turn: (u32, Option<u32>),
+        calls: Vec<(StepKey, String)>,
+    ) -> Vec<Option<StartDispatch>> {
         let none = calls.len();
         let (reply, answer) = oneshot::channel();
-        self.send(Msg::Reserve { run_id, calls, reply });
+        self.send(Msg::Reserve {
+            run_id,
+            turn,
+            calls,
+            reply,
+        });
         answer.await.unwrap_or_else(|_| vec![None; none])
     }
 
@@ -348,6 +360,8 @@ struct Lease {
     state: LeaseState,
     /// The agent, for the dispatch of a hosted run: it counts toward the agent's bound.
     agent: Option<String>,
+    /// The call's turn: it counts toward the turn's bound.
+    turn: u32,
 }
 
 struct Actor {
@@ -432,8 +446,13 @@ impl Actor {
             }
             Msg::CancelSteps { steps, reason } => self.cancel_steps(steps, &reason),
             Msg::Reconcile(steps) => self.reconcile(steps),
-            Msg::Reserve { run_id, calls, reply } => {
-                let reservations = self.reserve_for_turn(&run_id, calls);
+            Msg::Reserve {
+                run_id,
+                turn,
+                calls,
+                reply,
+            } => {
+                let reservations = self.reserve_for_turn(&run_id, turn, calls);
                 if let Err(unused) = reply.send(reservations) {
                     // The turn went away before it was written: nothing will start on these slots.
                     for start in unused.into_iter().flatten() {
@@ -718,7 +737,8 @@ impl Actor {
             }
             let queued = self.queue.get(index);
             let kind = queued.step.kind;
-            if !queued.ready(now) || no_session[slot(kind)].contains(&queued.step.tool) {
+            if !queued.ready(now) || no_session[slot(kind)].contains(&queued.step.tool) || self.turn_full(&queued.step)
+            {
                 index += 1;
                 continue;
             }
@@ -740,7 +760,7 @@ impl Actor {
     fn take_slot(
         &mut self,
         session_id: String,
-        (run_id, key, agent): (&RunId, &StepKey, Option<&str>),
+        (run_id, key, turn, agent): (&RunId, &StepKey, u32, Option<&str>),
         attempt: u32,
     ) -> StartDispatch {
         let session = self.sessions.get_mut(&session_id).expect("picked session exists");
@@ -766,6 +786,7 @@ impl Actor {
                 attempt,
                 state: LeaseState::Starting,
                 agent: agent.map(str::to_owned),
+                turn,
             },
         );
         start
@@ -774,7 +795,11 @@ impl Actor {
     /// Starts a queued call on `session_id`: records its `tool:start`, then sends it.
     fn reserve(&mut self, session_id: String, step: StepRecord) {
         let agent = (step.kind == StepKind::Agent).then_some(step.tool.as_str());
-        let start = self.take_slot(session_id, (&step.run_id, &step.key, agent), step.attempts + 1);
+        let start = self.take_slot(
+            session_id,
+            (&step.run_id, &step.key, step.turn, agent),
+            step.attempts + 1,
+        );
         let (dispatch_id, attempt) = (start.dispatch_id.clone(), start.attempt);
         let store = self.store.clone();
         let me = self.me.clone();
@@ -789,18 +814,40 @@ impl Actor {
     }
 
     /// Slots for the new calls of a turn, taken only while nothing waits in the queue.
-    fn reserve_for_turn(&mut self, run_id: &RunId, calls: Vec<(StepKey, String)>) -> Vec<Option<StartDispatch>> {
+    fn reserve_for_turn(
+        &mut self,
+        run_id: &RunId,
+        (turn, limit): (u32, Option<u32>),
+        calls: Vec<(StepKey, String)>,
+    ) -> Vec<Option<StartDispatch>> {
+        let mut taken = 0;
         calls
             .into_iter()
             .map(|(key, tool)| {
-                if !self.queue.is_empty() {
+                if !self.queue.is_empty() || limit.is_some_and(|n| taken >= n) {
                     return None;
                 }
                 let session_id = self.pick(StepKind::Tool, &tool)?;
+                taken += 1;
                 // A new call's first attempt.
-                Some(self.take_slot(session_id, (run_id, &key, None), 1))
+                Some(self.take_slot(session_id, (run_id, &key, turn, None), 1))
             })
             .collect()
+    }
+
+    /// Whether `step`'s turn already runs as many calls as its bound allows.
+    fn turn_full(&self, step: &StepRecord) -> bool {
+        let Some(limit) = step.max_concurrency else {
+            return false;
+        };
+        let running = self
+            .leases
+            .values()
+            .filter(|l| {
+                l.run_id == step.run_id && l.turn == step.turn && !matches!(l.state, LeaseState::Cancelling { .. })
+            })
+            .count();
+        running >= limit as usize
     }
 
     fn started(&mut self, dispatch_id: String, attempt: u32, result: Result<Option<StepRecord>, KernelError>) {
@@ -1091,6 +1138,7 @@ mod tests {
                 hosted: None,
                 parent: None,
                 session_key: None,
+                max_concurrency: 0,
             })
             .await
             .unwrap();
@@ -1121,6 +1169,7 @@ mod tests {
             default_timeout_ms: 30_000,
             max_pending_calls: 1024,
             fence: None,
+            max_concurrency: None,
         }
     }
 
@@ -1220,16 +1269,16 @@ mod tests {
         let key = StepKey::for_call(0, 0, None);
         let wanted = vec![(key.clone(), "t".to_owned())];
 
-        let first = scheduler.reserve(run.clone(), wanted.clone()).await;
+        let first = scheduler.reserve(run.clone(), (0, None), wanted.clone()).await;
         let start = first[0].clone().expect("a free slot is reserved");
         assert_eq!(start.attempt, 1);
         assert_eq!(
-            scheduler.reserve(run.clone(), wanted.clone()).await,
+            scheduler.reserve(run.clone(), (0, None), wanted.clone()).await,
             vec![None],
             "the one slot is taken"
         );
         scheduler.reserved(vec![(start, None)]);
-        let again = scheduler.reserve(run.clone(), wanted).await;
+        let again = scheduler.reserve(run.clone(), (0, None), wanted).await;
         let start = again[0].clone().expect("a slot given back can be reserved again");
 
         // Written with its slot: the call starts in the same commit and goes to the worker.
@@ -1260,7 +1309,7 @@ mod tests {
         let (session, _orders) = join_one_slot(&scheduler).await;
         let key = StepKey::for_call(0, 0, None);
         let start = scheduler
-            .reserve(run.clone(), vec![(key.clone(), "t".to_owned())])
+            .reserve(run.clone(), (0, None), vec![(key.clone(), "t".to_owned())])
             .await[0]
             .clone()
             .expect("reserved");

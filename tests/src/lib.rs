@@ -580,6 +580,7 @@ pub async fn submit(
         turn,
         calls,
         offered_tools: Vec::new(),
+        max_concurrency: 0,
     };
     let mut stream = kernel.calls().await.submit_turn(request).await?.into_inner();
     let mut outcome = TurnOutcome::default();
@@ -773,6 +774,7 @@ pub async fn submit_until_done(url: &str, run_id: &str, turn: u32, calls: Vec<pb
                 turn,
                 calls: calls.clone(),
                 offered_tools: Vec::new(),
+                max_concurrency: 0,
             };
             let mut stream = client
                 .submit_turn(request)

@@ -158,6 +158,7 @@ async fn add_turn(kernel: &Kernel, run: &str, key: &str) -> tonic::Streaming<pb:
                 turn: 0,
                 calls: vec![call("add", json!({"a": 2, "b": 3}))],
                 offered_tools: Vec::new(),
+                max_concurrency: 0,
             },
             key,
         ))
@@ -206,6 +207,7 @@ async fn no_key_or_a_wrong_key_is_unauthenticated_and_writes_nothing() {
             turn: 0,
             calls: vec![call("add", json!({"a": 1, "b": 2}))],
             offered_tools: Vec::new(),
+            max_concurrency: 0,
         })
         .await
         .unwrap_err();

@@ -376,6 +376,7 @@ async fn the_kernel_shuts_down_within_its_drain_while_worker_streams_are_open() 
             turn: 0,
             calls: vec![call("slow", json!({"steps": 100, "delay_ms": 100}))],
             offered_tools: Vec::new(),
+            max_concurrency: 0,
         };
         let _ = client.submit_turn(request).await;
     });
@@ -435,5 +436,86 @@ async fn a_call_id_held_in_flight_by_another_turn_is_refused_unless_it_is_the_sa
         "{}",
         refused.message()
     );
+    check_log(&kernel.events(&run).await, true);
+}
+
+/// The most calls of one run running at once, read from its log.
+fn most_running_at_once(events: &[pb::Event]) -> (usize, Vec<String>) {
+    let mut running = std::collections::HashSet::new();
+    let mut most = 0;
+    let mut started = Vec::new();
+    for event in events {
+        let key = e2e::payload(event)["step_key"].as_str().unwrap_or_default().to_owned();
+        match event.r#type.as_str() {
+            "tool:start" => {
+                running.insert(key.clone());
+                started.push(key);
+                most = most.max(running.len());
+            }
+            "tool:result" => {
+                running.remove(&key);
+            }
+            _ => {}
+        }
+    }
+    (most, started)
+}
+
+/// A turn's max_concurrency (and a run's, as the default) bounds how many of its calls run at
+/// once; the others wait in the kernel and start in position order, results in position order.
+#[tokio::test]
+async fn a_turn_runs_at_most_its_max_concurrency_of_calls_at_once() {
+    let kernel = Kernel::start();
+    let _worker = kernel.worker("w1");
+    let calls = || {
+        (0..4)
+            .map(|_| call("slow", json!({"steps": 1, "delay_ms": 150})))
+            .collect::<Vec<_>>()
+    };
+    let run = kernel.create_run("bounded").await;
+    let request = pb::SubmitTurnRequest {
+        run_id: run.clone(),
+        turn: 0,
+        calls: calls(),
+        offered_tools: Vec::new(),
+        max_concurrency: 2,
+    };
+    let mut stream = kernel.calls().await.submit_turn(request).await.unwrap().into_inner();
+    let mut positions = Vec::new();
+    while let Some(item) = stream.message().await.unwrap() {
+        if let Some(pb::submit_turn_response::Item::Result(result)) = item.item {
+            assert_eq!(result.status, pb::CallStatus::Ok as i32, "{result:?}");
+            positions.push(result.position);
+        }
+    }
+    assert_eq!(positions, [0, 1, 2, 3], "results in position order");
+    let (most, started) = most_running_at_once(&kernel.events(&run).await);
+    assert_eq!(most, 2, "two at once, never more");
+    assert_eq!(
+        started,
+        ["t0/p0", "t0/p1", "t0/p2", "t0/p3"],
+        "the waiting ones start in position order"
+    );
+
+    // A run's max_concurrency is its turns' default.
+    let request = pb::CreateRunRequest {
+        agent: "one-at-a-time".into(),
+        input_json: "{}".into(),
+        max_concurrency: 1,
+        ..Default::default()
+    };
+    let serial = kernel
+        .runs()
+        .await
+        .create_run(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap();
+    assert_eq!(serial.max_concurrency, 1);
+    submit(&kernel, &serial.id, 0, calls()).await.unwrap();
+    let (most, _) = most_running_at_once(&kernel.events(&serial.id).await);
+    assert_eq!(most, 1, "one at a time");
     check_log(&kernel.events(&run).await, true);
 }

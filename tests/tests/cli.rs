@@ -188,6 +188,7 @@ async fn runs_show_explains_a_call_waiting_for_its_retry() {
                 turn: 0,
                 calls: vec![call("flaky", json!({"succeed_on": 3}))],
                 offered_tools: Vec::new(),
+                max_concurrency: 0,
             };
             let _ = client.submit_turn(request).await;
         }

@@ -62,6 +62,7 @@ async fn hold_turn(url: String, run_id: String, turn: u32, calls: Vec<pb::ToolCa
         turn,
         calls,
         offered_tools: Vec::new(),
+        max_concurrency: 0,
     };
     if let Ok(response) = client.submit_turn(request).await {
         let mut stream = response.into_inner();
@@ -627,6 +628,7 @@ async fn rss_with_10000_runs() {
                     turn: 0,
                     calls: vec![call("noop", json!({}))],
                     offered_tools: Vec::new(),
+                    max_concurrency: 0,
                 };
                 let mut stream = calls.submit_turn(request).await.expect("submit").into_inner();
                 let mut results = 0;

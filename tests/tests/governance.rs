@@ -79,6 +79,7 @@ async fn open_turn(
         turn,
         calls,
         offered_tools: Vec::new(),
+        max_concurrency: 0,
     };
     kernel.calls().await.submit_turn(request).await.unwrap().into_inner()
 }
@@ -371,6 +372,7 @@ async fn a_non_interactive_run_cannot_wait_for_a_person() {
         turn: 0,
         calls: vec![call("sleepy", json!({"hold_ms": 1}))],
         offered_tools: vec!["sleepy".into(), "wipe".into()],
+        max_concurrency: 0,
     };
     let refused = kernel.calls().await.submit_turn(offering).await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition);

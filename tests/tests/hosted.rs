@@ -142,6 +142,7 @@ async fn a_hosted_run_takes_no_turn_from_outside_its_handler_and_no_complete() {
         turn: 5,
         calls: vec![e2e::call("sleepy", json!({"hold_ms": 1}))],
         offered_tools: Vec::new(),
+        max_concurrency: 0,
     };
     let refused = kernel.calls().await.submit_turn(turn).await.expect_err("refused");
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");

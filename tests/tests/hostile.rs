@@ -38,6 +38,7 @@ fn submit_later(
             turn,
             calls,
             offered_tools: Vec::new(),
+            max_concurrency: 0,
         };
         let mut client = kernel_proto::v1::tool_call_service_client::ToolCallServiceClient::connect(url)
             .await

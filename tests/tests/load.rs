@@ -90,6 +90,7 @@ async fn run_turn(channel: Channel, run_id: String, calls: Vec<pb::ToolCall>) ->
             turn: 0,
             calls: calls.clone(),
             offered_tools: Vec::new(),
+            max_concurrency: 0,
         };
         let attempt = async {
             let mut stream = client.submit_turn(request).await?.into_inner();

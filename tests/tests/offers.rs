@@ -17,6 +17,7 @@ async fn submit_offering(
         turn,
         calls,
         offered_tools: offered.iter().map(|t| t.to_string()).collect(),
+        max_concurrency: 0,
     };
     let mut stream = kernel.calls().await.submit_turn(request).await.unwrap().into_inner();
     let mut results = Vec::new();
@@ -95,6 +96,7 @@ async fn a_call_outside_the_turn_s_offer_is_unknown_and_a_recorded_one_no_longer
             turn: 1,
             calls: vec![call("add", json!({"a": 1, "b": 2}))],
             offered_tools: vec!["bad name".into()],
+            max_concurrency: 0,
         })
         .await
         .unwrap_err();

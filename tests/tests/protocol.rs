@@ -29,6 +29,7 @@ async fn results_from_a_dispatch_not_held_are_refused_and_record_nothing() {
                 turn: 0,
                 calls: vec![call("raw_tool", json!({"x": 1}))],
                 offered_tools: Vec::new(),
+                max_concurrency: 0,
             };
             let mut client = kernel_proto::v1::tool_call_service_client::ToolCallServiceClient::connect(kernel_url)
                 .await
@@ -218,6 +219,7 @@ async fn the_watch_stream_has_no_gap_and_no_duplicate_at_its_seam() {
                     turn,
                     calls: vec![call("nope", json!({})); 3],
                     offered_tools: Vec::new(),
+                    max_concurrency: 0,
                 };
                 let mut stream = client.submit_turn(request).await.unwrap().into_inner();
                 while stream.next().await.is_some() {}

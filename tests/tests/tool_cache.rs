@@ -138,6 +138,7 @@ async fn requests_are_fenced_by_a_held_dispatch_and_refusals_write_nothing() {
                 turn: 1,
                 calls: vec![call("raw_tool", json!({}))],
                 offered_tools: Vec::new(),
+                max_concurrency: 0,
             };
             let mut client = kernel_proto::v1::tool_call_service_client::ToolCallServiceClient::connect(url)
                 .await

@@ -180,6 +180,7 @@ impl Agent {
             turn,
             calls,
             offered_tools: Vec::new(),
+            max_concurrency: 0,
         };
         let turn = async {
             let mut stream = client.submit_turn(request).await?.into_inner();

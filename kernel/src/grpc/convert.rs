@@ -124,6 +124,7 @@ pub fn run(run: &RunRecord) -> pb::Run {
         parent_step_key: run.parent.as_ref().map(|(_, key)| key.to_string()).unwrap_or_default(),
         session_key: run.session_key.clone().unwrap_or_default(),
         suspensions: run.suspensions,
+        max_concurrency: run.max_concurrency,
     }
 }
 
@@ -274,6 +275,7 @@ pub fn step(step: &StepRecord, capture: Capture) -> pb::Step {
             StepKind::Subagent => pb::StepKind::Subagent,
         } as i32,
         effect: step.effect.map(|e| e.as_str().to_owned()).unwrap_or_default(),
+        max_concurrency: step.max_concurrency.unwrap_or(0),
         child_run_id: match step.kind {
             StepKind::Subagent => step.call_id.clone().unwrap_or_default(),
             _ => String::new(),

@@ -298,6 +298,7 @@ impl HostedService for HostedApi {
             hosted: Some(known.hosted()),
             parent: None,
             session_key,
+            max_concurrency: parent.max_concurrency,
         };
         let start = SubagentStart {
             parent: run_id,

@@ -106,6 +106,7 @@ impl RunService for RunApi {
             hosted,
             parent: None,
             session_key: None,
+            max_concurrency: req.max_concurrency,
         };
         let (run, created, dispatch) = self.0.store.create_run_dispatching(new).await?;
         if let Some(dispatch) = dispatch {

@@ -62,6 +62,7 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
     }
     let offer = offered_tools(&req.offered_tools)?;
     let req_offer = req.offered_tools;
+    let req_max_concurrency = req.max_concurrency;
     let added = limits::EVENTS_PER_CALL * req.calls.len() as u64;
     let mut ids = HashSet::new();
     let mut calls = Vec::with_capacity(req.calls.len());
@@ -199,6 +200,8 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
         default_timeout_ms: kernel.default_timeout_ms,
         max_pending_calls: kernel.limits.max_pending_calls_per_run,
         fence,
+        // The turn's own bound, else the run's default.
+        max_concurrency: [req_max_concurrency, run.max_concurrency].into_iter().find(|n| *n > 0),
     };
     Ok(Planned {
         plan,
@@ -259,7 +262,8 @@ async fn schedule(kernel: &Kernel, mut plan: TurnPlan) -> Result<Vec<CallDisposi
     let reservations = if runnable.is_empty() {
         Vec::new()
     } else {
-        kernel.scheduler.reserve(plan.run_id.clone(), wanted).await
+        let turn = (plan.turn, plan.max_concurrency);
+        kernel.scheduler.reserve(plan.run_id.clone(), turn, wanted).await
     };
     let mut reserved = Vec::new();
     for (&i, start) in runnable.iter().zip(reservations) {

@@ -52,6 +52,7 @@ pub fn dispatch_step(run: &RunRecord, agent: &HostedAgent, now: Millis) -> StepR
         key,
         kind: StepKind::Agent,
         effect: None,
+        max_concurrency: None,
         turn: 0,
         position: 0,
         call_id: None,

@@ -38,6 +38,8 @@ pub struct NewRun {
     pub parent: Option<(RunId, crate::model::StepKey)>,
     /// Subagents with one session key run one at a time, in order of start.
     pub session_key: Option<String>,
+    /// The default bound on how many calls of one turn run at once; 0: none.
+    pub max_concurrency: u32,
 }
 
 /// What creating a run does: with an idempotency key a run already holds, that run (when its
@@ -103,6 +105,7 @@ pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis)
         parent: new.parent.clone(),
         session_key: new.session_key.clone(),
         suspensions: 0,
+        max_concurrency: new.max_concurrency,
         tool_calls: 0,
         last_seq: 0,
         created_at: now,
@@ -308,6 +311,7 @@ mod tests {
             hosted: None,
             parent: None,
             session_key: None,
+            max_concurrency: 0,
         }
     }
 

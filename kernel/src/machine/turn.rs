@@ -72,6 +72,8 @@ pub struct TurnPlan {
     pub max_pending_calls: usize,
     /// The dispatch of a hosted run whose handler calls: checked inside the write.
     pub fence: Option<super::hosted::Fence>,
+    /// At most this many of the turn's calls run at once; `None` (or 0) takes the run's default.
+    pub max_concurrency: Option<u32>,
 }
 
 /// What recording a turn decided for one call.
@@ -361,7 +363,7 @@ pub enum Next {
 /// the store found one; counts it toward the run's calls.
 pub fn record(
     run: &mut RunRecord,
-    (turn, default_timeout_ms): (u32, u64),
+    (turn, default_timeout_ms, limit): (u32, u64, Option<u32>),
     call: &PlannedCall,
     decision: Decision,
     cached: Option<String>,
@@ -401,6 +403,10 @@ pub fn record(
         key: call.key.clone(),
         kind: StepKind::Tool,
         effect: None,
+        // The turn's own bound, else the run's default.
+        max_concurrency: limit
+            .filter(|n| *n > 0)
+            .or((run.max_concurrency > 0).then_some(run.max_concurrency)),
         turn,
         position: call.position,
         call_id: call.call_id.clone(),
@@ -571,6 +577,7 @@ mod tests {
             default_timeout_ms: 30_000,
             max_pending_calls: 2,
             fence: None,
+            max_concurrency: None,
         }
     }
 
@@ -726,7 +733,7 @@ mod tests {
         for (name, call, status, outcome, kind, next) in cases {
             let mut run = run();
             let decision = decide(&run, &call, &["lookup".into()]);
-            let recorded = record(&mut run, (0, 30_000), &call, decision, None, NOW);
+            let recorded = record(&mut run, (0, 30_000, None), &call, decision, None, NOW);
             assert_eq!(recorded.step.status, status, "{name}");
             assert_eq!(recorded.step.outcome, outcome, "{name}");
             assert_eq!(recorded.event.kind, kind, "{name}");
@@ -747,7 +754,7 @@ mod tests {
         full.max_tool_calls = 1;
         full.tool_calls = 1;
         let decision = decide(&full, &allowed(), &[]);
-        let recorded = record(&mut full, (0, 30_000), &allowed(), decision, None, NOW);
+        let recorded = record(&mut full, (0, 30_000, None), &allowed(), decision, None, NOW);
         assert_eq!(recorded.step.outcome, Some(Outcome::LimitExceeded));
         assert!(
             recorded
@@ -782,7 +789,7 @@ mod tests {
 
         let mut run = run();
         let decision = decide(&run, &reader, &[]);
-        let hit = record(&mut run, (0, 30_000), &reader, decision, Some("42".into()), NOW);
+        let hit = record(&mut run, (0, 30_000, None), &reader, decision, Some("42".into()), NOW);
         assert_eq!(hit.step.status, StepStatus::Succeeded);
         assert_eq!(hit.step.output.as_deref(), Some("42"));
         assert_eq!(hit.next, Next::Settled);

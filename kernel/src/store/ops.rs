@@ -150,8 +150,8 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool, Opti
 fn insert_run(conn: &Connection, run: &RunRecord) -> Result<()> {
     conn.prepare_cached(
         "INSERT INTO runs (id, agent, status, input, labels, idempotency_key, max_tool_calls, created_at, updated_at, \
-         interactive, permissions, capture, granted_by, hosted, parent_run_id, parent_step, session_key) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+         interactive, permissions, capture, granted_by, hosted, parent_run_id, parent_step, session_key, \
+         max_concurrency) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
     )?
     .execute(params![
         run.id.as_str(),
@@ -171,6 +171,7 @@ fn insert_run(conn: &Connection, run: &RunRecord) -> Result<()> {
         run.parent.as_ref().map(|(id, _)| id.as_str()),
         run.parent.as_ref().map(|(_, key)| key.as_str()),
         run.session_key,
+        run.max_concurrency,
     ])?;
     Ok(())
 }
@@ -281,7 +282,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
         };
         let recorded = turn::record(
             &mut run,
-            (plan.turn, plan.default_timeout_ms),
+            (plan.turn, plan.default_timeout_ms, plan.max_concurrency),
             call,
             decision,
             cached,
@@ -332,8 +333,8 @@ fn insert_step(conn: &Connection, step: &StepRecord) -> Result<()> {
         "INSERT INTO steps (run_id, step_key, turn, position, call_id, tool, fingerprint, version, arguments, \
          call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
          retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, outcome, attempts, kind, effect, \
-         started_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, \
-         ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)",
+         started_at, max_concurrency) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
+         ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31)",
     )?
     .execute(params![
         step.run_id.as_str(),
@@ -370,6 +371,7 @@ fn insert_step(conn: &Connection, step: &StepRecord) -> Result<()> {
         step.kind.as_str(),
         step.effect.map(crate::model::Effect::as_str),
         step.started_at,
+        step.max_concurrency,
     ])?;
     Ok(())
 }

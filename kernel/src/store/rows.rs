@@ -8,12 +8,12 @@ use crate::model::{ApprovalRecord, EventRecord, RunId, RunRecord, StepKey, StepR
 
 pub const RUN_COLUMNS: &str = "id, agent, status, input, output, reason, labels, idempotency_key, \
      max_tool_calls, tool_calls, last_seq, created_at, updated_at, interactive, permissions, capture, granted_by, hosted, dispatches, parent_run_id, parent_step, \
-     session_key, suspensions";
+     session_key, suspensions, max_concurrency";
 
 pub const STEP_COLUMNS: &str = "run_id, step_key, turn, position, call_id, tool, fingerprint, version, \
      arguments, call_hash, idempotency_key, idempotency, timeout_ms, status, attempts, output, error, \
      error_kind, worker, session_id, dispatch_id, lease_expires_at, created_at, started_at, finished_at, \
-     replays, progress_count, retry, blocking, not_before, lease_losses, unit_cost, cost, decided_by, approval_gate, cache_ttl_ms, outcome, approval, kind, effect";
+     replays, progress_count, retry, blocking, not_before, lease_losses, unit_cost, cost, decided_by, approval_gate, cache_ttl_ms, outcome, approval, kind, effect, max_concurrency";
 
 pub const APPROVAL_COLUMNS: &str = "id, run_id, step_key, tool, call_hash, arguments, status, approvers, message, \
      decided_by, requested_at, expires_at, answered_at, decider, reason, \
@@ -72,6 +72,7 @@ pub fn run_from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         },
         session_key: row.get(21)?,
         suspensions: row.get(22)?,
+        max_concurrency: row.get(23)?,
     })
 }
 
@@ -83,6 +84,7 @@ pub fn step_from_row(row: &Row<'_>) -> rusqlite::Result<StepRecord> {
         key: StepKey::from_stored(row.get(1)?),
         kind: parse(row, 38)?,
         effect: parse_opt(row, 39)?,
+        max_concurrency: row.get(40)?,
         turn: row.get(2)?,
         position: row.get(3)?,
         call_id: row.get(4)?,

@@ -200,6 +200,12 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX runs_by_parent ON runs (parent_run_id, id) WHERE parent_run_id IS NOT NULL;
     CREATE INDEX runs_by_session ON runs (session_key, id) WHERE session_key IS NOT NULL;
     "#,
+    // 7: a bound on how many calls of one turn run at once, for a run (its default) and per call
+    // as its turn had it, so a restart keeps holding the rest back.
+    r#"
+    ALTER TABLE runs ADD COLUMN max_concurrency INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE steps ADD COLUMN max_concurrency INTEGER;
+    "#,
 ];
 
 /// Brings the database to the newest schema.

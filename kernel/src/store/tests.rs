@@ -53,6 +53,7 @@ fn new_run(key: Option<&str>, max_tool_calls: u32) -> NewRun {
         hosted: None,
         parent: None,
         session_key: None,
+        max_concurrency: 0,
     }
 }
 
@@ -87,6 +88,7 @@ fn plan(run: &RunId, turn: u32, calls: Vec<PlannedCall>) -> TurnPlan {
         default_timeout_ms: 30_000,
         max_pending_calls: 1024,
         fence: None,
+        max_concurrency: None,
     }
 }
 

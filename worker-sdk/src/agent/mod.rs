@@ -160,6 +160,9 @@ pub struct NewRun {
     pub permissions: Vec<String>,
     /// What inspection (`runs show`, events, approvals) shows of the run's arguments and results.
     pub capture: Capture,
+    /// At most this many calls of one of the run's turns run at once, unless a turn says
+    /// otherwise; 0: only the workers' slots bound them.
+    pub max_concurrency: u32,
 }
 
 /// What inspection shows of a run's arguments, results, input and error texts; replay always has
@@ -187,6 +190,7 @@ impl NewRun {
             non_interactive: false,
             permissions: Vec::new(),
             max_tool_calls: 0,
+            max_concurrency: 0,
             capture: Capture::Io,
         }
     }
@@ -225,6 +229,13 @@ impl NewRun {
     /// Caps the number of tool calls.
     pub fn max_tool_calls(mut self, max: u32) -> Self {
         self.max_tool_calls = max;
+        self
+    }
+
+    /// Runs at most `max` calls of one turn at once (Rewyn's `max_concurrency`); the others wait
+    /// in the kernel, in position order, and results still come back in position order.
+    pub fn max_concurrency(mut self, max: u32) -> Self {
+        self.max_concurrency = max;
         self
     }
 }
@@ -468,6 +479,7 @@ impl AgentClient {
             created: response.created,
             client: self.clone(),
             offered_tools: Arc::default(),
+            max_concurrency: 0,
         })
     }
 
@@ -478,6 +490,7 @@ impl AgentClient {
             created: false,
             client: self.clone(),
             offered_tools: Arc::default(),
+            max_concurrency: 0,
         }
     }
 }
@@ -490,6 +503,8 @@ pub struct RunHandle {
     client: AgentClient,
     /// The tools the model is offered, sent with every turn; empty: none named.
     offered_tools: Arc<[String]>,
+    /// The bound on each turn's calls running at once; 0: the run's own.
+    max_concurrency: u32,
 }
 
 impl RunHandle {
@@ -502,6 +517,13 @@ impl RunHandle {
         S: Into<String>,
     {
         self.offered_tools = tools.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The same run, running at most `max` calls of each turn at once (the others wait in the
+    /// kernel, in position order); 0 takes the run's own bound.
+    pub fn max_concurrency(mut self, max: u32) -> Self {
+        self.max_concurrency = max;
         self
     }
 
@@ -523,9 +545,12 @@ impl RunHandle {
         turn: u32,
         calls: Vec<Call>,
     ) -> impl Stream<Item = Result<TurnItem, AgentError>> + Send + 'static {
-        let request = self
-            .client
-            .request(wire::submit_turn_request(&self.id, turn, calls, &self.offered_tools));
+        let request = self.client.request(wire::submit_turn_request(
+            &self.id,
+            turn,
+            calls,
+            (&self.offered_tools, self.max_concurrency),
+        ));
         let mut client = self.client.calls.clone();
         let addr = self.client.addr.clone();
         let opened = async move {

@@ -20,6 +20,7 @@ pub(crate) fn create_run_request(run: NewRun) -> pb::CreateRunRequest {
         max_tool_calls: run.max_tool_calls,
         non_interactive: run.non_interactive,
         permissions: run.permissions,
+        max_concurrency: run.max_concurrency,
         capture: match run.capture {
             Capture::None => pb::Capture::None,
             Capture::Metadata => pb::Capture::Metadata,
@@ -32,12 +33,13 @@ pub(crate) fn submit_turn_request(
     run_id: &str,
     turn: u32,
     calls: Vec<Call>,
-    offered_tools: &[String],
+    (offered_tools, max_concurrency): (&[String], u32),
 ) -> pb::SubmitTurnRequest {
     pb::SubmitTurnRequest {
         run_id: run_id.to_owned(),
         turn,
         offered_tools: offered_tools.to_vec(),
+        max_concurrency,
         calls: calls
             .into_iter()
             .map(|call| pb::ToolCall {

@@ -396,7 +396,12 @@ impl AgentContext {
                 .collect();
             let request = pb::CallToolsRequest {
                 dispatch: Some(ctx.dispatch_pb()),
-                turn: Some(crate::agent::wire::submit_turn_request(ctx.run_id(), seq, calls, &[])),
+                turn: Some(crate::agent::wire::submit_turn_request(
+                    ctx.run_id(),
+                    seq,
+                    calls,
+                    (&[], 0),
+                )),
             };
             let mut client = ctx.inner.client.clone();
             let mut stream = client
