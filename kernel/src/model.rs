@@ -572,6 +572,8 @@ pub struct StepRecord {
     pub effect: Option<Effect>,
     /// At most this many calls of the step's turn run at once.
     pub max_concurrency: Option<u32>,
+    /// The step belongs to a hosted run: settling it may wake the run's suspended handler.
+    pub hosted: bool,
     pub turn: u32,
     pub position: u32,
     pub call_id: Option<String>,

@@ -16,7 +16,7 @@ use super::{Kernel, convert, tool_calls};
 use crate::error::KernelError;
 use crate::limits::Limits;
 use crate::machine::hosted;
-use crate::model::{Effect, RunId, StepKey, StepKind};
+use crate::model::{Effect, RunId, RunRecord, StepKey, StepKind, StepRecord};
 use crate::store::{Fence, LocalStep, NewRun, StepRecorded, SubagentStart};
 
 /// The longest local step id accepted.
@@ -79,14 +79,7 @@ impl HostedApi {
 
     /// What a dispatch of the run's handler knows beyond its input: its parent, and its session's
     /// last completed run with that run's output.
-    async fn context(&self, run_id: &RunId) -> Result<pb::RunContext, KernelError> {
-        let run = self
-            .0
-            .store
-            .reads
-            .run(run_id.clone())
-            .await?
-            .ok_or_else(|| KernelError::NotFound(format!("run {run_id} not found")))?;
+    async fn context(&self, run: &RunRecord) -> Result<pb::RunContext, KernelError> {
         let previous = match &run.session_key {
             Some(session) => {
                 self.0
@@ -106,24 +99,20 @@ impl HostedApi {
         })
     }
 
-    /// Refuses a read from a dispatch that does not hold its run, as a write would be refused.
-    async fn check_holds(&self, run_id: &RunId, fence: &Fence) -> Result<(), KernelError> {
-        let run = self
-            .0
-            .store
-            .reads
-            .run(run_id.clone())
-            .await?
-            .ok_or_else(|| KernelError::NotFound(format!("run {run_id} not found")))?;
+    /// The run and its steps, read once; refused for a dispatch that does not hold the run (nor
+    /// one of its calls), as a write would be.
+    async fn holding(&self, run_id: &RunId, fence: &Fence) -> Result<(RunRecord, Vec<StepRecord>), KernelError> {
+        let run = self.load_run(run_id).await?;
         let steps = self.0.store.reads.steps(run_id.clone()).await?;
         // A tool call's body waiting on its subagents runs under the call's own dispatch.
-        if steps.iter().any(|s| {
+        let by_call = steps.iter().any(|s| {
             s.kind == StepKind::Tool && crate::machine::dispatch::held(s, &fence.dispatch_id, fence.attempt, None)
-        }) {
-            return Ok(());
+        });
+        if !by_call {
+            let dispatch = steps.iter().find(|s| s.key == StepKey::agent());
+            hosted::check_fence(&run, dispatch, Some(fence))?;
         }
-        let dispatch = steps.iter().find(|s| s.key == StepKey::agent());
-        hosted::check_fence(&run, dispatch, Some(fence))
+        Ok((run, steps))
     }
 }
 
@@ -137,9 +126,10 @@ impl HostedService for HostedApi {
         request: Request<pb::LoadHistoryRequest>,
     ) -> Result<Response<Self::LoadHistoryStream>, Status> {
         let (run_id, fence) = fence(request.into_inner().dispatch)?;
-        self.check_holds(&run_id, &fence).await?;
-        let context = self.context(&run_id).await?;
-        let steps = self.0.store.reads.history(run_id).await?;
+        let (run, steps) = self.holding(&run_id, &fence).await?;
+        let context = self.context(&run).await?;
+        // The handler's order, its own dispatch left out (steps come sorted by place).
+        let steps: Vec<StepRecord> = steps.into_iter().filter(|s| s.kind != StepKind::Agent).collect();
         let registry = self.0.registry.clone();
         let mut context = Some(context);
         let first = steps.is_empty().then(|| {
@@ -328,10 +318,9 @@ impl HostedService for HostedApi {
         let (run_id, fence) = fence(req.dispatch)?;
         check_step_id(&req.step_id)?;
         let effect = effect(&req.effect)?;
-        let run = self.load_run(&run_id).await?;
+        let (run, _) = self.holding(&run_id, &fence).await?;
         let (reason, decided_by) = match self.0.governance.step_gate(&req.step_id, effect, &run) {
             Ok(decided_by) => {
-                self.check_holds(&run_id, &fence).await?;
                 return Ok(Response::new(pb::CheckStepResponse {
                     allowed: true,
                     decided_by,
@@ -372,8 +361,7 @@ impl HostedService for HostedApi {
         // Subscribe before reading, so a settle between the read and the wait is seen.
         let mut live = self.0.hub.subscribe(&run_id);
         loop {
-            self.check_holds(&run_id, &fence).await?;
-            let steps = self.0.store.reads.steps(run_id.clone()).await?;
+            let (_, steps) = self.holding(&run_id, &fence).await?;
             let step = steps
                 .iter()
                 .find(|s| s.key == key)

@@ -53,6 +53,7 @@ pub fn dispatch_step(run: &RunRecord, agent: &HostedAgent, now: Millis) -> StepR
         kind: StepKind::Agent,
         effect: None,
         max_concurrency: None,
+        hosted: run.hosted,
         turn: 0,
         position: 0,
         call_id: None,

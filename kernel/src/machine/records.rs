@@ -14,6 +14,7 @@ pub fn step() -> StepRecord {
         kind: crate::model::StepKind::Tool,
         effect: None,
         max_concurrency: None,
+        hosted: false,
         turn: 0,
         position: 0,
         call_id: None,

@@ -403,6 +403,7 @@ pub fn record(
         key: call.key.clone(),
         kind: StepKind::Tool,
         effect: None,
+        hosted: run.hosted,
         // The turn's own bound, else the run's default.
         max_concurrency: limit
             .filter(|n| *n > 0)

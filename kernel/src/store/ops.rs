@@ -89,7 +89,9 @@ impl Tx<'_> {
             if let Some(waiter) = step.key.waiter() {
                 self.wake_step(&step.run_id, &waiter, step.key.as_str())?;
             }
-            self.wake(&step.run_id, step.key.as_str())?;
+            if step.hosted {
+                self.wake(&step.run_id, step.key.as_str())?;
+            }
         }
         Ok(step)
     }
@@ -333,8 +335,8 @@ fn insert_step(conn: &Connection, step: &StepRecord) -> Result<()> {
         "INSERT INTO steps (run_id, step_key, turn, position, call_id, tool, fingerprint, version, arguments, \
          call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
          retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, outcome, attempts, kind, effect, \
-         started_at, max_concurrency) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
-         ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31)",
+         started_at, max_concurrency, hosted) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
+         ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32)",
     )?
     .execute(params![
         step.run_id.as_str(),
@@ -372,6 +374,7 @@ fn insert_step(conn: &Connection, step: &StepRecord) -> Result<()> {
         step.effect.map(crate::model::Effect::as_str),
         step.started_at,
         step.max_concurrency,
+        step.hosted,
     ])?;
     Ok(())
 }

@@ -234,19 +234,6 @@ impl Readers {
         .await
     }
 
-    /// A hosted run's recorded steps in its handler's order (its own dispatch left out), with
-    /// arguments and results as recorded.
-    pub async fn history(&self, run: RunId) -> Result<Vec<StepRecord>, KernelError> {
-        self.with(move |conn| {
-            conn.prepare_cached(&format!(
-                "SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ?1 AND kind != 'agent' ORDER BY turn, position"
-            ))?
-            .query_map([run.as_str()], rows::step_from_row)?
-            .collect()
-        })
-        .await
-    }
-
     /// Every tool ever registered, with when it was first and last seen.
     pub async fn tools(&self) -> Result<Vec<(ToolDef, i64, i64)>, KernelError> {
         self.with(|conn| {

@@ -205,6 +205,9 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE runs ADD COLUMN max_concurrency INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE steps ADD COLUMN max_concurrency INTEGER;
+    -- A step of a hosted run may wake its handler when it settles; only those look the handler up.
+    ALTER TABLE steps ADD COLUMN hosted INTEGER NOT NULL DEFAULT 0;
+    UPDATE steps SET hosted = 1 WHERE run_id IN (SELECT id FROM runs WHERE hosted = 1);
     "#,
 ];
 
