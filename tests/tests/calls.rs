@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use e2e::{Kernel, Watch, call, check_log, submit};
+use e2e::{Kernel, Watch, call, check_log, payload, submit};
 use kernel_proto::v1 as pb;
 use serde_json::json;
 use tonic::Code;
@@ -126,6 +126,33 @@ async fn a_watcher_sees_progress_while_the_call_runs() {
         events.iter().all(|e| !e.r#type.contains("progress")),
         "progress is streamed, not logged one event per update"
     );
+}
+
+#[tokio::test]
+async fn a_streaming_tool_reports_every_item_but_the_last_as_progress_and_returns_the_last() {
+    let kernel = Kernel::start();
+    let _worker = kernel.worker("w1");
+    let run = kernel.create_run("launch").await;
+    let outcome = submit(
+        &kernel,
+        &run,
+        0,
+        vec![call("countdown", json!({"from": 3, "delay_ms": 20}))],
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcome.results[0].status, pb::CallStatus::Ok as i32);
+    assert_eq!(outcome.results[0].content, "liftoff");
+    let lines: Vec<&str> = outcome.progress.iter().map(|p| p.message.as_str()).collect();
+    assert_eq!(lines, ["3", "2", "1"], "each item but the last, live and in order");
+    let events = kernel.events(&run).await;
+    let result = events
+        .iter()
+        .find(|e| e.r#type == "tool:result")
+        .expect("a result event");
+    let payload = payload(result);
+    assert_eq!(payload["progress_count"], 3, "counted as ctx.progress is");
+    assert_eq!(kernel.get(&run).await.steps[0].progress_count, 3);
 }
 
 #[tokio::test]

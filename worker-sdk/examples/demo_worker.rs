@@ -1,5 +1,5 @@
 //! A worker serving a handful of demo tools: arithmetic, a confined file reader, a slow tool that
-//! reports progress and honours cancellation, a tool that always fails, an echo, a blocking
+//! reports progress and honours cancellation, a streaming countdown, a tool that always fails, an echo, a blocking
 //! checksum, and a refund that waits for a person's approval above 100.00; and hosting two agents,
 //! `trip_planner` and its subagent `note_taker` (see `demo_worker/agents.rs`).
 //!
@@ -21,7 +21,7 @@ use clap::Parser;
 use serde_json::Value;
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
-use worker_sdk::{CancellationToken, Progress, Tls, Tool, ToolContext, ToolError, Worker, tool};
+use worker_sdk::{CancellationToken, Progress, Stream, Tls, Tool, ToolContext, ToolError, Worker, stream, tool};
 
 #[path = "demo_worker/agents.rs"]
 mod agents;
@@ -149,6 +149,26 @@ async fn slow(
     Ok(format!("finished {steps} steps"))
 }
 
+/// Counts down to a launch, one line per tick: a streaming tool, whose every item but the last is
+/// progress and whose last item is the result.
+#[tool(read_only, timeout = 120)]
+fn countdown(
+    _ctx: ToolContext,
+    /// Where to start counting.
+    from: u32,
+    /// Milliseconds per tick.
+    delay_ms: u64,
+) -> impl Stream<Item = Result<String, ToolError>> {
+    stream::unfold(Some(from), move |left| async move {
+        let n = left?;
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        Some(match n {
+            0 => (Ok("liftoff".to_owned()), None),
+            n => (Ok(format!("{n}")), Some(n - 1)),
+        })
+    })
+}
+
 /// Always fails with a retryable error carrying the given message.
 #[tool]
 async fn fail(_ctx: ToolContext, message: String) -> Result<(), ToolError> {
@@ -199,6 +219,7 @@ fn tools() -> Vec<Tool> {
         divide_tool(),
         read_file_tool(),
         slow_tool(),
+        countdown_tool(),
         fail_tool(),
         echo_tool(),
         checksum_tool(),

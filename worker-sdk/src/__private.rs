@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::error::ToolError;
-use crate::tool::{Tool, encode_result, run_blocking};
+use crate::tool::{Tool, encode_result, run_blocking, stream};
 use crate::worker::context::ToolContext;
 
 /// Checks one argument on its own, to name the field when the arguments as a whole do not decode.
@@ -128,4 +128,31 @@ where
         }
     })
     .blocking(true)
+}
+
+/// A tool from a function over a typed arguments struct that returns a stream: each item but the
+/// last is progress, the last the result.
+pub fn stream_tool<A, F, S, T, E>(
+    name: &'static str,
+    description: &'static str,
+    fields: &'static [FieldCheck],
+    f: F,
+) -> Tool
+where
+    A: DeserializeOwned + schemars::JsonSchema + Send + 'static,
+    F: Fn(ToolContext, A) -> S + Send + Sync + 'static,
+    S: futures_util::Stream<Item = Result<T, E>> + Send + 'static,
+    T: Serialize,
+    E: Into<ToolError>,
+{
+    Tool::new(name, description, input_schema::<A>(), move |ctx, args| {
+        let tool = ctx.tool_name().to_owned();
+        match decode_args::<A>(&tool, &args, fields) {
+            Ok(args) => {
+                let items = f(ctx.clone(), args);
+                Box::pin(async move { stream::drain(&tool, &ctx, items).await })
+            }
+            Err(error) => Box::pin(ready(Err(error))),
+        }
+    })
 }

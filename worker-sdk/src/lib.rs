@@ -131,6 +131,8 @@ pub use agent::{
     RunSnapshot, TurnItem,
 };
 pub use error::{ErrorKind, ToolError};
+/// The stream a streaming tool returns, and the combinators that build one (from `futures-util`).
+pub use futures_util::{Stream, stream};
 pub use hosted::{Agent, AgentContext, AgentDefinition, AgentFuture, SessionInfo, StepEffect, StepInfo, Subagent};
 pub use kernel_proto as proto;
 pub use tls::Tls;
@@ -138,7 +140,8 @@ pub use tls::Tls;
 pub use tokio_util::sync::CancellationToken;
 pub use tool::{
     Approval, DEFAULT_TOOL_VERSION, Effect, Idempotency, Invoker, MAX_TOOL_NAME_LEN, RetryPolicy, RiskLevel, Tool,
-    ToolDefinition, ToolDefinitionError, ToolFuture, ToolOptions, validate_tool_name, wrap_blocking_tool, wrap_tool,
+    ToolDefinition, ToolDefinitionError, ToolFuture, ToolOptions, validate_tool_name, wrap_blocking_tool,
+    wrap_stream_tool, wrap_tool,
 };
 pub use transport::{connection_hint, diagnose};
 pub use worker::cache::ToolCache;

@@ -300,3 +300,38 @@ fn the_tool_id_may_come_first_alone_or_with_options_and_the_bare_call_form_takes
     assert_eq!(ping_tool().definition().name, "ping");
     assert_eq!(ping_tool().definition().description, "Pings.");
 }
+
+/// Crawl pages, reporting each one.
+#[tool(read_only)]
+fn crawl(
+    _ctx: ToolContext,
+    /// How many pages.
+    pages: u32,
+) -> impl worker_sdk::Stream<Item = Result<String, ToolError>> {
+    let each = (1..=pages).map(|page| Ok(format!("crawled page {page}")));
+    worker_sdk::stream::iter(each.chain([Ok(format!("done: {pages} pages"))]))
+}
+
+#[tokio::test]
+async fn a_function_returning_a_stream_is_a_streaming_tool_whose_last_item_is_the_result() {
+    let tool = crawl_tool();
+    assert_eq!(tool.spec().name, "crawl");
+    assert_eq!(tool.definition().input_schema["required"], json!(["pages"]));
+    assert!(
+        !tool.definition().options.blocking,
+        "a stream is polled, never run on a blocking thread"
+    );
+    let (ctx, mut progress) = ToolContext::for_test().with_progress_channel();
+    let result = tool.call(ctx, json!({"pages": 3})).await.unwrap();
+    assert_eq!(result, json!("done: 3 pages"));
+    let mut lines = Vec::new();
+    while let Ok(update) = progress.try_recv() {
+        lines.push(update.message);
+    }
+    assert_eq!(lines, ["crawled page 1", "crawled page 2", "crawled page 3"]);
+    let bad = tool
+        .call(ToolContext::for_test(), json!({"pages": "x"}))
+        .await
+        .unwrap_err();
+    assert!(bad.message().contains("field `pages`"), "{}", bad.message());
+}

@@ -30,6 +30,10 @@ const OPTIONS: &str = "name, description, timeout, retry, idempotency, read_only
 /// the arguments the model fills in, described by their doc comments. The description is the
 /// first paragraph of the function's doc comment. A non-async function runs on a blocking thread.
 ///
+/// A function that returns a stream (`fn ... -> impl Stream<Item = Result<T, ToolError>>`, not
+/// `async`, the context by value) is a **streaming tool**: each item but the last is the call's
+/// progress (a string is the status line, another value its data), the last is the result.
+///
 /// The tool id may come first, as a bare string: `#[tool("charge")]`, or
 /// `#[tool("charge", idempotency = "at_most_once")]`; `#[tool]` and `#[tool()]` take the
 /// function's name. A tool with neither a doc comment nor `description` does not compile: the
@@ -382,6 +386,20 @@ fn type_name(ty: &Type) -> Option<String> {
     }
 }
 
+/// Whether the function returns a stream (`impl Stream<...>` or a `BoxStream`): a streaming tool.
+fn returns_stream(output: &ReturnType) -> bool {
+    let ReturnType::Type(_, ty) = output else {
+        return false;
+    };
+    match &**ty {
+        Type::ImplTrait(bounds) => bounds.bounds.iter().any(|bound| {
+            matches!(bound, syn::TypeParamBound::Trait(t)
+                if t.path.segments.last().is_some_and(|segment| segment.ident == "Stream"))
+        }),
+        other => type_name(other).is_some_and(|name| name == "BoxStream"),
+    }
+}
+
 /// One model-facing argument of the function.
 struct Argument {
     ident: syn::Ident,
@@ -494,7 +512,28 @@ fn expand(options: Options, mut function: ItemFn) -> syn::Result<TokenStream2> {
         None => quote!(),
     };
     let call = quote!(#fn_ident(#ctx_arg #(#field_idents),*));
-    let constructor = if is_async {
+    let streams = returns_stream(&function.sig.output);
+    if streams && is_async {
+        return Err(syn::Error::new(
+            function.sig.asyncness.span(),
+            "a streaming #[tool] is a plain `fn` returning `impl Stream`: do the async work inside the stream",
+        ));
+    }
+    if streams && context == Some(true) {
+        return Err(syn::Error::new(
+            function.sig.inputs.span(),
+            "a streaming #[tool] takes its ToolContext by value: the stream outlives the call of the function",
+        ));
+    }
+    let constructor = if streams {
+        quote! {
+            ::worker_sdk::__private::stream_tool::<__Args, _, _, _, _>(#name, #description, __FIELDS,
+                |__ctx: ::worker_sdk::ToolContext, __args: __Args| {
+                    let __Args { #(#field_idents),* } = __args;
+                    #call
+                })
+        }
+    } else if is_async {
         quote! {
             ::worker_sdk::__private::async_tool::<__Args, _, _, _, _>(#name, #description, __FIELDS,
                 |__ctx: ::worker_sdk::ToolContext, __args: __Args| async move {
@@ -561,6 +600,34 @@ mod tests {
         );
         let refused = expand_error(quote!(), undocumented);
         assert!(refused.contains("the model would see no description"), "{refused}");
+    }
+
+    #[test]
+    fn a_streaming_tool_is_a_plain_fn_taking_its_context_by_value() {
+        let asynchronous = quote!(
+            /// Streams.
+            async fn f(ctx: ToolContext) -> impl Stream<Item = Result<String, ToolError>> {
+                stream::empty()
+            }
+        );
+        assert!(expand_error(quote!(), asynchronous).contains("a plain `fn` returning `impl Stream`"));
+        let borrowed = quote!(
+            /// Streams.
+            fn f(ctx: &ToolContext) -> BoxStream<'static, Result<String, ToolError>> {
+                stream::empty().boxed()
+            }
+        );
+        assert!(expand_error(quote!(), borrowed).contains("takes its ToolContext by value"));
+        let streaming = quote!(
+            /// Streams.
+            fn f(ctx: ToolContext) -> impl futures::Stream<Item = Result<String, ToolError>> {
+                stream::empty()
+            }
+        );
+        let expanded = expand(parse_options(quote!()).unwrap(), syn::parse2(streaming).unwrap())
+            .unwrap()
+            .to_string();
+        assert!(expanded.contains("stream_tool"), "{expanded}");
     }
 
     fn error(tokens: TokenStream2) -> String {

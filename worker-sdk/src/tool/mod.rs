@@ -5,6 +5,7 @@
 //! arguments and a hand-written schema. The builder methods set the declared behaviour
 //! ([`ToolOptions`]) that the kernel enforces: timeout, retries, idempotency, risk, approval.
 
+pub(crate) mod stream;
 pub(crate) mod wire;
 
 use std::fmt;
@@ -20,6 +21,8 @@ use serde_json::Value;
 
 use crate::error::ToolError;
 use crate::worker::context::ToolContext;
+
+pub use self::stream::wrap_stream_tool;
 
 /// The future a tool's invoker returns: the result as JSON, or the error.
 pub type ToolFuture = BoxFuture<'static, Result<Value, ToolError>>;
@@ -433,6 +436,40 @@ impl Tool {
     /// record, the replay identity and the tool then all see the same arguments.
     pub fn strip_nulls(mut self) -> Self {
         self.definition.options.strip_nulls = true;
+        self
+    }
+
+    /// Maps what the tool's function returns before it is sent to the kernel and recorded
+    /// (Rebuno's `to_result`): the record, a replay and the model all see the mapped value. An
+    /// error from `map` fails the call with it; the function's own errors pass by unmapped.
+    ///
+    /// Arguments have no worker-side counterpart: a worker sees a call only after the kernel has
+    /// recorded its arguments, so a transform there would make the record and the tool disagree.
+    /// Null stripping is the kernel's ([`Tool::strip_nulls`]); any other transform belongs in the
+    /// agent, before it submits the call.
+    ///
+    /// ```
+    /// use serde_json::{json, Value};
+    /// use worker_sdk::{wrap_tool, ToolContext, ToolError};
+    ///
+    /// let search = wrap_tool("search", "Searches.", json!({"type": "object"}), |_ctx: ToolContext, _args: Value| async {
+    ///     Ok::<_, ToolError>(json!({"hits": [{"title": "a"}, {"title": "b"}], "took_ms": 12}))
+    /// })
+    /// .to_result(|raw| Ok(raw["hits"].clone()));
+    /// # let hits = tokio::runtime::Runtime::new().unwrap().block_on(search.call(ToolContext::for_test(), json!({})));
+    /// # assert_eq!(hits.unwrap(), json!([{"title": "a"}, {"title": "b"}]));
+    /// ```
+    pub fn to_result<F>(mut self, map: F) -> Self
+    where
+        F: Fn(Value) -> Result<Value, ToolError> + Send + Sync + 'static,
+    {
+        let inner = Arc::clone(&self.invoker);
+        let map = Arc::new(map);
+        self.invoker = Arc::new(move |ctx, args| {
+            let future = inner(ctx, args);
+            let map = Arc::clone(&map);
+            Box::pin(async move { map(future.await?) })
+        });
         self
     }
 
