@@ -269,6 +269,10 @@ fn step_block(step: &StepView) -> String {
     if let Some(child) = &step.child_run_id {
         pairs.push(("child run", child.clone()));
     }
+    if !step.resources.is_empty() {
+        let shown: Vec<String> = step.resources.iter().map(|r| one_line(r).into_owned()).collect();
+        pairs.push(("resources", shown.join(", ")));
+    }
     if let (Some(call_id), "tool") = (&step.call_id, step.kind.as_str()) {
         pairs.push(("call id", one_line(call_id).into_owned()));
     }
@@ -603,7 +607,7 @@ fn bytes(n: Option<u64>) -> String {
 }
 
 pub fn status_text(status: &StatusView) -> String {
-    fields(
+    let mut text = fields(
         &[
             ("version", status.version.clone()),
             ("started", time(status.started_at)),
@@ -620,9 +624,27 @@ pub fn status_text(status: &StatusView) -> String {
                     status.in_flight_scans, status.lost_calls_found
                 ),
             ),
+            ("resource locks", status.resource_locks.len().to_string()),
         ],
         "",
-    )
+    );
+    if !status.resource_locks.is_empty() {
+        text.push('\n');
+        text.push_str(&table(
+            &["RESOURCE", "HELD BY", "TOOL", "ATTEMPT", "SINCE", "WAITING"],
+            status.resource_locks.iter().map(|lock| {
+                vec![
+                    one_line(&lock.resource).into_owned(),
+                    format!("{} {}", lock.run_id, one_line(&lock.step_key)),
+                    lock.tool.clone(),
+                    lock.attempt.to_string(),
+                    time(lock.acquired_at),
+                    lock.waiting.to_string(),
+                ]
+            }),
+        ));
+    }
+    text
 }
 
 #[cfg(test)]
@@ -970,8 +992,27 @@ mod tests {
             allocated_bytes: 0,
             in_flight_scans: 4,
             lost_calls_found: 0,
+            resource_locks: vec![pb::ResourceLock {
+                resource: "repo:acme/api".into(),
+                run_id: "r1".into(),
+                step_key: "t0/p0".into(),
+                tool: "push".into(),
+                attempt: 1,
+                acquired_at: None,
+                waiting: 2,
+            }],
         });
         let text = status_text(&status);
+        assert!(text.contains("resource locks:   1"), "{text}");
+        assert!(text.contains("RESOURCE"), "{text}");
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("repo:acme/api"))
+            .expect("a row per lock");
+        assert!(
+            row.contains("r1 t0/p0") && row.contains("push") && row.trim_end().ends_with('2'),
+            "{row}"
+        );
         assert!(text.contains("worker sessions:  2"), "{text}");
         assert!(text.contains("resident:         41.3 MiB"), "{text}");
         assert!(text.contains(&format!("allocated:        {NONE}")), "{text}");

@@ -138,6 +138,9 @@ pub struct StepView {
     pub effect: Option<String>,
     /// A subagent step's child run.
     pub child_run_id: Option<String>,
+    /// What the call may change, instances filled from its arguments (`repo:acme/api` is a lock
+    /// it holds while it runs).
+    pub resources: Vec<String>,
     pub turn: u32,
     pub position: u32,
     pub call_id: Option<String>,
@@ -238,6 +241,7 @@ impl From<pb::Step> for StepView {
             .to_owned(),
             effect: non_empty(step.effect),
             child_run_id: non_empty(step.child_run_id),
+            resources: step.resources,
             status: step_status_name(step.status),
             call_id: non_empty(step.call_id),
             tool_version: non_empty(step.tool_version),
@@ -509,6 +513,20 @@ pub struct StatusView {
     pub allocated_bytes: Option<u64>,
     pub in_flight_scans: u64,
     pub lost_calls_found: u64,
+    /// Locks running calls hold on resource instances.
+    pub resource_locks: Vec<ResourceLockView>,
+}
+
+/// A lock a running call holds on a resource instance, and how many queued calls wait for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ResourceLockView {
+    pub resource: String,
+    pub run_id: String,
+    pub step_key: String,
+    pub tool: String,
+    pub attempt: u32,
+    pub acquired_at: Option<UtcTime>,
+    pub waiting: u32,
 }
 
 impl From<pb::GetStatusResponse> for StatusView {
@@ -524,6 +542,19 @@ impl From<pb::GetStatusResponse> for StatusView {
             allocated_bytes: (status.allocated_bytes > 0).then_some(status.allocated_bytes),
             in_flight_scans: status.in_flight_scans,
             lost_calls_found: status.lost_calls_found,
+            resource_locks: status
+                .resource_locks
+                .into_iter()
+                .map(|lock| ResourceLockView {
+                    resource: lock.resource,
+                    run_id: lock.run_id,
+                    step_key: lock.step_key,
+                    tool: lock.tool,
+                    attempt: lock.attempt,
+                    acquired_at: lock.acquired_at.map(UtcTime::from),
+                    waiting: lock.waiting,
+                })
+                .collect(),
         }
     }
 }

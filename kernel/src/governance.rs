@@ -90,7 +90,7 @@ impl Governance {
     }
 
     /// Decides what happens to a call before it may run.
-    pub fn gate(&self, tool: &KnownTool, args: &Value, run: &RunRecord) -> CallGate {
+    pub fn gate(&self, tool: &KnownTool, args: &Value, resources: &[String], run: &RunRecord) -> CallGate {
         let def = &tool.def;
         if let Some(validator) = &tool.validator
             && let Err(message) = validator.check(&def.name, args)
@@ -118,6 +118,7 @@ impl Governance {
             read_only: def.options.read_only,
             writes: def.options.writes,
             permissions: &def.options.permissions,
+            resources,
             tool_requires_approval,
             run_agent: &run.agent,
             run_labels: &run.labels,
@@ -178,6 +179,7 @@ impl Governance {
             read_only: effect != crate::model::Effect::Write,
             writes: effect == crate::model::Effect::Write,
             permissions: &[],
+            resources: &[],
             tool_requires_approval: false,
             run_agent: &run.agent,
             run_labels: &run.labels,
@@ -210,7 +212,7 @@ mod tests {
         let start = readme.find("```yaml\n").expect("a yaml block in the README") + "```yaml\n".len();
         let end = start + readme[start..].find("```").expect("the block ends");
         let policy = Policy::from_yaml(&readme[start..end]).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(policy.rule_count(), 2);
+        assert_eq!(policy.rule_count(), 3);
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub mod memory;
 pub mod model;
 pub mod policy;
 pub mod registry;
+pub mod resources;
 pub mod retention;
 pub mod scheduler;
 pub mod server;

@@ -562,6 +562,17 @@ pub struct RunRecord {
     pub updated_at: Millis,
 }
 
+/// A lock a running call holds on a resource instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceLock {
+    pub resource: String,
+    pub run_id: String,
+    pub step_key: String,
+    pub tool: String,
+    pub attempt: u32,
+    pub acquired_at: Millis,
+}
+
 /// A tool call as the store holds it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepRecord {
@@ -623,6 +634,9 @@ pub struct StepRecord {
     pub outcome: Option<Outcome>,
     /// The answer to the step's approval, once someone (or the clock) gave one.
     pub approval: Option<ApprovalDecision>,
+    /// The resources the call may change, filled from its arguments; those with an instance
+    /// (`repo:acme`) are locks it holds while it runs ([`crate::resources`]).
+    pub resources: Vec<String>,
 }
 
 impl StepRecord {

@@ -101,6 +101,15 @@ pub struct WorkerSnapshot {
     pub last_heartbeat_at: Millis,
 }
 
+/// A new call of a turn that wants a slot reserved: its identity, its tool, and the resource
+/// instances it must hold to run.
+#[derive(Clone, Debug)]
+pub struct ReserveCall {
+    pub key: StepKey,
+    pub tool: String,
+    pub locks: Vec<String>,
+}
+
 /// What the scheduler holds in memory (the first three return to zero when the kernel is idle),
 /// and what its in-flight scan has found since start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -153,12 +162,16 @@ enum Msg {
         run_id: RunId,
         /// The turn, and how many of its calls may run at once.
         turn: (u32, Option<u32>),
-        calls: Vec<(StepKey, String)>,
+        calls: Vec<ReserveCall>,
         reply: oneshot::Sender<Vec<Option<StartDispatch>>>,
     },
     Reserved(Vec<(StartDispatch, Option<StepRecord>)>),
     /// What the store says is in flight, for the periodic scan.
     Reconcile(Vec<StepRecord>),
+    /// A lost dispatch's loss is recorded: the store released its locks, and so does memory.
+    Unlock(String),
+    /// How many queued calls wait for each held resource instance.
+    LockWaits(oneshot::Sender<HashMap<String, u32>>),
 }
 
 /// A cheap handle on the scheduler task.
@@ -179,6 +192,7 @@ impl Scheduler {
             sessions: HashMap::new(),
             queue: Queue::default(),
             leases: HashMap::new(),
+            locked: HashMap::new(),
             turn: 0,
             expiring: Default::default(),
             scans: 0,
@@ -258,7 +272,7 @@ impl Scheduler {
         &self,
         run_id: RunId,
         turn: (u32, Option<u32>),
-        calls: Vec<(StepKey, String)>,
+        calls: Vec<ReserveCall>,
     ) -> Vec<Option<StartDispatch>> {
         let none = calls.len();
         let (reply, answer) = oneshot::channel();
@@ -284,6 +298,15 @@ impl Scheduler {
     pub async fn gauges(&self) -> Result<SchedulerGauges, KernelError> {
         let (reply, answer) = oneshot::channel();
         self.send(Msg::Gauges(reply));
+        answer
+            .await
+            .map_err(|_| KernelError::Unavailable("the scheduler has stopped".into()))
+    }
+
+    /// How many queued calls wait for each held resource instance.
+    pub async fn lock_waits(&self) -> Result<HashMap<String, u32>, KernelError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Msg::LockWaits(reply));
         answer
             .await
             .map_err(|_| KernelError::Unavailable("the scheduler has stopped".into()))
@@ -364,6 +387,11 @@ struct Lease {
     turn: u32,
 }
 
+/// The resource instances a call must hold to run ([`crate::resources::locks`]).
+fn locks_of(step: &StepRecord) -> Vec<String> {
+    crate::resources::locks(&step.resources).cloned().collect()
+}
+
 struct Actor {
     config: SchedulerConfig,
     store: Store,
@@ -371,6 +399,9 @@ struct Actor {
     sessions: HashMap<String, Session>,
     queue: Queue,
     leases: HashMap<String, Lease>,
+    /// Resource instances held, by the dispatch holding each. A lost dispatch keeps its locks until
+    /// its loss is recorded, so no other call starts on them before the store releases them.
+    locked: HashMap<String, String>,
     /// Rotates ties between equally loaded workers.
     turn: usize,
     /// An expiry pass is running.
@@ -446,6 +477,21 @@ impl Actor {
             }
             Msg::CancelSteps { steps, reason } => self.cancel_steps(steps, &reason),
             Msg::Reconcile(steps) => self.reconcile(steps),
+            Msg::Unlock(dispatch_id) => {
+                self.unlock(&dispatch_id);
+                self.dispatch_ready();
+            }
+            Msg::LockWaits(reply) => {
+                let mut waits: HashMap<String, u32> = HashMap::new();
+                for index in 0..self.queue.len() {
+                    for lock in crate::resources::locks(&self.queue.get(index).step.resources) {
+                        if self.locked.contains_key(lock) {
+                            *waits.entry(lock.clone()).or_default() += 1;
+                        }
+                    }
+                }
+                let _ = reply.send(waits);
+            }
             Msg::Reserve {
                 run_id,
                 turn,
@@ -615,6 +661,7 @@ impl Actor {
                 Ok(LossOutcome::NotHeld) => debug!(dispatch_id, "lost lease no longer held its step"),
                 Err(error) => warn!(dispatch_id, %error, "cannot record a lost lease; boot recovery will"),
             }
+            let _ = me.send(Msg::Unlock(dispatch_id));
         });
     }
 
@@ -726,6 +773,9 @@ impl Actor {
         // Tools and agents that found no session, apart: an agent may share a tool's name.
         let mut no_session: [std::collections::HashSet<String>; 2] = Default::default();
         let slot = |kind: StepKind| usize::from(kind == StepKind::Agent);
+        // Instances a call earlier in the queue waits for: a later call may not take them first,
+        // so the calls on one instance start in queue order.
+        let mut wanted: std::collections::HashSet<String> = Default::default();
         let mut index = 0;
         while index < self.queue.len() {
             if !self
@@ -737,7 +787,10 @@ impl Actor {
             }
             let queued = self.queue.get(index);
             let kind = queued.step.kind;
-            if !queued.ready(now) || no_session[slot(kind)].contains(&queued.step.tool) || self.turn_full(&queued.step)
+            if !queued.ready(now)
+                || no_session[slot(kind)].contains(&queued.step.tool)
+                || self.turn_full(&queued.step)
+                || self.waits_for_lock(&queued.step, &mut wanted)
             {
                 index += 1;
                 continue;
@@ -762,6 +815,7 @@ impl Actor {
         session_id: String,
         (run_id, key, turn, agent): (&RunId, &StepKey, u32, Option<&str>),
         attempt: u32,
+        locks: Vec<String>,
     ) -> StartDispatch {
         let session = self.sessions.get_mut(&session_id).expect("picked session exists");
         session.in_use += 1;
@@ -777,6 +831,9 @@ impl Actor {
             session_id: session_id.clone(),
             lease_expires_at: now_millis() + self.config.lease_ttl.as_millis() as Millis,
         };
+        for lock in locks {
+            self.locked.insert(lock, start.dispatch_id.clone());
+        }
         self.leases.insert(
             start.dispatch_id.clone(),
             Lease {
@@ -799,6 +856,7 @@ impl Actor {
             session_id,
             (&step.run_id, &step.key, step.turn, agent),
             step.attempts + 1,
+            locks_of(&step),
         );
         let (dispatch_id, attempt) = (start.dispatch_id.clone(), start.attempt);
         let store = self.store.clone();
@@ -818,21 +876,48 @@ impl Actor {
         &mut self,
         run_id: &RunId,
         (turn, limit): (u32, Option<u32>),
-        calls: Vec<(StepKey, String)>,
+        calls: Vec<ReserveCall>,
     ) -> Vec<Option<StartDispatch>> {
         let mut taken = 0;
         calls
             .into_iter()
-            .map(|(key, tool)| {
-                if !self.queue.is_empty() || limit.is_some_and(|n| taken >= n) {
+            .map(|call| {
+                if !self.queue.is_empty()
+                    || limit.is_some_and(|n| taken >= n)
+                    || call.locks.iter().any(|lock| self.locked.contains_key(lock))
+                {
                     return None;
                 }
-                let session_id = self.pick(StepKind::Tool, &tool)?;
+                let session_id = self.pick(StepKind::Tool, &call.tool)?;
                 taken += 1;
                 // A new call's first attempt.
-                Some(self.take_slot(session_id, (run_id, &key, turn, None), 1))
+                Some(self.take_slot(session_id, (run_id, &call.key, turn, None), 1, call.locks))
             })
             .collect()
+    }
+
+    /// Whether `step` needs a resource instance that a running call holds or an earlier queued
+    /// call waits for; if so, its instances join `wanted`.
+    fn waits_for_lock(&self, step: &StepRecord, wanted: &mut std::collections::HashSet<String>) -> bool {
+        let mut locks = crate::resources::locks(&step.resources).peekable();
+        if locks.peek().is_none() {
+            return false;
+        }
+        let locks: Vec<&String> = locks.collect();
+        let waits = locks
+            .iter()
+            .any(|lock| self.locked.contains_key(*lock) || wanted.contains(*lock));
+        if waits {
+            wanted.extend(locks.into_iter().cloned());
+        }
+        waits
+    }
+
+    /// Frees the resource instances `dispatch_id` held.
+    fn unlock(&mut self, dispatch_id: &str) {
+        if !self.locked.is_empty() {
+            self.locked.retain(|_, holder| holder != dispatch_id);
+        }
     }
 
     /// Whether `step`'s turn already runs as many calls as its bound allows.
@@ -915,6 +1000,7 @@ impl Actor {
     }
 
     fn release(&mut self, dispatch_id: &str) {
+        self.unlock(dispatch_id);
         if let Some(lease) = self.leases.remove(dispatch_id)
             && let Some(session) = self.sessions.get_mut(&lease.session_id)
         {
@@ -1162,6 +1248,7 @@ mod tests {
                     decided_by: "default:allow".into(),
                 },
                 unit_cost: 0.0,
+                resources: Vec::new(),
                 call_hash: kernel_proto::canonical::call_hash("t", &tool("t").fingerprint, &serde_json::json!({})),
                 start,
             }],
@@ -1267,7 +1354,11 @@ mod tests {
         let scheduler = Scheduler::spawn(SchedulerConfig::default(), store.clone(), shutdown.clone());
         let (_session, mut orders) = join_one_slot(&scheduler).await;
         let key = StepKey::for_call(0, 0, None);
-        let wanted = vec![(key.clone(), "t".to_owned())];
+        let wanted = vec![ReserveCall {
+            key: key.clone(),
+            tool: "t".to_owned(),
+            locks: Vec::new(),
+        }];
 
         let first = scheduler.reserve(run.clone(), (0, None), wanted.clone()).await;
         let start = first[0].clone().expect("a free slot is reserved");
@@ -1309,7 +1400,15 @@ mod tests {
         let (session, _orders) = join_one_slot(&scheduler).await;
         let key = StepKey::for_call(0, 0, None);
         let start = scheduler
-            .reserve(run.clone(), (0, None), vec![(key.clone(), "t".to_owned())])
+            .reserve(
+                run.clone(),
+                (0, None),
+                vec![ReserveCall {
+                    key: key.clone(),
+                    tool: "t".to_owned(),
+                    locks: Vec::new(),
+                }],
+            )
             .await[0]
             .clone()
             .expect("reserved");

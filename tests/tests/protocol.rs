@@ -133,6 +133,25 @@ async fn malformed_hellos_get_precise_errors() {
     let status = RawWorker::open(&kernel, vec![]).await.map(|_| ()).expect_err("refused");
     assert!(status.message().starts_with("hello.tools"), "{}", status.message());
 
+    // A resource instance must be filled from an argument every valid call has.
+    let mut unfillable = tool_spec("x", "d");
+    unfillable.options = Some(pb::ToolOptions {
+        resources: vec!["workspace".into(), "repo:{repo}".into()],
+        ..Default::default()
+    });
+    let status = RawWorker::open(&kernel, vec![unfillable])
+        .await
+        .map(|_| ())
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status
+            .message()
+            .starts_with("hello.tools[0].options.resources[1]: 'repo:{repo}': {repo} is not a required argument"),
+        "{}",
+        status.message()
+    );
+
     let tools = kernel
         .registry()
         .await

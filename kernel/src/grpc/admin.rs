@@ -99,6 +99,24 @@ impl AdminService for AdminApi {
 
     async fn get_status(&self, _: Request<pb::GetStatusRequest>) -> Result<Response<pb::GetStatusResponse>, Status> {
         let gauges = self.0.scheduler.gauges().await?;
+        let waits = self.0.scheduler.lock_waits().await?;
+        let resource_locks = self
+            .0
+            .store
+            .reads
+            .resource_locks()
+            .await?
+            .into_iter()
+            .map(|lock| pb::ResourceLock {
+                waiting: waits.get(&lock.resource).copied().unwrap_or(0),
+                resource: lock.resource,
+                run_id: lock.run_id,
+                step_key: lock.step_key,
+                tool: lock.tool,
+                attempt: lock.attempt,
+                acquired_at: Some(super::convert::timestamp(lock.acquired_at)),
+            })
+            .collect();
         let memory = crate::memory::figures();
         Ok(Response::new(pb::GetStatusResponse {
             version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -111,6 +129,7 @@ impl AdminService for AdminApi {
             allocated_bytes: memory.allocated_bytes,
             in_flight_scans: gauges.scans,
             lost_calls_found: gauges.lost_found,
+            resource_locks,
         }))
     }
 }

@@ -276,6 +276,7 @@ pub fn step(step: &StepRecord, capture: Capture) -> pb::Step {
         } as i32,
         effect: step.effect.map(|e| e.as_str().to_owned()).unwrap_or_default(),
         max_concurrency: step.max_concurrency.unwrap_or(0),
+        resources: step.resources.clone(),
         child_run_id: match step.kind {
             StepKind::Subagent => step.call_id.clone().unwrap_or_default(),
             _ => String::new(),
@@ -446,6 +447,8 @@ pub fn hello(hello: pb::Hello) -> Result<SessionHello, KernelError> {
             ));
         }
         let options = options(&field, spec.options)?;
+        crate::resources::validate(&options.resources, &input_schema)
+            .map_err(|(index, message)| KernelError::invalid(format!("{field}.options.resources[{index}]"), message))?;
         let expr = options.requires_approval_expr.trim();
         if !expr.is_empty() {
             crate::policy::compile_predicate(expr).map_err(|e| {

@@ -20,6 +20,7 @@ use crate::hub::{Signal, Subscription};
 use crate::limits::{self, Limits};
 use crate::model::{ApprovalRecord, ApprovalStatus, EventType, RunId, StepKey, StepRecord, StepStatus, cut};
 use crate::registry::KnownTool;
+use crate::scheduler::ReserveCall;
 use crate::store::{CallDisposition, CallGate, Fence, PlannedCall, StartDispatch, TurnPlan};
 
 /// The longest call id accepted.
@@ -125,6 +126,10 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
         };
         let fingerprint = known.as_ref().map_or("", |tool| tool.def.fingerprint.as_str());
         let call_hash = kernel_proto::canonical::call_hash(name, fingerprint, &args);
+        let resources = known
+            .as_ref()
+            .map(|tool| crate::resources::resolve(&tool.def.options.resources, &args))
+            .unwrap_or_default();
         checks.push((known.clone(), args));
         calls.push(PlannedCall {
             position,
@@ -140,6 +145,7 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
                 decided_by: String::new(),
             },
             unit_cost: 0.0,
+            resources,
             call_hash,
             start: None,
         });
@@ -257,7 +263,11 @@ async fn schedule(kernel: &Kernel, mut plan: TurnPlan) -> Result<Vec<CallDisposi
         .collect();
     let wanted = runnable
         .iter()
-        .map(|&i| (plan.calls[i].key.clone(), plan.calls[i].tool_name.clone()))
+        .map(|&i| ReserveCall {
+            key: plan.calls[i].key.clone(),
+            tool: plan.calls[i].tool_name.clone(),
+            locks: crate::resources::locks(&plan.calls[i].resources).cloned().collect(),
+        })
         .collect();
     let reservations = if runnable.is_empty() {
         Vec::new()
@@ -309,7 +319,7 @@ async fn decide(kernel: &Kernel, planned: Planned) -> Result<TurnPlan, KernelErr
     } = planned;
     for (call, (known, args)) in plan.calls.iter_mut().zip(checks) {
         if let Some(tool) = known {
-            call.gate = kernel.governance.gate(&tool, &args, &run);
+            call.gate = kernel.governance.gate(&tool, &args, &call.resources, &run);
             call.unit_cost = kernel.governance.unit_cost(&tool.def);
         }
     }

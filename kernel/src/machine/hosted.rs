@@ -89,6 +89,7 @@ pub fn dispatch_step(run: &RunRecord, agent: &HostedAgent, now: Millis) -> StepR
         cache_ttl_ms: None,
         outcome: None,
         approval: None,
+        resources: Vec::new(),
     }
 }
 

@@ -282,6 +282,7 @@ fn a_call_settled_when_recorded_never_starts() {
             decided_by: String::new(),
         },
         unit_cost: 0.0,
+        resources: Vec::new(),
         start: None,
     };
     let decision = turn::decide(&run, &call, &[]);

@@ -51,6 +51,7 @@ pub fn step() -> StepRecord {
         cache_ttl_ms: None,
         outcome: None,
         approval: None,
+        resources: Vec::new(),
     }
 }
 

@@ -36,6 +36,8 @@ pub struct PlannedCall {
     pub gate: CallGate,
     /// Price of one attempt.
     pub unit_cost: f64,
+    /// The tool's resources, filled from the arguments.
+    pub resources: Vec<String>,
     /// A worker slot the scheduler reserved for this call: if the call is recorded ready to run,
     /// its `tool:start` is recorded in the same commit as its `tool:scheduled`.
     pub start: Option<StartDispatch>,
@@ -444,6 +446,7 @@ pub fn record(
         cache_ttl_ms,
         outcome,
         approval: None,
+        resources: call.resources.clone(),
     };
     let arguments: Value = serde_json::from_str(&call.arguments).unwrap_or(Value::Null);
     // Every event of a new call names it the same way; each adds what it records.
@@ -458,6 +461,9 @@ pub fn record(
             "fingerprint": fingerprint,
             "arguments": arguments,
         });
+        if !call.resources.is_empty() {
+            body["resources"] = json!(call.resources);
+        }
         if let (Value::Object(body), Value::Object(more)) = (&mut body, more) {
             body.extend(more);
         }
@@ -559,6 +565,7 @@ mod tests {
             call_hash: "h".into(),
             gate,
             unit_cost: 0.25,
+            resources: Vec::new(),
             start: None,
         }
     }

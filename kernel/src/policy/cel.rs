@@ -40,7 +40,7 @@ const TYPE_NAMES: &[&str] = &[
 ];
 
 /// The variables a rule's `when` sees.
-const CONDITION_VARIABLES: &[&str] = &["tool", "args", "run"];
+const CONDITION_VARIABLES: &[&str] = &["tool", "args", "run", "resources"];
 
 /// The variables a tool's approval predicate sees.
 const PREDICATE_VARIABLES: &[&str] = &["args"];
@@ -112,6 +112,8 @@ pub(crate) fn call_context(call: &CallFacts<'_>) -> Context<'static, 'static> {
     context.add_variable_from_value("tool", CelValue::from(call.tool));
     context.add_variable_from_value("args", json_to_cel(call.args));
     context.add_variable_from_value("run", map(run));
+    let resources: Vec<CelValue> = call.resources.iter().map(|r| CelValue::from(r.as_str())).collect();
+    context.add_variable_from_value("resources", CelValue::List(resources.into()));
     context
 }
 

@@ -102,7 +102,7 @@ struct RawRule {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a match: a mapping with tools, agents, risk, read_only, writes and when"
+    expecting = "a match: a mapping with tools, agents, risk, read_only, writes, resources and when"
 )]
 struct RawMatch {
     #[serde(default)]
@@ -115,6 +115,8 @@ struct RawMatch {
     read_only: Option<bool>,
     #[serde(default)]
     writes: Option<bool>,
+    #[serde(default)]
+    resources: Option<Globs>,
     #[serde(default, deserialize_with = "when")]
     when: Option<Condition>,
 }
@@ -504,6 +506,7 @@ fn build_rule(raw: RawRule, seen: &mut HashMap<String, usize>, index: usize) -> 
                 risk: m.risk.map(|r| r.0),
                 read_only: m.read_only,
                 writes: m.writes,
+                resources: m.resources.map(|g| g.0),
                 when: m.when,
             }
         }

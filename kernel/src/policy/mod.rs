@@ -136,6 +136,8 @@ pub struct CallFacts<'a> {
     pub writes: bool,
     /// The permissions the tool requires.
     pub permissions: &'a [String],
+    /// The resources the call may change, filled from its arguments (`repo:acme/api`).
+    pub resources: &'a [String],
     /// The tool's own `requires_approval` holds for this call: declared `true`, or its predicate
     /// over the arguments evaluated to true or failed to evaluate.
     pub tool_requires_approval: bool,

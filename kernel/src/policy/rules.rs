@@ -24,6 +24,9 @@ pub(crate) struct Matcher {
     pub(crate) risk: Option<Vec<Risk>>,
     pub(crate) read_only: Option<bool>,
     pub(crate) writes: Option<bool>,
+    /// Globs over the call's resources: one matches a resource as filled (`repo:acme/*`) or its
+    /// kind alone (`repo`).
+    pub(crate) resources: Option<GlobList>,
     pub(crate) when: Option<Condition>,
 }
 
@@ -35,6 +38,11 @@ impl Matcher {
             && self.risk.as_ref().is_none_or(|r| r.contains(&call.effective_risk()))
             && self.read_only.is_none_or(|want| want == call.read_only)
             && self.writes.is_none_or(|want| want == call.writes)
+            && self.resources.as_ref().is_none_or(|globs| {
+                call.resources
+                    .iter()
+                    .any(|r| globs.is_match(r) || globs.is_match(crate::resources::kind(r)))
+            })
     }
 }
 

@@ -15,6 +15,7 @@ struct Call {
     read_only: bool,
     writes: bool,
     permissions: Vec<String>,
+    resources: Vec<String>,
     tool_requires_approval: bool,
     agent: String,
     labels: BTreeMap<String, String>,
@@ -29,6 +30,7 @@ fn call(tool: &str) -> Call {
         read_only: false,
         writes: false,
         permissions: Vec::new(),
+        resources: Vec::new(),
         tool_requires_approval: false,
         agent: "agent".to_owned(),
         labels: BTreeMap::new(),
@@ -57,6 +59,10 @@ impl Call {
         self.permissions = permissions.iter().map(|p| p.to_string()).collect();
         self
     }
+    fn touching(mut self, resources: &[&str]) -> Self {
+        self.resources = resources.iter().map(|r| r.to_string()).collect();
+        self
+    }
     fn granted(mut self, permissions: &[&str]) -> Self {
         self.run_permissions = permissions.iter().map(|p| p.to_string()).collect();
         self
@@ -81,6 +87,7 @@ impl Call {
             read_only: self.read_only,
             writes: self.writes,
             permissions: &self.permissions,
+            resources: &self.resources,
             tool_requires_approval: self.tool_requires_approval,
             run_agent: &self.agent,
             run_labels: &self.labels,
@@ -430,6 +437,30 @@ fn each_matcher() {
             call("t").agent("dev-1"),
             false,
         ),
+        ("{ resources: [workspace] }", call("t").touching(&["workspace"]), true),
+        ("{ resources: [workspace] }", call("t").touching(&["ledger"]), false),
+        ("{ resources: [workspace] }", call("t"), false),
+        (
+            "{ resources: [repo] }",
+            call("t").touching(&["ledger", "repo:acme/api"]),
+            true,
+        ),
+        (
+            "{ resources: ['repo:acme/*'] }",
+            call("t").touching(&["repo:acme/api"]),
+            true,
+        ),
+        (
+            "{ resources: ['repo:acme/*'] }",
+            call("t").touching(&["repo:other/api"]),
+            false,
+        ),
+        (
+            "{ when: \"'repo:acme/api' in resources\" }",
+            call("t").touching(&["repo:acme/api"]),
+            true,
+        ),
+        ("{ when: \"resources.size() > 0\" }", call("t"), false),
         (
             "{ tools: [refund], risk: [high] }",
             call("refund").risk(Risk::Low),
@@ -862,7 +893,7 @@ fn refused_files_name_line_and_reason() {
         (
             "rules:\n  - id: r\n    match:\n      when: \"arg.cents > 1\"\n    decision: allow\n",
             4,
-            "unknown variable 'arg' (available: tool, args, run)",
+            "unknown variable 'arg' (available: tool, args, run, resources)",
         ),
         (
             "rules:\n  - id: r\n    match:\n      when: \"\"\n    decision: deny\n    reason: x\n",

@@ -18,6 +18,7 @@ use crate::model::{
     ApprovalRecord, ApprovalStatus, EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, EventType, Millis, Outcome, RunId,
     RunRecord, StepKey, StepKind, StepRecord, StepStatus, ToolDef,
 };
+use crate::resources;
 
 /// An event committed by a batch, with the step it settled when there is one, so watchers need
 /// no read to learn a result.
@@ -211,6 +212,11 @@ fn save_step(conn: &Connection, step: &StepRecord) -> Result<()> {
             .map(|a| serde_json::to_string(a).expect("a decision serializes")),
         step.replays,
     ])?;
+    // Every way out of running passes here, so no exit path can keep a lock.
+    if step.status != StepStatus::Running && resources::locks(&step.resources).next().is_some() {
+        conn.prepare_cached("DELETE FROM resource_locks WHERE run_id = ?1 AND step_key = ?2")?
+            .execute(params![step.run_id.as_str(), step.key.as_str()])?;
+    }
     Ok(())
 }
 
@@ -335,8 +341,8 @@ fn insert_step(conn: &Connection, step: &StepRecord) -> Result<()> {
         "INSERT INTO steps (run_id, step_key, turn, position, call_id, tool, fingerprint, version, arguments, \
          call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
          retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, outcome, attempts, kind, effect, \
-         started_at, max_concurrency, hosted) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
-         ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32)",
+         started_at, max_concurrency, hosted, resources) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, \
+         ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33)",
     )?
     .execute(params![
         step.run_id.as_str(),
@@ -375,6 +381,7 @@ fn insert_step(conn: &Connection, step: &StepRecord) -> Result<()> {
         step.started_at,
         step.max_concurrency,
         step.hosted,
+        (!step.resources.is_empty()).then(|| serde_json::to_string(&step.resources).expect("strings serialize")),
     ])?;
     Ok(())
 }
@@ -572,6 +579,7 @@ fn start_loaded(tx: &mut Tx<'_>, step: &StepRecord, start: &StartDispatch) -> Re
             tx.append(&run.id, event.kind, event.payload, None)?;
         }
     }
+    take_locks(tx, step, start)?;
     if dispatch::consumes_approval(step) {
         tx.conn
             .prepare_cached(
@@ -580,6 +588,40 @@ fn start_loaded(tx: &mut Tx<'_>, step: &StepRecord, start: &StartDispatch) -> Re
             .execute(params![start.run_id.as_str(), start.key.as_str()])?;
     }
     Ok(Some(tx.apply(change)?))
+}
+
+/// Takes the locks on the resource instances `step` touches, for the attempt `start` begins. The
+/// scheduler starts no call whose instance another holds; a lock held anyway (a second kernel on
+/// the file) refuses the start, and the call waits for its next try.
+fn take_locks(tx: &Tx<'_>, step: &StepRecord, start: &StartDispatch) -> Result<()> {
+    for resource in resources::locks(&step.resources) {
+        let taken = tx
+            .conn
+            .prepare_cached(
+                "INSERT INTO resource_locks (resource, run_id, step_key, dispatch_id, attempt, acquired_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (resource) DO UPDATE SET dispatch_id = excluded.dispatch_id, \
+                 attempt = excluded.attempt, acquired_at = excluded.acquired_at \
+                 WHERE run_id = excluded.run_id AND step_key = excluded.step_key",
+            )?
+            .execute(params![
+                resource,
+                step.run_id.as_str(),
+                step.key.as_str(),
+                start.dispatch_id,
+                start.attempt,
+                tx.now
+            ])?;
+        if taken == 0 {
+            let (run, key): (String, String) = tx
+                .conn
+                .prepare_cached("SELECT run_id, step_key FROM resource_locks WHERE resource = ?1")?
+                .query_row([resource], |row| Ok((row.get(0)?, row.get(1)?)))?;
+            return Err(KernelError::FailedPrecondition(format!(
+                "resource '{resource}' is held by step {key} of run {run}; the call starts once it is released"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Loads the step a dispatch holds, only while that exact attempt still holds it.
@@ -1051,6 +1093,7 @@ fn remove_run(tx: &mut Tx<'_>, run_id: &RunId) -> Result<super::Deleted> {
     let approvals = delete("DELETE FROM approvals WHERE run_id = ?1")?;
     let steps = delete("DELETE FROM steps WHERE run_id = ?1")?;
     delete("DELETE FROM places WHERE run_id = ?1")?;
+    delete("DELETE FROM resource_locks WHERE run_id = ?1")?;
     let events = delete("DELETE FROM events WHERE run_id = ?1")?;
     let runs = delete("DELETE FROM runs WHERE id = ?1")?;
     Ok(super::Deleted {

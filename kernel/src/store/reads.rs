@@ -201,6 +201,28 @@ impl Readers {
         .await
     }
 
+    /// The locks running calls hold on resource instances, by resource.
+    pub async fn resource_locks(&self) -> Result<Vec<crate::model::ResourceLock>, KernelError> {
+        self.with(|conn| {
+            conn.prepare_cached(
+                "SELECT l.resource, l.run_id, l.step_key, s.tool, l.attempt, l.acquired_at FROM resource_locks l \
+                 JOIN steps s ON s.run_id = l.run_id AND s.step_key = l.step_key ORDER BY l.resource",
+            )?
+            .query_map([], |row| {
+                Ok(crate::model::ResourceLock {
+                    resource: row.get(0)?,
+                    run_id: row.get(1)?,
+                    step_key: row.get(2)?,
+                    tool: row.get(3)?,
+                    attempt: row.get(4)?,
+                    acquired_at: row.get(5)?,
+                })
+            })?
+            .collect()
+        })
+        .await
+    }
+
     /// The last run of `session` created before `before` that completed.
     pub async fn previous_in_session(&self, session: String, before: RunId) -> Result<Option<RunRecord>, KernelError> {
         self.with(move |conn| {

@@ -209,6 +209,20 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE steps ADD COLUMN hosted INTEGER NOT NULL DEFAULT 0;
     UPDATE steps SET hosted = 1 WHERE run_id IN (SELECT id FROM runs WHERE hosted = 1);
     "#,
+    // 8: the resources a call may change, filled from its arguments, and the locks on resource
+    // instances held by running calls: a row exists exactly while its step runs.
+    r#"
+    ALTER TABLE steps ADD COLUMN resources TEXT;
+    CREATE TABLE resource_locks (
+        resource    TEXT PRIMARY KEY,
+        run_id      TEXT NOT NULL,
+        step_key    TEXT NOT NULL,
+        dispatch_id TEXT NOT NULL,
+        attempt     INTEGER NOT NULL,
+        acquired_at INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX resource_locks_by_step ON resource_locks (run_id, step_key);
+    "#,
 ];
 
 /// Brings the database to the newest schema.

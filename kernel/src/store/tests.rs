@@ -75,6 +75,7 @@ fn call(turn: u32, position: u32, tool: Option<ToolDef>, name: &str, args: &str)
             decided_by: "default:allow".into(),
         },
         unit_cost: 0.0,
+        resources: Vec::new(),
         start: None,
     }
 }
@@ -1208,4 +1209,125 @@ async fn a_suspended_handler_is_woken_in_the_commit_that_settles_its_call() {
     again.attempt = 2;
     let at_once = f.store.suspend_dispatch(again).await.unwrap().unwrap();
     assert_eq!(at_once.status, StepStatus::Pending);
+}
+
+/// A call of `name` on resource instance `repo:acme` (and the bare kind `workspace`, no lock),
+/// recorded as its run's first call and started as `dispatch`.
+async fn locked_call(fx: &Fixture, name: &str, idempotency: Idempotency, dispatch: &str) -> StepRecord {
+    let (run, _) = fx.store.create_run(new_run(None, 0)).await.unwrap();
+    let mut def = tool(name, idempotency);
+    def.options.retry = Some(crate::model::RetryPolicy {
+        max_attempts: 3,
+        initial_interval_ms: 0,
+        backoff_coefficient: 1.0,
+        max_interval_ms: 0,
+    });
+    let mut planned = call(0, 0, Some(def), name, "{}");
+    planned.resources = vec!["workspace".into(), "repo:acme".into()];
+    let turn = fx.store.schedule_turn(plan(&run.id, 0, vec![planned])).await.unwrap();
+    start(&fx.store, &scheduled(&turn[0]), dispatch, 1, "s1")
+        .await
+        .expect("started")
+}
+
+async fn held(fx: &Fixture) -> Vec<(String, String)> {
+    let locks = fx.store.reads.resource_locks().await.unwrap();
+    locks.into_iter().map(|l| (l.resource, l.tool)).collect()
+}
+
+#[tokio::test]
+async fn a_resource_lock_is_held_exactly_while_its_call_runs_whatever_ends_it() {
+    let fx = open();
+    let report = |dispatch: &str, outcome| ResultReport {
+        dispatch_id: dispatch.into(),
+        attempt: 1,
+        session_id: "s1".into(),
+        outcome,
+        progress_count: 0,
+    };
+    let locked = vec![("repo:acme".to_owned(), "git".to_owned())];
+
+    // A result.
+    let step = locked_call(&fx, "git", Idempotency::SafeToRetry, "d1").await;
+    assert_eq!(step.resources, ["workspace", "repo:acme"]);
+    assert_eq!(held(&fx).await, locked, "only the instance is a lock");
+    fx.store.record_result(report("d1", Ok("1".into()))).await.unwrap();
+    assert_eq!(held(&fx).await, [], "released by its result");
+    // A retryable error puts it back to pending, which holds nothing.
+    locked_call(&fx, "git", Idempotency::SafeToRetry, "d2").await;
+    let retried = fx
+        .store
+        .record_result(report("d2", Err((ErrorKind::Retryable, "busy".into()))))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(retried.status, StepStatus::Pending);
+    assert_eq!(held(&fx).await, [], "released while it waits for its retry");
+    start(&fx.store, &retried, "d2b", 2, "s1")
+        .await
+        .expect("the retry starts");
+    assert_eq!(held(&fx).await, locked, "the next attempt takes it again");
+    fx.store
+        .end_run(retried.run_id.clone(), EndRun::Cancel { reason: "stop".into() })
+        .await
+        .unwrap();
+    assert_eq!(held(&fx).await, [], "released when its run is cancelled");
+    // A lost worker: requeued, or indeterminate for an at_most_once call.
+    for (idempotency, dispatch) in [(Idempotency::SafeToRetry, "d3"), (Idempotency::AtMostOnce, "d4")] {
+        locked_call(&fx, "git", idempotency, dispatch).await;
+        fx.store
+            .lose_lease(LeaseLoss {
+                dispatch_id: dispatch.into(),
+                attempt: 1,
+                reason: "gone".into(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(held(&fx).await, [], "released by the loss of {dispatch}");
+    }
+    // A timeout.
+    locked_call(&fx, "git", Idempotency::SafeToRetry, "d5").await;
+    fx.store.time_out("d5".into(), 1).await.unwrap();
+    assert_eq!(held(&fx).await, [], "released by a timeout");
+}
+
+#[tokio::test]
+async fn a_start_on_an_instance_another_call_holds_is_refused_naming_it() {
+    let fx = open();
+    let holder = locked_call(&fx, "git", Idempotency::SafeToRetry, "d1").await;
+    let (run, _) = fx.store.create_run(new_run(None, 0)).await.unwrap();
+    let mut planned = call(0, 0, Some(tool("git", Idempotency::SafeToRetry)), "git", "{}");
+    planned.resources = vec!["repo:acme".into()];
+    let turn = fx.store.schedule_turn(plan(&run.id, 0, vec![planned])).await.unwrap();
+    let waiting = scheduled(&turn[0]);
+    let refused = fx
+        .store
+        .start_dispatch(slot(&run.id, waiting.key.clone(), "d2"))
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains(&format!(
+            "resource 'repo:acme' is held by step {} of run {}",
+            holder.key, holder.run_id
+        )),
+        "{refused}"
+    );
+    let still = fx.store.reads.steps(run.id.clone()).await.unwrap();
+    assert_eq!(still[0].status, StepStatus::Pending, "the refused start wrote nothing");
+    fx.store
+        .record_result(ResultReport {
+            dispatch_id: "d1".into(),
+            attempt: 1,
+            session_id: "s1".into(),
+            outcome: Ok("1".into()),
+            progress_count: 0,
+        })
+        .await
+        .unwrap();
+    fx.store
+        .start_dispatch(slot(&run.id, waiting.key.clone(), "d2"))
+        .await
+        .unwrap()
+        .expect("it starts once the lock is released");
+    assert_eq!(held(&fx).await, [("repo:acme".to_owned(), "git".to_owned())]);
 }

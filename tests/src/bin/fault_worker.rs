@@ -276,6 +276,16 @@ async fn delegate(ctx: ToolContext, label: String, hold_ms: u64) -> Result<Value
         .await
 }
 
+/// Pushes to a repository: the ledger says `lock:<repo>` when the body starts and `unlock:<repo>`
+/// when it ends, so a test sees whether two pushes to one repository ever overlapped.
+#[tool(writes, resources = ["repo:{repo}", "workspace"])]
+async fn push(ctx: ToolContext, repo: String, hold_ms: u64) -> Result<String, ToolError> {
+    Ledger::write(&ctx, &format!("lock:{repo}"));
+    let held = hold(&ctx, hold_ms).await;
+    Ledger::write(&ctx, &format!("unlock:{repo}"));
+    held.map(|()| format!("pushed to {repo}"))
+}
+
 /// Returns what this tool's own cache holds under `key`; never what `memo` keeps there.
 #[tool]
 async fn peek(ctx: ToolContext, key: String) -> Result<Option<i64>, ToolError> {
@@ -342,6 +352,7 @@ async fn main() {
         .tool(wipe_tool().writes().risk(RiskLevel::Critical).requires_approval(true))
         .tool(memo_tool())
         .tool(peek_tool())
+        .tool(push_tool())
         .tool(delegate_tool())
         .tool(whoami_tool())
         .tool(failing_tool().retry_policy(RetryPolicy::exponential(

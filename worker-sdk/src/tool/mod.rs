@@ -133,7 +133,8 @@ pub struct ToolOptions {
     pub risk: Option<RiskLevel>,
     /// Grants the caller must hold, e.g. `billing:write`.
     pub permissions: Vec<String>,
-    /// External resources the tool may change, e.g. `workspace`.
+    /// What the tool may change: a kind (`workspace`), or an instance (`repo:{repo}`, its
+    /// `{name}`s filled from required arguments) that calls hold as a lock while they run.
     pub resources: Vec<String>,
     /// Price of one call, for the run's cost account.
     pub cost_per_call: f64,
@@ -391,7 +392,9 @@ impl Tool {
         self
     }
 
-    /// External resources the tool may change.
+    /// What the tool may change. A bare kind (`workspace`) is for policy and audit; a
+    /// `kind:instance` entry (`repo:{repo}`, each `{name}` a required argument) is a lock: calls
+    /// on the same filled-in instance never run at once anywhere in the kernel.
     pub fn resources<I, S>(mut self, resources: I) -> Self
     where
         I: IntoIterator<Item = S>,
