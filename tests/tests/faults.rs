@@ -386,3 +386,38 @@ async fn cancelling_a_run_during_a_long_call_settles_the_call_then_the_run() {
     assert_eq!(refused.code(), Code::FailedPrecondition);
     let _ = Duration::ZERO;
 }
+
+#[tokio::test]
+async fn a_call_that_crashes_its_worker_five_times_fails_as_poison_and_goes_out_no_more() {
+    let kernel = Kernel::start();
+    let run = kernel.create_run("crasher").await;
+    let turn = tokio::spawn(submit_until_done_owned(
+        kernel.url(),
+        run.clone(),
+        vec![call("crash", json!({}))],
+    ));
+    for attempt in 1..=5 {
+        let mut worker = kernel.fault_worker(&format!("w{attempt}"));
+        wait_ledger(&kernel, "the crash", |l| {
+            l.iter().filter(|l| l.tool == "crash").count() == attempt
+        })
+        .await;
+        assert!(
+            worker.wait_exit(Duration::from_secs(10)).is_some(),
+            "the call aborted its worker"
+        );
+    }
+    let outcome = turn.await.unwrap();
+    let result = &outcome.results[0];
+    assert_eq!(result.outcome, pb::CallOutcome::Poison as i32, "{result:?}");
+    assert_eq!(result.error_kind, pb::ErrorKind::Poison as i32);
+    assert!(result.content.contains("lost its worker 5 times"), "{}", result.content);
+    let step = &kernel.get(&run).await.steps[0];
+    assert_eq!(step.attempts, 5, "the fifth loss settles it");
+    // A healthy worker connecting afterwards gets no sixth dispatch.
+    let _spare = kernel.fault_worker("spare");
+    let status = kernel.status().await;
+    assert_eq!((status.queued_calls, status.leased_calls), (0, 0));
+    assert_eq!(kernel.ledger().iter().filter(|l| l.tool == "crash").count(), 5);
+    check_log(&kernel.events(&run).await, true);
+}

@@ -314,3 +314,49 @@ fn grpcurl_lists_and_describes_through_reflection() {
     let health = grpcurl(&[&addr, "grpc.health.v1.Health/Check"]);
     assert!(health.contains("SERVING"), "{health}");
 }
+
+#[tokio::test]
+async fn a_replay_against_a_changed_tool_definition_is_a_divergence_naming_both_fingerprints() {
+    let kernel = Kernel::start();
+    let before = tool_spec("lookup", "version one");
+    let (mut worker, _) = RawWorker::open(&kernel, vec![before.clone()]).await.unwrap();
+    let run = kernel.create_run("replayer").await;
+    let calls = vec![call("lookup", json!({"q": 1}))];
+    let first = tokio::spawn({
+        let (url, run, calls) = (kernel.url(), run.clone(), calls.clone());
+        async move { e2e::submit_until_done(&url, &run, 0, calls).await }
+    });
+    let dispatch = worker.dispatch().await;
+    worker
+        .result(&dispatch.dispatch_id, dispatch.attempt, "\"found\"")
+        .await;
+    assert!(first.await.unwrap().results[0].content.contains("found"));
+    drop(worker);
+
+    // Same name and arguments, another description: another contract.
+    let after = tool_spec("lookup", "version two");
+    let _worker = loop {
+        match RawWorker::open(&kernel, vec![after.clone()]).await {
+            Ok((worker, _)) => break worker,
+            // The first session may still be registered for a moment.
+            Err(status) if status.code() == Code::AlreadyExists => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(status) => panic!("{status:?}"),
+        }
+    };
+    let replay = submit(&kernel, &run, 0, calls).await.unwrap();
+    let content = &replay.results[0].content;
+    assert!(
+        content.starts_with("replay_input_changed: tool 'lookup' changed since step t0/p0 was recorded"),
+        "{content}"
+    );
+    assert!(
+        content.contains(&before.fingerprint) && content.contains(&after.fingerprint),
+        "{content}"
+    );
+    let steps = kernel.get(&run).await.steps;
+    assert_eq!(
+        (steps.len(), steps[0].attempts),
+        (1, 1),
+        "nothing ran or was recorded again"
+    );
+}

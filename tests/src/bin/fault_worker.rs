@@ -286,6 +286,14 @@ async fn push(ctx: ToolContext, repo: String, hold_ms: u64) -> Result<String, To
     held.map(|()| format!("pushed to {repo}"))
 }
 
+/// Ends its own worker process mid-call, without a word to the kernel, as a call that crashes
+/// its worker would (an exit rather than an abort, so no core file is left behind).
+#[tool]
+async fn crash(ctx: ToolContext) -> Result<(), ToolError> {
+    Ledger::write(&ctx, "start");
+    std::process::exit(70);
+}
+
 /// Returns what this tool's own cache holds under `key`; never what `memo` keeps there.
 #[tool]
 async fn peek(ctx: ToolContext, key: String) -> Result<Option<i64>, ToolError> {
@@ -353,6 +361,7 @@ async fn main() {
         .tool(memo_tool())
         .tool(peek_tool())
         .tool(push_tool())
+        .tool(crash_tool())
         .tool(delegate_tool())
         .tool(whoami_tool())
         .tool(failing_tool().retry_policy(RetryPolicy::exponential(
