@@ -254,3 +254,35 @@ async fn three_concurrent_tool_calls_each_start_a_subagent_on_a_two_slot_worker(
         "each child's step ran once: {ledger:?}"
     );
 }
+
+#[tokio::test]
+async fn a_hosted_turn_with_a_bound_runs_its_calls_one_at_a_time_in_position_order() {
+    let kernel = Kernel::start();
+    let _worker = kernel.fault_worker_with("both", &["--with-agents"]);
+    let run = kernel
+        .start_hosted("parent", json!({"mode": "bounded", "n": 3, "hold_ms": 30}))
+        .await;
+    let done = kernel.finished(&run).await;
+    assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
+    let output: Vec<String> = serde_json::from_str(&done.output_json).unwrap();
+    assert_eq!(output, ["pushed to r0", "pushed to r1", "pushed to r2"]);
+    let ledger = kernel.ledger();
+    let order: Vec<&str> = ledger
+        .iter()
+        .filter(|l| l.tool == "push")
+        .map(|l| l.what.as_str())
+        .collect();
+    assert_eq!(
+        order,
+        ["lock:r0", "unlock:r0", "lock:r1", "unlock:r1", "lock:r2", "unlock:r2"],
+        "one at a time, in position order"
+    );
+    let steps = kernel.get(&run).await.steps;
+    assert!(
+        steps
+            .iter()
+            .filter(|s| s.tool == "push")
+            .all(|s| s.max_concurrency == 1),
+        "{steps:?}"
+    );
+}

@@ -137,6 +137,15 @@ async fn parent(ctx: AgentContext, input: Value) -> Result<Value, AgentError> {
                     .collect(),
             ))
         }
+        "bounded" => {
+            let calls = (0..n)
+                .map(|i| Call::new("push", json!({"repo": format!("r{i}"), "hold_ms": hold_ms})))
+                .collect();
+            let results = ctx.call_turn_bounded(calls, 1).await?;
+            Ok(Value::Array(
+                results.into_iter().map(|r| Value::String(r.content)).collect(),
+            ))
+        }
         "nested" => {
             let inner = ctx.clone();
             ctx.step("outer", move |_| async move {

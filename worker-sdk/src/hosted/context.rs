@@ -370,9 +370,22 @@ impl AgentContext {
     }
 
     /// Calls a turn of tools at once (one model response); results come back in position order.
+    /// At most the run's `max_concurrency` of them run at once, when it has one.
     pub fn call_turn(
         &self,
         calls: Vec<Call>,
+    ) -> impl Future<Output = Result<Vec<CallOutcome>, AgentError>> + Send + 'static {
+        self.call_turn_bounded(calls, 0)
+    }
+
+    /// Calls a turn of tools as [`AgentContext::call_turn`] does, running at most
+    /// `max_concurrency` of them at once (Rewyn's `max_concurrency`; 0 takes the run's default).
+    /// The others wait in the kernel and start in position order; results come back in position
+    /// order.
+    pub fn call_turn_bounded(
+        &self,
+        calls: Vec<Call>,
+        max_concurrency: u32,
     ) -> impl Future<Output = Result<Vec<CallOutcome>, AgentError>> + Send + 'static {
         let ctx = self.clone();
         let place = self.next_place(None);
@@ -400,7 +413,7 @@ impl AgentContext {
                     ctx.run_id(),
                     seq,
                     calls,
-                    (&[], 0),
+                    (&[], max_concurrency),
                 )),
             };
             let mut client = ctx.inner.client.clone();
