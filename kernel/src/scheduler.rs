@@ -929,7 +929,11 @@ impl Actor {
             .leases
             .values()
             .filter(|l| {
-                l.run_id == step.run_id && l.turn == step.turn && !matches!(l.state, LeaseState::Cancelling { .. })
+                // A hosted run's own dispatch has turn 0 too, but it is the handler, not a call.
+                l.agent.is_none()
+                    && l.run_id == step.run_id
+                    && l.turn == step.turn
+                    && !matches!(l.state, LeaseState::Cancelling { .. })
             })
             .count();
         running >= limit as usize

@@ -285,4 +285,40 @@ async fn a_hosted_turn_with_a_bound_runs_its_calls_one_at_a_time_in_position_ord
             .all(|s| s.max_concurrency == 1),
         "{steps:?}"
     );
+    assert_eq!(
+        kernel.status().await.lost_calls_found,
+        0,
+        "the handler's own dispatch is not one of the turn's calls"
+    );
+    // Counted as one of them, it would hold the turn's only place until the handler suspends.
+    let events = kernel.events(&run).await;
+    assert!(
+        events.iter().all(|e| e.r#type != "agent:suspended"),
+        "the calls waited for the handler to give back its slot"
+    );
+}
+
+#[tokio::test]
+async fn a_handler_whose_suspension_crosses_a_settle_is_dispatched_again_at_once() {
+    let kernel = Kernel::start();
+    let _worker = kernel.fault_worker_with("both", &["--with-agents"]);
+    // One call settles at once, the other outlasts the handler's patience: it suspends with a
+    // settled call among those it waits on, so it goes back to pending in the same write.
+    let run = kernel
+        .start_hosted("parent", json!({"mode": "uneven", "hold_ms": 1_600}))
+        .await;
+    let done = kernel.finished(&run).await;
+    assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
+    let events = kernel.events(&run).await;
+    let suspended = events
+        .iter()
+        .find(|e| e.r#type == "agent:suspended")
+        .expect("the handler suspended");
+    assert_eq!(payload(suspended)["next"], "redispatch", "{suspended:?}");
+    check_log(&events, true);
+    assert_eq!(
+        kernel.status().await.lost_calls_found,
+        0,
+        "queued at once, not found later by the in-flight scan"
+    );
 }

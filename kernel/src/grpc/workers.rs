@@ -615,18 +615,25 @@ impl Session {
             let (accepted, reason) = match kernel.store.suspend_dispatch(report).await {
                 Ok(Some(step)) => {
                     info!(run_id = %step.run_id, agent = step.tool, status = %step.status, "hosted run suspended");
+                    // The slot first: while the lease stands, the scheduler takes the step for
+                    // held and would not queue it (found by the bounded-turn test: the run waited
+                    // for the in-flight scan).
+                    kernel.scheduler.settled(dispatch_id.clone(), attempt);
                     if step.status == StepStatus::Pending {
                         kernel.scheduler.enqueue(step);
                     }
                     (true, String::new())
                 }
-                Ok(None) => (false, "this dispatch no longer holds its run".to_owned()),
+                Ok(None) => {
+                    kernel.scheduler.settled(dispatch_id.clone(), attempt);
+                    (false, "this dispatch no longer holds its run".to_owned())
+                }
                 Err(error) => {
                     warn!(dispatch_id, %error, "cannot record a suspension");
+                    kernel.scheduler.settled(dispatch_id.clone(), attempt);
                     (false, error.to_string())
                 }
             };
-            kernel.scheduler.settled(dispatch_id.clone(), attempt);
             let ack = pb::ResultAck {
                 dispatch_id,
                 attempt,

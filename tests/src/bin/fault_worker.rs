@@ -137,6 +137,16 @@ async fn parent(ctx: AgentContext, input: Value) -> Result<Value, AgentError> {
                     .collect(),
             ))
         }
+        "uneven" => {
+            let calls = vec![
+                Call::new("sleepy", json!({"hold_ms": 1})),
+                Call::new("sleepy", json!({"hold_ms": hold_ms})),
+            ];
+            let results = ctx.call_turn(calls).await?;
+            Ok(Value::Array(
+                results.into_iter().map(|r| Value::String(r.content)).collect(),
+            ))
+        }
         "bounded" => {
             let calls = (0..n)
                 .map(|i| Call::new("push", json!({"repo": format!("r{i}"), "hold_ms": hold_ms})))
