@@ -302,10 +302,11 @@ async fn a_hosted_turn_with_a_bound_runs_its_calls_one_at_a_time_in_position_ord
 async fn a_handler_whose_suspension_crosses_a_settle_is_dispatched_again_at_once() {
     let kernel = Kernel::start();
     let _worker = kernel.fault_worker_with("both", &["--with-agents"]);
-    // One call settles at once, the other outlasts the handler's patience: it suspends with a
-    // settled call among those it waits on, so it goes back to pending in the same write.
+    // The second call settles at once but the turn's results come in position order, and the
+    // first outlasts the handler's patience: it suspends with a settled call among those it waits
+    // on, so it goes back to pending in the same write.
     let run = kernel
-        .start_hosted("parent", json!({"mode": "uneven", "hold_ms": 1_600}))
+        .start_hosted("parent", json!({"mode": "uneven", "holds": [1_600, 1]}))
         .await;
     let done = kernel.finished(&run).await;
     assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
@@ -321,4 +322,25 @@ async fn a_handler_whose_suspension_crosses_a_settle_is_dispatched_again_at_once
         0,
         "queued at once, not found later by the in-flight scan"
     );
+}
+
+#[tokio::test]
+async fn a_handler_waiting_on_a_long_call_suspends_once_and_is_woken_by_its_result() {
+    let kernel = Kernel::start();
+    let _worker = kernel.fault_worker_with("both", &["--with-agents"]);
+    let run = kernel
+        .start_hosted("parent", json!({"mode": "uneven", "holds": [1, 2_500]}))
+        .await;
+    let done = kernel.finished(&run).await;
+    assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
+    let events = kernel.events(&run).await;
+    let suspensions: Vec<_> = events.iter().filter(|e| e.r#type == "agent:suspended").collect();
+    assert_eq!(suspensions.len(), 1, "{suspensions:?}");
+    let suspended = payload(suspensions[0]);
+    // The first call's result is in hand: waiting on it would send the run out again at once.
+    assert_eq!(suspended["waiting_on"], json!(["t0/p1"]), "{suspended}");
+    assert_eq!(suspended["next"], "wait");
+    let dispatches = events.iter().filter(|e| e.r#type == "agent:dispatched").count();
+    assert_eq!(dispatches, 2, "dispatched, then woken once by the long call's result");
+    check_log(&events, true);
 }

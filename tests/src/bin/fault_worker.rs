@@ -138,10 +138,12 @@ async fn parent(ctx: AgentContext, input: Value) -> Result<Value, AgentError> {
             ))
         }
         "uneven" => {
-            let calls = vec![
-                Call::new("sleepy", json!({"hold_ms": 1})),
-                Call::new("sleepy", json!({"hold_ms": hold_ms})),
-            ];
+            let calls = input["holds"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|hold| Call::new("sleepy", json!({ "hold_ms": hold })))
+                .collect();
             let results = ctx.call_turn(calls).await?;
             Ok(Value::Array(
                 results.into_iter().map(|r| Value::String(r.content)).collect(),

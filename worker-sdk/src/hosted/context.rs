@@ -126,6 +126,24 @@ impl Drop for Durable {
     }
 }
 
+impl Durable {
+    /// `key` has its result: what the handler waits on no longer includes it, so a suspension
+    /// does not name a settled step (which would send the run out again at once, and again).
+    fn resolved(&mut self, key: &str) {
+        let Some(at) = self.keys.iter().position(|k| k == key) else {
+            return;
+        };
+        self.keys.swap_remove(at);
+        let mut waits = self.ctx.inner.waits.lock().expect("waits poisoned");
+        if let Some(count) = waits.keys.get_mut(key) {
+            *count -= 1;
+            if *count == 0 {
+                waits.keys.remove(key);
+            }
+        }
+    }
+}
+
 /// Counts a running local step until dropped.
 struct InStep(AgentContext);
 
@@ -422,16 +440,28 @@ impl AgentContext {
                 .await
                 .map_err(AgentError::from)?
                 .into_inner();
-            // Recorded now: the calls wait on their workers, and a gated one on a person.
-            let mut waiting = Some(ctx.durable(keys.clone(), false));
+            // Recorded now: the calls wait on their workers, and a gated one on a person. A call
+            // the history has settled is not waited on, even before the stream (in position
+            // order) reaches it.
+            let settled = ctx.settled_at(seq);
+            let mut pending: Vec<String> = keys.iter().filter(|k| !settled.contains(*k)).cloned().collect();
+            let mut waiting = Some(ctx.durable(pending.clone(), false));
             let mut outcomes = Vec::new();
             while let Some(response) = stream.message().await.map_err(AgentError::from)? {
                 match response.item.map(crate::agent::wire::turn_item).transpose()?.flatten() {
-                    Some(crate::agent::TurnItem::Result(outcome)) => outcomes.push(outcome),
+                    Some(crate::agent::TurnItem::Result(outcome)) => {
+                        if let Some(key) = keys.get(outcomes.len()) {
+                            pending.retain(|k| k != key);
+                            if let Some(waiting) = waiting.as_mut() {
+                                waiting.resolved(key);
+                            }
+                        }
+                        outcomes.push(outcome);
+                    }
                     // A call waits for a person: the turn may wait long now.
                     Some(crate::agent::TurnItem::Interrupted(_)) => {
                         drop(waiting.take());
-                        waiting = Some(ctx.durable(keys.clone(), true));
+                        waiting = Some(ctx.durable(pending.clone(), true));
                     }
                     _ => {}
                 }
@@ -442,6 +472,22 @@ impl AgentContext {
             }
             Ok(outcomes)
         }
+    }
+
+    /// The keys of the steps the loaded history has settled at place `seq`.
+    fn settled_at(&self, seq: u32) -> Vec<String> {
+        self.inner
+            .history
+            .places
+            .get(&seq)
+            .map(|recorded| {
+                recorded
+                    .iter()
+                    .filter(|entry| entry.result.is_some())
+                    .filter_map(|entry| entry.step.as_ref().map(|step| step.step_key.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// The recorded results of the turn at `seq`, when the same calls were recorded there and
