@@ -859,10 +859,11 @@ impl Actor {
             locks_of(&step),
         );
         let (dispatch_id, attempt) = (start.dispatch_id.clone(), start.attempt);
-        let store = self.store.clone();
+        // Queued to the writer here, in dispatch order, so starts commit in the order given.
+        let starting = self.store.start_dispatch(start);
         let me = self.me.clone();
         tokio::spawn(async move {
-            let result = store.start_dispatch(start).await;
+            let result = starting.await;
             let _ = me.send(Msg::Started {
                 dispatch_id,
                 attempt,

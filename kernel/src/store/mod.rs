@@ -244,9 +244,20 @@ impl Store {
         self.send(|reply| Command::ScheduleTurn(plan, reply)).await
     }
 
-    /// Records `tool:start`; `None` when the step is no longer pending (settled meanwhile).
-    pub async fn start_dispatch(&self, start: StartDispatch) -> Result<Option<StepRecord>, KernelError> {
-        self.send(|reply| Command::StartDispatch(start, reply)).await
+    /// Records `tool:start`; `None` when the step is no longer pending (settled meanwhile). The
+    /// command is queued to the writer when this is called, not when the future is first polled:
+    /// starts asked for in one order commit in that order.
+    pub fn start_dispatch(
+        &self,
+        start: StartDispatch,
+    ) -> impl std::future::Future<Output = Result<Option<StepRecord>, KernelError>> + Send + 'static {
+        let (reply, answer) = oneshot::channel();
+        let sent = self.commands.send(Command::StartDispatch(start, reply));
+        async move {
+            let stopped = || KernelError::Unavailable("the store writer has stopped".into());
+            sent.map_err(|_| stopped())?;
+            answer.await.map_err(|_| stopped())?
+        }
     }
 
     /// Records a worker's result, fenced by dispatch, attempt and session; `None` when stale.
