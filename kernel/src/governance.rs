@@ -209,9 +209,13 @@ mod tests {
     #[test]
     fn the_readme_policy_example_loads() {
         let readme = include_str!("../../README.md");
-        let start = readme.find("```yaml\n").expect("a yaml block in the README") + "```yaml\n".len();
-        let end = start + readme[start..].find("```").expect("the block ends");
-        let policy = Policy::from_yaml(&readme[start..end]).unwrap_or_else(|e| panic!("{e}"));
+        let block = readme
+            .split("```yaml\n")
+            .skip(1)
+            .map(|rest| &rest[..rest.find("```").expect("the block ends")])
+            .find(|block| block.starts_with("default:"))
+            .expect("the policy example in the README");
+        let policy = Policy::from_yaml(block).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(policy.rule_count(), 3);
     }
 

@@ -5,6 +5,7 @@
 //! Binaries are taken from the target directory the tests were built into; build them first with
 //! `cargo build --workspace --bins --examples` (the README's test command does).
 
+pub mod mcp;
 pub mod raw;
 
 use std::collections::{HashMap, HashSet};

@@ -4,14 +4,15 @@ use std::time::Duration;
 
 /// Delays that double from `initial` up to `max`; each is drawn from the upper half of its step.
 #[derive(Debug, Clone)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     initial: Duration,
     max: Duration,
     next: Duration,
 }
 
 impl Backoff {
-    pub(crate) fn new(initial: Duration, max: Duration) -> Self {
+    /// Delays starting at `initial`, never above `max`.
+    pub fn new(initial: Duration, max: Duration) -> Self {
         Self {
             initial,
             max,
@@ -19,14 +20,16 @@ impl Backoff {
         }
     }
 
-    pub(crate) fn next_delay(&mut self) -> Duration {
+    /// The next delay to wait, doubling the step for the one after.
+    pub fn next_delay(&mut self) -> Duration {
         let step = self.next;
         self.next = (step * 2).min(self.max);
         let half = step / 2;
         half + half.mul_f64(fastrand::f64())
     }
 
-    pub(crate) fn reset(&mut self) {
+    /// Starts again from `initial`, after a success.
+    pub fn reset(&mut self) {
         self.next = self.initial;
     }
 }

@@ -117,6 +117,8 @@ mod deps;
 mod error;
 mod fields;
 mod hosted;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 mod tls;
 mod tool;
 mod transport;
@@ -130,6 +132,7 @@ pub use agent::{
     AgentClient, AgentError, Call, CallOutcome, CallStatus, Capture, Interruption, NewRun, ProgressUpdate, RunHandle,
     RunSnapshot, TurnItem,
 };
+pub use backoff::Backoff;
 pub use error::{ErrorKind, ToolError};
 /// The stream a streaming tool returns, and the combinators that build one (from `futures-util`).
 pub use futures_util::{Stream, stream};

@@ -1,0 +1,341 @@
+//! MCP servers as workers, end to end: `kernel-mcp` wraps real MCP servers nobody here wrote
+//! (`@modelcontextprotocol/server-everything` and `server-filesystem`, installed by
+//! `npm ci --prefix tests/mcp`), and agents call their tools through the kernel.
+
+use std::time::{Duration, Instant};
+
+use e2e::mcp::{everything_over_http, server_bin};
+use e2e::{Kernel, WAIT, Watch, call, check_log, submit, submit_until_done};
+use kernel_proto::v1 as pb;
+use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
+use serde_json::{Value, json};
+
+/// Submits a turn in a task of its own, resubmitting until every result is in.
+fn spawn_turn(kernel: &Kernel, run: &str, calls: Vec<pb::ToolCall>) -> tokio::task::JoinHandle<e2e::TurnOutcome> {
+    let (url, run) = (kernel.url(), run.to_owned());
+    tokio::spawn(async move { submit_until_done(&url, &run, 0, calls).await })
+}
+
+fn everything_config(extra: &str) -> String {
+    format!(
+        "servers:\n  everything:\n    command: {}\n{extra}",
+        server_bin("mcp-server-everything").display()
+    )
+}
+
+/// The registered tools, once `ready` holds for them (a server's list may change after it starts).
+async fn tools_when(kernel: &Kernel, ready: impl Fn(&[pb::RegisteredTool]) -> bool) -> Vec<pb::RegisteredTool> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let tools = kernel
+            .registry()
+            .await
+            .list_tools(pb::ListToolsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .tools;
+        let offered: Vec<pb::RegisteredTool> = tools.into_iter().filter(|t| !t.workers.is_empty()).collect();
+        if ready(&offered) {
+            return offered;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tools never got there: {:?}",
+            names(&offered)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn names(tools: &[pb::RegisteredTool]) -> Vec<String> {
+    tools.iter().map(|t| t.spec.as_ref().unwrap().name.clone()).collect()
+}
+
+fn options<'a>(tools: &'a [pb::RegisteredTool], name: &str) -> &'a pb::ToolOptions {
+    let tool = tools
+        .iter()
+        .find(|t| t.spec.as_ref().unwrap().name == name)
+        .unwrap_or_else(|| panic!("{name} is not registered: {:?}", names(tools)));
+    tool.spec.as_ref().unwrap().options.as_ref().unwrap()
+}
+
+/// Everything's tools once its list change after initialization has been registered too.
+async fn everything_ready(kernel: &Kernel) -> Vec<pb::RegisteredTool> {
+    tools_when(kernel, |tools| {
+        names(tools).iter().any(|n| n == "everything_simulate-research-query")
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_server_s_tools_appear_prefixed_with_their_hints_mapped_and_a_list_change_re_registers() {
+    let kernel = Kernel::start();
+    let root = tempfile::tempdir().unwrap();
+    let config = format!(
+        "{}  fs:\n    command: {}\n    args: [\"{}\"]\n",
+        everything_config(""),
+        server_bin("mcp-server-filesystem").display(),
+        root.path().display()
+    );
+    let mcp = kernel.mcp_worker(&config);
+    // server-everything registers a tool once the session is up and says its list changed: the
+    // new tool is offered without a restart of anything.
+    everything_ready(&kernel).await;
+    assert!(mcp.log.text().contains("mcp tool list changed"), "{}", mcp.log.text());
+    let tools = tools_when(&kernel, |t| {
+        let names = names(t);
+        names.iter().any(|n| n == "fs_write_file") && names.iter().any(|n| n == "everything_simulate-research-query")
+    })
+    .await;
+    let echo = options(&tools, "everything_echo");
+    assert!(echo.read_only && !echo.writes && echo.strip_nulls);
+    assert_eq!(echo.idempotency, pb::Idempotency::SafeToRetry as i32);
+    // readOnlyHint false, destructiveHint true, idempotentHint true.
+    let write = options(&tools, "fs_write_file");
+    assert!(write.writes && !write.read_only);
+    assert_eq!(write.idempotency, pb::Idempotency::SafeToRetry as i32);
+    // Destructive and not idempotent: never run twice.
+    let edit = options(&tools, "fs_edit_file");
+    assert!(edit.writes);
+    assert_eq!(edit.idempotency, pb::Idempotency::AtMostOnce as i32);
+    // Neither read-only nor destructive: unmarked, and idempotent.
+    let mkdir = options(&tools, "fs_create_directory");
+    assert!(!mkdir.writes && !mkdir.read_only);
+    assert_eq!(mkdir.idempotency, pb::Idempotency::SafeToRetry as i32);
+    let spec = tools
+        .iter()
+        .find(|t| t.spec.as_ref().unwrap().name == "everything_get-sum")
+        .and_then(|t| t.spec.clone())
+        .unwrap();
+    let schema: Value = serde_json::from_str(&spec.input_schema_json).unwrap();
+    assert_eq!(
+        schema["properties"]["a"]["type"], "number",
+        "the MCP inputSchema: {schema}"
+    );
+    assert!(
+        spec.version.starts_with("mcp."),
+        "the version covers the MCP definition: {}",
+        spec.version
+    );
+}
+
+#[tokio::test]
+async fn calls_go_to_the_server_by_bare_name_with_nulls_stripped_and_results_flattened() {
+    let kernel = Kernel::start();
+    let root = tempfile::tempdir().unwrap();
+    let config = format!(
+        "{}  fs:\n    command: {}\n    args: [\"{}\"]\n",
+        everything_config(""),
+        server_bin("mcp-server-filesystem").display(),
+        root.path().display()
+    );
+    let _mcp = kernel.mcp_worker(&config);
+    everything_ready(&kernel).await;
+    tools_when(&kernel, |t| names(t).iter().any(|n| n == "fs_read_text_file")).await;
+    let run = kernel.create_run("mcp-user").await;
+    let outside = "/etc/hostname";
+    let calls = vec![
+        call("everything_echo", json!({"message": "hi"})),
+        call("everything_get-sum", json!({"a": 2, "b": 3})),
+        call("everything_get-structured-content", json!({"location": "New York"})),
+        call("everything_get-tiny-image", json!({})),
+        call(
+            "fs_write_file",
+            json!({"path": root.path().join("a.txt"), "content": "hello"}),
+        ),
+        call("fs_read_text_file", json!({"path": outside})),
+        // Models fill optional fields with null; the typed server would reject it.
+        call(
+            "everything_trigger-long-running-operation",
+            json!({"duration": 0.2, "steps": null}),
+        ),
+    ];
+    let outcome = submit(&kernel, &run, 0, calls).await.unwrap();
+    let results = &outcome.results;
+    assert_eq!(results[0].content, "Echo: hi");
+    assert!(results[1].content.contains('5'), "{}", results[1].content);
+    let weather: Value = serde_json::from_str(&results[2].output_json).unwrap();
+    assert!(
+        weather.get("temperature").is_some(),
+        "structured content first: {weather}"
+    );
+    let image: Value = serde_json::from_str(&results[3].output_json).unwrap();
+    assert!(
+        image
+            .as_array()
+            .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "image")),
+        "other content kinds kept as JSON: {image}"
+    );
+    let written: Value = serde_json::from_str(&results[4].output_json).unwrap();
+    assert!(
+        written["content"].as_str().unwrap().starts_with("Successfully wrote"),
+        "{written}"
+    );
+    assert_eq!(std::fs::read_to_string(root.path().join("a.txt")).unwrap(), "hello");
+    // isError: a tool error the model reads.
+    assert_eq!(results[5].status, pb::CallStatus::Error as i32, "{:?}", results[5]);
+    assert!(results[5].content.contains("Access denied"), "{}", results[5].content);
+    assert_eq!(results[6].status, pb::CallStatus::Ok as i32, "{:?}", results[6]);
+    assert!(results[6].content.contains("Long running operation completed"));
+    assert_eq!(
+        outcome
+            .progress
+            .iter()
+            .filter(|p| p.tool.ends_with("long-running-operation"))
+            .count(),
+        5
+    );
+    let steps = kernel.get(&run).await.steps;
+    let recorded: Value = serde_json::from_str(&steps[6].arguments_json).unwrap();
+    assert_eq!(
+        recorded,
+        json!({"duration": 0.2}),
+        "the record holds what the server was sent"
+    );
+    assert_eq!(steps[6].progress_count, 5, "MCP progress is the call's progress");
+    check_log(&kernel.events(&run).await, true);
+    // `kernelctl runs show` tells the story.
+    let shown = kernel.kernelctl(&["runs", "show", &run]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        text.contains("everything_echo") && text.contains("fs_write_file"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_tool_the_config_says_requires_approval_parks_the_run_until_a_person_answers() {
+    let kernel = Kernel::start();
+    let _mcp = kernel.mcp_worker(&everything_config(
+        "    requires_approval: [\"get-env\", { tool: \"echo\", when: \"args.message == 'secret'\" }]\n    risk: high\n    owner: platform\n    unit_price: 0.01\n",
+    ));
+    let tools = everything_ready(&kernel).await;
+    let env = options(&tools, "everything_get-env");
+    assert!(env.requires_approval);
+    assert_eq!((env.risk, env.owner.as_str()), (pb::RiskLevel::High as i32, "platform"));
+    assert_eq!(
+        options(&tools, "everything_echo").requires_approval_expr,
+        "args.message == 'secret'"
+    );
+    let run = kernel.create_run("mcp-user").await;
+    let turn = spawn_turn(
+        &kernel,
+        &run,
+        vec![
+            call("everything_echo", json!({"message": "open"})),
+            call("everything_get-env", json!({})),
+        ],
+    );
+    let mut approvals = ApprovalServiceClient::connect(kernel.url()).await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    let asked = loop {
+        let pending = approvals
+            .list_approvals(pb::ListApprovalsRequest {
+                run_id: run.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .approvals;
+        if let Some(asked) = pending.into_iter().next() {
+            break asked;
+        }
+        assert!(Instant::now() < deadline, "no approval was asked");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(asked.tool, "everything_get-env");
+    let shown = kernel.get(&run).await;
+    assert_eq!(shown.run.unwrap().status, pb::RunStatus::Blocked as i32, "parked");
+    approvals
+        .approve_call(pb::ApproveCallRequest {
+            approval_id: asked.id.clone(),
+            decider: "alice".into(),
+            reason: "debugging".into(),
+        })
+        .await
+        .unwrap();
+    let outcome = turn.await.unwrap();
+    assert_eq!(outcome.results[0].content, "Echo: open");
+    assert_eq!(
+        outcome.results[1].status,
+        pb::CallStatus::Ok as i32,
+        "{:?}",
+        outcome.results[1]
+    );
+    let manifest = kernel.get(&run).await.manifest.unwrap();
+    assert!(
+        (manifest.total_cost - 0.02).abs() < 1e-9,
+        "the config's unit price: {manifest:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_killed_mid_call_is_restarted_and_a_safe_call_runs_again() {
+    let kernel = Kernel::start();
+    let mcp = kernel.mcp_worker(&everything_config(""));
+    everything_ready(&kernel).await;
+    let run = kernel.create_run("mcp-user").await;
+    let mut watch = Watch::open(&kernel, &run, 1, true).await;
+    let turn = spawn_turn(
+        &kernel,
+        &run,
+        vec![call(
+            "everything_trigger-long-running-operation",
+            json!({"duration": 3, "steps": 30}),
+        )],
+    );
+    // Kill the server process (kernel-mcp's child) once the call is running on it.
+    assert!(
+        watch.until(|w| !w.progress.is_empty()).await,
+        "the call never reported progress"
+    );
+    let killed = std::process::Command::new("pkill")
+        .args(["-KILL", "-P", &mcp.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "the server process was found and killed");
+    let outcome = turn.await.unwrap();
+    assert_eq!(
+        outcome.results[0].status,
+        pb::CallStatus::Ok as i32,
+        "{:?}",
+        outcome.results[0]
+    );
+    let step = &kernel.get(&run).await.steps[0];
+    assert_eq!(
+        (step.attempts, step.lease_losses),
+        (2, 1),
+        "the attempt was lost with its server, as with a lost worker, and ran again once it was back"
+    );
+    mcp.log.wait_for("restarting the mcp server");
+    check_log(&kernel.events(&run).await, true);
+}
+
+#[tokio::test]
+async fn a_server_over_streamable_http_is_wrapped_the_same() {
+    let kernel = Kernel::start();
+    let (_server, url) = everything_over_http();
+    let _mcp = kernel.mcp_worker(&format!(
+        "servers:\n  remote:\n    url: {url}\n    headers: {{ X-Test: e2e }}\n    allow: [\"echo\", \"get-sum\"]\n"
+    ));
+    let tools = tools_when(&kernel, |t| names(t).len() == 2).await;
+    let mut listed = names(&tools);
+    listed.sort();
+    assert_eq!(
+        listed,
+        ["remote_echo", "remote_get-sum"],
+        "only what allow lets through"
+    );
+    let run = kernel.create_run("mcp-user").await;
+    let outcome = submit(
+        &kernel,
+        &run,
+        0,
+        vec![call("remote_echo", json!({"message": "over http"}))],
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcome.results[0].content, "Echo: over http");
+}
