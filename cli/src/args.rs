@@ -77,6 +77,37 @@ pub enum Command {
     /// API keys for the kernel's auth file; works offline, without a kernel.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// The kernel's tools for MCP clients.
+    #[command(subcommand)]
+    Mcp(McpCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum McpCommand {
+    /// Serve the tools connected workers offer to an MCP client: on stdin and stdout (one session),
+    /// or with --listen over Streamable HTTP at /mcp. Each MCP session's calls go in a run of its own.
+    Serve(McpServeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct McpServeArgs {
+    /// Serve Streamable HTTP on this address (`127.0.0.1:8080`) at `/mcp` instead of stdio; a
+    /// client's bearer token is the API key its calls are made with.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Offer only tools whose names match one of these globs (repeatable).
+    #[arg(long, value_name = "GLOB")]
+    pub allow: Vec<String>,
+    /// A label on every run the sessions create, `key=value` (repeatable).
+    #[arg(long, value_name = "KEY=VALUE", value_parser = parse_label)]
+    pub label: Vec<(String, String)>,
+}
+
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("'{text}' is not key=value")),
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -32,6 +32,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Bench(args) => bench(&cli.addr, &access, cli.json, args),
         Command::Keys(args::KeysCommand::Create(args)) => commands::keys::create(args, cli.json),
+        Command::Mcp(args::McpCommand::Serve(args)) => mcp_serve(&cli.addr, &access, args),
         command => query(Cli { command, ..cli }),
     }
 }
@@ -45,6 +46,19 @@ fn bench(addr: &args::KernelAddr, access: &client::Access, json: bool, args: ben
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if err.is_broken_pipe() => ExitCode::SUCCESS,
         Err(err) => runtime.block_on(report(addr, &err.to_string())),
+    }
+}
+
+/// Serves MCP until the client goes (stdio) or SIGINT (HTTP); diagnostics go to stderr, as stdout
+/// is the MCP stream.
+fn mcp_serve(addr: &args::KernelAddr, access: &client::Access, args: args::McpServeArgs) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    match runtime.block_on(commands::mcp::serve(addr, access, args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => runtime.block_on(report(addr, &message)),
     }
 }
 

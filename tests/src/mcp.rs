@@ -51,3 +51,69 @@ impl Kernel {
         process
     }
 }
+
+/// The MCP client of `tests/mcp/client.py` (the official `mcp` package), run against the kernel's
+/// MCP server; its JSON lines (tools, progress, results) are read as they come.
+pub struct McpClient {
+    pub process: Process,
+    events: std::sync::mpsc::Receiver<serde_json::Value>,
+}
+
+impl McpClient {
+    /// Runs the client: `mode` `stdio` (`target` is the server's argv as JSON) or `http`
+    /// (`target` is the URL, `headers` sent with every request), making `calls` in order.
+    pub fn run(mode: &str, target: &str, calls: &serde_json::Value, headers: &serde_json::Value) -> McpClient {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mcp/client.py");
+        let mut command = Command::new("python3");
+        command
+            .arg(script)
+            .args([mode, target, &calls.to_string(), &headers.to_string()])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start python3 for the MCP client: {e}"));
+        let log = crate::Log::default();
+        log.follow(child.stderr.take().expect("piped stderr"), "mcp-client");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, events) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                let event = serde_json::from_str(&line).unwrap_or(serde_json::Value::String(line));
+                if tx.send(event).is_err() {
+                    return;
+                }
+            }
+        });
+        McpClient {
+            process: Process { child, log },
+            events,
+        }
+    }
+
+    /// The client's next line; fails, with its log, if none comes in time (the `mcp` package
+    /// missing included: `pip install -r tests/mcp/requirements.txt`).
+    pub fn next(&self) -> serde_json::Value {
+        self.events.recv_timeout(crate::WAIT).unwrap_or_else(|_| {
+            panic!(
+                "the MCP client printed nothing more; its log:\n{}",
+                self.process.log.text()
+            )
+        })
+    }
+
+    /// Lines up to and including the first for which `found` holds.
+    pub fn until(&self, found: impl Fn(&serde_json::Value) -> bool) -> Vec<serde_json::Value> {
+        let mut seen = Vec::new();
+        loop {
+            let event = self.next();
+            let done = found(&event);
+            seen.push(event);
+            if done {
+                return seen;
+            }
+        }
+    }
+}

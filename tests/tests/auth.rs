@@ -722,3 +722,36 @@ async fn a_subagent_needs_runs_write_on_the_hosting_worker_s_key() {
     );
     assert_eq!(run_count(&secured).await, 1, "no child run was created");
 }
+
+/// `kernelctl mcp serve --listen`: an MCP client's bearer token is the key its calls are made with.
+#[tokio::test]
+async fn an_mcp_client_s_bearer_token_is_the_key_of_its_calls() {
+    let secured = secured_with(None);
+    let kernel = &secured.kernel;
+    let _worker = kernel.worker_with("w1", &["--api-key", &secured.worker]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .unwrap()
+        .port();
+    let mut command = Command::new(binary("kernelctl"));
+    command
+        .args(["--addr", &kernel.url(), "mcp", "serve", "--listen"])
+        .arg(format!("127.0.0.1:{port}"));
+    let server = Process::spawn(command, "kernelctl-mcp");
+    server.log.wait_for("mcp server listening on");
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let calls = json!([{"tool": "add", "arguments": {"a": 1, "b": 2}}]);
+
+    let authorized = json!({"Authorization": format!("Bearer {}", secured.agent)});
+    let client = e2e::mcp::McpClient::run("http", &url, &calls, &authorized);
+    assert!(client.next()["tools"].as_array().is_some_and(|t| !t.is_empty()));
+    let answered = client.next();
+    assert_eq!(answered["result"]["text"], json!(["3"]), "{answered}");
+    assert_eq!(run_count(&secured).await, 1);
+
+    // No key: the kernel refuses the session's first request, and nothing is recorded.
+    let anonymous = e2e::mcp::McpClient::run("http", &url, &calls, &json!({}));
+    let refused = anonymous.process.log.wait_for("Unauthenticated");
+    assert!(refused.contains("missing API key"), "{refused}");
+    assert_eq!(run_count(&secured).await, 1, "no run without a key");
+}

@@ -7,6 +7,7 @@
 mod approvals;
 pub mod bench;
 pub mod keys;
+pub mod mcp;
 mod runs;
 mod status;
 mod tools;
@@ -50,6 +51,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Status => status::show(&mut kernel, &mut out).await,
         Command::Bench(_) => unreachable!("main runs `bench` through commands::bench::main"),
         Command::Keys(_) => unreachable!("main runs `keys` without a kernel"),
+        Command::Mcp(_) => unreachable!("main runs `mcp serve` through commands::mcp::serve"),
     }?;
     out.flush()?;
     Ok(())

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use futures_util::{Stream, TryStreamExt, future, stream};
 use kernel_proto::v1 as pb;
+use pb::registry_service_client::RegistryServiceClient;
 use pb::run_service_client::RunServiceClient;
 use pb::tool_call_service_client::ToolCallServiceClient;
 use serde_json::Value;
@@ -401,6 +402,7 @@ pub struct RunSnapshot {
 pub struct AgentClient {
     runs: RunServiceClient<Channel>,
     calls: ToolCallServiceClient<Channel>,
+    registry: RegistryServiceClient<Channel>,
     api_key: Option<ApiKey>,
     /// The address connected to, to say what to do when the connection fails.
     addr: Option<Arc<str>>,
@@ -444,6 +446,7 @@ impl AgentClient {
     pub fn from_channel(channel: Channel) -> Self {
         Self {
             runs: RunServiceClient::new(channel.clone()),
+            registry: RegistryServiceClient::new(channel.clone()),
             calls: ToolCallServiceClient::new(channel),
             api_key: None,
             addr: None,
@@ -460,6 +463,13 @@ impl AgentClient {
 
     fn request<T>(&self, message: T) -> tonic::Request<T> {
         auth::request(message, self.api_key.as_ref())
+    }
+
+    /// Every tool the kernel knows (`RegistryService.ListTools`), with the workers that offer it
+    /// now (none: registered once, not offered); the key needs `runs:read`.
+    pub async fn registered_tools(&self) -> Result<Vec<pb::RegisteredTool>, AgentError> {
+        let request = self.request(pb::ListToolsRequest {});
+        Ok(self.call(self.registry.clone().list_tools(request)).await?.tools)
     }
 
     /// Creates a run; with an idempotency key that matches an earlier run, returns that run.
