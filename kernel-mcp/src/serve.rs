@@ -229,7 +229,10 @@ fn bearer(context: &RequestContext<RoleServer>) -> Option<String> {
 /// hints.
 fn mcp_tool(spec: pb::ToolSpec) -> Tool {
     let schema: JsonObject = match serde_json::from_str(&spec.input_schema_json) {
-        Ok(Value::Object(schema)) => schema,
+        Ok(Value::Object(mut schema)) => {
+            objects_for_booleans(&mut schema);
+            schema
+        }
         _ => JsonObject::new(),
     };
     let options = spec.options.unwrap_or_default();
@@ -238,6 +241,25 @@ fn mcp_tool(spec: pb::ToolSpec) -> Tool {
         .destructive(options.writes)
         .idempotent(options.read_only || options.idempotency == pb::Idempotency::SafeToRetry as i32);
     Tool::new(spec.name, spec.description, Arc::new(schema)).with_annotations(annotations)
+}
+
+/// Rewrites boolean subschemas of properties and items (`true`: anything, `false`: nothing) as
+/// the object schemas they mean. JSON Schema allows both, but MCP clients read tool schemas as
+/// objects: the TypeScript SDK refuses a whole `tools/list` over one `true` (found by the MCP
+/// conformance suite, on a tool taking any JSON value).
+fn objects_for_booleans(schema: &mut JsonObject) {
+    let as_object = |value: &mut Value| match value {
+        Value::Bool(true) => *value = json!({}),
+        Value::Bool(false) => *value = json!({"not": {}}),
+        Value::Object(inner) => objects_for_booleans(inner),
+        _ => {}
+    };
+    if let Some(Value::Object(properties)) = schema.get_mut("properties") {
+        properties.values_mut().for_each(as_object);
+    }
+    if let Some(items) = schema.get_mut("items") {
+        as_object(items);
+    }
 }
 
 /// A call's outcome as an MCP result: a success's content (and its JSON, when an object, as
@@ -290,4 +312,40 @@ pub async fn serve_http(
         .with_graceful_shutdown(async move { shutdown.cancelled_owned().await })
         .await
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boolean_subschemas_become_the_objects_they_mean() {
+        let mut schema = json!({
+            "type": "object",
+            "properties": {
+                "value": true,
+                "never": false,
+                "list": {"type": "array", "items": true},
+                "nested": {"type": "object", "properties": {"any": true}}
+            },
+            "additionalProperties": false
+        });
+        let Value::Object(object) = &mut schema else {
+            unreachable!()
+        };
+        objects_for_booleans(object);
+        assert_eq!(
+            schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "value": {},
+                    "never": {"not": {}},
+                    "list": {"type": "array", "items": {}},
+                    "nested": {"type": "object", "properties": {"any": {}}}
+                },
+                "additionalProperties": false
+            })
+        );
+    }
 }

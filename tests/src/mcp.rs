@@ -6,9 +6,9 @@ use std::process::Command;
 
 use crate::{Kernel, Process, binary};
 
-/// The command of an MCP server from `tests/mcp/package.json`; panics, saying how to install it,
-/// when it is missing, so a test never passes without its server.
-pub fn server_bin(name: &str) -> PathBuf {
+/// A command `tests/mcp/package.json` installs (an MCP server, or the Node the conformance suite
+/// runs on); panics, saying how to install it, when it is missing, so a test never passes without it.
+pub fn npm_bin(name: &str) -> PathBuf {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("mcp/node_modules/.bin")
         .join(name);
@@ -26,7 +26,7 @@ pub fn everything_over_http() -> (Process, String) {
         .and_then(|listener| listener.local_addr())
         .expect("a free port")
         .port();
-    let mut command = Command::new(server_bin("mcp-server-everything"));
+    let mut command = Command::new(npm_bin("mcp-server-everything"));
     command.arg("streamableHttp").env("PORT", port.to_string());
     let process = Process::spawn(command, "mcp-server-everything");
     process.log.wait_for("listening on port");

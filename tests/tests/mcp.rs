@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use e2e::mcp::{everything_over_http, server_bin};
+use e2e::mcp::{everything_over_http, npm_bin};
 use e2e::{Kernel, WAIT, Watch, call, check_log, submit, submit_until_done};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
@@ -19,7 +19,7 @@ fn spawn_turn(kernel: &Kernel, run: &str, calls: Vec<pb::ToolCall>) -> tokio::ta
 fn everything_config(extra: &str) -> String {
     format!(
         "servers:\n  everything:\n    command: {}\n{extra}",
-        server_bin("mcp-server-everything").display()
+        npm_bin("mcp-server-everything").display()
     )
 }
 
@@ -75,7 +75,7 @@ async fn a_server_s_tools_appear_prefixed_with_their_hints_mapped_and_a_list_cha
     let config = format!(
         "{}  fs:\n    command: {}\n    args: [\"{}\"]\n",
         everything_config(""),
-        server_bin("mcp-server-filesystem").display(),
+        npm_bin("mcp-server-filesystem").display(),
         root.path().display()
     );
     let mcp = kernel.mcp_worker(&config);
@@ -127,7 +127,7 @@ async fn calls_go_to_the_server_by_bare_name_with_nulls_stripped_and_results_fla
     let config = format!(
         "{}  fs:\n    command: {}\n    args: [\"{}\"]\n",
         everything_config(""),
-        server_bin("mcp-server-filesystem").display(),
+        npm_bin("mcp-server-filesystem").display(),
         root.path().display()
     );
     let _mcp = kernel.mcp_worker(&config);

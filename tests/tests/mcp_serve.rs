@@ -153,3 +153,46 @@ async fn an_mcp_client_over_http_waits_for_a_person_s_approval_and_hears_why() {
         "{result}"
     );
 }
+
+/// The MCP conformance suite (`@modelcontextprotocol/conformance`, on the Node 22 it needs, both
+/// from `tests/mcp/package.json`) against `kernelctl mcp serve`: every scenario passes but those
+/// `tests/mcp/conformance-baseline.yaml` lists with the reason, and none of those passes.
+#[test]
+fn the_mcp_conformance_suite_passes_all_but_its_baseline() {
+    let kernel = Kernel::start();
+    let _worker = kernel.worker("w1");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .unwrap()
+        .port();
+    let mut command = std::process::Command::new(binary("kernelctl"));
+    command
+        .args(["--addr", &kernel.url(), "mcp", "serve", "--listen"])
+        .arg(format!("127.0.0.1:{port}"));
+    let server = e2e::Process::spawn(command, "kernelctl-mcp");
+    server.log.wait_for("mcp server listening on");
+    let mcp = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp");
+    let node = e2e::mcp::npm_bin("node");
+    let suite = mcp.join("node_modules/@modelcontextprotocol/conformance/dist/index.js");
+    let results = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(node)
+        .arg(suite)
+        .args([
+            "server",
+            "--url",
+            &format!("http://127.0.0.1:{port}/mcp"),
+            "--expected-failures",
+        ])
+        .arg(mcp.join("conformance-baseline.yaml"))
+        .arg("-o")
+        .arg(results.path())
+        .output()
+        .expect("the conformance suite runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "conformance failures beyond the baseline:\n{text}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(text.contains("Baseline check passed"), "{text}");
+}
