@@ -44,13 +44,33 @@ pub struct Bridge {
     pub labels: BTreeMap<String, String>,
 }
 
+/// The run a session's calls go to now, and the cancel tokens of its calls in flight: once one of
+/// them is cancelled the run is being cancelled, so a call that comes after starts another run
+/// (rmcp cancels the token when the client's `notifications/cancelled` arrives, before it hands
+/// the client's next request on).
+#[derive(Default)]
+struct Current {
+    cell: Arc<OnceCell<RunHandle>>,
+    calls: std::collections::HashMap<u64, tokio_util::sync::CancellationToken>,
+    next: u64,
+}
+
+/// Takes a call off [`Current::calls`] when it ends.
+struct InFlight(Arc<Mutex<Current>>, u64);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.lock().expect("run cell poisoned").calls.remove(&self.1);
+    }
+}
+
 /// One MCP session's view of the kernel: its client and, once it made a call, its run.
 #[derive(Clone)]
 pub struct KernelTools {
     bridge: Arc<Bridge>,
     client: Arc<OnceCell<AgentClient>>,
-    /// Replaced by a fresh cell when the run is cancelled: the next call starts another run.
-    run: Arc<Mutex<Arc<OnceCell<RunHandle>>>>,
+    /// The session's run and the calls in flight in it.
+    run: Arc<Mutex<Current>>,
     turn: Arc<AtomicU32>,
 }
 
@@ -82,9 +102,20 @@ impl KernelTools {
             .await
     }
 
-    /// The session's run, created at its first call.
-    async fn session_run(&self, context: &RequestContext<RoleServer>) -> Result<RunHandle, ErrorData> {
-        let cell = Arc::clone(&self.run.lock().expect("run cell poisoned"));
+    /// The session's run, created at its first call (or the first after a cancel), with this call
+    /// counted in flight in it.
+    async fn session_run(&self, context: &RequestContext<RoleServer>) -> Result<(RunHandle, InFlight), ErrorData> {
+        let (cell, in_flight) = {
+            let mut current = self.run.lock().expect("run cell poisoned");
+            if current.calls.values().any(|ct| ct.is_cancelled()) {
+                current.cell = Arc::default();
+                current.calls.clear();
+            }
+            let id = current.next;
+            current.next += 1;
+            current.calls.insert(id, context.ct.clone());
+            (Arc::clone(&current.cell), InFlight(Arc::clone(&self.run), id))
+        };
         let client = self.client(context).await?;
         let run = cell
             .get_or_try_init(|| async {
@@ -105,11 +136,7 @@ impl KernelTools {
                 client.create_run(new).await.map_err(kernel_error)
             })
             .await?;
-        Ok(run.clone())
-    }
-
-    fn forget_run(&self) {
-        *self.run.lock().expect("run cell poisoned") = Arc::default();
+        Ok((run.clone(), in_flight))
     }
 }
 
@@ -157,7 +184,7 @@ impl ServerHandler for KernelTools {
         if self.bridge.allow.as_ref().is_some_and(|allow| !allow.is_match(&name)) {
             return Ok(refused(format!("tool '{name}' is not offered here")).into());
         }
-        let run = self.session_run(&context).await?;
+        let (run, _in_flight) = self.session_run(&context).await?;
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
         let arguments = Value::Object(request.arguments.unwrap_or_default());
         let mut items = std::pin::pin!(run.submit_turn(turn, vec![Call::new(name, arguments)]));
@@ -169,7 +196,6 @@ impl ServerHandler for KernelTools {
                     // The kernel has no cancel for one call: the session's run goes, and the
                     // next call starts another.
                     let _ = run.cancel("cancelled by the MCP client").await;
-                    self.forget_run();
                     return Ok(refused("cancelled by the client".to_owned()).into());
                 }
             };

@@ -47,9 +47,16 @@ async def session(read: Any, write: Any, calls: list[dict[str, Any]]) -> None:
             ) -> None:
                 emit({"progress": value, "total": total, "message": message})
 
-            result = await mcp.call_tool(
-                call["tool"], call.get("arguments", {}), progress_callback=progress
-            )
+            try:
+                result = await mcp.call_tool(
+                    call["tool"],
+                    call.get("arguments", {}),
+                    read_timeout_seconds=call.get("timeout"),
+                    progress_callback=progress,
+                )
+            except Exception as error:  # noqa: BLE001 - the test reads what happened
+                emit({"error": {"tool": call["tool"], "message": str(error)}})
+                continue
             emit(
                 {
                     "result": {

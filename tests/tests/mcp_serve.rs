@@ -196,3 +196,42 @@ fn the_mcp_conformance_suite_passes_all_but_its_baseline() {
     );
     assert!(text.contains("Baseline check passed"), "{text}");
 }
+
+#[tokio::test]
+async fn a_client_that_gives_up_on_a_call_cancels_its_run_and_its_next_call_starts_another() {
+    let kernel = Kernel::start();
+    let _worker = kernel.worker("w1");
+    let server = json!([binary("kernelctl"), "--addr", kernel.url(), "mcp", "serve"]);
+    let calls = json!([
+        // The client's timeout sends notifications/cancelled for the request.
+        {"tool": "slow", "arguments": {"steps": 300, "delay_ms": 100}, "timeout": 1.0},
+        {"tool": "add", "arguments": {"a": 1, "b": 1}},
+    ]);
+    let client = McpClient::run("stdio", &server.to_string(), &calls, &json!({}));
+    let seen = client.until(|e| result_of(e)["tool"] == "add");
+    assert!(
+        seen.iter().any(|e| e["error"]["tool"] == "slow"),
+        "the client gave up: {seen:?}"
+    );
+    assert_eq!(result_of(seen.last().unwrap())["text"], json!(["2"]));
+    let mut runs = kernel
+        .runs()
+        .await
+        .list_runs(pb::ListRunsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .runs;
+    runs.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!(runs[0].status, pb::RunStatus::Cancelled as i32, "{:?}", runs[0]);
+    assert!(runs[0].reason.contains("cancelled by the MCP client"), "{:?}", runs[0]);
+    let abandoned = &kernel.get(&runs[0].id).await.steps[0];
+    assert_eq!(
+        abandoned.status,
+        pb::StepStatus::Cancelled as i32,
+        "the call was cancelled on its worker"
+    );
+    assert_eq!(runs[1].status, pb::RunStatus::Running as i32);
+    assert_eq!(kernel.get(&runs[1].id).await.steps[0].tool, "add");
+}
