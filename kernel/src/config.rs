@@ -17,6 +17,12 @@ pub struct Config {
     #[arg(long, env = "KERNEL_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
+    /// Also serve the kernel's tools to MCP clients over Streamable HTTP on this address, at `/mcp`
+    /// (as `kernelctl mcp serve --listen` does); a client's bearer token is its API key. Not yet
+    /// with TLS on gRPC.
+    #[arg(long, env = "KERNEL_MCP_LISTEN", value_name = "ADDR")]
+    pub mcp_listen: Option<SocketAddr>,
+
     /// SQLite database file; created with its schema on first start.
     #[arg(long, env = "KERNEL_DB", default_value = "./kernel.db")]
     pub db: PathBuf,

@@ -164,6 +164,9 @@ pub async fn run(
     let mut server = crate::tls::server_builder(&config)?;
     // And an auth file that does not load, or a non-loopback address without one or --insecure.
     let keys = crate::auth::load(config.auth_file.as_deref(), config.listen, config.insecure)?;
+    if let Some(mcp) = config.mcp_listen {
+        check_mcp_listen(&config, mcp)?;
+    }
     // One kernel per database, claimed before anything reads or writes it; then the port, so a
     // kernel that cannot serve creates no database.
     let db_lock = DbLock::acquire(&config.db)?;
@@ -246,6 +249,9 @@ pub async fn run(
         .local_addr()
         .map_err(|e| KernelError::Unavailable(e.to_string()))?;
     info!(%addr, db = %config.db.display(), schema = Store::schema_version(), "listening");
+    if let Some(mcp) = config.mcp_listen {
+        serve_mcp(mcp, addr, shutdown.clone()).await?;
+    }
     on_listening(addr);
 
     // A message over this is refused by tonic before it is decoded.
@@ -305,6 +311,56 @@ pub async fn run(
     }
     info!("stopped");
     drop(db_lock);
+    Ok(())
+}
+
+/// Refuses an MCP listener the kernel cannot serve safely: beside TLS on gRPC (its bridge speaks
+/// plaintext to the kernel), or on a non-loopback address with no keys to require.
+fn check_mcp_listen(config: &Config, mcp: SocketAddr) -> Result<(), KernelError> {
+    if config.tls_cert.is_some() {
+        return Err(KernelError::invalid(
+            "--mcp-listen",
+            "not yet with --tls-cert: serve MCP beside a TLS kernel with `kernelctl --addr https://... --tls-ca CA \
+             mcp serve --listen ADDR`",
+        ));
+    }
+    if !mcp.ip().is_loopback() && config.auth_file.is_none() && !config.insecure {
+        return Err(KernelError::invalid(
+            "--mcp-listen",
+            format!(
+                "{mcp} is not a loopback address; give --auth-file to require API keys, or --insecure to serve it \
+                 without authentication"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Serves the kernel's tools to MCP clients on `listen` (`/mcp`), bridged to this kernel's own gRPC
+/// address `grpc` like any agent, so validation, policy, approvals and keys apply as for one.
+async fn serve_mcp(listen: SocketAddr, grpc: SocketAddr, shutdown: CancellationToken) -> Result<(), KernelError> {
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| KernelError::Unavailable(format!("cannot listen on {listen} (--mcp-listen): {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| KernelError::Unavailable(e.to_string()))?;
+    // An unspecified address (0.0.0.0) is reached on loopback from inside.
+    let ip = if grpc.ip().is_unspecified() {
+        std::net::IpAddr::from([127, 0, 0, 1])
+    } else {
+        grpc.ip()
+    };
+    let bridge = kernel_mcp::serve::Bridge {
+        kernel: format!("http://{}", SocketAddr::new(ip, grpc.port())),
+        ..Default::default()
+    };
+    info!(addr = %bound, path = "/mcp", "mcp listening");
+    tokio::spawn(async move {
+        if let Err(error) = kernel_mcp::serve::serve_http(bridge, listener, shutdown).await {
+            warn!(%error, "mcp listener stopped");
+        }
+    });
     Ok(())
 }
 

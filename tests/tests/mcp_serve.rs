@@ -235,3 +235,27 @@ async fn a_client_that_gives_up_on_a_call_cancels_its_run_and_its_next_call_star
     assert_eq!(runs[1].status, pb::RunStatus::Running as i32);
     assert_eq!(kernel.get(&runs[1].id).await.steps[0].tool, "add");
 }
+
+/// `kernel --mcp-listen`: the kernel's own MCP listener, the same bridge as `kernelctl mcp serve`.
+#[tokio::test]
+async fn the_kernel_s_own_mcp_listener_serves_a_client() {
+    let kernel = Kernel::start_with(KernelOptions {
+        args: vec!["--mcp-listen".into(), "127.0.0.1:0".into()],
+        ..Default::default()
+    });
+    let line = kernel.process.log.wait_for("mcp listening");
+    let addr = line
+        .split("addr=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line}"));
+    let _worker = kernel.worker("w1");
+    let calls = json!([{"tool": "add", "arguments": {"a": 20, "b": 22}}]);
+    let client = McpClient::run("http", &format!("http://{addr}/mcp"), &calls, &json!({}));
+    assert!(
+        client.next()["tools"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["name"] == "add"))
+    );
+    assert_eq!(result_of(&client.next())["text"], json!(["42"]));
+}
