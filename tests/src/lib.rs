@@ -117,8 +117,7 @@ pub struct Process {
 }
 
 impl Process {
-    /// Starts `command` with its stderr followed as `label`'s log; killed when dropped.
-    pub fn spawn(mut command: Command, label: &'static str) -> Process {
+    fn spawn(mut command: Command, label: &'static str) -> Process {
         command
             .stdin(Stdio::null())
             .stdout(Stdio::null())

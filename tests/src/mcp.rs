@@ -34,6 +34,23 @@ pub fn everything_over_http() -> (Process, String) {
 }
 
 impl Kernel {
+    /// Starts `kernelctl mcp serve --listen` (with `args` after it) against this kernel on a free
+    /// port; returns the process and its URL, `http://127.0.0.1:<port>/mcp`.
+    pub fn mcp_serve_http(&self, args: &[&str]) -> (Process, String) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port();
+        let mut command = Command::new(binary("kernelctl"));
+        command
+            .args(["--addr", &self.url(), "mcp", "serve", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .args(args);
+        let process = Process::spawn(command, "kernelctl-mcp");
+        process.log.wait_for("mcp server listening on");
+        (process, format!("http://127.0.0.1:{port}/mcp"))
+    }
+
     /// Starts `kernel-mcp` with `config` (YAML) against this kernel and waits for its first
     /// worker session.
     pub fn mcp_worker(&self, config: &str) -> Process {

@@ -729,17 +729,7 @@ async fn an_mcp_client_s_bearer_token_is_the_key_of_its_calls() {
     let secured = secured_with(None);
     let kernel = &secured.kernel;
     let _worker = kernel.worker_with("w1", &["--api-key", &secured.worker]);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .unwrap()
-        .port();
-    let mut command = Command::new(binary("kernelctl"));
-    command
-        .args(["--addr", &kernel.url(), "mcp", "serve", "--listen"])
-        .arg(format!("127.0.0.1:{port}"));
-    let server = Process::spawn(command, "kernelctl-mcp");
-    server.log.wait_for("mcp server listening on");
-    let url = format!("http://127.0.0.1:{port}/mcp");
+    let (_server, url) = kernel.mcp_serve_http(&[]);
     let calls = json!([{"tool": "add", "arguments": {"a": 1, "b": 2}}]);
 
     let authorized = json!({"Authorization": format!("Bearer {}", secured.agent)});

@@ -91,18 +91,7 @@ async fn an_mcp_client_over_stdio_lists_and_calls_the_workers_tools_in_one_run()
 async fn an_mcp_client_over_http_waits_for_a_person_s_approval_and_hears_why() {
     let kernel = Kernel::start();
     let _worker = kernel.worker("w1");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .unwrap()
-        .port();
-    let mut command = std::process::Command::new(binary("kernelctl"));
-    command
-        .args(["--addr", &kernel.url(), "mcp", "serve", "--listen"])
-        .arg(format!("127.0.0.1:{port}"))
-        .args(["--allow", "refund", "--allow", "add"]);
-    let server = e2e::Process::spawn(command, "kernelctl-mcp");
-    server.log.wait_for("mcp server listening on");
-    let url = format!("http://127.0.0.1:{port}/mcp");
+    let (_server, url) = kernel.mcp_serve_http(&["--allow", "refund", "--allow", "add"]);
     let calls = json!([{"tool": "refund", "arguments": {"customer": "c1", "cents": 25_000}}]);
     let client = McpClient::run("http", &url, &calls, &json!({}));
     let listed = client.next();
@@ -161,28 +150,14 @@ async fn an_mcp_client_over_http_waits_for_a_person_s_approval_and_hears_why() {
 fn the_mcp_conformance_suite_passes_all_but_its_baseline() {
     let kernel = Kernel::start();
     let _worker = kernel.worker("w1");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .unwrap()
-        .port();
-    let mut command = std::process::Command::new(binary("kernelctl"));
-    command
-        .args(["--addr", &kernel.url(), "mcp", "serve", "--listen"])
-        .arg(format!("127.0.0.1:{port}"));
-    let server = e2e::Process::spawn(command, "kernelctl-mcp");
-    server.log.wait_for("mcp server listening on");
+    let (_server, url) = kernel.mcp_serve_http(&[]);
     let mcp = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp");
     let node = e2e::mcp::npm_bin("node");
     let suite = mcp.join("node_modules/@modelcontextprotocol/conformance/dist/index.js");
     let results = tempfile::tempdir().unwrap();
     let output = std::process::Command::new(node)
         .arg(suite)
-        .args([
-            "server",
-            "--url",
-            &format!("http://127.0.0.1:{port}/mcp"),
-            "--expected-failures",
-        ])
+        .args(["server", "--url", &url, "--expected-failures"])
         .arg(mcp.join("conformance-baseline.yaml"))
         .arg("-o")
         .arg(results.path())
