@@ -72,6 +72,38 @@ pub fn idempotency_key(run_id: &str, step_key: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The vectors the Python SDK is held to as well (`python/tests/test_canonical.py`): canonical
+    /// text (key order, escapes, integers and floats in every notation), fingerprints, call hashes
+    /// and idempotency keys.
+    #[test]
+    fn the_shared_vectors_hold() {
+        let vectors: Value = serde_json::from_str(include_str!("../testdata/canonical.json")).unwrap();
+        for case in vectors["canonical"].as_array().unwrap() {
+            assert_eq!(to_canonical(&case["value"]), case["canonical"].as_str().unwrap());
+        }
+        for case in vectors["fingerprints"].as_array().unwrap() {
+            let text = |key: &str| case[key].as_str().unwrap().to_owned();
+            let fingerprint = tool_fingerprint(
+                &text("name"),
+                &text("description"),
+                &case["input_schema"],
+                &text("version"),
+            );
+            assert_eq!(fingerprint, text("fingerprint"));
+        }
+        for case in vectors["call_hashes"].as_array().unwrap() {
+            let text = |key: &str| case[key].as_str().unwrap().to_owned();
+            assert_eq!(
+                call_hash(&text("tool"), &text("fingerprint"), &case["arguments"]),
+                text("call_hash")
+            );
+        }
+        for case in vectors["idempotency_keys"].as_array().unwrap() {
+            let text = |key: &str| case[key].as_str().unwrap().to_owned();
+            assert_eq!(idempotency_key(&text("run_id"), &text("step_key")), text("key"));
+        }
+    }
+
     #[test]
     fn canonical_form_sorts_keys_and_drops_whitespace() {
         let text = r#"{ "b": 1, "a": { "d": [1, 2], "c": "x" } }"#;
