@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 import pydantic
 import pytest
 
-from kernel_sdk import ToolContext, ToolDefinitionError, tool, tool_fingerprint
+from kernel_sdk import ToolContext, ToolDefinitionError, tool, tool_fingerprint, wrap_tool
 
 
 class Address(pydantic.BaseModel):
@@ -133,3 +133,55 @@ def test_named_forms() -> None:
 def test_what_the_kernel_would_refuse_is_refused_at_decoration(make, message: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ToolDefinitionError, match=message):
         make()
+
+
+def test_wrap_tool_takes_a_schema_and_maps_the_result() -> None:
+    calls: list[dict] = []
+
+    def search(args: dict) -> dict:
+        calls.append(args)
+        return {"hits": [{"title": "a"}], "took_ms": 3}
+
+    wrapped = wrap_tool(
+        "search",
+        search,
+        description="Search the corpus",
+        args_schema={"properties": {"query": {"type": "string"}}, "required": ["query"]},
+        to_result=lambda raw: raw["hits"],
+        read_only=True,
+    )
+    assert wrapped.definition.input_schema == {
+        "type": "object",
+        "properties": {"query": {"type": "string"}},
+        "required": ["query"],
+    }
+    assert wrapped.definition.options.read_only
+    assert wrapped({"query": "x"}) == [{"title": "a"}]
+    assert calls == [{"query": "x"}]
+    d = wrapped.definition
+    assert wrapped.fingerprint == tool_fingerprint("search", d.description, d.input_schema, "1")
+
+
+def test_wrap_tool_maps_an_awaitable_result_too() -> None:
+    import asyncio
+
+    async def invoke(args: dict) -> int:
+        return args["n"] * 2
+
+    doubled = wrap_tool(
+        "double",
+        invoke,
+        description="Doubles",
+        args_schema={"properties": {"n": {"type": "integer"}}},
+        to_result=lambda n: {"value": n},
+    )
+    assert asyncio.run(doubled({"n": 21})) == {"value": 42}
+
+
+def test_wrap_tool_refuses_what_tool_refuses() -> None:
+    with pytest.raises(ToolDefinitionError, match="no description"):
+        wrap_tool("x", lambda a: a, description=" ", args_schema={})
+    with pytest.raises(ToolDefinitionError, match="must describe an object"):
+        wrap_tool("x", lambda a: a, description="d", args_schema={"type": "array"})
+    with pytest.raises(TypeError):
+        wrap_tool("x", lambda a: a, description="d", args_schema={}, colour="red")

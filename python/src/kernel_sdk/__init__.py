@@ -6,7 +6,15 @@ hints and its description from its docstring, and computes the fingerprint the k
 """
 
 from .canonical import call_hash, idempotency_key, to_canonical, tool_fingerprint
-from .tools import Tool, ToolContext, ToolDefinition, ToolDefinitionError, ToolOptions, tool
+from .tools import (
+    Tool,
+    ToolContext,
+    ToolDefinition,
+    ToolDefinitionError,
+    ToolOptions,
+    tool,
+    wrap_tool,
+)
 
 __all__ = [
     "Tool",
@@ -19,4 +27,5 @@ __all__ = [
     "to_canonical",
     "tool",
     "tool_fingerprint",
+    "wrap_tool",
 ]

@@ -211,27 +211,7 @@ def tool(
 
     def decorate(function: Callable[..., Any]) -> Tool:
         tool_name = name or function.__name__
-        if not _NAME.match(tool_name):
-            raise ToolDefinitionError(
-                f"invalid tool name '{tool_name}': use 1 to 64 characters from [a-zA-Z0-9_-]"
-            )
         text = description if description is not None else _summary(function.__doc__)
-        if not text.strip():
-            raise ToolDefinitionError(
-                f"tool '{tool_name}': the model would see no description; "
-                "add a docstring or description=..."
-            )
-        if read_only and writes:
-            raise ToolDefinitionError(f"tool '{tool_name}' cannot be both read_only and writes")
-        if cache_ttl is not None and not read_only:
-            raise ToolDefinitionError(
-                f"tool '{tool_name}' has a cache_ttl but is not read_only: only a tool without "
-                "side effects may have its results served again"
-            )
-        if isinstance(requires_approval, str) and not requires_approval.strip():
-            raise ToolDefinitionError(
-                f"tool '{tool_name}' has an empty requires_approval predicate"
-            )
         schema, takes_context = _schema(function)
         options = ToolOptions(
             timeout=timeout,
@@ -249,9 +229,70 @@ def tool(
             approval_timeout=approval_timeout,
             strip_nulls=strip_nulls,
         )
-        definition = ToolDefinition(tool_name, text, schema, version, options)
-        return Tool(definition, function, takes_context)
+        return Tool(_checked(tool_name, text, schema, version, options), function, takes_context)
 
     if function is not None:
         return decorate(function)
     return decorate
+
+
+def _checked(
+    name: str, description: str, schema: dict[str, Any], version: str, options: ToolOptions
+) -> ToolDefinition:
+    """The definition, once it holds nothing the kernel would refuse at registration."""
+    if not _NAME.match(name):
+        raise ToolDefinitionError(
+            f"invalid tool name '{name}': use 1 to 64 characters from [a-zA-Z0-9_-]"
+        )
+    if not description.strip():
+        raise ToolDefinitionError(
+            f"tool '{name}': the model would see no description; add a docstring or description=..."
+        )
+    if schema.get("type", "object") != "object":
+        raise ToolDefinitionError(f"tool '{name}': the arguments' schema must describe an object")
+    if options.read_only and options.writes:
+        raise ToolDefinitionError(f"tool '{name}' cannot be both read_only and writes")
+    if options.cache_ttl is not None and not options.read_only:
+        raise ToolDefinitionError(
+            f"tool '{name}' has a cache_ttl but is not read_only: only a tool without "
+            "side effects may have its results served again"
+        )
+    if isinstance(options.requires_approval, str) and not options.requires_approval.strip():
+        raise ToolDefinitionError(f"tool '{name}' has an empty requires_approval predicate")
+    return ToolDefinition(name, description, schema, version, options)
+
+
+def wrap_tool(
+    name: str,
+    invoke: Callable[[dict[str, Any]], Any],
+    *,
+    description: str,
+    args_schema: dict[str, Any],
+    version: str = "1",
+    to_result: Callable[[Any], Any] | None = None,
+    **options: Any,
+) -> Tool:
+    """A tool that is not a plain function (Rebuno's `wrap_tool`): `invoke` takes the arguments as
+    a dict (and may return an awaitable); `args_schema` is their JSON Schema, given whole or as
+    just `properties` and `required`; `to_result` maps what `invoke` returns before it is recorded.
+    The keyword options are `@tool`'s.
+    """
+    schema = dict(args_schema)
+    schema.setdefault("type", "object")
+    schema.setdefault("properties", {})
+    definition = _checked(name, description, schema, version, ToolOptions(**options))
+
+    def call(args: dict[str, Any]) -> Any:
+        result = invoke(args)
+        if to_result is None:
+            return result
+        if inspect.isawaitable(result):
+            awaited = result
+
+            async def mapped() -> Any:
+                return to_result(await awaited)
+
+            return mapped()
+        return to_result(result)
+
+    return Tool(definition, call, takes_context=False)
