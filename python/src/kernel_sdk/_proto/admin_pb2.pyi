@@ -1,0 +1,121 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from . import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RunDeletion(_message.Message):
+    __slots__ = ("runs", "events", "steps", "approvals", "cache_entries")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    APPROVALS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    runs: int
+    events: int
+    steps: int
+    approvals: int
+    cache_entries: int
+    def __init__(self, runs: _Optional[int] = ..., events: _Optional[int] = ..., steps: _Optional[int] = ..., approvals: _Optional[int] = ..., cache_entries: _Optional[int] = ...) -> None: ...
+
+class DeleteRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class DeleteRunResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: RunDeletion
+    def __init__(self, deleted: _Optional[_Union[RunDeletion, _Mapping]] = ...) -> None: ...
+
+class PruneRunsRequest(_message.Message):
+    __slots__ = ("min_age_ms",)
+    MIN_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    min_age_ms: int
+    def __init__(self, min_age_ms: _Optional[int] = ...) -> None: ...
+
+class PruneRunsResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: RunDeletion
+    def __init__(self, deleted: _Optional[_Union[RunDeletion, _Mapping]] = ...) -> None: ...
+
+class ForgetToolRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ForgetToolResponse(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: _common_pb2.ToolSpec
+    def __init__(self, spec: _Optional[_Union[_common_pb2.ToolSpec, _Mapping]] = ...) -> None: ...
+
+class ReloadPolicyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReloadPolicyResponse(_message.Message):
+    __slots__ = ("path", "rules")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    rules: int
+    def __init__(self, path: _Optional[str] = ..., rules: _Optional[int] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("version", "started_at", "worker_sessions", "queued_calls", "leased_calls", "live_runs", "resident_bytes", "allocated_bytes", "in_flight_scans", "lost_calls_found", "resource_locks")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_CALLS_FIELD_NUMBER: _ClassVar[int]
+    LEASED_CALLS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_RUNS_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_SCANS_FIELD_NUMBER: _ClassVar[int]
+    LOST_CALLS_FOUND_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_LOCKS_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    started_at: _timestamp_pb2.Timestamp
+    worker_sessions: int
+    queued_calls: int
+    leased_calls: int
+    live_runs: int
+    resident_bytes: int
+    allocated_bytes: int
+    in_flight_scans: int
+    lost_calls_found: int
+    resource_locks: _containers.RepeatedCompositeFieldContainer[ResourceLock]
+    def __init__(self, version: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., worker_sessions: _Optional[int] = ..., queued_calls: _Optional[int] = ..., leased_calls: _Optional[int] = ..., live_runs: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., allocated_bytes: _Optional[int] = ..., in_flight_scans: _Optional[int] = ..., lost_calls_found: _Optional[int] = ..., resource_locks: _Optional[_Iterable[_Union[ResourceLock, _Mapping]]] = ...) -> None: ...
+
+class ResourceLock(_message.Message):
+    __slots__ = ("resource", "run_id", "step_key", "tool", "attempt", "acquired_at", "waiting")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_KEY_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ACQUIRED_AT_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    run_id: str
+    step_key: str
+    tool: str
+    attempt: int
+    acquired_at: _timestamp_pb2.Timestamp
+    waiting: int
+    def __init__(self, resource: _Optional[str] = ..., run_id: _Optional[str] = ..., step_key: _Optional[str] = ..., tool: _Optional[str] = ..., attempt: _Optional[int] = ..., acquired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., waiting: _Optional[int] = ...) -> None: ...
