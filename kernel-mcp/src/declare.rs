@@ -3,37 +3,17 @@
 //! for the tools its allow and deny globs offer.
 
 use worker_sdk::Tool;
-use worker_sdk::mcp::{McpConnection, McpError, wrap_mcp_tool};
+use worker_sdk::mcp::{McpConnection, McpError, wrap_mcp_tools_where};
 
 use crate::config::Server;
 
 /// The tools `server` offers through `connection`, each declared as the config says.
 pub async fn tools(server: &Server, connection: &McpConnection) -> Result<Vec<Tool>, McpError> {
-    let mut tools: Vec<Tool> = Vec::new();
-    for definition in connection.list_tools().await? {
-        let bare = definition.name.to_string();
-        if !server.offers(&bare) {
-            continue;
-        }
-        let Some(tool) = wrap_mcp_tool(connection, &server.prefix, &definition) else {
-            tracing::warn!(
-                server = server.name,
-                tool = bare,
-                "mcp tool left out: its id would be longer than 64 characters"
-            );
-            continue;
-        };
-        if tools.iter().any(|t| t.definition().name == tool.definition().name) {
-            tracing::warn!(
-                server = server.name,
-                tool = bare,
-                "mcp tool left out: another tool has the same id"
-            );
-            continue;
-        }
-        tools.push(declare(server, &bare, tool));
-    }
-    Ok(tools)
+    let wrapped = wrap_mcp_tools_where(connection, &server.prefix, |bare| server.offers(bare)).await?;
+    Ok(wrapped
+        .into_iter()
+        .map(|(bare, tool)| declare(server, &bare, tool))
+        .collect())
 }
 
 /// Applies the server's declarations to one wrapped tool whose MCP name is `bare`.

@@ -22,4 +22,4 @@ mod connection;
 mod wrap;
 
 pub use self::connection::{McpConnection, McpError};
-pub use self::wrap::{McpTool, flatten_result, mcp_tool_id, wrap_mcp_tool, wrap_mcp_tools};
+pub use self::wrap::{McpTool, flatten_result, mcp_tool_id, wrap_mcp_tool, wrap_mcp_tools, wrap_mcp_tools_where};

@@ -42,17 +42,30 @@ pub fn mcp_tool_id(prefix: &str, name: &str) -> Option<String> {
 /// Lists the server's tools and wraps each one ([`wrap_mcp_tool`]). A tool whose id would not be
 /// valid, or would repeat another's, is left out with a warning.
 pub async fn wrap_mcp_tools(server: &McpConnection, prefix: &str) -> Result<Vec<Tool>, McpError> {
-    let mut tools: Vec<Tool> = Vec::new();
+    let wrapped = wrap_mcp_tools_where(server, prefix, |_| true).await?;
+    Ok(wrapped.into_iter().map(|(_, tool)| tool).collect())
+}
+
+/// [`wrap_mcp_tools`] for the tools whose bare MCP name `keep` accepts, each with that name.
+pub async fn wrap_mcp_tools_where(
+    server: &McpConnection,
+    prefix: &str,
+    keep: impl Fn(&str) -> bool,
+) -> Result<Vec<(String, Tool)>, McpError> {
+    let mut tools: Vec<(String, Tool)> = Vec::new();
     for definition in server.list_tools().await? {
+        if !keep(&definition.name) {
+            continue;
+        }
         let Some(tool) = wrap_mcp_tool(server, prefix, &definition) else {
             tracing::warn!(server = server.name(), tool = %definition.name, prefix, "mcp tool left out: its id would be longer than 64 characters");
             continue;
         };
-        if tools.iter().any(|t| t.definition().name == tool.definition().name) {
+        if tools.iter().any(|(_, t)| t.definition().name == tool.definition().name) {
             tracing::warn!(server = server.name(), tool = %definition.name, id = tool.definition().name, "mcp tool left out: another tool has the same id");
             continue;
         }
-        tools.push(tool);
+        tools.push((definition.name.to_string(), tool));
     }
     Ok(tools)
 }
