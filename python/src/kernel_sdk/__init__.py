@@ -1,27 +1,78 @@
-"""Write tools for the kernel in Python.
+"""The kernel's Python SDK: tools, workers and agents.
 
-This first part of the package defines tools: `@tool` derives a tool's JSON Schema from its type
-hints and its description from its docstring, and computes the fingerprint the kernel checks
-(`kernel_sdk.canonical` holds the canonical JSON and hashes, equal to the kernel's byte for byte).
+- `@tool` makes a tool of a typed function (its JSON Schema from the type hints, its description
+  from the docstring, its fingerprint the one the kernel checks); `wrap_tool` makes one of any
+  callable.
+- `Worker` serves tools to the kernel: heartbeats, reconnects, drains on SIGTERM.
+- `AgentClient` drives runs: create one, submit each model turn's tool calls and read their
+  progress and results, answer approvals, watch events, finish the run.
+- `kernel_sdk.canonical` holds the canonical JSON and hashes, equal to the kernel's byte for byte.
 """
 
 from .canonical import call_hash, idempotency_key, to_canonical, tool_fingerprint
+from .client import AgentClient
+from .context import Cancellation, Progress, ToolCache, ToolContext
+from .errors import KernelError, ToolError, WorkerRefused
+from .records import (
+    Approval,
+    ApprovalDecision,
+    CallOutcome,
+    CallResult,
+    Event,
+    Interruption,
+    RegisteredTool,
+    Run,
+    RunDetail,
+    RunStatus,
+    Step,
+    ToolCall,
+    Turn,
+    TurnEvent,
+    TurnProgress,
+)
 from .tools import (
+    RetryPolicy,
     Tool,
-    ToolContext,
     ToolDefinition,
     ToolDefinitionError,
     ToolOptions,
     tool,
     wrap_tool,
 )
+from .transport import Tls
+from .worker import Worker
 
 __all__ = [
+    "AgentClient",
+    "Approval",
+    "ApprovalDecision",
+    "CallOutcome",
+    "CallResult",
+    "Cancellation",
+    "Event",
+    "Interruption",
+    "KernelError",
+    "Progress",
+    "RegisteredTool",
+    "RetryPolicy",
+    "Run",
+    "RunDetail",
+    "RunStatus",
+    "Step",
+    "Tls",
     "Tool",
+    "ToolCache",
+    "ToolCall",
     "ToolContext",
     "ToolDefinition",
     "ToolDefinitionError",
+    "ToolError",
     "ToolOptions",
+    "Turn",
+    "TurnEvent",
+    "TurnProgress",
+    "Worker",
+    "WorkerRefused",
     "call_hash",
     "idempotency_key",
     "to_canonical",

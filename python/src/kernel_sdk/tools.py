@@ -9,16 +9,22 @@ kernel checks, and equals what the Rust SDK computes for the same definition.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import functools
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_type_hints
 
 import pydantic
+import pydantic_core
 
 from .canonical import tool_fingerprint
+from .context import ToolContext
+from .errors import ToolError
 
 Idempotency = Literal["safe_to_retry", "at_most_once"]
 Risk = Literal["low", "medium", "high", "critical"]
@@ -30,41 +36,33 @@ class ToolDefinitionError(ValueError):
     """A tool definition the kernel would refuse, named and explained."""
 
 
-class ToolContext:
-    """What a call knows about itself: its run, identity, attempt and idempotency key.
-
-    The worker builds one per call; `ToolContext.for_test()` makes one for unit tests. A tool takes
-    it as its first parameter (annotated `ToolContext`), or not at all.
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how fast the kernel tries a failed call again. Fatal and poison errors are
+    never retried.
     """
 
-    def __init__(
-        self,
-        *,
-        run_id: str,
-        step_key: str,
-        call_id: str | None,
-        turn: int,
-        attempt: int,
-        idempotency_key: str,
-    ) -> None:
-        self.run_id = run_id
-        self.step_key = step_key
-        self.call_id = call_id
-        self.turn = turn
-        self.attempt = attempt
-        self.idempotency_key = idempotency_key
+    max_attempts: int
+    """Attempts in all, the first included; 1 means no retry."""
+    initial_interval: float = 0.0
+    """Seconds before the first retry."""
+    backoff_coefficient: float = 1.0
+    """What the wait is multiplied by after each retry."""
+    max_interval: float = 0.0
+    """The longest wait, in seconds."""
 
     @classmethod
-    def for_test(cls) -> ToolContext:
-        """A context for calling a tool in a unit test: run `test-run`, step `t0/p0`, attempt 1."""
-        return cls(
-            run_id="test-run",
-            step_key="t0/p0",
-            call_id=None,
-            turn=0,
-            attempt=1,
-            idempotency_key="ik_test",
-        )
+    def retries(cls, retries: int) -> RetryPolicy:
+        """`retries` retries after the first attempt, with no wait in between."""
+        return cls(max_attempts=retries + 1)
+
+    @classmethod
+    def exponential(
+        cls, max_attempts: int, initial_interval: float, max_interval: float
+    ) -> RetryPolicy:
+        """Up to `max_attempts` attempts, waiting `initial_interval` seconds, doubling up to
+        `max_interval`."""
+        return cls(max_attempts, initial_interval, 2.0, max_interval)
 
 
 @dataclass(frozen=True)
@@ -73,8 +71,9 @@ class ToolOptions:
 
     timeout: float | None = None
     """Seconds per attempt; `None` takes the kernel's default."""
-    retries: int | None = None
-    """Retries of a retryable error after the first attempt."""
+    retries: int | RetryPolicy | None = None
+    """Retries of a retryable error after the first attempt, or a whole `RetryPolicy`; `None`
+    takes the kernel's default."""
     idempotency: Idempotency = "safe_to_retry"
     read_only: bool = False
     writes: bool = False
@@ -108,14 +107,29 @@ class ToolDefinition:
 
 
 class Tool:
-    """A tool: its definition and the function that runs it; calling it calls the function."""
+    """A tool: its definition and the function that runs it; calling it calls the function.
+
+    The worker runs it with `invoke`: the arguments are validated into the function's parameter
+    types (pydantic models and dataclasses built from their JSON), a plain `def` runs in a
+    thread, an `async def` on the worker's loop, and an async generator streams (each item but
+    the last is progress, the last is the result).
+    """
 
     def __init__(
-        self, definition: ToolDefinition, function: Callable[..., Any], takes_context: bool
+        self,
+        definition: ToolDefinition,
+        function: Callable[..., Any],
+        takes_context: bool,
+        arguments: type[pydantic.BaseModel] | None = None,
     ):
         self.definition = definition
         self.function = function
         self.takes_context = takes_context
+        self.arguments = arguments
+        """The model the arguments are validated into; `None` passes them as one dict."""
+        self.streams = inspect.isasyncgenfunction(function)
+        self.blocking = not (self.streams or inspect.iscoroutinefunction(function))
+        """A plain `def`: it runs in a thread, which a cancel cannot interrupt."""
         functools.update_wrapper(self, function)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -130,6 +144,73 @@ class Tool:
     def fingerprint(self) -> str:
         """The fingerprint the kernel checks at registration."""
         return self.definition.fingerprint
+
+    async def invoke(
+        self, ctx: ToolContext, args: dict[str, Any], *, executor: Executor | None = None
+    ) -> Any:
+        """Runs one call with its JSON arguments; returns the result as JSON-ready data, or
+        raises `ToolError` (any other exception is a retryable error naming its type). A plain
+        `def` runs on `executor` (the loop's default without one).
+        """
+        positional: list[Any] = [ctx] if self.takes_context else []
+        if self.arguments is None:
+            positional.append(args)
+            keywords: dict[str, Any] = {}
+        else:
+            keywords = self._validated(args)
+        if self.streams:
+            result = await self._streamed(ctx, self.function(*positional, **keywords))
+        elif inspect.iscoroutinefunction(self.function):
+            result = await self.function(*positional, **keywords)
+        else:
+            call = functools.partial(self.function, *positional, **keywords)
+            result = await asyncio.get_running_loop().run_in_executor(
+                executor, contextvars.copy_context().run, call
+            )
+        if inspect.isawaitable(result):
+            result = await result
+        return _jsonable(self.name, result)
+
+    def _validated(self, args: dict[str, Any]) -> dict[str, Any]:
+        assert self.arguments is not None
+        try:
+            model = self.arguments.model_validate(args)
+        except pydantic.ValidationError as error:
+            raise ToolError.fatal(f"invalid arguments for tool '{self.name}': {error}") from None
+        return {name: getattr(model, name) for name in type(model).model_fields}
+
+    async def _streamed(self, ctx: ToolContext, items: AsyncIterator[Any]) -> Any:
+        """Every item but the last goes out as progress; the last is the result."""
+        last: Any = _NOTHING
+        async for item in items:
+            if last is not _NOTHING:
+                _report(ctx, self.name, last)
+            last = item
+        if last is _NOTHING:
+            raise ToolError.fatal(
+                f"tool '{self.name}' streamed nothing: its last item is the call's result"
+            )
+        return last
+
+
+_NOTHING = object()
+
+
+def _report(ctx: ToolContext, name: str, item: Any) -> None:
+    """A string item is a status line; any other is data, with its JSON as the line."""
+    if isinstance(item, str):
+        ctx.progress(item)
+        return
+    data = _jsonable(name, item)
+    ctx.progress(pydantic_core.to_json(data).decode(), data=data)
+
+
+def _jsonable(name: str, value: Any) -> Any:
+    """A tool's value as JSON data: models, dataclasses, dates and the like converted."""
+    try:
+        return pydantic_core.to_jsonable_python(value)
+    except pydantic_core.PydanticSerializationError as error:
+        raise ToolError.fatal(f"tool '{name}' returned a value that is not JSON: {error}") from None
 
 
 def _summary(doc: str | None) -> str:
@@ -147,8 +228,11 @@ def _summary(doc: str | None) -> str:
     return " ".join(paragraph)
 
 
-def _schema(function: Callable[..., Any]) -> tuple[dict[str, Any], bool]:
-    """The arguments' JSON Schema, and whether the first parameter is the context."""
+def _schema(
+    function: Callable[..., Any],
+) -> tuple[dict[str, Any], bool, type[pydantic.BaseModel]]:
+    """The arguments' JSON Schema, whether the first parameter is the context, and the model
+    the arguments are validated into."""
     signature = inspect.signature(function)
     hints = get_type_hints(function, include_extras=True)
     fields: dict[str, Any] = {}
@@ -177,7 +261,7 @@ def _schema(function: Callable[..., Any]) -> tuple[dict[str, Any], bool]:
         if isinstance(prop, dict):
             prop.pop("title", None)
     schema.setdefault("properties", {})
-    return schema, takes_context
+    return schema, takes_context, model
 
 
 def tool(
@@ -187,8 +271,9 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     version: str = "1",
+    args_schema: dict[str, Any] | None = None,
     timeout: float | None = None,
-    retries: int | None = None,
+    retries: int | RetryPolicy | None = None,
     idempotency: Idempotency = "safe_to_retry",
     read_only: bool = False,
     writes: bool = False,
@@ -212,7 +297,13 @@ def tool(
     def decorate(function: Callable[..., Any]) -> Tool:
         tool_name = name or function.__name__
         text = description if description is not None else _summary(function.__doc__)
-        schema, takes_context = _schema(function)
+        if inspect.isgeneratorfunction(function):
+            raise ToolDefinitionError(
+                f"tool '{function.__name__}' is a plain generator: make it an async generator "
+                "(async def ... yield) to stream its progress"
+            )
+        derived, takes_context, arguments = _schema(function)
+        schema = derived if args_schema is None else _object_schema(args_schema)
         options = ToolOptions(
             timeout=timeout,
             retries=retries,
@@ -229,7 +320,8 @@ def tool(
             approval_timeout=approval_timeout,
             strip_nulls=strip_nulls,
         )
-        return Tool(_checked(tool_name, text, schema, version, options), function, takes_context)
+        definition = _checked(tool_name, text, schema, version, options)
+        return Tool(definition, function, takes_context, arguments)
 
     if function is not None:
         return decorate(function)
@@ -262,6 +354,14 @@ def _checked(
     return ToolDefinition(name, description, schema, version, options)
 
 
+def _object_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A schema given whole, or as just `properties` and `required`."""
+    whole = dict(schema)
+    whole.setdefault("type", "object")
+    whole.setdefault("properties", {})
+    return whole
+
+
 def wrap_tool(
     name: str,
     invoke: Callable[[dict[str, Any]], Any],
@@ -277,22 +377,33 @@ def wrap_tool(
     just `properties` and `required`; `to_result` maps what `invoke` returns before it is recorded.
     The keyword options are `@tool`'s.
     """
-    schema = dict(args_schema)
-    schema.setdefault("type", "object")
-    schema.setdefault("properties", {})
-    definition = _checked(name, description, schema, version, ToolOptions(**options))
+    definition = _checked(
+        name, description, _object_schema(args_schema), version, ToolOptions(**options)
+    )
 
-    def call(args: dict[str, Any]) -> Any:
-        result = invoke(args)
-        if to_result is None:
-            return result
-        if inspect.isawaitable(result):
-            awaited = result
+    def mapped(result: Any) -> Any:
+        return result if to_result is None else to_result(result)
 
-            async def mapped() -> Any:
-                return to_result(await awaited)
+    call: Callable[[dict[str, Any]], Any]
+    if inspect.iscoroutinefunction(invoke):
 
-            return mapped()
-        return to_result(result)
+        async def call_async(args: dict[str, Any]) -> Any:
+            return mapped(await invoke(args))
+
+        call = call_async
+    else:
+        # Run in a thread by the worker; an awaitable it returns is awaited on the loop.
+        def call_sync(args: dict[str, Any]) -> Any:
+            result = invoke(args)
+            if inspect.isawaitable(result):
+                awaited = result
+
+                async def later() -> Any:
+                    return mapped(await awaited)
+
+                return later()
+            return mapped(result)
+
+        call = call_sync
 
     return Tool(definition, call, takes_context=False)

@@ -1,0 +1,323 @@
+"""What a call knows about itself, and what it may do while it runs: report progress, read and
+write its tool's cache, reach the app's objects and a shared HTTP client, and see a cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .canonical import to_canonical
+from .errors import ToolError
+
+if TYPE_CHECKING:
+    import httpx
+
+_MAX_CACHE_KEY = 256
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One progress report: a status line, and optionally data and a step count."""
+
+    message: str
+    data: Any = None
+    current: int | None = None
+    total: int | None = None
+
+
+class Cancellation:
+    """Whether the kernel cancelled the call (a cancel, a timeout, a lost lease): a flag any
+    thread may read, and an event a coroutine may await.
+
+    `if ctx.cancelled:` and `ctx.cancelled.is_set()` read the flag; `await ctx.cancelled.wait()`
+    returns once it is set. A sync tool in its thread checks the flag between steps.
+    """
+
+    def __init__(self) -> None:
+        self._flag = threading.Event()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._lock = threading.Lock()
+        self.reason = ""
+
+    def is_set(self) -> bool:
+        """Whether the call was cancelled."""
+        return self._flag.is_set()
+
+    def __bool__(self) -> bool:
+        return self._flag.is_set()
+
+    def set(self, reason: str = "cancelled") -> None:
+        """Cancels: sets the flag and wakes every waiter (the worker calls this)."""
+        with self._lock:
+            if self._flag.is_set():
+                return
+            self.reason = reason
+            self._flag.set()
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(_resolve, future)
+
+    async def wait(self) -> None:
+        """Returns once the call is cancelled."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._flag.is_set():
+                return
+            self._waiters.append((loop, future))
+        await future
+
+    def wait_sync(self, timeout: float | None = None) -> bool:
+        """Blocks a thread until the call is cancelled or `timeout` seconds pass; tells which."""
+        return self._flag.wait(timeout)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class CacheBackend(Protocol):
+    """Where a context's cache reads and writes go: the kernel's store, or memory in tests."""
+
+    async def get(self, key: str) -> str | None: ...
+
+    async def set(self, key: str, value_json: str, ttl_ms: int) -> None: ...
+
+
+class MemoryCache:
+    """A cache in memory, with expiry: what `ToolContext.for_test` uses."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[str, float | None]] = {}
+
+    async def get(self, key: str) -> str | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        value, expires = entry
+        if expires is not None and time.monotonic() >= expires:
+            del self._entries[key]
+            return None
+        return value
+
+    async def set(self, key: str, value_json: str, ttl_ms: int) -> None:
+        expires = time.monotonic() + ttl_ms / 1000 if ttl_ms else None
+        self._entries[key] = (value_json, expires)
+
+
+class ToolCache:
+    """The calling tool's own key-value cache, kept by the kernel in its store (so every worker
+    offering the tool shares it, and it outlives restarts). Values are JSON; a `ttl` (seconds)
+    makes an entry expire. Keys are 1 to 256 bytes.
+    """
+
+    def __init__(self, backend: CacheBackend) -> None:
+        self._backend = backend
+
+    async def get(self, key: str, default: Any = None) -> Any:
+        """The live value under `key`, or `default`."""
+        _check_key(key)
+        text = await self._backend.get(key)
+        return default if text is None else json.loads(text)
+
+    async def set(self, key: str, value: Any, *, ttl: float | None = None) -> None:
+        """Writes (or replaces) `key`, living `ttl` seconds (for ever without one)."""
+        _check_key(key)
+        if ttl is not None and ttl <= 0:
+            raise ToolError.fatal(f"cache ttl for '{key}' must be positive, got {ttl}")
+        ttl_ms = 0 if ttl is None else max(1, round(ttl * 1000))
+        await self._backend.set(key, to_canonical(value), ttl_ms)
+
+
+def _check_key(key: str) -> None:
+    size = len(key.encode())
+    if not 1 <= size <= _MAX_CACHE_KEY:
+        raise ToolError.fatal(f"cache key must be 1 to {_MAX_CACHE_KEY} bytes, got {size}")
+
+
+ProgressSink = Callable[[Progress], None]
+
+
+@dataclass
+class CallInfo:
+    """The identity of one attempt of one call."""
+
+    run_id: str
+    step_key: str
+    call_id: str | None
+    turn: int
+    position: int
+    attempt: int
+    idempotency_key: str
+    dispatch_id: str
+    tool: str
+    timeout: float | None = None
+
+
+@dataclass
+class _Shared:
+    """What the contexts of one worker share."""
+
+    deps: Any = None
+    http: httpx.AsyncClient | None = None
+    http_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def http_client(self) -> httpx.AsyncClient:
+        with self.http_lock:
+            if self.http is None:
+                import httpx
+
+                self.http = httpx.AsyncClient(timeout=30.0)
+            return self.http
+
+    async def aclose(self) -> None:
+        if self.http is not None:
+            await self.http.aclose()
+            self.http = None
+
+
+class ToolContext:
+    """What a call knows about itself and may do while it runs.
+
+    The worker builds one per attempt; `ToolContext.for_test()` makes one for unit tests. A tool
+    takes it as its first parameter (annotated `ToolContext`), or not at all.
+    """
+
+    def __init__(
+        self,
+        call: CallInfo,
+        *,
+        progress: ProgressSink,
+        cache: CacheBackend,
+        shared: _Shared,
+        cancelled: Cancellation | None = None,
+    ) -> None:
+        self._call = call
+        self._progress = progress
+        self._shared = shared
+        self.cache = ToolCache(cache)
+        """The tool's cache in the kernel's store (see `ToolCache`)."""
+        # Not `cancelled or ...`: an unset Cancellation is falsy.
+        self.cancelled = cancelled if cancelled is not None else Cancellation()
+        """Set when the kernel cancels the call (see `Cancellation`)."""
+        self.progress_log: list[Progress] = []
+        """What the call reported, kept only by a `for_test` context."""
+
+    @classmethod
+    def for_test(
+        cls,
+        *,
+        deps: Any = None,
+        run_id: str = "test-run",
+        attempt: int = 1,
+        idempotency_key: str = "ik_test",
+        tool: str = "test",
+    ) -> ToolContext:
+        """A context for calling a tool in a unit test: run `test-run`, step `t0/p0`, attempt 1,
+        a cache in memory, and its progress kept in `progress_log`.
+        """
+        call = CallInfo(
+            run_id=run_id,
+            step_key="t0/p0",
+            call_id=None,
+            turn=0,
+            position=0,
+            attempt=attempt,
+            idempotency_key=idempotency_key,
+            dispatch_id="test-dispatch",
+            tool=tool,
+        )
+        context: ToolContext
+        context = cls(
+            call,
+            progress=lambda p: context.progress_log.append(p),
+            cache=MemoryCache(),
+            shared=_Shared(deps=deps),
+        )
+        return context
+
+    @property
+    def run_id(self) -> str:
+        """The run the call belongs to."""
+        return self._call.run_id
+
+    @property
+    def step_key(self) -> str:
+        """The call's step in the run: its call id, or `t{turn}/p{position}`."""
+        return self._call.step_key
+
+    @property
+    def call_id(self) -> str | None:
+        """The agent's id for the call, when it gave one."""
+        return self._call.call_id
+
+    @property
+    def turn(self) -> int:
+        """The turn the call was submitted in."""
+        return self._call.turn
+
+    @property
+    def position(self) -> int:
+        """The call's position within its turn."""
+        return self._call.position
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number, from 1."""
+        return self._call.attempt
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across retries, redispatches and resubmissions of the call: pass it to the
+        service the tool changes, so a second attempt is recognised there.
+        """
+        return self._call.idempotency_key
+
+    @property
+    def dispatch_id(self) -> str:
+        """The kernel's id for the call's dispatch."""
+        return self._call.dispatch_id
+
+    @property
+    def tool_name(self) -> str:
+        """The tool being called."""
+        return self._call.tool
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds this attempt may run before the kernel times it out, when it has a bound."""
+        return self._call.timeout
+
+    @property
+    def deps(self) -> Any:
+        """The app's objects, as given to the worker (`Worker(..., deps=...)`)."""
+        return self._shared.deps
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """An `httpx.AsyncClient` every call of the worker shares (its connections pooled)."""
+        return self._shared.http_client()
+
+    def progress(
+        self,
+        message: str,
+        *,
+        data: Any = None,
+        current: int | None = None,
+        total: int | None = None,
+    ) -> None:
+        """Reports progress; the agent sees it live and the count lands on the call's record.
+        Safe to call from a sync tool's thread.
+        """
+        self._progress(Progress(message, data, current, total))
+
+    async def emit_status(self, message: str) -> None:
+        """Reports a status line (the seeds' `emit_status`)."""
+        self.progress(message)

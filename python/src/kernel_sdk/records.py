@@ -1,0 +1,229 @@
+"""What the kernel answers an agent with, as plain values: runs, steps, call results, progress,
+interruptions, approvals and events. Enum values are lower-case names (`"ok"`, `"tool_error"`,
+`"completed"`); compare them with `CallOutcome` and `RunStatus`, and treat an outcome you do not
+know as a failure of the call (the kernel may add values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+
+class CallOutcome(StrEnum):
+    """Why a settled call ended as it did, for programs (the model reads `content`)."""
+
+    UNSPECIFIED = "unspecified"
+    OK = "ok"
+    TOOL_ERROR = "tool_error"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    UNKNOWN_TOOL = "unknown_tool"
+    DENIED = "denied"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    TIMED_OUT = "timed_out"
+    INDETERMINATE = "indeterminate"
+    POISON = "poison"
+    CANCELLED = "cancelled"
+    REPLAY_INPUT_CHANGED = "replay_input_changed"
+    LIMIT_EXCEEDED = "limit_exceeded"
+    NO_WORKER = "no_worker"
+
+
+class RunStatus(StrEnum):
+    """Where a run stands."""
+
+    UNSPECIFIED = "unspecified"
+    PENDING = "pending"
+    RUNNING = "running"
+    BLOCKED = "blocked"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SUSPENDED = "suspended"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model made: the tool, its arguments, and optionally the model's call id
+    (which then identifies the step instead of its turn and position) and a timeout in seconds."""
+
+    tool: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    call_id: str | None = None
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class ApprovalDecision:
+    """The answer to a gated call's approval."""
+
+    approval_id: str
+    answer: str
+    decider: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """How one call of a turn ended: `content` is what the model reads."""
+
+    position: int
+    step_key: str
+    tool: str
+    status: str
+    """`ok`, `error` or `cancelled`."""
+    content: str
+    output: Any
+    """The result as JSON data when `ok`, else `None`."""
+    error_kind: str | None
+    replayed: bool
+    """Served from the log: the call had already run."""
+    attempts: int
+    outcome: str
+    """A `CallOutcome` value."""
+    decided_by: str
+    approval: ApprovalDecision | None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the tool returned a result."""
+        return self.outcome == CallOutcome.OK
+
+
+@dataclass(frozen=True)
+class TurnProgress:
+    """A running call's progress, live."""
+
+    run_id: str
+    step_key: str
+    position: int
+    tool: str
+    message: str
+    data: Any
+    current: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """A call of the turn waits for a person; its result follows once answered."""
+
+    position: int
+    step_key: str
+    tool: str
+    reason: str
+    approval_id: str
+    arguments: Any
+    message: str
+
+
+TurnEvent = CallResult | TurnProgress | Interruption
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A whole turn, once every call settled: results in position order, and what came before."""
+
+    results: list[CallResult]
+    progress: list[TurnProgress]
+    interruptions: list[Interruption]
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run as the kernel records it."""
+
+    id: str
+    agent: str
+    status: str
+    """A `RunStatus` value."""
+    input: Any
+    output: Any
+    reason: str
+    labels: dict[str, str]
+    tool_calls: int
+    hosted: bool
+    parent_run_id: str
+    created_at: datetime | None
+    updated_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One recorded step of a run (a tool call, for runs an agent drives)."""
+
+    step_key: str
+    turn: int
+    position: int
+    call_id: str
+    tool: str
+    tool_version: str
+    tool_fingerprint: str
+    arguments: Any
+    idempotency_key: str
+    status: str
+    attempts: int
+    output: Any
+    error: str
+    worker: str
+    outcome: str
+    decided_by: str
+    cost: float
+    progress_count: int
+
+
+@dataclass(frozen=True)
+class RunDetail:
+    """A run with its steps and what it cost."""
+
+    run: Run
+    steps: list[Step]
+    total_cost: float
+    cost_by_tool: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A gated call's request for a person's answer."""
+
+    id: str
+    run_id: str
+    step_key: str
+    tool: str
+    arguments: Any
+    status: str
+    """`pending`, `approved`, `consumed`, `rejected`, `expired` or `cancelled`."""
+    approvers: list[str]
+    message: str
+    decided_by: str
+    decider: str
+    reason: str
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of a run's append-only event log."""
+
+    run_id: str
+    seq: int
+    type: str
+    at: datetime | None
+    payload: Any
+
+
+@dataclass(frozen=True)
+class RegisteredTool:
+    """A tool the kernel knows, and the workers offering it now."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    version: str
+    fingerprint: str
+    read_only: bool
+    writes: bool
+    workers: list[str]

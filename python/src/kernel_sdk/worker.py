@@ -1,0 +1,560 @@
+"""The worker: serves a set of tools to the kernel over one session at a time, reconnecting when
+the connection breaks, draining when told to stop.
+
+A session is one bidirectional stream: Hello and Welcome, then dispatches, cancels, heartbeats,
+progress, results and cache requests, each fenced by its `(dispatch_id, attempt)` pair. Each
+dispatch runs on its own task (a plain `def` tool in the worker's threads); a separate task sends
+heartbeats so a busy tool never starves the lease. A refused registration ends `run` with
+`WorkerRefused`; a lost connection is retried with exponential backoff and jitter (100 ms doubling
+to 5 s); `stop()` (or SIGTERM / SIGINT) drains the open session: no more dispatches, the calls in
+flight finish within the drain timeout, then the stream closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from . import _wire as wire
+from ._proto import workers_pb2, workers_pb2_grpc
+from .context import Cancellation, Progress, ToolContext, _Shared
+from .errors import ToolError, WorkerRefused
+from .tools import Tool, ToolDefinitionError
+from .transport import Tls, channel, metadata, target
+
+logger = logging.getLogger("kernel_sdk.worker")
+
+SDK_VERSION = "kernel-sdk-python/0.1.0"
+DEFAULT_MAX_CONCURRENCY = 8
+DEFAULT_DRAIN_TIMEOUT = 10.0
+_HANDSHAKE_TIMEOUT = 10.0
+_CANCEL_GRACE = 2.0
+_CLOSE_TIMEOUT = 2.0
+_DEFAULT_HEARTBEAT = 5.0
+_CACHE_TIMEOUT = 30.0
+_RECONNECT_INITIAL = 0.1
+_RECONNECT_MAX = 5.0
+# A verdict on the registration, not a fault of the connection: connecting again will not help.
+_REFUSALS = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.UNIMPLEMENTED,
+}
+
+
+class Worker:
+    """A process's connection to the kernel, serving its tools.
+
+    ```python
+    worker = Worker("127.0.0.1:50051", tools=[add], name="math")
+    await worker.run()  # until SIGTERM, SIGINT or worker.stop()
+    ```
+
+    `max_concurrency` calls run at once (the kernel never sends more); `deps` is what tools reach
+    as `ctx.deps`; `api_key` is sent as `authorization: Bearer ...` (the key needs
+    `workers:connect`, and its tool globs must cover every tool offered); `tls` reaches a kernel
+    serving TLS; `drain_timeout` is how long stopping waits for calls in flight; with
+    `ephemeral_tools` the kernel forgets the tools once no session offers them (for tests).
+    """
+
+    def __init__(
+        self,
+        kernel: str,
+        tools: Iterable[Tool],
+        *,
+        name: str = "worker",
+        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+        api_key: str | None = None,
+        tls: Tls | None = None,
+        deps: Any = None,
+        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+        ephemeral_tools: bool = False,
+    ) -> None:
+        target(kernel, tls)
+        metadata(api_key)
+        if not name.strip():
+            raise ValueError("the worker name is empty")
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1")
+        self.tools: dict[str, Tool] = {}
+        for item in tools:
+            if not isinstance(item, Tool):
+                raise ToolDefinitionError(
+                    f"{item!r} is not a tool: decorate it with @tool or build it with wrap_tool"
+                )
+            if item.name in self.tools:
+                raise ToolDefinitionError(f"tool '{item.name}' is offered twice")
+            self.tools[item.name] = item
+        if not self.tools:
+            raise ValueError("the worker offers no tools")
+        self.kernel = kernel
+        self.name = name
+        self.max_concurrency = max_concurrency
+        self.drain_timeout = drain_timeout
+        self.ephemeral_tools = ephemeral_tools
+        self._tls = tls
+        self._api_key = api_key
+        self._shared = _Shared(deps=deps)
+        self._stopping: asyncio.Event | None = None
+        self._stop_requested = False
+        self.session_id: str | None = None
+        """The open session's id, `None` between sessions."""
+        self._ready = asyncio.Event()
+
+    def stop(self) -> None:
+        """Drains the open session and ends `run` (safe to call from a signal handler or before
+        `run` starts)."""
+        self._stop_requested = True
+        if self._stopping is not None:
+            self._stopping.set()
+
+    async def wait_ready(self) -> str:
+        """Returns the session id once a session is open (the kernel has registered the tools
+        and may dispatch to them), waiting for `run` to open one."""
+        while True:
+            await self._ready.wait()
+            if self.session_id is not None:
+                return self.session_id
+
+    async def run(self, *, handle_signals: bool = True) -> None:
+        """Serves the tools until `stop()` (or SIGTERM / SIGINT, with `handle_signals` on the main
+        thread), then drains and returns. Raises `WorkerRefused` if the kernel refuses the session.
+        """
+        loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        if self._stop_requested:
+            self._stopping.set()
+        handled: list[signal.Signals] = []
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, self.stop)
+                handled.append(signum)
+        # Shared by every session, so calls a lost session left running count against the limit.
+        slots = asyncio.Semaphore(self.max_concurrency)
+        threads = ThreadPoolExecutor(
+            max_workers=self.max_concurrency * 2, thread_name_prefix=f"tool-{self.name}"
+        )
+        try:
+            await self._sessions(slots, threads)
+        finally:
+            for signum in handled:
+                loop.remove_signal_handler(signum)
+            threads.shutdown(wait=False, cancel_futures=True)
+            await self._shared.aclose()
+            self.session_id = None
+
+    async def _sessions(self, slots: asyncio.Semaphore, threads: ThreadPoolExecutor) -> None:
+        assert self._stopping is not None
+        delay = _RECONNECT_INITIAL
+        attempt = 0
+        while not self._stopping.is_set():
+            session = _Session(self, slots, threads)
+            try:
+                await session.run(self._stopping)
+                logger.info("worker stopped worker=%s", self.name)
+                return
+            except _Lost as lost:
+                if lost.opened:
+                    delay, attempt = _RECONNECT_INITIAL, 0
+                attempt += 1
+                wait = delay / 2 + random.uniform(0, delay / 2)
+                delay = min(delay * 2, _RECONNECT_MAX)
+                what = "kernel session lost" if lost.opened else "cannot reach the kernel"
+                logger.warning(
+                    "%s, reconnecting worker=%s kernel=%s attempt=%d retry_in_ms=%d error=%s",
+                    what,
+                    self.name,
+                    self.kernel,
+                    attempt,
+                    wait * 1000,
+                    lost.error,
+                )
+            finally:
+                self.session_id = None
+                self._ready.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), wait)
+        logger.info("worker stopped worker=%s", self.name)
+
+
+class _Lost(Exception):
+    """The connection or the stream broke; `opened` tells whether a Welcome came first."""
+
+    def __init__(self, error: str, opened: bool) -> None:
+        super().__init__(error)
+        self.error = error
+        self.opened = opened
+
+
+@dataclass
+class _Running:
+    attempt: int
+    cancellation: Cancellation
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass
+class _Session:
+    worker: Worker
+    slots: asyncio.Semaphore
+    threads: ThreadPoolExecutor
+    outbound: asyncio.Queue[workers_pb2.OpenSessionRequest | None] = field(
+        default_factory=asyncio.Queue
+    )
+    running: dict[str, _Running] = field(default_factory=dict)
+    cache_waiting: dict[int, asyncio.Future[workers_pb2.CacheResponse]] = field(
+        default_factory=dict
+    )
+    next_request: int = 0
+    closed: bool = False
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        worker = self.worker
+        tools = list(worker.tools.values())
+        self.send(
+            wire.hello(
+                worker.name, tools, worker.max_concurrency, worker.ephemeral_tools, SDK_VERSION
+            )
+        )
+        connection = channel(worker.kernel, worker._tls)
+        try:
+            stub = workers_pb2_grpc.WorkerServiceStub(connection)
+            call = stub.OpenSession(self._requests(), metadata=metadata(worker._api_key))
+            welcome = await self._welcome(call, stopping)
+            if welcome is None:
+                return
+            worker.session_id = welcome.session_id
+            worker._ready.set()
+            logger.info(
+                "worker session open session_id=%s worker=%s heartbeat_ms=%d lease_ttl_ms=%d",
+                welcome.session_id,
+                worker.name,
+                welcome.heartbeat_interval_ms,
+                welcome.lease_ttl_ms,
+            )
+            every = welcome.heartbeat_interval_ms / 1000 or _DEFAULT_HEARTBEAT
+            heartbeats = asyncio.create_task(self._heartbeats(every))
+            try:
+                await self._serve(call, stopping)
+            finally:
+                heartbeats.cancel()
+        finally:
+            self._end()
+            await connection.close(grace=None)
+
+    async def _requests(self) -> AsyncIterator[workers_pb2.OpenSessionRequest]:
+        while True:
+            message = await self.outbound.get()
+            if message is None:
+                return
+            yield message
+
+    def send(self, message: workers_pb2.OpenSessionRequest | None) -> None:
+        """Queues a message; after the session ended it goes nowhere."""
+        if not self.closed:
+            self.outbound.put_nowait(message)
+
+    async def _welcome(self, call: Any, stopping: asyncio.Event) -> workers_pb2.Welcome | None:
+        reading = asyncio.ensure_future(asyncio.wait_for(call.read(), _HANDSHAKE_TIMEOUT))
+        stop = asyncio.ensure_future(stopping.wait())
+        try:
+            done, _ = await asyncio.wait({reading, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if reading not in done:
+            reading.cancel()
+            call.cancel()
+            return None
+        try:
+            first = reading.result()
+        except TimeoutError:
+            call.cancel()
+            raise _Lost("no welcome from the kernel in time", opened=False) from None
+        except grpc.aio.AioRpcError as error:
+            if error.code() in _REFUSALS:
+                raise WorkerRefused(error.code().name, error.details() or "") from None
+            raise _Lost(_describe(self.worker.kernel, error), opened=False) from None
+        if first is grpc.aio.EOF:
+            raise _Lost("kernel closed the session before its welcome", opened=False)
+        if first.WhichOneof("message") != "welcome":
+            raise _Lost(f"expected welcome, got {first.WhichOneof('message')}", opened=False)
+        welcome: workers_pb2.Welcome = first.welcome
+        return welcome
+
+    async def _heartbeats(self, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            self.send(wire.heartbeat())
+
+    async def _serve(self, call: Any, stopping: asyncio.Event) -> None:
+        reader = asyncio.create_task(self._read(call))
+        stop = asyncio.create_task(stopping.wait())
+        try:
+            done, _ = await asyncio.wait({reader, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if reader in done:
+                error = reader.exception()
+                if isinstance(error, grpc.aio.AioRpcError):
+                    raise _Lost(_describe(self.worker.kernel, error), opened=True)
+                if error is not None:
+                    raise error
+                raise _Lost("kernel closed the session", opened=True)
+            await self._drain(reader)
+        finally:
+            stop.cancel()
+            reader.cancel()
+
+    async def _drain(self, reader: asyncio.Task[None]) -> None:
+        """No more dispatches; the calls in flight finish (within the drain timeout), then our
+        side of the stream ends and the kernel has a moment to end its."""
+        in_flight = [r.task for r in self.running.values() if r.task is not None]
+        logger.info("worker draining in_flight=%d", len(in_flight))
+        self.send(wire.drain())
+        if in_flight:
+            _, pending = await asyncio.wait(in_flight, timeout=self.worker.drain_timeout)
+            if pending:
+                logger.warning(
+                    "drain timeout, abandoning calls in flight in_flight=%d", len(pending)
+                )
+        self.send(None)
+        with contextlib.suppress(TimeoutError, grpc.aio.AioRpcError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(reader), _CLOSE_TIMEOUT)
+        logger.info("worker session closed")
+
+    async def _read(self, call: Any) -> None:
+        while True:
+            message = await call.read()
+            if message is grpc.aio.EOF:
+                return
+            self._handle(message)
+
+    def _handle(self, message: workers_pb2.OpenSessionResponse) -> None:
+        kind = message.WhichOneof("message")
+        if kind == "dispatch":
+            self._start(message.dispatch)
+        elif kind == "cancel":
+            cancel = message.cancel
+            running = self.running.get(cancel.dispatch_id)
+            if running is not None and running.attempt == cancel.attempt:
+                logger.info(
+                    "dispatch cancelled dispatch_id=%s attempt=%d reason=%s",
+                    cancel.dispatch_id,
+                    cancel.attempt,
+                    cancel.reason,
+                )
+                running.cancellation.set(cancel.reason or "cancelled")
+        elif kind == "result_ack":
+            ack = message.result_ack
+            if not ack.accepted:
+                logger.warning(
+                    "result not recorded dispatch_id=%s attempt=%d reason=%s",
+                    ack.dispatch_id,
+                    ack.attempt,
+                    ack.reason,
+                )
+        elif kind == "cache":
+            waiting = self.cache_waiting.pop(message.cache.request_id, None)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(message.cache)
+        elif kind == "run":
+            run = message.run
+            self.send(
+                wire.result(
+                    run.dispatch_id,
+                    run.attempt,
+                    ToolError.fatal(f"worker does not host agent '{run.agent}'"),
+                )
+            )
+        elif kind == "welcome":
+            logger.warning("second welcome on an open session ignored")
+
+    def _start(self, dispatch: workers_pb2.Dispatch) -> None:
+        running = self.running.get(dispatch.dispatch_id)
+        if running is not None:
+            if running.attempt == dispatch.attempt:
+                return
+            # A newer attempt supersedes the one still running here.
+            running.cancellation.set("superseded by a newer attempt")
+        entry = _Running(dispatch.attempt, Cancellation())
+        self.running[dispatch.dispatch_id] = entry
+        entry.task = asyncio.create_task(self._call(dispatch, entry.cancellation))
+        entry.task.add_done_callback(lambda _: self._finished(dispatch.dispatch_id, entry))
+
+    def _finished(self, dispatch_id: str, entry: _Running) -> None:
+        if self.running.get(dispatch_id) is entry:
+            del self.running[dispatch_id]
+
+    async def _call(self, dispatch: workers_pb2.Dispatch, cancellation: Cancellation) -> None:
+        started = time.monotonic()
+        try:
+            outcome: Any = await self._execute(dispatch, cancellation)
+        except ToolError as error:
+            outcome = error
+        except Exception as error:  # noqa: BLE001 (a tool's own failure: retryable, as the seeds treat it)
+            outcome = ToolError.retryable(f"{type(error).__name__}: {error}")
+        elapsed_ms = (time.monotonic() - started) * 1000
+        if isinstance(outcome, ToolError):
+            logger.info(
+                "dispatch failed tool=%s run_id=%s attempt=%d elapsed_ms=%d kind=%s error=%s",
+                dispatch.tool,
+                dispatch.run_id,
+                dispatch.attempt,
+                elapsed_ms,
+                outcome.kind,
+                outcome.message,
+            )
+        else:
+            logger.info(
+                "dispatch succeeded tool=%s run_id=%s attempt=%d elapsed_ms=%d",
+                dispatch.tool,
+                dispatch.run_id,
+                dispatch.attempt,
+                elapsed_ms,
+            )
+        try:
+            self.send(wire.result(dispatch.dispatch_id, dispatch.attempt, outcome))
+        except (TypeError, ValueError) as error:
+            self.send(
+                wire.result(
+                    dispatch.dispatch_id,
+                    dispatch.attempt,
+                    ToolError.fatal(
+                        f"tool '{dispatch.tool}' returned a value that is not JSON: {error}"
+                    ),
+                )
+            )
+
+    async def _execute(self, dispatch: workers_pb2.Dispatch, cancellation: Cancellation) -> Any:
+        tool = self.worker.tools.get(dispatch.tool)
+        if tool is None:
+            raise ToolError.fatal(f"worker does not offer tool '{dispatch.tool}'")
+        args = wire.arguments(dispatch)
+        # The kernel never sends more than max_concurrency calls, but calls a lost session left
+        # running may still hold slots: wait for one rather than overrun the limit.
+        if not await _first(self.slots.acquire(), cancellation.wait()):
+            raise ToolError.retryable("call cancelled before it started")
+        try:
+            ctx = ToolContext(
+                wire.call_info(dispatch),
+                progress=self._progress_sink(dispatch),
+                cache=_SessionCache(self, dispatch.dispatch_id, dispatch.attempt),
+                shared=self.worker._shared,
+                cancelled=cancellation,
+            )
+            body = asyncio.ensure_future(tool.invoke(ctx, args, executor=self.threads))
+            if await _first(body, cancellation.wait()):
+                return body.result()
+            # Told to stop: the tool has a grace period to end on its own, then it is dropped
+            # (a plain def's thread cannot be interrupted and runs on; its result goes nowhere).
+            done, _ = await asyncio.wait({body}, timeout=_CANCEL_GRACE)
+            if body in done:
+                return body.result()
+            body.cancel()
+            raise ToolError.retryable(f"call cancelled before it finished: {cancellation.reason}")
+        finally:
+            self.slots.release()
+
+    def _progress_sink(self, dispatch: workers_pb2.Dispatch) -> Any:
+        loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
+
+        def sink(report: Progress) -> None:
+            message = wire.progress(dispatch.dispatch_id, dispatch.attempt, report)
+            if threading.get_ident() == loop_thread:
+                self.send(message)
+            else:
+                loop.call_soon_threadsafe(self.send, message)
+
+        return sink
+
+    def _end(self) -> None:
+        """The session is gone: calls still running are told, cache requests fail."""
+        self.closed = True
+        for running in self.running.values():
+            running.cancellation.set("worker session lost")
+        for waiting in self.cache_waiting.values():
+            if not waiting.done():
+                waiting.set_exception(ToolError.retryable("cache unavailable: worker session lost"))
+        self.cache_waiting.clear()
+
+
+async def _first(awaitable: Any, cancelled: Any) -> bool:
+    """Awaits `awaitable` unless `cancelled` comes first; tells whether it finished."""
+    work = asyncio.ensure_future(awaitable)
+    stop = asyncio.ensure_future(cancelled)
+    try:
+        done, _ = await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if work in done:
+        return True
+    if isinstance(awaitable, asyncio.Future):
+        return False
+    work.cancel()
+    return False
+
+
+@dataclass
+class _SessionCache:
+    """A call's cache requests, carried on its session and answered by request id."""
+
+    session: _Session
+    dispatch_id: str
+    attempt: int
+
+    async def _ask(self, message: workers_pb2.OpenSessionRequest, request_id: int) -> Any:
+        session = self.session
+        if session.closed:
+            raise ToolError.retryable("cache unavailable: worker session lost")
+        future: asyncio.Future[workers_pb2.CacheResponse] = (
+            asyncio.get_running_loop().create_future()
+        )
+        session.cache_waiting[request_id] = future
+        session.send(message)
+        try:
+            answer = await asyncio.wait_for(future, _CACHE_TIMEOUT)
+        except TimeoutError:
+            raise ToolError.retryable("cache request unanswered by the kernel") from None
+        finally:
+            session.cache_waiting.pop(request_id, None)
+        if answer.error:
+            raise ToolError.retryable(f"cache request refused: {answer.error}")
+        return answer
+
+    def _request_id(self) -> int:
+        self.session.next_request += 1
+        return self.session.next_request
+
+    async def get(self, key: str) -> str | None:
+        request_id = self._request_id()
+        answer = await self._ask(
+            wire.cache_get(request_id, self.dispatch_id, self.attempt, key), request_id
+        )
+        return str(answer.value_json) if answer.found else None
+
+    async def set(self, key: str, value_json: str, ttl_ms: int) -> None:
+        request_id = self._request_id()
+        await self._ask(
+            wire.cache_set(request_id, self.dispatch_id, self.attempt, key, value_json, ttl_ms),
+            request_id,
+        )
+
+
+def _describe(kernel: str, error: grpc.aio.AioRpcError) -> str:
+    text = f"{error.code().name}: {error.details()}"
+    if error.code() == grpc.StatusCode.UNAVAILABLE:
+        return f"{text} (is a kernel listening on {kernel}?)"
+    return text

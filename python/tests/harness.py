@@ -1,0 +1,144 @@
+"""Real processes for the end-to-end tests: the kernel binary on port 0 with a database of its
+own, and worker processes, each with its output read line by line so a test waits on what a
+process says rather than on a clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON_TESTS = Path(__file__).resolve().parent
+WAIT = 30.0
+
+
+def binary(name: str) -> Path:
+    """A binary of the workspace's debug build; the README's test command builds them first."""
+    for folder in ("debug", "debug/examples"):
+        path = REPO / "target" / folder / name
+        if path.exists():
+            return path
+    raise RuntimeError(
+        f"no {name} binary under target/: run `cargo build --workspace --bins --examples` first"
+    )
+
+
+class Process:
+    """A child process whose stdout and stderr lines are kept, in order, as they come."""
+
+    def __init__(self, args: list[str], label: str, env: dict[str, str] | None = None) -> None:
+        self.label = label
+        self.lines: list[str] = []
+        """Every line so far, in order."""
+        self._ended = False
+        self._changed = threading.Condition()
+        self._seen = 0
+        self.process = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
+
+    def wait_for(self, text: str, timeout: float = WAIT) -> str:
+        """The next line (after those already waited past) holding `text`."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                while self._seen < len(self.lines):
+                    line = self.lines[self._seen]
+                    self._seen += 1
+                    if text in line:
+                        return line
+                if self._ended:
+                    code = self.process.wait()
+                    raise AssertionError(
+                        f"{self.label} exited ({code}) before saying {text!r}; "
+                        f"it said:\n{self.log()}"
+                    )
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(
+                        f"{self.label} never said {text!r}; it said:\n{self.log()}"
+                    )
+                self._changed.wait(left)
+
+    async def said(self, text: str, timeout: float = WAIT) -> str:
+        """`wait_for`, off the event loop."""
+        return await asyncio.to_thread(self.wait_for, text, timeout)
+
+    def log(self) -> str:
+        return "\n".join(self.lines[-80:])
+
+    def kill9(self) -> None:
+        """SIGKILL: the process dies mid-whatever, with no chance to say goodbye."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=WAIT)
+
+    def terminate(self, timeout: float = WAIT) -> int:
+        """SIGTERM, then the exit code once it has ended."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=WAIT)
+
+
+class Kernel:
+    """The kernel binary on a port of its own, with short leases so a lost worker is seen fast."""
+
+    def __init__(self, folder: Path, *args: str) -> None:
+        self.process = Process(
+            [
+                str(binary("kernel")),
+                "--listen",
+                "127.0.0.1:0",
+                "--db",
+                str(folder / "kernel.db"),
+                *args,
+            ],
+            "kernel",
+            env={
+                "KERNEL_HEARTBEAT_INTERVAL_MS": "200",
+                "KERNEL_LEASE_TTL_MS": "1500",
+                "KERNEL_DRAIN_TIMEOUT_MS": "2000",
+                "RUST_LOG": "info",
+            },
+        )
+        line = self.process.wait_for("listening")
+        addr = next((w.removeprefix("addr=") for w in line.split() if w.startswith("addr=")), None)
+        if addr is None:
+            raise AssertionError(f"no addr= in the kernel's line {line!r}")
+        self.addr = addr
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def python_worker(kernel: Kernel, *args: str) -> Process:
+    """`worker_process.py` in its own Python process, serving the tests' tools."""
+    return Process(
+        [sys.executable, "-u", str(PYTHON_TESTS / "worker_process.py"), kernel.addr, *args],
+        f"python worker {' '.join(args)}",
+    )

@@ -1,0 +1,119 @@
+"""Python workers that die, drain, and share a run with a Rust worker, against the real kernel."""
+
+from __future__ import annotations
+
+import asyncio
+
+from conftest import serving
+from harness import Kernel, Process, binary, python_worker
+
+from kernel_sdk import AgentClient, CallOutcome, ToolCall, ToolContext, tool
+
+
+def _started(line: str) -> dict[str, str]:
+    """`started tool=py_fetch key=ik_... attempt=1` as its fields."""
+    return dict(word.split("=", 1) for word in line.split() if "=" in word)
+
+
+async def test_a_safe_call_whose_worker_is_killed_finishes_on_another_with_the_same_key(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    first = python_worker(kernel, "--hang", "--name", "first")
+    second: Process | None = None
+    try:
+        await first.said("worker session open")
+        run = await client.create_run("py-agent")
+        turn = asyncio.ensure_future(
+            client.call_turn(run.id, 0, [ToolCall("py_fetch", {"url": "https://example.com"})])
+        )
+        began = _started(await first.said("started tool=py_fetch"))
+        assert began["attempt"] == "1"
+        first.kill9()
+
+        second = python_worker(kernel, "--name", "second")
+        ran = _started(await second.said("started tool=py_fetch"))
+        assert ran["key"] == began["key"], "a retry carries the call's idempotency key"
+        assert int(ran["attempt"]) >= 2
+        [result] = (await asyncio.wait_for(turn, 30)).results
+        assert result.outcome == CallOutcome.OK, result
+        assert result.output["key"] == began["key"]
+        [step] = (await client.get_run(run.id)).steps
+        assert step.worker == "second" and step.attempts >= 2
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+async def test_an_at_most_once_call_whose_worker_is_killed_is_indeterminate_never_run_twice(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    first = python_worker(kernel, "--hang", "--name", "first")
+    second: Process | None = None
+    try:
+        await first.said("worker session open")
+        run = await client.create_run("py-agent")
+        turn = asyncio.ensure_future(
+            client.call_turn(run.id, 0, [ToolCall("py_charge", {"cents": 1200})])
+        )
+        await first.said("started tool=py_charge")
+        # A worker that would finish the charge is there when the first one dies.
+        second = python_worker(kernel, "--name", "second")
+        await second.said("worker session open")
+        first.kill9()
+        [result] = (await asyncio.wait_for(turn, 30)).results
+        assert result.outcome == CallOutcome.INDETERMINATE, result
+        assert not any("started" in line for line in second.lines), "the charge ran twice"
+        [step] = (await client.get_run(run.id)).steps
+        assert step.attempts == 1
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+async def test_sigterm_drains_a_worker_its_call_finishes_and_it_exits_cleanly(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    worker = python_worker(kernel, "--slow", "1", "--name", "draining")
+    try:
+        await worker.said("worker session open")
+        run = await client.create_run("py-agent")
+        turn = asyncio.ensure_future(
+            client.call_turn(run.id, 0, [ToolCall("py_fetch", {"url": "u"})])
+        )
+        await worker.said("started tool=py_fetch")
+        code = await asyncio.to_thread(worker.terminate)
+        assert code == 0, worker.log()
+        assert any("worker draining in_flight=1" in line for line in worker.lines)
+        [result] = (await asyncio.wait_for(turn, 30)).results
+        assert result.outcome == CallOutcome.OK, result
+    finally:
+        worker.stop()
+
+
+@tool(read_only=True)
+async def shout(ctx: ToolContext, text: str) -> str:
+    """Upper-cases a text."""
+    return text.upper()
+
+
+async def test_a_python_worker_and_a_rust_worker_serve_one_run(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    rust = Process(
+        [str(binary("demo-worker")), "--kernel", f"http://{kernel.addr}", "--name", "rust-demo"],
+        "rust demo worker",
+    )
+    try:
+        await rust.said("worker session open")
+        async with serving(kernel, shout, name="python-demo"):
+            run = await client.create_run("mixed-agent")
+            turn = await client.call_turn(
+                run.id, 0, [ToolCall("add", {"a": 40, "b": 2}), ToolCall("shout", {"text": "hi"})]
+            )
+            assert [r.output for r in turn.results] == [42, "HI"]
+            steps = (await client.get_run(run.id)).steps
+            assert {s.tool: s.worker for s in steps} == {"add": "rust-demo", "shout": "python-demo"}
+    finally:
+        rust.stop()

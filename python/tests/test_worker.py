@@ -1,0 +1,226 @@
+"""A Python worker against the real kernel: calls end to end, sync tools in threads and their
+timeout, streaming progress, cancellation, the store-backed cache, approvals."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from conftest import serving
+from harness import Kernel
+
+from kernel_sdk import (
+    AgentClient,
+    CallOutcome,
+    CallResult,
+    Interruption,
+    ToolCall,
+    ToolContext,
+    ToolError,
+    TurnProgress,
+    tool,
+)
+
+
+@tool(read_only=True)
+async def add(ctx: ToolContext, a: int, b: int) -> int:
+    """Adds two integers."""
+    return a + b
+
+
+@tool(timeout=0.5)
+def sleepy(ctx: ToolContext, seconds: float) -> str:
+    """Sleeps in its thread, stopping early when cancelled."""
+    SLEEPY_THREADS.append(threading.current_thread().name)
+    if ctx.cancelled.wait_sync(seconds):
+        SLEEPY_CANCELLED.set()
+        return "stopped"
+    return "slept"
+
+
+SLEEPY_THREADS: list[str] = []
+SLEEPY_CANCELLED = threading.Event()
+
+
+async def test_an_async_tool_runs_end_to_end_and_the_step_records_it(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, add):
+        run = await client.create_run("py-agent", input={"q": "sum"}, labels={"team": "py"})
+        turn = await client.call_turn(run.id, 0, [ToolCall("add", {"a": 2, "b": 3})])
+        [result] = turn.results
+        assert result.outcome == CallOutcome.OK and result.output == 5 and result.content == "5"
+        assert not result.replayed and result.attempts == 1
+
+        # The same turn again is served from the log.
+        again = await client.call_turn(run.id, 0, [ToolCall("add", {"a": 2, "b": 3})])
+        assert again.results[0].replayed and again.results[0].output == 5
+
+        done = await client.complete_run(run.id, {"answer": 5})
+        assert done.status == "completed" and done.output == {"answer": 5}
+        detail = await client.get_run(run.id)
+        [step] = detail.steps
+        assert step.tool == "add" and step.arguments == {"a": 2, "b": 3} and step.output == 5
+        assert step.tool_fingerprint == add.fingerprint and step.worker
+        assert detail.run.labels == {"team": "py"}
+
+
+async def test_bad_arguments_are_refused_by_the_kernel_before_the_tool(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, add):
+        run = await client.create_run("py-agent")
+        turn = await client.call_turn(run.id, 0, [ToolCall("add", {"a": "two", "b": 3})])
+        [result] = turn.results
+        assert result.outcome == CallOutcome.INVALID_ARGUMENTS
+        assert "a" in result.content
+
+
+async def test_a_sync_tool_runs_in_a_thread_and_its_timeout_cancels_it(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    SLEEPY_THREADS.clear()
+    SLEEPY_CANCELLED.clear()
+    async with serving(kernel, sleepy, name="threads"):
+        run = await client.create_run("py-agent")
+        quick = await client.call_turn(run.id, 0, [ToolCall("sleepy", {"seconds": 0.01})])
+        assert quick.results[0].output == "slept"
+        assert SLEEPY_THREADS == ["tool-threads_0"], "a plain def runs in the worker's threads"
+
+        started = time.monotonic()
+        slow = await client.call_turn(run.id, 1, [ToolCall("sleepy", {"seconds": 30})])
+        [result] = slow.results
+        assert result.outcome == CallOutcome.TIMED_OUT, result
+        assert time.monotonic() - started < 20, "the timeout, not the sleep, ended the call"
+        # The kernel's cancel reached the thread through ctx.cancelled.
+        assert await asyncio.to_thread(SLEEPY_CANCELLED.wait, 10)
+
+
+@tool(read_only=True)
+async def countdown(ctx: ToolContext, start: int):  # type: ignore[no-untyped-def]
+    """Counts down, streaming each number, then lifts off."""
+    for n in range(start, 0, -1):
+        yield str(n)
+        await asyncio.sleep(0.05)
+    yield {"status": "liftoff"}
+
+
+async def test_an_async_generator_streams_every_item_but_the_last_as_progress(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, countdown):
+        run = await client.create_run("py-agent")
+        events = [
+            event
+            async for event in client.submit_turn(run.id, 0, [ToolCall("countdown", {"start": 3})])
+        ]
+        progress = [e.message for e in events if isinstance(e, TurnProgress)]
+        results = [e for e in events if isinstance(e, CallResult)]
+        assert progress == ["3", "2", "1"]
+        assert isinstance(events[-1], CallResult), "the progress came live, before the result"
+        assert results[0].output == {"status": "liftoff"}
+        [step] = (await client.get_run(run.id)).steps
+        assert step.progress_count == 3
+
+
+HELD = asyncio.Event()
+
+
+@tool(timeout=60)
+async def hold(ctx: ToolContext) -> str:
+    """Waits until the call is cancelled."""
+    HELD.set()
+    await ctx.cancelled.wait()
+    return f"cancelled: {ctx.cancelled.reason}"
+
+
+async def test_cancelling_the_run_reaches_the_running_tool(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    HELD.clear()
+    async with serving(kernel, hold):
+        run = await client.create_run("py-agent")
+        turn = asyncio.ensure_future(client.call_turn(run.id, 0, [ToolCall("hold")]))
+        await asyncio.wait_for(HELD.wait(), 30)
+        cancelled = await client.cancel_run(run.id, "the user left")
+        assert cancelled.status == "cancelled"
+        [result] = (await asyncio.wait_for(turn, 30)).results
+        assert result.outcome == CallOutcome.CANCELLED, result
+
+
+@tool(read_only=True)
+async def remember(ctx: ToolContext, key: str, value: int | None = None) -> object:
+    """Writes a value to the tool's cache, or reads it back."""
+    if value is not None:
+        await ctx.cache.set(key, {"v": value}, ttl=60)
+        return "stored"
+    return await ctx.cache.get(key, "missing")
+
+
+async def test_the_cache_is_kept_by_the_kernel_across_calls_and_workers(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    run = await client.create_run("py-agent")
+    # Kept registered when the first worker leaves: an ephemeral tool's cache goes with it.
+    async with serving(kernel, remember, name="first", ephemeral_tools=False):
+        stored = await client.call_turn(run.id, 0, [ToolCall("remember", {"key": "k", "value": 7})])
+        assert stored.results[0].output == "stored"
+    async with serving(kernel, remember, name="second"):
+        read = await client.call_turn(run.id, 1, [ToolCall("remember", {"key": "k"})])
+        assert read.results[0].output == {"v": 7}
+        other = await client.call_turn(run.id, 2, [ToolCall("remember", {"key": "nope"})])
+        assert other.results[0].output == "missing"
+
+
+@tool(writes=True, requires_approval=True)
+async def refund(ctx: ToolContext, cents: int) -> str:
+    """Refunds an amount in cents."""
+    return f"refunded {cents}"
+
+
+async def test_an_approval_round_trip_from_python(kernel: Kernel, client: AgentClient) -> None:
+    async with serving(kernel, refund):
+        run = await client.create_run("py-agent")
+        events = client.submit_turn(run.id, 0, [ToolCall("refund", {"cents": 500})])
+        first = await anext(events)
+        assert isinstance(first, Interruption) and first.tool == "refund"
+        assert first.arguments == {"cents": 500}
+        [waiting] = await client.list_approvals(run_id=run.id)
+        assert waiting.id == first.approval_id and waiting.status == "pending"
+        approved = await client.approve(waiting.id, decider="ana", reason="looks right")
+        assert approved.status in ("approved", "consumed")
+        result = await anext(events)
+        assert isinstance(result, CallResult) and result.output == "refunded 500"
+        assert result.approval is not None and result.approval.decider == "ana"
+
+        # A rejection reaches the model as a readable refusal.
+        events = client.submit_turn(run.id, 1, [ToolCall("refund", {"cents": 9})])
+        asked = await anext(events)
+        assert isinstance(asked, Interruption)
+        await client.reject(asked.approval_id, decider="ana", reason="too small")
+        rejected = await anext(events)
+        assert isinstance(rejected, CallResult) and rejected.outcome == CallOutcome.REJECTED
+        assert "too small" in rejected.content
+
+
+@tool(retries=0)
+async def picky(ctx: ToolContext, mode: str) -> str:
+    """Fails the way it is told to."""
+    if mode == "fatal":
+        raise ToolError.fatal("never going to work")
+    raise RuntimeError("exploded")
+
+
+async def test_tool_errors_reach_the_model_with_their_kind(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, picky):
+        run = await client.create_run("py-agent")
+        turn = await client.call_turn(
+            run.id, 0, [ToolCall("picky", {"mode": "fatal"}), ToolCall("picky", {"mode": "other"})]
+        )
+        fatal, other = turn.results
+        assert fatal.outcome == CallOutcome.TOOL_ERROR and fatal.error_kind == "fatal"
+        assert "never going to work" in fatal.content
+        assert other.error_kind == "retryable" and "RuntimeError: exploded" in other.content

@@ -1,0 +1,55 @@
+"""A Python worker in its own process, for the tests that kill one: `worker_process.py ADDR
+[--hang] [--slow SECONDS] [--name NAME]`. Each tool prints `started tool=... key=... attempt=...`
+before its effect; with `--hang` it then waits for ever (until the process is killed), else it
+returns after `--slow` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from kernel_sdk import ToolContext, Worker, tool
+
+HANG = False
+SLOW = 0.0
+
+
+async def _effect(ctx: ToolContext, value: object) -> dict[str, object]:
+    print(
+        f"started tool={ctx.tool_name} key={ctx.idempotency_key} attempt={ctx.attempt}", flush=True
+    )
+    if HANG:
+        await asyncio.Event().wait()
+    await asyncio.sleep(SLOW)
+    return {"value": value, "key": ctx.idempotency_key, "attempt": ctx.attempt}
+
+
+@tool(idempotency="at_most_once", writes=True, timeout=60)
+async def py_charge(ctx: ToolContext, cents: int) -> dict[str, object]:
+    """Charges a card once: a lost worker makes the call indeterminate, never a second charge."""
+    return await _effect(ctx, cents)
+
+
+@tool(retries=3, timeout=60)
+async def py_fetch(ctx: ToolContext, url: str) -> dict[str, object]:
+    """Fetches a page: safe to run again, so a lost worker's call runs elsewhere."""
+    return await _effect(ctx, url)
+
+
+async def main() -> None:
+    global HANG, SLOW
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kernel")
+    parser.add_argument("--hang", action="store_true")
+    parser.add_argument("--slow", type=float, default=0.0, help="seconds each call takes")
+    parser.add_argument("--name", default="py-worker")
+    args = parser.parse_args()
+    HANG, SLOW = args.hang, args.slow
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
+    await Worker(args.kernel, [py_charge, py_fetch], name=args.name).run()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
