@@ -182,3 +182,29 @@ async def test_a_wrapped_callable_runs_sync_in_a_thread_or_async_on_the_loop() -
     assert await sync_tool.invoke(ctx, {"q": 1}) == {"thread": True, "q": 1}
     assert await async_tool.invoke(ctx, {"url": "x"}) == "FETCHED X"
     assert sync_tool.blocking and not async_tool.blocking
+
+
+def test_a_schema_given_replaces_the_derived_one_in_the_definition_and_fingerprint() -> None:
+    schema = {"properties": {"q": {"type": "string", "minLength": 1}}, "required": ["q"]}
+
+    @tool(args_schema=schema)
+    async def search(q: str) -> str:
+        """Searches."""
+        return q
+
+    @tool
+    async def search_derived(q: str) -> str:
+        """Searches."""
+        return q
+
+    assert search.definition.input_schema == {"type": "object", **schema}
+    assert search.fingerprint != search_derived.fingerprint
+
+
+async def test_ctx_http_is_one_shared_async_client() -> None:
+    import httpx
+
+    ctx = ToolContext.for_test(deps={"db": "fake"})
+    assert isinstance(ctx.http, httpx.AsyncClient) and ctx.http is ctx.http
+    assert ctx.deps == {"db": "fake"}
+    await ctx.http.aclose()

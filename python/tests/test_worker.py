@@ -224,3 +224,31 @@ async def test_tool_errors_reach_the_model_with_their_kind(
         assert fatal.outcome == CallOutcome.TOOL_ERROR and fatal.error_kind == "fatal"
         assert "never going to work" in fatal.content
         assert other.error_kind == "retryable" and "RuntimeError: exploded" in other.content
+
+
+class Ledger:
+    """An app object the worker hands its tools."""
+
+    def __init__(self) -> None:
+        self.entries: list[str] = []
+
+
+@tool
+async def record(ctx: ToolContext, entry: str) -> int:
+    """Appends an entry to the app's ledger."""
+    ledger: Ledger = ctx.deps
+    ledger.entries.append(f"{entry}@{ctx.step_key}")
+    return len(ledger.entries)
+
+
+async def test_tools_reach_the_apps_objects_through_deps(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    ledger = Ledger()
+    async with serving(kernel, record, deps=ledger):
+        run = await client.create_run("py-agent")
+        turn = await client.call_turn(
+            run.id, 0, [ToolCall("record", {"entry": "a"}, call_id="first")]
+        )
+        assert turn.results[0].output == 1
+    assert ledger.entries == ["a@id:first"]

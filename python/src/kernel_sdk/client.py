@@ -333,15 +333,17 @@ def _tool_call(call: CallLike) -> tool_calls_pb2.ToolCall:
     if isinstance(call, tuple):
         call = ToolCall(call[0], dict(call[1]))
     elif not isinstance(call, ToolCall):
+        arguments = call.get("arguments") or {}
         call = ToolCall(
             str(call["tool"]),
-            dict(call.get("arguments") or {}),
+            arguments if isinstance(arguments, str) else dict(arguments),
             call.get("call_id"),
             call.get("timeout"),
         )
+    text = call.arguments if isinstance(call.arguments, str) else to_canonical(call.arguments)
     return tool_calls_pb2.ToolCall(
         tool=call.tool,
-        arguments_json=to_canonical(call.arguments),
+        arguments_json=text,
         call_id=call.call_id or "",
         timeout_ms=millis(call.timeout),
     )

@@ -48,10 +48,14 @@ class RunStatus(StrEnum):
 @dataclass(frozen=True)
 class ToolCall:
     """One call the model made: the tool, its arguments, and optionally the model's call id
-    (which then identifies the step instead of its turn and position) and a timeout in seconds."""
+    (which then identifies the step instead of its turn and position) and a timeout in seconds.
+
+    `arguments` is a dict, or the model's JSON text as it came. The kernel checks the text: if it
+    is not JSON, the whole turn is refused (`KernelError` `INVALID_ARGUMENT` naming
+    `calls[i].arguments_json`) and nothing is recorded, so the loop can ask the model again."""
 
     tool: str
-    arguments: dict[str, Any] = field(default_factory=dict)
+    arguments: dict[str, Any] | str = field(default_factory=dict)
     call_id: str | None = None
     timeout: float | None = None
 

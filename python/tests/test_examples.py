@@ -1,0 +1,48 @@
+"""The README's Python quickstart, as a new user runs it: the example worker and agent against the
+kernel, then `kernelctl runs show` on the run the agent printed."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+from harness import REPO, Kernel, Process, binary
+
+
+async def test_the_example_worker_and_agent_run_and_kernelctl_shows_the_calls(
+    kernel: Kernel,
+) -> None:
+    worker = Process(
+        [sys.executable, str(REPO / "python/examples/worker.py"), "--kernel", kernel.addr],
+        "example worker",
+    )
+    try:
+        await worker.said("worker session open")
+        agent = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, str(REPO / "python/examples/agent.py"), "--kernel", kernel.addr],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert agent.returncode == 0, agent.stderr
+        run_id = agent.stdout.strip()
+        assert "turn 1 #0 summarize: " in agent.stderr, "the stream's progress came live"
+        assert "turn 2 #0 refund_order ok: refunded 500 cents" in agent.stderr
+
+        show = [str(binary("kernelctl")), "--addr", f"http://{kernel.addr}", "runs", "show", run_id]
+        shown = (
+            await asyncio.to_thread(
+                subprocess.run, show, capture_output=True, text=True, timeout=30, check=True
+            )
+        ).stdout
+        assert "status:      completed" in shown
+        for tool in ("lookup_order", "word_count", "summarize", "refund_order"):
+            assert tool in shown
+        assert "py-demo-worker" in shown and "at_most_once" in shown
+
+        assert await asyncio.to_thread(worker.terminate) == 0, worker.log()
+        assert any("worker stopped" in line for line in worker.lines)
+    finally:
+        worker.stop()
