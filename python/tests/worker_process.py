@@ -10,6 +10,8 @@ import argparse
 import asyncio
 import logging
 
+import agents
+
 from kernel_sdk import ToolContext, Worker, tool
 
 HANG = False
@@ -17,6 +19,7 @@ SLOW = 0.0
 
 
 async def _effect(ctx: ToolContext, value: object) -> dict[str, object]:
+    """Says it started, then hangs or takes `SLOW` seconds."""
     print(
         f"started tool={ctx.tool_name} key={ctx.idempotency_key} attempt={ctx.attempt}", flush=True
     )
@@ -45,10 +48,25 @@ async def main() -> None:
     parser.add_argument("--hang", action="store_true")
     parser.add_argument("--slow", type=float, default=0.0, help="seconds each call takes")
     parser.add_argument("--name", default="py-worker")
+    parser.add_argument("--agents", action="store_true", help="host the tests' agents too")
+    parser.add_argument("--max-concurrency", type=int, default=8)
     args = parser.parse_args()
     HANG, SLOW = args.hang, args.slow
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
-    await Worker(args.kernel, [py_charge, py_fetch], name=args.name).run()
+    tools = [py_charge, py_fetch]
+    hosted = []
+    if args.agents:
+        agents.HANGS["value"] = HANG
+        tools += agents.TOOLS
+        hosted = agents.AGENTS
+    worker = Worker(
+        args.kernel,
+        tools,
+        agents=hosted,
+        name=args.name,
+        max_concurrency=args.max_concurrency,
+    )
+    await worker.run()
 
 
 if __name__ == "__main__":

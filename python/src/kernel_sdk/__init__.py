@@ -4,6 +4,8 @@
   from the docstring, its fingerprint the one the kernel checks); `wrap_tool` makes one of any
   callable.
 - `Worker` serves tools to the kernel: heartbeats, reconnects, drains on SIGTERM.
+- `@agent` makes a hosted agent: the kernel dispatches its runs to a worker hosting it, and its
+  handler's steps (`ctx.call_turn`, `ctx.step`, `ctx.once`, `ctx.subagent`) replay after a crash.
 - `AgentClient` drives runs: create one, submit each model turn's tool calls and read their
   progress and results, answer approvals, watch events, finish the run.
 - `kernel_sdk.canonical` holds the canonical JSON and hashes, equal to the kernel's byte for byte.
@@ -13,6 +15,21 @@ from .canonical import call_hash, idempotency_key, to_canonical, tool_fingerprin
 from .client import AgentClient
 from .context import Cancellation, Progress, ToolCache, ToolContext
 from .errors import KernelError, ToolError, WorkerRefused
+from .hosted import (
+    Agent,
+    AgentContext,
+    AgentDefinition,
+    AgentError,
+    NestedDurableOperation,
+    ReplayInputChanged,
+    SessionInfo,
+    StepDenied,
+    StepEffect,
+    StepFailed,
+    StepInfo,
+    SubagentFailed,
+    agent,
+)
 from .records import (
     Approval,
     ApprovalDecision,
@@ -43,7 +60,11 @@ from .transport import Tls
 from .worker import Worker
 
 __all__ = [
+    "Agent",
     "AgentClient",
+    "AgentContext",
+    "AgentDefinition",
+    "AgentError",
     "Approval",
     "ApprovalDecision",
     "CallOutcome",
@@ -52,13 +73,21 @@ __all__ = [
     "Event",
     "Interruption",
     "KernelError",
+    "NestedDurableOperation",
     "Progress",
     "RegisteredTool",
+    "ReplayInputChanged",
     "RetryPolicy",
     "Run",
     "RunDetail",
     "RunStatus",
+    "SessionInfo",
     "Step",
+    "StepDenied",
+    "StepEffect",
+    "StepFailed",
+    "StepInfo",
+    "SubagentFailed",
     "Tls",
     "Tool",
     "ToolCache",
@@ -73,6 +102,7 @@ __all__ = [
     "TurnProgress",
     "Worker",
     "WorkerRefused",
+    "agent",
     "call_hash",
     "idempotency_key",
     "to_canonical",

@@ -93,13 +93,19 @@ def retry_policy(retries: int | RetryPolicy | None) -> common_pb2.RetryPolicy | 
 
 
 def hello(
-    name: str, tools: list[Tool], max_concurrency: int, ephemeral_tools: bool, sdk_version: str
+    name: str,
+    tools: list[Tool],
+    agents: list[workers_pb2.AgentSpec],
+    max_concurrency: int,
+    ephemeral_tools: bool,
+    sdk_version: str,
 ) -> workers_pb2.OpenSessionRequest:
     """The first message of a session."""
     return workers_pb2.OpenSessionRequest(
         hello=workers_pb2.Hello(
             worker_name=name,
             tools=[tool_spec(tool) for tool in tools],
+            agents=agents,
             max_concurrency=max_concurrency,
             sdk_version=sdk_version,
             ephemeral_tools=ephemeral_tools,
@@ -124,6 +130,19 @@ def progress(dispatch_id: str, attempt: int, report: Progress) -> workers_pb2.Op
             data_json="" if report.data is None else to_canonical(report.data),
             current=report.current or 0,
             total=report.total or 0,
+        )
+    )
+
+
+def suspended(
+    dispatch_id: str, attempt: int, waiting_on: list[str]
+) -> workers_pb2.OpenSessionRequest:
+    """A hosted handler gives back its slot, waiting on these steps."""
+    return workers_pb2.OpenSessionRequest(
+        result=workers_pb2.DispatchResult(
+            dispatch_id=dispatch_id,
+            attempt=attempt,
+            suspended=workers_pb2.DispatchSuspended(waiting_on=waiting_on),
         )
     )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import signal
@@ -27,9 +28,10 @@ from typing import Any
 import grpc
 
 from . import _wire as wire
-from ._proto import workers_pb2, workers_pb2_grpc
+from ._proto import hosted_pb2, hosted_pb2_grpc, workers_pb2, workers_pb2_grpc
 from .context import Cancellation, Progress, ToolContext, _Shared
 from .errors import ToolError, WorkerRefused
+from .hosted import Agent, AgentContext, AgentError, agent_spec
 from .tools import Tool, ToolDefinitionError
 from .transport import Tls, channel, metadata, target
 
@@ -64,7 +66,9 @@ class Worker:
     await worker.run()  # until SIGTERM, SIGINT or worker.stop()
     ```
 
-    `max_concurrency` calls run at once (the kernel never sends more); `deps` is what tools reach
+    `agents` are hosted agents (`@agent`) whose runs the kernel dispatches here, each holding a
+    slot while its handler runs. `max_concurrency` calls and handlers run at once (the kernel never
+    sends more); `deps` is what tools reach
     as `ctx.deps`; `api_key` is sent as `authorization: Bearer ...` (the key needs
     `workers:connect`, and its tool globs must cover every tool offered); `tls` reaches a kernel
     serving TLS; `drain_timeout` is how long stopping waits for calls in flight; with
@@ -74,8 +78,9 @@ class Worker:
     def __init__(
         self,
         kernel: str,
-        tools: Iterable[Tool],
+        tools: Iterable[Tool] = (),
         *,
+        agents: Iterable[Agent] = (),
         name: str = "worker",
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
         api_key: str | None = None,
@@ -99,8 +104,15 @@ class Worker:
             if item.name in self.tools:
                 raise ToolDefinitionError(f"tool '{item.name}' is offered twice")
             self.tools[item.name] = item
-        if not self.tools:
-            raise ValueError("the worker offers no tools")
+        self.agents: dict[str, Agent] = {}
+        for hosted in agents:
+            if not isinstance(hosted, Agent):
+                raise ToolDefinitionError(f"{hosted!r} is not an agent: decorate it with @agent")
+            if hosted.name in self.agents:
+                raise ToolDefinitionError(f"agent '{hosted.name}' is hosted twice")
+            self.agents[hosted.name] = hosted
+        if not self.tools and not self.agents:
+            raise ValueError("the worker offers no tools and hosts no agents")
         self.kernel = kernel
         self.name = name
         self.max_concurrency = max_concurrency
@@ -191,6 +203,13 @@ class Worker:
         logger.info("worker stopped worker=%s", self.name)
 
 
+@dataclass
+class _Suspend:
+    """A hosted handler's slot given back, waiting on these steps."""
+
+    waiting_on: list[str]
+
+
 class _Lost(Exception):
     """The connection or the stream broke; `opened` tells whether a Welcome came first."""
 
@@ -221,16 +240,25 @@ class _Session:
     )
     next_request: int = 0
     closed: bool = False
+    hosted: hosted_pb2_grpc.HostedServiceStub | None = None
 
     async def run(self, stopping: asyncio.Event) -> None:
         worker = self.worker
         tools = list(worker.tools.values())
+        agents = [agent_spec(hosted) for hosted in worker.agents.values()]
         self.send(
             wire.hello(
-                worker.name, tools, worker.max_concurrency, worker.ephemeral_tools, SDK_VERSION
+                worker.name,
+                tools,
+                agents,
+                worker.max_concurrency,
+                worker.ephemeral_tools,
+                SDK_VERSION,
             )
         )
         connection = channel(worker.kernel, worker._tls)
+        # Hosted handlers call the kernel on the session's connection.
+        self.hosted = hosted_pb2_grpc.HostedServiceStub(connection)
         try:
             stub = workers_pb2_grpc.WorkerServiceStub(connection)
             call = stub.OpenSession(self._requests(), metadata=metadata(worker._api_key))
@@ -370,16 +398,114 @@ class _Session:
             if waiting is not None and not waiting.done():
                 waiting.set_result(message.cache)
         elif kind == "run":
-            run = message.run
-            self.send(
-                wire.result(
-                    run.dispatch_id,
-                    run.attempt,
-                    ToolError.fatal(f"worker does not host agent '{run.agent}'"),
-                )
-            )
+            self._start_run(message.run)
         elif kind == "welcome":
             logger.warning("second welcome on an open session ignored")
+
+    def _start_run(self, run: workers_pb2.RunDispatch) -> None:
+        running = self.running.get(run.dispatch_id)
+        if running is not None and running.attempt == run.attempt:
+            return
+        entry = _Running(run.attempt, Cancellation())
+        self.running[run.dispatch_id] = entry
+        entry.task = asyncio.create_task(self._host(run, entry.cancellation))
+        entry.task.add_done_callback(lambda _: self._finished(run.dispatch_id, entry))
+
+    async def _host(self, run: workers_pb2.RunDispatch, cancellation: Cancellation) -> None:
+        """One dispatch of a hosted run's handler: its outcome, or its slot given back while
+        everything it awaits waits on something durable."""
+        started = time.monotonic()
+        try:
+            outcome: Any = await self._execute_run(run, cancellation)
+        except ToolError as error:
+            outcome = error
+        except AgentError as error:
+            outcome = ToolError.fatal(str(error))
+        except Exception as error:  # noqa: BLE001 (the handler's own failure fails the run)
+            outcome = ToolError.fatal(f"{type(error).__name__}: {error}")
+        elapsed_ms = (time.monotonic() - started) * 1000
+        if isinstance(outcome, _Suspend):
+            logger.info(
+                "dispatch waits durably, slot given back run_id=%s elapsed_ms=%d waiting_on=%s",
+                run.run_id,
+                elapsed_ms,
+                ",".join(outcome.waiting_on),
+            )
+            self.send(wire.suspended(run.dispatch_id, run.attempt, outcome.waiting_on))
+            return
+        if isinstance(outcome, ToolError):
+            logger.info(
+                "run dispatch failed agent=%s run_id=%s attempt=%d elapsed_ms=%d error=%s",
+                run.agent,
+                run.run_id,
+                run.attempt,
+                elapsed_ms,
+                outcome.message,
+            )
+        else:
+            logger.info(
+                "run dispatch succeeded agent=%s run_id=%s attempt=%d elapsed_ms=%d",
+                run.agent,
+                run.run_id,
+                run.attempt,
+                elapsed_ms,
+            )
+        self.send(wire.result(run.dispatch_id, run.attempt, outcome))
+
+    async def _execute_run(self, run: workers_pb2.RunDispatch, cancellation: Cancellation) -> Any:
+        hosted = self.worker.agents.get(run.agent)
+        if hosted is None:
+            raise ToolError.fatal(f"worker does not host agent '{run.agent}'")
+        try:
+            input = json.loads(run.input_json) if run.input_json.strip() else None
+        except json.JSONDecodeError as error:
+            raise ToolError.fatal(
+                f"the input of agent '{run.agent}' is not JSON: {error}"
+            ) from None
+        if not await _first(self.slots.acquire(), cancellation.wait()):
+            raise ToolError.retryable("run cancelled before its handler started")
+        try:
+            dispatch = hosted_pb2.HostedDispatch(
+                run_id=run.run_id, dispatch_id=run.dispatch_id, attempt=run.attempt
+            )
+            auth = metadata(self.worker._api_key)
+            stub = self.hosted
+            assert stub is not None, "a session has its hosted stub before its first dispatch"
+            try:
+                history = [
+                    entry
+                    async for entry in stub.LoadHistory(
+                        hosted_pb2.LoadHistoryRequest(dispatch=dispatch), metadata=auth
+                    )
+                ]
+            except grpc.aio.AioRpcError as error:
+                raise ToolError.retryable(
+                    f"cannot load the run's history: {error.code().name}: {error.details()}"
+                ) from None
+            ctx = AgentContext(dispatch, stub, auth, history, cancellation)
+            handler = asyncio.ensure_future(hosted.handle(ctx, input))
+            suspendable = asyncio.ensure_future(ctx._suspendable())
+            stop = asyncio.ensure_future(cancellation.wait())
+            try:
+                done, _ = await asyncio.wait(
+                    {handler, suspendable, stop}, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                suspendable.cancel()
+                stop.cancel()
+            if handler not in done:
+                # Given back or cancelled: the handler is dropped where it waits; its recorded
+                # steps stand, and it runs again from the start when dispatched again.
+                handler.cancel()
+                if suspendable in done and not suspendable.cancelled():
+                    return _Suspend(suspendable.result())
+                raise ToolError.retryable("run dispatch cancelled, handler dropped")
+            # A handler that diverged fails the run with the divergence, even if it caught it.
+            if ctx.diverged is not None:
+                raise ToolError.fatal(ctx.diverged)
+            return handler.result()
+        finally:
+            self.slots.release()
 
     def _start(self, dispatch: workers_pb2.Dispatch) -> None:
         running = self.running.get(dispatch.dispatch_id)

@@ -1,0 +1,87 @@
+"""Hosted agents the tests run, in this process or in `worker_process.py --agents`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from pydantic import BaseModel
+
+from kernel_sdk import AgentContext, StepFailed, StepInfo, ToolContext, agent, tool
+
+# Set by worker_process.py: a first worker hangs in the `wait` step, so it can be killed there.
+HANG_IN_STEP = asyncio.Event()
+HANGS = {"value": False}
+
+
+class Trip(BaseModel):
+    destination: str
+    days: int
+
+
+@tool(read_only=True)
+async def py_weather(ctx: ToolContext, city: str) -> str:
+    """Says the weather in a city."""
+    return f"sunny in {city}"
+
+
+@agent
+async def py_planner(ctx: AgentContext, trip: Trip) -> dict[str, object]:
+    """Plans a trip: asks a model once, checks the weather, waits, writes the plan."""
+
+    def ask_model(info: StepInfo) -> dict[str, object]:
+        print(f"model asked run={ctx.run_id} attempt={ctx.attempt}", flush=True)
+        return {"stops": [trip.destination, "coast"]}
+
+    plan = await ctx.once("model:plan", ask_model)
+    [weather] = await ctx.call_turn([("py_weather", {"city": trip.destination})])
+
+    async def wait(info: StepInfo) -> str:
+        print(f"waiting run={ctx.run_id} attempt={ctx.attempt}", flush=True)
+        if HANGS["value"]:
+            await asyncio.Event().wait()
+        return "waited"
+
+    waited = await ctx.step("wait", wait)
+    try:
+        await ctx.step("flaky", lambda info: 1 / 0)
+    except StepFailed as failed:
+        flaky = failed.message
+    return {
+        "plan": plan,
+        "weather": weather.output,
+        "waited": waited,
+        "flaky": flaky,
+        "days": trip.days,
+    }
+
+
+@agent
+async def py_counter(ctx: AgentContext, step: int) -> dict[str, object]:
+    """Counts on from the last run of its session."""
+    session = ctx.session
+    previous = session.previous_output["count"] if session and session.previous_output else 0
+    return {"count": previous + step, "session": session.key if session else None}
+
+
+@agent
+async def py_parent(ctx: AgentContext, input: None) -> list[object]:
+    """Runs two counters one after the other on one session, and one without."""
+    key = f"counter:{ctx.run_id}"
+    first = await ctx.subagent("py_counter", 1, session=key)
+    second = await ctx.subagent("py_counter", 10, session=key)
+    alone = await ctx.subagent("py_counter", 100)
+    return [first, second, alone]
+
+
+@agent
+async def py_drifting(ctx: AgentContext, input: None) -> str:
+    """Not deterministic: which step it takes depends on the process (a replay diverges)."""
+    await ctx.step(f"pick:{os.getpid()}", lambda info: "picked")
+    if HANGS["value"]:
+        await asyncio.Event().wait()
+    return "done"
+
+
+AGENTS = [py_planner, py_counter, py_parent, py_drifting]
+TOOLS = [py_weather]

@@ -1,0 +1,142 @@
+"""Hosted agents on a Python worker against the real kernel: steps recorded and replayed across a
+SIGKILLed worker, subagents on sessions with the handler suspended, and divergence caught."""
+
+from __future__ import annotations
+
+import asyncio
+
+import agents
+import pytest
+from conftest import serving
+from harness import Kernel, Process, python_worker
+
+from kernel_sdk import AgentClient, Event, ToolDefinitionError, agent
+
+
+async def _ended(client: AgentClient, run_id: str) -> list[Event]:
+    """The run's events, once its terminal event is recorded."""
+    events: list[Event] = []
+    async for event in client.watch_events(run_id):
+        assert isinstance(event, Event)
+        events.append(event)
+    return events
+
+
+async def test_a_hosted_run_records_its_steps_and_completes(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, *agents.TOOLS, agents=agents.AGENTS):
+        run = await client.create_run(
+            "py_planner", input={"destination": "Lisbon", "days": 3}, hosted=True
+        )
+        assert run.hosted
+        events = await asyncio.wait_for(_ended(client, run.id), 30)
+        assert events[-1].type == "run:completed"
+        detail = await client.get_run(run.id)
+        assert detail.run.output == {
+            "plan": {"stops": ["Lisbon", "coast"]},
+            "weather": "sunny in Lisbon",
+            "waited": "waited",
+            "flaky": "ZeroDivisionError: division by zero",
+            "days": 3,
+        }
+        by_key = {step.step_key: step for step in detail.steps}
+        assert by_key["step:model:plan#0"].status == "succeeded"
+        assert by_key["step:flaky#0"].status == "failed"
+        assert "ZeroDivisionError" in by_key["step:flaky#0"].error
+        assert any(step.tool == "py_weather" for step in detail.steps)
+
+
+async def test_a_handler_replays_its_recorded_steps_on_another_worker_after_a_sigkill(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    first = python_worker(kernel, "--agents", "--hang", "--name", "first")
+    second: Process | None = None
+    try:
+        await first.said("worker session open")
+        run = await client.create_run(
+            "py_planner", input={"destination": "Porto", "days": 2}, hosted=True
+        )
+        await first.said("model asked")
+        await first.said("waiting")
+        first.kill9()
+
+        second = python_worker(kernel, "--agents", "--name", "second")
+        await asyncio.wait_for(_ended(client, run.id), 30)
+        detail = await client.get_run(run.id)
+        assert detail.run.status == "completed", detail.run
+        assert detail.run.output["plan"] == {"stops": ["Porto", "coast"]}
+        # The model was asked once: the second dispatch replayed the recorded answer.
+        assert not any("model asked" in line for line in second.lines)
+        assert any("waiting" in line for line in second.lines), "the unrecorded step ran again"
+        weather = [step for step in detail.steps if step.tool == "py_weather"]
+        assert len(weather) == 1 and weather[0].attempts == 1
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+async def test_subagents_on_a_session_run_in_order_while_the_parent_gives_back_its_slot(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    # One slot: the parent must give it back while it waits, or its children could never run.
+    async with serving(kernel, *agents.TOOLS, agents=agents.AGENTS, max_concurrency=1):
+        run = await client.create_run("py_parent", hosted=True)
+        events = await asyncio.wait_for(_ended(client, run.id), 60)
+        assert events[-1].type == "run:completed", [e.type for e in events]
+        output = (await client.get_run(run.id)).run.output
+        key = f"counter:{run.id}"
+        assert output == [
+            {"count": 1, "session": key},
+            {"count": 11, "session": key},
+            {"count": 100, "session": None},
+        ]
+        assert any(e.type == "agent:suspended" for e in events)
+
+
+async def test_a_handler_that_is_not_deterministic_fails_with_replay_input_changed(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    first = python_worker(kernel, "--agents", "--hang", "--name", "first")
+    second: Process | None = None
+    try:
+        await first.said("worker session open")
+        run = await client.create_run("py_drifting", hosted=True)
+        # Its step is recorded under the first process's id; then it hangs.
+        await asyncio.wait_for(_event(client, run.id, "step:result"), 30)
+        first.kill9()
+        second = python_worker(kernel, "--agents", "--name", "second")
+        events = await asyncio.wait_for(_ended(client, run.id), 30)
+        assert events[-1].type == "run:failed"
+        detail = await client.get_run(run.id)
+        assert "replay_input_changed" in detail.run.reason, detail.run.reason
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+async def _event(client: AgentClient, run_id: str, kind: str) -> Event:
+    """The run's first event of type `kind`, waiting for it."""
+    async for event in client.watch_events(run_id):
+        if isinstance(event, Event) and event.type == kind:
+            return event
+    raise AssertionError(f"run {run_id} ended without a {kind} event")
+
+
+def test_agent_definitions_refuse_what_the_kernel_would() -> None:
+    async def two(ctx, a, b):  # type: ignore[no-untyped-def]
+        """Too many parameters."""
+
+    with pytest.raises(ToolDefinitionError, match="takes \\(ctx: AgentContext, input\\)"):
+        agent(two)
+
+    async def undocumented(ctx, input):  # type: ignore[no-untyped-def]
+        return input
+
+    with pytest.raises(ToolDefinitionError, match="no description"):
+        agent(undocumented)
+    schema = agents.py_planner.definition.input_schema
+    assert schema["required"] == ["destination", "days"]
+    assert agents.py_planner.definition.fingerprint != agents.py_counter.definition.fingerprint
