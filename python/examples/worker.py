@@ -1,6 +1,7 @@
-"""A Python worker with a few tools, the Python side of the Rust demo worker.
+"""A Python worker with a few tools and a hosted agent, the Python side of the Rust demo worker.
 
     python python/examples/worker.py --kernel 127.0.0.1:50051
+    cargo run -p kernelctl -- runs start py_trip_planner --input '{"destination": "Lisbon"}' --follow
 
 It serves until SIGTERM or Ctrl-C, then drains: calls in flight finish, no new ones come.
 """
@@ -11,11 +12,12 @@ import argparse
 import asyncio
 import logging
 import os
+import time
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from kernel_sdk import ToolContext, ToolError, Worker, tool
+from kernel_sdk import AgentContext, StepInfo, ToolContext, ToolError, Worker, agent, tool
 
 ORDERS = {
     "A-1001": {"customer": "cus_42", "total_cents": 4200, "status": "shipped"},
@@ -78,6 +80,41 @@ async def refund_order(
     return f"refunded {cents} cents on {order_id} (idempotency key {ctx.idempotency_key})"
 
 
+class Trip(BaseModel):
+    destination: str
+    days: int = 2
+
+
+@agent
+async def py_trip_planner(ctx: AgentContext, trip: Trip) -> dict[str, object]:
+    """Plans a trip: asks a (scripted) model once, checks two orders in one turn, and keeps notes
+    through a note-taker subagent on a session."""
+
+    def ask_model(info: StepInfo) -> dict[str, object]:
+        # A real model call goes here: recorded once, its answer replayed after a crash.
+        return {"stops": [trip.destination, "the coast"], "asked_at": time.time()}
+
+    plan = await ctx.once("model:plan", ask_model)
+    orders = await ctx.call_turn(
+        [("lookup_order", {"order_id": "A-1001"}), ("word_count", {"text": trip.destination})]
+    )
+    session = f"notes:{ctx.run_id}"
+    notes = []
+    for stop in plan["stops"]:
+        notes.append(
+            await ctx.subagent("py_note_taker", {"note": f"visit {stop}"}, session=session)
+        )
+    return {"plan": plan, "orders": [o.content for o in orders], "notes": notes[-1]}
+
+
+@agent
+async def py_note_taker(ctx: AgentContext, input: dict[str, str]) -> list[str]:
+    """Keeps a list of notes: each run of a session adds one to what the last run kept."""
+    session = ctx.session
+    kept = list(session.previous_output or []) if session else []
+    return [*kept, input["note"]]
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description="A Python worker for the kernel")
     parser.add_argument("--kernel", default=os.environ.get("KERNEL_ADDR", "127.0.0.1:50051"))
@@ -88,6 +125,7 @@ async def main() -> None:
     worker = Worker(
         args.kernel,
         [lookup_order, word_count, summarize, refund_order],
+        agents=[py_trip_planner, py_note_taker],
         name=args.name,
         api_key=args.api_key,
     )

@@ -42,6 +42,25 @@ async def test_the_example_worker_and_agent_run_and_kernelctl_shows_the_calls(
             assert tool in shown
         assert "py-demo-worker" in shown and "at_most_once" in shown
 
+        # The example worker's hosted agent, started the way the README shows.
+        start = [
+            str(binary("kernelctl")),
+            "--addr",
+            f"http://{kernel.addr}",
+            "runs",
+            "start",
+            "py_trip_planner",
+            "--input",
+            '{"destination": "Lisbon"}',
+            "--follow",
+        ]
+        followed = await asyncio.to_thread(
+            subprocess.run, start, capture_output=True, text=True, timeout=60
+        )
+        assert followed.returncode == 0, followed.stderr
+        assert "subagent:result" in followed.stdout and "run:completed" in followed.stdout
+        assert '"notes":["visit Lisbon","visit the coast"]' in followed.stdout
+
         assert await asyncio.to_thread(worker.terminate) == 0, worker.log()
         assert any("worker stopped" in line for line in worker.lines)
     finally:

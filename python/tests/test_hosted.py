@@ -4,13 +4,14 @@ SIGKILLed worker, subagents on sessions with the handler suspended, and divergen
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import agents
 import pytest
 from conftest import serving
 from harness import Kernel, Process, python_worker
 
-from kernel_sdk import AgentClient, Event, ToolDefinitionError, agent
+from kernel_sdk import AgentClient, AgentContext, Event, StepDenied, ToolDefinitionError, agent
 
 
 async def _ended(client: AgentClient, run_id: str) -> list[Event]:
@@ -115,6 +116,39 @@ async def test_a_handler_that_is_not_deterministic_fails_with_replay_input_chang
         first.stop()
         if second is not None:
             second.stop()
+
+
+@agent
+async def py_guarded(ctx: AgentContext, input: None) -> dict[str, object]:
+    """Tries a step the policy denies, then one it allows."""
+    ran: list[str] = []
+    try:
+        await ctx.step("charge_card", lambda info: ran.append("charge") or "charged")
+    except StepDenied as denied:
+        refusal = denied.message
+    allowed = await ctx.step("note", lambda info: "noted", effect="read")
+    return {"refusal": refusal, "ran": ran, "allowed": allowed}
+
+
+async def test_a_policy_denies_a_local_step_before_it_runs(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text('deny_list: ["step:charge*"]\n')
+    kernel = Kernel(tmp_path, "--policy", str(policy))
+    try:
+        async with (
+            AgentClient(kernel.addr) as client,
+            serving(kernel, agents=[py_guarded]),
+        ):
+            run = await client.create_run("py_guarded", hosted=True)
+            await asyncio.wait_for(_ended(client, run.id), 30)
+            detail = await client.get_run(run.id)
+            output = detail.run.output
+            assert output["ran"] == [], "a denied step never runs"
+            assert "not allowed" in output["refusal"] and output["allowed"] == "noted"
+            by_key = {step.step_key: step for step in detail.steps}
+            assert by_key["step:charge_card#0"].outcome == "denied"
+    finally:
+        kernel.stop()
 
 
 async def _event(client: AgentClient, run_id: str, kind: str) -> Event:
