@@ -109,15 +109,14 @@ class Kernel:
     """The kernel binary on a port of its own, with short leases so a lost worker is seen fast."""
 
     def __init__(self, folder: Path, *args: str) -> None:
-        self.process = Process(
-            [
-                str(binary("kernel")),
-                "--listen",
-                "127.0.0.1:0",
-                "--db",
-                str(folder / "kernel.db"),
-                *args,
-            ],
+        self.folder = folder
+        self.args = args
+        self.process, self.addr = self._spawn("127.0.0.1:0")
+
+    def _spawn(self, listen: str) -> tuple[Process, str]:
+        database = str(self.folder / "kernel.db")
+        process = Process(
+            [str(binary("kernel")), "--listen", listen, "--db", database, *self.args],
             "kernel",
             env={
                 "KERNEL_HEARTBEAT_INTERVAL_MS": "200",
@@ -126,11 +125,17 @@ class Kernel:
                 "RUST_LOG": "info",
             },
         )
-        line = self.process.wait_for("listening")
+        line = process.wait_for("listening")
         addr = next((w.removeprefix("addr=") for w in line.split() if w.startswith("addr=")), None)
         if addr is None:
             raise AssertionError(f"no addr= in the kernel's line {line!r}")
-        self.addr = addr
+        return process, addr
+
+    def restart(self) -> None:
+        """SIGKILL, then the kernel again on the same database and address."""
+        self.process.kill9()
+        self.process, addr = self._spawn(self.addr)
+        assert addr == self.addr
 
     def stop(self) -> None:
         self.process.stop()

@@ -117,3 +117,18 @@ async def test_a_python_worker_and_a_rust_worker_serve_one_run(
             assert {s.tool: s.worker for s in steps} == {"add": "rust-demo", "shout": "python-demo"}
     finally:
         rust.stop()
+
+
+async def test_a_worker_reconnects_after_the_kernel_is_killed_and_restarted(
+    kernel: Kernel,
+) -> None:
+    async with serving(kernel, shout, name="reconnecting", ephemeral_tools=False) as worker:
+        first = worker.session_id
+        await asyncio.to_thread(kernel.restart)
+        # The old session is gone; the worker opens a new one on the restarted kernel.
+        second = await asyncio.wait_for(worker.wait_ready(after=first), 30)
+        assert second != first
+        async with AgentClient(kernel.addr) as client:
+            run = await client.create_run("py-agent")
+            turn = await client.call_turn(run.id, 0, [ToolCall("shout", {"text": "back"})])
+            assert turn.results[0].output == "BACK"

@@ -125,7 +125,7 @@ class Worker:
         self._stop_requested = False
         self.session_id: str | None = None
         """The open session's id, `None` between sessions."""
-        self._ready = asyncio.Event()
+        self._session_changed = asyncio.Condition()
 
     def stop(self) -> None:
         """Drains the open session and ends `run` (safe to call from a signal handler or before
@@ -134,13 +134,21 @@ class Worker:
         if self._stopping is not None:
             self._stopping.set()
 
-    async def wait_ready(self) -> str:
-        """Returns the session id once a session is open (the kernel has registered the tools
-        and may dispatch to them), waiting for `run` to open one."""
-        while True:
-            await self._ready.wait()
-            if self.session_id is not None:
-                return self.session_id
+    async def wait_ready(self, *, after: str | None = None) -> str:
+        """Returns the id of an open session (the kernel has registered the tools and may
+        dispatch to them), waiting for `run` to open one; with `after`, one other than that
+        session (a reconnection)."""
+        async with self._session_changed:
+            await self._session_changed.wait_for(
+                lambda: self.session_id is not None and self.session_id != after
+            )
+            assert self.session_id is not None
+            return self.session_id
+
+    async def _set_session(self, session_id: str | None) -> None:
+        async with self._session_changed:
+            self.session_id = session_id
+            self._session_changed.notify_all()
 
     async def run(self, *, handle_signals: bool = True) -> None:
         """Serves the tools until `stop()` (or SIGTERM / SIGINT, with `handle_signals` on the main
@@ -196,8 +204,7 @@ class Worker:
                     lost.error,
                 )
             finally:
-                self.session_id = None
-                self._ready.clear()
+                await self._set_session(None)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), wait)
         logger.info("worker stopped worker=%s", self.name)
@@ -265,8 +272,7 @@ class _Session:
             welcome = await self._welcome(call, stopping)
             if welcome is None:
                 return
-            worker.session_id = welcome.session_id
-            worker._ready.set()
+            await worker._set_session(welcome.session_id)
             logger.info(
                 "worker session open session_id=%s worker=%s heartbeat_ms=%d lease_ttl_ms=%d",
                 welcome.session_id,
