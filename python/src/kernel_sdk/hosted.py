@@ -34,9 +34,9 @@ import grpc
 import pydantic
 import pydantic_core
 
+from ._agent_wire import CallLike, call_result, tool_call
 from ._proto import common_pb2, hosted_pb2, hosted_pb2_grpc, tool_calls_pb2
 from .canonical import idempotency_key, to_canonical, tool_fingerprint
-from .client import CallLike, _call_result, _tool_call
 from .context import Cancellation
 from .records import CallOutcome, CallResult
 from .tools import ToolDefinitionError, _summary
@@ -415,7 +415,7 @@ class AgentContext:
     ) -> Coroutine[Any, Any, list[CallResult]]:
         """Calls a turn of tools at once (one model response); results in position order. At
         most `max_concurrency` run at once (0: the run's default)."""
-        wire_calls = [_tool_call(call) for call in calls]
+        wire_calls = [tool_call(call) for call in calls]
         seq, _ = self._place(None, "a tool call")
         self._waits.active += 1
         return self._call_turn(seq, wire_calls, max_concurrency)
@@ -451,7 +451,7 @@ class AgentContext:
                     if item == "result":
                         if len(results) < len(keys):
                             waiting.resolved(keys[len(results)])
-                        results.append(_call_result(response.item.result))
+                        results.append(call_result(response.item.result))
                     elif item == "interrupted":
                         # A call waits for a person: the turn may wait long now.
                         left = waiting.keys
@@ -494,7 +494,7 @@ class AgentContext:
             )
             if not same or not entry.HasField("result"):
                 return None
-            results.append(_call_result(entry.result))
+            results.append(call_result(entry.result))
         return results
 
     def step(

@@ -1,0 +1,223 @@
+"""The agent side's messages: requests built from plain values, and the kernel's answers read
+into the records of `kernel_sdk.records`. The proto types stop here."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Literal
+
+import grpc
+
+from ._proto import common_pb2, registry_pb2, tool_calls_pb2
+from ._wire import ERROR_KIND_NAMES, millis
+from .canonical import to_canonical
+from .errors import KernelError
+from .records import (
+    Approval,
+    ApprovalDecision,
+    CallResult,
+    Event,
+    Interruption,
+    RegisteredTool,
+    Run,
+    Step,
+    ToolCall,
+    TurnProgress,
+)
+
+Capture = Literal["none", "metadata", "io"]
+CallLike = ToolCall | tuple[str, Mapping[str, Any]] | Mapping[str, Any]
+
+
+CAPTURE: dict[Capture | None, Any] = {
+    None: common_pb2.CAPTURE_UNSPECIFIED,
+    "none": common_pb2.CAPTURE_NONE,
+    "metadata": common_pb2.CAPTURE_METADATA,
+    "io": common_pb2.CAPTURE_IO,
+}
+
+
+def kernel_error(error: grpc.aio.AioRpcError) -> KernelError:
+    return KernelError(error.code().name, error.details() or "")
+
+
+def _name(enum: Any, value: int, prefix: str) -> str:
+    """`CALL_OUTCOME_TIMED_OUT` as `timed_out`; a value this SDK does not know as its number."""
+    try:
+        return str(enum.Name(value)).removeprefix(prefix).lower()
+    except ValueError:
+        return str(value)
+
+
+def approval_status(status: str | None) -> Any:
+    if status is None:
+        return common_pb2.APPROVAL_STATUS_UNSPECIFIED
+    try:
+        return common_pb2.ApprovalStatus.Value(f"APPROVAL_STATUS_{status.upper()}")
+    except ValueError:
+        raise ValueError(f"unknown approval status '{status}'") from None
+
+
+def _time(message: Any, name: str) -> datetime | None:
+    if not message.HasField(name):
+        return None
+    value: datetime = getattr(message, name).ToDatetime()
+    return value
+
+
+def _json(text: str) -> Any:
+    return json.loads(text) if text.strip() else None
+
+
+def tool_call(call: CallLike) -> tool_calls_pb2.ToolCall:
+    if isinstance(call, tuple):
+        call = ToolCall(call[0], dict(call[1]))
+    elif not isinstance(call, ToolCall):
+        arguments = call.get("arguments") or {}
+        call = ToolCall(
+            str(call["tool"]),
+            arguments if isinstance(arguments, str) else dict(arguments),
+            call.get("call_id"),
+            call.get("timeout"),
+        )
+    text = call.arguments if isinstance(call.arguments, str) else to_canonical(call.arguments)
+    return tool_calls_pb2.ToolCall(
+        tool=call.tool,
+        arguments_json=text,
+        call_id=call.call_id or "",
+        timeout_ms=millis(call.timeout),
+    )
+
+
+def _decision(decision: common_pb2.ApprovalDecision) -> ApprovalDecision:
+    return ApprovalDecision(
+        approval_id=decision.approval_id,
+        answer=_name(common_pb2.ApprovalStatus, decision.answer, "APPROVAL_STATUS_"),
+        decider=decision.decider,
+        reason=decision.reason,
+    )
+
+
+def call_result(result: tool_calls_pb2.CallResult) -> CallResult:
+    return CallResult(
+        position=result.position,
+        step_key=result.step_key,
+        tool=result.tool,
+        status=_name(tool_calls_pb2.CallStatus, result.status, "CALL_STATUS_"),
+        content=result.content,
+        output=_json(result.output_json),
+        error_kind=ERROR_KIND_NAMES.get(result.error_kind),
+        replayed=result.replayed,
+        attempts=result.attempts,
+        outcome=_name(common_pb2.CallOutcome, result.outcome, "CALL_OUTCOME_"),
+        decided_by=result.decided_by,
+        approval=_decision(result.approval) if result.HasField("approval") else None,
+    )
+
+
+def progress(progress: common_pb2.Progress) -> TurnProgress:
+    return TurnProgress(
+        run_id=progress.run_id,
+        step_key=progress.step_key,
+        position=progress.position,
+        tool=progress.tool,
+        message=progress.message,
+        data=_json(progress.data_json),
+        current=progress.current,
+        total=progress.total,
+    )
+
+
+def interruption(interruption: tool_calls_pb2.Interruption) -> Interruption:
+    return Interruption(
+        position=interruption.position,
+        step_key=interruption.step_key,
+        tool=interruption.tool,
+        reason=interruption.reason,
+        approval_id=interruption.approval_id,
+        arguments=_json(interruption.arguments_json),
+        message=interruption.message,
+    )
+
+
+def run(run: common_pb2.Run) -> Run:
+    return Run(
+        id=run.id,
+        agent=run.agent,
+        status=_name(common_pb2.RunStatus, run.status, "RUN_STATUS_"),
+        input=_json(run.input_json),
+        output=_json(run.output_json),
+        reason=run.reason,
+        labels=dict(run.labels),
+        tool_calls=run.tool_calls,
+        hosted=run.hosted,
+        parent_run_id=run.parent_run_id,
+        created_at=_time(run, "created_at"),
+        updated_at=_time(run, "updated_at"),
+    )
+
+
+def step(step: common_pb2.Step) -> Step:
+    return Step(
+        step_key=step.step_key,
+        turn=step.turn,
+        position=step.position,
+        call_id=step.call_id,
+        tool=step.tool,
+        tool_version=step.tool_version,
+        tool_fingerprint=step.tool_fingerprint,
+        arguments=_json(step.arguments_json),
+        idempotency_key=step.idempotency_key,
+        status=_name(common_pb2.StepStatus, step.status, "STEP_STATUS_"),
+        attempts=step.attempts,
+        output=_json(step.output_json),
+        error=step.error,
+        worker=step.worker,
+        outcome=_name(common_pb2.CallOutcome, step.outcome, "CALL_OUTCOME_"),
+        decided_by=step.decided_by,
+        cost=step.cost,
+        progress_count=step.progress_count,
+    )
+
+
+def approval(approval: common_pb2.Approval) -> Approval:
+    return Approval(
+        id=approval.id,
+        run_id=approval.run_id,
+        step_key=approval.step_key,
+        tool=approval.tool,
+        arguments=_json(approval.arguments_json),
+        status=_name(common_pb2.ApprovalStatus, approval.status, "APPROVAL_STATUS_"),
+        approvers=list(approval.approvers),
+        message=approval.message,
+        decided_by=approval.decided_by,
+        decider=approval.decider,
+        reason=approval.reason,
+        expires_at=_time(approval, "expires_at"),
+    )
+
+
+def event(event: common_pb2.Event) -> Event:
+    return Event(
+        run_id=event.run_id,
+        seq=event.seq,
+        type=event.type,
+        at=_time(event, "at"),
+        payload=_json(event.payload_json),
+    )
+
+
+def registered(tool: registry_pb2.RegisteredTool) -> RegisteredTool:
+    spec = tool.spec
+    return RegisteredTool(
+        name=spec.name,
+        description=spec.description,
+        input_schema=_json(spec.input_schema_json) or {},
+        version=spec.version,
+        fingerprint=spec.fingerprint,
+        read_only=spec.options.read_only,
+        writes=spec.options.writes,
+        workers=list(tool.workers),
+    )
