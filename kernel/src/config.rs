@@ -7,7 +7,15 @@ use std::time::Duration;
 use clap::Parser;
 
 use crate::scheduler::SchedulerConfig;
-use crate::store::Durability;
+use crate::store::{Database, Durability};
+
+/// The kernel's commands besides serving.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum KernelCommand {
+    /// Applies the database's migrations and exits: before starting replicas on a new PostgreSQL
+    /// database or after an upgrade (a SQLite kernel also migrates its file when it starts).
+    Migrate,
+}
 
 /// A durable tool-execution kernel for AI agents.
 #[derive(Clone, Debug, Parser)]
@@ -23,9 +31,14 @@ pub struct Config {
     #[arg(long, env = "KERNEL_MCP_LISTEN", value_name = "ADDR")]
     pub mcp_listen: Option<SocketAddr>,
 
-    /// SQLite database file; created with its schema on first start.
-    #[arg(long, env = "KERNEL_DB", default_value = "./kernel.db")]
-    pub db: PathBuf,
+    /// The database: a SQLite file (a path or `sqlite:PATH`; created with its schema on first
+    /// start), or `postgres://USER@HOST:PORT/DB` (schema applied by `kernel migrate`).
+    #[arg(long, env = "KERNEL_DB", default_value = "./kernel.db", global = true)]
+    pub db: Database,
+
+    /// What to do instead of serving.
+    #[command(subcommand)]
+    pub command: Option<KernelCommand>,
 
     /// How hard each commit waits for the disk.
     #[arg(long, env = "KERNEL_DURABILITY", value_enum, default_value = "full")]

@@ -36,5 +36,5 @@ pub mod store;
 pub mod tls;
 pub mod validation;
 
-pub use config::Config;
+pub use config::{Config, KernelCommand};
 pub use error::KernelError;

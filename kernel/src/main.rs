@@ -25,6 +25,22 @@ async fn main() -> ExitCode {
         tracing::warn!(%error, "jemalloc background thread unavailable; freed memory is returned only as the kernel allocates");
     }
 
+    if let Some(kernel::KernelCommand::Migrate) = config.command {
+        return match kernel::store::migrate(&config.db).await {
+            Ok(migrated) => {
+                println!(
+                    "{}: schema at version {} (was {})",
+                    config.db, migrated.to, migrated.from
+                );
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                tracing::error!(%error, db = %config.db, "migration failed");
+                ExitCode::FAILURE
+            }
+        };
+    }
+
     let shutdown = CancellationToken::new();
     tokio::spawn(watch_signals(shutdown.clone()));
     match kernel::server::run(config, shutdown, |_| {}).await {

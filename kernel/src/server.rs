@@ -26,7 +26,7 @@ use crate::hub::Hub;
 use crate::model::{StepRecord, StepStatus};
 use crate::registry::Registry;
 use crate::scheduler::Scheduler;
-use crate::store::{DbLock, LeaseLoss, LossOutcome, Store};
+use crate::store::{Database, DbLock, LeaseLoss, LossOutcome, Store};
 
 /// Finds what was pending or leased when the kernel last stopped, returning the calls to queue
 /// again. Connection state did not survive the restart, so every lease is gone: a started
@@ -169,10 +169,20 @@ pub async fn run(
     }
     // One kernel per database, claimed before anything reads or writes it; then the port, so a
     // kernel that cannot serve creates no database.
-    let db_lock = DbLock::acquire(&config.db)?;
+    let path = match &config.db {
+        Database::Sqlite(path) => path.clone(),
+        Database::Postgres(_) => {
+            return Err(KernelError::FailedPrecondition(format!(
+                "--db {}: serving from PostgreSQL is not in this release yet (`kernel migrate` already applies \
+                 its schema); serve from a SQLite file",
+                config.db
+            )));
+        }
+    };
+    let db_lock = DbLock::acquire(&path)?;
     let listener = bind(config.listen).await?;
     let hub = Hub::default();
-    let (store, writer) = Store::open(&config.db, config.durability, hub.clone())?;
+    let (store, writer) = Store::open(&path, config.durability, hub.clone())?;
     let registry = Registry::load(store.reads.tools().await?);
     registry.know_agents(&store.reads.agents().await?);
     let recovered = recover(&store).await?;
@@ -248,7 +258,7 @@ pub async fn run(
     let addr = listener
         .local_addr()
         .map_err(|e| KernelError::Unavailable(e.to_string()))?;
-    info!(%addr, db = %config.db.display(), schema = Store::schema_version(), "listening");
+    info!(%addr, db = %config.db, schema = Store::schema_version(), "listening");
     if let Some(mcp) = config.mcp_listen {
         serve_mcp(mcp, addr, shutdown.clone()).await?;
     }

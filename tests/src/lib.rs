@@ -6,6 +6,7 @@
 //! `cargo build --workspace --bins --examples` (the README's test command does).
 
 pub mod mcp;
+pub mod postgres;
 pub mod raw;
 
 use std::collections::{HashMap, HashSet};

@@ -5,8 +5,10 @@
 //! committed events to the [`Hub`] so watchers and waiting agents learn of them. Only this module
 //! imports rusqlite.
 
+mod location;
 mod lock;
 mod ops;
+pub mod postgres;
 mod reads;
 mod rows;
 mod schema;
@@ -23,6 +25,7 @@ pub use crate::machine::hosted::{Fence, HostedAgent, LocalStep};
 pub use crate::machine::run::{EndRun, NewRun};
 pub use crate::machine::turn::unknown_tool_message;
 pub use crate::machine::turn::{CallDisposition, CallGate, PlannedCall, TurnPlan};
+pub use location::Database;
 pub use lock::{DbLock, lock_path};
 pub use ops::Published;
 pub use ops::{StepRecorded, SubagentStart, SubagentStarted, SuspendReport};
@@ -193,6 +196,46 @@ fn raise_malloc_trim_threshold(conn: &Connection) -> rusqlite::Result<()> {
         row.get::<_, i64>(0)
     })?;
     Ok(())
+}
+
+/// The schema versions a migration went between.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Migrated {
+    /// The schema version before.
+    pub from: usize,
+    /// The schema version now (this build's newest).
+    pub to: usize,
+}
+
+/// Brings `db` to this build's newest schema and returns (`kernel migrate`). A SQLite file is
+/// claimed first, so no kernel is serving it meanwhile; PostgreSQL migrates under its advisory
+/// lock, which replicas starting together take in turn.
+pub async fn migrate(db: &Database) -> Result<Migrated, KernelError> {
+    match db {
+        Database::Sqlite(path) => {
+            let _lock = DbLock::acquire(path)?;
+            let open = |e: rusqlite::Error| KernelError::Store(format!("cannot open database {}: {e}", path.display()));
+            let mut conn = Connection::open(path).map_err(open)?;
+            let from: usize = conn
+                .query_row("PRAGMA user_version", [], |row| row.get(0))
+                .map_err(open)?;
+            if from > schema::latest() {
+                return Err(KernelError::FailedPrecondition(format!(
+                    "the database's schema is at version {from}, newer than this kernel's {}: upgrade the kernel",
+                    schema::latest()
+                )));
+            }
+            schema::migrate(&mut conn).map_err(open)?;
+            Ok(Migrated {
+                from,
+                to: schema::latest(),
+            })
+        }
+        Database::Postgres(url) => {
+            let mut client = postgres::connect(url).await?;
+            postgres::migrate(&mut client).await
+        }
+    }
 }
 
 impl Store {

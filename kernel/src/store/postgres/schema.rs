@@ -1,0 +1,177 @@
+//! The PostgreSQL schema, as numbered migrations of its own. Migration 1 is the SQLite schema at
+//! its version 8, in PostgreSQL's types: `BIGINT` for SQLite's integers (times in milliseconds,
+//! counters, 0/1 flags), `DOUBLE PRECISION` for its reals, `TEXT` for JSON and names, so one row
+//! reads the same from either store.
+
+pub(super) const MIGRATIONS: &[&str] = &[
+    // 1: runs, their event log, steps, approvals, caches, the tool and agent registries, hosted
+    // handlers' places, and resource locks.
+    r#"
+    CREATE TABLE runs (
+        id              TEXT PRIMARY KEY,
+        agent           TEXT NOT NULL,
+        status          TEXT NOT NULL,
+        input           TEXT NOT NULL,
+        output          TEXT,
+        reason          TEXT,
+        labels          TEXT NOT NULL,
+        idempotency_key TEXT UNIQUE,
+        max_tool_calls  BIGINT NOT NULL,
+        interactive     BIGINT NOT NULL DEFAULT 1,
+        capture         TEXT NOT NULL DEFAULT 'io',
+        permissions     TEXT NOT NULL DEFAULT '[]',
+        tool_calls      BIGINT NOT NULL DEFAULT 0,
+        last_seq        BIGINT NOT NULL DEFAULT 0,
+        created_at      BIGINT NOT NULL,
+        updated_at      BIGINT NOT NULL,
+        granted_by      TEXT,
+        hosted          BIGINT NOT NULL DEFAULT 0,
+        dispatches      BIGINT NOT NULL DEFAULT 0,
+        parent_run_id   TEXT,
+        parent_step     TEXT,
+        session_key     TEXT,
+        suspensions     BIGINT NOT NULL DEFAULT 0,
+        max_concurrency BIGINT NOT NULL DEFAULT 0
+    );
+    CREATE INDEX runs_by_status ON runs (status, id);
+    CREATE INDEX runs_by_agent ON runs (agent, id);
+    CREATE INDEX runs_by_parent ON runs (parent_run_id, id) WHERE parent_run_id IS NOT NULL;
+    CREATE INDEX runs_by_session ON runs (session_key, id) WHERE session_key IS NOT NULL;
+
+    CREATE TABLE events (
+        run_id         TEXT NOT NULL REFERENCES runs (id),
+        seq            BIGINT NOT NULL,
+        type           TEXT NOT NULL,
+        schema_version BIGINT NOT NULL,
+        at             BIGINT NOT NULL,
+        payload        TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    );
+
+    CREATE TABLE steps (
+        run_id           TEXT NOT NULL REFERENCES runs (id),
+        step_key         TEXT NOT NULL,
+        turn             BIGINT NOT NULL,
+        position         BIGINT NOT NULL,
+        call_id          TEXT,
+        tool             TEXT NOT NULL,
+        fingerprint      TEXT NOT NULL,
+        version          TEXT NOT NULL,
+        arguments        TEXT NOT NULL,
+        call_hash        TEXT NOT NULL,
+        idempotency_key  TEXT NOT NULL,
+        idempotency      TEXT NOT NULL,
+        timeout_ms       BIGINT NOT NULL,
+        status           TEXT NOT NULL,
+        attempts         BIGINT NOT NULL DEFAULT 0,
+        output           TEXT,
+        error            TEXT,
+        error_kind       TEXT,
+        worker           TEXT,
+        session_id       TEXT,
+        dispatch_id      TEXT,
+        lease_expires_at BIGINT,
+        created_at       BIGINT NOT NULL,
+        started_at       BIGINT,
+        finished_at      BIGINT,
+        replays          BIGINT NOT NULL DEFAULT 0,
+        progress_count   BIGINT NOT NULL DEFAULT 0,
+        retry            TEXT,
+        blocking         BIGINT NOT NULL DEFAULT 0,
+        not_before       BIGINT,
+        lease_losses     BIGINT NOT NULL DEFAULT 0,
+        unit_cost        DOUBLE PRECISION NOT NULL DEFAULT 0,
+        cost             DOUBLE PRECISION NOT NULL DEFAULT 0,
+        decided_by       TEXT,
+        approval_gate    TEXT,
+        cache_ttl_ms     BIGINT,
+        outcome          TEXT,
+        approval         TEXT,
+        kind             TEXT NOT NULL DEFAULT 'tool',
+        effect           TEXT,
+        max_concurrency  BIGINT,
+        hosted           BIGINT NOT NULL DEFAULT 0,
+        resources        TEXT,
+        PRIMARY KEY (run_id, step_key)
+    );
+    CREATE INDEX steps_by_dispatch ON steps (dispatch_id) WHERE dispatch_id IS NOT NULL;
+    CREATE INDEX steps_in_flight ON steps (status) WHERE status IN ('pending', 'running');
+    CREATE INDEX steps_by_run_status ON steps (run_id, status);
+
+    CREATE TABLE approvals (
+        id           TEXT PRIMARY KEY,
+        run_id       TEXT NOT NULL REFERENCES runs (id),
+        step_key     TEXT NOT NULL,
+        tool         TEXT NOT NULL,
+        call_hash    TEXT NOT NULL,
+        arguments    TEXT NOT NULL,
+        status       TEXT NOT NULL,
+        approvers    TEXT NOT NULL,
+        message      TEXT,
+        decided_by   TEXT NOT NULL,
+        requested_at BIGINT NOT NULL,
+        expires_at   BIGINT,
+        answered_at  BIGINT,
+        decider      TEXT,
+        reason       TEXT
+    );
+    CREATE INDEX approvals_pending ON approvals (status, expires_at) WHERE status = 'pending';
+    CREATE INDEX approvals_by_run ON approvals (run_id, step_key);
+
+    CREATE TABLE result_cache (
+        call_hash  TEXT PRIMARY KEY,
+        tool       TEXT NOT NULL,
+        output     TEXT NOT NULL,
+        stored_at  BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL
+    );
+    CREATE INDEX result_cache_expiry ON result_cache (expires_at);
+
+    CREATE TABLE tool_cache (
+        tool       TEXT NOT NULL,
+        key        TEXT NOT NULL,
+        value      TEXT NOT NULL,
+        expires_at BIGINT,
+        PRIMARY KEY (tool, key)
+    );
+    CREATE INDEX tool_cache_expiry ON tool_cache (expires_at) WHERE expires_at IS NOT NULL;
+
+    CREATE TABLE tools (
+        name          TEXT PRIMARY KEY,
+        description   TEXT NOT NULL,
+        input_schema  TEXT NOT NULL,
+        version       TEXT NOT NULL,
+        fingerprint   TEXT NOT NULL,
+        options       TEXT NOT NULL,
+        first_seen_at BIGINT NOT NULL,
+        last_seen_at  BIGINT NOT NULL
+    );
+
+    CREATE TABLE places (
+        run_id   TEXT NOT NULL,
+        seq      BIGINT NOT NULL,
+        step_key TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq, step_key)
+    );
+
+    CREATE TABLE agents (
+        name          TEXT PRIMARY KEY,
+        description   TEXT NOT NULL,
+        input_schema  TEXT NOT NULL,
+        version       TEXT NOT NULL,
+        fingerprint   TEXT NOT NULL,
+        first_seen_at BIGINT NOT NULL,
+        last_seen_at  BIGINT NOT NULL
+    );
+
+    CREATE TABLE resource_locks (
+        resource    TEXT PRIMARY KEY,
+        run_id      TEXT NOT NULL,
+        step_key    TEXT NOT NULL,
+        dispatch_id TEXT NOT NULL,
+        attempt     BIGINT NOT NULL,
+        acquired_at BIGINT NOT NULL
+    );
+    CREATE INDEX resource_locks_by_step ON resource_locks (run_id, step_key);
+    "#,
+];

@@ -1,0 +1,164 @@
+//! The PostgreSQL store, against a real server: `kernel migrate` applies the schema once, under
+//! its lock, however many replicas migrate at once; the kernel says plainly what it cannot do yet.
+
+use std::process::{Command, Output};
+
+use e2e::binary;
+use e2e::postgres::Postgres;
+
+fn kernel(args: &[&str]) -> Output {
+    Command::new(binary("kernel")).args(args).output().expect("kernel runs")
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[tokio::test]
+async fn migrate_applies_the_schema_once_and_again_finds_nothing_to_do() {
+    let Some(pg) = Postgres::start("migrate_applies_the_schema_once") else {
+        return;
+    };
+    let first = kernel(&["migrate", "--db", &pg.url]);
+    assert!(first.status.success(), "{}", text(&first));
+    let stdout = String::from_utf8_lossy(&first.stdout);
+    assert!(stdout.contains("schema at version 1 (was 0)"), "{stdout}");
+
+    let client = pg.client().await;
+    let versions: Vec<i64> = client
+        .query("SELECT version FROM kernel_schema ORDER BY version", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(versions, [1]);
+    for table in [
+        "runs",
+        "events",
+        "steps",
+        "approvals",
+        "tools",
+        "agents",
+        "places",
+        "resource_locks",
+    ] {
+        let found: i64 = client
+            .query_one(
+                "SELECT count(*) FROM information_schema.tables WHERE table_name = $1",
+                &[&table],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(found, 1, "table {table}");
+    }
+
+    let again = kernel(&["migrate", "--db", &pg.url]);
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("schema at version 1 (was 1)"),
+        "{}",
+        text(&again)
+    );
+}
+
+#[tokio::test]
+async fn replicas_migrating_at_once_apply_each_migration_once() {
+    let Some(pg) = Postgres::start("replicas_migrating_at_once") else {
+        return;
+    };
+    // Four replicas' migrations, all started before any is waited for.
+    let racing: Vec<std::process::Child> = (0..4)
+        .map(|_| {
+            Command::new(binary("kernel"))
+                .args(["--db", &pg.url, "migrate"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("kernel starts")
+        })
+        .collect();
+    for child in racing {
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success(), "{}", text(&output));
+    }
+    let client = pg.client().await;
+    let rows: i64 = client
+        .query_one("SELECT count(*) FROM kernel_schema", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1, "one row per migration, however many replicas raced");
+}
+
+#[test]
+fn serving_from_postgresql_is_refused_with_what_to_do() {
+    let Some(pg) = Postgres::start("serving_from_postgresql_is_refused") else {
+        return;
+    };
+    let output = kernel(&["--listen", "127.0.0.1:0", "--db", &pg.url]);
+    assert!(!output.status.success());
+    let said = text(&output);
+    assert!(
+        said.contains("serving from PostgreSQL is not in this release yet"),
+        "{said}"
+    );
+    assert!(said.contains("kernel migrate"), "{said}");
+}
+
+#[test]
+fn an_unreachable_database_fails_the_migration_naming_it_without_its_password() {
+    // Nothing listens on port 1.
+    let output = kernel(&["migrate", "--db", "postgres://kernel:s3cret@127.0.0.1:1/k"]);
+    assert!(!output.status.success());
+    let said = text(&output);
+    assert!(said.contains("cannot connect to PostgreSQL"), "{said}");
+    assert!(
+        said.contains("postgres://kernel:***@127.0.0.1:1/k") && !said.contains("s3cret"),
+        "{said}"
+    );
+}
+
+#[test]
+fn migrate_prepares_a_sqlite_file_and_refuses_one_a_kernel_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kernel.db");
+    let db = db.to_str().unwrap();
+    let first = kernel(&["migrate", "--db", db]);
+    assert!(
+        String::from_utf8_lossy(&first.stdout).contains("schema at version"),
+        "{}",
+        text(&first)
+    );
+    let again = kernel(&["migrate", "--db", &format!("sqlite:{db}")]);
+    assert!(again.status.success(), "{}", text(&again));
+
+    let mut serving = e2e::Kernel::start_with(e2e::KernelOptions::default());
+    let busy = serving.dir.path().join("kernel.db");
+    let refused = kernel(&["migrate", "--db", busy.to_str().unwrap()]);
+    assert!(
+        !refused.status.success(),
+        "a file a kernel serves is not migrated under it"
+    );
+    assert!(
+        text(&refused).contains("in use by another kernel"),
+        "{}",
+        text(&refused)
+    );
+    serving.kill9();
+}
+
+#[test]
+fn unknown_database_schemes_are_refused_at_the_flag() {
+    let output = kernel(&["migrate", "--db", "mysql://h/db"]);
+    assert_eq!(output.status.code(), Some(2), "a usage error");
+    assert!(
+        text(&output).contains("unknown database scheme 'mysql://'"),
+        "{}",
+        text(&output)
+    );
+}
