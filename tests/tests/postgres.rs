@@ -162,3 +162,70 @@ fn unknown_database_schemes_are_refused_at_the_flag() {
         text(&output)
     );
 }
+
+/// Every table and column of the SQLite schema, with its type and nullability, as PostgreSQL
+/// spells them: a migration added to one store and not the other fails here.
+#[tokio::test]
+async fn both_stores_have_the_same_tables_columns_types_and_nullability() {
+    let Some(pg) = Postgres::start("both_stores_have_the_same_tables") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("kernel.db");
+    for db in [file.to_str().unwrap(), pg.url.as_str()] {
+        let output = kernel(&["migrate", "--db", db]);
+        assert!(output.status.success(), "{}", text(&output));
+    }
+
+    let sqlite = rusqlite::Connection::open(&file).unwrap();
+    let mut expected = std::collections::BTreeSet::new();
+    let tables: Vec<String> = sqlite
+        .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for table in tables {
+        let mut columns = sqlite.prepare(&format!("PRAGMA table_info({table})")).unwrap();
+        let rows = columns
+            .query_map([], |row| {
+                let kind: String = row.get(2)?;
+                let not_null: bool = row.get(3)?;
+                let primary: i64 = row.get(5)?;
+                Ok((row.get::<_, String>(1)?, kind, not_null || primary > 0))
+            })
+            .unwrap();
+        for row in rows {
+            let (column, kind, not_null) = row.unwrap();
+            let kind = match kind.as_str() {
+                "INTEGER" => "bigint",
+                "REAL" => "double precision",
+                "TEXT" => "text",
+                other => panic!("{table}.{column}: SQLite type {other} has no PostgreSQL mapping here"),
+            };
+            expected.insert((table.clone(), column, kind.to_owned(), not_null));
+        }
+    }
+
+    assert!(expected.len() > 100, "the SQLite schema was read: {} columns", expected.len());
+
+    let client = pg.client().await;
+    let found: std::collections::BTreeSet<(String, String, String, bool)> = client
+        .query(
+            "SELECT table_name::text, column_name::text, data_type::text, is_nullable = 'NO' \
+             FROM information_schema.columns WHERE table_schema = 'public' AND table_name <> 'kernel_schema'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3)))
+        .collect();
+    let missing: Vec<_> = expected.difference(&found).collect();
+    let extra: Vec<_> = found.difference(&expected).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "only in SQLite: {missing:?}\nonly in PostgreSQL: {extra:?}"
+    );
+}
