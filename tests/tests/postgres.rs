@@ -208,7 +208,11 @@ async fn both_stores_have_the_same_tables_columns_types_and_nullability() {
         }
     }
 
-    assert!(expected.len() > 100, "the SQLite schema was read: {} columns", expected.len());
+    assert!(
+        expected.len() > 100,
+        "the SQLite schema was read: {} columns",
+        expected.len()
+    );
 
     let client = pg.client().await;
     let found: std::collections::BTreeSet<(String, String, String, bool)> = client
