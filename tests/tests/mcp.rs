@@ -1,6 +1,7 @@
 //! MCP servers as workers, end to end: `kernel-mcp` wraps real MCP servers nobody here wrote
 //! (`@modelcontextprotocol/server-everything` and `server-filesystem`, installed by
-//! `npm ci --prefix tests/mcp`), and agents call their tools through the kernel.
+//! `npm ci --prefix tests/mcp`; for the cancellation test, one tool on the official Python SDK's
+//! server, `tests/mcp/slow_server.py`), and agents call their tools through the kernel.
 
 use std::time::{Duration, Instant};
 
@@ -343,4 +344,57 @@ async fn a_server_over_streamable_http_is_wrapped_the_same() {
     .await
     .unwrap();
     assert_eq!(outcome.results[0].content, "Echo: over http");
+}
+
+/// A kernel cancel (here, the run's) reaches the MCP server as `notifications/cancelled`: the
+/// server's handler is interrupted, not left running. The server is the official Python SDK's.
+#[tokio::test]
+async fn a_kernel_cancel_becomes_an_mcp_cancellation_the_server_sees() {
+    let kernel = Kernel::start();
+    let marker = kernel.dir.path().join("slow-server.log");
+    let server = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/slow_server.py");
+    let config = format!(
+        "servers:\n  slow:\n    command: python3\n    args: [\"{}\", \"{}\"]\n",
+        server.display(),
+        marker.display()
+    );
+    let _mcp = kernel.mcp_worker(&config);
+    tools_when(&kernel, |tools| names(tools).iter().any(|n| n == "slow_wait")).await;
+    let run = kernel.create_run("mcp-user").await;
+    let mut watch = Watch::open(&kernel, &run, 1, true).await;
+    let turn = spawn_turn(&kernel, &run, vec![call("slow_wait", json!({}))]);
+    assert!(
+        watch.until(|w| !w.progress.is_empty()).await,
+        "the call never reported the server's progress"
+    );
+    kernel
+        .runs()
+        .await
+        .cancel_run(pb::CancelRunRequest {
+            run_id: run.clone(),
+            reason: "the user left".into(),
+        })
+        .await
+        .unwrap();
+    let outcome = turn.await.unwrap();
+    assert_eq!(
+        outcome.results[0].outcome,
+        pb::CallOutcome::Cancelled as i32,
+        "{:?}",
+        outcome.results[0]
+    );
+    // The server writes its line when its handler is interrupted.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let seen = std::fs::read_to_string(&marker).unwrap_or_default();
+        if seen.lines().any(|line| line == "cancelled") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server never saw the cancellation: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    check_log(&kernel.events(&run).await, true);
 }
