@@ -296,8 +296,9 @@ class _Durable:
 class AgentContext:
     """What a hosted handler does its work through.
 
-    Each operation takes the next place in the handler's order when it is called (not when it is
-    awaited), so operations gathered together keep the order they were called in.
+    A tool turn or a step takes the next place in the handler's order when it is called (not when
+    it is awaited), a subagent when it starts; so operations gathered together keep the order they
+    were written in.
     """
 
     def __init__(
@@ -417,12 +418,13 @@ class AgentContext:
         most `max_concurrency` run at once (0: the run's default)."""
         wire_calls = [tool_call(call) for call in calls]
         seq, _ = self._place(None, "a tool call")
-        self._waits.active += 1
         return self._call_turn(seq, wire_calls, max_concurrency)
 
     async def _call_turn(
         self, seq: int, calls: list[tool_calls_pb2.ToolCall], max_concurrency: int
     ) -> list[CallResult]:
+        # Counted from here, not from the call: a coroutine never awaited never runs its finally.
+        self._waits.active += 1
         try:
             recorded = self._recorded_turn(seq, calls)
             if recorded is not None:
@@ -515,7 +517,6 @@ class AgentContext:
         self, id: str, effect: StepEffect, once: bool, function: Callable[[StepInfo], Any]
     ) -> Coroutine[Any, Any, Any]:
         seq, occurrence = self._place(id, f"step '{id}'")
-        self._waits.active += 1
         return self._run_local(seq, id, occurrence, effect, once, function)
 
     async def _run_local(
@@ -527,6 +528,7 @@ class AgentContext:
         once: bool,
         function: Callable[[StepInfo], Any],
     ) -> Any:
+        self._waits.active += 1
         try:
             key = f"step:{id}#{occurrence}"
             recorded = self._recorded_step(seq, key)
@@ -604,15 +606,14 @@ class AgentContext:
         of start, each continuing from the last that completed (`ctx.session` in the child);
         derive the key from this run's id so no other parent reuses it. On replay the recorded
         child is returned (or joined while it runs), never a second one. While it waits, the
-        handler may give back its slot (the run is suspended)."""
+        handler may give back its slot (the run is suspended). Its place in the handler's order is
+        taken when it is first awaited (or started by `asyncio.gather`), as the Rust SDK's is."""
+        return self._subagent(agent, input, session)
+
+    async def _subagent(self, agent: str, input: Any, session: str | None) -> Any:
         seq, occurrence = self._place(f"subagent:{agent}", f"subagent '{agent}'")
         self._starting.add(seq)
         self._waits.active += 1
-        return self._subagent(seq, occurrence, agent, input, session)
-
-    async def _subagent(
-        self, seq: int, occurrence: int, agent: str, input: Any, session: str | None
-    ) -> Any:
         key = f"subagent:{agent}#{occurrence}"
         try:
             try:
