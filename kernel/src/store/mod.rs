@@ -12,6 +12,7 @@ pub mod postgres;
 mod reads;
 mod rows;
 mod schema;
+mod sql;
 mod writer;
 
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! savepoint), changes projections and appends the events that explain the change, so state and
 //! log commit together or not at all.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use super::sql::{self, Connection, OptionalExtension, params};
 use serde_json::Value;
 
 use super::rows::{self, load_run, load_step, load_step_by_dispatch};
@@ -30,15 +30,9 @@ pub struct Published {
 
 /// The state one command sees: the connection, the batch clock, and the events it appended.
 pub struct Tx<'c> {
-    pub conn: &'c Connection,
+    pub conn: &'c Connection<'c>,
     pub now: Millis,
     pub published: Vec<Published>,
-}
-
-impl From<rusqlite::Error> for KernelError {
-    fn from(error: rusqlite::Error) -> Self {
-        KernelError::Store(error.to_string())
-    }
 }
 
 type Result<T> = std::result::Result<T, KernelError>;
@@ -133,7 +127,7 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool, Opti
                 "SELECT {} FROM runs WHERE idempotency_key = ?1",
                 rows::RUN_COLUMNS
             ))?
-            .query_row([key], rows::run_from_row)
+            .query_row(params![key], rows::run_from_row)
             .optional()?,
         None => None,
     };
@@ -150,7 +144,7 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool, Opti
     }
 }
 
-fn insert_run(conn: &Connection, run: &RunRecord) -> Result<()> {
+fn insert_run(conn: &Connection<'_>, run: &RunRecord) -> Result<()> {
     conn.prepare_cached(
         "INSERT INTO runs (id, agent, status, input, labels, idempotency_key, max_tool_calls, created_at, updated_at, \
          interactive, permissions, capture, granted_by, hosted, parent_run_id, parent_step, session_key, \
@@ -181,7 +175,7 @@ fn insert_run(conn: &Connection, run: &RunRecord) -> Result<()> {
 
 /// Writes what a transition may change of a step; what a call was (tool, arguments, identity,
 /// policy) is written once, when it is recorded.
-fn save_step(conn: &Connection, step: &StepRecord) -> Result<()> {
+fn save_step(conn: &Connection<'_>, step: &StepRecord) -> Result<()> {
     conn.prepare_cached(
         "UPDATE steps SET status = ?3, attempts = ?4, output = ?5, error = ?6, error_kind = ?7, worker = ?8, \
          session_id = ?9, dispatch_id = ?10, lease_expires_at = ?11, started_at = ?12, finished_at = ?13, \
@@ -226,7 +220,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
         .calls
         .iter()
         .map(|call| load_step(tx.conn, &run.id, &call.key))
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+        .collect::<sql::Result<Vec<_>>>()?;
     if run.hosted || plan.fence.is_some() {
         let dispatch = load_step(tx.conn, &run.id, &StepKey::agent())?;
         hosted::check_fence(&run, dispatch.as_ref(), plan.fence.as_ref())?;
@@ -255,7 +249,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
                 .prepare_cached(
                     "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running', 'awaiting_approval')",
                 )?
-                .query_row([run.id.as_str()], |row| row.get::<_, usize>(0))?
+                .query_row(params![run.id.as_str()], |row| row.get::<usize>(0))?
                 // A hosted run's own dispatch runs while its handler calls; it is not a call.
                 .saturating_sub(usize::from(run.hosted)),
         )
@@ -336,7 +330,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
 }
 
 /// Writes a call as the machine recorded it.
-fn insert_step(conn: &Connection, step: &StepRecord) -> Result<()> {
+fn insert_step(conn: &Connection<'_>, step: &StepRecord) -> Result<()> {
     conn.prepare_cached(
         "INSERT INTO steps (run_id, step_key, turn, position, call_id, tool, fingerprint, version, arguments, \
          call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
@@ -392,7 +386,7 @@ fn ask_next_approval(tx: &mut Tx<'_>, run_id: &RunId) -> Result<()> {
     let open: i64 = tx
         .conn
         .prepare_cached("SELECT COUNT(*) FROM approvals WHERE run_id = ?1 AND status = 'pending'")?
-        .query_row([run_id.as_str()], |row| row.get(0))?;
+        .query_row(params![run_id.as_str()], |row| row.get(0))?;
     let next = if open > 0 {
         None
     } else {
@@ -401,7 +395,7 @@ fn ask_next_approval(tx: &mut Tx<'_>, run_id: &RunId) -> Result<()> {
                 "SELECT {} FROM steps WHERE run_id = ?1 AND status = 'awaiting_approval' ORDER BY turn, position LIMIT 1",
                 rows::STEP_COLUMNS
             ))?
-            .query_row([run_id.as_str()], rows::step_from_row)
+            .query_row(params![run_id.as_str()], rows::step_from_row)
             .optional()?
     };
     let run = tx.run(run_id)?;
@@ -429,7 +423,7 @@ fn ask_next_approval(tx: &mut Tx<'_>, run_id: &RunId) -> Result<()> {
     Ok(())
 }
 
-fn insert_approval(conn: &Connection, approval: &ApprovalRecord) -> Result<()> {
+fn insert_approval(conn: &Connection<'_>, approval: &ApprovalRecord) -> Result<()> {
     conn.prepare_cached(
         "INSERT INTO approvals (id, run_id, step_key, tool, call_hash, arguments, status, approvers, message, \
          decided_by, requested_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
@@ -452,7 +446,7 @@ fn insert_approval(conn: &Connection, approval: &ApprovalRecord) -> Result<()> {
 }
 
 /// Writes what an answer or a run's end changes of an approval.
-fn save_approval(conn: &Connection, approval: &ApprovalRecord) -> Result<()> {
+fn save_approval(conn: &Connection<'_>, approval: &ApprovalRecord) -> Result<()> {
     conn.prepare_cached("UPDATE approvals SET status = ?2, answered_at = ?3, decider = ?4, reason = ?5 WHERE id = ?1")?
         .execute(params![
             approval.id,
@@ -465,7 +459,7 @@ fn save_approval(conn: &Connection, approval: &ApprovalRecord) -> Result<()> {
 }
 
 /// Writes what a transition may change of a run; its sequence number is the log's own.
-fn save_run(conn: &Connection, run: &RunRecord) -> Result<()> {
+fn save_run(conn: &Connection<'_>, run: &RunRecord) -> Result<()> {
     conn.prepare_cached(
         "UPDATE runs SET status = ?2, output = ?3, reason = ?4, tool_calls = ?5, updated_at = ?6, dispatches = ?7, \
          suspensions = ?8 WHERE id = ?1",
@@ -543,8 +537,8 @@ pub fn expire_approvals(tx: &mut Tx<'_>) -> Result<Answered> {
             "SELECT {} FROM approvals WHERE status = 'pending' AND expires_at IS NOT NULL AND expires_at <= ?1",
             rows::APPROVAL_COLUMNS
         ))?
-        .query_map([tx.now], rows::approval_from_row)?
-        .collect::<rusqlite::Result<_>>()?;
+        .query_map(params![tx.now], rows::approval_from_row)?
+        .collect::<sql::Result<_>>()?;
     let mut answered = Answered::default();
     for approval in due {
         settle_approval(
@@ -615,7 +609,7 @@ fn take_locks(tx: &Tx<'_>, step: &StepRecord, start: &StartDispatch) -> Result<(
             let (run, key): (String, String) = tx
                 .conn
                 .prepare_cached("SELECT run_id, step_key FROM resource_locks WHERE resource = ?1")?
-                .query_row([resource], |row| Ok((row.get(0)?, row.get(1)?)))?;
+                .query_row(params![resource], |row| Ok((row.get(0)?, row.get(1)?)))?;
             return Err(KernelError::FailedPrecondition(format!(
                 "resource '{resource}' is held by step {key} of run {run}; the call starts once it is released"
             )));
@@ -660,16 +654,16 @@ fn in_flight_and_open(tx: &Tx<'_>, run: &RunId) -> Result<(Vec<StepRecord>, Vec<
              'suspended') ORDER BY turn, position",
             rows::STEP_COLUMNS
         ))?
-        .query_map([run.as_str()], rows::step_from_row)?
-        .collect::<rusqlite::Result<_>>()?;
+        .query_map(params![run.as_str()], rows::step_from_row)?
+        .collect::<sql::Result<_>>()?;
     let open: Vec<ApprovalRecord> = tx
         .conn
         .prepare_cached(&format!(
             "SELECT {} FROM approvals WHERE run_id = ?1 AND status = 'pending'",
             rows::APPROVAL_COLUMNS
         ))?
-        .query_map([run.as_str()], rows::approval_from_row)?
-        .collect::<rusqlite::Result<_>>()?;
+        .query_map(params![run.as_str()], rows::approval_from_row)?
+        .collect::<sql::Result<_>>()?;
     Ok((in_flight, open))
 }
 
@@ -705,7 +699,7 @@ fn release_session(tx: &mut Tx<'_>, session: &str) -> Result<()> {
             "SELECT id FROM runs WHERE session_key = ?1 AND status NOT IN ('completed', 'failed', 'cancelled') \
              ORDER BY id LIMIT 1",
         )?
-        .query_row([session], |row| row.get(0))
+        .query_row(params![session], |row| row.get(0))
         .optional()?;
     if let Some(next) = next {
         let next = RunId::parse(&next, "session run")?;
@@ -715,13 +709,13 @@ fn release_session(tx: &mut Tx<'_>, session: &str) -> Result<()> {
 }
 
 /// Whether a run of `session` created before now has not finished: a new one waits for it.
-fn session_busy(conn: &Connection, session: &str) -> Result<bool> {
+fn session_busy(conn: &Connection<'_>, session: &str) -> Result<bool> {
     Ok(conn
         .prepare_cached(
             "SELECT EXISTS (SELECT 1 FROM runs WHERE session_key = ?1 \
              AND status NOT IN ('completed', 'failed', 'cancelled'))",
         )?
-        .query_row([session], |row| row.get(0))?)
+        .query_row(params![session], |row| row.get(0))?)
 }
 
 /// A hosted handler's outcome: its dispatch settles and its run ends, cancelling what the
@@ -764,7 +758,7 @@ pub fn suspend_dispatch(tx: &mut Tx<'_>, report: SuspendReport) -> Result<Option
         .waiting_on
         .iter()
         .map(|key| load_step(tx.conn, &run.id, &StepKey::from_stored(key.clone())))
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+        .collect::<sql::Result<Vec<_>>>()?;
     let (change, run) = hosted::suspend(&run, &dispatch, &waiting, tx.now);
     save_run(tx.conn, &run)?;
     Ok(Some(tx.apply(change)?))
@@ -927,8 +921,8 @@ fn cancel_children(tx: &mut Tx<'_>, run: &RunRecord) -> Result<Vec<StepRecord>> 
             "SELECT id FROM runs WHERE parent_run_id = ?1 AND status NOT IN ('completed', 'failed', 'cancelled') \
              ORDER BY id",
         )?
-        .query_map([run.id.as_str()], |row| row.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+        .query_map(params![run.id.as_str()], |row| row.get(0))?
+        .collect::<sql::Result<_>>()?;
     let mut settled = Vec::new();
     for child in children {
         let child = tx.run(&RunId::parse(&child, "child run")?)?;
@@ -940,7 +934,7 @@ fn cancel_children(tx: &mut Tx<'_>, run: &RunRecord) -> Result<Vec<StepRecord>> 
 }
 
 /// The steps a hosted handler recorded at place `seq` of its order.
-fn steps_at_place(conn: &Connection, run: &RunId, seq: u32) -> Result<Vec<StepRecord>> {
+fn steps_at_place(conn: &Connection<'_>, run: &RunId, seq: u32) -> Result<Vec<StepRecord>> {
     Ok(conn
         .prepare_cached(&format!(
             "SELECT {} FROM steps WHERE run_id = ?1 AND step_key IN \
@@ -948,11 +942,11 @@ fn steps_at_place(conn: &Connection, run: &RunId, seq: u32) -> Result<Vec<StepRe
             rows::STEP_COLUMNS
         ))?
         .query_map(params![run.as_str(), seq], rows::step_from_row)?
-        .collect::<rusqlite::Result<_>>()?)
+        .collect::<sql::Result<_>>()?)
 }
 
 /// Records that a hosted handler's step sits at place `seq` of its order.
-fn insert_place(conn: &Connection, step: &StepRecord) -> Result<()> {
+fn insert_place(conn: &Connection<'_>, step: &StepRecord) -> Result<()> {
     conn.prepare_cached("INSERT INTO places (run_id, seq, step_key) VALUES (?1, ?2, ?3)")?
         .execute(params![step.run_id.as_str(), step.turn, step.key.as_str()])?;
     Ok(())
@@ -1044,14 +1038,14 @@ pub fn forget_tools(tx: &mut Tx<'_>, names: &[String]) -> Result<Vec<String>> {
         let deleted = tx
             .conn
             .prepare_cached("DELETE FROM tools WHERE name = ?1")?
-            .execute([name])?;
+            .execute(params![name])?;
         if deleted > 0 {
             tx.conn
                 .prepare_cached("DELETE FROM result_cache WHERE tool = ?1")?
-                .execute([name])?;
+                .execute(params![name])?;
             tx.conn
                 .prepare_cached("DELETE FROM tool_cache WHERE tool = ?1")?
-                .execute([name])?;
+                .execute(params![name])?;
             forgotten.push(name.clone());
         }
     }
@@ -1074,7 +1068,7 @@ pub fn prune_runs(tx: &mut Tx<'_>, finished_before: Millis, limit: usize) -> Res
              ORDER BY updated_at LIMIT ?2",
         )?
         .query_map(params![finished_before, limit], |row| row.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+        .collect::<sql::Result<_>>()?;
     let mut deleted = super::Deleted::default();
     for id in ids {
         let id = RunId::parse(&id, "id")?;
@@ -1087,7 +1081,7 @@ pub fn prune_runs(tx: &mut Tx<'_>, finished_before: Millis, limit: usize) -> Res
 /// deleted run's results are not served to another.
 fn remove_run(tx: &mut Tx<'_>, run_id: &RunId) -> Result<super::Deleted> {
     let id = run_id.as_str();
-    let delete = |sql: &str| -> Result<u64> { Ok(tx.conn.prepare_cached(sql)?.execute([id])? as u64) };
+    let delete = |sql: &str| -> Result<u64> { Ok(tx.conn.prepare_cached(sql)?.execute(params![id])? as u64) };
     let cache_entries =
         delete("DELETE FROM result_cache WHERE call_hash IN (SELECT call_hash FROM steps WHERE run_id = ?1)")?;
     let approvals = delete("DELETE FROM approvals WHERE run_id = ?1")?;

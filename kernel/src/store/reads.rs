@@ -3,7 +3,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use rusqlite::{Connection, OpenFlags, OptionalExtension, params_from_iter, types::Value as SqlValue};
+use rusqlite::OpenFlags;
+
+use super::sql::{self, Arg, Connection, OptionalExtension, params};
 
 use super::rows::{self, APPROVAL_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS};
 use crate::error::KernelError;
@@ -14,7 +16,7 @@ use crate::model::{
 /// A pool of read-only connections.
 #[derive(Clone)]
 pub struct Readers {
-    pool: Arc<Mutex<Vec<Connection>>>,
+    pool: Arc<Mutex<Vec<rusqlite::Connection>>>,
     path: Arc<std::path::PathBuf>,
 }
 
@@ -39,8 +41,8 @@ impl Readers {
         })
     }
 
-    fn connect(&self) -> rusqlite::Result<Connection> {
-        let conn = Connection::open_with_flags(
+    fn connect(&self) -> rusqlite::Result<rusqlite::Connection> {
+        let conn = rusqlite::Connection::open_with_flags(
             &*self.path,
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
         )?;
@@ -52,16 +54,16 @@ impl Readers {
     pub async fn with<T, F>(&self, query: F) -> Result<T, KernelError>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+        F: FnOnce(Connection<'_>) -> sql::Result<T> + Send + 'static,
     {
         let readers = self.clone();
         tokio::task::spawn_blocking(move || {
             let pooled = readers.pool.lock().expect("reader pool poisoned").pop();
             let conn = match pooled {
                 Some(conn) => conn,
-                None => readers.connect()?,
+                None => readers.connect().map_err(sql::Error::from)?,
             };
-            let result = query(&conn);
+            let result = query(Connection::sqlite(&conn));
             let mut pool = readers.pool.lock().expect("reader pool poisoned");
             if pool.len() < 8 {
                 pool.push(conn);
@@ -74,7 +76,7 @@ impl Readers {
     }
 
     pub async fn run(&self, id: RunId) -> Result<Option<RunRecord>, KernelError> {
-        self.with(move |conn| rows::load_run(conn, &id)).await
+        self.with(move |conn| rows::load_run(&conn, &id)).await
     }
 
     pub async fn steps(&self, id: RunId) -> Result<Vec<StepRecord>, KernelError> {
@@ -82,7 +84,7 @@ impl Readers {
             conn.prepare_cached(&format!(
                 "SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ?1 ORDER BY turn, position, created_at"
             ))?
-            .query_map([id.as_str()], rows::step_from_row)?
+            .query_map(params![id.as_str()], rows::step_from_row)?
             .collect()
         })
         .await
@@ -91,31 +93,32 @@ impl Readers {
     pub async fn runs(&self, filter: RunFilter) -> Result<Vec<RunRecord>, KernelError> {
         self.with(move |conn| {
             let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE 1 = 1");
-            let mut args: Vec<SqlValue> = Vec::new();
+            let parent = filter.parent.as_ref().map(ToString::to_string);
+            let mut args: Vec<Arg<'_>> = Vec::new();
             if let Some(status) = filter.status {
                 sql.push_str(" AND status = ?");
-                args.push(SqlValue::Text(status.as_str().into()));
+                args.push(Arg::Text(status.as_str()));
             }
-            if let Some(agent) = filter.agent {
+            if let Some(agent) = &filter.agent {
                 sql.push_str(" AND agent = ?");
-                args.push(SqlValue::Text(agent));
+                args.push(Arg::Text(agent));
             }
-            for (key, value) in filter.labels {
+            for (key, value) in &filter.labels {
                 sql.push_str(" AND EXISTS (SELECT 1 FROM json_each(runs.labels) WHERE json_each.key = ? AND json_each.value = ?)");
-                args.push(SqlValue::Text(key));
-                args.push(SqlValue::Text(value));
+                args.push(Arg::Text(key));
+                args.push(Arg::Text(value));
             }
-            if let Some(parent) = filter.parent {
+            if let Some(parent) = &parent {
                 sql.push_str(" AND parent_run_id = ?");
-                args.push(SqlValue::Text(parent.to_string()));
+                args.push(Arg::Text(parent));
             }
-            if let Some(before) = filter.before {
+            if let Some(before) = &filter.before {
                 sql.push_str(" AND id < ?");
-                args.push(SqlValue::Text(before));
+                args.push(Arg::Text(before));
             }
             sql.push_str(" ORDER BY id DESC LIMIT ?");
-            args.push(SqlValue::Integer(filter.limit as i64));
-            conn.prepare(&sql)?.query_map(params_from_iter(args), rows::run_from_row)?.collect()
+            args.push(Arg::Int(i64::from(filter.limit)));
+            conn.prepare(&sql)?.query_map(&args, rows::run_from_row)?.collect()
         })
         .await
     }
@@ -125,7 +128,7 @@ impl Readers {
             conn.prepare_cached(&format!(
                 "SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq LIMIT ?3"
             ))?
-            .query_map(rusqlite::params![id.as_str(), from_seq, limit], rows::event_from_row)?
+            .query_map(params![id.as_str(), from_seq, limit], rows::event_from_row)?
             .collect()
         })
         .await
@@ -139,12 +142,12 @@ impl Readers {
         calls: Vec<(crate::model::StepKey, String)>,
     ) -> Result<(Option<RunRecord>, Option<Vec<StepRecord>>), KernelError> {
         self.with(move |conn| {
-            let Some(record) = rows::load_run(conn, &run)? else {
+            let Some(record) = rows::load_run(&conn, &run)? else {
                 return Ok((None, None));
             };
             let mut steps = Vec::with_capacity(calls.len());
             for (key, hash) in &calls {
-                match rows::load_step(conn, &run, key)? {
+                match rows::load_step(&conn, &run, key)? {
                     Some(step) if step.status.is_terminal() && step.call_hash == *hash => steps.push(step),
                     _ => return Ok((Some(record), None)),
                 }
@@ -166,7 +169,7 @@ impl Readers {
                 "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = ?1 AND (?2 IS NULL OR run_id = ?2) \
                  ORDER BY requested_at, id LIMIT 1000"
             ))?
-            .query_map(rusqlite::params![status.as_str(), run], rows::approval_from_row)?
+            .query_map(params![status.as_str(), run], rows::approval_from_row)?
             .collect()
         })
         .await
@@ -174,7 +177,7 @@ impl Readers {
 
     /// One approval.
     pub async fn approval(&self, id: String) -> Result<Option<ApprovalRecord>, KernelError> {
-        self.with(move |conn| rows::load_approval(conn, &id)).await
+        self.with(move |conn| rows::load_approval(&conn, &id)).await
     }
 
     /// Every approval of a run.
@@ -183,7 +186,7 @@ impl Readers {
             conn.prepare_cached(&format!(
                 "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE run_id = ?1 ORDER BY requested_at, id"
             ))?
-            .query_map([run.as_str()], rows::approval_from_row)?
+            .query_map(params![run.as_str()], rows::approval_from_row)?
             .collect()
         })
         .await
@@ -195,7 +198,7 @@ impl Readers {
             conn.prepare(&format!(
                 "SELECT {STEP_COLUMNS} FROM steps WHERE status IN ('pending', 'running') ORDER BY created_at"
             ))?
-            .query_map([], rows::step_from_row)?
+            .query_map(params![], rows::step_from_row)?
             .collect()
         })
         .await
@@ -208,7 +211,7 @@ impl Readers {
                 "SELECT l.resource, l.run_id, l.step_key, s.tool, l.attempt, l.acquired_at FROM resource_locks l \
                  JOIN steps s ON s.run_id = l.run_id AND s.step_key = l.step_key ORDER BY l.resource",
             )?
-            .query_map([], |row| {
+            .query_map(params![], |row| {
                 Ok(crate::model::ResourceLock {
                     resource: row.get(0)?,
                     run_id: row.get(1)?,
@@ -230,7 +233,7 @@ impl Readers {
                 "SELECT {RUN_COLUMNS} FROM runs WHERE session_key = ?1 AND id < ?2 AND status = 'completed' \
                  ORDER BY id DESC LIMIT 1"
             ))?
-            .query_row(rusqlite::params![session, before.as_str()], rows::run_from_row)
+            .query_row(params![session, before.as_str()], rows::run_from_row)
             .optional()
         })
         .await
@@ -240,11 +243,11 @@ impl Readers {
     pub async fn agents(&self) -> Result<Vec<crate::model::AgentDef>, KernelError> {
         self.with(|conn| {
             conn.prepare("SELECT name, description, input_schema, version, fingerprint FROM agents ORDER BY name")?
-                .query_map([], |row| {
+                .query_map(params![], |row| {
                     Ok(crate::model::AgentDef {
                         name: row.get(0)?,
                         description: row.get(1)?,
-                        input_schema: serde_json::from_str(&row.get::<_, String>(2)?)
+                        input_schema: serde_json::from_str(&row.get::<String>(2)?)
                             .unwrap_or(serde_json::Value::Bool(true)),
                         version: row.get(3)?,
                         fingerprint: row.get(4)?,
@@ -263,7 +266,7 @@ impl Readers {
                 "SELECT name, description, input_schema, version, fingerprint, options, first_seen_at, last_seen_at \
                  FROM tools ORDER BY name",
             )?
-            .query_map([], |row| {
+            .query_map(params![], |row| {
                 let schema: String = row.get(2)?;
                 let options: String = row.get(5)?;
                 Ok((
@@ -286,15 +289,13 @@ impl Readers {
 
     /// The value a tool keeps under `key` in its cache, unless absent or expired.
     pub async fn tool_cache_get(&self, tool: String, key: String) -> Result<Option<String>, KernelError> {
-        use rusqlite::OptionalExtension;
-
         super::check_tool_cache_key(&key)?;
         let now = crate::model::now_millis();
         self.with(move |conn| {
             conn.prepare_cached(
                 "SELECT value FROM tool_cache WHERE tool = ?1 AND key = ?2 AND (expires_at IS NULL OR expires_at > ?3)",
             )?
-            .query_row(rusqlite::params![tool, key, now], |row| row.get(0))
+            .query_row(params![tool, key, now], |row| row.get(0))
             .optional()
         })
         .await

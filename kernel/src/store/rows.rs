@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::{Connection, OptionalExtension, Row};
+use super::sql::{Connection, Error, OptionalExtension, Result, Row, params};
 
 use crate::model::{ApprovalRecord, EventRecord, RunId, RunRecord, StepKey, StepRecord};
 
@@ -21,28 +21,21 @@ pub const APPROVAL_COLUMNS: &str = "id, run_id, step_key, tool, call_hash, argum
 
 pub const EVENT_COLUMNS: &str = "run_id, seq, type, schema_version, at, payload";
 
-fn parse<T: std::str::FromStr<Err = String>>(row: &Row<'_>, index: usize) -> rusqlite::Result<T> {
+fn parse<T: std::str::FromStr<Err = String>>(row: &Row<'_>, index: usize) -> Result<T> {
     let text: String = row.get(index)?;
-    text.parse()
-        .map_err(|e: String| rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, e.into()))
+    text.parse().map_err(|e: String| Error::conversion(index, e))
 }
 
-fn parse_opt<T: std::str::FromStr<Err = String>>(row: &Row<'_>, index: usize) -> rusqlite::Result<Option<T>> {
+fn parse_opt<T: std::str::FromStr<Err = String>>(row: &Row<'_>, index: usize) -> Result<Option<T>> {
     let text: Option<String> = row.get(index)?;
-    text.map(|t| {
-        t.parse().map_err(|e: String| {
-            rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, e.into())
-        })
-    })
-    .transpose()
+    text.map(|t| t.parse().map_err(|e: String| Error::conversion(index, e)))
+        .transpose()
 }
 
-pub fn run_from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
+pub fn run_from_row(row: &Row<'_>) -> Result<RunRecord> {
     let labels: String = row.get(6)?;
     Ok(RunRecord {
-        id: RunId::parse(&row.get::<_, String>(0)?, "id").map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.to_string().into())
-        })?,
+        id: RunId::parse(&row.get::<String>(0)?, "id").map_err(|e| Error::conversion(0, e.to_string()))?,
         agent: row.get(1)?,
         status: parse(row, 2)?,
         input: row.get(3)?,
@@ -56,16 +49,14 @@ pub fn run_from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         created_at: row.get(11)?,
         updated_at: row.get(12)?,
         interactive: row.get(13)?,
-        permissions: serde_json::from_str(&row.get::<_, String>(14)?).unwrap_or_default(),
+        permissions: serde_json::from_str(&row.get::<String>(14)?).unwrap_or_default(),
         capture: parse(row, 15)?,
         granted_by: row.get(16)?,
         hosted: row.get(17)?,
         dispatches: row.get(18)?,
-        parent: match (row.get::<_, Option<String>>(19)?, row.get::<_, Option<String>>(20)?) {
+        parent: match (row.get::<Option<String>>(19)?, row.get::<Option<String>>(20)?) {
             (Some(run), Some(step)) => Some((
-                RunId::parse(&run, "parent_run_id").map_err(|e| {
-                    rusqlite::Error::FromSqlConversionFailure(19, rusqlite::types::Type::Text, e.to_string().into())
-                })?,
+                RunId::parse(&run, "parent_run_id").map_err(|e| Error::conversion(19, e.to_string()))?,
                 StepKey::from_stored(step),
             )),
             _ => None,
@@ -76,11 +67,9 @@ pub fn run_from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
     })
 }
 
-pub fn step_from_row(row: &Row<'_>) -> rusqlite::Result<StepRecord> {
+pub fn step_from_row(row: &Row<'_>) -> Result<StepRecord> {
     Ok(StepRecord {
-        run_id: RunId::parse(&row.get::<_, String>(0)?, "run_id").map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.to_string().into())
-        })?,
+        run_id: RunId::parse(&row.get::<String>(0)?, "run_id").map_err(|e| Error::conversion(0, e.to_string()))?,
         key: StepKey::from_stored(row.get(1)?),
         kind: parse(row, 38)?,
         effect: parse_opt(row, 39)?,
@@ -112,7 +101,7 @@ pub fn step_from_row(row: &Row<'_>) -> rusqlite::Result<StepRecord> {
         replays: row.get(25)?,
         progress_count: row.get(26)?,
         retry: row
-            .get::<_, Option<String>>(27)?
+            .get::<Option<String>>(27)?
             .and_then(|text| serde_json::from_str(&text).ok()),
         blocking: row.get(28)?,
         not_before: row.get(29)?,
@@ -121,32 +110,30 @@ pub fn step_from_row(row: &Row<'_>) -> rusqlite::Result<StepRecord> {
         cost: row.get(32)?,
         decided_by: row.get(33)?,
         approval_gate: row
-            .get::<_, Option<String>>(34)?
+            .get::<Option<String>>(34)?
             .and_then(|text| serde_json::from_str(&text).ok()),
         cache_ttl_ms: row.get(35)?,
         outcome: parse_opt(row, 36)?,
         approval: row
-            .get::<_, Option<String>>(37)?
+            .get::<Option<String>>(37)?
             .and_then(|text| serde_json::from_str(&text).ok()),
         resources: row
-            .get::<_, Option<String>>(42)?
+            .get::<Option<String>>(42)?
             .and_then(|text| serde_json::from_str(&text).ok())
             .unwrap_or_default(),
     })
 }
 
-pub fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<ApprovalRecord> {
+pub fn approval_from_row(row: &Row<'_>) -> Result<ApprovalRecord> {
     Ok(ApprovalRecord {
         id: row.get(0)?,
-        run_id: RunId::parse(&row.get::<_, String>(1)?, "run_id").map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, e.to_string().into())
-        })?,
+        run_id: RunId::parse(&row.get::<String>(1)?, "run_id").map_err(|e| Error::conversion(1, e.to_string()))?,
         key: StepKey::from_stored(row.get(2)?),
         tool: row.get(3)?,
         call_hash: row.get(4)?,
         arguments: row.get(5)?,
         status: parse(row, 6)?,
-        approvers: serde_json::from_str(&row.get::<_, String>(7)?).unwrap_or_default(),
+        approvers: serde_json::from_str(&row.get::<String>(7)?).unwrap_or_default(),
         message: row.get(8)?,
         decided_by: row.get(9)?,
         requested_at: row.get(10)?,
@@ -158,17 +145,15 @@ pub fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<ApprovalRecord> {
     })
 }
 
-pub fn load_approval(conn: &Connection, id: &str) -> rusqlite::Result<Option<ApprovalRecord>> {
+pub fn load_approval(conn: &Connection<'_>, id: &str) -> Result<Option<ApprovalRecord>> {
     conn.prepare_cached(&format!("SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ?1"))?
-        .query_row([id], approval_from_row)
+        .query_row(params![id], approval_from_row)
         .optional()
 }
 
-pub fn event_from_row(row: &Row<'_>) -> rusqlite::Result<EventRecord> {
+pub fn event_from_row(row: &Row<'_>) -> Result<EventRecord> {
     Ok(EventRecord {
-        run_id: RunId::parse(&row.get::<_, String>(0)?, "run_id").map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.to_string().into())
-        })?,
+        run_id: RunId::parse(&row.get::<String>(0)?, "run_id").map_err(|e| Error::conversion(0, e.to_string()))?,
         seq: row.get(1)?,
         kind: parse(row, 2)?,
         schema_version: row.get(3)?,
@@ -177,22 +162,22 @@ pub fn event_from_row(row: &Row<'_>) -> rusqlite::Result<EventRecord> {
     })
 }
 
-pub fn load_run(conn: &Connection, id: &RunId) -> rusqlite::Result<Option<RunRecord>> {
+pub fn load_run(conn: &Connection<'_>, id: &RunId) -> Result<Option<RunRecord>> {
     conn.prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"))?
-        .query_row([id.as_str()], run_from_row)
+        .query_row(params![id.as_str()], run_from_row)
         .optional()
 }
 
-pub fn load_step(conn: &Connection, run: &RunId, key: &StepKey) -> rusqlite::Result<Option<StepRecord>> {
+pub fn load_step(conn: &Connection<'_>, run: &RunId, key: &StepKey) -> Result<Option<StepRecord>> {
     conn.prepare_cached(&format!(
         "SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ?1 AND step_key = ?2"
     ))?
-    .query_row([run.as_str(), key.as_str()], step_from_row)
+    .query_row(params![run.as_str(), key.as_str()], step_from_row)
     .optional()
 }
 
-pub fn load_step_by_dispatch(conn: &Connection, dispatch_id: &str) -> rusqlite::Result<Option<StepRecord>> {
+pub fn load_step_by_dispatch(conn: &Connection<'_>, dispatch_id: &str) -> Result<Option<StepRecord>> {
     conn.prepare_cached(&format!("SELECT {STEP_COLUMNS} FROM steps WHERE dispatch_id = ?1"))?
-        .query_row([dispatch_id], step_from_row)
+        .query_row(params![dispatch_id], step_from_row)
         .optional()
 }

@@ -1021,7 +1021,7 @@ async fn a_finished_run_is_deleted_whole_and_a_run_in_flight_is_refused() {
     let still: i64 = f
         .store
         .reads
-        .with(|conn| conn.query_row("SELECT COUNT(*) FROM result_cache", [], |row| row.get(0)))
+        .with(|conn| conn.query_row("SELECT COUNT(*) FROM result_cache", &[], |row| row.get(0)))
         .await
         .unwrap();
     assert_eq!(still, 1);

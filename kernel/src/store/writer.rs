@@ -133,8 +133,9 @@ fn apply_isolated(conn: &Connection, now: i64, command: Command, published: &mut
     if let Err(error) = conn.execute_batch("SAVEPOINT command") {
         return fail_command(command, KernelError::Store(error.to_string()));
     }
+    let sql = super::sql::Connection::sqlite(conn);
     let mut tx = Tx {
-        conn,
+        conn: &sql,
         now,
         published: Vec::new(),
     };
