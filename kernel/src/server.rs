@@ -169,20 +169,14 @@ pub async fn run(
     }
     // One kernel per database, claimed before anything reads or writes it; then the port, so a
     // kernel that cannot serve creates no database.
-    let path = match &config.db {
-        Database::Sqlite(path) => path.clone(),
-        Database::Postgres(_) => {
-            return Err(KernelError::FailedPrecondition(format!(
-                "--db {}: serving from PostgreSQL is not in this release yet (`kernel migrate` already applies \
-                 its schema); serve from a SQLite file",
-                config.db
-            )));
-        }
+    // (On PostgreSQL the writer's connection holds the claim, as an advisory lock.)
+    let db_lock = match &config.db {
+        Database::Sqlite(path) => Some(DbLock::acquire(path)?),
+        Database::Postgres(_) => None,
     };
-    let db_lock = DbLock::acquire(&path)?;
     let listener = bind(config.listen).await?;
     let hub = Hub::default();
-    let (store, writer) = Store::open(&path, config.durability, hub.clone())?;
+    let (store, writer) = Store::open_database(&config.db, config.durability, hub.clone()).await?;
     let registry = Registry::load(store.reads.tools().await?);
     registry.know_agents(&store.reads.agents().await?);
     let recovered = recover(&store).await?;

@@ -184,6 +184,8 @@ pub struct KernelOptions {
     pub policy: Option<String>,
     /// More flags for the kernel.
     pub args: Vec<String>,
+    /// The database, when not `kernel.db` in the kernel's folder (a PostgreSQL URL).
+    pub db: Option<String>,
 }
 
 impl Default for KernelOptions {
@@ -195,6 +197,7 @@ impl Default for KernelOptions {
             default_tool_timeout_ms: 30_000,
             policy: None,
             args: Vec::new(),
+            db: None,
         }
     }
 }
@@ -214,7 +217,12 @@ fn kernel_command(dir: &Path, listen: &str, options: &KernelOptions) -> Command 
         .arg("--listen")
         .arg(listen)
         .arg("--db")
-        .arg(dir.join("kernel.db"))
+        .arg(
+            options
+                .db
+                .clone()
+                .unwrap_or_else(|| dir.join("kernel.db").display().to_string()),
+        )
         .env(
             "KERNEL_HEARTBEAT_INTERVAL_MS",
             options.heartbeat_interval_ms.to_string(),

@@ -1,10 +1,12 @@
 //! The PostgreSQL store, against a real server: `kernel migrate` applies the schema once, under
-//! its lock, however many replicas migrate at once; the kernel says plainly what it cannot do yet.
+//! its lock, however many replicas migrate at once; a kernel serves from it and keeps what it
+//! committed across a SIGKILL; a second kernel is refused until replicas coordinate.
 
 use std::process::{Command, Output};
 
-use e2e::binary;
 use e2e::postgres::Postgres;
+use e2e::{Kernel, KernelOptions, binary, call, check_log, submit};
+use serde_json::json;
 
 fn kernel(args: &[&str]) -> Output {
     Command::new(binary("kernel")).args(args).output().expect("kernel runs")
@@ -95,19 +97,93 @@ async fn replicas_migrating_at_once_apply_each_migration_once() {
     assert_eq!(rows, 1, "one row per migration, however many replicas raced");
 }
 
-#[test]
-fn serving_from_postgresql_is_refused_with_what_to_do() {
-    let Some(pg) = Postgres::start("serving_from_postgresql_is_refused") else {
+#[tokio::test]
+async fn a_kernel_on_postgresql_runs_calls_and_hosted_runs_and_keeps_them_across_a_sigkill() {
+    let Some(pg) = Postgres::start("a_kernel_on_postgresql_runs_calls") else {
         return;
     };
-    let output = kernel(&["--listen", "127.0.0.1:0", "--db", &pg.url]);
-    assert!(!output.status.success());
-    let said = text(&output);
+    let mut kernel = Kernel::start_with(KernelOptions {
+        db: Some(pg.url.clone()),
+        ..KernelOptions::default()
+    });
+    let _worker = kernel.worker("pg-worker");
+    let run = kernel.create_run("pg-agent").await;
+    let outcome = submit(
+        &kernel,
+        &run,
+        0,
+        vec![
+            call("add", json!({"a": 2, "b": 3})),
+            call("echo", json!({"value": "hi"})),
+        ],
+    )
+    .await
+    .unwrap();
+    let outputs: Vec<&str> = outcome.results.iter().map(|r| r.output_json.as_str()).collect();
+    assert_eq!(outputs, ["5", "\"hi\""]);
+    check_log(&kernel.events(&run).await, true);
+
+    // SIGKILL: what was committed is there when the kernel comes back on the same database.
+    kernel.restart();
+    let again = submit(
+        &kernel,
+        &run,
+        0,
+        vec![
+            call("add", json!({"a": 2, "b": 3})),
+            call("echo", json!({"value": "hi"})),
+        ],
+    )
+    .await
+    .unwrap();
     assert!(
-        said.contains("serving from PostgreSQL is not in this release yet"),
+        again.results.iter().all(|r| r.replayed),
+        "the recorded turn replays: {:?}",
+        again.results
+    );
+    let next = submit(&kernel, &run, 1, vec![call("add", json!({"a": 40, "b": 2}))])
+        .await
+        .unwrap();
+    assert_eq!(
+        next.results[0].output_json, "42",
+        "the worker reconnected and serves the new kernel"
+    );
+    check_log(&kernel.events(&run).await, true);
+
+    // A hosted run, dispatched to the worker and completed through the same store.
+    let hosted = kernel
+        .start_hosted("note_taker", json!({"note": "from postgres"}))
+        .await;
+    let done = kernel.finished(&hosted).await;
+    assert_eq!(done.status, kernel_proto::v1::RunStatus::Completed as i32, "{done:?}");
+    assert_eq!(done.output_json, r#"{"notes":["from postgres"]}"#);
+
+    // The rows are PostgreSQL's.
+    let client = pg.client().await;
+    let steps: i64 = client
+        .query_one("SELECT count(*) FROM steps WHERE run_id = $1", &[&run])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(steps, 3);
+}
+
+#[tokio::test]
+async fn a_second_kernel_on_one_postgresql_database_is_refused_until_replicas_are_supported() {
+    let Some(pg) = Postgres::start("a_second_kernel_on_one_postgresql_database") else {
+        return;
+    };
+    let _first = Kernel::start_with(KernelOptions {
+        db: Some(pg.url.clone()),
+        ..KernelOptions::default()
+    });
+    let second = kernel(&["--listen", "127.0.0.1:0", "--db", &pg.url]);
+    assert!(!second.status.success());
+    let said = text(&second);
+    assert!(
+        said.contains("another kernel serves this PostgreSQL database"),
         "{said}"
     );
-    assert!(said.contains("kernel migrate"), "{said}");
 }
 
 #[test]

@@ -32,6 +32,7 @@ pub use ops::Published;
 pub use ops::{StepRecorded, SubagentStart, SubagentStarted, SuspendReport};
 pub use reads::{Readers, RunFilter};
 use writer::Command;
+use writer::WriteConn;
 
 use crate::error::KernelError;
 use crate::hub::Hub;
@@ -247,10 +248,64 @@ impl Store {
         let (commands, receiver) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || writer::run(conn, receiver, move |published| hub.publish_committed(published)))
+            .spawn(move || {
+                writer::run(WriteConn::Sqlite(conn), receiver, move |published| {
+                    hub.publish_committed(published)
+                })
+            })
             .map_err(|e| KernelError::Store(format!("cannot start the writer thread: {e}")))?;
         let reads = Readers::open(&PathBuf::from(path))?;
         Ok((Store { commands, reads }, WriterThread(thread)))
+    }
+
+    /// Opens a PostgreSQL store: migrates it (under the migration lock), then starts the writer
+    /// thread on its own connection, which holds the serving lock: one kernel per database until
+    /// replicas coordinate through it.
+    pub async fn open_postgres(url: &str, hub: Hub) -> Result<(Store, WriterThread), KernelError> {
+        let mut client = postgres::connect(url).await?;
+        postgres::migrate(&mut client).await?;
+        drop(client);
+        let (commands, receiver) = mpsc::channel();
+        let (ready, opened) = oneshot::channel();
+        let writer_url = url.to_owned();
+        let thread = std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || {
+                let conn = match postgres::open_writer(&writer_url) {
+                    Ok(conn) => conn,
+                    Err(error) => {
+                        let _ = ready.send(Err(error));
+                        return;
+                    }
+                };
+                let _ = ready.send(Ok(()));
+                writer::run(WriteConn::Postgres(Box::new(conn)), receiver, move |published| {
+                    hub.publish_committed(published)
+                })
+            })
+            .map_err(|e| KernelError::Store(format!("cannot start the writer thread: {e}")))?;
+        opened
+            .await
+            .map_err(|_| KernelError::Store("the store writer stopped while opening".into()))??;
+        Ok((
+            Store {
+                commands,
+                reads: Readers::open_postgres(url),
+            },
+            WriterThread(thread),
+        ))
+    }
+
+    /// Opens `db`, whichever backend it names.
+    pub async fn open_database(
+        db: &Database,
+        durability: Durability,
+        hub: Hub,
+    ) -> Result<(Store, WriterThread), KernelError> {
+        match db {
+            Database::Sqlite(path) => Store::open(path, durability, hub),
+            Database::Postgres(url) => Store::open_postgres(url, hub).await,
+        }
     }
 
     /// The schema version this build writes.

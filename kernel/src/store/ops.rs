@@ -595,7 +595,7 @@ fn take_locks(tx: &Tx<'_>, step: &StepRecord, start: &StartDispatch) -> Result<(
                 "INSERT INTO resource_locks (resource, run_id, step_key, dispatch_id, attempt, acquired_at) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (resource) DO UPDATE SET dispatch_id = excluded.dispatch_id, \
                  attempt = excluded.attempt, acquired_at = excluded.acquired_at \
-                 WHERE run_id = excluded.run_id AND step_key = excluded.step_key",
+                 WHERE resource_locks.run_id = excluded.run_id AND resource_locks.step_key = excluded.step_key",
             )?
             .execute(params![
                 resource,

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::OpenFlags;
 
-use super::sql::{self, Arg, Connection, OptionalExtension, params};
+use super::sql::{self, Arg, Connection, Dialect, OptionalExtension, PgConn, params};
 
 use super::rows::{self, APPROVAL_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS};
 use crate::error::KernelError;
@@ -13,11 +13,49 @@ use crate::model::{
     ApprovalRecord, ApprovalStatus, EventRecord, RunId, RunRecord, RunStatus, StepRecord, ToolDef, ToolOptions,
 };
 
-/// A pool of read-only connections.
+/// A pool of reading connections.
 #[derive(Clone)]
 pub struct Readers {
-    pool: Arc<Mutex<Vec<rusqlite::Connection>>>,
-    path: Arc<std::path::PathBuf>,
+    pool: Arc<Pool>,
+    source: Arc<Source>,
+}
+
+/// The idle connections.
+#[derive(Default)]
+struct Pool(Mutex<Vec<ReadConn>>);
+
+/// PostgreSQL's blocking client runs a runtime of its own and must not be dropped on one (the
+/// kernel drops its store on its runtime at shutdown): idle connections go on a thread of their own.
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let idle = std::mem::take(self.0.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        if idle.iter().any(|conn| matches!(conn, ReadConn::Postgres(_))) {
+            let _ = std::thread::Builder::new()
+                .name("store-readers-close".into())
+                .spawn(move || drop(idle));
+        }
+    }
+}
+
+/// Where readers connect.
+enum Source {
+    Sqlite(std::path::PathBuf),
+    Postgres(String),
+}
+
+/// One pooled reading connection.
+enum ReadConn {
+    Sqlite(rusqlite::Connection),
+    Postgres(Box<PgConn>),
+}
+
+impl ReadConn {
+    fn sql(&self) -> Connection<'_> {
+        match self {
+            ReadConn::Sqlite(conn) => Connection::sqlite(conn),
+            ReadConn::Postgres(conn) => Connection::postgres(conn),
+        }
+    }
 }
 
 /// Filters of a run listing.
@@ -36,18 +74,33 @@ pub struct RunFilter {
 impl Readers {
     pub fn open(path: &std::path::Path) -> Result<Self, KernelError> {
         Ok(Readers {
-            pool: Arc::new(Mutex::new(Vec::new())),
-            path: Arc::new(path.to_owned()),
+            pool: Arc::new(Pool::default()),
+            source: Arc::new(Source::Sqlite(path.to_owned())),
         })
     }
 
-    fn connect(&self) -> rusqlite::Result<rusqlite::Connection> {
-        let conn = rusqlite::Connection::open_with_flags(
-            &*self.path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
-        )?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        Ok(conn)
+    /// Readers of a PostgreSQL store, each its own connection (made on first use).
+    pub fn open_postgres(url: &str) -> Self {
+        Readers {
+            pool: Arc::new(Pool::default()),
+            source: Arc::new(Source::Postgres(url.to_owned())),
+        }
+    }
+
+    fn connect(&self) -> sql::Result<ReadConn> {
+        Ok(match &*self.source {
+            Source::Sqlite(path) => {
+                let conn = rusqlite::Connection::open_with_flags(
+                    path,
+                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
+                )?;
+                conn.busy_timeout(std::time::Duration::from_secs(5))?;
+                ReadConn::Sqlite(conn)
+            }
+            Source::Postgres(url) => {
+                ReadConn::Postgres(Box::new(PgConn::new(postgres::Client::connect(url, postgres::NoTls)?)))
+            }
+        })
     }
 
     /// Runs `query` on a pooled connection on a blocking thread.
@@ -58,14 +111,15 @@ impl Readers {
     {
         let readers = self.clone();
         tokio::task::spawn_blocking(move || {
-            let pooled = readers.pool.lock().expect("reader pool poisoned").pop();
+            let pooled = readers.pool.0.lock().expect("reader pool poisoned").pop();
             let conn = match pooled {
                 Some(conn) => conn,
-                None => readers.connect().map_err(sql::Error::from)?,
+                None => readers.connect()?,
             };
-            let result = query(Connection::sqlite(&conn));
-            let mut pool = readers.pool.lock().expect("reader pool poisoned");
-            if pool.len() < 8 {
+            let result = query(conn.sql());
+            let mut pool = readers.pool.0.lock().expect("reader pool poisoned");
+            // A connection whose query failed may be broken (a PostgreSQL restart): not kept.
+            if result.is_ok() && pool.len() < 8 {
                 pool.push(conn);
             }
             result
@@ -104,7 +158,12 @@ impl Readers {
                 args.push(Arg::Text(agent));
             }
             for (key, value) in &filter.labels {
-                sql.push_str(" AND EXISTS (SELECT 1 FROM json_each(runs.labels) WHERE json_each.key = ? AND json_each.value = ?)");
+                sql.push_str(match conn.dialect() {
+                    Dialect::Sqlite => {
+                        " AND EXISTS (SELECT 1 FROM json_each(runs.labels) WHERE json_each.key = ? AND json_each.value = ?)"
+                    }
+                    Dialect::Postgres => " AND (runs.labels::jsonb ->> ?) = ?",
+                });
                 args.push(Arg::Text(key));
                 args.push(Arg::Text(value));
             }

@@ -3,10 +3,15 @@
 //! written once for every backend: statements with `?N` parameters, arguments as [`Arg`]s, and
 //! rows read by index into the kernel's types through [`FromCell`].
 //!
-//! SQLite is the only backend behind it in this release; PostgreSQL comes next (rewriting `?N`
-//! to `$N` and binding each [`Arg`] to the parameter's type).
+//! Behind it is SQLite, or PostgreSQL: there each statement's `?N` (and bare `?`) become `$N`
+//! once, the prepared statement is kept per connection, and each [`Arg`] is bound as the type the
+//! server gave its parameter.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::fmt;
+
+use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
 /// What a statement failed with.
 #[derive(Debug)]
@@ -41,6 +46,15 @@ impl From<rusqlite::Error> for Error {
             rusqlite::Error::QueryReturnedNoRows => Error::NoRows,
             other => Error::Backend(other.to_string()),
         }
+    }
+}
+
+impl From<postgres::Error> for Error {
+    fn from(error: postgres::Error) -> Self {
+        Error::Backend(match error.as_db_error() {
+            Some(db) => format!("{} ({})", db.message(), db.code().code()),
+            None => error.to_string(),
+        })
     }
 }
 
@@ -129,6 +143,38 @@ impl rusqlite::ToSql for Arg<'_> {
     }
 }
 
+impl ToSql for Arg<'_> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> std::result::Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match *self {
+            Arg::Null => Ok(IsNull::Yes),
+            Arg::Int(value) => match *ty {
+                Type::INT8 => value.to_sql(ty, out),
+                Type::INT4 => i32::try_from(value)?.to_sql(ty, out),
+                Type::INT2 => i16::try_from(value)?.to_sql(ty, out),
+                Type::FLOAT8 => (value as f64).to_sql(ty, out),
+                Type::BOOL => (value != 0).to_sql(ty, out),
+                _ => Err(format!("an integer cannot be bound to a {ty} parameter").into()),
+            },
+            Arg::Real(value) => match *ty {
+                Type::FLOAT8 => value.to_sql(ty, out),
+                Type::FLOAT4 => (value as f32).to_sql(ty, out),
+                _ => Err(format!("a real cannot be bound to a {ty} parameter").into()),
+            },
+            Arg::Text(text) => text.to_sql(ty, out),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    to_sql_checked!();
+}
+
 /// Arguments for a statement, each borrowed: `params![run.as_str(), step.attempts]`.
 macro_rules! params {
     ($($value:expr),* $(,)?) => {
@@ -137,45 +183,185 @@ macro_rules! params {
 }
 pub(crate) use params;
 
-/// A column value the kernel reads.
+/// A column value the kernel reads: SQLite's integer, real or text, or PostgreSQL's `BIGINT`,
+/// `DOUBLE PRECISION` or `TEXT` (the kernel's flags and counters are `BIGINT` there).
 pub trait FromCell: Sized {
     fn from_sqlite(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<Self>;
+    fn from_postgres(row: &postgres::Row, index: usize) -> Result<Self>;
 }
 
-impl<T: rusqlite::types::FromSql> FromCell for T {
-    fn from_sqlite(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<Self> {
-        row.get(index)
-    }
+/// Implements [`FromCell`] for `$t` and `Option<$t>`, read from PostgreSQL by `$read` (which
+/// gives the column as an `Option<$pg>`) and converted by `$convert`.
+macro_rules! cells {
+    ($($t:ty => $pg:ty, $read:expr, $convert:expr;)*) => {$(
+        impl FromCell for $t {
+            fn from_sqlite(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<Self> {
+                row.get(index)
+            }
+            fn from_postgres(row: &postgres::Row, index: usize) -> Result<Self> {
+                let value: Option<$pg> = $read(row, index)?;
+                let value = value.ok_or_else(|| Error::conversion(index, "NULL where a value was expected"))?;
+                $convert(value).map_err(|e| Error::conversion(index, e))
+            }
+        }
+        impl FromCell for Option<$t> {
+            fn from_sqlite(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<Self> {
+                row.get(index)
+            }
+            fn from_postgres(row: &postgres::Row, index: usize) -> Result<Self> {
+                let value: Option<$pg> = $read(row, index)?;
+                value.map($convert).transpose().map_err(|e| Error::conversion(index, e))
+            }
+        }
+    )*};
+}
+
+fn same<T>(value: T) -> std::result::Result<T, String> {
+    Ok(value)
+}
+
+fn typed<T: for<'a> postgres::types::FromSql<'a>>(row: &postgres::Row, index: usize) -> Result<Option<T>> {
+    Ok(row.try_get(index)?)
+}
+
+/// An integer column whatever its width, or a boolean one (`SELECT EXISTS`) as 0 or 1: SQLite
+/// has one integer type, and the kernel reads flags and counts as integers.
+fn integer(row: &postgres::Row, index: usize) -> Result<Option<i64>> {
+    let ty = row.columns().get(index).map(|c| c.type_().clone());
+    Ok(match ty {
+        Some(Type::INT2) => row.try_get::<_, Option<i16>>(index)?.map(i64::from),
+        Some(Type::INT4) => row.try_get::<_, Option<i32>>(index)?.map(i64::from),
+        Some(Type::BOOL) => row.try_get::<_, Option<bool>>(index)?.map(i64::from),
+        _ => row.try_get::<_, Option<i64>>(index)?,
+    })
+}
+
+cells! {
+    String => String, typed, same;
+    f64 => f64, typed, same;
+    i64 => i64, integer, same;
+    u32 => i64, integer, |v: i64| u32::try_from(v).map_err(|e| e.to_string());
+    u64 => i64, integer, |v: i64| u64::try_from(v).map_err(|e| e.to_string());
+    usize => i64, integer, |v: i64| usize::try_from(v).map_err(|e| e.to_string());
+    bool => i64, integer, |v: i64| Ok::<bool, String>(v != 0);
 }
 
 /// One row of a result.
-pub struct Row<'r> {
-    inner: &'r rusqlite::Row<'r>,
+pub enum Row<'r> {
+    Sqlite(&'r rusqlite::Row<'r>),
+    Postgres(&'r postgres::Row),
 }
 
 impl Row<'_> {
     /// Column `index` as `T`.
     pub fn get<T: FromCell>(&self, index: usize) -> Result<T> {
-        Ok(T::from_sqlite(self.inner, index)?)
+        match self {
+            Row::Sqlite(row) => Ok(T::from_sqlite(row, index)?),
+            Row::Postgres(row) => T::from_postgres(row, index),
+        }
     }
+}
+
+/// Which SQL a connection speaks, for the few statements that differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+/// A PostgreSQL connection with its prepared statements, used from one thread at a time.
+pub struct PgConn {
+    client: RefCell<postgres::Client>,
+    statements: RefCell<HashMap<String, postgres::Statement>>,
+}
+
+impl PgConn {
+    pub fn new(client: postgres::Client) -> Self {
+        PgConn {
+            client: RefCell::new(client),
+            statements: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// Runs statements that take no arguments (transaction control).
+    pub fn batch(&self, sql: &str) -> Result<()> {
+        Ok(self.client.borrow_mut().batch_execute(sql)?)
+    }
+
+    fn statement(&self, sql: &str) -> Result<postgres::Statement> {
+        if let Some(statement) = self.statements.borrow().get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.client.borrow_mut().prepare(&postgres_sql(sql))?;
+        self.statements.borrow_mut().insert(sql.to_owned(), statement.clone());
+        Ok(statement)
+    }
+}
+
+/// `?N` as `$N` and a bare `?` as the next number, outside string literals.
+fn postgres_sql(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut chars = sql.chars().peekable();
+    let (mut quoted, mut last) = (false, 0u32);
+    while let Some(c) = chars.next() {
+        if c == '\'' {
+            quoted = !quoted;
+        }
+        if c != '?' || quoted {
+            out.push(c);
+            continue;
+        }
+        let mut digits = String::new();
+        while let Some(d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+            digits.push(*d);
+            chars.next();
+        }
+        let number = if digits.is_empty() {
+            last + 1
+        } else {
+            digits.parse().unwrap_or(last + 1)
+        };
+        last = last.max(number);
+        out.push('$');
+        out.push_str(&number.to_string());
+    }
+    out
 }
 
 /// A connection the operations run on.
 #[derive(Clone, Copy)]
-pub struct Connection<'c> {
-    sqlite: &'c rusqlite::Connection,
+pub enum Connection<'c> {
+    Sqlite(&'c rusqlite::Connection),
+    Postgres(&'c PgConn),
 }
 
 impl<'c> Connection<'c> {
     /// The operations' view of a SQLite connection.
     pub fn sqlite(conn: &'c rusqlite::Connection) -> Self {
-        Connection { sqlite: conn }
+        Connection::Sqlite(conn)
+    }
+
+    /// The operations' view of a PostgreSQL connection.
+    pub fn postgres(conn: &'c PgConn) -> Self {
+        Connection::Postgres(conn)
+    }
+
+    /// Which SQL it speaks.
+    pub fn dialect(&self) -> Dialect {
+        match self {
+            Connection::Sqlite(_) => Dialect::Sqlite,
+            Connection::Postgres(_) => Dialect::Postgres,
+        }
     }
 
     /// A statement, prepared once per connection and kept.
     pub fn prepare_cached(&self, sql: &str) -> Result<Statement<'c>> {
-        Ok(Statement {
-            inner: self.sqlite.prepare_cached(sql)?,
+        Ok(match self {
+            Connection::Sqlite(conn) => Statement::Sqlite(conn.prepare_cached(sql)?),
+            Connection::Postgres(conn) => Statement::Postgres {
+                conn,
+                statement: conn.statement(sql)?,
+            },
         })
     }
 
@@ -196,22 +382,47 @@ impl<'c> Connection<'c> {
 }
 
 /// A prepared statement.
-pub struct Statement<'c> {
-    inner: rusqlite::CachedStatement<'c>,
+pub enum Statement<'c> {
+    Sqlite(rusqlite::CachedStatement<'c>),
+    Postgres {
+        conn: &'c PgConn,
+        statement: postgres::Statement,
+    },
+}
+
+fn pg_args<'a>(args: &'a [Arg<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
+    args.iter().map(|arg| arg as &(dyn ToSql + Sync)).collect()
 }
 
 impl Statement<'_> {
     /// Runs it; the number of rows it changed.
     pub fn execute(&mut self, args: &[Arg<'_>]) -> Result<usize> {
-        Ok(self.inner.execute(rusqlite::params_from_iter(args))?)
+        match self {
+            Statement::Sqlite(statement) => Ok(statement.execute(rusqlite::params_from_iter(args))?),
+            Statement::Postgres { conn, statement } => {
+                let changed = conn.client.borrow_mut().execute(&*statement, &pg_args(args))?;
+                Ok(usize::try_from(changed).unwrap_or(usize::MAX))
+            }
+        }
     }
 
     /// The first row, mapped; an error when there is none (see [`OptionalExtension`]).
     pub fn query_row<T>(&mut self, args: &[Arg<'_>], f: impl FnOnce(&Row<'_>) -> Result<T>) -> Result<T> {
-        let mut rows = self.inner.query(rusqlite::params_from_iter(args))?;
-        match rows.next()? {
-            Some(row) => f(&Row { inner: row }),
-            None => Err(Error::NoRows),
+        match self {
+            Statement::Sqlite(statement) => {
+                let mut rows = statement.query(rusqlite::params_from_iter(args))?;
+                match rows.next()? {
+                    Some(row) => f(&Row::Sqlite(row)),
+                    None => Err(Error::NoRows),
+                }
+            }
+            Statement::Postgres { conn, statement } => {
+                let rows = conn.client.borrow_mut().query(&*statement, &pg_args(args))?;
+                match rows.first() {
+                    Some(row) => f(&Row::Postgres(row)),
+                    None => Err(Error::NoRows),
+                }
+            }
         }
     }
 
@@ -221,10 +432,18 @@ impl Statement<'_> {
         args: &[Arg<'_>],
         mut f: impl FnMut(&Row<'_>) -> Result<T>,
     ) -> Result<std::vec::IntoIter<Result<T>>> {
-        let mut rows = self.inner.query(rusqlite::params_from_iter(args))?;
         let mut mapped = Vec::new();
-        while let Some(row) = rows.next()? {
-            mapped.push(f(&Row { inner: row }));
+        match self {
+            Statement::Sqlite(statement) => {
+                let mut rows = statement.query(rusqlite::params_from_iter(args))?;
+                while let Some(row) = rows.next()? {
+                    mapped.push(f(&Row::Sqlite(row)));
+                }
+            }
+            Statement::Postgres { conn, statement } => {
+                let rows = conn.client.borrow_mut().query(&*statement, &pg_args(args))?;
+                mapped.extend(rows.iter().map(|row| f(&Row::Postgres(row))));
+            }
         }
         Ok(mapped.into_iter())
     }
@@ -242,5 +461,27 @@ impl<T> OptionalExtension<T> for Result<T> {
             Err(Error::NoRows) => Ok(None),
             Err(error) => Err(error),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::postgres_sql;
+
+    #[test]
+    fn parameters_are_numbered_for_postgresql_outside_literals() {
+        assert_eq!(
+            postgres_sql("SELECT a FROM t WHERE b = ?1 AND c = ?2"),
+            "SELECT a FROM t WHERE b = $1 AND c = $2"
+        );
+        assert_eq!(
+            postgres_sql("WHERE a = ? AND b = ? LIMIT ?"),
+            "WHERE a = $1 AND b = $2 LIMIT $3"
+        );
+        assert_eq!(postgres_sql("VALUES (?1, ?2, ?2) -- x"), "VALUES ($1, $2, $2) -- x");
+        assert_eq!(
+            postgres_sql("WHERE s IN ('a?', 'b') AND k = ?1"),
+            "WHERE s IN ('a?', 'b') AND k = $1"
+        );
     }
 }

@@ -1,4 +1,5 @@
-//! Store tests against a real SQLite file: each checks an invariant of the event log.
+//! Store tests, each run against a real SQLite file and a real PostgreSQL server: each checks an
+//! invariant of the event log, the same on both backends.
 
 use std::collections::BTreeMap;
 
@@ -8,7 +9,8 @@ use crate::model::{ErrorKind, EventType, Idempotency, RunStatus, StepKind, StepS
 struct Fixture {
     store: Store,
     hub: Hub,
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
+    _postgres: Option<e2e::postgres::Postgres>,
     _writer: WriterThread,
 }
 
@@ -19,9 +21,49 @@ fn open() -> Fixture {
     Fixture {
         store,
         hub,
-        _dir: dir,
+        _dir: Some(dir),
+        _postgres: None,
         _writer: writer,
     }
+}
+
+/// A store on a PostgreSQL server of its own; `None` (said loudly) where PostgreSQL is not
+/// installed and not required.
+async fn open_postgres(test: &str) -> Option<Fixture> {
+    let server = tokio::task::spawn_blocking({
+        let test = test.to_owned();
+        move || e2e::postgres::Postgres::start(&test)
+    })
+    .await
+    .unwrap()?;
+    let hub = Hub::default();
+    let (store, writer) = Store::open_postgres(&server.url, hub.clone()).await.unwrap();
+    Some(Fixture {
+        store,
+        hub,
+        _dir: None,
+        _postgres: Some(server),
+        _writer: writer,
+    })
+}
+
+/// Runs the store test `$name(fixture)` on both backends: `$name::sqlite` and `$name::postgres`.
+macro_rules! on_both_stores {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn sqlite() {
+                super::$name(super::open()).await
+            }
+
+            #[tokio::test]
+            async fn postgres() {
+                if let Some(fixture) = super::open_postgres(concat!("store::tests::", stringify!($name))).await {
+                    super::$name(fixture).await
+                }
+            }
+        }
+    };
 }
 
 fn tool(name: &str, idempotency: Idempotency) -> ToolDef {
@@ -141,9 +183,7 @@ fn slot(run: &RunId, key: StepKey, dispatch: &str) -> StartDispatch {
     }
 }
 
-#[tokio::test]
-async fn a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit() {
-    let f = open();
+async fn a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let mut live = f.hub.subscribe(&run.id);
     let add = tool("add", Idempotency::SafeToRetry);
@@ -197,9 +237,7 @@ async fn a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit() {
     assert_eq!(published, log.iter().skip(1).map(|e| e.seq).collect::<Vec<_>>());
 }
 
-#[tokio::test]
-async fn a_repeated_create_with_the_same_key_returns_the_same_run() {
-    let f = open();
+async fn a_repeated_create_with_the_same_key_returns_the_same_run(f: Fixture) {
     let (first, created) = f.store.create_run(new_run(Some("k1"), 0)).await.unwrap();
     let (again, created_again) = f.store.create_run(new_run(Some("k1"), 0)).await.unwrap();
     assert!(created && !created_again);
@@ -213,9 +251,7 @@ async fn a_repeated_create_with_the_same_key_returns_the_same_run() {
     assert_eq!(events(&f.store, &first.id).await.len(), 1);
 }
 
-#[tokio::test]
-async fn a_call_runs_through_start_and_result_with_gap_free_events() {
-    let f = open();
+async fn a_call_runs_through_start_and_result_with_gap_free_events(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let mut live = f.hub.subscribe(&run.id);
     let add = tool("add", Idempotency::SafeToRetry);
@@ -263,9 +299,7 @@ async fn a_call_runs_through_start_and_result_with_gap_free_events() {
     assert_eq!(seen, vec![2, 3, 4, 5]);
 }
 
-#[tokio::test]
-async fn results_are_fenced_by_dispatch_attempt_and_session() {
-    let f = open();
+async fn results_are_fenced_by_dispatch_attempt_and_session(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let add = tool("add", Idempotency::SafeToRetry);
     let turn = f
@@ -334,9 +368,7 @@ async fn results_are_fenced_by_dispatch_attempt_and_session() {
     );
 }
 
-#[tokio::test]
-async fn a_lost_at_most_once_call_is_indeterminate() {
-    let f = open();
+async fn a_lost_at_most_once_call_is_indeterminate(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let charge = tool("charge", Idempotency::AtMostOnce);
     let turn = f
@@ -374,9 +406,7 @@ fn with_retries(mut def: ToolDef, max_attempts: u32) -> ToolDef {
 /// A timeout after `tool:start` is as uncertain as a lost worker: an at_most_once call is
 /// indeterminate and not tried again, whatever its retry policy says; the policy still covers
 /// errors the tool itself returned.
-#[tokio::test]
-async fn a_timed_out_at_most_once_call_is_indeterminate_and_never_retried() {
-    let f = open();
+async fn a_timed_out_at_most_once_call_is_indeterminate_and_never_retried(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let charge = with_retries(tool("charge", Idempotency::AtMostOnce), 3);
     let turn = f
@@ -449,9 +479,7 @@ async fn step_again(f: &Fixture, run: &RunId, key: &StepKey) -> StepRecord {
 
 /// A start built from a stale snapshot of a step (attempt numbers it has issued already) records
 /// nothing, so no attempt number is issued twice.
-#[tokio::test]
-async fn a_start_is_fenced_by_the_attempt_it_expects() {
-    let f = open();
+async fn a_start_is_fenced_by_the_attempt_it_expects(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let sleepy = tool("sleepy", Idempotency::SafeToRetry);
     let turn = f
@@ -492,9 +520,7 @@ async fn a_start_is_fenced_by_the_attempt_it_expects() {
     assert_eq!(attempts, [1, 2]);
 }
 
-#[tokio::test]
-async fn unknown_tools_are_recorded_without_start_and_count_toward_the_limit() {
-    let f = open();
+async fn unknown_tools_are_recorded_without_start_and_count_toward_the_limit(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 2)).await.unwrap();
     let add = tool("add", Idempotency::SafeToRetry);
     let turn = f
@@ -524,9 +550,7 @@ async fn unknown_tools_are_recorded_without_start_and_count_toward_the_limit() {
     assert_eq!(log.iter().filter(|e| e.kind == EventType::ToolResult).count(), 2);
 }
 
-#[tokio::test]
-async fn a_resubmitted_turn_replays_joins_or_diverges() {
-    let f = open();
+async fn a_resubmitted_turn_replays_joins_or_diverges(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let add = tool("add", Idempotency::SafeToRetry);
     let calls = || {
@@ -556,9 +580,7 @@ async fn a_resubmitted_turn_replays_joins_or_diverges() {
     assert!(message.starts_with("replay_input_changed"), "{message}");
 }
 
-#[tokio::test]
-async fn refused_writes_leave_nothing_behind() {
-    let f = open();
+async fn refused_writes_leave_nothing_behind(f: Fixture) {
     let missing = RunId::new();
     assert!(matches!(
         f.store
@@ -597,9 +619,7 @@ async fn refused_writes_leave_nothing_behind() {
     assert!(f.store.reads.steps(run.id.clone()).await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn cancelling_settles_in_flight_steps_before_the_run() {
-    let f = open();
+async fn cancelling_settles_in_flight_steps_before_the_run(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let add = tool("add", Idempotency::SafeToRetry);
     let turn = f
@@ -646,9 +666,7 @@ async fn cancelling_settles_in_flight_steps_before_the_run() {
     assert_eq!(events(&f.store, &run.id).await.len(), log.len());
 }
 
-#[tokio::test]
-async fn concurrent_appends_keep_sequence_numbers_gap_free() {
-    let f = open();
+async fn concurrent_appends_keep_sequence_numbers_gap_free(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let add = tool("add", Idempotency::SafeToRetry);
     let mut tasks = Vec::new();
@@ -717,9 +735,7 @@ fn cache_entry(dispatch: &str, key: &str, value: &str, expires_at: Option<i64>) 
     }
 }
 
-#[tokio::test]
-async fn tool_cache_entries_are_namespaced_per_tool_and_expire() {
-    let fx = open();
+async fn tool_cache_entries_are_namespaced_per_tool_and_expire(fx: Fixture) {
     let now = crate::model::now_millis();
     running(&fx, "rates", "d-rates").await;
     let get = |tool: &str, key: &str| fx.store.reads.tool_cache_get(tool.into(), key.into());
@@ -766,9 +782,7 @@ async fn tool_cache_entries_are_namespaced_per_tool_and_expire() {
     );
 }
 
-#[tokio::test]
-async fn only_a_dispatch_still_running_on_its_session_writes_the_cache() {
-    let fx = open();
+async fn only_a_dispatch_still_running_on_its_session_writes_the_cache(fx: Fixture) {
     let step = running(&fx, "rates", "d1").await;
     let get = || fx.store.reads.tool_cache_get("rates".into(), "eur".into());
 
@@ -823,9 +837,7 @@ async fn only_a_dispatch_still_running_on_its_session_writes_the_cache() {
     assert_eq!(step.tool, "rates");
 }
 
-#[tokio::test]
-async fn expired_cache_entries_are_purged_in_batches_and_live_ones_stay() {
-    let fx = open();
+async fn expired_cache_entries_are_purged_in_batches_and_live_ones_stay(fx: Fixture) {
     let now = crate::model::now_millis();
     running(&fx, "rates", "d1").await;
     for n in 0..5 {
@@ -852,9 +864,7 @@ async fn expired_cache_entries_are_purged_in_batches_and_live_ones_stay() {
     assert_eq!(get("forever").await.unwrap().as_deref(), Some("3"));
 }
 
-#[tokio::test]
-async fn refused_tool_cache_entries_write_nothing() {
-    let fx = open();
+async fn refused_tool_cache_entries_write_nothing(fx: Fixture) {
     running(&fx, "t", "d-t").await;
     let refusals = [
         (cache_entry("d-t", "", "1", None), "key: must be 1 to 256 bytes, got 0"),
@@ -908,9 +918,7 @@ async fn refused_tool_cache_entries_write_nothing() {
     );
 }
 
-#[tokio::test]
-async fn the_pending_call_limit_holds_for_concurrent_turns() {
-    let f = open();
+async fn the_pending_call_limit_holds_for_concurrent_turns(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let add = tool("add", Idempotency::SafeToRetry);
     let turn = |n: u32| {
@@ -943,9 +951,7 @@ async fn the_pending_call_limit_holds_for_concurrent_turns() {
 
 /// Deleting a run takes everything recorded under it and nothing of other runs; a run in flight
 /// is refused and keeps everything.
-#[tokio::test]
-async fn a_finished_run_is_deleted_whole_and_a_run_in_flight_is_refused() {
-    let f = open();
+async fn a_finished_run_is_deleted_whole_and_a_run_in_flight_is_refused(f: Fixture) {
     let reader = {
         let mut def = tool("lookup", Idempotency::SafeToRetry);
         def.options.read_only = true;
@@ -1072,9 +1078,7 @@ fn fence(dispatch: &str, attempt: u32) -> crate::store::Fence {
 
 /// A hosted run is created with its dispatch pending; only the attempt holding that dispatch
 /// records a step, and a refused step writes nothing.
-#[tokio::test]
-async fn a_hosted_run_records_steps_only_from_the_attempt_holding_its_dispatch() {
-    let f = open();
+async fn a_hosted_run_records_steps_only_from_the_attempt_holding_its_dispatch(f: Fixture) {
     let (run, _, dispatch) = f.store.create_run_dispatching(hosted_run()).await.unwrap();
     let dispatch = dispatch.expect("a hosted run's dispatch");
     assert_eq!((dispatch.kind, dispatch.status), (StepKind::Agent, StepStatus::Pending));
@@ -1156,9 +1160,7 @@ async fn a_hosted_run_records_steps_only_from_the_attempt_holding_its_dispatch()
 
 /// A suspended handler is woken in the commit that settles what it waits on, so no wake-up is
 /// lost between the two; and a suspension crossing a settle goes back to pending at once.
-#[tokio::test]
-async fn a_suspended_handler_is_woken_in_the_commit_that_settles_its_call() {
-    let f = open();
+async fn a_suspended_handler_is_woken_in_the_commit_that_settles_its_call(f: Fixture) {
     let (run, _, dispatch) = f.store.create_run_dispatching(hosted_run()).await.unwrap();
     start(&f.store, &dispatch.unwrap(), "d1", 1, "s1").await.unwrap();
     let mut turn = plan(
@@ -1235,9 +1237,7 @@ async fn held(fx: &Fixture) -> Vec<(String, String)> {
     locks.into_iter().map(|l| (l.resource, l.tool)).collect()
 }
 
-#[tokio::test]
-async fn a_resource_lock_is_held_exactly_while_its_call_runs_whatever_ends_it() {
-    let fx = open();
+async fn a_resource_lock_is_held_exactly_while_its_call_runs_whatever_ends_it(fx: Fixture) {
     let report = |dispatch: &str, outcome| ResultReport {
         dispatch_id: dispatch.into(),
         attempt: 1,
@@ -1291,9 +1291,7 @@ async fn a_resource_lock_is_held_exactly_while_its_call_runs_whatever_ends_it() 
     assert_eq!(held(&fx).await, [], "released by a timeout");
 }
 
-#[tokio::test]
-async fn a_start_on_an_instance_another_call_holds_is_refused_naming_it() {
-    let fx = open();
+async fn a_start_on_an_instance_another_call_holds_is_refused_naming_it(fx: Fixture) {
     let holder = locked_call(&fx, "git", Idempotency::SafeToRetry, "d1").await;
     let (run, _) = fx.store.create_run(new_run(None, 0)).await.unwrap();
     let mut planned = call(0, 0, Some(tool("git", Idempotency::SafeToRetry)), "git", "{}");
@@ -1331,3 +1329,27 @@ async fn a_start_on_an_instance_another_call_holds_is_refused_naming_it() {
         .expect("it starts once the lock is released");
     assert_eq!(held(&fx).await, [("repo:acme".to_owned(), "git".to_owned())]);
 }
+
+// Every test above that takes a fixture, on both backends.
+on_both_stores!(a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit);
+on_both_stores!(a_repeated_create_with_the_same_key_returns_the_same_run);
+on_both_stores!(a_call_runs_through_start_and_result_with_gap_free_events);
+on_both_stores!(results_are_fenced_by_dispatch_attempt_and_session);
+on_both_stores!(a_lost_at_most_once_call_is_indeterminate);
+on_both_stores!(a_timed_out_at_most_once_call_is_indeterminate_and_never_retried);
+on_both_stores!(a_start_is_fenced_by_the_attempt_it_expects);
+on_both_stores!(unknown_tools_are_recorded_without_start_and_count_toward_the_limit);
+on_both_stores!(a_resubmitted_turn_replays_joins_or_diverges);
+on_both_stores!(refused_writes_leave_nothing_behind);
+on_both_stores!(cancelling_settles_in_flight_steps_before_the_run);
+on_both_stores!(concurrent_appends_keep_sequence_numbers_gap_free);
+on_both_stores!(tool_cache_entries_are_namespaced_per_tool_and_expire);
+on_both_stores!(only_a_dispatch_still_running_on_its_session_writes_the_cache);
+on_both_stores!(expired_cache_entries_are_purged_in_batches_and_live_ones_stay);
+on_both_stores!(refused_tool_cache_entries_write_nothing);
+on_both_stores!(the_pending_call_limit_holds_for_concurrent_turns);
+on_both_stores!(a_finished_run_is_deleted_whole_and_a_run_in_flight_is_refused);
+on_both_stores!(a_hosted_run_records_steps_only_from_the_attempt_holding_its_dispatch);
+on_both_stores!(a_suspended_handler_is_woken_in_the_commit_that_settles_its_call);
+on_both_stores!(a_resource_lock_is_held_exactly_while_its_call_runs_whatever_ends_it);
+on_both_stores!(a_start_on_an_instance_another_call_holds_is_refused_naming_it);

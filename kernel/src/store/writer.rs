@@ -5,10 +5,10 @@
 
 use std::sync::mpsc::{Receiver, TryRecvError};
 
-use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use super::ops::{self, Published, Tx};
+use super::sql::{Connection, PgConn};
 use super::{
     Answer, Answered, CallDisposition, EndRun, Fence, LeaseLoss, LocalStep, LossOutcome, NewRun, ResultReport,
     StartDispatch, StepRecorded, SubagentStart, SubagentStarted, SuspendReport, TurnPlan,
@@ -128,12 +128,43 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
     }
 }
 
-/// Runs one command under a savepoint; a refused command's rows and events are undone.
-fn apply_isolated(conn: &Connection, now: i64, command: Command, published: &mut Vec<Published>) -> Responder {
-    if let Err(error) = conn.execute_batch("SAVEPOINT command") {
-        return fail_command(command, KernelError::Store(error.to_string()));
+/// The writer's one connection, on either backend.
+pub enum WriteConn {
+    Sqlite(rusqlite::Connection),
+    Postgres(Box<PgConn>),
+}
+
+impl WriteConn {
+    /// Runs transaction control statements.
+    fn batch(&self, sql: &str) -> Result<(), String> {
+        match self {
+            WriteConn::Sqlite(conn) => conn.execute_batch(sql).map_err(|e| e.to_string()),
+            WriteConn::Postgres(conn) => conn.batch(sql).map_err(|e| e.to_string()),
+        }
     }
-    let sql = super::sql::Connection::sqlite(conn);
+
+    fn begin(&self) -> Result<(), String> {
+        // SQLite takes the write lock at once, so a batch never fails halfway for want of it.
+        self.batch(match self {
+            WriteConn::Sqlite(_) => "BEGIN IMMEDIATE",
+            WriteConn::Postgres(_) => "BEGIN",
+        })
+    }
+
+    fn sql(&self) -> Connection<'_> {
+        match self {
+            WriteConn::Sqlite(conn) => Connection::sqlite(conn),
+            WriteConn::Postgres(conn) => Connection::postgres(conn),
+        }
+    }
+}
+
+/// Runs one command under a savepoint; a refused command's rows and events are undone.
+fn apply_isolated(conn: &WriteConn, now: i64, command: Command, published: &mut Vec<Published>) -> Responder {
+    if let Err(error) = conn.batch("SAVEPOINT command") {
+        return fail_command(command, KernelError::Store(error));
+    }
+    let sql = conn.sql();
     let mut tx = Tx {
         conn: &sql,
         now,
@@ -143,9 +174,9 @@ fn apply_isolated(conn: &Connection, now: i64, command: Command, published: &mut
     if ok {
         published.append(&mut tx.published);
     } else {
-        let _ = conn.execute_batch("ROLLBACK TO command");
+        let _ = conn.batch("ROLLBACK TO SAVEPOINT command");
     }
-    let _ = conn.execute_batch("RELEASE command");
+    let _ = conn.batch("RELEASE SAVEPOINT command");
     responder
 }
 
@@ -179,7 +210,7 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
 }
 
 /// The writer loop: block for one command, take whatever else is queued, commit once, answer all.
-pub fn run(conn: Connection, commands: Receiver<Command>, publish: impl Fn(Vec<Published>)) {
+pub fn run(conn: WriteConn, commands: Receiver<Command>, publish: impl Fn(Vec<Published>)) {
     while let Ok(first) = commands.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -191,9 +222,8 @@ pub fn run(conn: Connection, commands: Receiver<Command>, publish: impl Fn(Vec<P
         let now = now_millis();
         let mut published = Vec::new();
         let mut responders = Vec::with_capacity(batch.len());
-        let begin = conn.execute_batch("BEGIN IMMEDIATE");
-        if let Err(error) = begin {
-            let message = error.to_string();
+        let begin = conn.begin();
+        if let Err(message) = begin {
             for command in batch {
                 fail_command(command, KernelError::Store(message.clone()))(None);
             }
@@ -202,9 +232,9 @@ pub fn run(conn: Connection, commands: Receiver<Command>, publish: impl Fn(Vec<P
         for command in batch {
             responders.push(apply_isolated(&conn, now, command, &mut published));
         }
-        let commit_error = conn.execute_batch("COMMIT").err().map(|e| e.to_string());
+        let commit_error = conn.batch("COMMIT").err();
         if commit_error.is_some() {
-            let _ = conn.execute_batch("ROLLBACK");
+            let _ = conn.batch("ROLLBACK");
             published.clear();
         }
         // Watchers hear of a commit before its writers are answered, so a caller whose write

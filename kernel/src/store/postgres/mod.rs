@@ -91,6 +91,29 @@ async fn apply(client: &mut Client) -> Result<Migrated, KernelError> {
     Ok(Migrated { from, to: latest() })
 }
 
+/// The advisory lock the serving kernel's writer holds for as long as its connection lives: a
+/// second kernel on the same database is refused until replicas coordinate through it.
+const SERVING_LOCK: i64 = 0x6b65_726e_656c_0002;
+
+/// The writer's blocking connection, holding the serving lock (on the writer thread: the blocking
+/// client runs a runtime of its own).
+pub(super) fn open_writer(url: &str) -> Result<super::sql::PgConn, KernelError> {
+    let mut client =
+        ::postgres::Client::connect(url, NoTls).map_err(|error| unavailable("cannot connect to PostgreSQL", &error))?;
+    let locked: bool = client
+        .query_one("SELECT pg_try_advisory_lock($1)", &[&SERVING_LOCK])
+        .map_err(|error| store("cannot take the serving lock", &error))?
+        .get(0);
+    if !locked {
+        return Err(KernelError::FailedPrecondition(
+            "another kernel serves this PostgreSQL database; several replicas on one database are not in this \
+             release yet: stop it, or give this one another --db"
+                .into(),
+        ));
+    }
+    Ok(super::sql::PgConn::new(client))
+}
+
 fn unavailable(what: &str, error: &tokio_postgres::Error) -> KernelError {
     KernelError::Unavailable(format!("{what}: {}", describe(error)))
 }
