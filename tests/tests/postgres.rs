@@ -309,3 +309,35 @@ async fn both_stores_have_the_same_tables_columns_types_and_nullability() {
         "only in SQLite: {missing:?}\nonly in PostgreSQL: {extra:?}"
     );
 }
+
+/// PostgreSQL restarted under a serving kernel: writes are refused as UNAVAILABLE while it is
+/// gone, the writer reconnects (serving lock included) when it is back, and calls go on.
+#[tokio::test]
+async fn a_postgresql_restart_under_a_kernel_is_ridden_out() {
+    let Some(mut pg) = Postgres::start("a_postgresql_restart_under_a_kernel") else {
+        return;
+    };
+    let kernel = Kernel::start_with(KernelOptions {
+        db: Some(pg.url.clone()),
+        ..KernelOptions::default()
+    });
+    let _worker = kernel.worker("pg-worker");
+    let run = kernel.create_run("pg-agent").await;
+    let before = submit(&kernel, &run, 0, vec![call("add", json!({"a": 1, "b": 1}))])
+        .await
+        .unwrap();
+    assert_eq!(before.results[0].output_json, "2");
+
+    pg.stop();
+    let refused = submit(&kernel, &run, 1, vec![call("add", json!({"a": 2, "b": 2}))]).await;
+    let status = refused.expect_err("no database, no turn");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+
+    pg.restart();
+    let after = submit(&kernel, &run, 1, vec![call("add", json!({"a": 2, "b": 2}))])
+        .await
+        .unwrap();
+    assert_eq!(after.results[0].output_json, "4", "{:?}", after.results);
+    kernel.process.log.wait_for("store writer reconnected to postgresql");
+    check_log(&kernel.events(&run).await, true);
+}

@@ -279,9 +279,14 @@ impl Store {
                     }
                 };
                 let _ = ready.send(Ok(()));
-                writer::run(WriteConn::Postgres(Box::new(conn)), receiver, move |published| {
-                    hub.publish_committed(published)
-                })
+                writer::run(
+                    WriteConn::Postgres {
+                        conn: Box::new(conn),
+                        url: writer_url,
+                    },
+                    receiver,
+                    move |published| hub.publish_committed(published),
+                )
             })
             .map_err(|e| KernelError::Store(format!("cannot start the writer thread: {e}")))?;
         opened

@@ -20,6 +20,8 @@ pub enum Error {
     NoRows,
     /// The backend's own message.
     Backend(String),
+    /// The database cannot be reached (a PostgreSQL connection dropped or refused).
+    Unavailable(String),
 }
 
 impl Error {
@@ -33,7 +35,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::NoRows => f.write_str("query returned no rows"),
-            Error::Backend(message) => f.write_str(message),
+            Error::Backend(message) | Error::Unavailable(message) => f.write_str(message),
         }
     }
 }
@@ -51,16 +53,20 @@ impl From<rusqlite::Error> for Error {
 
 impl From<postgres::Error> for Error {
     fn from(error: postgres::Error) -> Self {
-        Error::Backend(match error.as_db_error() {
-            Some(db) => format!("{} ({})", db.message(), db.code().code()),
-            None => error.to_string(),
-        })
+        match error.as_db_error() {
+            Some(db) => Error::Backend(format!("{} ({})", db.message(), db.code().code())),
+            // No answer from the server: the connection, not the statement, failed.
+            None => Error::Unavailable(format!("the database is unreachable: {error}")),
+        }
     }
 }
 
 impl From<Error> for crate::error::KernelError {
     fn from(error: Error) -> Self {
-        crate::error::KernelError::Store(error.to_string())
+        match error {
+            Error::Unavailable(message) => crate::error::KernelError::Unavailable(message),
+            other => crate::error::KernelError::Store(other.to_string()),
+        }
     }
 }
 
@@ -281,6 +287,11 @@ impl PgConn {
             client: RefCell::new(client),
             statements: RefCell::new(HashMap::new()),
         }
+    }
+
+    /// Whether the connection has dropped; it does not come back.
+    pub fn is_closed(&self) -> bool {
+        self.client.borrow().is_closed()
     }
 
     /// Runs statements that take no arguments (transaction control).

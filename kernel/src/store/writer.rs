@@ -131,30 +131,47 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
 /// The writer's one connection, on either backend.
 pub enum WriteConn {
     Sqlite(rusqlite::Connection),
-    Postgres(Box<PgConn>),
+    Postgres { conn: Box<PgConn>, url: String },
 }
 
 impl WriteConn {
+    /// A PostgreSQL connection that dropped (the server restarted, the network went) is made
+    /// again, serving lock included; until then every batch is refused as unavailable.
+    fn ensure_open(&mut self) -> Result<(), String> {
+        if let WriteConn::Postgres { conn, url } = self
+            && conn.is_closed()
+        {
+            let reopened = super::postgres::open_writer(url).map_err(|e| e.to_string())?;
+            tracing::info!("store writer reconnected to postgresql");
+            **conn = reopened;
+        }
+        Ok(())
+    }
+
     /// Runs transaction control statements.
     fn batch(&self, sql: &str) -> Result<(), String> {
         match self {
             WriteConn::Sqlite(conn) => conn.execute_batch(sql).map_err(|e| e.to_string()),
-            WriteConn::Postgres(conn) => conn.batch(sql).map_err(|e| e.to_string()),
+            WriteConn::Postgres { conn, .. } => conn.batch(sql).map_err(|e| e.to_string()),
         }
+    }
+
+    fn is_closed(&self) -> bool {
+        matches!(self, WriteConn::Postgres { conn, .. } if conn.is_closed())
     }
 
     fn begin(&self) -> Result<(), String> {
         // SQLite takes the write lock at once, so a batch never fails halfway for want of it.
         self.batch(match self {
             WriteConn::Sqlite(_) => "BEGIN IMMEDIATE",
-            WriteConn::Postgres(_) => "BEGIN",
+            WriteConn::Postgres { .. } => "BEGIN",
         })
     }
 
     fn sql(&self) -> Connection<'_> {
         match self {
             WriteConn::Sqlite(conn) => Connection::sqlite(conn),
-            WriteConn::Postgres(conn) => Connection::postgres(conn),
+            WriteConn::Postgres { conn, .. } => Connection::postgres(conn),
         }
     }
 }
@@ -182,7 +199,16 @@ fn apply_isolated(conn: &WriteConn, now: i64, command: Command, published: &mut 
 
 fn fail_command(command: Command, error: KernelError) -> Responder {
     let message = error.to_string();
-    let make = || KernelError::Store(message.clone());
+    // An unreachable database stays UNAVAILABLE for the caller, who may retry; anything else is
+    // the store's failure.
+    let unavailable = matches!(error, KernelError::Unavailable(_));
+    let make = || {
+        if unavailable {
+            KernelError::Unavailable(message.clone())
+        } else {
+            KernelError::Store(message.clone())
+        }
+    };
     let (responder, _) = match command {
         Command::CreateRun(_, reply) => respond(Err(make()), reply),
         Command::ScheduleTurn(_, reply) => respond(Err(make()), reply),
@@ -210,7 +236,7 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
 }
 
 /// The writer loop: block for one command, take whatever else is queued, commit once, answer all.
-pub fn run(conn: WriteConn, commands: Receiver<Command>, publish: impl Fn(Vec<Published>)) {
+pub fn run(mut conn: WriteConn, commands: Receiver<Command>, publish: impl Fn(Vec<Published>)) {
     while let Ok(first) = commands.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -219,13 +245,28 @@ pub fn run(conn: WriteConn, commands: Receiver<Command>, publish: impl Fn(Vec<Pu
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
+        if let Err(message) = conn.ensure_open() {
+            tracing::warn!(error = %message, "store unreachable, batch refused");
+            for command in batch {
+                fail_command(
+                    command,
+                    KernelError::Unavailable(format!("the database is unreachable: {message}")),
+                )(None);
+            }
+            continue;
+        }
         let now = now_millis();
         let mut published = Vec::new();
         let mut responders = Vec::with_capacity(batch.len());
         let begin = conn.begin();
         if let Err(message) = begin {
             for command in batch {
-                fail_command(command, KernelError::Store(message.clone()))(None);
+                let error = if conn.is_closed() {
+                    KernelError::Unavailable(format!("the database is unreachable: {message}"))
+                } else {
+                    KernelError::Store(message.clone())
+                };
+                fail_command(command, error)(None);
             }
             continue;
         }
