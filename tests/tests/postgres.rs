@@ -108,34 +108,20 @@ async fn a_kernel_on_postgresql_runs_calls_and_hosted_runs_and_keeps_them_across
     });
     let _worker = kernel.worker("pg-worker");
     let run = kernel.create_run("pg-agent").await;
-    let outcome = submit(
-        &kernel,
-        &run,
-        0,
+    let turn0 = || {
         vec![
             call("add", json!({"a": 2, "b": 3})),
             call("echo", json!({"value": "hi"})),
-        ],
-    )
-    .await
-    .unwrap();
+        ]
+    };
+    let outcome = submit(&kernel, &run, 0, turn0()).await.unwrap();
     let outputs: Vec<&str> = outcome.results.iter().map(|r| r.output_json.as_str()).collect();
     assert_eq!(outputs, ["5", "\"hi\""]);
     check_log(&kernel.events(&run).await, true);
 
     // SIGKILL: what was committed is there when the kernel comes back on the same database.
     kernel.restart();
-    let again = submit(
-        &kernel,
-        &run,
-        0,
-        vec![
-            call("add", json!({"a": 2, "b": 3})),
-            call("echo", json!({"value": "hi"})),
-        ],
-    )
-    .await
-    .unwrap();
+    let again = submit(&kernel, &run, 0, turn0()).await.unwrap();
     assert!(
         again.results.iter().all(|r| r.replayed),
         "the recorded turn replays: {:?}",
