@@ -122,7 +122,7 @@ class Kernel:
                 "KERNEL_HEARTBEAT_INTERVAL_MS": "200",
                 "KERNEL_LEASE_TTL_MS": "1500",
                 "KERNEL_DRAIN_TIMEOUT_MS": "2000",
-                "RUST_LOG": "info",
+                "KERNEL_LOG": "info",
             },
         )
         line = process.wait_for("listening")
