@@ -12,8 +12,8 @@ use crate::store::{Database, Durability};
 /// The kernel's commands besides serving.
 #[derive(Clone, Debug, clap::Subcommand)]
 pub enum KernelCommand {
-    /// Applies the database's migrations and exits: before starting replicas on a new PostgreSQL
-    /// database or after an upgrade (a SQLite kernel also migrates its file when it starts).
+    /// Applies the database's migrations and exits, without serving: to prepare a database or an
+    /// upgrade ahead of time (a serving kernel also migrates its database when it starts).
     Migrate,
 }
 
@@ -32,7 +32,7 @@ pub struct Config {
     pub mcp_listen: Option<SocketAddr>,
 
     /// The database: a SQLite file (a path or `sqlite:PATH`; created with its schema on first
-    /// start), or `postgres://USER@HOST:PORT/DB` (schema applied by `kernel migrate`).
+    /// start), or `postgres://USER@HOST:PORT/DB` (migrated at start; one kernel per database).
     #[arg(long, env = "KERNEL_DB", default_value = "./kernel.db", global = true)]
     pub db: Database,
 

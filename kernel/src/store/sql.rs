@@ -54,10 +54,19 @@ impl From<rusqlite::Error> for Error {
 impl From<postgres::Error> for Error {
     fn from(error: postgres::Error) -> Self {
         match error.as_db_error() {
-            Some(db) => Error::Backend(format!("{} ({})", db.message(), db.code().code())),
+            Some(_) => Error::Backend(describe(&error)),
             // No answer from the server: the connection, not the statement, failed.
             None => Error::Unavailable(format!("the database is unreachable: {error}")),
         }
+    }
+}
+
+/// The server's own message and SQLSTATE when there is one (the driver's `Display` says only
+/// "db error").
+pub fn describe(error: &postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => error.to_string(),
     }
 }
 
@@ -376,7 +385,8 @@ impl<'c> Connection<'c> {
         })
     }
 
-    /// A statement built at run time (not kept).
+    /// A statement built at run time; kept like any other (they come in few shapes: a run
+    /// listing's filters).
     pub fn prepare(&self, sql: &str) -> Result<Statement<'c>> {
         self.prepare_cached(sql)
     }

@@ -222,22 +222,20 @@ class AgentClient:
 
     async def approve(self, approval_id: str, *, decider: str = "", reason: str = "") -> Approval:
         """Approves a waiting call: it runs (once)."""
-        response = await self._unary(
-            self._approvals.ApproveCall,
-            approvals_pb2.ApproveCallRequest(
-                approval_id=approval_id, decider=decider, reason=reason
-            ),
+        request = approvals_pb2.ApproveCallRequest(
+            approval_id=approval_id, decider=decider, reason=reason
         )
-        return wire.approval(response.approval)
+        return await self._answer(self._approvals.ApproveCall, request)
 
     async def reject(self, approval_id: str, *, decider: str = "", reason: str = "") -> Approval:
         """Rejects a waiting call: the model reads the reason."""
-        response = await self._unary(
-            self._approvals.RejectCall,
-            approvals_pb2.RejectCallRequest(
-                approval_id=approval_id, decider=decider, reason=reason
-            ),
+        request = approvals_pb2.RejectCallRequest(
+            approval_id=approval_id, decider=decider, reason=reason
         )
+        return await self._answer(self._approvals.RejectCall, request)
+
+    async def _answer(self, method: Any, request: Any) -> Approval:
+        response = await self._unary(method, request)
         return wire.approval(response.approval)
 
     async def list_events(self, run_id: str, *, from_seq: int = 0) -> list[Event]:

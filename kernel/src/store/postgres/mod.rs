@@ -8,6 +8,7 @@ use tokio_postgres::{Client, NoTls};
 use tracing::{info, warn};
 
 use super::Migrated;
+use super::sql::describe;
 use crate::error::KernelError;
 use crate::model::now_millis;
 
@@ -120,12 +121,4 @@ fn unavailable(what: &str, error: &tokio_postgres::Error) -> KernelError {
 
 fn store(what: &str, error: &tokio_postgres::Error) -> KernelError {
     KernelError::Store(format!("{what}: {}", describe(error)))
-}
-
-/// The server's own message when there is one (the driver's `Display` says only "db error").
-fn describe(error: &tokio_postgres::Error) -> String {
-    match error.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => error.to_string(),
-    }
 }
