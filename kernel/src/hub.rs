@@ -39,10 +39,16 @@ pub enum Signal {
     Progress(Arc<ProgressUpdate>),
 }
 
+/// A run's channel, and the last event sequence number it carried.
+struct Channel {
+    sender: broadcast::Sender<Signal>,
+    last_seq: u64,
+}
+
 /// The registry of per-run channels; a cheap handle.
 #[derive(Clone, Default)]
 pub struct Hub {
-    runs: Arc<Mutex<HashMap<RunId, broadcast::Sender<Signal>>>>,
+    runs: Arc<Mutex<HashMap<RunId, Channel>>>,
     /// Where woken hosted dispatches go to be queued (the scheduler), once it runs.
     ready: Arc<std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<StepRecord>>>,
 }
@@ -55,7 +61,11 @@ impl Hub {
             .lock()
             .expect("hub poisoned")
             .entry(run.clone())
-            .or_insert_with(|| broadcast::channel(CAPACITY).0)
+            .or_insert_with(|| Channel {
+                sender: broadcast::channel(CAPACITY).0,
+                last_seq: 0,
+            })
+            .sender
             .subscribe();
         Subscription {
             receiver,
@@ -65,16 +75,41 @@ impl Hub {
     }
 
     fn send(&self, run: &RunId, signal: Signal) {
-        let runs = self.runs.lock().expect("hub poisoned");
-        if let Some(sender) = runs.get(run) {
+        let mut runs = self.runs.lock().expect("hub poisoned");
+        if let Some(channel) = runs.get_mut(run) {
+            if let Signal::Event(event, _) = &signal {
+                channel.last_seq = channel.last_seq.max(event.seq);
+            }
             // No receiver is not an error: the last one may be leaving right now.
-            let _ = sender.send(signal);
+            let _ = channel.sender.send(signal);
         }
     }
 
     /// Runs with a live channel: a turn waiting for its results or a watcher.
     pub fn channels(&self) -> usize {
         self.runs.lock().expect("hub poisoned").len()
+    }
+
+    /// Whether someone here listens to `run`.
+    pub fn listens(&self, run: &RunId) -> bool {
+        self.runs.lock().expect("hub poisoned").contains_key(run)
+    }
+
+    /// The runs someone here listens to, each with the last sequence number its channel carried.
+    pub fn listened(&self) -> Vec<(RunId, u64)> {
+        let runs = self.runs.lock().expect("hub poisoned");
+        runs.iter()
+            .map(|(run, channel)| (run.clone(), channel.last_seq))
+            .collect()
+    }
+
+    /// Publishes events another replica committed (read back from the store), to this replica's
+    /// subscribers only: waking hosted dispatches is the claiming replica's business.
+    pub fn publish_remote(&self, published: Vec<Published>) {
+        for item in published {
+            let run = item.event.run_id.clone();
+            self.send(&run, Signal::Event(Arc::new(item.event), item.step.map(Arc::new)));
+        }
     }
 
     /// Sends every hosted dispatch a commit woke (`agent:resumed`) to `ready`, to be queued.
@@ -128,7 +163,10 @@ impl Drop for Subscription {
         let mut runs = self.hub.runs.lock().expect("hub poisoned");
         // Under the lock nobody can subscribe, and this receiver keeps the channel in the map, so
         // a count of one is this subscriber alone.
-        if runs.get(&self.run).is_some_and(|sender| sender.receiver_count() == 1) {
+        if runs
+            .get(&self.run)
+            .is_some_and(|channel| channel.sender.receiver_count() == 1)
+        {
             runs.remove(&self.run);
         }
     }

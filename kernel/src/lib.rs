@@ -17,6 +17,7 @@
 //! [`server::run`] assembles them; `main` only parses [`config::Config`] and installs logging.
 
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod governance;

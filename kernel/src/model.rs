@@ -605,6 +605,8 @@ pub struct StepRecord {
     pub error_kind: Option<ErrorKind>,
     pub worker: Option<String>,
     pub session_id: Option<String>,
+    /// The kernel replica holding the step's lease while it runs (its writer recorded the start).
+    pub replica: Option<String>,
     pub dispatch_id: Option<String>,
     pub lease_expires_at: Option<Millis>,
     pub created_at: Millis,

@@ -176,6 +176,33 @@ impl Registry {
         }
     }
 
+    /// Takes in what other replicas registered or forgot (the store's tools and agents, read
+    /// again): a tool the store no longer has is forgotten unless a session here offers it.
+    pub fn refresh(&self, tools: Vec<(ToolDef, Millis, Millis)>, agents: &[AgentDef]) {
+        {
+            let mut known = self.write();
+            let mut fresh: BTreeMap<String, Arc<KnownTool>> = tools
+                .into_iter()
+                .map(|(def, first_seen_at, last_seen_at)| {
+                    let unchanged = known
+                        .tools
+                        .get(&def.name)
+                        .filter(|t| t.def.fingerprint == def.fingerprint)
+                        .cloned();
+                    let tool = unchanged.unwrap_or_else(|| Arc::new(KnownTool::new(def, first_seen_at, last_seen_at)));
+                    (tool.def.name.clone(), tool)
+                })
+                .collect();
+            for (name, tool) in &known.tools {
+                if known.offers.contains_key(name) && !fresh.contains_key(name) {
+                    fresh.insert(name.clone(), tool.clone());
+                }
+            }
+            known.tools = fresh;
+        }
+        self.know_agents(agents);
+    }
+
     /// A session that offered `names` left; returns those no session offers any more.
     pub fn leave(&self, names: &[String]) -> Vec<String> {
         let mut known = self.write();

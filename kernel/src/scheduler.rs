@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::cluster::Offers;
 use crate::error::KernelError;
 use crate::machine::human_ms;
 use crate::model::{AgentDef, Millis, RunId, StepKey, StepKind, StepRecord, StepStatus, ToolDef, now_millis};
@@ -39,6 +40,9 @@ pub struct SchedulerConfig {
     pub tick: Duration,
     /// How often the store is scanned for calls the scheduler lost track of.
     pub scan_interval: Duration,
+    /// Other kernel replicas share the database (PostgreSQL): a call whose tool only their
+    /// sessions offer is theirs to claim, and only leases this replica holds are its to lose.
+    pub replicated: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -50,6 +54,7 @@ impl Default for SchedulerConfig {
             cancel_grace: Duration::from_secs(5),
             tick: Duration::from_millis(100),
             scan_interval: Duration::from_secs(5),
+            replicated: false,
         }
     }
 }
@@ -172,6 +177,19 @@ enum Msg {
     Unlock(String),
     /// How many queued calls wait for each held resource instance.
     LockWaits(oneshot::Sender<HashMap<String, u32>>),
+    /// What this replica's sessions offer.
+    Offers(oneshot::Sender<Offers>),
+    /// What the other live replicas' sessions offer, by replica.
+    RemoteOffers(Vec<(String, Offers)>),
+    /// Another replica made calls of these tools (or dispatches of these agents) wait for a worker.
+    Claim {
+        tools: Vec<String>,
+        agents: Vec<String>,
+    },
+    /// Waiting steps read for a claim.
+    Claimed(Vec<StepRecord>),
+    /// Another replica wrote these runs: a lease here whose step it settled is cancelled.
+    RemoteRuns(Vec<RunId>),
 }
 
 /// A cheap handle on the scheduler task.
@@ -197,6 +215,8 @@ impl Scheduler {
             expiring: Default::default(),
             scans: 0,
             lost_found: 0,
+            remote: Vec::new(),
+            claiming: Default::default(),
         };
         tokio::spawn(actor.run(rx, shutdown));
         Scheduler { tx, config }
@@ -291,6 +311,35 @@ impl Scheduler {
     pub fn reserved(&self, outcome: Vec<(StartDispatch, Option<StepRecord>)>) {
         if !outcome.is_empty() {
             self.send(Msg::Reserved(outcome));
+        }
+    }
+
+    /// What this replica's sessions offer, for its row in the replicas table.
+    pub async fn offers(&self) -> Result<Offers, KernelError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Msg::Offers(reply));
+        answer
+            .await
+            .map_err(|_| KernelError::Unavailable("the scheduler has stopped".into()))
+    }
+
+    /// What the other live replicas' sessions offer now.
+    pub fn remote_offers(&self, offers: Vec<(String, Offers)>) {
+        self.send(Msg::RemoteOffers(offers));
+    }
+
+    /// Another replica's commit left calls of `tools` (or runs of `agents`) waiting for a worker:
+    /// if this replica's sessions offer one and have a free slot, it claims some.
+    pub fn claim(&self, tools: Vec<String>, agents: Vec<String>) {
+        if !tools.is_empty() || !agents.is_empty() {
+            self.send(Msg::Claim { tools, agents });
+        }
+    }
+
+    /// Another replica wrote these runs.
+    pub fn remote_runs(&self, runs: Vec<RunId>) {
+        if !runs.is_empty() {
+            self.send(Msg::RemoteRuns(runs));
         }
     }
 
@@ -409,6 +458,10 @@ struct Actor {
     /// In-flight scans reconciled, and the calls they found lost.
     scans: u64,
     lost_found: u64,
+    /// What the other live replicas offer (empty on SQLite).
+    remote: Vec<(String, Offers)>,
+    /// A claim's read is running: another waits for it rather than reading the same rows twice.
+    claiming: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Actor {
@@ -439,9 +492,29 @@ impl Actor {
     fn handle(&mut self, msg: Msg) {
         match msg {
             Msg::Join { hello, outbound, reply } => {
-                let _ = reply.send(self.join(hello, outbound));
+                let joined = self.join(hello, outbound);
+                if let (Ok(session_id), true) = (&joined, self.config.replicated) {
+                    // Calls another replica recorded may be waiting for exactly this worker.
+                    let session = &self.sessions[session_id];
+                    let tools = session.tools.keys().cloned().collect();
+                    let agents = session.agents.keys().cloned().collect();
+                    self.claim(tools, agents);
+                }
+                let _ = reply.send(joined);
                 self.dispatch_ready();
             }
+            Msg::Offers(reply) => {
+                let _ = reply.send(self.local_offers());
+            }
+            Msg::RemoteOffers(remote) => self.remote = remote,
+            Msg::Claim { tools, agents } => self.claim(tools, agents),
+            Msg::Claimed(steps) => {
+                for step in steps {
+                    self.enqueue(step);
+                }
+                self.dispatch_ready();
+            }
+            Msg::RemoteRuns(runs) => self.check_remote_runs(runs),
             Msg::Leave { session_id, reason } => self.leave(&session_id, &reason),
             Msg::Heartbeat { session_id } => {
                 if let Some(session) = self.sessions.get_mut(&session_id) {
@@ -583,6 +656,7 @@ impl Actor {
                 }
             }
         }
+        self.check_remote_conflicts(&hello)?;
         let session_id = uuid::Uuid::now_v7().to_string();
         let now = now_millis();
         info!(
@@ -615,6 +689,134 @@ impl Actor {
             },
         );
         Ok(session_id)
+    }
+
+    /// Refuses a tool or agent whose fingerprint differs from the one another live replica's
+    /// sessions offer (as its last heartbeat listed them).
+    fn check_remote_conflicts(&self, hello: &SessionHello) -> Result<(), KernelError> {
+        for (replica, offers) in &self.remote {
+            for tool in &hello.tools {
+                if let Some(theirs) = offers.tools.get(&tool.name)
+                    && *theirs != tool.fingerprint
+                {
+                    return Err(KernelError::AlreadyExists(format!(
+                        "tool '{}' is already offered through kernel replica {replica} with fingerprint {theirs}; \
+                         this worker announces fingerprint {}. Workers may offer the same tool only with the same \
+                         name, description, schema and version",
+                        tool.name, tool.fingerprint
+                    )));
+                }
+            }
+            for agent in &hello.agents {
+                if let Some(theirs) = offers.agents.get(&agent.name)
+                    && *theirs != agent.fingerprint
+                {
+                    return Err(KernelError::AlreadyExists(format!(
+                        "agent '{}' is already hosted through kernel replica {replica} with fingerprint {theirs}; \
+                         this worker announces fingerprint {}. Workers may host the same agent only with the same \
+                         name, description, input schema and version",
+                        agent.name, agent.fingerprint
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What the sessions here offer, with fingerprints.
+    fn local_offers(&self) -> Offers {
+        let mut offers = Offers::default();
+        for session in self.sessions.values() {
+            for (name, fingerprint) in &session.tools {
+                offers.tools.insert(name.clone(), fingerprint.clone());
+            }
+            for (name, (fingerprint, _)) in &session.agents {
+                offers.agents.insert(name.clone(), fingerprint.clone());
+            }
+        }
+        offers
+    }
+
+    /// Whether a session here offers `name` (a tool, or an agent for a run's dispatch).
+    fn offered_here(&self, kind: StepKind, name: &str) -> bool {
+        self.sessions.values().any(|s| s.offers(kind, name))
+    }
+
+    /// Whether another live replica's sessions offer `name`.
+    fn offered_elsewhere(&self, kind: StepKind, name: &str) -> bool {
+        self.remote.iter().any(|(_, offers)| match kind {
+            StepKind::Agent => offers.agents.contains_key(name),
+            _ => offers.tools.contains_key(name),
+        })
+    }
+
+    /// Reads waiting steps of `tools` and `agents` that sessions here offer, at most as many as
+    /// they have free slots, and queues them. Another replica may claim the same step; the store
+    /// starts it once (its start is fenced on the attempt), and the loser gives the slot back.
+    fn claim(&mut self, tools: Vec<String>, agents: Vec<String>) {
+        let free: u32 = self
+            .sessions
+            .values()
+            .filter(|s| !s.draining)
+            .map(|s| s.max_concurrency.saturating_sub(s.in_use))
+            .sum();
+        let tools: Vec<String> = tools
+            .into_iter()
+            .filter(|t| self.offered_here(StepKind::Tool, t))
+            .collect();
+        let agents: Vec<String> = agents
+            .into_iter()
+            .filter(|a| self.offered_here(StepKind::Agent, a))
+            .collect();
+        if free == 0 || (tools.is_empty() && agents.is_empty()) {
+            return;
+        }
+        if self.claiming.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            // A read is running; the next heartbeat's or scan's claim finds what it misses.
+            return;
+        }
+        let store = self.store.clone();
+        let me = self.me.clone();
+        let claiming = self.claiming.clone();
+        // Queued calls count against the slots too: read as many more as they leave room for.
+        let limit = free as usize + self.queue.len();
+        tokio::spawn(async move {
+            match store.reads.pending_for(tools, agents, limit).await {
+                Ok(steps) if !steps.is_empty() => {
+                    let _ = me.send(Msg::Claimed(steps));
+                }
+                Ok(_) => {}
+                Err(error) => warn!(%error, "cannot read calls to claim"),
+            }
+            claiming.store(false, std::sync::atomic::Ordering::Release);
+        });
+    }
+
+    /// Cancels the leases here whose steps another replica settled or took (a run cancelled there,
+    /// or this replica's leases taken over as dead): the store no longer lists their dispatch.
+    fn check_remote_runs(&mut self, runs: Vec<RunId>) {
+        let runs: Vec<RunId> = runs
+            .into_iter()
+            .filter(|run| self.leases.values().any(|l| &l.run_id == run))
+            .collect();
+        if runs.is_empty() {
+            return;
+        }
+        let store = self.store.clone();
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            let mut steps = Vec::new();
+            for run in runs {
+                match store.reads.steps(run).await {
+                    Ok(found) => steps.extend(found),
+                    Err(error) => warn!(%error, "cannot read a run another replica wrote"),
+                }
+            }
+            let _ = me.send(Msg::CancelSteps {
+                steps,
+                reason: "settled on another kernel replica".into(),
+            });
+        });
     }
 
     fn leave(&mut self, session_id: &str, reason: &str) {
@@ -711,7 +913,13 @@ impl Actor {
                 }
                 StepStatus::Running => {
                     let held = step.dispatch_id.as_ref().is_some_and(|id| self.leases.contains_key(id));
-                    if !held && let Some(dispatch_id) = step.dispatch_id.clone() {
+                    // Another live replica's lease is its own; a dead one's is taken over by the
+                    // cluster's heartbeat, once its row is old enough.
+                    let mine = !self.config.replicated || step.replica.as_deref() == Some(self.store.replica());
+                    if !held
+                        && mine
+                        && let Some(dispatch_id) = step.dispatch_id.clone()
+                    {
                         found += 1;
                         self.lose(
                             dispatch_id,
@@ -740,7 +948,12 @@ impl Actor {
                 && l.key == step.key
                 && (l.attempt > step.attempts || !matches!(l.state, LeaseState::Cancelling { .. }))
         });
-        if !held {
+        // Another replica's sessions offer it and none here does: it is theirs to claim (their
+        // replica was told by this commit's notice, and their scan finds it too).
+        let theirs = self.config.replicated
+            && !self.offered_here(step.kind, &step.tool)
+            && self.offered_elsewhere(step.kind, &step.tool);
+        if !held && !theirs {
             self.queue.push(step);
         }
     }
@@ -1018,20 +1231,42 @@ impl Actor {
 
     fn cancel_steps(&mut self, steps: Vec<StepRecord>, reason: &str) {
         for step in steps {
-            self.queue
-                .retain(|q| !(q.step.run_id == step.run_id && q.step.key == step.key));
-            let until = Instant::now() + self.config.cancel_grace;
-            for (dispatch_id, lease) in self.leases.iter_mut() {
-                if lease.run_id == step.run_id && lease.key == step.key {
-                    if let Some(session) = self.sessions.get(&lease.session_id) {
-                        let _ = session.outbound.send(Outbound::Cancel {
-                            dispatch_id: dispatch_id.clone(),
-                            attempt: lease.attempt,
-                            reason: reason.to_owned(),
-                        });
-                    }
-                    lease.state = LeaseState::Cancelling { until };
+            match step.status {
+                // Read from another replica's write and still running on a lease here: it stays.
+                StepStatus::Running
+                    if step
+                        .dispatch_id
+                        .as_ref()
+                        .and_then(|id| self.leases.get(id))
+                        .is_some_and(|l| l.attempt == step.attempts) => {}
+                // Waiting again: the lease here was lost (taken over as dead); the step may be queued.
+                StepStatus::Pending => self.cancel_leases_of(&step, reason),
+                _ => {
+                    self.queue
+                        .retain(|q| !(q.step.run_id == step.run_id && q.step.key == step.key));
+                    self.cancel_leases_of(&step, reason);
                 }
+            }
+        }
+    }
+
+    /// Tells the workers holding dispatches of `step` to stop; their slots stay taken until they
+    /// answer or the grace ends.
+    fn cancel_leases_of(&mut self, step: &StepRecord, reason: &str) {
+        let until = Instant::now() + self.config.cancel_grace;
+        for (dispatch_id, lease) in self.leases.iter_mut() {
+            if lease.run_id == step.run_id
+                && lease.key == step.key
+                && !matches!(lease.state, LeaseState::Cancelling { .. })
+            {
+                if let Some(session) = self.sessions.get(&lease.session_id) {
+                    let _ = session.outbound.send(Outbound::Cancel {
+                        dispatch_id: dispatch_id.clone(),
+                        attempt: lease.attempt,
+                        reason: reason.to_owned(),
+                    });
+                }
+                lease.state = LeaseState::Cancelling { until };
             }
         }
     }
@@ -1115,11 +1350,22 @@ impl Actor {
 
         let limit = self.config.schedule_to_start_timeout;
         let sessions = &self.sessions;
+        let remote = &self.remote;
+        let replicated = self.config.replicated;
         let mut starved = Vec::new();
         self.queue.retain(|queued| {
+            let (kind, tool) = (queued.step.kind, queued.step.tool.as_str());
+            let here = sessions.values().any(|s| s.offers(kind, tool));
+            let elsewhere = remote.iter().any(|(_, offers)| match kind {
+                StepKind::Agent => offers.agents.contains_key(tool),
+                _ => offers.tools.contains_key(tool),
+            });
+            if replicated && !here && elsewhere {
+                // Only another replica can run it now: it is theirs to claim.
+                return false;
+            }
             // A hosted run waits for a worker hosting its agent however long that takes.
-            let offered = queued.step.kind == StepKind::Agent
-                || sessions.values().any(|s| s.offers(queued.step.kind, &queued.step.tool));
+            let offered = kind == StepKind::Agent || here;
             let waited = now.saturating_duration_since(queued.not_before.unwrap_or(queued.since).max(queued.since));
             if !offered && waited > limit {
                 starved.push(queued.step.clone());

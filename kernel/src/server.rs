@@ -32,8 +32,21 @@ use crate::store::{Database, DbLock, LeaseLoss, LossOutcome, Store};
 /// again. Connection state did not survive the restart, so every lease is gone: a started
 /// `safe_to_retry` call is queued again, a started `at_most_once` call becomes indeterminate.
 /// It runs before the scheduler starts, so the scheduler's in-flight scan never races it.
-async fn recover(store: &Store) -> Result<Vec<StepRecord>, KernelError> {
+/// Among replicas (`replicated`: live ones besides this), a lease a live replica holds is its
+/// own; one a replica that died recently holds is taken over once its row is older than `ttl`.
+async fn recover(store: &Store, replicated: Option<Duration>) -> Result<Vec<StepRecord>, KernelError> {
+    let live: Vec<String> = match replicated {
+        Some(ttl) => crate::cluster::live_replicas(store, ttl)
+            .await?
+            .into_iter()
+            .map(|row| row.id)
+            .collect(),
+        None => Vec::new(),
+    };
     let steps = store.reads.in_flight_steps().await?;
+    let steps = steps
+        .into_iter()
+        .filter(|step| step.status != StepStatus::Running || step.replica.as_ref().is_none_or(|r| !live.contains(r)));
     let mut queue = Vec::new();
     let mut indeterminate = 0;
     let mut losses = Vec::new();
@@ -179,8 +192,13 @@ pub async fn run(
     let (store, writer) = Store::open_database(&config.db, config.durability, hub.clone()).await?;
     let registry = Registry::load(store.reads.tools().await?);
     registry.know_agents(&store.reads.agents().await?);
-    let recovered = recover(&store).await?;
-    let scheduler = Scheduler::spawn(config.scheduler(), store.clone(), shutdown.clone());
+    let replicated = matches!(config.db, Database::Postgres(_));
+    let scheduler_config = crate::scheduler::SchedulerConfig {
+        replicated,
+        ..config.scheduler()
+    };
+    let recovered = recover(&store, replicated.then_some(scheduler_config.lease_ttl)).await?;
+    let scheduler = Scheduler::spawn(scheduler_config, store.clone(), shutdown.clone());
     for step in recovered {
         scheduler.enqueue(step);
     }
@@ -194,6 +212,21 @@ pub async fn run(
             waker.enqueue(step);
         }
     });
+
+    if let Database::Postgres(url) = &config.db {
+        tokio::spawn(crate::cluster::heartbeat(
+            store.clone(),
+            scheduler.clone(),
+            shutdown.clone(),
+        ));
+        let feed = crate::cluster::feed::Feed {
+            store: store.clone(),
+            hub: hub.clone(),
+            scheduler: scheduler.clone(),
+            registry: registry.clone(),
+        };
+        tokio::spawn(feed.run(url.clone(), shutdown.clone()));
+    }
 
     let kernel = Kernel {
         store: store.clone(),
@@ -252,7 +285,7 @@ pub async fn run(
     let addr = listener
         .local_addr()
         .map_err(|e| KernelError::Unavailable(e.to_string()))?;
-    info!(%addr, db = %config.db, schema = Store::schema_version(), "listening");
+    info!(%addr, db = %config.db, schema = Store::schema_version(), replica = store.replica(), "listening");
     if let Some(mcp) = config.mcp_listen {
         serve_mcp(mcp, addr, shutdown.clone()).await?;
     }
@@ -306,6 +339,9 @@ pub async fn run(
         Duration::from_millis(config.drain_timeout_ms),
     )
     .await?;
+    if replicated {
+        crate::cluster::hand_back(&store).await;
+    }
     drop(store);
     let drain = Duration::from_millis(config.drain_timeout_ms);
     // Give the writer its last batch: every command already queued commits before it exits.

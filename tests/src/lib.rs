@@ -315,10 +315,16 @@ impl Kernel {
 
     /// Starts the fault-injection worker with extra flags (e.g. `--max-concurrency 300`).
     pub fn fault_worker_with(&self, name: &str, args: &[&str]) -> Process {
+        self.fault_worker_on(self, name, args)
+    }
+
+    /// Starts the fault-injection worker against `serving` (another replica on this kernel's
+    /// database), writing to this kernel's ledger, so one ledger sees every replica's workers.
+    pub fn fault_worker_on(&self, serving: &Kernel, name: &str, args: &[&str]) -> Process {
         let mut command = Command::new(binary("fault-worker"));
         command
             .arg("--kernel")
-            .arg(self.url())
+            .arg(serving.url())
             .arg("--name")
             .arg(name)
             .arg("--ledger")

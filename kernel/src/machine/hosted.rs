@@ -71,6 +71,7 @@ pub fn dispatch_step(run: &RunRecord, agent: &HostedAgent, now: Millis) -> StepR
         error_kind: None,
         worker: None,
         session_id: None,
+        replica: None,
         dispatch_id: None,
         lease_expires_at: None,
         created_at: now,

@@ -33,6 +33,7 @@ pub fn step() -> StepRecord {
         error_kind: None,
         worker: None,
         session_id: None,
+        replica: None,
         dispatch_id: None,
         lease_expires_at: None,
         created_at: NOW - 10,

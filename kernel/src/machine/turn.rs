@@ -428,6 +428,7 @@ pub fn record(
         error_kind: refusal.as_ref().map(|_| ErrorKind::Fatal),
         worker: None,
         session_id: None,
+        replica: None,
         dispatch_id: None,
         lease_expires_at: None,
         created_at: now,

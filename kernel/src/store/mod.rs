@@ -16,7 +16,7 @@ mod sql;
 mod writer;
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
@@ -31,6 +31,7 @@ pub use lock::{DbLock, lock_path};
 pub use ops::Published;
 pub use ops::{StepRecorded, SubagentStart, SubagentStarted, SuspendReport};
 pub use reads::{Readers, RunFilter};
+pub use sql::describe as describe_postgres_error;
 use writer::Command;
 use writer::WriteConn;
 
@@ -153,6 +154,25 @@ pub struct Store {
     commands: mpsc::Sender<Command>,
     /// Read-only queries.
     pub reads: Readers,
+    /// This kernel's replica id, new at every start: the holder of the leases its writer records.
+    replica: Arc<str>,
+}
+
+/// A replica's renewal of its row.
+#[derive(Clone, Debug)]
+pub struct ReplicaBeat {
+    pub started_at: Millis,
+    /// JSON: what the replica's worker sessions offer ([`crate::cluster::Offers`]).
+    pub offers: String,
+}
+
+/// A replica's row, as read.
+#[derive(Clone, Debug)]
+pub struct ReplicaRow {
+    pub id: String,
+    pub started_at: Millis,
+    pub heartbeat_at: Millis,
+    pub offers: String,
 }
 
 /// The writer thread; joining it waits for the last batch to commit.
@@ -240,22 +260,36 @@ pub async fn migrate(db: &Database) -> Result<Migrated, KernelError> {
     }
 }
 
+/// A replica id: time-ordered, so the replicas table lists them by age.
+fn new_replica_id() -> Arc<str> {
+    uuid::Uuid::now_v7().to_string().into()
+}
+
 impl Store {
     /// Opens (creating and migrating) the database and starts the writer thread.
     pub fn open(path: &Path, durability: Durability, hub: Hub) -> Result<(Store, WriterThread), KernelError> {
         let conn = open_writer(path, durability)
             .map_err(|e| KernelError::Store(format!("cannot open database {}: {e}", path.display())))?;
         let (commands, receiver) = mpsc::channel();
+        let replica = new_replica_id();
+        let writer_replica = replica.clone();
         let thread = std::thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || {
-                writer::run(WriteConn::Sqlite(conn), receiver, move |published| {
+                writer::run(WriteConn::Sqlite(conn), &writer_replica, receiver, move |published| {
                     hub.publish_committed(published)
                 })
             })
             .map_err(|e| KernelError::Store(format!("cannot start the writer thread: {e}")))?;
         let reads = Readers::open(&PathBuf::from(path))?;
-        Ok((Store { commands, reads }, WriterThread(thread)))
+        Ok((
+            Store {
+                commands,
+                reads,
+                replica,
+            },
+            WriterThread(thread),
+        ))
     }
 
     /// Opens a PostgreSQL store: migrates it (under the migration lock), then starts the writer
@@ -268,6 +302,8 @@ impl Store {
         let (commands, receiver) = mpsc::channel();
         let (ready, opened) = oneshot::channel();
         let writer_url = url.to_owned();
+        let replica = new_replica_id();
+        let writer_replica = replica.clone();
         let thread = std::thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || {
@@ -284,6 +320,7 @@ impl Store {
                         conn: Box::new(conn),
                         url: writer_url,
                     },
+                    &writer_replica,
                     receiver,
                     move |published| hub.publish_committed(published),
                 )
@@ -296,6 +333,7 @@ impl Store {
             Store {
                 commands,
                 reads: Readers::open_postgres(url),
+                replica,
             },
             WriterThread(thread),
         ))
@@ -316,6 +354,27 @@ impl Store {
     /// The schema version this build writes.
     pub fn schema_version() -> usize {
         schema::latest()
+    }
+
+    /// This kernel's replica id.
+    pub fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    /// Renews this replica's row.
+    pub async fn beat(&self, beat: ReplicaBeat) -> Result<(), KernelError> {
+        self.send(|reply| Command::Beat(beat, reply)).await
+    }
+
+    /// Removes a replica's row (with `heartbeat_at`, only if it has not beaten again since); whether
+    /// one was removed.
+    pub async fn forget_replica(&self, id: String, heartbeat_at: Option<Millis>) -> Result<bool, KernelError> {
+        self.send(|reply| Command::ForgetReplica {
+            id,
+            heartbeat_at,
+            reply,
+        })
+        .await
     }
 
     async fn send<T>(

@@ -31,13 +31,23 @@ pub struct Published {
 /// The state one command sees: the connection, the batch clock, and the events it appended.
 pub struct Tx<'c> {
     pub conn: &'c Connection<'c>,
+    /// The replica this writer serves: a dispatch it starts is leased to it.
+    pub replica: &'c str,
     pub now: Millis,
     pub published: Vec<Published>,
+    /// Steps this command left waiting for a worker, by kind and tool (or agent): the other
+    /// replicas' schedulers hear of them in the commit's notice.
+    pub waiting: Vec<(StepKind, String)>,
 }
 
 type Result<T> = std::result::Result<T, KernelError>;
 
 impl Tx<'_> {
+    /// Notes that `step` waits for a worker now.
+    fn waits(&mut self, step: &StepRecord) {
+        self.waiting.push((step.kind, step.tool.clone()));
+    }
+
     fn append(&mut self, run: &RunId, kind: EventType, payload: Value, step: Option<StepRecord>) -> Result<()> {
         // Taking the next number from the run row inside this transaction keeps the sequence
         // gap-free and unique even with many writers queued in one batch.
@@ -138,6 +148,7 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool, Opti
             tx.append(&run.id, event.kind, event.payload, None)?;
             if let Some(dispatch) = &dispatch {
                 insert_step(tx.conn, dispatch)?;
+                tx.waits(dispatch);
             }
             Ok((tx.run(&run.id)?, true, dispatch.map(|d| *d)))
         }
@@ -180,7 +191,7 @@ fn save_step(conn: &Connection<'_>, step: &StepRecord) -> Result<()> {
         "UPDATE steps SET status = ?3, attempts = ?4, output = ?5, error = ?6, error_kind = ?7, worker = ?8, \
          session_id = ?9, dispatch_id = ?10, lease_expires_at = ?11, started_at = ?12, finished_at = ?13, \
          progress_count = ?14, not_before = ?15, lease_losses = ?16, cost = ?17, outcome = ?18, approval = ?19, \
-         replays = ?20 WHERE run_id = ?1 AND step_key = ?2",
+         replays = ?20, replica = ?21 WHERE run_id = ?1 AND step_key = ?2",
     )?
     .execute(params![
         step.run_id.as_str(),
@@ -205,6 +216,7 @@ fn save_step(conn: &Connection<'_>, step: &StepRecord) -> Result<()> {
             .as_ref()
             .map(|a| serde_json::to_string(a).expect("a decision serializes")),
         step.replays,
+        step.replica,
     ])?;
     // Every way out of running passes here, so no exit path can keep a lock.
     if step.status != StepStatus::Running && resources::locks(&step.resources).next().is_some() {
@@ -315,7 +327,10 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
                 };
                 dispositions.push(match started {
                     Some(started) => CallDisposition::Started(started),
-                    None => CallDisposition::Scheduled(step),
+                    None => {
+                        tx.waits(&step);
+                        CallDisposition::Scheduled(step)
+                    }
                 });
             }
         }
@@ -491,6 +506,7 @@ fn settle_approval(
     match change.step {
         Decided::Approved(step) => {
             save_step(tx.conn, &step)?;
+            tx.waits(&step);
             answered.to_dispatch.push(step);
         }
         Decided::Refused(settled) => {
@@ -563,9 +579,10 @@ pub fn start_dispatch(tx: &mut Tx<'_>, start: StartDispatch) -> Result<Option<St
 
 /// Starts `step`, already loaded in this transaction.
 fn start_loaded(tx: &mut Tx<'_>, step: &StepRecord, start: &StartDispatch) -> Result<Option<StepRecord>> {
-    let Some(change) = dispatch::start(step, start, tx.now) else {
+    let Some(mut change) = dispatch::start(step, start, tx.now) else {
         return Ok(None);
     };
+    change.step.replica = Some(tx.replica.to_owned());
     if step.kind == StepKind::Agent {
         let (run, event) = hosted::dispatched(&tx.run(&step.run_id)?, tx.now);
         save_run(tx.conn, &run)?;
@@ -834,6 +851,9 @@ fn new_subagent(
         change.event.payload,
         Some(change.step.clone()),
     )?;
+    if !waits {
+        tx.waits(&dispatch);
+    }
     Ok((
         StepRecorded::Recorded(change.step),
         (!waits).then(|| Box::new(dispatch)),
@@ -1138,4 +1158,30 @@ pub fn purge_expired(tx: &mut Tx<'_>, limit: usize) -> Result<usize> {
         )?
         .execute(params![tx.now, limit])?;
     Ok(results + entries)
+}
+
+/// Renews this replica's row: its heartbeat dates every lease it holds.
+pub fn beat(tx: &mut Tx<'_>, beat: super::ReplicaBeat) -> Result<()> {
+    tx.conn
+        .prepare_cached(
+            "INSERT INTO replicas (id, started_at, heartbeat_at, offers) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) \
+             DO UPDATE SET heartbeat_at = excluded.heartbeat_at, offers = excluded.offers",
+        )?
+        .execute(params![tx.replica, beat.started_at, tx.now, beat.offers])?;
+    Ok(())
+}
+
+/// Removes a replica's row; with `heartbeat_at`, only if it has not beaten again since.
+pub fn forget_replica(tx: &mut Tx<'_>, id: &str, heartbeat_at: Option<Millis>) -> Result<bool> {
+    let removed = match heartbeat_at {
+        Some(at) => tx
+            .conn
+            .prepare_cached("DELETE FROM replicas WHERE id = ?1 AND heartbeat_at = ?2")?
+            .execute(params![id, at])?,
+        None => tx
+            .conn
+            .prepare_cached("DELETE FROM replicas WHERE id = ?1")?
+            .execute(params![id])?,
+    };
+    Ok(removed > 0)
 }

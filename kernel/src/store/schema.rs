@@ -223,6 +223,19 @@ const MIGRATIONS: &[&str] = &[
     ) STRICT;
     CREATE INDEX resource_locks_by_step ON resource_locks (run_id, step_key);
     "#,
+    // 9: replicas on one database. A running step names the replica whose writer started it (its
+    // lease's holder); each replica keeps a row it renews while it lives, whose age is the age of
+    // every lease it holds, and lists what its worker sessions offer.
+    r#"
+    ALTER TABLE steps ADD COLUMN replica TEXT;
+    CREATE INDEX steps_by_replica ON steps (replica) WHERE status = 'running';
+    CREATE TABLE replicas (
+        id           TEXT PRIMARY KEY,
+        started_at   INTEGER NOT NULL,
+        heartbeat_at INTEGER NOT NULL,
+        offers       TEXT NOT NULL
+    ) STRICT;
+    "#,
 ];
 
 /// Brings the database to the newest schema.

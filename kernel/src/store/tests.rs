@@ -1331,7 +1331,102 @@ async fn a_start_on_an_instance_another_call_holds_is_refused_naming_it(fx: Fixt
 }
 
 // Every test above that takes a fixture, on both backends.
+/// A replica's writer leases what it starts to that replica; its row renews every lease at once;
+/// a dead replica's row goes only if it did not beat again; waiting calls are found by tool.
+async fn a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases(f: Fixture) {
+    let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let add = tool("add", Idempotency::SafeToRetry);
+    let turn = f
+        .store
+        .schedule_turn(plan(
+            &run.id,
+            0,
+            vec![
+                call(0, 0, Some(add.clone()), "add", r#"{"a":1}"#),
+                call(0, 1, Some(add), "add", r#"{"a":2}"#),
+            ],
+        ))
+        .await
+        .unwrap();
+    let (first, second) = (scheduled(&turn[0]), scheduled(&turn[1]));
+    assert_eq!(first.replica, None, "a waiting call has no holder");
+    let started = start(&f.store, &first, "d1", 1, "s1").await.expect("starts");
+    assert_eq!(started.replica.as_deref(), Some(f.store.replica()));
+    let held = f.store.reads.held_by(f.store.replica().to_owned()).await.unwrap();
+    assert_eq!(
+        held.iter().map(|s| s.key.clone()).collect::<Vec<_>>(),
+        [first.key.clone()]
+    );
+    assert!(f.store.reads.held_by("another".into()).await.unwrap().is_empty());
+
+    let waiting = f
+        .store
+        .reads
+        .pending_for(vec!["add".into()], Vec::new(), 10)
+        .await
+        .unwrap();
+    assert_eq!(waiting.iter().map(|s| s.key.clone()).collect::<Vec<_>>(), [second.key]);
+    assert!(
+        f.store
+            .reads
+            .pending_for(vec!["add".into()], Vec::new(), 0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        f.store
+            .reads
+            .pending_for(Vec::new(), vec!["add".into()], 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "not an agent"
+    );
+    assert!(
+        f.store
+            .reads
+            .pending_for(vec!["other".into()], Vec::new(), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    let beat = |offers: &str| crate::store::ReplicaBeat {
+        started_at: 1,
+        offers: offers.into(),
+    };
+    f.store.beat(beat(r#"{"tools":{},"agents":{}}"#)).await.unwrap();
+    let rows = f.store.reads.replicas().await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].id, f.store.replica());
+    let first_beat = rows[0].heartbeat_at;
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    f.store
+        .beat(beat(r#"{"tools":{"add":"f"},"agents":{}}"#))
+        .await
+        .unwrap();
+    let rows = f.store.reads.replicas().await.unwrap();
+    assert!(rows[0].heartbeat_at > first_beat, "a beat renews the row");
+    assert!(rows[0].offers.contains("add"), "and says what is offered now");
+    assert!(
+        !f.store
+            .forget_replica(f.store.replica().to_owned(), Some(first_beat))
+            .await
+            .unwrap(),
+        "a row that beat again since it was read stays"
+    );
+    assert!(
+        f.store
+            .forget_replica(f.store.replica().to_owned(), Some(rows[0].heartbeat_at))
+            .await
+            .unwrap()
+    );
+    assert!(f.store.reads.replicas().await.unwrap().is_empty());
+}
+
 on_both_stores!(a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit);
+on_both_stores!(a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases);
 on_both_stores!(a_repeated_create_with_the_same_key_returns_the_same_run);
 on_both_stores!(a_call_runs_through_start_and_result_with_gap_free_events);
 on_both_stores!(results_are_fenced_by_dispatch_attempt_and_session);

@@ -14,7 +14,7 @@ use super::{
     StartDispatch, StepRecorded, SubagentStart, SubagentStarted, SuspendReport, TurnPlan,
 };
 use crate::error::KernelError;
-use crate::model::{AgentDef, RunId, RunRecord, StepKey, StepRecord, ToolDef, now_millis};
+use crate::model::{AgentDef, RunId, RunRecord, StepKey, StepKind, StepRecord, ToolDef, now_millis};
 
 /// The most commands folded into one transaction; bounds the latency of a batch.
 const MAX_BATCH: usize = 512;
@@ -63,6 +63,24 @@ pub enum Command {
     RegisterAgents(Vec<AgentDef>, Reply<()>),
     SuspendDispatch(SuspendReport, Reply<Option<StepRecord>>),
     StartSubagent(Box<SubagentStart>, Reply<SubagentStarted>),
+    /// Renews this replica's row (the age of every lease it holds) with what its sessions offer.
+    Beat(super::ReplicaBeat, Reply<()>),
+    /// Removes a replica's row; with `heartbeat_at`, only if it has not beaten again since.
+    ForgetReplica {
+        id: String,
+        heartbeat_at: Option<crate::model::Millis>,
+        reply: Reply<bool>,
+    },
+}
+
+impl Command {
+    /// Whether the command changes the tool or agent registry, which other replicas reload.
+    fn changes_registry(&self) -> bool {
+        matches!(
+            self,
+            Command::RegisterTools(..) | Command::ForgetTools(..) | Command::RegisterAgents(..)
+        )
+    }
 }
 
 /// Sends a command's answer once its batch has committed (or failed to).
@@ -125,6 +143,12 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
         Command::RegisterAgents(agents, reply) => respond(ops::register_agents(tx, agents), reply),
         Command::SuspendDispatch(report, reply) => respond(ops::suspend_dispatch(tx, report), reply),
         Command::StartSubagent(start, reply) => respond(ops::start_subagent(tx, *start), reply),
+        Command::Beat(beat, reply) => respond(ops::beat(tx, beat), reply),
+        Command::ForgetReplica {
+            id,
+            heartbeat_at,
+            reply,
+        } => respond(ops::forget_replica(tx, &id, heartbeat_at), reply),
     }
 }
 
@@ -136,7 +160,7 @@ pub enum WriteConn {
 
 impl WriteConn {
     /// A PostgreSQL connection that dropped (the server restarted, the network went) is made
-    /// again, serving lock included; until then every batch is refused as unavailable.
+    /// again; until then every batch is refused as unavailable.
     fn ensure_open(&mut self) -> Result<(), String> {
         if let WriteConn::Postgres { conn, url } = self
             && conn.is_closed()
@@ -161,11 +185,34 @@ impl WriteConn {
     }
 
     fn begin(&self) -> Result<(), String> {
-        // SQLite takes the write lock at once, so a batch never fails halfway for want of it.
-        self.batch(match self {
-            WriteConn::Sqlite(_) => "BEGIN IMMEDIATE",
-            WriteConn::Postgres { .. } => "BEGIN",
-        })
+        // SQLite takes the write lock at once, so a batch never fails halfway for want of it. On
+        // PostgreSQL the replicas' writers take turns under one transaction-scoped advisory lock:
+        // every check a command makes (is the step still pending, does this attempt hold it) reads
+        // what the other replicas committed, and nothing commits between the check and the write.
+        match self {
+            WriteConn::Sqlite(_) => self.batch("BEGIN IMMEDIATE"),
+            WriteConn::Postgres { .. } => self.batch(super::postgres::BEGIN_WRITE),
+        }
+    }
+
+    /// Commits, telling the other replicas (on PostgreSQL) what the batch wrote.
+    fn commit(
+        &self,
+        replica: &str,
+        (published, waiting): (&[Published], &[(StepKind, String)]),
+        registry: bool,
+    ) -> Result<(), String> {
+        match self {
+            WriteConn::Sqlite(_) => self.batch("COMMIT"),
+            WriteConn::Postgres { .. } => {
+                let notice = super::postgres::notice::Notice::of(replica, (published, waiting), registry);
+                if notice.is_empty() {
+                    self.batch("COMMIT")
+                } else {
+                    self.batch(&format!("{}COMMIT", notice.statements()))
+                }
+            }
+        }
     }
 
     fn sql(&self) -> Connection<'_> {
@@ -177,19 +224,27 @@ impl WriteConn {
 }
 
 /// Runs one command under a savepoint; a refused command's rows and events are undone.
-fn apply_isolated(conn: &WriteConn, now: i64, command: Command, published: &mut Vec<Published>) -> Responder {
+fn apply_isolated(
+    conn: &WriteConn,
+    (replica, now): (&str, i64),
+    command: Command,
+    (published, waiting): (&mut Vec<Published>, &mut Vec<(StepKind, String)>),
+) -> Responder {
     if let Err(error) = conn.batch("SAVEPOINT command") {
         return fail_command(command, KernelError::Store(error));
     }
     let sql = conn.sql();
     let mut tx = Tx {
         conn: &sql,
+        replica,
         now,
         published: Vec::new(),
+        waiting: Vec::new(),
     };
     let (responder, ok) = apply(&mut tx, command);
     if ok {
         published.append(&mut tx.published);
+        waiting.append(&mut tx.waiting);
     } else {
         let _ = conn.batch("ROLLBACK TO SAVEPOINT command");
     }
@@ -231,12 +286,14 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
         Command::RegisterAgents(_, reply) => respond(Err(make()), reply),
         Command::SuspendDispatch(_, reply) => respond(Err(make()), reply),
         Command::StartSubagent(_, reply) => respond(Err(make()), reply),
+        Command::Beat(_, reply) => respond(Err(make()), reply),
+        Command::ForgetReplica { reply, .. } => respond(Err(make()), reply),
     };
     responder
 }
 
 /// The writer loop: block for one command, take whatever else is queued, commit once, answer all.
-pub fn run(mut conn: WriteConn, commands: Receiver<Command>, publish: impl Fn(Vec<Published>)) {
+pub fn run(mut conn: WriteConn, replica: &str, commands: Receiver<Command>, publish: impl Fn(Vec<Published>)) {
     while let Ok(first) = commands.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -270,10 +327,17 @@ pub fn run(mut conn: WriteConn, commands: Receiver<Command>, publish: impl Fn(Ve
             }
             continue;
         }
+        let registry = batch.iter().any(Command::changes_registry);
+        let mut waiting = Vec::new();
         for command in batch {
-            responders.push(apply_isolated(&conn, now, command, &mut published));
+            responders.push(apply_isolated(
+                &conn,
+                (replica, now),
+                command,
+                (&mut published, &mut waiting),
+            ));
         }
-        let commit_error = conn.batch("COMMIT").err();
+        let commit_error = conn.commit(replica, (&published, &waiting), registry).err();
         if commit_error.is_some() {
             let _ = conn.batch("ROLLBACK");
             published.clear();

@@ -2,6 +2,7 @@
 //! replicas starting together do not race (the first applies them, the others wait for it and
 //! find nothing left to do).
 
+pub mod notice;
 mod schema;
 
 use tokio_postgres::{Client, NoTls};
@@ -92,26 +93,15 @@ async fn apply(client: &mut Client) -> Result<Migrated, KernelError> {
     Ok(Migrated { from, to: latest() })
 }
 
-/// The advisory lock the serving kernel's writer holds for as long as its connection lives: a
-/// second kernel on the same database is refused until replicas coordinate through it.
-const SERVING_LOCK: i64 = 0x6b65_726e_656c_0002;
+/// How a writer's batch begins: its transaction, then the write lock every replica's writer takes
+/// for the length of one transaction (number `0x6b65726e656c0002`), in one round trip.
+pub(super) const BEGIN_WRITE: &str = "BEGIN; SELECT pg_advisory_xact_lock(7738717353179611138)";
 
-/// The writer's blocking connection, holding the serving lock (on the writer thread: the blocking
-/// client runs a runtime of its own).
+/// The writer's blocking connection (on the writer thread: the blocking client runs a runtime of
+/// its own).
 pub(super) fn open_writer(url: &str) -> Result<super::sql::PgConn, KernelError> {
-    let mut client =
+    let client =
         ::postgres::Client::connect(url, NoTls).map_err(|error| unavailable("cannot connect to PostgreSQL", &error))?;
-    let locked: bool = client
-        .query_one("SELECT pg_try_advisory_lock($1)", &[&SERVING_LOCK])
-        .map_err(|error| store("cannot take the serving lock", &error))?
-        .get(0);
-    if !locked {
-        return Err(KernelError::FailedPrecondition(
-            "another kernel serves this PostgreSQL database; several replicas on one database are not in this \
-             release yet: stop it, or give this one another --db"
-                .into(),
-        ));
-    }
     Ok(super::sql::PgConn::new(client))
 }
 

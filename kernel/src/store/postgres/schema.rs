@@ -174,4 +174,17 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX resource_locks_by_step ON resource_locks (run_id, step_key);
     "#,
+    // 2: replicas (SQLite's 9). A running step names the replica holding its lease; a replica's
+    // row, renewed while it lives, dates every lease it holds and lists what its sessions offer.
+    r#"
+    ALTER TABLE steps ADD COLUMN replica TEXT;
+    CREATE INDEX steps_by_replica ON steps (replica) WHERE status = 'running';
+    CREATE INDEX steps_pending_by_tool ON steps (tool, created_at) WHERE status = 'pending';
+    CREATE TABLE replicas (
+        id           TEXT PRIMARY KEY,
+        started_at   BIGINT NOT NULL,
+        heartbeat_at BIGINT NOT NULL,
+        offers       TEXT NOT NULL
+    );
+    "#,
 ];

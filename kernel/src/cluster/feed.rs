@@ -1,0 +1,178 @@
+//! The commit feed: one connection per replica that `LISTEN`s for the notices the other
+//! replicas' writers send in their commits ([`crate::store::postgres::notice`]), and acts on each
+//! in the order they committed. A notice names rows; the feed reads them. If the connection
+//! drops, the feed reconnects with backoff and then catches up from the store: every run someone
+//! here listens to is read from the last event its channel carried, and waiting calls are claimed.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::error::KernelError;
+use crate::hub::Hub;
+use crate::model::{EventRecord, RunId, StepKey};
+use crate::registry::Registry;
+use crate::scheduler::Scheduler;
+use crate::store::postgres::notice::{CHANNEL, Notice};
+use crate::store::{Published, Store};
+
+/// What the feed acts on.
+#[derive(Clone)]
+pub struct Feed {
+    pub store: Store,
+    pub hub: Hub,
+    pub scheduler: Scheduler,
+    pub registry: Registry,
+}
+
+/// The most events read for one run from one notice or catch-up; a subscriber further behind
+/// re-reads the store itself (its channel lags).
+const MAX_EVENTS: u32 = 1_000;
+
+impl Feed {
+    /// Listens on `url` until `shutdown`, reconnecting whenever the connection drops.
+    pub async fn run(self, url: String, shutdown: CancellationToken) {
+        let mut backoff = Duration::from_millis(100);
+        let mut connected_before = false;
+        loop {
+            match listen(&url).await {
+                Ok((client, mut notices)) => {
+                    backoff = Duration::from_millis(100);
+                    if connected_before {
+                        info!("commit feed reconnected; catching up from the store");
+                        self.catch_up().await;
+                    }
+                    connected_before = true;
+                    loop {
+                        let payload = tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            payload = notices.recv() => payload,
+                        };
+                        let Some(payload) = payload else { break };
+                        match Notice::parse(&payload) {
+                            Some(notice) if notice.origin != self.store.replica() => self.apply(notice).await,
+                            Some(_) => {}
+                            None => debug!(payload, "notice not understood, ignored"),
+                        }
+                    }
+                    drop(client);
+                    warn!("commit feed lost its connection; reconnecting");
+                }
+                Err(error) => warn!(%error, "commit feed cannot connect; retrying"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Acts on one notice from another replica.
+    async fn apply(&self, notice: Notice) {
+        if notice.registry {
+            self.reload_registry().await;
+        }
+        self.scheduler.claim(notice.tools, notice.agents);
+        let mut runs = Vec::with_capacity(notice.runs.len());
+        for (run, from, to) in notice.runs {
+            let Ok(run) = RunId::parse(&run, "run") else { continue };
+            if self.hub.listens(&run) {
+                let count = u32::try_from(to.saturating_sub(from) + 1).unwrap_or(MAX_EVENTS);
+                self.publish(&run, from, count.min(MAX_EVENTS)).await;
+            }
+            runs.push(run);
+        }
+        self.scheduler.remote_runs(runs);
+    }
+
+    /// Reads `count` events of `run` from `from` on, with the steps they changed, and publishes
+    /// them to this replica's subscribers.
+    async fn publish(&self, run: &RunId, from: u64, count: u32) {
+        match read_published(&self.store, run.clone(), from, count).await {
+            Ok(published) => self.hub.publish_remote(published),
+            Err(error) => warn!(run_id = %run, %error, "cannot read events another replica committed"),
+        }
+    }
+
+    /// After a gap in the feed: what each listened run committed past its channel's last event,
+    /// the calls waiting for this replica's sessions, and the registry.
+    async fn catch_up(&self) {
+        self.reload_registry().await;
+        for (run, last_seq) in self.hub.listened() {
+            self.publish(&run, last_seq + 1, MAX_EVENTS).await;
+        }
+        if let Ok(offers) = self.scheduler.offers().await {
+            self.scheduler
+                .claim(offers.tools.into_keys().collect(), offers.agents.into_keys().collect());
+        }
+    }
+
+    async fn reload_registry(&self) {
+        let tools = self.store.reads.tools().await;
+        let agents = self.store.reads.agents().await;
+        match (tools, agents) {
+            (Ok(tools), Ok(agents)) => self.registry.refresh(tools, &agents),
+            (Err(error), _) | (_, Err(error)) => warn!(%error, "cannot reload the registry another replica changed"),
+        }
+    }
+}
+
+/// Events `from..from + count` of `run`, each with the step it names as the store has it now.
+async fn read_published(store: &Store, run: RunId, from: u64, count: u32) -> Result<Vec<Published>, KernelError> {
+    let events = store.reads.events(run.clone(), from, count).await?;
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let steps = store.reads.steps(run).await?;
+    Ok(events
+        .into_iter()
+        .map(|event| {
+            let step = step_key(&event).and_then(|key| steps.iter().find(|s| s.key == key).cloned());
+            Published { event, step }
+        })
+        .collect())
+}
+
+/// The step an event is about, when its payload names one.
+fn step_key(event: &EventRecord) -> Option<StepKey> {
+    let payload: serde_json::Value = serde_json::from_str(&event.payload).ok()?;
+    payload
+        .get("step_key")
+        .and_then(|key| key.as_str())
+        .map(|key| StepKey::from_stored(key.to_owned()))
+}
+
+/// Connects and listens; notices arrive on the receiver until the connection ends.
+async fn listen(url: &str) -> Result<(tokio_postgres::Client, mpsc::UnboundedReceiver<String>), KernelError> {
+    let (client, mut connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .map_err(|e| KernelError::Unavailable(format!("commit feed: {}", crate::store::describe_postgres_error(&e))))?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(AsyncMessage::Notification(note)) => {
+                    if tx.send(note.payload().to_owned()).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    debug!(%error, "commit feed connection ended");
+                    return;
+                }
+            }
+        }
+    });
+    client
+        .batch_execute(&format!("LISTEN {CHANNEL}"))
+        .await
+        .map_err(|e| KernelError::Unavailable(format!("commit feed: {}", crate::store::describe_postgres_error(&e))))?;
+    Ok((client, rx))
+}
