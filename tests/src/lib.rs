@@ -186,6 +186,9 @@ pub struct KernelOptions {
     pub args: Vec<String>,
     /// The database, when not `kernel.db` in the kernel's folder (a PostgreSQL URL).
     pub db: Option<String>,
+    /// The test is about the SQLite file itself (its lock, its path): it stays on SQLite even when
+    /// the suite runs on PostgreSQL ([`postgres::SUITE_SERVER`]).
+    pub sqlite: bool,
 }
 
 impl Default for KernelOptions {
@@ -198,6 +201,7 @@ impl Default for KernelOptions {
             policy: None,
             args: Vec::new(),
             db: None,
+            sqlite: false,
         }
     }
 }
@@ -272,9 +276,28 @@ impl Kernel {
         Kernel::start_with(KernelOptions::default())
     }
 
+    /// Starts a kernel on `kernel.db` in its folder, whatever database the suite runs on.
+    pub fn start_on_sqlite() -> Kernel {
+        Kernel::start_with(KernelOptions {
+            sqlite: true,
+            ..KernelOptions::default()
+        })
+    }
+
+    /// Whether the kernel serves a PostgreSQL database (where a restarted kernel is a new replica).
+    pub fn on_postgres(&self) -> bool {
+        self.options.db.as_deref().is_some_and(|db| db.starts_with("postgres"))
+    }
+
     /// Starts a kernel and waits until it listens.
-    pub fn start_with(options: KernelOptions) -> Kernel {
+    pub fn start_with(mut options: KernelOptions) -> Kernel {
         let dir = tempfile::tempdir().expect("temp dir");
+        if options.db.is_none()
+            && !options.sqlite
+            && let Ok(server) = std::env::var(postgres::SUITE_SERVER)
+        {
+            options.db = Some(postgres::fresh_database(&server));
+        }
         let (process, addr) = spawn_kernel(dir.path(), "127.0.0.1:0", &options);
         Kernel {
             process,

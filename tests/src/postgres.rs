@@ -15,6 +15,45 @@ use std::process::Command;
 /// Set to `1` to fail, rather than skip, a test whose PostgreSQL cannot start.
 pub const REQUIRE: &str = "KERNEL_REQUIRE_POSTGRES";
 
+/// Set to a PostgreSQL server's URL (a superuser's) to run every kernel the tests start without a
+/// database of its own on a fresh database of that server: the whole suite on PostgreSQL.
+pub const SUITE_SERVER: &str = "KERNEL_TEST_POSTGRES";
+
+/// Creates a database of its own on `server` and returns its URL.
+pub fn fresh_database(server: &str) -> String {
+    let name = format!("kernel_test_{}", std::process::id())
+        + &format!("_{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let url = server.to_owned();
+    let created = name.clone();
+    // A thread of its own: the caller may be on a runtime already.
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async move {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap_or_else(|error| panic!("cannot connect to {url} ({SUITE_SERVER}): {error}"));
+            tokio::spawn(connection);
+            for statement in [
+                format!("DROP DATABASE IF EXISTS {created}"),
+                format!("CREATE DATABASE {created}"),
+            ] {
+                client.batch_execute(&statement).await.expect("create a test database");
+            }
+        })
+    })
+    .join()
+    .expect("the database is created");
+    match server.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{name}"),
+        None => panic!("{SUITE_SERVER} must end with a database name: {server}"),
+    }
+}
+
+static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// A running PostgreSQL server.
 pub struct Postgres {
     dir: tempfile::TempDir,

@@ -182,7 +182,7 @@ fn migrate_prepares_a_sqlite_file_and_refuses_one_a_kernel_serves() {
     let again = kernel(&["migrate", "--db", &format!("sqlite:{db}")]);
     assert!(again.status.success(), "{}", text(&again));
 
-    let mut serving = e2e::Kernel::start_with(e2e::KernelOptions::default());
+    let mut serving = e2e::Kernel::start_on_sqlite();
     let busy = serving.dir.path().join("kernel.db");
     let refused = kernel(&["migrate", "--db", busy.to_str().unwrap()]);
     assert!(

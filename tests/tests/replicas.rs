@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use e2e::postgres::Postgres;
 use e2e::{Kernel, KernelOptions, Watch, call, check_log, payload, submit, submit_until_done, wait_ledger};
 use kernel_proto::v1 as pb;
+use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
 use kernel_proto::v1::tool_call_service_client::ToolCallServiceClient;
 use serde_json::json;
 use worker_sdk::{CancellationToken, Idempotency, ToolContext, ToolError, Worker, tool};
@@ -61,6 +62,17 @@ async fn wait_no_leases(kernel: &Kernel) {
 /// A whole turn through `url`, owned so it can run on a task of its own.
 async fn turn(url: String, run: String, calls: Vec<pb::ToolCall>) -> e2e::TurnOutcome {
     submit_until_done(&url, &run, 0, calls).await
+}
+
+/// The next item of a turn's stream.
+async fn next_item(stream: &mut tonic::Streaming<pb::SubmitTurnResponse>) -> pb::submit_turn_response::Item {
+    tokio::time::timeout(WAIT, futures_util::StreamExt::next(stream))
+        .await
+        .expect("the turn stalled")
+        .expect("the turn ended early")
+        .unwrap()
+        .item
+        .expect("an item")
 }
 
 /// The steps of a run, as `kernel` reads them.
@@ -141,6 +153,100 @@ async fn three_replicas_run_a_call_submitted_on_one_on_a_worker_of_another_and_a
     wait_no_leases(&b).await;
     let slow_step = &steps(&b, &slow).await[0];
     assert_eq!(slow_step.status, pb::StepStatus::Cancelled as i32, "{slow_step:?}");
+}
+
+#[tokio::test]
+async fn an_approval_asked_through_one_replica_is_answered_on_another_and_the_call_runs_on_a_third() {
+    let Some(pg) = Postgres::start("an_approval_asked_through_one_replica") else {
+        return;
+    };
+    let (a, b, c) = (replica(&pg), replica(&pg), replica(&pg));
+    let _worker = a.fault_worker_on(&c, "worker-on-c", &[]);
+    wait_known(&a, "wipe").await;
+    let run = a.create_run("approved-elsewhere").await;
+    let request = pb::SubmitTurnRequest {
+        run_id: run.clone(),
+        turn: 0,
+        calls: vec![call("wipe", json!({}))],
+        ..Default::default()
+    };
+    let mut stream = a.calls().await.submit_turn(request).await.unwrap().into_inner();
+    let pb::submit_turn_response::Item::Interrupted(asked) = next_item(&mut stream).await else {
+        panic!("the call waits for a person first");
+    };
+    ApprovalServiceClient::connect(b.url())
+        .await
+        .unwrap()
+        .approve_call(pb::ApproveCallRequest {
+            approval_id: asked.approval_id.clone(),
+            decider: "alice".into(),
+            reason: "approved on replica B".into(),
+        })
+        .await
+        .unwrap();
+    let pb::submit_turn_response::Item::Result(result) = next_item(&mut stream).await else {
+        panic!("the result follows the answer");
+    };
+    assert_eq!(result.content, "wiped", "{result:?}");
+    assert_eq!(steps(&b, &run).await[0].worker, "worker-on-c");
+    assert_eq!(a.ledger().iter().filter(|l| l.tool == "wipe").count(), 1);
+}
+
+#[tokio::test]
+async fn a_worker_whose_tool_conflicts_with_one_another_replica_s_worker_offers_is_refused() {
+    let Some(pg) = Postgres::start("a_worker_whose_tool_conflicts") else {
+        return;
+    };
+    let (a, b) = (replica(&pg), replica(&pg));
+    // The demo worker and the fault worker both offer `refund`, with different schemas.
+    let _demo = a.worker("demo-on-a");
+    // Wait until B has read A's row listing it: B's own row has renewed twice since A's listed
+    // `refund`, and B reads every row right after renewing its own.
+    let client = pg.client().await;
+    let beat_of = |id_is_a: bool| {
+        let client = &client;
+        async move {
+            let rows = client
+                .query("SELECT offers, heartbeat_at FROM replicas ORDER BY started_at, id", &[])
+                .await
+                .unwrap();
+            rows.iter()
+                .map(|row| (row.get::<_, String>(0), row.get::<_, i64>(1)))
+                .find(|(offers, _)| offers.contains("\"refund\"") == id_is_a)
+        }
+    };
+    let deadline = Instant::now() + WAIT;
+    let listed_at = loop {
+        if let Some((_, at)) = beat_of(true).await {
+            break at;
+        }
+        assert!(Instant::now() < deadline, "replica A never listed its worker's tools");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut renewals = 0;
+    let mut last = 0;
+    while renewals < 2 {
+        if let Some((_, at)) = beat_of(false).await
+            && at > listed_at
+            && at > last
+        {
+            renewals += 1;
+            last = at;
+        }
+        assert!(Instant::now() < deadline, "replica B stopped renewing its row");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = std::process::Command::new(e2e::binary("fault-worker"))
+        .args(["--kernel", &b.url(), "--name", "faults-on-b", "--ledger"])
+        .arg(b.dir.path().join("ledger.txt"))
+        .output()
+        .expect("the fault worker runs");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "refused: {said}");
+    assert!(
+        said.contains("tool 'refund' is already offered through kernel replica"),
+        "{said}"
+    );
 }
 
 #[tokio::test]

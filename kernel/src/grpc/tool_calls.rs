@@ -13,6 +13,7 @@ use kernel_proto::v1::tool_call_service_server::ToolCallService;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
+use tracing::warn;
 
 use super::{Kernel, STREAM_BUFFER, convert};
 use crate::error::KernelError;
@@ -446,13 +447,18 @@ impl Ordered {
         told: &mut HashSet<String>,
         tx: &TurnSender,
     ) -> bool {
-        let Ok(pending) = kernel
+        let pending = match kernel
             .store
             .reads
             .approvals(ApprovalStatus::Pending, Some(run_id.clone()))
             .await
-        else {
-            return true;
+        {
+            Ok(pending) => pending,
+            Err(error) => {
+                // The question also reaches the agent as the run's next run:interrupted event.
+                warn!(run_id = %run_id, %error, "cannot read the run's pending approvals");
+                return true;
+            }
         };
         for approval in pending {
             if !self.interrupt(&approval, told, tx).await {

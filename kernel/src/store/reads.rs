@@ -225,7 +225,7 @@ impl Readers {
         self.with(move |conn| {
             let run = run.map(|r| r.to_string());
             conn.prepare_cached(&format!(
-                "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = ?1 AND (?2 IS NULL OR run_id = ?2) \
+                "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = ?1 AND (CAST(?2 AS TEXT) IS NULL OR run_id = ?2) \
                  ORDER BY requested_at, id LIMIT 1000"
             ))?
             .query_map(params![status.as_str(), run], rows::approval_from_row)?
