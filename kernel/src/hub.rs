@@ -19,8 +19,9 @@ use crate::store::Published;
 const CAPACITY: usize = 256;
 
 /// An ephemeral progress update of a running call.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct ProgressUpdate {
+    #[serde(with = "run_id_text")]
     pub run_id: RunId,
     pub key: StepKey,
     pub position: u32,
@@ -29,6 +30,22 @@ pub struct ProgressUpdate {
     pub data_json: String,
     pub current: u64,
     pub total: u64,
+}
+
+/// A run id as its text, for the progress other replicas are told of.
+mod run_id_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::model::RunId;
+
+    pub fn serialize<S: Serializer>(run: &RunId, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(run.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<RunId, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        RunId::parse(&text, "run_id").map_err(serde::de::Error::custom)
+    }
 }
 
 /// What a run's subscribers receive.
@@ -51,6 +68,8 @@ pub struct Hub {
     runs: Arc<Mutex<HashMap<RunId, Channel>>>,
     /// Where woken hosted dispatches go to be queued (the scheduler), once it runs.
     ready: Arc<std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<StepRecord>>>,
+    /// Where progress of this replica's workers goes for the other replicas (on PostgreSQL).
+    replicas: Arc<std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<ProgressUpdate>>>,
 }
 
 impl Hub {
@@ -132,8 +151,22 @@ impl Hub {
         }
     }
 
-    /// Publishes a progress update.
+    /// Sends every progress update of this replica's workers to `replicas` too, to be told to
+    /// the other replicas' subscribers.
+    pub fn on_progress(&self, replicas: tokio::sync::mpsc::UnboundedSender<ProgressUpdate>) {
+        let _ = self.replicas.set(replicas);
+    }
+
+    /// Publishes a progress update of a worker connected here.
     pub fn publish_progress(&self, update: ProgressUpdate) {
+        if let Some(replicas) = self.replicas.get() {
+            let _ = replicas.send(update.clone());
+        }
+        self.publish_remote_progress(update);
+    }
+
+    /// Publishes a progress update another replica's worker reported, to this replica's subscribers.
+    pub fn publish_remote_progress(&self, update: ProgressUpdate) {
         let run = update.run_id.clone();
         self.send(&run, Signal::Progress(Arc::new(update)));
     }

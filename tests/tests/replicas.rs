@@ -111,6 +111,17 @@ async fn three_replicas_run_a_call_submitted_on_one_on_a_worker_of_another_and_a
         .unwrap();
     assert_eq!(next.results[0].output_json, "\"via c\"");
 
+    // Live progress of B's worker reaches the agent on C.
+    let slow = submit(&c, &run, 2, vec![call("slow", json!({"steps": 3, "delay_ms": 100}))])
+        .await
+        .unwrap();
+    assert_eq!(slow.results[0].content, "finished 3 steps");
+    assert!(
+        slow.progress.len() >= 2,
+        "progress from another replica's worker: {:?}",
+        slow.progress
+    );
+
     // A hosted run created on C is dispatched to the handler B's worker hosts, and A sees it end.
     let hosted = c.start_hosted("note_taker", json!({"note": "across replicas"})).await;
     let done = a.finished(&hosted).await;

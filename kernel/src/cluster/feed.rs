@@ -29,13 +29,35 @@ pub struct Feed {
     pub registry: Registry,
 }
 
+/// The channel live progress of running calls goes out on: ephemeral, as on one kernel, so it is
+/// never logged, and an update that does not fit a notification goes without its data.
+const PROGRESS: &str = "kernel_progress";
+
+/// Progress from another replica's worker, as sent.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RemoteProgress {
+    #[serde(rename = "o")]
+    origin: String,
+    #[serde(rename = "u")]
+    update: crate::hub::ProgressUpdate,
+}
+
 /// The most events read for one run from one notice or catch-up; a subscriber further behind
 /// re-reads the store itself (its channel lags).
 const MAX_EVENTS: u32 = 1_000;
 
 impl Feed {
-    /// Listens on `url` until `shutdown`, reconnecting whenever the connection drops.
+    /// Listens on `url` until `shutdown`, reconnecting whenever the connection drops, and sends
+    /// the progress of this replica's workers to the others.
     pub async fn run(self, url: String, shutdown: CancellationToken) {
+        let (progress, outgoing) = mpsc::unbounded_channel();
+        self.hub.on_progress(progress);
+        tokio::spawn(send_progress(
+            url.clone(),
+            self.store.replica().to_owned(),
+            outgoing,
+            shutdown.clone(),
+        ));
         let mut backoff = Duration::from_millis(100);
         let mut connected_before = false;
         loop {
@@ -52,7 +74,11 @@ impl Feed {
                             _ = shutdown.cancelled() => return,
                             payload = notices.recv() => payload,
                         };
-                        let Some(payload) = payload else { break };
+                        let Some((channel, payload)) = payload else { break };
+                        if channel == PROGRESS {
+                            self.progress(&payload);
+                            continue;
+                        }
                         match Notice::parse(&payload) {
                             Some(notice) if notice.origin != self.store.replica() => self.apply(notice).await,
                             Some(_) => {}
@@ -69,6 +95,17 @@ impl Feed {
                 _ = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Hands progress another replica's worker reported to the subscribers here.
+    fn progress(&self, payload: &str) {
+        match serde_json::from_str::<RemoteProgress>(payload) {
+            Ok(remote) if remote.origin != self.store.replica() && self.hub.listens(&remote.update.run_id) => {
+                self.hub.publish_remote_progress(remote.update)
+            }
+            Ok(_) => {}
+            Err(error) => debug!(%error, "progress not understood, ignored"),
         }
     }
 
@@ -147,8 +184,59 @@ fn step_key(event: &EventRecord) -> Option<StepKey> {
         .map(|key| StepKey::from_stored(key.to_owned()))
 }
 
-/// Connects and listens; notices arrive on the receiver until the connection ends.
-async fn listen(url: &str) -> Result<(tokio_postgres::Client, mpsc::UnboundedReceiver<String>), KernelError> {
+/// Sends the progress of this replica's workers as notifications, on a connection of its own that
+/// is made again when it drops. An update that finds no connection is dropped, as progress no one
+/// listens to is on one kernel.
+async fn send_progress(
+    url: String,
+    origin: String,
+    mut updates: mpsc::UnboundedReceiver<crate::hub::ProgressUpdate>,
+    shutdown: CancellationToken,
+) {
+    let mut client: Option<tokio_postgres::Client> = None;
+    loop {
+        let update = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            update = updates.recv() => match update {
+                Some(update) => update,
+                None => return,
+            },
+        };
+        if client.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
+            client = match tokio_postgres::connect(&url, NoTls).await {
+                Ok((client, connection)) => {
+                    tokio::spawn(connection);
+                    Some(client)
+                }
+                Err(error) => {
+                    debug!(error = %crate::store::describe_postgres_error(&error), "progress not sent to the other replicas");
+                    None
+                }
+            };
+        }
+        let Some(connected) = &client else { continue };
+        let mut remote = RemoteProgress {
+            origin: origin.clone(),
+            update,
+        };
+        let mut payload = serde_json::to_string(&remote).expect("progress serializes");
+        if payload.len() > 7_000 {
+            remote.update.data_json = String::new();
+            remote.update.message = remote.update.message.chars().take(1_000).collect();
+            payload = serde_json::to_string(&remote).expect("progress serializes");
+        }
+        if let Err(error) = connected
+            .execute("SELECT pg_notify($1, $2)", &[&PROGRESS, &payload])
+            .await
+        {
+            debug!(error = %crate::store::describe_postgres_error(&error), "progress not sent to the other replicas");
+        }
+    }
+}
+
+/// Connects and listens on both channels; `(channel, payload)` arrive on the receiver until the
+/// connection ends.
+async fn listen(url: &str) -> Result<(tokio_postgres::Client, mpsc::UnboundedReceiver<(String, String)>), KernelError> {
     let (client, mut connection) = tokio_postgres::connect(url, NoTls)
         .await
         .map_err(|e| KernelError::Unavailable(format!("commit feed: {}", crate::store::describe_postgres_error(&e))))?;
@@ -158,7 +246,7 @@ async fn listen(url: &str) -> Result<(tokio_postgres::Client, mpsc::UnboundedRec
         while let Some(message) = messages.next().await {
             match message {
                 Ok(AsyncMessage::Notification(note)) => {
-                    if tx.send(note.payload().to_owned()).is_err() {
+                    if tx.send((note.channel().to_owned(), note.payload().to_owned())).is_err() {
                         return;
                     }
                 }
@@ -171,7 +259,7 @@ async fn listen(url: &str) -> Result<(tokio_postgres::Client, mpsc::UnboundedRec
         }
     });
     client
-        .batch_execute(&format!("LISTEN {CHANNEL}"))
+        .batch_execute(&format!("LISTEN {CHANNEL}; LISTEN {PROGRESS}"))
         .await
         .map_err(|e| KernelError::Unavailable(format!("commit feed: {}", crate::store::describe_postgres_error(&e))))?;
     Ok((client, rx))
