@@ -559,12 +559,14 @@ fn worker_tools(tools: &[String]) -> String {
     format!("{}: {}", tools.len(), truncate(&names, TOOL_NAMES_CUT))
 }
 
-/// `workers list`: SESSION, NAME, SLOTS, TOOLS, AGENTS, CONNECTED, LAST HEARTBEAT, DRAINING.
+/// `workers list`: SESSION, NAME, REPLICA, SLOTS, TOOLS, AGENTS, CONNECTED, LAST HEARTBEAT,
+/// DRAINING. A replica shows as the last 8 characters of its id, as its log's `replica=` ends.
 pub fn workers_table(workers: &[WorkerView]) -> String {
     table(
         &[
             "SESSION",
             "NAME",
+            "REPLICA",
             "SLOTS",
             "TOOLS",
             "AGENTS",
@@ -576,6 +578,7 @@ pub fn workers_table(workers: &[WorkerView]) -> String {
             vec![
                 worker.session_id.clone(),
                 one_line(&worker.name).into_owned(),
+                short_replica(&worker.replica),
                 format!("{}/{}", worker.slots_in_use, worker.max_concurrency),
                 worker_tools(&worker.tools),
                 worker_tools(&worker.agents),
@@ -585,6 +588,14 @@ pub fn workers_table(workers: &[WorkerView]) -> String {
             ]
         }),
     )
+}
+
+/// The end of a replica id, enough to tell a cluster's replicas apart.
+fn short_replica(replica: &str) -> String {
+    match replica.len() {
+        0 => NONE.to_owned(),
+        n => replica[n.saturating_sub(8)..].to_owned(),
+    }
 }
 
 /// Bytes in binary units with one decimal: `812.0 KiB`, `41.3 MiB`.
@@ -1033,10 +1044,12 @@ mod tests {
             draining: true,
             connected_at: ts(1_700_000_000, 0),
             last_heartbeat_at: ts(1_700_000_100, 0),
+            replica: "01a2332e-20ac-7497-83a8-b8640c6ba534".into(),
         });
         let text = workers_table(&[worker]);
         let row = text.lines().nth(1).unwrap();
         assert!(row.contains("3/8"), "{text}");
+        assert!(row.contains(" 0c6ba534 "), "{text}");
         assert!(row.contains("10: tool_number_0, tool_number_1, tool_numbe…"), "{text}");
         assert!(row.contains("1: triage"), "{text}");
         assert!(row.contains("2023-11-14T22:15:00Z"));

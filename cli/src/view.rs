@@ -482,6 +482,8 @@ pub struct WorkerView {
     pub draining: bool,
     pub connected_at: Option<UtcTime>,
     pub last_heartbeat_at: Option<UtcTime>,
+    /// The kernel replica the session is connected to.
+    pub replica: String,
 }
 
 impl From<pb::WorkerInfo> for WorkerView {
@@ -496,6 +498,7 @@ impl From<pb::WorkerInfo> for WorkerView {
             draining: worker.draining,
             connected_at: worker.connected_at.map(UtcTime::from),
             last_heartbeat_at: worker.last_heartbeat_at.map(UtcTime::from),
+            replica: worker.replica,
         }
     }
 }

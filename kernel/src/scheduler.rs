@@ -93,7 +93,7 @@ pub enum Outbound {
 }
 
 /// A connected worker, as `workers list` shows it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WorkerSnapshot {
     pub session_id: String,
     pub name: String,
@@ -104,6 +104,9 @@ pub struct WorkerSnapshot {
     pub draining: bool,
     pub connected_at: Millis,
     pub last_heartbeat_at: Millis,
+    /// The replica whose session it is.
+    #[serde(default)]
+    pub replica: String,
 }
 
 /// A new call of a turn that wants a slot reserved: its identity, its tool, and the resource
@@ -599,28 +602,10 @@ impl Actor {
                 });
             }
             Msg::Snapshot(reply) => {
-                let mut workers: Vec<WorkerSnapshot> = self
-                    .sessions
-                    .iter()
-                    .filter(|(_, s)| s.ready)
-                    .map(|(id, s)| {
-                        let mut tools: Vec<String> = s.tools.keys().cloned().collect();
-                        tools.sort();
-                        let mut agents: Vec<String> = s.agents.keys().cloned().collect();
-                        agents.sort();
-                        WorkerSnapshot {
-                            session_id: id.clone(),
-                            name: s.name.clone(),
-                            tools,
-                            agents,
-                            max_concurrency: s.max_concurrency,
-                            slots_in_use: s.in_use,
-                            draining: s.draining,
-                            connected_at: s.connected_at,
-                            last_heartbeat_at: s.last_heartbeat_at,
-                        }
-                    })
-                    .collect();
+                let mut workers = self.local_workers();
+                for (_, offers) in &self.remote {
+                    workers.extend(offers.workers.iter().cloned());
+                }
                 workers.sort_by(|a, b| a.name.cmp(&b.name).then(a.session_id.cmp(&b.session_id)));
                 let _ = reply.send(workers);
             }
@@ -723,9 +708,38 @@ impl Actor {
         Ok(())
     }
 
-    /// What the sessions here offer, with fingerprints.
+    /// The registered sessions here, as `workers list` shows them.
+    fn local_workers(&self) -> Vec<WorkerSnapshot> {
+        self.sessions
+            .iter()
+            .filter(|(_, s)| s.ready)
+            .map(|(id, s)| {
+                let mut tools: Vec<String> = s.tools.keys().cloned().collect();
+                tools.sort();
+                let mut agents: Vec<String> = s.agents.keys().cloned().collect();
+                agents.sort();
+                WorkerSnapshot {
+                    session_id: id.clone(),
+                    name: s.name.clone(),
+                    tools,
+                    agents,
+                    max_concurrency: s.max_concurrency,
+                    slots_in_use: s.in_use,
+                    draining: s.draining,
+                    connected_at: s.connected_at,
+                    last_heartbeat_at: s.last_heartbeat_at,
+                    replica: self.store.replica().to_owned(),
+                }
+            })
+            .collect()
+    }
+
+    /// What the sessions here offer, with fingerprints, and the sessions themselves.
     fn local_offers(&self) -> Offers {
-        let mut offers = Offers::default();
+        let mut offers = Offers {
+            workers: self.local_workers(),
+            ..Offers::default()
+        };
         for session in self.sessions.values() {
             for (name, fingerprint) in &session.tools {
                 offers.tools.insert(name.clone(), fingerprint.clone());

@@ -89,6 +89,9 @@ async fn three_replicas_run_a_call_submitted_on_one_on_a_worker_of_another_and_a
     // Only replica B has a worker (tools, and the demo's hosted agents).
     let _worker = b.worker("worker-on-b");
     wait_known(&a, "add").await;
+    // Every replica lists every replica's workers.
+    a.wait_for_workers("add", 1).await;
+    c.wait_for_workers("add", 1).await;
 
     let run = a.create_run("replicated-agent").await;
     let mut watch = Watch::open(&c, &run, 1, false).await;

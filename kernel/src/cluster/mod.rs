@@ -22,11 +22,14 @@ use crate::model::{Millis, StepRecord, now_millis};
 use crate::scheduler::Scheduler;
 use crate::store::{LeaseLoss, LossOutcome, ReplicaBeat, ReplicaRow, Store};
 
-/// What a replica's worker sessions offer, by name with fingerprint.
+/// What a replica's worker sessions offer, by name with fingerprint, and the sessions.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Offers {
     pub tools: BTreeMap<String, String>,
     pub agents: BTreeMap<String, String>,
+    /// The registered sessions, as `workers list` shows them.
+    #[serde(default)]
+    pub workers: Vec<crate::scheduler::WorkerSnapshot>,
 }
 
 /// Whether `row` renewed its leases within `ttl` of `now`.

@@ -619,6 +619,7 @@ pub fn worker(worker: &WorkerSnapshot) -> pb::WorkerInfo {
         draining: worker.draining,
         connected_at: Some(timestamp(worker.connected_at)),
         last_heartbeat_at: Some(timestamp(worker.last_heartbeat_at)),
+        replica: worker.replica.clone(),
     }
 }
 

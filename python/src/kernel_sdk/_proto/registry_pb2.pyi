@@ -37,7 +37,7 @@ class ListWorkersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("session_id", "name", "tools", "max_concurrency", "slots_in_use", "draining", "connected_at", "last_heartbeat_at", "agents")
+    __slots__ = ("session_id", "name", "tools", "max_concurrency", "slots_in_use", "draining", "connected_at", "last_heartbeat_at", "agents", "replica")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class WorkerInfo(_message.Message):
     CONNECTED_AT_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_AT_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     name: str
     tools: _containers.RepeatedScalarFieldContainer[str]
@@ -56,7 +57,8 @@ class WorkerInfo(_message.Message):
     connected_at: _timestamp_pb2.Timestamp
     last_heartbeat_at: _timestamp_pb2.Timestamp
     agents: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., tools: _Optional[_Iterable[str]] = ..., max_concurrency: _Optional[int] = ..., slots_in_use: _Optional[int] = ..., draining: _Optional[bool] = ..., connected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., agents: _Optional[_Iterable[str]] = ...) -> None: ...
+    replica: str
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., tools: _Optional[_Iterable[str]] = ..., max_concurrency: _Optional[int] = ..., slots_in_use: _Optional[int] = ..., draining: _Optional[bool] = ..., connected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., agents: _Optional[_Iterable[str]] = ..., replica: _Optional[str] = ...) -> None: ...
 
 class ListWorkersResponse(_message.Message):
     __slots__ = ("workers",)
