@@ -85,6 +85,8 @@ struct Known {
     agents: BTreeMap<String, Arc<KnownAgent>>,
     /// Connected sessions offering each tool; a tool at zero is not in the map.
     offers: HashMap<String, usize>,
+    /// Tools the other live replicas' sessions offer (as of their last heartbeats).
+    elsewhere: std::collections::BTreeSet<String>,
 }
 
 /// A cheap handle on the known tools.
@@ -109,6 +111,7 @@ impl Registry {
                 tools,
                 agents: BTreeMap::new(),
                 offers: HashMap::new(),
+                elsewhere: Default::default(),
             })),
         }
     }
@@ -150,12 +153,18 @@ impl Registry {
         self.read().tools.values().cloned().collect()
     }
 
-    /// Names of the tools some connected session offers now, sorted.
+    /// Names of the tools some connected session offers now, here or on another replica, sorted.
     pub fn offered_names(&self) -> Vec<String> {
         let known = self.read();
-        let mut names: Vec<String> = known.offers.keys().cloned().collect();
+        let mut names: Vec<String> = known.offers.keys().chain(&known.elsewhere).cloned().collect();
         names.sort();
+        names.dedup();
         names
+    }
+
+    /// What the other live replicas' sessions offer now.
+    pub fn offered_elsewhere(&self, names: std::collections::BTreeSet<String>) {
+        self.write().elsewhere = names;
     }
 
     /// How many connected sessions offer `name` now.

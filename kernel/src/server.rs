@@ -217,6 +217,7 @@ pub async fn run(
         tokio::spawn(crate::cluster::heartbeat(
             store.clone(),
             scheduler.clone(),
+            registry.clone(),
             shutdown.clone(),
         ));
         let feed = crate::cluster::feed::Feed {

@@ -125,6 +125,14 @@ async fn three_replicas_run_a_call_submitted_on_one_on_a_worker_of_another_and_a
         slow.progress
     );
 
+    // A model that calls a tool nobody offers is told what the cluster offers.
+    let unknown = submit(&c, &run, 3, vec![call("weather", json!({}))]).await.unwrap();
+    assert!(
+        unknown.results[0].content.contains("available: add, checksum"),
+        "{:?}",
+        unknown.results[0]
+    );
+
     // A hosted run created on C is dispatched to the handler B's worker hosts, and A sees it end.
     let hosted = c.start_hosted("note_taker", json!({"note": "across replicas"})).await;
     let done = a.finished(&hosted).await;

@@ -19,6 +19,7 @@ use tracing::{info, warn};
 
 use crate::error::KernelError;
 use crate::model::{Millis, StepRecord, now_millis};
+use crate::registry::Registry;
 use crate::scheduler::Scheduler;
 use crate::store::{LeaseLoss, LossOutcome, ReplicaBeat, ReplicaRow, Store};
 
@@ -51,7 +52,7 @@ pub async fn live_replicas(store: &Store, ttl: Duration) -> Result<Vec<ReplicaRo
 
 /// Renews this replica's row every heartbeat, tells the scheduler what the others offer, and
 /// takes over the leases of replicas that stopped renewing theirs.
-pub async fn heartbeat(store: Store, scheduler: Scheduler, shutdown: CancellationToken) {
+pub async fn heartbeat(store: Store, scheduler: Scheduler, registry: Registry, shutdown: CancellationToken) {
     let config = scheduler.config().clone();
     let started_at = now_millis();
     let mut tick = tokio::time::interval(config.heartbeat_interval);
@@ -73,11 +74,12 @@ pub async fn heartbeat(store: Store, scheduler: Scheduler, shutdown: Cancellatio
                     .into_iter()
                     .filter(|row| row.id != store.replica())
                     .partition(|row| alive(row, now, config.lease_ttl));
-                scheduler.remote_offers(
-                    live.iter()
-                        .map(|row| (row.id.clone(), serde_json::from_str(&row.offers).unwrap_or_default()))
-                        .collect(),
-                );
+                let offers: Vec<(String, Offers)> = live
+                    .iter()
+                    .map(|row| (row.id.clone(), serde_json::from_str(&row.offers).unwrap_or_default()))
+                    .collect();
+                registry.offered_elsewhere(offers.iter().flat_map(|(_, o)| o.tools.keys().cloned()).collect());
+                scheduler.remote_offers(offers);
                 if since.elapsed() >= config.lease_ttl {
                     for row in dead {
                         take_over(&store, &scheduler, row).await;
