@@ -29,4 +29,5 @@ for file in tests/tests/*.rs; do
   name=$(basename "$file" .rs)
   case "$name" in postgres | replicas) ;; *) targets+=(--test "$name") ;; esac
 done
-KERNEL_TEST_POSTGRES="postgres://kernel@127.0.0.1:$port/postgres" cargo test -p e2e "${targets[@]}" "$@"
+# --workspace, as the main pass builds: `-p e2e` alone resolves features apart and rebuilds much of the tree.
+KERNEL_TEST_POSTGRES="postgres://kernel@127.0.0.1:$port/postgres" cargo test --workspace "${targets[@]}" "$@"

@@ -219,7 +219,8 @@ impl Scheduler {
             scans: 0,
             lost_found: 0,
             remote: Vec::new(),
-            claiming: Default::default(),
+            claiming: false,
+            deferred: Default::default(),
         };
         tokio::spawn(actor.run(rx, shutdown));
         Scheduler { tx, config }
@@ -464,7 +465,9 @@ struct Actor {
     /// What the other live replicas offer (empty on SQLite).
     remote: Vec<(String, Offers)>,
     /// A claim's read is running: another waits for it rather than reading the same rows twice.
-    claiming: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    claiming: bool,
+    /// Tools and agents asked for while a claim's read ran: claimed when it is back.
+    deferred: (std::collections::BTreeSet<String>, std::collections::BTreeSet<String>),
 }
 
 impl Actor {
@@ -512,10 +515,13 @@ impl Actor {
             Msg::RemoteOffers(remote) => self.remote = remote,
             Msg::Claim { tools, agents } => self.claim(tools, agents),
             Msg::Claimed(steps) => {
+                self.claiming = false;
                 for step in steps {
                     self.enqueue(step);
                 }
                 self.dispatch_ready();
+                let (tools, agents) = std::mem::take(&mut self.deferred);
+                self.claim(tools.into_iter().collect(), agents.into_iter().collect());
             }
             Msg::RemoteRuns(runs) => self.check_remote_runs(runs),
             Msg::Leave { session_id, reason } => self.leave(&session_id, &reason),
@@ -785,24 +791,22 @@ impl Actor {
         if free == 0 || (tools.is_empty() && agents.is_empty()) {
             return;
         }
-        if self.claiming.swap(true, std::sync::atomic::Ordering::AcqRel) {
-            // A read is running; the next heartbeat's or scan's claim finds what it misses.
+        if self.claiming {
+            self.deferred.0.extend(tools);
+            self.deferred.1.extend(agents);
             return;
         }
+        self.claiming = true;
         let store = self.store.clone();
         let me = self.me.clone();
-        let claiming = self.claiming.clone();
-        // Queued calls count against the slots too: read as many more as they leave room for.
-        let limit = free as usize + self.queue.len();
+        // Queued calls wait for the same slots: claim only what is left after them.
+        let limit = (free as usize).saturating_sub(self.queue.len());
         tokio::spawn(async move {
-            match store.reads.pending_for(tools, agents, limit).await {
-                Ok(steps) if !steps.is_empty() => {
-                    let _ = me.send(Msg::Claimed(steps));
-                }
-                Ok(_) => {}
-                Err(error) => warn!(%error, "cannot read calls to claim"),
-            }
-            claiming.store(false, std::sync::atomic::Ordering::Release);
+            let steps = store.claim_pending(tools, agents, limit).await.unwrap_or_else(|error| {
+                warn!(%error, "cannot read calls to claim; the scan claims them");
+                Vec::new()
+            });
+            let _ = me.send(Msg::Claimed(steps));
         });
     }
 
@@ -923,7 +927,11 @@ impl Actor {
                 StepStatus::Pending => {
                     let before = self.queue.len();
                     self.enqueue(step);
-                    found += self.queue.len() - before;
+                    // Among replicas a waiting call nobody here queued is another's to claim, or
+                    // this one's to claim now: not a call this scheduler lost.
+                    if !self.config.replicated {
+                        found += self.queue.len() - before;
+                    }
                 }
                 StepStatus::Running => {
                     let held = step.dispatch_id.as_ref().is_some_and(|id| self.leases.contains_key(id));

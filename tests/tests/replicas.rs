@@ -75,6 +75,16 @@ async fn next_item(stream: &mut tonic::Streaming<pb::SubmitTurnResponse>) -> pb:
         .expect("an item")
 }
 
+/// A replica's id, as its log's `listening` line names it.
+fn replica_id(kernel: &Kernel) -> String {
+    let line = kernel.process.log.wait_for("listening");
+    line.split("replica=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no replica= in {line:?}"))
+        .to_owned()
+}
+
 /// The steps of a run, as `kernel` reads them.
 async fn steps(kernel: &Kernel, run: &str) -> Vec<pb::Step> {
     kernel.get(run).await.steps
@@ -611,12 +621,25 @@ async fn a_replica_sigkilled_in_a_burst_of_a_thousand_runs_strands_nothing() {
         .enumerate()
         .map(|(r, run)| tokio::spawn(burst_turn(urls.clone(), r % 3, run.clone(), burst_calls(r))))
         .collect();
-    // Replica 2 dies once the burst is under way, its agents' streams and its workers' sessions
-    // with it.
+    // Replica 2 dies once the burst is under way and the store shows it holding calls, its agents'
+    // streams and its workers' sessions with it.
     let mut replicas = replicas;
+    let id = replica_id(&replicas[2]);
+    let client = pg.client().await;
     let deadline = Instant::now() + WAIT;
-    while turns.iter().filter(|t| t.is_finished()).count() < 100 {
-        assert!(Instant::now() < deadline, "the burst never got going");
+    loop {
+        let held: i64 = client
+            .query_one(
+                "SELECT count(*) FROM steps WHERE status = 'running' AND replica = $1",
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if held > 0 && turns.iter().filter(|t| t.is_finished()).count() >= 100 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the burst never got going on replica 2");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     replicas[2].kill9();

@@ -361,6 +361,23 @@ impl Store {
         &self.replica
     }
 
+    /// Claims at most `limit` waiting calls of `tools` (or runs of `agents`) no other replica
+    /// claimed lately, oldest first, for this replica's sessions.
+    pub async fn claim_pending(
+        &self,
+        tools: Vec<String>,
+        agents: Vec<String>,
+        limit: usize,
+    ) -> Result<Vec<StepRecord>, KernelError> {
+        self.send(|reply| Command::ClaimPending {
+            tools,
+            agents,
+            limit,
+            reply,
+        })
+        .await
+    }
+
     /// Renews this replica's row.
     pub async fn beat(&self, beat: ReplicaBeat) -> Result<(), KernelError> {
         self.send(|reply| Command::Beat(beat, reply)).await

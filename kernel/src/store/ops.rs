@@ -1185,3 +1185,41 @@ pub fn forget_replica(tx: &mut Tx<'_>, id: &str, heartbeat_at: Option<Millis>) -
     };
     Ok(removed > 0)
 }
+
+/// How long a replica's claim on waiting calls keeps the other replicas off them: long enough for
+/// its starts to commit, short enough that a claim lost with its replica delays nothing for long.
+pub const CLAIM_MS: Millis = 2_000;
+
+/// Claims at most `limit` waiting calls of `tools` (or dispatches of runs of `agents`), oldest
+/// first, that no other replica claimed within [`CLAIM_MS`]: each replica claims its own, so
+/// replicas do not all race to start the same calls (a start is fenced either way).
+pub fn claim_pending(tx: &mut Tx<'_>, tools: &[String], agents: &[String], limit: usize) -> Result<Vec<StepRecord>> {
+    let mut wanted = Vec::new();
+    let mut args: Vec<sql::Arg<'_>> = vec![sql::Arg::Int(tx.now + CLAIM_MS), sql::Arg::Int(tx.now)];
+    for (names, agent) in [(tools, false), (agents, true)] {
+        if names.is_empty() {
+            continue;
+        }
+        let places: Vec<String> = (0..names.len()).map(|i| format!("?{}", args.len() + i + 1)).collect();
+        let kind = if agent { "=" } else { "<>" };
+        wanted.push(format!("(kind {kind} 'agent' AND tool IN ({}))", places.join(", ")));
+        args.extend(names.iter().map(|name| sql::Arg::Text(name)));
+    }
+    if wanted.is_empty() || limit == 0 {
+        return Ok(Vec::new());
+    }
+    args.push(sql::Arg::Int(i64::try_from(limit).unwrap_or(i64::MAX)));
+    let sql = format!(
+        "UPDATE steps SET claimed_until = ?1 WHERE (run_id, step_key) IN (SELECT run_id, step_key FROM steps \
+         WHERE status = 'pending' AND (claimed_until IS NULL OR claimed_until < ?2) AND ({}) ORDER BY created_at \
+         LIMIT ?{}) RETURNING {}",
+        wanted.join(" OR "),
+        args.len(),
+        rows::STEP_COLUMNS
+    );
+    Ok(tx
+        .conn
+        .prepare(&sql)?
+        .query_map(&args, rows::step_from_row)?
+        .collect::<std::result::Result<Vec<_>, _>>()?)
+}

@@ -292,41 +292,6 @@ impl Readers {
         .await
     }
 
-    /// At most `limit` steps waiting for a worker, oldest first, that are calls of one of `tools`
-    /// or dispatches of a run of one of `agents`: what a replica whose sessions offer those may claim.
-    pub async fn pending_for(
-        &self,
-        tools: Vec<String>,
-        agents: Vec<String>,
-        limit: usize,
-    ) -> Result<Vec<StepRecord>, KernelError> {
-        self.with(move |conn| {
-            let mut wanted = Vec::new();
-            let mut args: Vec<Arg<'_>> = Vec::new();
-            for (names, agent) in [(&tools, false), (&agents, true)] {
-                if names.is_empty() {
-                    continue;
-                }
-                let places: Vec<String> = (0..names.len()).map(|i| format!("?{}", args.len() + i + 1)).collect();
-                let kind = if agent { "=" } else { "<>" };
-                wanted.push(format!("(kind {kind} 'agent' AND tool IN ({}))", places.join(", ")));
-                args.extend(names.iter().map(|name| Arg::Text(name)));
-            }
-            if wanted.is_empty() {
-                return Ok(Vec::new());
-            }
-            args.push(Arg::Int(i64::try_from(limit).unwrap_or(i64::MAX)));
-            conn.prepare(&format!(
-                "SELECT {STEP_COLUMNS} FROM steps WHERE status = 'pending' AND ({}) ORDER BY created_at LIMIT ?{}",
-                wanted.join(" OR "),
-                args.len()
-            ))?
-            .query_map(&args, rows::step_from_row)?
-            .collect()
-        })
-        .await
-    }
-
     /// The locks running calls hold on resource instances, by resource.
     pub async fn resource_locks(&self) -> Result<Vec<crate::model::ResourceLock>, KernelError> {
         self.with(|conn| {

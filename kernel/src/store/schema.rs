@@ -228,6 +228,8 @@ const MIGRATIONS: &[&str] = &[
     // every lease it holds, and lists what its worker sessions offer.
     r#"
     ALTER TABLE steps ADD COLUMN replica TEXT;
+    -- A waiting call another replica claimed is left to it until then (milliseconds).
+    ALTER TABLE steps ADD COLUMN claimed_until INTEGER;
     CREATE INDEX steps_by_replica ON steps (replica) WHERE status = 'running';
     CREATE TABLE replicas (
         id           TEXT PRIMARY KEY,

@@ -1357,37 +1357,20 @@ async fn a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases(f: 
     assert_eq!(held[0].key, first.key);
     assert!(f.store.reads.held_by("another".into()).await.unwrap().is_empty());
 
-    let waiting = f
-        .store
-        .reads
-        .pending_for(vec!["add".into()], Vec::new(), 10)
-        .await
-        .unwrap();
-    assert_eq!(waiting.iter().map(|s| s.key.clone()).collect::<Vec<_>>(), [second.key]);
+    let claim = |tools: &[&str], agents: &[&str], limit: usize| {
+        let tools = tools.iter().map(|t| t.to_string()).collect();
+        let agents = agents.iter().map(|a| a.to_string()).collect();
+        f.store.claim_pending(tools, agents, limit)
+    };
+    assert!(claim(&["add"], &[], 0).await.unwrap().is_empty());
+    assert!(claim(&[], &["add"], 10).await.unwrap().is_empty(), "not an agent");
+    assert!(claim(&["other"], &[], 10).await.unwrap().is_empty());
+    let claimed = claim(&["add"], &[], 10).await.unwrap();
+    assert_eq!(claimed.len(), 1, "only the waiting call: {claimed:?}");
+    assert_eq!(claimed[0].key, second.key);
     assert!(
-        f.store
-            .reads
-            .pending_for(vec!["add".into()], Vec::new(), 0)
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    assert!(
-        f.store
-            .reads
-            .pending_for(Vec::new(), vec!["add".into()], 10)
-            .await
-            .unwrap()
-            .is_empty(),
-        "not an agent"
-    );
-    assert!(
-        f.store
-            .reads
-            .pending_for(vec!["other".into()], Vec::new(), 10)
-            .await
-            .unwrap()
-            .is_empty()
+        claim(&["add"], &[], 10).await.unwrap().is_empty(),
+        "a claimed call is left to its claimer for a while"
     );
 
     let beat = |offers: &str| crate::store::ReplicaBeat {

@@ -65,6 +65,13 @@ pub enum Command {
     StartSubagent(Box<SubagentStart>, Reply<SubagentStarted>),
     /// Renews this replica's row (the age of every lease it holds) with what its sessions offer.
     Beat(super::ReplicaBeat, Reply<()>),
+    /// Claims waiting calls of these tools and agents, at most this many.
+    ClaimPending {
+        tools: Vec<String>,
+        agents: Vec<String>,
+        limit: usize,
+        reply: Reply<Vec<StepRecord>>,
+    },
     /// Removes a replica's row; with `heartbeat_at`, only if it has not beaten again since.
     ForgetReplica {
         id: String,
@@ -144,6 +151,12 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
         Command::SuspendDispatch(report, reply) => respond(ops::suspend_dispatch(tx, report), reply),
         Command::StartSubagent(start, reply) => respond(ops::start_subagent(tx, *start), reply),
         Command::Beat(beat, reply) => respond(ops::beat(tx, beat), reply),
+        Command::ClaimPending {
+            tools,
+            agents,
+            limit,
+            reply,
+        } => respond(ops::claim_pending(tx, &tools, &agents, limit), reply),
         Command::ForgetReplica {
             id,
             heartbeat_at,
@@ -287,6 +300,7 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
         Command::SuspendDispatch(_, reply) => respond(Err(make()), reply),
         Command::StartSubagent(_, reply) => respond(Err(make()), reply),
         Command::Beat(_, reply) => respond(Err(make()), reply),
+        Command::ClaimPending { reply, .. } => respond(Err(make()), reply),
         Command::ForgetReplica { reply, .. } => respond(Err(make()), reply),
     };
     responder

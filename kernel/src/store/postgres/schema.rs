@@ -178,6 +178,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // row, renewed while it lives, dates every lease it holds and lists what its sessions offer.
     r#"
     ALTER TABLE steps ADD COLUMN replica TEXT;
+    ALTER TABLE steps ADD COLUMN claimed_until BIGINT;
     CREATE INDEX steps_by_replica ON steps (replica) WHERE status = 'running';
     CREATE INDEX steps_pending_by_tool ON steps (tool, created_at) WHERE status = 'pending';
     CREATE TABLE replicas (
