@@ -5,6 +5,7 @@
 //! Binaries are taken from the target directory the tests were built into; build them first with
 //! `cargo build --workspace --bins --examples` (the README's test command does).
 
+pub mod load_tools;
 pub mod mcp;
 pub mod postgres;
 pub mod raw;

@@ -7,63 +7,23 @@
 //! The workers run in this process (fifty worker processes would crowd two cores); killing one
 //! aborts its session task, which drops its connection without a goodbye, as a crash would.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use e2e::load_tools::{self, Ledger};
 use e2e::{Kernel, KernelOptions, check_log, proc_status_kib};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::tool_call_service_client::ToolCallServiceClient;
 use serde_json::json;
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
-use worker_sdk::{CancellationToken, Idempotency, ToolContext, ToolError, Worker, tool};
 
 const SESSIONS: usize = 50;
 const CALLS_PER_RUN: usize = 10;
 /// Agents share this many connections (one HTTP/2 connection serves a bounded number of streams).
 const AGENT_CONNECTIONS: usize = 20;
 
-/// How often each `(tool, idempotency key)` started, across every worker of this process.
-#[derive(Clone, Default)]
-struct Ledger(Arc<Mutex<HashMap<(String, String), u32>>>);
-
-impl Ledger {
-    fn start(ctx: &ToolContext) {
-        let ledger = ctx.deps::<Ledger>().expect("ledger dependency");
-        let key = (ctx.tool_name().to_owned(), ctx.idempotency_key().to_owned());
-        *ledger.0.lock().expect("ledger lock").entry(key).or_default() += 1;
-    }
-}
-
-/// Safe to run again: record, hold, answer.
-#[tool]
-async fn step(ctx: ToolContext, n: u64, hold_ms: u64) -> Result<u64, ToolError> {
-    Ledger::start(&ctx);
-    tokio::time::sleep(Duration::from_millis(hold_ms)).await;
-    Ok(n)
-}
-
-/// Must not run twice.
-#[tool(idempotency = "at_most_once")]
-async fn pay(ctx: ToolContext, n: u64, hold_ms: u64) -> Result<u64, ToolError> {
-    Ledger::start(&ctx);
-    tokio::time::sleep(Duration::from_millis(hold_ms)).await;
-    Ok(n)
-}
-
 fn start_worker(url: &str, index: usize, generation: usize, ledger: &Ledger) -> tokio::task::JoinHandle<()> {
-    let worker = Worker::builder(url.to_owned())
-        .name(format!("load-{index}-{generation}"))
-        .max_concurrency(32)
-        .tool(step_tool())
-        .tool(pay_tool().idempotency(Idempotency::AtMostOnce))
-        .deps(ledger.clone())
-        .build()
-        .expect("worker config");
-    tokio::spawn(async move {
-        let _ = worker.run(CancellationToken::new()).await;
-    })
+    load_tools::start_worker(url, format!("load-{index}-{generation}"), ledger)
 }
 
 /// The calls of run `r`: eight `step`s and two `pay`s, each holding a few milliseconds.
@@ -170,7 +130,6 @@ async fn load(runs: usize, kills: usize) {
     let elapsed = started.elapsed();
     let rss_peak = proc_status_kib(pid, "VmHWM");
 
-    let ledger = ledger.0.lock().unwrap().clone();
     let (mut ok, mut errors, mut indeterminate) = (0, 0, 0);
     for (r, (run_id, results)) in run_ids.iter().zip(&outcomes).enumerate() {
         assert_eq!(results.len(), CALLS_PER_RUN, "run {r}");
@@ -192,10 +151,7 @@ async fn load(runs: usize, kills: usize) {
             }
         }
     }
-    let twice: Vec<_> = ledger
-        .iter()
-        .filter(|((tool, _), n)| tool == "pay" && **n > 1)
-        .collect();
+    let twice = ledger.paid_twice();
     assert!(twice.is_empty(), "at_most_once calls that ran twice: {twice:?}");
 
     let mut events = 0;

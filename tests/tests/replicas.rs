@@ -7,13 +7,13 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use e2e::load_tools::{self, Ledger};
 use e2e::postgres::Postgres;
 use e2e::{Kernel, KernelOptions, Watch, call, check_log, payload, submit, submit_until_done, wait_ledger};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
 use kernel_proto::v1::tool_call_service_client::ToolCallServiceClient;
 use serde_json::json;
-use worker_sdk::{CancellationToken, Idempotency, ToolContext, ToolError, Worker, tool};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -447,47 +447,9 @@ async fn a_replica_stopped_gracefully_hands_its_calls_back_at_once() {
     );
 }
 
-/// How often each `(tool, idempotency key)` started, across every in-process worker.
-#[derive(Clone, Default)]
-struct Ledger(std::sync::Arc<std::sync::Mutex<HashMap<(String, String), u32>>>);
-
-impl Ledger {
-    fn start(ctx: &ToolContext) {
-        let ledger = ctx.deps::<Ledger>().expect("ledger dependency");
-        let key = (ctx.tool_name().to_owned(), ctx.idempotency_key().to_owned());
-        *ledger.0.lock().expect("ledger lock").entry(key).or_default() += 1;
-    }
-}
-
-/// Safe to run again.
-#[tool]
-async fn step(ctx: ToolContext, n: u64, hold_ms: u64) -> Result<u64, ToolError> {
-    Ledger::start(&ctx);
-    tokio::time::sleep(Duration::from_millis(hold_ms)).await;
-    Ok(n)
-}
-
-/// Must not run twice.
-#[tool(idempotency = "at_most_once")]
-async fn pay(ctx: ToolContext, n: u64, hold_ms: u64) -> Result<u64, ToolError> {
-    Ledger::start(&ctx);
-    tokio::time::sleep(Duration::from_millis(hold_ms)).await;
-    Ok(n)
-}
-
 /// A worker in this process on `url`; aborting its task drops its session without a goodbye.
 fn burst_worker(url: &str, name: String, ledger: &Ledger) -> tokio::task::JoinHandle<()> {
-    let worker = Worker::builder(url.to_owned())
-        .name(name)
-        .max_concurrency(32)
-        .tool(step_tool())
-        .tool(pay_tool().idempotency(Idempotency::AtMostOnce))
-        .deps(ledger.clone())
-        .build()
-        .expect("worker config");
-    tokio::spawn(async move {
-        let _ = worker.run(CancellationToken::new()).await;
-    })
+    load_tools::start_worker(url, name, ledger)
 }
 
 const BURST_CALLS: usize = 3;
@@ -564,11 +526,7 @@ async fn check_burst(
             }
         }
     }
-    let ledger = ledger.0.lock().unwrap().clone();
-    let twice: Vec<_> = ledger
-        .iter()
-        .filter(|((tool, _), n)| tool == "pay" && **n > 1)
-        .collect();
+    let twice = ledger.paid_twice();
     assert!(twice.is_empty(), "at_most_once calls that ran twice: {twice:?}");
     for run_id in runs {
         let log = reader.events(run_id).await;
