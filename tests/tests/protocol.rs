@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use e2e::raw::{RawWorker, tool_spec};
-use e2e::{Kernel, Watch, call, check_log, submit};
+use e2e::{Kernel, KernelOptions, Watch, call, check_log, submit};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::open_session_request::Message as In;
 use serde_json::json;
@@ -81,6 +81,46 @@ async fn results_from_a_dispatch_not_held_are_refused_and_record_nothing() {
     let events = kernel.events(&run).await;
     check_log(&events, true);
     assert_eq!(events.iter().filter(|e| e.r#type == "tool:result").count(), 1);
+}
+
+/// A worker that sends its last result and closes its stream at once (as a draining one does)
+/// has that result recorded: the session gives up its leases only after its results are written,
+/// so the call is not taken for lost, run again, or failed for want of a worker.
+#[tokio::test]
+async fn a_result_sent_just_before_the_stream_closes_is_recorded() {
+    let kernel = Kernel::start_with(KernelOptions {
+        schedule_to_start_timeout_ms: 200,
+        ..KernelOptions::default()
+    });
+    for round in 0..25 {
+        let mut worker = RawWorker::offering(&kernel, "last_word").await.unwrap();
+        let run = kernel.create_run("raw").await;
+        let answer_and_close = async move {
+            let dispatch = worker.dispatch().await;
+            worker
+                .send(In::Result(pb::DispatchResult {
+                    dispatch_id: dispatch.dispatch_id,
+                    attempt: dispatch.attempt,
+                    outcome: Some(pb::dispatch_result::Outcome::OutputJson(round.to_string())),
+                }))
+                .await;
+            // Our side of the stream ends; the kernel's ends once it is done with the session.
+            let RawWorker { tx, mut rx, .. } = worker;
+            drop(tx);
+            while let Some(Ok(_)) = rx.next().await {}
+        };
+        let turn = submit(&kernel, &run, 0, vec![call("last_word", json!({"round": round}))]);
+        let (outcome, ()) = tokio::time::timeout(e2e::WAIT, async { tokio::join!(turn, answer_and_close) })
+            .await
+            .expect("the turn ends");
+        let outcome = outcome.unwrap();
+        let [result] = &outcome.results[..] else {
+            panic!("one result expected, got {:?}", outcome.results)
+        };
+        assert_eq!(result.status, pb::CallStatus::Ok as i32, "round {round}: {result:?}");
+        assert_eq!(result.content, round.to_string());
+        assert_eq!(result.attempts, 1, "round {round}: the call ran once");
+    }
 }
 
 #[tokio::test]

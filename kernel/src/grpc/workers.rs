@@ -19,6 +19,7 @@ use kernel_proto::v1::open_session_request::Message as In;
 use kernel_proto::v1::open_session_response::Message as Out;
 use kernel_proto::v1::worker_service_server::WorkerService;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
+use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
@@ -164,6 +165,7 @@ impl WorkerService for WorkerApi {
             session_id,
             tx,
             dispatches: HashMap::new(),
+            recording: JoinSet::new(),
             _permit: permit,
             progress_limit: RateLimit::per_second(limits.progress_per_second, now),
             heartbeat_limit: RateLimit::per_second(limits.heartbeats_per_second, now),
@@ -219,6 +221,10 @@ struct Session {
     session_id: String,
     tx: SessionSender,
     dispatches: HashMap<String, Held>,
+    /// Results and suspensions being recorded. The session gives up its leases only once they
+    /// are written: a worker that sends its last result and closes at once (as a draining one
+    /// does) would otherwise see the call lost and run again (found by the Python drain test).
+    recording: JoinSet<()>,
     /// This session's place under `--max-sessions`, released when it ends.
     _permit: OwnedSemaphorePermit,
     progress_limit: RateLimit,
@@ -289,6 +295,7 @@ impl Session {
                     let _ = self.tx.send(Err(Status::unavailable("kernel shutting down"))).await;
                     break "kernel shutting down".to_owned();
                 }
+                Some(_) = self.recording.join_next(), if !self.recording.is_empty() => {}
                 message = inbound.message() => match message {
                     Ok(Some(message)) => {
                         if let Err(status) = self.on_message(message).await {
@@ -326,7 +333,21 @@ impl Session {
                 },
             }
         };
-        self.kernel.scheduler.leave(self.session_id.clone(), reason);
+        // Bounded: an acknowledgement to a worker that stopped reading must not hold its leases.
+        let grace = self.kernel.scheduler.config().lease_ttl;
+        let recorded = async { while self.recording.join_next().await.is_some() {} };
+        if tokio::time::timeout(grace, recorded).await.is_err() {
+            warn!(
+                session_id = self.session_id,
+                "results still being recorded when the session ended"
+            );
+            self.recording.detach_all();
+        }
+        // At shutdown the session's leases stay as they are in the store: the hand-back among
+        // replicas, or boot recovery alone, settles them once, with the reason that is true.
+        if !self.kernel.shutdown.is_cancelled() {
+            self.kernel.scheduler.leave(self.session_id.clone(), reason);
+        }
         let offered = std::mem::replace(
             &mut self.offered,
             Offered {
@@ -552,7 +573,7 @@ impl Session {
         let kernel = self.kernel.clone();
         let tx = self.tx.clone();
         let session_id = self.session_id.clone();
-        tokio::spawn(async move {
+        self.recording.spawn(async move {
             let mut retry = None;
             let (accepted, reason) = match kernel.store.record_outcome(report).await {
                 Ok(Some((step, cancelled))) => {
@@ -611,7 +632,7 @@ impl Session {
         };
         let kernel = self.kernel.clone();
         let tx = self.tx.clone();
-        tokio::spawn(async move {
+        self.recording.spawn(async move {
             let (accepted, reason) = match kernel.store.suspend_dispatch(report).await {
                 Ok(Some(step)) => {
                     info!(run_id = %step.run_id, agent = step.tool, status = %step.status, "hosted run suspended");
