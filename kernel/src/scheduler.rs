@@ -1262,7 +1262,10 @@ impl Actor {
                         .and_then(|id| self.leases.get(id))
                         .is_some_and(|l| l.attempt == step.attempts) => {}
                 // Waiting again: the lease here was lost (taken over as dead); the step may be queued.
-                StepStatus::Pending => self.cancel_leases_of(&step, reason),
+                // A read taken before this replica's own start committed shows the step waiting
+                // too: only leases on attempts the read has seen are lost (found by the burst
+                // test: a call cancelled on its way to the worker, its error recorded as the result).
+                StepStatus::Pending | StepStatus::Running => self.cancel_leases_through(&step, step.attempts, reason),
                 _ => {
                     self.queue
                         .retain(|q| !(q.step.run_id == step.run_id && q.step.key == step.key));
@@ -1275,10 +1278,17 @@ impl Actor {
     /// Tells the workers holding dispatches of `step` to stop; their slots stay taken until they
     /// answer or the grace ends.
     fn cancel_leases_of(&mut self, step: &StepRecord, reason: &str) {
+        self.cancel_leases_through(step, u32::MAX, reason);
+    }
+
+    /// Cancels the leases of `step` on attempts up to `attempt`; a lease on a later attempt
+    /// started after what the caller read.
+    fn cancel_leases_through(&mut self, step: &StepRecord, attempt: u32, reason: &str) {
         let until = Instant::now() + self.config.cancel_grace;
         for (dispatch_id, lease) in self.leases.iter_mut() {
             if lease.run_id == step.run_id
                 && lease.key == step.key
+                && lease.attempt <= attempt
                 && !matches!(lease.state, LeaseState::Cancelling { .. })
             {
                 if let Some(session) = self.sessions.get(&lease.session_id) {
