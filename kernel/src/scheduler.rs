@@ -1630,6 +1630,49 @@ mod tests {
         shutdown.cancel();
     }
 
+    /// A read of the store taken before this replica's start committed shows the call still
+    /// waiting; it must not cancel the lease it predates. A read that has seen the attempt and
+    /// shows the call waiting again (taken over by another replica) cancels it.
+    #[tokio::test]
+    async fn a_read_older_than_a_lease_does_not_cancel_it() {
+        let (_dir, store, _writer, run) = store_with_run().await;
+        let turn = store.schedule_turn(one_call(&run, None)).await.unwrap();
+        let crate::store::CallDisposition::Scheduled(before_start) = &turn[0] else {
+            panic!("expected scheduled, got {:?}", turn[0]);
+        };
+        let shutdown = CancellationToken::new();
+        let scheduler = Scheduler::spawn(SchedulerConfig::default(), store.clone(), shutdown.clone());
+        let (_session, mut orders) = join_one_slot(&scheduler).await;
+        scheduler.enqueue(before_start.clone());
+        let Some(Outbound::Dispatch(order)) = orders.recv().await else {
+            panic!("expected a dispatch")
+        };
+        assert_eq!((before_start.status, before_start.attempts), (StepStatus::Pending, 0));
+        let reason = "settled on another kernel replica".to_owned();
+
+        scheduler.cancel_steps(vec![before_start.clone()], reason.clone());
+        let running = store.reads.steps(run.clone()).await.unwrap().remove(0);
+        scheduler.cancel_steps(vec![running.clone()], reason.clone());
+        scheduler.gauges().await.unwrap();
+        assert!(orders.try_recv().is_err(), "neither read cancels the lease");
+
+        let taken_over = StepRecord {
+            status: StepStatus::Pending,
+            ..running
+        };
+        scheduler.cancel_steps(vec![taken_over], reason);
+        scheduler.gauges().await.unwrap();
+        match orders.try_recv() {
+            Ok(Outbound::Cancel {
+                dispatch_id, attempt, ..
+            }) => {
+                assert_eq!((dispatch_id, attempt), (order.dispatch_id, 1))
+            }
+            other => panic!("expected the lease cancelled, got {other:?}"),
+        }
+        shutdown.cancel();
+    }
+
     #[tokio::test]
     async fn a_reserved_slot_is_held_until_its_call_starts_or_it_is_given_back() {
         let (_dir, store, _writer, run) = store_with_run().await;
