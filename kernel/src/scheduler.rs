@@ -218,6 +218,7 @@ impl Scheduler {
             expiring: Default::default(),
             scans: 0,
             lost_found: 0,
+            unqueued: Default::default(),
             remote: Vec::new(),
             claiming: false,
             deferred: Default::default(),
@@ -462,6 +463,10 @@ struct Actor {
     /// In-flight scans reconciled, and the calls they found lost.
     scans: u64,
     lost_found: u64,
+    /// Waiting calls the last scan found neither queued nor leased. One is lost only if the next
+    /// scan finds it so again: a call made waiting by a write whose answer is on its way here
+    /// (a retry, a turn's unstarted call) is queued by that answer.
+    unqueued: std::collections::HashSet<(RunId, StepKey)>,
     /// What the other live replicas offer (empty on SQLite).
     remote: Vec<(String, Offers)>,
     /// A claim's read is running: another waits for it rather than reading the same rows twice.
@@ -922,15 +927,23 @@ impl Actor {
     /// dispatch no lease here holds (its loss could not be written when it happened).
     fn reconcile(&mut self, steps: Vec<StepRecord>) {
         let mut found = 0;
+        let seen_before = std::mem::take(&mut self.unqueued);
         for step in steps {
             match step.status {
                 StepStatus::Pending => {
-                    let before = self.queue.len();
+                    let id = (step.run_id.clone(), step.key.clone());
+                    if !self.would_enqueue(&step) || self.queue.contains(&id.0, &id.1) {
+                        continue;
+                    }
+                    if !seen_before.contains(&id) {
+                        self.unqueued.insert(id);
+                        continue;
+                    }
                     self.enqueue(step);
                     // Among replicas a waiting call nobody here queued is another's to claim, or
                     // this one's to claim now: not a call this scheduler lost.
                     if !self.config.replicated {
-                        found += self.queue.len() - before;
+                        found += 1;
                     }
                 }
                 StepStatus::Running => {
@@ -965,6 +978,14 @@ impl Actor {
     /// attempt timed out, the worker has not answered) keeps its slot but no longer holds the
     /// step: the retry goes out at its time, whatever the old attempt's worker does.
     fn enqueue(&mut self, step: StepRecord) {
+        if self.would_enqueue(&step) {
+            self.queue.push(step);
+        }
+    }
+
+    /// Whether [`Self::enqueue`] queues `step`: no lease holds it, and it is not only another
+    /// replica's to claim.
+    fn would_enqueue(&self, step: &StepRecord) -> bool {
         let held = self.leases.values().any(|l| {
             l.run_id == step.run_id
                 && l.key == step.key
@@ -975,9 +996,7 @@ impl Actor {
         let theirs = self.config.replicated
             && !self.offered_here(step.kind, &step.tool)
             && self.offered_elsewhere(step.kind, &step.tool);
-        if !held && !theirs {
-            self.queue.push(step);
-        }
+        !held && !theirs
     }
 
     /// Picks the least loaded session that can take `name` (a tool, or an agent for a run's

@@ -52,7 +52,6 @@ impl Queue {
         self.items.is_empty()
     }
 
-    #[cfg(test)]
     pub fn contains(&self, run_id: &RunId, key: &StepKey) -> bool {
         self.keys.contains(&(run_id.clone(), key.clone()))
     }
