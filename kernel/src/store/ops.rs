@@ -38,6 +38,10 @@ pub struct Tx<'c> {
     /// Steps this command left waiting for a worker, by kind and tool (or agent): the other
     /// replicas' schedulers hear of them in the commit's notice.
     pub waiting: Vec<(StepKind, String)>,
+    /// The last event number of each run this command read or wrote: the next event takes the
+    /// next number without asking the database (nothing else changes it inside the writer's
+    /// transaction).
+    pub seqs: std::cell::RefCell<std::collections::HashMap<RunId, u64>>,
 }
 
 type Result<T> = std::result::Result<T, KernelError>;
@@ -51,25 +55,35 @@ impl Tx<'_> {
     fn append(&mut self, run: &RunId, kind: EventType, payload: Value, step: Option<StepRecord>) -> Result<()> {
         // Taking the next number from the run row inside this transaction keeps the sequence
         // gap-free and unique even with many writers queued in one batch.
-        let seq: u64 = self
-            .conn
-            .prepare_cached(
-                "UPDATE runs SET last_seq = last_seq + 1, updated_at = ?2 WHERE id = ?1 RETURNING last_seq",
-            )?
-            .query_row(params![run.as_str(), self.now], |row| row.get(0))?;
+        let known = self.seqs.borrow().get(run).copied();
+        let seq: u64 = match known {
+            Some(last) => {
+                self.conn.write(
+                    "UPDATE runs SET last_seq = ?2, updated_at = ?3 WHERE id = ?1",
+                    params![run.as_str(), last + 1, self.now],
+                )?;
+                last + 1
+            }
+            None => self
+                .conn
+                .prepare_cached(
+                    "UPDATE runs SET last_seq = last_seq + 1, updated_at = ?2 WHERE id = ?1 RETURNING last_seq",
+                )?
+                .query_row(params![run.as_str(), self.now], |row| row.get(0))?,
+        };
+        self.seqs.borrow_mut().insert(run.clone(), seq);
         let payload = payload.to_string();
-        self.conn
-            .prepare_cached(
-                "INSERT INTO events (run_id, seq, type, schema_version, at, payload) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?
-            .execute(params![
+        self.conn.write(
+            "INSERT INTO events (run_id, seq, type, schema_version, at, payload) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
                 run.as_str(),
                 seq,
                 kind.as_str(),
                 EVENT_SCHEMA_VERSION,
                 self.now,
                 payload
-            ])?;
+            ],
+        )?;
         self.published.push(Published {
             event: EventRecord {
                 run_id: run.clone(),
@@ -120,7 +134,9 @@ impl Tx<'_> {
     }
 
     fn run(&self, id: &RunId) -> Result<RunRecord> {
-        load_run(self.conn, id)?.ok_or_else(|| KernelError::NotFound(format!("run {id} not found")))
+        let run = load_run(self.conn, id)?.ok_or_else(|| KernelError::NotFound(format!("run {id} not found")))?;
+        self.seqs.borrow_mut().insert(run.id.clone(), run.last_seq);
+        Ok(run)
     }
 
     fn step(&self, run: &RunId, key: &StepKey) -> Result<StepRecord> {
@@ -145,6 +161,7 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool, Opti
         Created::Existing(run) => Ok((*run, false, None)),
         Created::New { run, event, dispatch } => {
             insert_run(tx.conn, &run)?;
+            tx.seqs.borrow_mut().insert(run.id.clone(), run.last_seq);
             tx.append(&run.id, event.kind, event.payload, None)?;
             if let Some(dispatch) = &dispatch {
                 insert_step(tx.conn, dispatch)?;
@@ -156,72 +173,74 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool, Opti
 }
 
 fn insert_run(conn: &Connection<'_>, run: &RunRecord) -> Result<()> {
-    conn.prepare_cached(
+    conn.write(
         "INSERT INTO runs (id, agent, status, input, labels, idempotency_key, max_tool_calls, created_at, updated_at, \
          interactive, permissions, capture, granted_by, hosted, parent_run_id, parent_step, session_key, \
          max_concurrency) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
-    )?
-    .execute(params![
-        run.id.as_str(),
-        run.agent,
-        run.status.as_str(),
-        run.input,
-        serde_json::to_string(&run.labels).expect("labels serialize"),
-        run.idempotency_key,
-        run.max_tool_calls,
-        run.created_at,
-        run.updated_at,
-        run.interactive,
-        serde_json::to_string(&run.permissions).expect("permissions serialize"),
-        run.capture.as_str(),
-        run.granted_by,
-        run.hosted,
-        run.parent.as_ref().map(|(id, _)| id.as_str()),
-        run.parent.as_ref().map(|(_, key)| key.as_str()),
-        run.session_key,
-        run.max_concurrency,
-    ])?;
+        params![
+            run.id.as_str(),
+            run.agent,
+            run.status.as_str(),
+            run.input,
+            serde_json::to_string(&run.labels).expect("labels serialize"),
+            run.idempotency_key,
+            run.max_tool_calls,
+            run.created_at,
+            run.updated_at,
+            run.interactive,
+            serde_json::to_string(&run.permissions).expect("permissions serialize"),
+            run.capture.as_str(),
+            run.granted_by,
+            run.hosted,
+            run.parent.as_ref().map(|(id, _)| id.as_str()),
+            run.parent.as_ref().map(|(_, key)| key.as_str()),
+            run.session_key,
+            run.max_concurrency,
+        ],
+    )?;
     Ok(())
 }
 
 /// Writes what a transition may change of a step; what a call was (tool, arguments, identity,
 /// policy) is written once, when it is recorded.
 fn save_step(conn: &Connection<'_>, step: &StepRecord) -> Result<()> {
-    conn.prepare_cached(
+    conn.write(
         "UPDATE steps SET status = ?3, attempts = ?4, output = ?5, error = ?6, error_kind = ?7, worker = ?8, \
          session_id = ?9, dispatch_id = ?10, lease_expires_at = ?11, started_at = ?12, finished_at = ?13, \
          progress_count = ?14, not_before = ?15, lease_losses = ?16, cost = ?17, outcome = ?18, approval = ?19, \
          replays = ?20, replica = ?21 WHERE run_id = ?1 AND step_key = ?2",
-    )?
-    .execute(params![
-        step.run_id.as_str(),
-        step.key.as_str(),
-        step.status.as_str(),
-        step.attempts,
-        step.output,
-        step.error,
-        step.error_kind.map(ErrorKind::as_str),
-        step.worker,
-        step.session_id,
-        step.dispatch_id,
-        step.lease_expires_at,
-        step.started_at,
-        step.finished_at,
-        step.progress_count,
-        step.not_before,
-        step.lease_losses,
-        step.cost,
-        step.outcome.map(Outcome::as_str),
-        step.approval
-            .as_ref()
-            .map(|a| serde_json::to_string(a).expect("a decision serializes")),
-        step.replays,
-        step.replica,
-    ])?;
+        params![
+            step.run_id.as_str(),
+            step.key.as_str(),
+            step.status.as_str(),
+            step.attempts,
+            step.output,
+            step.error,
+            step.error_kind.map(ErrorKind::as_str),
+            step.worker,
+            step.session_id,
+            step.dispatch_id,
+            step.lease_expires_at,
+            step.started_at,
+            step.finished_at,
+            step.progress_count,
+            step.not_before,
+            step.lease_losses,
+            step.cost,
+            step.outcome.map(Outcome::as_str),
+            step.approval
+                .as_ref()
+                .map(|a| serde_json::to_string(a).expect("a decision serializes")),
+            step.replays,
+            step.replica,
+        ],
+    )?;
     // Every way out of running passes here, so no exit path can keep a lock.
     if step.status != StepStatus::Running && resources::locks(&step.resources).next().is_some() {
-        conn.prepare_cached("DELETE FROM resource_locks WHERE run_id = ?1 AND step_key = ?2")?
-            .execute(params![step.run_id.as_str(), step.key.as_str()])?;
+        conn.write(
+            "DELETE FROM resource_locks WHERE run_id = ?1 AND step_key = ?2",
+            params![step.run_id.as_str(), step.key.as_str()],
+        )?;
     }
     Ok(())
 }
@@ -346,52 +365,52 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
 
 /// Writes a call as the machine recorded it.
 fn insert_step(conn: &Connection<'_>, step: &StepRecord) -> Result<()> {
-    conn.prepare_cached(
+    conn.write(
         "INSERT INTO steps (run_id, step_key, turn, position, call_id, tool, fingerprint, version, arguments, \
          call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
          retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, outcome, attempts, kind, effect, \
          started_at, max_concurrency, hosted, resources) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, \
          ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33)",
-    )?
-    .execute(params![
-        step.run_id.as_str(),
-        step.key.as_str(),
-        step.turn,
-        step.position,
-        step.call_id,
-        step.tool,
-        step.fingerprint,
-        step.version,
-        step.arguments,
-        step.call_hash,
-        step.idempotency_key,
-        step.idempotency.as_str(),
-        step.timeout_ms,
-        step.status.as_str(),
-        step.error,
-        step.error_kind.map(ErrorKind::as_str),
-        step.created_at,
-        step.finished_at,
-        step.retry
-            .as_ref()
-            .map(|r| serde_json::to_string(r).expect("policy serializes")),
-        step.blocking,
-        step.unit_cost,
-        step.decided_by,
-        step.approval_gate
-            .as_ref()
-            .map(|g| serde_json::to_string(g).expect("gate serializes")),
-        step.cache_ttl_ms,
-        step.output,
-        step.outcome.map(Outcome::as_str),
-        step.attempts,
-        step.kind.as_str(),
-        step.effect.map(crate::model::Effect::as_str),
-        step.started_at,
-        step.max_concurrency,
-        step.hosted,
-        (!step.resources.is_empty()).then(|| serde_json::to_string(&step.resources).expect("strings serialize")),
-    ])?;
+        params![
+            step.run_id.as_str(),
+            step.key.as_str(),
+            step.turn,
+            step.position,
+            step.call_id,
+            step.tool,
+            step.fingerprint,
+            step.version,
+            step.arguments,
+            step.call_hash,
+            step.idempotency_key,
+            step.idempotency.as_str(),
+            step.timeout_ms,
+            step.status.as_str(),
+            step.error,
+            step.error_kind.map(ErrorKind::as_str),
+            step.created_at,
+            step.finished_at,
+            step.retry
+                .as_ref()
+                .map(|r| serde_json::to_string(r).expect("policy serializes")),
+            step.blocking,
+            step.unit_cost,
+            step.decided_by,
+            step.approval_gate
+                .as_ref()
+                .map(|g| serde_json::to_string(g).expect("gate serializes")),
+            step.cache_ttl_ms,
+            step.output,
+            step.outcome.map(Outcome::as_str),
+            step.attempts,
+            step.kind.as_str(),
+            step.effect.map(crate::model::Effect::as_str),
+            step.started_at,
+            step.max_concurrency,
+            step.hosted,
+            (!step.resources.is_empty()).then(|| serde_json::to_string(&step.resources).expect("strings serialize")),
+        ],
+    )?;
     Ok(())
 }
 
@@ -439,56 +458,58 @@ fn ask_next_approval(tx: &mut Tx<'_>, run_id: &RunId) -> Result<()> {
 }
 
 fn insert_approval(conn: &Connection<'_>, approval: &ApprovalRecord) -> Result<()> {
-    conn.prepare_cached(
+    conn.write(
         "INSERT INTO approvals (id, run_id, step_key, tool, call_hash, arguments, status, approvers, message, \
          decided_by, requested_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-    )?
-    .execute(params![
-        approval.id,
-        approval.run_id.as_str(),
-        approval.key.as_str(),
-        approval.tool,
-        approval.call_hash,
-        approval.arguments,
-        approval.status.as_str(),
-        serde_json::to_string(&approval.approvers).expect("approvers serialize"),
-        approval.message,
-        approval.decided_by,
-        approval.requested_at,
-        approval.expires_at,
-    ])?;
+        params![
+            approval.id,
+            approval.run_id.as_str(),
+            approval.key.as_str(),
+            approval.tool,
+            approval.call_hash,
+            approval.arguments,
+            approval.status.as_str(),
+            serde_json::to_string(&approval.approvers).expect("approvers serialize"),
+            approval.message,
+            approval.decided_by,
+            approval.requested_at,
+            approval.expires_at,
+        ],
+    )?;
     Ok(())
 }
 
 /// Writes what an answer or a run's end changes of an approval.
 fn save_approval(conn: &Connection<'_>, approval: &ApprovalRecord) -> Result<()> {
-    conn.prepare_cached("UPDATE approvals SET status = ?2, answered_at = ?3, decider = ?4, reason = ?5 WHERE id = ?1")?
-        .execute(params![
+    conn.write(
+        "UPDATE approvals SET status = ?2, answered_at = ?3, decider = ?4, reason = ?5 WHERE id = ?1",
+        params![
             approval.id,
             approval.status.as_str(),
             approval.answered_at,
             approval.decider,
             approval.reason
-        ])?;
+        ],
+    )?;
     Ok(())
 }
 
 /// Writes what a transition may change of a run; its sequence number is the log's own.
 fn save_run(conn: &Connection<'_>, run: &RunRecord) -> Result<()> {
-    conn.prepare_cached(
+    conn.write(
         "UPDATE runs SET status = ?2, output = ?3, reason = ?4, tool_calls = ?5, updated_at = ?6, dispatches = ?7, \
          suspensions = ?8 WHERE id = ?1",
-    )?
-    .execute(params![
-        run.id.as_str(),
-        run.status.as_str(),
-        run.output,
-        run.reason,
-        run.tool_calls,
-        run.updated_at,
-        run.dispatches,
-        run.suspensions,
-    ])?;
+        params![
+            run.id.as_str(),
+            run.status.as_str(),
+            run.output,
+            run.reason,
+            run.tool_calls,
+            run.updated_at,
+            run.dispatches,
+            run.suspensions,
+        ],
+    )?;
     Ok(())
 }
 
@@ -592,11 +613,10 @@ fn start_loaded(tx: &mut Tx<'_>, step: &StepRecord, start: &StartDispatch) -> Re
     }
     take_locks(tx, step, start)?;
     if dispatch::consumes_approval(step) {
-        tx.conn
-            .prepare_cached(
-                "UPDATE approvals SET status = 'consumed' WHERE run_id = ?1 AND step_key = ?2 AND status = 'approved'",
-            )?
-            .execute(params![start.run_id.as_str(), start.key.as_str()])?;
+        tx.conn.write(
+            "UPDATE approvals SET status = 'consumed' WHERE run_id = ?1 AND step_key = ?2 AND status = 'approved'",
+            params![start.run_id.as_str(), start.key.as_str()],
+        )?;
     }
     Ok(Some(tx.apply(change)?))
 }
@@ -652,12 +672,11 @@ pub fn record_result(tx: &mut Tx<'_>, report: ResultReport) -> Result<Option<(St
     }
     let (change, cached_until) = dispatch::record_result(&step, &report, tx.now);
     if let (Some(expires_at), Ok(output)) = (cached_until, &report.outcome) {
-        tx.conn
-            .prepare_cached(
-                "INSERT INTO result_cache (call_hash, tool, output, stored_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5) \
+        tx.conn.write(
+            "INSERT INTO result_cache (call_hash, tool, output, stored_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5) \
                  ON CONFLICT (call_hash) DO UPDATE SET output = ?3, stored_at = ?4, expires_at = ?5",
-            )?
-            .execute(params![step.call_hash, step.tool, output, tx.now, expires_at])?;
+            params![step.call_hash, step.tool, output, tx.now, expires_at],
+        )?;
     }
     Ok(Some((tx.apply(change)?, Vec::new())))
 }
@@ -967,8 +986,10 @@ fn steps_at_place(conn: &Connection<'_>, run: &RunId, seq: u32) -> Result<Vec<St
 
 /// Records that a hosted handler's step sits at place `seq` of its order.
 fn insert_place(conn: &Connection<'_>, step: &StepRecord) -> Result<()> {
-    conn.prepare_cached("INSERT INTO places (run_id, seq, step_key) VALUES (?1, ?2, ?3)")?
-        .execute(params![step.run_id.as_str(), step.turn, step.key.as_str()])?;
+    conn.write(
+        "INSERT INTO places (run_id, seq, step_key) VALUES (?1, ?2, ?3)",
+        params![step.run_id.as_str(), step.turn, step.key.as_str()],
+    )?;
     Ok(())
 }
 
@@ -1130,12 +1151,11 @@ pub fn tool_cache_set(tx: &mut Tx<'_>, set: super::ToolCacheSet) -> Result<()> {
             set.dispatch_id, set.attempt
         )));
     };
-    tx.conn
-        .prepare_cached(
-            "INSERT INTO tool_cache (tool, key, value, expires_at) VALUES (?1, ?2, ?3, ?4) \
+    tx.conn.write(
+        "INSERT INTO tool_cache (tool, key, value, expires_at) VALUES (?1, ?2, ?3, ?4) \
              ON CONFLICT (tool, key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
-        )?
-        .execute(params![step.tool, set.key, set.value, set.expires_at])?;
+        params![step.tool, set.key, set.value, set.expires_at],
+    )?;
     Ok(())
 }
 
@@ -1162,12 +1182,11 @@ pub fn purge_expired(tx: &mut Tx<'_>, limit: usize) -> Result<usize> {
 
 /// Renews this replica's row: its heartbeat dates every lease it holds.
 pub fn beat(tx: &mut Tx<'_>, beat: super::ReplicaBeat) -> Result<()> {
-    tx.conn
-        .prepare_cached(
-            "INSERT INTO replicas (id, started_at, heartbeat_at, offers) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) \
+    tx.conn.write(
+        "INSERT INTO replicas (id, started_at, heartbeat_at, offers) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) \
              DO UPDATE SET heartbeat_at = excluded.heartbeat_at, offers = excluded.offers",
-        )?
-        .execute(params![tx.replica, beat.started_at, tx.now, beat.offers])?;
+        params![tx.replica, beat.started_at, tx.now, beat.offers],
+    )?;
     Ok(())
 }
 

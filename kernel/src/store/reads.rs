@@ -97,9 +97,7 @@ impl Readers {
                 conn.busy_timeout(std::time::Duration::from_secs(5))?;
                 ReadConn::Sqlite(conn)
             }
-            Source::Postgres(url) => {
-                ReadConn::Postgres(Box::new(PgConn::new(postgres::Client::connect(url, postgres::NoTls)?)))
-            }
+            Source::Postgres(url) => ReadConn::Postgres(Box::new(PgConn::connect(url)?)),
         })
     }
 

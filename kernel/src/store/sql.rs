@@ -285,37 +285,181 @@ pub enum Dialect {
 }
 
 /// A PostgreSQL connection with its prepared statements, used from one thread at a time.
+///
+/// Writes whose answer nobody reads ([`Connection::write`]) are not sent at once: they wait and
+/// go out with the next statement someone waits for, in one round trip (tokio-postgres pipelines
+/// requests sent before their answers are read). The server runs them in the order written, so a
+/// read after a deferred write sees it; an error in a deferred write is the error of the statement
+/// that sent it.
 pub struct PgConn {
-    client: RefCell<postgres::Client>,
+    /// Drives the connection while a statement waits (the client is asynchronous; the writer
+    /// and the readers are blocking threads).
+    runtime: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
     statements: RefCell<HashMap<String, postgres::Statement>>,
+    deferred: RefCell<Vec<Deferred>>,
 }
 
-impl PgConn {
-    pub fn new(client: postgres::Client) -> Self {
-        PgConn {
-            client: RefCell::new(client),
-            statements: RefCell::new(HashMap::new()),
+/// A write waiting to go out with the next statement waited for.
+enum Deferred {
+    Batch(String),
+    Execute(postgres::Statement, Vec<OwnedArg>),
+}
+
+/// An [`Arg`] kept until its statement is sent.
+#[derive(Debug)]
+enum OwnedArg {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(String),
+}
+
+impl OwnedArg {
+    fn of(arg: &Arg<'_>) -> Self {
+        match *arg {
+            Arg::Null => OwnedArg::Null,
+            Arg::Int(value) => OwnedArg::Int(value),
+            Arg::Real(value) => OwnedArg::Real(value),
+            Arg::Text(text) => OwnedArg::Text(text.to_owned()),
         }
+    }
+
+    fn arg(&self) -> Arg<'_> {
+        match self {
+            OwnedArg::Null => Arg::Null,
+            OwnedArg::Int(value) => Arg::Int(*value),
+            OwnedArg::Real(value) => Arg::Real(*value),
+            OwnedArg::Text(text) => Arg::Text(text),
+        }
+    }
+}
+
+type Pending<'a> = futures_util::future::LocalBoxFuture<'a, std::result::Result<(), postgres::Error>>;
+
+impl PgConn {
+    /// Connects to `url`.
+    pub fn connect(url: &str) -> std::result::Result<Self, postgres::Error> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a current-thread runtime builds");
+        let (client, connection) = runtime.block_on(tokio_postgres::connect(url, postgres::NoTls))?;
+        runtime.spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "postgresql connection ended");
+            }
+        });
+        Ok(PgConn {
+            runtime,
+            client,
+            statements: RefCell::new(HashMap::new()),
+            deferred: RefCell::new(Vec::new()),
+        })
     }
 
     /// Whether the connection has dropped; it does not come back.
     pub fn is_closed(&self) -> bool {
-        self.client.borrow().is_closed()
+        self.client.is_closed()
     }
 
     /// Runs statements that take no arguments (transaction control).
     pub fn batch(&self, sql: &str) -> Result<()> {
-        Ok(self.client.borrow_mut().batch_execute(sql)?)
+        self.send(self.client.batch_execute(sql))
+    }
+
+    /// Sends statements that take no arguments with the next statement waited for.
+    pub fn defer_batch(&self, sql: &str) {
+        self.deferred.borrow_mut().push(Deferred::Batch(sql.to_owned()));
+    }
+
+    /// Drops the writes not sent yet; whether `sql`, deferred with [`PgConn::defer_batch`], was
+    /// among them (so the server never saw it).
+    pub fn discard_deferred(&self, sql: &str) -> bool {
+        self.deferred
+            .borrow_mut()
+            .drain(..)
+            .any(|deferred| matches!(deferred, Deferred::Batch(batch) if batch == sql))
     }
 
     fn statement(&self, sql: &str) -> Result<postgres::Statement> {
         if let Some(statement) = self.statements.borrow().get(sql) {
             return Ok(statement.clone());
         }
-        let statement = self.client.borrow_mut().prepare(&postgres_sql(sql))?;
+        let statement = self.send(self.client.prepare(&postgres_sql(sql)))?;
         self.statements.borrow_mut().insert(sql.to_owned(), statement.clone());
         Ok(statement)
     }
+
+    fn execute(&self, statement: &postgres::Statement, args: &[Arg<'_>]) -> Result<u64> {
+        self.send(self.client.execute_raw(statement, args.iter()))
+    }
+
+    fn query(&self, statement: &postgres::Statement, args: &[Arg<'_>]) -> Result<Vec<postgres::Row>> {
+        let args = pg_args(args);
+        self.send(self.client.query(statement, &args))
+    }
+
+    fn defer(&self, statement: postgres::Statement, args: &[Arg<'_>]) {
+        let args = args.iter().map(OwnedArg::of).collect();
+        self.deferred.borrow_mut().push(Deferred::Execute(statement, args));
+    }
+
+    /// Sends the deferred writes, then `last`, in one go, and waits for all of their answers.
+    fn send<T>(&self, last: impl std::future::Future<Output = std::result::Result<T, postgres::Error>>) -> Result<T> {
+        let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
+        let client = &self.client;
+        let earlier: Vec<Pending<'_>> = deferred
+            .iter()
+            .map(|deferred| -> Pending<'_> {
+                match deferred {
+                    Deferred::Batch(sql) => Box::pin(client.batch_execute(sql)),
+                    Deferred::Execute(statement, args) => Box::pin(async move {
+                        client
+                            .execute_raw(statement, args.iter().map(OwnedArg::arg))
+                            .await
+                            .map(drop)
+                    }),
+                }
+            })
+            .collect();
+        let (earlier, last) = self.runtime.block_on(in_order(earlier, last));
+        earlier?;
+        Ok(last?)
+    }
+}
+
+/// Polls `earlier` and then `last` in order, each time, until all are done: a request goes out on
+/// its future's first poll, so they reach the server in this order. The first error of `earlier`
+/// is the one that counts (the statements after it fail only because the transaction aborted).
+async fn in_order<T>(
+    earlier: Vec<Pending<'_>>,
+    last: impl std::future::Future<Output = std::result::Result<T, postgres::Error>>,
+) -> (
+    std::result::Result<(), postgres::Error>,
+    std::result::Result<T, postgres::Error>,
+) {
+    use futures_util::future::{MaybeDone, maybe_done};
+    use std::pin::Pin;
+    use std::task::Poll;
+
+    let mut earlier: Vec<MaybeDone<Pending<'_>>> = earlier.into_iter().map(maybe_done).collect();
+    let mut last = std::pin::pin!(maybe_done(last));
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for future in earlier.iter_mut() {
+            done &= Pin::new(future).poll(cx).is_ready();
+        }
+        done &= last.as_mut().poll(cx).is_ready();
+        if done { Poll::Ready(()) } else { Poll::Pending }
+    })
+    .await;
+    let first_error = earlier
+        .iter_mut()
+        .filter_map(|future| Pin::new(future).take_output())
+        .find_map(std::result::Result::err);
+    let last = last.as_mut().take_output().expect("polled to completion");
+    (first_error.map_or(Ok(()), Err), last)
 }
 
 /// `?N` as `$N` and a bare `?` as the next number, outside string literals.
@@ -396,6 +540,18 @@ impl<'c> Connection<'c> {
         self.prepare_cached(sql)?.execute(args)
     }
 
+    /// Runs a write whose answer the caller does not need. On PostgreSQL it goes out with the
+    /// next statement waited for (see [`PgConn`]); its error, if any, is that statement's.
+    pub fn write(&self, sql: &str, args: &[Arg<'_>]) -> Result<()> {
+        match self {
+            Connection::Sqlite(conn) => {
+                conn.prepare_cached(sql)?.execute(rusqlite::params_from_iter(args))?;
+            }
+            Connection::Postgres(conn) => conn.defer(conn.statement(sql)?, args),
+        }
+        Ok(())
+    }
+
     /// The first row of a query, mapped; an error when there is none (see [`OptionalExtension`]).
     pub fn query_row<T>(&self, sql: &str, args: &[Arg<'_>], f: impl FnOnce(&Row<'_>) -> Result<T>) -> Result<T> {
         self.prepare_cached(sql)?.query_row(args, f)
@@ -421,7 +577,7 @@ impl Statement<'_> {
         match self {
             Statement::Sqlite(statement) => Ok(statement.execute(rusqlite::params_from_iter(args))?),
             Statement::Postgres { conn, statement } => {
-                let changed = conn.client.borrow_mut().execute(&*statement, &pg_args(args))?;
+                let changed = conn.execute(statement, args)?;
                 Ok(usize::try_from(changed).unwrap_or(usize::MAX))
             }
         }
@@ -438,7 +594,7 @@ impl Statement<'_> {
                 }
             }
             Statement::Postgres { conn, statement } => {
-                let rows = conn.client.borrow_mut().query(&*statement, &pg_args(args))?;
+                let rows = conn.query(statement, args)?;
                 match rows.first() {
                     Some(row) => f(&Row::Postgres(row)),
                     None => Err(Error::NoRows),
@@ -462,7 +618,7 @@ impl Statement<'_> {
                 }
             }
             Statement::Postgres { conn, statement } => {
-                let rows = conn.client.borrow_mut().query(&*statement, &pg_args(args))?;
+                let rows = conn.query(statement, args)?;
                 mapped.extend(rows.iter().map(|row| f(&Row::Postgres(row))));
             }
         }

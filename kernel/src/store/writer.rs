@@ -193,6 +193,38 @@ impl WriteConn {
         }
     }
 
+    /// Opens a command's savepoint; on PostgreSQL it goes out with the command's first statement.
+    fn savepoint(&self) -> Result<(), String> {
+        match self {
+            WriteConn::Sqlite(_) => self.batch(SAVEPOINT),
+            WriteConn::Postgres { conn, .. } => {
+                conn.defer_batch(SAVEPOINT);
+                Ok(())
+            }
+        }
+    }
+
+    /// Ends a command that succeeded. On PostgreSQL this sends its deferred writes: an error in
+    /// one of them is the command's, and the command is undone.
+    fn release(&self) -> Result<(), String> {
+        let released = self.batch(RELEASE);
+        if released.is_err() {
+            self.undo();
+        }
+        released
+    }
+
+    /// Undoes a command that failed (nothing to undo on the server if its savepoint never left).
+    fn undo(&self) {
+        if let WriteConn::Postgres { conn, .. } = self
+            && conn.discard_deferred(SAVEPOINT)
+        {
+            return;
+        }
+        let _ = self.batch("ROLLBACK TO SAVEPOINT command");
+        let _ = self.batch(RELEASE);
+    }
+
     fn is_closed(&self) -> bool {
         matches!(self, WriteConn::Postgres { conn, .. } if conn.is_closed())
     }
@@ -236,6 +268,9 @@ impl WriteConn {
     }
 }
 
+const SAVEPOINT: &str = "SAVEPOINT command";
+const RELEASE: &str = "RELEASE SAVEPOINT command";
+
 /// Runs one command under a savepoint; a refused command's rows and events are undone.
 fn apply_isolated(
     conn: &WriteConn,
@@ -243,7 +278,7 @@ fn apply_isolated(
     command: Command,
     (published, waiting): (&mut Vec<Published>, &mut Vec<(StepKind, String)>),
 ) -> Responder {
-    if let Err(error) = conn.batch("SAVEPOINT command") {
+    if let Err(error) = conn.savepoint() {
         return fail_command(command, KernelError::Store(error));
     }
     let sql = conn.sql();
@@ -253,15 +288,19 @@ fn apply_isolated(
         now,
         published: Vec::new(),
         waiting: Vec::new(),
+        seqs: Default::default(),
     };
     let (responder, ok) = apply(&mut tx, command);
-    if ok {
-        published.append(&mut tx.published);
-        waiting.append(&mut tx.waiting);
-    } else {
-        let _ = conn.batch("ROLLBACK TO SAVEPOINT command");
+    if !ok {
+        conn.undo();
+        return responder;
     }
-    let _ = conn.batch("RELEASE SAVEPOINT command");
+    if let Err(error) = conn.release() {
+        // The command's answer was an outcome its writes did not keep.
+        return Box::new(move |_| responder(Some(&error)));
+    }
+    published.append(&mut tx.published);
+    waiting.append(&mut tx.waiting);
     responder
 }
 

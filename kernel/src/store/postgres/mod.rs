@@ -100,9 +100,7 @@ pub(super) const BEGIN_WRITE: &str = "BEGIN; SELECT pg_advisory_xact_lock(773871
 /// The writer's blocking connection (on the writer thread: the blocking client runs a runtime of
 /// its own).
 pub(super) fn open_writer(url: &str) -> Result<super::sql::PgConn, KernelError> {
-    let client =
-        ::postgres::Client::connect(url, NoTls).map_err(|error| unavailable("cannot connect to PostgreSQL", &error))?;
-    Ok(super::sql::PgConn::new(client))
+    super::sql::PgConn::connect(url).map_err(|error| unavailable("cannot connect to PostgreSQL", &error))
 }
 
 fn unavailable(what: &str, error: &tokio_postgres::Error) -> KernelError {
