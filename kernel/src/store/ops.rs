@@ -657,8 +657,11 @@ fn take_locks(tx: &Tx<'_>, step: &StepRecord, start: &StartDispatch) -> Result<(
 
 /// Loads the step a dispatch holds, only while that exact attempt still holds it.
 fn held_step(tx: &Tx<'_>, dispatch_id: &str, attempt: u32, session_id: Option<&str>) -> Result<Option<StepRecord>> {
-    Ok(load_step_by_dispatch(tx.conn, dispatch_id)?
-        .filter(|step| dispatch::held(step, dispatch_id, attempt, session_id)))
+    let Some((step, last_seq)) = load_step_by_dispatch(tx.conn, dispatch_id)? else {
+        return Ok(None);
+    };
+    tx.seqs.borrow_mut().insert(step.run_id.clone(), last_seq);
+    Ok(Some(step).filter(|step| dispatch::held(step, dispatch_id, attempt, session_id)))
 }
 
 /// Records a worker's result. A retryable error with attempts left puts the step back to pending

@@ -18,7 +18,14 @@ use crate::model::{
 pub struct Readers {
     pool: Arc<Pool>,
     source: Arc<Source>,
+    /// Reads at once, as many as the pool keeps: a read beyond them waits for a connection
+    /// rather than opening one it would then close (on PostgreSQL a connection is a server
+    /// process; opening one per read under load made throughput fall as concurrency rose).
+    permits: Arc<tokio::sync::Semaphore>,
 }
+
+/// The most connections a pool holds, and so the most reads at once.
+const READERS: usize = 16;
 
 /// The idle connections.
 #[derive(Default)]
@@ -76,6 +83,7 @@ impl Readers {
         Ok(Readers {
             pool: Arc::new(Pool::default()),
             source: Arc::new(Source::Sqlite(path.to_owned())),
+            permits: Arc::new(tokio::sync::Semaphore::new(READERS)),
         })
     }
 
@@ -84,6 +92,7 @@ impl Readers {
         Readers {
             pool: Arc::new(Pool::default()),
             source: Arc::new(Source::Postgres(url.to_owned())),
+            permits: Arc::new(tokio::sync::Semaphore::new(READERS)),
         }
     }
 
@@ -108,7 +117,14 @@ impl Readers {
         F: FnOnce(Connection<'_>) -> sql::Result<T> + Send + 'static,
     {
         let readers = self.clone();
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the readers' semaphore is never closed");
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             let pooled = readers.pool.0.lock().expect("reader pool poisoned").pop();
             let conn = match pooled {
                 Some(conn) => conn,
@@ -117,7 +133,7 @@ impl Readers {
             let result = query(conn.sql());
             let mut pool = readers.pool.0.lock().expect("reader pool poisoned");
             // A connection whose query failed may be broken (a PostgreSQL restart): not kept.
-            if result.is_ok() && pool.len() < 8 {
+            if result.is_ok() && pool.len() < READERS {
                 pool.push(conn);
             }
             result

@@ -177,8 +177,16 @@ pub fn load_step(conn: &Connection<'_>, run: &RunId, key: &StepKey) -> Result<Op
     .optional()
 }
 
-pub fn load_step_by_dispatch(conn: &Connection<'_>, dispatch_id: &str) -> Result<Option<StepRecord>> {
-    conn.prepare_cached(&format!("SELECT {STEP_COLUMNS} FROM steps WHERE dispatch_id = ?1"))?
-        .query_row(params![dispatch_id], step_from_row)
-        .optional()
+/// The step a dispatch holds, with its run's last event number (so the writer numbers the event
+/// it appends for that step without a round trip of its own).
+pub fn load_step_by_dispatch(conn: &Connection<'_>, dispatch_id: &str) -> Result<Option<(StepRecord, u64)>> {
+    let last_seq_at = STEP_COLUMNS.split(',').count();
+    conn.prepare_cached(&format!(
+        "SELECT {STEP_COLUMNS}, (SELECT last_seq FROM runs WHERE runs.id = steps.run_id) FROM steps \
+         WHERE dispatch_id = ?1"
+    ))?
+    .query_row(params![dispatch_id], |row| {
+        Ok((step_from_row(row)?, row.get(last_seq_at)?))
+    })
+    .optional()
 }
