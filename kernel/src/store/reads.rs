@@ -31,8 +31,9 @@ const READERS: usize = 16;
 #[derive(Default)]
 struct Pool(Mutex<Vec<ReadConn>>);
 
-/// PostgreSQL's blocking client runs a runtime of its own and must not be dropped on one (the
-/// kernel drops its store on its runtime at shutdown): idle connections go on a thread of their own.
+/// A PostgreSQL connection drives itself on a runtime of its own, which must not be dropped on
+/// another (the kernel drops its store on its runtime at shutdown): idle connections go on a
+/// thread of their own.
 impl Drop for Pool {
     fn drop(&mut self) {
         let idle = std::mem::take(self.0.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner()));

@@ -97,8 +97,8 @@ async fn apply(client: &mut Client) -> Result<Migrated, KernelError> {
 /// for the length of one transaction (number `0x6b65726e656c0002`), in one round trip.
 pub(super) const BEGIN_WRITE: &str = "BEGIN; SELECT pg_advisory_xact_lock(7738717353179611138)";
 
-/// The writer's blocking connection (on the writer thread: the blocking client runs a runtime of
-/// its own).
+/// The writer's connection, used from the writer thread (it drives itself on a runtime of its own
+/// while a statement waits, and pipelines the writes nobody waits for).
 pub(super) fn open_writer(url: &str) -> Result<super::sql::PgConn, KernelError> {
     super::sql::PgConn::connect(url).map_err(|error| unavailable("cannot connect to PostgreSQL", &error))
 }
