@@ -939,7 +939,7 @@ impl Actor {
                         self.unqueued.insert(id);
                         continue;
                     }
-                    self.enqueue(step);
+                    self.queue.push(step);
                     // Among replicas a waiting call nobody here queued is another's to claim, or
                     // this one's to claim now: not a call this scheduler lost.
                     if !self.config.replicated {

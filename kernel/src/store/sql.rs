@@ -643,7 +643,60 @@ impl<T> OptionalExtension<T> for Result<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::postgres_sql;
+    use super::{Connection, OptionalExtension, PgConn, postgres_sql};
+
+    /// Deferred writes reach the server in the order written, before the statement that sends
+    /// them; a failed one is that statement's error, and what it and the writes after it did is
+    /// undone with the savepoint while the writes before it stand.
+    #[test]
+    fn deferred_writes_go_out_in_order_and_their_error_is_the_sending_statements() {
+        let Some(server) = e2e::postgres::Postgres::start("store::sql::deferred_writes") else {
+            return;
+        };
+        let conn = PgConn::connect(&server.url).unwrap();
+        let sql = Connection::postgres(&conn);
+        conn.batch("CREATE TABLE t (k BIGINT PRIMARY KEY, v TEXT NOT NULL)")
+            .unwrap();
+        conn.batch("BEGIN").unwrap();
+        sql.write("INSERT INTO t (k, v) VALUES (?1, ?2)", params![1, "a"])
+            .unwrap();
+        sql.write("UPDATE t SET v = ?2 WHERE k = ?1", params![1, "b"]).unwrap();
+        let v: String = sql
+            .query_row("SELECT v FROM t WHERE k = ?1", params![1], |row| row.get(0))
+            .unwrap();
+        assert_eq!(v, "b", "both writes went out, in order, before the read");
+
+        conn.defer_batch("SAVEPOINT s");
+        sql.write("INSERT INTO t (k, v) VALUES (?1, ?2)", params![2, "c"])
+            .unwrap();
+        sql.write("INSERT INTO t (k, v) VALUES (?1, ?2)", params![1, "again"])
+            .unwrap();
+        sql.write("INSERT INTO t (k, v) VALUES (?1, ?2)", params![3, "d"])
+            .unwrap();
+        let error = sql
+            .query_row("SELECT COUNT(*) FROM t", params![], |row| row.get::<i64>(0))
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("23505"),
+            "the duplicate's own error: {error}"
+        );
+        conn.batch("ROLLBACK TO SAVEPOINT s").unwrap();
+        let count: i64 = sql
+            .query_row("SELECT COUNT(*) FROM t", params![], |row| row.get(0))
+            .unwrap();
+        assert_eq!(count, 1, "the savepoint's writes are undone, the earlier ones stand");
+
+        conn.defer_batch("SAVEPOINT s");
+        sql.write("INSERT INTO t (k, v) VALUES (?1, ?2)", params![4, "e"])
+            .unwrap();
+        assert!(conn.discard_deferred("SAVEPOINT s"), "the savepoint never left");
+        let four = sql
+            .query_row("SELECT v FROM t WHERE k = ?1", params![4], |row| row.get::<String>(0))
+            .optional()
+            .unwrap();
+        assert_eq!(four, None, "discarded writes never reach the server");
+        conn.batch("COMMIT").unwrap();
+    }
 
     #[test]
     fn parameters_are_numbered_for_postgresql_outside_literals() {
