@@ -38,10 +38,19 @@ pub struct Tx<'c> {
     /// Steps this command left waiting for a worker, by kind and tool (or agent): the other
     /// replicas' schedulers hear of them in the commit's notice.
     pub waiting: Vec<(StepKind, String)>,
-    /// The last event number of each run this command read or wrote: the next event takes the
-    /// next number without asking the database (nothing else changes it inside the writer's
-    /// transaction).
-    pub seqs: std::cell::RefCell<std::collections::HashMap<RunId, u64>>,
+    /// The last event number of each run this command read or wrote, and whether the run row
+    /// still has to be told: the next event takes the next number without asking the database
+    /// (nothing else changes it inside the writer's transaction), and a run's row is written once
+    /// per command however many events it appended ([`Tx::finish`]).
+    pub seqs: std::cell::RefCell<std::collections::HashMap<RunId, Seq>>,
+}
+
+/// A run's last event number as a command knows it.
+#[derive(Clone, Copy, Debug)]
+pub struct Seq {
+    last: u64,
+    /// Appended to since the run row was last written.
+    unsaved: bool,
 }
 
 type Result<T> = std::result::Result<T, KernelError>;
@@ -55,23 +64,19 @@ impl Tx<'_> {
     fn append(&mut self, run: &RunId, kind: EventType, payload: Value, step: Option<StepRecord>) -> Result<()> {
         // Taking the next number from the run row inside this transaction keeps the sequence
         // gap-free and unique even with many writers queued in one batch.
-        let known = self.seqs.borrow().get(run).copied();
-        let seq: u64 = match known {
-            Some(last) => {
-                self.conn.write(
-                    "UPDATE runs SET last_seq = ?2, updated_at = ?3 WHERE id = ?1",
-                    params![run.as_str(), last + 1, self.now],
-                )?;
-                last + 1
-            }
-            None => self
-                .conn
-                .prepare_cached(
-                    "UPDATE runs SET last_seq = last_seq + 1, updated_at = ?2 WHERE id = ?1 RETURNING last_seq",
-                )?
-                .query_row(params![run.as_str(), self.now], |row| row.get(0))?,
+        let known = self.seqs.borrow().get(run).map(|seq| seq.last);
+        let (seq, unsaved) = match known {
+            Some(last) => (last + 1, true),
+            None => (
+                self.conn
+                    .prepare_cached(
+                        "UPDATE runs SET last_seq = last_seq + 1, updated_at = ?2 WHERE id = ?1 RETURNING last_seq",
+                    )?
+                    .query_row(params![run.as_str(), self.now], |row| row.get(0))?,
+                false,
+            ),
         };
-        self.seqs.borrow_mut().insert(run.clone(), seq);
+        self.seqs.borrow_mut().insert(run.clone(), Seq { last: seq, unsaved });
         let payload = payload.to_string();
         self.conn.write(
             "INSERT INTO events (run_id, seq, type, schema_version, at, payload) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -102,6 +107,12 @@ impl Tx<'_> {
     /// the transition; returns the step.
     fn apply(&mut self, change: StepChange) -> Result<StepRecord> {
         save_step(self.conn, &change.step)?;
+        self.record(change)
+    }
+
+    /// Appends the event of a transition whose step is already written, and wakes what waits on
+    /// the step if the transition settled it; returns the step.
+    fn record(&mut self, change: StepChange) -> Result<StepRecord> {
         let StepChange { step, event } = change;
         self.append(&step.run_id, event.kind, event.payload, Some(step.clone()))?;
         if step.status.is_terminal() && matches!(step.kind, StepKind::Tool | StepKind::Subagent) {
@@ -134,9 +145,44 @@ impl Tx<'_> {
     }
 
     fn run(&self, id: &RunId) -> Result<RunRecord> {
-        let run = load_run(self.conn, id)?.ok_or_else(|| KernelError::NotFound(format!("run {id} not found")))?;
-        self.seqs.borrow_mut().insert(run.id.clone(), run.last_seq);
+        let mut run = load_run(self.conn, id)?.ok_or_else(|| KernelError::NotFound(format!("run {id} not found")))?;
+        match self.seqs.borrow_mut().entry(run.id.clone()) {
+            // The row lags what this command appended until the command ends.
+            std::collections::hash_map::Entry::Occupied(known) => {
+                let known = known.get();
+                run.last_seq = known.last;
+                if known.unsaved {
+                    run.updated_at = self.now;
+                }
+            }
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                entry.insert(Seq {
+                    last: run.last_seq,
+                    unsaved: false,
+                });
+            }
+        }
         Ok(run)
+    }
+
+    /// Learns a run's last event number from a read, unless this command already knows a later one.
+    fn knows_seq(&self, run: &RunId, last: u64) {
+        self.seqs
+            .borrow_mut()
+            .entry(run.clone())
+            .or_insert(Seq { last, unsaved: false });
+    }
+
+    /// Ends the command: each run it appended to gets its last event number written, once.
+    pub fn finish(&self) -> Result<()> {
+        for (run, seq) in self.seqs.borrow_mut().iter_mut().filter(|(_, seq)| seq.unsaved) {
+            self.conn.write(
+                "UPDATE runs SET last_seq = ?2, updated_at = ?3 WHERE id = ?1",
+                params![run.as_str(), seq.last, self.now],
+            )?;
+            seq.unsaved = false;
+        }
+        Ok(())
     }
 
     fn step(&self, run: &RunId, key: &StepKey) -> Result<StepRecord> {
@@ -161,7 +207,7 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool, Opti
         Created::Existing(run) => Ok((*run, false, None)),
         Created::New { run, event, dispatch } => {
             insert_run(tx.conn, &run)?;
-            tx.seqs.borrow_mut().insert(run.id.clone(), run.last_seq);
+            tx.knows_seq(&run.id, run.last_seq);
             tx.append(&run.id, event.kind, event.payload, None)?;
             if let Some(dispatch) = &dispatch {
                 insert_step(tx.conn, dispatch)?;
@@ -321,11 +367,19 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
             cached,
             tx.now,
         );
-        insert_step(tx.conn, &recorded.step)?;
-        if run.hosted {
-            insert_place(tx.conn, &recorded.step)?;
-        }
         let step = recorded.step;
+        // A call that starts in the turn that records it is written once, already started.
+        let started = match (&recorded.next, &call.start) {
+            (Next::Scheduled, Some(start)) => dispatch::start(&step, start, tx.now).map(|mut change| {
+                change.step.replica = Some(tx.replica.to_owned());
+                (change, start)
+            }),
+            _ => None,
+        };
+        insert_step(tx.conn, started.as_ref().map_or(&step, |(change, _)| &change.step))?;
+        if run.hosted {
+            insert_place(tx.conn, &step)?;
+        }
         match recorded.next {
             Next::Settled => {
                 tx.append(&run.id, recorded.event.kind, recorded.event.payload, Some(step.clone()))?;
@@ -340,12 +394,11 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
                 tx.append(&run.id, recorded.event.kind, recorded.event.payload, None)?;
                 // Pending since a moment ago in this same commit, so it starts; were it not to,
                 // the scheduler gives the reserved slot back and queues the call as usual.
-                let started = match &call.start {
-                    Some(start) => start_loaded(tx, &step, start)?,
-                    None => None,
-                };
                 dispositions.push(match started {
-                    Some(started) => CallDisposition::Started(started),
+                    Some((change, start)) => {
+                        take_locks(tx, &step, start)?;
+                        CallDisposition::Started(tx.record(change)?)
+                    }
                     None => {
                         tx.waits(&step);
                         CallDisposition::Scheduled(step)
@@ -363,14 +416,16 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
     Ok(dispositions)
 }
 
-/// Writes a call as the machine recorded it.
+/// Writes a call as the machine recorded it (started already, when it starts in the turn that
+/// records it).
 fn insert_step(conn: &Connection<'_>, step: &StepRecord) -> Result<()> {
     conn.write(
         "INSERT INTO steps (run_id, step_key, turn, position, call_id, tool, fingerprint, version, arguments, \
          call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
          retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, outcome, attempts, kind, effect, \
-         started_at, max_concurrency, hosted, resources) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, \
-         ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33)",
+         started_at, max_concurrency, hosted, resources, worker, session_id, dispatch_id, lease_expires_at, \
+         not_before, replica) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
+         ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, ?37, ?38, ?39)",
         params![
             step.run_id.as_str(),
             step.key.as_str(),
@@ -409,6 +464,12 @@ fn insert_step(conn: &Connection<'_>, step: &StepRecord) -> Result<()> {
             step.max_concurrency,
             step.hosted,
             (!step.resources.is_empty()).then(|| serde_json::to_string(&step.resources).expect("strings serialize")),
+            step.worker,
+            step.session_id,
+            step.dispatch_id,
+            step.lease_expires_at,
+            step.not_before,
+            step.replica,
         ],
     )?;
     Ok(())
@@ -660,7 +721,7 @@ fn held_step(tx: &Tx<'_>, dispatch_id: &str, attempt: u32, session_id: Option<&s
     let Some((step, last_seq)) = load_step_by_dispatch(tx.conn, dispatch_id)? else {
         return Ok(None);
     };
-    tx.seqs.borrow_mut().insert(step.run_id.clone(), last_seq);
+    tx.knows_seq(&step.run_id, last_seq);
     Ok(Some(step).filter(|step| dispatch::held(step, dispatch_id, attempt, session_id)))
 }
 

@@ -7,7 +7,7 @@
 //! once, the prepared statement is kept per connection, and each [`Arg`] is bound as the type the
 //! server gave its parameter.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fmt;
 
@@ -297,7 +297,13 @@ pub struct PgConn {
     runtime: tokio::runtime::Runtime,
     client: tokio_postgres::Client,
     statements: RefCell<HashMap<String, postgres::Statement>>,
-    deferred: RefCell<Vec<Deferred>>,
+    /// Writes not sent yet, each with the command that wrote it.
+    deferred: RefCell<Vec<(usize, Deferred)>>,
+    /// The writer's command now writing (numbered in its batch), under savepoint `c<N>`.
+    command: Cell<usize>,
+    /// Commands that had ended when one of their writes turned out to fail, with the error: their
+    /// writes are undone and the writer answers them with it ([`PgConn::take_failed`]).
+    failed: RefCell<Vec<(usize, String)>>,
 }
 
 /// A write waiting to go out with the next statement waited for.
@@ -355,6 +361,8 @@ impl PgConn {
             client,
             statements: RefCell::new(HashMap::new()),
             deferred: RefCell::new(Vec::new()),
+            command: Cell::new(0),
+            failed: RefCell::new(Vec::new()),
         })
     }
 
@@ -365,78 +373,138 @@ impl PgConn {
 
     /// Runs statements that take no arguments (transaction control).
     pub fn batch(&self, sql: &str) -> Result<()> {
-        self.send(self.client.batch_execute(sql))
+        self.send(|| self.client.batch_execute(sql))
     }
 
     /// Sends statements that take no arguments with the next statement waited for.
     pub fn defer_batch(&self, sql: &str) {
-        self.deferred.borrow_mut().push(Deferred::Batch(sql.to_owned()));
+        self.push(Deferred::Batch(sql.to_owned()));
     }
 
-    /// Drops the writes not sent yet; whether `sql`, deferred with [`PgConn::defer_batch`], was
-    /// among them (so the server never saw it).
-    pub fn discard_deferred(&self, sql: &str) -> bool {
-        self.deferred
-            .borrow_mut()
-            .drain(..)
-            .any(|deferred| matches!(deferred, Deferred::Batch(batch) if batch == sql))
+    /// Starts writer command `index` under its own savepoint, sent with its first statement
+    /// waited for.
+    pub fn begin_command(&self, index: usize) {
+        self.command.set(index);
+        self.defer_batch(&format!("SAVEPOINT c{index}"));
+    }
+
+    /// Ends the command that succeeded, without waiting: its release goes out with the next
+    /// statement waited for. Should one of its writes fail then, the command is undone and
+    /// named in [`PgConn::take_failed`], and what came after it is sent again.
+    pub fn end_command(&self) {
+        self.defer_batch(&format!("RELEASE SAVEPOINT c{}", self.command.get()));
+    }
+
+    /// Undoes the command that failed: its writes not sent yet are dropped, and those sent are
+    /// rolled back to its savepoint (the writes of the commands before it stand).
+    pub fn undo_command(&self) -> Result<()> {
+        let index = self.command.get();
+        let mut never_sent = false;
+        self.deferred.borrow_mut().retain(|(command, deferred)| {
+            let dropped = *command == index;
+            never_sent |= dropped && matches!(deferred, Deferred::Batch(sql) if sql.starts_with("SAVEPOINT"));
+            !dropped
+        });
+        if never_sent {
+            return Ok(());
+        }
+        self.batch(&format!("ROLLBACK TO SAVEPOINT c{index}; RELEASE SAVEPOINT c{index}"))
+    }
+
+    /// Sends what is deferred and waits for it: after the last command of a batch, before the
+    /// commit, so every command's writes are known good or undone when it commits.
+    pub fn flush(&self) -> Result<()> {
+        self.command.set(usize::MAX);
+        self.send(|| std::future::ready(Ok(())))
+    }
+
+    /// The commands undone after they ended, with what failed them; taken once.
+    pub fn take_failed(&self) -> Vec<(usize, String)> {
+        std::mem::take(&mut *self.failed.borrow_mut())
+    }
+
+    fn push(&self, deferred: Deferred) {
+        self.deferred.borrow_mut().push((self.command.get(), deferred));
     }
 
     fn statement(&self, sql: &str) -> Result<postgres::Statement> {
         if let Some(statement) = self.statements.borrow().get(sql) {
             return Ok(statement.clone());
         }
-        let statement = self.send(self.client.prepare(&postgres_sql(sql)))?;
+        let sql_text = postgres_sql(sql);
+        let statement = self.send(|| self.client.prepare(&sql_text))?;
         self.statements.borrow_mut().insert(sql.to_owned(), statement.clone());
         Ok(statement)
     }
 
     fn execute(&self, statement: &postgres::Statement, args: &[Arg<'_>]) -> Result<u64> {
-        self.send(self.client.execute_raw(statement, args.iter()))
+        self.send(|| self.client.execute_raw(statement, args.iter()))
     }
 
     fn query(&self, statement: &postgres::Statement, args: &[Arg<'_>]) -> Result<Vec<postgres::Row>> {
         let args = pg_args(args);
-        self.send(self.client.query(statement, &args))
+        self.send(|| self.client.query(statement, &args))
     }
 
     fn defer(&self, statement: postgres::Statement, args: &[Arg<'_>]) {
         let args = args.iter().map(OwnedArg::of).collect();
-        self.deferred.borrow_mut().push(Deferred::Execute(statement, args));
+        self.push(Deferred::Execute(statement, args));
     }
 
-    /// Sends the deferred writes, then `last`, in one go, and waits for all of their answers.
-    fn send<T>(&self, last: impl std::future::Future<Output = std::result::Result<T, postgres::Error>>) -> Result<T> {
-        let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
-        let client = &self.client;
-        let earlier: Vec<Pending<'_>> = deferred
-            .iter()
-            .map(|deferred| -> Pending<'_> {
-                match deferred {
-                    Deferred::Batch(sql) => Box::pin(client.batch_execute(sql)),
-                    Deferred::Execute(statement, args) => Box::pin(async move {
-                        client
-                            .execute_raw(statement, args.iter().map(OwnedArg::arg))
-                            .await
-                            .map(drop)
-                    }),
-                }
-            })
-            .collect();
-        let (earlier, last) = self.runtime.block_on(in_order(earlier, last));
-        earlier?;
-        Ok(last?)
+    /// Sends the deferred writes, then the statement `last` makes, in one go, and waits for all
+    /// of their answers. A failed write of the command now writing is `last`'s error. One of a
+    /// command that already ended undoes that command alone: the writes after it (rejected only
+    /// because the transaction had aborted) and `last` are sent again.
+    fn send<T, F>(&self, last: impl Fn() -> F) -> Result<T>
+    where
+        F: std::future::Future<Output = std::result::Result<T, postgres::Error>>,
+    {
+        loop {
+            let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
+            let client = &self.client;
+            let earlier: Vec<Pending<'_>> = deferred
+                .iter()
+                .map(|(_, deferred)| -> Pending<'_> {
+                    match deferred {
+                        Deferred::Batch(sql) => Box::pin(client.batch_execute(sql)),
+                        Deferred::Execute(statement, args) => Box::pin(async move {
+                            client
+                                .execute_raw(statement, args.iter().map(OwnedArg::arg))
+                                .await
+                                .map(drop)
+                        }),
+                    }
+                })
+                .collect();
+            let (earlier, last) = self.runtime.block_on(in_order(earlier, last()));
+            let Some((at, error)) = earlier else {
+                return Ok(last?);
+            };
+            let failed = deferred[at].0;
+            if failed == self.command.get() || client.is_closed() {
+                return Err(error.into());
+            }
+            self.runtime.block_on(
+                client.batch_execute(&format!("ROLLBACK TO SAVEPOINT c{failed}; RELEASE SAVEPOINT c{failed}")),
+            )?;
+            self.failed.borrow_mut().push((failed, describe(&error)));
+            let mut again: Vec<(usize, Deferred)> =
+                deferred.into_iter().skip(at).filter(|(c, _)| *c != failed).collect();
+            again.append(&mut self.deferred.borrow_mut());
+            *self.deferred.borrow_mut() = again;
+        }
     }
 }
 
 /// Polls `earlier` and then `last` in order, each time, until all are done: a request goes out on
-/// its future's first poll, so they reach the server in this order. The first error of `earlier`
-/// is the one that counts (the statements after it fail only because the transaction aborted).
+/// its future's first poll, so they reach the server in this order. The first error of `earlier`,
+/// with its place, is the one that counts (the statements after it fail only because the
+/// transaction aborted).
 async fn in_order<T>(
     earlier: Vec<Pending<'_>>,
     last: impl std::future::Future<Output = std::result::Result<T, postgres::Error>>,
 ) -> (
-    std::result::Result<(), postgres::Error>,
+    Option<(usize, postgres::Error)>,
     std::result::Result<T, postgres::Error>,
 ) {
     use futures_util::future::{MaybeDone, maybe_done};
@@ -456,10 +524,11 @@ async fn in_order<T>(
     .await;
     let first_error = earlier
         .iter_mut()
-        .filter_map(|future| Pin::new(future).take_output())
-        .find_map(std::result::Result::err);
+        .map(|future| Pin::new(future).take_output().expect("polled to completion"))
+        .enumerate()
+        .find_map(|(at, result)| result.err().map(|error| (at, error)));
     let last = last.as_mut().take_output().expect("polled to completion");
-    (first_error.map_or(Ok(()), Err), last)
+    (first_error, last)
 }
 
 /// `?N` as `$N` and a bare `?` as the next number, outside string literals.
@@ -686,16 +755,83 @@ mod tests {
             .unwrap();
         assert_eq!(count, 1, "the savepoint's writes are undone, the earlier ones stand");
 
-        conn.defer_batch("SAVEPOINT s");
+        conn.begin_command(0);
         sql.write("INSERT INTO t (k, v) VALUES (?1, ?2)", params![4, "e"])
             .unwrap();
-        assert!(conn.discard_deferred("SAVEPOINT s"), "the savepoint never left");
+        conn.undo_command().unwrap();
         let four = sql
             .query_row("SELECT v FROM t WHERE k = ?1", params![4], |row| row.get::<String>(0))
             .optional()
             .unwrap();
-        assert_eq!(four, None, "discarded writes never reach the server");
+        assert_eq!(four, None, "an undone command's writes never reach the server");
         conn.batch("COMMIT").unwrap();
+    }
+
+    /// A command ends without waiting for its writes. When one of them fails later, that command
+    /// alone is undone and named; the commands after it, whose writes the aborted transaction
+    /// rejected, are sent again and stand, and the statement that found the failure gets its own
+    /// answer.
+    #[test]
+    fn a_failed_write_of_an_ended_command_undoes_that_command_alone() {
+        let Some(server) = e2e::postgres::Postgres::start("store::sql::ended_command") else {
+            return;
+        };
+        let conn = PgConn::connect(&server.url).unwrap();
+        let sql = Connection::postgres(&conn);
+        conn.batch("CREATE TABLE t (k BIGINT PRIMARY KEY, v TEXT NOT NULL)")
+            .unwrap();
+        conn.batch("BEGIN").unwrap();
+        let insert = "INSERT INTO t (k, v) VALUES (?1, ?2)";
+        conn.begin_command(0);
+        sql.write(insert, params![1, "first"]).unwrap();
+        conn.end_command();
+        conn.begin_command(1);
+        sql.write(insert, params![2, "second"]).unwrap();
+        sql.write(insert, params![1, "duplicate"]).unwrap();
+        sql.write(insert, params![3, "after the duplicate"]).unwrap();
+        conn.end_command();
+        conn.begin_command(2);
+        sql.write(insert, params![4, "third"]).unwrap();
+        conn.end_command();
+        conn.begin_command(3);
+        sql.write(insert, params![5, "fourth"]).unwrap();
+        let count: i64 = sql
+            .query_row("SELECT COUNT(*) FROM t", params![], |row| row.get(0))
+            .unwrap();
+        assert_eq!(
+            count, 3,
+            "commands 0, 2 and 3 (so far) stand, all of command 1 is undone"
+        );
+        let failed = conn.take_failed();
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert_eq!(failed[0].0, 1);
+        assert!(
+            failed[0].1.contains("23505"),
+            "the duplicate's own error: {}",
+            failed[0].1
+        );
+
+        conn.end_command();
+        conn.begin_command(4);
+        sql.write(insert, params![5, "fourth again"]).unwrap();
+        conn.end_command();
+        conn.flush().unwrap();
+        let failed = conn.take_failed();
+        assert_eq!(
+            failed.iter().map(|f| f.0).collect::<Vec<_>>(),
+            [4],
+            "found by the flush"
+        );
+        conn.batch("COMMIT").unwrap();
+        let rows: Vec<(i64, String)> = sql
+            .prepare("SELECT k, v FROM t ORDER BY k")
+            .unwrap()
+            .query_map(params![], |row| Ok((row.get(0)?, row.get(1)?)))
+            .unwrap()
+            .collect::<super::Result<_>>()
+            .unwrap();
+        let expected = [(1, "first"), (4, "third"), (5, "fourth")];
+        assert_eq!(rows, expected.map(|(k, v)| (k, v.to_owned())));
     }
 
     #[test]

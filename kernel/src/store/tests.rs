@@ -235,6 +235,16 @@ async fn a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit(f: F
     }
     // Everything after run:created (written before the subscription).
     assert_eq!(published, log.iter().skip(1).map(|e| e.seq).collect::<Vec<_>>());
+
+    // The call is stored as it was answered, already started (written once, not inserted and
+    // then updated), and the run row counts every event the command appended.
+    assert_eq!(&step_again(&f, &run.id, &started.key).await, started);
+    let stored = f.store.reads.run(run.id.clone()).await.unwrap().expect("run");
+    assert_eq!(stored.last_seq, log.last().expect("events").seq);
+    // The next command numbers its event after them.
+    let queued = scheduled(&turn[1]);
+    assert!(start(&f.store, &queued, "d2", 1, "s").await.is_some());
+    assert_gap_free(&events(&f.store, &run.id).await);
 }
 
 async fn a_repeated_create_with_the_same_key_returns_the_same_run(f: Fixture) {

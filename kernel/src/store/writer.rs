@@ -3,6 +3,7 @@
 //! only after the commit, so a reply always means "durable". Each command runs under its own
 //! savepoint: one refused command does not undo its batch-mates.
 
+use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, TryRecvError};
 
 use tokio::sync::oneshot;
@@ -193,36 +194,61 @@ impl WriteConn {
         }
     }
 
-    /// Opens a command's savepoint; on PostgreSQL it goes out with the command's first statement.
-    fn savepoint(&self) -> Result<(), String> {
+    /// Opens command `index`'s savepoint; on PostgreSQL it goes out with the command's first
+    /// statement.
+    fn savepoint(&self, index: usize) -> Result<(), String> {
         match self {
             WriteConn::Sqlite(_) => self.batch(SAVEPOINT),
             WriteConn::Postgres { conn, .. } => {
-                conn.defer_batch(SAVEPOINT);
+                conn.begin_command(index);
                 Ok(())
             }
         }
     }
 
-    /// Ends a command that succeeded. On PostgreSQL this sends its deferred writes: an error in
-    /// one of them is the command's, and the command is undone.
+    /// Ends a command that succeeded. On SQLite its writes are done; on PostgreSQL its release
+    /// goes out with the next statement waited for, and a write of it that fails then undoes it
+    /// alone ([`WriteConn::undone`]).
     fn release(&self) -> Result<(), String> {
-        let released = self.batch(RELEASE);
-        if released.is_err() {
-            self.undo();
+        match self {
+            WriteConn::Sqlite(_) => {
+                let released = self.batch(RELEASE);
+                if released.is_err() {
+                    self.undo();
+                }
+                released
+            }
+            WriteConn::Postgres { conn, .. } => {
+                conn.end_command();
+                Ok(())
+            }
         }
-        released
     }
 
     /// Undoes a command that failed (nothing to undo on the server if its savepoint never left).
     fn undo(&self) {
-        if let WriteConn::Postgres { conn, .. } = self
-            && conn.discard_deferred(SAVEPOINT)
-        {
-            return;
+        match self {
+            WriteConn::Sqlite(_) => {
+                let _ = self.batch("ROLLBACK TO SAVEPOINT command");
+                let _ = self.batch(RELEASE);
+            }
+            WriteConn::Postgres { conn, .. } => {
+                let _ = conn.undo_command();
+            }
         }
-        let _ = self.batch("ROLLBACK TO SAVEPOINT command");
-        let _ = self.batch(RELEASE);
+    }
+
+    /// After a batch's last command: sends what waits to go out, and names the commands that
+    /// were undone after they ended because one of their writes failed, with the error.
+    fn undone(&self) -> Result<Vec<(usize, String)>, String> {
+        match self {
+            WriteConn::Sqlite(_) => Ok(Vec::new()),
+            WriteConn::Postgres { conn, .. } => {
+                let flushed = conn.flush();
+                let failed = conn.take_failed();
+                flushed.map(|()| failed).map_err(|e| e.to_string())
+            }
+        }
     }
 
     fn is_closed(&self) -> bool {
@@ -271,15 +297,34 @@ impl WriteConn {
 const SAVEPOINT: &str = "SAVEPOINT command";
 const RELEASE: &str = "RELEASE SAVEPOINT command";
 
-/// Runs one command under a savepoint; a refused command's rows and events are undone.
-fn apply_isolated(
-    conn: &WriteConn,
-    (replica, now): (&str, i64),
-    command: Command,
-    (published, waiting): (&mut Vec<Published>, &mut Vec<(StepKind, String)>),
-) -> Responder {
-    if let Err(error) = conn.savepoint() {
-        return fail_command(command, KernelError::Store(error));
+/// What one command of a batch did, kept until the batch commits.
+struct Applied {
+    responder: Responder,
+    published: Vec<Published>,
+    waiting: Vec<(StepKind, String)>,
+}
+
+impl Applied {
+    fn refused(responder: Responder) -> Self {
+        Applied {
+            responder,
+            published: Vec::new(),
+            waiting: Vec::new(),
+        }
+    }
+
+    /// The command's writes were undone after all: its caller hears `error`, nobody its events.
+    fn undone(self, error: String) -> Self {
+        let responder = self.responder;
+        Applied::refused(Box::new(move |_| responder(Some(&error))))
+    }
+}
+
+/// Runs command `index` of the batch under a savepoint; a refused command's rows and events are
+/// undone.
+fn apply_isolated(conn: &WriteConn, (replica, now): (&str, i64), index: usize, command: Command) -> Applied {
+    if let Err(error) = conn.savepoint(index) {
+        return Applied::refused(fail_command(command, KernelError::Store(error)));
     }
     let sql = conn.sql();
     let mut tx = Tx {
@@ -293,15 +338,23 @@ fn apply_isolated(
     let (responder, ok) = apply(&mut tx, command);
     if !ok {
         conn.undo();
-        return responder;
+        return Applied::refused(responder);
+    }
+    let finished = tx.finish();
+    let applied = Applied {
+        responder,
+        published: tx.published,
+        waiting: tx.waiting,
+    };
+    // The command's answer was an outcome its writes did not keep.
+    if let Err(error) = finished {
+        conn.undo();
+        return applied.undone(error.to_string());
     }
     if let Err(error) = conn.release() {
-        // The command's answer was an outcome its writes did not keep.
-        return Box::new(move |_| responder(Some(&error)));
+        return applied.undone(error);
     }
-    published.append(&mut tx.published);
-    waiting.append(&mut tx.waiting);
-    responder
+    applied
 }
 
 fn fail_command(command: Command, error: KernelError) -> Responder {
@@ -367,7 +420,6 @@ pub fn run(mut conn: WriteConn, replica: &str, commands: Receiver<Command>, publ
         }
         let now = now_millis();
         let mut published = Vec::new();
-        let mut responders = Vec::with_capacity(batch.len());
         let begin = conn.begin();
         if let Err(message) = begin {
             for command in batch {
@@ -381,16 +433,30 @@ pub fn run(mut conn: WriteConn, replica: &str, commands: Receiver<Command>, publ
             continue;
         }
         let registry = batch.iter().any(Command::changes_registry);
+        let applied: Vec<Applied> = batch
+            .into_iter()
+            .enumerate()
+            .map(|(index, command)| apply_isolated(&conn, (replica, now), index, command))
+            .collect();
+        let (mut undone, flush_error) = match conn.undone() {
+            Ok(undone) => (undone.into_iter().collect::<HashMap<_, _>>(), None),
+            Err(error) => (HashMap::new(), Some(error)),
+        };
         let mut waiting = Vec::new();
-        for command in batch {
-            responders.push(apply_isolated(
-                &conn,
-                (replica, now),
-                command,
-                (&mut published, &mut waiting),
-            ));
+        let mut responders = Vec::with_capacity(applied.len());
+        for (index, command) in applied.into_iter().enumerate() {
+            let mut command = match undone.remove(&index) {
+                Some(error) => command.undone(error),
+                None => command,
+            };
+            published.append(&mut command.published);
+            waiting.append(&mut command.waiting);
+            responders.push(command.responder);
         }
-        let commit_error = conn.commit(replica, (&published, &waiting), registry).err();
+        let commit_error = match flush_error {
+            None => conn.commit(replica, (&published, &waiting), registry).err(),
+            error => error,
+        };
         if commit_error.is_some() {
             let _ = conn.batch("ROLLBACK");
             published.clear();
