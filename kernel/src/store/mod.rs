@@ -5,6 +5,7 @@
 //! committed events to the [`Hub`] so watchers and waiting agents learn of them. Only this module
 //! imports rusqlite.
 
+mod cache;
 mod location;
 mod lock;
 mod ops;

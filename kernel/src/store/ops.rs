@@ -2,9 +2,10 @@
 //! savepoint), changes projections and appends the events that explain the change, so state and
 //! log commit together or not at all.
 
-use super::sql::{self, Connection, OptionalExtension, params};
+use super::sql::{self, Connection, OptionalExtension, ToArg, params};
 use serde_json::Value;
 
+use super::cache::{Cache, Known};
 use super::rows::{self, load_run, load_step, load_step_by_dispatch};
 use super::{Answer, Answered, LossOutcome};
 use crate::error::KernelError;
@@ -43,6 +44,8 @@ pub struct Tx<'c> {
     /// (nothing else changes it inside the writer's transaction), and a run's row is written once
     /// per command however many events it appended ([`Tx::finish`]).
     pub seqs: std::cell::RefCell<std::collections::HashMap<RunId, Seq>>,
+    /// The writer's memory of the runs and steps it wrote (see [`Cache`]).
+    pub cache: &'c std::cell::RefCell<Cache>,
 }
 
 /// A run's last event number as a command knows it.
@@ -54,6 +57,32 @@ pub struct Seq {
 }
 
 type Result<T> = std::result::Result<T, KernelError>;
+
+/// Events written by one statement, largest first: a command's events go out in statements of
+/// these sizes, so there are a handful of statement shapes however many events a turn makes.
+const EVENT_ROWS: [usize; 5] = [256, 64, 16, 4, 1];
+
+/// The statement that writes `rows` events.
+fn insert_events(rows: usize) -> String {
+    let values: Vec<String> = (0..rows)
+        .map(|row| {
+            let at = row * 6;
+            format!(
+                "(?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
+                at + 1,
+                at + 2,
+                at + 3,
+                at + 4,
+                at + 5,
+                at + 6
+            )
+        })
+        .collect();
+    format!(
+        "INSERT INTO events (run_id, seq, type, schema_version, at, payload) VALUES {}",
+        values.join(", ")
+    )
+}
 
 impl Tx<'_> {
     /// Notes that `step` waits for a worker now.
@@ -67,28 +96,20 @@ impl Tx<'_> {
         let known = self.seqs.borrow().get(run).map(|seq| seq.last);
         let (seq, unsaved) = match known {
             Some(last) => (last + 1, true),
-            None => (
-                self.conn
+            None => {
+                let seq = self
+                    .conn
                     .prepare_cached(
                         "UPDATE runs SET last_seq = last_seq + 1, updated_at = ?2 WHERE id = ?1 RETURNING last_seq",
                     )?
-                    .query_row(params![run.as_str(), self.now], |row| row.get(0))?,
-                false,
-            ),
+                    .query_row(params![run.as_str(), self.now], |row| row.get(0))?;
+                self.cache.borrow_mut().numbered(run, seq, self.now);
+                (seq, false)
+            }
         };
         self.seqs.borrow_mut().insert(run.clone(), Seq { last: seq, unsaved });
         let payload = payload.to_string();
-        self.conn.write(
-            "INSERT INTO events (run_id, seq, type, schema_version, at, payload) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![
-                run.as_str(),
-                seq,
-                kind.as_str(),
-                EVENT_SCHEMA_VERSION,
-                self.now,
-                payload
-            ],
-        )?;
+        // Written when the command ends ([`Tx::finish`]), with the command's other events.
         self.published.push(Published {
             event: EventRecord {
                 run_id: run.clone(),
@@ -106,7 +127,7 @@ impl Tx<'_> {
     /// Saves a step as a transition of the machine left it and appends the event that records
     /// the transition; returns the step.
     fn apply(&mut self, change: StepChange) -> Result<StepRecord> {
-        save_step(self.conn, &change.step)?;
+        save_step(self, &change.step)?;
         self.record(change)
     }
 
@@ -135,17 +156,26 @@ impl Tx<'_> {
     /// Wakes the suspended dispatch of step `key` (a handler, or a tool call waiting on its
     /// subagents), if it is suspended.
     fn wake_step(&mut self, run: &RunId, key: &StepKey, because: &str) -> Result<()> {
-        if let Some(dispatch) = load_step(self.conn, run, key)?
+        if let Some(dispatch) = self.find_step(run, key)?
             && let Some(change) = hosted::resume(&dispatch, because)
         {
-            save_step(self.conn, &change.step)?;
+            save_step(self, &change.step)?;
             self.append(run, change.event.kind, change.event.payload, Some(change.step))?;
         }
         Ok(())
     }
 
     fn run(&self, id: &RunId) -> Result<RunRecord> {
-        let mut run = load_run(self.conn, id)?.ok_or_else(|| KernelError::NotFound(format!("run {id} not found")))?;
+        let cached = self.cache.borrow().run(id);
+        let mut run = match cached {
+            Some(run) => run,
+            None => {
+                let run =
+                    load_run(self.conn, id)?.ok_or_else(|| KernelError::NotFound(format!("run {id} not found")))?;
+                self.cache.borrow_mut().loaded_run(&run);
+                run
+            }
+        };
         match self.seqs.borrow_mut().entry(run.id.clone()) {
             // The row lags what this command appended until the command ends.
             std::collections::hash_map::Entry::Occupied(known) => {
@@ -165,6 +195,22 @@ impl Tx<'_> {
         Ok(run)
     }
 
+    /// Step `key` of `run`, from the writer's memory when it holds the run.
+    fn find_step(&self, run: &RunId, key: &StepKey) -> Result<Option<StepRecord>> {
+        let known = self.cache.borrow().step(run, key);
+        Ok(match known {
+            Known::Step(step) => Some(*step),
+            Known::Absent => None,
+            Known::Unknown => {
+                let step = load_step(self.conn, run, key)?;
+                if let Some(step) = &step {
+                    self.cache.borrow_mut().step_is(step);
+                }
+                step
+            }
+        })
+    }
+
     /// Learns a run's last event number from a read, unless this command already knows a later one.
     fn knows_seq(&self, run: &RunId, last: u64) {
         self.seqs
@@ -173,20 +219,45 @@ impl Tx<'_> {
             .or_insert(Seq { last, unsaved: false });
     }
 
-    /// Ends the command: each run it appended to gets its last event number written, once.
+    /// Ends the command: its events are written, several to a statement, and each run it
+    /// appended to gets its last event number written, once.
     pub fn finish(&self) -> Result<()> {
+        let mut events = &self.published[..];
+        while !events.is_empty() {
+            let rows = EVENT_ROWS
+                .iter()
+                .copied()
+                .find(|&rows| rows <= events.len())
+                .unwrap_or(1);
+            let (chunk, rest) = events.split_at(rows);
+            let mut args = Vec::with_capacity(rows * 6);
+            for published in chunk {
+                let event = &published.event;
+                args.extend([
+                    event.run_id.as_str().to_arg(),
+                    event.seq.to_arg(),
+                    event.kind.as_str().to_arg(),
+                    event.schema_version.to_arg(),
+                    event.at.to_arg(),
+                    event.payload.to_arg(),
+                ]);
+            }
+            self.conn.write(&insert_events(rows), &args)?;
+            events = rest;
+        }
         for (run, seq) in self.seqs.borrow_mut().iter_mut().filter(|(_, seq)| seq.unsaved) {
             self.conn.write(
                 "UPDATE runs SET last_seq = ?2, updated_at = ?3 WHERE id = ?1",
                 params![run.as_str(), seq.last, self.now],
             )?;
+            self.cache.borrow_mut().numbered(run, seq.last, self.now);
             seq.unsaved = false;
         }
         Ok(())
     }
 
     fn step(&self, run: &RunId, key: &StepKey) -> Result<StepRecord> {
-        load_step(self.conn, run, key)?
+        self.find_step(run, key)?
             .ok_or_else(|| KernelError::Store(format!("step {key} of run {run} vanished inside its transaction")))
     }
 }
@@ -206,11 +277,11 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool, Opti
     match run::create(existing, &new, RunId::new(), tx.now)? {
         Created::Existing(run) => Ok((*run, false, None)),
         Created::New { run, event, dispatch } => {
-            insert_run(tx.conn, &run)?;
+            insert_run(tx, &run)?;
             tx.knows_seq(&run.id, run.last_seq);
             tx.append(&run.id, event.kind, event.payload, None)?;
             if let Some(dispatch) = &dispatch {
-                insert_step(tx.conn, dispatch)?;
+                insert_step(tx, dispatch)?;
                 tx.waits(dispatch);
             }
             Ok((tx.run(&run.id)?, true, dispatch.map(|d| *d)))
@@ -218,8 +289,9 @@ pub fn create_run(tx: &mut Tx<'_>, new: NewRun) -> Result<(RunRecord, bool, Opti
     }
 }
 
-fn insert_run(conn: &Connection<'_>, run: &RunRecord) -> Result<()> {
-    conn.write(
+fn insert_run(tx: &Tx<'_>, run: &RunRecord) -> Result<()> {
+    tx.cache.borrow_mut().inserted_run(run);
+    tx.conn.write(
         "INSERT INTO runs (id, agent, status, input, labels, idempotency_key, max_tool_calls, created_at, updated_at, \
          interactive, permissions, capture, granted_by, hosted, parent_run_id, parent_step, session_key, \
          max_concurrency) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
@@ -249,7 +321,9 @@ fn insert_run(conn: &Connection<'_>, run: &RunRecord) -> Result<()> {
 
 /// Writes what a transition may change of a step; what a call was (tool, arguments, identity,
 /// policy) is written once, when it is recorded.
-fn save_step(conn: &Connection<'_>, step: &StepRecord) -> Result<()> {
+fn save_step(tx: &Tx<'_>, step: &StepRecord) -> Result<()> {
+    tx.cache.borrow_mut().saved_step(step);
+    let conn = tx.conn;
     conn.write(
         "UPDATE steps SET status = ?3, attempts = ?4, output = ?5, error = ?6, error_kind = ?7, worker = ?8, \
          session_id = ?9, dispatch_id = ?10, lease_expires_at = ?11, started_at = ?12, finished_at = ?13, \
@@ -296,10 +370,10 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
     let recorded = plan
         .calls
         .iter()
-        .map(|call| load_step(tx.conn, &run.id, &call.key))
-        .collect::<sql::Result<Vec<_>>>()?;
+        .map(|call| tx.find_step(&run.id, &call.key))
+        .collect::<Result<Vec<_>>>()?;
     if run.hosted || plan.fence.is_some() {
-        let dispatch = load_step(tx.conn, &run.id, &StepKey::agent())?;
+        let dispatch = tx.find_step(&run.id, &StepKey::agent())?;
         hosted::check_fence(&run, dispatch.as_ref(), plan.fence.as_ref())?;
         let keys: Vec<StepKey> = plan.calls.iter().map(|c| c.key.clone()).collect();
         let at_place = steps_at_place(tx.conn, &run.id, plan.turn)?;
@@ -320,7 +394,12 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
                 .collect());
         }
     }
-    let unsettled = if turn::adds_calls(&recorded) {
+    let cached_unsettled = tx.cache.borrow().unsettled(&run.id);
+    let unsettled = if !turn::adds_calls(&recorded) {
+        None
+    } else if let Some(count) = cached_unsettled {
+        Some(count.saturating_sub(usize::from(run.hosted)))
+    } else {
         Some(
             tx.conn
                 .prepare_cached(
@@ -330,11 +409,9 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
                 // A hosted run's own dispatch runs while its handler calls; it is not a call.
                 .saturating_sub(usize::from(run.hosted)),
         )
-    } else {
-        None
     };
     if let Some((started, event)) = turn::admit(&run, &plan, &recorded, unsettled, tx.now)? {
-        save_run(tx.conn, &started)?;
+        save_run(tx, &started)?;
         tx.append(&run.id, event.kind, event.payload, None)?;
         run = started;
     }
@@ -345,7 +422,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
         if let Some(step) = recorded {
             let disposition = turn::resubmitted(step, call);
             if let CallDisposition::Replayed(step) = &disposition {
-                save_step(tx.conn, step)?;
+                save_step(tx, step)?;
             }
             dispositions.push(disposition);
             continue;
@@ -376,7 +453,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
             }),
             _ => None,
         };
-        insert_step(tx.conn, started.as_ref().map_or(&step, |(change, _)| &change.step))?;
+        insert_step(tx, started.as_ref().map_or(&step, |(change, _)| &change.step))?;
         if run.hosted {
             insert_place(tx.conn, &step)?;
         }
@@ -408,7 +485,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
         }
     }
     if run.tool_calls != counted_before {
-        save_run(tx.conn, &run)?;
+        save_run(tx, &run)?;
     }
     if gated {
         ask_next_approval(tx, &run.id)?;
@@ -418,8 +495,9 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
 
 /// Writes a call as the machine recorded it (started already, when it starts in the turn that
 /// records it).
-fn insert_step(conn: &Connection<'_>, step: &StepRecord) -> Result<()> {
-    conn.write(
+fn insert_step(tx: &Tx<'_>, step: &StepRecord) -> Result<()> {
+    tx.cache.borrow_mut().saved_step(step);
+    tx.conn.write(
         "INSERT INTO steps (run_id, step_key, turn, position, call_id, tool, fingerprint, version, arguments, \
          call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
          retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, outcome, attempts, kind, effect, \
@@ -498,7 +576,7 @@ fn ask_next_approval(tx: &mut Tx<'_>, run_id: &RunId) -> Result<()> {
     match approval::ask_next(&run, open as usize, next.as_ref(), id, tx.now) {
         Ask::Nothing => {}
         Ask::Resume { run, event } => {
-            save_run(tx.conn, &run)?;
+            save_run(tx, &run)?;
             tx.append(run_id, event.kind, event.payload, None)?;
         }
         Ask::Ask(question) => {
@@ -510,7 +588,7 @@ fn ask_next_approval(tx: &mut Tx<'_>, run_id: &RunId) -> Result<()> {
             } = *question;
             insert_approval(tx.conn, &approval)?;
             if let Some(run) = run {
-                save_run(tx.conn, &run)?;
+                save_run(tx, &run)?;
             }
             tx.append(run_id, event.kind, event.payload, Some(step))?;
         }
@@ -556,8 +634,9 @@ fn save_approval(conn: &Connection<'_>, approval: &ApprovalRecord) -> Result<()>
 }
 
 /// Writes what a transition may change of a run; its sequence number is the log's own.
-fn save_run(conn: &Connection<'_>, run: &RunRecord) -> Result<()> {
-    conn.write(
+fn save_run(tx: &Tx<'_>, run: &RunRecord) -> Result<()> {
+    tx.cache.borrow_mut().saved_run(run);
+    tx.conn.write(
         "UPDATE runs SET status = ?2, output = ?3, reason = ?4, tool_calls = ?5, updated_at = ?6, dispatches = ?7, \
          suspensions = ?8 WHERE id = ?1",
         params![
@@ -587,7 +666,7 @@ fn settle_approval(
     tx.append(&approval.run_id, change.event.kind, change.event.payload, None)?;
     match change.step {
         Decided::Approved(step) => {
-            save_step(tx.conn, &step)?;
+            save_step(tx, &step)?;
             tx.waits(&step);
             answered.to_dispatch.push(step);
         }
@@ -606,6 +685,7 @@ pub fn note_replays(tx: &mut Tx<'_>, run: &RunId, keys: &[StepKey]) -> Result<()
     for key in keys {
         bump.execute(params![run.as_str(), key.as_str()])?;
     }
+    tx.cache.borrow_mut().forget(run);
     Ok(())
 }
 
@@ -653,7 +733,7 @@ pub fn expire_approvals(tx: &mut Tx<'_>) -> Result<Answered> {
 /// Records the start of a dispatch, as the machine decides ([`dispatch::start`]); `None` when
 /// the step may not start (settled meanwhile, or a stale attempt).
 pub fn start_dispatch(tx: &mut Tx<'_>, start: StartDispatch) -> Result<Option<StepRecord>> {
-    let Some(step) = load_step(tx.conn, &start.run_id, &start.key)? else {
+    let Some(step) = tx.find_step(&start.run_id, &start.key)? else {
         return Ok(None);
     };
     start_loaded(tx, &step, &start)
@@ -667,7 +747,7 @@ fn start_loaded(tx: &mut Tx<'_>, step: &StepRecord, start: &StartDispatch) -> Re
     change.step.replica = Some(tx.replica.to_owned());
     if step.kind == StepKind::Agent {
         let (run, event) = hosted::dispatched(&tx.run(&step.run_id)?, tx.now);
-        save_run(tx.conn, &run)?;
+        save_run(tx, &run)?;
         if let Some(event) = event {
             tx.append(&run.id, event.kind, event.payload, None)?;
         }
@@ -718,9 +798,15 @@ fn take_locks(tx: &Tx<'_>, step: &StepRecord, start: &StartDispatch) -> Result<(
 
 /// Loads the step a dispatch holds, only while that exact attempt still holds it.
 fn held_step(tx: &Tx<'_>, dispatch_id: &str, attempt: u32, session_id: Option<&str>) -> Result<Option<StepRecord>> {
-    let Some((step, last_seq)) = load_step_by_dispatch(tx.conn, dispatch_id)? else {
+    let cached = tx.cache.borrow().by_dispatch(dispatch_id);
+    let found = match cached {
+        Some(found) => Some(found),
+        None => load_step_by_dispatch(tx.conn, dispatch_id)?,
+    };
+    let Some((step, last_seq)) = found else {
         return Ok(None);
     };
+    tx.cache.borrow_mut().step_is(&step);
     tx.knows_seq(&step.run_id, last_seq);
     Ok(Some(step).filter(|step| dispatch::held(step, dispatch_id, attempt, session_id)))
 }
@@ -776,11 +862,11 @@ fn apply_end(tx: &mut Tx<'_>, ended: run::RunEnd) -> Result<(RunRecord, Vec<Step
     for change in ended.settled {
         settled.push(tx.apply(change)?);
     }
-    save_run(tx.conn, &ended.run)?;
+    save_run(tx, &ended.run)?;
     tx.append(&ended.run.id, ended.event.kind, ended.event.payload, None)?;
     let run = tx.run(&ended.run.id)?;
     if let Some((parent, key)) = &run.parent
-        && let Some(step) = load_step(tx.conn, parent, key)?
+        && let Some(step) = tx.find_step(parent, key)?
         && let Some(change) = hosted::child_ended(&step, &run, tx.now)
     {
         tx.apply(change)?;
@@ -857,10 +943,10 @@ pub fn suspend_dispatch(tx: &mut Tx<'_>, report: SuspendReport) -> Result<Option
     let waiting = report
         .waiting_on
         .iter()
-        .map(|key| load_step(tx.conn, &run.id, &StepKey::from_stored(key.clone())))
-        .collect::<sql::Result<Vec<_>>>()?;
+        .map(|key| tx.find_step(&run.id, &StepKey::from_stored(key.clone())))
+        .collect::<Result<Vec<_>>>()?;
     let (change, run) = hosted::suspend(&run, &dispatch, &waiting, tx.now);
-    save_run(tx.conn, &run)?;
+    save_run(tx, &run)?;
     Ok(Some(tx.apply(change)?))
 }
 
@@ -883,16 +969,16 @@ pub fn start_subagent(tx: &mut Tx<'_>, start: SubagentStart) -> Result<SubagentS
         .filter(|step| step.kind == StepKind::Tool && step.run_id == parent.id)
     {
         let key = StepKey::tool_subagent(&call.key, &start.child.agent, start.occurrence);
-        if let Some(recorded) = load_step(tx.conn, &parent.id, &key)? {
+        if let Some(recorded) = tx.find_step(&parent.id, &key)? {
             return Ok((StepRecorded::Replayed(recorded), None));
         }
         return new_subagent(tx, &parent, (call.turn, key), start.child);
     }
-    let dispatch = load_step(tx.conn, &parent.id, &StepKey::agent())?;
+    let dispatch = tx.find_step(&parent.id, &StepKey::agent())?;
     hosted::check_fence(&parent, dispatch.as_ref(), Some(&start.fence))?;
     let key = StepKey::subagent(&start.child.agent, start.occurrence);
     let at_place = steps_at_place(tx.conn, &parent.id, start.seq)?;
-    let elsewhere: Vec<StepRecord> = load_step(tx.conn, &parent.id, &key)?.into_iter().collect();
+    let elsewhere: Vec<StepRecord> = tx.find_step(&parent.id, &key)?.into_iter().collect();
     match hosted::place(start.seq, std::slice::from_ref(&key), &at_place, &elsewhere) {
         Err(message) => Ok((StepRecorded::Diverged(message), None)),
         Ok(Place::Recorded(mut steps)) => Ok((StepRecorded::Replayed(steps.remove(0)), None)),
@@ -924,10 +1010,10 @@ fn new_subagent(
     let mut dispatch = dispatch.expect("a subagent's run is hosted");
     if waits {
         dispatch.status = StepStatus::Suspended;
-        save_step(tx.conn, &dispatch)?;
+        save_step(tx, &dispatch)?;
     }
     let change = hosted::subagent_step(parent, (seq, key), &child, tx.now);
-    insert_step(tx.conn, &change.step)?;
+    insert_step(tx, &change.step)?;
     tx.append(
         &parent.id,
         change.event.kind,
@@ -985,7 +1071,7 @@ pub fn fail_pending(
     message: &str,
     why: (&str, Outcome),
 ) -> Result<Option<StepRecord>> {
-    let Some(step) = load_step(tx.conn, run, key)? else {
+    let Some(step) = tx.find_step(run, key)? else {
         return Ok(None);
     };
     dispatch::fail_pending(&step, message, why, tx.now)
@@ -1061,17 +1147,17 @@ fn insert_place(conn: &Connection<'_>, step: &StepRecord) -> Result<()> {
 /// before keeps its first outcome, and one that differs from what its place holds is refused.
 pub fn record_step(tx: &mut Tx<'_>, run_id: &RunId, fence: &hosted::Fence, local: LocalStep) -> Result<StepRecorded> {
     let run = tx.run(run_id)?;
-    let dispatch = load_step(tx.conn, &run.id, &StepKey::agent())?;
+    let dispatch = tx.find_step(&run.id, &StepKey::agent())?;
     hosted::check_fence(&run, dispatch.as_ref(), Some(fence))?;
     let key = StepKey::local(&local.step_id, local.occurrence);
     let at_place = steps_at_place(tx.conn, &run.id, local.seq)?;
-    let elsewhere: Vec<StepRecord> = load_step(tx.conn, &run.id, &key)?.into_iter().collect();
+    let elsewhere: Vec<StepRecord> = tx.find_step(&run.id, &key)?.into_iter().collect();
     match hosted::place(local.seq, std::slice::from_ref(&key), &at_place, &elsewhere) {
         Err(message) => Ok(StepRecorded::Diverged(message)),
         Ok(Place::Recorded(mut steps)) => Ok(StepRecorded::Replayed(steps.remove(0))),
         Ok(Place::Open) => {
             let change = hosted::record_local(&run, &local, tx.now);
-            insert_step(tx.conn, &change.step)?;
+            insert_step(tx, &change.step)?;
             insert_place(tx.conn, &change.step)?;
             tx.append(
                 &run.id,
@@ -1185,6 +1271,7 @@ pub fn prune_runs(tx: &mut Tx<'_>, finished_before: Millis, limit: usize) -> Res
 /// Removes a run's rows, children first; the cache entries its calls stored go with them, so a
 /// deleted run's results are not served to another.
 fn remove_run(tx: &mut Tx<'_>, run_id: &RunId) -> Result<super::Deleted> {
+    tx.cache.borrow_mut().forget(run_id);
     let id = run_id.as_str();
     let delete = |sql: &str| -> Result<u64> { Ok(tx.conn.prepare_cached(sql)?.execute(params![id])? as u64) };
     let cache_entries =

@@ -1439,3 +1439,64 @@ on_both_stores!(a_hosted_run_records_steps_only_from_the_attempt_holding_its_dis
 on_both_stores!(a_suspended_handler_is_woken_in_the_commit_that_settles_its_call);
 on_both_stores!(a_resource_lock_is_held_exactly_while_its_call_runs_whatever_ends_it);
 on_both_stores!(a_start_on_an_instance_another_call_holds_is_refused_naming_it);
+
+/// A turn refused after it wrote (its call started on a resource instance another call holds)
+/// leaves nothing behind, in the database or in what the writer remembers: the same turn again
+/// records its call anew.
+async fn a_turn_refused_after_it_wrote_is_forgotten_whole(fx: Fixture) {
+    let holder = locked_call(&fx, "git", Idempotency::SafeToRetry, "d1").await;
+    let (run, _) = fx.store.create_run(new_run(None, 0)).await.unwrap();
+    let planned = || {
+        let mut planned = call(0, 0, Some(tool("git", Idempotency::SafeToRetry)), "git", "{}");
+        planned.resources = vec!["repo:acme".into()];
+        planned
+    };
+    let mut first = planned();
+    first.start = Some(slot(&run.id, first.key.clone(), "d2"));
+    let refused = fx.store.schedule_turn(plan(&run.id, 0, vec![first])).await.unwrap_err();
+    assert!(
+        refused.to_string().contains(&format!("is held by step {}", holder.key)),
+        "{refused}"
+    );
+    assert!(fx.store.reads.steps(run.id.clone()).await.unwrap().is_empty());
+
+    let again = fx.store.schedule_turn(plan(&run.id, 0, vec![planned()])).await.unwrap();
+    let recorded = scheduled(&again[0]);
+    assert_eq!(recorded.status, StepStatus::Pending);
+    assert_eq!(step_again(&fx, &run.id, &recorded.key).await, recorded);
+    assert_gap_free(&events(&fx.store, &run.id).await);
+}
+
+on_both_stores!(a_turn_refused_after_it_wrote_is_forgotten_whole);
+
+/// Two replicas' writers on one database: what one remembers of a call stops counting once the
+/// other commits, so a call the other started is not started again here.
+#[tokio::test]
+async fn a_writer_trusts_nothing_it_remembers_once_another_replica_committed() {
+    let Some(a) = open_postgres("store::tests::a_writer_trusts_nothing_it_remembers").await else {
+        return;
+    };
+    let url = a._postgres.as_ref().expect("a server").url.clone();
+    let (b, _b_writer) = Store::open_postgres(&url, Hub::default()).await.unwrap();
+    let (run, _) = a.store.create_run(new_run(None, 0)).await.unwrap();
+    let turn = a
+        .store
+        .schedule_turn(plan(
+            &run.id,
+            0,
+            vec![call(0, 0, Some(tool("add", Idempotency::AtMostOnce)), "add", "{}")],
+        ))
+        .await
+        .unwrap();
+    let waiting = scheduled(&turn[0]);
+
+    let there = start(&b, &waiting, "on-b", 1, "sb").await.expect("started on b");
+    assert_eq!(there.status, StepStatus::Running);
+    assert!(
+        start(&a.store, &waiting, "on-a", 1, "sa").await.is_none(),
+        "a remembered the call pending, but b started it"
+    );
+    let stored = step_again(&a, &run.id, &waiting.key).await;
+    assert_eq!(stored.dispatch_id.as_deref(), Some("on-b"));
+    assert_eq!(stored.attempts, 1);
+}

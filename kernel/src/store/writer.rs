@@ -3,11 +3,13 @@
 //! only after the commit, so a reply always means "durable". Each command runs under its own
 //! savepoint: one refused command does not undo its batch-mates.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, TryRecvError};
 
 use tokio::sync::oneshot;
 
+use super::cache::Cache;
 use super::ops::{self, Published, Tx};
 use super::sql::{Connection, PgConn};
 use super::{
@@ -175,10 +177,11 @@ pub enum WriteConn {
 impl WriteConn {
     /// A PostgreSQL connection that dropped (the server restarted, the network went) is made
     /// again; until then every batch is refused as unavailable.
-    fn ensure_open(&mut self) -> Result<(), String> {
+    fn ensure_open(&mut self, cache: &RefCell<Cache>) -> Result<(), String> {
         if let WriteConn::Postgres { conn, url } = self
             && conn.is_closed()
         {
+            cache.borrow_mut().clear();
             let reopened = super::postgres::open_writer(url).map_err(|e| e.to_string())?;
             tracing::info!("store writer reconnected to postgresql");
             **conn = reopened;
@@ -255,14 +258,22 @@ impl WriteConn {
         matches!(self, WriteConn::Postgres { conn, .. } if conn.is_closed())
     }
 
-    fn begin(&self) -> Result<(), String> {
+    /// Begins a batch's transaction; on PostgreSQL, with the commit counter it will commit (so
+    /// the writer knows whether another replica committed since its own last batch).
+    fn begin(&self) -> Result<Option<i64>, String> {
         // SQLite takes the write lock at once, so a batch never fails halfway for want of it. On
         // PostgreSQL the replicas' writers take turns under one transaction-scoped advisory lock:
         // every check a command makes (is the step still pending, does this attempt hold it) reads
         // what the other replicas committed, and nothing commits between the check and the write.
         match self {
-            WriteConn::Sqlite(_) => self.batch("BEGIN IMMEDIATE"),
-            WriteConn::Postgres { .. } => self.batch(super::postgres::BEGIN_WRITE),
+            WriteConn::Sqlite(_) => self.batch("BEGIN IMMEDIATE").map(|()| None),
+            WriteConn::Postgres { conn, .. } => {
+                conn.defer_batch(super::postgres::BEGIN_WRITE);
+                self.sql()
+                    .query_row(super::postgres::COUNT_COMMIT, &[], |row| row.get(0))
+                    .map(Some)
+                    .map_err(|e| e.to_string())
+            }
         }
     }
 
@@ -322,7 +333,17 @@ impl Applied {
 
 /// Runs command `index` of the batch under a savepoint; a refused command's rows and events are
 /// undone.
-fn apply_isolated(conn: &WriteConn, (replica, now): (&str, i64), index: usize, command: Command) -> Applied {
+fn apply_isolated(
+    (conn, cache): (&WriteConn, &RefCell<Cache>),
+    (replica, now): (&str, i64),
+    index: usize,
+    command: Command,
+) -> Applied {
+    cache.borrow_mut().begin_command();
+    let undo = || {
+        conn.undo();
+        cache.borrow_mut().undo_command();
+    };
     if let Err(error) = conn.savepoint(index) {
         return Applied::refused(fail_command(command, KernelError::Store(error)));
     }
@@ -334,10 +355,11 @@ fn apply_isolated(conn: &WriteConn, (replica, now): (&str, i64), index: usize, c
         published: Vec::new(),
         waiting: Vec::new(),
         seqs: Default::default(),
+        cache,
     };
     let (responder, ok) = apply(&mut tx, command);
     if !ok {
-        conn.undo();
+        undo();
         return Applied::refused(responder);
     }
     let finished = tx.finish();
@@ -348,10 +370,11 @@ fn apply_isolated(conn: &WriteConn, (replica, now): (&str, i64), index: usize, c
     };
     // The command's answer was an outcome its writes did not keep.
     if let Err(error) = finished {
-        conn.undo();
+        undo();
         return applied.undone(error.to_string());
     }
     if let Err(error) = conn.release() {
+        cache.borrow_mut().undo_command();
         return applied.undone(error);
     }
     applied
@@ -400,6 +423,7 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
 
 /// The writer loop: block for one command, take whatever else is queued, commit once, answer all.
 pub fn run(mut conn: WriteConn, replica: &str, commands: Receiver<Command>, publish: impl Fn(Vec<Published>)) {
+    let cache = RefCell::new(Cache::default());
     while let Ok(first) = commands.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -408,7 +432,7 @@ pub fn run(mut conn: WriteConn, replica: &str, commands: Receiver<Command>, publ
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
-        if let Err(message) = conn.ensure_open() {
+        if let Err(message) = conn.ensure_open(&cache) {
             tracing::warn!(error = %message, "store unreachable, batch refused");
             for command in batch {
                 fail_command(
@@ -420,28 +444,35 @@ pub fn run(mut conn: WriteConn, replica: &str, commands: Receiver<Command>, publ
         }
         let now = now_millis();
         let mut published = Vec::new();
-        let begin = conn.begin();
-        if let Err(message) = begin {
-            for command in batch {
-                let error = if conn.is_closed() {
-                    KernelError::Unavailable(format!("the database is unreachable: {message}"))
-                } else {
-                    KernelError::Store(message.clone())
-                };
-                fail_command(command, error)(None);
+        let epoch = match conn.begin() {
+            Ok(epoch) => epoch,
+            Err(message) => {
+                for command in batch {
+                    let error = if conn.is_closed() {
+                        KernelError::Unavailable(format!("the database is unreachable: {message}"))
+                    } else {
+                        KernelError::Store(message.clone())
+                    };
+                    fail_command(command, error)(None);
+                }
+                continue;
             }
-            continue;
-        }
+        };
+        cache.borrow_mut().check_epoch(epoch);
         let registry = batch.iter().any(Command::changes_registry);
         let applied: Vec<Applied> = batch
             .into_iter()
             .enumerate()
-            .map(|(index, command)| apply_isolated(&conn, (replica, now), index, command))
+            .map(|(index, command)| apply_isolated((&conn, &cache), (replica, now), index, command))
             .collect();
         let (mut undone, flush_error) = match conn.undone() {
             Ok(undone) => (undone.into_iter().collect::<HashMap<_, _>>(), None),
             Err(error) => (HashMap::new(), Some(error)),
         };
+        if !undone.is_empty() {
+            // Which rows the undone commands had changed is not worth tracking for so rare a case.
+            cache.borrow_mut().clear();
+        }
         let mut waiting = Vec::new();
         let mut responders = Vec::with_capacity(applied.len());
         for (index, command) in applied.into_iter().enumerate() {
@@ -460,6 +491,9 @@ pub fn run(mut conn: WriteConn, replica: &str, commands: Receiver<Command>, publ
         if commit_error.is_some() {
             let _ = conn.batch("ROLLBACK");
             published.clear();
+            cache.borrow_mut().clear();
+        } else {
+            cache.borrow_mut().committed(epoch);
         }
         // Watchers hear of a commit before its writers are answered, so a caller whose write
         // returned knows every subscriber already has the events.

@@ -188,4 +188,13 @@ pub(super) const MIGRATIONS: &[&str] = &[
         offers       TEXT NOT NULL
     );
     "#,
+    // 3: a counter every writer's commit raises, so a writer knows whether anyone else committed
+    // since its own last commit (and whether what it remembers of its rows still holds).
+    r#"
+    CREATE TABLE writer_commits (
+        id BIGINT PRIMARY KEY,
+        n  BIGINT NOT NULL
+    );
+    INSERT INTO writer_commits (id, n) VALUES (1, 0);
+    "#,
 ];

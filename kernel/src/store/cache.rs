@@ -1,0 +1,256 @@
+//! The writer's memory of the rows it wrote: runs and their steps, so a command reads a run, a
+//! step, the step a dispatch holds or a run's unsettled calls without a statement. It only ever
+//! holds what the database holds inside the writer's transaction, because:
+//! - every write to those rows goes through the operations that keep it ([`Cache::saved_run`],
+//!   [`Cache::saved_step`] and their kin), which write the database in the same breath;
+//! - a command undone forgets the runs it touched, a batch rolled back forgets everything;
+//! - on PostgreSQL, a batch that finds another replica committed since this writer's last commit
+//!   forgets everything first ([`Cache::check_epoch`]).
+//!
+//! What it does not hold it reads from the database, which is always right; forgetting is always
+//! safe. It holds runs not finished and their calls not settled (a settled call is read again only
+//! to replay it), within a budget of bytes. A run created by this writer is *complete* (each of its
+//! steps is here or known settled), so a step it lacks is known not to exist.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::model::{RunId, RunRecord, StepKey, StepRecord, StepStatus};
+
+/// Bytes of runs and steps held at most (their inputs, arguments and outputs, and a little for the
+/// rest); past it the cache starts over.
+const MAX_BYTES: usize = 4 << 20;
+
+#[derive(Default)]
+pub struct Cache {
+    runs: HashMap<RunId, Cached>,
+    dispatches: HashMap<String, (RunId, StepKey)>,
+    /// Runs the command now applying changed: forgotten if it is undone.
+    touched: HashSet<RunId>,
+    /// The commit counter as of this writer's last commit (PostgreSQL).
+    epoch: Option<i64>,
+    /// Roughly what the runs and steps held take.
+    bytes: usize,
+}
+
+struct Cached {
+    run: RunRecord,
+    /// The run's steps not settled that are held.
+    steps: HashMap<StepKey, StepRecord>,
+    /// Steps known settled (read from the database when wanted).
+    settled: HashSet<StepKey>,
+    /// Every step of the run is in `steps` or `settled`.
+    complete: bool,
+}
+
+fn run_bytes(run: &RunRecord) -> usize {
+    256 + run.input.len() + run.output.as_ref().map_or(0, String::len)
+}
+
+fn step_bytes(step: &StepRecord) -> usize {
+    512 + step.arguments.len()
+        + step.output.as_ref().map_or(0, String::len)
+        + step.error.as_ref().map_or(0, String::len)
+}
+
+/// What the cache knows of one step.
+pub enum Known {
+    Step(Box<StepRecord>),
+    /// The run is complete here and has no such step.
+    Absent,
+    Unknown,
+}
+
+impl Cache {
+    /// Starts a batch whose transaction found the commit counter at `epoch`: if anyone but this
+    /// writer committed since its last commit, nothing held is trusted.
+    pub fn check_epoch(&mut self, epoch: Option<i64>) {
+        if let Some(now) = epoch
+            && self.epoch.is_none_or(|last| last + 1 != now)
+        {
+            self.clear();
+        }
+    }
+
+    /// The batch that began at `epoch` committed.
+    pub fn committed(&mut self, epoch: Option<i64>) {
+        self.epoch = epoch;
+    }
+
+    /// Forgets everything: a batch rolled back, a write failed after its command ended, the
+    /// connection was made again.
+    pub fn clear(&mut self) {
+        self.runs.clear();
+        self.dispatches.clear();
+        self.touched.clear();
+        self.epoch = None;
+        self.bytes = 0;
+    }
+
+    pub fn begin_command(&mut self) {
+        self.touched.clear();
+    }
+
+    /// The command was undone: what it changed is forgotten.
+    pub fn undo_command(&mut self) {
+        for run in std::mem::take(&mut self.touched) {
+            self.forget(&run);
+        }
+    }
+
+    pub fn forget(&mut self, run: &RunId) {
+        if let Some(cached) = self.runs.remove(run) {
+            self.bytes = self.bytes.saturating_sub(run_bytes(&cached.run));
+            for step in cached.steps.values() {
+                self.bytes = self.bytes.saturating_sub(step_bytes(step));
+                if let Some(dispatch) = &step.dispatch_id {
+                    self.dispatches.remove(dispatch);
+                }
+            }
+        }
+    }
+
+    pub fn run(&self, id: &RunId) -> Option<RunRecord> {
+        self.runs.get(id).map(|cached| cached.run.clone())
+    }
+
+    pub fn step(&self, run: &RunId, key: &StepKey) -> Known {
+        match self.runs.get(run) {
+            Some(cached) => match cached.steps.get(key) {
+                Some(step) => Known::Step(Box::new(step.clone())),
+                None if cached.complete && !cached.settled.contains(key) => Known::Absent,
+                None => Known::Unknown,
+            },
+            None => Known::Unknown,
+        }
+    }
+
+    /// The step `dispatch_id` names, if it still holds it, with its run's last event number.
+    pub fn by_dispatch(&self, dispatch_id: &str) -> Option<(StepRecord, u64)> {
+        let (run, key) = self.dispatches.get(dispatch_id)?;
+        let cached = self.runs.get(run)?;
+        let step = cached.steps.get(key)?;
+        (step.dispatch_id.as_deref() == Some(dispatch_id)).then(|| (step.clone(), cached.run.last_seq))
+    }
+
+    /// Calls of a complete run not settled yet (pending, running or waiting for a person).
+    pub fn unsettled(&self, run: &RunId) -> Option<usize> {
+        let cached = self.runs.get(run).filter(|cached| cached.complete)?;
+        Some(
+            cached
+                .steps
+                .values()
+                .filter(|step| {
+                    matches!(
+                        step.status,
+                        StepStatus::Pending | StepStatus::Running | StepStatus::AwaitingApproval
+                    )
+                })
+                .count(),
+        )
+    }
+
+    /// A run this writer just inserted: it has no steps yet.
+    pub fn inserted_run(&mut self, run: &RunRecord) {
+        self.hold(run, true);
+    }
+
+    /// A run read from the database inside the transaction.
+    pub fn loaded_run(&mut self, run: &RunRecord) {
+        if run.status.is_terminal() {
+            return;
+        }
+        match self.runs.get_mut(&run.id) {
+            Some(cached) => {
+                self.bytes = self.bytes + run_bytes(run) - run_bytes(&cached.run);
+                cached.run = run.clone();
+            }
+            None => self.hold(run, false),
+        }
+    }
+
+    /// A run's changed columns written, as [`super::ops`]' `save_run` writes them (its event
+    /// number is the log's own, see [`Cache::numbered`]).
+    pub fn saved_run(&mut self, run: &RunRecord) {
+        self.touched.insert(run.id.clone());
+        if run.status.is_terminal() {
+            // Finished runs take no more calls; reads of them go to the database.
+            self.forget(&run.id);
+            return;
+        }
+        if let Some(cached) = self.runs.get_mut(&run.id) {
+            self.bytes = self.bytes + run_bytes(run) - run_bytes(&cached.run);
+            let last_seq = cached.run.last_seq;
+            cached.run = run.clone();
+            cached.run.last_seq = last_seq;
+        }
+    }
+
+    /// A run's last event number and update time written.
+    pub fn numbered(&mut self, run: &RunId, last_seq: u64, updated_at: i64) {
+        self.touched.insert(run.clone());
+        if let Some(cached) = self.runs.get_mut(run) {
+            cached.run.last_seq = last_seq;
+            cached.run.updated_at = updated_at;
+        }
+    }
+
+    /// A step written (inserted or saved) or read from the database, in full.
+    pub fn step_is(&mut self, step: &StepRecord) {
+        let Some(cached) = self.runs.get_mut(&step.run_id) else {
+            return;
+        };
+        if let Some(old) = cached.steps.remove(&step.key) {
+            self.bytes = self.bytes.saturating_sub(step_bytes(&old));
+            if let Some(dispatch) = &old.dispatch_id {
+                self.dispatches.remove(dispatch);
+            }
+        }
+        if step.status.is_terminal() {
+            cached.settled.insert(step.key.clone());
+            return;
+        }
+        cached.settled.remove(&step.key);
+        if let Some(dispatch) = &step.dispatch_id {
+            self.dispatches
+                .insert(dispatch.clone(), (step.run_id.clone(), step.key.clone()));
+        }
+        self.bytes += step_bytes(step);
+        cached.steps.insert(step.key.clone(), step.clone());
+        if self.bytes > MAX_BYTES {
+            self.start_over();
+        }
+    }
+
+    /// A step written: the command that wrote it owns the change.
+    pub fn saved_step(&mut self, step: &StepRecord) {
+        self.touched.insert(step.run_id.clone());
+        self.step_is(step);
+    }
+
+    fn hold(&mut self, run: &RunRecord, complete: bool) {
+        if run.status.is_terminal() {
+            return;
+        }
+        if self.bytes + run_bytes(run) > MAX_BYTES {
+            self.start_over();
+        }
+        self.touched.insert(run.id.clone());
+        self.bytes += run_bytes(run);
+        self.runs.insert(
+            run.id.clone(),
+            Cached {
+                run: run.clone(),
+                steps: HashMap::new(),
+                settled: HashSet::new(),
+                complete,
+            },
+        );
+    }
+
+    /// Drops what is held but not what the writer knows of its own commits.
+    fn start_over(&mut self) {
+        self.runs.clear();
+        self.dispatches.clear();
+        self.bytes = 0;
+    }
+}
