@@ -59,8 +59,9 @@ pub struct Seq {
 type Result<T> = std::result::Result<T, KernelError>;
 
 /// Events written by one statement, largest first: a command's events go out in statements of
-/// these sizes, so there are a handful of statement shapes however many events a turn makes.
-const EVENT_ROWS: [usize; 5] = [256, 64, 16, 4, 1];
+/// these sizes (a call's scheduling and start are two), so there are a handful of statement
+/// shapes however many events a turn makes.
+const EVENT_ROWS: [usize; 9] = [256, 128, 64, 32, 16, 8, 4, 2, 1];
 
 /// The statement that writes `rows` events.
 fn insert_events(rows: usize) -> String {
