@@ -113,6 +113,11 @@ impl Cache {
         self.runs.get(id).map(|cached| cached.run.clone())
     }
 
+    /// A held run's last event number.
+    pub fn last_seq(&self, run: &RunId) -> Option<u64> {
+        self.runs.get(run).map(|cached| cached.run.last_seq)
+    }
+
     pub fn step(&self, run: &RunId, key: &StepKey) -> Known {
         match self.runs.get(run) {
             Some(cached) => match cached.steps.get(key) {

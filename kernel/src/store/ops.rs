@@ -95,6 +95,7 @@ impl Tx<'_> {
         // Taking the next number from the run row inside this transaction keeps the sequence
         // gap-free and unique even with many writers queued in one batch.
         let known = self.seqs.borrow().get(run).map(|seq| seq.last);
+        let known = known.or_else(|| self.cache.borrow().last_seq(run));
         let (seq, unsaved) = match known {
             Some(last) => (last + 1, true),
             None => {
