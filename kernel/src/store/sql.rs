@@ -714,6 +714,15 @@ impl<T> OptionalExtension<T> for Result<T> {
 mod tests {
     use super::{Connection, OptionalExtension, PgConn, postgres_sql};
 
+    /// A connection to `server` inside a transaction, with a table `t (k, v)`.
+    fn table_t_in_a_transaction(server: &e2e::postgres::Postgres) -> PgConn {
+        let conn = PgConn::connect(&server.url).unwrap();
+        conn.batch("CREATE TABLE t (k BIGINT PRIMARY KEY, v TEXT NOT NULL)")
+            .unwrap();
+        conn.batch("BEGIN").unwrap();
+        conn
+    }
+
     /// Deferred writes reach the server in the order written, before the statement that sends
     /// them; a failed one is that statement's error, and what it and the writes after it did is
     /// undone with the savepoint while the writes before it stand.
@@ -722,11 +731,8 @@ mod tests {
         let Some(server) = e2e::postgres::Postgres::start("store::sql::deferred_writes") else {
             return;
         };
-        let conn = PgConn::connect(&server.url).unwrap();
+        let conn = table_t_in_a_transaction(&server);
         let sql = Connection::postgres(&conn);
-        conn.batch("CREATE TABLE t (k BIGINT PRIMARY KEY, v TEXT NOT NULL)")
-            .unwrap();
-        conn.batch("BEGIN").unwrap();
         sql.write("INSERT INTO t (k, v) VALUES (?1, ?2)", params![1, "a"])
             .unwrap();
         sql.write("UPDATE t SET v = ?2 WHERE k = ?1", params![1, "b"]).unwrap();
@@ -776,11 +782,8 @@ mod tests {
         let Some(server) = e2e::postgres::Postgres::start("store::sql::ended_command") else {
             return;
         };
-        let conn = PgConn::connect(&server.url).unwrap();
+        let conn = table_t_in_a_transaction(&server);
         let sql = Connection::postgres(&conn);
-        conn.batch("CREATE TABLE t (k BIGINT PRIMARY KEY, v TEXT NOT NULL)")
-            .unwrap();
-        conn.batch("BEGIN").unwrap();
         let insert = "INSERT INTO t (k, v) VALUES (?1, ?2)";
         conn.begin_command(0);
         sql.write(insert, params![1, "first"]).unwrap();
