@@ -58,7 +58,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Runs: list, show, read their event logs, cancel.
+    /// Runs: start, list, show, read their event logs, fork, compare, cancel.
     #[command(subcommand)]
     Runs(RunsCommand),
     /// Tools registered with the kernel.
@@ -181,6 +181,19 @@ pub enum RunsCommand {
     },
     /// Print a run's event log, optionally following it live.
     Events(EventsArgs),
+    /// Branch a recorded run; prints the branch's id.
+    ///
+    /// The branch is a new run that replays its parent's recorded steps up to the fork point,
+    /// with a new input or some results replaced if asked. In it only reads run live: any other
+    /// effect the parent never recorded is refused with write_tool_blocked, which ends the branch.
+    Fork(ForkArgs),
+    /// Compare two runs step by step, such as a branch and the run it was forked from.
+    Diff {
+        /// The first run (for a branch, usually its parent).
+        a: String,
+        /// The second run, whose steps are marked relative to the first's.
+        b: String,
+    },
     /// Cancel a run: its in-flight calls are settled first.
     Cancel {
         /// Run id.
@@ -201,6 +214,53 @@ pub enum RunsCommand {
         #[arg(long, value_name = "DURATION", value_parser = parse_age)]
         finished_before: u64,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct ForkArgs {
+    /// The run to branch from.
+    pub id: String,
+
+    /// The last of the parent's steps the branch replays, by its key (`t1/p0`, `id:<call id>`,
+    /// `step:<id>#<n>`); without it, the parent's whole record.
+    #[arg(long = "at", value_name = "STEP")]
+    pub at_step_key: Option<String>,
+
+    /// The branch's input, as JSON; without it, the parent's.
+    #[arg(long, value_name = "JSON", value_parser = parse_json)]
+    pub input: Option<String>,
+
+    /// Replay this step's recorded result as this JSON instead (repeatable; a step given twice
+    /// takes the last).
+    #[arg(long = "set-result", value_name = "STEP=JSON", value_parser = parse_set_result)]
+    pub set_results: Vec<(String, String)>,
+
+    /// The branch's labels, `key=value` (repeatable); without any, the parent's.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+
+    /// Forking again with the same key returns the first branch.
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
+}
+
+/// JSON text, checked and kept as written.
+fn parse_json(text: &str) -> Result<String, String> {
+    serde_json::from_str::<serde_json::Value>(text)
+        .map(|_| text.to_owned())
+        .map_err(|err| format!("not valid JSON: {err}"))
+}
+
+/// `STEP=JSON`, split at the first `=` (step keys hold none; JSON may).
+fn parse_set_result(text: &str) -> Result<(String, String), String> {
+    let Some((step, json)) = text.split_once('=') else {
+        return Err(format!("expected STEP=JSON, found no '=' in '{text}'"));
+    };
+    let step = step.trim();
+    if step.is_empty() {
+        return Err(format!("expected STEP=JSON, found an empty step in '{text}'"));
+    }
+    Ok((step.to_owned(), parse_json(json)?))
 }
 
 /// A duration such as `30d` or `90m`, in milliseconds.
@@ -577,6 +637,67 @@ mod tests {
         };
         assert_eq!(id, "r1");
         assert_eq!(reason.as_deref(), Some("operator stop"));
+    }
+
+    #[test]
+    fn fork_takes_every_flag() {
+        let cli = parse(&[
+            "runs",
+            "fork",
+            "r1",
+            "--at",
+            "t1/p0",
+            "--input",
+            r#"{"city": "Oslo"}"#,
+            "--set-result",
+            r#"t0/p1={"temp": 3}"#,
+            "--set-result",
+            r#"id:c="a=b""#,
+            "--label",
+            "case=cold",
+            "--idempotency-key",
+            "k1",
+        ])
+        .unwrap();
+        let Command::Runs(RunsCommand::Fork(fork)) = cli.command else {
+            panic!("expected runs fork");
+        };
+        assert_eq!(fork.id, "r1");
+        assert_eq!(fork.at_step_key.as_deref(), Some("t1/p0"));
+        assert_eq!(fork.input.as_deref(), Some(r#"{"city": "Oslo"}"#));
+        let results: Vec<(&str, &str)> = fork.set_results.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(results, [("t0/p1", r#"{"temp": 3}"#), ("id:c", r#""a=b""#)]);
+        assert_eq!(fork.labels, [("case".to_owned(), "cold".to_owned())]);
+        assert_eq!(fork.idempotency_key.as_deref(), Some("k1"));
+    }
+
+    #[test]
+    fn bad_fork_flags_are_usage_errors_naming_the_flag() {
+        let cases: [(&[&str], &str, &str); 4] = [
+            (&["--set-result", "t0/p1"], "--set-result", "no '='"),
+            (&["--set-result", "t0/p1={oops"], "--set-result", "not valid JSON"),
+            (&["--set-result", "={}"], "--set-result", "empty step"),
+            (&["--input", "{oops"], "--input", "not valid JSON"),
+        ];
+        for (flags, flag, why) in cases {
+            let argv: Vec<&str> = ["runs", "fork", "r1"].iter().chain(flags).copied().collect();
+            let err = parse(&argv).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{flags:?}: {err}");
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{flags:?}: {err}");
+            let text = err.to_string();
+            assert!(text.contains(flag) && text.contains(why), "{flags:?}: {text}");
+        }
+    }
+
+    #[test]
+    fn diff_takes_two_runs() {
+        let cli = parse(&["runs", "diff", "ra", "rb", "--json"]).unwrap();
+        assert!(cli.json);
+        let Command::Runs(RunsCommand::Diff { a, b }) = cli.command else {
+            panic!("expected runs diff");
+        };
+        assert_eq!((a.as_str(), b.as_str()), ("ra", "rb"));
+        assert_eq!(parse(&["runs", "diff", "ra"]).unwrap_err().exit_code(), 2);
     }
 
     #[test]

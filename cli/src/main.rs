@@ -3,14 +3,15 @@
 //! `main` only parses arguments (clap exits 2 on a usage error), runs the command and maps the
 //! outcome to an exit code: 0 ok, 1 failed. The pieces, in the order data flows through them:
 //! [`args`] (grammar) → [`client`] (gRPC channel) → [`commands`] (calls and paging) → [`view`]
-//! (proto → serializable views) → [`render`] (tables) or JSON on stdout; [`error`] words every
-//! failure for stderr. `bench` ([`commands::bench`], built from [`bench`]) runs on a
+//! (proto → serializable views; [`diff`] aligns two runs' views) → [`render`] (tables) or JSON on
+//! stdout; [`error`] words every failure for stderr. `bench` ([`commands::bench`], built from [`bench`]) runs on a
 //! multi-threaded runtime of its own, since it hosts workers and an agent under load.
 
 mod args;
 mod bench;
 mod client;
 mod commands;
+mod diff;
 mod error;
 mod render;
 mod time;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use comfy_table::{ContentArrangement, Table, presets};
 
+use crate::diff::{Lineage, RunDiff, RunSummary, StepSide};
 use crate::time::{Precision, UtcTime};
 use crate::view::{
     ApprovalView, EventView, Json, ProgressView, RunDetail, RunView, StatusView, StepView, ToolOptionsView, ToolView,
@@ -237,6 +238,32 @@ fn run_fields(run: &RunView) -> String {
     if let Some(session) = &run.session_key {
         pairs.push(("session", one_line(session).into_owned()));
     }
+    if let Some(parent) = &run.forked_from_run_id {
+        pairs.push((
+            "branch",
+            format!(
+                "forked from {parent} at {}",
+                fork_point(run.fork_at_step_key.as_deref())
+            ),
+        ));
+    }
+    if !run.fork_results.is_empty() {
+        let replaced: Vec<String> = run
+            .fork_results
+            .iter()
+            .map(|(step, result)| format!("{} = {}", one_line(step), json_cut(result)))
+            .collect();
+        pairs.push(("replaced results", replaced.join("; ")));
+    }
+    if !run.allow.is_empty() {
+        pairs.push((
+            "allow",
+            format!(
+                "{} (a case run: besides reads, only these run live)",
+                one_line(&run.allow.join(", "))
+            ),
+        ));
+    }
     if !run.permissions.is_empty() {
         let source = match &run.permissions_granted_by {
             Some(key) => format!("granted by key {}", one_line(key)),
@@ -253,6 +280,14 @@ fn run_fields(run: &RunView) -> String {
     pairs.push(("input", json_cut(&run.input)));
     pairs.push(("output", run.output.as_ref().map_or_else(|| NONE.to_owned(), json_cut)));
     fields(&pairs, "")
+}
+
+/// Where a branch was forked: at its parent's step, or after the parent's whole record.
+fn fork_point(at_step_key: Option<&str>) -> String {
+    match at_step_key {
+        Some(step) => one_line(step).into_owned(),
+        None => "the end of its record".to_owned(),
+    }
 }
 
 fn step_block(step: &StepView) -> String {
@@ -325,6 +360,13 @@ fn step_block(step: &StepView) -> String {
     if step.replays > 0 {
         pairs.push(("replayed", format!("{} times from the log", step.replays)));
     }
+    if let Some(parent) = &step.replayed_from_run_id {
+        let what = match step.decided_by.as_deref() {
+            Some("branch:set_result") => "the result the fork put in place of its own",
+            _ => "its recorded outcome",
+        };
+        pairs.push(("replayed from", format!("{parent} ({what}; nothing ran)")));
+    }
     if let Some(decided_by) = &step.decided_by {
         pairs.push(("decided by", decided_by.clone()));
     }
@@ -372,6 +414,87 @@ pub fn run_detail(detail: &RunDetail) -> String {
         text.push_str("\napprovals:\n");
         text.push_str(&approvals_table(&detail.approvals));
     }
+    text
+}
+
+/// `runs diff`: both runs, how they are related, then one row per step identity: KEY, TOOL, A, B,
+/// MARK (what B's step is relative to A's), DIFFERS.
+pub fn run_diff(diff: &RunDiff) -> String {
+    let summary = |name: &str, run: &RunSummary| {
+        vec![
+            name.to_owned(),
+            run.id.clone(),
+            one_line(&run.agent).into_owned(),
+            run.status.clone(),
+            run.reason
+                .as_deref()
+                .map_or_else(|| NONE.to_owned(), |r| truncate(&one_line(r), JSON_CUT).into_owned()),
+        ]
+    };
+    let mut text = table(
+        &["", "RUN", "AGENT", "STATUS", "REASON"],
+        [summary("A", &diff.a), summary("B", &diff.b)],
+    );
+    let mut notes = Vec::new();
+    match diff.lineage() {
+        Lineage::BranchOfA => notes.push(format!(
+            "B is a branch of A at {}",
+            fork_point(diff.b.fork_at_step_key.as_deref())
+        )),
+        Lineage::BranchOfB => notes.push(format!(
+            "A is a branch of B at {}",
+            fork_point(diff.a.fork_at_step_key.as_deref())
+        )),
+        Lineage::Unrelated => {}
+    }
+    if let Some(step) = &diff.stopped_at {
+        notes.push(format!("the branch stopped at {} (write_tool_blocked)", one_line(step)));
+    }
+    for (name, run) in [("A", &diff.a), ("B", &diff.b)] {
+        match run.capture.as_str() {
+            "metadata" => notes.push(format!(
+                "{name} captures metadata: its arguments and results are compared by size and hash"
+            )),
+            "none" => notes.push(format!(
+                "{name} captures nothing: its arguments and results are withheld and compare as placeholders"
+            )),
+            _ => {}
+        }
+    }
+    if !notes.is_empty() {
+        text.push('\n');
+        for note in notes {
+            text.push_str(&note);
+            text.push('\n');
+        }
+    }
+    text.push('\n');
+    if diff.steps.is_empty() {
+        text.push_str("no steps recorded in either run\n");
+        return text;
+    }
+    let side = |side: &Option<StepSide>| {
+        side.as_ref()
+            .map_or_else(|| NONE.to_owned(), |side| side.shown_status.clone())
+    };
+    text.push_str(&table(
+        &["KEY", "TOOL", "A", "B", "MARK", "DIFFERS"],
+        diff.steps.iter().map(|step| {
+            let differs: Vec<&str> = step.differs.iter().map(|d| d.word()).collect();
+            vec![
+                one_line(&step.step_key).into_owned(),
+                one_line(&step.tool).into_owned(),
+                side(&step.a),
+                side(&step.b),
+                step.mark.words().to_owned(),
+                if differs.is_empty() {
+                    NONE.to_owned()
+                } else {
+                    differs.join(", ")
+                },
+            ]
+        }),
+    ));
     text
 }
 
@@ -907,6 +1030,31 @@ mod tests {
         assert!(lines[1].contains("2023-11-14T23:13:20Z"), "{text}");
         assert!(lines[1].contains("check the ticket"), "{text}");
         assert!(lines[2].contains(" any ") && lines[2].contains(" never "), "{text}");
+    }
+
+    #[test]
+    fn a_diff_says_what_capture_withheld() {
+        let detail = |capture: pb::Capture| {
+            RunDetail::try_from(pb::GetRunResponse {
+                run: Some(pb::Run {
+                    capture: capture as i32,
+                    ..sample_run()
+                }),
+                ..Default::default()
+            })
+            .unwrap()
+        };
+        let diff = RunDiff::new(&detail(pb::Capture::Io), &detail(pb::Capture::Metadata));
+        let text = run_diff(&diff);
+        assert!(
+            text.contains("\nB captures metadata: its arguments and results are compared by size and hash\n"),
+            "{text}"
+        );
+        assert!(!text.contains("A captures"), "{text}");
+        assert!(!text.contains("branch"), "unrelated runs: {text}");
+        assert!(text.ends_with("\nno steps recorded in either run\n"), "{text}");
+        let text = run_diff(&RunDiff::new(&detail(pb::Capture::None), &detail(pb::Capture::Io)));
+        assert!(text.contains("\nA captures nothing: "), "{text}");
     }
 
     #[test]

@@ -83,6 +83,14 @@ pub struct RunView {
     pub parent_run_id: Option<String>,
     pub parent_step_key: Option<String>,
     pub session_key: Option<String>,
+    /// A branch: the run whose record it replays, and the last of that record's steps it
+    /// replays (`None`: all of them).
+    pub forked_from_run_id: Option<String>,
+    pub fork_at_step_key: Option<String>,
+    /// Steps whose recorded result the fork replaced, with the result it put in their place.
+    pub fork_results: BTreeMap<String, Json>,
+    /// A case run's allow tokens (`tool:<name>`, `step:<id>`): what runs live besides reads.
+    pub allow: Vec<String>,
 }
 
 impl From<pb::Run> for RunView {
@@ -114,6 +122,14 @@ impl From<pb::Run> for RunView {
             parent_run_id: non_empty(run.parent_run_id),
             parent_step_key: non_empty(run.parent_step_key),
             session_key: non_empty(run.session_key),
+            forked_from_run_id: non_empty(run.forked_from_run_id),
+            fork_at_step_key: non_empty(run.fork_at_step_key),
+            fork_results: run
+                .fork_results
+                .into_iter()
+                .map(|(step, text)| (step, Json::parse_or(&text, Value::Null)))
+                .collect(),
+            allow: run.allow,
             id: run.id,
             agent: run.agent,
         }
@@ -182,6 +198,9 @@ pub struct StepView {
     pub outcome: Option<String>,
     /// The answer to the call's approval, when it was gated and answered.
     pub approval: Option<StepApproval>,
+    /// In a branch: the run whose recorded outcome this step replays (nothing ran); `decided_by`
+    /// is then `branch:parent`, or `branch:set_result` when the fork replaced that outcome.
+    pub replayed_from_run_id: Option<String>,
 }
 
 /// The answer a gated call got, as `runs show` prints it.
@@ -274,6 +293,7 @@ impl From<pb::Step> for StepView {
             unit_cost: step.unit_cost,
             decided_by: non_empty(step.decided_by),
             outcome: outcome_name(step.outcome),
+            replayed_from_run_id: non_empty(step.replayed_from_run_id),
             approval: step.approval.map(|a| StepApproval {
                 approval_id: a.approval_id,
                 answer: approval_answer_name(a.answer),
@@ -580,6 +600,7 @@ pub fn outcome_name(raw: i32) -> Option<String> {
         pb::CallOutcome::ReplayInputChanged => "replay_input_changed",
         pb::CallOutcome::LimitExceeded => "limit_exceeded",
         pb::CallOutcome::NoWorker => "no_worker",
+        pb::CallOutcome::WriteToolBlocked => "write_tool_blocked",
     });
     non_empty(name)
 }
@@ -839,8 +860,39 @@ pub(crate) mod tests {
                 "parent_run_id": null,
                 "parent_step_key": null,
                 "session_key": null,
+                "forked_from_run_id": null,
+                "fork_at_step_key": null,
+                "fork_results": {},
+                "allow": [],
             })
         );
+    }
+
+    #[test]
+    fn run_view_of_a_branch_names_its_parent_and_replaced_results() {
+        let run = pb::Run {
+            forked_from_run_id: "parent".into(),
+            fork_at_step_key: "t1/p0".into(),
+            fork_results: [("t0/p1".to_owned(), r#"{"temp": 3}"#.to_owned())]
+                .into_iter()
+                .collect(),
+            allow: vec!["tool:refund".into()],
+            ..sample_run()
+        };
+        let json = serde_json::to_value(RunView::from(run)).unwrap();
+        assert_eq!(json["forked_from_run_id"], "parent");
+        assert_eq!(json["fork_at_step_key"], "t1/p0");
+        assert_eq!(json["fork_results"], json!({"t0/p1": {"temp": 3}}));
+        assert_eq!(json["allow"], json!(["tool:refund"]));
+        let step = pb::Step {
+            replayed_from_run_id: "parent".into(),
+            decided_by: "branch:parent".into(),
+            outcome: pb::CallOutcome::WriteToolBlocked as i32,
+            ..sample_step(0, 0)
+        };
+        let json = serde_json::to_value(StepView::from(step)).unwrap();
+        assert_eq!(json["replayed_from_run_id"], "parent");
+        assert_eq!(json["outcome"], "write_tool_blocked");
     }
 
     #[test]
@@ -873,6 +925,7 @@ pub(crate) mod tests {
         assert_eq!(json["started_at"], "2023-11-14T22:13:21Z");
         assert_eq!(json["lease_expires_at"], Value::Null);
         assert_eq!(json["key"], "t0/p1");
+        assert_eq!(json["replayed_from_run_id"], Value::Null);
     }
 
     #[test]

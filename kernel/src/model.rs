@@ -24,7 +24,7 @@ pub fn now_millis() -> Millis {
 }
 
 /// A run id: a UUIDv7 in its hyphenated text form, so ids sort by creation time.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct RunId(String);
 
 impl RunId {
@@ -181,6 +181,7 @@ text_enum!(
         ReplayInputChanged => "replay_input_changed",
         LimitExceeded => "limit_exceeded",
         NoWorker => "no_worker",
+        WriteToolBlocked => "write_tool_blocked",
     }
 );
 
@@ -556,10 +557,44 @@ pub struct RunRecord {
     pub suspensions: u32,
     /// The default bound on how many calls of one turn run at once; 0: none.
     pub max_concurrency: u32,
+    /// A branch: the run whose record it replays, up to where.
+    pub fork: Option<Fork>,
+    /// A case run's allow tokens (`tool:<name>`, `step:<id>`): what runs live despite the
+    /// branch rule.
+    pub allow: Vec<String>,
     pub tool_calls: u32,
     pub last_seq: u64,
     pub created_at: Millis,
     pub updated_at: Millis,
+}
+
+/// What a branch replays: its parent's record, up to its fork point.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Fork {
+    /// The run whose record the branch replays.
+    pub of: RunId,
+    /// The last step of that record the branch replays; `None`: all of it.
+    pub at: Option<ForkPoint>,
+    /// Recorded results the fork replaced: step key → canonical JSON text.
+    #[serde(default)]
+    pub results: std::collections::BTreeMap<String, String>,
+}
+
+/// The last step a branch replays, and its place in its run's order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ForkPoint {
+    pub key: StepKey,
+    pub turn: u32,
+    pub position: u32,
+}
+
+impl Fork {
+    /// Whether the parent's step is at or before the fork point, in (turn, position) order.
+    pub fn covers(&self, step: &StepRecord) -> bool {
+        self.at
+            .as_ref()
+            .is_none_or(|at| (step.turn, step.position) <= (at.turn, at.position))
+    }
 }
 
 /// A lock a running call holds on a resource instance.
@@ -639,6 +674,8 @@ pub struct StepRecord {
     /// The resources the call may change, filled from its arguments; those with an instance
     /// (`repo:acme`) are locks it holds while it runs ([`crate::resources`]).
     pub resources: Vec<String>,
+    /// In a branch: the run whose recorded outcome the step replays (nothing ran).
+    pub from_run: Option<RunId>,
 }
 
 impl StepRecord {

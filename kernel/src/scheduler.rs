@@ -1527,6 +1527,8 @@ mod tests {
                 parent: None,
                 session_key: None,
                 max_concurrency: 0,
+                fork: None,
+                allow: Vec::new(),
             })
             .await
             .unwrap();

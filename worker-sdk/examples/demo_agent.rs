@@ -1,5 +1,6 @@
-//! A scripted agent: creates a run, submits turns of tool calls to the demo worker's tools,
-//! prints each result to stderr, completes the run and prints its id to stdout.
+//! A scripted agent: creates a run (or, with `--run ID`, drives an existing one), submits turns
+//! of tool calls to the demo worker's tools, prints each result to stderr, completes the run and
+//! prints its id to stdout.
 //!
 //! ```text
 //! cargo run -p worker-sdk --example demo-agent -- --kernel http://127.0.0.1:50051
@@ -10,13 +11,25 @@
 //! reports progress, then an unknown tool and wrongly typed arguments. `--scenario refund` asks
 //! for a small refund, which runs at once, and a large one, which waits until someone answers its
 //! approval (`kernelctl approvals approve ID`); the agent prints the command and waits.
+//!
+//! `--run ID` drives a run made elsewhere, such as a branch of a recorded run: the branch replays
+//! its parent's calls up to the fork point and runs reads live, but refuses any other effect the
+//! parent never recorded with `write_tool_blocked`, which ends it. The agent then prints where
+//! the branch stopped and exits 1 without trying to end the run, which the kernel already did.
+//!
+//! ```text
+//! run=$(cargo run -q -p worker-sdk --example demo-agent -- --scenario refund)  # approve the large one
+//! branch=$(cargo run -q -p kernelctl -- runs fork "$run" --at t0/p0)
+//! cargo run -p worker-sdk --example demo-agent -- --scenario refund --run "$branch"  # stops at t0/p1
+//! cargo run -p kernelctl -- runs diff "$run" "$branch"
+//! ```
 
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
 use futures_util::StreamExt;
 use serde_json::json;
-use worker_sdk::{AgentClient, AgentError, Call, CallOutcome, CallStatus, NewRun, RunHandle, Tls, TurnItem};
+use worker_sdk::{AgentClient, AgentError, Call, CallOutcome, CallStatus, NewRun, Outcome, RunHandle, Tls, TurnItem};
 
 #[derive(Debug, Parser)]
 #[command(name = "demo-agent", about = "Drive one demo run through the kernel")]
@@ -33,6 +46,9 @@ struct Config {
     /// What the run does.
     #[arg(long, value_enum, default_value_t = Scenario::Tour)]
     scenario: Scenario,
+    /// Drive this existing run (a branch from `kernelctl runs fork`, say) instead of creating one.
+    #[arg(long, value_name = "ID")]
+    run: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -41,6 +57,33 @@ enum Scenario {
     Tour,
     /// A small refund that runs at once and a large one that waits for a person's approval.
     Refund,
+}
+
+/// Why driving a run stopped before its scenario's end.
+#[derive(Debug)]
+enum Stop {
+    /// The kernel refused this call with write_tool_blocked, and the run (a branch or a case run)
+    /// ended with it.
+    Blocked(Box<CallOutcome>),
+    /// Anything else: the run is still open, and is failed with this.
+    Error(AgentError),
+}
+
+impl From<AgentError> for Stop {
+    fn from(error: AgentError) -> Self {
+        Stop::Error(error)
+    }
+}
+
+/// Stops at the first call the kernel refused with write_tool_blocked: nothing more can run.
+fn stop_if_blocked(outcomes: &[CallOutcome]) -> Result<(), Stop> {
+    match outcomes
+        .iter()
+        .find(|outcome| outcome.outcome == Outcome::WriteToolBlocked)
+    {
+        Some(blocked) => Err(Stop::Blocked(Box::new(blocked.clone()))),
+        None => Ok(()),
+    }
 }
 
 fn print_outcome(turn: u32, outcome: &CallOutcome) {
@@ -70,7 +113,7 @@ impl Tally {
     }
 }
 
-async fn tour(run: &RunHandle) -> Result<serde_json::Value, AgentError> {
+async fn tour(run: &RunHandle) -> Result<serde_json::Value, Stop> {
     let mut tally = Tally::default();
 
     let turn0 = vec![
@@ -79,6 +122,7 @@ async fn tour(run: &RunHandle) -> Result<serde_json::Value, AgentError> {
     ];
     let outcomes = run.call_turn(0, turn0).await?;
     tally.record(0, &outcomes);
+    stop_if_blocked(&outcomes)?;
 
     let mut turn1 = Box::pin(run.submit_turn(1, vec![Call::new("slow", json!({"steps": 5, "delay_ms": 100}))]));
     let mut outcomes = Vec::new();
@@ -102,6 +146,7 @@ async fn tour(run: &RunHandle) -> Result<serde_json::Value, AgentError> {
         }
     }
     tally.record(1, &outcomes);
+    stop_if_blocked(&outcomes)?;
 
     let turn2 = vec![
         Call::new("weather", json!({"city": "Paris"})),
@@ -109,6 +154,7 @@ async fn tour(run: &RunHandle) -> Result<serde_json::Value, AgentError> {
     ];
     let outcomes = run.call_turn(2, turn2).await?;
     tally.record(2, &outcomes);
+    stop_if_blocked(&outcomes)?;
 
     Ok(json!({
         "summary": "demo finished",
@@ -118,7 +164,7 @@ async fn tour(run: &RunHandle) -> Result<serde_json::Value, AgentError> {
     }))
 }
 
-async fn refund(run: &RunHandle) -> Result<serde_json::Value, AgentError> {
+async fn refund(run: &RunHandle) -> Result<serde_json::Value, Stop> {
     let calls = vec![
         Call::new("refund", json!({"customer": "cus_42", "cents": 500})),
         Call::new("refund", json!({"customer": "cus_42", "cents": 25_000})),
@@ -148,6 +194,7 @@ async fn refund(run: &RunHandle) -> Result<serde_json::Value, AgentError> {
             }
         }
     }
+    stop_if_blocked(&outcomes)?;
     let refunded = outcomes
         .iter()
         .filter(|outcome| outcome.status == CallStatus::Ok)
@@ -155,7 +202,7 @@ async fn refund(run: &RunHandle) -> Result<serde_json::Value, AgentError> {
     Ok(json!({"summary": "refunds asked", "refunded": refunded, "refused": outcomes.len() - refunded}))
 }
 
-async fn run(config: Config) -> Result<String, AgentError> {
+async fn run(config: Config) -> Result<String, Stop> {
     let client = match &config.tls_ca {
         Some(ca) => {
             let tls = Tls::from_ca_file(ca).map_err(|e| AgentError::Config(e.to_string()))?;
@@ -171,10 +218,19 @@ async fn run(config: Config) -> Result<String, AgentError> {
         Scenario::Tour => "show the kernel",
         Scenario::Refund => "refund a customer",
     };
-    let run = client
-        .create_run(NewRun::new("demo-agent", json!({"goal": goal})))
-        .await?;
-    eprintln!("run {} created", run.id());
+    let run = match config.run {
+        Some(id) => {
+            eprintln!("driving run {id}");
+            client.run(id)
+        }
+        None => {
+            let run = client
+                .create_run(NewRun::new("demo-agent", json!({"goal": goal})))
+                .await?;
+            eprintln!("run {} created", run.id());
+            run
+        }
+    };
     let driven = match config.scenario {
         Scenario::Tour => tour(&run).await,
         Scenario::Refund => refund(&run).await,
@@ -185,12 +241,14 @@ async fn run(config: Config) -> Result<String, AgentError> {
             eprintln!("run {} completed", run.id());
             Ok(run.id().to_owned())
         }
-        Err(error) => {
+        // The kernel ended the run with the refusal: completing or failing it would be refused.
+        Err(blocked @ Stop::Blocked(_)) => Err(blocked),
+        Err(Stop::Error(error)) => {
             // Leave no run hanging: record why it stopped, then report the original error.
             if let Err(fail_error) = run.fail(error.to_string()).await {
                 eprintln!("demo-agent: could not mark the run failed: {fail_error}");
             }
-            Err(error)
+            Err(Stop::Error(error))
         }
     }
 }
@@ -203,7 +261,14 @@ async fn main() -> ExitCode {
             println!("{run_id}");
             ExitCode::SUCCESS
         }
-        Err(error) => {
+        Err(Stop::Blocked(blocked)) => {
+            eprintln!(
+                "demo-agent: the branch stopped at {} ({}), refused as write_tool_blocked; the kernel ended it failed: {}",
+                blocked.step_key, blocked.tool, blocked.content
+            );
+            ExitCode::FAILURE
+        }
+        Err(Stop::Error(error)) => {
             eprintln!("demo-agent: {error}");
             ExitCode::FAILURE
         }

@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 use worker_sdk::proto::v1 as pb;
-use worker_sdk::{AgentClient, AgentError, Call, CallStatus, ErrorKind, NewRun, TurnItem};
+use worker_sdk::{AgentClient, AgentError, Call, CallStatus, ErrorKind, Fork, NewRun, TurnItem};
 
 use pb::run_service_server::{RunService, RunServiceServer};
 use pb::tool_call_service_server::{ToolCallService, ToolCallServiceServer};
@@ -22,6 +22,7 @@ struct Seen {
     create: Vec<pb::CreateRunRequest>,
     turns: Vec<pb::SubmitTurnRequest>,
     completed: Vec<pb::CompleteRunRequest>,
+    forks: Vec<pb::ForkRunRequest>,
 }
 
 #[derive(Clone, Default)]
@@ -71,6 +72,16 @@ impl RunService for ScriptedKernel {
 
     async fn list_runs(&self, _: Request<pb::ListRunsRequest>) -> Result<Response<pb::ListRunsResponse>, Status> {
         Err(Status::unimplemented("not scripted"))
+    }
+
+    async fn fork_run(&self, request: Request<pb::ForkRunRequest>) -> Result<Response<pb::ForkRunResponse>, Status> {
+        let request = request.into_inner();
+        let branch = format!("branch-of-{}", request.run_id);
+        self.seen.lock().unwrap().forks.push(request);
+        Ok(Response::new(pb::ForkRunResponse {
+            run: Some(run(&branch)),
+            created: true,
+        }))
     }
 
     async fn cancel_run(&self, _: Request<pb::CancelRunRequest>) -> Result<Response<pb::CancelRunResponse>, Status> {
@@ -199,6 +210,31 @@ async fn create_run_sends_input_labels_and_key() {
     assert_eq!(
         (request.idempotency_key.as_str(), request.max_tool_calls),
         ("seen-before", 10)
+    );
+}
+
+#[tokio::test]
+async fn a_fork_sends_its_point_input_and_replaced_results() {
+    let (client, kernel) = start().await;
+    let fork = Fork::of("run-1")
+        .at("t1/p0")
+        .input(json!({"b": 1, "a": 2}))
+        .set_result("t0/p0", json!({"price": 5}));
+    let branch = client.fork_run(fork).await.unwrap();
+    assert_eq!((branch.id(), branch.created()), ("branch-of-run-1", true));
+    let seen = kernel.seen.lock().unwrap();
+    let request = &seen.forks[0];
+    assert_eq!(
+        (
+            request.run_id.as_str(),
+            request.at_step_key.as_str(),
+            request.input_json.as_str()
+        ),
+        ("run-1", "t1/p0", r#"{"a":2,"b":1}"#)
+    );
+    assert_eq!(
+        request.set_results.get("t0/p0").map(String::as_str),
+        Some(r#"{"price":5}"#)
     );
 }
 

@@ -1,6 +1,7 @@
 //! An in-process stand-in for the kernel's `RunService` and `RegistryService`, so command tests
 //! exercise the real gRPC client, paging and streaming against canned data on a port-0 server.
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
@@ -19,7 +20,10 @@ pub const EVENTS_PAGE: usize = 2;
 #[derive(Debug, Default)]
 pub struct Data {
     pub runs: Vec<pb::Run>,
+    /// The steps `GetRun` answers with for a run not in `run_steps`.
     pub steps: Vec<pb::Step>,
+    /// Steps of one run, by its id.
+    pub run_steps: HashMap<String, Vec<pb::Step>>,
     pub events: Vec<pb::Event>,
     pub tools: Vec<pb::RegisteredTool>,
     pub workers: Vec<pb::WorkerInfo>,
@@ -27,7 +31,12 @@ pub struct Data {
     pub list_runs_requests: Vec<pb::ListRunsRequest>,
     /// Every `ListRunEvents` request received.
     pub list_events_requests: Vec<pb::ListRunEventsRequest>,
+    /// Every `ForkRun` request received.
+    pub fork_requests: Vec<pb::ForkRunRequest>,
 }
+
+/// The id of the run the fake's `ForkRun` answers with.
+pub const BRANCH_ID: &str = "0192f0c1-branch";
 
 #[derive(Debug, Clone, Default)]
 pub struct FakeKernel {
@@ -84,7 +93,8 @@ impl RunService for FakeKernel {
 
     async fn get_run(&self, request: Request<pb::GetRunRequest>) -> Result<Response<pb::GetRunResponse>, Status> {
         let run = self.find_run(&request.get_ref().run_id)?;
-        let steps = self.data.lock().unwrap().steps.clone();
+        let data = self.data.lock().unwrap();
+        let steps = data.run_steps.get(&run.id).unwrap_or(&data.steps).clone();
         Ok(Response::new(pb::GetRunResponse {
             run: Some(run),
             steps,
@@ -126,6 +136,41 @@ impl RunService for FakeKernel {
             ..self.find_run(&request.run_id)?
         };
         Ok(Response::new(pb::CancelRunResponse { run: Some(run) }))
+    }
+
+    /// Answers with a pending branch of the parent made as the request says, with id
+    /// [`BRANCH_ID`]; `created` is false for an idempotency key seen before.
+    async fn fork_run(&self, request: Request<pb::ForkRunRequest>) -> Result<Response<pb::ForkRunResponse>, Status> {
+        let request = request.into_inner();
+        let parent = self.find_run(&request.run_id)?;
+        let mut data = self.data.lock().unwrap();
+        let created = request.idempotency_key.is_empty()
+            || !data
+                .fork_requests
+                .iter()
+                .any(|earlier| earlier.idempotency_key == request.idempotency_key);
+        data.fork_requests.push(request.clone());
+        let run = pb::Run {
+            id: BRANCH_ID.into(),
+            status: pb::RunStatus::Pending as i32,
+            input_json: Some(request.input_json)
+                .filter(|input| !input.is_empty())
+                .unwrap_or(parent.input_json),
+            labels: Some(request.labels)
+                .filter(|labels| !labels.is_empty())
+                .unwrap_or(parent.labels),
+            idempotency_key: request.idempotency_key,
+            forked_from_run_id: parent.id,
+            fork_at_step_key: request.at_step_key,
+            fork_results: request.set_results,
+            tool_calls: 0,
+            output_json: String::new(),
+            ..parent
+        };
+        Ok(Response::new(pb::ForkRunResponse {
+            run: Some(run),
+            created,
+        }))
     }
 
     async fn complete_run(

@@ -33,6 +33,8 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Runs(RunsCommand::Show { id }) => runs::show(&mut kernel, &mut out, id).await,
         Command::Runs(RunsCommand::Tree { id }) => runs::tree(&mut kernel, &mut out, id).await,
         Command::Runs(RunsCommand::Events(args)) => runs::events(&mut kernel, &mut out, args).await,
+        Command::Runs(RunsCommand::Fork(args)) => runs::fork(&mut kernel, &mut out, args).await,
+        Command::Runs(RunsCommand::Diff { a, b }) => runs::diff(&mut kernel, &mut out, (a, b)).await,
         Command::Runs(RunsCommand::Cancel { id, reason }) => runs::cancel(&mut kernel, &mut out, id, reason).await,
         Command::Runs(RunsCommand::Delete { id }) => runs::delete(&mut kernel, &mut out, id).await,
         Command::Runs(RunsCommand::Prune { finished_before }) => {

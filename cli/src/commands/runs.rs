@@ -1,18 +1,21 @@
-//! `runs list|show|events|cancel`.
+//! `runs start|list|tree|show|events|fork|diff|cancel|delete|prune`.
 //!
 //! `list` pages with `page_token` until `--limit` runs (or, with `--all`, every page); `events`
 //! pages `ListRunEvents` until `next_seq` is 0, or with `--follow` reads `WatchRunEvents` until the
-//! kernel ends the stream after the run's terminal event, or until Ctrl-C.
+//! kernel ends the stream after the run's terminal event, or until Ctrl-C. `diff` reads both runs
+//! with `GetRun` and leaves the aligning to [`crate::diff`].
 
 use kernel_proto::v1::watch_run_events_response::Item;
 use kernel_proto::v1::{
-    CancelRunRequest, GetRunRequest, ListRunEventsRequest, ListRunsRequest, RunStatus, WatchRunEventsRequest,
+    CancelRunRequest, ForkRunRequest, GetRunRequest, ListRunEventsRequest, ListRunsRequest, RunStatus,
+    WatchRunEventsRequest,
 };
 use serde::Serialize;
 
 use super::Output;
-use crate::args::{EventsArgs, ListRunsArgs, MAX_RUNS_PAGE};
+use crate::args::{EventsArgs, ForkArgs, ListRunsArgs, MAX_RUNS_PAGE};
 use crate::client::{Kernel, unary};
+use crate::diff::RunDiff;
 use crate::error::CliError;
 use crate::render;
 use crate::view::{EventView, ProgressView, RunDetail, RunView};
@@ -25,7 +28,7 @@ struct RunList {
     next_page_token: Option<String>,
 }
 
-/// `runs cancel --json`.
+/// `runs start`, `runs fork` and `runs cancel` with `--json`.
 #[derive(Serialize)]
 struct RunDocument {
     run: RunView,
@@ -174,6 +177,46 @@ pub async fn show(kernel: &mut Kernel, out: &mut Output<'_>, id: String) -> Resu
         out.document(&detail)?;
     } else {
         out.text(&render::run_detail(&detail))?;
+    }
+    Ok(())
+}
+
+/// Makes a branch of a recorded run and prints its id.
+pub async fn fork(kernel: &mut Kernel, out: &mut Output<'_>, args: ForkArgs) -> Result<(), CliError> {
+    let request = ForkRunRequest {
+        run_id: args.id,
+        at_step_key: args.at_step_key.unwrap_or_default(),
+        input_json: args.input.unwrap_or_default(),
+        set_results: args.set_results.into_iter().collect(),
+        labels: args.labels.into_iter().collect(),
+        idempotency_key: args.idempotency_key.unwrap_or_default(),
+    };
+    let response = unary(kernel.runs.fork_run(request)).await?;
+    let run = RunView::from(
+        response
+            .run
+            .ok_or(CliError::MalformedResponse("ForkRun returned no run"))?,
+    );
+    if !response.created {
+        eprintln!("run {} is the branch forked earlier with this idempotency key", run.id);
+    }
+    if out.is_json() {
+        out.document(&RunDocument { run })?;
+    } else {
+        out.line(&run.id)?;
+    }
+    Ok(())
+}
+
+/// Both runs' steps side by side, aligned by step key.
+pub async fn diff(kernel: &mut Kernel, out: &mut Output<'_>, (a, b): (String, String)) -> Result<(), CliError> {
+    let a = unary(kernel.runs.get_run(GetRunRequest { run_id: a })).await?;
+    let b = unary(kernel.runs.get_run(GetRunRequest { run_id: b })).await?;
+    let diff = RunDiff::new(&RunDetail::try_from(a)?, &RunDetail::try_from(b)?);
+    if out.is_json() {
+        out.document(&diff)?;
+    } else {
+        out.text(&render::run_diff(&diff))?;
     }
     Ok(())
 }

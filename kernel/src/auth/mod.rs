@@ -122,9 +122,11 @@ pub fn required_scope(path: &str) -> Scope {
         "RunService/GetRun" | "RunService/ListRuns" | "RunService/ListRunEvents" | "RunService/WatchRunEvents" => {
             Scope::RunsRead
         }
-        "RunService/CreateRun" | "RunService/CompleteRun" | "RunService/FailRun" | "RunService/CancelRun" => {
-            Scope::RunsWrite
-        }
+        "RunService/CreateRun"
+        | "RunService/ForkRun"
+        | "RunService/CompleteRun"
+        | "RunService/FailRun"
+        | "RunService/CancelRun" => Scope::RunsWrite,
         "ToolCallService/SubmitTurn" => Scope::ToolsCall,
         "ApprovalService/ListApprovals" => Scope::RunsRead,
         "ApprovalService/ApproveCall" | "ApprovalService/RejectCall" => Scope::ApprovalsWrite,

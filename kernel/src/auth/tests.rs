@@ -127,6 +127,7 @@ fn every_kernel_method_maps_to_its_scope() {
         ("/kernel.v1.RunService/ListRunEvents", Scope::RunsRead),
         ("/kernel.v1.RunService/WatchRunEvents", Scope::RunsRead),
         ("/kernel.v1.RunService/CreateRun", Scope::RunsWrite),
+        ("/kernel.v1.RunService/ForkRun", Scope::RunsWrite),
         ("/kernel.v1.RunService/CompleteRun", Scope::RunsWrite),
         ("/kernel.v1.RunService/FailRun", Scope::RunsWrite),
         ("/kernel.v1.RunService/CancelRun", Scope::RunsWrite),

@@ -125,6 +125,20 @@ pub fn run(run: &RunRecord) -> pb::Run {
         session_key: run.session_key.clone().unwrap_or_default(),
         suspensions: run.suspensions,
         max_concurrency: run.max_concurrency,
+        forked_from_run_id: run.fork.as_ref().map(|fork| fork.of.to_string()).unwrap_or_default(),
+        fork_at_step_key: run
+            .fork
+            .as_ref()
+            .and_then(|fork| fork.at.as_ref())
+            .map(|at| at.key.to_string())
+            .unwrap_or_default(),
+        fork_results: run
+            .fork
+            .iter()
+            .flat_map(|fork| &fork.results)
+            .map(|(key, result)| (key.clone(), run.capture.json_text(result)))
+            .collect(),
+        allow: run.allow.clone(),
     }
 }
 
@@ -146,6 +160,7 @@ pub fn outcome(outcome: Option<Outcome>) -> pb::CallOutcome {
         Some(Outcome::ReplayInputChanged) => pb::CallOutcome::ReplayInputChanged,
         Some(Outcome::LimitExceeded) => pb::CallOutcome::LimitExceeded,
         Some(Outcome::NoWorker) => pb::CallOutcome::NoWorker,
+        Some(Outcome::WriteToolBlocked) => pb::CallOutcome::WriteToolBlocked,
     }
 }
 
@@ -281,6 +296,11 @@ pub fn step(step: &StepRecord, capture: Capture) -> pb::Step {
             StepKind::Subagent => step.call_id.clone().unwrap_or_default(),
             _ => String::new(),
         },
+        replayed_from_run_id: step
+            .from_run
+            .as_ref()
+            .map(crate::model::RunId::to_string)
+            .unwrap_or_default(),
     }
 }
 

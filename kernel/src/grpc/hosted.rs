@@ -48,7 +48,7 @@ fn fence(dispatch: Option<pb::HostedDispatch>) -> Result<(RunId, Fence), KernelE
 }
 
 /// Checks a local step id against `[a-zA-Z0-9_.:-]{1,128}`.
-fn check_step_id(id: &str) -> Result<(), KernelError> {
+pub(super) fn check_step_id(id: &str) -> Result<(), KernelError> {
     if id.is_empty() || id.len() > MAX_STEP_ID {
         return Err(KernelError::invalid(
             "step_id",
@@ -95,7 +95,8 @@ impl HostedApi {
             session_key: run.session_key.clone().unwrap_or_default(),
             previous_run_id: previous.as_ref().map(|r| r.id.to_string()).unwrap_or_default(),
             previous_output_json: previous.and_then(|r| r.output).unwrap_or_default(),
-            check_steps: self.0.governance.checks_steps(),
+            // A branch or case run answers each live step before it runs, as a policy does.
+            check_steps: self.0.governance.checks_steps() || crate::machine::branch::guarded(run),
         })
     }
 
@@ -219,8 +220,9 @@ impl HostedService for HostedApi {
             outcome,
             decided_by,
             denied: false,
+            blocked: false,
         };
-        let (step, replayed, diverged) = placed(self.0.store.record_step(run_id, fence, local).await?);
+        let (step, replayed, diverged) = placed(&self.0, self.0.store.record_step(run_id, fence, local).await?);
         let response = pb::RecordStepResponse {
             step,
             replayed,
@@ -289,6 +291,8 @@ impl HostedService for HostedApi {
             parent: None,
             session_key,
             max_concurrency: parent.max_concurrency,
+            fork: None,
+            allow: Vec::new(),
         };
         let start = SubagentStart {
             parent: run_id,
@@ -301,7 +305,7 @@ impl HostedService for HostedApi {
         if let Some(dispatch) = dispatch {
             self.0.scheduler.enqueue(*dispatch);
         }
-        let (step, replayed, diverged) = placed(recorded);
+        let (step, replayed, diverged) = placed(&self.0, recorded);
         let response = pb::StartSubagentResponse {
             step,
             replayed,
@@ -320,6 +324,28 @@ impl HostedService for HostedApi {
         let effect = effect(&req.effect)?;
         let (run, _) = self.holding(&run_id, &fence).await?;
         let (reason, decided_by) = match self.0.governance.step_gate(&req.step_id, effect, &run) {
+            Ok(decided_by) if crate::machine::branch::guarded(&run) => {
+                let local = LocalStep {
+                    seq: req.seq,
+                    step_id: req.step_id,
+                    occurrence: req.occurrence,
+                    effect,
+                    once: req.once,
+                    outcome: Ok("null".to_owned()),
+                    decided_by: None,
+                    denied: false,
+                    blocked: false,
+                };
+                let checked = self.0.store.check_step(run_id, fence, local).await?;
+                let allowed = matches!(checked, StepRecorded::Allowed);
+                let (step, _, diverged) = placed(&self.0, checked);
+                return Ok(Response::new(pb::CheckStepResponse {
+                    allowed,
+                    decided_by: if allowed { decided_by } else { "branch".to_owned() },
+                    step,
+                    diverged,
+                }));
+            }
             Ok(decided_by) => {
                 return Ok(Response::new(pb::CheckStepResponse {
                     allowed: true,
@@ -340,8 +366,9 @@ impl HostedService for HostedApi {
             outcome: Err(reason),
             decided_by: Some(decided_by.clone()),
             denied: true,
+            blocked: false,
         };
-        let (step, _, diverged) = placed(self.0.store.record_step(run_id, fence, local).await?);
+        let (step, _, diverged) = placed(&self.0, self.0.store.record_step(run_id, fence, local).await?);
         let response = pb::CheckStepResponse {
             allowed: false,
             decided_by,
@@ -390,11 +417,20 @@ impl HostedService for HostedApi {
 
 /// What recording a step at its place did, as the responses say it: the step, whether it was
 /// recorded before, and the divergence when its place holds another.
-fn placed(recorded: StepRecorded) -> (Option<pb::Step>, bool, String) {
+/// The step as its response carries it, whether it was recorded before, and why it diverged; a
+/// refusal that ended the run has what it settled cancelled on their workers.
+fn placed(kernel: &Kernel, recorded: StepRecorded) -> (Option<pb::Step>, bool, String) {
     match recorded {
         StepRecorded::Recorded(step) => (Some(convert::history_step(&step)), false, String::new()),
         StepRecorded::Replayed(step) => (Some(convert::history_step(&step)), true, String::new()),
         StepRecorded::Diverged(message) => (None, false, message),
+        StepRecorded::Allowed => (None, false, String::new()),
+        StepRecorded::Blocked { step, ended } => {
+            kernel
+                .scheduler
+                .cancel_steps(ended, "run failed: write_tool_blocked".to_owned());
+            (Some(convert::history_step(&step)), false, String::new())
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 mod admin;
 mod approvals;
 pub mod convert;
+mod fork;
 mod hosted;
 mod registry;
 mod runs;

@@ -29,6 +29,17 @@ fn is_terminal_event(kind: EventType) -> bool {
     )
 }
 
+/// A client's idempotency key: none when empty, refused when too long.
+pub(super) fn idempotency_key(key: String) -> Result<Option<String>, KernelError> {
+    if key.len() > MAX_IDEMPOTENCY_KEY {
+        return Err(KernelError::invalid(
+            "idempotency_key",
+            format!("longer than {MAX_IDEMPOTENCY_KEY} bytes"),
+        ));
+    }
+    Ok((!key.is_empty()).then_some(key))
+}
+
 impl RunApi {
     async fn load(&self, id: &RunId) -> Result<RunRecord, KernelError> {
         self.0
@@ -72,12 +83,8 @@ impl RunService for RunApi {
         if let Some(caller) = &caller {
             caller.may_grant(&req.permissions)?;
         }
-        let idempotency_key = (!req.idempotency_key.is_empty()).then_some(req.idempotency_key);
-        if idempotency_key.as_ref().is_some_and(|k| k.len() > MAX_IDEMPOTENCY_KEY) {
-            return Err(
-                KernelError::invalid("idempotency_key", format!("longer than {MAX_IDEMPOTENCY_KEY} bytes")).into(),
-            );
-        }
+        let idempotency_key = idempotency_key(req.idempotency_key)?;
+        let allow = super::fork::allow_tokens(req.allow)?;
         let input = convert::canonical_json(&req.input_json, "input_json", "null")?;
         let hosted = match self.0.registry.agent(&agent) {
             Some(known) => {
@@ -107,12 +114,31 @@ impl RunService for RunApi {
             parent: None,
             session_key: None,
             max_concurrency: req.max_concurrency,
+            fork: None,
+            allow,
         };
         let (run, created, dispatch) = self.0.store.create_run_dispatching(new).await?;
         if let Some(dispatch) = dispatch {
             self.0.scheduler.enqueue(dispatch);
         }
         Ok(Response::new(pb::CreateRunResponse {
+            run: Some(convert::run(&run)),
+            created,
+        }))
+    }
+
+    async fn fork_run(&self, request: Request<pb::ForkRunRequest>) -> Result<Response<pb::ForkRunResponse>, Status> {
+        let caller = request.extensions().get::<crate::auth::Caller>().cloned();
+        let req = request.into_inner();
+        let id = RunId::parse(&req.run_id, "run_id")?;
+        let parent = self.load(&id).await?;
+        let steps = self.0.store.reads.steps(id).await?;
+        let new = super::fork::branch(&self.0, &parent, &steps, req, caller.as_ref())?;
+        let (run, created, dispatch) = self.0.store.create_run_dispatching(new).await?;
+        if let Some(dispatch) = dispatch {
+            self.0.scheduler.enqueue(dispatch);
+        }
+        Ok(Response::new(pb::ForkRunResponse {
             run: Some(convert::run(&run)),
             created,
         }))

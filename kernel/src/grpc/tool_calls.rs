@@ -283,10 +283,19 @@ async fn schedule(kernel: &Kernel, mut plan: TurnPlan) -> Result<Vec<CallDisposi
             plan.calls[i].start = Some(start);
         }
     }
-    let written = kernel.store.schedule_turn(plan).await;
+    let written = kernel.store.record_turn(plan).await;
     let mut outcome: Vec<(StartDispatch, Option<StepRecord>)> = reserved.into_iter().map(|s| (s, None)).collect();
-    if let Ok(dispositions) = &written {
-        for disposition in dispositions {
+    if let Ok(recorded) = &written {
+        if !recorded.ended.is_empty() {
+            let reason = recorded
+                .unresumable
+                .clone()
+                .unwrap_or_else(|| "write_tool_blocked".to_owned());
+            kernel
+                .scheduler
+                .cancel_steps(recorded.ended.clone(), format!("run failed: {reason}"));
+        }
+        for disposition in &recorded.calls {
             match disposition {
                 CallDisposition::Started(step) => {
                     if let Some(slot) = outcome.iter_mut().find(|(s, _)| s.key == step.key) {
@@ -299,7 +308,11 @@ async fn schedule(kernel: &Kernel, mut plan: TurnPlan) -> Result<Vec<CallDisposi
         }
     }
     kernel.scheduler.reserved(outcome);
-    written
+    let recorded = written?;
+    match recorded.unresumable {
+        Some(reason) => Err(KernelError::FailedPrecondition(reason)),
+        None => Ok(recorded.calls),
+    }
 }
 
 /// A validated turn, with what its calls still have to pass before they may be recorded.

@@ -91,6 +91,7 @@ pub fn dispatch_step(run: &RunRecord, agent: &HostedAgent, now: Millis) -> StepR
         outcome: None,
         approval: None,
         resources: Vec::new(),
+        from_run: None,
     }
 }
 
@@ -180,6 +181,8 @@ pub struct LocalStep {
     /// The policy's word on the step (`None` without a policy file); a denied step never ran.
     pub decided_by: Option<String>,
     pub denied: bool,
+    /// Refused by a branch's rule before it ran (`write_tool_blocked`).
+    pub blocked: bool,
 }
 
 /// Records a finished local step of `run`'s handler: one step, terminal at once, with its one
@@ -189,6 +192,12 @@ pub fn record_local(run: &RunRecord, local: &LocalStep, now: Millis) -> StepChan
     let (status, outcome, output, error) = match &local.outcome {
         Ok(output) => (StepStatus::Succeeded, Outcome::Ok, Some(output.clone()), None),
         Err(message) if local.denied => (StepStatus::Failed, Outcome::Denied, None, Some(message.clone())),
+        Err(message) if local.blocked => (
+            StepStatus::Failed,
+            Outcome::WriteToolBlocked,
+            None,
+            Some(message.clone()),
+        ),
         Err(message) => (StepStatus::Failed, Outcome::ToolError, None, Some(message.clone())),
     };
     let mut step = dispatch_step(
@@ -531,6 +540,7 @@ mod tests {
             outcome: Ok("1".into()),
             decided_by: None,
             denied: false,
+            blocked: false,
         };
         record_local(&hosted_run(), &local, NOW).step
     }
@@ -586,6 +596,7 @@ mod tests {
                 outcome: Err("boom".into()),
                 decided_by: None,
                 denied: false,
+                blocked: false,
             },
             NOW,
         );

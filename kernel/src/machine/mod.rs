@@ -49,10 +49,15 @@
 //! recorded (`replay_input_changed` otherwise), [`hosted::record_local`] records a finished local
 //! step, and [`hosted::finish`] ends the run with the handler's outcome.
 //!
+//! Branches and case runs ([`branch`]): [`branch::judge`] answers a step the run's own record does
+//! not hold from the parent's record (replayed, marked so), runs reads live, and refuses any
+//! other effect with `write_tool_blocked` and its reason; the refusal ends the run.
+//!
 //! Settled steps are terminal: no function here takes a settled step anywhere else, so a late or
 //! out-of-order message never reverts one.
 
 pub mod approval;
+pub mod branch;
 pub mod dispatch;
 pub mod hosted;
 pub mod run;

@@ -53,6 +53,7 @@ pub fn step() -> StepRecord {
         outcome: None,
         approval: None,
         resources: Vec::new(),
+        from_run: None,
     }
 }
 
@@ -77,6 +78,8 @@ pub fn run() -> RunRecord {
         parent: None,
         session_key: None,
         suspensions: 0,
+        fork: None,
+        allow: Vec::new(),
         max_concurrency: 0,
         tool_calls: 0,
         last_seq: 3,

@@ -40,6 +40,10 @@ pub struct NewRun {
     pub session_key: Option<String>,
     /// The default bound on how many calls of one turn run at once; 0: none.
     pub max_concurrency: u32,
+    /// A branch: the run whose record it replays, up to where.
+    pub fork: Option<crate::model::Fork>,
+    /// A case run's allow tokens.
+    pub allow: Vec<String>,
 }
 
 /// What creating a run does: with an idempotency key a run already holds, that run (when its
@@ -84,6 +88,9 @@ pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis)
             "parent_run_id": new.parent.as_ref().map(|(id, _)| id.as_str()),
             "parent_step_key": new.parent.as_ref().map(|(_, key)| key.as_str()),
             "session_key": new.session_key,
+            "forked_from_run_id": new.fork.as_ref().map(|fork| fork.of.as_str()),
+            "fork_at_step_key": new.fork.as_ref().and_then(|fork| fork.at.as_ref()).map(|at| at.key.as_str()),
+            "allow": new.allow,
         }),
     };
     let run = RunRecord {
@@ -106,6 +113,8 @@ pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis)
         session_key: new.session_key.clone(),
         suspensions: 0,
         max_concurrency: new.max_concurrency,
+        fork: new.fork.clone(),
+        allow: new.allow.clone(),
         tool_calls: 0,
         last_seq: 0,
         created_at: now,
@@ -312,6 +321,8 @@ mod tests {
             parent: None,
             session_key: None,
             max_concurrency: 0,
+            fork: None,
+            allow: Vec::new(),
         }
     }
 

@@ -30,7 +30,7 @@ pub use crate::machine::turn::{CallDisposition, CallGate, PlannedCall, TurnPlan}
 pub use location::Database;
 pub use lock::{DbLock, lock_path};
 pub use ops::Published;
-pub use ops::{StepRecorded, SubagentStart, SubagentStarted, SuspendReport};
+pub use ops::{RecordedTurn, StepRecorded, SubagentStart, SubagentStarted, SuspendReport};
 pub use reads::{Readers, RunFilter};
 pub use sql::describe as describe_postgres_error;
 use writer::Command;
@@ -75,6 +75,8 @@ pub struct Answered {
     pub approvals: Vec<crate::model::ApprovalRecord>,
     /// Approved steps, now pending: to dispatch.
     pub to_dispatch: Vec<StepRecord>,
+    /// Steps settled because an answer ended a run (a branch whose parent is gone): to cancel.
+    pub ended: Vec<StepRecord>,
 }
 
 /// What deleting runs removed.
@@ -418,11 +420,21 @@ impl Store {
         &self,
         new: NewRun,
     ) -> Result<(RunRecord, bool, Option<StepRecord>), KernelError> {
-        self.send(|reply| Command::CreateRun(new, reply)).await
+        self.send(|reply| Command::CreateRun(Box::new(new), reply)).await
     }
 
-    pub async fn schedule_turn(&self, plan: TurnPlan) -> Result<Vec<CallDisposition>, KernelError> {
+    /// Records a turn: each call's disposition, and what ended with the run when the turn ended
+    /// it (a branch's refusal), to cancel on workers.
+    pub async fn record_turn(&self, plan: TurnPlan) -> Result<RecordedTurn, KernelError> {
         self.send(|reply| Command::ScheduleTurn(plan, reply)).await
+    }
+
+    /// Records a turn of a run that no turn can end (no branch, no case run), for tests.
+    #[cfg(test)]
+    pub async fn schedule_turn(&self, plan: TurnPlan) -> Result<Vec<CallDisposition>, KernelError> {
+        let recorded = self.record_turn(plan).await?;
+        assert!(recorded.ended.is_empty(), "the turn ended its run: use record_turn");
+        Ok(recorded.calls)
     }
 
     /// Records `tool:start`; `None` when the step is no longer pending (settled meanwhile). The
@@ -458,6 +470,12 @@ impl Store {
     /// Records a hosted handler's finished local step, fenced by the run's dispatch.
     pub async fn record_step(&self, run: RunId, fence: Fence, local: LocalStep) -> Result<StepRecorded, KernelError> {
         self.send(|reply| Command::RecordStep(run, fence, local, reply)).await
+    }
+
+    /// Asks the branch rule whether a local step of a branch or case run may run, before it runs
+    /// (fenced); see [`ops::check_step`].
+    pub async fn check_step(&self, run: RunId, fence: Fence, local: LocalStep) -> Result<StepRecorded, KernelError> {
+        self.send(|reply| Command::CheckStep(run, fence, local, reply)).await
     }
 
     /// Suspends a hosted handler's dispatch (fenced); `None` when it no longer held its run.

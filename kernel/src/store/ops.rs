@@ -11,6 +11,7 @@ use super::{Answer, Answered, LossOutcome};
 use crate::error::KernelError;
 use crate::machine::StepChange;
 use crate::machine::approval::{self, Ask, Decided};
+use crate::machine::branch::{self, Verdict};
 use crate::machine::dispatch::{self, LeaseLoss, ResultReport, StartDispatch};
 use crate::machine::hosted::{self, LocalStep, Place};
 use crate::machine::run::{self, Created, EndRun, NewRun};
@@ -296,7 +297,8 @@ fn insert_run(tx: &Tx<'_>, run: &RunRecord) -> Result<()> {
     tx.conn.write(
         "INSERT INTO runs (id, agent, status, input, labels, idempotency_key, max_tool_calls, created_at, updated_at, \
          interactive, permissions, capture, granted_by, hosted, parent_run_id, parent_step, session_key, \
-         max_concurrency) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+         max_concurrency, fork, allow) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
+         ?17, ?18, ?19, ?20)",
         params![
             run.id.as_str(),
             run.agent,
@@ -316,6 +318,10 @@ fn insert_run(tx: &Tx<'_>, run: &RunRecord) -> Result<()> {
             run.parent.as_ref().map(|(_, key)| key.as_str()),
             run.session_key,
             run.max_concurrency,
+            run.fork
+                .as_ref()
+                .map(|fork| serde_json::to_string(fork).expect("a fork serializes")),
+            (!run.allow.is_empty()).then(|| serde_json::to_string(&run.allow).expect("strings serialize")),
         ],
     )?;
     Ok(())
@@ -367,7 +373,18 @@ fn save_step(tx: &Tx<'_>, step: &StepRecord) -> Result<()> {
     Ok(())
 }
 
-pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposition>> {
+/// What recording a turn did: each call's disposition, and, when the turn ended its run (a
+/// branch refusing an effect, or one whose parent is gone), the steps that end settled on the way,
+/// to cancel on their workers.
+#[derive(Clone, Debug, Default)]
+pub struct RecordedTurn {
+    pub calls: Vec<CallDisposition>,
+    pub ended: Vec<StepRecord>,
+    /// The run could not take the turn: why (its branch's parent is gone; the run ended with it).
+    pub unresumable: Option<String>,
+}
+
+pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<RecordedTurn> {
     let mut run = tx.run(&plan.run_id)?;
     let recorded = plan
         .calls
@@ -386,16 +403,33 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
                 .or(elsewhere.first())
                 .cloned()
                 .expect("a divergence names a recorded step");
-            return Ok(plan
-                .calls
-                .iter()
-                .map(|_| CallDisposition::Diverged {
-                    step: step.clone(),
-                    message: message.clone(),
-                })
-                .collect());
+            return Ok(RecordedTurn {
+                calls: plan
+                    .calls
+                    .iter()
+                    .map(|_| CallDisposition::Diverged {
+                        step: step.clone(),
+                        message: message.clone(),
+                    })
+                    .collect(),
+                ..RecordedTurn::default()
+            });
         }
     }
+    let verdicts = if branch::guarded(&run) && turn::adds_calls(&recorded) && !run.status.is_terminal() {
+        if let Some(reason) = branch::unresumable(&run, parent_exists(tx, &run)?) {
+            let (_, ended) = end_tree(tx, &run, &EndRun::Fail { reason: reason.clone() })?;
+            return Ok(RecordedTurn {
+                calls: Vec::new(),
+                ended,
+                unresumable: Some(reason),
+            });
+        }
+        judge_calls(tx, &run, &plan, &recorded)?
+    } else {
+        Vec::new()
+    };
+    let mut blocked = None;
     let cached_unsettled = tx.cache.borrow().unsettled(&run.id);
     let unsettled = if !turn::adds_calls(&recorded) {
         None
@@ -420,7 +454,11 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
     let counted_before = run.tool_calls;
     let mut dispositions = Vec::with_capacity(plan.calls.len());
     let mut gated = false;
-    for (call, recorded) in plan.calls.iter().zip(recorded) {
+    let turn_blocked = verdicts.iter().find_map(|v| match v {
+        Some(Verdict::Blocked(refused)) => Some(refused.clone()),
+        _ => None,
+    });
+    for (index, (call, recorded)) in plan.calls.iter().zip(recorded).enumerate() {
         if let Some(step) = recorded {
             let disposition = turn::resubmitted(step, call);
             if let CallDisposition::Replayed(step) = &disposition {
@@ -429,6 +467,40 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
             dispositions.push(disposition);
             continue;
         }
+        let refused;
+        let call = match (verdicts.get(index).cloned().flatten(), &turn_blocked) {
+            (Some(Verdict::Replay(parent)), _) => {
+                run.tool_calls += 1;
+                let change = branch::replay(&run, &parent, (plan.turn, call.position), tx.now);
+                insert_step(tx, &change.step)?;
+                if run.hosted {
+                    insert_place(tx.conn, &change.step)?;
+                }
+                tx.append(
+                    &run.id,
+                    change.event.kind,
+                    change.event.payload,
+                    Some(change.step.clone()),
+                )?;
+                dispositions.push(CallDisposition::Replayed(change.step));
+                continue;
+            }
+            (Some(Verdict::Blocked(refusal)), _) => {
+                refused = branch_refusal(call, refusal.message(&run), Outcome::WriteToolBlocked);
+                blocked = Some(refusal);
+                &refused
+            }
+            // Another call of the turn ended the run: this one never runs.
+            (_, Some(first)) => {
+                let message = format!(
+                    "not run: the run ended at this turn's call to '{}' (write_tool_blocked)",
+                    first.subject
+                );
+                refused = branch_refusal(call, message, Outcome::Cancelled);
+                &refused
+            }
+            _ => call,
+        };
         let decision = turn::decide(&run, call, &plan.available_tools);
         let cached = if decision.may_use_cache() {
             tx.conn
@@ -489,10 +561,84 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<Vec<CallDisposit
     if run.tool_calls != counted_before {
         save_run(tx, &run)?;
     }
+    if let Some(refused) = blocked {
+        let reason = refused.run_reason(run.capture);
+        let (_, ended) = end_tree(tx, &run, &EndRun::Fail { reason })?;
+        return Ok(RecordedTurn {
+            calls: dispositions,
+            ended,
+            unresumable: None,
+        });
+    }
     if gated {
         ask_next_approval(tx, &run.id)?;
     }
-    Ok(dispositions)
+    Ok(RecordedTurn {
+        calls: dispositions,
+        ..RecordedTurn::default()
+    })
+}
+
+/// Whether the run a branch replays still exists.
+fn parent_exists(tx: &Tx<'_>, run: &RunRecord) -> Result<bool> {
+    let Some(fork) = &run.fork else {
+        return Ok(true);
+    };
+    Ok(tx
+        .conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM runs WHERE id = ?1)")?
+        .query_row(params![fork.of.as_str()], |row| row.get(0))?)
+}
+
+/// What the parent of branch `run` recorded at `key`; `None` for a case run.
+fn parent_step(tx: &Tx<'_>, run: &RunRecord, key: &StepKey) -> Result<Option<StepRecord>> {
+    match &run.fork {
+        Some(fork) => tx.find_step(&fork.of, key),
+        None => Ok(None),
+    }
+}
+
+/// The branch rule's word on each call of a turn of guarded `run` that its own record does not
+/// hold (`None` for the others, and for calls to unknown tools, which run nothing anyway).
+fn judge_calls(
+    tx: &Tx<'_>,
+    run: &RunRecord,
+    plan: &TurnPlan,
+    recorded: &[Option<StepRecord>],
+) -> Result<Vec<Option<Verdict>>> {
+    plan.calls
+        .iter()
+        .zip(recorded)
+        .map(|(call, own)| {
+            let (None, Some(tool)) = (own, &call.tool) else {
+                return Ok(None);
+            };
+            let subject = branch::Subject::Tool {
+                name: &tool.name,
+                read_only: tool.options.read_only,
+                writes: tool.options.writes,
+            };
+            let parent = parent_step(tx, run, &call.key)?;
+            Ok(Some(branch::judge(
+                run,
+                subject,
+                parent.as_ref(),
+                (&call.call_hash, &call.arguments),
+            )))
+        })
+        .collect()
+}
+
+/// `call` settled at once with `message`, without running.
+fn branch_refusal(call: &turn::PlannedCall, message: String, outcome: Outcome) -> turn::PlannedCall {
+    let mut refused = call.clone();
+    refused.start = None;
+    refused.gate = turn::CallGate::Refuse {
+        message,
+        reason: "write_tool_blocked",
+        outcome,
+    };
+    refused
 }
 
 /// Writes a call as the machine recorded it (started already, when it starts in the turn that
@@ -504,8 +650,9 @@ fn insert_step(tx: &Tx<'_>, step: &StepRecord) -> Result<()> {
          call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
          retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, outcome, attempts, kind, effect, \
          started_at, max_concurrency, hosted, resources, worker, session_id, dispatch_id, lease_expires_at, \
-         not_before, replica) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-         ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, ?37, ?38, ?39)",
+         not_before, replica, from_run) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
+         ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, ?37, ?38, \
+         ?39, ?40)",
         params![
             step.run_id.as_str(),
             step.key.as_str(),
@@ -550,6 +697,7 @@ fn insert_step(tx: &Tx<'_>, step: &StepRecord) -> Result<()> {
             step.lease_expires_at,
             step.not_before,
             step.replica,
+            step.from_run.as_ref().map(RunId::as_str),
         ],
     )?;
     Ok(())
@@ -706,6 +854,14 @@ pub fn answer_approval(
     };
     let mut answered = Answered::default();
     settle_approval(tx, &approval, (status, decider, reason), &mut answered)?;
+    // A branch waiting on a person resumes only while the record it replays is there.
+    let run = tx.run(&approval.run_id)?;
+    if let Some(reason) = branch::unresumable(&run, parent_exists(tx, &run)?) {
+        let (_, ended) = end_tree(tx, &run, &EndRun::Fail { reason })?;
+        answered.to_dispatch.retain(|step| step.run_id != run.id);
+        answered.ended.extend(ended);
+        return Ok(answered);
+    }
     ask_next_approval(tx, &approval.run_id)?;
     Ok(answered)
 }
@@ -748,7 +904,13 @@ fn start_loaded(tx: &mut Tx<'_>, step: &StepRecord, start: &StartDispatch) -> Re
     };
     change.step.replica = Some(tx.replica.to_owned());
     if step.kind == StepKind::Agent {
-        let (run, event) = hosted::dispatched(&tx.run(&step.run_id)?, tx.now);
+        let run = tx.run(&step.run_id)?;
+        // A branch resumes only while the record it replays is there.
+        if let Some(reason) = branch::unresumable(&run, parent_exists(tx, &run)?) {
+            end_tree(tx, &run, &EndRun::Fail { reason })?;
+            return Ok(None);
+        }
+        let (run, event) = hosted::dispatched(&run, tx.now);
         save_run(tx, &run)?;
         if let Some(event) = event {
             tx.append(&run.id, event.kind, event.payload, None)?;
@@ -974,7 +1136,7 @@ pub fn start_subagent(tx: &mut Tx<'_>, start: SubagentStart) -> Result<SubagentS
         if let Some(recorded) = tx.find_step(&parent.id, &key)? {
             return Ok((StepRecorded::Replayed(recorded), None));
         }
-        return new_subagent(tx, &parent, (call.turn, key), start.child);
+        return start_child(tx, &parent, (call.turn, key), start.child);
     }
     let dispatch = tx.find_step(&parent.id, &StepKey::agent())?;
     hosted::check_fence(&parent, dispatch.as_ref(), Some(&start.fence))?;
@@ -985,13 +1147,72 @@ pub fn start_subagent(tx: &mut Tx<'_>, start: SubagentStart) -> Result<SubagentS
         Err(message) => Ok((StepRecorded::Diverged(message), None)),
         Ok(Place::Recorded(mut steps)) => Ok((StepRecorded::Replayed(steps.remove(0)), None)),
         Ok(Place::Open) => {
-            let started = new_subagent(tx, &parent, (start.seq, key), start.child)?;
-            if let (StepRecorded::Recorded(step), _) = &started {
+            let started = start_child(tx, &parent, (start.seq, key), start.child)?;
+            if let (StepRecorded::Recorded(step) | StepRecorded::Blocked { step, .. }, _) = &started {
                 insert_place(tx.conn, step)?;
             }
             Ok(started)
         }
     }
+}
+
+/// Starts a subagent the record of `parent` does not hold; in a branch or case run, as the branch
+/// rule says: the parent's recorded child replayed, a child that is a branch of the parent's
+/// child, a case run's child (with its tokens), or a refusal, which ends the run.
+fn start_child(
+    tx: &mut Tx<'_>,
+    parent: &RunRecord,
+    (seq, key): (u32, StepKey),
+    mut child: NewRun,
+) -> Result<SubagentStarted> {
+    if branch::guarded(parent) {
+        let subject = branch::Subject::Subagent {
+            agent: &child.agent,
+            session: child.session_key.is_some(),
+        };
+        let recorded = parent_step(tx, parent, &key)?;
+        match branch::judge(parent, subject, recorded.as_ref(), ("", &child.input)) {
+            Verdict::Replay(recorded) => {
+                let change = branch::replay(parent, &recorded, (seq, recorded.position), tx.now);
+                insert_step(tx, &change.step)?;
+                tx.append(
+                    &parent.id,
+                    change.event.kind,
+                    change.event.payload,
+                    Some(change.step.clone()),
+                )?;
+                return Ok((StepRecorded::Recorded(change.step), None));
+            }
+            Verdict::Blocked(refused) => {
+                let change = branch::blocked_subagent(parent, (seq, key), &child, refused.message(parent), tx.now);
+                insert_step(tx, &change.step)?;
+                tx.append(
+                    &parent.id,
+                    change.event.kind,
+                    change.event.payload,
+                    Some(change.step.clone()),
+                )?;
+                let reason = refused.run_reason(parent.capture);
+                let (_, ended) = end_tree(tx, parent, &EndRun::Fail { reason })?;
+                return Ok((
+                    StepRecorded::Blocked {
+                        step: change.step,
+                        ended,
+                    },
+                    None,
+                ));
+            }
+            Verdict::BranchOf(of) => {
+                child.fork = Some(crate::model::Fork {
+                    of,
+                    at: None,
+                    results: Default::default(),
+                });
+            }
+            Verdict::Live => child.allow = parent.allow.clone(),
+        }
+    }
+    new_subagent(tx, parent, (seq, key), child)
 }
 
 /// Creates a subagent's child run (hosted, linked to `parent` and to the step `key` waiting for
@@ -1146,33 +1367,119 @@ fn insert_place(conn: &Connection<'_>, step: &StepRecord) -> Result<()> {
 }
 
 /// Records a hosted handler's finished local step, fenced by the run's dispatch; a step recorded
-/// before keeps its first outcome, and one that differs from what its place holds is refused.
+/// before keeps its first outcome, and one that differs from what its place holds is refused. In
+/// a branch or case run a step its record does not hold is judged by the branch rule as well
+/// (for a handler that ran it without asking [`check_step`] first).
 pub fn record_step(tx: &mut Tx<'_>, run_id: &RunId, fence: &hosted::Fence, local: LocalStep) -> Result<StepRecorded> {
-    let run = tx.run(run_id)?;
-    let dispatch = tx.find_step(&run.id, &StepKey::agent())?;
-    hosted::check_fence(&run, dispatch.as_ref(), Some(fence))?;
     let key = StepKey::local(&local.step_id, local.occurrence);
-    let at_place = steps_at_place(tx.conn, &run.id, local.seq)?;
-    let elsewhere: Vec<StepRecord> = tx.find_step(&run.id, &key)?.into_iter().collect();
-    match hosted::place(local.seq, std::slice::from_ref(&key), &at_place, &elsewhere) {
-        Err(message) => Ok(StepRecorded::Diverged(message)),
-        Ok(Place::Recorded(mut steps)) => Ok(StepRecorded::Replayed(steps.remove(0))),
-        Ok(Place::Open) => {
-            let change = hosted::record_local(&run, &local, tx.now);
-            insert_step(tx, &change.step)?;
-            insert_place(tx.conn, &change.step)?;
-            tx.append(
-                &run.id,
-                change.event.kind,
-                change.event.payload,
-                Some(change.step.clone()),
-            )?;
-            Ok(StepRecorded::Recorded(change.step))
+    let run = match place_local(tx, run_id, fence, local.seq, &key)? {
+        Ok(run) => run,
+        Err(placed) => return Ok(placed),
+    };
+    if branch::guarded(&run) && !local.denied {
+        let verdict = judge_local(tx, &run, &key, &local)?;
+        if !matches!(verdict, Verdict::Live) {
+            return settle_by_rule(tx, &run, &local, verdict);
         }
+    }
+    let change = hosted::record_local(&run, &local, tx.now);
+    insert_local(tx, &run, change)
+}
+
+/// Asks the branch rule whether a local step of guarded run `run_id` may run, before it runs:
+/// [`StepRecorded::Allowed`] when it may (a read, or allowed by a token), else the step as the
+/// rule settles it (replayed from the parent, or refused, which ends the run). `local`'s
+/// outcome is not used.
+pub fn check_step(tx: &mut Tx<'_>, run_id: &RunId, fence: &hosted::Fence, local: LocalStep) -> Result<StepRecorded> {
+    let key = StepKey::local(&local.step_id, local.occurrence);
+    let run = match place_local(tx, run_id, fence, local.seq, &key)? {
+        Ok(run) => run,
+        Err(placed) => return Ok(placed),
+    };
+    if !branch::guarded(&run) {
+        return Ok(StepRecorded::Allowed);
+    }
+    match judge_local(tx, &run, &key, &local)? {
+        Verdict::Live => Ok(StepRecorded::Allowed),
+        verdict => settle_by_rule(tx, &run, &local, verdict),
     }
 }
 
-/// What recording a local step did.
+/// The run of a local step at an open place; otherwise what its place says (replayed, or
+/// diverged).
+fn place_local(
+    tx: &mut Tx<'_>,
+    run_id: &RunId,
+    fence: &hosted::Fence,
+    seq: u32,
+    key: &StepKey,
+) -> Result<std::result::Result<RunRecord, StepRecorded>> {
+    let run = tx.run(run_id)?;
+    let dispatch = tx.find_step(&run.id, &StepKey::agent())?;
+    hosted::check_fence(&run, dispatch.as_ref(), Some(fence))?;
+    let at_place = steps_at_place(tx.conn, &run.id, seq)?;
+    let elsewhere: Vec<StepRecord> = tx.find_step(&run.id, key)?.into_iter().collect();
+    Ok(
+        match hosted::place(seq, std::slice::from_ref(key), &at_place, &elsewhere) {
+            Err(message) => Err(StepRecorded::Diverged(message)),
+            Ok(Place::Recorded(mut steps)) => Err(StepRecorded::Replayed(steps.remove(0))),
+            Ok(Place::Open) => Ok(run),
+        },
+    )
+}
+
+fn judge_local(tx: &Tx<'_>, run: &RunRecord, key: &StepKey, local: &LocalStep) -> Result<Verdict> {
+    let subject = branch::Subject::Step {
+        id: &local.step_id,
+        effect: local.effect,
+        once: local.once,
+    };
+    let parent = parent_step(tx, run, key)?;
+    Ok(branch::judge(run, subject, parent.as_ref(), ("", "null")))
+}
+
+/// Records a local step as the branch rule settled it: the parent's outcome replayed, or a
+/// refusal, which ends the run.
+fn settle_by_rule(tx: &mut Tx<'_>, run: &RunRecord, local: &LocalStep, verdict: Verdict) -> Result<StepRecorded> {
+    match verdict {
+        Verdict::Replay(parent) => {
+            let change = branch::replay(run, &parent, (local.seq, local.occurrence), tx.now);
+            insert_local(tx, run, change)
+        }
+        Verdict::Blocked(refused) => {
+            let blocked = LocalStep {
+                outcome: Err(refused.message(run)),
+                decided_by: Some("branch".to_owned()),
+                denied: false,
+                blocked: true,
+                ..local.clone()
+            };
+            let change = hosted::record_local(run, &blocked, tx.now);
+            let StepRecorded::Recorded(step) = insert_local(tx, run, change)? else {
+                unreachable!("a local step is recorded as it is given");
+            };
+            let reason = refused.run_reason(run.capture);
+            let (_, ended) = end_tree(tx, run, &EndRun::Fail { reason })?;
+            Ok(StepRecorded::Blocked { step, ended })
+        }
+        Verdict::Live | Verdict::BranchOf(_) => Ok(StepRecorded::Allowed),
+    }
+}
+
+/// Writes a settled local step at its place, with its event.
+fn insert_local(tx: &mut Tx<'_>, run: &RunRecord, change: StepChange) -> Result<StepRecorded> {
+    insert_step(tx, &change.step)?;
+    insert_place(tx.conn, &change.step)?;
+    tx.append(
+        &run.id,
+        change.event.kind,
+        change.event.payload,
+        Some(change.step.clone()),
+    )?;
+    Ok(StepRecorded::Recorded(change.step))
+}
+
+/// What recording (or checking) a local step or starting a subagent did.
 #[derive(Clone, Debug)]
 pub enum StepRecorded {
     Recorded(StepRecord),
@@ -1180,6 +1487,14 @@ pub enum StepRecorded {
     Replayed(StepRecord),
     /// The handler is not deterministic: its place holds another step.
     Diverged(String),
+    /// The branch rule lets the step run live; nothing was recorded.
+    Allowed,
+    /// The branch rule refused the step (recorded so) and ended the run: `ended` are the steps
+    /// that settled on the way, to cancel on their workers.
+    Blocked {
+        step: StepRecord,
+        ended: Vec<StepRecord>,
+    },
 }
 
 pub fn register_agents(tx: &mut Tx<'_>, agents: Vec<crate::model::AgentDef>) -> Result<()> {

@@ -238,6 +238,14 @@ const MIGRATIONS: &[&str] = &[
         offers       TEXT NOT NULL
     ) STRICT;
     "#,
+    // 10: branches and case runs. A branch names the run whose record it replays (with its fork
+    // point and the results it replaced, as JSON); a case run its allow tokens; a branch's step
+    // the run whose outcome it replays.
+    r#"
+    ALTER TABLE runs ADD COLUMN fork TEXT;
+    ALTER TABLE runs ADD COLUMN allow TEXT;
+    ALTER TABLE steps ADD COLUMN from_run TEXT;
+    "#,
 ];
 
 /// Brings the database to the newest schema.

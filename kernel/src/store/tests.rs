@@ -96,6 +96,8 @@ fn new_run(key: Option<&str>, max_tool_calls: u32) -> NewRun {
         parent: None,
         session_key: None,
         max_concurrency: 0,
+        fork: None,
+        allow: Vec::new(),
     }
 }
 
@@ -1076,6 +1078,7 @@ fn local(seq: u32, id: &str) -> crate::store::LocalStep {
         outcome: Ok("7".into()),
         decided_by: None,
         denied: false,
+        blocked: false,
     }
 }
 
@@ -1500,3 +1503,5 @@ async fn a_writer_trusts_nothing_it_remembers_once_another_replica_committed() {
     assert_eq!(stored.dispatch_id.as_deref(), Some("on-b"));
     assert_eq!(stored.attempts, 1);
 }
+
+mod branches;

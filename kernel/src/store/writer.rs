@@ -13,8 +13,8 @@ use super::cache::Cache;
 use super::ops::{self, Published, Tx};
 use super::sql::{Connection, PgConn};
 use super::{
-    Answer, Answered, CallDisposition, EndRun, Fence, LeaseLoss, LocalStep, LossOutcome, NewRun, ResultReport,
-    StartDispatch, StepRecorded, SubagentStart, SubagentStarted, SuspendReport, TurnPlan,
+    Answer, Answered, EndRun, Fence, LeaseLoss, LocalStep, LossOutcome, NewRun, ResultReport, StartDispatch,
+    StepRecorded, SubagentStart, SubagentStarted, SuspendReport, TurnPlan,
 };
 use crate::error::KernelError;
 use crate::model::{AgentDef, RunId, RunRecord, StepKey, StepKind, StepRecord, ToolDef, now_millis};
@@ -26,8 +26,8 @@ type Reply<T> = oneshot::Sender<Result<T, KernelError>>;
 
 /// A write the store can perform.
 pub enum Command {
-    CreateRun(NewRun, Reply<(RunRecord, bool, Option<StepRecord>)>),
-    ScheduleTurn(TurnPlan, Reply<Vec<CallDisposition>>),
+    CreateRun(Box<NewRun>, Reply<(RunRecord, bool, Option<StepRecord>)>),
+    ScheduleTurn(TurnPlan, Reply<super::RecordedTurn>),
     StartDispatch(StartDispatch, Reply<Option<StepRecord>>),
     RecordResult(ResultReport, Reply<Option<(StepRecord, Vec<StepRecord>)>>),
     LoseLease(LeaseLoss, Reply<LossOutcome>),
@@ -63,6 +63,7 @@ pub enum Command {
     /// Deletes at most this many expired entries of each cache.
     PurgeExpired(usize, Reply<usize>),
     RecordStep(RunId, Fence, LocalStep, Reply<StepRecorded>),
+    CheckStep(RunId, Fence, LocalStep, Reply<StepRecorded>),
     RegisterAgents(Vec<AgentDef>, Reply<()>),
     SuspendDispatch(SuspendReport, Reply<Option<StepRecord>>),
     StartSubagent(Box<SubagentStart>, Reply<SubagentStarted>),
@@ -112,7 +113,7 @@ fn respond<T: Send + 'static>(result: Result<T, KernelError>, reply: Reply<T>) -
 
 fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
     match command {
-        Command::CreateRun(new, reply) => respond(ops::create_run(tx, new), reply),
+        Command::CreateRun(new, reply) => respond(ops::create_run(tx, *new), reply),
         Command::ScheduleTurn(plan, reply) => respond(ops::schedule_turn(tx, plan), reply),
         Command::StartDispatch(start, reply) => respond(ops::start_dispatch(tx, start), reply),
         Command::RecordResult(report, reply) => respond(ops::record_result(tx, report), reply),
@@ -150,6 +151,7 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
         Command::ToolCacheSet(set, reply) => respond(ops::tool_cache_set(tx, set), reply),
         Command::PurgeExpired(limit, reply) => respond(ops::purge_expired(tx, limit), reply),
         Command::RecordStep(run, fence, local, reply) => respond(ops::record_step(tx, &run, &fence, local), reply),
+        Command::CheckStep(run, fence, local, reply) => respond(ops::check_step(tx, &run, &fence, local), reply),
         Command::RegisterAgents(agents, reply) => respond(ops::register_agents(tx, agents), reply),
         Command::SuspendDispatch(report, reply) => respond(ops::suspend_dispatch(tx, report), reply),
         Command::StartSubagent(start, reply) => respond(ops::start_subagent(tx, *start), reply),
@@ -410,7 +412,7 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
         Command::NoteReplays(_, _, reply) => respond(Err(make()), reply),
         Command::ToolCacheSet(_, reply) => respond(Err(make()), reply),
         Command::PurgeExpired(_, reply) => respond(Err(make()), reply),
-        Command::RecordStep(_, _, _, reply) => respond(Err(make()), reply),
+        Command::RecordStep(_, _, _, reply) | Command::CheckStep(_, _, _, reply) => respond(Err(make()), reply),
         Command::RegisterAgents(_, reply) => respond(Err(make()), reply),
         Command::SuspendDispatch(_, reply) => respond(Err(make()), reply),
         Command::StartSubagent(_, reply) => respond(Err(make()), reply),

@@ -93,11 +93,14 @@ class AgentClient:
         permissions: Sequence[str] = (),
         capture: Capture | None = None,
         hosted: bool = False,
+        allow: Sequence[str] = (),
     ) -> Run:
         """Starts a run of `agent` (every `CreateRun` field): a repeated create with the same
         `idempotency_key` returns the first run. `capture` is what inspection shows of arguments
         and results (`io` by default); `max_concurrency` bounds the calls of one turn running at
-        once; `non_interactive` runs cannot wait for a person."""
+        once; `non_interactive` runs cannot wait for a person. Allow tokens (`tool:<name>`,
+        `step:<id>`) make a case run: only reads run live, besides what a token names, and any
+        other effect is refused with `write_tool_blocked`, which ends the run."""
         response = await self._unary(
             self._runs.CreateRun,
             runs_pb2.CreateRunRequest(
@@ -111,6 +114,36 @@ class AgentClient:
                 permissions=list(permissions),
                 capture=wire.CAPTURE[capture],
                 hosted=hosted,
+                allow=list(allow),
+            ),
+        )
+        return wire.run(response.run)
+
+    async def fork_run(
+        self,
+        run_id: str,
+        *,
+        at: str | None = None,
+        input: Any = None,
+        set_results: Mapping[str, Any] | None = None,
+        labels: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Run:
+        """Makes a branch of recorded run `run_id`: a new run that replays the parent's recorded
+        steps up to and including step `at` (all of them by default), with a new `input` or with
+        the recorded results of the steps in `set_results` replaced. Only reads run live in a
+        branch; any other effect the parent never recorded is refused with `write_tool_blocked`,
+        which ends it. A hosted parent's branch is dispatched by the kernel; drive any other with
+        `submit_turn` on the returned run's id."""
+        response = await self._unary(
+            self._runs.ForkRun,
+            runs_pb2.ForkRunRequest(
+                run_id=run_id,
+                at_step_key=at or "",
+                input_json="" if input is None else to_canonical(input),
+                set_results={key: to_canonical(value) for key, value in (set_results or {}).items()},
+                labels=dict(labels or {}),
+                idempotency_key=idempotency_key or "",
             ),
         )
         return wire.run(response.run)

@@ -30,6 +30,7 @@ class CallOutcome(StrEnum):
     REPLAY_INPUT_CHANGED = "replay_input_changed"
     LIMIT_EXCEEDED = "limit_exceeded"
     NO_WORKER = "no_worker"
+    WRITE_TOOL_BLOCKED = "write_tool_blocked"
 
 
 class RunStatus(StrEnum):

@@ -164,6 +164,8 @@ pub struct NewRun {
     /// At most this many calls of one of the run's turns run at once, unless a turn says
     /// otherwise; 0: only the workers' slots bound them.
     pub max_concurrency: u32,
+    /// A case run's allow tokens (see [`NewRun::allow`]).
+    pub allow: Vec<String>,
 }
 
 /// What inspection shows of a run's arguments, results, input and error texts; replay always has
@@ -193,7 +195,17 @@ impl NewRun {
             max_tool_calls: 0,
             max_concurrency: 0,
             capture: Capture::Io,
+            allow: Vec::new(),
         }
+    }
+
+    /// Makes the run a case run allowed `token` (repeatable): `tool:<name>` lets the model's calls
+    /// of that tool run live, `step:<id>` a hosted handler's local step. A case run otherwise runs
+    /// only reads live (`read_only` tools, `read` and `pure` steps, subagents) and refuses any other
+    /// effect with `write_tool_blocked`, which ends it: the way to test a write on purpose.
+    pub fn allow(mut self, token: impl Into<String>) -> Self {
+        self.allow.push(token.into());
+        self
     }
 
     /// Marks the run as unable to wait for a person: a turn offering a tool that always needs
@@ -237,6 +249,62 @@ impl NewRun {
     /// in the kernel, in position order, and results still come back in position order.
     pub fn max_concurrency(mut self, max: u32) -> Self {
         self.max_concurrency = max;
+        self
+    }
+}
+
+/// A branch to make of a recorded run, for [`AgentClient::fork_run`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fork {
+    pub(crate) run_id: String,
+    pub(crate) at: Option<String>,
+    pub(crate) input: Option<Value>,
+    pub(crate) set_results: BTreeMap<String, Value>,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) idempotency_key: Option<String>,
+}
+
+impl Fork {
+    /// A branch of run `run_id` replaying all of its record, with its input and labels.
+    pub fn of(run_id: impl Into<String>) -> Self {
+        Self {
+            run_id: run_id.into(),
+            at: None,
+            input: None,
+            set_results: BTreeMap::new(),
+            labels: BTreeMap::new(),
+            idempotency_key: None,
+        }
+    }
+
+    /// Replays the parent's record only up to and including step `step_key` (`t2/p0`,
+    /// `step:plan#0`, ...); after it only reads run live.
+    pub fn at(mut self, step_key: impl Into<String>) -> Self {
+        self.at = Some(step_key.into());
+        self
+    }
+
+    /// Runs the branch on another input.
+    pub fn input(mut self, input: Value) -> Self {
+        self.input = Some(input);
+        self
+    }
+
+    /// Replays `result` as the recorded result of step `step_key` (at or before the fork point).
+    pub fn set_result(mut self, step_key: impl Into<String>, result: Value) -> Self {
+        self.set_results.insert(step_key.into(), result);
+        self
+    }
+
+    /// Adds a label (with none, the branch has its parent's).
+    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets the idempotency key: a repeated fork with it returns the first branch.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
         self
     }
 }
@@ -484,6 +552,26 @@ impl AgentClient {
         let run = response
             .run
             .ok_or_else(|| AgentError::Protocol("create run answered without a run".into()))?;
+        Ok(RunHandle {
+            id: run.id,
+            created: response.created,
+            client: self.clone(),
+            offered_tools: Arc::default(),
+            max_concurrency: 0,
+        })
+    }
+
+    /// Makes a branch of a recorded run (`RunService.ForkRun`): a new run that replays the
+    /// parent's recorded steps up to the fork point, runs only reads live, and refuses any other
+    /// effect the parent never recorded with `write_tool_blocked` (which ends it). A hosted
+    /// parent's branch is dispatched by the kernel; drive any other with the returned handle.
+    pub async fn fork_run(&self, fork: Fork) -> Result<RunHandle, AgentError> {
+        let response = self
+            .call(self.runs.clone().fork_run(self.request(wire::fork_run_request(fork))))
+            .await?;
+        let run = response
+            .run
+            .ok_or_else(|| AgentError::Protocol("fork run answered without a run".into()))?;
         Ok(RunHandle {
             id: run.id,
             created: response.created,

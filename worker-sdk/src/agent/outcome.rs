@@ -68,6 +68,9 @@ pub enum Outcome {
     LimitExceeded,
     /// No worker offering the tool connected within the kernel's schedule-to-start timeout.
     NoWorker,
+    /// A branch or case run refused an effect its parent never recorded (a tool neither
+    /// `read_only` nor allowed); the run ended with it.
+    WriteToolBlocked,
     /// An outcome this SDK does not know (a newer kernel); treat it as a failure.
     Unknown,
 }
@@ -95,6 +98,7 @@ impl Outcome {
             Outcome::ReplayInputChanged => "replay_input_changed",
             Outcome::LimitExceeded => "limit_exceeded",
             Outcome::NoWorker => "no_worker",
+            Outcome::WriteToolBlocked => "write_tool_blocked",
             Outcome::Unknown => "unknown",
         }
     }

@@ -21,11 +21,27 @@ pub(crate) fn create_run_request(run: NewRun) -> pb::CreateRunRequest {
         non_interactive: run.non_interactive,
         permissions: run.permissions,
         max_concurrency: run.max_concurrency,
+        allow: run.allow,
         capture: match run.capture {
             Capture::None => pb::Capture::None,
             Capture::Metadata => pb::Capture::Metadata,
             Capture::Io => pb::Capture::Io,
         } as i32,
+    }
+}
+
+pub(crate) fn fork_run_request(fork: super::Fork) -> pb::ForkRunRequest {
+    pb::ForkRunRequest {
+        run_id: fork.run_id,
+        at_step_key: fork.at.unwrap_or_default(),
+        input_json: fork.input.map(|input| to_canonical(&input)).unwrap_or_default(),
+        set_results: fork
+            .set_results
+            .into_iter()
+            .map(|(key, result)| (key, to_canonical(&result)))
+            .collect(),
+        labels: fork.labels.into_iter().collect(),
+        idempotency_key: fork.idempotency_key.unwrap_or_default(),
     }
 }
 
@@ -114,6 +130,7 @@ fn outcome_from_pb(value: i32) -> Outcome {
         Ok(pb::CallOutcome::ReplayInputChanged) => Outcome::ReplayInputChanged,
         Ok(pb::CallOutcome::LimitExceeded) => Outcome::LimitExceeded,
         Ok(pb::CallOutcome::NoWorker) => Outcome::NoWorker,
+        Ok(pb::CallOutcome::WriteToolBlocked) => Outcome::WriteToolBlocked,
         Ok(pb::CallOutcome::Unspecified) | Err(_) => Outcome::Unknown,
     }
 }

@@ -197,4 +197,10 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );
     INSERT INTO writer_commits (id, n) VALUES (1, 0);
     "#,
+    // 4: branches and case runs (SQLite's 10).
+    r#"
+    ALTER TABLE runs ADD COLUMN fork TEXT;
+    ALTER TABLE runs ADD COLUMN allow TEXT;
+    ALTER TABLE steps ADD COLUMN from_run TEXT;
+    "#,
 ];

@@ -78,6 +78,7 @@ class CallOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CALL_OUTCOME_REPLAY_INPUT_CHANGED: _ClassVar[CallOutcome]
     CALL_OUTCOME_LIMIT_EXCEEDED: _ClassVar[CallOutcome]
     CALL_OUTCOME_NO_WORKER: _ClassVar[CallOutcome]
+    CALL_OUTCOME_WRITE_TOOL_BLOCKED: _ClassVar[CallOutcome]
 
 class Capture(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -143,6 +144,7 @@ CALL_OUTCOME_CANCELLED: CallOutcome
 CALL_OUTCOME_REPLAY_INPUT_CHANGED: CallOutcome
 CALL_OUTCOME_LIMIT_EXCEEDED: CallOutcome
 CALL_OUTCOME_NO_WORKER: CallOutcome
+CALL_OUTCOME_WRITE_TOOL_BLOCKED: CallOutcome
 CAPTURE_UNSPECIFIED: Capture
 CAPTURE_NONE: Capture
 CAPTURE_METADATA: Capture
@@ -170,8 +172,15 @@ class ApprovalDecision(_message.Message):
     def __init__(self, approval_id: _Optional[str] = ..., answer: _Optional[_Union[ApprovalStatus, str]] = ..., decider: _Optional[str] = ..., reason: _Optional[str] = ..., answered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("id", "agent", "status", "input_json", "output_json", "reason", "labels", "idempotency_key", "max_tool_calls", "tool_calls", "last_seq", "created_at", "updated_at", "non_interactive", "permissions", "capture", "permissions_granted_by", "hosted", "dispatches", "parent_run_id", "parent_step_key", "session_key", "suspensions", "max_concurrency")
+    __slots__ = ("id", "agent", "status", "input_json", "output_json", "reason", "labels", "idempotency_key", "max_tool_calls", "tool_calls", "last_seq", "created_at", "updated_at", "non_interactive", "permissions", "capture", "permissions_granted_by", "hosted", "dispatches", "parent_run_id", "parent_step_key", "session_key", "suspensions", "max_concurrency", "forked_from_run_id", "fork_at_step_key", "fork_results", "allow")
     class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class ForkResultsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +211,10 @@ class Run(_message.Message):
     SESSION_KEY_FIELD_NUMBER: _ClassVar[int]
     SUSPENSIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    FORKED_FROM_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    FORK_AT_STEP_KEY_FIELD_NUMBER: _ClassVar[int]
+    FORK_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_FIELD_NUMBER: _ClassVar[int]
     id: str
     agent: str
     status: RunStatus
@@ -226,10 +239,14 @@ class Run(_message.Message):
     session_key: str
     suspensions: int
     max_concurrency: int
-    def __init__(self, id: _Optional[str] = ..., agent: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., input_json: _Optional[str] = ..., output_json: _Optional[str] = ..., reason: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., max_tool_calls: _Optional[int] = ..., tool_calls: _Optional[int] = ..., last_seq: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., non_interactive: _Optional[bool] = ..., permissions: _Optional[_Iterable[str]] = ..., capture: _Optional[_Union[Capture, str]] = ..., permissions_granted_by: _Optional[str] = ..., hosted: _Optional[bool] = ..., dispatches: _Optional[int] = ..., parent_run_id: _Optional[str] = ..., parent_step_key: _Optional[str] = ..., session_key: _Optional[str] = ..., suspensions: _Optional[int] = ..., max_concurrency: _Optional[int] = ...) -> None: ...
+    forked_from_run_id: str
+    fork_at_step_key: str
+    fork_results: _containers.ScalarMap[str, str]
+    allow: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., agent: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., input_json: _Optional[str] = ..., output_json: _Optional[str] = ..., reason: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., max_tool_calls: _Optional[int] = ..., tool_calls: _Optional[int] = ..., last_seq: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., non_interactive: _Optional[bool] = ..., permissions: _Optional[_Iterable[str]] = ..., capture: _Optional[_Union[Capture, str]] = ..., permissions_granted_by: _Optional[str] = ..., hosted: _Optional[bool] = ..., dispatches: _Optional[int] = ..., parent_run_id: _Optional[str] = ..., parent_step_key: _Optional[str] = ..., session_key: _Optional[str] = ..., suspensions: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., forked_from_run_id: _Optional[str] = ..., fork_at_step_key: _Optional[str] = ..., fork_results: _Optional[_Mapping[str, str]] = ..., allow: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Step(_message.Message):
-    __slots__ = ("step_key", "turn", "position", "call_id", "tool", "tool_fingerprint", "tool_version", "arguments_json", "call_hash", "idempotency_key", "status", "attempts", "output_json", "error", "error_kind", "worker", "dispatch_id", "lease_expires_at", "created_at", "started_at", "finished_at", "replays", "progress_count", "next_attempt_at", "lease_losses", "max_attempts", "timeout_ms", "idempotency", "cost", "unit_cost", "decided_by", "outcome", "approval", "kind", "effect", "child_run_id", "max_concurrency", "resources")
+    __slots__ = ("step_key", "turn", "position", "call_id", "tool", "tool_fingerprint", "tool_version", "arguments_json", "call_hash", "idempotency_key", "status", "attempts", "output_json", "error", "error_kind", "worker", "dispatch_id", "lease_expires_at", "created_at", "started_at", "finished_at", "replays", "progress_count", "next_attempt_at", "lease_losses", "max_attempts", "timeout_ms", "idempotency", "cost", "unit_cost", "decided_by", "outcome", "approval", "kind", "effect", "child_run_id", "max_concurrency", "resources", "replayed_from_run_id")
     STEP_KEY_FIELD_NUMBER: _ClassVar[int]
     TURN_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +285,7 @@ class Step(_message.Message):
     CHILD_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FROM_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     step_key: str
     turn: int
     position: int
@@ -306,7 +324,8 @@ class Step(_message.Message):
     child_run_id: str
     max_concurrency: int
     resources: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, step_key: _Optional[str] = ..., turn: _Optional[int] = ..., position: _Optional[int] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., tool_fingerprint: _Optional[str] = ..., tool_version: _Optional[str] = ..., arguments_json: _Optional[str] = ..., call_hash: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., status: _Optional[_Union[StepStatus, str]] = ..., attempts: _Optional[int] = ..., output_json: _Optional[str] = ..., error: _Optional[str] = ..., error_kind: _Optional[_Union[ErrorKind, str]] = ..., worker: _Optional[str] = ..., dispatch_id: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replays: _Optional[int] = ..., progress_count: _Optional[int] = ..., next_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_losses: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency: _Optional[str] = ..., cost: _Optional[float] = ..., unit_cost: _Optional[float] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[CallOutcome, str]] = ..., approval: _Optional[_Union[ApprovalDecision, _Mapping]] = ..., kind: _Optional[_Union[StepKind, str]] = ..., effect: _Optional[str] = ..., child_run_id: _Optional[str] = ..., max_concurrency: _Optional[int] = ..., resources: _Optional[_Iterable[str]] = ...) -> None: ...
+    replayed_from_run_id: str
+    def __init__(self, step_key: _Optional[str] = ..., turn: _Optional[int] = ..., position: _Optional[int] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., tool_fingerprint: _Optional[str] = ..., tool_version: _Optional[str] = ..., arguments_json: _Optional[str] = ..., call_hash: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., status: _Optional[_Union[StepStatus, str]] = ..., attempts: _Optional[int] = ..., output_json: _Optional[str] = ..., error: _Optional[str] = ..., error_kind: _Optional[_Union[ErrorKind, str]] = ..., worker: _Optional[str] = ..., dispatch_id: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replays: _Optional[int] = ..., progress_count: _Optional[int] = ..., next_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_losses: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency: _Optional[str] = ..., cost: _Optional[float] = ..., unit_cost: _Optional[float] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[CallOutcome, str]] = ..., approval: _Optional[_Union[ApprovalDecision, _Mapping]] = ..., kind: _Optional[_Union[StepKind, str]] = ..., effect: _Optional[str] = ..., child_run_id: _Optional[str] = ..., max_concurrency: _Optional[int] = ..., resources: _Optional[_Iterable[str]] = ..., replayed_from_run_id: _Optional[str] = ...) -> None: ...
 
 class Approval(_message.Message):
     __slots__ = ("id", "run_id", "step_key", "tool", "arguments_json", "call_hash", "status", "approvers", "message", "decided_by", "requested_at", "expires_at", "answered_at", "decider", "reason")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as kernel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14kernel/v1/runs.proto\x12\tkernel.v1\x1a\x16kernel/v1/common.proto\"\xca\x02\n\x10\x43reateRunRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x12\n\ninput_json\x18\x02 \x01(\t\x12\x37\n\x06labels\x18\x03 \x03(\x0b\x32\'.kernel.v1.CreateRunRequest.LabelsEntry\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x16\n\x0emax_tool_calls\x18\x05 \x01(\r\x12\x17\n\x0fnon_interactive\x18\x06 \x01(\x08\x12\x13\n\x0bpermissions\x18\x07 \x03(\t\x12#\n\x07\x63\x61pture\x18\x08 \x01(\x0e\x32\x12.kernel.v1.Capture\x12\x17\n\x0fmax_concurrency\x18\n \x01(\r\x12\x0e\n\x06hosted\x18\t \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\x11\x43reateRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x9f\x01\n\x0eGetRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\x12\x1e\n\x05steps\x18\x02 \x03(\x0b\x32\x0f.kernel.v1.Step\x12(\n\x08manifest\x18\x03 \x01(\x0b\x32\x16.kernel.v1.RunManifest\x12&\n\tapprovals\x18\x04 \x03(\x0b\x32\x13.kernel.v1.Approval\"\x94\x01\n\x0fListRunsRequest\x12$\n\x06status\x18\x01 \x01(\x0e\x32\x14.kernel.v1.RunStatus\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x0e\n\x06labels\x18\x03 \x03(\t\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x15\n\rparent_run_id\x18\x06 \x01(\t\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.kernel.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"0\n\x11\x43\x61ncelRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\"9\n\x12\x43ompleteRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0boutput_json\x18\x02 \x01(\t\"2\n\x13\x43ompleteRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\"0\n\x0e\x46\x61ilRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\".\n\x0f\x46\x61ilRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\"K\n\x14ListRunEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\x11\n\tpage_size\x18\x03 \x01(\r\"K\n\x15ListRunEventsResponse\x12 \n\x06\x65vents\x18\x01 \x03(\x0b\x32\x10.kernel.v1.Event\x12\x10\n\x08next_seq\x18\x02 \x01(\x04\"S\n\x15WatchRunEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\x18\n\x10include_progress\x18\x03 \x01(\x08\"l\n\x16WatchRunEventsResponse\x12!\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x10.kernel.v1.EventH\x00\x12\'\n\x08progress\x18\x02 \x01(\x0b\x32\x13.kernel.v1.ProgressH\x00\x42\x06\n\x04item2\xdd\x04\n\nRunService\x12\x46\n\tCreateRun\x12\x1b.kernel.v1.CreateRunRequest\x1a\x1c.kernel.v1.CreateRunResponse\x12=\n\x06GetRun\x12\x18.kernel.v1.GetRunRequest\x1a\x19.kernel.v1.GetRunResponse\x12\x43\n\x08ListRuns\x12\x1a.kernel.v1.ListRunsRequest\x1a\x1b.kernel.v1.ListRunsResponse\x12\x46\n\tCancelRun\x12\x1b.kernel.v1.CancelRunRequest\x1a\x1c.kernel.v1.CancelRunResponse\x12L\n\x0b\x43ompleteRun\x12\x1d.kernel.v1.CompleteRunRequest\x1a\x1e.kernel.v1.CompleteRunResponse\x12@\n\x07\x46\x61ilRun\x12\x19.kernel.v1.FailRunRequest\x1a\x1a.kernel.v1.FailRunResponse\x12R\n\rListRunEvents\x12\x1f.kernel.v1.ListRunEventsRequest\x1a .kernel.v1.ListRunEventsResponse\x12W\n\x0eWatchRunEvents\x12 .kernel.v1.WatchRunEventsRequest\x1a!.kernel.v1.WatchRunEventsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14kernel/v1/runs.proto\x12\tkernel.v1\x1a\x16kernel/v1/common.proto\"\xd9\x02\n\x10\x43reateRunRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x12\n\ninput_json\x18\x02 \x01(\t\x12\x37\n\x06labels\x18\x03 \x03(\x0b\x32\'.kernel.v1.CreateRunRequest.LabelsEntry\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x16\n\x0emax_tool_calls\x18\x05 \x01(\r\x12\x17\n\x0fnon_interactive\x18\x06 \x01(\x08\x12\x13\n\x0bpermissions\x18\x07 \x03(\t\x12#\n\x07\x63\x61pture\x18\x08 \x01(\x0e\x32\x12.kernel.v1.Capture\x12\x17\n\x0fmax_concurrency\x18\n \x01(\r\x12\x0e\n\x06hosted\x18\t \x01(\x08\x12\r\n\x05\x61llow\x18\x0b \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xbb\x02\n\x0e\x46orkRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61t_step_key\x18\x02 \x01(\t\x12\x12\n\ninput_json\x18\x03 \x01(\t\x12>\n\x0bset_results\x18\x04 \x03(\x0b\x32).kernel.v1.ForkRunRequest.SetResultsEntry\x12\x35\n\x06labels\x18\x05 \x03(\x0b\x32%.kernel.v1.ForkRunRequest.LabelsEntry\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x1a\x31\n\x0fSetResultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x0f\x46orkRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"A\n\x11\x43reateRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x9f\x01\n\x0eGetRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\x12\x1e\n\x05steps\x18\x02 \x03(\x0b\x32\x0f.kernel.v1.Step\x12(\n\x08manifest\x18\x03 \x01(\x0b\x32\x16.kernel.v1.RunManifest\x12&\n\tapprovals\x18\x04 \x03(\x0b\x32\x13.kernel.v1.Approval\"\x94\x01\n\x0fListRunsRequest\x12$\n\x06status\x18\x01 \x01(\x0e\x32\x14.kernel.v1.RunStatus\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x0e\n\x06labels\x18\x03 \x03(\t\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x15\n\rparent_run_id\x18\x06 \x01(\t\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.kernel.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"0\n\x11\x43\x61ncelRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\"9\n\x12\x43ompleteRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0boutput_json\x18\x02 \x01(\t\"2\n\x13\x43ompleteRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\"0\n\x0e\x46\x61ilRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\".\n\x0f\x46\x61ilRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\"K\n\x14ListRunEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\x11\n\tpage_size\x18\x03 \x01(\r\"K\n\x15ListRunEventsResponse\x12 \n\x06\x65vents\x18\x01 \x03(\x0b\x32\x10.kernel.v1.Event\x12\x10\n\x08next_seq\x18\x02 \x01(\x04\"S\n\x15WatchRunEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\x18\n\x10include_progress\x18\x03 \x01(\x08\"l\n\x16WatchRunEventsResponse\x12!\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x10.kernel.v1.EventH\x00\x12\'\n\x08progress\x18\x02 \x01(\x0b\x32\x13.kernel.v1.ProgressH\x00\x42\x06\n\x04item2\x9f\x05\n\nRunService\x12\x46\n\tCreateRun\x12\x1b.kernel.v1.CreateRunRequest\x1a\x1c.kernel.v1.CreateRunResponse\x12=\n\x06GetRun\x12\x18.kernel.v1.GetRunRequest\x1a\x19.kernel.v1.GetRunResponse\x12\x43\n\x08ListRuns\x12\x1a.kernel.v1.ListRunsRequest\x1a\x1b.kernel.v1.ListRunsResponse\x12\x46\n\tCancelRun\x12\x1b.kernel.v1.CancelRunRequest\x1a\x1c.kernel.v1.CancelRunResponse\x12L\n\x0b\x43ompleteRun\x12\x1d.kernel.v1.CompleteRunRequest\x1a\x1e.kernel.v1.CompleteRunResponse\x12@\n\x07\x46\x61ilRun\x12\x19.kernel.v1.FailRunRequest\x1a\x1a.kernel.v1.FailRunResponse\x12R\n\rListRunEvents\x12\x1f.kernel.v1.ListRunEventsRequest\x1a .kernel.v1.ListRunEventsResponse\x12@\n\x07\x46orkRun\x12\x19.kernel.v1.ForkRunRequest\x1a\x1a.kernel.v1.ForkRunResponse\x12W\n\x0eWatchRunEvents\x12 .kernel.v1.WatchRunEventsRequest\x1a!.kernel.v1.WatchRunEventsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,40 +34,52 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CREATERUNREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_CREATERUNREQUEST_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_FORKRUNREQUEST_SETRESULTSENTRY']._loaded_options = None
+  _globals['_FORKRUNREQUEST_SETRESULTSENTRY']._serialized_options = b'8\001'
+  _globals['_FORKRUNREQUEST_LABELSENTRY']._loaded_options = None
+  _globals['_FORKRUNREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_CREATERUNREQUEST']._serialized_start=60
-  _globals['_CREATERUNREQUEST']._serialized_end=390
-  _globals['_CREATERUNREQUEST_LABELSENTRY']._serialized_start=345
-  _globals['_CREATERUNREQUEST_LABELSENTRY']._serialized_end=390
-  _globals['_CREATERUNRESPONSE']._serialized_start=392
-  _globals['_CREATERUNRESPONSE']._serialized_end=457
-  _globals['_GETRUNREQUEST']._serialized_start=459
-  _globals['_GETRUNREQUEST']._serialized_end=490
-  _globals['_GETRUNRESPONSE']._serialized_start=493
-  _globals['_GETRUNRESPONSE']._serialized_end=652
-  _globals['_LISTRUNSREQUEST']._serialized_start=655
-  _globals['_LISTRUNSREQUEST']._serialized_end=803
-  _globals['_LISTRUNSRESPONSE']._serialized_start=805
-  _globals['_LISTRUNSRESPONSE']._serialized_end=878
-  _globals['_CANCELRUNREQUEST']._serialized_start=880
-  _globals['_CANCELRUNREQUEST']._serialized_end=930
-  _globals['_CANCELRUNRESPONSE']._serialized_start=932
-  _globals['_CANCELRUNRESPONSE']._serialized_end=980
-  _globals['_COMPLETERUNREQUEST']._serialized_start=982
-  _globals['_COMPLETERUNREQUEST']._serialized_end=1039
-  _globals['_COMPLETERUNRESPONSE']._serialized_start=1041
-  _globals['_COMPLETERUNRESPONSE']._serialized_end=1091
-  _globals['_FAILRUNREQUEST']._serialized_start=1093
-  _globals['_FAILRUNREQUEST']._serialized_end=1141
-  _globals['_FAILRUNRESPONSE']._serialized_start=1143
-  _globals['_FAILRUNRESPONSE']._serialized_end=1189
-  _globals['_LISTRUNEVENTSREQUEST']._serialized_start=1191
-  _globals['_LISTRUNEVENTSREQUEST']._serialized_end=1266
-  _globals['_LISTRUNEVENTSRESPONSE']._serialized_start=1268
-  _globals['_LISTRUNEVENTSRESPONSE']._serialized_end=1343
-  _globals['_WATCHRUNEVENTSREQUEST']._serialized_start=1345
-  _globals['_WATCHRUNEVENTSREQUEST']._serialized_end=1428
-  _globals['_WATCHRUNEVENTSRESPONSE']._serialized_start=1430
-  _globals['_WATCHRUNEVENTSRESPONSE']._serialized_end=1538
-  _globals['_RUNSERVICE']._serialized_start=1541
-  _globals['_RUNSERVICE']._serialized_end=2146
+  _globals['_CREATERUNREQUEST']._serialized_end=405
+  _globals['_CREATERUNREQUEST_LABELSENTRY']._serialized_start=360
+  _globals['_CREATERUNREQUEST_LABELSENTRY']._serialized_end=405
+  _globals['_FORKRUNREQUEST']._serialized_start=408
+  _globals['_FORKRUNREQUEST']._serialized_end=723
+  _globals['_FORKRUNREQUEST_SETRESULTSENTRY']._serialized_start=627
+  _globals['_FORKRUNREQUEST_SETRESULTSENTRY']._serialized_end=676
+  _globals['_FORKRUNREQUEST_LABELSENTRY']._serialized_start=360
+  _globals['_FORKRUNREQUEST_LABELSENTRY']._serialized_end=405
+  _globals['_FORKRUNRESPONSE']._serialized_start=725
+  _globals['_FORKRUNRESPONSE']._serialized_end=788
+  _globals['_CREATERUNRESPONSE']._serialized_start=790
+  _globals['_CREATERUNRESPONSE']._serialized_end=855
+  _globals['_GETRUNREQUEST']._serialized_start=857
+  _globals['_GETRUNREQUEST']._serialized_end=888
+  _globals['_GETRUNRESPONSE']._serialized_start=891
+  _globals['_GETRUNRESPONSE']._serialized_end=1050
+  _globals['_LISTRUNSREQUEST']._serialized_start=1053
+  _globals['_LISTRUNSREQUEST']._serialized_end=1201
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1203
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1276
+  _globals['_CANCELRUNREQUEST']._serialized_start=1278
+  _globals['_CANCELRUNREQUEST']._serialized_end=1328
+  _globals['_CANCELRUNRESPONSE']._serialized_start=1330
+  _globals['_CANCELRUNRESPONSE']._serialized_end=1378
+  _globals['_COMPLETERUNREQUEST']._serialized_start=1380
+  _globals['_COMPLETERUNREQUEST']._serialized_end=1437
+  _globals['_COMPLETERUNRESPONSE']._serialized_start=1439
+  _globals['_COMPLETERUNRESPONSE']._serialized_end=1489
+  _globals['_FAILRUNREQUEST']._serialized_start=1491
+  _globals['_FAILRUNREQUEST']._serialized_end=1539
+  _globals['_FAILRUNRESPONSE']._serialized_start=1541
+  _globals['_FAILRUNRESPONSE']._serialized_end=1587
+  _globals['_LISTRUNEVENTSREQUEST']._serialized_start=1589
+  _globals['_LISTRUNEVENTSREQUEST']._serialized_end=1664
+  _globals['_LISTRUNEVENTSRESPONSE']._serialized_start=1666
+  _globals['_LISTRUNEVENTSRESPONSE']._serialized_end=1741
+  _globals['_WATCHRUNEVENTSREQUEST']._serialized_start=1743
+  _globals['_WATCHRUNEVENTSREQUEST']._serialized_end=1826
+  _globals['_WATCHRUNEVENTSRESPONSE']._serialized_start=1828
+  _globals['_WATCHRUNEVENTSRESPONSE']._serialized_end=1936
+  _globals['_RUNSERVICE']._serialized_start=1939
+  _globals['_RUNSERVICE']._serialized_end=2610
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class CreateRunRequest(_message.Message):
-    __slots__ = ("agent", "input_json", "labels", "idempotency_key", "max_tool_calls", "non_interactive", "permissions", "capture", "max_concurrency", "hosted")
+    __slots__ = ("agent", "input_json", "labels", "idempotency_key", "max_tool_calls", "non_interactive", "permissions", "capture", "max_concurrency", "hosted", "allow")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class CreateRunRequest(_message.Message):
     CAPTURE_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     HOSTED_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_FIELD_NUMBER: _ClassVar[int]
     agent: str
     input_json: str
     labels: _containers.ScalarMap[str, str]
@@ -36,7 +37,46 @@ class CreateRunRequest(_message.Message):
     capture: _common_pb2.Capture
     max_concurrency: int
     hosted: bool
-    def __init__(self, agent: _Optional[str] = ..., input_json: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., max_tool_calls: _Optional[int] = ..., non_interactive: _Optional[bool] = ..., permissions: _Optional[_Iterable[str]] = ..., capture: _Optional[_Union[_common_pb2.Capture, str]] = ..., max_concurrency: _Optional[int] = ..., hosted: _Optional[bool] = ...) -> None: ...
+    allow: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, agent: _Optional[str] = ..., input_json: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., max_tool_calls: _Optional[int] = ..., non_interactive: _Optional[bool] = ..., permissions: _Optional[_Iterable[str]] = ..., capture: _Optional[_Union[_common_pb2.Capture, str]] = ..., max_concurrency: _Optional[int] = ..., hosted: _Optional[bool] = ..., allow: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ForkRunRequest(_message.Message):
+    __slots__ = ("run_id", "at_step_key", "input_json", "set_results", "labels", "idempotency_key")
+    class SetResultsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_STEP_KEY_FIELD_NUMBER: _ClassVar[int]
+    INPUT_JSON_FIELD_NUMBER: _ClassVar[int]
+    SET_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    at_step_key: str
+    input_json: str
+    set_results: _containers.ScalarMap[str, str]
+    labels: _containers.ScalarMap[str, str]
+    idempotency_key: str
+    def __init__(self, run_id: _Optional[str] = ..., at_step_key: _Optional[str] = ..., input_json: _Optional[str] = ..., set_results: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class ForkRunResponse(_message.Message):
+    __slots__ = ("run", "created")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    run: _common_pb2.Run
+    created: bool
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class CreateRunResponse(_message.Message):
     __slots__ = ("run", "created")

@@ -70,6 +70,11 @@ class RunServiceStub:
                 request_serializer=kernel_dot_v1_dot_runs__pb2.ListRunEventsRequest.SerializeToString,
                 response_deserializer=kernel_dot_v1_dot_runs__pb2.ListRunEventsResponse.FromString,
                 _registered_method=True)
+        self.ForkRun = channel.unary_unary(
+                '/kernel.v1.RunService/ForkRun',
+                request_serializer=kernel_dot_v1_dot_runs__pb2.ForkRunRequest.SerializeToString,
+                response_deserializer=kernel_dot_v1_dot_runs__pb2.ForkRunResponse.FromString,
+                _registered_method=True)
         self.WatchRunEvents = channel.unary_stream(
                 '/kernel.v1.RunService/WatchRunEvents',
                 request_serializer=kernel_dot_v1_dot_runs__pb2.WatchRunEventsRequest.SerializeToString,
@@ -130,6 +135,17 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkRun(self, request, context):
+        """ForkRun makes a branch of a recorded run: a new run linked to it and a fork point, which
+        replays the parent's recorded steps up to that point (optionally with a new input, or with
+        one step's recorded result replaced), runs reads live and refuses every other effect the
+        parent never recorded with write_tool_blocked. A hosted parent's branch is dispatched like
+        any hosted run; another is driven by its caller with SubmitTurn.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchRunEvents(self, request, context):
         """WatchRunEvents replays a run's log from a sequence number, then follows it live;
         it ends after the run's terminal event.
@@ -175,6 +191,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.ListRunEvents,
                     request_deserializer=kernel_dot_v1_dot_runs__pb2.ListRunEventsRequest.FromString,
                     response_serializer=kernel_dot_v1_dot_runs__pb2.ListRunEventsResponse.SerializeToString,
+            ),
+            'ForkRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkRun,
+                    request_deserializer=kernel_dot_v1_dot_runs__pb2.ForkRunRequest.FromString,
+                    response_serializer=kernel_dot_v1_dot_runs__pb2.ForkRunResponse.SerializeToString,
             ),
             'WatchRunEvents': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchRunEvents,
@@ -372,6 +393,33 @@ class RunService:
             '/kernel.v1.RunService/ListRunEvents',
             kernel_dot_v1_dot_runs__pb2.ListRunEventsRequest.SerializeToString,
             kernel_dot_v1_dot_runs__pb2.ListRunEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kernel.v1.RunService/ForkRun',
+            kernel_dot_v1_dot_runs__pb2.ForkRunRequest.SerializeToString,
+            kernel_dot_v1_dot_runs__pb2.ForkRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
