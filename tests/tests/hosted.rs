@@ -194,7 +194,7 @@ async fn kernelctl_starts_a_hosted_run_and_follows_it_to_its_end() {
     let workers = kernel.kernelctl(&["workers", "list"]);
     let workers = String::from_utf8_lossy(&workers.stdout);
     assert!(
-        workers.contains("3: child, parent, pipeline"),
+        workers.contains("4: child, parent, pipeline, script"),
         "the host's agents are listed: {workers}"
     );
     let unknown = kernel.kernelctl(&["runs", "start", "nosuch", "--input", "{}"]);

@@ -95,7 +95,7 @@ async fn replicas_migrating_at_once_apply_each_migration_once() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(rows, 3, "one row per migration, however many replicas raced");
+    assert_eq!(rows, 4, "one row per migration, however many replicas raced");
 }
 
 #[tokio::test]

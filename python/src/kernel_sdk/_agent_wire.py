@@ -156,6 +156,9 @@ def run(run: common_pb2.Run) -> Run:
         parent_run_id=run.parent_run_id,
         created_at=_time(run, "created_at"),
         updated_at=_time(run, "updated_at"),
+        forked_from_run_id=run.forked_from_run_id,
+        fork_at_step_key=run.fork_at_step_key,
+        allow=tuple(run.allow),
     )
 
 
@@ -179,6 +182,7 @@ def step(step: common_pb2.Step) -> Step:
         decided_by=step.decided_by,
         cost=step.cost,
         progress_count=step.progress_count,
+        replayed_from_run_id=step.replayed_from_run_id,
     )
 
 

@@ -141,7 +141,9 @@ class AgentClient:
                 run_id=run_id,
                 at_step_key=at or "",
                 input_json="" if input is None else to_canonical(input),
-                set_results={key: to_canonical(value) for key, value in (set_results or {}).items()},
+                set_results={
+                    key: to_canonical(value) for key, value in (set_results or {}).items()
+                },
                 labels=dict(labels or {}),
                 idempotency_key=idempotency_key or "",
             ),

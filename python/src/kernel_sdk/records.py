@@ -154,6 +154,12 @@ class Run:
     parent_run_id: str
     created_at: datetime | None
     updated_at: datetime | None
+    forked_from_run_id: str = ""
+    """A branch: the run whose record it replays."""
+    fork_at_step_key: str = ""
+    """A branch: the last step of that record it replays (empty: all of it)."""
+    allow: tuple[str, ...] = ()
+    """A case run's allow tokens."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +184,8 @@ class Step:
     decided_by: str
     cost: float
     progress_count: int
+    replayed_from_run_id: str = ""
+    """In a branch: the run whose recorded outcome the step replays (nothing ran)."""
 
 
 @dataclass(frozen=True)

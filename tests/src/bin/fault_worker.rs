@@ -11,8 +11,8 @@ use clap::Parser;
 use serde_json::{Value, json};
 use tracing_subscriber::EnvFilter;
 use worker_sdk::{
-    Agent, AgentContext, AgentError, Call, CancellationToken, Idempotency, RetryPolicy, RiskLevel, ToolContext,
-    ToolError, Worker, tool,
+    Agent, AgentContext, AgentError, Call, CancellationToken, Idempotency, RetryPolicy, RiskLevel, StepEffect,
+    ToolContext, ToolError, Worker, tool,
 };
 
 #[derive(Debug, Parser)]
@@ -76,6 +76,49 @@ async fn pipeline(ctx: AgentContext, input: Value) -> Result<Value, AgentError> 
         }
     }
     Ok(json!({ "rounds": rounds, "total": total }))
+}
+
+/// An agent that does what its input lists, in order, and returns what each operation gave: `{"once":
+/// id}` a `ctx.once`, `{"step": id, "effect": "read"|"pure"|"write"}` a local step, `{"call": tool,
+/// "args": {...}}` a tool call, `{"child": agent, "input": ...}` a subagent. It catches every
+/// error and goes on (a branch's refusal must end the run all the same). Each step's closure
+/// writes `start step:<id> <idempotency key> <attempt>` to the ledger.
+async fn script(ctx: AgentContext, input: Value) -> Result<Value, AgentError> {
+    let ops = input["ops"].as_array().cloned().unwrap_or_default();
+    let mut results = Vec::with_capacity(ops.len());
+    for op in ops {
+        let attempt = ctx.attempt();
+        let outcome: Result<Value, AgentError> = if let Some(id) = op["once"].as_str() {
+            let name = format!("step:{id}");
+            ctx.once(id, move |info| async move {
+                ledger_step(&name, &info.idempotency_key, attempt);
+                Ok::<_, String>(json!({ "decided_on_attempt": attempt }))
+            })
+            .await
+        } else if let Some(id) = op["step"].as_str() {
+            let effect = match op["effect"].as_str() {
+                Some("read") => StepEffect::Read,
+                Some("pure") => StepEffect::Pure,
+                _ => StepEffect::Write,
+            };
+            let name = format!("step:{id}");
+            ctx.step_with(id, effect, move |info| async move {
+                ledger_step(&name, &info.idempotency_key, attempt);
+                Ok::<_, String>(json!({ "ran_on_attempt": attempt }))
+            })
+            .await
+        } else if let Some(tool) = op["call"].as_str() {
+            ctx.call(Call::new(tool, op["args"].clone()))
+                .await
+                .map(|result| json!({ "outcome": result.outcome.as_str(), "content": result.content }))
+        } else if let Some(agent) = op["child"].as_str() {
+            ctx.subagent(agent, op["input"].clone()).await
+        } else {
+            Err(AgentError::failed(format!("unknown operation {op}")))
+        };
+        results.push(outcome.unwrap_or_else(|error| json!({ "error": error.to_string() })));
+    }
+    Ok(json!({ "results": results }))
 }
 
 /// A subagent: a `work` step holding `hold_ms`, then its label and the output of its session's
@@ -278,6 +321,14 @@ async fn failing(ctx: ToolContext, kind: String) -> Result<(), ToolError> {
     })
 }
 
+/// Looks `q` up, holding `hold_ms`: free of side effects, so a branch runs it live.
+#[tool(read_only)]
+async fn lookup(ctx: ToolContext, q: String, hold_ms: u64) -> Result<String, ToolError> {
+    Ledger::write(&ctx, "start");
+    hold(&ctx, hold_ms).await?;
+    Ok(format!("found {q}"))
+}
+
 /// Returns what its context says of the call: turn, position, step key and attempt.
 #[tool(read_only)]
 async fn whoami(ctx: ToolContext) -> Result<Value, ToolError> {
@@ -343,6 +394,11 @@ async fn main() {
             Agent::new("pipeline", "Steps and sleepy calls, for fault tests", pipeline),
             Agent::new("parent", "Starts subagents, for fault tests", parent),
             Agent::new("child", "A subagent, for fault tests", child),
+            Agent::new(
+                "script",
+                "Runs the operations its input lists, for branch tests",
+                script,
+            ),
         ]
     };
     let builder = if config.with_agents || config.agents_only {
@@ -385,6 +441,7 @@ async fn main() {
         .tool(crash_tool())
         .tool(delegate_tool())
         .tool(whoami_tool())
+        .tool(lookup_tool())
         .tool(failing_tool().retry_policy(RetryPolicy::exponential(
             3,
             Duration::from_millis(10),
