@@ -370,3 +370,44 @@ async fn a_hosted_branch_whose_worker_is_killed_replays_and_stays_a_branch() {
     assert_eq!(plan.replayed_from_run_id, parent);
     check_log(&kernel.events(&branch).await, true);
 }
+
+#[tokio::test]
+async fn a_branch_s_subagent_replays_runs_as_a_branch_of_the_recorded_child_or_is_refused() {
+    let kernel = Kernel::start();
+    let _host = kernel.fault_worker_with("host", &["--agents-only"]);
+    let child = |label: &str| json!({"child": "child", "input": {"label": label, "hold_ms": 0}});
+    let parent = kernel.start_hosted("script", json!({"ops": [child("a")]})).await;
+    let recorded = results(&kernel, &parent).await;
+
+    // The same child again replays its output; no second child runs.
+    let same = fork(&kernel, &[&parent]);
+    assert_eq!(results(&kernel, &same).await, recorded);
+    assert_eq!(starts(&kernel.ledger(), "step:work").len(), 1);
+
+    // With another input the child runs as a branch of the recorded one: its recorded write
+    // step replays, and its output says the new label.
+    let other = fork(
+        &kernel,
+        &[&parent, "--input", &json!({"ops": [child("b")]}).to_string()],
+    );
+    let output = results(&kernel, &other).await;
+    assert_eq!(output[0]["label"], "b", "{output:?}");
+    let grandchild = output[0]["run_id"].as_str().unwrap().to_owned();
+    let recorded_child = recorded[0]["run_id"].as_str().unwrap();
+    let run = kernel.get(&grandchild).await.run.unwrap();
+    assert_eq!(
+        (run.forked_from_run_id.as_str(), run.parent_run_id.as_str()),
+        (recorded_child, other.as_str())
+    );
+    assert_eq!(
+        starts(&kernel.ledger(), "step:work").len(),
+        1,
+        "the child's write step replayed"
+    );
+
+    // A subagent the parent never started is refused as an effect.
+    let new_agent = json!({"ops": [{"child": "pipeline", "input": {"calls": 0}}]});
+    let refused = fork(&kernel, &[&parent, "--input", &new_agent.to_string()]);
+    let ended = kernel.finished(&refused).await;
+    assert_eq!(ended.reason, "write_tool_blocked: subagent:pipeline (reason: effect)");
+}
