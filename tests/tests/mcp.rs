@@ -88,7 +88,16 @@ async fn a_server_s_tools_appear_prefixed_with_their_hints_mapped_and_a_list_cha
     // server-everything registers a tool once the session is up and says its list changed: the
     // new tool is offered without a restart of anything.
     everything_ready(&kernel).await;
-    assert!(mcp.log.text().contains("mcp tool list changed"), "{}", mcp.log.text());
+    // Unless the server was quicker than the first listing, which then held the tool already.
+    let log = mcp.log.text();
+    let first_listing = log
+        .lines()
+        .find(|line| line.contains("mcp tools listed") && line.contains("server=\"everything\""))
+        .unwrap_or_default();
+    assert!(
+        log.contains("mcp tool list changed") || first_listing.contains("everything_simulate-research-query"),
+        "{log}"
+    );
     let tools = tools_when(&kernel, |t| {
         let names = names(t);
         names.iter().any(|n| n == "fs_write_file") && names.iter().any(|n| n == "everything_simulate-research-query")
