@@ -31,6 +31,13 @@ pub struct Config {
     #[arg(long, env = "KERNEL_MCP_LISTEN", value_name = "ADDR")]
     pub mcp_listen: Option<SocketAddr>,
 
+    /// Also serve the web console, Prometheus `/metrics`, `/healthz` and `/readyz` over HTTP on
+    /// this address (e.g. `127.0.0.1:8080`). With an auth file the console asks for an API key and
+    /// `/metrics` needs one with `runs:read`. A non-loopback address needs an auth file or
+    /// --insecure; it is plain HTTP, so put a TLS proxy in front of it beyond one machine.
+    #[arg(long, env = "KERNEL_HTTP_LISTEN", value_name = "ADDR")]
+    pub http_listen: Option<SocketAddr>,
+
     /// The database: a SQLite file (a path or `sqlite:PATH`; created with its schema on first
     /// start), or `postgres://USER@HOST:PORT/DB` (migrated at start; one kernel per database).
     #[arg(long, env = "KERNEL_DB", default_value = "./kernel.db", global = true)]

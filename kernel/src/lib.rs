@@ -14,6 +14,8 @@
 //! - [`auth`] stands in front of every `kernel.v1` service: with an auth file, a request passes
 //!   only with an API key holding the method's scope, and handlers see the key's name.
 //!
+//! - [`http`] serves the web console, `/metrics` ([`metrics`]) and health on `--http-listen`.
+//!
 //! [`server::run`] assembles them; `main` only parses [`config::Config`] and installs logging.
 
 pub mod auth;
@@ -22,10 +24,12 @@ pub mod config;
 pub mod error;
 pub mod governance;
 pub mod grpc;
+pub mod http;
 pub mod hub;
 pub mod limits;
 pub mod machine;
 pub mod memory;
+pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod registry;

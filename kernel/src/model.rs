@@ -66,6 +66,9 @@ macro_rules! text_enum {
         pub enum $name { $($variant),+ }
 
         impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
             /// The text form stored in rows and events.
             pub fn as_str(self) -> &'static str {
                 match self { $($name::$variant => $text),+ }

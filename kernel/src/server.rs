@@ -180,6 +180,9 @@ pub async fn run(
     if let Some(mcp) = config.mcp_listen {
         check_mcp_listen(&config, mcp)?;
     }
+    if let Some(http) = config.http_listen {
+        check_exposed(&config, "--http-listen", http)?;
+    }
     // One kernel per database, claimed before anything reads or writes it; then the port, so a
     // kernel that cannot serve creates no database.
     // (On PostgreSQL the writer's connection holds the claim, as an advisory lock.)
@@ -290,6 +293,9 @@ pub async fn run(
     if let Some(mcp) = config.mcp_listen {
         serve_mcp(mcp, addr, shutdown.clone()).await?;
     }
+    if let Some(http) = config.http_listen {
+        crate::http::serve(http, kernel.clone(), shutdown.clone()).await?;
+    }
     on_listening(addr);
 
     // A message over this is refused by tonic before it is decoded.
@@ -365,11 +371,16 @@ fn check_mcp_listen(config: &Config, mcp: SocketAddr) -> Result<(), KernelError>
              mcp serve --listen ADDR`",
         ));
     }
-    if !mcp.ip().is_loopback() && config.auth_file.is_none() && !config.insecure {
+    check_exposed(config, "--mcp-listen", mcp)
+}
+
+/// Refuses a listener on a non-loopback address with no keys to require, unless --insecure.
+fn check_exposed(config: &Config, flag: &str, addr: SocketAddr) -> Result<(), KernelError> {
+    if !addr.ip().is_loopback() && config.auth_file.is_none() && !config.insecure {
         return Err(KernelError::invalid(
-            "--mcp-listen",
+            flag,
             format!(
-                "{mcp} is not a loopback address; give --auth-file to require API keys, or --insecure to serve it \
+                "{addr} is not a loopback address; give --auth-file to require API keys, or --insecure to serve it \
                  without authentication"
             ),
         ));

@@ -111,6 +111,8 @@ class Kernel:
     def __init__(self, folder: Path, *args: str) -> None:
         self.folder = folder
         self.args = args
+        self.http = ""
+        """The HTTP listener's address, when the kernel was given `--http-listen`."""
         self.process, self.addr = self._spawn("127.0.0.1:0")
 
     def _spawn(self, listen: str) -> tuple[Process, str]:
@@ -125,10 +127,9 @@ class Kernel:
                 "KERNEL_LOG": "info",
             },
         )
-        line = process.wait_for("listening")
-        addr = next((w.removeprefix("addr=") for w in line.split() if w.startswith("addr=")), None)
-        if addr is None:
-            raise AssertionError(f"no addr= in the kernel's line {line!r}")
+        addr = _addr(process.wait_for("listening"))
+        if "--http-listen" in self.args:
+            self.http = _addr(process.wait_for("http listening"))
         return process, addr
 
     def restart(self) -> None:
@@ -139,6 +140,14 @@ class Kernel:
 
     def stop(self) -> None:
         self.process.stop()
+
+
+def _addr(line: str) -> str:
+    """The `addr=` of a kernel's log line."""
+    addr = next((w.removeprefix("addr=") for w in line.split() if w.startswith("addr=")), None)
+    if addr is None:
+        raise AssertionError(f"no addr= in the kernel's line {line!r}")
+    return addr
 
 
 def python_worker(kernel: Kernel, *args: str) -> Process:

@@ -31,7 +31,7 @@ pub use location::Database;
 pub use lock::{DbLock, lock_path};
 pub use ops::Published;
 pub use ops::{RecordedTurn, StepRecorded, SubagentStart, SubagentStarted, SuspendReport};
-pub use reads::{Readers, RunFilter};
+pub use reads::{Readers, RunFilter, StoreGauges};
 pub use sql::describe as describe_postgres_error;
 use writer::Command;
 use writer::WriteConn;

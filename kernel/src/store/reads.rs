@@ -66,6 +66,14 @@ impl ReadConn {
     }
 }
 
+/// What the store counts for the metrics' gauges.
+#[derive(Clone, Debug, Default)]
+pub struct StoreGauges {
+    /// Runs by status text.
+    pub runs: Vec<(String, i64)>,
+    pub approvals_waiting: i64,
+}
+
 /// Filters of a run listing.
 #[derive(Clone, Debug, Default)]
 pub struct RunFilter {
@@ -262,6 +270,36 @@ impl Readers {
             ))?
             .query_map(params![run.as_str()], rows::approval_from_row)?
             .collect()
+        })
+        .await
+    }
+
+    /// How many runs the store holds in each status, and how many approvals wait for an answer:
+    /// counted where they are kept, so a restart or a deletion cannot make them drift.
+    pub async fn gauges(&self) -> Result<StoreGauges, KernelError> {
+        self.with(|conn| {
+            let runs = conn
+                .prepare_cached("SELECT status, COUNT(*) FROM runs GROUP BY status")?
+                .query_map(params![], |row| Ok((row.get::<String>(0)?, row.get::<i64>(1)?)))?
+                .collect::<sql::Result<Vec<_>>>()?;
+            let approvals_waiting = conn.query_row(
+                "SELECT COUNT(*) FROM approvals WHERE status = 'pending'",
+                params![],
+                |row| row.get::<i64>(0),
+            )?;
+            Ok(StoreGauges {
+                runs,
+                approvals_waiting,
+            })
+        })
+        .await
+    }
+
+    /// Whether the store answers a query at all (readiness).
+    pub async fn ping(&self) -> Result<(), KernelError> {
+        self.with(|conn| {
+            conn.query_row("SELECT 1", params![], |row| row.get::<i64>(0))
+                .map(|_| ())
         })
         .await
     }

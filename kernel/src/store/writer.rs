@@ -445,6 +445,8 @@ pub fn run(mut conn: WriteConn, replica: &str, commands: Receiver<Command>, publ
             continue;
         }
         let now = now_millis();
+        let began = std::time::Instant::now();
+        let commands = batch.len();
         let mut published = Vec::new();
         let epoch = match conn.begin() {
             Ok(epoch) => epoch,
@@ -486,10 +488,13 @@ pub fn run(mut conn: WriteConn, replica: &str, commands: Receiver<Command>, publ
             waiting.append(&mut command.waiting);
             responders.push(command.responder);
         }
+        let committing = std::time::Instant::now();
         let commit_error = match flush_error {
             None => conn.commit(replica, (&published, &waiting), registry).err(),
             error => error,
         };
+        let metrics = crate::metrics::get();
+        metrics.batch(commands, committing.elapsed(), began.elapsed());
         if commit_error.is_some() {
             let _ = conn.batch("ROLLBACK");
             published.clear();
@@ -500,6 +505,9 @@ pub fn run(mut conn: WriteConn, replica: &str, commands: Receiver<Command>, publ
         // Watchers hear of a commit before its writers are answered, so a caller whose write
         // returned knows every subscriber already has the events.
         if !published.is_empty() {
+            for item in &published {
+                metrics.committed(item);
+            }
             publish(published);
         }
         for responder in responders {

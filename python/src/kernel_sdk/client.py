@@ -245,7 +245,9 @@ class AgentClient:
     async def list_approvals(
         self, *, run_id: str | None = None, status: str | None = "pending"
     ) -> list[Approval]:
-        """Approvals, the waiting ones by default (`status=None` for every one)."""
+        """Approvals in one status (`pending`, `approved`, `consumed`, `rejected`, `expired`,
+        `cancelled`); the waiting ones by default, and for `None` too: the kernel lists one status
+        at a time."""
         response = await self._unary(
             self._approvals.ListApprovals,
             approvals_pb2.ListApprovalsRequest(

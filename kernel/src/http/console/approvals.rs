@@ -1,0 +1,137 @@
+//! The approvals page: what waits for a person, with the arguments (as the run's capture level
+//! allows), the rule that asked, its message, approvers and expiry; approve or reject with a
+//! reason, answered as the key's holder through `ApprovalService`.
+
+use axum::extract::{Form, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use kernel_proto::v1 as pb;
+use kernel_proto::v1::approval_service_server::ApprovalService;
+use maud::{Markup, html};
+use serde::Deserialize;
+
+use super::{Section, admit, error_page, format, layout, refused, request};
+use crate::grpc::ApprovalApi;
+use crate::http::{Http, session};
+
+pub async fn list(State(http): State<Http>, headers: HeaderMap, uri: axum::http::Uri) -> Response {
+    let caller = match admit(&http, &headers, session::READ, &uri.to_string()) {
+        Ok(caller) => caller,
+        Err(response) => return *response,
+    };
+    let message = pb::ListApprovalsRequest {
+        status: pb::ApprovalStatus::Pending as i32,
+        run_id: String::new(),
+    };
+    let approvals = match ApprovalApi(http.kernel.clone())
+        .list_approvals(request(message, &caller))
+        .await
+    {
+        Ok(response) => response.into_inner().approvals,
+        Err(status) => return refused(status),
+    };
+    let ask_decider = !session::required(&http);
+    let body = html! {
+        h1 { "Approvals" }
+        @if approvals.is_empty() {
+            p.empty { "Nothing waits for an answer." }
+        }
+        @for approval in &approvals { (card(approval, ask_decider, true)) }
+    };
+    layout("Approvals", Section::Approvals, body).into_response()
+}
+
+/// One waiting approval and the form that answers it. Without keys the form asks who answers (the
+/// service needs a decider); with keys it is the key's name.
+pub fn card(approval: &pb::Approval, ask_decider: bool, show_run: bool) -> Markup {
+    html! {
+        article.approval data-approval=(approval.id) {
+            header {
+                strong { (approval.tool) }
+                @if show_run { " in run " (format::run_link(&approval.run_id)) }
+                " step " code { (approval.step_key) }
+            }
+            dl {
+                @if !approval.message.is_empty() { dt { "Message" } dd.message { (approval.message) } }
+                dt { "Asked by" } dd { (approval.decided_by) }
+                @if !approval.approvers.is_empty() { dt { "Approvers" } dd { (approval.approvers.join(", ")) } }
+                dt { "Requested" } dd { (format::time(&approval.requested_at)) }
+                dt { "Expires" } dd { (format::time(&approval.expires_at)) }
+            }
+            h3 { "Arguments" }
+            div.arguments { (format::json(&approval.arguments_json)) }
+            form.answer method="post" action={ "/approvals/" (approval.id) } {
+                input type="hidden" name="back" value={ @if show_run { "/approvals" } @else { "/runs/" (approval.run_id) } };
+                @if ask_decider {
+                    label { "Your name " input name="decider" required placeholder="who answers"; }
+                }
+                label { "Reason " input name="reason" placeholder="optional"; }
+                button.approve type="submit" name="decision" value="approve" { "Approve" }
+                button.reject type="submit" name="decision" value="reject" { "Reject" }
+            }
+        }
+    }
+}
+
+/// The answer form's fields.
+#[derive(Deserialize)]
+pub struct Answer {
+    decision: String,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    decider: String,
+    #[serde(default)]
+    back: String,
+}
+
+pub async fn answer(
+    State(http): State<Http>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(answer): Form<Answer>,
+) -> Response {
+    let caller = match admit(&http, &headers, session::ANSWER, "/approvals") {
+        Ok(caller) => caller,
+        Err(response) => return *response,
+    };
+    let api = ApprovalApi(http.kernel.clone());
+    let answered = match answer.decision.as_str() {
+        "approve" => api
+            .approve_call(request(
+                pb::ApproveCallRequest {
+                    approval_id: id,
+                    decider: answer.decider,
+                    reason: answer.reason,
+                },
+                &caller,
+            ))
+            .await
+            .map(|_| ()),
+        "reject" => api
+            .reject_call(request(
+                pb::RejectCallRequest {
+                    approval_id: id,
+                    decider: answer.decider,
+                    reason: answer.reason,
+                },
+                &caller,
+            ))
+            .await
+            .map(|_| ()),
+        other => {
+            return error_page(
+                StatusCode::BAD_REQUEST,
+                &format!("decision: '{other}' is neither approve nor reject"),
+            );
+        }
+    };
+    match answered {
+        // Only a page of this console: never a redirect elsewhere.
+        Ok(()) if answer.back.starts_with('/') && !answer.back.starts_with("//") => {
+            Redirect::to(&answer.back).into_response()
+        }
+        Ok(()) => Redirect::to("/approvals").into_response(),
+        Err(status) => refused(status),
+    }
+}

@@ -1,0 +1,91 @@
+//! How the console writes the protocol's values: enum names, times, JSON.
+
+use kernel_proto::v1 as pb;
+use maud::{Markup, html};
+use prost_types::Timestamp;
+
+/// `RUN_STATUS_AWAITING_APPROVAL` as `awaiting_approval`.
+fn enum_text(name: &str, prefix: &str) -> String {
+    name.strip_prefix(prefix).unwrap_or(name).to_ascii_lowercase()
+}
+
+pub fn run_status(value: i32) -> String {
+    pb::RunStatus::try_from(value).map_or_else(|_| value.to_string(), |s| enum_text(s.as_str_name(), "RUN_STATUS_"))
+}
+
+pub fn step_status(value: i32) -> String {
+    pb::StepStatus::try_from(value).map_or_else(|_| value.to_string(), |s| enum_text(s.as_str_name(), "STEP_STATUS_"))
+}
+
+pub fn step_kind(value: i32) -> String {
+    pb::StepKind::try_from(value).map_or_else(|_| value.to_string(), |s| enum_text(s.as_str_name(), "STEP_KIND_"))
+}
+
+pub fn outcome(value: i32) -> String {
+    pb::CallOutcome::try_from(value).map_or_else(|_| value.to_string(), |s| enum_text(s.as_str_name(), "CALL_OUTCOME_"))
+}
+
+pub fn approval_status(value: i32) -> String {
+    pb::ApprovalStatus::try_from(value).map_or_else(
+        |_| value.to_string(),
+        |s| enum_text(s.as_str_name(), "APPROVAL_STATUS_"),
+    )
+}
+
+pub fn capture(value: i32) -> String {
+    pb::Capture::try_from(value).map_or_else(|_| value.to_string(), |s| enum_text(s.as_str_name(), "CAPTURE_"))
+}
+
+/// A run status from its text, for the list's filter.
+pub fn parse_run_status(text: &str) -> Option<pb::RunStatus> {
+    pb::RunStatus::from_str_name(&format!("RUN_STATUS_{}", text.to_ascii_uppercase()))
+}
+
+/// Milliseconds since the epoch.
+pub fn millis(time: &Option<Timestamp>) -> Option<i64> {
+    time.as_ref()
+        .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
+        .filter(|ms| *ms > 0)
+}
+
+/// A time the browser writes in its own zone; until the script runs, milliseconds since the epoch.
+pub fn time(time: &Option<Timestamp>) -> Markup {
+    match millis(time) {
+        Some(ms) => html! { time data-ms=(ms) { (ms) } },
+        None => html! { span.none { "—" } },
+    }
+}
+
+/// A duration in the unit that reads best.
+pub fn duration(ms: i64) -> String {
+    match ms {
+        ..0 => "—".to_owned(),
+        0..1_000 => format!("{ms} ms"),
+        1_000..60_000 => format!("{:.2} s", ms as f64 / 1000.0),
+        _ => format!("{}m {:02}s", ms / 60_000, (ms % 60_000) / 1000),
+    }
+}
+
+/// JSON text indented for reading; text that is not JSON as it is.
+pub fn json(text: &str) -> Markup {
+    if text.is_empty() {
+        return html! { span.none { "—" } };
+    }
+    let pretty = serde_json::from_str::<serde_json::Value>(text)
+        .and_then(|value| serde_json::to_string_pretty(&value))
+        .unwrap_or_else(|_| text.to_owned());
+    html! { pre.json { (pretty) } }
+}
+
+/// At most `limit` characters of `text`, cut at a character boundary.
+pub fn clip(text: &str, limit: usize) -> String {
+    match text.char_indices().nth(limit) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
+/// A run id shortened for tables, linked to its page.
+pub fn run_link(id: &str) -> Markup {
+    html! { a.mono href={ "/runs/" (id) } title=(id) { (clip(id, 13)) } }
+}

@@ -1,0 +1,118 @@
+//! The web console: server-rendered pages over the `kernel.v1` services, a stylesheet and a
+//! little JavaScript (live event tail, progress, local times), all embedded in the binary.
+
+mod approvals;
+mod assets;
+mod format;
+mod login;
+mod registry;
+mod run;
+mod runs;
+mod timeline;
+
+use axum::Router;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use maud::{DOCTYPE, Markup, html};
+
+use super::Http;
+use super::session::{self, Refusal};
+use crate::auth::Caller;
+
+pub fn routes() -> Router<Http> {
+    Router::new()
+        .route("/", get(|| async { Redirect::to("/runs") }))
+        .route("/login", get(login::form).post(login::enter))
+        .route("/logout", post(login::leave))
+        .route("/runs", get(runs::list))
+        .route("/runs/{id}", get(run::page))
+        .route("/runs/{id}/live", get(run::live_part))
+        .route("/runs/{id}/stream", get(run::stream))
+        .route("/approvals", get(approvals::list))
+        .route("/approvals/{id}", post(approvals::answer))
+        .route("/registry", get(registry::page))
+        .route("/assets/{file}", get(assets::serve))
+}
+
+/// Which section of the navigation a page belongs to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Section {
+    Runs,
+    Approvals,
+    Registry,
+    None,
+}
+
+/// A `kernel.v1` request as the console's visitor makes it: with their key's caller, so the
+/// service sees who asks exactly as it would over gRPC.
+fn request<T>(message: T, caller: &Option<Caller>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(caller) = caller {
+        request.extensions_mut().insert(caller.clone());
+    }
+    request
+}
+
+/// Lets a page's visitor through when their key may call `path`; otherwise the answer to give:
+/// the key form for a visitor with no (or an unknown) key, a refusal page for one whose key lacks
+/// the scope.
+fn admit(http: &Http, headers: &HeaderMap, path: &str, back: &str) -> Result<Option<Caller>, Box<Response>> {
+    session::authorize(http, headers, path).map_err(|refusal| {
+        Box::new(match refusal.wants_key() {
+            true => Refusal::to_login(back),
+            false => {
+                let (status, message) = refusal.status_and_message();
+                error_page(status, &message)
+            }
+        })
+    })
+}
+
+/// A page for a service's refusal.
+fn refused(status: tonic::Status) -> Response {
+    error_page(super::http_status(&status), status.message())
+}
+
+fn error_page(status: StatusCode, message: &str) -> Response {
+    let body = html! {
+        h1 { (status.canonical_reason().unwrap_or("error")) }
+        p.error { (message) }
+        p { a href="/runs" { "Back to runs" } }
+    };
+    (status, layout("Error", Section::None, body)).into_response()
+}
+
+/// The frame every page shares.
+fn layout(title: &str, section: Section, body: Markup) -> Html<String> {
+    let nav = |target: Section, href: &str, label: &str| {
+        html! { a href=(href) class=[(section == target).then_some("active")] { (label) } }
+    };
+    Html(
+        html! {
+            (DOCTYPE)
+            html lang="en" {
+                head {
+                    meta charset="utf-8";
+                    meta name="viewport" content="width=device-width, initial-scale=1";
+                    title { (title) " · kernel" }
+                    link rel="stylesheet" href=(assets::STYLESHEET);
+                    script src=(assets::SCRIPT) defer {}
+                }
+                body {
+                    header.top {
+                        a.brand href="/runs" { "kernel" }
+                        nav {
+                            (nav(Section::Runs, "/runs", "Runs"))
+                            (nav(Section::Approvals, "/approvals", "Approvals"))
+                            (nav(Section::Registry, "/registry", "Tools & workers"))
+                        }
+                        form.logout method="post" action="/logout" { button type="submit" { "Log out" } }
+                    }
+                    main { (body) }
+                }
+            }
+        }
+        .into_string(),
+    )
+}

@@ -1,0 +1,455 @@
+//! A run's page: its header, what waits for a person, its subagents, its steps on a timeline (each
+//! expandable to its arguments, result and attempts), and its event log, which follows the run
+//! live over server-sent events together with the progress of running calls.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use futures_util::StreamExt;
+use kernel_proto::v1 as pb;
+use kernel_proto::v1::run_service_server::RunService;
+use maud::{Markup, html};
+use serde::Deserialize;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::timeline::{self, Attempt, Axis};
+use super::{Section, admit, approvals, format, layout, refused, request};
+use crate::auth::Caller;
+use crate::grpc::RunApi;
+use crate::http::{Http, session};
+
+/// Events the page shows when it opens; older ones are a `kernelctl runs events` away.
+const LOG_TAIL: u64 = 200;
+/// Events read to draw attempts; a step whose events lie past them shows its last attempt only.
+const ATTEMPT_EVENTS: u32 = 5000;
+/// Steps drawn on the timeline.
+const MAX_STEPS: usize = 500;
+/// How long the live stream gathers signals into one message, so a busy run costs the browser
+/// (and the kernel) a few messages a second, not one per event.
+const GATHER: Duration = Duration::from_millis(250);
+const GATHER_MAX: usize = 200;
+
+/// Everything the live part of the page shows.
+struct Loaded {
+    got: pb::GetRunResponse,
+    events: Vec<pb::Event>,
+    children: Vec<pb::Run>,
+}
+
+impl Loaded {
+    fn run(&self) -> &pb::Run {
+        self.got.run.as_ref().expect("GetRun always returns its run")
+    }
+}
+
+async fn load(http: &Http, caller: &Option<Caller>, id: &str) -> Result<Loaded, tonic::Status> {
+    let runs = RunApi(http.kernel.clone());
+    let got = runs
+        .get_run(request(pb::GetRunRequest { run_id: id.to_owned() }, caller))
+        .await?
+        .into_inner();
+    let events = runs
+        .list_run_events(request(
+            pb::ListRunEventsRequest {
+                run_id: id.to_owned(),
+                from_seq: 1,
+                page_size: ATTEMPT_EVENTS,
+            },
+            caller,
+        ))
+        .await?
+        .into_inner()
+        .events;
+    let children = runs
+        .list_runs(request(
+            pb::ListRunsRequest {
+                parent_run_id: id.to_owned(),
+                page_size: 100,
+                ..Default::default()
+            },
+            caller,
+        ))
+        .await?
+        .into_inner()
+        .runs;
+    Ok(Loaded { got, events, children })
+}
+
+fn is_live(run: &pb::Run) -> bool {
+    !matches!(
+        pb::RunStatus::try_from(run.status),
+        Ok(pb::RunStatus::Completed | pb::RunStatus::Failed | pb::RunStatus::Cancelled)
+    )
+}
+
+pub async fn page(
+    State(http): State<Http>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+    Path(id): Path<String>,
+) -> Response {
+    let caller = match admit(&http, &headers, session::READ, &uri.to_string()) {
+        Ok(caller) => caller,
+        Err(response) => return *response,
+    };
+    let loaded = match load(&http, &caller, &id).await {
+        Ok(loaded) => loaded,
+        Err(status) => return refused(status),
+    };
+    let run = loaded.run();
+    let tail = tail(&http, &caller, run).await;
+    let tail = match tail {
+        Ok(tail) => tail,
+        Err(status) => return refused(status),
+    };
+    let first_shown = tail.first().map_or(run.last_seq + 1, |e| e.seq);
+    let body = html! {
+        h1 { "Run " code { (run.id) } }
+        div #live data-src={ "/runs/" (run.id) "/live" } data-live=(is_live(run)) {
+            (live(&loaded, !session::required(&http)))
+        }
+        section.events {
+            h2 { "Events" }
+            @if first_shown > 1 {
+                p.note { "Showing events from " (first_shown) "; earlier ones: " code { "kernelctl runs events " (run.id) } }
+            }
+            table #events data-run=(run.id) data-next=(run.last_seq + 1) data-live=(is_live(run)) {
+                thead { tr { th { "#" } th { "Time" } th { "Type" } th { "Step" } th { "Payload" } } }
+                tbody { @for event in &tail { (event_row(event)) } }
+            }
+        }
+    };
+    layout(&format!("Run {}", format::clip(&run.id, 13)), Section::Runs, body).into_response()
+}
+
+/// The run's newest events, for the log as the page opens.
+async fn tail(http: &Http, caller: &Option<Caller>, run: &pb::Run) -> Result<Vec<pb::Event>, tonic::Status> {
+    let from = run.last_seq.saturating_sub(LOG_TAIL - 1).max(1);
+    Ok(RunApi(http.kernel.clone())
+        .list_run_events(request(
+            pb::ListRunEventsRequest {
+                run_id: run.id.clone(),
+                from_seq: from,
+                page_size: LOG_TAIL as u32,
+            },
+            caller,
+        ))
+        .await?
+        .into_inner()
+        .events)
+}
+
+/// The part of the page the script fetches again when the run changes.
+pub async fn live_part(State(http): State<Http>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    if let Err(refusal) = session::authorize(&http, &headers, session::READ) {
+        return refusal.plain();
+    }
+    let caller = session::authorize(&http, &headers, session::READ).ok().flatten();
+    match load(&http, &caller, &id).await {
+        Ok(loaded) => Html(live(&loaded, !session::required(&http)).into_string()).into_response(),
+        Err(status) => (crate::http::http_status(&status), status.message().to_owned()).into_response(),
+    }
+}
+
+fn live(loaded: &Loaded, ask_decider: bool) -> Markup {
+    let run = loaded.run();
+    let waiting: Vec<&pb::Approval> = loaded
+        .got
+        .approvals
+        .iter()
+        .filter(|a| a.status == pb::ApprovalStatus::Pending as i32)
+        .collect();
+    html! {
+        (header(run, loaded.got.manifest.as_ref()))
+        @if !waiting.is_empty() {
+            section.waiting {
+                h2 { "Waiting for a person" }
+                @for approval in waiting { (approvals::card(approval, ask_decider, false)) }
+            }
+        }
+        @if !loaded.children.is_empty() {
+            section.children {
+                h2 { "Subagents" }
+                ul.tree { @for child in &loaded.children {
+                    li { (format::run_link(&child.id)) " " (child.agent) " "
+                         span class={ "status " (format::run_status(child.status)) } { (format::run_status(child.status)) }
+                         @if !child.session_key.is_empty() { " session " code { (child.session_key) } }
+                         @if child.suspensions > 0 { " · suspended " (child.suspensions) "×" } }
+                } }
+            }
+        }
+        (steps(loaded))
+    }
+}
+
+fn header(run: &pb::Run, manifest: Option<&pb::RunManifest>) -> Markup {
+    let status = format::run_status(run.status);
+    html! {
+        dl.header {
+            dt { "Agent" } dd { (run.agent) @if run.hosted { " " span.tag { "hosted" } } }
+            dt { "Status" } dd { span class={ "status " (status) } #run-status { (status) }
+                @if !run.reason.is_empty() { " " span.reason { (run.reason) } } }
+            dt { "Capture" } dd { (format::capture(run.capture)) }
+            dt { "Calls" } dd { (run.tool_calls) @if run.max_tool_calls > 0 { " of at most " (run.max_tool_calls) } }
+            dt { "Cost" } dd { (manifest.map_or(0.0, |m| m.total_cost)) }
+            @if run.hosted {
+                dt { "Dispatches" } dd { (run.dispatches) @if run.suspensions > 0 { ", suspended " (run.suspensions) "×" } }
+            }
+            dt { "Created" } dd { (format::time(&run.created_at)) }
+            dt { "Updated" } dd { (format::time(&run.updated_at)) }
+            @if !run.labels.is_empty() {
+                dt { "Labels" } dd { @for (key, value) in &run.labels { span.label { (key) "=" (value) } " " } }
+            }
+            @if !run.permissions.is_empty() {
+                dt { "Permissions" } dd { (run.permissions.join(", "))
+                    @if !run.permissions_granted_by.is_empty() { " (granted by " (run.permissions_granted_by) ")" } }
+            }
+            @if !run.parent_run_id.is_empty() {
+                dt { "Parent" } dd { (format::run_link(&run.parent_run_id)) " step " code { (run.parent_step_key) } }
+            }
+            @if !run.session_key.is_empty() { dt { "Session" } dd { code { (run.session_key) } } }
+            @if !run.forked_from_run_id.is_empty() {
+                dt { "Branch of" } dd { (format::run_link(&run.forked_from_run_id))
+                    @if !run.fork_at_step_key.is_empty() { " at " code { (run.fork_at_step_key) } } }
+            }
+            @if !run.allow.is_empty() { dt { "Allowed" } dd { (run.allow.join(", ")) } }
+        }
+        div.io {
+            div { h3 { "Input" } (format::json(&run.input_json)) }
+            div { h3 { "Output" } (format::json(&run.output_json)) }
+        }
+    }
+}
+
+fn steps(loaded: &Loaded) -> Markup {
+    let run = loaded.run();
+    let steps = &loaded.got.steps;
+    let now = crate::model::now_millis();
+    let axis = Axis::of(run, steps, now, is_live(run));
+    let attempts = timeline::attempts(&loaded.events);
+    let none: Vec<Attempt> = Vec::new();
+    html! {
+        section.steps {
+            h2 { "Steps " span.note { (steps.len()) " · axis " (format::duration(axis.length_ms())) } }
+            @if steps.is_empty() { p.empty { "No steps yet." } }
+            @if steps.len() > MAX_STEPS { p.note { "The first " (MAX_STEPS) " steps; every one: " code { "kernelctl runs show " (run.id) } } }
+            div.timeline {
+                @for step in steps.iter().take(MAX_STEPS) {
+                    @let tried = attempts.get(&step.step_key).unwrap_or(&none);
+                    (step_row(axis, step, tried, now))
+                }
+            }
+        }
+    }
+}
+
+fn step_row(axis: Axis, step: &pb::Step, attempts: &[Attempt], now: i64) -> Markup {
+    let status = format::step_status(step.status);
+    let name = match step.tool.as_str() {
+        "" => format::step_kind(step.kind),
+        tool => tool.to_owned(),
+    };
+    html! {
+        details.step data-key=(step.step_key) data-status=(status) {
+            summary {
+                span.name title=(step.step_key) { (name) }
+                span class={ "status " (status) } { (status)
+                    @let outcome = format::outcome(step.outcome);
+                    @if !matches!(outcome.as_str(), "ok" | "unspecified") { " · " (outcome) } }
+                (timeline::track(axis, step, attempts, now))
+                span.progress data-progress=(step.step_key) {}
+            }
+            div.detail {
+                dl {
+                    dt { "Step" } dd { code { (step.step_key) } " · " (format::step_kind(step.kind))
+                        @if !step.effect.is_empty() { " · effect " (step.effect) } }
+                    @if !step.tool_version.is_empty() { dt { "Version" } dd { (step.tool_version) " " span.note { (format::clip(&step.tool_fingerprint, 16)) } } }
+                    dt { "Outcome" } dd { (format::outcome(step.outcome)) }
+                    dt { "Attempts" } dd { (step.attempts) @if step.max_attempts > 0 { " of " (step.max_attempts) }
+                        @if step.lease_losses > 0 { ", worker lost " (step.lease_losses) "×" } }
+                    @if !step.idempotency.is_empty() { dt { "Idempotency" } dd { (step.idempotency) " " code { (step.idempotency_key) } } }
+                    @if !step.worker.is_empty() { dt { "Worker" } dd { (step.worker) } }
+                    @if !step.decided_by.is_empty() { dt { "Decided by" } dd { (step.decided_by) } }
+                    @if let Some(approval) = &step.approval {
+                        dt { "Approval" } dd { (format::approval_status(approval.answer)) " by " (approval.decider)
+                            @if !approval.reason.is_empty() { ": " (approval.reason) } }
+                    }
+                    @if step.cost > 0.0 { dt { "Cost" } dd { (step.cost) } }
+                    @if !step.resources.is_empty() { dt { "Resources" } dd { (step.resources.join(", ")) } }
+                    @if !step.child_run_id.is_empty() { dt { "Child run" } dd { (format::run_link(&step.child_run_id)) } }
+                    @if !step.replayed_from_run_id.is_empty() { dt { "Replayed from" } dd { (format::run_link(&step.replayed_from_run_id)) } }
+                    dt { "Created" } dd { (format::time(&step.created_at)) }
+                    dt { "Finished" } dd { (format::time(&step.finished_at)) }
+                }
+                h3 { "Arguments" } div.arguments { (format::json(&step.arguments_json)) }
+                @if !step.output_json.is_empty() { h3 { "Result" } div.result { (format::json(&step.output_json)) } }
+                @if !step.error.is_empty() { h3 { "Error" } pre.error { (step.error) } }
+                @if !attempts.is_empty() {
+                    h3 { "Attempts" }
+                    table.attempts {
+                        thead { tr { th { "#" } th { "Worker" } th { "Started" } th { "Took" } th { "Ended" } } }
+                        tbody { @for attempt in attempts {
+                            tr { td { (attempt.number) } td { (attempt.worker) }
+                                 td { time data-ms=(attempt.start) { (attempt.start) } }
+                                 td { (format::duration(attempt.end.unwrap_or(now) - attempt.start)) }
+                                 td class={ "how " (attempt.how) } { (attempt.how) } }
+                        } }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn event_row(event: &pb::Event) -> Markup {
+    let step = serde_json::from_str::<serde_json::Value>(&event.payload_json)
+        .ok()
+        .and_then(|p| p.get("step_key").and_then(|k| k.as_str()).map(str::to_owned))
+        .unwrap_or_default();
+    html! {
+        tr data-seq=(event.seq) {
+            td.num { (event.seq) }
+            td { (format::time(&event.at)) }
+            td { code { (event.r#type) } }
+            td { code { (step) } }
+            td.payload { code title=(format::clip(&event.payload_json, 4000)) { (format::clip(&event.payload_json, 240)) } }
+        }
+    }
+}
+
+/// Where the live stream starts.
+#[derive(Deserialize)]
+pub struct From {
+    #[serde(default)]
+    from: u64,
+}
+
+/// Server-sent events: every few hundred milliseconds while anything happened, one message with
+/// the new events' rows (rendered as the page renders them) and the latest progress of each
+/// running call; `end` once the run's terminal event has gone out.
+pub async fn stream(
+    State(http): State<Http>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(from): Query<From>,
+) -> Response {
+    let caller = match session::authorize(&http, &headers, session::READ) {
+        Ok(caller) => caller,
+        Err(refusal) => return refusal.plain(),
+    };
+    let watch = pb::WatchRunEventsRequest {
+        run_id: id,
+        from_seq: from.from,
+        include_progress: true,
+    };
+    let watched = match RunApi(http.kernel.clone())
+        .watch_run_events(request(watch, &caller))
+        .await
+    {
+        Ok(response) => response.into_inner(),
+        Err(status) => return (crate::http::http_status(&status), status.message().to_owned()).into_response(),
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(4);
+    tokio::spawn(forward(watched, tx));
+    Sse::new(ReceiverStream::new(rx))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+async fn forward(
+    mut watched: std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<pb::WatchRunEventsResponse, tonic::Status>> + Send>,
+    >,
+    tx: tokio::sync::mpsc::Sender<Result<SseEvent, Infallible>>,
+) {
+    loop {
+        let first = tokio::select! {
+            item = watched.next() => item,
+            _ = tx.closed() => return,
+        };
+        let Some(Ok(first)) = first else {
+            let _ = tx.send(Ok(SseEvent::default().event("end").data("end"))).await;
+            return;
+        };
+        let mut gathered = Gathered::default();
+        gathered.add(first);
+        let deadline = tokio::time::Instant::now() + GATHER;
+        let mut ended = false;
+        while gathered.len() < GATHER_MAX {
+            match tokio::time::timeout_at(deadline, watched.next()).await {
+                Ok(Some(Ok(item))) => gathered.add(item),
+                Ok(_) => {
+                    ended = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        if tx.send(Ok(SseEvent::default().data(gathered.json()))).await.is_err() {
+            return;
+        }
+        if ended {
+            let _ = tx.send(Ok(SseEvent::default().event("end").data("end"))).await;
+            return;
+        }
+    }
+}
+
+/// What one live message carries.
+#[derive(Default)]
+struct Gathered {
+    rows: String,
+    events: usize,
+    next: u64,
+    progress: std::collections::BTreeMap<String, pb::Progress>,
+}
+
+impl Gathered {
+    fn add(&mut self, item: pb::WatchRunEventsResponse) {
+        use pb::watch_run_events_response::Item;
+        match item.item {
+            Some(Item::Event(event)) => {
+                self.next = event.seq + 1;
+                self.events += 1;
+                self.rows.push_str(&event_row(&event).into_string());
+                // Its result ends what the call reported.
+                if let Some(key) = serde_json::from_str::<serde_json::Value>(&event.payload_json)
+                    .ok()
+                    .and_then(|p| p.get("step_key").and_then(|k| k.as_str()).map(str::to_owned))
+                    && event.r#type == "tool:result"
+                {
+                    self.progress.remove(&key);
+                }
+            }
+            Some(Item::Progress(progress)) => {
+                self.progress.insert(progress.step_key.clone(), progress);
+            }
+            None => {}
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.events + self.progress.len()
+    }
+
+    fn json(&self) -> String {
+        let progress: Vec<serde_json::Value> = self
+            .progress
+            .values()
+            .map(|p| {
+                serde_json::json!({
+                    "step_key": p.step_key,
+                    "message": p.message,
+                    "current": p.current,
+                    "total": p.total,
+                })
+            })
+            .collect();
+        serde_json::json!({ "rows": self.rows, "events": self.events, "next": self.next, "progress": progress })
+            .to_string()
+    }
+}

@@ -1,0 +1,223 @@
+//! The kernel's Prometheus instruments, in one process-wide registry.
+//!
+//! Counters and histograms are fed where the facts happen: the store writer observes each commit
+//! and hands every committed event to [`Metrics::committed`], which counts settled calls and times
+//! their phases from the step the event changed. Gauges that describe state (runs by status,
+//! approvals waiting) are not kept by counting transitions, which drifts across restarts and
+//! deletions: [`http`](crate::http) sets them from the store when it is scraped, and the
+//! scheduler's from what it holds.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::model::{EventType, Millis, StepKind, StepRecord};
+use crate::store::Published;
+
+/// A settled call's labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    pub tool: String,
+    pub outcome: String,
+}
+
+/// A run status's label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    pub status: String,
+}
+
+/// Every instrument, registered once.
+pub struct Metrics {
+    registry: Registry,
+    pub calls: Family<CallLabels, Counter>,
+    pub call_seconds: Histogram,
+    pub schedule_to_start_seconds: Histogram,
+    pub run_seconds: Histogram,
+    pub commit_seconds: Histogram,
+    pub batch_seconds: Histogram,
+    pub batch_commands: Histogram,
+    pub queued: Gauge,
+    pub leased: Gauge,
+    pub sessions: Gauge,
+    pub runs: Family<StatusLabels, Gauge>,
+    pub approvals_waiting: Gauge,
+}
+
+/// Call phases range from well under a millisecond (a local tool) to minutes (a person).
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    [
+        0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+    ]
+    .into_iter()
+}
+
+/// A commit is an fsync or a round trip: tens of microseconds to tens of milliseconds.
+fn commit_buckets() -> impl Iterator<Item = f64> {
+    [
+        0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
+    ]
+    .into_iter()
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("kernel");
+        let calls = Family::<CallLabels, Counter>::default();
+        registry.register("tool_calls", "Tool calls settled, by tool and outcome", calls.clone());
+        let call_seconds = Histogram::new(latency_buckets());
+        registry.register_with_unit(
+            "tool_call_duration",
+            "From a call's recording to its result, approval waits and retries included",
+            Unit::Seconds,
+            call_seconds.clone(),
+        );
+        let schedule_to_start_seconds = Histogram::new(latency_buckets());
+        registry.register_with_unit(
+            "tool_call_schedule_to_start",
+            "From a call attempt being due to its start on a worker",
+            Unit::Seconds,
+            schedule_to_start_seconds.clone(),
+        );
+        let run_seconds = Histogram::new(latency_buckets());
+        registry.register_with_unit(
+            "tool_call_run",
+            "From the last attempt's start on a worker to its result",
+            Unit::Seconds,
+            run_seconds.clone(),
+        );
+        let commit_seconds = Histogram::new(commit_buckets());
+        registry.register_with_unit(
+            "store_commit",
+            "The store's COMMIT statement: on SQLite the WAL write and its fsync, on PostgreSQL the round trip \
+             that waits for the server's WAL flush",
+            Unit::Seconds,
+            commit_seconds.clone(),
+        );
+        let batch_seconds = Histogram::new(commit_buckets());
+        registry.register_with_unit(
+            "store_batch",
+            "One writer transaction from BEGIN to the end of COMMIT",
+            Unit::Seconds,
+            batch_seconds.clone(),
+        );
+        let batch_commands = Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0]);
+        registry.register(
+            "store_batch_commands",
+            "Commands folded into one writer transaction",
+            batch_commands.clone(),
+        );
+        let queued = Gauge::default();
+        registry.register(
+            "queued_calls",
+            "Calls waiting in the scheduler's queue for a worker slot",
+            queued.clone(),
+        );
+        let leased = Gauge::default();
+        registry.register(
+            "leased_calls",
+            "Calls running on a worker of this replica under a lease",
+            leased.clone(),
+        );
+        let sessions = Gauge::default();
+        registry.register(
+            "worker_sessions",
+            "Worker sessions open on this replica",
+            sessions.clone(),
+        );
+        let runs = Family::<StatusLabels, Gauge>::default();
+        registry.register("runs", "Runs in the store, by status", runs.clone());
+        let approvals_waiting = Gauge::default();
+        registry.register(
+            "approvals_waiting",
+            "Approvals waiting for a person's answer",
+            approvals_waiting.clone(),
+        );
+        Metrics {
+            registry,
+            calls,
+            call_seconds,
+            schedule_to_start_seconds,
+            run_seconds,
+            commit_seconds,
+            batch_seconds,
+            batch_commands,
+            queued,
+            leased,
+            sessions,
+            runs,
+            approvals_waiting,
+        }
+    }
+
+    /// Counts and times what one committed event says about a tool call.
+    pub fn committed(&self, published: &Published) {
+        let Some(step) = published.step.as_ref().filter(|step| step.kind == StepKind::Tool) else {
+            return;
+        };
+        match published.event.kind {
+            EventType::ToolStart => {
+                if let Some(started) = step.started_at {
+                    let due = step.not_before.unwrap_or(step.created_at).max(step.created_at);
+                    self.schedule_to_start_seconds.observe(seconds_between(due, started));
+                }
+            }
+            EventType::ToolResult | EventType::ToolDenied => {
+                self.calls
+                    .get_or_create(&CallLabels {
+                        tool: step.tool.clone(),
+                        outcome: step
+                            .outcome()
+                            .map_or("unsettled", |outcome| outcome.as_str())
+                            .to_owned(),
+                    })
+                    .inc();
+                let finished = step.finished_at.unwrap_or(published.event.at);
+                self.call_seconds.observe(seconds_between(step.created_at, finished));
+                if let Some(started) = started_on_a_worker(step) {
+                    self.run_seconds.observe(seconds_between(started, finished));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Times one writer transaction of `commands` commands.
+    pub fn batch(&self, commands: usize, commit: Duration, whole: Duration) {
+        self.batch_commands.observe(commands as f64);
+        self.commit_seconds.observe(commit.as_secs_f64());
+        self.batch_seconds.observe(whole.as_secs_f64());
+    }
+
+    /// The OpenMetrics text of every instrument.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("writing to a String cannot fail");
+        text
+    }
+}
+
+/// A step replayed from elsewhere (a branch's parent, the cache) never ran here.
+fn started_on_a_worker(step: &StepRecord) -> Option<Millis> {
+    if step.from_run.is_some() {
+        return None;
+    }
+    step.started_at
+}
+
+fn seconds_between(from: Millis, to: Millis) -> f64 {
+    to.saturating_sub(from).max(0) as f64 / 1000.0
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// The process's instruments.
+pub fn get() -> &'static Metrics {
+    &METRICS
+}

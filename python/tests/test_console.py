@@ -1,0 +1,372 @@
+"""The web console in a real headless browser (Debian's Chromium and ChromeDriver, driven by
+Selenium): the runs list, a run's steps and live progress, an approval answered from the page,
+capture levels, and a kernel with keys that shows nothing without one. Screenshots go to
+`target/console-screenshots/`.
+
+Without Chromium these tests say why and skip, unless `KERNEL_REQUIRE_BROWSER=1` (which `.ci/run`
+sets): then they fail."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import shutil
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import serving
+from harness import REPO, WAIT, Kernel, Process, binary
+from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from kernel_sdk import AgentClient, CallOutcome, ToolCall, ToolContext, tool
+
+SCREENSHOTS = REPO / "target" / "console-screenshots"
+
+
+class Browser:
+    """A headless Chromium on one kernel's HTTP listener; every wait polls the page, never a
+    clock alone."""
+
+    def __init__(self, driver: WebDriver, base: str, name: str) -> None:
+        self.driver = driver
+        self.base = base
+        self.name = name
+
+    def open(self, path: str) -> None:
+        self.driver.get(self.base + path)
+
+    def until(self, what: str, check: Callable[[WebDriver], Any]) -> Any:
+        try:
+            # The live part of a run's page is replaced as the run changes: an element found
+            # just before is then stale, and the next poll finds the new one.
+            wait = WebDriverWait(
+                self.driver,
+                WAIT,
+                poll_frequency=0.1,
+                ignored_exceptions=[NoSuchElementException, StaleElementReferenceException],
+            )
+            return wait.until(check)
+        except Exception as error:
+            self.shot("failed")
+            raise AssertionError(
+                f"the page never showed {what}; it shows:\n{self.text()[:3000]}"
+            ) from error
+
+    def text(self) -> str:
+        return str(self.driver.find_element(By.TAG_NAME, "body").text)
+
+    def source(self) -> str:
+        return str(self.driver.page_source)
+
+    def shot(self, label: str) -> Path:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        path = SCREENSHOTS / f"{self.name}-{label}.png"
+        self.driver.save_screenshot(str(path))
+        return path
+
+
+@pytest.fixture
+def chrome(request: pytest.FixtureRequest) -> Iterator[Callable[[Kernel], Browser]]:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not (chromium and driver_path):
+        reason = "Chromium is not installed (Debian: apt-get install chromium chromium-driver)"
+        if os.environ.get("KERNEL_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"KERNEL_REQUIRE_BROWSER=1 but {reason}")
+        pytest.skip(f"SKIPPED {request.node.name}: {reason}")
+    options = Options()
+    options.binary_location = chromium
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(argument)
+    started: list[WebDriver] = []
+
+    def start(kernel: Kernel) -> Browser:
+        assert kernel.http, "the kernel was started without --http-listen"
+        driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+        started.append(driver)
+        return Browser(driver, f"http://{kernel.http}", request.node.name)
+
+    yield start
+    for driver in started:
+        driver.quit()
+
+
+def console_kernel(tmp_path: Path, *args: str) -> Kernel:
+    return Kernel(tmp_path, "--http-listen", "127.0.0.1:0", *args)
+
+
+def demo_run(kernel: Kernel) -> str:
+    """The demo worker and the demo agent, as the README's quickstart runs them; the run's id."""
+    worker = Process(
+        [str(binary("demo-worker")), "--kernel", f"http://{kernel.addr}", "--root", str(REPO)],
+        "demo worker",
+    )
+    try:
+        worker.wait_for("worker session open")
+        agent = Process(
+            [str(binary("demo-agent")), "--kernel", f"http://{kernel.addr}"], "demo agent"
+        )
+        assert agent.process.wait(timeout=WAIT) == 0, agent.log()
+        agent.wait_for("completed")
+        return agent.lines[-1].strip()
+    finally:
+        worker.stop()
+
+
+async def test_the_runs_list_shows_the_demo_agents_run_and_its_page_its_steps(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    kernel = console_kernel(tmp_path)
+    try:
+        run_id = await asyncio.to_thread(demo_run, kernel)
+        browser = await asyncio.to_thread(chrome, kernel)
+
+        def check() -> None:
+            browser.open("/runs")
+            row = browser.until(
+                "the demo run in the list",
+                lambda d: d.find_element(By.CSS_SELECTOR, f'tr[data-run="{run_id}"]'),
+            )
+            assert "demo-agent" in row.text and "completed" in row.text
+            browser.shot("runs")
+            row.find_element(By.CSS_SELECTOR, "a").click()
+            browser.until(
+                "the run's steps", lambda d: d.find_elements(By.CSS_SELECTOR, "details.step")
+            )
+            steps = browser.driver.find_elements(By.CSS_SELECTOR, "details.step")
+            names = [s.find_element(By.CSS_SELECTOR, ".name").text for s in steps]
+            assert names == ["add", "echo", "slow", "weather", "add"], names
+            assert "unknown_tool" in steps[3].text and "invalid_arguments" in steps[4].text
+            # Each ran step has a bar per attempt, coloured by how it ended.
+            assert steps[2].find_elements(By.CSS_SELECTOR, ".bar.attempt.ok")
+            steps[0].click()
+            browser.until("the step's arguments", lambda d: '"a": 2' in steps[0].text)
+            assert "demo-worker" in steps[0].text
+            events = browser.driver.find_elements(By.CSS_SELECTOR, "#events tbody tr")
+            assert events and "run:created" in events[0].text and "run:completed" in events[-1].text
+            browser.shot("run")
+            # A filter that matches nothing shows nothing of it.
+            browser.open("/runs?status=failed")
+            browser.until("the empty list", lambda d: "No runs match." in browser.text())
+            assert run_id not in browser.source()
+            browser.open("/registry")
+            browser.until(
+                "the demo tools", lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-tool="slow"]')
+            )
+
+        await asyncio.to_thread(check)
+    finally:
+        kernel.stop()
+
+
+gate = asyncio.Event()
+
+
+@tool
+async def crawl(ctx: ToolContext, pages: int) -> dict[str, int]:
+    """Reports progress until it is let go: progress is never logged, so a page that opens
+    after a report sees the next one."""
+    page = 0
+    while not gate.is_set():
+        page = min(page + 1, pages)
+        ctx.progress(f"crawled page {page}", current=page, total=pages)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(gate.wait(), 0.2)
+    return {"pages": pages}
+
+
+async def test_a_run_page_follows_a_live_calls_progress_and_its_end(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    kernel = console_kernel(tmp_path)
+    gate.clear()
+    try:
+        async with AgentClient(kernel.addr) as client, serving(kernel, crawl):
+            run = await client.create_run("crawler")
+            turn = asyncio.create_task(
+                client.call_turn(run.id, 0, [ToolCall("crawl", {"pages": 3})])
+            )
+            browser = await asyncio.to_thread(chrome, kernel)
+            await asyncio.to_thread(browser.open, f"/runs/{run.id}")
+            # The page opened while the call runs; what it reported arrives live.
+            await asyncio.to_thread(
+                browser.until,
+                "the call's progress",
+                lambda d: (
+                    "crawled page 3" in d.find_element(By.CSS_SELECTOR, "[data-progress]").text
+                ),
+            )
+            progress = browser.driver.find_element(By.CSS_SELECTOR, "[data-progress] progress")
+            assert progress.get_attribute("value") == "3" and progress.get_attribute("max") == "3"
+            await asyncio.to_thread(browser.shot, "running")
+            gate.set()
+            [result] = (await turn).results
+            assert result.outcome == CallOutcome.OK
+            await client.complete_run(run.id, {"done": True})
+            await asyncio.to_thread(
+                browser.until,
+                "the run completed",
+                lambda d: d.find_element(By.ID, "run-status").text == "completed",
+            )
+            rows = browser.driver.find_elements(By.CSS_SELECTOR, "#events tbody tr")
+            kinds = [r.find_elements(By.TAG_NAME, "td")[2].text for r in rows]
+            assert kinds[-3:] == ["tool:start", "tool:result", "run:completed"], kinds
+            seqs = [int(r.get_attribute("data-seq") or 0) for r in rows]
+            assert seqs == list(range(1, len(seqs) + 1)), "the live tail skipped or repeated events"
+            step = browser.driver.find_element(By.CSS_SELECTOR, "details.step")
+            assert step.get_attribute("data-status") == "succeeded"
+    finally:
+        gate.set()
+        kernel.stop()
+
+
+ran: list[int] = []
+
+
+@tool(requires_approval=True)
+async def refund(ctx: ToolContext, cents: int) -> dict[str, int]:
+    """Refunds a customer."""
+    ran.append(cents)
+    return {"refunded": cents}
+
+
+async def test_an_approval_is_answered_from_the_page_and_the_call_runs(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    kernel = console_kernel(tmp_path)
+    ran.clear()
+    try:
+        async with AgentClient(kernel.addr) as client, serving(kernel, refund):
+            run = await client.create_run("support")
+            turn = asyncio.create_task(
+                client.call_turn(run.id, 0, [ToolCall("refund", {"cents": 1234})])
+            )
+            browser = await asyncio.to_thread(chrome, kernel)
+
+            def approve() -> None:
+                browser.open("/approvals")
+                card = browser.until(
+                    "the waiting approval",
+                    lambda d: d.find_element(By.CSS_SELECTOR, "article.approval"),
+                )
+                assert "refund" in card.text and '"cents": 1234' in card.text
+                browser.shot("waiting")
+                card.find_element(By.NAME, "decider").send_keys("alice")
+                card.find_element(By.NAME, "reason").send_keys("customer is right")
+                card.find_element(By.CSS_SELECTOR, "button.approve").click()
+                browser.until("an empty list", lambda d: "Nothing waits" in browser.text())
+
+            await asyncio.to_thread(approve)
+            [result] = (await turn).results
+            assert result.outcome == CallOutcome.OK and result.output == {"refunded": 1234}
+            assert ran == [1234]
+            [answered] = await client.list_approvals(run_id=run.id, status="consumed")
+            assert answered.status == "consumed"
+            assert answered.decider == "alice" and answered.reason == "customer is right"
+    finally:
+        kernel.stop()
+
+
+@tool
+async def lookup(ctx: ToolContext, secret: str) -> dict[str, str]:
+    """Looks a secret up."""
+    return {"found": secret[::-1]}
+
+
+async def test_capture_none_hides_arguments_and_results_on_the_page(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    kernel = console_kernel(tmp_path)
+    try:
+        async with AgentClient(kernel.addr) as client, serving(kernel, lookup):
+            run = await client.create_run("private", capture="none", input={"ssn": "078-05-1120"})
+            await client.call_turn(run.id, 0, [ToolCall("lookup", {"secret": "hunter2-swordfish"})])
+            browser = await asyncio.to_thread(chrome, kernel)
+
+            def check() -> None:
+                browser.open(f"/runs/{run.id}")
+                step = browser.until(
+                    "the step", lambda d: d.find_element(By.CSS_SELECTOR, "details.step")
+                )
+                step.click()
+                browser.until("the step's detail", lambda d: "Arguments" in step.text)
+                source = browser.source()
+                for secret in ("hunter2-swordfish", "hsifdrows-2retnuh", "078-05-1120"):
+                    assert secret not in source, f"{secret} shown at capture none"
+                assert "capture=none" in source
+                browser.shot("capture-none")
+
+            await asyncio.to_thread(check)
+    finally:
+        kernel.stop()
+
+
+SECRET = "console-test-reader-key"
+
+
+def auth_file(folder: Path) -> Path:
+    path = folder / "auth.yaml"
+    digest = hashlib.sha256(SECRET.encode()).hexdigest()
+    path.write_text(
+        "keys:\n"
+        f"  - name: reader\n    sha256: {digest}\n    scopes: [runs:read]\n"
+        f"  - name: admin\n    sha256: {hashlib.sha256(b'admin-key').hexdigest()}\n"
+        "    scopes: [admin]\n"
+    )
+    return path
+
+
+async def test_without_a_key_the_console_shows_nothing(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    kernel = console_kernel(tmp_path, "--auth-file", str(auth_file(tmp_path)))
+    try:
+        async with AgentClient(kernel.addr, api_key="admin-key") as client:
+            run = await client.create_run("guarded", labels={"team": "secret-team"})
+        browser = await asyncio.to_thread(chrome, kernel)
+
+        def check() -> None:
+            for path in ("/runs", "/approvals", "/registry", f"/runs/{run.id}"):
+                browser.open(path)
+                browser.until("the key form", lambda d: d.find_elements(By.NAME, "key"))
+                # The form names the page to come back to; nothing of the run is shown.
+                assert run.id not in browser.text() and "secret-team" not in browser.source()
+            browser.shot("login")
+            browser.driver.find_element(By.NAME, "key").send_keys("not-a-key\n")
+            browser.until("the refusal", lambda d: "not known" in browser.text())
+            assert run.id not in browser.text() and "secret-team" not in browser.source()
+            browser.driver.find_element(By.NAME, "key").send_keys(SECRET + "\n")
+            # Back where it was sent from, now with the key.
+            browser.until("the run's page", lambda d: run.id in browser.text())
+            browser.open("/runs")
+            browser.until("the run in the list", lambda d: "secret-team" in browser.text())
+            browser.driver.find_element(By.CSS_SELECTOR, "form.logout button").click()
+            browser.open("/runs")
+            browser.until("the key form again", lambda d: d.find_elements(By.NAME, "key"))
+
+        await asyncio.to_thread(check)
+        # The stream and the metrics refuse a client without the key too.
+        for path in (f"/runs/{run.id}/stream", f"/runs/{run.id}/live", "/metrics"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                await asyncio.to_thread(urllib.request.urlopen, f"http://{kernel.http}{path}")
+            assert refused.value.code == 401, path
+    finally:
+        kernel.stop()
