@@ -2,6 +2,9 @@
 // progress of running calls, and a fresh copy of the steps whenever the run changes.
 "use strict";
 
+// Event rows a run's page keeps; older ones are a `kernelctl runs events` away.
+const MAX_ROWS = 1000;
+
 function pad(n, width) { return String(n).padStart(width || 2, "0"); }
 
 function formatTimes(root) {
@@ -69,6 +72,8 @@ function followRun(events) {
       const batch = JSON.parse(message.data);
       if (batch.rows) {
         tbody.insertAdjacentHTML("beforeend", batch.rows);
+        // A page left open on a busy run keeps the newest rows only, so it stays light.
+        while (tbody.rows.length > MAX_ROWS) tbody.deleteRow(0);
         formatTimes(tbody);
         next = Math.max(next, batch.next);
       }
