@@ -115,6 +115,11 @@ fn same_origin(headers: &HeaderMap) -> bool {
     }
 }
 
+/// A service's refusal as plain text, for the endpoints that are not pages.
+fn plain(status: &tonic::Status) -> Response {
+    (http_status(status), format!("{}\n", status.message())).into_response()
+}
+
 /// The HTTP answer to a `kernel.v1` status, for the console's pages and endpoints.
 fn http_status(status: &tonic::Status) -> StatusCode {
     use tonic::Code;

@@ -27,8 +27,13 @@ pub enum Refusal {
 impl Refusal {
     /// The answer to a client that is not a page: a status and the reason.
     pub fn plain(self) -> Response {
-        let (status, message) = self.status_and_message();
-        (status, format!("{message}\n")).into_response()
+        match self {
+            Refusal::Refused(status) => super::plain(&status),
+            Refusal::NoKey => {
+                let (status, message) = self.status_and_message();
+                (status, format!("{message}\n")).into_response()
+            }
+        }
     }
 
     /// The HTTP status and the reason.

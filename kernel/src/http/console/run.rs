@@ -119,7 +119,7 @@ pub async fn page(
             }
             table #events data-run=(run.id) data-next=(run.last_seq + 1) data-live=(is_live(run)) {
                 thead { tr { th { "#" } th { "Time" } th { "Type" } th { "Step" } th { "Payload" } } }
-                tbody { @for event in &tail { (event_row(event)) } }
+                tbody { @for event in &tail { (event_row(event, step_key(event).as_deref())) } }
             }
         }
     };
@@ -145,13 +145,13 @@ async fn tail(http: &Http, caller: &Option<Caller>, run: &pb::Run) -> Result<Vec
 
 /// The part of the page the script fetches again when the run changes.
 pub async fn live_part(State(http): State<Http>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    if let Err(refusal) = session::authorize(&http, &headers, session::READ) {
-        return refusal.plain();
-    }
-    let caller = session::authorize(&http, &headers, session::READ).ok().flatten();
+    let caller = match session::authorize(&http, &headers, session::READ) {
+        Ok(caller) => caller,
+        Err(refusal) => return refusal.plain(),
+    };
     match load(&http, &caller, &id).await {
         Ok(loaded) => Html(live(&loaded, !session::required(&http)).into_string()).into_response(),
-        Err(status) => (crate::http::http_status(&status), status.message().to_owned()).into_response(),
+        Err(status) => crate::http::plain(&status),
     }
 }
 
@@ -305,11 +305,17 @@ fn step_row(axis: Axis, step: &pb::Step, attempts: &[Attempt], now: i64) -> Mark
     }
 }
 
-fn event_row(event: &pb::Event) -> Markup {
-    let step = serde_json::from_str::<serde_json::Value>(&event.payload_json)
-        .ok()
-        .and_then(|p| p.get("step_key").and_then(|k| k.as_str()).map(str::to_owned))
-        .unwrap_or_default();
+/// The step an event is about, from its payload.
+fn step_key(event: &pb::Event) -> Option<String> {
+    serde_json::from_str::<serde_json::Value>(&event.payload_json)
+        .ok()?
+        .get("step_key")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+fn event_row(event: &pb::Event, step: Option<&str>) -> Markup {
+    let step = step.unwrap_or_default();
     html! {
         tr data-seq=(event.seq) {
             td.num { (event.seq) }
@@ -351,7 +357,7 @@ pub async fn stream(
         .await
     {
         Ok(response) => response.into_inner(),
-        Err(status) => return (crate::http::http_status(&status), status.message().to_owned()).into_response(),
+        Err(status) => return crate::http::plain(&status),
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(4);
     tokio::spawn(forward(watched, tx));
@@ -415,11 +421,10 @@ impl Gathered {
             Some(Item::Event(event)) => {
                 self.next = event.seq + 1;
                 self.events += 1;
-                self.rows.push_str(&event_row(&event).into_string());
+                let key = step_key(&event);
+                self.rows.push_str(&event_row(&event, key.as_deref()).into_string());
                 // Its result ends what the call reported.
-                if let Some(key) = serde_json::from_str::<serde_json::Value>(&event.payload_json)
-                    .ok()
-                    .and_then(|p| p.get("step_key").and_then(|k| k.as_str()).map(str::to_owned))
+                if let Some(key) = key
                     && event.r#type == "tool:result"
                 {
                     self.progress.remove(&key);
