@@ -238,6 +238,9 @@ fn run_fields(run: &RunView) -> String {
     if let Some(session) = &run.session_key {
         pairs.push(("session", one_line(session).into_owned()));
     }
+    if let Some(trace) = &run.trace_id {
+        pairs.push(("trace", one_line(trace).into_owned()));
+    }
     if let Some(parent) = &run.forked_from_run_id {
         pairs.push((
             "branch",

@@ -83,6 +83,8 @@ pub struct RunView {
     pub parent_run_id: Option<String>,
     pub parent_step_key: Option<String>,
     pub session_key: Option<String>,
+    /// The OpenTelemetry trace of its spans.
+    pub trace_id: Option<String>,
     /// A branch: the run whose record it replays, and the last of that record's steps it
     /// replays (`None`: all of them).
     pub forked_from_run_id: Option<String>,
@@ -122,6 +124,7 @@ impl From<pb::Run> for RunView {
             parent_run_id: non_empty(run.parent_run_id),
             parent_step_key: non_empty(run.parent_step_key),
             session_key: non_empty(run.session_key),
+            trace_id: non_empty(run.trace_id),
             forked_from_run_id: non_empty(run.forked_from_run_id),
             fork_at_step_key: non_empty(run.fork_at_step_key),
             fork_results: run
@@ -860,6 +863,7 @@ pub(crate) mod tests {
                 "parent_run_id": null,
                 "parent_step_key": null,
                 "session_key": null,
+                "trace_id": null,
                 "forked_from_run_id": null,
                 "fork_at_step_key": null,
                 "fork_results": {},

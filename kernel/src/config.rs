@@ -38,6 +38,12 @@ pub struct Config {
     #[arg(long, env = "KERNEL_HTTP_LISTEN", value_name = "ADDR")]
     pub http_listen: Option<SocketAddr>,
 
+    /// Export OpenTelemetry traces (a span per run and per call attempt) over OTLP/gRPC to this
+    /// collector, e.g. `http://127.0.0.1:4317`. Plain gRPC only: run a collector beside the kernel
+    /// to forward them further.
+    #[arg(long, env = "KERNEL_OTLP_ENDPOINT", value_name = "URL", value_parser = otlp_endpoint)]
+    pub otlp_endpoint: Option<String>,
+
     /// The database: a SQLite file (a path or `sqlite:PATH`; created with its schema on first
     /// start), or `postgres://USER@HOST:PORT/DB` (migrated at start; one kernel per database).
     #[arg(long, env = "KERNEL_DB", default_value = "./kernel.db", global = true)]
@@ -161,6 +167,21 @@ fn parse_retention(text: &str) -> Result<Duration, String> {
     match kernel_proto::duration::parse_millis(text)? {
         0 => Err("a retention of 0 would delete every run as it finishes; give a positive duration".into()),
         ms => Ok(Duration::from_millis(ms)),
+    }
+}
+
+/// An OTLP/gRPC collector's address: `http://HOST:PORT` (the exporter speaks no TLS).
+fn otlp_endpoint(text: &str) -> Result<String, String> {
+    let uri: tonic::codegen::http::Uri = text
+        .parse()
+        .map_err(|error| format!("'{text}' is not a URL: {error}"))?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http"), Some(_)) => Ok(text.trim_end_matches('/').to_owned()),
+        (Some("https"), _) => Err(format!(
+            "'{text}': the exporter speaks plain gRPC only; run an OpenTelemetry Collector beside the kernel \
+             (http://127.0.0.1:4317) and let it forward over TLS"
+        )),
+        _ => Err(format!("'{text}' is not http://HOST:PORT")),
     }
 }
 

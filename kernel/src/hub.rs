@@ -70,6 +70,8 @@ pub struct Hub {
     ready: Arc<std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<StepRecord>>>,
     /// Where progress of this replica's workers goes for the other replicas (on PostgreSQL).
     replicas: Arc<std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<ProgressUpdate>>>,
+    /// Where committed events go to become spans, with `--otlp-endpoint`.
+    traces: Arc<std::sync::OnceLock<crate::traces::Sink>>,
 }
 
 impl Hub {
@@ -136,8 +138,16 @@ impl Hub {
         let _ = self.ready.set(ready);
     }
 
+    /// Sends what every commit publishes to `traces` too, to be exported as spans.
+    pub fn on_commit_trace(&self, traces: crate::traces::Sink) {
+        let _ = self.traces.set(traces);
+    }
+
     /// Publishes what a store batch committed.
     pub fn publish_committed(&self, published: Vec<Published>) {
+        if let Some(traces) = self.traces.get() {
+            traces.committed(&published);
+        }
         for item in published {
             if matches!(
                 item.event.kind,

@@ -39,6 +39,7 @@ pub mod scheduler;
 pub mod server;
 pub mod store;
 pub mod tls;
+pub mod traces;
 pub mod validation;
 
 pub use config::{Config, KernelCommand};

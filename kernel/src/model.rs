@@ -565,6 +565,9 @@ pub struct RunRecord {
     /// A case run's allow tokens (`tool:<name>`, `step:<id>`): what runs live despite the
     /// branch rule.
     pub allow: Vec<String>,
+    /// The W3C trace context the run's span is a child of: the agent's `traceparent`, or for a
+    /// subagent its parent run's span.
+    pub trace: Option<crate::traces::TraceParent>,
     pub tool_calls: u32,
     pub last_seq: u64,
     pub created_at: Millis,
@@ -679,6 +682,9 @@ pub struct StepRecord {
     pub resources: Vec<String>,
     /// In a branch: the run whose recorded outcome the step replays (nothing ran).
     pub from_run: Option<RunId>,
+    /// Its run's trace context, copied when the step was recorded, so a dispatch and its spans
+    /// need no read of the run.
+    pub trace: Option<crate::traces::TraceParent>,
 }
 
 impl StepRecord {

@@ -1529,6 +1529,7 @@ mod tests {
                 max_concurrency: 0,
                 fork: None,
                 allow: Vec::new(),
+                trace: None,
             })
             .await
             .unwrap();

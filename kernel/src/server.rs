@@ -193,6 +193,14 @@ pub async fn run(
     let listener = bind(config.listen).await?;
     let hub = Hub::default();
     let (store, writer) = Store::open_database(&config.db, config.durability, hub.clone()).await?;
+    let traces = match &config.otlp_endpoint {
+        Some(endpoint) => {
+            let (sink, exporting) = crate::traces::start(endpoint, store.reads.clone())?;
+            hub.on_commit_trace(sink);
+            Some(exporting)
+        }
+        None => None,
+    };
     let registry = Registry::load(store.reads.tools().await?);
     registry.know_agents(&store.reads.agents().await?);
     let replicated = matches!(config.db, Database::Postgres(_));
@@ -355,6 +363,9 @@ pub async fn run(
     let join = tokio::task::spawn_blocking(move || writer.join());
     if tokio::time::timeout(drain, join).await.is_err() {
         warn!("store writer did not finish within the drain timeout");
+    }
+    if let Some(traces) = traces {
+        traces.finish(drain).await;
     }
     info!("stopped");
     drop(db_lock);

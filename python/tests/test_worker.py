@@ -66,6 +66,32 @@ async def test_an_async_tool_runs_end_to_end_and_the_step_records_it(
         assert detail.run.labels == {"team": "py"}
 
 
+@tool(read_only=True)
+async def traced(ctx: ToolContext) -> dict[str, str]:
+    """Returns the trace context the kernel handed the call."""
+    return ctx.trace_context()
+
+
+AGENT_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+async def test_a_tool_is_handed_the_agents_trace_context(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, traced):
+        run = await client.create_run("py-agent", traceparent=AGENT_TRACEPARENT)
+        assert run.trace_id == "0af7651916cd43dd8448eb211c80319c"
+        turn = await client.call_turn(run.id, 0, [ToolCall("traced", {})])
+        # Without --otlp-endpoint the kernel exports no span of its own to put between them.
+        assert turn.results[0].output == {"traceparent": AGENT_TRACEPARENT}
+
+        untraced = await client.create_run("py-agent")
+        assert len(untraced.trace_id) == 32 and untraced.trace_id != run.trace_id
+        turn = await client.call_turn(untraced.id, 0, [ToolCall("traced", {})])
+        assert turn.results[0].output == {}
+    assert ToolContext.for_test().trace_context() == {}
+
+
 async def test_bad_arguments_are_refused_by_the_kernel_before_the_tool(
     kernel: Kernel, client: AgentClient
 ) -> None:

@@ -480,6 +480,18 @@ impl Kernel {
             .id
     }
 
+    /// Completes run `run` with an empty output.
+    pub async fn complete(&self, run: &str) {
+        self.runs()
+            .await
+            .complete_run(pb::CompleteRunRequest {
+                run_id: run.into(),
+                output_json: "{}".into(),
+            })
+            .await
+            .expect("complete the run");
+    }
+
     /// Creates a hosted run of `agent` (one a worker hosts) and returns its id.
     pub async fn start_hosted(&self, agent: &str, input: Value) -> String {
         let request = pb::CreateRunRequest {
@@ -525,7 +537,7 @@ impl Kernel {
         .await
     }
 
-    /// Waits until the registry shows `count` sessions offering `tool`.
+    /// Waits until the registry shows `count` sessions offering `tool` (or hosting an agent so named).
     pub async fn wait_for_workers(&self, tool: &str, count: usize) {
         let deadline = Instant::now() + WAIT;
         let mut registry = self.registry().await;
@@ -536,7 +548,8 @@ impl Kernel {
                 .unwrap()
                 .into_inner()
                 .workers;
-            if workers.iter().filter(|w| w.tools.iter().any(|t| t == tool)).count() == count {
+            let offering = |w: &pb::WorkerInfo| w.tools.iter().chain(&w.agents).any(|t| t == tool);
+            if workers.iter().filter(|w| offering(w)).count() == count {
                 return;
             }
             assert!(

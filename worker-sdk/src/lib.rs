@@ -121,6 +121,7 @@ mod hosted;
 pub mod mcp;
 mod tls;
 mod tool;
+mod trace;
 mod transport;
 mod worker;
 
@@ -146,6 +147,7 @@ pub use tool::{
     ToolDefinition, ToolDefinitionError, ToolFuture, ToolOptions, validate_tool_name, wrap_blocking_tool,
     wrap_stream_tool, wrap_tool,
 };
+pub use trace::TraceContext;
 pub use transport::{connection_hint, diagnose};
 pub use worker::cache::ToolCache;
 pub use worker::context::{Progress, ToolContext, ToolSubagent};

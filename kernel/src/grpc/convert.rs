@@ -139,6 +139,7 @@ pub fn run(run: &RunRecord) -> pb::Run {
             .map(|(key, result)| (key.clone(), run.capture.json_text(result)))
             .collect(),
         allow: run.allow.clone(),
+        trace_id: hex::encode(crate::traces::trace_id(&run.id, run.trace.as_ref())),
     }
 }
 

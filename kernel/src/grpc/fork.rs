@@ -127,6 +127,8 @@ pub fn branch(
         max_concurrency: parent.max_concurrency,
         fork: Some(fork),
         allow: Vec::new(),
+        // A branch is a run of its own: its trace is the caller's, not its parent's.
+        trace: None,
     })
 }
 

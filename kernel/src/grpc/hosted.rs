@@ -293,6 +293,7 @@ impl HostedService for HostedApi {
             max_concurrency: parent.max_concurrency,
             fork: None,
             allow: Vec::new(),
+            trace: Some(crate::traces::for_subagent(&run_id, parent.trace.as_ref())),
         };
         let start = SubagentStart {
             parent: run_id,

@@ -22,6 +22,19 @@ const MAX_IDEMPOTENCY_KEY: usize = 256;
 /// Implements `kernel.v1.RunService`.
 pub struct RunApi(pub Kernel);
 
+/// The agent's W3C trace context, from the request's `traceparent` metadata. One that does not
+/// parse starts a trace of the run's own, as the W3C rules say, rather than failing the call.
+fn traceparent(metadata: &tonic::metadata::MetadataMap) -> Option<crate::traces::TraceParent> {
+    let text = metadata.get("traceparent")?.to_str().ok()?;
+    match text.trim().parse() {
+        Ok(parent) => Some(parent),
+        Err(error) => {
+            tracing::debug!(%error, "ignoring the request's traceparent");
+            None
+        }
+    }
+}
+
 fn is_terminal_event(kind: EventType) -> bool {
     matches!(
         kind,
@@ -73,6 +86,7 @@ impl RunService for RunApi {
         request: Request<pb::CreateRunRequest>,
     ) -> Result<Response<pb::CreateRunResponse>, Status> {
         let caller = request.extensions().get::<crate::auth::Caller>().cloned();
+        let trace = traceparent(request.metadata());
         let req = request.into_inner();
         let agent = req.agent.trim().to_owned();
         if agent.is_empty() {
@@ -116,6 +130,7 @@ impl RunService for RunApi {
             max_concurrency: req.max_concurrency,
             fork: None,
             allow,
+            trace,
         };
         let (run, created, dispatch) = self.0.store.create_run_dispatching(new).await?;
         if let Some(dispatch) = dispatch {
@@ -129,11 +144,13 @@ impl RunService for RunApi {
 
     async fn fork_run(&self, request: Request<pb::ForkRunRequest>) -> Result<Response<pb::ForkRunResponse>, Status> {
         let caller = request.extensions().get::<crate::auth::Caller>().cloned();
+        let trace = traceparent(request.metadata());
         let req = request.into_inner();
         let id = RunId::parse(&req.run_id, "run_id")?;
         let parent = self.load(&id).await?;
         let steps = self.0.store.reads.steps(id).await?;
-        let new = super::fork::branch(&self.0, &parent, &steps, req, caller.as_ref())?;
+        let mut new = super::fork::branch(&self.0, &parent, &steps, req, caller.as_ref())?;
+        new.trace = trace;
         let (run, created, dispatch) = self.0.store.create_run_dispatching(new).await?;
         if let Some(dispatch) = dispatch {
             self.0.scheduler.enqueue(dispatch);

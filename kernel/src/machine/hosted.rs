@@ -92,6 +92,7 @@ pub fn dispatch_step(run: &RunRecord, agent: &HostedAgent, now: Millis) -> StepR
         approval: None,
         resources: Vec::new(),
         from_run: None,
+        trace: run.trace,
     }
 }
 

@@ -54,6 +54,7 @@ pub fn step() -> StepRecord {
         approval: None,
         resources: Vec::new(),
         from_run: None,
+        trace: None,
     }
 }
 
@@ -80,6 +81,7 @@ pub fn run() -> RunRecord {
         suspensions: 0,
         fork: None,
         allow: Vec::new(),
+        trace: None,
         max_concurrency: 0,
         tool_calls: 0,
         last_seq: 3,

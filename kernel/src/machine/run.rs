@@ -44,6 +44,8 @@ pub struct NewRun {
     pub fork: Option<crate::model::Fork>,
     /// A case run's allow tokens.
     pub allow: Vec<String>,
+    /// The W3C trace context its span is a child of.
+    pub trace: Option<crate::traces::TraceParent>,
 }
 
 /// What creating a run does: with an idempotency key a run already holds, that run (when its
@@ -91,6 +93,7 @@ pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis)
             "forked_from_run_id": new.fork.as_ref().map(|fork| fork.of.as_str()),
             "fork_at_step_key": new.fork.as_ref().and_then(|fork| fork.at.as_ref()).map(|at| at.key.as_str()),
             "allow": new.allow,
+            "traceparent": new.trace.map(|trace| trace.to_string()),
         }),
     };
     let run = RunRecord {
@@ -115,6 +118,7 @@ pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis)
         max_concurrency: new.max_concurrency,
         fork: new.fork.clone(),
         allow: new.allow.clone(),
+        trace: new.trace,
         tool_calls: 0,
         last_seq: 0,
         created_at: now,
@@ -323,6 +327,7 @@ mod tests {
             max_concurrency: 0,
             fork: None,
             allow: Vec::new(),
+            trace: None,
         }
     }
 

@@ -449,6 +449,7 @@ pub fn record(
         approval: None,
         resources: call.resources.clone(),
         from_run: None,
+        trace: run.trace,
     };
     let arguments: Value = serde_json::from_str(&call.arguments).unwrap_or(Value::Null);
     // Every event of a new call names it the same way; each adds what it records.

@@ -297,8 +297,8 @@ fn insert_run(tx: &Tx<'_>, run: &RunRecord) -> Result<()> {
     tx.conn.write(
         "INSERT INTO runs (id, agent, status, input, labels, idempotency_key, max_tool_calls, created_at, updated_at, \
          interactive, permissions, capture, granted_by, hosted, parent_run_id, parent_step, session_key, \
-         max_concurrency, fork, allow) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
-         ?17, ?18, ?19, ?20)",
+         max_concurrency, fork, allow, trace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
+         ?16, ?17, ?18, ?19, ?20, ?21)",
         params![
             run.id.as_str(),
             run.agent,
@@ -322,6 +322,7 @@ fn insert_run(tx: &Tx<'_>, run: &RunRecord) -> Result<()> {
                 .as_ref()
                 .map(|fork| serde_json::to_string(fork).expect("a fork serializes")),
             (!run.allow.is_empty()).then(|| serde_json::to_string(&run.allow).expect("strings serialize")),
+            run.trace.map(|trace| trace.to_string()),
         ],
     )?;
     Ok(())
@@ -650,9 +651,9 @@ fn insert_step(tx: &Tx<'_>, step: &StepRecord) -> Result<()> {
          call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
          retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, outcome, attempts, kind, effect, \
          started_at, max_concurrency, hosted, resources, worker, session_id, dispatch_id, lease_expires_at, \
-         not_before, replica, from_run) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
+         not_before, replica, from_run, trace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
          ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, ?37, ?38, \
-         ?39, ?40)",
+         ?39, ?40, ?41)",
         params![
             step.run_id.as_str(),
             step.key.as_str(),
@@ -698,6 +699,7 @@ fn insert_step(tx: &Tx<'_>, step: &StepRecord) -> Result<()> {
             step.not_before,
             step.replica,
             step.from_run.as_ref().map(RunId::as_str),
+            step.trace.map(|trace| trace.to_string()),
         ],
     )?;
     Ok(())

@@ -8,12 +8,12 @@ use crate::model::{ApprovalRecord, EventRecord, RunId, RunRecord, StepKey, StepR
 
 pub const RUN_COLUMNS: &str = "id, agent, status, input, output, reason, labels, idempotency_key, \
      max_tool_calls, tool_calls, last_seq, created_at, updated_at, interactive, permissions, capture, granted_by, hosted, dispatches, parent_run_id, parent_step, \
-     session_key, suspensions, max_concurrency, fork, allow";
+     session_key, suspensions, max_concurrency, fork, allow, trace";
 
 pub const STEP_COLUMNS: &str = "run_id, step_key, turn, position, call_id, tool, fingerprint, version, \
      arguments, call_hash, idempotency_key, idempotency, timeout_ms, status, attempts, output, error, \
      error_kind, worker, session_id, dispatch_id, lease_expires_at, created_at, started_at, finished_at, \
-     replays, progress_count, retry, blocking, not_before, lease_losses, unit_cost, cost, decided_by, approval_gate, cache_ttl_ms, outcome, approval, kind, effect, max_concurrency, hosted, resources, replica, from_run";
+     replays, progress_count, retry, blocking, not_before, lease_losses, unit_cost, cost, decided_by, approval_gate, cache_ttl_ms, outcome, approval, kind, effect, max_concurrency, hosted, resources, replica, from_run, trace";
 
 pub const APPROVAL_COLUMNS: &str = "id, run_id, step_key, tool, call_hash, arguments, status, approvers, message, \
      decided_by, requested_at, expires_at, answered_at, decider, reason, \
@@ -72,6 +72,7 @@ pub fn run_from_row(row: &Row<'_>) -> Result<RunRecord> {
             .get::<Option<String>>(25)?
             .and_then(|text| serde_json::from_str(&text).ok())
             .unwrap_or_default(),
+        trace: parse_opt(row, 26)?,
     })
 }
 
@@ -134,6 +135,7 @@ pub fn step_from_row(row: &Row<'_>) -> Result<StepRecord> {
             .get::<Option<String>>(44)?
             .map(|text| RunId::parse(&text, "from_run").map_err(|e| Error::conversion(44, e.to_string())))
             .transpose()?,
+        trace: parse_opt(row, 45)?,
     })
 }
 

@@ -246,6 +246,12 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs ADD COLUMN allow TEXT;
     ALTER TABLE steps ADD COLUMN from_run TEXT;
     "#,
+    // 11: trace context. A run keeps the W3C traceparent its spans are children of, and each
+    // step a copy, so dispatching a call needs no read of its run.
+    r#"
+    ALTER TABLE runs ADD COLUMN trace TEXT;
+    ALTER TABLE steps ADD COLUMN trace TEXT;
+    "#,
 ];
 
 /// Brings the database to the newest schema.

@@ -98,6 +98,7 @@ fn new_run(key: Option<&str>, max_tool_calls: u32) -> NewRun {
         max_concurrency: 0,
         fork: None,
         allow: Vec::new(),
+        trace: None,
     }
 }
 

@@ -159,6 +159,7 @@ def run(run: common_pb2.Run) -> Run:
         forked_from_run_id=run.forked_from_run_id,
         fork_at_step_key=run.fork_at_step_key,
         allow=tuple(run.allow),
+        trace_id=run.trace_id,
     )
 
 

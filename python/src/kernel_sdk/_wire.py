@@ -200,6 +200,7 @@ def call_info(dispatch: workers_pb2.Dispatch) -> CallInfo:
         dispatch_id=dispatch.dispatch_id,
         tool=dispatch.tool,
         timeout=dispatch.timeout_ms / 1000 if dispatch.timeout_ms else None,
+        traceparent=dispatch.traceparent,
     )
 
 

@@ -74,9 +74,12 @@ class AgentClient:
         """Closes the connection."""
         await self._channel.close()
 
-    async def _unary(self, method: Any, request: Any) -> Any:
+    async def _unary(self, method: Any, request: Any, *, traceparent: str | None = None) -> Any:
+        metadata = self._metadata
+        if traceparent:
+            metadata = (*metadata, ("traceparent", traceparent))
         try:
-            return await method(request, metadata=self._metadata)
+            return await method(request, metadata=metadata)
         except grpc.aio.AioRpcError as error:
             raise wire.kernel_error(error) from None
 
@@ -94,13 +97,16 @@ class AgentClient:
         capture: Capture | None = None,
         hosted: bool = False,
         allow: Sequence[str] = (),
+        traceparent: str | None = None,
     ) -> Run:
         """Starts a run of `agent` (every `CreateRun` field): a repeated create with the same
         `idempotency_key` returns the first run. `capture` is what inspection shows of arguments
         and results (`io` by default); `max_concurrency` bounds the calls of one turn running at
         once; `non_interactive` runs cannot wait for a person. Allow tokens (`tool:<name>`,
         `step:<id>`) make a case run: only reads run live, besides what a token names, and any
-        other effect is refused with `write_tool_blocked`, which ends the run."""
+        other effect is refused with `write_tool_blocked`, which ends the run. A W3C
+        `traceparent` (the agent's current span) parents the run's spans, and tools are handed
+        it (`ToolContext.trace_context()`)."""
         response = await self._unary(
             self._runs.CreateRun,
             runs_pb2.CreateRunRequest(
@@ -116,6 +122,7 @@ class AgentClient:
                 hosted=hosted,
                 allow=list(allow),
             ),
+            traceparent=traceparent,
         )
         return wire.run(response.run)
 

@@ -145,6 +145,11 @@ def _check_key(key: str) -> None:
 ProgressSink = Callable[[Progress], None]
 
 
+def _carrier(traceparent: str) -> dict[str, str]:
+    """A `traceparent` as a propagation carrier; nothing when the kernel sent none."""
+    return {"traceparent": traceparent} if traceparent else {}
+
+
 @dataclass
 class CallInfo:
     """The identity of one attempt of one call."""
@@ -159,6 +164,7 @@ class CallInfo:
     dispatch_id: str
     tool: str
     timeout: float | None = None
+    traceparent: str = ""
 
 
 @dataclass
@@ -294,6 +300,14 @@ class ToolContext:
     def timeout(self) -> float | None:
         """Seconds this attempt may run before the kernel times it out, when it has a bound."""
         return self._call.timeout
+
+    def trace_context(self) -> dict[str, str]:
+        """The W3C trace context the tool's own spans should join, as a propagation carrier:
+        `{"traceparent": ...}` naming the attempt's span when the kernel exports traces, else the
+        agent's own `traceparent`; `{}` when there is neither. Hand it to OpenTelemetry with
+        `opentelemetry.propagate.extract(ctx.trace_context())`.
+        """
+        return _carrier(self._call.traceparent)
 
     @property
     def deps(self) -> Any:

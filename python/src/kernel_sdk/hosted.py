@@ -308,8 +308,11 @@ class AgentContext:
         metadata: tuple[tuple[str, str], ...],
         history: Sequence[hosted_pb2.LoadHistoryResponse],
         cancelled: Cancellation,
+        *,
+        traceparent: str = "",
     ) -> None:
         self._dispatch = dispatch
+        self._traceparent = traceparent
         self._stub = stub
         self._metadata = metadata
         self._places: dict[int, list[hosted_pb2.LoadHistoryResponse]] = {}
@@ -339,6 +342,13 @@ class AgentContext:
     def attempt(self) -> int:
         """Which dispatch of the run this is: 1 the first time, more after a redispatch."""
         return int(self._dispatch.attempt)
+
+    def trace_context(self) -> dict[str, str]:
+        """The W3C trace context the handler's own spans should join, as a propagation carrier:
+        `{"traceparent": ...}` naming the dispatch's span when the kernel exports traces, else
+        the agent's own `traceparent`; `{}` when there is neither.
+        """
+        return {"traceparent": self._traceparent} if self._traceparent else {}
 
     @property
     def parent_run_id(self) -> str | None:

@@ -160,6 +160,8 @@ class Run:
     """A branch: the last step of that record it replays (empty: all of it)."""
     allow: tuple[str, ...] = ()
     """A case run's allow tokens."""
+    trace_id: str = ""
+    """The OpenTelemetry trace of its spans: the agent's `traceparent`'s, or its own."""
 
 
 @dataclass(frozen=True)

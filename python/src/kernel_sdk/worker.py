@@ -488,7 +488,9 @@ class _Session:
                 raise ToolError.retryable(
                     f"cannot load the run's history: {error.code().name}: {error.details()}"
                 ) from None
-            ctx = AgentContext(dispatch, stub, auth, history, cancellation)
+            ctx = AgentContext(
+                dispatch, stub, auth, history, cancellation, traceparent=run.traceparent
+            )
             handler = asyncio.ensure_future(hosted.handle(ctx, input))
             suspendable = asyncio.ensure_future(ctx._suspendable())
             stop = asyncio.ensure_future(cancellation.wait())

@@ -260,6 +260,16 @@ async fn charge(ctx: ToolContext, hold_ms: u64) -> Result<String, ToolError> {
     Ok(format!("charged once under {}", ctx.idempotency_key()))
 }
 
+/// The trace context the kernel handed this attempt, or null; fails retryably until attempt
+/// `succeed_on`.
+#[tool]
+async fn traced(ctx: ToolContext, succeed_on: Option<u32>) -> Result<Option<String>, ToolError> {
+    if ctx.attempt() < succeed_on.unwrap_or(1) {
+        return Err(ToolError::retryable(format!("attempt {} fails", ctx.attempt())));
+    }
+    Ok(ctx.trace_context().map(|context| context.traceparent().to_owned()))
+}
+
 /// Fail retryably until attempt `succeed_on`.
 #[tool]
 async fn flaky(ctx: ToolContext, succeed_on: u32) -> Result<u32, ToolError> {
@@ -442,6 +452,11 @@ async fn main() {
         .tool(delegate_tool())
         .tool(whoami_tool())
         .tool(lookup_tool())
+        .tool(traced_tool().retry_policy(RetryPolicy::exponential(
+            3,
+            Duration::from_millis(50),
+            Duration::from_millis(200),
+        )))
         .tool(failing_tool().retry_policy(RetryPolicy::exponential(
             3,
             Duration::from_millis(10),

@@ -166,6 +166,9 @@ pub struct NewRun {
     pub max_concurrency: u32,
     /// A case run's allow tokens (see [`NewRun::allow`]).
     pub allow: Vec<String>,
+    /// The W3C `traceparent` of the agent's current span, which parents the run's spans (see
+    /// [`NewRun::traceparent`]).
+    pub traceparent: Option<String>,
 }
 
 /// What inspection shows of a run's arguments, results, input and error texts; replay always has
@@ -196,7 +199,16 @@ impl NewRun {
             max_concurrency: 0,
             capture: Capture::Io,
             allow: Vec::new(),
+            traceparent: None,
         }
+    }
+
+    /// Sends the agent's trace context (a W3C `traceparent`, as an OpenTelemetry propagator
+    /// injects it): the run's span, and with it every call's, becomes a child of the agent's span,
+    /// and tools are handed the context ([`ToolContext::trace_context`](crate::ToolContext::trace_context)).
+    pub fn traceparent(mut self, traceparent: impl Into<String>) -> Self {
+        self.traceparent = Some(traceparent.into());
+        self
     }
 
     /// Makes the run a case run allowed `token` (repeatable): `tool:<name>` lets the model's calls
@@ -541,14 +553,16 @@ impl AgentClient {
     }
 
     /// Creates a run; with an idempotency key that matches an earlier run, returns that run.
-    pub async fn create_run(&self, run: NewRun) -> Result<RunHandle, AgentError> {
-        let response = self
-            .call(
-                self.runs
-                    .clone()
-                    .create_run(self.request(wire::create_run_request(run))),
-            )
-            .await?;
+    pub async fn create_run(&self, mut run: NewRun) -> Result<RunHandle, AgentError> {
+        let traceparent = run.traceparent.take();
+        let mut request = self.request(wire::create_run_request(run));
+        if let Some(traceparent) = traceparent {
+            let value = crate::TraceContext::parse(&traceparent)
+                .and_then(|context| context.traceparent().parse().ok())
+                .ok_or_else(|| AgentError::Config(format!("{traceparent:?} is not a W3C traceparent")))?;
+            request.metadata_mut().insert("traceparent", value);
+        }
+        let response = self.call(self.runs.clone().create_run(request)).await?;
         let run = response
             .run
             .ok_or_else(|| AgentError::Protocol("create run answered without a run".into()))?;

@@ -27,6 +27,7 @@ pub(crate) struct HostedDispatch {
     pub(crate) run_id: String,
     pub(crate) dispatch_id: String,
     pub(crate) attempt: u32,
+    pub(crate) trace: Option<crate::TraceContext>,
 }
 
 /// What a local step's closure gets.
@@ -320,6 +321,12 @@ impl AgentContext {
     /// replays what the ones before recorded).
     pub fn attempt(&self) -> u32 {
         self.inner.dispatch.attempt
+    }
+
+    /// The W3C trace context the handler's own spans should join: its dispatch's span when the
+    /// kernel exports traces, else the agent's `traceparent`; `None` when there is neither.
+    pub fn trace_context(&self) -> Option<&crate::TraceContext> {
+        self.inner.dispatch.trace.as_ref()
     }
 
     /// Cancelled when the run is cancelled or this dispatch no longer holds it.

@@ -82,6 +82,7 @@ pub(crate) struct CallInfo {
     pub(crate) attempt: u32,
     pub(crate) dispatch_id: String,
     pub(crate) timeout: Option<Duration>,
+    pub(crate) trace: Option<crate::TraceContext>,
 }
 
 impl CallInfo {
@@ -96,6 +97,7 @@ impl CallInfo {
             attempt: 1,
             dispatch_id: "test-dispatch".into(),
             timeout: None,
+            trace: None,
         }
     }
 }
@@ -411,6 +413,12 @@ impl ToolContext {
     /// Which attempt this is, starting at 1.
     pub fn attempt(&self) -> u32 {
         self.call.attempt
+    }
+
+    /// The W3C trace context the tool's own spans should join: its attempt's span when the
+    /// kernel exports traces, else the agent's `traceparent`; `None` when there is neither.
+    pub fn trace_context(&self) -> Option<&crate::TraceContext> {
+        self.call.trace.as_ref()
     }
 
     /// The kernel's id for this attempt's lease.

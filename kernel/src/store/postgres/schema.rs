@@ -203,4 +203,9 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs ADD COLUMN allow TEXT;
     ALTER TABLE steps ADD COLUMN from_run TEXT;
     "#,
+    // 5: trace context (SQLite's 11).
+    r#"
+    ALTER TABLE runs ADD COLUMN trace TEXT;
+    ALTER TABLE steps ADD COLUMN trace TEXT;
+    "#,
 ];

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as kernel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kernel/v1/workers.proto\x12\tkernel.v1\x1a\x16kernel/v1/common.proto\"\x98\x02\n\x12OpenSessionRequest\x12!\n\x05hello\x18\x01 \x01(\x0b\x32\x10.kernel.v1.HelloH\x00\x12)\n\theartbeat\x18\x02 \x01(\x0b\x32\x14.kernel.v1.HeartbeatH\x00\x12/\n\x08progress\x18\x03 \x01(\x0b\x32\x1b.kernel.v1.DispatchProgressH\x00\x12+\n\x06result\x18\x04 \x01(\x0b\x32\x19.kernel.v1.DispatchResultH\x00\x12!\n\x05\x64rain\x18\x05 \x01(\x0b\x32\x10.kernel.v1.DrainH\x00\x12(\n\x05\x63\x61\x63he\x18\x06 \x01(\x0b\x32\x17.kernel.v1.CacheRequestH\x00\x42\t\n\x07message\"\x9b\x02\n\x13OpenSessionResponse\x12%\n\x07welcome\x18\x01 \x01(\x0b\x32\x12.kernel.v1.WelcomeH\x00\x12\'\n\x08\x64ispatch\x18\x02 \x01(\x0b\x32\x13.kernel.v1.DispatchH\x00\x12+\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x19.kernel.v1.CancelDispatchH\x00\x12*\n\nresult_ack\x18\x04 \x01(\x0b\x32\x14.kernel.v1.ResultAckH\x00\x12)\n\x05\x63\x61\x63he\x18\x05 \x01(\x0b\x32\x18.kernel.v1.CacheResponseH\x00\x12%\n\x03run\x18\x06 \x01(\x0b\x32\x16.kernel.v1.RunDispatchH\x00\x42\t\n\x07message\"\xad\x01\n\x05Hello\x12\x13\n\x0bworker_name\x18\x01 \x01(\t\x12\"\n\x05tools\x18\x02 \x03(\x0b\x32\x13.kernel.v1.ToolSpec\x12\x17\n\x0fmax_concurrency\x18\x03 \x01(\r\x12\x13\n\x0bsdk_version\x18\x04 \x01(\t\x12\x17\n\x0f\x65phemeral_tools\x18\x05 \x01(\x08\x12$\n\x06\x61gents\x18\x06 \x03(\x0b\x32\x14.kernel.v1.AgentSpec\"\x88\x01\n\tAgentSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x19\n\x11input_schema_json\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x17\n\x0fmax_concurrency\x18\x05 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x06 \x01(\t\"f\n\x0bRunDispatch\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\r\n\x05\x61gent\x18\x04 \x01(\t\x12\x12\n\ninput_json\x18\x05 \x01(\t\"R\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\x04\x12\x14\n\x0clease_ttl_ms\x18\x03 \x01(\x04\"\x0b\n\tHeartbeat\"\x07\n\x05\x44rain\"\xd6\x01\n\x08\x44ispatch\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x10\n\x08step_key\x18\x04 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x05 \x01(\t\x12\x0c\n\x04turn\x18\x06 \x01(\r\x12\x10\n\x08position\x18\x07 \x01(\r\x12\x0c\n\x04tool\x18\x08 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\t \x01(\t\x12\x17\n\x0fidempotency_key\x18\n \x01(\t\x12\x12\n\ntimeout_ms\x18\x0b \x01(\x04\"F\n\x0e\x43\x61ncelDispatch\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x0e\n\x06reason\x18\x03 \x01(\t\"|\n\x10\x44ispatchProgress\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x11\n\tdata_json\x18\x04 \x01(\t\x12\x0f\n\x07\x63urrent\x18\x05 \x01(\x04\x12\r\n\x05total\x18\x06 \x01(\x04\"B\n\x0bToolFailure\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.kernel.v1.ErrorKind\"\xb4\x01\n\x0e\x44ispatchResult\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x15\n\x0boutput_json\x18\x03 \x01(\tH\x00\x12\'\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.kernel.v1.ToolFailureH\x00\x12\x31\n\tsuspended\x18\x05 \x01(\x0b\x32\x1c.kernel.v1.DispatchSuspendedH\x00\x42\t\n\x07outcome\"\'\n\x11\x44ispatchSuspended\x12\x12\n\nwaiting_on\x18\x01 \x03(\t\"S\n\tResultAck\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x96\x01\n\x0c\x43\x61\x63heRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x13\n\x0b\x64ispatch_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\"\n\x03get\x18\x04 \x01(\x0b\x32\x13.kernel.v1.CacheGetH\x00\x12\"\n\x03set\x18\x05 \x01(\x0b\x32\x13.kernel.v1.CacheSetH\x00\x42\x04\n\x02op\"\x17\n\x08\x43\x61\x63heGet\x12\x0b\n\x03key\x18\x01 \x01(\t\";\n\x08\x43\x61\x63heSet\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x12\n\nvalue_json\x18\x02 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x04\"U\n\rCacheResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\x12\n\nvalue_json\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t2a\n\rWorkerService\x12P\n\x0bOpenSession\x12\x1d.kernel.v1.OpenSessionRequest\x1a\x1e.kernel.v1.OpenSessionResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kernel/v1/workers.proto\x12\tkernel.v1\x1a\x16kernel/v1/common.proto\"\x98\x02\n\x12OpenSessionRequest\x12!\n\x05hello\x18\x01 \x01(\x0b\x32\x10.kernel.v1.HelloH\x00\x12)\n\theartbeat\x18\x02 \x01(\x0b\x32\x14.kernel.v1.HeartbeatH\x00\x12/\n\x08progress\x18\x03 \x01(\x0b\x32\x1b.kernel.v1.DispatchProgressH\x00\x12+\n\x06result\x18\x04 \x01(\x0b\x32\x19.kernel.v1.DispatchResultH\x00\x12!\n\x05\x64rain\x18\x05 \x01(\x0b\x32\x10.kernel.v1.DrainH\x00\x12(\n\x05\x63\x61\x63he\x18\x06 \x01(\x0b\x32\x17.kernel.v1.CacheRequestH\x00\x42\t\n\x07message\"\x9b\x02\n\x13OpenSessionResponse\x12%\n\x07welcome\x18\x01 \x01(\x0b\x32\x12.kernel.v1.WelcomeH\x00\x12\'\n\x08\x64ispatch\x18\x02 \x01(\x0b\x32\x13.kernel.v1.DispatchH\x00\x12+\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x19.kernel.v1.CancelDispatchH\x00\x12*\n\nresult_ack\x18\x04 \x01(\x0b\x32\x14.kernel.v1.ResultAckH\x00\x12)\n\x05\x63\x61\x63he\x18\x05 \x01(\x0b\x32\x18.kernel.v1.CacheResponseH\x00\x12%\n\x03run\x18\x06 \x01(\x0b\x32\x16.kernel.v1.RunDispatchH\x00\x42\t\n\x07message\"\xad\x01\n\x05Hello\x12\x13\n\x0bworker_name\x18\x01 \x01(\t\x12\"\n\x05tools\x18\x02 \x03(\x0b\x32\x13.kernel.v1.ToolSpec\x12\x17\n\x0fmax_concurrency\x18\x03 \x01(\r\x12\x13\n\x0bsdk_version\x18\x04 \x01(\t\x12\x17\n\x0f\x65phemeral_tools\x18\x05 \x01(\x08\x12$\n\x06\x61gents\x18\x06 \x03(\x0b\x32\x14.kernel.v1.AgentSpec\"\x88\x01\n\tAgentSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x19\n\x11input_schema_json\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x17\n\x0fmax_concurrency\x18\x05 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x06 \x01(\t\"{\n\x0bRunDispatch\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\r\n\x05\x61gent\x18\x04 \x01(\t\x12\x12\n\ninput_json\x18\x05 \x01(\t\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\"R\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\x04\x12\x14\n\x0clease_ttl_ms\x18\x03 \x01(\x04\"\x0b\n\tHeartbeat\"\x07\n\x05\x44rain\"\xeb\x01\n\x08\x44ispatch\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x10\n\x08step_key\x18\x04 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x05 \x01(\t\x12\x0c\n\x04turn\x18\x06 \x01(\r\x12\x10\n\x08position\x18\x07 \x01(\r\x12\x0c\n\x04tool\x18\x08 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\t \x01(\t\x12\x17\n\x0fidempotency_key\x18\n \x01(\t\x12\x12\n\ntimeout_ms\x18\x0b \x01(\x04\x12\x13\n\x0btraceparent\x18\x0c \x01(\t\"F\n\x0e\x43\x61ncelDispatch\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x0e\n\x06reason\x18\x03 \x01(\t\"|\n\x10\x44ispatchProgress\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x11\n\tdata_json\x18\x04 \x01(\t\x12\x0f\n\x07\x63urrent\x18\x05 \x01(\x04\x12\r\n\x05total\x18\x06 \x01(\x04\"B\n\x0bToolFailure\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.kernel.v1.ErrorKind\"\xb4\x01\n\x0e\x44ispatchResult\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x15\n\x0boutput_json\x18\x03 \x01(\tH\x00\x12\'\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.kernel.v1.ToolFailureH\x00\x12\x31\n\tsuspended\x18\x05 \x01(\x0b\x32\x1c.kernel.v1.DispatchSuspendedH\x00\x42\t\n\x07outcome\"\'\n\x11\x44ispatchSuspended\x12\x12\n\nwaiting_on\x18\x01 \x03(\t\"S\n\tResultAck\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x96\x01\n\x0c\x43\x61\x63heRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x13\n\x0b\x64ispatch_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\"\n\x03get\x18\x04 \x01(\x0b\x32\x13.kernel.v1.CacheGetH\x00\x12\"\n\x03set\x18\x05 \x01(\x0b\x32\x13.kernel.v1.CacheSetH\x00\x42\x04\n\x02op\"\x17\n\x08\x43\x61\x63heGet\x12\x0b\n\x03key\x18\x01 \x01(\t\";\n\x08\x43\x61\x63heSet\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x12\n\nvalue_json\x18\x02 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x04\"U\n\rCacheResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\x12\n\nvalue_json\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t2a\n\rWorkerService\x12P\n\x0bOpenSession\x12\x1d.kernel.v1.OpenSessionRequest\x1a\x1e.kernel.v1.OpenSessionResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,35 +41,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AGENTSPEC']._serialized_start=808
   _globals['_AGENTSPEC']._serialized_end=944
   _globals['_RUNDISPATCH']._serialized_start=946
-  _globals['_RUNDISPATCH']._serialized_end=1048
-  _globals['_WELCOME']._serialized_start=1050
-  _globals['_WELCOME']._serialized_end=1132
-  _globals['_HEARTBEAT']._serialized_start=1134
-  _globals['_HEARTBEAT']._serialized_end=1145
-  _globals['_DRAIN']._serialized_start=1147
-  _globals['_DRAIN']._serialized_end=1154
-  _globals['_DISPATCH']._serialized_start=1157
-  _globals['_DISPATCH']._serialized_end=1371
-  _globals['_CANCELDISPATCH']._serialized_start=1373
-  _globals['_CANCELDISPATCH']._serialized_end=1443
-  _globals['_DISPATCHPROGRESS']._serialized_start=1445
-  _globals['_DISPATCHPROGRESS']._serialized_end=1569
-  _globals['_TOOLFAILURE']._serialized_start=1571
-  _globals['_TOOLFAILURE']._serialized_end=1637
-  _globals['_DISPATCHRESULT']._serialized_start=1640
-  _globals['_DISPATCHRESULT']._serialized_end=1820
-  _globals['_DISPATCHSUSPENDED']._serialized_start=1822
-  _globals['_DISPATCHSUSPENDED']._serialized_end=1861
-  _globals['_RESULTACK']._serialized_start=1863
-  _globals['_RESULTACK']._serialized_end=1946
-  _globals['_CACHEREQUEST']._serialized_start=1949
-  _globals['_CACHEREQUEST']._serialized_end=2099
-  _globals['_CACHEGET']._serialized_start=2101
-  _globals['_CACHEGET']._serialized_end=2124
-  _globals['_CACHESET']._serialized_start=2126
-  _globals['_CACHESET']._serialized_end=2185
-  _globals['_CACHERESPONSE']._serialized_start=2187
-  _globals['_CACHERESPONSE']._serialized_end=2272
-  _globals['_WORKERSERVICE']._serialized_start=2274
-  _globals['_WORKERSERVICE']._serialized_end=2371
+  _globals['_RUNDISPATCH']._serialized_end=1069
+  _globals['_WELCOME']._serialized_start=1071
+  _globals['_WELCOME']._serialized_end=1153
+  _globals['_HEARTBEAT']._serialized_start=1155
+  _globals['_HEARTBEAT']._serialized_end=1166
+  _globals['_DRAIN']._serialized_start=1168
+  _globals['_DRAIN']._serialized_end=1175
+  _globals['_DISPATCH']._serialized_start=1178
+  _globals['_DISPATCH']._serialized_end=1413
+  _globals['_CANCELDISPATCH']._serialized_start=1415
+  _globals['_CANCELDISPATCH']._serialized_end=1485
+  _globals['_DISPATCHPROGRESS']._serialized_start=1487
+  _globals['_DISPATCHPROGRESS']._serialized_end=1611
+  _globals['_TOOLFAILURE']._serialized_start=1613
+  _globals['_TOOLFAILURE']._serialized_end=1679
+  _globals['_DISPATCHRESULT']._serialized_start=1682
+  _globals['_DISPATCHRESULT']._serialized_end=1862
+  _globals['_DISPATCHSUSPENDED']._serialized_start=1864
+  _globals['_DISPATCHSUSPENDED']._serialized_end=1903
+  _globals['_RESULTACK']._serialized_start=1905
+  _globals['_RESULTACK']._serialized_end=1988
+  _globals['_CACHEREQUEST']._serialized_start=1991
+  _globals['_CACHEREQUEST']._serialized_end=2141
+  _globals['_CACHEGET']._serialized_start=2143
+  _globals['_CACHEGET']._serialized_end=2166
+  _globals['_CACHESET']._serialized_start=2168
+  _globals['_CACHESET']._serialized_end=2227
+  _globals['_CACHERESPONSE']._serialized_start=2229
+  _globals['_CACHERESPONSE']._serialized_end=2314
+  _globals['_WORKERSERVICE']._serialized_start=2316
+  _globals['_WORKERSERVICE']._serialized_end=2413
 # @@protoc_insertion_point(module_scope)

@@ -72,18 +72,20 @@ class AgentSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., version: _Optional[str] = ..., max_concurrency: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
 
 class RunDispatch(_message.Message):
-    __slots__ = ("dispatch_id", "attempt", "run_id", "agent", "input_json")
+    __slots__ = ("dispatch_id", "attempt", "run_id", "agent", "input_json", "traceparent")
     DISPATCH_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_FIELD_NUMBER: _ClassVar[int]
     INPUT_JSON_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     dispatch_id: str
     attempt: int
     run_id: str
     agent: str
     input_json: str
-    def __init__(self, dispatch_id: _Optional[str] = ..., attempt: _Optional[int] = ..., run_id: _Optional[str] = ..., agent: _Optional[str] = ..., input_json: _Optional[str] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, dispatch_id: _Optional[str] = ..., attempt: _Optional[int] = ..., run_id: _Optional[str] = ..., agent: _Optional[str] = ..., input_json: _Optional[str] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("session_id", "heartbeat_interval_ms", "lease_ttl_ms")
@@ -104,7 +106,7 @@ class Drain(_message.Message):
     def __init__(self) -> None: ...
 
 class Dispatch(_message.Message):
-    __slots__ = ("dispatch_id", "attempt", "run_id", "step_key", "call_id", "turn", "position", "tool", "arguments_json", "idempotency_key", "timeout_ms")
+    __slots__ = ("dispatch_id", "attempt", "run_id", "step_key", "call_id", "turn", "position", "tool", "arguments_json", "idempotency_key", "timeout_ms", "traceparent")
     DISPATCH_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +118,7 @@ class Dispatch(_message.Message):
     ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     dispatch_id: str
     attempt: int
     run_id: str
@@ -127,7 +130,8 @@ class Dispatch(_message.Message):
     arguments_json: str
     idempotency_key: str
     timeout_ms: int
-    def __init__(self, dispatch_id: _Optional[str] = ..., attempt: _Optional[int] = ..., run_id: _Optional[str] = ..., step_key: _Optional[str] = ..., call_id: _Optional[str] = ..., turn: _Optional[int] = ..., position: _Optional[int] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, dispatch_id: _Optional[str] = ..., attempt: _Optional[int] = ..., run_id: _Optional[str] = ..., step_key: _Optional[str] = ..., call_id: _Optional[str] = ..., turn: _Optional[int] = ..., position: _Optional[int] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class CancelDispatch(_message.Message):
     __slots__ = ("dispatch_id", "attempt", "reason")
