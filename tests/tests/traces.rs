@@ -192,6 +192,42 @@ async fn a_run_and_each_call_attempt_are_spans_of_the_agents_trace() {
     let kernel = kernel_exporting_to(&endpoint);
     let _worker = kernel.fault_worker("w1");
     kernel.wait_for_workers("traced", 1).await;
+    // A run whose agent does not record its trace exports nothing; a traceparent that does not
+    // parse is ignored, and the run has a trace of its own.
+    let mut unsampled = Request::new(run_of("unsampled-agent"));
+    let flags_off = format!("00-{AGENT_TRACE}-{AGENT_SPAN}-00");
+    unsampled
+        .metadata_mut()
+        .insert("traceparent", flags_off.parse().unwrap());
+    let unsampled = kernel
+        .runs()
+        .await
+        .create_run(unsampled)
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap();
+    submit(&kernel, &unsampled.id, 0, vec![call("traced", json!({}))])
+        .await
+        .unwrap();
+    kernel.complete(&unsampled.id).await;
+    let mut garbled = Request::new(run_of("garbled-agent"));
+    garbled
+        .metadata_mut()
+        .insert("traceparent", "00-not-a-trace-01".parse().unwrap());
+    let garbled = kernel
+        .runs()
+        .await
+        .create_run(garbled)
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap();
+    assert_eq!(garbled.trace_id.len(), 32);
+    assert_ne!(garbled.trace_id, AGENT_TRACE);
+
     let run = create_traced_run(&kernel, run_of("traced-agent")).await;
     assert_eq!(run.trace_id, AGENT_TRACE, "the run names the agent's trace");
 
@@ -201,6 +237,11 @@ async fn a_run_and_each_call_attempt_are_spans_of_the_agents_trace() {
     kernel.complete(&run.id).await;
     let (run_span, spans) = run_span(&collector, "traced-agent").await;
 
+    let unsampled_spans = spans
+        .iter()
+        .filter(|span| attribute(span, "kernel.run.id") == Some(unsampled.id.clone()))
+        .count();
+    assert_eq!(unsampled_spans, 0, "an unsampled trace is not exported");
     let trace = hex(AGENT_TRACE);
     assert!(
         spans.iter().all(|span| span.trace_id == trace),

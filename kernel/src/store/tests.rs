@@ -264,6 +264,33 @@ async fn a_repeated_create_with_the_same_key_returns_the_same_run(f: Fixture) {
     assert_eq!(events(&f.store, &first.id).await.len(), 1);
 }
 
+async fn a_runs_trace_context_is_kept_with_it_and_copied_to_its_steps(f: Fixture) {
+    let trace: crate::traces::TraceParent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        .parse()
+        .unwrap();
+    let (run, _) = f
+        .store
+        .create_run(NewRun {
+            trace: Some(trace),
+            ..new_run(None, 0)
+        })
+        .await
+        .unwrap();
+    let add = tool("add", Idempotency::SafeToRetry);
+    let turn = f
+        .store
+        .schedule_turn(plan(&run.id, 0, vec![call(0, 0, Some(add), "add", r#"{"a":1}"#)]))
+        .await
+        .unwrap();
+    assert_eq!(scheduled(&turn[0]).trace, Some(trace));
+    let read = f.store.reads.run(run.id.clone()).await.unwrap().unwrap();
+    assert_eq!(read.trace, Some(trace));
+    let steps = f.store.reads.steps(run.id.clone()).await.unwrap();
+    assert_eq!(steps[0].trace, Some(trace), "the step carries its run's trace context");
+    let (plain, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    assert_eq!(f.store.reads.run(plain.id).await.unwrap().unwrap().trace, None);
+}
+
 async fn a_call_runs_through_start_and_result_with_gap_free_events(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let mut live = f.hub.subscribe(&run.id);
@@ -1424,6 +1451,7 @@ on_both_stores!(a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_comm
 on_both_stores!(a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases);
 on_both_stores!(a_repeated_create_with_the_same_key_returns_the_same_run);
 on_both_stores!(a_call_runs_through_start_and_result_with_gap_free_events);
+on_both_stores!(a_runs_trace_context_is_kept_with_it_and_copied_to_its_steps);
 on_both_stores!(results_are_fenced_by_dispatch_attempt_and_session);
 on_both_stores!(a_lost_at_most_once_call_is_indeterminate);
 on_both_stores!(a_timed_out_at_most_once_call_is_indeterminate_and_never_retried);
