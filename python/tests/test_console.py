@@ -216,6 +216,8 @@ async def test_a_run_page_follows_a_live_calls_progress_and_its_end(
             )
             progress = browser.driver.find_element(By.CSS_SELECTOR, "[data-progress] progress")
             assert progress.get_attribute("value") == "3" and progress.get_attribute("max") == "3"
+            trace = browser.driver.find_element(By.ID, "run-trace").text
+            assert trace == run.trace_id, "the header names the run's trace"
             await asyncio.to_thread(browser.shot, "running")
             gate.set()
             [result] = (await turn).results

@@ -217,6 +217,7 @@ fn header(run: &pb::Run, manifest: Option<&pb::RunManifest>) -> Markup {
                     @if !run.fork_at_step_key.is_empty() { " at " code { (run.fork_at_step_key) } } }
             }
             @if !run.allow.is_empty() { dt { "Allowed" } dd { (run.allow.join(", ")) } }
+            @if !run.trace_id.is_empty() { dt { "Trace" } dd { code #run-trace { (run.trace_id) } } }
         }
         div.io {
             div { h3 { "Input" } (format::json(&run.input_json)) }
