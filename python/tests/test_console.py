@@ -147,6 +147,8 @@ async def test_the_runs_list_shows_the_demo_agents_run_and_its_page_its_steps(
             )
             assert "demo-agent" in row.text and "completed" in row.text
             browser.shot("runs")
+            # Without keys there is no session to leave.
+            assert not browser.driver.find_elements(By.CSS_SELECTOR, "form.logout")
             row.find_element(By.CSS_SELECTOR, "a").click()
             browser.until(
                 "the run's steps", lambda d: d.find_elements(By.CSS_SELECTOR, "details.step")

@@ -38,7 +38,7 @@ pub async fn list(State(http): State<Http>, headers: HeaderMap, uri: axum::http:
         }
         @for approval in &approvals { (card(approval, ask_decider, true)) }
     };
-    layout("Approvals", Section::Approvals, body).into_response()
+    layout("Approvals", Section::Approvals, caller.is_some(), body).into_response()
 }
 
 /// One waiting approval and the form that answers it. Without keys the form asks who answers (the

@@ -43,7 +43,7 @@ fn page(status: StatusCode, next: &str, error: Option<&str>) -> Response {
             button type="submit" { "Enter" }
         }
     };
-    (status, layout("API key", Section::None, body)).into_response()
+    (status, layout("API key", Section::None, false, body)).into_response()
 }
 
 /// The login form's fields.

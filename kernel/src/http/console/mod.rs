@@ -80,11 +80,11 @@ fn error_page(status: StatusCode, message: &str) -> Response {
         p.error { (message) }
         p { a href="/runs" { "Back to runs" } }
     };
-    (status, layout("Error", Section::None, body)).into_response()
+    (status, layout("Error", Section::None, false, body)).into_response()
 }
 
-/// The frame every page shares.
-fn layout(title: &str, section: Section, body: Markup) -> Html<String> {
+/// The frame every page shares; `signed_in` (a key in the browser session) offers to log out.
+fn layout(title: &str, section: Section, signed_in: bool, body: Markup) -> Html<String> {
     let nav = |target: Section, href: &str, label: &str| {
         html! { a href=(href) class=[(section == target).then_some("active")] { (label) } }
     };
@@ -107,7 +107,9 @@ fn layout(title: &str, section: Section, body: Markup) -> Html<String> {
                             (nav(Section::Approvals, "/approvals", "Approvals"))
                             (nav(Section::Registry, "/registry", "Tools & workers"))
                         }
-                        form.logout method="post" action="/logout" { button type="submit" { "Log out" } }
+                        @if signed_in {
+                            form.logout method="post" action="/logout" { button type="submit" { "Log out" } }
+                        }
                     }
                     main { (body) }
                 }

@@ -67,5 +67,5 @@ pub async fn page(State(http): State<Http>, headers: HeaderMap, uri: axum::http:
             }
         }
     };
-    layout("Tools & workers", Section::Registry, body).into_response()
+    layout("Tools & workers", Section::Registry, caller.is_some(), body).into_response()
 }

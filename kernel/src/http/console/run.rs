@@ -123,7 +123,8 @@ pub async fn page(
             }
         }
     };
-    layout(&format!("Run {}", format::clip(&run.id, 13)), Section::Runs, body).into_response()
+    let title = format!("Run {}", format::clip(&run.id, 13));
+    layout(&title, Section::Runs, caller.is_some(), body).into_response()
 }
 
 /// The run's newest events, for the log as the page opens.

@@ -89,7 +89,7 @@ pub async fn list(
         Ok(response) => response.into_inner(),
         Err(status) => return refused(status),
     };
-    layout("Runs", Section::Runs, body(&filter, &listed)).into_response()
+    layout("Runs", Section::Runs, caller.is_some(), body(&filter, &listed)).into_response()
 }
 
 fn body(filter: &Filter, listed: &pb::ListRunsResponse) -> maud::Markup {
