@@ -755,6 +755,13 @@ pub fn status_text(status: &StatusView) -> String {
             ("resident", bytes(status.resident_bytes)),
             ("allocated", bytes(status.allocated_bytes)),
             (
+                "cpu time",
+                status
+                    .cpu_micros
+                    .map_or_else(|| NONE.to_owned(), |micros| format!("{:.2} s", micros as f64 / 1e6)),
+            ),
+            ("store commits", status.store_commits.to_string()),
+            (
                 "in-flight scans",
                 format!(
                     "{} ({} lost calls found)",
@@ -1154,6 +1161,8 @@ mod tests {
             allocated_bytes: 0,
             in_flight_scans: 4,
             lost_calls_found: 0,
+            cpu_micros: 1_250_000,
+            store_commits: 17,
             resource_locks: vec![pb::ResourceLock {
                 resource: "repo:acme/api".into(),
                 run_id: "r1".into(),
@@ -1166,6 +1175,8 @@ mod tests {
         });
         let text = status_text(&status);
         assert!(text.contains("resource locks:   1"), "{text}");
+        assert!(text.contains("cpu time:         1.25 s"), "{text}");
+        assert!(text.contains("store commits:    17"), "{text}");
         assert!(text.contains("RESOURCE"), "{text}");
         let row = text
             .lines()

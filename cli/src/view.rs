@@ -539,6 +539,10 @@ pub struct StatusView {
     pub allocated_bytes: Option<u64>,
     pub in_flight_scans: u64,
     pub lost_calls_found: u64,
+    /// CPU time the kernel process has used, in microseconds; `null` when it could not tell.
+    pub cpu_micros: Option<u64>,
+    /// Transactions the store's writer committed since the kernel started.
+    pub store_commits: u64,
     /// Locks running calls hold on resource instances.
     pub resource_locks: Vec<ResourceLockView>,
 }
@@ -568,6 +572,8 @@ impl From<pb::GetStatusResponse> for StatusView {
             allocated_bytes: (status.allocated_bytes > 0).then_some(status.allocated_bytes),
             in_flight_scans: status.in_flight_scans,
             lost_calls_found: status.lost_calls_found,
+            cpu_micros: (status.cpu_micros > 0).then_some(status.cpu_micros),
+            store_commits: status.store_commits,
             resource_locks: status
                 .resource_locks
                 .into_iter()

@@ -1,6 +1,7 @@
-//! The kernel's memory, as `AdminService.GetStatus` reports it: what the process holds resident and
-//! what the allocator has handed out. The kernel binary uses jemalloc (see `main.rs`); a program
-//! that links this library with another allocator reads an allocated figure of 0.
+//! The kernel's memory and CPU time, as `AdminService.GetStatus` reports them: what the process
+//! holds resident, what the allocator has handed out, and the CPU it has used. The kernel binary
+//! uses jemalloc (see `main.rs`); a program that links this library with another allocator reads
+//! an allocated figure of 0.
 
 /// Resident and allocated bytes; a figure the platform does not give is 0.
 #[derive(Clone, Copy, Debug, Default)]
@@ -30,6 +31,22 @@ fn resident_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Linux reports `/proc` times in ticks of 1/100 s (`USER_HZ`) on every architecture it supports.
+const USER_HZ: u64 = 100;
+
+/// CPU time the process has used, user plus system, in microseconds (`utime` and `stime` of
+/// `/proc/self/stat`); `None` off Linux.
+pub fn cpu_micros() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name, in parentheses, may hold spaces: the fields counted after it start at the
+    // third (state), so utime (14th) and stime (15th) are the 12th and 13th.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_name.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some((user + system) * 1_000_000 / USER_HZ)
+}
+
 /// jemalloc's `stats.allocated`, refreshed first (jemalloc caches its statistics per epoch).
 fn allocated_bytes() -> Option<u64> {
     tikv_jemalloc_ctl::epoch::advance().ok()?;
@@ -45,6 +62,20 @@ mod tests {
         if cfg!(target_os = "linux") {
             let figures = figures();
             assert!(figures.resident_bytes > 1024 * 1024, "{figures:?}");
+        }
+    }
+
+    #[test]
+    fn cpu_time_grows_as_the_process_works() {
+        if cfg!(target_os = "linux") {
+            let before = cpu_micros().expect("cpu time on linux");
+            let started = std::time::Instant::now();
+            let mut spin = 0u64;
+            while started.elapsed() < std::time::Duration::from_millis(60) {
+                spin = std::hint::black_box(spin.wrapping_add(1));
+            }
+            let after = cpu_micros().unwrap();
+            assert!(after >= before + 10_000, "60 ms of spinning shows: {before} -> {after}");
         }
     }
 }

@@ -48,6 +48,9 @@ pub struct Metrics {
     pub sessions: Gauge,
     pub runs: Family<StatusLabels, Gauge>,
     pub approvals_waiting: Gauge,
+    /// Writer transactions committed, for `GetStatus` (Prometheus reads the count of
+    /// `store_commit_seconds`).
+    commits: std::sync::atomic::AtomicU64,
 }
 
 /// Call phases range from well under a millisecond (a local tool) to minutes (a person).
@@ -153,6 +156,7 @@ impl Metrics {
             sessions,
             runs,
             approvals_waiting,
+            commits: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -188,11 +192,19 @@ impl Metrics {
         }
     }
 
-    /// Times one writer transaction of `commands` commands.
-    pub fn batch(&self, commands: usize, commit: Duration, whole: Duration) {
+    /// Times one writer transaction of `commands` commands, and counts it when it committed.
+    pub fn batch(&self, commands: usize, commit: Duration, whole: Duration, committed: bool) {
+        if committed {
+            self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.batch_commands.observe(commands as f64);
         self.commit_seconds.observe(commit.as_secs_f64());
         self.batch_seconds.observe(whole.as_secs_f64());
+    }
+
+    /// Writer transactions committed since the process started.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The OpenMetrics text of every instrument.

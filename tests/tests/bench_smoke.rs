@@ -48,6 +48,26 @@ async fn quick_bench_reports_every_section() {
         positive(&level["p99_ms"], "throughput p99");
     }
 
+    // The sustained section: 2 s of 64 runs, second by second, with the kernel's cost.
+    let sustained = &report["sustained"];
+    let calls = positive(&sustained["calls"], "sustained calls");
+    let by_second: Vec<f64> = sustained["per_second"]
+        .as_array()
+        .expect("calls second by second")
+        .iter()
+        .map(|n| n.as_f64().unwrap())
+        .collect();
+    assert!((2..=4).contains(&by_second.len()), "{sustained}");
+    assert_eq!(by_second.iter().sum::<f64>(), calls, "every call counted in its second");
+    let cost = &sustained["kernel"];
+    positive(&cost["cpu_ms_per_call"], "kernel cpu per call");
+    // Group commit folds calls together, but every call's start and result are written.
+    let commits = positive(&cost["commits_per_call"], "commits per call");
+    assert!(commits < 4.0, "{cost}");
+    let peak = positive(&cost["rss_peak_bytes"], "peak rss");
+    assert!(peak >= positive(&cost["rss_before_bytes"], "rss before"), "{cost}");
+    assert!(peak >= positive(&cost["rss_end_bytes"], "rss at the end"), "{cost}");
+
     positive(&report["fanout"]["calls_per_turn"], "fan-out calls");
     positive(&report["fanout"]["calls_per_s"], "fan-out calls/s");
 

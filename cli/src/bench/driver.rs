@@ -5,7 +5,7 @@
 //! measured is the kernel's and the wire's, not an SDK's conversions.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kernel_proto::v1 as pb;
@@ -36,9 +36,49 @@ pub struct Agent {
 }
 
 /// What a concurrent phase measured.
-struct Sample {
-    elapsed: Duration,
-    latencies: Vec<Duration>,
+pub(super) struct Sample {
+    pub elapsed: Duration,
+    pub latencies: Vec<Duration>,
+    /// Calls completed in each second of the phase, in order.
+    pub per_second: Vec<u64>,
+}
+
+/// How long a concurrent phase goes on.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Budget {
+    /// Until this many calls are made, shared by the runs.
+    Calls(u32),
+    /// Until this long has passed; calls in flight then finish.
+    For(Duration),
+}
+
+/// Completed calls counted by the second since a phase started.
+struct PerSecond {
+    started: Instant,
+    counts: Vec<AtomicU64>,
+}
+
+impl PerSecond {
+    fn new(started: Instant, seconds: usize) -> PerSecond {
+        PerSecond {
+            started,
+            counts: (0..seconds).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn add(&self) {
+        let second = (self.started.elapsed().as_secs() as usize).min(self.counts.len() - 1);
+        self.counts[second].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts up to the last second that saw a call.
+    fn take(self) -> Vec<u64> {
+        let mut counts: Vec<u64> = self.counts.into_iter().map(AtomicU64::into_inner).collect();
+        while counts.last() == Some(&0) {
+            counts.pop();
+        }
+        counts
+    }
 }
 
 impl Sample {
@@ -47,7 +87,7 @@ impl Sample {
     }
 }
 
-fn noop_call() -> pb::ToolCall {
+pub(super) fn noop_call() -> pb::ToolCall {
     pb::ToolCall {
         tool: NOOP.into(),
         arguments_json: "{}".into(),
@@ -213,6 +253,7 @@ impl Agent {
         let sample = Sample {
             elapsed: started.elapsed(),
             latencies,
+            per_second: Vec::new(),
         };
         self.complete_runs(vec![run_id]).await?;
         let calls_per_s = sample.calls_per_s();
@@ -227,36 +268,52 @@ impl Agent {
         })
     }
 
-    /// `concurrency` runs making one-call turns of `call` back to back until `total` calls are
-    /// made; each result is checked by `check`.
-    async fn drive<C>(
+    /// `concurrency` runs making one-call turns of `call` back to back until `budget` is spent;
+    /// each result is checked by `check`.
+    pub(super) async fn drive<C>(
         &self,
         progress: &Progress,
         section: &str,
         concurrency: u32,
-        total: u32,
+        budget: Budget,
         call: pb::ToolCall,
         check: C,
     ) -> Result<Sample, BenchError>
     where
         C: Fn(&pb::CallResult) -> Result<(), BenchError> + Copy + Send + 'static,
     {
-        let run_ids = self.create_runs(section, concurrency.min(total)).await?;
+        let runs = match budget {
+            Budget::Calls(total) => concurrency.min(total),
+            Budget::For(_) => concurrency,
+        };
+        let run_ids = self.create_runs(section, runs).await?;
         let claimed = Arc::new(AtomicU32::new(0));
         let started = Instant::now();
+        let seconds = match budget {
+            // A phase of calls that outlasts this counts its tail in the last second.
+            Budget::Calls(_) => 3600,
+            Budget::For(length) => length.as_secs() as usize + 2,
+        };
+        let per_second = Arc::new(PerSecond::new(started, seconds));
         let mut runners = JoinSet::new();
         for (lane, run_id) in run_ids.iter().cloned().enumerate() {
             let agent = self.clone();
             let claimed = Arc::clone(&claimed);
+            let per_second = Arc::clone(&per_second);
             let call = call.clone();
             let progress = progress.clone();
+            let more = move || match budget {
+                Budget::Calls(total) => claimed.fetch_add(1, Ordering::Relaxed) < total,
+                Budget::For(length) => started.elapsed() < length,
+            };
             runners.spawn(async move {
                 let mut latencies = Vec::new();
                 let mut turn = 0;
-                while claimed.fetch_add(1, Ordering::Relaxed) < total {
+                while more() {
                     let sent = Instant::now();
                     let results = agent.submit(lane, &run_id, turn, vec![call.clone()]).await?;
                     latencies.push(sent.elapsed());
+                    per_second.add();
                     check_results(&results, 1)?;
                     check(&results[0])?;
                     progress.add(1);
@@ -265,13 +322,18 @@ impl Agent {
                 Ok::<_, BenchError>(latencies)
             });
         }
-        let mut latencies = Vec::with_capacity(total as usize);
+        let mut latencies = Vec::new();
         while let Some(done) = runners.join_next().await {
             latencies.extend(done.map_err(|e| BenchError::Setup(format!("a bench run panicked: {e}")))??);
         }
         let elapsed = started.elapsed();
         self.complete_runs(run_ids).await?;
-        Ok(Sample { elapsed, latencies })
+        let per_second = Arc::into_inner(per_second).expect("every runner has finished").take();
+        Ok(Sample {
+            elapsed,
+            latencies,
+            per_second,
+        })
     }
 
     /// One throughput level.
@@ -283,7 +345,14 @@ impl Agent {
     ) -> Result<Throughput, BenchError> {
         progress.phase(format!("throughput, {concurrency} runs"), u64::from(total));
         let sample = self
-            .drive(progress, "throughput", concurrency, total, noop_call(), |_| Ok(()))
+            .drive(
+                progress,
+                "throughput",
+                concurrency,
+                Budget::Calls(total),
+                noop_call(),
+                |_| Ok(()),
+            )
             .await?;
         let calls_per_s = sample.calls_per_s();
         let mut latencies = sample.latencies;
@@ -408,7 +477,7 @@ impl Agent {
                 progress,
                 "payload",
                 concurrency,
-                calls,
+                Budget::Calls(calls),
                 payload_call(size),
                 length_matches,
             )

@@ -12,6 +12,7 @@ pub mod hosted;
 pub mod progress;
 pub mod report;
 pub mod stats;
+pub mod sustained;
 pub mod workers;
 
 use std::fmt;
@@ -29,6 +30,9 @@ pub enum Section {
     Sequential,
     /// Concurrent runs, each making one-call turns back to back: calls/s.
     Throughput,
+    /// Concurrent runs for a set time: calls/s second by second, and the kernel's CPU, commits
+    /// and memory per call.
+    Sustained,
     /// One turn of many calls at once.
     Fanout,
     /// A recorded run's turns submitted again: every result served from the log.
@@ -67,6 +71,19 @@ pub struct BenchArgs {
     /// Calls per throughput level, shared by its runs [default: 5000; --quick 100].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub calls: Option<u32>,
+
+    /// How long the sustained section runs, e.g. `60s` [default: 60s; --quick 2s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub sustained_for: Option<std::time::Duration>,
+
+    /// Concurrent runs of the sustained section.
+    #[arg(long, default_value_t = 64, value_name = "C", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub sustained_concurrency: u32,
+
+    /// After the sustained section, wait this long with nothing running and report the kernel's
+    /// resident memory then, e.g. `60s` [default: none].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub settle: Option<std::time::Duration>,
 
     /// Calls in the one turn of the fan-out section [default: 100; --quick 20].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
@@ -115,6 +132,8 @@ pub struct Plan {
     pub workers: u32,
     pub sequential: Option<u32>,
     pub throughput: Option<(Vec<u32>, u32)>,
+    /// Concurrency, length and settle time of the sustained section.
+    pub sustained: Option<(u32, std::time::Duration, Option<std::time::Duration>)>,
     pub fanout: Option<(u32, u32)>,
     pub replay: Option<(u32, u32)>,
     /// Sizes with the calls each makes, and the concurrency.
@@ -143,6 +162,12 @@ impl Plan {
                     .unwrap_or_else(|| if quick { vec![1, 16] } else { vec![1, 16, 64, 256] });
                 (levels, pick(args.calls, 5000, 100))
             }),
+            sustained: wants(Section::Sustained).then(|| {
+                let length = args
+                    .sustained_for
+                    .unwrap_or(std::time::Duration::from_secs(if quick { 2 } else { 60 }));
+                (args.sustained_concurrency, length, args.settle)
+            }),
             fanout: wants(Section::Fanout).then(|| (pick(args.fanout, 100, 20), pick(args.fanout_turns, 5, 2))),
             replay: wants(Section::Replay).then(|| (pick(args.replay_turns, 100, 5), pick(args.replay_calls, 100, 20))),
             payload: wants(Section::Payload).then(|| {
@@ -168,6 +193,7 @@ impl Plan {
             self.throughput
                 .as_ref()
                 .and_then(|(levels, _)| levels.iter().max().copied()),
+            self.sustained.map(|(concurrency, _, _)| concurrency),
             self.fanout.map(|(calls, _)| calls),
             self.replay.map(|(_, calls)| calls),
             self.payload.as_ref().map(|(_, concurrency)| *concurrency),
@@ -176,6 +202,14 @@ impl Plan {
         .flatten()
         .max()
         .unwrap_or(1)
+    }
+}
+
+/// A length of time: `250ms`, `30s`, `5m`, or whole seconds.
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    match kernel_proto::duration::parse_millis(text)? {
+        0 => Err("give a positive duration".into()),
+        ms => Ok(std::time::Duration::from_millis(ms)),
     }
 }
 
@@ -317,6 +351,7 @@ mod tests {
         assert_eq!(plan.workers, 4);
         assert_eq!(plan.sequential, Some(2000));
         assert_eq!(plan.throughput, Some((vec![1, 16, 64, 256], 5000)));
+        assert_eq!(plan.sustained, Some((64, std::time::Duration::from_secs(60), None)));
         assert_eq!(plan.fanout, Some((100, 5)));
         assert_eq!(plan.replay, Some((100, 100)));
         let (sizes, concurrency) = plan.payload.clone().unwrap();
@@ -335,6 +370,7 @@ mod tests {
         let plan = Plan::new(&args(&["--quick", "--sequential", "7"]));
         assert_eq!(plan.sequential, Some(7));
         assert_eq!(plan.throughput, Some((vec![1, 16], 100)));
+        assert_eq!(plan.sustained, Some((64, std::time::Duration::from_secs(2), None)));
         assert_eq!(plan.replay, Some((5, 20)));
         assert_eq!(plan.fanout, Some((20, 2)));
         assert!(plan.payload.unwrap().0.iter().all(|(_, calls)| *calls == 10));
@@ -354,6 +390,7 @@ mod tests {
         assert_eq!(plan.sequential, Some(2000));
         assert_eq!(plan.fanout, Some((300, 5)));
         assert_eq!(plan.throughput, None);
+        assert_eq!(plan.sustained, None);
         assert_eq!(plan.replay, None);
         assert_eq!(plan.payload, None);
         assert_eq!(plan.peak_concurrency(), 300);

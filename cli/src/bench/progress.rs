@@ -78,13 +78,16 @@ impl Progress {
         Ticker { stop }
     }
 
-    /// A new phase of `total` units (calls, usually).
+    /// A new phase of `total` units (calls, usually); 0 for a phase that lasts a set time.
     pub fn phase(&self, label: impl Into<String>, total: u64) {
         let label = label.into();
         self.shared.done.store(0, Ordering::Relaxed);
         let mut phase = self.shared.phase.lock().expect("progress lock");
         if !self.shared.live {
-            eprintln!("bench: {label}: {total} calls");
+            match total {
+                0 => eprintln!("bench: {label}"),
+                total => eprintln!("bench: {label}: {total} calls"),
+            }
         }
         *phase = Phase {
             label,
@@ -126,9 +129,13 @@ impl Progress {
         let done = self.shared.done.load(Ordering::Relaxed);
         let secs = started.elapsed().as_secs_f64();
         let rate = if secs > 0.0 { done as f64 / secs } else { 0.0 };
+        let of = match phase.total {
+            0 => String::new(),
+            total => format!("/{total}"),
+        };
         Some(format!(
-            "bench: {}: {done}/{} calls, {rate:.0}/s, {secs:.1}s",
-            phase.label, phase.total
+            "bench: {}: {done}{of} calls, {rate:.0}/s, {secs:.1}s",
+            phase.label
         ))
     }
 

@@ -13,6 +13,7 @@ pub struct Report {
     pub workers: u32,
     pub sequential: Option<Sequential>,
     pub throughput: Option<Vec<Throughput>>,
+    pub sustained: Option<super::sustained::Sustained>,
     pub fanout: Option<Fanout>,
     pub replay: Option<Replay>,
     pub payload: Option<Vec<Payload>>,
@@ -100,6 +101,61 @@ fn size(bytes: u64) -> String {
     super::ByteSize(bytes).to_string()
 }
 
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+}
+
+/// The sustained section: its rate and latency, the rate second by second, and the kernel's cost.
+fn sustained(s: &super::sustained::Sustained) -> String {
+    let mut text = format!(
+        "\nsustained ({} concurrent runs for {:.0}s, one-call turns back to back)\n",
+        s.concurrency, s.seconds
+    );
+    // The last second holds only the calls in flight when time ran out.
+    let whole = &s.per_second[..s.per_second.len().saturating_sub(1)];
+    text.push_str(&table(
+        &[
+            "CALLS",
+            "CALLS/S",
+            "P50",
+            "P99",
+            "MAX",
+            "SLOWEST SECOND",
+            "FASTEST SECOND",
+        ],
+        [vec![
+            s.calls.to_string(),
+            rate(s.calls_per_s),
+            ms(s.latency.p50_ms),
+            ms(s.latency.p99_ms),
+            ms(s.latency.max_ms),
+            whole.iter().min().map_or_else(|| "-".into(), u64::to_string),
+            whole.iter().max().map_or_else(|| "-".into(), u64::to_string),
+        ]],
+    ));
+    let series: Vec<String> = whole.iter().map(u64::to_string).collect();
+    text.push_str(&format!("calls/s by second: {}\n", series.join(" ")));
+    match &s.kernel {
+        Some(k) => {
+            let cpu = k.cpu_ms_per_call.map_or_else(|| "-".into(), ms);
+            let mut line = format!(
+                "kernel: cpu {cpu}/call, {:.2} commits/call; rss {} before, {} peak, {} at the end",
+                k.commits_per_call,
+                mib(k.rss_before_bytes),
+                mib(k.rss_peak_bytes),
+                mib(k.rss_end_bytes)
+            );
+            if let (Some(settled), Some(after)) = (k.rss_settled_bytes, k.settle_s) {
+                line.push_str(&format!(", {} after {after:.0}s idle", mib(settled)));
+            }
+            text.push_str(&line);
+            text.push('\n');
+        }
+        None => text.push_str("kernel: its figures need a key with admin (GetStatus)\n"),
+    }
+    text
+}
+
 impl Report {
     /// The human form: a heading and a table per section that ran.
     pub fn render(&self) -> String {
@@ -136,6 +192,9 @@ impl Report {
                     ]
                 }),
             ));
+        }
+        if let Some(s) = &self.sustained {
+            text.push_str(&sustained(s));
         }
         if let Some(f) = &self.fanout {
             text.push_str("\nfan-out (all calls of one turn at once)\n");
@@ -245,6 +304,23 @@ mod tests {
                 calls_per_s: 10_000.0,
                 latency: latency(6.0),
             }]),
+            sustained: Some(super::super::sustained::Sustained {
+                concurrency: 64,
+                seconds: 3.0,
+                calls: 9_050,
+                calls_per_s: 3_016.0,
+                per_second: vec![3_000, 3_100, 2_900, 50],
+                latency: latency(20.0),
+                kernel: Some(super::super::sustained::KernelCost {
+                    cpu_ms_per_call: Some(0.31),
+                    commits_per_call: 0.25,
+                    rss_before_bytes: 40 << 20,
+                    rss_peak_bytes: 60 << 20,
+                    rss_end_bytes: 50 << 20,
+                    rss_settled_bytes: Some(41 << 20),
+                    settle_s: Some(60.0),
+                }),
+            }),
             fanout: None,
             replay: Some(Replay {
                 turns: 100,
@@ -297,6 +373,16 @@ mod tests {
         );
         assert!(text.contains("64    5000   10000    6.000ms  24.0ms  60.0ms"), "{text}");
         assert!(!text.contains("fan-out"), "{text}");
+        assert!(text.contains("sustained (64 concurrent runs for 3s"), "{text}");
+        assert!(text.contains("calls/s by second: 3000 3100 2900\n"), "{text}");
+        assert!(text.contains("2900            3100"), "{text}");
+        assert!(
+            text.contains(
+                "kernel: cpu 0.310ms/call, 0.25 commits/call; rss 40.0 MiB before, 60.0 MiB peak, 50.0 MiB at \
+                 the end, 41.0 MiB after 60s idle"
+            ),
+            "{text}"
+        );
         assert!(text.contains("150.0ms"), "{text}");
         assert!(text.contains("1 MiB  64     64       67.1"), "{text}");
         assert!(text.contains("hosted runs"), "{text}");
@@ -317,5 +403,7 @@ mod tests {
         assert!(json["fanout"].is_null());
         assert_eq!(json["replay"]["replayed"], 10_000);
         assert_eq!(json["payload"][0]["mb_per_s"], 67.1);
+        assert_eq!(json["sustained"]["per_second"][1], 3_100);
+        assert_eq!(json["sustained"]["kernel"]["commits_per_call"], 0.25);
     }
 }

@@ -36,7 +36,7 @@ pub async fn run(addr: &KernelAddr, access: &Access, out: &mut Output<'_>, args:
     )
     .await?;
 
-    let measured = sections(&agent, &progress, &plan, addr).await;
+    let measured = sections(&agent, &progress, &plan, (addr, &kernel)).await;
     let measured = match (measured, plan.hosted) {
         (Ok(mut report), Some(counts)) => {
             let clients = (kernel.runs.clone(), kernel.registry.clone());
@@ -62,12 +62,18 @@ pub async fn run(addr: &KernelAddr, access: &Access, out: &mut Output<'_>, args:
     Ok(())
 }
 
-async fn sections(agent: &Agent, progress: &Progress, plan: &Plan, addr: &KernelAddr) -> Result<Report, BenchError> {
+async fn sections(
+    agent: &Agent,
+    progress: &Progress,
+    plan: &Plan,
+    (addr, kernel): (&KernelAddr, &Kernel),
+) -> Result<Report, BenchError> {
     let mut report = Report {
         kernel: addr.to_string(),
         workers: plan.workers,
         sequential: None,
         throughput: None,
+        sustained: None,
         fanout: None,
         replay: None,
         payload: None,
@@ -82,6 +88,9 @@ async fn sections(agent: &Agent, progress: &Progress, plan: &Plan, addr: &Kernel
             measured.push(agent.throughput(progress, concurrency, *calls).await?);
         }
         report.throughput = Some(measured);
+    }
+    if let Some(sustained) = plan.sustained {
+        report.sustained = Some(crate::bench::sustained::run(agent, kernel.admin.clone(), progress, sustained).await?);
     }
     if let Some((calls, turns)) = plan.fanout {
         report.fanout = Some(agent.fanout(progress, calls, turns).await?);

@@ -130,6 +130,8 @@ impl AdminService for AdminApi {
             in_flight_scans: gauges.scans,
             lost_calls_found: gauges.lost_found,
             resource_locks,
+            cpu_micros: crate::memory::cpu_micros().unwrap_or(0),
+            store_commits: crate::metrics::get().commits(),
         }))
     }
 }

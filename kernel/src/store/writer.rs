@@ -494,7 +494,7 @@ pub fn run(mut conn: WriteConn, replica: &str, commands: Receiver<Command>, publ
             error => error,
         };
         let metrics = crate::metrics::get();
-        metrics.batch(commands, committing.elapsed(), began.elapsed());
+        metrics.batch(commands, committing.elapsed(), began.elapsed(), commit_error.is_none());
         if commit_error.is_some() {
             let _ = conn.batch("ROLLBACK");
             published.clear();
