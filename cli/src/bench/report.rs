@@ -11,6 +11,8 @@ use crate::render::table;
 pub struct Report {
     pub kernel: String,
     pub workers: u32,
+    /// The kernel's resident memory per open worker session; `None` without `GetStatus`.
+    pub sessions: Option<super::sustained::Sessions>,
     pub sequential: Option<Sequential>,
     pub throughput: Option<Vec<Throughput>>,
     pub sustained: Option<super::sustained::Sustained>,
@@ -163,6 +165,14 @@ impl Report {
             "kernelctl bench: {} with {} worker sessions\n",
             self.kernel, self.workers
         );
+        if let Some(s) = &self.sessions {
+            text.push_str(&format!(
+                "kernel rss {} before the sessions opened, {} after: {:.1} KiB per session\n",
+                mib(s.rss_before_bytes),
+                mib(s.rss_after_bytes),
+                s.kib_per_session
+            ));
+        }
         if let Some(s) = &self.sequential {
             text.push_str("\nsequential round trip (one call per turn)\n");
             text.push_str(&table(
@@ -291,6 +301,12 @@ mod tests {
         Report {
             kernel: "http://127.0.0.1:1".into(),
             workers: 4,
+            sessions: Some(super::super::sustained::Sessions {
+                sessions: 4,
+                rss_before_bytes: 20 << 20,
+                rss_after_bytes: (20 << 20) + 200 * 1024,
+                kib_per_session: 50.0,
+            }),
             sequential: Some(Sequential {
                 calls: 2000,
                 elapsed_s: 1.0,
@@ -367,6 +383,10 @@ mod tests {
         let text = report().render();
         assert!(text.starts_with("kernelctl bench: http://127.0.0.1:1 with 4 worker sessions\n"));
         assert!(text.contains("sequential round trip"), "{text}");
+        assert!(
+            text.contains("kernel rss 20.0 MiB before the sessions opened, 20.2 MiB after: 50.0 KiB per session"),
+            "{text}"
+        );
         assert!(
             text.contains("2000   2000     0.500ms  1.000ms  2.000ms  5.000ms"),
             "{text}"

@@ -57,6 +57,39 @@ struct Usage {
     resident: u64,
 }
 
+/// What the kernel holds per worker session: its resident memory before and after the
+/// benchmark's sessions opened (and before any call ran).
+#[derive(Debug, Clone, Serialize)]
+pub struct Sessions {
+    pub sessions: u32,
+    pub rss_before_bytes: u64,
+    pub rss_after_bytes: u64,
+    /// The difference over the sessions, in KiB (1,024 bytes).
+    pub kib_per_session: f64,
+}
+
+impl Sessions {
+    /// Resident memory now, to compare once the sessions are open.
+    pub async fn before(admin: &mut AdminServiceClient<Authed>) -> Option<u64> {
+        usage(admin).await.map(|usage| usage.resident)
+    }
+
+    /// The figures, from `before` and a reading now; `None` when either is missing.
+    pub async fn measure(
+        admin: &mut AdminServiceClient<Authed>,
+        before: Option<u64>,
+        sessions: u32,
+    ) -> Option<Sessions> {
+        let (before, after) = (before?, usage(admin).await?.resident);
+        Some(Sessions {
+            sessions,
+            rss_before_bytes: before,
+            rss_after_bytes: after,
+            kib_per_session: after.saturating_sub(before) as f64 / 1024.0 / f64::from(sessions.max(1)),
+        })
+    }
+}
+
 async fn usage(admin: &mut AdminServiceClient<Authed>) -> Option<Usage> {
     let status = admin.get_status(pb::GetStatusRequest {}).await.ok()?.into_inner();
     Some(Usage {

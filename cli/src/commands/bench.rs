@@ -25,6 +25,8 @@ pub async fn run(addr: &KernelAddr, access: &Access, out: &mut Output<'_>, args:
 
     let label = format!("{}-{}", std::process::id(), unique_suffix());
     let agent = Agent::connect(addr, access, &label).await?;
+    let mut admin = kernel.admin.clone();
+    let before_sessions = crate::bench::sustained::Sessions::before(&mut admin).await;
     progress.note(&format!("opening {} worker sessions", plan.workers));
     let workers = BenchWorkers::start(
         addr.as_str(),
@@ -35,8 +37,10 @@ pub async fn run(addr: &KernelAddr, access: &Access, out: &mut Output<'_>, args:
         plan.peak_concurrency(),
     )
     .await?;
+    let sessions = crate::bench::sustained::Sessions::measure(&mut admin, before_sessions, plan.workers).await;
 
     let measured = sections(&agent, &progress, &plan, (addr, &kernel)).await;
+    let measured = measured.map(|report| Report { sessions, ..report });
     let measured = match (measured, plan.hosted) {
         (Ok(mut report), Some(counts)) => {
             let clients = (kernel.runs.clone(), kernel.registry.clone());
@@ -71,6 +75,7 @@ async fn sections(
     let mut report = Report {
         kernel: addr.to_string(),
         workers: plan.workers,
+        sessions: None,
         sequential: None,
         throughput: None,
         sustained: None,
