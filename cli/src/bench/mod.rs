@@ -56,7 +56,8 @@ pub struct BenchArgs {
     #[arg(long, value_enum, value_delimiter = ',', value_name = "SECTION,...")]
     pub sections: Vec<Section>,
 
-    /// Worker sessions opened by the benchmark; the report gives the kernel's memory per session.
+    /// Worker sessions opened by the benchmark; with 100 or more, the report gives the kernel's
+    /// resident memory per session.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub workers: u32,
 

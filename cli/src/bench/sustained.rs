@@ -16,6 +16,9 @@ use super::progress::Progress;
 use super::stats::Latency;
 use crate::client::Authed;
 
+/// The fewest worker sessions whose memory the report divides among them.
+pub const SESSIONS_MEASURED: u32 = 100;
+
 /// How often resident memory is sampled for its peak.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
@@ -74,12 +77,17 @@ impl Sessions {
         usage(admin).await.map(|usage| usage.resident)
     }
 
-    /// The figures, from `before` and a reading now; `None` when either is missing.
+    /// The figures, from `before` and a reading now; `None` when either is missing, or for fewer
+    /// than [`SESSIONS_MEASURED`] sessions, whose difference is lost in the noise of a process
+    /// warming up.
     pub async fn measure(
         admin: &mut AdminServiceClient<Authed>,
         before: Option<u64>,
         sessions: u32,
     ) -> Option<Sessions> {
+        if sessions < SESSIONS_MEASURED {
+            return None;
+        }
         let (before, after) = (before?, usage(admin).await?.resident);
         Some(Sessions {
             sessions,
