@@ -235,3 +235,21 @@ impl Config {
         ])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_otlp_endpoint_is_a_plain_grpc_address() {
+        assert_eq!(
+            otlp_endpoint("http://127.0.0.1:4317/"),
+            Ok("http://127.0.0.1:4317".into())
+        );
+        let tls = otlp_endpoint("https://collector:4317").unwrap_err();
+        assert!(tls.contains("plain gRPC only"), "{tls}");
+        for bad in ["127.0.0.1:4317", "collector", "ftp://collector:21", "http://"] {
+            assert!(otlp_endpoint(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+}

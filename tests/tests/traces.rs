@@ -388,6 +388,32 @@ async fn a_hosted_run_and_its_subagent_share_the_trace() {
     check_attempt(&spans, by_name("agent child"), child);
 }
 
+#[tokio::test]
+async fn a_collector_that_is_down_costs_spans_never_calls() {
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let kernel = kernel_exporting_to(&format!("http://127.0.0.1:{port}"));
+    let _worker = kernel.fault_worker("w1");
+    kernel.wait_for_workers("traced", 1).await;
+    let run = create_traced_run(&kernel, run_of("unheard-agent")).await;
+    let outcome = submit(&kernel, &run.id, 0, vec![call("traced", json!({}))])
+        .await
+        .unwrap();
+    assert_eq!(outcome.results[0].status, pb::CallStatus::Ok as i32, "{outcome:?}");
+    kernel.complete(&run.id).await;
+    kernel.process.log.wait_for("cannot export spans");
+    // The kernel goes on serving.
+    let again = create_traced_run(&kernel, run_of("unheard-agent")).await;
+    let outcome = submit(&kernel, &again.id, 0, vec![call("traced", json!({}))])
+        .await
+        .unwrap();
+    assert_eq!(outcome.results[0].status, pb::CallStatus::Ok as i32);
+}
+
 fn key_is(span: &Span, key: &str, attempt: &str) -> bool {
     attribute(span, "kernel.step.key").as_deref() == Some(key)
         && attribute(span, "kernel.attempt").as_deref() == Some(attempt)
