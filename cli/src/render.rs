@@ -725,7 +725,8 @@ fn short_replica(replica: &str) -> String {
 }
 
 /// Bytes in binary units with one decimal: `812.0 KiB`, `41.3 MiB`.
-fn bytes(n: Option<u64>) -> String {
+/// A byte count in binary units (`40.0 MiB`); `-` when unknown.
+pub fn bytes(n: Option<u64>) -> String {
     let Some(n) = n else {
         return NONE.to_owned();
     };

@@ -143,6 +143,11 @@ impl Hub {
         let _ = self.traces.set(traces);
     }
 
+    /// Whether commits become spans here (`--otlp-endpoint`).
+    pub fn exports_traces(&self) -> bool {
+        self.traces.get().is_some()
+    }
+
     /// Publishes what a store batch committed.
     pub fn publish_committed(&self, published: Vec<Published>) {
         if let Some(traces) = self.traces.get() {

@@ -7,6 +7,7 @@
 
 pub mod canonical;
 pub mod duration;
+pub mod traceparent;
 
 /// Generated messages, clients and servers of package `kernel.v1`.
 #[allow(clippy::all, missing_docs)]

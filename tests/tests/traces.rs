@@ -119,10 +119,15 @@ fn kernel_exporting_to(endpoint: &str) -> Kernel {
 
 /// Creates a run as `request` asks, under the agent's `traceparent`.
 async fn create_traced_run(kernel: &Kernel, request: pb::CreateRunRequest) -> pb::Run {
+    create_under(kernel, request, &traceparent()).await
+}
+
+/// Creates a run as `request` asks, with `traceparent` as its request metadata.
+async fn create_under(kernel: &Kernel, request: pb::CreateRunRequest, traceparent: &str) -> pb::Run {
     let mut request = Request::new(request);
     request
         .metadata_mut()
-        .insert("traceparent", traceparent().parse().unwrap());
+        .insert("traceparent", traceparent.parse().unwrap());
     kernel
         .runs()
         .await
@@ -194,37 +199,13 @@ async fn a_run_and_each_call_attempt_are_spans_of_the_agents_trace() {
     kernel.wait_for_workers("traced", 1).await;
     // A run whose agent does not record its trace exports nothing; a traceparent that does not
     // parse is ignored, and the run has a trace of its own.
-    let mut unsampled = Request::new(run_of("unsampled-agent"));
     let flags_off = format!("00-{AGENT_TRACE}-{AGENT_SPAN}-00");
-    unsampled
-        .metadata_mut()
-        .insert("traceparent", flags_off.parse().unwrap());
-    let unsampled = kernel
-        .runs()
-        .await
-        .create_run(unsampled)
-        .await
-        .unwrap()
-        .into_inner()
-        .run
-        .unwrap();
+    let unsampled = create_under(&kernel, run_of("unsampled-agent"), &flags_off).await;
     submit(&kernel, &unsampled.id, 0, vec![call("traced", json!({}))])
         .await
         .unwrap();
     kernel.complete(&unsampled.id).await;
-    let mut garbled = Request::new(run_of("garbled-agent"));
-    garbled
-        .metadata_mut()
-        .insert("traceparent", "00-not-a-trace-01".parse().unwrap());
-    let garbled = kernel
-        .runs()
-        .await
-        .create_run(garbled)
-        .await
-        .unwrap()
-        .into_inner()
-        .run
-        .unwrap();
+    let garbled = create_under(&kernel, run_of("garbled-agent"), "00-not-a-trace-01").await;
     assert_eq!(garbled.trace_id.len(), 32);
     assert_ne!(garbled.trace_id, AGENT_TRACE);
 

@@ -19,26 +19,20 @@ use std::collections::HashMap;
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceContext {
+    parent: kernel_proto::traceparent::TraceParent,
+    /// Its version-`00` text, which the accessors slice.
     traceparent: String,
 }
 
 impl TraceContext {
-    /// Reads a version-`00` `traceparent`; `None` when it is not one (the context is then
-    /// ignored, as the W3C rules say).
+    /// Reads a `traceparent` as the W3C rules do (the kernel reads it the same way); `None` when
+    /// it is not one, and the context is then ignored.
     pub fn parse(traceparent: &str) -> Option<TraceContext> {
-        let fields: Vec<&str> = traceparent.split('-').collect();
-        let [version, trace, span, flags] = fields[..] else {
-            return None;
-        };
-        let hex = |field: &str, len: usize| {
-            field.len() == len && field.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        };
-        let zero = |field: &str| field.bytes().all(|b| b == b'0');
-        (version == "00" && hex(trace, 32) && hex(span, 16) && hex(flags, 2) && !zero(trace) && !zero(span)).then(
-            || TraceContext {
-                traceparent: traceparent.to_owned(),
-            },
-        )
+        let parent: kernel_proto::traceparent::TraceParent = traceparent.parse().ok()?;
+        Some(TraceContext {
+            parent,
+            traceparent: parent.to_string(),
+        })
     }
 
     /// The `traceparent` header's text, to send on with outgoing requests.
@@ -58,7 +52,7 @@ impl TraceContext {
 
     /// Whether the trace is being recorded.
     pub fn sampled(&self) -> bool {
-        u8::from_str_radix(&self.traceparent[53..55], 16).is_ok_and(|flags| flags & 1 == 1)
+        self.parent.sampled()
     }
 
     /// The context as a propagation carrier (`{"traceparent": ...}`), for an OpenTelemetry

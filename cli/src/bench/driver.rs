@@ -39,7 +39,7 @@ pub struct Agent {
 pub(super) struct Sample {
     pub elapsed: Duration,
     pub latencies: Vec<Duration>,
-    /// Calls completed in each second of the phase, in order.
+    /// Calls completed in each second of a phase of a set length, in order; empty otherwise.
     pub per_second: Vec<u64>,
 }
 
@@ -82,7 +82,7 @@ impl PerSecond {
 }
 
 impl Sample {
-    fn calls_per_s(&self) -> f64 {
+    pub(super) fn calls_per_s(&self) -> f64 {
         self.latencies.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 }
@@ -289,17 +289,16 @@ impl Agent {
         let run_ids = self.create_runs(section, runs).await?;
         let claimed = Arc::new(AtomicU32::new(0));
         let started = Instant::now();
-        let seconds = match budget {
-            // A phase of calls that outlasts this counts its tail in the last second.
-            Budget::Calls(_) => 3600,
-            Budget::For(length) => length.as_secs() as usize + 2,
+        // Only a phase of a set length is told second by second.
+        let per_second = match budget {
+            Budget::Calls(_) => None,
+            Budget::For(length) => Some(Arc::new(PerSecond::new(started, length.as_secs() as usize + 2))),
         };
-        let per_second = Arc::new(PerSecond::new(started, seconds));
         let mut runners = JoinSet::new();
         for (lane, run_id) in run_ids.iter().cloned().enumerate() {
             let agent = self.clone();
             let claimed = Arc::clone(&claimed);
-            let per_second = Arc::clone(&per_second);
+            let per_second = per_second.clone();
             let call = call.clone();
             let progress = progress.clone();
             let more = move || match budget {
@@ -313,7 +312,9 @@ impl Agent {
                     let sent = Instant::now();
                     let results = agent.submit(lane, &run_id, turn, vec![call.clone()]).await?;
                     latencies.push(sent.elapsed());
-                    per_second.add();
+                    if let Some(per_second) = &per_second {
+                        per_second.add();
+                    }
                     check_results(&results, 1)?;
                     check(&results[0])?;
                     progress.add(1);
@@ -328,7 +329,9 @@ impl Agent {
         }
         let elapsed = started.elapsed();
         self.complete_runs(run_ids).await?;
-        let per_second = Arc::into_inner(per_second).expect("every runner has finished").take();
+        let per_second = per_second
+            .map(|counts| Arc::into_inner(counts).expect("every runner has finished").take())
+            .unwrap_or_default();
         Ok(Sample {
             elapsed,
             latencies,

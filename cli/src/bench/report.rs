@@ -104,7 +104,7 @@ fn size(bytes: u64) -> String {
 }
 
 fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+    crate::render::bytes(Some(bytes))
 }
 
 /// The sustained section: its rate and latency, the rate second by second, and the kernel's cost.

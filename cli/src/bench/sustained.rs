@@ -149,7 +149,7 @@ pub async fn run(
         (Some(before), Some(end)) => Some(cost(before, end, peak, settled, calls)),
         _ => None,
     };
-    let calls_per_s = calls as f64 / sample.elapsed.as_secs_f64().max(1e-9);
+    let calls_per_s = sample.calls_per_s();
     let mut latencies = sample.latencies;
     let latency = Latency::of(&mut latencies).ok_or_else(|| BenchError::Unexpected("no call completed".into()))?;
     progress.finish(&format!(

@@ -384,7 +384,7 @@ impl Session {
                         run_id: step.run_id.to_string(),
                         agent: step.tool.clone(),
                         input_json: step.arguments.clone(),
-                        traceparent: crate::traces::handed_to_worker(&step, attempt),
+                        traceparent: crate::traces::handed_to_worker(&step, attempt, self.kernel.hub.exports_traces()),
                     };
                     return self.tx.send(out(Out::Run(run))).await.is_ok();
                 }
@@ -400,7 +400,7 @@ impl Session {
                     arguments_json: step.arguments.clone(),
                     idempotency_key: step.idempotency_key.clone(),
                     timeout_ms: step.timeout_ms,
-                    traceparent: crate::traces::handed_to_worker(&step, attempt),
+                    traceparent: crate::traces::handed_to_worker(&step, attempt, self.kernel.hub.exports_traces()),
                 })
             }
             Outbound::Cancel {

@@ -47,7 +47,7 @@ impl Sink {
             if mark
                 .step
                 .as_ref()
-                .is_some_and(|step| step.trace.is_some_and(|trace| !trace.sampled()))
+                .is_some_and(|step| !super::sampled(step.trace.as_ref()))
             {
                 continue;
             }
@@ -102,7 +102,6 @@ pub fn start(endpoint: &str, reads: Readers) -> Result<(Sink, Exporting), Kernel
         }
         .run(received, finish.clone()),
     );
-    super::EXPORTING.store(true, Ordering::Relaxed);
     info!(endpoint, "exporting traces over otlp");
     Ok((Sink { marks, dropped }, Exporting { finish, task }))
 }
@@ -151,7 +150,7 @@ impl Task {
         self.batch.extend(spans);
         if let Some((run, ended)) = run_ended {
             match self.reads.run(run.clone()).await {
-                Ok(Some(record)) if super::exported(record.trace.as_ref()) => {
+                Ok(Some(record)) if super::sampled(record.trace.as_ref()) => {
                     self.batch.push(run_span_of(&record, ended));
                 }
                 Ok(_) => {}

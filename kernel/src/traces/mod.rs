@@ -12,33 +12,26 @@ mod spans;
 pub use context::{TraceParent, attempt_span, for_subagent, phase_span, run_span, trace_id};
 pub use export::{Exporting, Sink, start};
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use crate::model::StepRecord;
 
-/// Set once an exporter runs: from then on a dispatch names its attempt's span.
-static EXPORTING: AtomicBool = AtomicBool::new(false);
-
-/// Whether this kernel exports spans.
-pub fn exporting() -> bool {
-    EXPORTING.load(Ordering::Relaxed)
-}
-
-/// Whether the spans of a run under `trace` are exported: the agent's sampling decision stands.
-pub fn exported(trace: Option<&TraceParent>) -> bool {
-    exporting() && trace.is_none_or(TraceParent::sampled)
+/// Whether a run under `trace` has its spans exported (when the kernel exports any): the agent's
+/// sampling decision stands, and a run of its own trace is sampled.
+pub fn sampled(trace: Option<&TraceParent>) -> bool {
+    trace.is_none_or(TraceParent::sampled)
 }
 
 /// The `traceparent` a worker is handed with attempt `attempt` of `step`: the attempt's `run`
-/// span when it is exported, so the tool's spans sit inside it; else the agent's own context, so
-/// they still join the agent's trace; else nothing.
-pub fn handed_to_worker(step: &StepRecord, attempt: u32) -> String {
-    if exported(step.trace.as_ref()) {
+/// span when the kernel is `exporting` it, so the tool's spans sit inside it; else the agent's own
+/// context, so they still join the agent's trace; else nothing.
+pub fn handed_to_worker(step: &StepRecord, attempt: u32, exporting: bool) -> String {
+    if exporting && sampled(step.trace.as_ref()) {
         let span = phase_span(&step.run_id, &step.key, attempt, "run");
         return TraceParent {
             trace_id: trace_id(&step.run_id, step.trace.as_ref()),
             span_id: span,
-            flags: step.trace.map_or(0x01, |trace| trace.flags),
+            flags: step
+                .trace
+                .map_or(kernel_proto::traceparent::SAMPLED, |trace| trace.flags),
         }
         .to_string();
     }

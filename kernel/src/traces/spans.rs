@@ -144,6 +144,19 @@ struct Attempt {
     start_committed: Option<SystemTime>,
 }
 
+impl Attempt {
+    /// Attempt `number`, scheduled at `scheduled` and not started yet.
+    fn pending(number: u32, scheduled: SystemTime, not_before: Option<Millis>) -> Attempt {
+        Attempt {
+            number,
+            scheduled,
+            not_before,
+            started: None,
+            start_committed: None,
+        }
+    }
+}
+
 /// What a mark produced: spans to export, and a run that ended (its span needs its record).
 #[derive(Debug, Default)]
 pub struct Emitted {
@@ -179,16 +192,9 @@ impl Tracer {
                 // Settled as it was recorded: refused, a cache hit, or replayed in a branch.
                 spans.push(attempt(&mark, step, None, step.attempts.max(1)));
             }
-            EventType::ToolScheduled => self.keep(id, first_attempt(step)),
+            EventType::ToolScheduled => self.keep(id, Attempt::pending(1, time(step.created_at), step.not_before)),
             EventType::ToolResumed | EventType::AgentResumed => {
-                let next = Attempt {
-                    number: step.attempts + 1,
-                    scheduled: mark.committed,
-                    not_before: None,
-                    started: None,
-                    start_committed: None,
-                };
-                self.keep(id, next);
+                self.keep(id, Attempt::pending(step.attempts + 1, mark.committed, None));
             }
             kind if starts(kind) => {
                 let mut held = self
@@ -213,14 +219,7 @@ impl Tracer {
                     spans.extend(phase_spans(&mark, step, &held));
                 }
                 if !step.status.is_terminal() {
-                    let next = Attempt {
-                        number: number + 1,
-                        scheduled: mark.committed,
-                        not_before: step.not_before,
-                        started: None,
-                        start_committed: None,
-                    };
-                    self.keep(id, next);
+                    self.keep(id, Attempt::pending(number + 1, mark.committed, step.not_before));
                 }
             }
             _ => {}
@@ -232,16 +231,6 @@ impl Tracer {
         if self.attempts.len() < MAX_ATTEMPTS_KEPT || self.attempts.contains_key(&id) {
             self.attempts.insert(id, attempt);
         }
-    }
-}
-
-fn first_attempt(step: &StepMark) -> Attempt {
-    Attempt {
-        number: 1,
-        scheduled: time(step.created_at),
-        not_before: step.not_before,
-        started: None,
-        start_committed: None,
     }
 }
 
@@ -265,12 +254,8 @@ pub fn time(at: Millis) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(at.max(0) as u64)
 }
 
-fn ids(mark: &Mark, step: &StepMark) -> ([u8; 16], [u8; 8]) {
-    (trace_id(&mark.run, step.trace.as_ref()), run_span(&mark.run))
-}
-
 fn attempt(mark: &Mark, step: &StepMark, scheduled: Option<SystemTime>, number: u32) -> SpanData {
-    let (trace, parent) = ids(mark, step);
+    let trace = trace_id(&mark.run, step.trace.as_ref());
     let start = scheduled.unwrap_or_else(|| time(step.created_at)).min(mark.committed);
     let what = match step.kind {
         StepKind::Agent => "agent",
@@ -306,7 +291,7 @@ fn attempt(mark: &Mark, step: &StepMark, scheduled: Option<SystemTime>, number: 
     };
     span(
         (trace, attempt_span(&mark.run, &step.key, number)),
-        (parent, false),
+        (run_span(&mark.run), false),
         format!("{what} {}", step.tool),
         (start, mark.committed),
         attributes,

@@ -37,7 +37,7 @@ import pydantic_core
 from ._agent_wire import CallLike, call_result, tool_call
 from ._proto import common_pb2, hosted_pb2, hosted_pb2_grpc, tool_calls_pb2
 from .canonical import idempotency_key, to_canonical, tool_fingerprint
-from .context import Cancellation
+from .context import Cancellation, _carrier
 from .records import CallOutcome, CallResult
 from .tools import ToolDefinitionError, _summary
 
@@ -348,7 +348,7 @@ class AgentContext:
         `{"traceparent": ...}` naming the dispatch's span when the kernel exports traces, else
         the agent's own `traceparent`; `{}` when there is neither.
         """
-        return {"traceparent": self._traceparent} if self._traceparent else {}
+        return _carrier(self._traceparent)
 
     @property
     def parent_run_id(self) -> str | None:
