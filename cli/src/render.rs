@@ -761,7 +761,10 @@ pub fn status_text(status: &StatusView) -> String {
                     .cpu_micros
                     .map_or_else(|| NONE.to_owned(), |micros| format!("{:.2} s", micros as f64 / 1e6)),
             ),
-            ("store commits", status.store_commits.to_string()),
+            (
+                "store commits",
+                format!("{} ({} synced to disk)", status.store_commits, status.store_syncs),
+            ),
             (
                 "in-flight scans",
                 format!(
@@ -1164,6 +1167,7 @@ mod tests {
             lost_calls_found: 0,
             cpu_micros: 1_250_000,
             store_commits: 17,
+            store_syncs: 9,
             resource_locks: vec![pb::ResourceLock {
                 resource: "repo:acme/api".into(),
                 run_id: "r1".into(),
@@ -1177,7 +1181,7 @@ mod tests {
         let text = status_text(&status);
         assert!(text.contains("resource locks:   1"), "{text}");
         assert!(text.contains("cpu time:         1.25 s"), "{text}");
-        assert!(text.contains("store commits:    17"), "{text}");
+        assert!(text.contains("store commits:    17 (9 synced to disk)"), "{text}");
         assert!(text.contains("RESOURCE"), "{text}");
         let row = text
             .lines()

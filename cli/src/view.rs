@@ -543,6 +543,8 @@ pub struct StatusView {
     pub cpu_micros: Option<u64>,
     /// Transactions the store's writer committed since the kernel started.
     pub store_commits: u64,
+    /// Of those, the ones that waited for the disk.
+    pub store_syncs: u64,
     /// Locks running calls hold on resource instances.
     pub resource_locks: Vec<ResourceLockView>,
 }
@@ -574,6 +576,7 @@ impl From<pb::GetStatusResponse> for StatusView {
             lost_calls_found: status.lost_calls_found,
             cpu_micros: (status.cpu_micros > 0).then_some(status.cpu_micros),
             store_commits: status.store_commits,
+            store_syncs: status.store_syncs,
             resource_locks: status
                 .resource_locks
                 .into_iter()

@@ -51,6 +51,8 @@ pub struct Metrics {
     /// Writer transactions committed, for `GetStatus` (Prometheus reads the count of
     /// `store_commit_seconds`).
     commits: std::sync::atomic::AtomicU64,
+    /// Of those, the ones that waited for the disk.
+    syncs: std::sync::atomic::AtomicU64,
 }
 
 /// Call phases range from well under a millisecond (a local tool) to minutes (a person).
@@ -157,6 +159,7 @@ impl Metrics {
             runs,
             approvals_waiting,
             commits: std::sync::atomic::AtomicU64::new(0),
+            syncs: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -192,10 +195,14 @@ impl Metrics {
         }
     }
 
-    /// Times one writer transaction of `commands` commands, and counts it when it committed.
-    pub fn batch(&self, commands: usize, commit: Duration, whole: Duration, committed: bool) {
-        if committed {
+    /// Times one writer transaction of `commands` commands, and counts it when it committed
+    /// (`Some`, with whether it waited for the disk).
+    pub fn batch(&self, commands: usize, commit: Duration, whole: Duration, committed: Option<bool>) {
+        if let Some(synced) = committed {
             self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if synced {
+                self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         self.batch_commands.observe(commands as f64);
         self.commit_seconds.observe(commit.as_secs_f64());
@@ -205,6 +212,11 @@ impl Metrics {
     /// Writer transactions committed since the process started.
     pub fn commits(&self) -> u64 {
         self.commits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Writer transactions that waited for the disk since the process started.
+    pub fn syncs(&self) -> u64 {
+        self.syncs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The OpenMetrics text of every instrument.

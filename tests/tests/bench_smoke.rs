@@ -38,6 +38,15 @@ async fn quick_bench_reports_every_section() {
     }
     assert!(sequential["p50_ms"].as_f64() <= sequential["p99_ms"].as_f64());
     assert!(sequential["p99_ms"].as_f64() <= sequential["max_ms"].as_f64());
+    // A safe_to_retry call waits for one sync, its result's; an at_most_once call for two, its
+    // start's before it runs, then its result's.
+    let once = &report["sequential_at_most_once"];
+    positive(&once["p50_ms"], "at_most_once p50");
+    assert_eq!(sequential["idempotency"], "safe_to_retry");
+    assert_eq!(once["idempotency"], "at_most_once");
+    let safe_syncs = positive(&sequential["fsyncs_per_call"], "safe_to_retry fsyncs per call");
+    let once_syncs = positive(&once["fsyncs_per_call"], "at_most_once fsyncs per call");
+    assert!(safe_syncs < 1.5 && once_syncs >= 2.0, "{sequential}\n{once}");
 
     let levels = report["throughput"].as_array().expect("throughput levels");
     assert!(!levels.is_empty());

@@ -421,3 +421,144 @@ async fn a_call_that_crashes_its_worker_five_times_fails_as_poison_and_goes_out_
     assert_eq!(kernel.ledger().iter().filter(|l| l.tool == "crash").count(), 5);
     check_log(&kernel.events(&run).await, true);
 }
+
+/// Every result an agent was shown, turn by turn, across the streams a kernel kill broke.
+#[derive(Default)]
+struct Shown {
+    /// (turn, result) as each stream delivered them, complete or not.
+    results: Vec<(u32, pb::CallResult)>,
+    /// Each turn's results from the stream that completed it.
+    turns: Vec<Vec<pb::CallResult>>,
+}
+
+/// An agent that survives kernel kills: submits `turns` turns of `calls` in order, each again
+/// until a stream delivers all its results, and remembers every result any stream showed.
+async fn agent_through_kills(url: String, run: String, turns: u32, calls: Vec<pb::ToolCall>) -> Shown {
+    let mut shown = Shown::default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    for turn in 0..turns {
+        loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "turn {turn} of {run} never completed"
+            );
+            let mut got = Vec::new();
+            let attempt = async {
+                let mut client = pb::tool_call_service_client::ToolCallServiceClient::connect(url.clone()).await?;
+                let request = pb::SubmitTurnRequest {
+                    run_id: run.clone(),
+                    turn,
+                    calls: calls.clone(),
+                    ..Default::default()
+                };
+                let mut stream = client.submit_turn(request).await?.into_inner();
+                while let Some(item) = stream.message().await? {
+                    if let Some(pb::submit_turn_response::Item::Result(result)) = item.item {
+                        got.push(result);
+                    }
+                }
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+            };
+            let complete = attempt.await.is_ok();
+            shown.results.extend(got.iter().map(|r| (turn, r.clone())));
+            if complete && got.len() == calls.len() {
+                shown.turns.push(got);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    shown
+}
+
+/// SIGKILL the kernel four times while agents make turns of fast `safe_to_retry` and `at_most_once`
+/// calls, each kill at a different point of the calls' lives (whenever the ledger reaches a count):
+/// a result any agent was shown is the one the log keeps, never run again, and no `at_most_once`
+/// call runs twice. A `safe_to_retry` call's start is not synced before it runs; a kill, unlike a
+/// power loss, loses no commit, synced or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_kills_at_any_point_lose_no_shown_result_and_run_no_at_most_once_call_twice() {
+    const RUNS: usize = 6;
+    const TURNS: u32 = 6;
+    let mut kernel = Kernel::start();
+    let _w1 = kernel.fault_worker("w1");
+    let _w2 = kernel.fault_worker("w2");
+    kernel.wait_for_workers("charge", 2).await;
+    let calls = vec![
+        call("sleepy", json!({"hold_ms": 1})),
+        call("charge", json!({"hold_ms": 1})),
+        call("sleepy", json!({"hold_ms": 4})),
+    ];
+    let mut runs = Vec::new();
+    for _ in 0..RUNS {
+        runs.push(kernel.create_run("kills").await);
+    }
+    let agents: Vec<_> = runs
+        .iter()
+        .map(|run| tokio::spawn(agent_through_kills(kernel.url(), run.clone(), TURNS, calls.clone())))
+        .collect();
+    let all = RUNS * TURNS as usize * calls.len();
+    for kill in 1..=4 {
+        let starts = all * kill / 6;
+        wait_ledger(&kernel, &format!("{starts} starts"), |l| {
+            l.iter().filter(|l| l.what == "start").count() >= starts
+        })
+        .await;
+        kernel.restart();
+    }
+
+    let mut indeterminate = 0;
+    for (run, agent) in runs.iter().zip(agents) {
+        let shown = agent.await.unwrap();
+        let steps = kernel.get(run).await.steps;
+        assert_eq!(
+            steps.len(),
+            TURNS as usize * calls.len(),
+            "every call of {run} is recorded"
+        );
+        for (turn, result) in &shown.results {
+            let step = steps.iter().find(|s| s.step_key == result.step_key).unwrap_or_else(|| {
+                panic!(
+                    "turn {turn}: a shown result's step {} is not in the log",
+                    result.step_key
+                )
+            });
+            let kept = &shown.turns[*turn as usize][result.position as usize];
+            assert_eq!(
+                (kept.status, &kept.content, kept.attempts),
+                (result.status, &result.content, result.attempts),
+                "a result shown before a kill is the one the log keeps ({})",
+                step.step_key
+            );
+            let key = &step.idempotency_key;
+            assert!(
+                kernel.executions(key) <= result.attempts as usize,
+                "{} ran again after its result was shown",
+                step.step_key
+            );
+        }
+        for (turn, results) in shown.turns.iter().enumerate() {
+            for result in results {
+                let key = &steps
+                    .iter()
+                    .find(|s| s.step_key == result.step_key)
+                    .expect("a completed turn's step is recorded")
+                    .idempotency_key;
+                if result.position != 1 {
+                    assert_eq!(result.status, pb::CallStatus::Ok as i32, "turn {turn}: {result:?}");
+                } else if result.status == pb::CallStatus::Ok as i32 {
+                    assert_eq!(kernel.executions(key), 1, "a charge that succeeded ran exactly once");
+                } else {
+                    assert!(result.content.starts_with("indeterminate:"), "{}", result.content);
+                    assert!(kernel.executions(key) <= 1, "an indeterminate charge was not run again");
+                    indeterminate += 1;
+                }
+            }
+        }
+        check_log(&kernel.events(run).await, true);
+    }
+    eprintln!(
+        "{indeterminate} of {} charges were in flight at a kill and became indeterminate",
+        RUNS * TURNS as usize
+    );
+}

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kernel_proto::v1 as pb;
+use kernel_proto::v1::admin_service_client::AdminServiceClient;
 use kernel_proto::v1::run_service_client::RunServiceClient;
 use kernel_proto::v1::tool_call_service_client::ToolCallServiceClient;
 use pb::submit_turn_response::Item;
@@ -17,7 +18,8 @@ use tokio::task::JoinSet;
 use super::progress::Progress;
 use super::report::{Fanout, Payload, Replay, Sequential, Throughput};
 use super::stats::{Latency, millis};
-use super::workers::{NOOP, PAYLOAD, payload_text};
+use super::sustained::syncs;
+use super::workers::{NOOP, NOOP_ONCE, PAYLOAD, payload_text};
 use super::{BenchError, ByteSize};
 use crate::args::KernelAddr;
 use crate::client::{Access, Authed, unreachable};
@@ -237,15 +239,31 @@ impl Agent {
             .map_err(|_| BenchError::Stalled(TURN_TIMEOUT.as_secs()))?
     }
 
-    /// `n` one-call turns of a single run, one after the other.
-    pub async fn sequential(&self, progress: &Progress, n: u32) -> Result<Sequential, BenchError> {
-        progress.phase("sequential", u64::from(n));
+    /// `n` one-call turns of a single run, one after the other, calling `NOOP` or, with
+    /// `once`, `NOOP_ONCE`; `admin` counts the kernel's syncs meanwhile.
+    pub async fn sequential(
+        &self,
+        progress: &Progress,
+        (n, once): (u32, bool),
+        admin: &mut AdminServiceClient<Authed>,
+    ) -> Result<Sequential, BenchError> {
+        let (section, idempotency) = if once {
+            ("sequential at_most_once", "at_most_once")
+        } else {
+            ("sequential", "safe_to_retry")
+        };
+        progress.phase(section, u64::from(n));
         let run_id = self.create_run("sequential").await?;
+        let call = pb::ToolCall {
+            tool: if once { NOOP_ONCE } else { NOOP }.into(),
+            ..noop_call()
+        };
         let mut latencies = Vec::with_capacity(n as usize);
+        let syncs_before = syncs(admin).await;
         let started = Instant::now();
         for turn in 0..n {
             let sent = Instant::now();
-            let results = self.submit(0, &run_id, turn, vec![noop_call()]).await?;
+            let results = self.submit(0, &run_id, turn, vec![call.clone()]).await?;
             latencies.push(sent.elapsed());
             check_results(&results, 1)?;
             progress.add(1);
@@ -255,12 +273,18 @@ impl Agent {
             latencies,
             per_second: Vec::new(),
         };
+        let fsyncs_per_call = match (syncs_before, syncs(admin).await) {
+            (Some(before), Some(after)) => Some(after.saturating_sub(before) as f64 / f64::from(n.max(1))),
+            _ => None,
+        };
         self.complete_runs(vec![run_id]).await?;
         let calls_per_s = sample.calls_per_s();
         let mut latencies = sample.latencies;
         let latency = Latency::of(&mut latencies).expect("at least one call");
         progress.finish(&format!("p50 {:.3}ms, p99 {:.3}ms", latency.p50_ms, latency.p99_ms));
         Ok(Sequential {
+            idempotency,
+            fsyncs_per_call,
             calls: u64::from(n),
             elapsed_s: sample.elapsed.as_secs_f64(),
             calls_per_s,

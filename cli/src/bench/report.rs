@@ -14,6 +14,8 @@ pub struct Report {
     /// The kernel's resident memory per open worker session; `None` without `GetStatus`.
     pub sessions: Option<super::sustained::Sessions>,
     pub sequential: Option<Sequential>,
+    /// The same, calling a tool declared `at_most_once`.
+    pub sequential_at_most_once: Option<Sequential>,
     pub throughput: Option<Vec<Throughput>>,
     pub sustained: Option<super::sustained::Sustained>,
     pub fanout: Option<Fanout>,
@@ -25,6 +27,10 @@ pub struct Report {
 /// One call per turn, one after the other.
 #[derive(Debug, Clone, Serialize)]
 pub struct Sequential {
+    /// The tool's declared idempotency: `safe_to_retry` or `at_most_once`.
+    pub idempotency: &'static str,
+    /// Commits that waited for the disk, per call; `None` without `GetStatus`.
+    pub fsyncs_per_call: Option<f64>,
     pub calls: u64,
     pub elapsed_s: f64,
     pub calls_per_s: f64,
@@ -141,8 +147,9 @@ fn sustained(s: &super::sustained::Sustained) -> String {
         Some(k) => {
             let cpu = k.cpu_ms_per_call.map_or_else(|| "-".into(), ms);
             let mut line = format!(
-                "kernel: cpu {cpu}/call, {:.2} commits/call; rss {} before, {} peak, {} at the end",
+                "kernel: cpu {cpu}/call, {:.2} commits/call ({:.2} fsyncs); rss {} before, {} peak, {} at the end",
                 k.commits_per_call,
+                k.fsyncs_per_call,
                 mib(k.rss_before_bytes),
                 mib(k.rss_peak_bytes),
                 mib(k.rss_end_bytes)
@@ -173,18 +180,26 @@ impl Report {
                 s.kib_per_session
             ));
         }
-        if let Some(s) = &self.sequential {
+        let sequential: Vec<&Sequential> = [&self.sequential, &self.sequential_at_most_once]
+            .into_iter()
+            .flatten()
+            .collect();
+        if !sequential.is_empty() {
             text.push_str("\nsequential round trip (one call per turn)\n");
             text.push_str(&table(
-                &["CALLS", "CALLS/S", "P50", "P90", "P99", "MAX"],
-                [vec![
-                    s.calls.to_string(),
-                    rate(s.calls_per_s),
-                    ms(s.latency.p50_ms),
-                    ms(s.latency.p90_ms),
-                    ms(s.latency.p99_ms),
-                    ms(s.latency.max_ms),
-                ]],
+                &["TOOL", "CALLS", "CALLS/S", "P50", "P90", "P99", "MAX", "FSYNCS/CALL"],
+                sequential.into_iter().map(|s| {
+                    vec![
+                        s.idempotency.to_owned(),
+                        s.calls.to_string(),
+                        rate(s.calls_per_s),
+                        ms(s.latency.p50_ms),
+                        ms(s.latency.p90_ms),
+                        ms(s.latency.p99_ms),
+                        ms(s.latency.max_ms),
+                        s.fsyncs_per_call.map_or_else(|| "-".into(), |n| format!("{n:.2}")),
+                    ]
+                }),
             ));
         }
         if let Some(levels) = &self.throughput {
@@ -308,10 +323,20 @@ mod tests {
                 kib_per_session: 50.0,
             }),
             sequential: Some(Sequential {
+                idempotency: "safe_to_retry",
+                fsyncs_per_call: Some(1.0),
                 calls: 2000,
                 elapsed_s: 1.0,
                 calls_per_s: 2000.0,
                 latency: latency(0.5),
+            }),
+            sequential_at_most_once: Some(Sequential {
+                idempotency: "at_most_once",
+                fsyncs_per_call: None,
+                calls: 2000,
+                elapsed_s: 1.5,
+                calls_per_s: 1333.0,
+                latency: latency(0.75),
             }),
             throughput: Some(vec![Throughput {
                 concurrency: 64,
@@ -330,6 +355,7 @@ mod tests {
                 kernel: Some(super::super::sustained::KernelCost {
                     cpu_ms_per_call: Some(0.31),
                     commits_per_call: 0.25,
+                    fsyncs_per_call: 0.2,
                     rss_before_bytes: 40 << 20,
                     rss_peak_bytes: 60 << 20,
                     rss_end_bytes: 50 << 20,
@@ -398,7 +424,7 @@ mod tests {
         assert!(text.contains("2900            3100"), "{text}");
         assert!(
             text.contains(
-                "kernel: cpu 0.310ms/call, 0.25 commits/call; rss 40.0 MiB before, 60.0 MiB peak, 50.0 MiB at \
+                "kernel: cpu 0.310ms/call, 0.25 commits/call (0.20 fsyncs); rss 40.0 MiB before, 60.0 MiB peak, 50.0 MiB at \
                  the end, 41.0 MiB after 60s idle"
             ),
             "{text}"

@@ -42,8 +42,11 @@ pub struct Sustained {
 pub struct KernelCost {
     /// Kernel CPU (user and system) per call, in milliseconds; `None` where it cannot tell.
     pub cpu_ms_per_call: Option<f64>,
-    /// Store transactions per call; each is one log fsync on SQLite at durability `full`.
+    /// Store transactions per call.
     pub commits_per_call: f64,
+    /// Of those, the ones that waited for the disk: one log fsync each on SQLite at durability
+    /// `full`.
+    pub fsyncs_per_call: f64,
     pub rss_before_bytes: u64,
     pub rss_peak_bytes: u64,
     pub rss_end_bytes: u64,
@@ -57,6 +60,7 @@ pub struct KernelCost {
 struct Usage {
     cpu_micros: u64,
     commits: u64,
+    syncs: u64,
     resident: u64,
 }
 
@@ -103,8 +107,14 @@ async fn usage(admin: &mut AdminServiceClient<Authed>) -> Option<Usage> {
     Some(Usage {
         cpu_micros: status.cpu_micros,
         commits: status.store_commits,
+        syncs: status.store_syncs,
         resident: status.resident_bytes,
     })
+}
+
+/// The kernel's count of commits that waited for the disk; `None` without `GetStatus`.
+pub async fn syncs(admin: &mut AdminServiceClient<Authed>) -> Option<u64> {
+    usage(admin).await.map(|usage| usage.syncs)
 }
 
 /// Runs `concurrency` runs for `length`, then waits `settle` (if any) for memory to come back.
@@ -173,6 +183,7 @@ fn cost(before: Usage, end: Usage, peak: u64, settled: Option<(u64, Duration)>, 
         cpu_ms_per_call: (before.cpu_micros > 0)
             .then(|| per_call(end.cpu_micros.saturating_sub(before.cpu_micros)) / 1000.0),
         commits_per_call: per_call(end.commits.saturating_sub(before.commits)),
+        fsyncs_per_call: per_call(end.syncs.saturating_sub(before.syncs)),
         rss_before_bytes: before.resident,
         rss_peak_bytes: peak.max(before.resident).max(end.resident),
         rss_end_bytes: end.resident,
@@ -206,16 +217,19 @@ mod tests {
         let before = Usage {
             cpu_micros: 1_000_000,
             commits: 10,
+            syncs: 8,
             resident: 40 << 20,
         };
         let end = Usage {
             cpu_micros: 4_000_000,
             commits: 5_010,
+            syncs: 2_008,
             resident: 60 << 20,
         };
         let cost = cost(before, end, 80 << 20, Some((42 << 20, Duration::from_secs(60))), 10_000);
         assert_eq!(cost.cpu_ms_per_call, Some(0.3));
         assert_eq!(cost.commits_per_call, 0.5);
+        assert_eq!(cost.fsyncs_per_call, 0.2);
         assert_eq!(cost.rss_peak_bytes, 80 << 20);
         assert_eq!(cost.rss_settled_bytes, Some(42 << 20));
         let unknown_cpu = super::cost(

@@ -1,5 +1,5 @@
 //! The benchmark's workers: `W` sessions opened from this process through `worker-sdk`, each
-//! offering `bench_noop` (returns null) and `bench_payload` (returns a string whose JSON encoding,
+//! offering `bench_noop` (returns null; `bench_noop_once` too, declared `at_most_once`) and `bench_payload` (returns a string whose JSON encoding,
 //! the result the kernel records and limits, is `bytes` long).
 //!
 //! They live until [`BenchWorkers::stop`] (or drop) cancels their shutdown token, so no session
@@ -11,7 +11,7 @@ use kernel_proto::v1 as pb;
 use kernel_proto::v1::registry_service_client::RegistryServiceClient;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
-use worker_sdk::{CancellationToken, Tls, Tool, ToolError, Worker, WorkerError, wrap_tool};
+use worker_sdk::{CancellationToken, Idempotency, Tls, Tool, ToolError, Worker, WorkerError, wrap_tool};
 
 use super::BenchError;
 use crate::client::{Access, Authed};
@@ -19,6 +19,8 @@ use crate::error::CliError;
 
 /// The no-op tool.
 pub const NOOP: &str = "bench_noop";
+/// The no-op tool declared `at_most_once`, whose start is durable before it runs.
+pub const NOOP_ONCE: &str = "bench_noop_once";
 /// The tool whose result is a string of the requested size.
 pub const PAYLOAD: &str = "bench_payload";
 
@@ -41,6 +43,16 @@ fn noop_tool() -> Tool {
         json!({"type": "object", "additionalProperties": false}),
         |_ctx, _args| async { Ok::<_, ToolError>(Value::Null) },
     )
+}
+
+fn noop_once_tool() -> Tool {
+    wrap_tool(
+        NOOP_ONCE,
+        "Does nothing and returns null, declared at_most_once (kernelctl bench).",
+        json!({"type": "object", "additionalProperties": false}),
+        |_ctx, _args| async { Ok::<_, ToolError>(Value::Null) },
+    )
+    .idempotency(Idempotency::AtMostOnce)
 }
 
 fn payload_tool() -> Tool {
@@ -101,6 +113,7 @@ impl BenchWorkers {
                 // agent's unknown-tool message afterwards.
                 .ephemeral_tools()
                 .tool(noop_tool())
+                .tool(noop_once_tool())
                 .tool(payload_tool());
             if let Some(tls) = &tls {
                 builder = builder.tls(tls.clone());

@@ -77,6 +77,7 @@ async fn sections(
         workers: plan.workers,
         sessions: None,
         sequential: None,
+        sequential_at_most_once: None,
         throughput: None,
         sustained: None,
         fanout: None,
@@ -85,7 +86,9 @@ async fn sections(
         hosted: None,
     };
     if let Some(calls) = plan.sequential {
-        report.sequential = Some(agent.sequential(progress, calls).await?);
+        let mut admin = kernel.admin.clone();
+        report.sequential = Some(agent.sequential(progress, (calls, false), &mut admin).await?);
+        report.sequential_at_most_once = Some(agent.sequential(progress, (calls, true), &mut admin).await?);
     }
     if let Some((levels, calls)) = &plan.throughput {
         let mut measured = Vec::with_capacity(levels.len());

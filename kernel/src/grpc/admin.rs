@@ -132,6 +132,7 @@ impl AdminService for AdminApi {
             resource_locks,
             cpu_micros: crate::memory::cpu_micros().unwrap_or(0),
             store_commits: crate::metrics::get().commits(),
+            store_syncs: crate::metrics::get().syncs(),
         }))
     }
 }

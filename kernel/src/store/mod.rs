@@ -14,6 +14,7 @@ mod reads;
 mod rows;
 mod schema;
 mod sql;
+mod sync;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -273,15 +274,21 @@ impl Store {
     pub fn open(path: &Path, durability: Durability, hub: Hub) -> Result<(Store, WriterThread), KernelError> {
         let conn = open_writer(path, durability)
             .map_err(|e| KernelError::Store(format!("cannot open database {}: {e}", path.display())))?;
+        let sync = sync::SqliteSync::new(path, durability == Durability::Full);
+        sync.configure(&conn)
+            .map_err(|e| KernelError::Store(format!("cannot open database {}: {e}", path.display())))?;
         let (commands, receiver) = mpsc::channel();
         let replica = new_replica_id();
         let writer_replica = replica.clone();
         let thread = std::thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || {
-                writer::run(WriteConn::Sqlite(conn), &writer_replica, receiver, move |published| {
-                    hub.publish_committed(published)
-                })
+                writer::run(
+                    WriteConn::Sqlite(conn, sync),
+                    &writer_replica,
+                    receiver,
+                    move |published| hub.publish_committed(published),
+                )
             })
             .map_err(|e| KernelError::Store(format!("cannot start the writer thread: {e}")))?;
         let reads = Readers::open(&PathBuf::from(path))?;

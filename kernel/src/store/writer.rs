@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 use super::cache::Cache;
 use super::ops::{self, Published, Tx};
 use super::sql::{Connection, PgConn};
+use super::sync::{SqliteSync, must_sync};
 use super::{
     Answer, Answered, EndRun, Fence, LeaseLoss, LocalStep, LossOutcome, NewRun, ResultReport, StartDispatch,
     StepRecorded, SubagentStart, SubagentStarted, SuspendReport, TurnPlan,
@@ -172,7 +173,7 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
 
 /// The writer's one connection, on either backend.
 pub enum WriteConn {
-    Sqlite(rusqlite::Connection),
+    Sqlite(rusqlite::Connection, SqliteSync),
     Postgres { conn: Box<PgConn>, url: String },
 }
 
@@ -194,7 +195,7 @@ impl WriteConn {
     /// Runs transaction control statements.
     fn batch(&self, sql: &str) -> Result<(), String> {
         match self {
-            WriteConn::Sqlite(conn) => conn.execute_batch(sql).map_err(|e| e.to_string()),
+            WriteConn::Sqlite(conn, _) => conn.execute_batch(sql).map_err(|e| e.to_string()),
             WriteConn::Postgres { conn, .. } => conn.batch(sql).map_err(|e| e.to_string()),
         }
     }
@@ -203,7 +204,7 @@ impl WriteConn {
     /// statement.
     fn savepoint(&self, index: usize) -> Result<(), String> {
         match self {
-            WriteConn::Sqlite(_) => self.batch(SAVEPOINT),
+            WriteConn::Sqlite(..) => self.batch(SAVEPOINT),
             WriteConn::Postgres { conn, .. } => {
                 conn.begin_command(index);
                 Ok(())
@@ -216,7 +217,7 @@ impl WriteConn {
     /// alone ([`WriteConn::undone`]).
     fn release(&self) -> Result<(), String> {
         match self {
-            WriteConn::Sqlite(_) => {
+            WriteConn::Sqlite(..) => {
                 let released = self.batch(RELEASE);
                 if released.is_err() {
                     self.undo();
@@ -233,7 +234,7 @@ impl WriteConn {
     /// Undoes a command that failed (nothing to undo on the server if its savepoint never left).
     fn undo(&self) {
         match self {
-            WriteConn::Sqlite(_) => {
+            WriteConn::Sqlite(..) => {
                 let _ = self.batch("ROLLBACK TO SAVEPOINT command");
                 let _ = self.batch(RELEASE);
             }
@@ -247,7 +248,7 @@ impl WriteConn {
     /// were undone after they ended because one of their writes failed, with the error.
     fn undone(&self) -> Result<Vec<(usize, String)>, String> {
         match self {
-            WriteConn::Sqlite(_) => Ok(Vec::new()),
+            WriteConn::Sqlite(..) => Ok(Vec::new()),
             WriteConn::Postgres { conn, .. } => {
                 let flushed = conn.flush();
                 let failed = conn.take_failed();
@@ -268,7 +269,7 @@ impl WriteConn {
         // every check a command makes (is the step still pending, does this attempt hold it) reads
         // what the other replicas committed, and nothing commits between the check and the write.
         match self {
-            WriteConn::Sqlite(_) => self.batch("BEGIN IMMEDIATE").map(|()| None),
+            WriteConn::Sqlite(..) => self.batch("BEGIN IMMEDIATE").map(|()| None),
             WriteConn::Postgres { conn, .. } => {
                 conn.defer_batch(super::postgres::BEGIN_WRITE);
                 self.sql()
@@ -279,33 +280,50 @@ impl WriteConn {
         }
     }
 
-    /// Commits, telling the other replicas (on PostgreSQL) what the batch wrote.
+    /// Commits, telling the other replicas (on PostgreSQL) what the batch wrote; waits for the
+    /// disk only when `sync` (see [`super::sync`]). Says whether it waited.
     fn commit(
         &self,
         replica: &str,
         (published, waiting): (&[Published], &[(StepKind, String)]),
-        registry: bool,
-    ) -> Result<(), String> {
+        (registry, sync): (bool, bool),
+    ) -> Result<bool, String> {
         match self {
-            WriteConn::Sqlite(_) => self.batch("COMMIT"),
+            WriteConn::Sqlite(_, mode) => {
+                self.batch("COMMIT")?;
+                mode.after_commit(sync).or_else(|error| {
+                    // After a failed sync the system may have dropped the pages it could not
+                    // write, and a retry would report them written: only a restart, recovering
+                    // from what the disk holds, is safe (PostgreSQL stops the same way).
+                    tracing::error!(%error, "cannot sync the write-ahead log; the kernel stops so recovery starts from the disk");
+                    std::process::exit(EXIT_SYNC_FAILED)
+                })
+            }
             WriteConn::Postgres { .. } => {
                 let notice = super::postgres::notice::Notice::of(replica, (published, waiting), registry);
-                if notice.is_empty() {
-                    self.batch("COMMIT")
+                // Like SQLite's, a commit that does not wait for the WAL flush is ordered before
+                // every later one: a later commit that waits makes it durable too.
+                let deferred = if sync {
+                    ""
                 } else {
-                    self.batch(&format!("{}COMMIT", notice.statements()))
-                }
+                    "SET LOCAL synchronous_commit TO off; "
+                };
+                self.batch(&format!("{deferred}{}COMMIT", notice.statements()))
+                    .map(|()| sync)
             }
         }
     }
 
     fn sql(&self) -> Connection<'_> {
         match self {
-            WriteConn::Sqlite(conn) => Connection::sqlite(conn),
+            WriteConn::Sqlite(conn, _) => Connection::sqlite(conn),
             WriteConn::Postgres { conn, .. } => Connection::postgres(conn),
         }
     }
 }
+
+/// The kernel's exit status when the disk refused a sync (`EX_IOERR`).
+const EXIT_SYNC_FAILED: i32 = 74;
 
 const SAVEPOINT: &str = "SAVEPOINT command";
 const RELEASE: &str = "RELEASE SAVEPOINT command";
@@ -315,6 +333,8 @@ struct Applied {
     responder: Responder,
     published: Vec<Published>,
     waiting: Vec<(StepKind, String)>,
+    /// The command's answer waits for the disk.
+    sync: bool,
 }
 
 impl Applied {
@@ -323,6 +343,7 @@ impl Applied {
             responder,
             published: Vec::new(),
             waiting: Vec::new(),
+            sync: false,
         }
     }
 
@@ -366,6 +387,7 @@ fn apply_isolated(
     }
     let finished = tx.finish();
     let applied = Applied {
+        sync: must_sync(&tx.published),
         responder,
         published: tx.published,
         waiting: tx.waiting,
@@ -478,23 +500,31 @@ pub fn run(mut conn: WriteConn, replica: &str, commands: Receiver<Command>, publ
             cache.borrow_mut().clear();
         }
         let mut waiting = Vec::new();
+        let mut sync = false;
         let mut responders = Vec::with_capacity(applied.len());
         for (index, command) in applied.into_iter().enumerate() {
             let mut command = match undone.remove(&index) {
                 Some(error) => command.undone(error),
                 None => command,
             };
+            sync |= command.sync;
             published.append(&mut command.published);
             waiting.append(&mut command.waiting);
             responders.push(command.responder);
         }
         let committing = std::time::Instant::now();
-        let commit_error = match flush_error {
-            None => conn.commit(replica, (&published, &waiting), registry).err(),
-            error => error,
+        let committed = match flush_error {
+            None => conn.commit(replica, (&published, &waiting), (registry, sync)),
+            Some(error) => Err(error),
         };
         let metrics = crate::metrics::get();
-        metrics.batch(commands, committing.elapsed(), began.elapsed(), commit_error.is_none());
+        metrics.batch(
+            commands,
+            committing.elapsed(),
+            began.elapsed(),
+            committed.as_ref().ok().copied(),
+        );
+        let commit_error = committed.err();
         if commit_error.is_some() {
             let _ = conn.batch("ROLLBACK");
             published.clear();
