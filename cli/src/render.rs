@@ -765,6 +765,7 @@ pub fn status_text(status: &StatusView) -> String {
                 "store commits",
                 format!("{} ({} synced to disk)", status.store_commits, status.store_syncs),
             ),
+            ("store statements", status.store_statements.to_string()),
             (
                 "in-flight scans",
                 format!(
@@ -1168,6 +1169,7 @@ mod tests {
             cpu_micros: 1_250_000,
             store_commits: 17,
             store_syncs: 9,
+            store_statements: 120,
             resource_locks: vec![pb::ResourceLock {
                 resource: "repo:acme/api".into(),
                 run_id: "r1".into(),
@@ -1179,9 +1181,10 @@ mod tests {
             }],
         });
         let text = status_text(&status);
-        assert!(text.contains("resource locks:   1"), "{text}");
-        assert!(text.contains("cpu time:         1.25 s"), "{text}");
-        assert!(text.contains("store commits:    17 (9 synced to disk)"), "{text}");
+        assert!(text.contains("resource locks:    1"), "{text}");
+        assert!(text.contains("cpu time:          1.25 s"), "{text}");
+        assert!(text.contains("store commits:     17 (9 synced to disk)"), "{text}");
+        assert!(text.contains("store statements:  120"), "{text}");
         assert!(text.contains("RESOURCE"), "{text}");
         let row = text
             .lines()
@@ -1191,10 +1194,10 @@ mod tests {
             row.contains("r1 t0/p0") && row.contains("push") && row.trim_end().ends_with('2'),
             "{row}"
         );
-        assert!(text.contains("worker sessions:  2"), "{text}");
-        assert!(text.contains("resident:         41.3 MiB"), "{text}");
-        assert!(text.contains(&format!("allocated:        {NONE}")), "{text}");
-        assert!(text.contains("in-flight scans:  4 (0 lost calls found)"), "{text}");
+        assert!(text.contains("worker sessions:   2"), "{text}");
+        assert!(text.contains("resident:          41.3 MiB"), "{text}");
+        assert!(text.contains(&format!("allocated:         {NONE}")), "{text}");
+        assert!(text.contains("in-flight scans:   4 (0 lost calls found)"), "{text}");
         assert_eq!(bytes(Some(512)), "512 B");
         assert_eq!(bytes(Some(1536)), "1.5 KiB");
     }

@@ -545,6 +545,8 @@ pub struct StatusView {
     pub store_commits: u64,
     /// Of those, the ones that waited for the disk.
     pub store_syncs: u64,
+    /// SQL statements the store's writer ran.
+    pub store_statements: u64,
     /// Locks running calls hold on resource instances.
     pub resource_locks: Vec<ResourceLockView>,
 }
@@ -577,6 +579,7 @@ impl From<pb::GetStatusResponse> for StatusView {
             cpu_micros: (status.cpu_micros > 0).then_some(status.cpu_micros),
             store_commits: status.store_commits,
             store_syncs: status.store_syncs,
+            store_statements: status.store_statements,
             resource_locks: status
                 .resource_locks
                 .into_iter()

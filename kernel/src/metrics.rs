@@ -53,6 +53,8 @@ pub struct Metrics {
     commits: std::sync::atomic::AtomicU64,
     /// Of those, the ones that waited for the disk.
     syncs: std::sync::atomic::AtomicU64,
+    /// Statements the writer ran, transaction control included.
+    statements: std::sync::atomic::AtomicU64,
 }
 
 /// Call phases range from well under a millisecond (a local tool) to minutes (a person).
@@ -160,6 +162,7 @@ impl Metrics {
             approvals_waiting,
             commits: std::sync::atomic::AtomicU64::new(0),
             syncs: std::sync::atomic::AtomicU64::new(0),
+            statements: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -212,6 +215,16 @@ impl Metrics {
     /// Writer transactions committed since the process started.
     pub fn commits(&self) -> u64 {
         self.commits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts statements the writer ran (transaction control included).
+    pub fn statements(&self, count: u64) {
+        self.statements.fetch_add(count, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Statements the writer ran since the process started.
+    pub fn statement_count(&self) -> u64 {
+        self.statements.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Writer transactions that waited for the disk since the process started.

@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use super::progress::Progress;
 use super::report::{Fanout, Payload, Replay, Sequential, Throughput};
 use super::stats::{Latency, millis};
-use super::sustained::syncs;
+use super::sustained::writes;
 use super::workers::{NOOP, NOOP_ONCE, PAYLOAD, payload_text};
 use super::{BenchError, ByteSize};
 use crate::args::KernelAddr;
@@ -259,7 +259,7 @@ impl Agent {
             ..noop_call()
         };
         let mut latencies = Vec::with_capacity(n as usize);
-        let syncs_before = syncs(admin).await;
+        let writes_before = writes(admin).await;
         let started = Instant::now();
         for turn in 0..n {
             let sent = Instant::now();
@@ -273,9 +273,10 @@ impl Agent {
             latencies,
             per_second: Vec::new(),
         };
-        let fsyncs_per_call = match (syncs_before, syncs(admin).await) {
-            (Some(before), Some(after)) => Some(after.saturating_sub(before) as f64 / f64::from(n.max(1))),
-            _ => None,
+        let per_call = |before: u64, after: u64| after.saturating_sub(before) as f64 / f64::from(n.max(1));
+        let (fsyncs_per_call, statements_per_call) = match (writes_before, writes(admin).await) {
+            (Some(before), Some(after)) => (Some(per_call(before.0, after.0)), Some(per_call(before.1, after.1))),
+            _ => (None, None),
         };
         self.complete_runs(vec![run_id]).await?;
         let calls_per_s = sample.calls_per_s();
@@ -285,6 +286,7 @@ impl Agent {
         Ok(Sequential {
             idempotency,
             fsyncs_per_call,
+            statements_per_call,
             calls: u64::from(n),
             elapsed_s: sample.elapsed.as_secs_f64(),
             calls_per_s,

@@ -31,6 +31,8 @@ pub struct Sequential {
     pub idempotency: &'static str,
     /// Commits that waited for the disk, per call; `None` without `GetStatus`.
     pub fsyncs_per_call: Option<f64>,
+    /// SQL statements the store's writer ran per call; `None` without `GetStatus`.
+    pub statements_per_call: Option<f64>,
     pub calls: u64,
     pub elapsed_s: f64,
     pub calls_per_s: f64,
@@ -147,9 +149,10 @@ fn sustained(s: &super::sustained::Sustained) -> String {
         Some(k) => {
             let cpu = k.cpu_ms_per_call.map_or_else(|| "-".into(), ms);
             let mut line = format!(
-                "kernel: cpu {cpu}/call, {:.2} commits/call ({:.2} fsyncs); rss {} before, {} peak, {} at the end",
+                "kernel: cpu {cpu}/call, {:.2} commits/call ({:.2} fsyncs), {:.1} statements/call; rss {} before, {} peak, {} at the end",
                 k.commits_per_call,
                 k.fsyncs_per_call,
+                k.statements_per_call,
                 mib(k.rss_before_bytes),
                 mib(k.rss_peak_bytes),
                 mib(k.rss_end_bytes)
@@ -187,7 +190,17 @@ impl Report {
         if !sequential.is_empty() {
             text.push_str("\nsequential round trip (one call per turn)\n");
             text.push_str(&table(
-                &["TOOL", "CALLS", "CALLS/S", "P50", "P90", "P99", "MAX", "FSYNCS/CALL"],
+                &[
+                    "TOOL",
+                    "CALLS",
+                    "CALLS/S",
+                    "P50",
+                    "P90",
+                    "P99",
+                    "MAX",
+                    "FSYNCS/CALL",
+                    "SQL/CALL",
+                ],
                 sequential.into_iter().map(|s| {
                     vec![
                         s.idempotency.to_owned(),
@@ -198,6 +211,7 @@ impl Report {
                         ms(s.latency.p99_ms),
                         ms(s.latency.max_ms),
                         s.fsyncs_per_call.map_or_else(|| "-".into(), |n| format!("{n:.2}")),
+                        s.statements_per_call.map_or_else(|| "-".into(), |n| format!("{n:.1}")),
                     ]
                 }),
             ));
@@ -325,6 +339,7 @@ mod tests {
             sequential: Some(Sequential {
                 idempotency: "safe_to_retry",
                 fsyncs_per_call: Some(1.0),
+                statements_per_call: Some(14.0),
                 calls: 2000,
                 elapsed_s: 1.0,
                 calls_per_s: 2000.0,
@@ -333,6 +348,7 @@ mod tests {
             sequential_at_most_once: Some(Sequential {
                 idempotency: "at_most_once",
                 fsyncs_per_call: None,
+                statements_per_call: None,
                 calls: 2000,
                 elapsed_s: 1.5,
                 calls_per_s: 1333.0,
@@ -356,6 +372,7 @@ mod tests {
                     cpu_ms_per_call: Some(0.31),
                     commits_per_call: 0.25,
                     fsyncs_per_call: 0.2,
+                    statements_per_call: 15.0,
                     rss_before_bytes: 40 << 20,
                     rss_peak_bytes: 60 << 20,
                     rss_end_bytes: 50 << 20,
@@ -424,7 +441,7 @@ mod tests {
         assert!(text.contains("2900            3100"), "{text}");
         assert!(
             text.contains(
-                "kernel: cpu 0.310ms/call, 0.25 commits/call (0.20 fsyncs); rss 40.0 MiB before, 60.0 MiB peak, 50.0 MiB at \
+                "kernel: cpu 0.310ms/call, 0.25 commits/call (0.20 fsyncs), 15.0 statements/call; rss 40.0 MiB before, 60.0 MiB peak, 50.0 MiB at \
                  the end, 41.0 MiB after 60s idle"
             ),
             "{text}"

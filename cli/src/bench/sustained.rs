@@ -47,6 +47,8 @@ pub struct KernelCost {
     /// Of those, the ones that waited for the disk: one log fsync each on SQLite at durability
     /// `full`.
     pub fsyncs_per_call: f64,
+    /// SQL statements the store's writer ran per call, transaction control included.
+    pub statements_per_call: f64,
     pub rss_before_bytes: u64,
     pub rss_peak_bytes: u64,
     pub rss_end_bytes: u64,
@@ -61,6 +63,7 @@ struct Usage {
     cpu_micros: u64,
     commits: u64,
     syncs: u64,
+    statements: u64,
     resident: u64,
 }
 
@@ -108,13 +111,15 @@ async fn usage(admin: &mut AdminServiceClient<Authed>) -> Option<Usage> {
         cpu_micros: status.cpu_micros,
         commits: status.store_commits,
         syncs: status.store_syncs,
+        statements: status.store_statements,
         resident: status.resident_bytes,
     })
 }
 
-/// The kernel's count of commits that waited for the disk; `None` without `GetStatus`.
-pub async fn syncs(admin: &mut AdminServiceClient<Authed>) -> Option<u64> {
-    usage(admin).await.map(|usage| usage.syncs)
+/// The kernel's counts of commits that waited for the disk and of the writer's statements;
+/// `None` without `GetStatus`.
+pub async fn writes(admin: &mut AdminServiceClient<Authed>) -> Option<(u64, u64)> {
+    usage(admin).await.map(|usage| (usage.syncs, usage.statements))
 }
 
 /// Runs `concurrency` runs for `length`, then waits `settle` (if any) for memory to come back.
@@ -184,6 +189,7 @@ fn cost(before: Usage, end: Usage, peak: u64, settled: Option<(u64, Duration)>, 
             .then(|| per_call(end.cpu_micros.saturating_sub(before.cpu_micros)) / 1000.0),
         commits_per_call: per_call(end.commits.saturating_sub(before.commits)),
         fsyncs_per_call: per_call(end.syncs.saturating_sub(before.syncs)),
+        statements_per_call: per_call(end.statements.saturating_sub(before.statements)),
         rss_before_bytes: before.resident,
         rss_peak_bytes: peak.max(before.resident).max(end.resident),
         rss_end_bytes: end.resident,
@@ -218,18 +224,21 @@ mod tests {
             cpu_micros: 1_000_000,
             commits: 10,
             syncs: 8,
+            statements: 100,
             resident: 40 << 20,
         };
         let end = Usage {
             cpu_micros: 4_000_000,
             commits: 5_010,
             syncs: 2_008,
+            statements: 150_100,
             resident: 60 << 20,
         };
         let cost = cost(before, end, 80 << 20, Some((42 << 20, Duration::from_secs(60))), 10_000);
         assert_eq!(cost.cpu_ms_per_call, Some(0.3));
         assert_eq!(cost.commits_per_call, 0.5);
         assert_eq!(cost.fsyncs_per_call, 0.2);
+        assert_eq!(cost.statements_per_call, 15.0);
         assert_eq!(cost.rss_peak_bytes, 80 << 20);
         assert_eq!(cost.rss_settled_bytes, Some(42 << 20));
         let unknown_cpu = super::cost(

@@ -133,6 +133,7 @@ impl AdminService for AdminApi {
             cpu_micros: crate::memory::cpu_micros().unwrap_or(0),
             store_commits: crate::metrics::get().commits(),
             store_syncs: crate::metrics::get().syncs(),
+            store_statements: crate::metrics::get().statement_count(),
         }))
     }
 }

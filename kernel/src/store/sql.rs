@@ -561,6 +561,22 @@ fn postgres_sql(sql: &str) -> String {
     out
 }
 
+thread_local! {
+    /// Statements this thread ran since it last took the count: the writer's thread reports its
+    /// own after each batch; the readers' threads never do.
+    static STATEMENTS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Counts one statement run on this thread.
+pub fn count_statement() {
+    STATEMENTS.with(|count| count.set(count.get() + 1));
+}
+
+/// The statements this thread ran since the last call.
+pub fn take_statements() -> u64 {
+    STATEMENTS.with(|count| count.replace(0))
+}
+
 /// A connection the operations run on.
 #[derive(Clone, Copy)]
 pub enum Connection<'c> {
@@ -589,6 +605,7 @@ impl<'c> Connection<'c> {
 
     /// A statement, prepared once per connection and kept.
     pub fn prepare_cached(&self, sql: &str) -> Result<Statement<'c>> {
+        count_statement();
         Ok(match self {
             Connection::Sqlite(conn) => Statement::Sqlite(conn.prepare_cached(sql)?),
             Connection::Postgres(conn) => Statement::Postgres {
@@ -612,6 +629,7 @@ impl<'c> Connection<'c> {
     /// Runs a write whose answer the caller does not need. On PostgreSQL it goes out with the
     /// next statement waited for (see [`PgConn`]); its error, if any, is that statement's.
     pub fn write(&self, sql: &str, args: &[Arg<'_>]) -> Result<()> {
+        count_statement();
         match self {
             Connection::Sqlite(conn) => {
                 conn.prepare_cached(sql)?.execute(rusqlite::params_from_iter(args))?;

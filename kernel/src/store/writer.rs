@@ -1,7 +1,8 @@
 //! The one writer thread. It owns the only write connection, takes typed commands over a
 //! channel, applies everything queued as one transaction (group commit), and answers each command
-//! only after the commit, so a reply always means "durable". Each command runs under its own
-//! savepoint: one refused command does not undo its batch-mates.
+//! only after the commit, so a reply always means "committed" and, but for a command that only
+//! starts `safe_to_retry` calls (see [`super::sync`]), "durable". Each command of a batch of
+//! several runs under its own savepoint: one refused command does not undo its batch-mates.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -194,6 +195,7 @@ impl WriteConn {
 
     /// Runs transaction control statements.
     fn batch(&self, sql: &str) -> Result<(), String> {
+        super::sql::count_statement();
         match self {
             WriteConn::Sqlite(conn, _) => conn.execute_batch(sql).map_err(|e| e.to_string()),
             WriteConn::Postgres { conn, .. } => conn.batch(sql).map_err(|e| e.to_string()),
@@ -201,9 +203,11 @@ impl WriteConn {
     }
 
     /// Opens command `index`'s savepoint; on PostgreSQL it goes out with the command's first
-    /// statement.
-    fn savepoint(&self, index: usize) -> Result<(), String> {
+    /// statement. A SQLite batch of one command needs none: undoing it is rolling back the
+    /// transaction (a savepoint costs two statements and a journal of the pages it changes).
+    fn savepoint(&self, index: usize, alone: bool) -> Result<(), String> {
         match self {
+            WriteConn::Sqlite(..) if alone => Ok(()),
             WriteConn::Sqlite(..) => self.batch(SAVEPOINT),
             WriteConn::Postgres { conn, .. } => {
                 conn.begin_command(index);
@@ -215,12 +219,13 @@ impl WriteConn {
     /// Ends a command that succeeded. On SQLite its writes are done; on PostgreSQL its release
     /// goes out with the next statement waited for, and a write of it that fails then undoes it
     /// alone ([`WriteConn::undone`]).
-    fn release(&self) -> Result<(), String> {
+    fn release(&self, alone: bool) -> Result<(), String> {
         match self {
+            WriteConn::Sqlite(..) if alone => Ok(()),
             WriteConn::Sqlite(..) => {
                 let released = self.batch(RELEASE);
                 if released.is_err() {
-                    self.undo();
+                    self.undo(false);
                 }
                 released
             }
@@ -232,8 +237,14 @@ impl WriteConn {
     }
 
     /// Undoes a command that failed (nothing to undo on the server if its savepoint never left).
-    fn undo(&self) {
+    fn undo(&self, alone: bool) {
         match self {
+            // The batch goes on to commit an empty transaction, as a batch whose every command
+            // was refused does.
+            WriteConn::Sqlite(..) if alone => {
+                let _ = self.batch("ROLLBACK");
+                let _ = self.batch("BEGIN IMMEDIATE");
+            }
             WriteConn::Sqlite(..) => {
                 let _ = self.batch("ROLLBACK TO SAVEPOINT command");
                 let _ = self.batch(RELEASE);
@@ -354,20 +365,20 @@ impl Applied {
     }
 }
 
-/// Runs command `index` of the batch under a savepoint; a refused command's rows and events are
-/// undone.
+/// Runs command `index` of the batch under a savepoint (unless it is `alone` in its batch); a
+/// refused command's rows and events are undone.
 fn apply_isolated(
     (conn, cache): (&WriteConn, &RefCell<Cache>),
     (replica, now): (&str, i64),
-    index: usize,
+    (index, alone): (usize, bool),
     command: Command,
 ) -> Applied {
     cache.borrow_mut().begin_command();
     let undo = || {
-        conn.undo();
+        conn.undo(alone);
         cache.borrow_mut().undo_command();
     };
-    if let Err(error) = conn.savepoint(index) {
+    if let Err(error) = conn.savepoint(index, alone) {
         return Applied::refused(fail_command(command, KernelError::Store(error)));
     }
     let sql = conn.sql();
@@ -397,7 +408,7 @@ fn apply_isolated(
         undo();
         return applied.undone(error.to_string());
     }
-    if let Err(error) = conn.release() {
+    if let Err(error) = conn.release(alone) {
         cache.borrow_mut().undo_command();
         return applied.undone(error);
     }
@@ -486,10 +497,11 @@ pub fn run(mut conn: WriteConn, replica: &str, commands: Receiver<Command>, publ
         };
         cache.borrow_mut().check_epoch(epoch);
         let registry = batch.iter().any(Command::changes_registry);
+        let alone = batch.len() == 1;
         let applied: Vec<Applied> = batch
             .into_iter()
             .enumerate()
-            .map(|(index, command)| apply_isolated((&conn, &cache), (replica, now), index, command))
+            .map(|(index, command)| apply_isolated((&conn, &cache), (replica, now), (index, alone), command))
             .collect();
         let (mut undone, flush_error) = match conn.undone() {
             Ok(undone) => (undone.into_iter().collect::<HashMap<_, _>>(), None),
@@ -524,6 +536,7 @@ pub fn run(mut conn: WriteConn, replica: &str, commands: Receiver<Command>, publ
             began.elapsed(),
             committed.as_ref().ok().copied(),
         );
+        metrics.statements(super::sql::take_statements());
         let commit_error = committed.err();
         if commit_error.is_some() {
             let _ = conn.batch("ROLLBACK");
