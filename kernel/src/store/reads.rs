@@ -134,22 +134,47 @@ impl Readers {
             .expect("the readers' semaphore is never closed");
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            let pooled = readers.pool.0.lock().expect("reader pool poisoned").pop();
-            let conn = match pooled {
-                Some(conn) => conn,
-                None => readers.connect()?,
-            };
-            let result = query(conn.sql());
-            let mut pool = readers.pool.0.lock().expect("reader pool poisoned");
-            // A connection whose query failed may be broken (a PostgreSQL restart): not kept.
-            if result.is_ok() && pool.len() < READERS {
-                pool.push(conn);
-            }
-            result
+            readers.pooled(query)
         })
         .await
         .map_err(|e| KernelError::Store(format!("reader task failed: {e}")))?
         .map_err(KernelError::from)
+    }
+
+    /// Runs `query`, a read of a few rows by key, on a pooled connection: on SQLite on the
+    /// calling thread, where it takes microseconds from pages in memory (readers never wait for
+    /// the writer in WAL mode), less than the hand-off to a blocking thread and back; on
+    /// PostgreSQL, a network round trip, on a blocking thread as [`Readers::with`] does.
+    pub async fn with_point<T, F>(&self, query: F) -> Result<T, KernelError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Connection<'_>) -> sql::Result<T> + Send + 'static,
+    {
+        if matches!(*self.source, Source::Postgres(_)) {
+            return self.with(query).await;
+        }
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .expect("the readers' semaphore is never closed");
+        self.pooled(query).map_err(KernelError::from)
+    }
+
+    /// Runs `query` on a connection from the pool (or a new one), and gives it back.
+    fn pooled<T>(&self, query: impl FnOnce(Connection<'_>) -> sql::Result<T>) -> sql::Result<T> {
+        let pooled = self.pool.0.lock().expect("reader pool poisoned").pop();
+        let conn = match pooled {
+            Some(conn) => conn,
+            None => self.connect()?,
+        };
+        let result = query(conn.sql());
+        let mut pool = self.pool.0.lock().expect("reader pool poisoned");
+        // A connection whose query failed may be broken (a PostgreSQL restart): not kept.
+        if result.is_ok() && pool.len() < READERS {
+            pool.push(conn);
+        }
+        result
     }
 
     pub async fn run(&self, id: RunId) -> Result<Option<RunRecord>, KernelError> {
@@ -223,7 +248,7 @@ impl Readers {
         run: RunId,
         calls: Vec<(crate::model::StepKey, String)>,
     ) -> Result<(Option<RunRecord>, Option<Vec<StepRecord>>), KernelError> {
-        self.with(move |conn| {
+        self.with_point(move |conn| {
             let Some(record) = rows::load_run(&conn, &run)? else {
                 return Ok((None, None));
             };
