@@ -6,7 +6,6 @@
 //! imports rusqlite.
 
 mod cache;
-mod checkpoint;
 mod location;
 mod lock;
 mod ops;
@@ -203,8 +202,6 @@ fn open_writer(path: &Path, durability: Durability) -> rusqlite::Result<Connecti
     )?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
-    // The checkpointer's thread copies the log back (see `checkpoint`).
-    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     schema::migrate(&mut conn)?;
     raise_malloc_trim_threshold(&conn)?;
     Ok(conn)
@@ -283,8 +280,6 @@ impl Store {
         let (commands, receiver) = mpsc::channel();
         let replica = new_replica_id();
         let writer_replica = replica.clone();
-        let checkpointer = checkpoint::Checkpointer::start(path, durability)
-            .map_err(|e| KernelError::Store(format!("cannot open database {}: {e}", path.display())))?;
         let thread = std::thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || {
@@ -293,9 +288,7 @@ impl Store {
                     &writer_replica,
                     receiver,
                     move |published| hub.publish_committed(published),
-                );
-                // Stops once the writer's last batch committed.
-                drop(checkpointer);
+                )
             })
             .map_err(|e| KernelError::Store(format!("cannot start the writer thread: {e}")))?;
         let reads = Readers::open(&PathBuf::from(path))?;
