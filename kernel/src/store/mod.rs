@@ -201,6 +201,10 @@ fn open_writer(path: &Path, durability: Durability) -> rusqlite::Result<Connecti
         },
     )?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
+    // Each command of a batch runs under a savepoint, whose journal keeps the pages the command
+    // changes until it ends; on a file, that journal was written more than the log itself
+    // (strace under load: 17 MB of journal writes against 11.6 MB of log in 3 s).
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     schema::migrate(&mut conn)?;
     raise_malloc_trim_threshold(&conn)?;
