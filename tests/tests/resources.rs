@@ -47,7 +47,7 @@ async fn calls_on_one_resource_instance_never_run_at_once_while_other_instances_
     );
     let shown = kernel.kernelctl(&["status"]);
     let text = String::from_utf8_lossy(&shown.stdout);
-    assert!(text.contains("resource locks:   1"), "{text}");
+    assert!(text.contains("resource locks:    1"), "{text}");
     let row = text
         .lines()
         .find(|l| l.starts_with("repo:acme"))
