@@ -26,7 +26,8 @@ use crate::error::CliError;
 /// One part of the benchmark, selectable with `--sections`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Section {
-    /// One call per turn, one after the other: round-trip latency.
+    /// One call per turn, one after the other: round-trip latency, for a safe_to_retry tool and
+    /// an at_most_once one.
     Sequential,
     /// Concurrent runs, each making one-call turns back to back: calls/s.
     Throughput,
@@ -61,7 +62,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub workers: u32,
 
-    /// Calls of the sequential section, one per turn [default: 2000; --quick 50].
+    /// Calls of the sequential section, one per turn, for each of its two tools (declared
+    /// safe_to_retry, then at_most_once) [default: 2000; --quick 50].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub sequential: Option<u32>,
 
