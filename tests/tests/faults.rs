@@ -185,18 +185,8 @@ async fn a_kernel_killed_during_a_burst_loses_nothing_and_reruns_nothing_it_must
                 outcome.results[position]
             );
         }
-        let charge = &outcome.results[1];
         let key = key_of(&kernel, run, 1).await;
-        if charge.status == pb::CallStatus::Ok as i32 {
-            assert_eq!(kernel.executions(&key), 1, "a charge that succeeded ran exactly once");
-        } else {
-            assert!(charge.content.starts_with("indeterminate:"), "{}", charge.content);
-            assert!(
-                kernel.executions(&key) <= 1,
-                "an indeterminate charge was not run again"
-            );
-            indeterminate += 1;
-        }
+        indeterminate += usize::from(charge_became_indeterminate(&kernel, &outcome.results[1], &key));
         let events = kernel.events(run).await;
         check_log(&events, true);
         let steps = kernel.get(run).await.steps;
@@ -207,6 +197,18 @@ async fn a_kernel_killed_during_a_burst_loses_nothing_and_reruns_nothing_it_must
         );
     }
     eprintln!("{indeterminate} of 12 charges were in flight at the crash and became indeterminate");
+}
+
+/// Checks an `at_most_once` charge's outcome against the ledger: one that succeeded ran exactly
+/// once, one that did not is `indeterminate` and never ran again. Says whether it is indeterminate.
+fn charge_became_indeterminate(kernel: &Kernel, charge: &pb::CallResult, key: &str) -> bool {
+    if charge.status == pb::CallStatus::Ok as i32 {
+        assert_eq!(kernel.executions(key), 1, "a charge that succeeded ran exactly once");
+        return false;
+    }
+    assert!(charge.content.starts_with("indeterminate:"), "{}", charge.content);
+    assert!(kernel.executions(key) <= 1, "an indeterminate charge was not run again");
+    true
 }
 
 async fn submit_until_done_owned(url: String, run: String, calls: Vec<pb::ToolCall>) -> e2e::TurnOutcome {
@@ -510,14 +512,21 @@ async fn kernel_kills_at_any_point_lose_no_shown_result_and_run_no_at_most_once_
     let mut indeterminate = 0;
     for (run, agent) in runs.iter().zip(agents) {
         let shown = agent.await.unwrap();
-        let steps = kernel.get(run).await.steps;
+        // Each recorded call's idempotency key, by step key.
+        let keys: std::collections::HashMap<String, String> = kernel
+            .get(run)
+            .await
+            .steps
+            .into_iter()
+            .map(|s| (s.step_key, s.idempotency_key))
+            .collect();
         assert_eq!(
-            steps.len(),
+            keys.len(),
             TURNS as usize * calls.len(),
             "every call of {run} is recorded"
         );
         for (turn, result) in &shown.results {
-            let step = steps.iter().find(|s| s.step_key == result.step_key).unwrap_or_else(|| {
+            let key = keys.get(&result.step_key).unwrap_or_else(|| {
                 panic!(
                     "turn {turn}: a shown result's step {} is not in the log",
                     result.step_key
@@ -528,30 +537,21 @@ async fn kernel_kills_at_any_point_lose_no_shown_result_and_run_no_at_most_once_
                 (kept.status, &kept.content, kept.attempts),
                 (result.status, &result.content, result.attempts),
                 "a result shown before a kill is the one the log keeps ({})",
-                step.step_key
+                result.step_key
             );
-            let key = &step.idempotency_key;
             assert!(
                 kernel.executions(key) <= result.attempts as usize,
                 "{} ran again after its result was shown",
-                step.step_key
+                result.step_key
             );
         }
         for (turn, results) in shown.turns.iter().enumerate() {
             for result in results {
-                let key = &steps
-                    .iter()
-                    .find(|s| s.step_key == result.step_key)
-                    .expect("a completed turn's step is recorded")
-                    .idempotency_key;
-                if result.position != 1 {
-                    assert_eq!(result.status, pb::CallStatus::Ok as i32, "turn {turn}: {result:?}");
-                } else if result.status == pb::CallStatus::Ok as i32 {
-                    assert_eq!(kernel.executions(key), 1, "a charge that succeeded ran exactly once");
+                if result.position == 1 {
+                    let key = &keys[&result.step_key];
+                    indeterminate += usize::from(charge_became_indeterminate(&kernel, result, key));
                 } else {
-                    assert!(result.content.starts_with("indeterminate:"), "{}", result.content);
-                    assert!(kernel.executions(key) <= 1, "an indeterminate charge was not run again");
-                    indeterminate += 1;
+                    assert_eq!(result.status, pb::CallStatus::Ok as i32, "turn {turn}: {result:?}");
                 }
             }
         }

@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use super::progress::Progress;
 use super::report::{Fanout, Payload, Replay, Sequential, Throughput};
 use super::stats::{Latency, millis};
-use super::sustained::writes;
+use super::sustained::usage;
 use super::workers::{NOOP, NOOP_ONCE, PAYLOAD, payload_text};
 use super::{BenchError, ByteSize};
 use crate::args::KernelAddr;
@@ -259,7 +259,7 @@ impl Agent {
             ..noop_call()
         };
         let mut latencies = Vec::with_capacity(n as usize);
-        let writes_before = writes(admin).await;
+        let before = usage(admin).await;
         let started = Instant::now();
         for turn in 0..n {
             let sent = Instant::now();
@@ -273,9 +273,11 @@ impl Agent {
             latencies,
             per_second: Vec::new(),
         };
-        let per_call = |before: u64, after: u64| after.saturating_sub(before) as f64 / f64::from(n.max(1));
-        let (fsyncs_per_call, statements_per_call) = match (writes_before, writes(admin).await) {
-            (Some(before), Some(after)) => (Some(per_call(before.0, after.0)), Some(per_call(before.1, after.1))),
+        let (fsyncs_per_call, statements_per_call) = match (before, usage(admin).await) {
+            (Some(before), Some(end)) => {
+                let (fsyncs, statements) = end.writes_per_call(&before, u64::from(n));
+                (Some(fsyncs), Some(statements))
+            }
             _ => (None, None),
         };
         self.complete_runs(vec![run_id]).await?;

@@ -59,7 +59,7 @@ pub struct KernelCost {
 
 /// The kernel's counters at one moment.
 #[derive(Clone, Copy, Debug)]
-struct Usage {
+pub(super) struct Usage {
     cpu_micros: u64,
     commits: u64,
     syncs: u64,
@@ -105,7 +105,20 @@ impl Sessions {
     }
 }
 
-async fn usage(admin: &mut AdminServiceClient<Authed>) -> Option<Usage> {
+impl Usage {
+    /// The commits that waited for the disk and the writer's statements, per call, from
+    /// `before` to this reading.
+    pub(super) fn writes_per_call(&self, before: &Usage, calls: u64) -> (f64, f64) {
+        let per_call = |delta: u64| delta as f64 / calls.max(1) as f64;
+        (
+            per_call(self.syncs.saturating_sub(before.syncs)),
+            per_call(self.statements.saturating_sub(before.statements)),
+        )
+    }
+}
+
+/// The kernel's counters now; `None` when `GetStatus` was refused.
+pub(super) async fn usage(admin: &mut AdminServiceClient<Authed>) -> Option<Usage> {
     let status = admin.get_status(pb::GetStatusRequest {}).await.ok()?.into_inner();
     Some(Usage {
         cpu_micros: status.cpu_micros,
@@ -114,12 +127,6 @@ async fn usage(admin: &mut AdminServiceClient<Authed>) -> Option<Usage> {
         statements: status.store_statements,
         resident: status.resident_bytes,
     })
-}
-
-/// The kernel's counts of commits that waited for the disk and of the writer's statements;
-/// `None` without `GetStatus`.
-pub async fn writes(admin: &mut AdminServiceClient<Authed>) -> Option<(u64, u64)> {
-    usage(admin).await.map(|usage| (usage.syncs, usage.statements))
 }
 
 /// Runs `concurrency` runs for `length`, then waits `settle` (if any) for memory to come back.
@@ -184,12 +191,13 @@ pub async fn run(
 
 fn cost(before: Usage, end: Usage, peak: u64, settled: Option<(u64, Duration)>, calls: u64) -> KernelCost {
     let per_call = |delta: u64| delta as f64 / calls.max(1) as f64;
+    let (fsyncs_per_call, statements_per_call) = end.writes_per_call(&before, calls);
     KernelCost {
         cpu_ms_per_call: (before.cpu_micros > 0)
             .then(|| per_call(end.cpu_micros.saturating_sub(before.cpu_micros)) / 1000.0),
         commits_per_call: per_call(end.commits.saturating_sub(before.commits)),
-        fsyncs_per_call: per_call(end.syncs.saturating_sub(before.syncs)),
-        statements_per_call: per_call(end.statements.saturating_sub(before.statements)),
+        fsyncs_per_call,
+        statements_per_call,
         rss_before_bytes: before.resident,
         rss_peak_bytes: peak.max(before.resident).max(end.resident),
         rss_end_bytes: end.resident,

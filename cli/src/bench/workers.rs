@@ -36,23 +36,13 @@ pub fn payload_text(bytes: u64) -> String {
 const SESSIONS_TIMEOUT: Duration = Duration::from_secs(15);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn noop_tool() -> Tool {
+fn noop_tool(name: &str, description: &str) -> Tool {
     wrap_tool(
-        NOOP,
-        "Does nothing and returns null (kernelctl bench).",
+        name,
+        description,
         json!({"type": "object", "additionalProperties": false}),
         |_ctx, _args| async { Ok::<_, ToolError>(Value::Null) },
     )
-}
-
-fn noop_once_tool() -> Tool {
-    wrap_tool(
-        NOOP_ONCE,
-        "Does nothing and returns null, declared at_most_once (kernelctl bench).",
-        json!({"type": "object", "additionalProperties": false}),
-        |_ctx, _args| async { Ok::<_, ToolError>(Value::Null) },
-    )
-    .idempotency(Idempotency::AtMostOnce)
 }
 
 fn payload_tool() -> Tool {
@@ -112,8 +102,14 @@ impl BenchWorkers {
                 // The bench's tools leave with its sessions: no bench_* in `tools list` or in an
                 // agent's unknown-tool message afterwards.
                 .ephemeral_tools()
-                .tool(noop_tool())
-                .tool(noop_once_tool())
+                .tool(noop_tool(NOOP, "Does nothing and returns null (kernelctl bench)."))
+                .tool(
+                    noop_tool(
+                        NOOP_ONCE,
+                        "Does nothing and returns null, declared at_most_once (kernelctl bench).",
+                    )
+                    .idempotency(Idempotency::AtMostOnce),
+                )
                 .tool(payload_tool());
             if let Some(tls) = &tls {
                 builder = builder.tls(tls.clone());

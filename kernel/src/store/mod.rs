@@ -189,7 +189,12 @@ impl WriterThread {
     }
 }
 
-fn open_writer(path: &Path, durability: Durability) -> rusqlite::Result<Connection> {
+/// The writer's connection, migrated (at the configured durability), then left in the mode its
+/// batches commit in (see [`sync::SqliteSync`]).
+fn open_writer(
+    path: &Path,
+    durability: Durability,
+) -> Result<(Connection, sync::SqliteSync), Box<dyn std::error::Error>> {
     let mut conn = Connection::open(path)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(
@@ -208,7 +213,8 @@ fn open_writer(path: &Path, durability: Durability) -> rusqlite::Result<Connecti
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     schema::migrate(&mut conn)?;
     raise_malloc_trim_threshold(&conn)?;
-    Ok(conn)
+    let sync = sync::SqliteSync::open(&conn, path, durability == Durability::Full)?;
+    Ok((conn, sync))
 }
 
 /// SQLite allocates through the C library's malloc, not the kernel's allocator. Each command runs
@@ -276,10 +282,7 @@ fn new_replica_id() -> Arc<str> {
 impl Store {
     /// Opens (creating and migrating) the database and starts the writer thread.
     pub fn open(path: &Path, durability: Durability, hub: Hub) -> Result<(Store, WriterThread), KernelError> {
-        let conn = open_writer(path, durability)
-            .map_err(|e| KernelError::Store(format!("cannot open database {}: {e}", path.display())))?;
-        let sync = sync::SqliteSync::new(path, durability == Durability::Full);
-        sync.configure(&conn)
+        let (conn, sync) = open_writer(path, durability)
             .map_err(|e| KernelError::Store(format!("cannot open database {}: {e}", path.display())))?;
         let (commands, receiver) = mpsc::channel();
         let replica = new_replica_id();

@@ -11,7 +11,8 @@
 //! it durable too (the write-ahead log is written in order, and one sync covers all of it), so a
 //! result is never durable while its start is not.
 
-use std::path::{Path, PathBuf};
+use std::fs::File;
+use std::path::Path;
 
 use super::ops::Published;
 use crate::model::{EventType, Idempotency, StepKind};
@@ -41,33 +42,41 @@ fn may_defer(published: &Published) -> bool {
 /// itself once committed. That is what `FULL` adds to `NORMAL` in WAL mode (a sync of the log
 /// after each commit); checkpoints sync as before.
 pub struct SqliteSync {
-    /// The write-ahead log, at `--durability full`; at `normal` no commit syncs.
-    wal: Option<PathBuf>,
+    /// The write-ahead log, at `--durability full`; at `normal` no commit syncs. Opened once:
+    /// SQLite deletes the log only when its last connection closes, and the writer's connection
+    /// lives as long as this.
+    wal: Option<File>,
 }
 
 impl SqliteSync {
-    /// For a writer on the database at `path`, at `full` (or `normal`) durability.
-    pub fn new(path: &Path, full: bool) -> Self {
-        let wal = full.then(|| {
+    /// Puts the writer's connection `conn`, on the database at `path` in WAL mode, in the mode
+    /// its commits run in, at `full` (or `normal`) durability.
+    pub fn open(conn: &rusqlite::Connection, path: &Path, full: bool) -> Result<Self, Box<dyn std::error::Error>> {
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        let wal = if full {
             let mut name = path.as_os_str().to_owned();
             name.push("-wal");
-            PathBuf::from(name)
-        });
-        SqliteSync { wal }
-    }
-
-    /// Puts the connection in the mode the writer's commits run in.
-    pub fn configure(&self, conn: &rusqlite::Connection) -> rusqlite::Result<()> {
-        conn.pragma_update(None, "synchronous", "NORMAL")
+            // Created if SQLite has not yet: an empty log is a valid one, and SQLite opens it by
+            // name, so both reach the same file.
+            Some(
+                File::options()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(name)?,
+            )
+        } else {
+            None
+        };
+        Ok(SqliteSync { wal })
     }
 
     /// After a commit: makes it, and every commit before it, durable if `sync` asks and the
     /// durability allows; says whether it synced.
     pub fn after_commit(&self, sync: bool) -> std::io::Result<bool> {
         match &self.wal {
-            // Opened each time: the log is the same file for the life of the writer's
-            // connection, but a handle kept open would outlive a log SQLite deleted.
-            Some(wal) if sync => std::fs::File::open(wal)?.sync_data().map(|()| true),
+            Some(wal) if sync => wal.sync_data().map(|()| true),
             _ => Ok(false),
         }
     }
@@ -137,18 +146,17 @@ mod tests {
         let path = dir.path().join("kernel.db");
         let conn = rusqlite::Connection::open(&path).unwrap();
         conn.pragma_update(None, "journal_mode", "WAL").unwrap();
-        let full = SqliteSync::new(&path, true);
-        full.configure(&conn).unwrap();
+        let full = SqliteSync::open(&conn, &path, true).unwrap();
         let synchronous: i64 = conn.query_row("PRAGMA synchronous", [], |row| row.get(0)).unwrap();
         assert_eq!(synchronous, 1, "the connection commits at NORMAL");
         conn.execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1)")
             .unwrap();
         assert!(full.after_commit(true).unwrap());
         assert!(!full.after_commit(false).unwrap());
-        assert!(!SqliteSync::new(&path, false).after_commit(true).unwrap());
-        let missing = SqliteSync::new(&dir.path().join("gone.db"), true);
+        let normal = SqliteSync::open(&conn, &path, false).unwrap();
+        assert!(!normal.after_commit(true).unwrap());
         assert!(
-            missing.after_commit(true).is_err(),
+            SqliteSync::open(&conn, &dir.path().join("gone").join("kernel.db"), true).is_err(),
             "a log that cannot be synced is an error"
         );
     }
