@@ -439,9 +439,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<RecordedTurn> {
     } else {
         Some(
             tx.conn
-                .prepare_cached(
-                    "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running', 'awaiting_approval')",
-                )?
+                .prepare_cached(open_steps::COUNT_CALLS)?
                 .query_row(params![run.id.as_str()], |row| row.get::<usize>(0))?
                 // A hosted run's own dispatch runs while its handler calls; it is not a call.
                 .saturating_sub(usize::from(run.hosted)),
@@ -716,10 +714,7 @@ fn ask_next_approval(tx: &mut Tx<'_>, run_id: &RunId) -> Result<()> {
         None
     } else {
         tx.conn
-            .prepare_cached(&format!(
-                "SELECT {} FROM steps WHERE run_id = ?1 AND status = 'awaiting_approval' ORDER BY turn, position LIMIT 1",
-                rows::STEP_COLUMNS
-            ))?
+            .prepare_cached(&open_steps::next_awaiting_approval(rows::STEP_COLUMNS))?
             .query_row(params![run_id.as_str()], rows::step_from_row)
             .optional()?
     };
@@ -1001,11 +996,7 @@ pub fn record_result(tx: &mut Tx<'_>, report: ResultReport) -> Result<Option<(St
 fn in_flight_and_open(tx: &Tx<'_>, run: &RunId) -> Result<(Vec<StepRecord>, Vec<ApprovalRecord>)> {
     let in_flight: Vec<StepRecord> = tx
         .conn
-        .prepare_cached(&format!(
-            "SELECT {} FROM steps WHERE run_id = ?1 AND status IN ('pending', 'running', 'awaiting_approval', \
-             'suspended') ORDER BY turn, position",
-            rows::STEP_COLUMNS
-        ))?
+        .prepare_cached(&open_steps::all(rows::STEP_COLUMNS))?
         .query_map(params![run.as_str()], rows::step_from_row)?
         .collect::<sql::Result<_>>()?;
     let open: Vec<ApprovalRecord> = tx
@@ -1711,4 +1702,60 @@ pub fn claim_pending(tx: &mut Tx<'_>, tools: &[String], agents: &[String], limit
         .prepare(&sql)?
         .query_map(&args, rows::step_from_row)?
         .collect::<std::result::Result<Vec<_>, _>>()?)
+}
+
+/// A run's open steps, read through the `steps_unsettled` index, whose condition each repeats.
+mod open_steps {
+    use crate::store::schema::unsettled;
+
+    /// How many calls the run has open: the pending-calls limit counts them.
+    pub const COUNT_CALLS: &str = concat!(
+        "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND ",
+        unsettled!(),
+        " AND status IN ('pending', 'running', 'awaiting_approval')"
+    );
+
+    /// The first step awaiting its approval, in the run's order.
+    pub fn next_awaiting_approval(columns: &str) -> String {
+        format!(
+            "SELECT {columns} FROM steps WHERE run_id = ?1 AND {} AND status = 'awaiting_approval' \
+             ORDER BY turn, position LIMIT 1",
+            unsettled!()
+        )
+    }
+
+    /// Every open step, in the run's order.
+    pub fn all(columns: &str) -> String {
+        format!(
+            "SELECT {columns} FROM steps WHERE run_id = ?1 AND {} ORDER BY turn, position",
+            unsettled!()
+        )
+    }
+
+    #[cfg(test)]
+    mod tests {
+        /// A query that drops the index's condition would read every step the run ever made.
+        #[test]
+        fn each_query_reads_the_open_steps_index() {
+            let mut conn = rusqlite::Connection::open_in_memory().unwrap();
+            crate::store::schema::migrate(&mut conn).unwrap();
+            for sql in [
+                super::COUNT_CALLS.to_string(),
+                super::next_awaiting_approval("*"),
+                super::all("*"),
+            ] {
+                let plan: Vec<String> = conn
+                    .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                    .unwrap()
+                    .query_map(["run"], |row| row.get(3))
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+                assert!(
+                    plan.iter().any(|step| step.contains("INDEX steps_unsettled (run_id=?")),
+                    "{sql}: {plan:?}"
+                );
+            }
+        }
+    }
 }

@@ -27,6 +27,11 @@ pub struct Readers {
 /// The most connections a pool holds, and so the most reads at once.
 const READERS: usize = 16;
 
+/// How long a read on a blocking thread waits for SQLite's lock (held only briefly in WAL mode:
+/// recovering the log after a crash, say). A read on the calling thread does not wait: it moves to
+/// a blocking thread instead, so no runtime thread sleeps on a lock.
+pub(super) const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The idle connections.
 #[derive(Default)]
 struct Pool(Mutex<Vec<ReadConn>>);
@@ -112,7 +117,7 @@ impl Readers {
                     path,
                     OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
                 )?;
-                conn.busy_timeout(std::time::Duration::from_secs(5))?;
+                conn.busy_timeout(BUSY_WAIT)?;
                 ReadConn::Sqlite(conn)
             }
             Source::Postgres(url) => ReadConn::Postgres(Box::new(PgConn::connect(url)?)),
@@ -134,7 +139,7 @@ impl Readers {
             .expect("the readers' semaphore is never closed");
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            readers.pooled(query)
+            readers.pooled(BUSY_WAIT, query)
         })
         .await
         .map_err(|e| KernelError::Store(format!("reader task failed: {e}")))?
@@ -144,30 +149,48 @@ impl Readers {
     /// Runs `query`, a read of a few rows by key, on a pooled connection: on SQLite on the
     /// calling thread, where it takes microseconds from pages in memory (readers never wait for
     /// the writer in WAL mode), less than the hand-off to a blocking thread and back; on
-    /// PostgreSQL, a network round trip, on a blocking thread as [`Readers::with`] does.
+    /// PostgreSQL, a network round trip, on a blocking thread as [`Readers::with`] does. A
+    /// SQLite read that finds the database locked runs again on a blocking thread, which waits.
     pub async fn with_point<T, F>(&self, query: F) -> Result<T, KernelError>
     where
         T: Send + 'static,
-        F: FnOnce(Connection<'_>) -> sql::Result<T> + Send + 'static,
+        F: Fn(Connection<'_>) -> sql::Result<T> + Send + 'static,
     {
         if matches!(*self.source, Source::Postgres(_)) {
             return self.with(query).await;
         }
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .expect("the readers' semaphore is never closed");
-        self.pooled(query).map_err(KernelError::from)
+        let inline = {
+            let _permit = self
+                .permits
+                .acquire()
+                .await
+                .expect("the readers' semaphore is never closed");
+            self.pooled(std::time::Duration::ZERO, &query)
+        };
+        match inline {
+            Err(sql::Error::Busy(message)) => {
+                tracing::debug!(%message, "database locked, reading on a blocking thread");
+                self.with(query).await
+            }
+            other => other.map_err(KernelError::from),
+        }
     }
 
-    /// Runs `query` on a connection from the pool (or a new one), and gives it back.
-    fn pooled<T>(&self, query: impl FnOnce(Connection<'_>) -> sql::Result<T>) -> sql::Result<T> {
+    /// Runs `query` on a connection from the pool (or a new one), waiting up to `wait` for
+    /// SQLite's lock, and gives the connection back.
+    fn pooled<T>(
+        &self,
+        wait: std::time::Duration,
+        query: impl FnOnce(Connection<'_>) -> sql::Result<T>,
+    ) -> sql::Result<T> {
         let pooled = self.pool.0.lock().expect("reader pool poisoned").pop();
         let conn = match pooled {
             Some(conn) => conn,
             None => self.connect()?,
         };
+        if let ReadConn::Sqlite(conn) = &conn {
+            conn.busy_timeout(wait)?;
+        }
         let result = query(conn.sql());
         let mut pool = self.pool.0.lock().expect("reader pool poisoned");
         // A connection whose query failed may be broken (a PostgreSQL restart): not kept.

@@ -3,6 +3,16 @@
 
 use rusqlite::Connection;
 
+/// The condition of the `steps_unsettled` index: a step not yet succeeded, failed or cancelled.
+/// SQLite uses a partial index only for a query that repeats its condition, so queries for a run's
+/// open steps include this text.
+macro_rules! unsettled {
+    () => {
+        "status <> 'succeeded' AND status <> 'failed' AND status <> 'cancelled'"
+    };
+}
+pub(crate) use unsettled;
+
 const MIGRATIONS: &[&str] = &[
     // 1: runs, their event log, steps, and the tool registry.
     r#"
@@ -252,12 +262,42 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs ADD COLUMN trace TEXT;
     ALTER TABLE steps ADD COLUMN trace TEXT;
     "#,
+    // 12: fewer pages written per commit. Events were a b-tree keyed by (run, seq), so every
+    // commit rewrote a leaf, and its long-keyed parents, per run it touched; they are now a rowid
+    // table, appended in commit order, found by a small index. A run's open steps are indexed alone:
+    // settled ones made up nearly all of the old (run, status) index and each settling moved an
+    // entry within it. Its condition avoids IN lists, which SQLite builds a temporary table for on
+    // every update of a step; queries repeat it word for word (`unsettled!`) to use it.
+    concat!(
+        r#"
+    CREATE TABLE events_appended (
+        run_id         TEXT NOT NULL REFERENCES runs (id),
+        seq            INTEGER NOT NULL,
+        type           TEXT NOT NULL,
+        schema_version INTEGER NOT NULL,
+        at             INTEGER NOT NULL,
+        payload        TEXT NOT NULL
+    ) STRICT;
+    INSERT INTO events_appended (run_id, seq, type, schema_version, at, payload)
+        SELECT run_id, seq, type, schema_version, at, payload FROM events ORDER BY run_id, seq;
+    DROP TABLE events;
+    ALTER TABLE events_appended RENAME TO events;
+    CREATE UNIQUE INDEX events_by_run ON events (run_id, seq);
+    DROP INDEX steps_by_run_status;
+    CREATE INDEX steps_unsettled ON steps (run_id, status) WHERE "#,
+        unsettled!(),
+        ";"
+    ),
 ];
 
 /// Brings the database to the newest schema.
 pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    migrate_to(conn, latest())
+}
+
+fn migrate_to(conn: &mut Connection, version: usize) -> rusqlite::Result<()> {
     let current: usize = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
-    for (index, sql) in MIGRATIONS.iter().enumerate().skip(current) {
+    for (index, sql) in MIGRATIONS.iter().enumerate().take(version).skip(current) {
         let tx = conn.transaction()?;
         tx.execute_batch(sql)?;
         tx.pragma_update(None, "user_version", index + 1)?;
@@ -269,4 +309,55 @@ pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
 /// The schema version this build writes.
 pub fn latest() -> usize {
     MIGRATIONS.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(conn: &Connection) -> Vec<(String, i64, String)> {
+        conn.prepare("SELECT run_id, seq, payload FROM events ORDER BY run_id, seq")
+            .unwrap()
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    #[test]
+    fn events_recorded_before_the_append_layout_keep_their_runs_order_and_uniqueness() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate_to(&mut conn, 11).unwrap();
+        for run in ["a", "b"] {
+            conn.execute(
+                "INSERT INTO runs (id, agent, status, input, labels, max_tool_calls, created_at, updated_at) \
+                 VALUES (?1, 'agent', 'running', '{}', '{}', 0, 0, 0)",
+                [run],
+            )
+            .unwrap();
+        }
+        for (run, seq) in [("b", 1), ("a", 2), ("b", 2), ("a", 1)] {
+            conn.execute(
+                "INSERT INTO events (run_id, seq, type, schema_version, at, payload) VALUES (?1, ?2, 'x', 1, 0, ?3)",
+                rusqlite::params![run, seq, format!("{run}{seq}")],
+            )
+            .unwrap();
+        }
+        let before = events(&conn);
+        migrate(&mut conn).unwrap();
+        assert_eq!(events(&conn), before);
+        let duplicate = conn.execute(
+            "INSERT INTO events (run_id, seq, type, schema_version, at, payload) VALUES ('a', 2, 'x', 1, 0, '')",
+            [],
+        );
+        assert!(duplicate.is_err(), "a run's sequence number is taken once");
+        let plan: String = conn
+            .query_row(
+                "EXPLAIN QUERY PLAN SELECT payload FROM events WHERE run_id = 'a' AND seq >= 1 ORDER BY seq",
+                [],
+                |row| row.get(3),
+            )
+            .unwrap();
+        assert!(plan.contains("events_by_run"), "{plan}");
+    }
 }

@@ -22,6 +22,8 @@ pub enum Error {
     Backend(String),
     /// The database cannot be reached (a PostgreSQL connection dropped or refused).
     Unavailable(String),
+    /// SQLite's lock was not free within the connection's busy timeout.
+    Busy(String),
 }
 
 impl Error {
@@ -35,7 +37,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::NoRows => f.write_str("query returned no rows"),
-            Error::Backend(message) | Error::Unavailable(message) => f.write_str(message),
+            Error::Backend(message) | Error::Unavailable(message) | Error::Busy(message) => f.write_str(message),
         }
     }
 }
@@ -46,6 +48,9 @@ impl From<rusqlite::Error> for Error {
     fn from(error: rusqlite::Error) -> Self {
         match error {
             rusqlite::Error::QueryReturnedNoRows => Error::NoRows,
+            other if other.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {
+                Error::Busy(other.to_string())
+            }
             other => Error::Backend(other.to_string()),
         }
     }

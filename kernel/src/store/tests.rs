@@ -729,6 +729,53 @@ async fn concurrent_appends_keep_sequence_numbers_gap_free(f: Fixture) {
     assert_gap_free(&log);
 }
 
+/// A turn's read runs on the runtime's thread. When SQLite's lock is taken (recovering the log
+/// after a crash, say) it must not sleep there, stalling every task on that thread: it moves to
+/// a blocking thread, which waits for the lock and answers. (A database in rollback-journal mode,
+/// where a writer's exclusive lock keeps readers out, stands in for the rare lock of WAL mode.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_turn_read_that_finds_the_database_locked_waits_off_the_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.db");
+    let id = RunId::new();
+    let mut conn = rusqlite::Connection::open(&path).unwrap();
+    schema::migrate(&mut conn).unwrap();
+    conn.execute(
+        "INSERT INTO runs (id, agent, status, input, labels, max_tool_calls, created_at, updated_at) \
+         VALUES (?1, 'agent', 'running', '{}', '{}', 0, 0, 0)",
+        [id.as_str()],
+    )
+    .unwrap();
+    let (locked, is_locked) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let locker = std::thread::spawn(move || {
+        conn.execute_batch("BEGIN EXCLUSIVE").unwrap();
+        locked.send(()).unwrap();
+        released.recv().unwrap();
+        conn.execute_batch("COMMIT").unwrap();
+    });
+    is_locked.recv().unwrap();
+    let reads = Readers::open(&path).unwrap();
+    let read = tokio::spawn({
+        let id = id.clone();
+        async move { reads.turn(id, Vec::new()).await }
+    });
+    // On this one-thread runtime the timer fires on time only if the read left the thread free;
+    // a read sleeping on the lock there would hold it for its whole busy timeout (seconds).
+    let asleep = std::time::Instant::now();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let slept = asleep.elapsed();
+    assert!(
+        slept < reads::BUSY_WAIT / 2,
+        "the runtime's thread was held for {slept:?}"
+    );
+    assert!(!read.is_finished(), "the read waits for the lock: {:?}", read.await);
+    release.send(()).unwrap();
+    let (found, _) = read.await.unwrap().unwrap();
+    assert_eq!(found.map(|r| r.id), Some(id));
+    locker.join().unwrap();
+}
+
 #[tokio::test]
 async fn the_store_survives_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
