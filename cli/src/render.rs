@@ -766,6 +766,7 @@ pub fn status_text(status: &StatusView) -> String {
                 format!("{} ({} synced to disk)", status.store_commits, status.store_syncs),
             ),
             ("store statements", status.store_statements.to_string()),
+            ("disk written", bytes(status.disk_write_bytes)),
             (
                 "in-flight scans",
                 format!(
@@ -1170,6 +1171,7 @@ mod tests {
             store_commits: 17,
             store_syncs: 9,
             store_statements: 120,
+            disk_write_bytes: 8_388_608,
             resource_locks: vec![pb::ResourceLock {
                 resource: "repo:acme/api".into(),
                 run_id: "r1".into(),
@@ -1185,6 +1187,7 @@ mod tests {
         assert!(text.contains("cpu time:          1.25 s"), "{text}");
         assert!(text.contains("store commits:     17 (9 synced to disk)"), "{text}");
         assert!(text.contains("store statements:  120"), "{text}");
+        assert!(text.contains("disk written:      8.0 MiB"), "{text}");
         assert!(text.contains("RESOURCE"), "{text}");
         let row = text
             .lines()

@@ -547,6 +547,8 @@ pub struct StatusView {
     pub store_syncs: u64,
     /// SQL statements the store's writer ran.
     pub store_statements: u64,
+    /// Bytes the kernel process wrote to storage; `null` when it could not tell.
+    pub disk_write_bytes: Option<u64>,
     /// Locks running calls hold on resource instances.
     pub resource_locks: Vec<ResourceLockView>,
 }
@@ -580,6 +582,7 @@ impl From<pb::GetStatusResponse> for StatusView {
             store_commits: status.store_commits,
             store_syncs: status.store_syncs,
             store_statements: status.store_statements,
+            disk_write_bytes: (status.disk_write_bytes > 0).then_some(status.disk_write_bytes),
             resource_locks: status
                 .resource_locks
                 .into_iter()

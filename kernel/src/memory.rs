@@ -47,6 +47,17 @@ pub fn cpu_micros() -> Option<u64> {
     Some((user + system) * 1_000_000 / USER_HZ)
 }
 
+/// Bytes the process has caused to be written to storage (`write_bytes` of `/proc/self/io`,
+/// counted as pages are dirtied); `None` off Linux or where the system keeps no I/O accounting.
+pub fn disk_write_bytes() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines()
+        .find_map(|line| line.strip_prefix("write_bytes:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// jemalloc's `stats.allocated`, refreshed first (jemalloc caches its statistics per epoch).
 fn allocated_bytes() -> Option<u64> {
     tikv_jemalloc_ctl::epoch::advance().ok()?;
@@ -63,6 +74,20 @@ mod tests {
             let figures = figures();
             assert!(figures.resident_bytes > 1024 * 1024, "{figures:?}");
         }
+    }
+
+    #[test]
+    fn bytes_written_to_a_synced_file_are_counted() {
+        let Some(before) = disk_write_bytes() else {
+            // No I/O accounting (off Linux, or a kernel built without it): the status says 0.
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut file = std::fs::File::create(dir.path().join("f")).unwrap();
+        std::io::Write::write_all(&mut file, &vec![7u8; 1 << 20]).unwrap();
+        file.sync_all().unwrap();
+        let after = disk_write_bytes().unwrap();
+        assert!(after >= before + (1 << 20), "1 MiB written shows: {before} -> {after}");
     }
 
     #[test]

@@ -273,12 +273,9 @@ impl Agent {
             latencies,
             per_second: Vec::new(),
         };
-        let (fsyncs_per_call, statements_per_call) = match (before, usage(admin).await) {
-            (Some(before), Some(end)) => {
-                let (fsyncs, statements) = end.writes_per_call(&before, u64::from(n));
-                (Some(fsyncs), Some(statements))
-            }
-            _ => (None, None),
+        let writes = match (before, usage(admin).await) {
+            (Some(before), Some(end)) => Some(end.writes_per_call(&before, u64::from(n))),
+            _ => None,
         };
         self.complete_runs(vec![run_id]).await?;
         let calls_per_s = sample.calls_per_s();
@@ -287,8 +284,9 @@ impl Agent {
         progress.finish(&format!("p50 {:.3}ms, p99 {:.3}ms", latency.p50_ms, latency.p99_ms));
         Ok(Sequential {
             idempotency,
-            fsyncs_per_call,
-            statements_per_call,
+            fsyncs_per_call: writes.map(|w| w.fsyncs_per_call),
+            statements_per_call: writes.map(|w| w.statements_per_call),
+            disk_kib_per_call: writes.and_then(|w| w.disk_kib_per_call),
             calls: u64::from(n),
             elapsed_s: sample.elapsed.as_secs_f64(),
             calls_per_s,

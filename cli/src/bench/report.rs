@@ -33,6 +33,9 @@ pub struct Sequential {
     pub fsyncs_per_call: Option<f64>,
     /// SQL statements the store's writer ran per call; `None` without `GetStatus`.
     pub statements_per_call: Option<f64>,
+    /// KiB the kernel process wrote to storage per call; `None` without `GetStatus`, or where
+    /// the kernel cannot tell.
+    pub disk_kib_per_call: Option<f64>,
     pub calls: u64,
     pub elapsed_s: f64,
     pub calls_per_s: f64,
@@ -115,6 +118,11 @@ fn mib(bytes: u64) -> String {
     crate::render::bytes(Some(bytes))
 }
 
+/// KiB per call, or `-` where the kernel could not tell.
+fn kib(per_call: Option<f64>) -> String {
+    per_call.map_or_else(|| "-".into(), |n| format!("{n:.1} KiB"))
+}
+
 /// The sustained section: its rate and latency, the rate second by second, and the kernel's cost.
 fn sustained(s: &super::sustained::Sustained) -> String {
     let mut text = format!(
@@ -149,10 +157,11 @@ fn sustained(s: &super::sustained::Sustained) -> String {
         Some(k) => {
             let cpu = k.cpu_ms_per_call.map_or_else(|| "-".into(), ms);
             let mut line = format!(
-                "kernel: cpu {cpu}/call, {:.2} commits/call ({:.2} fsyncs), {:.1} statements/call; rss {} before, {} peak, {} at the end",
+                "kernel: cpu {cpu}/call, {:.2} commits/call ({:.2} fsyncs), {:.1} statements/call, {} written/call; rss {} before, {} peak, {} at the end",
                 k.commits_per_call,
                 k.fsyncs_per_call,
                 k.statements_per_call,
+                kib(k.disk_kib_per_call),
                 mib(k.rss_before_bytes),
                 mib(k.rss_peak_bytes),
                 mib(k.rss_end_bytes)
@@ -200,6 +209,7 @@ impl Report {
                     "MAX",
                     "FSYNCS/CALL",
                     "SQL/CALL",
+                    "DISK/CALL",
                 ],
                 sequential.into_iter().map(|s| {
                     vec![
@@ -212,6 +222,7 @@ impl Report {
                         ms(s.latency.max_ms),
                         s.fsyncs_per_call.map_or_else(|| "-".into(), |n| format!("{n:.2}")),
                         s.statements_per_call.map_or_else(|| "-".into(), |n| format!("{n:.1}")),
+                        kib(s.disk_kib_per_call),
                     ]
                 }),
             ));
@@ -340,6 +351,7 @@ mod tests {
                 idempotency: "safe_to_retry",
                 fsyncs_per_call: Some(1.0),
                 statements_per_call: Some(14.0),
+                disk_kib_per_call: Some(9.25),
                 calls: 2000,
                 elapsed_s: 1.0,
                 calls_per_s: 2000.0,
@@ -349,6 +361,7 @@ mod tests {
                 idempotency: "at_most_once",
                 fsyncs_per_call: None,
                 statements_per_call: None,
+                disk_kib_per_call: None,
                 calls: 2000,
                 elapsed_s: 1.5,
                 calls_per_s: 1333.0,
@@ -373,6 +386,7 @@ mod tests {
                     commits_per_call: 0.25,
                     fsyncs_per_call: 0.2,
                     statements_per_call: 15.0,
+                    disk_kib_per_call: Some(40.5),
                     rss_before_bytes: 40 << 20,
                     rss_peak_bytes: 60 << 20,
                     rss_end_bytes: 50 << 20,
@@ -434,6 +448,7 @@ mod tests {
             text.contains("2000   2000     0.500ms  1.000ms  2.000ms  5.000ms"),
             "{text}"
         );
+        assert!(text.contains("1.00         14.0      9.2 KiB"), "{text}");
         assert!(text.contains("64    5000   10000    6.000ms  24.0ms  60.0ms"), "{text}");
         assert!(!text.contains("fan-out"), "{text}");
         assert!(text.contains("sustained (64 concurrent runs for 3s"), "{text}");
@@ -441,7 +456,7 @@ mod tests {
         assert!(text.contains("2900            3100"), "{text}");
         assert!(
             text.contains(
-                "kernel: cpu 0.310ms/call, 0.25 commits/call (0.20 fsyncs), 15.0 statements/call; rss 40.0 MiB before, 60.0 MiB peak, 50.0 MiB at \
+                "kernel: cpu 0.310ms/call, 0.25 commits/call (0.20 fsyncs), 15.0 statements/call, 40.5 KiB written/call; rss 40.0 MiB before, 60.0 MiB peak, 50.0 MiB at \
                  the end, 41.0 MiB after 60s idle"
             ),
             "{text}"
@@ -461,6 +476,7 @@ mod tests {
         let json = serde_json::to_value(report()).unwrap();
         assert_eq!(json["sequential"]["p50_ms"], 0.5);
         assert_eq!(json["sequential"]["calls"], 2000);
+        assert_eq!(json["sequential"]["disk_kib_per_call"], 9.25);
         assert_eq!(json["throughput"][0]["concurrency"], 64);
         assert_eq!(json["throughput"][0]["p99_ms"], 24.0);
         assert!(json["fanout"].is_null());

@@ -49,6 +49,9 @@ pub struct KernelCost {
     pub fsyncs_per_call: f64,
     /// SQL statements the store's writer ran per call, transaction control included.
     pub statements_per_call: f64,
+    /// KiB (1,024 bytes) the kernel process wrote to storage per call: the log, and the database
+    /// as checkpoints copy the log into it; `None` where the kernel cannot tell.
+    pub disk_kib_per_call: Option<f64>,
     pub rss_before_bytes: u64,
     pub rss_peak_bytes: u64,
     pub rss_end_bytes: u64,
@@ -64,7 +67,17 @@ pub(super) struct Usage {
     commits: u64,
     syncs: u64,
     statements: u64,
+    /// Bytes written to storage; 0 where the kernel cannot tell.
+    written: u64,
     resident: u64,
+}
+
+/// What the store wrote per call over a section.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Writes {
+    pub fsyncs_per_call: f64,
+    pub statements_per_call: f64,
+    pub disk_kib_per_call: Option<f64>,
 }
 
 /// What the kernel holds per worker session: its resident memory before and after the
@@ -106,14 +119,16 @@ impl Sessions {
 }
 
 impl Usage {
-    /// The commits that waited for the disk and the writer's statements, per call, from
-    /// `before` to this reading.
-    pub(super) fn writes_per_call(&self, before: &Usage, calls: u64) -> (f64, f64) {
+    /// The commits that waited for the disk, the writer's statements and the bytes written to
+    /// storage, per call, from `before` to this reading.
+    pub(super) fn writes_per_call(&self, before: &Usage, calls: u64) -> Writes {
         let per_call = |delta: u64| delta as f64 / calls.max(1) as f64;
-        (
-            per_call(self.syncs.saturating_sub(before.syncs)),
-            per_call(self.statements.saturating_sub(before.statements)),
-        )
+        Writes {
+            fsyncs_per_call: per_call(self.syncs.saturating_sub(before.syncs)),
+            statements_per_call: per_call(self.statements.saturating_sub(before.statements)),
+            disk_kib_per_call: (before.written > 0)
+                .then(|| per_call(self.written.saturating_sub(before.written)) / 1024.0),
+        }
     }
 }
 
@@ -125,6 +140,7 @@ pub(super) async fn usage(admin: &mut AdminServiceClient<Authed>) -> Option<Usag
         commits: status.store_commits,
         syncs: status.store_syncs,
         statements: status.store_statements,
+        written: status.disk_write_bytes,
         resident: status.resident_bytes,
     })
 }
@@ -191,13 +207,18 @@ pub async fn run(
 
 fn cost(before: Usage, end: Usage, peak: u64, settled: Option<(u64, Duration)>, calls: u64) -> KernelCost {
     let per_call = |delta: u64| delta as f64 / calls.max(1) as f64;
-    let (fsyncs_per_call, statements_per_call) = end.writes_per_call(&before, calls);
+    let Writes {
+        fsyncs_per_call,
+        statements_per_call,
+        disk_kib_per_call,
+    } = end.writes_per_call(&before, calls);
     KernelCost {
         cpu_ms_per_call: (before.cpu_micros > 0)
             .then(|| per_call(end.cpu_micros.saturating_sub(before.cpu_micros)) / 1000.0),
         commits_per_call: per_call(end.commits.saturating_sub(before.commits)),
         fsyncs_per_call,
         statements_per_call,
+        disk_kib_per_call,
         rss_before_bytes: before.resident,
         rss_peak_bytes: peak.max(before.resident).max(end.resident),
         rss_end_bytes: end.resident,
@@ -233,6 +254,7 @@ mod tests {
             commits: 10,
             syncs: 8,
             statements: 100,
+            written: 1 << 20,
             resident: 40 << 20,
         };
         let end = Usage {
@@ -240,6 +262,7 @@ mod tests {
             commits: 5_010,
             syncs: 2_008,
             statements: 150_100,
+            written: (1 << 20) + 10_000 * 4096,
             resident: 60 << 20,
         };
         let cost = cost(before, end, 80 << 20, Some((42 << 20, Duration::from_secs(60))), 10_000);
@@ -247,6 +270,7 @@ mod tests {
         assert_eq!(cost.commits_per_call, 0.5);
         assert_eq!(cost.fsyncs_per_call, 0.2);
         assert_eq!(cost.statements_per_call, 15.0);
+        assert_eq!(cost.disk_kib_per_call, Some(4.0));
         assert_eq!(cost.rss_peak_bytes, 80 << 20);
         assert_eq!(cost.rss_settled_bytes, Some(42 << 20));
         let unknown_cpu = super::cost(

@@ -134,6 +134,7 @@ impl AdminService for AdminApi {
             store_commits: crate::metrics::get().commits(),
             store_syncs: crate::metrics::get().syncs(),
             store_statements: crate::metrics::get().statement_count(),
+            disk_write_bytes: crate::memory::disk_write_bytes().unwrap_or(0),
         }))
     }
 }
