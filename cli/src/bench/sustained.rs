@@ -126,7 +126,7 @@ impl Usage {
         Writes {
             fsyncs_per_call: per_call(self.syncs.saturating_sub(before.syncs)),
             statements_per_call: per_call(self.statements.saturating_sub(before.statements)),
-            disk_kib_per_call: (before.written > 0)
+            disk_kib_per_call: (self.written > 0)
                 .then(|| per_call(self.written.saturating_sub(before.written)) / 1024.0),
         }
     }
