@@ -311,6 +311,18 @@ pub fn latest() -> usize {
     MIGRATIONS.len()
 }
 
+/// Inserts a running run with only the columns every schema version requires, for tests that
+/// build a database by hand.
+#[cfg(test)]
+pub(super) fn insert_bare_run(conn: &Connection, id: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO runs (id, agent, status, input, labels, max_tool_calls, created_at, updated_at) \
+         VALUES (?1, 'agent', 'running', '{}', '{}', 0, 0, 0)",
+        [id],
+    )
+    .map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,12 +341,7 @@ mod tests {
         let mut conn = Connection::open_in_memory().unwrap();
         migrate_to(&mut conn, 11).unwrap();
         for run in ["a", "b"] {
-            conn.execute(
-                "INSERT INTO runs (id, agent, status, input, labels, max_tool_calls, created_at, updated_at) \
-                 VALUES (?1, 'agent', 'running', '{}', '{}', 0, 0, 0)",
-                [run],
-            )
-            .unwrap();
+            insert_bare_run(&conn, run).unwrap();
         }
         for (run, seq) in [("b", 1), ("a", 2), ("b", 2), ("a", 1)] {
             conn.execute(

@@ -740,12 +740,7 @@ async fn a_turn_read_that_finds_the_database_locked_waits_off_the_runtime() {
     let id = RunId::new();
     let mut conn = rusqlite::Connection::open(&path).unwrap();
     schema::migrate(&mut conn).unwrap();
-    conn.execute(
-        "INSERT INTO runs (id, agent, status, input, labels, max_tool_calls, created_at, updated_at) \
-         VALUES (?1, 'agent', 'running', '{}', '{}', 0, 0, 0)",
-        [id.as_str()],
-    )
-    .unwrap();
+    schema::insert_bare_run(&conn, id.as_str()).unwrap();
     let (locked, is_locked) = std::sync::mpsc::channel();
     let (release, released) = std::sync::mpsc::channel::<()>();
     let locker = std::thread::spawn(move || {
