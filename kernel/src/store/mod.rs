@@ -6,6 +6,7 @@
 //! imports rusqlite.
 
 mod cache;
+mod checkpoint;
 mod location;
 mod lock;
 mod ops;
@@ -194,7 +195,7 @@ impl WriterThread {
 fn open_writer(
     path: &Path,
     durability: Durability,
-) -> Result<(Connection, sync::SqliteSync), Box<dyn std::error::Error>> {
+) -> Result<(Connection, sync::SqliteSync, checkpoint::Checkpoints), Box<dyn std::error::Error>> {
     let mut conn = Connection::open(path)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(
@@ -214,7 +215,8 @@ fn open_writer(
     schema::migrate(&mut conn)?;
     raise_malloc_trim_threshold(&conn)?;
     let sync = sync::SqliteSync::open(&conn, path, durability == Durability::Full)?;
-    Ok((conn, sync))
+    let checkpoints = checkpoint::Checkpoints::start(&conn, path)?;
+    Ok((conn, sync, checkpoints))
 }
 
 /// SQLite allocates through the C library's malloc, not the kernel's allocator. Each command runs
@@ -282,7 +284,7 @@ fn new_replica_id() -> Arc<str> {
 impl Store {
     /// Opens (creating and migrating) the database and starts the writer thread.
     pub fn open(path: &Path, durability: Durability, hub: Hub) -> Result<(Store, WriterThread), KernelError> {
-        let (conn, sync) = open_writer(path, durability)
+        let (conn, sync, checkpoints) = open_writer(path, durability)
             .map_err(|e| KernelError::Store(format!("cannot open database {}: {e}", path.display())))?;
         let (commands, receiver) = mpsc::channel();
         let replica = new_replica_id();
@@ -291,7 +293,7 @@ impl Store {
             .name("store-writer".into())
             .spawn(move || {
                 writer::run(
-                    WriteConn::Sqlite(conn, sync),
+                    WriteConn::Sqlite(conn, sync, checkpoints),
                     &writer_replica,
                     receiver,
                     move |published| hub.publish_committed(published),

@@ -11,6 +11,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use tokio::sync::oneshot;
 
 use super::cache::Cache;
+use super::checkpoint::Checkpoints;
 use super::ops::{self, Published, Tx};
 use super::sql::{Connection, PgConn};
 use super::sync::{SqliteSync, must_sync};
@@ -174,7 +175,7 @@ fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
 
 /// The writer's one connection, on either backend.
 pub enum WriteConn {
-    Sqlite(rusqlite::Connection, SqliteSync),
+    Sqlite(rusqlite::Connection, SqliteSync, Checkpoints),
     Postgres { conn: Box<PgConn>, url: String },
 }
 
@@ -197,7 +198,7 @@ impl WriteConn {
     fn batch(&self, sql: &str) -> Result<(), String> {
         super::sql::count_statement();
         match self {
-            WriteConn::Sqlite(conn, _) => conn.execute_batch(sql).map_err(|e| e.to_string()),
+            WriteConn::Sqlite(conn, ..) => conn.execute_batch(sql).map_err(|e| e.to_string()),
             WriteConn::Postgres { conn, .. } => conn.batch(sql).map_err(|e| e.to_string()),
         }
     }
@@ -300,8 +301,9 @@ impl WriteConn {
         (registry, sync): (bool, bool),
     ) -> Result<bool, String> {
         match self {
-            WriteConn::Sqlite(_, mode) => {
+            WriteConn::Sqlite(_, mode, checkpoints) => {
                 self.batch("COMMIT")?;
+                checkpoints.committed();
                 mode.after_commit(sync).or_else(|error| {
                     // After a failed sync the system may have dropped the pages it could not
                     // write, and a retry would report them written: only a restart, recovering
@@ -327,7 +329,7 @@ impl WriteConn {
 
     fn sql(&self) -> Connection<'_> {
         match self {
-            WriteConn::Sqlite(conn, _) => Connection::sqlite(conn),
+            WriteConn::Sqlite(conn, ..) => Connection::sqlite(conn),
             WriteConn::Postgres { conn, .. } => Connection::postgres(conn),
         }
     }
