@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::broadcast;
 
-use crate::model::{EventRecord, RunId, StepKey, StepRecord};
+use crate::model::{RunId, StepKey, StepRecord};
 use crate::store::Published;
 
 /// Per-run buffer, allocated when a run gets its first subscriber; a subscriber further behind
@@ -51,8 +51,11 @@ mod run_id_text {
 /// What a run's subscribers receive.
 #[derive(Clone, Debug)]
 pub enum Signal {
-    /// A committed event, with the step it changed when there is one.
-    Event(Arc<EventRecord>, Option<Arc<StepRecord>>),
+    /// The events one commit appended to the run, in order, each with the step it changed when
+    /// there is one. One signal per commit, not per event: a turn of a thousand calls is one
+    /// signal where it was two thousand, so a subscriber neither wakes per event nor lags behind
+    /// a big commit.
+    Events(Arc<Vec<Published>>),
     Progress(Arc<ProgressUpdate>),
 }
 
@@ -98,11 +101,24 @@ impl Hub {
     fn send(&self, run: &RunId, signal: Signal) {
         let mut runs = self.runs.lock().expect("hub poisoned");
         if let Some(channel) = runs.get_mut(run) {
-            if let Signal::Event(event, _) = &signal {
-                channel.last_seq = channel.last_seq.max(event.seq);
-            }
             // No receiver is not an error: the last one may be leaving right now.
             let _ = channel.sender.send(signal);
+        }
+    }
+
+    /// Sends each run listened to here the events `published` appended to it, as one signal.
+    fn send_events(&self, published: Vec<Published>) {
+        let mut by_run: HashMap<RunId, Vec<Published>> = HashMap::new();
+        for item in published {
+            by_run.entry(item.event.run_id.clone()).or_default().push(item);
+        }
+        let mut runs = self.runs.lock().expect("hub poisoned");
+        for (run, events) in by_run {
+            if let Some(channel) = runs.get_mut(&run) {
+                let last = events.last().map_or(0, |item| item.event.seq);
+                channel.last_seq = channel.last_seq.max(last);
+                let _ = channel.sender.send(Signal::Events(Arc::new(events)));
+            }
         }
     }
 
@@ -127,10 +143,7 @@ impl Hub {
     /// Publishes events another replica committed (read back from the store), to this replica's
     /// subscribers only: waking hosted dispatches is the claiming replica's business.
     pub fn publish_remote(&self, published: Vec<Published>) {
-        for item in published {
-            let run = item.event.run_id.clone();
-            self.send(&run, Signal::Event(Arc::new(item.event), item.step.map(Arc::new)));
-        }
+        self.send_events(published);
     }
 
     /// Sends every hosted dispatch a commit woke (`agent:resumed`) to `ready`, to be queued.
@@ -153,7 +166,7 @@ impl Hub {
         if let Some(traces) = self.traces.get() {
             traces.committed(&published);
         }
-        for item in published {
+        for item in &published {
             if matches!(
                 item.event.kind,
                 crate::model::EventType::AgentResumed | crate::model::EventType::ToolResumed
@@ -161,9 +174,8 @@ impl Hub {
             {
                 let _ = ready.send(step.clone());
             }
-            let run = item.event.run_id.clone();
-            self.send(&run, Signal::Event(Arc::new(item.event), item.step.map(Arc::new)));
         }
+        self.send_events(published);
     }
 
     /// Sends every progress update of this replica's workers to `replicas` too, to be told to
@@ -238,6 +250,49 @@ mod tests {
         assert_eq!(hub.channels(), 1, "the run's channel left with its last subscriber");
         drop(other);
         assert_eq!(hub.channels(), 0);
+    }
+
+    fn published(run: &RunId, seq: u64) -> Published {
+        Published {
+            event: crate::model::EventRecord {
+                run_id: run.clone(),
+                seq,
+                kind: crate::model::EventType::ToolScheduled,
+                schema_version: 1,
+                at: 0,
+                payload: "{}".into(),
+            },
+            step: None,
+        }
+    }
+
+    #[test]
+    fn a_commit_reaches_each_runs_subscribers_as_one_signal_in_order() {
+        let hub = Hub::default();
+        let (one, two, unheard) = (RunId::new(), RunId::new(), RunId::new());
+        let (mut first, mut second) = (hub.subscribe(&one), hub.subscribe(&two));
+        // More events than a channel holds signals: one commit of a big turn must not lag.
+        let mut commit: Vec<Published> = (1..=CAPACITY as u64 * 2).map(|seq| published(&one, seq)).collect();
+        commit.insert(3, published(&two, 7));
+        commit.push(published(&unheard, 1));
+        hub.publish_committed(commit);
+        let seqs = |subscription: &mut Subscription| match subscription.try_recv() {
+            Ok(Signal::Events(events)) => events.iter().map(|item| item.event.seq).collect::<Vec<_>>(),
+            other => panic!("expected the commit's events, got {other:?}"),
+        };
+        assert_eq!(seqs(&mut first), (1..=CAPACITY as u64 * 2).collect::<Vec<_>>());
+        assert_eq!(seqs(&mut second), [7]);
+        assert!(
+            first.try_recv().is_err() && second.try_recv().is_err(),
+            "one signal per commit"
+        );
+        assert_eq!(
+            hub.listened()
+                .into_iter()
+                .find(|(run, _)| *run == one)
+                .map(|(_, seq)| seq),
+            Some(CAPACITY as u64 * 2)
+        );
     }
 
     #[tokio::test]

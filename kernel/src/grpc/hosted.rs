@@ -406,7 +406,8 @@ impl HostedService for HostedApi {
                         return Err(KernelError::Unavailable("kernel shutting down".into()).into());
                     }
                     signal = live.recv() => match signal {
-                        Ok(crate::hub::Signal::Event(event, _)) if event.kind != crate::model::EventType::StepResult => break,
+                        Ok(crate::hub::Signal::Events(events))
+                            if events.iter().any(|item| item.event.kind != crate::model::EventType::StepResult) => break,
                         Ok(_) => continue,
                         Err(_) => break,
                     },

@@ -370,24 +370,26 @@ async fn watch(
             signal = live.recv() => signal,
         };
         match signal {
-            Ok(Signal::Event(event, _)) => {
-                if event.seq < next {
-                    continue;
-                }
-                if event.seq > next {
-                    // Something between is only in the store: read it from there.
-                    need_catch_up = true;
-                    continue;
-                }
-                next = event.seq + 1;
-                let item = pb::watch_run_events_response::Item::Event(convert::event(&event, capture));
-                if tx
-                    .send(Ok(pb::WatchRunEventsResponse { item: Some(item) }))
-                    .await
-                    .is_err()
-                    || is_terminal_event(event.kind)
-                {
-                    return;
+            Ok(Signal::Events(events)) => {
+                for event in events.iter().map(|item| &item.event) {
+                    if event.seq < next {
+                        continue;
+                    }
+                    if event.seq > next {
+                        // Something between is only in the store: read it from there.
+                        need_catch_up = true;
+                        break;
+                    }
+                    next = event.seq + 1;
+                    let item = pb::watch_run_events_response::Item::Event(convert::event(event, capture));
+                    if tx
+                        .send(Ok(pb::WatchRunEventsResponse { item: Some(item) }))
+                        .await
+                        .is_err()
+                        || is_terminal_event(event.kind)
+                    {
+                        return;
+                    }
                 }
             }
             Ok(Signal::Progress(update)) => {

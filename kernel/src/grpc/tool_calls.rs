@@ -538,19 +538,20 @@ async fn stream_results(
             signal = live.recv() => signal,
         };
         match signal {
-            Ok(Signal::Event(event, Some(step)))
-                if matches!(event.kind, EventType::ToolResult | EventType::ToolDenied) =>
-            {
-                ordered.settle(&step)
-            }
-            Ok(Signal::Event(event, Some(step))) if event.kind == EventType::RunInterrupted => {
-                if ordered.waiting.contains_key(&step.key)
-                    && !ordered.interrupt_pending(&kernel, &run_id, &mut told, &tx).await
-                {
+            Ok(Signal::Events(events)) => {
+                let mut asked = false;
+                for item in events.iter() {
+                    let Some(step) = &item.step else { continue };
+                    match item.event.kind {
+                        EventType::ToolResult | EventType::ToolDenied => ordered.settle(step),
+                        EventType::RunInterrupted => asked |= ordered.waiting.contains_key(&step.key),
+                        _ => {}
+                    }
+                }
+                if asked && !ordered.interrupt_pending(&kernel, &run_id, &mut told, &tx).await {
                     return;
                 }
             }
-            Ok(Signal::Event(..)) => {}
             Ok(Signal::Progress(update)) => {
                 if ordered.waiting.contains_key(&update.key) {
                     let item = pb::submit_turn_response::Item::Progress(convert::progress(&update));

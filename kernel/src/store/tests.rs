@@ -233,8 +233,8 @@ async fn a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit(f: F
         .collect();
     assert_eq!(first, [EventType::ToolScheduled, EventType::ToolStart]);
     let mut published = Vec::new();
-    while let Ok(crate::hub::Signal::Event(event, _)) = live.try_recv() {
-        published.push(event.seq);
+    while let Ok(crate::hub::Signal::Events(events)) = live.try_recv() {
+        published.extend(events.iter().map(|item| item.event.seq));
     }
     // Everything after run:created (written before the subscription).
     assert_eq!(published, log.iter().skip(1).map(|e| e.seq).collect::<Vec<_>>());
@@ -332,8 +332,8 @@ async fn a_call_runs_through_start_and_result_with_gap_free_events(f: Fixture) {
     );
     // Watchers saw the same events, after their commit.
     let mut seen = Vec::new();
-    while let Ok(crate::hub::Signal::Event(event, _)) = live.try_recv() {
-        seen.push(event.seq);
+    while let Ok(crate::hub::Signal::Events(events)) = live.try_recv() {
+        seen.extend(events.iter().map(|item| item.event.seq));
     }
     // Events are published before their writer is answered: everything after the subscription is there.
     assert_eq!(seen, vec![2, 3, 4, 5]);
