@@ -562,7 +562,8 @@ async fn stream_results(
             }
             Err(broadcast::error::RecvError::Lagged(_)) => {
                 // Missed signals: the store knows which of our steps have settled.
-                match kernel.store.reads.steps(run_id.clone()).await {
+                let keys = ordered.waiting.keys().cloned().collect();
+                match kernel.store.reads.steps_at(run_id.clone(), keys).await {
                     Ok(steps) => {
                         for step in steps.iter().filter(|s| s.status.is_terminal()) {
                             ordered.settle(step);

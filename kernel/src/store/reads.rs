@@ -215,6 +215,19 @@ impl Readers {
         .await
     }
 
+    /// The steps of `id` under these keys, those it has: a stream that missed signals re-reads its
+    /// own calls, however many steps the run has.
+    pub async fn steps_at(&self, id: RunId, keys: Vec<crate::model::StepKey>) -> Result<Vec<StepRecord>, KernelError> {
+        self.with(move |conn| {
+            let mut steps = Vec::with_capacity(keys.len());
+            for key in &keys {
+                steps.extend(rows::load_step(&conn, &id, key)?);
+            }
+            Ok(steps)
+        })
+        .await
+    }
+
     pub async fn runs(&self, filter: RunFilter) -> Result<Vec<RunRecord>, KernelError> {
         self.with(move |conn| {
             let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE 1 = 1");

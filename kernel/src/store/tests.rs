@@ -291,6 +291,29 @@ async fn a_runs_trace_context_is_kept_with_it_and_copied_to_its_steps(f: Fixture
     assert_eq!(f.store.reads.run(plain.id).await.unwrap().unwrap().trace, None);
 }
 
+async fn a_turns_own_steps_are_read_back_by_key(f: Fixture) {
+    let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let add = tool("add", Idempotency::SafeToRetry);
+    for turn in 0..2 {
+        let calls = (0..3)
+            .map(|position| call(turn, position, Some(add.clone()), "add", r#"{"a":1}"#))
+            .collect();
+        f.store.schedule_turn(plan(&run.id, turn, calls)).await.unwrap();
+    }
+    let wanted = vec![
+        StepKey::for_call(1, 2, None),
+        StepKey::for_call(1, 0, None),
+        StepKey::for_call(7, 0, None),
+    ];
+    let read = f.store.reads.steps_at(run.id.clone(), wanted).await.unwrap();
+    let keys: Vec<_> = read.iter().map(|step| step.key.clone()).collect();
+    assert_eq!(
+        keys,
+        [StepKey::for_call(1, 2, None), StepKey::for_call(1, 0, None)],
+        "the named steps the run has, no others"
+    );
+}
+
 async fn a_call_runs_through_start_and_result_with_gap_free_events(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let mut live = f.hub.subscribe(&run.id);
@@ -1493,6 +1516,7 @@ on_both_stores!(a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_comm
 on_both_stores!(a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases);
 on_both_stores!(a_repeated_create_with_the_same_key_returns_the_same_run);
 on_both_stores!(a_call_runs_through_start_and_result_with_gap_free_events);
+on_both_stores!(a_turns_own_steps_are_read_back_by_key);
 on_both_stores!(a_runs_trace_context_is_kept_with_it_and_copied_to_its_steps);
 on_both_stores!(results_are_fenced_by_dispatch_attempt_and_session);
 on_both_stores!(a_lost_at_most_once_call_is_indeterminate);
