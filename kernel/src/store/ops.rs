@@ -1704,8 +1704,8 @@ pub fn claim_pending(tx: &mut Tx<'_>, tools: &[String], agents: &[String], limit
         .collect::<std::result::Result<Vec<_>, _>>()?)
 }
 
-/// A run's open steps, read through the `steps_unsettled` index, whose condition each repeats.
-mod open_steps {
+/// Open steps, read through the `steps_unsettled` index, whose condition each repeats.
+pub(super) mod open_steps {
     use crate::store::schema::unsettled;
 
     /// How many calls the run has open: the pending-calls limit counts them.
@@ -1732,27 +1732,48 @@ mod open_steps {
         )
     }
 
+    /// Every run's pending and running steps, oldest first: what the kernel had in flight. Open
+    /// steps are few beside all a database holds, so scanning their index costs what a narrower
+    /// index would, and each write of a step keeps one index fewer.
+    pub fn in_flight(columns: &str) -> String {
+        format!(
+            "SELECT {columns} FROM steps WHERE {} AND status IN ('pending', 'running') ORDER BY created_at",
+            unsettled!()
+        )
+    }
+
+    /// The running steps whose lease replica `?1` holds, oldest first.
+    pub fn held_by(columns: &str) -> String {
+        format!(
+            "SELECT {columns} FROM steps WHERE {} AND status = 'running' AND replica = ?1 ORDER BY created_at",
+            unsettled!()
+        )
+    }
+
     #[cfg(test)]
     mod tests {
-        /// A query that drops the index's condition would read every step the run ever made.
+        /// A query that drops the index's condition would read every step the database holds.
         #[test]
         fn each_query_reads_the_open_steps_index() {
             let mut conn = rusqlite::Connection::open_in_memory().unwrap();
             crate::store::schema::migrate(&mut conn).unwrap();
-            for sql in [
-                super::COUNT_CALLS.to_string(),
-                super::next_awaiting_approval("*"),
-                super::all("*"),
+            for (sql, scan) in [
+                (super::COUNT_CALLS.to_string(), " (run_id=?"),
+                (super::next_awaiting_approval("*"), " (run_id=?"),
+                (super::all("*"), " (run_id=?"),
+                (super::in_flight("*"), ""),
+                (super::held_by("*"), ""),
             ] {
-                let plan: Vec<String> = conn
-                    .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                    .unwrap()
-                    .query_map(["run"], |row| row.get(3))
+                let mut explain = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+                let args = std::iter::repeat_n("run", explain.parameter_count());
+                let plan: Vec<String> = explain
+                    .query_map(rusqlite::params_from_iter(args), |row| row.get(3))
                     .unwrap()
                     .collect::<Result<_, _>>()
                     .unwrap();
                 assert!(
-                    plan.iter().any(|step| step.contains("INDEX steps_unsettled (run_id=?")),
+                    plan.iter()
+                        .any(|step| step.contains(&format!("INDEX steps_unsettled{scan}"))),
                     "{sql}: {plan:?}"
                 );
             }

@@ -368,11 +368,9 @@ impl Readers {
     /// Steps that were pending or leased when the kernel last stopped.
     pub async fn in_flight_steps(&self) -> Result<Vec<StepRecord>, KernelError> {
         self.with(|conn| {
-            conn.prepare(&format!(
-                "SELECT {STEP_COLUMNS} FROM steps WHERE status IN ('pending', 'running') ORDER BY created_at"
-            ))?
-            .query_map(params![], rows::step_from_row)?
-            .collect()
+            conn.prepare(&super::ops::open_steps::in_flight(STEP_COLUMNS))?
+                .query_map(params![], rows::step_from_row)?
+                .collect()
         })
         .await
     }
@@ -397,11 +395,9 @@ impl Readers {
     /// The running steps whose lease replica `replica` holds.
     pub async fn held_by(&self, replica: String) -> Result<Vec<StepRecord>, KernelError> {
         self.with(move |conn| {
-            conn.prepare_cached(&format!(
-                "SELECT {STEP_COLUMNS} FROM steps WHERE status = 'running' AND replica = ?1 ORDER BY created_at"
-            ))?
-            .query_map(params![replica], rows::step_from_row)?
-            .collect()
+            conn.prepare_cached(&super::ops::open_steps::held_by(STEP_COLUMNS))?
+                .query_map(params![replica], rows::step_from_row)?
+                .collect()
         })
         .await
     }
