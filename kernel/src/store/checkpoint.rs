@@ -159,9 +159,13 @@ mod tests {
         }
         let page: u64 = writer.query_row("PRAGMA page_size", [], |row| row.get(0)).unwrap();
         let frames = file_size(&dir.path().join("kernel.db-wal")) / (page + 24);
-        // A commit here writes a few pages; 2,000 of them without a restart make thousands of frames.
+        // Without the writer's own checkpoint the log never starts over here: 2,000 commits make
+        // about 2,100 frames. With it the log restarts every `tail` frames, except while the thread
+        // holds the checkpoint lock through a slow disk sync (the writer's checkpoint then gives way
+        // and the log runs on), which on a loaded machine lasts hundreds of frames: the bound is
+        // what a log that starts over stays under, however long those syncs take.
         assert!(
-            frames < u64::from(tail) * 2,
+            frames < u64::from(tail) * 16,
             "the log grew to {frames} frames against a threshold of {tail}"
         );
     }
