@@ -109,6 +109,15 @@ impl Cache {
         }
     }
 
+    /// The runs held that a commit's events created (`run:created`).
+    pub fn born(&self, published: &[super::Published]) -> Vec<RunRecord> {
+        published
+            .iter()
+            .filter(|item| item.event.kind == crate::model::EventType::RunCreated)
+            .filter_map(|item| self.run(&item.event.run_id))
+            .collect()
+    }
+
     pub fn run(&self, id: &RunId) -> Option<RunRecord> {
         self.runs.get(id).map(|cached| cached.run.clone())
     }

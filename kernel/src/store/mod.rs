@@ -7,6 +7,7 @@
 
 mod cache;
 mod checkpoint;
+mod live;
 mod location;
 mod lock;
 mod ops;
@@ -289,6 +290,8 @@ impl Store {
         let (commands, receiver) = mpsc::channel();
         let replica = new_replica_id();
         let writer_replica = replica.clone();
+        let live = Arc::new(live::LiveRuns::default());
+        let writer_live = live.clone();
         let thread = std::thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || {
@@ -296,11 +299,11 @@ impl Store {
                     WriteConn::Sqlite(conn, sync, checkpoints),
                     &writer_replica,
                     receiver,
-                    move |published| hub.publish_committed(published),
+                    (Some(&writer_live), move |published| hub.publish_committed(published)),
                 )
             })
             .map_err(|e| KernelError::Store(format!("cannot start the writer thread: {e}")))?;
-        let reads = Readers::open(&PathBuf::from(path))?;
+        let reads = Readers::open(&PathBuf::from(path), Some(live))?;
         Ok((
             Store {
                 commands,
@@ -341,7 +344,7 @@ impl Store {
                     },
                     &writer_replica,
                     receiver,
-                    move |published| hub.publish_committed(published),
+                    (None, move |published| hub.publish_committed(published)),
                 )
             })
             .map_err(|e| KernelError::Store(format!("cannot start the writer thread: {e}")))?;

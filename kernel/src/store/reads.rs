@@ -7,6 +7,7 @@ use rusqlite::OpenFlags;
 
 use super::sql::{self, Arg, Connection, Dialect, OptionalExtension, PgConn, params};
 
+use super::live::LiveRuns;
 use super::rows::{self, APPROVAL_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS};
 use crate::error::KernelError;
 use crate::model::{
@@ -22,6 +23,9 @@ pub struct Readers {
     /// rather than opening one it would then close (on PostgreSQL a connection is a server
     /// process; opening one per read under load made throughput fall as concurrency rose).
     permits: Arc<tokio::sync::Semaphore>,
+    /// The runs this kernel's writer created and holds (SQLite): a new turn of one plans without
+    /// a read.
+    live: Option<Arc<LiveRuns>>,
 }
 
 /// The most connections a pool holds, and so the most reads at once.
@@ -93,11 +97,13 @@ pub struct RunFilter {
 }
 
 impl Readers {
-    pub fn open(path: &std::path::Path) -> Result<Self, KernelError> {
+    /// Readers of a SQLite store, with what its writer keeps of the runs it created.
+    pub fn open(path: &std::path::Path, live: Option<Arc<LiveRuns>>) -> Result<Self, KernelError> {
         Ok(Readers {
             pool: Arc::new(Pool::default()),
             source: Arc::new(Source::Sqlite(path.to_owned())),
             permits: Arc::new(tokio::sync::Semaphore::new(READERS)),
+            live,
         })
     }
 
@@ -107,6 +113,8 @@ impl Readers {
             pool: Arc::new(Pool::default()),
             source: Arc::new(Source::Postgres(url.to_owned())),
             permits: Arc::new(tokio::sync::Semaphore::new(READERS)),
+            // Other replicas write too: what one writer committed is not all there is.
+            live: None,
         }
     }
 
@@ -278,12 +286,20 @@ impl Readers {
     }
 
     /// A turn's run, and its recorded calls when every call `(key, call_hash)` is recorded with the
-    /// same hash and settled (the turn is then a pure replay), in one read.
+    /// same hash and settled (the turn is then a pure replay), in one read. A run this kernel's
+    /// writer holds with a call of the turn not recorded needs no read: its record comes from
+    /// memory, with `status` and counters as created and `last_seq` as last committed.
     pub async fn turn(
         &self,
         run: RunId,
         calls: Vec<(crate::model::StepKey, String)>,
     ) -> Result<(Option<RunRecord>, Option<Vec<StepRecord>>), KernelError> {
+        if let Some(live) = &self.live {
+            let keys: Vec<_> = calls.iter().map(|(key, _)| key).collect();
+            if let Some(record) = live.unrecorded_turn(&run, &keys) {
+                return Ok((Some(record), None));
+            }
+        }
         self.with_point(move |conn| {
             let Some(record) = rows::load_run(&conn, &run)? else {
                 return Ok((None, None));

@@ -186,6 +186,60 @@ fn slot(run: &RunId, key: StepKey, dispatch: &str) -> StartDispatch {
     }
 }
 
+/// A turn's read: a settled turn is served from the log (whether or not the writer holds its run
+/// in memory), a new or changed one is not, and the run comes back with its last event number.
+async fn a_turn_read_serves_a_settled_turn_and_sees_every_commit(f: Fixture) {
+    let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let add = tool("add", Idempotency::SafeToRetry);
+    let first = call(0, 0, Some(add.clone()), "add", r#"{"a":1}"#);
+    let identity = |call: &PlannedCall| vec![(call.key.clone(), call.call_hash.clone())];
+    let (found, replay) = f.store.reads.turn(run.id.clone(), identity(&first)).await.unwrap();
+    assert_eq!(found.map(|r| r.last_seq), Some(run.last_seq));
+    assert!(replay.is_none(), "nothing is recorded yet");
+
+    let turn = f
+        .store
+        .schedule_turn(plan(&run.id, 0, vec![first.clone()]))
+        .await
+        .unwrap();
+    let step = scheduled(&turn[0]);
+    let (_, replay) = f.store.reads.turn(run.id.clone(), identity(&first)).await.unwrap();
+    assert!(
+        replay.is_none(),
+        "a call in flight is joined by the writer, not replayed"
+    );
+    assert!(start(&f.store, &step, "d1", 1, "s1").await.is_some());
+    f.store
+        .record_result(ResultReport {
+            dispatch_id: "d1".into(),
+            attempt: 1,
+            session_id: "s1".into(),
+            outcome: Ok("3".into()),
+            progress_count: 0,
+        })
+        .await
+        .unwrap()
+        .expect("the holder's result is recorded");
+    let last = events(&f.store, &run.id).await.last().unwrap().seq;
+
+    let (found, replay) = f.store.reads.turn(run.id.clone(), identity(&first)).await.unwrap();
+    assert_eq!(found.map(|r| r.last_seq), Some(last));
+    let replay = replay.expect("a settled turn is served from the log");
+    assert_eq!(replay[0].output.as_deref(), Some("3"));
+
+    let changed = call(0, 0, Some(add.clone()), "add", r#"{"a":2}"#);
+    let (_, replay) = f.store.reads.turn(run.id.clone(), identity(&changed)).await.unwrap();
+    assert!(
+        replay.is_none(),
+        "changed arguments go to the writer, which refuses them"
+    );
+    let next = call(1, 0, Some(add), "add", r#"{"a":1}"#);
+    let (found, replay) = f.store.reads.turn(run.id.clone(), identity(&next)).await.unwrap();
+    assert!(replay.is_none(), "a new turn is not a replay");
+    let found = found.expect("the run is found");
+    assert_eq!((found.id, found.last_seq), (run.id, last));
+}
+
 async fn a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let mut live = f.hub.subscribe(&run.id);
@@ -773,7 +827,7 @@ async fn a_turn_read_that_finds_the_database_locked_waits_off_the_runtime() {
         conn.execute_batch("COMMIT").unwrap();
     });
     is_locked.recv().unwrap();
-    let reads = Readers::open(&path).unwrap();
+    let reads = Readers::open(&path, None).unwrap();
     let read = tokio::spawn({
         let id = id.clone();
         async move { reads.turn(id, Vec::new()).await }
@@ -1513,6 +1567,7 @@ async fn a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases(f: 
 }
 
 on_both_stores!(a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit);
+on_both_stores!(a_turn_read_serves_a_settled_turn_and_sees_every_commit);
 on_both_stores!(a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases);
 on_both_stores!(a_repeated_create_with_the_same_key_returns_the_same_run);
 on_both_stores!(a_call_runs_through_start_and_result_with_gap_free_events);

@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 
 use super::cache::Cache;
 use super::checkpoint::Checkpoints;
+use super::live::LiveRuns;
 use super::ops::{self, Published, Tx};
 use super::sql::{Connection, PgConn};
 use super::sync::{SqliteSync, must_sync};
@@ -459,7 +460,14 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
 }
 
 /// The writer loop: block for one command, take whatever else is queued, commit once, answer all.
-pub fn run(mut conn: WriteConn, replica: &str, commands: Receiver<Command>, publish: impl Fn(Vec<Published>)) {
+/// What each commit created and appended goes to `live` (when it is the only writer), then to
+/// `publish`, before any of its commands is answered.
+pub fn run(
+    mut conn: WriteConn,
+    replica: &str,
+    commands: Receiver<Command>,
+    (live, publish): (Option<&LiveRuns>, impl Fn(Vec<Published>)),
+) {
     let cache = RefCell::new(Cache::default());
     while let Ok(first) = commands.recv() {
         let mut batch = vec![first];
@@ -546,6 +554,9 @@ pub fn run(mut conn: WriteConn, replica: &str, commands: Receiver<Command>, publ
             cache.borrow_mut().clear();
         } else {
             cache.borrow_mut().committed(epoch);
+            if let Some(live) = live {
+                live.committed(cache.borrow().born(&published), &published);
+            }
         }
         // Watchers hear of a commit before its writers are answered, so a caller whose write
         // returned knows every subscriber already has the events.

@@ -1,0 +1,185 @@
+//! What a turn's checks need of the runs this kernel's writer created, kept from its commits
+//! (SQLite, where this writer is the only one): each run's record and which of its calls may be
+//! recorded already. The common turn, new calls of a live run, then plans without a read of the
+//! database, whose pages every commit leaves cold for the readers.
+//!
+//! It is a hint, never the truth. It answers only "this turn has a call not recorded yet", so the
+//! turn is not served from the log and goes to the writer, which decides each call from the
+//! database (replayed, joined, diverged or new), or "ask the database". A call it failed to
+//! learn of costs a write, not a wrong answer; forgetting a run is always safe.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Mutex;
+
+use super::Published;
+use crate::model::{EventType, RunId, RunRecord, StepKey};
+
+/// Bytes of records held at most (their inputs, and the call ids seen); past it the runs used
+/// least lately are forgotten.
+const MAX_BYTES: usize = 16 << 20;
+/// Call ids remembered per run; past it, a turn with call ids of that run is read.
+const MAX_IDS: usize = 16_384;
+/// What an id costs in the budget: its hash, and the set's slack.
+const ID_BYTES: usize = 16;
+
+/// The runs held, behind one lock that the writer takes once per commit.
+#[derive(Default)]
+pub struct LiveRuns(Mutex<Inner>);
+
+#[derive(Default)]
+struct Inner {
+    runs: HashMap<RunId, Live>,
+    bytes: usize,
+    /// Ticks once per use, to find the runs used least lately.
+    clock: u64,
+}
+
+struct Live {
+    /// As created, but for `last_seq`, which follows the commits.
+    run: RunRecord,
+    /// The highest turn with a call recorded by position (`t<turn>/p<position>`).
+    max_turn: Option<u32>,
+    /// Hashes of the call ids recorded (`id:<call id>`); `None` once past [`MAX_IDS`].
+    ids: Option<HashSet<u64>>,
+    used: u64,
+}
+
+impl Live {
+    fn bytes(&self) -> usize {
+        256 + self.run.input.len() + self.ids.as_ref().map_or(0, |ids| ids.len() * ID_BYTES)
+    }
+
+    /// Notes that a step under `key` is recorded.
+    fn recorded(&mut self, key: &StepKey) {
+        match CallKey::parse(key) {
+            Some(CallKey::Position(turn)) => self.max_turn = self.max_turn.max(Some(turn)),
+            Some(CallKey::Id(hash)) => {
+                if let Some(ids) = &mut self.ids
+                    && !ids.contains(&hash)
+                {
+                    if ids.len() >= MAX_IDS {
+                        self.ids = None;
+                    } else {
+                        ids.insert(hash);
+                    }
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Whether a call under `key` is certainly not recorded.
+    fn lacks(&self, key: &StepKey) -> bool {
+        match CallKey::parse(key) {
+            Some(CallKey::Position(turn)) => self.max_turn.is_none_or(|max| turn > max),
+            Some(CallKey::Id(hash)) => self.ids.as_ref().is_some_and(|ids| !ids.contains(&hash)),
+            None => false,
+        }
+    }
+}
+
+/// A call's key as this view tells calls apart.
+enum CallKey {
+    Position(u32),
+    Id(u64),
+}
+
+impl CallKey {
+    fn parse(key: &StepKey) -> Option<CallKey> {
+        let text = key.as_str();
+        if let Some(id) = text.strip_prefix("id:") {
+            // A fixed hasher: two ids that collide only send a turn to the database.
+            let mut hasher = DefaultHasher::new();
+            id.hash(&mut hasher);
+            return Some(CallKey::Id(hasher.finish()));
+        }
+        let (turn, position) = text.strip_prefix('t')?.split_once("/p")?;
+        position.parse::<u32>().ok()?;
+        turn.parse().ok().map(CallKey::Position)
+    }
+}
+
+impl LiveRuns {
+    /// Takes in what a commit changed: the runs it created (`born`, as the writer holds them), then
+    /// its events in order. A run that ended is forgotten.
+    pub fn committed(&self, born: Vec<RunRecord>, published: &[Published]) {
+        let mut inner = self.0.lock().expect("live runs poisoned");
+        let inner = &mut *inner;
+        inner.clock += 1;
+        for run in born {
+            let live = Live {
+                run,
+                max_turn: None,
+                ids: Some(HashSet::new()),
+                used: inner.clock,
+            };
+            inner.bytes += live.bytes();
+            if let Some(old) = inner.runs.insert(live.run.id.clone(), live) {
+                inner.bytes = inner.bytes.saturating_sub(old.bytes());
+            }
+        }
+        for item in published {
+            let event = &item.event;
+            if matches!(
+                event.kind,
+                EventType::RunCompleted | EventType::RunFailed | EventType::RunCancelled
+            ) {
+                if let Some(old) = inner.runs.remove(&event.run_id) {
+                    inner.bytes = inner.bytes.saturating_sub(old.bytes());
+                }
+                continue;
+            }
+            let Some(live) = inner.runs.get_mut(&event.run_id) else {
+                continue;
+            };
+            live.run.last_seq = live.run.last_seq.max(event.seq);
+            if let Some(step) = &item.step {
+                let before = live.bytes();
+                live.recorded(&step.key);
+                inner.bytes = (inner.bytes + live.bytes()).saturating_sub(before);
+            }
+        }
+        if inner.bytes > MAX_BYTES {
+            inner.forget_least_used();
+        }
+    }
+
+    /// The run of a turn whose calls are `keys`, when it is held and one of those calls is
+    /// certainly not recorded: the turn is no pure replay. Its `status` and counters are as the
+    /// run was created; its `last_seq` is the last this writer committed. `None`: ask the database.
+    pub fn unrecorded_turn(&self, run: &RunId, keys: &[&StepKey]) -> Option<RunRecord> {
+        let mut inner = self.0.lock().expect("live runs poisoned");
+        inner.clock += 1;
+        let clock = inner.clock;
+        let live = inner.runs.get_mut(run)?;
+        live.used = clock;
+        keys.iter().any(|key| live.lacks(key)).then(|| live.run.clone())
+    }
+
+    /// How many runs are held (for tests).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.lock().expect("live runs poisoned").runs.len()
+    }
+}
+
+impl Inner {
+    /// Forgets the runs used least lately until a quarter of the budget is free, so a long
+    /// sustained load does not pay this on every commit.
+    fn forget_least_used(&mut self) {
+        let mut by_use: Vec<(u64, RunId)> = self.runs.iter().map(|(id, live)| (live.used, id.clone())).collect();
+        by_use.sort_unstable_by_key(|(used, _)| *used);
+        for (_, id) in by_use {
+            if self.bytes <= MAX_BYTES / 4 * 3 {
+                break;
+            }
+            if let Some(old) = self.runs.remove(&id) {
+                self.bytes = self.bytes.saturating_sub(old.bytes());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
