@@ -15,11 +15,11 @@ use std::sync::Mutex;
 use super::Published;
 use crate::model::{EventType, RunId, RunRecord, StepKey};
 
-/// Bytes of records held at most (their inputs, and the call ids seen); past it the runs used
-/// least lately are forgotten.
-const MAX_BYTES: usize = 16 << 20;
+/// Bytes of records held at most (their inputs, and the call ids seen), as the writer's own memory
+/// of runs holds; past it the runs used least lately are forgotten.
+const MAX_BYTES: usize = 4 << 20;
 /// Call ids remembered per run; past it, a turn with call ids of that run is read.
-const MAX_IDS: usize = 16_384;
+const MAX_IDS: usize = 4_096;
 /// What an id costs in the budget: its hash, and the set's slack.
 const ID_BYTES: usize = 16;
 
