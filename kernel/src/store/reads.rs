@@ -208,6 +208,16 @@ impl Readers {
         result
     }
 
+    /// Pooled connections left inside a transaction (for tests: a read must never leave one, or
+    /// it would hold its snapshot, and the log, forever).
+    #[cfg(test)]
+    pub fn idle_in_transaction(&self) -> usize {
+        let pool = self.pool.0.lock().expect("reader pool poisoned");
+        pool.iter()
+            .filter(|conn| matches!(conn, ReadConn::Sqlite(conn) if !conn.is_autocommit()))
+            .count()
+    }
+
     pub async fn run(&self, id: RunId) -> Result<Option<RunRecord>, KernelError> {
         self.with(move |conn| rows::load_run(&conn, &id)).await
     }
@@ -227,11 +237,13 @@ impl Readers {
     /// own calls, however many steps the run has.
     pub async fn steps_at(&self, id: RunId, keys: Vec<crate::model::StepKey>) -> Result<Vec<StepRecord>, KernelError> {
         self.with(move |conn| {
-            let mut steps = Vec::with_capacity(keys.len());
-            for key in &keys {
-                steps.extend(rows::load_step(&conn, &id, key)?);
-            }
-            Ok(steps)
+            conn.snapshot(|| {
+                let mut steps = Vec::with_capacity(keys.len());
+                for key in &keys {
+                    steps.extend(rows::load_step(&conn, &id, key)?);
+                }
+                Ok(steps)
+            })
         })
         .await
     }
@@ -301,17 +313,19 @@ impl Readers {
             }
         }
         self.with_point(move |conn| {
-            let Some(record) = rows::load_run(&conn, &run)? else {
-                return Ok((None, None));
-            };
-            let mut steps = Vec::with_capacity(calls.len());
-            for (key, hash) in &calls {
-                match rows::load_step(&conn, &run, key)? {
-                    Some(step) if step.status.is_terminal() && step.call_hash == *hash => steps.push(step),
-                    _ => return Ok((Some(record), None)),
+            conn.snapshot(|| {
+                let Some(record) = rows::load_run(&conn, &run)? else {
+                    return Ok((None, None));
+                };
+                let mut steps = Vec::with_capacity(calls.len());
+                for (key, hash) in &calls {
+                    match rows::load_step(&conn, &run, key)? {
+                        Some(step) if step.status.is_terminal() && step.call_hash == *hash => steps.push(step),
+                        _ => return Ok((Some(record), None)),
+                    }
                 }
-            }
-            Ok((Some(record), Some(steps)))
+                Ok((Some(record), Some(steps)))
+            })
         })
         .await
     }

@@ -648,6 +648,29 @@ impl<'c> Connection<'c> {
     pub fn query_row<T>(&self, sql: &str, args: &[Arg<'_>], f: impl FnOnce(&Row<'_>) -> Result<T>) -> Result<T> {
         self.prepare_cached(sql)?.query_row(args, f)
     }
+
+    /// Runs `reads` in one read transaction on SQLite: one snapshot for all of them, and the
+    /// connection's page cache kept from one to the next. A statement alone begins a transaction of
+    /// its own, and one that finds the log moved on starts its cache over: a turn's read of a hundred
+    /// steps while the writer commits read most pages again from the system. On PostgreSQL the
+    /// reads run as they are, each its own snapshot, as before.
+    pub fn snapshot<T>(&self, reads: impl FnOnce() -> Result<T>) -> Result<T> {
+        let Connection::Sqlite(conn) = self else {
+            return reads();
+        };
+        conn.execute_batch("BEGIN")?;
+        match reads() {
+            Ok(value) => {
+                conn.execute_batch("COMMIT")?;
+                Ok(value)
+            }
+            Err(error) => {
+                // The connection goes back to the pool only after a read that succeeded.
+                let _ = conn.execute_batch("ROLLBACK");
+                Err(error)
+            }
+        }
+    }
 }
 
 /// A prepared statement.

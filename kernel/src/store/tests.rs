@@ -238,6 +238,11 @@ async fn a_turn_read_serves_a_settled_turn_and_sees_every_commit(f: Fixture) {
     assert!(replay.is_none(), "a new turn is not a replay");
     let found = found.expect("the run is found");
     assert_eq!((found.id, found.last_seq), (run.id, last));
+    assert_eq!(
+        f.store.reads.idle_in_transaction(),
+        0,
+        "each read's snapshot ended with it"
+    );
 }
 
 async fn a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit(f: Fixture) {
@@ -830,6 +835,7 @@ async fn a_turn_read_that_finds_the_database_locked_waits_off_the_runtime() {
     let reads = Readers::open(&path, None).unwrap();
     let read = tokio::spawn({
         let id = id.clone();
+        let reads = reads.clone();
         async move { reads.turn(id, Vec::new()).await }
     });
     // On this one-thread runtime the timer fires on time only if the read left the thread free;
@@ -846,6 +852,7 @@ async fn a_turn_read_that_finds_the_database_locked_waits_off_the_runtime() {
     let (found, _) = read.await.unwrap().unwrap();
     assert_eq!(found.map(|r| r.id), Some(id));
     locker.join().unwrap();
+    assert_eq!(reads.idle_in_transaction(), 0, "the refused read's transaction ended");
 }
 
 #[tokio::test]
