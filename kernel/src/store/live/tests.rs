@@ -128,3 +128,28 @@ fn past_its_budget_the_runs_used_least_lately_are_forgotten() {
     let held: usize = inner.runs.values().map(Live::bytes).sum();
     assert_eq!(held, inner.bytes, "the count of bytes matches what is held");
 }
+
+#[test]
+fn a_commit_of_several_runs_events_updates_each_and_forgets_the_one_that_ended() {
+    let live = LiveRuns::default();
+    let [a, b, c] = [RunId::new(), RunId::new(), RunId::new()];
+    let record = |id: &RunId| RunRecord {
+        id: id.clone(),
+        ..records::run()
+    };
+    live.committed(vec![record(&a), record(&b), record(&c)], &[]);
+    live.committed(
+        Vec::new(),
+        &[
+            event(&a, 4, EventType::ToolScheduled, Some(call(0, 0))),
+            event(&b, 4, EventType::ToolScheduled, Some(call(2, 0))),
+            event(&c, 4, EventType::ToolResult, Some(call(0, 0))),
+            event(&a, 5, EventType::ToolStart, Some(call(0, 0))),
+            event(&c, 5, EventType::RunCompleted, None),
+        ],
+    );
+    assert_eq!(live.unrecorded_turn(&a, &[&call(1, 0)]).map(|r| r.last_seq), Some(5));
+    assert!(live.unrecorded_turn(&b, &[&call(2, 0)]).is_none());
+    assert_eq!(live.unrecorded_turn(&b, &[&call(3, 0)]).map(|r| r.last_seq), Some(4));
+    assert_eq!(live.len(), 2, "the run that ended is forgotten");
+}
