@@ -154,13 +154,13 @@ impl LiveRuns {
     /// The run of a turn whose calls are `keys`, when it is held and one of those calls is
     /// certainly not recorded: the turn is no pure replay. Its `status` and counters are as the
     /// run was created; its `last_seq` is the last this writer committed. `None`: ask the database.
-    pub fn unrecorded_turn(&self, run: &RunId, keys: &[&StepKey]) -> Option<RunRecord> {
+    pub fn unrecorded_turn<'k>(&self, run: &RunId, keys: impl IntoIterator<Item = &'k StepKey>) -> Option<RunRecord> {
         let mut inner = self.0.lock().expect("live runs poisoned");
         inner.clock += 1;
         let clock = inner.clock;
         let live = inner.runs.get_mut(run)?;
         live.used = clock;
-        keys.iter().any(|key| live.lacks(key)).then(|| live.run.clone())
+        keys.into_iter().any(|key| live.lacks(key)).then(|| live.run.clone())
     }
 
     /// How many runs are held (for tests).

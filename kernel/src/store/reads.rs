@@ -306,11 +306,10 @@ impl Readers {
         run: RunId,
         calls: Vec<(crate::model::StepKey, String)>,
     ) -> Result<(Option<RunRecord>, Option<Vec<StepRecord>>), KernelError> {
-        if let Some(live) = &self.live {
-            let keys: Vec<_> = calls.iter().map(|(key, _)| key).collect();
-            if let Some(record) = live.unrecorded_turn(&run, &keys) {
-                return Ok((Some(record), None));
-            }
+        if let Some(live) = &self.live
+            && let Some(record) = live.unrecorded_turn(&run, calls.iter().map(|(key, _)| key))
+        {
+            return Ok((Some(record), None));
         }
         self.with_point(move |conn| {
             conn.snapshot(|| {

@@ -174,6 +174,17 @@ fn scheduled(disposition: &CallDisposition) -> StepRecord {
     }
 }
 
+/// A successful result of `dispatch`'s first attempt on session `s1`.
+fn returned(dispatch: &str, output: &str) -> ResultReport {
+    ResultReport {
+        dispatch_id: dispatch.into(),
+        attempt: 1,
+        session_id: "s1".into(),
+        outcome: Ok(output.into()),
+        progress_count: 0,
+    }
+}
+
 fn slot(run: &RunId, key: StepKey, dispatch: &str) -> StartDispatch {
     StartDispatch {
         run_id: run.clone(),
@@ -210,13 +221,7 @@ async fn a_turn_read_serves_a_settled_turn_and_sees_every_commit(f: Fixture) {
     );
     assert!(start(&f.store, &step, "d1", 1, "s1").await.is_some());
     f.store
-        .record_result(ResultReport {
-            dispatch_id: "d1".into(),
-            attempt: 1,
-            session_id: "s1".into(),
-            outcome: Ok("3".into()),
-            progress_count: 0,
-        })
+        .record_result(returned("d1", "3"))
         .await
         .unwrap()
         .expect("the holder's result is recorded");
@@ -979,13 +984,7 @@ async fn only_a_dispatch_still_running_on_its_session_writes_the_cache(fx: Fixtu
         .await
         .unwrap();
     fx.store
-        .record_result(ResultReport {
-            dispatch_id: "d1".into(),
-            attempt: 1,
-            session_id: "s1".into(),
-            outcome: Ok("null".into()),
-            progress_count: 0,
-        })
+        .record_result(returned("d1", "null"))
         .await
         .unwrap()
         .expect("settled");
@@ -1140,16 +1139,7 @@ async fn a_finished_run_is_deleted_whole_and_a_run_in_flight_is_refused(f: Fixtu
         let step = scheduled(&turn[0]);
         let dispatch = format!("d{n}");
         start(&f.store, &step, &dispatch, 1, "s1").await.unwrap();
-        f.store
-            .record_result(ResultReport {
-                dispatch_id: dispatch,
-                attempt: 1,
-                session_id: "s1".into(),
-                outcome: Ok("42".into()),
-                progress_count: 0,
-            })
-            .await
-            .unwrap();
+        f.store.record_result(returned(&dispatch, "42")).await.unwrap();
         runs.push(run.id);
     }
     let refused = f.store.delete_run(runs[0].clone()).await.unwrap_err();
@@ -1355,16 +1345,7 @@ async fn a_suspended_handler_is_woken_in_the_commit_that_settles_its_call(f: Fix
         f.store.reads.run(run.id.clone()).await.unwrap().unwrap().status,
         RunStatus::Suspended
     );
-    f.store
-        .record_result(ResultReport {
-            dispatch_id: "c1".into(),
-            attempt: 1,
-            session_id: "s1".into(),
-            outcome: Ok("3".into()),
-            progress_count: 0,
-        })
-        .await
-        .unwrap();
+    f.store.record_result(returned("c1", "3")).await.unwrap();
     let steps = f.store.reads.steps(run.id.clone()).await.unwrap();
     let handler = steps.iter().find(|s| s.key == StepKey::agent()).unwrap();
     assert_eq!(handler.status, StepStatus::Pending, "woken by the call's result");
@@ -1479,16 +1460,7 @@ async fn a_start_on_an_instance_another_call_holds_is_refused_naming_it(fx: Fixt
     );
     let still = fx.store.reads.steps(run.id.clone()).await.unwrap();
     assert_eq!(still[0].status, StepStatus::Pending, "the refused start wrote nothing");
-    fx.store
-        .record_result(ResultReport {
-            dispatch_id: "d1".into(),
-            attempt: 1,
-            session_id: "s1".into(),
-            outcome: Ok("1".into()),
-            progress_count: 0,
-        })
-        .await
-        .unwrap();
+    fx.store.record_result(returned("d1", "1")).await.unwrap();
     fx.store
         .start_dispatch(slot(&run.id, waiting.key.clone(), "d2"))
         .await

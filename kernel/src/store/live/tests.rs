@@ -37,7 +37,7 @@ fn born(published: &[Published]) -> (LiveRuns, RunId) {
 fn a_turn_with_a_call_not_recorded_is_answered_from_memory_and_a_recorded_one_is_not() {
     let (live, run) = born(&[]);
     assert!(
-        live.unrecorded_turn(&run, &[&call(0, 0)]).is_some(),
+        live.unrecorded_turn(&run, [&call(0, 0)]).is_some(),
         "nothing recorded yet"
     );
     live.committed(
@@ -48,14 +48,14 @@ fn a_turn_with_a_call_not_recorded_is_answered_from_memory_and_a_recorded_one_is
         ],
     );
     // Turn 0 may be a replay: only the database can say.
-    assert!(live.unrecorded_turn(&run, &[&call(0, 0), &call(0, 1)]).is_none());
-    assert!(live.unrecorded_turn(&run, &[&call(0, 1)]).is_none());
+    assert!(live.unrecorded_turn(&run, [&call(0, 0), &call(0, 1)]).is_none());
+    assert!(live.unrecorded_turn(&run, [&call(0, 1)]).is_none());
     // Any earlier turn may have been recorded by position too.
-    assert!(live.unrecorded_turn(&run, &[&call(0, 7)]).is_none());
-    let next = live.unrecorded_turn(&run, &[&call(1, 0)]).expect("turn 1 is new");
+    assert!(live.unrecorded_turn(&run, [&call(0, 7)]).is_none());
+    let next = live.unrecorded_turn(&run, [&call(1, 0)]).expect("turn 1 is new");
     assert_eq!(next.last_seq, 5, "the record follows the commits' events");
     // One new call is enough: the turn is not a pure replay.
-    assert!(live.unrecorded_turn(&run, &[&call(0, 0), &call(1, 0)]).is_some());
+    assert!(live.unrecorded_turn(&run, [&call(0, 0), &call(1, 0)]).is_some());
 }
 
 #[test]
@@ -65,10 +65,10 @@ fn named_calls_are_told_apart_by_their_ids() {
         Vec::new(),
         &[event(&run, 2, EventType::ToolResult, Some(named("call_a")))],
     );
-    assert!(live.unrecorded_turn(&run, &[&named("call_a")]).is_none());
-    assert!(live.unrecorded_turn(&run, &[&named("call_b")]).is_some());
+    assert!(live.unrecorded_turn(&run, [&named("call_a")]).is_none());
+    assert!(live.unrecorded_turn(&run, [&named("call_b")]).is_some());
     // A key of another shape is never taken for a new call.
-    assert!(live.unrecorded_turn(&run, &[&StepKey::agent()]).is_none());
+    assert!(live.unrecorded_turn(&run, [&StepKey::agent()]).is_none());
 }
 
 #[test]
@@ -85,9 +85,9 @@ fn past_its_budget_of_ids_a_run_sends_named_turns_to_the_database() {
         })
         .collect();
     live.committed(Vec::new(), &many);
-    assert!(live.unrecorded_turn(&run, &[&named("never")]).is_none());
+    assert!(live.unrecorded_turn(&run, [&named("never")]).is_none());
     assert!(
-        live.unrecorded_turn(&run, &[&call(0, 0)]).is_some(),
+        live.unrecorded_turn(&run, [&call(0, 0)]).is_some(),
         "positions still known"
     );
     let bytes = live.0.lock().unwrap().bytes;
@@ -98,9 +98,9 @@ fn past_its_budget_of_ids_a_run_sends_named_turns_to_the_database() {
 fn a_run_that_ended_or_was_never_held_is_asked_of_the_database() {
     let (live, run) = born(&[]);
     live.committed(Vec::new(), &[event(&run, 4, EventType::RunCompleted, None)]);
-    assert!(live.unrecorded_turn(&run, &[&call(9, 0)]).is_none());
+    assert!(live.unrecorded_turn(&run, [&call(9, 0)]).is_none());
     assert_eq!(live.len(), 0);
-    assert!(live.unrecorded_turn(&RunId::new(), &[&call(0, 0)]).is_none());
+    assert!(live.unrecorded_turn(&RunId::new(), [&call(0, 0)]).is_none());
 }
 
 #[test]
@@ -115,7 +115,7 @@ fn past_its_budget_the_runs_used_least_lately_are_forgotten() {
     let second = RunId::new();
     live.committed(vec![big(first.clone()), big(second.clone())], &[]);
     // The first is used again, so the second is the one used least lately.
-    assert!(live.unrecorded_turn(&first, &[&call(0, 0)]).is_some());
+    assert!(live.unrecorded_turn(&first, [&call(0, 0)]).is_some());
     for _ in 0..(MAX_BYTES >> 20) {
         live.committed(vec![big(RunId::new())], &[]);
     }
@@ -148,8 +148,8 @@ fn a_commit_of_several_runs_events_updates_each_and_forgets_the_one_that_ended()
             event(&c, 5, EventType::RunCompleted, None),
         ],
     );
-    assert_eq!(live.unrecorded_turn(&a, &[&call(1, 0)]).map(|r| r.last_seq), Some(5));
-    assert!(live.unrecorded_turn(&b, &[&call(2, 0)]).is_none());
-    assert_eq!(live.unrecorded_turn(&b, &[&call(3, 0)]).map(|r| r.last_seq), Some(4));
+    assert_eq!(live.unrecorded_turn(&a, [&call(1, 0)]).map(|r| r.last_seq), Some(5));
+    assert!(live.unrecorded_turn(&b, [&call(2, 0)]).is_none());
+    assert_eq!(live.unrecorded_turn(&b, [&call(3, 0)]).map(|r| r.last_seq), Some(4));
     assert_eq!(live.len(), 2, "the run that ended is forgotten");
 }
