@@ -22,8 +22,10 @@ use crate::machine::human_ms;
 use crate::model::{AgentDef, Millis, RunId, StepKey, StepKind, StepRecord, StepStatus, ToolDef, now_millis};
 use crate::store::{LeaseLoss, LossOutcome, StartDispatch, Store};
 
+mod early;
 mod queue;
 
+pub use early::Reservation;
 use queue::Queue;
 
 /// Timing of sessions and leases.
@@ -172,9 +174,15 @@ enum Msg {
         /// The turn, and how many of its calls may run at once.
         turn: (u32, Option<u32>),
         calls: Vec<ReserveCall>,
-        reply: oneshot::Sender<Vec<Option<StartDispatch>>>,
+        reply: oneshot::Sender<Vec<Option<Reservation>>>,
     },
     Reserved(Vec<(StartDispatch, Option<StepRecord>)>),
+    /// A reserved call went to its worker before its start committed, with this timeout.
+    Sent {
+        dispatch_id: String,
+        attempt: u32,
+        timeout: Duration,
+    },
     /// What the store says is in flight, for the periodic scan.
     Reconcile(Vec<StepRecord>),
     /// A lost dispatch's loss is recorded: the store released its locks, and so does memory.
@@ -223,6 +231,7 @@ impl Scheduler {
             remote: Vec::new(),
             claiming: false,
             deferred: Default::default(),
+            delivered: Default::default(),
         };
         tokio::spawn(actor.run(rx, shutdown));
         Scheduler { tx, config }
@@ -299,7 +308,7 @@ impl Scheduler {
         run_id: RunId,
         turn: (u32, Option<u32>),
         calls: Vec<ReserveCall>,
-    ) -> Vec<Option<StartDispatch>> {
+    ) -> Vec<Option<Reservation>> {
         let none = calls.len();
         let (reply, answer) = oneshot::channel();
         self.send(Msg::Reserve {
@@ -418,6 +427,15 @@ impl Session {
     }
 }
 
+/// How long a dispatch of `step` may run. A hosted run's handler has no timeout: it may wait on
+/// people for days.
+fn lease_timeout(step: &StepRecord) -> Duration {
+    match step.timeout_ms {
+        0 => Duration::from_secs(10 * 365 * 24 * 3600),
+        ms => Duration::from_millis(ms),
+    }
+}
+
 enum LeaseState {
     /// `tool:start` is being written; the worker has not been told.
     Starting,
@@ -474,6 +492,9 @@ struct Actor {
     claiming: bool,
     /// Tools and agents asked for while a claim's read ran: claimed when it is back.
     deferred: (std::collections::BTreeSet<String>, std::collections::BTreeSet<String>),
+    /// Reserved calls sent to their workers before their start committed, until their turn's
+    /// write comes back: that answer must not send them again, nor lose them.
+    delivered: std::collections::HashSet<String>,
 }
 
 impl Actor {
@@ -589,14 +610,26 @@ impl Actor {
                 let reservations = self.reserve_for_turn(&run_id, turn, calls);
                 if let Err(unused) = reply.send(reservations) {
                     // The turn went away before it was written: nothing will start on these slots.
-                    for start in unused.into_iter().flatten() {
-                        self.release(&start.dispatch_id);
+                    for reservation in unused.into_iter().flatten() {
+                        self.release(&reservation.start.dispatch_id);
                     }
                     self.dispatch_ready();
                 }
             }
+            Msg::Sent {
+                dispatch_id,
+                attempt,
+                timeout,
+            } => self.sent(dispatch_id, attempt, timeout),
             Msg::Reserved(outcome) => {
                 for (start, step) in outcome {
+                    if self.delivered.remove(&start.dispatch_id) {
+                        if step.is_none() {
+                            // Sent, and then its start did not commit: the call is recorded nowhere.
+                            self.cancel_lease(&start.dispatch_id, "its start could not be recorded");
+                        }
+                        continue;
+                    }
                     match step {
                         Some(step) => self.started(start.dispatch_id, start.attempt, Ok(Some(step))),
                         None => self.release(&start.dispatch_id),
@@ -1133,7 +1166,7 @@ impl Actor {
         run_id: &RunId,
         (turn, limit): (u32, Option<u32>),
         calls: Vec<ReserveCall>,
-    ) -> Vec<Option<StartDispatch>> {
+    ) -> Vec<Option<Reservation>> {
         let mut taken = 0;
         calls
             .into_iter()
@@ -1146,8 +1179,10 @@ impl Actor {
                 }
                 let session_id = self.pick(StepKind::Tool, &call.tool)?;
                 taken += 1;
+                let outbound = self.sessions[&session_id].outbound.clone();
                 // A new call's first attempt.
-                Some(self.take_slot(session_id, (run_id, &call.key, turn, None), 1, call.locks))
+                let start = self.take_slot(session_id, (run_id, &call.key, turn, None), 1, call.locks);
+                Some(Reservation::new(start, outbound))
             })
             .collect()
     }
@@ -1206,13 +1241,8 @@ impl Actor {
                     Some((lease, session)) => {
                         // Running before sending: if the session is already gone, its Leave finds a
                         // running lease and records the loss.
-                        // A hosted run's handler has no timeout: it may wait on people for days.
-                        let timeout = match step.timeout_ms {
-                            0 => Duration::from_secs(10 * 365 * 24 * 3600),
-                            ms => Duration::from_millis(ms),
-                        };
                         lease.state = LeaseState::Running {
-                            deadline: Instant::now() + timeout,
+                            deadline: Instant::now() + lease_timeout(&step),
                         };
                         let order = DispatchOrder {
                             dispatch_id: dispatch_id.clone(),
@@ -1257,6 +1287,38 @@ impl Actor {
                 }
             }
         }
+    }
+
+    /// A reserved call went to its worker before its start committed: its lease runs from now. A
+    /// lease already gone (its session left while it was `Starting`) is lost when its turn's write
+    /// comes back, as one that was never sent.
+    fn sent(&mut self, dispatch_id: String, attempt: u32, timeout: Duration) {
+        let Some(lease) = self.leases.get_mut(&dispatch_id).filter(|l| l.attempt == attempt) else {
+            return;
+        };
+        if matches!(lease.state, LeaseState::Starting) {
+            lease.state = LeaseState::Running {
+                deadline: Instant::now() + timeout,
+            };
+        }
+        self.delivered.insert(dispatch_id);
+    }
+
+    /// Tells the worker holding `dispatch_id` to stop; its slot stays taken until it answers or
+    /// the grace ends.
+    fn cancel_lease(&mut self, dispatch_id: &str, reason: &str) {
+        let until = Instant::now() + self.config.cancel_grace;
+        let Some(lease) = self.leases.get_mut(dispatch_id) else {
+            return;
+        };
+        if let Some(session) = self.sessions.get(&lease.session_id) {
+            let _ = session.outbound.send(Outbound::Cancel {
+                dispatch_id: dispatch_id.to_owned(),
+                attempt: lease.attempt,
+                reason: reason.to_owned(),
+            });
+        }
+        lease.state = LeaseState::Cancelling { until };
     }
 
     fn release(&mut self, dispatch_id: &str) {
@@ -1304,22 +1366,19 @@ impl Actor {
     /// Cancels the leases of `step` on attempts up to `attempt`; a lease on a later attempt
     /// started after what the caller read.
     fn cancel_leases_through(&mut self, step: &StepRecord, attempt: u32, reason: &str) {
-        let until = Instant::now() + self.config.cancel_grace;
-        for (dispatch_id, lease) in self.leases.iter_mut() {
-            if lease.run_id == step.run_id
-                && lease.key == step.key
-                && lease.attempt <= attempt
-                && !matches!(lease.state, LeaseState::Cancelling { .. })
-            {
-                if let Some(session) = self.sessions.get(&lease.session_id) {
-                    let _ = session.outbound.send(Outbound::Cancel {
-                        dispatch_id: dispatch_id.clone(),
-                        attempt: lease.attempt,
-                        reason: reason.to_owned(),
-                    });
-                }
-                lease.state = LeaseState::Cancelling { until };
-            }
+        let cancelled: Vec<String> = self
+            .leases
+            .iter()
+            .filter(|(_, lease)| {
+                lease.run_id == step.run_id
+                    && lease.key == step.key
+                    && lease.attempt <= attempt
+                    && !matches!(lease.state, LeaseState::Cancelling { .. })
+            })
+            .map(|(dispatch_id, _)| dispatch_id.clone())
+            .collect();
+        for dispatch_id in cancelled {
+            self.cancel_lease(&dispatch_id, reason);
         }
     }
 
@@ -1710,16 +1769,15 @@ mod tests {
         }];
 
         let first = scheduler.reserve(run.clone(), (0, None), wanted.clone()).await;
-        let start = first[0].clone().expect("a free slot is reserved");
+        let start = first[0].clone().expect("a free slot is reserved").start;
         assert_eq!(start.attempt, 1);
-        assert_eq!(
-            scheduler.reserve(run.clone(), (0, None), wanted.clone()).await,
-            vec![None],
+        assert!(
+            scheduler.reserve(run.clone(), (0, None), wanted.clone()).await[0].is_none(),
             "the one slot is taken"
         );
         scheduler.reserved(vec![(start, None)]);
         let again = scheduler.reserve(run.clone(), (0, None), wanted).await;
-        let start = again[0].clone().expect("a slot given back can be reserved again");
+        let start = again[0].clone().expect("a slot given back can be reserved again").start;
 
         // Written with its slot: the call starts in the same commit and goes to the worker.
         let turn = store.schedule_turn(one_call(&run, Some(start.clone()))).await.unwrap();
@@ -1741,32 +1799,126 @@ mod tests {
         shutdown.cancel();
     }
 
+    /// Reserves the one slot of a session for the call of [`one_call`].
+    async fn reserve_one(scheduler: &Scheduler, run: &RunId) -> Reservation {
+        let wanted = vec![ReserveCall {
+            key: StepKey::for_call(0, 0, None),
+            tool: "t".to_owned(),
+            locks: Vec::new(),
+        }];
+        let reserved = scheduler.reserve(run.clone(), (0, None), wanted).await;
+        reserved[0].clone().expect("a free slot is reserved")
+    }
+
+    async fn next_order(orders: &mut mpsc::UnboundedReceiver<Outbound>) -> Outbound {
+        tokio::time::timeout(Duration::from_secs(10), orders.recv())
+            .await
+            .expect("an order for the worker")
+            .expect("the session's channel is open")
+    }
+
+    /// A call sent before its start committed is not sent again when its turn's write comes back;
+    /// if that write failed instead, its worker is told to stop, and the slot comes back once it
+    /// answers.
+    #[tokio::test]
+    async fn a_call_sent_before_its_start_committed_goes_out_once_and_is_cancelled_if_the_commit_fails() {
+        let (_dir, store, _writer, run) = store_with_run().await;
+        let shutdown = CancellationToken::new();
+        let scheduler = Scheduler::spawn(SchedulerConfig::default(), store.clone(), shutdown.clone());
+        let (_session, mut orders) = join_one_slot(&scheduler).await;
+
+        let reservation = reserve_one(&scheduler, &run).await;
+        let start = reservation.start.clone();
+        let turn = store.schedule_turn(one_call(&run, Some(start.clone()))).await.unwrap();
+        let crate::store::CallDisposition::Started(step) = &turn[0] else {
+            panic!("expected started, got {:?}", turn[0]);
+        };
+        scheduler.dispatch_early(std::slice::from_ref(&reservation))(vec![step.clone()]);
+        let Outbound::Dispatch(order) = next_order(&mut orders).await else {
+            panic!("expected a dispatch")
+        };
+        assert_eq!(
+            (order.dispatch_id.as_str(), order.attempt),
+            (start.dispatch_id.as_str(), 1)
+        );
+        scheduler.reserved(vec![(start.clone(), Some(step.clone()))]);
+        assert_eq!(scheduler.gauges().await.unwrap().leased, 1, "the lease runs");
+        assert!(orders.try_recv().is_err(), "the turn's answer sends nothing more");
+        scheduler.settled(start.dispatch_id.clone(), 1);
+        assert_eq!(scheduler.gauges().await.unwrap().leased, 0);
+
+        let reservation = reserve_one(&scheduler, &run).await;
+        let mut sent = step.clone();
+        sent.dispatch_id = Some(reservation.start.dispatch_id.clone());
+        scheduler.dispatch_early(std::slice::from_ref(&reservation))(vec![sent]);
+        assert!(matches!(next_order(&mut orders).await, Outbound::Dispatch(_)));
+        scheduler.reserved(vec![(reservation.start.clone(), None)]);
+        let Outbound::Cancel { dispatch_id, .. } = next_order(&mut orders).await else {
+            panic!("expected the worker told to stop")
+        };
+        assert_eq!(dispatch_id, reservation.start.dispatch_id);
+        assert_eq!(
+            scheduler.gauges().await.unwrap().leased,
+            1,
+            "the slot is held until the worker answers"
+        );
+        scheduler.settled(dispatch_id, 1);
+        assert_eq!(scheduler.gauges().await.unwrap().leased, 0);
+        shutdown.cancel();
+    }
+
+    /// A call sent before its start committed may be answered, and its slot given back, before its
+    /// turn's write comes back: that answer then neither sends it again nor holds a lease.
+    #[tokio::test]
+    async fn a_call_settled_before_its_turn_s_write_came_back_is_done() {
+        let (_dir, store, _writer, run) = store_with_run().await;
+        let shutdown = CancellationToken::new();
+        let scheduler = Scheduler::spawn(SchedulerConfig::default(), store.clone(), shutdown.clone());
+        let (_session, mut orders) = join_one_slot(&scheduler).await;
+        let reservation = reserve_one(&scheduler, &run).await;
+        let start = reservation.start.clone();
+        let turn = store.schedule_turn(one_call(&run, Some(start.clone()))).await.unwrap();
+        let crate::store::CallDisposition::Started(step) = &turn[0] else {
+            panic!("expected started, got {:?}", turn[0]);
+        };
+        scheduler.dispatch_early(&[reservation])(vec![step.clone()]);
+        assert!(matches!(next_order(&mut orders).await, Outbound::Dispatch(_)));
+        scheduler.settled(start.dispatch_id.clone(), 1);
+        scheduler.reserved(vec![(start, Some(step.clone()))]);
+        assert_eq!(scheduler.gauges().await.unwrap().leased, 0);
+        assert!(orders.try_recv().is_err(), "nothing sent again");
+        let again = reserve_one(&scheduler, &run).await;
+        assert_eq!(again.start.attempt, 1, "the slot is free for the next call");
+        shutdown.cancel();
+    }
+
     #[tokio::test]
     async fn a_slot_whose_session_left_before_the_write_loses_the_call_and_it_runs_again() {
+        a_slot_whose_session_left_loses_its_call(false).await;
+    }
+
+    /// As above, for a call handed to a session already gone before its start committed.
+    #[tokio::test]
+    async fn a_call_sent_early_to_a_session_already_gone_is_lost_and_runs_again() {
+        a_slot_whose_session_left_loses_its_call(true).await;
+    }
+
+    async fn a_slot_whose_session_left_loses_its_call(early: bool) {
         let (_dir, store, _writer, run) = store_with_run().await;
         let shutdown = CancellationToken::new();
         let scheduler = Scheduler::spawn(SchedulerConfig::default(), store.clone(), shutdown.clone());
         let (session, _orders) = join_one_slot(&scheduler).await;
-        let key = StepKey::for_call(0, 0, None);
-        let start = scheduler
-            .reserve(
-                run.clone(),
-                (0, None),
-                vec![ReserveCall {
-                    key: key.clone(),
-                    tool: "t".to_owned(),
-                    locks: Vec::new(),
-                }],
-            )
-            .await[0]
-            .clone()
-            .expect("reserved");
+        let reservation = reserve_one(&scheduler, &run).await;
+        let start = reservation.start.clone();
         scheduler.leave(session, "closed its stream".into());
 
         let turn = store.schedule_turn(one_call(&run, Some(start.clone()))).await.unwrap();
         let crate::store::CallDisposition::Started(step) = &turn[0] else {
             panic!("expected started, got {:?}", turn[0]);
         };
+        if early {
+            scheduler.dispatch_early(&[reservation])(vec![step.clone()]);
+        }
         scheduler.reserved(vec![(start, Some(step.clone()))]);
 
         // The start was recorded for a session that is gone: the loss is recorded and the call,

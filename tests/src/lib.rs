@@ -262,6 +262,25 @@ fn spawn_kernel(dir: &Path, listen: &str, options: &KernelOptions) -> (Process, 
     (process, addr)
 }
 
+/// The complete lines of a fault workers' ledger file.
+pub fn read_ledger(file: &Path) -> Vec<LedgerLine> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    // A line still being written has no newline yet; it is read next time.
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    complete
+        .lines()
+        .map(|line| {
+            let parts: Vec<&str> = line.split(' ').collect();
+            LedgerLine {
+                what: parts[0].into(),
+                tool: parts[1].into(),
+                key: parts[2].into(),
+                attempt: parts[3].parse().expect("attempt"),
+            }
+        })
+        .collect()
+}
+
 /// One line of a fault worker's ledger: what happened, in which tool, under which key and attempt.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LedgerLine {
@@ -361,21 +380,12 @@ impl Kernel {
 
     /// Everything the fault workers recorded.
     pub fn ledger(&self) -> Vec<LedgerLine> {
-        let text = std::fs::read_to_string(self.dir.path().join("ledger.txt")).unwrap_or_default();
-        // A line still being written has no newline yet; it is read next time.
-        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
-        complete
-            .lines()
-            .map(|line| {
-                let parts: Vec<&str> = line.split(' ').collect();
-                LedgerLine {
-                    what: parts[0].into(),
-                    tool: parts[1].into(),
-                    key: parts[2].into(),
-                    attempt: parts[3].parse().expect("attempt"),
-                }
-            })
-            .collect()
+        read_ledger(&self.ledger_file())
+    }
+
+    /// The file the fault workers append their ledger lines to, in the order things happened.
+    pub fn ledger_file(&self) -> PathBuf {
+        self.dir.path().join("ledger.txt")
     }
 
     /// How many times a call's body started, by idempotency key.

@@ -277,14 +277,19 @@ async fn schedule(kernel: &Kernel, mut plan: TurnPlan) -> Result<Vec<CallDisposi
         kernel.scheduler.reserve(plan.run_id.clone(), turn, wanted).await
     };
     let mut reserved = Vec::new();
-    for (&i, start) in runnable.iter().zip(reservations) {
-        if let Some(start) = start {
-            reserved.push(start.clone());
-            plan.calls[i].start = Some(start);
+    for (&i, reservation) in runnable.iter().zip(reservations) {
+        if let Some(reservation) = reservation {
+            plan.calls[i].start = Some(reservation.start.clone());
+            reserved.push(reservation);
         }
     }
-    let written = kernel.store.record_turn(plan).await;
-    let mut outcome: Vec<(StartDispatch, Option<StepRecord>)> = reserved.into_iter().map(|s| (s, None)).collect();
+    let written = if reserved.is_empty() {
+        kernel.store.record_turn(plan).await
+    } else {
+        let early = kernel.scheduler.dispatch_early(&reserved);
+        kernel.store.record_turn_dispatching(plan, early).await
+    };
+    let mut outcome: Vec<(StartDispatch, Option<StepRecord>)> = reserved.into_iter().map(|r| (r.start, None)).collect();
     if let Ok(recorded) = &written {
         if !recorded.ended.is_empty() {
             let reason = recorded

@@ -37,6 +37,7 @@ pub use ops::{RecordedTurn, StepRecorded, SubagentStart, SubagentStarted, Suspen
 pub use reads::{Readers, RunFilter, StoreGauges};
 pub use sql::describe as describe_postgres_error;
 use writer::Command;
+pub use writer::EarlyDispatch;
 use writer::WriteConn;
 
 use crate::error::KernelError;
@@ -445,7 +446,18 @@ impl Store {
     /// Records a turn: each call's disposition, and what ended with the run when the turn ended
     /// it (a branch's refusal), to cancel on workers.
     pub async fn record_turn(&self, plan: TurnPlan) -> Result<RecordedTurn, KernelError> {
-        self.send(|reply| Command::ScheduleTurn(plan, reply)).await
+        self.send(|reply| Command::ScheduleTurn(plan, None, reply)).await
+    }
+
+    /// Records a turn as [`Store::record_turn`] does; `early` is handed the calls it started that
+    /// may go out before their start commits ([`sync::dispatches_before_commit`]), once the write
+    /// decided them and before it commits.
+    pub async fn record_turn_dispatching(
+        &self,
+        plan: TurnPlan,
+        early: EarlyDispatch,
+    ) -> Result<RecordedTurn, KernelError> {
+        self.send(|reply| Command::ScheduleTurn(plan, Some(early), reply)).await
     }
 
     /// Records a turn of a run that no turn can end (no branch, no case run), for tests.

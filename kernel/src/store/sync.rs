@@ -14,8 +14,9 @@
 use std::fs::File;
 use std::path::Path;
 
+use super::CallDisposition;
 use super::ops::Published;
-use crate::model::{EventType, Idempotency, StepKind};
+use crate::model::{EventType, Idempotency, StepKind, StepRecord};
 
 /// Whether the command that published `events` must be durable before it is answered.
 pub fn must_sync(events: &[Published]) -> bool {
@@ -31,9 +32,29 @@ fn may_defer(published: &Published) -> bool {
         EventType::RunStarted | EventType::ToolScheduled => true,
         // An `at_most_once` call may run only once its start survives anything: then a lost
         // worker means `indeterminate`, never a second run.
-        EventType::ToolStart => call.is_some_and(|step| step.idempotency == Idempotency::SafeToRetry),
+        EventType::ToolStart => call.is_some_and(goes_out_before_commit),
         _ => false,
     }
+}
+
+/// Whether a started call may go to its worker before its start commits: a `safe_to_retry` tool
+/// call. If the commit then never happens (the kernel dies, the disk refuses it), the call is
+/// recorded nowhere, its result is refused, and the agent's next submission of the turn runs it
+/// again with the same idempotency key. Its result still commits after its start (one writer,
+/// in order) and is durable before anyone sees it.
+fn goes_out_before_commit(step: &StepRecord) -> bool {
+    step.kind == StepKind::Tool && step.idempotency == Idempotency::SafeToRetry
+}
+
+/// The calls a turn's write started that may go to their workers before it commits.
+pub fn dispatches_before_commit(calls: &[CallDisposition]) -> Vec<StepRecord> {
+    calls
+        .iter()
+        .filter_map(|call| match call {
+            CallDisposition::Started(step) if goes_out_before_commit(step) => Some(step.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// How a SQLite writer makes a commit durable. SQLite cannot change `synchronous` inside a

@@ -314,6 +314,57 @@ async fn a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit(f: F
     assert_gap_free(&events(&f.store, &run.id).await);
 }
 
+/// A turn's started `safe_to_retry` calls are handed out once the write decided them and before
+/// it commits (no subscriber has heard of the turn yet); an `at_most_once` one waits for the
+/// commit, and a turn refused after it wrote hands out nothing.
+async fn a_turn_hands_out_its_safe_started_calls_before_it_commits(f: Fixture) {
+    let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let live = f.hub.subscribe(&run.id);
+    let mut safe = call(0, 0, Some(tool("add", Idempotency::SafeToRetry)), "add", r#"{"a":1}"#);
+    safe.start = Some(slot(&run.id, safe.key.clone(), "d1"));
+    let mut once = call(0, 1, Some(tool("charge", Idempotency::AtMostOnce)), "charge", "{}");
+    once.start = Some(slot(&run.id, once.key.clone(), "d2"));
+    let queued = call(0, 2, Some(tool("add", Idempotency::SafeToRetry)), "add", r#"{"a":2}"#);
+    let (handed, handed_out) = std::sync::mpsc::channel();
+    let early: EarlyDispatch = Box::new(move |steps| {
+        let mut live = live;
+        let heard = live.try_recv().is_ok();
+        handed.send((steps, heard)).unwrap();
+    });
+    let recorded = f
+        .store
+        .record_turn_dispatching(plan(&run.id, 0, vec![safe, once, queued]), early)
+        .await
+        .unwrap();
+    let (steps, heard) = handed_out.try_recv().expect("handed out before the turn was answered");
+    assert!(!heard, "handed out before its commit published anything");
+    let CallDisposition::Started(started) = &recorded.calls[0] else {
+        panic!("expected started, got {:?}", recorded.calls[0]);
+    };
+    assert_eq!(steps, [started.clone()], "only the safe call, as recorded");
+    assert!(
+        matches!(&recorded.calls[1], CallDisposition::Started(step) if step.dispatch_id.as_deref() == Some("d2")),
+        "the at_most_once call started too, and goes out once its start is durable: {:?}",
+        recorded.calls[1]
+    );
+    assert!(matches!(recorded.calls[2], CallDisposition::Scheduled(_)));
+
+    let holder = locked_call(&f, "git", Idempotency::SafeToRetry, "d3").await;
+    let (other, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let mut blocked = call(0, 0, Some(tool("git", Idempotency::SafeToRetry)), "git", "{}");
+    blocked.resources = vec!["repo:acme".into()];
+    blocked.start = Some(slot(&other.id, blocked.key.clone(), "d4"));
+    let (handed, handed_out) = std::sync::mpsc::channel();
+    let early: EarlyDispatch = Box::new(move |steps| handed.send(steps).unwrap());
+    let refused = f
+        .store
+        .record_turn_dispatching(plan(&other.id, 0, vec![blocked]), early)
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains(&holder.key.to_string()), "{refused}");
+    assert!(handed_out.try_recv().is_err(), "a refused turn hands out nothing");
+}
+
 async fn a_repeated_create_with_the_same_key_returns_the_same_run(f: Fixture) {
     let (first, created) = f.store.create_run(new_run(Some("k1"), 0)).await.unwrap();
     let (again, created_again) = f.store.create_run(new_run(Some("k1"), 0)).await.unwrap();
@@ -1547,6 +1598,7 @@ async fn a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases(f: 
 
 on_both_stores!(a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit);
 on_both_stores!(a_turn_read_serves_a_settled_turn_and_sees_every_commit);
+on_both_stores!(a_turn_hands_out_its_safe_started_calls_before_it_commits);
 on_both_stores!(a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases);
 on_both_stores!(a_repeated_create_with_the_same_key_returns_the_same_run);
 on_both_stores!(a_call_runs_through_start_and_result_with_gap_free_events);

@@ -28,10 +28,17 @@ const MAX_BATCH: usize = 512;
 
 type Reply<T> = oneshot::Sender<Result<T, KernelError>>;
 
+/// Sends a turn's started calls to their workers before the commit that starts them (see
+/// [`super::sync`]); runs on the writer thread, so it must not block.
+pub type EarlyDispatch = Box<dyn FnOnce(Vec<StepRecord>) + Send>;
+
+/// What a command leaves to do once its batch is about to commit.
+type BeforeCommit = Box<dyn FnOnce() + Send>;
+
 /// A write the store can perform.
 pub enum Command {
     CreateRun(Box<NewRun>, Reply<(RunRecord, bool, Option<StepRecord>)>),
-    ScheduleTurn(TurnPlan, Reply<super::RecordedTurn>),
+    ScheduleTurn(TurnPlan, Option<EarlyDispatch>, Reply<super::RecordedTurn>),
     StartDispatch(StartDispatch, Reply<Option<StepRecord>>),
     RecordResult(ResultReport, Reply<Option<(StepRecord, Vec<StepRecord>)>>),
     LoseLease(LeaseLoss, Reply<LossOutcome>),
@@ -115,10 +122,20 @@ fn respond<T: Send + 'static>(result: Result<T, KernelError>, reply: Reply<T>) -
     (responder, ok)
 }
 
-fn apply(tx: &mut Tx<'_>, command: Command) -> (Responder, bool) {
+/// Applies `command`; what it leaves for just before the commit goes to `before_commit`.
+fn apply(tx: &mut Tx<'_>, command: Command, before_commit: &mut Option<BeforeCommit>) -> (Responder, bool) {
     match command {
         Command::CreateRun(new, reply) => respond(ops::create_run(tx, *new), reply),
-        Command::ScheduleTurn(plan, reply) => respond(ops::schedule_turn(tx, plan), reply),
+        Command::ScheduleTurn(plan, early, reply) => {
+            let recorded = ops::schedule_turn(tx, plan);
+            if let (Some(early), Ok(recorded)) = (early, &recorded) {
+                let steps = super::sync::dispatches_before_commit(&recorded.calls);
+                if !steps.is_empty() {
+                    *before_commit = Some(Box::new(move || early(steps)));
+                }
+            }
+            respond(recorded, reply)
+        }
         Command::StartDispatch(start, reply) => respond(ops::start_dispatch(tx, start), reply),
         Command::RecordResult(report, reply) => respond(ops::record_result(tx, report), reply),
         Command::LoseLease(loss, reply) => respond(ops::lose_lease(tx, loss), reply),
@@ -349,6 +366,8 @@ struct Applied {
     waiting: Vec<(StepKind, String)>,
     /// The command's answer waits for the disk.
     sync: bool,
+    /// Dropped unrun if the command's writes are undone.
+    before_commit: Option<BeforeCommit>,
 }
 
 impl Applied {
@@ -358,6 +377,7 @@ impl Applied {
             published: Vec::new(),
             waiting: Vec::new(),
             sync: false,
+            before_commit: None,
         }
     }
 
@@ -394,7 +414,8 @@ fn apply_isolated(
         seqs: Default::default(),
         cache,
     };
-    let (responder, ok) = apply(&mut tx, command);
+    let mut before_commit = None;
+    let (responder, ok) = apply(&mut tx, command, &mut before_commit);
     if !ok {
         undo();
         return Applied::refused(responder);
@@ -405,6 +426,7 @@ fn apply_isolated(
         responder,
         published: tx.published,
         waiting: tx.waiting,
+        before_commit,
     };
     // The command's answer was an outcome its writes did not keep.
     if let Err(error) = finished {
@@ -432,7 +454,7 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
     };
     let (responder, _) = match command {
         Command::CreateRun(_, reply) => respond(Err(make()), reply),
-        Command::ScheduleTurn(_, reply) => respond(Err(make()), reply),
+        Command::ScheduleTurn(_, _, reply) => respond(Err(make()), reply),
         Command::StartDispatch(_, reply) => respond(Err(make()), reply),
         Command::RecordResult(_, reply) => respond(Err(make()), reply),
         Command::LoseLease(_, reply) => respond(Err(make()), reply),
@@ -524,6 +546,7 @@ pub fn run(
         let mut waiting = Vec::new();
         let mut sync = false;
         let mut responders = Vec::with_capacity(applied.len());
+        let mut before_commit = Vec::new();
         for (index, command) in applied.into_iter().enumerate() {
             let mut command = match undone.remove(&index) {
                 Some(error) => command.undone(error),
@@ -533,10 +556,17 @@ pub fn run(
             published.append(&mut command.published);
             waiting.append(&mut command.waiting);
             responders.push(command.responder);
+            before_commit.extend(command.before_commit);
         }
         let committing = std::time::Instant::now();
         let committed = match flush_error {
-            None => conn.commit(replica, (&published, &waiting), (registry, sync)),
+            None => {
+                // Every command's writes stand now but for the commit itself failing.
+                for early in before_commit {
+                    early();
+                }
+                conn.commit(replica, (&published, &waiting), (registry, sync))
+            }
             Some(error) => Err(error),
         };
         let metrics = crate::metrics::get();
