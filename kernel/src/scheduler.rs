@@ -3,10 +3,11 @@
 //!
 //! It never awaits the store. A dispatch is reserved here (a slot taken, a lease in state
 //! `Starting`), `tool:start` is written by a spawned task, and only when that commit comes back as
-//! a message does the scheduler tell the worker to run: `tool:start` is committed before any
+//! a message does the scheduler tell the worker to run: `tool:start` is committed before the
 //! worker may run the tool (and synced to disk first for an `at_most_once` call: see
-//! `store::sync`). Connection state here is advisory; the store is the truth, and every lease
-//! loss goes through the store's fenced write.
+//! `store::sync`). The one exception is a `safe_to_retry` call with a slot reserved for its turn,
+//! which the writer sends while the turn commits (`early`). Connection state here is advisory;
+//! the store is the truth, and every lease loss goes through the store's fenced write.
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -6,7 +6,8 @@
 //! waits for it. A command that does nothing but schedule tool calls and start `safe_to_retry`
 //! ones does not: losing it to a power cut loses calls whose results nobody has seen, which the
 //! agent's next submission of the turn runs again with the same idempotency keys, the promise of
-//! that mode. Its dispatches go out while the disk catches up, so a call's critical path holds one
+//! that mode. A turn's `safe_to_retry` calls go out even before that commit, once the write has
+//! decided them ([`dispatches_before_commit`]), so a call's critical path holds one commit and one
 //! sync, its result's. The log stays in order: a later commit that syncs makes every commit before
 //! it durable too (the write-ahead log is written in order, and one sync covers all of it), so a
 //! result is never durable while its start is not.

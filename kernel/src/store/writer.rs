@@ -29,7 +29,7 @@ const MAX_BATCH: usize = 512;
 type Reply<T> = oneshot::Sender<Result<T, KernelError>>;
 
 /// Sends a turn's started calls to their workers before the commit that starts them (see
-/// [`super::sync`]); runs on the writer thread, so it must not block.
+/// `store::sync`); runs on the writer thread, so it must not block.
 pub type EarlyDispatch = Box<dyn FnOnce(Vec<StepRecord>) + Send>;
 
 /// What a command leaves to do once its batch is about to commit.
