@@ -10,15 +10,20 @@
 //! What it does not hold it reads from the database, which is always right; forgetting is always
 //! safe. It holds runs not finished and their calls not settled (a settled call is read again only
 //! to replay it), within a budget of bytes. A run created by this writer is *complete* (each of its
-//! steps is here or known settled), so a step it lacks is known not to exist.
+//! steps has been seen here), so a step whose key it knows not recorded does not exist; which keys
+//! are recorded is kept small ([`RecordedKeys`]), and a key it cannot rule out is looked for.
 
 use std::collections::{HashMap, HashSet};
 
+use super::recorded::RecordedKeys;
 use crate::model::{RunId, RunRecord, StepKey, StepRecord, StepStatus};
 
 /// Bytes of runs and steps held at most (their inputs, arguments and outputs, and a little for the
 /// rest); past it the cache starts over.
 const MAX_BYTES: usize = 4 << 20;
+/// Keys other than calls by position told apart per run (a run's hashes count toward
+/// [`MAX_BYTES`]); past it, a new such key of that run is looked for in the database.
+const MAX_HASHED_KEYS: usize = 65_536;
 
 #[derive(Default)]
 pub struct Cache {
@@ -36,9 +41,10 @@ struct Cached {
     run: RunRecord,
     /// The run's steps not settled that are held.
     steps: HashMap<StepKey, StepRecord>,
-    /// Steps known settled (read from the database when wanted).
-    settled: HashSet<StepKey>,
-    /// Every step of the run is in `steps` or `settled`.
+    /// The keys of the steps seen, settled or not (a settled one is read from the database when
+    /// wanted): kept small, as a run may make millions of calls.
+    recorded: RecordedKeys,
+    /// Every step of the run has been seen here, so one `recorded` lacks does not exist.
     complete: bool,
 }
 
@@ -99,7 +105,9 @@ impl Cache {
 
     pub fn forget(&mut self, run: &RunId) {
         if let Some(cached) = self.runs.remove(run) {
-            self.bytes = self.bytes.saturating_sub(run_bytes(&cached.run));
+            self.bytes = self
+                .bytes
+                .saturating_sub(run_bytes(&cached.run) + cached.recorded.bytes());
             for step in cached.steps.values() {
                 self.bytes = self.bytes.saturating_sub(step_bytes(step));
                 if let Some(dispatch) = &step.dispatch_id {
@@ -131,7 +139,7 @@ impl Cache {
         match self.runs.get(run) {
             Some(cached) => match cached.steps.get(key) {
                 Some(step) => Known::Step(Box::new(step.clone())),
-                None if cached.complete && !cached.settled.contains(key) => Known::Absent,
+                None if cached.complete && cached.recorded.lacks(key) => Known::Absent,
                 None => Known::Unknown,
             },
             None => Known::Unknown,
@@ -219,17 +227,17 @@ impl Cache {
                 self.dispatches.remove(dispatch);
             }
         }
-        if step.status.is_terminal() {
-            cached.settled.insert(step.key.clone());
-            return;
+        let hashed = cached.recorded.bytes();
+        cached.recorded.record(&step.key);
+        self.bytes = (self.bytes + cached.recorded.bytes()).saturating_sub(hashed);
+        if !step.status.is_terminal() {
+            if let Some(dispatch) = &step.dispatch_id {
+                self.dispatches
+                    .insert(dispatch.clone(), (step.run_id.clone(), step.key.clone()));
+            }
+            self.bytes += step_bytes(step);
+            cached.steps.insert(step.key.clone(), step.clone());
         }
-        cached.settled.remove(&step.key);
-        if let Some(dispatch) = &step.dispatch_id {
-            self.dispatches
-                .insert(dispatch.clone(), (step.run_id.clone(), step.key.clone()));
-        }
-        self.bytes += step_bytes(step);
-        cached.steps.insert(step.key.clone(), step.clone());
         if self.bytes > MAX_BYTES {
             self.start_over();
         }
@@ -255,7 +263,7 @@ impl Cache {
             Cached {
                 run: run.clone(),
                 steps: HashMap::new(),
-                settled: HashSet::new(),
+                recorded: RecordedKeys::new(MAX_HASHED_KEYS),
                 complete,
             },
         );
@@ -266,5 +274,54 @@ impl Cache {
         self.runs.clear();
         self.dispatches.clear();
         self.bytes = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::records;
+
+    fn settled(key: StepKey) -> StepRecord {
+        let mut step = records::step();
+        step.key = key;
+        step.status = StepStatus::Succeeded;
+        step
+    }
+
+    #[test]
+    fn a_complete_run_rules_out_new_calls_without_keeping_every_settled_one() {
+        let run = records::run();
+        let mut cache = Cache::default();
+        cache.inserted_run(&run);
+        let held = cache.bytes;
+        for turn in 0..10_000 {
+            cache.step_is(&settled(StepKey::for_call(turn, 0, None)));
+        }
+        assert_eq!(cache.bytes, held, "settled calls by position cost nothing");
+        assert!(matches!(
+            cache.step(&run.id, &StepKey::for_call(10_000, 0, None)),
+            Known::Absent
+        ));
+        assert!(
+            matches!(cache.step(&run.id, &StepKey::for_call(7, 0, None)), Known::Unknown),
+            "a settled call is read from the database"
+        );
+
+        for n in 0..100 {
+            cache.step_is(&settled(StepKey::for_call(0, 0, Some(&format!("call_{n}")))));
+        }
+        assert_eq!(cache.bytes, held + 100 * super::super::recorded::HASH_BYTES);
+        let named = |id: &str| cache.step(&run.id, &StepKey::for_call(0, 0, Some(id)));
+        assert!(matches!(named("call_100"), Known::Absent));
+        assert!(matches!(named("call_5"), Known::Unknown));
+
+        let mut running = records::step();
+        running.key = StepKey::for_call(10_000, 0, None);
+        running.status = StepStatus::Running;
+        cache.step_is(&running);
+        assert!(matches!(cache.step(&run.id, &running.key), Known::Step(_)));
+        cache.forget(&run.id);
+        assert_eq!(cache.bytes, 0, "a run forgotten leaves nothing in the budget");
     }
 }

@@ -8,20 +8,19 @@
 //! database (replayed, joined, diverged or new), or "ask the database". A call it failed to
 //! learn of costs a write, not a wrong answer; forgetting a run is always safe.
 
-use std::collections::{HashMap, HashSet};
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::Published;
+use super::recorded::RecordedKeys;
 use crate::model::{EventType, RunId, RunRecord, StepKey};
 
 /// Bytes of records held at most (their inputs, and the call ids seen), as the writer's own memory
 /// of runs holds; past it the runs used least lately are forgotten.
 const MAX_BYTES: usize = 4 << 20;
-/// Call ids remembered per run; past it, a turn with call ids of that run is read.
+/// Keys other than calls by position remembered per run; past it, a turn with call ids of that run
+/// is read.
 const MAX_IDS: usize = 4_096;
-/// What an id costs in the budget: its hash, and the set's slack.
-const ID_BYTES: usize = 16;
 
 /// The runs held, behind one lock that the writer takes once per commit.
 #[derive(Default)]
@@ -38,65 +37,13 @@ struct Inner {
 struct Live {
     /// As created, but for `last_seq`, which follows the commits.
     run: RunRecord,
-    /// The highest turn with a call recorded by position (`t<turn>/p<position>`).
-    max_turn: Option<u32>,
-    /// Hashes of the call ids recorded (`id:<call id>`); `None` once past [`MAX_IDS`].
-    ids: Option<HashSet<u64>>,
+    recorded: RecordedKeys,
     used: u64,
 }
 
 impl Live {
     fn bytes(&self) -> usize {
-        256 + self.run.input.len() + self.ids.as_ref().map_or(0, |ids| ids.len() * ID_BYTES)
-    }
-
-    /// Notes that a step under `key` is recorded.
-    fn recorded(&mut self, key: &StepKey) {
-        match CallKey::parse(key) {
-            Some(CallKey::Position(turn)) => self.max_turn = self.max_turn.max(Some(turn)),
-            Some(CallKey::Id(hash)) => {
-                if let Some(ids) = &mut self.ids
-                    && !ids.contains(&hash)
-                {
-                    if ids.len() >= MAX_IDS {
-                        self.ids = None;
-                    } else {
-                        ids.insert(hash);
-                    }
-                }
-            }
-            None => {}
-        }
-    }
-
-    /// Whether a call under `key` is certainly not recorded.
-    fn lacks(&self, key: &StepKey) -> bool {
-        match CallKey::parse(key) {
-            Some(CallKey::Position(turn)) => self.max_turn.is_none_or(|max| turn > max),
-            Some(CallKey::Id(hash)) => self.ids.as_ref().is_some_and(|ids| !ids.contains(&hash)),
-            None => false,
-        }
-    }
-}
-
-/// A call's key as this view tells calls apart.
-enum CallKey {
-    Position(u32),
-    Id(u64),
-}
-
-impl CallKey {
-    fn parse(key: &StepKey) -> Option<CallKey> {
-        let text = key.as_str();
-        if let Some(id) = text.strip_prefix("id:") {
-            // A fixed hasher: two ids that collide only send a turn to the database.
-            let mut hasher = DefaultHasher::new();
-            id.hash(&mut hasher);
-            return Some(CallKey::Id(hasher.finish()));
-        }
-        let (turn, position) = text.strip_prefix('t')?.split_once("/p")?;
-        position.parse::<u32>().ok()?;
-        turn.parse().ok().map(CallKey::Position)
+        256 + self.run.input.len() + self.recorded.bytes()
     }
 }
 
@@ -110,8 +57,7 @@ impl LiveRuns {
         for run in born {
             let live = Live {
                 run,
-                max_turn: None,
-                ids: Some(HashSet::new()),
+                recorded: RecordedKeys::new(MAX_IDS),
                 used: inner.clock,
             };
             inner.bytes += live.bytes();
@@ -141,7 +87,7 @@ impl LiveRuns {
             for item in events {
                 live.run.last_seq = live.run.last_seq.max(item.event.seq);
                 if let Some(step) = &item.step {
-                    live.recorded(&step.key);
+                    live.recorded.record(&step.key);
                 }
             }
             inner.bytes = (inner.bytes + live.bytes()).saturating_sub(before);
@@ -160,7 +106,9 @@ impl LiveRuns {
         let clock = inner.clock;
         let live = inner.runs.get_mut(run)?;
         live.used = clock;
-        keys.into_iter().any(|key| live.lacks(key)).then(|| live.run.clone())
+        keys.into_iter()
+            .any(|key| live.recorded.lacks_call(key))
+            .then(|| live.run.clone())
     }
 
     /// How many runs are held (for tests).

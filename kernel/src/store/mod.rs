@@ -13,6 +13,7 @@ mod lock;
 mod ops;
 pub mod postgres;
 mod reads;
+mod recorded;
 mod rows;
 mod schema;
 mod sql;
