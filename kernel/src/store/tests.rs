@@ -341,7 +341,7 @@ async fn a_turn_hands_out_its_safe_started_calls_before_it_commits(f: Fixture) {
     let CallDisposition::Started(started) = &recorded.calls[0] else {
         panic!("expected started, got {:?}", recorded.calls[0]);
     };
-    assert_eq!(steps, [started.clone()], "only the safe call, as recorded");
+    assert_eq!(steps, std::slice::from_ref(started), "only the safe call, as recorded");
     assert!(
         matches!(&recorded.calls[1], CallDisposition::Started(step) if step.dispatch_id.as_deref() == Some("d2")),
         "the at_most_once call started too, and goes out once its start is durable: {:?}",
