@@ -1,6 +1,7 @@
 //! Read-only queries, served by a small pool of read-only connections on blocking threads so the
 //! writer is never in the way of a reader (WAL).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use rusqlite::OpenFlags;
@@ -11,7 +12,7 @@ use super::live::LiveRuns;
 use super::rows::{self, APPROVAL_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS};
 use crate::error::KernelError;
 use crate::model::{
-    ApprovalRecord, ApprovalStatus, EventRecord, RunId, RunRecord, RunStatus, StepRecord, ToolDef, ToolOptions,
+    ApprovalRecord, ApprovalStatus, EventRecord, RunId, RunRecord, RunStatus, StepKey, StepRecord, ToolDef, ToolOptions,
 };
 
 /// A pool of reading connections.
@@ -233,19 +234,11 @@ impl Readers {
         .await
     }
 
-    /// The steps of `id` under these keys, those it has: a stream that missed signals re-reads its
-    /// own calls, however many steps the run has.
-    pub async fn steps_at(&self, id: RunId, keys: Vec<crate::model::StepKey>) -> Result<Vec<StepRecord>, KernelError> {
-        self.with(move |conn| {
-            conn.snapshot(|| {
-                let mut steps = Vec::with_capacity(keys.len());
-                for key in &keys {
-                    steps.extend(rows::load_step(&conn, &id, key)?);
-                }
-                Ok(steps)
-            })
-        })
-        .await
+    /// The steps of `id` under these keys, those it has, in no particular order: a stream that
+    /// missed signals re-reads its own calls, however many steps the run has.
+    pub async fn steps_at(&self, id: RunId, keys: Vec<StepKey>) -> Result<Vec<StepRecord>, KernelError> {
+        self.with(move |conn| conn.snapshot(|| rows::load_steps(&conn, &id, &keys)))
+            .await
     }
 
     pub async fn runs(&self, filter: RunFilter) -> Result<Vec<RunRecord>, KernelError> {
@@ -316,9 +309,14 @@ impl Readers {
                 let Some(record) = rows::load_run(&conn, &run)? else {
                     return Ok((None, None));
                 };
+                let mut found: HashMap<StepKey, StepRecord> =
+                    rows::load_steps(&conn, &run, calls.iter().map(|(key, _)| key))?
+                        .into_iter()
+                        .map(|step| (step.key.clone(), step))
+                        .collect();
                 let mut steps = Vec::with_capacity(calls.len());
                 for (key, hash) in &calls {
-                    match rows::load_step(&conn, &run, key)? {
+                    match found.remove(key) {
                         Some(step) if step.status.is_terminal() && step.call_hash == *hash => steps.push(step),
                         _ => return Ok((Some(record), None)),
                     }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::sql::{Connection, Error, OptionalExtension, Result, Row, params};
+use super::sql::{Connection, Dialect, Error, OptionalExtension, Result, Row, params};
 
 use crate::model::{ApprovalRecord, EventRecord, RunId, RunRecord, StepKey, StepRecord};
 
@@ -189,6 +189,26 @@ pub fn load_step(conn: &Connection<'_>, run: &RunId, key: &StepKey) -> Result<Op
     ))?
     .query_row(params![run.as_str(), key.as_str()], step_from_row)
     .optional()
+}
+
+/// The steps of `run` under `keys`, in one statement and in no particular order; a key with no
+/// step has no row.
+pub fn load_steps<'k>(
+    conn: &Connection<'_>,
+    run: &RunId,
+    keys: impl IntoIterator<Item = &'k StepKey>,
+) -> Result<Vec<StepRecord>> {
+    let keys: Vec<&str> = keys.into_iter().map(StepKey::as_str).collect();
+    let keys = serde_json::to_string(&keys).expect("a list of strings serializes");
+    let listed = match conn.dialect() {
+        Dialect::Sqlite => "SELECT value FROM json_each(?2)",
+        Dialect::Postgres => "SELECT jsonb_array_elements_text(CAST(CAST(?2 AS TEXT) AS jsonb))",
+    };
+    conn.prepare_cached(&format!(
+        "SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ?1 AND step_key IN ({listed})"
+    ))?
+    .query_map(params![run.as_str(), keys], step_from_row)?
+    .collect()
 }
 
 /// The step a dispatch holds, with its run's last event number (so the writer numbers the event
