@@ -1818,79 +1818,97 @@ mod tests {
             .expect("the session's channel is open")
     }
 
-    /// A call sent before its start committed is not sent again when its turn's write comes back;
-    /// if that write failed instead, its worker is told to stop, and the slot comes back once it
-    /// answers.
-    #[tokio::test]
-    async fn a_call_sent_before_its_start_committed_goes_out_once_and_is_cancelled_if_the_commit_fails() {
-        let (_dir, store, _writer, run) = store_with_run().await;
+    /// A scheduler with one worker of one slot, and the call of [`one_call`] recorded as started
+    /// on that slot, its turn's write not yet answered.
+    async fn started_on_its_slot() -> (Fixture, Reservation, StepRecord) {
+        let (dir, store, writer, run) = store_with_run().await;
         let shutdown = CancellationToken::new();
         let scheduler = Scheduler::spawn(SchedulerConfig::default(), store.clone(), shutdown.clone());
-        let (_session, mut orders) = join_one_slot(&scheduler).await;
-
+        let (_, orders) = join_one_slot(&scheduler).await;
         let reservation = reserve_one(&scheduler, &run).await;
-        let start = reservation.start.clone();
-        let turn = store.schedule_turn(one_call(&run, Some(start.clone()))).await.unwrap();
+        let turn = store
+            .schedule_turn(one_call(&run, Some(reservation.start.clone())))
+            .await
+            .unwrap();
         let crate::store::CallDisposition::Started(step) = &turn[0] else {
             panic!("expected started, got {:?}", turn[0]);
         };
-        scheduler.dispatch_early(std::slice::from_ref(&reservation))(vec![step.clone()]);
-        let Outbound::Dispatch(order) = next_order(&mut orders).await else {
+        let fixture = Fixture {
+            _store: (dir, writer),
+            scheduler,
+            orders,
+            shutdown,
+        };
+        (fixture, reservation, step.clone())
+    }
+
+    struct Fixture {
+        _store: (tempfile::TempDir, crate::store::WriterThread),
+        scheduler: Scheduler,
+        orders: mpsc::UnboundedReceiver<Outbound>,
+        shutdown: CancellationToken,
+    }
+
+    /// A call sent before its start committed is not sent again when its turn's write comes back.
+    #[tokio::test]
+    async fn a_call_sent_before_its_start_committed_goes_out_once() {
+        let (mut f, reservation, step) = started_on_its_slot().await;
+        let start = reservation.start.clone();
+        f.scheduler.dispatch_early(&[reservation])(vec![step.clone()]);
+        let Outbound::Dispatch(order) = next_order(&mut f.orders).await else {
             panic!("expected a dispatch")
         };
         assert_eq!(
             (order.dispatch_id.as_str(), order.attempt),
             (start.dispatch_id.as_str(), 1)
         );
-        scheduler.reserved(vec![(start.clone(), Some(step.clone()))]);
-        assert_eq!(scheduler.gauges().await.unwrap().leased, 1, "the lease runs");
-        assert!(orders.try_recv().is_err(), "the turn's answer sends nothing more");
-        scheduler.settled(start.dispatch_id.clone(), 1);
-        assert_eq!(scheduler.gauges().await.unwrap().leased, 0);
+        f.scheduler.reserved(vec![(start.clone(), Some(step))]);
+        assert_eq!(f.scheduler.gauges().await.unwrap().leased, 1, "the lease runs");
+        assert!(f.orders.try_recv().is_err(), "the turn's answer sends nothing more");
+        f.scheduler.settled(start.dispatch_id, 1);
+        assert_eq!(f.scheduler.gauges().await.unwrap().leased, 0);
+        f.shutdown.cancel();
+    }
 
-        let reservation = reserve_one(&scheduler, &run).await;
-        let mut sent = step.clone();
-        sent.dispatch_id = Some(reservation.start.dispatch_id.clone());
-        scheduler.dispatch_early(std::slice::from_ref(&reservation))(vec![sent]);
-        assert!(matches!(next_order(&mut orders).await, Outbound::Dispatch(_)));
-        scheduler.reserved(vec![(reservation.start.clone(), None)]);
-        let Outbound::Cancel { dispatch_id, .. } = next_order(&mut orders).await else {
+    /// A call sent before its start committed, whose turn's write then failed, is recorded nowhere:
+    /// its worker is told to stop, and the slot comes back once it answers.
+    #[tokio::test]
+    async fn a_call_sent_before_a_commit_that_failed_is_cancelled() {
+        let (mut f, reservation, step) = started_on_its_slot().await;
+        let start = reservation.start.clone();
+        f.scheduler.dispatch_early(&[reservation])(vec![step]);
+        assert!(matches!(next_order(&mut f.orders).await, Outbound::Dispatch(_)));
+        f.scheduler.reserved(vec![(start.clone(), None)]);
+        let Outbound::Cancel { dispatch_id, .. } = next_order(&mut f.orders).await else {
             panic!("expected the worker told to stop")
         };
-        assert_eq!(dispatch_id, reservation.start.dispatch_id);
+        assert_eq!(dispatch_id, start.dispatch_id);
         assert_eq!(
-            scheduler.gauges().await.unwrap().leased,
+            f.scheduler.gauges().await.unwrap().leased,
             1,
             "the slot is held until the worker answers"
         );
-        scheduler.settled(dispatch_id, 1);
-        assert_eq!(scheduler.gauges().await.unwrap().leased, 0);
-        shutdown.cancel();
+        f.scheduler.settled(dispatch_id, 1);
+        assert_eq!(f.scheduler.gauges().await.unwrap().leased, 0);
+        f.shutdown.cancel();
     }
 
     /// A call sent before its start committed may be answered, and its slot given back, before its
     /// turn's write comes back: that answer then neither sends it again nor holds a lease.
     #[tokio::test]
     async fn a_call_settled_before_its_turn_s_write_came_back_is_done() {
-        let (_dir, store, _writer, run) = store_with_run().await;
-        let shutdown = CancellationToken::new();
-        let scheduler = Scheduler::spawn(SchedulerConfig::default(), store.clone(), shutdown.clone());
-        let (_session, mut orders) = join_one_slot(&scheduler).await;
-        let reservation = reserve_one(&scheduler, &run).await;
+        let (mut f, reservation, step) = started_on_its_slot().await;
         let start = reservation.start.clone();
-        let turn = store.schedule_turn(one_call(&run, Some(start.clone()))).await.unwrap();
-        let crate::store::CallDisposition::Started(step) = &turn[0] else {
-            panic!("expected started, got {:?}", turn[0]);
-        };
-        scheduler.dispatch_early(&[reservation])(vec![step.clone()]);
-        assert!(matches!(next_order(&mut orders).await, Outbound::Dispatch(_)));
-        scheduler.settled(start.dispatch_id.clone(), 1);
-        scheduler.reserved(vec![(start, Some(step.clone()))]);
-        assert_eq!(scheduler.gauges().await.unwrap().leased, 0);
-        assert!(orders.try_recv().is_err(), "nothing sent again");
-        let again = reserve_one(&scheduler, &run).await;
+        f.scheduler.dispatch_early(&[reservation])(vec![step.clone()]);
+        assert!(matches!(next_order(&mut f.orders).await, Outbound::Dispatch(_)));
+        f.scheduler.settled(start.dispatch_id.clone(), 1);
+        f.scheduler.reserved(vec![(start.clone(), Some(step))]);
+        assert_eq!(f.scheduler.gauges().await.unwrap().leased, 0);
+        assert!(f.orders.try_recv().is_err(), "nothing sent again");
+        let run = start.run_id;
+        let again = reserve_one(&f.scheduler, &run).await;
         assert_eq!(again.start.attempt, 1, "the slot is free for the next call");
-        shutdown.cancel();
+        f.shutdown.cancel();
     }
 
     #[tokio::test]
