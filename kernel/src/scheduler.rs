@@ -322,8 +322,9 @@ impl Scheduler {
     }
 
     /// What became of reserved slots once the turn was written: a call started on its slot goes to
-    /// its worker; a slot whose call did not start (gated, settled at once, or the write failed) is
-    /// given back.
+    /// its worker, unless the writer sent it before the commit ([`Scheduler::dispatch_early`]); a
+    /// slot whose call did not start (gated, settled at once, or the write failed) is given back,
+    /// and a call sent before a write that failed is cancelled on its worker.
     pub fn reserved(&self, outcome: Vec<(StartDispatch, Option<StepRecord>)>) {
         if !outcome.is_empty() {
             self.send(Msg::Reserved(outcome));

@@ -33,6 +33,7 @@ impl Scheduler {
     /// What the writer runs, before the commit of a turn that started calls on `reservations`,
     /// with those of them that may go out then: each is sent to its reserved worker at once.
     pub fn dispatch_early(&self, reservations: &[Reservation]) -> EarlyDispatch {
+        // The writer started each call on the dispatch reserved for it, under the call's key.
         let slots: HashMap<StepKey, (String, mpsc::UnboundedSender<Outbound>)> = reservations
             .iter()
             .map(|r| (r.start.key.clone(), (r.start.dispatch_id.clone(), r.outbound.clone())))
@@ -43,10 +44,6 @@ impl Scheduler {
                 let Some((dispatch_id, outbound)) = slots.get(&step.key) else {
                     continue;
                 };
-                // Started on another dispatch than the reserved one: the turn's answer deals with it.
-                if step.dispatch_id.as_deref() != Some(dispatch_id.as_str()) {
-                    continue;
-                }
                 // The scheduler hears first: the lease runs, and the turn's answer, queued after
                 // this, finds it sent. A session already gone drops the order; its lease is lost
                 // when the turn's answer finds it missing.
