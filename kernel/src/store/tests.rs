@@ -1654,6 +1654,94 @@ async fn a_turn_refused_after_it_wrote_is_forgotten_whole(fx: Fixture) {
 
 on_both_stores!(a_turn_refused_after_it_wrote_is_forgotten_whole);
 
+/// Sends a store request's command without waiting for its answer, to be awaited later.
+async fn queued<F: std::future::Future + Unpin>(mut request: F) -> F {
+    assert!(
+        futures_util::poll!(&mut request).is_pending(),
+        "the writer is held: nothing is answered yet"
+    );
+    request
+}
+
+/// Commands that share a batch refuse alone. A turn refused before it wrote (over its run's
+/// limit) leaves its batch-mates' writes standing, on either store. On SQLite a turn refused after
+/// it wrote (its call's resource instance is held) runs without a savepoint, so it undoes the
+/// commands applied before it in the batch, which hear why; the commands after it, and the
+/// refused ones, keep their own answers, and nothing of an undone command stays behind.
+async fn a_batch_s_commands_keep_their_answers_when_one_fails_after_it_wrote(f: Fixture) {
+    let holder = locked_call(&f, "git", Idempotency::SafeToRetry, "d1").await;
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        runs.push(f.store.create_run(new_run(None, 0)).await.unwrap().0);
+    }
+    let add = || call(0, 0, Some(tool("add", Idempotency::SafeToRetry)), "add", "{}");
+
+    // The writer is held inside a batch, so what follows is queued and applied as one batch.
+    let (entered, is_entered) = tokio::sync::oneshot::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let early: EarlyDispatch = Box::new(move |_| {
+        entered.send(()).unwrap();
+        released.recv().unwrap();
+    });
+    let mut holding = add();
+    holding.start = Some(slot(&runs[0].id, holding.key.clone(), "d2"));
+    let held = tokio::spawn({
+        let store = f.store.clone();
+        let plan = plan(&runs[0].id, 0, vec![holding]);
+        async move { store.record_turn_dispatching(plan, early).await }
+    });
+    is_entered.await.unwrap();
+
+    let before = queued(Box::pin(f.store.schedule_turn(plan(&runs[1].id, 0, vec![add()])))).await;
+    let mut over = plan(&runs[2].id, 0, vec![add()]);
+    over.max_pending_calls = 0;
+    let over_limit = queued(Box::pin(f.store.schedule_turn(over))).await;
+    let mut locked = call(0, 0, Some(tool("git", Idempotency::SafeToRetry)), "git", "{}");
+    locked.resources = vec!["repo:acme".into()];
+    locked.start = Some(slot(&runs[3].id, locked.key.clone(), "d3"));
+    let after_writing = queued(Box::pin(f.store.schedule_turn(plan(&runs[3].id, 0, vec![locked])))).await;
+    let after = queued(Box::pin(f.store.schedule_turn(plan(&runs[4].id, 0, vec![add()])))).await;
+    let result = queued(Box::pin(f.store.record_result(returned("d1", "{}")))).await;
+    release.send(()).unwrap();
+    held.await.unwrap().unwrap();
+
+    let sqlite = f._postgres.is_none();
+    match before.await {
+        Err(error) if sqlite => assert!(error.to_string().contains("undone with its batch"), "{error}"),
+        answer => assert!(answer.is_ok(), "a savepoint keeps it on PostgreSQL: {answer:?}"),
+    }
+    assert!(matches!(over_limit.await, Err(KernelError::LimitExceeded { .. })));
+    let refused = after_writing.await.unwrap_err();
+    assert!(refused.to_string().contains(&holder.key.to_string()), "{refused}");
+    assert!(matches!(
+        scheduled(&after.await.unwrap()[0]).status,
+        StepStatus::Pending
+    ));
+    assert_eq!(result.await.unwrap().unwrap().status, StepStatus::Succeeded);
+
+    let steps = |run: usize| f.store.reads.steps(runs[run].id.clone());
+    assert_eq!(
+        steps(1).await.unwrap().len(),
+        usize::from(!sqlite),
+        "an undone turn leaves no step"
+    );
+    assert!(steps(2).await.unwrap().is_empty());
+    assert!(steps(3).await.unwrap().is_empty());
+    assert_eq!(steps(4).await.unwrap().len(), 1);
+    assert_eq!(
+        step_again(&f, &holder.run_id, &holder.key).await.status,
+        StepStatus::Succeeded
+    );
+    // The writer forgot what the undone commands had told it: the runs go on without gaps.
+    for run in &runs[1..] {
+        let again = f.store.schedule_turn(plan(&run.id, 0, vec![add()])).await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_gap_free(&events(&f.store, &run.id).await);
+    }
+}
+
+on_both_stores!(a_batch_s_commands_keep_their_answers_when_one_fails_after_it_wrote);
+
 /// Two replicas' writers on one database: what one remembers of a call stops counting once the
 /// other commits, so a call the other started is not started again here.
 #[tokio::test]

@@ -1,8 +1,10 @@
 //! The one writer thread. It owns the only write connection, takes typed commands over a
 //! channel, applies everything queued as one transaction (group commit), and answers each command
 //! only after the commit, so a reply always means "committed" and, but for a command that only
-//! starts `safe_to_retry` calls (see [`super::sync`]), "durable". Each command of a batch of
-//! several runs under its own savepoint: one refused command does not undo its batch-mates.
+//! starts `safe_to_retry` calls (see [`super::sync`]), "durable". One refused command does not
+//! undo its batch-mates: each command of a batch of several runs under its own savepoint, but
+//! for the hot path's turns and results on SQLite, which refuse before they write and so need
+//! none (see [`Isolation`]).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -102,6 +104,14 @@ impl Command {
             self,
             Command::RegisterTools(..) | Command::ForgetTools(..) | Command::RegisterAgents(..)
         )
+    }
+
+    /// Whether the command refuses only before its first write, so it can run without a
+    /// savepoint of its own. A turn's refusals (an unknown run, a fence, a limit) and a result's
+    /// (a stale attempt) are all decided by reads; the one exception, a turn whose call finds its
+    /// resource instance locked by another kernel on the file, is caught by counting changes.
+    fn decides_before_writing(&self) -> bool {
+        matches!(self, Command::ScheduleTurn(..) | Command::RecordResult(..))
     }
 }
 
@@ -221,56 +231,79 @@ impl WriteConn {
         }
     }
 
-    /// Opens command `index`'s savepoint; on PostgreSQL it goes out with the command's first
-    /// statement. A SQLite batch of one command needs none: undoing it is rolling back the
-    /// transaction (a savepoint costs two statements and a journal of the pages it changes).
-    fn savepoint(&self, index: usize, alone: bool) -> Result<(), String> {
+    /// How command `index` of a batch of `commands` is kept apart from its batch-mates.
+    fn isolation(&self, command: &Command, (index, commands): (usize, usize)) -> Isolation {
         match self {
-            WriteConn::Sqlite(..) if alone => Ok(()),
-            WriteConn::Sqlite(..) => self.batch(SAVEPOINT),
-            WriteConn::Postgres { conn, .. } => {
+            WriteConn::Sqlite(..) if commands == 1 => Isolation::Alone,
+            WriteConn::Sqlite(conn, ..) if command.decides_before_writing() => {
+                Isolation::Unguarded(conn.total_changes())
+            }
+            WriteConn::Sqlite(..) => Isolation::Savepoint,
+            WriteConn::Postgres { .. } => Isolation::Command(index),
+        }
+    }
+
+    /// Opens the command's savepoint, if it has one; on PostgreSQL it goes out with the
+    /// command's first statement.
+    fn savepoint(&self, isolation: Isolation) -> Result<(), String> {
+        match (self, isolation) {
+            (WriteConn::Sqlite(..), Isolation::Savepoint) => self.batch(SAVEPOINT),
+            (WriteConn::Postgres { conn, .. }, Isolation::Command(index)) => {
                 conn.begin_command(index);
                 Ok(())
             }
+            _ => Ok(()),
         }
     }
 
     /// Ends a command that succeeded. On SQLite its writes are done; on PostgreSQL its release
     /// goes out with the next statement waited for, and a write of it that fails then undoes it
     /// alone ([`WriteConn::undone`]).
-    fn release(&self, alone: bool) -> Result<(), String> {
-        match self {
-            WriteConn::Sqlite(..) if alone => Ok(()),
-            WriteConn::Sqlite(..) => {
+    fn release(&self, isolation: Isolation) -> Result<(), String> {
+        match (self, isolation) {
+            (WriteConn::Sqlite(..), Isolation::Savepoint) => {
                 let released = self.batch(RELEASE);
                 if released.is_err() {
-                    self.undo(false);
+                    self.undo(isolation);
                 }
                 released
             }
-            WriteConn::Postgres { conn, .. } => {
+            (WriteConn::Postgres { conn, .. }, _) => {
                 conn.end_command();
                 Ok(())
             }
+            _ => Ok(()),
         }
     }
 
     /// Undoes a command that failed (nothing to undo on the server if its savepoint never left).
-    fn undo(&self, alone: bool) {
-        match self {
+    /// An unguarded command that wrote cannot be undone alone: see [`Spoiled`].
+    fn undo(&self, isolation: Isolation) {
+        match (self, isolation) {
             // The batch goes on to commit an empty transaction, as a batch whose every command
             // was refused does.
-            WriteConn::Sqlite(..) if alone => {
-                let _ = self.batch("ROLLBACK");
-                let _ = self.batch("BEGIN IMMEDIATE");
-            }
-            WriteConn::Sqlite(..) => {
+            (WriteConn::Sqlite(..), Isolation::Alone | Isolation::Unguarded(_)) => self.restart(),
+            (WriteConn::Sqlite(..), _) => {
                 let _ = self.batch("ROLLBACK TO SAVEPOINT command");
                 let _ = self.batch(RELEASE);
             }
-            WriteConn::Postgres { conn, .. } => {
+            (WriteConn::Postgres { conn, .. }, _) => {
                 let _ = conn.undo_command();
             }
+        }
+    }
+
+    /// Rolls the SQLite transaction back and begins another.
+    fn restart(&self) {
+        let _ = self.batch("ROLLBACK");
+        let _ = self.batch("BEGIN IMMEDIATE");
+    }
+
+    /// Whether an unguarded command changed any row since it began.
+    fn wrote_since(&self, isolation: Isolation) -> bool {
+        match (self, isolation) {
+            (WriteConn::Sqlite(conn, ..), Isolation::Unguarded(before)) => conn.total_changes() != before,
+            _ => false,
         }
     }
 
@@ -359,6 +392,33 @@ const EXIT_SYNC_FAILED: i32 = 74;
 const SAVEPOINT: &str = "SAVEPOINT command";
 const RELEASE: &str = "RELEASE SAVEPOINT command";
 
+/// How a command of a batch is kept apart from its batch-mates, so a refused one undoes only
+/// itself.
+#[derive(Clone, Copy, Debug)]
+enum Isolation {
+    /// The batch's only command (SQLite): undoing it is rolling the transaction back.
+    Alone,
+    /// Under a savepoint (SQLite), which costs two statements and a journal in memory of every
+    /// page the command changes: a sixth of the writer's time under load.
+    Savepoint,
+    /// No savepoint, for a command that refuses before it writes (SQLite), with the connection's
+    /// count of changed rows when it began: a command that fails after writing anyway spoils its
+    /// batch ([`Spoiled`]).
+    Unguarded(u64),
+    /// Command `index` of a PostgreSQL batch, whose savepoint travels with its statements.
+    Command(usize),
+}
+
+/// An unguarded command failed after it wrote (a store error, or a refusal [`Command::
+/// decides_before_writing`] did not foresee): its writes cannot be undone without its
+/// batch-mates'. The writer rolls the transaction back and answers every command applied before
+/// it with the error, as when a commit fails; the commands after it go on in a new transaction.
+struct Spoiled {
+    /// The failed command, answered with its own error.
+    applied: Applied,
+    error: String,
+}
+
 /// What one command of a batch did, kept until the batch commits.
 struct Applied {
     responder: Responder,
@@ -368,6 +428,8 @@ struct Applied {
     sync: bool,
     /// Dropped unrun if the command's writes are undone.
     before_commit: Option<BeforeCommit>,
+    /// The command wrote nothing: its answer is its refusal, whatever happens to its batch.
+    refused: bool,
 }
 
 impl Applied {
@@ -378,31 +440,36 @@ impl Applied {
             waiting: Vec::new(),
             sync: false,
             before_commit: None,
+            refused: true,
         }
     }
 
     /// The command's writes were undone after all: its caller hears `error`, nobody its events.
+    /// A refused command keeps its own answer.
     fn undone(self, error: String) -> Self {
+        if self.refused {
+            return self;
+        }
         let responder = self.responder;
         Applied::refused(Box::new(move |_| responder(Some(&error))))
     }
 }
 
-/// Runs command `index` of the batch under a savepoint (unless it is `alone` in its batch); a
-/// refused command's rows and events are undone.
+/// Runs a command of the batch, kept apart as `isolation` says; a refused command's rows and
+/// events are undone.
 fn apply_isolated(
     (conn, cache): (&WriteConn, &RefCell<Cache>),
     (replica, now): (&str, i64),
-    (index, alone): (usize, bool),
+    isolation: Isolation,
     command: Command,
-) -> Applied {
+) -> Result<Applied, Spoiled> {
     cache.borrow_mut().begin_command();
     let undo = || {
-        conn.undo(alone);
+        conn.undo(isolation);
         cache.borrow_mut().undo_command();
     };
-    if let Err(error) = conn.savepoint(index, alone) {
-        return Applied::refused(fail_command(command, KernelError::Store(error)));
+    if let Err(error) = conn.savepoint(isolation) {
+        return Ok(Applied::refused(fail_command(command, KernelError::Store(error))));
     }
     let sql = conn.sql();
     let mut tx = Tx {
@@ -417,8 +484,19 @@ fn apply_isolated(
     let mut before_commit = None;
     let (responder, ok) = apply(&mut tx, command, &mut before_commit);
     if !ok {
-        undo();
-        return Applied::refused(responder);
+        if conn.wrote_since(isolation) {
+            return Err(Spoiled {
+                applied: Applied::refused(responder),
+                error: "a command was refused after it wrote".to_owned(),
+            });
+        }
+        if matches!(isolation, Isolation::Unguarded(_)) {
+            // It wrote nothing: only what the writer learned while deciding is forgotten.
+            cache.borrow_mut().undo_command();
+        } else {
+            undo();
+        }
+        return Ok(Applied::refused(responder));
     }
     let finished = tx.finish();
     let applied = Applied {
@@ -427,15 +505,50 @@ fn apply_isolated(
         published: tx.published,
         waiting: tx.waiting,
         before_commit,
+        refused: false,
     };
     // The command's answer was an outcome its writes did not keep.
     if let Err(error) = finished {
+        let error = error.to_string();
+        if matches!(isolation, Isolation::Unguarded(_)) {
+            return Err(Spoiled {
+                applied: applied.undone(error.clone()),
+                error,
+            });
+        }
         undo();
-        return applied.undone(error.to_string());
+        return Ok(applied.undone(error));
     }
-    if let Err(error) = conn.release(alone) {
+    if let Err(error) = conn.release(isolation) {
         cache.borrow_mut().undo_command();
-        return applied.undone(error);
+        return Ok(applied.undone(error));
+    }
+    Ok(applied)
+}
+
+/// Applies a batch's commands in order. A spoiled one rolls back the transaction (see
+/// [`Spoiled`]): the commands before it are answered its error, and the rest go on in a new
+/// transaction.
+fn apply_batch(
+    (conn, cache): (&WriteConn, &RefCell<Cache>),
+    (replica, now): (&str, i64),
+    batch: Vec<Command>,
+) -> Vec<Applied> {
+    let commands = batch.len();
+    let mut applied: Vec<Applied> = Vec::with_capacity(commands);
+    for (index, command) in batch.into_iter().enumerate() {
+        let isolation = conn.isolation(&command, (index, commands));
+        match apply_isolated((conn, cache), (replica, now), isolation, command) {
+            Ok(done) => applied.push(done),
+            Err(Spoiled { applied: failed, error }) => {
+                tracing::warn!(%error, undone = applied.len(), "a command failed after it wrote; its batch is undone");
+                conn.restart();
+                cache.borrow_mut().clear();
+                let message = format!("undone with its batch, in which another command failed after it wrote: {error}");
+                applied = applied.into_iter().map(|a| a.undone(message.clone())).collect();
+                applied.push(failed);
+            }
+        }
     }
     applied
 }
@@ -529,12 +642,7 @@ pub fn run(
         };
         cache.borrow_mut().check_epoch(epoch);
         let registry = batch.iter().any(Command::changes_registry);
-        let alone = batch.len() == 1;
-        let applied: Vec<Applied> = batch
-            .into_iter()
-            .enumerate()
-            .map(|(index, command)| apply_isolated((&conn, &cache), (replica, now), (index, alone), command))
-            .collect();
+        let applied = apply_batch((&conn, &cache), (replica, now), batch);
         let (mut undone, flush_error) = match conn.undone() {
             Ok(undone) => (undone.into_iter().collect::<HashMap<_, _>>(), None),
             Err(error) => (HashMap::new(), Some(error)),
