@@ -826,12 +826,11 @@ fn settle_approval(
 }
 
 pub fn note_replays(tx: &mut Tx<'_>, run: &RunId, keys: &[StepKey]) -> Result<()> {
-    let mut bump = tx
-        .conn
-        .prepare_cached("UPDATE steps SET replays = replays + 1 WHERE run_id = ?1 AND step_key = ?2")?;
-    for key in keys {
-        bump.execute(params![run.as_str(), key.as_str()])?;
-    }
+    let (listed, keys) = rows::key_list(tx.conn, keys);
+    tx.conn.write(
+        &format!("UPDATE steps SET replays = replays + 1 WHERE run_id = ?1 AND step_key IN ({listed})"),
+        params![run.as_str(), keys],
+    )?;
     tx.cache.borrow_mut().forget(run);
     Ok(())
 }

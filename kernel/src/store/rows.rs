@@ -198,17 +198,24 @@ pub fn load_steps<'k>(
     run: &RunId,
     keys: impl IntoIterator<Item = &'k StepKey>,
 ) -> Result<Vec<StepRecord>> {
+    let (listed, keys) = key_list(conn, keys);
+    conn.prepare_cached(&format!(
+        "SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ?1 AND step_key IN ({listed})"
+    ))?
+    .query_map(params![run.as_str(), keys], step_from_row)?
+    .collect()
+}
+
+/// Step keys as one argument, `?2`, with the subquery that lists them: a statement over many
+/// keys is prepared once and run once, whatever their number.
+pub fn key_list<'k>(conn: &Connection<'_>, keys: impl IntoIterator<Item = &'k StepKey>) -> (&'static str, String) {
     let keys: Vec<&str> = keys.into_iter().map(StepKey::as_str).collect();
     let keys = serde_json::to_string(&keys).expect("a list of strings serializes");
     let listed = match conn.dialect() {
         Dialect::Sqlite => "SELECT value FROM json_each(?2)",
         Dialect::Postgres => "SELECT jsonb_array_elements_text(CAST(CAST(?2 AS TEXT) AS jsonb))",
     };
-    conn.prepare_cached(&format!(
-        "SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ?1 AND step_key IN ({listed})"
-    ))?
-    .query_map(params![run.as_str(), keys], step_from_row)?
-    .collect()
+    (listed, keys)
 }
 
 /// The step a dispatch holds, with its run's last event number (so the writer numbers the event

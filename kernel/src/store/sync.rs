@@ -8,7 +8,8 @@
 //! agent's next submission of the turn runs again with the same idempotency keys, the promise of
 //! that mode. A turn's `safe_to_retry` calls go out even before that commit, once the write has
 //! decided them ([`dispatches_before_commit`]), so a call's critical path holds one commit and one
-//! sync, its result's. The log stays in order: a later commit that syncs makes every commit before
+//! sync, its result's. Nor does a count of replays: the results it counts were durable before
+//! they were served, and nobody waits for it. The log stays in order: a later commit that syncs makes every commit before
 //! it durable too (the write-ahead log is written in order, and one sync covers all of it), so a
 //! result is never durable while its start is not.
 

@@ -744,6 +744,20 @@ async fn a_resubmitted_turn_replays_joins_or_diverges(f: Fixture) {
     assert!(matches!(again[1], CallDisposition::Joined(_)));
     let stored = f.store.reads.steps(run.id.clone()).await.unwrap();
     assert_eq!(stored[0].replays, 1, "the replay is counted in the store");
+    // A turn served from a read counts its replays in one write nobody waits for; the writer
+    // applies commands in order, so the next answered write follows it.
+    let missing = StepKey::for_call(0, 9, None);
+    f.store.note_replays(
+        run.id.clone(),
+        vec![stored[0].key.clone(), stored[1].key.clone(), missing],
+    );
+    f.store.register_tools(Vec::new()).await.unwrap();
+    let counted = f.store.reads.steps(run.id.clone()).await.unwrap();
+    assert_eq!(
+        counted.iter().map(|s| s.replays).collect::<Vec<_>>(),
+        [2, 1],
+        "each step named is counted once; a key with no step is passed over"
+    );
     let changed = f
         .store
         .schedule_turn(plan(

@@ -106,6 +106,13 @@ impl Command {
         )
     }
 
+    /// Whether the command only counts something already durable, so its commit need not wait
+    /// for the disk: a replay count lost to a power cut loses nothing anyone was told (the
+    /// results it counts were durable before they were served). See [`super::sync`].
+    fn only_counts(&self) -> bool {
+        matches!(self, Command::NoteReplays(..))
+    }
+
     /// Whether the command refuses only before its first write, so it can run without a
     /// savepoint of its own. A turn's refusals (an unknown run, a fence, a limit) and a result's
     /// (a stale attempt) are all decided by reads; the one exception, a turn whose call finds its
@@ -482,6 +489,7 @@ fn apply_isolated(
         cache,
     };
     let mut before_commit = None;
+    let only_counts = command.only_counts();
     let (responder, ok) = apply(&mut tx, command, &mut before_commit);
     if !ok {
         if conn.wrote_since(isolation) {
@@ -500,7 +508,7 @@ fn apply_isolated(
     }
     let finished = tx.finish();
     let applied = Applied {
-        sync: must_sync(&tx.published),
+        sync: !only_counts && must_sync(&tx.published),
         responder,
         published: tx.published,
         waiting: tx.waiting,
