@@ -1756,6 +1756,38 @@ async fn a_batch_s_commands_keep_their_answers_when_one_fails_after_it_wrote(f: 
 
 on_both_stores!(a_batch_s_commands_keep_their_answers_when_one_fails_after_it_wrote);
 
+/// A turn's count of calls reaches the run's row in the turn's commit, in the statement that
+/// writes the run's last event number: the database holds what the writer counts, and a turn
+/// past `max_tool_calls` is refused by a writer that holds the run as by one that must read it.
+async fn a_turn_s_count_of_calls_is_in_the_run_row_when_it_commits(f: Fixture) {
+    let (run, _) = f.store.create_run(new_run(None, 3)).await.unwrap();
+    let add = tool("add", Idempotency::SafeToRetry);
+    let calls = |turn: u32, n: u32| {
+        (0..n)
+            .map(|p| call(turn, p, Some(add.clone()), "add", &format!(r#"{{"a":{p}}}"#)))
+            .collect::<Vec<_>>()
+    };
+    f.store.schedule_turn(plan(&run.id, 0, calls(0, 2))).await.unwrap();
+    let stored = f.store.reads.run(run.id.clone()).await.unwrap().unwrap();
+    assert_eq!(stored.tool_calls, 2, "the row counts the turn's calls");
+    assert_eq!(stored.last_seq, events(&f.store, &run.id).await.last().unwrap().seq);
+
+    let over = f.store.schedule_turn(plan(&run.id, 1, calls(1, 2))).await.unwrap();
+    let limited = over
+        .iter()
+        .filter(|d| matches!(d, CallDisposition::Settled(s) if s.error.as_deref().is_some_and(|e| e.starts_with("max_tool_calls"))))
+        .count();
+    assert_eq!(
+        limited, 1,
+        "the third call runs, the fourth is past the limit: {over:?}"
+    );
+    let stored = f.store.reads.run(run.id.clone()).await.unwrap().unwrap();
+    assert_eq!(stored.tool_calls, 3, "a call refused for the limit is not counted");
+    assert_eq!(stored.last_seq, events(&f.store, &run.id).await.last().unwrap().seq);
+}
+
+on_both_stores!(a_turn_s_count_of_calls_is_in_the_run_row_when_it_commits);
+
 /// Two replicas' writers on one database: what one remembers of a call stops counting once the
 /// other commits, so a call the other started is not started again here.
 #[tokio::test]
