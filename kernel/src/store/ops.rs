@@ -1,6 +1,6 @@
-//! The write operations. Each runs inside the writer's batch transaction (under its own
-//! savepoint), changes projections and appends the events that explain the change, so state and
-//! log commit together or not at all.
+//! The write operations. Each runs inside the writer's batch transaction (kept apart from its
+//! batch-mates, see `writer::Isolation`), changes projections and appends the events that explain
+//! the change, so state and log commit together or not at all.
 
 use super::sql::{self, Connection, OptionalExtension, ToArg, params};
 use serde_json::Value;
