@@ -406,7 +406,7 @@ enum Isolation {
     /// The batch's only command (SQLite): undoing it is rolling the transaction back.
     Alone,
     /// Under a savepoint (SQLite), which costs two statements and a journal in memory of every
-    /// page the command changes: a sixth of the writer's time under load.
+    /// page the command changes: an eighth of the writer's time under load, measured with `perf`.
     Savepoint,
     /// No savepoint, for a command that refuses before it writes (SQLite), with the connection's
     /// count of changed rows when it began: a command that fails after writing anyway spoils its
