@@ -1843,6 +1843,18 @@ mod tests {
         (fixture, reservation, step.clone())
     }
 
+    /// [`started_on_its_slot`], and the call sent by the writer before its turn's commit: the order
+    /// its worker received, with the slot it was reserved.
+    async fn sent_early() -> (Fixture, StartDispatch, StepRecord, Box<DispatchOrder>) {
+        let (mut f, reservation, step) = started_on_its_slot().await;
+        let start = reservation.start.clone();
+        f.scheduler.dispatch_early(&[reservation])(vec![step.clone()]);
+        let Outbound::Dispatch(order) = next_order(&mut f.orders).await else {
+            panic!("expected a dispatch")
+        };
+        (f, start, step, order)
+    }
+
     struct Fixture {
         _store: (tempfile::TempDir, crate::store::WriterThread),
         scheduler: Scheduler,
@@ -1853,12 +1865,7 @@ mod tests {
     /// A call sent before its start committed is not sent again when its turn's write comes back.
     #[tokio::test]
     async fn a_call_sent_before_its_start_committed_goes_out_once() {
-        let (mut f, reservation, step) = started_on_its_slot().await;
-        let start = reservation.start.clone();
-        f.scheduler.dispatch_early(&[reservation])(vec![step.clone()]);
-        let Outbound::Dispatch(order) = next_order(&mut f.orders).await else {
-            panic!("expected a dispatch")
-        };
+        let (mut f, start, step, order) = sent_early().await;
         assert_eq!(
             (order.dispatch_id.as_str(), order.attempt),
             (start.dispatch_id.as_str(), 1)
@@ -1875,10 +1882,7 @@ mod tests {
     /// its worker is told to stop, and the slot comes back once it answers.
     #[tokio::test]
     async fn a_call_sent_before_a_commit_that_failed_is_cancelled() {
-        let (mut f, reservation, step) = started_on_its_slot().await;
-        let start = reservation.start.clone();
-        f.scheduler.dispatch_early(&[reservation])(vec![step]);
-        assert!(matches!(next_order(&mut f.orders).await, Outbound::Dispatch(_)));
+        let (mut f, start, _, _) = sent_early().await;
         f.scheduler.reserved(vec![(start.clone(), None)]);
         let Outbound::Cancel { dispatch_id, .. } = next_order(&mut f.orders).await else {
             panic!("expected the worker told to stop")
@@ -1898,10 +1902,7 @@ mod tests {
     /// turn's write comes back: that answer then neither sends it again nor holds a lease.
     #[tokio::test]
     async fn a_call_settled_before_its_turn_s_write_came_back_is_done() {
-        let (mut f, reservation, step) = started_on_its_slot().await;
-        let start = reservation.start.clone();
-        f.scheduler.dispatch_early(&[reservation])(vec![step.clone()]);
-        assert!(matches!(next_order(&mut f.orders).await, Outbound::Dispatch(_)));
+        let (mut f, start, step, _) = sent_early().await;
         f.scheduler.settled(start.dispatch_id.clone(), 1);
         f.scheduler.reserved(vec![(start.clone(), Some(step))]);
         assert_eq!(f.scheduler.gauges().await.unwrap().leased, 0);

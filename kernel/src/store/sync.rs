@@ -9,9 +9,9 @@
 //! that mode. A turn's `safe_to_retry` calls go out even before that commit, once the write has
 //! decided them ([`dispatches_before_commit`]), so a call's critical path holds one commit and one
 //! sync, its result's. Nor does a count of replays: the results it counts were durable before
-//! they were served, and nobody waits for it. The log stays in order: a later commit that syncs makes every commit before
-//! it durable too (the write-ahead log is written in order, and one sync covers all of it), so a
-//! result is never durable while its start is not.
+//! they were served, and nobody waits for it. The log stays in order: a later commit that syncs
+//! makes every commit before it durable too (the write-ahead log is written in order, and one sync
+//! covers all of it), so a result is never durable while its start is not.
 
 use std::fs::File;
 use std::path::Path;

@@ -284,12 +284,14 @@ impl WriteConn {
     }
 
     /// Undoes a command that failed (nothing to undo on the server if its savepoint never left).
-    /// An unguarded command that wrote cannot be undone alone: see [`Spoiled`].
+    /// An unguarded command has nothing to undo once [`WriteConn::wrote_since`] says it wrote
+    /// nothing; one that wrote cannot be undone alone (see [`Spoiled`]).
     fn undo(&self, isolation: Isolation) {
         match (self, isolation) {
+            (WriteConn::Sqlite(..), Isolation::Unguarded(_)) => {}
             // The batch goes on to commit an empty transaction, as a batch whose every command
             // was refused does.
-            (WriteConn::Sqlite(..), Isolation::Alone | Isolation::Unguarded(_)) => self.restart(),
+            (WriteConn::Sqlite(..), Isolation::Alone) => self.restart(),
             (WriteConn::Sqlite(..), _) => {
                 let _ = self.batch("ROLLBACK TO SAVEPOINT command");
                 let _ = self.batch(RELEASE);
@@ -498,12 +500,7 @@ fn apply_isolated(
                 error: "a command was refused after it wrote".to_owned(),
             });
         }
-        if matches!(isolation, Isolation::Unguarded(_)) {
-            // It wrote nothing: only what the writer learned while deciding is forgotten.
-            cache.borrow_mut().undo_command();
-        } else {
-            undo();
-        }
+        undo();
         return Ok(Applied::refused(responder));
     }
     let finished = tx.finish();
