@@ -77,6 +77,15 @@ mod tests {
     }
 
     #[test]
+    fn the_allocator_keeps_one_arena() {
+        // Built in by `.cargo/config.toml`; a build that loses it grows the kernel's resident
+        // memory under load by an arena's pages per allocating thread.
+        if std::env::var_os("_RJEM_MALLOC_CONF").is_none() {
+            assert_eq!(tikv_jemalloc_ctl::opt::narenas::read().unwrap(), 1);
+        }
+    }
+
+    #[test]
     fn bytes_written_to_a_synced_file_are_counted() {
         let Some(before) = disk_write_bytes() else {
             // No I/O accounting (off Linux, or a kernel built without it): the status says 0.
