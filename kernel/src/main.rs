@@ -7,7 +7,8 @@ use tracing_subscriber::EnvFilter;
 
 /// jemalloc with its background thread hands pages freed after a burst of calls back to the system
 /// within seconds; glibc's malloc kept them (RSS stayed at three times its baseline after the load
-/// test, with 8 MB of it live).
+/// test, with 8 MB of it live). It serves C's `malloc` too (the workspace builds it unprefixed), so
+/// SQLite's page caches and row buffers are returned the same way.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
