@@ -294,6 +294,8 @@ impl Store {
         let writer_replica = replica.clone();
         let live = Arc::new(live::LiveRuns::default());
         let writer_live = live.clone();
+        let reads = Readers::open(&PathBuf::from(path), Some(live))?;
+        let idle_reads = reads.clone();
         let thread = std::thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || {
@@ -302,10 +304,10 @@ impl Store {
                     &writer_replica,
                     receiver,
                     (Some(&writer_live), move |published| hub.publish_committed(published)),
+                    move || idle_reads.release_memory(),
                 )
             })
             .map_err(|e| KernelError::Store(format!("cannot start the writer thread: {e}")))?;
-        let reads = Readers::open(&PathBuf::from(path), Some(live))?;
         Ok((
             Store {
                 commands,
@@ -347,6 +349,7 @@ impl Store {
                     &writer_replica,
                     receiver,
                     (None, move |published| hub.publish_committed(published)),
+                    || {},
                 )
             })
             .map_err(|e| KernelError::Store(format!("cannot start the writer thread: {e}")))?;

@@ -209,6 +209,22 @@ impl Readers {
         result
     }
 
+    /// Frees the page caches of the pooled SQLite connections. They leave the pool meanwhile, so
+    /// a read never waits on the pool's lock for it (one that finds the pool empty connects).
+    pub(super) fn release_memory(&self) {
+        let idle = std::mem::take(&mut *self.pool.0.lock().expect("reader pool poisoned"));
+        for conn in &idle {
+            if let ReadConn::Sqlite(conn) = conn
+                && let Err(error) = conn.release_memory()
+            {
+                tracing::debug!(%error, "store reader kept its page cache");
+            }
+        }
+        let mut pool = self.pool.0.lock().expect("reader pool poisoned");
+        let room = READERS.saturating_sub(pool.len());
+        pool.extend(idle.into_iter().take(room));
+    }
+
     /// Pooled connections left inside a transaction (for tests: a read must never leave one, or
     /// it would hold its snapshot, and the log, forever).
     #[cfg(test)]

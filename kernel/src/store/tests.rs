@@ -926,6 +926,39 @@ async fn a_turn_read_that_finds_the_database_locked_waits_off_the_runtime() {
     assert_eq!(reads.idle_in_transaction(), 0, "the refused read's transaction ended");
 }
 
+/// A kernel left idle gives back what SQLite kept for pages: the writer frees the pooled
+/// readers' page caches (through the allocator, jemalloc, which returns them to the system), and
+/// the connections stay pooled and read on.
+#[tokio::test(flavor = "current_thread")]
+async fn pooled_readers_give_back_their_page_caches() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.db");
+    let id = RunId::new();
+    let mut conn = rusqlite::Connection::open(&path).unwrap();
+    schema::migrate(&mut conn).unwrap();
+    schema::insert_bare_run(&conn, id.as_str()).unwrap();
+    conn.execute(
+        "INSERT INTO events (run_id, seq, type, schema_version, at, payload) \
+         WITH RECURSIVE n(seq) AS (SELECT 1 UNION ALL SELECT seq + 1 FROM n WHERE seq < 500) \
+         SELECT ?1, seq, 'run:created', 1, 0, printf('%.*c', 2000, 'x') FROM n",
+        [id.as_str()],
+    )
+    .unwrap();
+    let reads = Readers::open(&path, None).unwrap();
+    // A megabyte of rows read through the pool's one connection fills its page cache.
+    assert_eq!(reads.events(id.clone(), 1, 1000).await.unwrap().len(), 500);
+    let freed = tikv_jemalloc_ctl::thread::deallocatedp::read().unwrap();
+    let before = freed.get();
+    reads.release_memory();
+    let released = freed.get() - before;
+    assert!(released > 512 << 10, "freed {released} bytes of the reader's cache");
+    assert_eq!(
+        reads.events(id, 500, 10).await.unwrap().len(),
+        1,
+        "the connection reads on"
+    );
+}
+
 #[tokio::test]
 async fn the_store_survives_a_reopen() {
     let dir = tempfile::tempdir().unwrap();

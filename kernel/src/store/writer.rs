@@ -8,7 +8,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 
 use tokio::sync::oneshot;
 
@@ -227,6 +227,16 @@ impl WriteConn {
             **conn = reopened;
         }
         Ok(())
+    }
+
+    /// Frees the pages SQLite caches for this connection (read again from the file, or the
+    /// system's cache of it, when next needed); a PostgreSQL connection caches none here.
+    fn release_memory(&self) {
+        if let WriteConn::Sqlite(conn, ..) = self
+            && let Err(error) = conn.release_memory()
+        {
+            tracing::debug!(%error, "store writer kept its page cache");
+        }
     }
 
     /// Runs transaction control statements.
@@ -599,17 +609,37 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
     responder
 }
 
+/// How long the store goes without a command before the writer gives back the memory SQLite keeps
+/// for pages, its own connection's and (through `idle`) the pooled readers': up to 2 MB each, which
+/// a kernel left idle after a burst would otherwise hold for good.
+const IDLE_BEFORE_RELEASE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Blocks for the next command, running `idle` once whenever none comes for
+/// [`IDLE_BEFORE_RELEASE`]; `None` once every sender is gone.
+fn next_command(commands: &Receiver<Command>, conn: &WriteConn, idle: &impl Fn()) -> Option<Command> {
+    match commands.recv_timeout(IDLE_BEFORE_RELEASE) {
+        Ok(command) => Some(command),
+        Err(RecvTimeoutError::Disconnected) => None,
+        Err(RecvTimeoutError::Timeout) => {
+            conn.release_memory();
+            idle();
+            commands.recv().ok()
+        }
+    }
+}
+
 /// The writer loop: block for one command, take whatever else is queued, commit once, answer all.
 /// What each commit created and appended goes to `live` (when it is the only writer), then to
-/// `publish`, before any of its commands is answered.
+/// `publish`, before any of its commands is answered; `idle` runs when the store has gone quiet.
 pub fn run(
     mut conn: WriteConn,
     replica: &str,
     commands: Receiver<Command>,
     (live, publish): (Option<&LiveRuns>, impl Fn(Vec<Published>)),
+    idle: impl Fn(),
 ) {
     let cache = RefCell::new(Cache::default());
-    while let Ok(first) = commands.recv() {
+    while let Some(first) = next_command(&commands, &conn, &idle) {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match commands.try_recv() {
