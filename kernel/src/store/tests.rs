@@ -882,18 +882,25 @@ async fn concurrent_appends_keep_sequence_numbers_gap_free(f: Fixture) {
     assert_gap_free(&log);
 }
 
+/// A SQLite database, migrated, with one bare run in it, for tests that read it without a writer
+/// (`k.db` in the directory), and a connection to it.
+fn database_with_a_run() -> (tempfile::TempDir, RunId, rusqlite::Connection) {
+    let dir = tempfile::tempdir().unwrap();
+    let id = RunId::new();
+    let mut conn = rusqlite::Connection::open(dir.path().join("k.db")).unwrap();
+    schema::migrate(&mut conn).unwrap();
+    schema::insert_bare_run(&conn, id.as_str()).unwrap();
+    (dir, id, conn)
+}
+
 /// A turn's read runs on the runtime's thread. When SQLite's lock is taken (recovering the log
 /// after a crash, say) it must not sleep there, stalling every task on that thread: it moves to
 /// a blocking thread, which waits for the lock and answers. (A database in rollback-journal mode,
 /// where a writer's exclusive lock keeps readers out, stands in for the rare lock of WAL mode.)
 #[tokio::test(flavor = "current_thread")]
 async fn a_turn_read_that_finds_the_database_locked_waits_off_the_runtime() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, id, conn) = database_with_a_run();
     let path = dir.path().join("k.db");
-    let id = RunId::new();
-    let mut conn = rusqlite::Connection::open(&path).unwrap();
-    schema::migrate(&mut conn).unwrap();
-    schema::insert_bare_run(&conn, id.as_str()).unwrap();
     let (locked, is_locked) = std::sync::mpsc::channel();
     let (release, released) = std::sync::mpsc::channel::<()>();
     let locker = std::thread::spawn(move || {
@@ -931,12 +938,8 @@ async fn a_turn_read_that_finds_the_database_locked_waits_off_the_runtime() {
 /// the connections stay pooled and read on.
 #[tokio::test(flavor = "current_thread")]
 async fn pooled_readers_give_back_their_page_caches() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, id, conn) = database_with_a_run();
     let path = dir.path().join("k.db");
-    let id = RunId::new();
-    let mut conn = rusqlite::Connection::open(&path).unwrap();
-    schema::migrate(&mut conn).unwrap();
-    schema::insert_bare_run(&conn, id.as_str()).unwrap();
     conn.execute(
         "INSERT INTO events (run_id, seq, type, schema_version, at, payload) \
          WITH RECURSIVE n(seq) AS (SELECT 1 UNION ALL SELECT seq + 1 FROM n WHERE seq < 500) \
