@@ -310,9 +310,12 @@ fn fill_log(db: &std::path::Path) -> usize {
             .unwrap();
         let mut event = tx
             .prepare(
-                "INSERT INTO events (run_id, seq, type, schema_version, at, payload) VALUES (?1, ?2, ?3, 1, ?4, ?5)",
+                "INSERT INTO events (run_id, seq, type, schema_version, at, payload, prev) \
+                 VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6)",
             )
             .unwrap();
+        // Each event names its run's event before it, and the run its last, as the kernel writes them.
+        let mut last_event = tx.prepare("UPDATE runs SET last_event = ?2 WHERE id = ?1").unwrap();
         let mut step = tx
             .prepare(
                 "INSERT INTO steps (run_id, step_key, turn, position, tool, fingerprint, version, arguments, \
@@ -333,9 +336,15 @@ fn fill_log(db: &std::path::Path) -> usize {
             ])
             .unwrap();
             let created = json!({"agent": "filler", "input": {}, "labels": {}, "max_tool_calls": 0}).to_string();
-            event
-                .execute(rusqlite::params![run_id, 1, "run:created", at, created])
-                .unwrap();
+            let mut prev: Option<i64> = None;
+            let mut append = |seq: i64, kind: &str, body: String| {
+                prev = Some(
+                    event
+                        .insert(rusqlite::params![run_id, seq, kind, at, body, prev])
+                        .unwrap(),
+                );
+            };
+            append(1, "run:created", created);
             let mut seq = 1;
             for turn in 0..calls_per_run {
                 let key = format!("t{turn}/p0");
@@ -371,12 +380,11 @@ fn fill_log(db: &std::path::Path) -> usize {
                 ];
                 for (kind, body) in bodies {
                     seq += 1;
-                    event
-                        .execute(rusqlite::params![run_id, seq, kind, at, body.to_string()])
-                        .unwrap();
+                    append(seq, kind, body.to_string());
                 }
             }
-            events += seq;
+            last_event.execute(rusqlite::params![run_id, prev]).unwrap();
+            events += seq as usize;
         }
     }
     tx.commit().unwrap();

@@ -33,6 +33,10 @@ pub struct Cache {
     touched: HashSet<RunId>,
     /// The commit counter as of this writer's last commit (PostgreSQL).
     epoch: Option<i64>,
+    /// The row the next event takes on SQLite (see `store::chain`), once read. A command undone
+    /// gives its rows back to the database but not to this count: those rows are skipped, never
+    /// taken twice.
+    next_event_row: Option<i64>,
     /// Roughly what the runs and steps held take.
     bytes: usize,
 }
@@ -46,6 +50,9 @@ struct Cached {
     recorded: RecordedKeys,
     /// Every step of the run has been seen here, so one `recorded` lacks does not exist.
     complete: bool,
+    /// The row of the run's last event on SQLite (see `store::chain`): `None` when not known
+    /// here, `Some(None)` when the run has no events.
+    last_event: Option<Option<i64>>,
 }
 
 fn run_bytes(run: &RunRecord) -> usize {
@@ -89,7 +96,18 @@ impl Cache {
         self.dispatches.clear();
         self.touched.clear();
         self.epoch = None;
+        self.next_event_row = None;
         self.bytes = 0;
+    }
+
+    /// The row the next event takes, if known here.
+    pub fn next_event_row(&self) -> Option<i64> {
+        self.next_event_row
+    }
+
+    /// Events were written up to the row before `next`.
+    pub fn events_written(&mut self, next: i64) {
+        self.next_event_row = Some(next);
     }
 
     pub fn begin_command(&mut self) {
@@ -133,6 +151,11 @@ impl Cache {
     /// A held run's last event number.
     pub fn last_seq(&self, run: &RunId) -> Option<u64> {
         self.runs.get(run).map(|cached| cached.run.last_seq)
+    }
+
+    /// The row of a held run's last event, when known here (`Some(None)`: it has none).
+    pub fn last_event(&self, run: &RunId) -> Option<Option<i64>> {
+        self.runs.get(run).and_then(|cached| cached.last_event)
     }
 
     pub fn step(&self, run: &RunId, key: &StepKey) -> Known {
@@ -207,12 +230,16 @@ impl Cache {
         }
     }
 
-    /// A run's last event number and update time written.
-    pub fn numbered(&mut self, run: &RunId, last_seq: u64, updated_at: i64) {
+    /// A run's last event number and update time written, and the row of its last event when
+    /// that was written too.
+    pub fn numbered(&mut self, run: &RunId, last_seq: u64, updated_at: i64, last_event: Option<i64>) {
         self.touched.insert(run.clone());
         if let Some(cached) = self.runs.get_mut(run) {
             cached.run.last_seq = last_seq;
             cached.run.updated_at = updated_at;
+            if last_event.is_some() {
+                cached.last_event = Some(last_event);
+            }
         }
     }
 
@@ -265,6 +292,8 @@ impl Cache {
                 steps: HashMap::new(),
                 recorded: RecordedKeys::new(MAX_HASHED_KEYS),
                 complete,
+                // A run this writer inserted has no events yet; one read has them in the row.
+                last_event: complete.then_some(None),
             },
         );
     }

@@ -6,6 +6,7 @@
 //! imports rusqlite.
 
 mod cache;
+mod chain;
 mod checkpoint;
 mod live;
 mod location;

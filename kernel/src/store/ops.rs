@@ -2,7 +2,10 @@
 //! batch-mates, see `writer::Isolation`), changes projections and appends the events that explain
 //! the change, so state and log commit together or not at all.
 
-use super::sql::{self, Connection, OptionalExtension, ToArg, params};
+use std::collections::HashMap;
+
+use super::chain;
+use super::sql::{self, Connection, Dialect, OptionalExtension, ToArg, params};
 use serde_json::Value;
 
 use super::cache::{Cache, Known};
@@ -64,26 +67,19 @@ type Result<T> = std::result::Result<T, KernelError>;
 /// shapes however many events a turn makes.
 const EVENT_ROWS: [usize; 9] = [256, 128, 64, 32, 16, 8, 4, 2, 1];
 
-/// The statement that writes `rows` events.
-fn insert_events(rows: usize) -> String {
+/// The statement that writes `rows` events: on SQLite with their rows and links (see [`chain`]).
+fn insert_events(rows: usize, dialect: Dialect) -> String {
+    let (columns, width) = match dialect {
+        Dialect::Sqlite => ("id, run_id, seq, type, schema_version, at, payload, prev", 8),
+        Dialect::Postgres => ("run_id, seq, type, schema_version, at, payload", 6),
+    };
     let values: Vec<String> = (0..rows)
         .map(|row| {
-            let at = row * 6;
-            format!(
-                "(?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
-                at + 1,
-                at + 2,
-                at + 3,
-                at + 4,
-                at + 5,
-                at + 6
-            )
+            let places: Vec<String> = (1..=width).map(|place| format!("?{}", row * width + place)).collect();
+            format!("({})", places.join(", "))
         })
         .collect();
-    format!(
-        "INSERT INTO events (run_id, seq, type, schema_version, at, payload) VALUES {}",
-        values.join(", ")
-    )
+    format!("INSERT INTO events ({columns}) VALUES {}", values.join(", "))
 }
 
 impl Tx<'_> {
@@ -106,7 +102,7 @@ impl Tx<'_> {
                         "UPDATE runs SET last_seq = last_seq + 1, updated_at = ?2 WHERE id = ?1 RETURNING last_seq",
                     )?
                     .query_row(params![run.as_str(), self.now], |row| row.get(0))?;
-                self.cache.borrow_mut().numbered(run, seq, self.now);
+                self.cache.borrow_mut().numbered(run, seq, self.now, None);
                 (seq, false)
             }
         };
@@ -222,10 +218,17 @@ impl Tx<'_> {
             .or_insert(Seq { last, unsaved: false });
     }
 
-    /// Ends the command: its events are written, several to a statement, and each run it
-    /// appended to gets its last event number written, once.
+    /// Ends the command: its events are written, several to a statement (on SQLite each linked
+    /// to its run's event before it), and each run it appended to gets its last event number
+    /// written, once.
     pub fn finish(&self) -> Result<()> {
+        let dialect = self.conn.dialect();
+        let (links, last_events) = match dialect {
+            Dialect::Sqlite => self.link()?,
+            Dialect::Postgres => (Vec::new(), HashMap::new()),
+        };
         let mut events = &self.published[..];
+        let mut links = &links[..];
         while !events.is_empty() {
             let rows = EVENT_ROWS
                 .iter()
@@ -233,9 +236,13 @@ impl Tx<'_> {
                 .find(|&rows| rows <= events.len())
                 .unwrap_or(1);
             let (chunk, rest) = events.split_at(rows);
-            let mut args = Vec::with_capacity(rows * 6);
-            for published in chunk {
+            let mut args = Vec::with_capacity(rows * 8);
+            for (index, published) in chunk.iter().enumerate() {
                 let event = &published.event;
+                let link = links.get(index);
+                if let Some(link) = link {
+                    args.push(link.row.to_arg());
+                }
                 args.extend([
                     event.run_id.as_str().to_arg(),
                     event.seq.to_arg(),
@@ -244,19 +251,73 @@ impl Tx<'_> {
                     event.at.to_arg(),
                     event.payload.to_arg(),
                 ]);
+                if let Some(link) = link {
+                    args.push(link.prev.to_arg());
+                }
             }
-            self.conn.write(&insert_events(rows), &args)?;
+            self.conn.write(&insert_events(rows, dialect), &args)?;
             events = rest;
+            links = links.get(rows..).unwrap_or_default();
         }
-        for (run, seq) in self.seqs.borrow_mut().iter_mut().filter(|(_, seq)| seq.unsaved) {
-            self.conn.write(
-                "UPDATE runs SET last_seq = ?2, updated_at = ?3 WHERE id = ?1",
-                params![run.as_str(), seq.last, self.now],
-            )?;
-            self.cache.borrow_mut().numbered(run, seq.last, self.now);
+        self.number_runs(&last_events)
+    }
+
+    /// Writes each run's last event number (and, on SQLite, its last event's row) to its row.
+    fn number_runs(&self, last_events: &HashMap<RunId, i64>) -> Result<()> {
+        for (run, seq) in self.seqs.borrow_mut().iter_mut() {
+            let last_event = last_events.get(run).copied();
+            // On SQLite a run appended to names its new last event, though its number was
+            // already written when the command read it from the row ([`Tx::append`]).
+            if !seq.unsaved && last_event.is_none() {
+                continue;
+            }
+            match last_event {
+                Some(row) => self.conn.write(
+                    "UPDATE runs SET last_seq = ?2, updated_at = ?3, last_event = ?4 WHERE id = ?1",
+                    params![run.as_str(), seq.last, self.now, row],
+                )?,
+                None => self.conn.write(
+                    "UPDATE runs SET last_seq = ?2, updated_at = ?3 WHERE id = ?1",
+                    params![run.as_str(), seq.last, self.now],
+                )?,
+            }
+            self.cache.borrow_mut().numbered(run, seq.last, self.now, last_event);
             seq.unsaved = false;
         }
         Ok(())
+    }
+
+    /// The rows this command's events take, each linked to its run's event before it, and the
+    /// last of each run (SQLite, see [`chain`]).
+    fn link(&self) -> Result<(Vec<chain::Link>, HashMap<RunId, i64>)> {
+        let mut links = Vec::with_capacity(self.published.len());
+        let mut last: HashMap<RunId, i64> = HashMap::new();
+        if self.published.is_empty() {
+            return Ok((links, last));
+        }
+        let known = self.cache.borrow().next_event_row();
+        let mut row = match known {
+            Some(row) => row,
+            None => chain::next_row(self.conn)?,
+        };
+        for published in &self.published {
+            let run = &published.event.run_id;
+            let prev = match last.get(run) {
+                Some(&row) => Some(row),
+                None => {
+                    let known = self.cache.borrow().last_event(run);
+                    match known {
+                        Some(known) => known,
+                        None => chain::last_event(self.conn, run)?,
+                    }
+                }
+            };
+            links.push(chain::Link { row, prev });
+            last.insert(run.clone(), row);
+            row += 1;
+        }
+        self.cache.borrow_mut().events_written(row);
+        Ok((links, last))
     }
 
     fn step(&self, run: &RunId, key: &StepKey) -> Result<StepRecord> {
@@ -1589,7 +1650,10 @@ fn remove_run(tx: &mut Tx<'_>, run_id: &RunId) -> Result<super::Deleted> {
     let steps = delete("DELETE FROM steps WHERE run_id = ?1")?;
     delete("DELETE FROM places WHERE run_id = ?1")?;
     delete("DELETE FROM resource_locks WHERE run_id = ?1")?;
-    let events = delete("DELETE FROM events WHERE run_id = ?1")?;
+    let events = delete(match tx.conn.dialect() {
+        Dialect::Sqlite => chain::DELETE_RUN_EVENTS,
+        Dialect::Postgres => "DELETE FROM events WHERE run_id = ?1",
+    })?;
     let runs = delete("DELETE FROM runs WHERE id = ?1")?;
     Ok(super::Deleted {
         runs,

@@ -296,12 +296,14 @@ impl Readers {
     }
 
     pub async fn events(&self, id: RunId, from_seq: u64, limit: u32) -> Result<Vec<EventRecord>, KernelError> {
-        self.with(move |conn| {
-            conn.prepare_cached(&format!(
-                "SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq LIMIT ?3"
-            ))?
-            .query_map(params![id.as_str(), from_seq, limit], rows::event_from_row)?
-            .collect()
+        self.with(move |conn| match conn.dialect() {
+            Dialect::Sqlite => conn.snapshot(|| super::chain::events(&conn, &id, from_seq, limit)),
+            Dialect::Postgres => conn
+                .prepare_cached(&format!(
+                    "SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq LIMIT ?3"
+                ))?
+                .query_map(params![id.as_str(), from_seq, limit], rows::event_from_row)?
+                .collect(),
         })
         .await
     }

@@ -3,6 +3,16 @@
 
 use rusqlite::Connection;
 
+/// The condition of the `events_marks` index: the events of a run indexed by number, one in 256,
+/// where a read of a range starts its walk back (see `store::chain`). Queries repeat it word for
+/// word to use the index.
+macro_rules! marked {
+    () => {
+        "seq % 256 = 0"
+    };
+}
+pub(crate) use marked;
+
 /// The condition of the `steps_unsettled` index: a step not yet succeeded, failed or cancelled.
 /// SQLite uses a partial index only for a query that repeats its condition, so queries for a run's
 /// open steps include this text.
@@ -295,6 +305,38 @@ const MIGRATIONS: &[&str] = &[
     DROP INDEX steps_in_flight;
     DROP INDEX steps_by_replica;
     "#,
+    // 14: a run's events linked instead of indexed. The index on (run, seq) still put each commit's
+    // new entries in a leaf per run it touched: about half the pages a commit wrote under load.
+    // Each event names the row of its run's previous event, the run row its last, and one event
+    // in 256 of a run is indexed by number, where a read of a range starts its walk back. The
+    // rows keep their numbers, now an `INTEGER PRIMARY KEY` (a plain rowid may change in a VACUUM).
+    concat!(
+        r#"
+    CREATE TABLE events_linked (
+        id             INTEGER PRIMARY KEY,
+        run_id         TEXT NOT NULL REFERENCES runs (id),
+        seq            INTEGER NOT NULL,
+        type           TEXT NOT NULL,
+        schema_version INTEGER NOT NULL,
+        at             INTEGER NOT NULL,
+        payload        TEXT NOT NULL,
+        prev           INTEGER
+    ) STRICT;
+    INSERT INTO events_linked (id, run_id, seq, type, schema_version, at, payload, prev)
+        SELECT rowid, run_id, seq, type, schema_version, at, payload,
+               LAG(rowid) OVER (PARTITION BY run_id ORDER BY seq)
+        FROM events ORDER BY rowid;
+    ALTER TABLE runs ADD COLUMN last_event INTEGER;
+    UPDATE runs SET last_event = latest.id
+        FROM (SELECT run_id, id, ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY seq DESC) AS place
+              FROM events_linked) AS latest
+        WHERE latest.run_id = runs.id AND latest.place = 1;
+    DROP TABLE events;
+    ALTER TABLE events_linked RENAME TO events;
+    CREATE INDEX events_marks ON events (run_id, seq) WHERE "#,
+        marked!(),
+        ";"
+    ),
 ];
 
 /// Brings the database to the newest schema.
@@ -358,7 +400,7 @@ mod tests {
             .unwrap();
         }
         let before = events(&conn);
-        migrate(&mut conn).unwrap();
+        migrate_to(&mut conn, 12).unwrap();
         assert_eq!(events(&conn), before);
         let duplicate = conn.execute(
             "INSERT INTO events (run_id, seq, type, schema_version, at, payload) VALUES ('a', 2, 'x', 1, 0, '')",
@@ -373,5 +415,59 @@ mod tests {
             )
             .unwrap();
         assert!(plan.contains("events_by_run"), "{plan}");
+    }
+
+    /// Events recorded under the index are linked in the migration: each names its run's event
+    /// before it, each run its last, the rows keep their numbers, and a run's events read in order.
+    #[test]
+    fn events_recorded_under_the_run_index_are_linked_in_order() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate_to(&mut conn, 13).unwrap();
+        for run in ["a", "b", "c"] {
+            insert_bare_run(&conn, run).unwrap();
+        }
+        // Rows out of each run's order, as a log written by several writers' batches may be.
+        for (row, run, seq) in [(1, "b", 1), (2, "a", 2), (3, "b", 2), (4, "a", 1), (5, "a", 3)] {
+            conn.execute(
+                "INSERT INTO events (rowid, run_id, seq, type, schema_version, at, payload) VALUES (?1, ?2, ?3, 'x', 1, 0, '')",
+                rusqlite::params![row, run, seq],
+            )
+            .unwrap();
+        }
+        migrate(&mut conn).unwrap();
+        let links: Vec<(i64, String, i64, Option<i64>)> = conn
+            .prepare("SELECT id, run_id, seq, prev FROM events ORDER BY id")
+            .unwrap()
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let expected = [
+            (1, "b", 1, None),
+            (2, "a", 2, Some(4)),
+            (3, "b", 2, Some(1)),
+            (4, "a", 1, None),
+            (5, "a", 3, Some(2)),
+        ];
+        let expected: Vec<_> = expected
+            .into_iter()
+            .map(|(row, run, seq, prev)| (row, run.to_string(), seq, prev))
+            .collect();
+        assert_eq!(links, expected);
+        let last: Vec<(String, Option<i64>)> = conn
+            .prepare("SELECT id, last_event FROM runs ORDER BY id")
+            .unwrap()
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            last,
+            [
+                ("a".to_string(), Some(5)),
+                ("b".to_string(), Some(3)),
+                ("c".to_string(), None)
+            ]
+        );
     }
 }

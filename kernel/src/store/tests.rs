@@ -941,9 +941,14 @@ async fn pooled_readers_give_back_their_page_caches() {
     let (dir, id, conn) = database_with_a_run();
     let path = dir.path().join("k.db");
     conn.execute(
-        "INSERT INTO events (run_id, seq, type, schema_version, at, payload) \
+        "INSERT INTO events (id, run_id, seq, type, schema_version, at, payload, prev) \
          WITH RECURSIVE n(seq) AS (SELECT 1 UNION ALL SELECT seq + 1 FROM n WHERE seq < 500) \
-         SELECT ?1, seq, 'run:created', 1, 0, printf('%.*c', 2000, 'x') FROM n",
+         SELECT seq, ?1, seq, 'run:created', 1, 0, printf('%.*c', 2000, 'x'), NULLIF(seq - 1, 0) FROM n",
+        [id.as_str()],
+    )
+    .unwrap();
+    conn.execute(
+        "UPDATE runs SET last_seq = 500, last_event = 500 WHERE id = ?1",
         [id.as_str()],
     )
     .unwrap();
@@ -1216,6 +1221,62 @@ async fn the_pending_call_limit_holds_for_concurrent_turns(f: Fixture) {
     assert!(f.store.schedule_turn(turn(admitted)).await.is_ok());
 }
 
+/// Any range of a run's log reads as the same slice of the whole, whatever other runs wrote
+/// between its events (on SQLite a read walks the run's events back from a marked one, see
+/// `store::chain`, so ranges are taken on both sides of the marks).
+async fn a_range_of_a_runs_log_is_that_slice_of_the_whole(f: Fixture) {
+    let add = tool("add", Idempotency::SafeToRetry);
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        runs.push(f.store.create_run(new_run(None, 0)).await.unwrap().0.id);
+    }
+    for turn in 0..3 {
+        for run in &runs {
+            let calls = (0..300)
+                .map(|position| call(turn, position, Some(add.clone()), "add", "{}"))
+                .collect();
+            f.store.schedule_turn(plan(run, turn, calls)).await.unwrap();
+        }
+    }
+    for run in &runs {
+        let whole = events(&f.store, run).await;
+        assert_gap_free(&whole);
+        assert!(whole.len() > 900, "{} events", whole.len());
+        assert!(whole.iter().all(|event| event.run_id == *run));
+        let last = whole.len() as u64;
+        for (from, limit) in [
+            (0, 3),
+            (1, 1),
+            (1, 500),
+            (200, 300),
+            (255, 2),
+            (256, 1),
+            (257, 256),
+            (500, 500),
+            (last - 1, 10),
+            (last, 1),
+            (last + 1, 5),
+            (3, 0),
+        ] {
+            let read = f.store.reads.events(run.clone(), from, limit).await.unwrap();
+            let expected: Vec<u64> = whole
+                .iter()
+                .map(|event| event.seq)
+                .filter(|&seq| seq >= from)
+                .take(limit as usize)
+                .collect();
+            let seqs: Vec<u64> = read.iter().map(|event| event.seq).collect();
+            assert_eq!(seqs, expected, "events of run {run} from {from}, at most {limit}");
+            let same = read
+                .iter()
+                .zip(whole.iter().skip(expected.first().map_or(0, |&seq| seq as usize - 1)));
+            for (got, want) in same {
+                assert_eq!((got.kind, &got.payload), (want.kind, &want.payload));
+            }
+        }
+    }
+}
+
 /// Deleting a run takes everything recorded under it and nothing of other runs; a run in flight
 /// is refused and keeps everything.
 async fn a_finished_run_is_deleted_whole_and_a_run_in_flight_is_refused(f: Fixture) {
@@ -1263,6 +1324,7 @@ async fn a_finished_run_is_deleted_whole_and_a_run_in_flight_is_refused(f: Fixtu
         .await
         .unwrap();
     let logged = events(&f.store, &runs[0]).await.len() as u64;
+    let others = events(&f.store, &runs[1]).await;
     let deleted = f.store.delete_run(runs[0].clone()).await.unwrap();
     assert_eq!(
         deleted,
@@ -1280,8 +1342,9 @@ async fn a_finished_run_is_deleted_whole_and_a_run_in_flight_is_refused(f: Fixtu
         f.store.delete_run(runs[0].clone()).await,
         Err(KernelError::NotFound(_))
     ));
-    // The other run, and its cached result, are untouched.
+    // The other run, its log and its cached result, are untouched.
     assert_eq!(f.store.reads.steps(runs[1].clone()).await.unwrap().len(), 1);
+    assert_eq!(events(&f.store, &runs[1]).await, others);
     let still: i64 = f
         .store
         .reads
@@ -1670,6 +1733,7 @@ on_both_stores!(expired_cache_entries_are_purged_in_batches_and_live_ones_stay);
 on_both_stores!(refused_tool_cache_entries_write_nothing);
 on_both_stores!(the_pending_call_limit_holds_for_concurrent_turns);
 on_both_stores!(a_finished_run_is_deleted_whole_and_a_run_in_flight_is_refused);
+on_both_stores!(a_range_of_a_runs_log_is_that_slice_of_the_whole);
 on_both_stores!(a_hosted_run_records_steps_only_from_the_attempt_holding_its_dispatch);
 on_both_stores!(a_suspended_handler_is_woken_in_the_commit_that_settles_its_call);
 on_both_stores!(a_resource_lock_is_held_exactly_while_its_call_runs_whatever_ends_it);
