@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use e2e::{Kernel, binary};
+use e2e::{Kernel, KernelOptions, binary};
 use kernel_proto::v1 as pb;
 use serde_json::Value;
 
@@ -175,4 +175,57 @@ fn bench_against_no_kernel_fails_clearly() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("cannot reach kernel at"), "{stderr}");
     assert!(output.stdout.is_empty());
+}
+
+/// A concurrent section's run gives way to a new one after `--turns-per-run` turns, so a section
+/// longer than the kernel lets one run go (`--max-turns-per-run`) still runs to its end, and every
+/// run it made is completed.
+#[tokio::test]
+async fn a_sustained_lane_moves_to_a_new_run_before_the_turn_limit() {
+    let kernel = Kernel::start_with(KernelOptions {
+        args: vec!["--max-turns-per-run".into(), "20".into()],
+        ..KernelOptions::default()
+    });
+    let output = kernel.kernelctl(&[
+        "bench",
+        "--sections",
+        "sustained",
+        "--sustained-for",
+        "1s",
+        "--sustained-concurrency",
+        "2",
+        "--turns-per-run",
+        "15",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "exit {:?}\nstderr: {stderr}",
+        output.status.code()
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).expect("the report is JSON");
+    let calls = positive(&report["sustained"]["calls"], "sustained calls");
+    assert!(calls > 40.0, "two runs of 20 turns could not make {calls} calls");
+
+    let runs = kernel
+        .runs()
+        .await
+        .list_runs(pb::ListRunsRequest {
+            agent: "kernelctl-bench-sustained".into(),
+            page_size: 1000,
+            ..Default::default()
+        })
+        .await
+        .expect("list runs")
+        .into_inner()
+        .runs;
+    // Each lane's turns over 15, rounded up, summed over the two lanes.
+    let fewest = (calls / 15.0).ceil();
+    let made = runs.len() as f64;
+    assert!((fewest..=fewest + 1.0).contains(&made), "{made} runs for {calls} calls");
+    assert!(
+        runs.iter().all(|run| run.status == pb::RunStatus::Completed as i32),
+        "every run completed: {runs:?}"
+    );
 }

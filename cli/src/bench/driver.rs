@@ -35,6 +35,9 @@ pub struct Agent {
     calls: Vec<ToolCallServiceClient<Authed>>,
     runs: RunServiceClient<Authed>,
     label: String,
+    /// The turns a lane of [`Agent::drive`] makes in one run before it goes on in a new one: a
+    /// minute of the sustained section makes more than the kernel lets one run make.
+    turns_per_run: u32,
 }
 
 /// What a concurrent phase measured.
@@ -139,8 +142,14 @@ fn check_results(results: &[pb::CallResult], calls: usize) -> Result<(), BenchEr
 }
 
 impl Agent {
-    /// Opens the connection pool; `label` marks every run the benchmark creates (`bench=<label>`).
-    pub async fn connect(addr: &KernelAddr, access: &Access, label: &str) -> Result<Agent, BenchError> {
+    /// Opens the connection pool; `label` marks every run the benchmark creates (`bench=<label>`),
+    /// and a run of a concurrent section gives way to a new one after `turns_per_run` turns.
+    pub async fn connect(
+        addr: &KernelAddr,
+        access: &Access,
+        label: &str,
+        turns_per_run: u32,
+    ) -> Result<Agent, BenchError> {
         let api_key = access.api_key()?;
         let endpoint = access.endpoint(addr)?.tcp_nodelay(true);
         let mut channels = Vec::with_capacity(CONNECTIONS);
@@ -154,6 +163,7 @@ impl Agent {
                 .map(|channel| ToolCallServiceClient::with_interceptor(channel, api_key.clone()))
                 .collect(),
             label: label.to_owned(),
+            turns_per_run,
         })
     }
 
@@ -187,6 +197,12 @@ impl Agent {
             ids.push(created.map_err(|e| BenchError::Setup(format!("run creation panicked: {e}")))??);
         }
         Ok(ids)
+    }
+
+    /// Completes run `done` and creates the one a lane goes on with (see `turns_per_run`).
+    async fn next_run(&self, section: &str, done: String) -> Result<String, BenchError> {
+        self.complete_runs(vec![done]).await?;
+        self.create_run(section).await
     }
 
     /// Completes the benchmark's runs so none stays open on the kernel (untimed teardown).
@@ -321,8 +337,9 @@ impl Agent {
             Budget::For(length) => Some(Arc::new(PerSecond::new(started, length.as_secs() as usize + 2))),
         };
         let mut runners = JoinSet::new();
-        for (lane, run_id) in run_ids.iter().cloned().enumerate() {
+        for (lane, run_id) in run_ids.into_iter().enumerate() {
             let agent = self.clone();
+            let section = section.to_owned();
             let claimed = Arc::clone(&claimed);
             let per_second = per_second.clone();
             let call = call.clone();
@@ -333,8 +350,13 @@ impl Agent {
             };
             runners.spawn(async move {
                 let mut latencies = Vec::new();
+                let mut run_id = run_id;
                 let mut turn = 0;
                 while more() {
+                    if turn == agent.turns_per_run {
+                        run_id = agent.next_run(&section, run_id).await?;
+                        turn = 0;
+                    }
                     let sent = Instant::now();
                     let results = agent.submit(lane, &run_id, turn, vec![call.clone()]).await?;
                     latencies.push(sent.elapsed());
@@ -346,12 +368,15 @@ impl Agent {
                     progress.add(1);
                     turn += 1;
                 }
-                Ok::<_, BenchError>(latencies)
+                Ok::<_, BenchError>((latencies, run_id))
             });
         }
         let mut latencies = Vec::new();
+        let mut run_ids = Vec::with_capacity(runs as usize);
         while let Some(done) = runners.join_next().await {
-            latencies.extend(done.map_err(|e| BenchError::Setup(format!("a bench run panicked: {e}")))??);
+            let (lane, run_id) = done.map_err(|e| BenchError::Setup(format!("a bench run panicked: {e}")))??;
+            latencies.extend(lane);
+            run_ids.push(run_id);
         }
         let elapsed = started.elapsed();
         self.complete_runs(run_ids).await?;

@@ -83,6 +83,11 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 64, value_name = "C", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub sustained_concurrency: u32,
 
+    /// Turns one run of the throughput, sustained and payload sections makes before its place
+    /// goes to a new run; at most the kernel's `--max-turns-per-run` (10,000 by default).
+    #[arg(long, default_value_t = 5_000, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub turns_per_run: u32,
+
     /// After the sustained section, wait this long with nothing running and report the kernel's
     /// resident memory then, e.g. `60s` [default: none].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -133,6 +138,8 @@ const PAYLOAD_BUDGET: u64 = 64 << 20;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub workers: u32,
+    /// Turns a run of a concurrent section makes before a new run takes its place.
+    pub turns_per_run: u32,
     pub sequential: Option<u32>,
     pub throughput: Option<(Vec<u32>, u32)>,
     /// Concurrency, length and settle time of the sustained section.
@@ -157,6 +164,7 @@ impl Plan {
             .unwrap_or_else(|| vec![ByteSize(100), ByteSize(10 << 10), ByteSize(1 << 20)]);
         Plan {
             workers: args.workers,
+            turns_per_run: args.turns_per_run,
             sequential: wants(Section::Sequential).then(|| pick(args.sequential, 2000, 50)),
             throughput: wants(Section::Throughput).then(|| {
                 let levels = args
@@ -352,6 +360,7 @@ mod tests {
     fn the_default_plan_is_the_full_benchmark() {
         let plan = Plan::new(&args(&[]));
         assert_eq!(plan.workers, 4);
+        assert_eq!(plan.turns_per_run, 5_000);
         assert_eq!(plan.sequential, Some(2000));
         assert_eq!(plan.throughput, Some((vec![1, 16, 64, 256], 5000)));
         assert_eq!(plan.sustained, Some((64, std::time::Duration::from_secs(60), None)));
