@@ -270,6 +270,18 @@ impl Cache {
         }
     }
 
+    /// Whether a held run's status, as the database has it, is `status`; `None` when not held.
+    pub fn run_status_is(&self, run: &RunId, status: crate::model::RunStatus) -> Option<bool> {
+        self.runs.get(run).map(|cached| cached.run.status == status)
+    }
+
+    /// Whether a held step's status and dispatch, as the database has them, are `step`'s: `None`
+    /// when the step is not held.
+    pub fn step_indexed_as(&self, step: &StepRecord) -> Option<(bool, bool)> {
+        let held = self.runs.get(&step.run_id)?.steps.get(&step.key)?;
+        Some((held.status == step.status, held.dispatch_id == step.dispatch_id))
+    }
+
     /// A step written: the command that wrote it owns the change.
     pub fn saved_step(&mut self, step: &StepRecord) {
         self.touched.insert(step.run_id.clone());

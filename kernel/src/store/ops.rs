@@ -391,25 +391,51 @@ fn insert_run(tx: &Tx<'_>, run: &RunRecord) -> Result<()> {
 
 /// Writes what a transition may change of a step; what a call was (tool, arguments, identity,
 /// policy) is written once, when it is recorded.
+/// The columns a step's save writes besides its indexed ones, `?5` on.
+const STEP_SAVED: &str = "attempts = ?5, output = ?6, error = ?7, error_kind = ?8, worker = ?9, session_id = ?10, \
+     lease_expires_at = ?11, started_at = ?12, finished_at = ?13, progress_count = ?14, not_before = ?15, \
+     lease_losses = ?16, cost = ?17, outcome = ?18, approval = ?19, replays = ?20, replica = ?21";
+
+/// The statement that saves a step, writing its indexed columns `status` (`?3`) and `dispatch_id`
+/// (`?4`) only as asked. SQLite rewrites an index's entry for each indexed column an `UPDATE` sets,
+/// changed or not, so a column left as it was is left out, and its index page with it (a settled
+/// call's dispatch entry, a run's status entry on each turn). The values left out are still bound,
+/// unused: SQLite allows that; PostgreSQL cannot type an unused parameter, so there every save
+/// writes both (it gains nothing from leaving them out).
+fn save_step_sql(status: bool, dispatch: bool) -> &'static str {
+    static SHAPES: std::sync::OnceLock<[String; 4]> = std::sync::OnceLock::new();
+    let shapes = SHAPES.get_or_init(|| {
+        std::array::from_fn(|shape| {
+            format!(
+                "UPDATE steps SET {}{}{STEP_SAVED} WHERE run_id = ?1 AND step_key = ?2",
+                if shape & 2 == 0 { "status = ?3, " } else { "" },
+                if shape & 1 == 0 { "dispatch_id = ?4, " } else { "" },
+            )
+        })
+    });
+    &shapes[2 * usize::from(!status) + usize::from(!dispatch)]
+}
+
 fn save_step(tx: &Tx<'_>, step: &StepRecord) -> Result<()> {
+    let (same_status, same_dispatch) = match tx.conn.dialect() {
+        Dialect::Sqlite => tx.cache.borrow().step_indexed_as(step).unwrap_or((false, false)),
+        Dialect::Postgres => (false, false),
+    };
     tx.cache.borrow_mut().saved_step(step);
     let conn = tx.conn;
     conn.write(
-        "UPDATE steps SET status = ?3, attempts = ?4, output = ?5, error = ?6, error_kind = ?7, worker = ?8, \
-         session_id = ?9, dispatch_id = ?10, lease_expires_at = ?11, started_at = ?12, finished_at = ?13, \
-         progress_count = ?14, not_before = ?15, lease_losses = ?16, cost = ?17, outcome = ?18, approval = ?19, \
-         replays = ?20, replica = ?21 WHERE run_id = ?1 AND step_key = ?2",
+        save_step_sql(!same_status, !same_dispatch),
         params![
             step.run_id.as_str(),
             step.key.as_str(),
             step.status.as_str(),
+            step.dispatch_id,
             step.attempts,
             step.output,
             step.error,
             step.error_kind.map(ErrorKind::as_str),
             step.worker,
             step.session_id,
-            step.dispatch_id,
             step.lease_expires_at,
             step.started_at,
             step.finished_at,
@@ -843,10 +869,20 @@ fn save_approval(conn: &Connection<'_>, approval: &ApprovalRecord) -> Result<()>
 
 /// Writes what a transition may change of a run; its sequence number is the log's own.
 fn save_run(tx: &Tx<'_>, run: &RunRecord) -> Result<()> {
+    // As a step's save (`save_step_sql`): an unchanged status is not written, nor its index entry.
+    let same_status = match tx.conn.dialect() {
+        Dialect::Sqlite => tx.cache.borrow().run_status_is(&run.id, run.status).unwrap_or(false),
+        Dialect::Postgres => false,
+    };
     tx.cache.borrow_mut().saved_run(run);
     tx.conn.write(
-        "UPDATE runs SET status = ?2, output = ?3, reason = ?4, tool_calls = ?5, updated_at = ?6, dispatches = ?7, \
-         suspensions = ?8 WHERE id = ?1",
+        if same_status {
+            "UPDATE runs SET output = ?3, reason = ?4, tool_calls = ?5, updated_at = ?6, dispatches = ?7, \
+             suspensions = ?8 WHERE id = ?1"
+        } else {
+            "UPDATE runs SET status = ?2, output = ?3, reason = ?4, tool_calls = ?5, updated_at = ?6, \
+             dispatches = ?7, suspensions = ?8 WHERE id = ?1"
+        },
         params![
             run.id.as_str(),
             run.status.as_str(),
@@ -1839,6 +1875,27 @@ pub(super) mod open_steps {
                         .any(|step| step.contains(&format!("INDEX steps_unsettled{scan}"))),
                     "{sql}: {plan:?}"
                 );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each shape of a step's save writes exactly the indexed columns asked for, and takes all
+    /// of the save's parameters, so one argument list binds every shape.
+    #[test]
+    fn a_steps_save_writes_only_the_indexed_columns_asked_for() {
+        let mut conn = rusqlite::Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&mut conn).unwrap();
+        for status in [true, false] {
+            for dispatch in [true, false] {
+                let sql = save_step_sql(status, dispatch);
+                assert_eq!(sql.contains("status = ?3"), status, "{sql}");
+                assert_eq!(sql.contains("dispatch_id = ?4"), dispatch, "{sql}");
+                assert_eq!(conn.prepare(sql).unwrap().parameter_count(), 21, "{sql}");
             }
         }
     }
