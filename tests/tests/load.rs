@@ -166,8 +166,8 @@ async fn load(runs: usize, kills: usize) {
         events += log.len();
     }
 
-    // The runs end, as an agent's would: what the kernel held for them while open (its writer
-    // keeps open runs in memory, within a budget) goes with them.
+    // The runs end, as an agent's would: what the kernel held for them while open (the writer's
+    // memory of them among it) goes with them.
     let client = kernel.runs().await;
     let mut completing = tokio::task::JoinSet::new();
     for run_id in run_ids.iter().cloned() {

@@ -111,8 +111,7 @@ mod tests {
     /// The walk starts from the marks' index, not a scan of the log.
     #[test]
     fn a_range_starts_from_the_marks_index() {
-        let mut conn = rusqlite::Connection::open_in_memory().unwrap();
-        super::super::schema::migrate(&mut conn).unwrap();
+        let conn = super::super::schema::migrated_in_memory();
         let plan: String = conn
             .query_row(&format!("EXPLAIN QUERY PLAN {MARK_AT_OR_AFTER}"), ["a", "1"], |row| {
                 row.get(3)

@@ -263,7 +263,7 @@ impl Tx<'_> {
     }
 
     /// Writes each run's last event number (and, on SQLite, its last event's row) to its row.
-    fn number_runs(&self, last_events: &HashMap<RunId, i64>) -> Result<()> {
+    fn number_runs(&self, last_events: &HashMap<&RunId, i64>) -> Result<()> {
         for (run, seq) in self.seqs.borrow_mut().iter_mut() {
             let last_event = last_events.get(run).copied();
             // On SQLite a run appended to names its new last event, though its number was
@@ -289,9 +289,9 @@ impl Tx<'_> {
 
     /// The rows this command's events take, each linked to its run's event before it, and the
     /// last of each run (SQLite, see [`chain`]).
-    fn link(&self) -> Result<(Vec<chain::Link>, HashMap<RunId, i64>)> {
+    fn link(&self) -> Result<(Vec<chain::Link>, HashMap<&RunId, i64>)> {
         let mut links = Vec::with_capacity(self.published.len());
-        let mut last: HashMap<RunId, i64> = HashMap::new();
+        let mut last: HashMap<&RunId, i64> = HashMap::new();
         if self.published.is_empty() {
             return Ok((links, last));
         }
@@ -304,20 +304,24 @@ impl Tx<'_> {
             let run = &published.event.run_id;
             let prev = match last.get(run) {
                 Some(&row) => Some(row),
-                None => {
-                    let known = self.cache.borrow().last_event(run);
-                    match known {
-                        Some(known) => known,
-                        None => chain::last_event(self.conn, run)?,
-                    }
-                }
+                None => self.last_event(run)?,
             };
             links.push(chain::Link { row, prev });
-            last.insert(run.clone(), row);
+            last.insert(run, row);
             row += 1;
         }
         self.cache.borrow_mut().events_written(row);
         Ok((links, last))
+    }
+
+    /// The row of run `run`'s last event before this command, from the writer's memory when it
+    /// holds the run.
+    fn last_event(&self, run: &RunId) -> Result<Option<i64>> {
+        let known = self.cache.borrow().last_event(run);
+        match known {
+            Some(known) => Ok(known),
+            None => Ok(chain::last_event(self.conn, run)?),
+        }
     }
 
     fn step(&self, run: &RunId, key: &StepKey) -> Result<StepRecord> {
@@ -389,8 +393,6 @@ fn insert_run(tx: &Tx<'_>, run: &RunRecord) -> Result<()> {
     Ok(())
 }
 
-/// Writes what a transition may change of a step; what a call was (tool, arguments, identity,
-/// policy) is written once, when it is recorded.
 /// The columns a step's save writes besides its indexed ones, `?5` on.
 const STEP_SAVED: &str = "attempts = ?5, output = ?6, error = ?7, error_kind = ?8, worker = ?9, session_id = ?10, \
      lease_expires_at = ?11, started_at = ?12, finished_at = ?13, progress_count = ?14, not_before = ?15, \
@@ -416,6 +418,8 @@ fn save_step_sql(status: bool, dispatch: bool) -> &'static str {
     &shapes[2 * usize::from(!status) + usize::from(!dispatch)]
 }
 
+/// Writes what a transition may change of a step; what a call was (tool, arguments, identity,
+/// policy) is written once, when it is recorded.
 fn save_step(tx: &Tx<'_>, step: &StepRecord) -> Result<()> {
     let (same_status, same_dispatch) = match tx.conn.dialect() {
         Dialect::Sqlite => tx.cache.borrow().step_indexed_as(step).unwrap_or((false, false)),
@@ -1854,8 +1858,7 @@ pub(super) mod open_steps {
         /// A query that drops the index's condition would read every step the database holds.
         #[test]
         fn each_query_reads_the_open_steps_index() {
-            let mut conn = rusqlite::Connection::open_in_memory().unwrap();
-            crate::store::schema::migrate(&mut conn).unwrap();
+            let conn = crate::store::schema::migrated_in_memory();
             for (sql, scan) in [
                 (super::COUNT_CALLS.to_string(), " (run_id=?"),
                 (super::next_awaiting_approval("*"), " (run_id=?"),
@@ -1888,8 +1891,7 @@ mod tests {
     /// of the save's parameters, so one argument list binds every shape.
     #[test]
     fn a_steps_save_writes_only_the_indexed_columns_asked_for() {
-        let mut conn = rusqlite::Connection::open_in_memory().unwrap();
-        super::super::schema::migrate(&mut conn).unwrap();
+        let conn = super::super::schema::migrated_in_memory();
         for status in [true, false] {
             for dispatch in [true, false] {
                 let sql = save_step_sql(status, dispatch);

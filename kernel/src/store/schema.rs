@@ -360,6 +360,14 @@ pub fn latest() -> usize {
     MIGRATIONS.len()
 }
 
+/// A database in memory at the newest schema, for tests.
+#[cfg(test)]
+pub(super) fn migrated_in_memory() -> Connection {
+    let mut conn = Connection::open_in_memory().expect("an in-memory database");
+    migrate(&mut conn).expect("the migrations apply");
+    conn
+}
+
 /// Inserts a running run with only the columns every schema version requires, for tests that
 /// build a database by hand.
 #[cfg(test)]
