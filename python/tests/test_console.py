@@ -363,6 +363,10 @@ async def test_without_a_key_the_console_shows_nothing(
             browser.open("/runs")
             browser.until("the run in the list", lambda d: "secret-team" in browser.text())
             browser.driver.find_element(By.CSS_SELECTOR, "form.logout button").click()
+            # The log-out lands on the key form; opening a page before it has would cancel it.
+            browser.until(
+                "the key form after logging out", lambda d: d.find_elements(By.NAME, "key")
+            )
             browser.open("/runs")
             browser.until("the key form again", lambda d: d.find_elements(By.NAME, "key"))
 
