@@ -2,7 +2,8 @@
 //! sessions killed and replaced while the calls run. Afterwards every run's log passes the
 //! invariant checker, every call has exactly one result, no `at_most_once` call ran twice, the
 //! kernel goes back to idle (no session, queued call, lease or run channel left) holding no more
-//! allocated memory than a bound, and its RSS is printed before, at the peak and after.
+//! allocated memory than a bound, and its RSS is printed before, at the peak and after. And an
+//! idle kernel commits nothing.
 //!
 //! The workers run in this process (fifty worker processes would crowd two cores); killing one
 //! aborts its session task, which drops its connection without a goodbye, as a crash would.
@@ -10,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use e2e::load_tools::{self, Ledger};
-use e2e::{Kernel, KernelOptions, check_log, proc_status_kib};
+use e2e::{Kernel, KernelOptions, call, check_log, proc_status_kib, submit_until_done};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::tool_call_service_client::ToolCallServiceClient;
 use serde_json::json;
@@ -260,4 +261,36 @@ fn spread(k: usize, n: usize) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_without_loss() {
     load(1_000, 40).await;
+}
+
+/// A kernel with nothing to do commits nothing, a worker connected or not: none of its timers
+/// reaches the store's writer unless it has something to write (approval deadlines are read
+/// first), so the writer goes quiet and gives SQLite's page caches back. Before, the approval
+/// timer committed an empty transaction four times a second and the caches were never freed.
+#[tokio::test]
+async fn an_idle_kernel_commits_nothing() {
+    let kernel = Kernel::start_on_sqlite();
+    let _worker = kernel.fault_worker("w1");
+    kernel.wait_for_workers("sleepy", 1).await;
+    let run = kernel.create_run("idle").await;
+    let outcome = submit_until_done(&kernel.url(), &run, 0, vec![call("sleepy", json!({"hold_ms": 0}))]).await;
+    assert_eq!(outcome.results.len(), 1, "{outcome:?}");
+
+    // Two seconds without a commit: eight ticks of the approval timer.
+    let quiet = Duration::from_secs(2);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = vec![kernel.status().await.store_commits];
+    let mut since = Instant::now();
+    while since.elapsed() < quiet {
+        assert!(
+            Instant::now() < deadline,
+            "the idle kernel kept committing; commits every 200 ms: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let commits = kernel.status().await.store_commits;
+        if Some(&commits) != seen.last() {
+            since = Instant::now();
+        }
+        seen.push(commits);
+    }
 }

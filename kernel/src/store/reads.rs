@@ -12,7 +12,8 @@ use super::live::LiveRuns;
 use super::rows::{self, APPROVAL_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS};
 use crate::error::KernelError;
 use crate::model::{
-    ApprovalRecord, ApprovalStatus, EventRecord, RunId, RunRecord, RunStatus, StepKey, StepRecord, ToolDef, ToolOptions,
+    ApprovalRecord, ApprovalStatus, EventRecord, Millis, RunId, RunRecord, RunStatus, StepKey, StepRecord, ToolDef,
+    ToolOptions,
 };
 
 /// A pool of reading connections.
@@ -406,6 +407,20 @@ impl Readers {
         self.with(|conn| {
             conn.query_row("SELECT 1", params![], |row| row.get::<i64>(0))
                 .map(|_| ())
+        })
+        .await
+    }
+
+    /// Whether a pending approval's deadline is at or before `now` (the one `expire_approvals`
+    /// compares with).
+    pub async fn approvals_due(&self, now: Millis) -> Result<bool, KernelError> {
+        self.with_point(move |conn| {
+            conn.prepare_cached(
+                "SELECT 1 FROM approvals WHERE status = 'pending' AND expires_at IS NOT NULL AND expires_at <= ?1 LIMIT 1",
+            )?
+            .query_row(params![now], |_| Ok(()))
+            .optional()
+            .map(|due| due.is_some())
         })
         .await
     }
