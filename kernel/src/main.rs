@@ -12,8 +12,21 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_park(kernel::memory::on_park)
+        .build();
+    match runtime {
+        Ok(runtime) => runtime.block_on(serve()),
+        Err(error) => {
+            eprintln!("kernel: cannot start the async runtime: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve() -> ExitCode {
     let config = kernel::Config::parse();
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_env("KERNEL_LOG").unwrap_or_else(|_| EnvFilter::new("info")))

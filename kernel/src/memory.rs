@@ -58,6 +58,46 @@ pub fn disk_write_bytes() -> Option<u64> {
         .ok()
 }
 
+/// Counts the times the kernel went idle (see [`went_idle`]).
+static IDLE_EPOCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+thread_local! {
+    /// The idle epoch this thread last gave its allocation cache back in.
+    static FLUSHED_IN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Called once the kernel has gone quiet (the store's writer, after a while without a command):
+/// this thread's cache of freed allocations goes back to the allocator now, and every runtime
+/// thread's the next time it parks ([`on_park`]). jemalloc keeps a cache per thread that only
+/// the thread's own allocations trim, so a thread that goes quiet after a burst keeps megabytes
+/// of freed memory out of the allocator's reach; under load no thread flushes, as the kernel
+/// never goes quiet.
+pub fn went_idle() {
+    let epoch = IDLE_EPOCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    FLUSHED_IN.with(|flushed| flushed.set(epoch));
+    flush_thread_cache();
+}
+
+/// For the runtime's `on_thread_park`: flushes this thread's allocation cache once per idle
+/// epoch, a load and a comparison otherwise.
+pub fn on_park() {
+    let epoch = IDLE_EPOCH.load(std::sync::atomic::Ordering::Relaxed);
+    if FLUSHED_IN.with(|flushed| flushed.replace(epoch)) != epoch {
+        flush_thread_cache();
+    }
+}
+
+/// Turning the calling thread's jemalloc cache off returns what it holds to the arena (and to the
+/// system with the arena's next purge); turning it on again starts an empty one.
+fn flush_thread_cache() {
+    use tikv_jemalloc_ctl::{Access, AsName};
+    let enabled = b"thread.tcache.enabled\0".name();
+    if enabled.read() == Ok(true) {
+        let _ = enabled.write(false);
+        let _ = enabled.write(true);
+    }
+}
+
 /// jemalloc's `stats.allocated`, refreshed first (jemalloc caches its statistics per epoch).
 fn allocated_bytes() -> Option<u64> {
     tikv_jemalloc_ctl::epoch::advance().ok()?;
@@ -106,6 +146,67 @@ mod tests {
             counted > 4 << 20,
             "this thread allocated {counted} bytes through jemalloc"
         );
+    }
+
+    /// Bytes the calling thread's allocation cache holds, counted in an arena of the thread's own
+    /// (other tests' threads share the default one).
+    struct OwnArena(u32);
+
+    impl OwnArena {
+        fn bind() -> OwnArena {
+            use tikv_jemalloc_ctl::{Access, AsName};
+            let arena: u32 = b"arenas.create\0".name().read().unwrap();
+            b"thread.arena\0".name().write(arena).unwrap();
+            OwnArena(arena)
+        }
+
+        fn cached_bytes(&self) -> usize {
+            use tikv_jemalloc_ctl::{Access, AsName};
+            tikv_jemalloc_ctl::epoch::advance().unwrap();
+            let key = format!("stats.arenas.{}.tcache_bytes\0", self.0);
+            key.as_bytes().name().read().unwrap()
+        }
+
+        /// Allocates and frees small blocks, which the thread's cache keeps.
+        fn churn(&self) {
+            let blocks: Vec<Vec<u8>> = (0..64).map(|i| vec![i as u8; 256]).collect();
+            drop(std::hint::black_box(blocks));
+        }
+    }
+
+    #[test]
+    fn going_idle_empties_the_threads_allocation_caches() {
+        std::thread::spawn(|| {
+            let arena = OwnArena::bind();
+            arena.churn();
+            assert!(arena.cached_bytes() > 0, "freed blocks are cached");
+            went_idle();
+            assert_eq!(arena.cached_bytes(), 0, "the idle thread's cache was flushed");
+        })
+        .join()
+        .unwrap();
+
+        // A runtime thread flushes when it next parks, once per time the kernel goes idle.
+        std::thread::spawn(|| {
+            let arena = OwnArena::bind();
+            on_park();
+            arena.churn();
+            on_park();
+            // Reading the figure allocates too, so a cache not flushed reads above 0, not the same.
+            assert!(arena.cached_bytes() > 0, "no flush while the kernel stays busy");
+            std::thread::spawn(went_idle).join().unwrap();
+            on_park();
+            assert_eq!(
+                arena.cached_bytes(),
+                0,
+                "flushed at the park after the kernel went idle"
+            );
+            arena.churn();
+            on_park();
+            assert!(arena.cached_bytes() > 0, "and only once");
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

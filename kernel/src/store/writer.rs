@@ -609,9 +609,10 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
     responder
 }
 
-/// How long the store goes without a command before the writer gives back the memory SQLite keeps
-/// for pages, its own connection's and (through `idle`) the pooled readers': up to 2 MB each, which
-/// a kernel left idle after a burst would otherwise hold for good.
+/// How long the store goes without a command before the writer gives back the memory it holds
+/// for a busy kernel: the pages SQLite caches, its own connection's and (through `idle`) the
+/// pooled readers' (up to 2 MB each), its memory of runs, and the threads' allocation caches,
+/// which a kernel left idle after a burst would otherwise hold for good.
 const IDLE_BEFORE_RELEASE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Blocks for the next command, running `idle` once whenever none comes for
@@ -639,7 +640,13 @@ pub fn run(
     idle: impl Fn(),
 ) {
     let cache = RefCell::new(Cache::default());
-    while let Some(first) = next_command(&commands, &conn, &idle) {
+    let quiet = || {
+        // A new cache, not a cleared one: cleared maps keep the capacity a burst gave them.
+        cache.replace(Cache::default());
+        idle();
+        crate::memory::went_idle();
+    };
+    while let Some(first) = next_command(&commands, &conn, &quiet) {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match commands.try_recv() {
