@@ -107,7 +107,8 @@ impl Tx<'_> {
             }
         };
         self.seqs.borrow_mut().insert(run.clone(), Seq { last: seq, unsaved });
-        let payload = payload.to_string();
+        // Straight into a buffer: `Value`'s `Display` writes through a formatter token by token.
+        let payload = serde_json::to_string(&payload).expect("a JSON value serializes");
         // Written when the command ends ([`Tx::finish`]), with the command's other events.
         self.published.push(Published {
             event: EventRecord {
