@@ -435,6 +435,21 @@ impl Kernel {
         RunServiceClient::connect(self.url()).await.expect("connect")
     }
 
+    /// The runs of agent `agent`, every agent's for `""`: up to 1,000, a test's worth.
+    pub async fn list_runs(&self, agent: &str) -> Vec<pb::Run> {
+        self.runs()
+            .await
+            .list_runs(pb::ListRunsRequest {
+                agent: agent.into(),
+                page_size: 1000,
+                ..Default::default()
+            })
+            .await
+            .expect("list runs")
+            .into_inner()
+            .runs
+    }
+
     pub async fn calls(&self) -> ToolCallServiceClient<Channel> {
         ToolCallServiceClient::connect(self.url()).await.expect("connect")
     }

@@ -208,18 +208,7 @@ async fn a_sustained_lane_moves_to_a_new_run_before_the_turn_limit() {
     let calls = positive(&report["sustained"]["calls"], "sustained calls");
     assert!(calls > 40.0, "two runs of 20 turns could not make {calls} calls");
 
-    let runs = kernel
-        .runs()
-        .await
-        .list_runs(pb::ListRunsRequest {
-            agent: "kernelctl-bench-sustained".into(),
-            page_size: 1000,
-            ..Default::default()
-        })
-        .await
-        .expect("list runs")
-        .into_inner()
-        .runs;
+    let runs = kernel.list_runs("kernelctl-bench-sustained").await;
     // Each lane's turns over 15, rounded up, summed over the two lanes.
     let fewest = (calls / 15.0).ceil();
     let made = runs.len() as f64;

@@ -7,18 +7,12 @@ use serde_json::{Value, json};
 
 /// The child runs of `parent`, oldest first.
 async fn children(kernel: &Kernel, parent: &str) -> Vec<pb::Run> {
-    let runs = kernel
-        .runs()
+    let mut children: Vec<pb::Run> = kernel
+        .list_runs("")
         .await
-        .list_runs(pb::ListRunsRequest {
-            page_size: 1000,
-            ..Default::default()
-        })
-        .await
-        .expect("list runs")
-        .into_inner()
-        .runs;
-    let mut children: Vec<pb::Run> = runs.into_iter().filter(|r| r.parent_run_id == parent).collect();
+        .into_iter()
+        .filter(|r| r.parent_run_id == parent)
+        .collect();
     children.sort_by(|a, b| a.id.cmp(&b.id));
     children
 }
