@@ -23,7 +23,11 @@ import pytest
 from conftest import serving
 from harness import REPO, WAIT, Kernel, Process, binary
 from selenium import webdriver
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -33,6 +37,27 @@ from selenium.webdriver.support.ui import WebDriverWait
 from kernel_sdk import AgentClient, CallOutcome, ToolCall, ToolContext, tool
 
 SCREENSHOTS = REPO / "target" / "console-screenshots"
+
+
+# What Chromium says when a command meets a document that a navigation (a form's submit, the
+# page's own refresh) has replaced under it: reported as an unknown error, not a stale element.
+DOCUMENT_SWAPPED = (
+    "does not belong to the document",
+    "Execution context was destroyed",
+    "Cannot find context with specified id",
+    "document unloaded",
+)
+
+
+def swapped_document_is_a_miss(check: Callable[[WebDriver], Any], driver: WebDriver) -> Any:
+    """One poll of a wait: a document swapped mid-check is a miss, and the next poll reads the
+    new one; any other error is the test's."""
+    try:
+        return check(driver)
+    except WebDriverException as error:
+        if any(fragment in str(error) for fragment in DOCUMENT_SWAPPED):
+            return False
+        raise
 
 
 class Browser:
@@ -57,7 +82,7 @@ class Browser:
                 poll_frequency=0.1,
                 ignored_exceptions=[NoSuchElementException, StaleElementReferenceException],
             )
-            return wait.until(check)
+            return wait.until(lambda driver: swapped_document_is_a_miss(check, driver))
         except Exception as error:
             self.shot("failed")
             raise AssertionError(
@@ -65,7 +90,12 @@ class Browser:
             ) from error
 
     def text(self) -> str:
-        return str(self.driver.find_element(By.TAG_NAME, "body").text)
+        # One script, not a find and then a read: a form's submit swaps the document, and a body
+        # found just before it is gone by the read (Chromium reports that as an unknown error,
+        # "Node with given id does not belong to the document", not as a stale element).
+        return str(
+            self.driver.execute_script("return document.body ? document.body.innerText : ''")
+        )
 
     def source(self) -> str:
         return str(self.driver.page_source)
