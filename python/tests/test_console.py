@@ -85,8 +85,10 @@ class Browser:
             return wait.until(lambda driver: swapped_document_is_a_miss(check, driver))
         except Exception as error:
             self.shot("failed")
+            # Read like a poll, so a page replaced at this moment cannot hide what was waited for.
+            shows = swapped_document_is_a_miss(lambda _: self.text(), self.driver)
             raise AssertionError(
-                f"the page never showed {what}; it shows:\n{self.text()[:3000]}"
+                f"the page never showed {what}; it shows:\n{(shows or '(a page being replaced)')[:3000]}"
             ) from error
 
     def text(self) -> str:
