@@ -767,6 +767,7 @@ pub fn status_text(status: &StatusView) -> String {
             ),
             ("store statements", status.store_statements.to_string()),
             ("disk written", bytes(status.disk_write_bytes)),
+            ("logs dropped", format!("{} lines", status.log_lines_dropped)),
             (
                 "in-flight scans",
                 format!(
@@ -1172,6 +1173,7 @@ mod tests {
             store_syncs: 9,
             store_statements: 120,
             disk_write_bytes: 8_388_608,
+            log_lines_dropped: 0,
             resource_locks: vec![pb::ResourceLock {
                 resource: "repo:acme/api".into(),
                 run_id: "r1".into(),

@@ -549,6 +549,8 @@ pub struct StatusView {
     pub store_statements: u64,
     /// Bytes the kernel process wrote to storage; `null` when it could not tell.
     pub disk_write_bytes: Option<u64>,
+    /// Log lines the kernel could not write (its standard error closed).
+    pub log_lines_dropped: u64,
     /// Locks running calls hold on resource instances.
     pub resource_locks: Vec<ResourceLockView>,
 }
@@ -583,6 +585,7 @@ impl From<pb::GetStatusResponse> for StatusView {
             store_syncs: status.store_syncs,
             store_statements: status.store_statements,
             disk_write_bytes: (status.disk_write_bytes > 0).then_some(status.disk_write_bytes),
+            log_lines_dropped: status.log_lines_dropped,
             resource_locks: status
                 .resource_locks
                 .into_iter()

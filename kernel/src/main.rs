@@ -28,11 +28,10 @@ fn main() -> ExitCode {
 
 async fn serve() -> ExitCode {
     let config = kernel::Config::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("KERNEL_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    kernel::logs::install(
+        EnvFilter::try_from_env("KERNEL_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        std::io::stderr().is_terminal(),
+    );
     // The background thread purges freed pages on its own clock, so memory goes back to the
     // system after a burst even when the threads that freed it have gone quiet.
     if let Err(error) = tikv_jemalloc_ctl::background_thread::write(true) {
@@ -77,4 +76,12 @@ async fn watch_signals(shutdown: CancellationToken) {
         _ = int.recv() => tracing::info!(signal = "SIGINT", "stopping"),
     }
     shutdown.cancel();
+    // A second signal while the kernel drains means now: what was in flight is settled at the
+    // next start, as after a crash.
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::warn!("a second signal: stopping now, without waiting for the drain");
+    std::process::exit(1);
 }

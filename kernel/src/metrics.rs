@@ -146,6 +146,11 @@ impl Metrics {
             "Approvals waiting for a person's answer",
             approvals_waiting.clone(),
         );
+        registry.register(
+            "log_lines_dropped",
+            "Log lines that could not be written (standard error closed or full); the kernel goes on without them",
+            crate::logs::dropped().clone(),
+        );
         Metrics {
             registry,
             calls,

@@ -203,6 +203,8 @@ enum Msg {
     Claimed(Vec<StepRecord>),
     /// Another replica wrote these runs: a lease here whose step it settled is cancelled.
     RemoteRuns(Vec<RunId>),
+    /// The kernel drains: start nothing new, and answer once no call runs on a worker here.
+    Quiesce(oneshot::Sender<()>),
 }
 
 /// A cheap handle on the scheduler task.
@@ -215,6 +217,18 @@ pub struct Scheduler {
 impl Scheduler {
     /// Starts the scheduler task; it stops when `shutdown` is cancelled.
     pub fn spawn(config: SchedulerConfig, store: Store, shutdown: CancellationToken) -> Scheduler {
+        let (scheduler, task) = Scheduler::new(config, store, shutdown);
+        tokio::spawn(task);
+        scheduler
+    }
+
+    /// The scheduler's handle and its task, for the caller to spawn; the task ends when
+    /// `shutdown` is cancelled.
+    pub fn new(
+        config: SchedulerConfig,
+        store: Store,
+        shutdown: CancellationToken,
+    ) -> (Scheduler, impl std::future::Future<Output = ()> + Send + 'static) {
         let (tx, rx) = mpsc::unbounded_channel();
         let actor = Actor {
             config: config.clone(),
@@ -233,9 +247,10 @@ impl Scheduler {
             claiming: false,
             deferred: Default::default(),
             delivered: Default::default(),
+            stopping: false,
+            quiesced: Vec::new(),
         };
-        tokio::spawn(actor.run(rx, shutdown));
-        Scheduler { tx, config }
+        (Scheduler { tx, config }, actor.run(rx, shutdown))
     }
 
     /// The timing the scheduler runs with.
@@ -378,6 +393,16 @@ impl Scheduler {
             .map_err(|_| KernelError::Unavailable("the scheduler has stopped".into()))
     }
 
+    /// Starts nothing new from now on (queued calls stay queued, in memory and in the store, for
+    /// the next kernel), and returns once no call runs on a worker of this kernel. A hosted run's
+    /// own dispatch is not waited for: its handler may wait on people for days.
+    pub async fn quiesce(&self) {
+        let (reply, answer) = oneshot::channel();
+        self.send(Msg::Quiesce(reply));
+        // A scheduler that has stopped runs nothing.
+        let _ = answer.await;
+    }
+
     /// The connected workers.
     pub async fn snapshot(&self) -> Result<Vec<WorkerSnapshot>, KernelError> {
         let (reply, answer) = oneshot::channel();
@@ -497,6 +522,10 @@ struct Actor {
     /// Reserved calls sent to their workers before their start committed, until their turn's
     /// write comes back: that answer must not send them again, nor lose them.
     delivered: std::collections::HashSet<String>,
+    /// The kernel drains: nothing new is dispatched or reserved.
+    stopping: bool,
+    /// Who waits for the last call running on a worker here to end.
+    quiesced: Vec<oneshot::Sender<()>>,
 }
 
 impl Actor {
@@ -519,6 +548,11 @@ impl Actor {
                 _ = tick.tick() => self.on_tick(),
                 _ = scan.tick() => self.scan(),
                 _ = approvals.tick() => self.expire_approvals(),
+            }
+            if !self.quiesced.is_empty() && !self.leases.values().any(|lease| lease.agent.is_none()) {
+                for waiter in self.quiesced.drain(..) {
+                    let _ = waiter.send(());
+                }
             }
         }
         debug!("scheduler stopped");
@@ -553,6 +587,14 @@ impl Actor {
                 self.claim(tools.into_iter().collect(), agents.into_iter().collect());
             }
             Msg::RemoteRuns(runs) => self.check_remote_runs(runs),
+            Msg::Quiesce(reply) => {
+                if !self.stopping {
+                    let running = self.leases.values().filter(|lease| lease.agent.is_none()).count();
+                    info!(running, queued = self.queue.len(), "draining: no new dispatches");
+                }
+                self.stopping = true;
+                self.quiesced.push(reply);
+            }
             Msg::Leave { session_id, reason } => self.leave(&session_id, &reason),
             Msg::Heartbeat { session_id } => {
                 if let Some(session) = self.sessions.get_mut(&session_id) {
@@ -829,7 +871,7 @@ impl Actor {
             .into_iter()
             .filter(|a| self.offered_here(StepKind::Agent, a))
             .collect();
-        if free == 0 || (tools.is_empty() && agents.is_empty()) {
+        if self.stopping || free == 0 || (tools.is_empty() && agents.is_empty()) {
             return;
         }
         if self.claiming {
@@ -1063,6 +1105,9 @@ impl Actor {
     }
 
     fn dispatch_ready(&mut self) {
+        if self.stopping {
+            return;
+        }
         let now = Instant::now();
         // Under load the queue is long and every session full: stop as soon as no slot is left, and
         // pick at most once per tool that found no session, or each event would cost a pick per
@@ -1176,6 +1221,9 @@ impl Actor {
         (turn, limit): (u32, Option<u32>),
         calls: Vec<ReserveCall>,
     ) -> Vec<Option<Reservation>> {
+        if self.stopping {
+            return calls.iter().map(|_| None).collect();
+        }
         let mut taken = 0;
         calls
             .into_iter()

@@ -23,6 +23,7 @@ use crate::error::KernelError;
 use crate::governance::Governance;
 use crate::grpc::{AdminApi, ApprovalApi, HostedApi, Kernel, RegistryApi, RunApi, ToolCallApi, WorkerApi};
 use crate::hub::Hub;
+use crate::lifecycle::Lifecycle;
 use crate::model::{StepRecord, StepStatus};
 use crate::registry::Registry;
 use crate::scheduler::Scheduler;
@@ -78,14 +79,21 @@ async fn recover(store: &Store, replicated: Option<Duration>) -> Result<Vec<Step
     Ok(queue)
 }
 
-/// Serves until `shutdown`, then gives open streams at most `drain` to end. The router (and with it
-/// every service's handle on the store) is dropped on return.
+/// Serves until the kernel drains, lets the calls running on workers finish within `drain`
+/// (none when a task failed), then shuts down and gives open streams [`STREAMS_GRACE`] to end. The router (and with it every service's handle on the store)
+/// is dropped on return.
 async fn serve(
     router: tonic::transport::server::Router,
     listener: TcpListener,
-    shutdown: CancellationToken,
+    stopping: Stopping,
     drain: Duration,
 ) -> Result<(), KernelError> {
+    let Stopping {
+        lifecycle,
+        scheduler,
+        health,
+    } = stopping;
+    let shutdown = lifecycle.shutdown().clone();
     let server =
         // Nagle would hold every small response for the peer's delayed ACK (about 40 ms a call).
         router.serve_with_incoming_shutdown(
@@ -94,16 +102,72 @@ async fn serve(
         );
     tokio::pin!(server);
     tokio::select! {
-        result = &mut server => result.map_err(|e| KernelError::Unavailable(format!("server: {e}")))?,
-        _ = shutdown.cancelled() => {
-            info!(drain_ms = drain.as_millis() as u64, "shutting down");
-            match tokio::time::timeout(drain, &mut server).await {
-                Ok(result) => result.map_err(|e| KernelError::Unavailable(format!("server: {e}")))?,
-                Err(_) => warn!("streams still open after the drain timeout; closing them"),
+        result = &mut server => {
+            // The listener failed while serving: nothing reaches the kernel any more.
+            let error = result.err().map_or_else(|| "ended".to_owned(), |e| e.to_string());
+            lifecycle.shutdown().cancel();
+            return Err(KernelError::Unavailable(format!("the gRPC listener stopped: {error}")));
+        }
+        _ = lifecycle.draining().cancelled() => {}
+    }
+    let deadline = tokio::time::Instant::now() + drain;
+    let drained = async {
+        set_not_serving(&health).await;
+        if lifecycle.failure().is_none() {
+            info!(
+                drain_ms = drain.as_millis() as u64,
+                "draining: new turns and sessions refused, running calls finish"
+            );
+            if tokio::time::timeout_at(deadline, scheduler.quiesce()).await.is_err() {
+                warn!(
+                    "calls still running at the drain timeout; they are settled as after a crash when the kernel is back"
+                );
             }
         }
+    };
+    // The server goes on accepting meanwhile: health checks and the refusals of new work are
+    // answered on new connections too.
+    tokio::select! {
+        result = &mut server => {
+            let error = result.err().map_or_else(|| "ended".to_owned(), |e| e.to_string());
+            lifecycle.shutdown().cancel();
+            return Err(KernelError::Unavailable(format!("the gRPC listener stopped while draining: {error}")));
+        }
+        _ = drained => {}
+    }
+    info!("shutting down");
+    shutdown.cancel();
+    // Their last messages are on their way; a client that does not read them (its connection
+    // unpolled, so it never acknowledges the server's goodbye) must not hold the kernel.
+    match tokio::time::timeout(STREAMS_GRACE, &mut server).await {
+        Ok(result) => result.map_err(|e| KernelError::Unavailable(format!("server: {e}")))?,
+        Err(_) => warn!("streams still open after the drain timeout; closing them"),
     }
     Ok(())
+}
+
+/// How long open streams get to end once the kernel shuts down.
+const STREAMS_GRACE: Duration = Duration::from_secs(1);
+
+/// What a drain needs besides the router.
+struct Stopping {
+    lifecycle: Lifecycle,
+    scheduler: Scheduler,
+    health: tonic_health::server::HealthReporter,
+}
+
+/// Every service the kernel serves, as gRPC health names them ("" is the whole server).
+async fn set_not_serving(health: &tonic_health::server::HealthReporter) {
+    health
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    health.set_not_serving::<RunServiceServer<RunApi>>().await;
+    health.set_not_serving::<ToolCallServiceServer<ToolCallApi>>().await;
+    health.set_not_serving::<HostedServiceServer<HostedApi>>().await;
+    health.set_not_serving::<WorkerServiceServer<WorkerApi>>().await;
+    health.set_not_serving::<RegistryServiceServer<RegistryApi>>().await;
+    health.set_not_serving::<ApprovalServiceServer<ApprovalApi>>().await;
+    health.set_not_serving::<AdminServiceServer<AdminApi>>().await;
 }
 
 /// How often expired cache entries are purged, and at most how many per write, so a large backlog
@@ -149,7 +213,8 @@ async fn reload_on_sighup(governance: Governance, keys: Option<Arc<Keys>>, shutd
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut hangup) = signal(SignalKind::hangup()) else {
         warn!("cannot listen for SIGHUP; reload the policy through AdminService.ReloadPolicy");
-        return;
+        // Not a failure of the kernel: it serves on without reloads.
+        return shutdown.cancelled().await;
     };
     loop {
         tokio::select! {
@@ -165,12 +230,16 @@ async fn reload_on_sighup(governance: Governance, keys: Option<Arc<Keys>>, shutd
     }
 }
 
-/// Runs the kernel until `shutdown` is cancelled. `on_listening` receives the bound address.
+/// Runs the kernel until `stop` is cancelled, then drains (see [`crate::lifecycle`]).
+/// `on_listening` receives the bound address. A long-lived task that ends while the kernel serves
+/// stops it too, and `run` returns its [`crate::lifecycle::TaskFailure`].
 pub async fn run(
     config: Config,
-    shutdown: CancellationToken,
+    stop: CancellationToken,
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<(), KernelError> {
+    let lifecycle = Lifecycle::new(stop);
+    let shutdown = lifecycle.shutdown().clone();
     // A policy file that does not load stops the kernel before it touches anything.
     let governance = Governance::load(config.policy.as_deref(), config.unit_prices.clone())?;
     // So do TLS files that do not load.
@@ -193,6 +262,7 @@ pub async fn run(
     let listener = bind(config.listen).await?;
     let hub = Hub::default();
     let (store, writer) = Store::open_database(&config.db, config.durability, hub.clone()).await?;
+    lifecycle.watch("store writer", writer.ended());
     let traces = match &config.otlp_endpoint {
         Some(endpoint) => {
             let (sink, exporting) = crate::traces::start(endpoint, store.reads.clone())?;
@@ -209,7 +279,8 @@ pub async fn run(
         ..config.scheduler()
     };
     let recovered = recover(&store, replicated.then_some(scheduler_config.lease_ttl)).await?;
-    let scheduler = Scheduler::spawn(scheduler_config, store.clone(), shutdown.clone());
+    let (scheduler, scheduling) = Scheduler::new(scheduler_config, store.clone(), shutdown.clone());
+    lifecycle.spawn("scheduler", scheduling);
     for step in recovered {
         scheduler.enqueue(step);
     }
@@ -218,26 +289,24 @@ pub async fn run(
     let (ready, mut woken) = tokio::sync::mpsc::unbounded_channel();
     hub.on_ready(ready);
     let waker = scheduler.clone();
-    tokio::spawn(async move {
+    lifecycle.spawn("waker", async move {
         while let Some(step) = woken.recv().await {
             waker.enqueue(step);
         }
     });
 
     if let Database::Postgres(url) = &config.db {
-        tokio::spawn(crate::cluster::heartbeat(
-            store.clone(),
-            scheduler.clone(),
-            registry.clone(),
-            shutdown.clone(),
-        ));
+        lifecycle.spawn(
+            "cluster heartbeat",
+            crate::cluster::heartbeat(store.clone(), scheduler.clone(), registry.clone(), shutdown.clone()),
+        );
         let feed = crate::cluster::feed::Feed {
             store: store.clone(),
             hub: hub.clone(),
             scheduler: scheduler.clone(),
             registry: registry.clone(),
         };
-        tokio::spawn(feed.run(url.clone(), shutdown.clone()));
+        lifecycle.spawn("cluster feed", feed.run(url.clone(), shutdown.clone()));
     }
 
     let kernel = Kernel {
@@ -246,6 +315,7 @@ pub async fn run(
         registry,
         scheduler,
         governance: governance.clone(),
+        draining: lifecycle.draining().clone(),
         shutdown: shutdown.clone(),
         default_timeout_ms: config.default_tool_timeout_ms,
         limits: config.limits(),
@@ -280,18 +350,17 @@ pub async fn run(
         .set_serving::<ApprovalServiceServer<ApprovalApi>>()
         .await;
     health_reporter.set_serving::<AdminServiceServer<AdminApi>>().await;
-    tokio::spawn(reload_on_sighup(governance, keys.clone(), shutdown.clone()));
-    tokio::spawn(purge_expired_caches(store.clone(), shutdown.clone()));
+    lifecycle.spawn("reload", reload_on_sighup(governance, keys.clone(), shutdown.clone()));
+    lifecycle.spawn("cache purge", purge_expired_caches(store.clone(), shutdown.clone()));
     if let Some(retain) = config.retain_finished {
         info!(
             retain_ms = retain.as_millis() as u64,
             "finished runs are deleted past the retention"
         );
-        tokio::spawn(crate::retention::retain_finished(
-            store.clone(),
-            retain,
-            shutdown.clone(),
-        ));
+        lifecycle.spawn(
+            "retention",
+            crate::retention::retain_finished(store.clone(), retain, shutdown.clone()),
+        );
     }
 
     let addr = listener
@@ -299,15 +368,23 @@ pub async fn run(
         .map_err(|e| KernelError::Unavailable(e.to_string()))?;
     info!(%addr, db = %config.db, schema = Store::schema_version(), replica = store.replica(), "listening");
     if let Some(mcp) = config.mcp_listen {
-        serve_mcp(mcp, addr, shutdown.clone()).await?;
+        lifecycle.spawn("mcp listener", serve_mcp(mcp, addr, shutdown.clone()).await?);
     }
     if let Some(http) = config.http_listen {
-        crate::http::serve(http, kernel.clone(), shutdown.clone()).await?;
+        lifecycle.spawn(
+            "http listener",
+            crate::http::serve(http, kernel.clone(), shutdown.clone()).await?,
+        );
     }
     on_listening(addr);
 
     // A message over this is refused by tonic before it is decoded.
     let max_message = config.max_message_bytes;
+    let stopping = Stopping {
+        lifecycle: lifecycle.clone(),
+        scheduler: kernel.scheduler.clone(),
+        health: health_reporter,
+    };
     let router = server
         .add_service(health)
         .add_service(reflection_v1)
@@ -350,13 +427,15 @@ pub async fn run(
     serve(
         router,
         listener,
-        shutdown,
+        stopping,
         Duration::from_millis(config.drain_timeout_ms),
     )
     .await?;
     if replicated {
         crate::cluster::hand_back(&store).await;
     }
+    // Streams a client stopped reading may still hold the store; the writer need not wait for them.
+    store.stop_writer();
     drop(store);
     let drain = Duration::from_millis(config.drain_timeout_ms);
     // Give the writer its last batch: every command already queued commits before it exits.
@@ -367,9 +446,14 @@ pub async fn run(
     if let Some(traces) = traces {
         traces.finish(drain).await;
     }
-    info!("stopped");
     drop(db_lock);
-    Ok(())
+    match lifecycle.failure() {
+        Some(failure) => Err(KernelError::Unavailable(failure.to_string())),
+        None => {
+            info!("stopped");
+            Ok(())
+        }
+    }
 }
 
 /// Refuses an MCP listener the kernel cannot serve safely: beside TLS on gRPC (its bridge speaks
@@ -399,9 +483,14 @@ fn check_exposed(config: &Config, flag: &str, addr: SocketAddr) -> Result<(), Ke
     Ok(())
 }
 
-/// Serves the kernel's tools to MCP clients on `listen` (`/mcp`), bridged to this kernel's own gRPC
-/// address `grpc` like any agent, so validation, policy, approvals and keys apply as for one.
-async fn serve_mcp(listen: SocketAddr, grpc: SocketAddr, shutdown: CancellationToken) -> Result<(), KernelError> {
+/// Binds `listen` for MCP clients and returns what serves the kernel's tools there (`/mcp`),
+/// bridged to this kernel's own gRPC address `grpc` like any agent, so validation, policy,
+/// approvals and keys apply as for one.
+async fn serve_mcp(
+    listen: SocketAddr,
+    grpc: SocketAddr,
+    shutdown: CancellationToken,
+) -> Result<impl std::future::Future<Output = Result<(), String>> + Send + 'static, KernelError> {
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|e| KernelError::Unavailable(format!("cannot listen on {listen} (--mcp-listen): {e}")))?;
@@ -419,12 +508,7 @@ async fn serve_mcp(listen: SocketAddr, grpc: SocketAddr, shutdown: CancellationT
         ..Default::default()
     };
     info!(addr = %bound, path = "/mcp", "mcp listening");
-    tokio::spawn(async move {
-        if let Err(error) = kernel_mcp::serve::serve_http(bridge, listener, shutdown).await {
-            warn!(%error, "mcp listener stopped");
-        }
-    });
-    Ok(())
+    Ok(async move { kernel_mcp::serve::serve_http(bridge, listener, shutdown).await })
 }
 
 /// Binds the gRPC port, saying what to do when another process holds it.

@@ -262,6 +262,19 @@ fn spawn_kernel(dir: &Path, listen: &str, options: &KernelOptions) -> (Process, 
     (process, addr)
 }
 
+/// A folder for a kernel's files, and `options` with the suite's PostgreSQL server's fresh
+/// database when the suite runs on one and the test does not insist on SQLite.
+fn suite_database(mut options: KernelOptions) -> (tempfile::TempDir, KernelOptions) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    if options.db.is_none()
+        && !options.sqlite
+        && let Ok(server) = std::env::var(postgres::SUITE_SERVER)
+    {
+        options.db = Some(postgres::fresh_database(&server));
+    }
+    (dir, options)
+}
+
 /// The complete lines of a fault workers' ledger file.
 pub fn read_ledger(file: &Path) -> Vec<LedgerLine> {
     let text = std::fs::read_to_string(file).unwrap_or_default();
@@ -310,17 +323,52 @@ impl Kernel {
     }
 
     /// Starts a kernel and waits until it listens.
-    pub fn start_with(mut options: KernelOptions) -> Kernel {
-        let dir = tempfile::tempdir().expect("temp dir");
-        if options.db.is_none()
-            && !options.sqlite
-            && let Ok(server) = std::env::var(postgres::SUITE_SERVER)
-        {
-            options.db = Some(postgres::fresh_database(&server));
-        }
+    pub fn start_with(options: KernelOptions) -> Kernel {
+        let (dir, options) = suite_database(options);
         let (process, addr) = spawn_kernel(dir.path(), "127.0.0.1:0", &options);
         Kernel {
             process,
+            addr,
+            dir,
+            options,
+        }
+    }
+
+    /// Starts a kernel whose stderr is a pipe that the test stops reading once the kernel
+    /// listens, as when `kernel 2>&1 | tee kernel.log` loses its `tee` to a Ctrl-C: every later
+    /// log line meets a closed pipe. [`Kernel::process`]'s log stays empty.
+    pub fn start_with_log_reader_gone(options: KernelOptions) -> Kernel {
+        let (dir, options) = suite_database(options);
+        let mut command = kernel_command(dir.path(), "127.0.0.1:0", &options);
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().expect("start the kernel");
+        let stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
+        let (found, listening) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = stderr.lines();
+            for line in lines.by_ref().map_while(Result::ok) {
+                if line.contains("listening") {
+                    // The reader goes back with the line, to be closed by the test.
+                    let _ = found.send((line, lines));
+                    return;
+                }
+            }
+        });
+        let (line, reader) = listening.recv_timeout(WAIT).expect("the kernel listens");
+        drop(reader);
+        let addr = line
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix("addr="))
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no addr= in {line:?}"));
+        Kernel {
+            process: Process {
+                child,
+                log: Log::default(),
+            },
             addr,
             dir,
             options,

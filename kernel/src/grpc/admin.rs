@@ -135,6 +135,7 @@ impl AdminService for AdminApi {
             store_syncs: crate::metrics::get().syncs(),
             store_statements: crate::metrics::get().statement_count(),
             disk_write_bytes: crate::memory::disk_write_bytes().unwrap_or(0),
+            log_lines_dropped: crate::logs::dropped().get(),
         }))
     }
 }

@@ -35,6 +35,10 @@ pub struct Kernel {
     pub registry: Registry,
     pub scheduler: Scheduler,
     pub governance: crate::governance::Governance,
+    /// Cancelled when the kernel stops taking new work: health says not serving, new turns and
+    /// worker sessions are refused, running calls finish.
+    pub draining: CancellationToken,
+    /// Cancelled when every stream must end.
     pub shutdown: CancellationToken,
     /// Timeout of a call whose tool declares none.
     pub default_timeout_ms: u64,
@@ -46,6 +50,18 @@ pub struct Kernel {
     pub started_at: crate::model::Millis,
     /// The API keys in force; `None` when authentication is off.
     pub keys: Option<std::sync::Arc<crate::auth::Keys>>,
+}
+
+impl Kernel {
+    /// Refuses new work once the kernel drains to stop; `then` says what the caller may do.
+    pub(crate) fn taking_work(&self, then: &str) -> Result<(), crate::KernelError> {
+        if self.draining.is_cancelled() {
+            return Err(crate::KernelError::Unavailable(format!(
+                "kernel draining to stop; {then} once it is back, or on another replica"
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The size of each response stream's buffer.

@@ -365,6 +365,9 @@ pub(super) async fn submit(
     request: pb::SubmitTurnRequest,
     fence: Option<Fence>,
 ) -> Result<mpsc::Receiver<Result<pb::SubmitTurnResponse, Status>>, KernelError> {
+    // A hosted handler's calls are its run's, already dispatched: they are recorded while the
+    // kernel drains (and run once it is back); an agent's new turn is refused.
+    let hosted = fence.is_some();
     let mut planned = plan(kernel, request, fence).await?;
     let run_id = planned.plan.run_id.clone();
     let positions: Vec<u32> = planned.plan.calls.iter().map(|c| c.position).collect();
@@ -380,6 +383,9 @@ pub(super) async fn submit(
             steps.into_iter().map(CallDisposition::Replayed).collect()
         }
         None => {
+            if !hosted {
+                kernel.taking_work("resubmit the turn")?;
+            }
             let plan = decide(kernel, planned).await?;
             // Runs to the end even if the agent goes away meanwhile: slots reserved for the
             // turn must come back to the scheduler whatever happens.
@@ -534,13 +540,16 @@ async fn stream_results(
         if !ordered.flush(&tx).await || ordered.done() {
             return;
         }
+        // Results already published go out before a shutdown ends the stream: a drain waits for
+        // the calls to settle, then shuts down, and their turns must still get them.
         let signal = tokio::select! {
+            biased;
+            signal = live.recv() => signal,
             _ = kernel.shutdown.cancelled() => {
                 let _ = tx.send(Err(Status::unavailable("kernel shutting down; resubmit the turn to get its results"))).await;
                 return;
             }
             _ = tx.closed() => return,
-            signal = live.recv() => signal,
         };
         match signal {
             Ok(Signal::Events(events)) => {

@@ -76,6 +76,7 @@ impl WorkerService for WorkerApi {
     ) -> Result<Response<Self::OpenSessionStream>, Status> {
         // Set when the kernel requires API keys: the key's globs bound the tools this worker offers.
         let caller = request.extensions().get::<Caller>().cloned();
+        self.0.taking_work("open the session again")?;
         // The permit is held until the session ends, its hello included.
         let limits = self.0.limits;
         let permit = self.0.sessions.clone().try_acquire_owned().map_err(|_| {

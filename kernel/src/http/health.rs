@@ -6,18 +6,18 @@ use axum::http::StatusCode;
 
 use super::Http;
 
-/// 200 while the kernel serves, 503 once it is shutting down.
+/// 200 while the kernel serves, 503 once it drains to stop (asked to, or a task it needs ended).
 pub async fn healthz(State(http): State<Http>) -> (StatusCode, &'static str) {
-    if http.kernel.shutdown.is_cancelled() {
+    if http.kernel.draining.is_cancelled() {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
     }
     (StatusCode::OK, "ok\n")
 }
 
 /// 200 when the store answers a query; 503 with the reason when it does not or the kernel is
-/// shutting down.
+/// draining to stop.
 pub async fn readyz(State(http): State<Http>) -> (StatusCode, String) {
-    if http.kernel.shutdown.is_cancelled() {
+    if http.kernel.draining.is_cancelled() {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n".to_owned());
     }
     match http.kernel.store.reads.ping().await {

@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::error::KernelError;
 use crate::grpc::Kernel;
@@ -35,8 +35,12 @@ pub struct Http {
     scrape: Arc<scrape::Cache>,
 }
 
-/// Binds `listen`, then serves until `shutdown`.
-pub async fn serve(listen: SocketAddr, kernel: Kernel, shutdown: CancellationToken) -> Result<(), KernelError> {
+/// Binds `listen`, then returns what serves it until `shutdown`.
+pub async fn serve(
+    listen: SocketAddr,
+    kernel: Kernel,
+    shutdown: CancellationToken,
+) -> Result<impl std::future::Future<Output = std::io::Result<()>> + Send + 'static, KernelError> {
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|e| KernelError::Unavailable(format!("cannot listen on {listen} (--http-listen): {e}")))?;
@@ -50,15 +54,11 @@ pub async fn serve(listen: SocketAddr, kernel: Kernel, shutdown: CancellationTok
     };
     let app = router(state);
     info!(addr = %bound, "http listening");
-    tokio::spawn(async move {
-        let served = axum::serve(listener, app)
+    Ok(async move {
+        axum::serve(listener, app)
             .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await;
-        if let Err(error) = served {
-            warn!(%error, "http listener stopped");
-        }
-    });
-    Ok(())
+            .await
+    })
 }
 
 fn router(state: Http) -> Router {

@@ -160,7 +160,7 @@ pub fn check_tool_cache_key(key: &str) -> Result<(), KernelError> {
 /// A cheap handle on the store.
 #[derive(Clone)]
 pub struct Store {
-    commands: mpsc::Sender<Command>,
+    commands: mpsc::Sender<writer::Order>,
     /// Read-only queries.
     pub reads: Readers,
     /// This kernel's replica id, new at every start: the holder of the leases its writer records.
@@ -185,12 +185,35 @@ pub struct ReplicaRow {
 }
 
 /// The writer thread; joining it waits for the last batch to commit.
-pub struct WriterThread(std::thread::JoinHandle<()>);
+pub struct WriterThread {
+    thread: std::thread::JoinHandle<()>,
+    ended: tokio_util::sync::CancellationToken,
+}
 
 impl WriterThread {
+    fn spawn(write: impl FnOnce() + Send + 'static) -> Result<WriterThread, KernelError> {
+        let ended = tokio_util::sync::CancellationToken::new();
+        // Dropped however the thread ends, a panic included.
+        let guard = ended.clone().drop_guard();
+        let thread = std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || {
+                let _ended = guard;
+                write();
+            })
+            .map_err(|e| KernelError::Store(format!("cannot start the writer thread: {e}")))?;
+        Ok(WriterThread { thread, ended })
+    }
+
+    /// Completes when the thread has ended: at shutdown once every [`Store`] is dropped, or
+    /// earlier if it failed.
+    pub fn ended(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.ended.clone().cancelled_owned()
+    }
+
     /// Waits for the writer to drain and exit (all [`Store`] handles must be dropped first).
     pub fn join(self) {
-        let _ = self.0.join();
+        let _ = self.thread.join();
     }
 }
 
@@ -297,25 +320,22 @@ impl Store {
         let writer_live = live.clone();
         let reads = Readers::open(&PathBuf::from(path), Some(live))?;
         let idle_reads = reads.clone();
-        let thread = std::thread::Builder::new()
-            .name("store-writer".into())
-            .spawn(move || {
-                writer::run(
-                    WriteConn::Sqlite(conn, sync, checkpoints),
-                    &writer_replica,
-                    receiver,
-                    (Some(&writer_live), move |published| hub.publish_committed(published)),
-                    move || idle_reads.release_memory(),
-                )
-            })
-            .map_err(|e| KernelError::Store(format!("cannot start the writer thread: {e}")))?;
+        let thread = WriterThread::spawn(move || {
+            writer::run(
+                WriteConn::Sqlite(conn, sync, checkpoints),
+                &writer_replica,
+                receiver,
+                (Some(&writer_live), move |published| hub.publish_committed(published)),
+                move || idle_reads.release_memory(),
+            )
+        })?;
         Ok((
             Store {
                 commands,
                 reads,
                 replica,
             },
-            WriterThread(thread),
+            thread,
         ))
     }
 
@@ -331,29 +351,26 @@ impl Store {
         let writer_url = url.to_owned();
         let replica = new_replica_id();
         let writer_replica = replica.clone();
-        let thread = std::thread::Builder::new()
-            .name("store-writer".into())
-            .spawn(move || {
-                let conn = match postgres::open_writer(&writer_url) {
-                    Ok(conn) => conn,
-                    Err(error) => {
-                        let _ = ready.send(Err(error));
-                        return;
-                    }
-                };
-                let _ = ready.send(Ok(()));
-                writer::run(
-                    WriteConn::Postgres {
-                        conn: Box::new(conn),
-                        url: writer_url,
-                    },
-                    &writer_replica,
-                    receiver,
-                    (None, move |published| hub.publish_committed(published)),
-                    || {},
-                )
-            })
-            .map_err(|e| KernelError::Store(format!("cannot start the writer thread: {e}")))?;
+        let thread = WriterThread::spawn(move || {
+            let conn = match postgres::open_writer(&writer_url) {
+                Ok(conn) => conn,
+                Err(error) => {
+                    let _ = ready.send(Err(error));
+                    return;
+                }
+            };
+            let _ = ready.send(Ok(()));
+            writer::run(
+                WriteConn::Postgres {
+                    conn: Box::new(conn),
+                    url: writer_url,
+                },
+                &writer_replica,
+                receiver,
+                (None, move |published| hub.publish_committed(published)),
+                || {},
+            )
+        })?;
         opened
             .await
             .map_err(|_| KernelError::Store("the store writer stopped while opening".into()))??;
@@ -363,7 +380,7 @@ impl Store {
                 reads: Readers::open_postgres(url),
                 replica,
             },
-            WriterThread(thread),
+            thread,
         ))
     }
 
@@ -428,7 +445,7 @@ impl Store {
     ) -> Result<T, KernelError> {
         let (reply, answer) = oneshot::channel();
         self.commands
-            .send(make(reply))
+            .send(writer::Order::Write(make(reply)))
             .map_err(|_| KernelError::Unavailable("the store writer has stopped".into()))?;
         answer
             .await
@@ -481,7 +498,9 @@ impl Store {
         start: StartDispatch,
     ) -> impl std::future::Future<Output = Result<Option<StepRecord>, KernelError>> + Send + 'static {
         let (reply, answer) = oneshot::channel();
-        let sent = self.commands.send(Command::StartDispatch(start, reply));
+        let sent = self
+            .commands
+            .send(writer::Order::Write(Command::StartDispatch(start, reply)));
         async move {
             let stopped = || KernelError::Unavailable("the store writer has stopped".into());
             sent.map_err(|_| stopped())?;
@@ -586,11 +605,19 @@ impl Store {
         .await
     }
 
+    /// Tells the writer to commit what is queued and exit, even while other handles on the store
+    /// remain: the kernel is stopping, and a command sent after this fails as unavailable.
+    pub fn stop_writer(&self) {
+        let _ = self.commands.send(writer::Order::Stop);
+    }
+
     /// Counts a replay of these settled steps. The results served are durable already, so the
     /// caller does not wait for this commit.
     pub fn note_replays(&self, run: RunId, keys: Vec<StepKey>) {
         let (reply, _) = oneshot::channel();
-        let _ = self.commands.send(Command::NoteReplays(run, keys, reply));
+        let _ = self
+            .commands
+            .send(writer::Order::Write(Command::NoteReplays(run, keys, reply)));
     }
 
     /// Expires every pending approval whose deadline has passed.

@@ -609,6 +609,14 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
     responder
 }
 
+/// What goes down the writer's channel.
+pub enum Order {
+    Write(Command),
+    /// Commit what was queued before this, then exit, whoever still holds a [`super::Store`]
+    /// (a stream a client stopped reading keeps one until it is dropped).
+    Stop,
+}
+
 /// How long the store goes without a command before the writer gives back the memory it holds
 /// for a busy kernel: the pages SQLite caches, its own connection's and (through `idle`) the
 /// pooled readers' (up to 2 MB each), its memory of runs, and the threads' allocation caches,
@@ -616,16 +624,20 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
 const IDLE_BEFORE_RELEASE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Blocks for the next command, running `idle` once whenever none comes for
-/// [`IDLE_BEFORE_RELEASE`]; `None` once every sender is gone.
-fn next_command(commands: &Receiver<Command>, conn: &WriteConn, idle: &impl Fn()) -> Option<Command> {
-    match commands.recv_timeout(IDLE_BEFORE_RELEASE) {
-        Ok(command) => Some(command),
+/// [`IDLE_BEFORE_RELEASE`]; `None` once every sender is gone or the writer is told to stop.
+fn next_command(commands: &Receiver<Order>, conn: &WriteConn, idle: &impl Fn()) -> Option<Command> {
+    let order = match commands.recv_timeout(IDLE_BEFORE_RELEASE) {
+        Ok(order) => Some(order),
         Err(RecvTimeoutError::Disconnected) => None,
         Err(RecvTimeoutError::Timeout) => {
             conn.release_memory();
             idle();
             commands.recv().ok()
         }
+    };
+    match order? {
+        Order::Write(command) => Some(command),
+        Order::Stop => None,
     }
 }
 
@@ -635,7 +647,7 @@ fn next_command(commands: &Receiver<Command>, conn: &WriteConn, idle: &impl Fn()
 pub fn run(
     mut conn: WriteConn,
     replica: &str,
-    commands: Receiver<Command>,
+    commands: Receiver<Order>,
     (live, publish): (Option<&LiveRuns>, impl Fn(Vec<Published>)),
     idle: impl Fn(),
 ) {
@@ -646,11 +658,16 @@ pub fn run(
         idle();
         crate::memory::went_idle();
     };
-    while let Some(first) = next_command(&commands, &conn, &quiet) {
+    let mut stop = false;
+    while let Some(first) = (!stop).then(|| next_command(&commands, &conn, &quiet)).flatten() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match commands.try_recv() {
-                Ok(next) => batch.push(next),
+                Ok(Order::Write(next)) => batch.push(next),
+                Ok(Order::Stop) => {
+                    stop = true;
+                    break;
+                }
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
