@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 
 from conftest import serving
 from harness import Kernel
@@ -228,6 +229,38 @@ async def test_an_approval_round_trip_from_python(kernel: Kernel, client: AgentC
         rejected = await anext(events)
         assert isinstance(rejected, CallResult) and rejected.outcome == CallOutcome.REJECTED
         assert "too small" in rejected.content
+
+
+@tool(
+    writes=True,
+    requires_approval="args.cents > 10000",
+    approval_timeout=timedelta(hours=1),
+)
+async def large_refund(ctx: ToolContext, cents: int) -> str:
+    """Refunds an amount in cents; more than 10,000 waits for a person, for an hour at most."""
+    return f"refunded {cents}"
+
+
+async def test_a_predicate_with_a_timedelta_timeout_parks_only_the_large_refund(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, large_refund):
+        run = await client.create_run("py-agent")
+        small = await client.call_turn(run.id, 0, [ToolCall("large_refund", {"cents": 500})])
+        [ran] = small.results
+        assert ran.output == "refunded 500" and ran.approval is None, "no one was asked"
+
+        events = client.submit_turn(run.id, 1, [ToolCall("large_refund", {"cents": 25_000})])
+        asked = await anext(events)
+        assert isinstance(asked, Interruption) and asked.arguments == {"cents": 25_000}
+        [waiting] = await client.list_approvals(run_id=run.id)
+        assert waiting.status == "pending" and waiting.expires_at is not None
+        # The SDK's times are naive, in UTC.
+        left = waiting.expires_at - datetime.now(UTC).replace(tzinfo=None)
+        assert timedelta(minutes=55) < left <= timedelta(hours=1), left
+        await client.reject(waiting.id, decider="ana", reason="too much")
+        rejected = await anext(events)
+        assert isinstance(rejected, CallResult) and rejected.outcome == CallOutcome.REJECTED
 
 
 @tool(retries=0)
