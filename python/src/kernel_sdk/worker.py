@@ -8,6 +8,10 @@ heartbeats so a busy tool never starves the lease. A refused registration ends `
 `WorkerRefused`; a lost connection is retried with exponential backoff and jitter (100 ms doubling
 to 5 s); `stop()` (or SIGTERM / SIGINT) drains the open session: no more dispatches, the calls in
 flight finish within the drain timeout, then the stream closes.
+
+The worker says what it does on the `kernel_sdk.worker` logger: the session it opened (its name,
+tools and kernel), each backoff while it cannot reach the kernel (with a hint), its drain and its
+stop. With no logging configured those lines go to stderr (`_show_logs_by_default`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import logging
 import random
 import signal
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -73,6 +78,10 @@ class Worker:
     `workers:connect`, and its tool globs must cover every tool offered); `tls` reaches a kernel
     serving TLS; `drain_timeout` is how long stopping waits for calls in flight; with
     `ephemeral_tools` the kernel forgets the tools once no session offers them (for tests).
+
+    With no logging configured, `run` shows the worker's lines (connected, cannot reach the
+    kernel, draining, stopped) on stderr at INFO; configure logging before `run` to send them
+    elsewhere, or set the `kernel_sdk` logger's level to quiet them.
     """
 
     def __init__(
@@ -154,6 +163,7 @@ class Worker:
         """Serves the tools until `stop()` (or SIGTERM / SIGINT, with `handle_signals` on the main
         thread), then drains and returns. Raises `WorkerRefused` if the kernel refuses the session.
         """
+        _show_logs_by_default()
         loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         if self._stop_requested:
@@ -274,9 +284,13 @@ class _Session:
                 return
             await worker._set_session(welcome.session_id)
             logger.info(
-                "worker session open session_id=%s worker=%s heartbeat_ms=%d lease_ttl_ms=%d",
-                welcome.session_id,
+                "worker session open worker=%s kernel=%s tools=%s agents=%s session_id=%s "
+                "heartbeat_ms=%d lease_ttl_ms=%d",
                 worker.name,
+                worker.kernel,
+                ",".join(worker.tools) or "-",
+                ",".join(worker.agents) or "-",
+                welcome.session_id,
                 welcome.heartbeat_interval_ms,
                 welcome.lease_ttl_ms,
             )
@@ -317,7 +331,10 @@ class _Session:
             first = reading.result()
         except TimeoutError:
             call.cancel()
-            raise _Lost("no welcome from the kernel in time", opened=False) from None
+            raise _Lost(
+                f"no welcome from the kernel in time (is a kernel listening on {self.worker.kernel}?)",
+                opened=False,
+            ) from None
         except grpc.aio.AioRpcError as error:
             if error.code() in _REFUSALS:
                 raise WorkerRefused(error.code().name, error.details() or "") from None
@@ -355,7 +372,13 @@ class _Session:
         """No more dispatches; the calls in flight finish (within the drain timeout), then our
         side of the stream ends and the kernel has a moment to end its."""
         in_flight = [r.task for r in self.running.values() if r.task is not None]
-        logger.info("worker draining in_flight=%d", len(in_flight))
+        logger.info(
+            "worker draining worker=%s kernel=%s in_flight=%d timeout_s=%g",
+            self.worker.name,
+            self.worker.kernel,
+            len(in_flight),
+            self.worker.drain_timeout,
+        )
         self.send(wire.drain())
         if in_flight:
             _, pending = await asyncio.wait(in_flight, timeout=self.worker.drain_timeout)
@@ -366,7 +389,7 @@ class _Session:
         self.send(None)
         with contextlib.suppress(TimeoutError, grpc.aio.AioRpcError, asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(reader), _CLOSE_TIMEOUT)
-        logger.info("worker session closed")
+        logger.info("worker session closed worker=%s", self.worker.name)
 
     async def _read(self, call: Any) -> None:
         while True:
@@ -692,3 +715,24 @@ def _describe(kernel: str, error: grpc.aio.AioRpcError) -> str:
     if error.code() == grpc.StatusCode.UNAVAILABLE:
         return f"{text} (is a kernel listening on {kernel}?)"
     return text
+
+
+def _show_logs_by_default() -> None:
+    """With no logging configured, the worker's lines go to stderr at INFO.
+
+    A worker is a process's main loop, as a server is: left to Python's defaults it would say
+    nothing below WARNING, so neither that it connected nor that it drains. uvicorn gives its own
+    loggers a stderr handler at INFO; Temporal's Python SDK adds none and its users see nothing
+    until they call `logging.basicConfig`. This does what uvicorn does, but only when the
+    application configured no handler (none on the root logger or on `kernel_sdk`), so an
+    application that configured logging gets what it configured. Setting the `kernel_sdk`
+    logger's level before `run` still decides what is shown.
+    """
+    package = logging.getLogger("kernel_sdk")
+    if package.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    package.addHandler(handler)
+    if package.level == logging.NOTSET:
+        package.setLevel(logging.INFO)
