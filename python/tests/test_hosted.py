@@ -118,6 +118,29 @@ async def test_a_handler_that_is_not_deterministic_fails_with_replay_input_chang
             second.stop()
 
 
+def _route(destination: str) -> str:
+    raise LookupError(f"no route to {destination}")
+
+
+@agent
+async def py_lost(ctx: AgentContext, destination: str) -> str:
+    """Plans a route, which its helper cannot find."""
+    return _route(destination)
+
+
+async def test_a_handlers_exception_fails_the_run_with_its_traceback(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, agents=[py_lost]):
+        run = await client.create_run("py_lost", input="Atlantis", hosted=True)
+        events = await asyncio.wait_for(_ended(client, run.id), 30)
+    assert events[-1].type == "run:failed"
+    reason = (await client.get_run(run.id)).run.reason
+    assert reason.startswith("LookupError: no route to Atlantis\nTraceback"), reason
+    last_frame = f'File "{__file__}", line {_route.__code__.co_firstlineno + 1}, in _route'
+    assert last_frame in reason, reason
+
+
 @agent
 async def py_guarded(ctx: AgentContext, input: None) -> dict[str, object]:
     """Tries a step the policy denies, then one it allows."""

@@ -11,23 +11,29 @@ flight finish within the drain timeout, then the stream closes.
 
 The worker says what it does on the `kernel_sdk.worker` logger: the session it opened (its name,
 tools and kernel), each backoff while it cannot reach the kernel (with a hint), its drain and its
-stop. With no logging configured those lines go to stderr (`_show_logs_by_default`).
+stop. With no logging configured those lines go to stderr (`_show_logs_by_default`). A tool that
+raises fails its call as retryable with the exception's type, text and traceback, and the worker
+logs it at WARNING with the traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
+import os
 import random
 import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -450,8 +456,16 @@ class _Session:
             outcome = error
         except AgentError as error:
             outcome = ToolError.fatal(str(error))
-        except Exception as error:  # noqa: BLE001 (the handler's own failure fails the run)
-            outcome = ToolError.fatal(f"{type(error).__name__}: {error}")
+        except Exception as error:  # the handler's own failure fails the run
+            logger.warning(
+                "agent handler raised agent=%s run_id=%s attempt=%d error=%s",
+                run.agent,
+                run.run_id,
+                run.attempt,
+                _headline(error),
+                exc_info=error,
+            )
+            outcome = ToolError.fatal(_failure(error))
         elapsed_ms = (time.monotonic() - started) * 1000
         if isinstance(outcome, _Suspend):
             logger.info(
@@ -556,22 +570,34 @@ class _Session:
 
     async def _call(self, dispatch: workers_pb2.Dispatch, cancellation: Cancellation) -> None:
         started = time.monotonic()
+        raised: Exception | None = None
         try:
             outcome: Any = await self._execute(dispatch, cancellation)
         except ToolError as error:
             outcome = error
         except Exception as error:  # noqa: BLE001 (a tool's own failure: retryable, as the seeds treat it)
-            outcome = ToolError.retryable(f"{type(error).__name__}: {error}")
+            raised = error
+            outcome = ToolError.retryable(_failure(error))
+        try:
+            message = wire.result(dispatch.dispatch_id, dispatch.attempt, outcome)
+        except (TypeError, ValueError) as error:
+            outcome = ToolError.fatal(
+                f"tool '{dispatch.tool}' returned a value that is not JSON: {error}"
+            )
+            message = wire.result(dispatch.dispatch_id, dispatch.attempt, outcome)
         elapsed_ms = (time.monotonic() - started) * 1000
         if isinstance(outcome, ToolError):
-            logger.info(
+            # A tool that raised is a bug to look into: said with its traceback, where a user sees it.
+            logger.log(
+                logging.INFO if raised is None else logging.WARNING,
                 "dispatch failed tool=%s run_id=%s attempt=%d elapsed_ms=%d kind=%s error=%s",
                 dispatch.tool,
                 dispatch.run_id,
                 dispatch.attempt,
                 elapsed_ms,
                 outcome.kind,
-                outcome.message,
+                outcome.message if raised is None else _headline(raised),
+                exc_info=raised,
             )
         else:
             logger.info(
@@ -581,18 +607,7 @@ class _Session:
                 dispatch.attempt,
                 elapsed_ms,
             )
-        try:
-            self.send(wire.result(dispatch.dispatch_id, dispatch.attempt, outcome))
-        except (TypeError, ValueError) as error:
-            self.send(
-                wire.result(
-                    dispatch.dispatch_id,
-                    dispatch.attempt,
-                    ToolError.fatal(
-                        f"tool '{dispatch.tool}' returned a value that is not JSON: {error}"
-                    ),
-                )
-            )
+        self.send(message)
 
     async def _execute(self, dispatch: workers_pb2.Dispatch, cancellation: Cancellation) -> Any:
         tool = self.worker.tools.get(dispatch.tool)
@@ -736,3 +751,36 @@ def _show_logs_by_default() -> None:
     package.addHandler(handler)
     if package.level == logging.NOTSET:
         package.setLevel(logging.INFO)
+
+
+# Frames of the SDK and of the machinery that ran the tool say nothing about the tool's bug.
+_MACHINERY = tuple(
+    str(Path(path).parent) + os.sep
+    for path in (asyncio.__file__, concurrent.futures.__file__, __file__)
+    if path
+)
+_TRACEBACK_FRAMES = 30
+
+
+def _headline(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _failure(error: BaseException) -> str:
+    """What a tool's exception records: its type and text, then its traceback (the tool's own
+    frames, the last `_TRACEBACK_FRAMES` of each exception in a chain) on the lines after.
+
+    The protocol has no field of its own for a traceback yet, so it travels in the error text,
+    which the kernel withholds at capture `none` and shows at `metadata` and `io`.
+    """
+    shown = traceback.TracebackException.from_exception(error)
+    chain: traceback.TracebackException | None = shown
+    frames_left = 0
+    while chain is not None:
+        frames = [f for f in chain.stack if not f.filename.startswith(_MACHINERY)]
+        chain.stack = traceback.StackSummary.from_list(frames[-_TRACEBACK_FRAMES:])
+        frames_left += len(chain.stack)
+        chain = chain.__cause__ or (None if chain.__suppress_context__ else chain.__context__)
+    if not frames_left:
+        return _headline(error)
+    return f"{_headline(error)}\n{''.join(shown.format()).rstrip()}"
