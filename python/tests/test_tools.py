@@ -332,7 +332,7 @@ def test_each_option_is_checked_when_the_decorator_is_applied(
         ),
         (
             lambda: tool(name="refund")(lambda cents: cents),
-            "tool 'refund' has no description, so the model would see none",
+            "tool 'refund' has no description: add a docstring or description=...",
         ),
         (
             lambda: tool(read_only=True, writes=True)(_refund()),

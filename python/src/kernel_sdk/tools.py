@@ -285,10 +285,7 @@ def _description(what: str, value: Any) -> str:
     if not isinstance(value, str):
         raise ToolDefinitionError(f"{what}: {_takes('description', 'a string', value)}")
     if not value.strip():
-        raise ToolDefinitionError(
-            f"{what} has no description, so the model would see none; add a docstring or "
-            "description=..."
-        )
+        raise ToolDefinitionError(f"{what} has no description: add a docstring or description=...")
     return value
 
 
