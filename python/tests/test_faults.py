@@ -85,7 +85,7 @@ async def test_sigterm_drains_a_worker_its_call_finishes_and_it_exits_cleanly(
         await worker.said("started tool=py_fetch")
         code = await asyncio.to_thread(worker.terminate)
         assert code == 0, worker.log()
-        assert any("worker draining in_flight=1" in line for line in worker.lines)
+        assert any("worker draining" in line and "in_flight=1" in line for line in worker.lines)
         [result] = (await asyncio.wait_for(turn, 30)).results
         assert result.outcome == CallOutcome.OK, result
     finally:

@@ -118,6 +118,29 @@ async def test_a_handler_that_is_not_deterministic_fails_with_replay_input_chang
             second.stop()
 
 
+def _route(destination: str) -> str:
+    raise LookupError(f"no route to {destination}")
+
+
+@agent
+async def py_lost(ctx: AgentContext, destination: str) -> str:
+    """Plans a route, which its helper cannot find."""
+    return _route(destination)
+
+
+async def test_a_handlers_exception_fails_the_run_with_its_traceback(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, agents=[py_lost]):
+        run = await client.create_run("py_lost", input="Atlantis", hosted=True)
+        events = await asyncio.wait_for(_ended(client, run.id), 30)
+    assert events[-1].type == "run:failed"
+    reason = (await client.get_run(run.id)).run.reason
+    assert reason.startswith("LookupError: no route to Atlantis\nTraceback"), reason
+    last_frame = f'File "{__file__}", line {_route.__code__.co_firstlineno + 1}, in _route'
+    assert last_frame in reason, reason
+
+
 @agent
 async def py_guarded(ctx: AgentContext, input: None) -> dict[str, object]:
     """Tries a step the policy denies, then one it allows."""
@@ -174,3 +197,48 @@ def test_agent_definitions_refuse_what_the_kernel_would() -> None:
     schema = agents.py_planner.definition.input_schema
     assert schema["required"] == ["destination", "days"]
     assert agents.py_planner.definition.fingerprint != agents.py_counter.definition.fingerprint
+
+
+async def _handler(ctx: AgentContext, input: dict) -> dict:  # type: ignore[type-arg]
+    """Echoes its input."""
+    return input
+
+
+def test_an_agent_can_be_named_first_and_each_option_is_checked_when_applied() -> None:
+    named = agent("planner", version=2)(_handler)
+    assert named.name == "planner" and named.definition.version == "2"
+    bounded = agent(name="bounded", max_concurrency=3)(_handler)
+    assert bounded.definition.max_concurrency == 3
+
+    refusals = [
+        (
+            lambda: agent(max_concurrency=-1)(_handler),
+            (
+                "agent '_handler': max_concurrency takes a whole number >= 0 "
+                "(0: no bound of its own), not -1"
+            ),
+        ),
+        (lambda: agent(max_concurrency=True)(_handler), "agent '_handler': max_concurrency takes"),
+        (
+            lambda: agent(version="")(_handler),
+            "agent '_handler': version takes a non-empty string such as \"2\", not ''",
+        ),
+        (
+            lambda: agent(input_schema="trip")(_handler),
+            "agent '_handler': input_schema takes a JSON Schema as a dict, not 'trip'",
+        ),
+        (lambda: agent(description=3)(_handler), "agent '_handler': description takes a string"),
+        (
+            lambda: agent("planner", name="other"),
+            "agent 'planner': the name is given twice, first and as name='other'",
+        ),
+        (
+            lambda: agent("has space")(_handler),
+            "agent 'has space': name takes 1 to 64 characters from [a-zA-Z0-9_-]",
+        ),
+        (lambda: agent(3), "@agent takes a handler, or the agent's name as a string, not 3"),
+    ]
+    for make, expected in refusals:
+        with pytest.raises(ToolDefinitionError) as refused:
+            make()
+        assert str(refused.value).startswith(expected), str(refused.value)

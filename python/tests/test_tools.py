@@ -1,12 +1,24 @@
-"""`@tool`: schemas from type hints, descriptions from docstrings, options, and refusals."""
+"""`@tool`, `wrap_tool`: schemas from type hints, descriptions from docstrings, the decorator's
+forms, and every option checked when it is applied, named with what it takes."""
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from datetime import timedelta
+from typing import Annotated, Any, Literal
 
 import pydantic
 import pytest
 
-from kernel_sdk import ToolContext, ToolDefinitionError, tool, tool_fingerprint, wrap_tool
+from kernel_sdk import (
+    RetryPolicy,
+    ToolContext,
+    ToolDefinitionError,
+    tool,
+    tool_fingerprint,
+    wrap_tool,
+)
+from kernel_sdk._wire import tool_spec
 
 
 class Address(pydantic.BaseModel):
@@ -114,25 +126,258 @@ def test_named_forms() -> None:
     assert ping.definition.input_schema["properties"] == {}
 
 
+def test_every_decorator_form_of_the_seeds_makes_a_tool() -> None:
+    @tool
+    async def search(query: str, limit: int = 10) -> list[str]:
+        """Searches."""
+        return [query] * limit
+
+    @tool()
+    async def called(query: str) -> str:
+        """Called with no options."""
+        return query
+
+    @tool("custom_id")
+    async def named_first(query: str) -> str:
+        """Named by its first argument."""
+        return query
+
+    @tool("charge", idempotency="at_most_once")
+    async def charge_card(cents: int) -> str:
+        """Charges a card."""
+        return str(cents)
+
+    @tool("write_file", resources=["workspace"])
+    async def write_file(path: str, content: str) -> str:
+        """Writes a file."""
+        return path
+
+    @tool(retry=0, timeout=10.0)
+    async def pyrula_search(ctx: ToolContext, query: str) -> str:
+        """Pyrula's spelling of retries."""
+        return query
+
+    @tool(read_only=True)
+    async def lookup_order(ctx: ToolContext, order_id: str) -> dict:
+        """Looks an order up."""
+        return {"order_id": order_id}
+
+    made = [search, called, named_first, charge_card, write_file, pyrula_search, lookup_order]
+    assert [t.name for t in made] == [
+        "search",
+        "called",
+        "custom_id",
+        "charge",
+        "write_file",
+        "pyrula_search",
+        "lookup_order",
+    ]
+    assert charge_card.definition.options.idempotency == "at_most_once"
+    assert write_file.definition.options.resources == ("workspace",)
+    assert pyrula_search.definition.options.retries == 0
+    assert pyrula_search.definition.options.timeout == 10.0
+    assert lookup_order.definition.options.read_only
+    # Each stays callable as the function it decorates.
+    assert asyncio.run(named_first("q")) == "q" and named_first.__name__ == "named_first"
+    assert asyncio.run(search("q", limit=2)) == ["q", "q"]
+
+
+def test_durations_take_seconds_or_a_timedelta_and_keep_seconds() -> None:
+    @tool(
+        timeout=timedelta(milliseconds=2500),
+        requires_approval="args.cents > 10000",
+        approval_timeout=timedelta(hours=1),
+    )
+    async def refund(cents: int) -> str:
+        """Refunds."""
+        return "ok"
+
+    options = refund.definition.options
+    assert options.timeout == 2.5 and options.approval_timeout == 3600.0
+    spec = tool_spec(refund).options
+    assert spec.timeout_ms == 2500 and spec.approval_timeout_ms == 3_600_000
+
+    @tool(read_only=True, cache_ttl=timedelta(minutes=5), approval_timeout=90)
+    async def rates() -> dict:
+        """Exchange rates."""
+        return {}
+
+    assert rates.definition.options.cache_ttl == 300.0
+    assert rates.definition.options.approval_timeout == 90.0
+
+
+APPROVAL_TIMEOUT_MESSAGE = (
+    "tool 'refund': approval_timeout takes seconds (a number > 0) or a datetime.timedelta, "
+    "not 'soon'"
+)
+
+
+def test_an_option_with_a_value_it_does_not_take_is_named_with_what_it_takes() -> None:
+    with pytest.raises(ToolDefinitionError) as refused:
+
+        @tool(approval_timeout="soon")  # type: ignore[arg-type]
+        async def refund(cents: int) -> str:
+            """Refunds."""
+            return "ok"
+
+    assert str(refused.value) == APPROVAL_TIMEOUT_MESSAGE
+
+
+def _refund() -> Callable[..., Any]:
+    async def refund(cents: int) -> str:
+        """Refunds."""
+        return "ok"
+
+    return refund
+
+
+DURATION = "seconds (a number > 0) or a datetime.timedelta"
+
+
 @pytest.mark.parametrize(
-    ("make", "message"),
+    ("options", "expected"),
     [
-        (lambda: tool(name="x")(lambda: None), "the model would see no description"),
-        (lambda: tool(name="has space", description="d")(lambda: None), "invalid tool name"),
+        ({"timeout": "soon"}, f"timeout takes {DURATION}, not 'soon'"),
+        ({"timeout": 0}, f"timeout takes {DURATION}, not 0"),
+        ({"timeout": -1.5}, f"timeout takes {DURATION}, not -1.5"),
+        ({"timeout": float("inf")}, f"timeout takes {DURATION}, not inf"),
+        ({"timeout": True}, f"timeout takes {DURATION}, not True"),
+        ({"timeout": timedelta(0)}, f"timeout takes {DURATION}, not datetime.timedelta(0)"),
+        ({"read_only": True, "cache_ttl": "1h"}, f"cache_ttl takes {DURATION}, not '1h'"),
         (
-            lambda: tool(name="x", read_only=True, writes=True, description="d")(lambda: None),
-            "both read_only",
+            {"approval_timeout": timedelta(seconds=-1)},
+            f"approval_timeout takes {DURATION}, not datetime.timedelta(days=-1, seconds=86399)",
         ),
-        (lambda: tool(name="x", cache_ttl=5, description="d")(lambda: None), "not read_only"),
         (
-            lambda: tool(name="x", requires_approval=" ", description="d")(lambda: None),
-            "empty requires_approval",
+            {"retries": -1},
+            "retries takes a number of retries (a whole number >= 0) or a RetryPolicy, not -1",
+        ),
+        ({"retries": 1.5}, "retries takes a number of retries"),
+        ({"retries": "3"}, "retries takes a number of retries"),
+        ({"retries": True}, "retries takes a number of retries"),
+        ({"retry": "3"}, "retries takes a number of retries"),
+        (
+            {"idempotency": "once"},
+            'idempotency takes one of "safe_to_retry", "at_most_once", not \'once\'',
+        ),
+        ({"read_only": "yes"}, "read_only takes True or False, not 'yes'"),
+        ({"writes": 1}, "writes takes True or False, not 1"),
+        ({"strip_nulls": None}, "strip_nulls takes True or False, not None"),
+        ({"owner": ""}, "owner takes a non-empty string, not ''"),
+        ({"owner": 5}, "owner takes a non-empty string, not 5"),
+        (
+            {"risk": "severe"},
+            'risk takes one of "low", "medium", "high", "critical", not \'severe\'',
+        ),
+        (
+            {"permissions": "billing:write"},
+            (
+                "permissions takes a list of non-empty strings, not 'billing:write' "
+                "(write ['billing:write'] for one)"
+            ),
+        ),
+        ({"permissions": [""]}, "permissions takes a list of non-empty strings, not ['']"),
+        ({"resources": "ledger"}, "resources takes a list of non-empty strings, not 'ledger'"),
+        ({"resources": [1]}, "resources takes a list of non-empty strings, not [1]"),
+        ({"cost_per_call": -1}, "cost_per_call takes a finite number >= 0, not -1"),
+        ({"cost_per_call": float("nan")}, "cost_per_call takes a finite number >= 0, not nan"),
+        ({"cost_per_call": "1"}, "cost_per_call takes a finite number >= 0, not '1'"),
+        (
+            {"requires_approval": 1},
+            (
+                "requires_approval takes True, False or a CEL predicate over args such as "
+                '"args.cents > 10000", not 1'
+            ),
+        ),
+        ({"requires_approval": " "}, "requires_approval takes True, False or a CEL predicate"),
+        ({"requires_approval": None}, "requires_approval takes True, False or a CEL predicate"),
+        ({"version": ""}, "version takes a non-empty string such as \"2\", not ''"),
+        ({"version": 1.5}, 'version takes a non-empty string such as "2", not 1.5'),
+        ({"description": 3}, "description takes a string, not 3"),
+        (
+            {"args_schema": "query: str"},
+            "args_schema takes a JSON Schema as a dict, not 'query: str'",
         ),
     ],
 )
-def test_what_the_kernel_would_refuse_is_refused_at_decoration(make, message: str) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ToolDefinitionError, match=message):
+def test_each_option_is_checked_when_the_decorator_is_applied(
+    options: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(ToolDefinitionError) as refused:
+        tool(**options)(_refund())
+    assert str(refused.value).startswith(f"tool 'refund': {expected}"), str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (
+            lambda: tool(name="has space")(_refund()),
+            "tool 'has space': name takes 1 to 64 characters from [a-zA-Z0-9_-], not 'has space'",
+        ),
+        (
+            lambda: tool("has space")(_refund()),
+            "tool 'has space': name takes 1 to 64 characters",
+        ),
+        (lambda: tool(name=3)(_refund()), "tool '3': name takes 1 to 64 characters"),
+        (
+            lambda: tool("refund", name="refund_v2"),
+            "tool 'refund': the name is given twice, first and as name='refund_v2'",
+        ),
+        (lambda: tool(3), "@tool takes a function, or the tool's name as a string, not 3"),
+        (lambda: tool("refund")(3), "tool 'refund': @tool decorates a function, not 3"),
+        (
+            lambda: tool(retry=1, retries=2)(_refund()),
+            "tool 'refund': retries is given twice (retry and retries are the same option)",
+        ),
+        (
+            lambda: tool(name="refund")(lambda cents: cents),
+            "tool 'refund' has no description: add a docstring or description=...",
+        ),
+        (
+            lambda: tool(read_only=True, writes=True)(_refund()),
+            "tool 'refund': read_only and writes cannot both be set",
+        ),
+        (lambda: tool(cache_ttl=5)(_refund()), "tool 'refund': cache_ttl needs read_only"),
+        (
+            lambda: tool(args_schema={"type": "array"})(_refund()),
+            "tool 'refund': the arguments' schema must describe an object",
+        ),
+    ],
+)
+def test_what_the_kernel_would_refuse_is_refused_at_decoration(  # type: ignore[no-untyped-def]
+    make, expected: str
+) -> None:
+    with pytest.raises(ToolDefinitionError) as refused:
         make()
+    assert str(refused.value).startswith(expected), str(refused.value)
+
+
+def test_a_python_predicate_for_approval_is_refused_not_ignored() -> None:
+    with pytest.raises(ToolDefinitionError) as refused:
+
+        @tool(requires_approval=lambda args: args["cents"] > 10_000)  # type: ignore[arg-type]
+        async def refund(cents: int) -> str:
+            """Refunds."""
+            return "ok"
+
+    message = str(refused.value)
+    assert message.startswith(
+        "tool 'refund': requires_approval does not take a Python callable yet"
+    ), message
+    assert 'use True, or a CEL predicate over args such as "args.cents > 10000"' in message
+
+
+def test_a_retry_policy_checks_its_own_fields() -> None:
+    with pytest.raises(
+        ValueError, match=r"RetryPolicy.max_attempts takes a whole number >= 1, not 0"
+    ):
+        RetryPolicy(0)
+    with pytest.raises(ValueError, match=r"RetryPolicy.initial_interval takes seconds"):
+        RetryPolicy(3, initial_interval=-1)
+    with pytest.raises(ValueError, match=r"RetryPolicy.backoff_coefficient takes a number >= 1"):
+        RetryPolicy(3, backoff_coefficient=0.5)
+    assert tool(retries=RetryPolicy.exponential(4, 0.5, 8))(_refund()).definition.options.retries
 
 
 def test_wrap_tool_takes_a_schema_and_maps_the_result() -> None:
@@ -163,8 +408,6 @@ def test_wrap_tool_takes_a_schema_and_maps_the_result() -> None:
 
 
 def test_wrap_tool_maps_an_awaitable_result_too() -> None:
-    import asyncio
-
     async def invoke(args: dict) -> int:
         return args["n"] * 2
 
@@ -178,10 +421,65 @@ def test_wrap_tool_maps_an_awaitable_result_too() -> None:
     assert asyncio.run(doubled({"n": 21})) == {"value": 42}
 
 
-def test_wrap_tool_refuses_what_tool_refuses() -> None:
-    with pytest.raises(ToolDefinitionError, match="no description"):
-        wrap_tool("x", lambda a: a, description=" ", args_schema={})
-    with pytest.raises(ToolDefinitionError, match="must describe an object"):
-        wrap_tool("x", lambda a: a, description="d", args_schema={"type": "array"})
-    with pytest.raises(TypeError):
-        wrap_tool("x", lambda a: a, description="d", args_schema={}, colour="red")
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (
+            lambda: wrap_tool("x", lambda a: a, description=" ", args_schema={}),
+            "tool 'x' has no description",
+        ),
+        (
+            lambda: wrap_tool("x", lambda a: a, description="d", args_schema={"type": "array"}),
+            "tool 'x': the arguments' schema must describe an object",
+        ),
+        (
+            lambda: wrap_tool("x", lambda a: a, description="d", args_schema={}, colour="red"),
+            "tool 'x': there is no option 'colour'; the options are timeout, retries,",
+        ),
+        (
+            lambda: wrap_tool("x", lambda a: a, description="d", args_schema={}, timeout="1s"),
+            f"tool 'x': timeout takes {DURATION}, not '1s'",
+        ),
+        (
+            lambda: wrap_tool(
+                "x", lambda a: a, description="d", args_schema={}, requires_approval=bool
+            ),
+            "tool 'x': requires_approval does not take a Python callable yet",
+        ),
+        (
+            lambda: wrap_tool("x", "search", description="d", args_schema={}),
+            "tool 'x': invoke takes a callable over the arguments dict, not 'search'",
+        ),
+        (
+            lambda: wrap_tool("x", lambda a: a, description="d", args_schema=None),
+            "tool 'x': args_schema takes a JSON Schema as a dict, not None",
+        ),
+        (
+            lambda: wrap_tool("x", lambda a: a, description="d", args_schema={}, to_result=1),
+            "tool 'x': to_result takes a callable over what invoke returns, or None, not 1",
+        ),
+        (
+            lambda: wrap_tool("a b", lambda a: a, description="d", args_schema={}),
+            "tool 'a b': name takes 1 to 64 characters",
+        ),
+    ],
+)
+def test_wrap_tool_checks_what_tool_checks_and_refuses_unknown_options(  # type: ignore[no-untyped-def]
+    make, expected: str
+) -> None:
+    with pytest.raises(ToolDefinitionError) as refused:
+        make()
+    assert str(refused.value).startswith(expected), str(refused.value)
+
+
+def test_wrap_tool_takes_durations_as_timedeltas_and_retry_as_retries() -> None:
+    wrapped = wrap_tool(
+        "slow_search",
+        lambda args: args,
+        description="Searches slowly",
+        args_schema={"properties": {}},
+        timeout=timedelta(minutes=2),
+        retry=2,
+    )
+    assert wrapped.definition.options.timeout == 120.0
+    assert wrapped.definition.options.retries == 2

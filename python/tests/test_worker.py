@@ -1,14 +1,20 @@
 """A Python worker against the real kernel: calls end to end, sync tools in threads and their
-timeout, streaming progress, cancellation, the store-backed cache, approvals."""
+timeout, streaming progress, cancellation, the store-backed cache, approvals, a tool's exception
+with its traceback, and results that are not JSON."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import subprocess
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 
+import pytest
 from conftest import serving
-from harness import Kernel
+from harness import Kernel, binary
 
 from kernel_sdk import (
     AgentClient,
@@ -230,6 +236,38 @@ async def test_an_approval_round_trip_from_python(kernel: Kernel, client: AgentC
         assert "too small" in rejected.content
 
 
+@tool(
+    writes=True,
+    requires_approval="args.cents > 10000",
+    approval_timeout=timedelta(hours=1),
+)
+async def large_refund(ctx: ToolContext, cents: int) -> str:
+    """Refunds an amount in cents; more than 10,000 waits for a person, for an hour at most."""
+    return f"refunded {cents}"
+
+
+async def test_a_predicate_with_a_timedelta_timeout_parks_only_the_large_refund(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, large_refund):
+        run = await client.create_run("py-agent")
+        small = await client.call_turn(run.id, 0, [ToolCall("large_refund", {"cents": 500})])
+        [ran] = small.results
+        assert ran.output == "refunded 500" and ran.approval is None, "no one was asked"
+
+        events = client.submit_turn(run.id, 1, [ToolCall("large_refund", {"cents": 25_000})])
+        asked = await anext(events)
+        assert isinstance(asked, Interruption) and asked.arguments == {"cents": 25_000}
+        [waiting] = await client.list_approvals(run_id=run.id)
+        assert waiting.status == "pending" and waiting.expires_at is not None
+        # The SDK's times are naive, in UTC.
+        left = waiting.expires_at - datetime.now(UTC).replace(tzinfo=None)
+        assert timedelta(minutes=55) < left <= timedelta(hours=1), left
+        await client.reject(waiting.id, decider="ana", reason="too much")
+        rejected = await anext(events)
+        assert isinstance(rejected, CallResult) and rejected.outcome == CallOutcome.REJECTED
+
+
 @tool(retries=0)
 async def picky(ctx: ToolContext, mode: str) -> str:
     """Fails the way it is told to."""
@@ -250,6 +288,71 @@ async def test_tool_errors_reach_the_model_with_their_kind(
         assert fatal.outcome == CallOutcome.TOOL_ERROR and fatal.error_kind == "fatal"
         assert "never going to work" in fatal.content
         assert other.error_kind == "retryable" and "RuntimeError: exploded" in other.content
+
+
+def _amount(text: str) -> int:
+    return int(text)
+
+
+@tool(retries=0)
+async def parse_amount(ctx: ToolContext, text: str) -> int:
+    """Parses an amount of cents."""
+    return _amount(text)
+
+
+# Where the traceback's last frame is: the line of _amount that raises.
+LAST_FRAME = f'File "{__file__}", line {_amount.__code__.co_firstlineno + 1}, in _amount'
+
+
+async def test_a_tools_exception_keeps_its_traceback_in_the_run_and_the_workers_log(
+    kernel: Kernel, client: AgentClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="kernel_sdk")
+    async with serving(kernel, parse_amount):
+        run = await client.create_run("py-agent")
+        turn = await client.call_turn(run.id, 0, [ToolCall("parse_amount", {"text": "ten"})])
+    [result] = turn.results
+    assert result.content.startswith("ValueError: invalid literal for int() with base 10: 'ten'")
+    assert "Traceback (most recent call last):" in result.content and LAST_FRAME in result.content
+    assert "kernel_sdk" not in result.content, "the SDK's own frames are left out"
+
+    [failed] = [r for r in caplog.records if r.getMessage().startswith("dispatch failed")]
+    assert failed.levelno == logging.WARNING and failed.exc_info is not None
+    assert "error=ValueError: invalid literal" in failed.getMessage()
+    assert LAST_FRAME in caplog.text
+
+    kernelctl = [str(binary("kernelctl")), "--addr", f"http://{kernel.addr}"]
+    shown = await _run(*kernelctl, "runs", "show", run.id)
+    assert "retryable: ValueError: invalid literal for int() with base 10: 'ten'" in shown, shown
+    # The table cuts an error to 200 characters on one line; --json prints the traceback whole.
+    [step] = json.loads(await _run(*kernelctl, "--json", "runs", "show", run.id))["steps"]
+    assert LAST_FRAME in step["error"]["message"], step
+
+
+async def _run(*command: str) -> str:
+    done = await asyncio.to_thread(
+        subprocess.run, command, capture_output=True, text=True, timeout=30, check=True
+    )
+    return done.stdout
+
+
+@tool(read_only=True)
+async def ratio(ctx: ToolContext, kind: str) -> dict[str, float]:
+    """Returns a ratio that is not a number, or is infinite."""
+    return {"ratio": float("nan") if kind == "nan" else float("-inf")}
+
+
+async def test_a_result_that_is_not_a_number_is_an_error_naming_the_tool(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, ratio):
+        run = await client.create_run("py-agent")
+        turn = await client.call_turn(
+            run.id, 0, [ToolCall("ratio", {"kind": "nan"}), ToolCall("ratio", {"kind": "inf"})]
+        )
+    for result in turn.results:
+        assert result.outcome == CallOutcome.TOOL_ERROR and result.error_kind == "fatal", result
+        assert result.content.startswith("tool 'ratio' returned a value that is not JSON"), result
 
 
 class Ledger:

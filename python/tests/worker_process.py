@@ -1,7 +1,7 @@
-"""A Python worker in its own process, for the tests that kill one: `worker_process.py ADDR
-[--hang] [--slow SECONDS] [--name NAME]`. Each tool prints `started tool=... key=... attempt=...`
-before its effect; with `--hang` it then waits for ever (until the process is killed), else it
-returns after `--slow` seconds.
+"""A Python worker in its own process, for the tests that kill one or read what it says:
+`worker_process.py ADDR [--hang] [--slow SECONDS] [--name NAME] [--no-logging-config]`. Each tool
+prints `started tool=... key=... attempt=...` before its effect; with `--hang` it then waits for
+ever (until the process is killed), else it returns after `--slow` seconds.
 """
 
 from __future__ import annotations
@@ -50,9 +50,15 @@ async def main() -> None:
     parser.add_argument("--name", default="py-worker")
     parser.add_argument("--agents", action="store_true", help="host the tests' agents too")
     parser.add_argument("--max-concurrency", type=int, default=8)
+    parser.add_argument(
+        "--no-logging-config",
+        action="store_true",
+        help="configure no logging, as a worker built from the README's snippets does",
+    )
     args = parser.parse_args()
     HANG, SLOW = args.hang, args.slow
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
+    if not args.no_logging_config:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
     tools = [py_charge, py_fetch]
     hosted = []
     if args.agents:

@@ -39,10 +39,18 @@ from ._proto import common_pb2, hosted_pb2, hosted_pb2_grpc, tool_calls_pb2
 from .canonical import idempotency_key, to_canonical, tool_fingerprint
 from .context import Cancellation, _carrier
 from .records import CallOutcome, CallResult
-from .tools import ToolDefinitionError, _summary
+from .tools import (
+    ToolDefinitionError,
+    _description,
+    _schema_option,
+    _summary,
+    _takes,
+    _tool_name,
+    _version,
+    _whole,
+)
 
 StepEffect = Literal["read", "pure", "write"]
-_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 # How long every operation must wait durably before the handler gives back its slot: a child or
 # an answer that comes quickly costs no redispatch. Tool calls alone usually answer quickly.
 _SUSPEND_AFTER = 0.1
@@ -174,7 +182,7 @@ class Agent:
 
 
 def agent(
-    handler: Callable[..., Awaitable[Any]] | None = None,
+    handler: Callable[..., Awaitable[Any]] | str | None = None,
     /,
     *,
     name: str | None = None,
@@ -183,35 +191,54 @@ def agent(
     max_concurrency: int = 0,
     input_schema: dict[str, Any] | None = None,
 ) -> Any:
-    """Makes a hosted agent of `async def handler(ctx: AgentContext, input: T) -> U`: `@agent` or
-    `@agent(name="planner", version="2")`. The input's JSON Schema comes from `T`'s type hint (any
-    JSON without one), the description from the docstring."""
+    """Makes a hosted agent of `async def handler(ctx: AgentContext, input: T) -> U`: `@agent`,
+    `@agent("planner")` (the agent's name first) or `@agent(name="planner", version="2")`. The
+    input's JSON Schema comes from `T`'s type hint (any JSON without one), the description from
+    the docstring. Every option is checked when the decorator is applied: a value it does not
+    take raises `ToolDefinitionError` naming the agent, the option and what it takes."""
+    if isinstance(handler, str):
+        if name is not None:
+            raise ToolDefinitionError(
+                f"agent '{handler}': the name is given twice, first and as name={name!r}"
+            )
+        handler, name = None, handler
+    elif handler is not None and not callable(handler):
+        raise ToolDefinitionError(
+            f"@agent takes a handler, or the agent's name as a string, not {handler!r}"
+        )
 
     def decorate(function: Callable[..., Awaitable[Any]]) -> Agent:
-        agent_name = name or function.__name__
+        shown = name if name is not None else getattr(function, "__name__", repr(function))
+        what = f"agent '{shown}'"
+        agent_name = _tool_name(what, shown)
         if not inspect.iscoroutinefunction(function):
-            raise ToolDefinitionError(f"agent '{agent_name}': the handler must be an async def")
+            raise ToolDefinitionError(f"{what}: the handler must be an async def")
         parameters = list(inspect.signature(function).parameters)
         if len(parameters) != 2:
             raise ToolDefinitionError(
-                f"agent '{agent_name}': the handler takes (ctx: AgentContext, input), "
+                f"{what}: the handler takes (ctx: AgentContext, input), "
                 f"not {len(parameters)} parameters"
             )
+        if not _whole(max_concurrency) or max_concurrency < 0:
+            raise ToolDefinitionError(
+                f"{what}: "
+                + _takes(
+                    "max_concurrency",
+                    "a whole number >= 0 (0: no bound of its own)",
+                    max_concurrency,
+                )
+            )
         input_type = get_type_hints(function).get(parameters[1], Any)
-        schema = input_schema
+        schema = _schema_option(what, "input_schema", input_schema)
         if schema is None:
             schema = pydantic.TypeAdapter(input_type).json_schema()
             schema.pop("title", None)
-        text = description if description is not None else _summary(function.__doc__)
-        if not 1 <= len(agent_name) <= 64 or not set(agent_name) <= _NAME_CHARS:
-            raise ToolDefinitionError(
-                f"invalid agent name '{agent_name}': use 1 to 64 characters from [a-zA-Z0-9_-]"
-            )
-        if not text.strip():
-            raise ToolDefinitionError(
-                f"agent '{agent_name}' has no description: add a docstring or description=..."
-            )
-        definition = AgentDefinition(agent_name, text, schema, version, max_concurrency)
+        text = _description(
+            what, description if description is not None else _summary(function.__doc__)
+        )
+        definition = AgentDefinition(
+            agent_name, text, schema, _version(what, version), max_concurrency
+        )
         return Agent(definition, function, input_type)
 
     if handler is not None:

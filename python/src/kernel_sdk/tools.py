@@ -2,9 +2,10 @@
 
 The JSON Schema of the arguments comes from the type hints (through pydantic: models, dataclasses,
 `Literal`, `Annotated[..., Field(description=...)]`, defaults), the description from the
-docstring's first paragraph, and the options from the decorator's keyword arguments. The decorated
-function stays callable as itself, so unit tests call it directly. Its fingerprint is the one the
-kernel checks, and equals what the Rust SDK computes for the same definition.
+docstring's first paragraph, and the options from the decorator's keyword arguments, each checked
+when the decorator is applied. The decorated function stays callable as itself, so unit tests call
+it directly. Its fingerprint is the one the kernel checks, and equals what the Rust SDK computes
+for the same definition.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import math
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
-from typing import Any, Literal, get_type_hints
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
+from typing import Any, Literal, get_args, get_type_hints
 
 import pydantic
 import pydantic_core
@@ -33,7 +36,8 @@ _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
 class ToolDefinitionError(ValueError):
-    """A tool definition the kernel would refuse, named and explained."""
+    """A tool definition the kernel would refuse, or an option with a value it does not take,
+    named and explained."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,20 @@ class RetryPolicy:
     max_interval: float = 0.0
     """The longest wait, in seconds."""
 
+    def __post_init__(self) -> None:
+        if not _whole(self.max_attempts) or self.max_attempts < 1:
+            raise ValueError(
+                _takes("RetryPolicy.max_attempts", "a whole number >= 1", self.max_attempts)
+            )
+        for name in ("initial_interval", "max_interval"):
+            value = getattr(self, name)
+            if not _finite(value) or value < 0:
+                raise ValueError(_takes(f"RetryPolicy.{name}", "seconds (a number >= 0)", value))
+        if not _finite(self.backoff_coefficient) or self.backoff_coefficient < 1:
+            raise ValueError(
+                _takes("RetryPolicy.backoff_coefficient", "a number >= 1", self.backoff_coefficient)
+            )
+
     @classmethod
     def retries(cls, retries: int) -> RetryPolicy:
         """`retries` retries after the first attempt, with no wait in between."""
@@ -67,7 +85,12 @@ class RetryPolicy:
 
 @dataclass(frozen=True)
 class ToolOptions:
-    """A tool's declared behaviour; the kernel enforces it."""
+    """A tool's declared behaviour; the kernel enforces it.
+
+    Built, each option is checked: a value it does not take raises `ToolDefinitionError` naming
+    the option and what it takes. Durations are given in seconds or as a `datetime.timedelta`
+    and kept in seconds.
+    """
 
     timeout: float | None = None
     """Seconds per attempt; `None` takes the kernel's default."""
@@ -87,7 +110,200 @@ class ToolOptions:
     requires_approval: bool | str = False
     """`True` asks a person before every call; a string is a CEL predicate over `args`."""
     approval_timeout: float | None = None
+    """Seconds an unanswered approval waits before the call is denied; `None` waits for ever."""
     strip_nulls: bool = False
+
+    def __post_init__(self) -> None:
+        for option in fields(self):
+            checked = _OPTION_CHECKS[option.name](option.name, getattr(self, option.name))
+            object.__setattr__(self, option.name, checked)
+        if self.read_only and self.writes:
+            raise ToolDefinitionError(
+                "read_only and writes cannot both be set: a tool with side effects is not read_only"
+            )
+        if self.cache_ttl is not None and not self.read_only:
+            raise ToolDefinitionError(
+                "cache_ttl needs read_only: only a tool without side effects may have its "
+                "results served again"
+            )
+
+
+# What each option takes, said after "<option> takes ".
+_DURATION = "seconds (a number > 0) or a datetime.timedelta"
+_FLAG = "True or False"
+_STRINGS = "a list of non-empty strings"
+_NAME_RULE = "1 to 64 characters from [a-zA-Z0-9_-]"
+_CEL_EXAMPLE = '"args.cents > 10000"'
+_VERSION = 'a non-empty string such as "2"'
+_ALIASES = {"retry": "retries"}
+"""Other spellings of an option: Pyrula's and the Rust SDK's `retry`."""
+
+
+def _takes(option: str, what: str, value: Any) -> str:
+    return f"{option} takes {what}, not {value!r}"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _finite(value: Any) -> bool:
+    return _number(value) and math.isfinite(value)
+
+
+def _seconds(option: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif _number(value):
+        seconds = float(value)
+    else:
+        raise ToolDefinitionError(_takes(option, _DURATION, value))
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ToolDefinitionError(_takes(option, _DURATION, value))
+    return seconds
+
+
+def _retries(option: str, value: Any) -> int | RetryPolicy | None:
+    if value is None or isinstance(value, RetryPolicy) or (_whole(value) and value >= 0):
+        return value  # type: ignore[no-any-return]
+    raise ToolDefinitionError(
+        _takes(option, "a number of retries (a whole number >= 0) or a RetryPolicy", value)
+    )
+
+
+def _flag(option: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ToolDefinitionError(_takes(option, _FLAG, value))
+    return value
+
+
+def _one_of(choices: tuple[str, ...], *, optional: bool = False) -> Callable[[str, Any], Any]:
+    shown = ", ".join(f'"{choice}"' for choice in choices)
+
+    def check(option: str, value: Any) -> Any:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or value not in choices:
+            raise ToolDefinitionError(_takes(option, f"one of {shown}", value))
+        return value
+
+    return check
+
+
+def _owner(option: str, value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ToolDefinitionError(_takes(option, "a non-empty string", value))
+    return value
+
+
+def _strings(option: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        raise ToolDefinitionError(_takes(option, _STRINGS, value) + f" (write [{value!r}] for one)")
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(item, str) and item.strip() for item in value
+    ):
+        raise ToolDefinitionError(_takes(option, _STRINGS, value))
+    return tuple(value)
+
+
+def _cost(option: str, value: Any) -> float:
+    if not _finite(value) or value < 0:
+        raise ToolDefinitionError(_takes(option, "a finite number >= 0", value))
+    return value  # type: ignore[no-any-return]
+
+
+def _approval(option: str, value: Any) -> bool | str:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip():
+        return value
+    if callable(value):
+        # The kernel evaluates the predicate, and it evaluates CEL only: a Python callable
+        # cannot reach it yet. Lift this once the worker can answer the kernel's question.
+        raise ToolDefinitionError(
+            f"{option} does not take a Python callable yet: the kernel decides approvals and "
+            f"evaluates CEL only; use True, or a CEL predicate over args such as {_CEL_EXAMPLE}"
+        )
+    raise ToolDefinitionError(
+        _takes(option, f"True, False or a CEL predicate over args such as {_CEL_EXAMPLE}", value)
+    )
+
+
+_OPTION_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "timeout": _seconds,
+    "retries": _retries,
+    "idempotency": _one_of(get_args(Idempotency)),
+    "read_only": _flag,
+    "writes": _flag,
+    "owner": _owner,
+    "risk": _one_of(get_args(Risk), optional=True),
+    "permissions": _strings,
+    "resources": _strings,
+    "cost_per_call": _cost,
+    "cache_ttl": _seconds,
+    "requires_approval": _approval,
+    "approval_timeout": _seconds,
+    "strip_nulls": _flag,
+}
+
+
+def _options(what: str, given: Mapping[str, Any]) -> ToolOptions:
+    """`given` as a tool's options, each checked; an error names `what` (`tool 'refund'`), the
+    option and what it takes. Refuses an option there is no such thing as."""
+    options: dict[str, Any] = {}
+    for option, value in given.items():
+        canonical = _ALIASES.get(option, option)
+        if canonical not in _OPTION_CHECKS:
+            raise ToolDefinitionError(
+                f"{what}: there is no option '{option}'; the options are "
+                f"{', '.join(_OPTION_CHECKS)} (and retry, the same as retries)"
+            )
+        if canonical in options:
+            raise ToolDefinitionError(
+                f"{what}: {canonical} is given twice (retry and retries are the same option)"
+            )
+        options[canonical] = value
+    try:
+        return ToolOptions(**options)
+    except ToolDefinitionError as error:
+        raise ToolDefinitionError(f"{what}: {error}") from None
+
+
+def _tool_name(what: str, value: Any) -> str:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ToolDefinitionError(f"{what}: {_takes('name', _NAME_RULE, value)}")
+    return value
+
+
+def _description(what: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ToolDefinitionError(f"{what}: {_takes('description', 'a string', value)}")
+    if not value.strip():
+        raise ToolDefinitionError(f"{what} has no description: add a docstring or description=...")
+    return value
+
+
+def _version(what: str, value: Any) -> str:
+    """A version is a string; a whole number is taken as its digits, as the Rust SDK does."""
+    if _whole(value) and value >= 0:
+        return str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ToolDefinitionError(f"{what}: {_takes('version', _VERSION, value)}")
+    return value
+
+
+def _schema_option(what: str, option: str, value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ToolDefinitionError(f"{what}: {_takes(option, 'a JSON Schema as a dict', value)}")
+    return dict(value)
 
 
 @dataclass(frozen=True)
@@ -265,15 +481,16 @@ def _schema(
 
 
 def tool(
-    function: Callable[..., Any] | None = None,
+    function: Callable[..., Any] | str | None = None,
     /,
     *,
     name: str | None = None,
     description: str | None = None,
     version: str = "1",
     args_schema: dict[str, Any] | None = None,
-    timeout: float | None = None,
+    timeout: float | timedelta | None = None,
     retries: int | RetryPolicy | None = None,
+    retry: int | RetryPolicy | None = None,
     idempotency: Idempotency = "safe_to_retry",
     read_only: bool = False,
     writes: bool = False,
@@ -282,45 +499,71 @@ def tool(
     permissions: tuple[str, ...] | list[str] = (),
     resources: tuple[str, ...] | list[str] = (),
     cost_per_call: float = 0.0,
-    cache_ttl: float | None = None,
+    cache_ttl: float | timedelta | None = None,
     requires_approval: bool | str = False,
-    approval_timeout: float | None = None,
+    approval_timeout: float | timedelta | None = None,
     strip_nulls: bool = False,
 ) -> Any:
-    """Makes a tool of a function: `@tool`, `@tool()`, or `@tool(name="charge", writes=True)`.
+    """Makes a tool of a function: `@tool`, `@tool()`, `@tool("charge")` (the tool's name first),
+    `@tool("charge", idempotency="at_most_once")` or `@tool(name="charge", writes=True)`.
 
-    Refuses at decoration what the kernel would refuse at registration: an invalid name, no
-    description (the model would see none), `read_only` with `writes`, and a `cache_ttl` on a tool
-    that is not `read_only`.
+    Every option is checked when the decorator is applied: a value it does not take raises
+    `ToolDefinitionError` naming the tool, the option and what it takes, and so does what the
+    kernel would refuse at registration (an invalid name, no description, `read_only` with
+    `writes`, a `cache_ttl` on a tool that is not `read_only`). Durations (`timeout`, `cache_ttl`,
+    `approval_timeout`) are seconds or a `datetime.timedelta`; `retry` is another spelling of
+    `retries`.
     """
+    if isinstance(function, str):
+        if name is not None:
+            raise ToolDefinitionError(
+                f"tool '{function}': the name is given twice, first and as name={name!r}"
+            )
+        function, name = None, function
+    elif function is not None and not callable(function):
+        raise ToolDefinitionError(
+            f"@tool takes a function, or the tool's name as a string, not {function!r}"
+        )
+    given: dict[str, Any] = {
+        "timeout": timeout,
+        "idempotency": idempotency,
+        "read_only": read_only,
+        "writes": writes,
+        "owner": owner,
+        "risk": risk,
+        "permissions": permissions,
+        "resources": resources,
+        "cost_per_call": cost_per_call,
+        "cache_ttl": cache_ttl,
+        "requires_approval": requires_approval,
+        "approval_timeout": approval_timeout,
+        "strip_nulls": strip_nulls,
+    }
+    # Both spellings are passed on only when given, so giving both is refused as given twice.
+    if retries is not None:
+        given["retries"] = retries
+    if retry is not None:
+        given["retry"] = retry
 
     def decorate(function: Callable[..., Any]) -> Tool:
-        tool_name = name or function.__name__
-        text = description if description is not None else _summary(function.__doc__)
+        shown = name if name is not None else getattr(function, "__name__", repr(function))
+        what = f"tool '{shown}'"
+        if isinstance(function, Tool) or not callable(function):
+            raise ToolDefinitionError(f"{what}: @tool decorates a function, not {function!r}")
+        tool_name = _tool_name(what, shown)
+        options = _options(what, given)
+        text = _description(
+            what, description if description is not None else _summary(function.__doc__)
+        )
         if inspect.isgeneratorfunction(function):
             raise ToolDefinitionError(
-                f"tool '{function.__name__}' is a plain generator: make it an async generator "
+                f"{what} is a plain generator: make it an async generator "
                 "(async def ... yield) to stream its progress"
             )
+        override = _schema_option(what, "args_schema", args_schema)
         derived, takes_context, arguments = _schema(function)
-        schema = derived if args_schema is None else _object_schema(args_schema)
-        options = ToolOptions(
-            timeout=timeout,
-            retries=retries,
-            idempotency=idempotency,
-            read_only=read_only,
-            writes=writes,
-            owner=owner,
-            risk=risk,
-            permissions=tuple(permissions),
-            resources=tuple(resources),
-            cost_per_call=cost_per_call,
-            cache_ttl=cache_ttl,
-            requires_approval=requires_approval,
-            approval_timeout=approval_timeout,
-            strip_nulls=strip_nulls,
-        )
-        definition = _checked(tool_name, text, schema, version, options)
+        schema = derived if override is None else _object_schema(override)
+        definition = _checked(tool_name, text, schema, _version(what, version), options)
         return Tool(definition, function, takes_context, arguments)
 
     if function is not None:
@@ -332,25 +575,8 @@ def _checked(
     name: str, description: str, schema: dict[str, Any], version: str, options: ToolOptions
 ) -> ToolDefinition:
     """The definition, once it holds nothing the kernel would refuse at registration."""
-    if not _NAME.match(name):
-        raise ToolDefinitionError(
-            f"invalid tool name '{name}': use 1 to 64 characters from [a-zA-Z0-9_-]"
-        )
-    if not description.strip():
-        raise ToolDefinitionError(
-            f"tool '{name}': the model would see no description; add a docstring or description=..."
-        )
     if schema.get("type", "object") != "object":
         raise ToolDefinitionError(f"tool '{name}': the arguments' schema must describe an object")
-    if options.read_only and options.writes:
-        raise ToolDefinitionError(f"tool '{name}' cannot be both read_only and writes")
-    if options.cache_ttl is not None and not options.read_only:
-        raise ToolDefinitionError(
-            f"tool '{name}' has a cache_ttl but is not read_only: only a tool without "
-            "side effects may have its results served again"
-        )
-    if isinstance(options.requires_approval, str) and not options.requires_approval.strip():
-        raise ToolDefinitionError(f"tool '{name}' has an empty requires_approval predicate")
     return ToolDefinition(name, description, schema, version, options)
 
 
@@ -375,10 +601,30 @@ def wrap_tool(
     """A tool that is not a plain function (Rebuno's `wrap_tool`): `invoke` takes the arguments as
     a dict (and may return an awaitable); `args_schema` is their JSON Schema, given whole or as
     just `properties` and `required`; `to_result` maps what `invoke` returns before it is recorded.
-    The keyword options are `@tool`'s.
+    The keyword options are `@tool`'s, each checked as `@tool` checks it; one `@tool` does not
+    have is refused.
     """
+    what = f"tool '{name}'"
+    tool_name = _tool_name(what, name)
+    if not callable(invoke):
+        raise ToolDefinitionError(
+            f"{what}: {_takes('invoke', 'a callable over the arguments dict', invoke)}"
+        )
+    if to_result is not None and not callable(to_result):
+        raise ToolDefinitionError(
+            f"{what}: {_takes('to_result', 'a callable over what invoke returns, or None', to_result)}"
+        )
+    schema = _schema_option(what, "args_schema", args_schema)
+    if schema is None:
+        raise ToolDefinitionError(
+            f"{what}: {_takes('args_schema', 'a JSON Schema as a dict', None)}"
+        )
     definition = _checked(
-        name, description, _object_schema(args_schema), version, ToolOptions(**options)
+        tool_name,
+        _description(what, description),
+        _object_schema(schema),
+        _version(what, version),
+        _options(what, options),
     )
 
     def mapped(result: Any) -> Any:

@@ -8,21 +8,32 @@ heartbeats so a busy tool never starves the lease. A refused registration ends `
 `WorkerRefused`; a lost connection is retried with exponential backoff and jitter (100 ms doubling
 to 5 s); `stop()` (or SIGTERM / SIGINT) drains the open session: no more dispatches, the calls in
 flight finish within the drain timeout, then the stream closes.
+
+The worker says what it does on the `kernel_sdk.worker` logger: the session it opened (its name,
+tools and kernel), each backoff while it cannot reach the kernel (with a hint), its drain and its
+stop. With no logging configured those lines go to stderr (`_show_logs_by_default`). A tool that
+raises fails its call as retryable with the exception's type, text and traceback, and the worker
+logs it at WARNING with the traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
+import os
 import random
 import signal
+import sys
 import threading
 import time
+import traceback
 from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -73,6 +84,10 @@ class Worker:
     `workers:connect`, and its tool globs must cover every tool offered); `tls` reaches a kernel
     serving TLS; `drain_timeout` is how long stopping waits for calls in flight; with
     `ephemeral_tools` the kernel forgets the tools once no session offers them (for tests).
+
+    With no logging configured, `run` shows the worker's lines (connected, cannot reach the
+    kernel, draining, stopped) on stderr at INFO; configure logging before `run` to send them
+    elsewhere, or set the `kernel_sdk` logger's level to quiet them.
     """
 
     def __init__(
@@ -154,6 +169,7 @@ class Worker:
         """Serves the tools until `stop()` (or SIGTERM / SIGINT, with `handle_signals` on the main
         thread), then drains and returns. Raises `WorkerRefused` if the kernel refuses the session.
         """
+        _show_logs_by_default()
         loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         if self._stop_requested:
@@ -274,9 +290,13 @@ class _Session:
                 return
             await worker._set_session(welcome.session_id)
             logger.info(
-                "worker session open session_id=%s worker=%s heartbeat_ms=%d lease_ttl_ms=%d",
-                welcome.session_id,
+                "worker session open worker=%s kernel=%s tools=%s agents=%s session_id=%s "
+                "heartbeat_ms=%d lease_ttl_ms=%d",
                 worker.name,
+                worker.kernel,
+                ",".join(worker.tools) or "-",
+                ",".join(worker.agents) or "-",
+                welcome.session_id,
                 welcome.heartbeat_interval_ms,
                 welcome.lease_ttl_ms,
             )
@@ -317,7 +337,10 @@ class _Session:
             first = reading.result()
         except TimeoutError:
             call.cancel()
-            raise _Lost("no welcome from the kernel in time", opened=False) from None
+            raise _Lost(
+                f"no welcome from the kernel in time (is a kernel listening on {self.worker.kernel}?)",
+                opened=False,
+            ) from None
         except grpc.aio.AioRpcError as error:
             if error.code() in _REFUSALS:
                 raise WorkerRefused(error.code().name, error.details() or "") from None
@@ -355,7 +378,13 @@ class _Session:
         """No more dispatches; the calls in flight finish (within the drain timeout), then our
         side of the stream ends and the kernel has a moment to end its."""
         in_flight = [r.task for r in self.running.values() if r.task is not None]
-        logger.info("worker draining in_flight=%d", len(in_flight))
+        logger.info(
+            "worker draining worker=%s kernel=%s in_flight=%d timeout_s=%g",
+            self.worker.name,
+            self.worker.kernel,
+            len(in_flight),
+            self.worker.drain_timeout,
+        )
         self.send(wire.drain())
         if in_flight:
             _, pending = await asyncio.wait(in_flight, timeout=self.worker.drain_timeout)
@@ -366,7 +395,7 @@ class _Session:
         self.send(None)
         with contextlib.suppress(TimeoutError, grpc.aio.AioRpcError, asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(reader), _CLOSE_TIMEOUT)
-        logger.info("worker session closed")
+        logger.info("worker session closed worker=%s", self.worker.name)
 
     async def _read(self, call: Any) -> None:
         while True:
@@ -427,8 +456,16 @@ class _Session:
             outcome = error
         except AgentError as error:
             outcome = ToolError.fatal(str(error))
-        except Exception as error:  # noqa: BLE001 (the handler's own failure fails the run)
-            outcome = ToolError.fatal(f"{type(error).__name__}: {error}")
+        except Exception as error:  # the handler's own failure fails the run
+            logger.warning(
+                "agent handler raised agent=%s run_id=%s attempt=%d error=%s",
+                run.agent,
+                run.run_id,
+                run.attempt,
+                _headline(error),
+                exc_info=error,
+            )
+            outcome = ToolError.fatal(_failure(error))
         elapsed_ms = (time.monotonic() - started) * 1000
         if isinstance(outcome, _Suspend):
             logger.info(
@@ -533,22 +570,34 @@ class _Session:
 
     async def _call(self, dispatch: workers_pb2.Dispatch, cancellation: Cancellation) -> None:
         started = time.monotonic()
+        raised: Exception | None = None
         try:
             outcome: Any = await self._execute(dispatch, cancellation)
         except ToolError as error:
             outcome = error
         except Exception as error:  # noqa: BLE001 (a tool's own failure: retryable, as the seeds treat it)
-            outcome = ToolError.retryable(f"{type(error).__name__}: {error}")
+            raised = error
+            outcome = ToolError.retryable(_failure(error))
+        try:
+            message = wire.result(dispatch.dispatch_id, dispatch.attempt, outcome)
+        except (TypeError, ValueError) as error:
+            outcome = ToolError.fatal(
+                f"tool '{dispatch.tool}' returned a value that is not JSON: {error}"
+            )
+            message = wire.result(dispatch.dispatch_id, dispatch.attempt, outcome)
         elapsed_ms = (time.monotonic() - started) * 1000
         if isinstance(outcome, ToolError):
-            logger.info(
+            # A tool that raised is a bug to look into: said with its traceback, where a user sees it.
+            logger.log(
+                logging.INFO if raised is None else logging.WARNING,
                 "dispatch failed tool=%s run_id=%s attempt=%d elapsed_ms=%d kind=%s error=%s",
                 dispatch.tool,
                 dispatch.run_id,
                 dispatch.attempt,
                 elapsed_ms,
                 outcome.kind,
-                outcome.message,
+                outcome.message if raised is None else _headline(raised),
+                exc_info=raised,
             )
         else:
             logger.info(
@@ -558,18 +607,7 @@ class _Session:
                 dispatch.attempt,
                 elapsed_ms,
             )
-        try:
-            self.send(wire.result(dispatch.dispatch_id, dispatch.attempt, outcome))
-        except (TypeError, ValueError) as error:
-            self.send(
-                wire.result(
-                    dispatch.dispatch_id,
-                    dispatch.attempt,
-                    ToolError.fatal(
-                        f"tool '{dispatch.tool}' returned a value that is not JSON: {error}"
-                    ),
-                )
-            )
+        self.send(message)
 
     async def _execute(self, dispatch: workers_pb2.Dispatch, cancellation: Cancellation) -> Any:
         tool = self.worker.tools.get(dispatch.tool)
@@ -692,3 +730,57 @@ def _describe(kernel: str, error: grpc.aio.AioRpcError) -> str:
     if error.code() == grpc.StatusCode.UNAVAILABLE:
         return f"{text} (is a kernel listening on {kernel}?)"
     return text
+
+
+def _show_logs_by_default() -> None:
+    """With no logging configured, the worker's lines go to stderr at INFO.
+
+    A worker is a process's main loop, as a server is: left to Python's defaults it would say
+    nothing below WARNING, so neither that it connected nor that it drains. uvicorn gives its own
+    loggers a stderr handler at INFO; Temporal's Python SDK adds none and its users see nothing
+    until they call `logging.basicConfig`. This does what uvicorn does, but only when the
+    application configured no handler (none on the root logger or on `kernel_sdk`), so an
+    application that configured logging gets what it configured. Setting the `kernel_sdk`
+    logger's level before `run` still decides what is shown.
+    """
+    package = logging.getLogger("kernel_sdk")
+    if package.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    package.addHandler(handler)
+    if package.level == logging.NOTSET:
+        package.setLevel(logging.INFO)
+
+
+# Frames of the SDK and of the machinery that ran the tool say nothing about the tool's bug.
+_MACHINERY = tuple(
+    str(Path(path).parent) + os.sep
+    for path in (asyncio.__file__, concurrent.futures.__file__, __file__)
+    if path
+)
+_TRACEBACK_FRAMES = 30
+
+
+def _headline(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _failure(error: BaseException) -> str:
+    """What a tool's exception records: its type and text, then its traceback (the tool's own
+    frames, the last `_TRACEBACK_FRAMES` of each exception in a chain) on the lines after.
+
+    The protocol has no field of its own for a traceback yet, so it travels in the error text,
+    which the kernel withholds at capture `none` and shows at `metadata` and `io`.
+    """
+    shown = traceback.TracebackException.from_exception(error)
+    chain: traceback.TracebackException | None = shown
+    frames_left = 0
+    while chain is not None:
+        frames = [f for f in chain.stack if not f.filename.startswith(_MACHINERY)]
+        chain.stack = traceback.StackSummary.from_list(frames[-_TRACEBACK_FRAMES:])
+        frames_left += len(chain.stack)
+        chain = chain.__cause__ or (None if chain.__suppress_context__ else chain.__context__)
+    if not frames_left:
+        return _headline(error)
+    return f"{_headline(error)}\n{''.join(shown.format()).rstrip()}"
