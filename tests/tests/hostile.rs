@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use e2e::raw::{RawWorker, tool_spec};
-use e2e::{Kernel, KernelOptions, WAIT, call, check_log, payload, submit};
+use e2e::{Kernel, KernelOptions, WAIT, Watch, call, check_log, payload, submit};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::open_session_request::Message as In;
 use kernel_proto::v1::open_session_response::Message as Out;
@@ -465,6 +465,12 @@ async fn per_run_limits_refuse_a_turn_and_write_nothing() {
     for _ in 0..3 {
         dispatches.push(holder.dispatch().await);
     }
+    // A safe call may reach its worker before its turn's commit: count once the starts are in.
+    let mut watch = Watch::open(&kernel, &run, 1, false).await;
+    let started = watch
+        .until(|w| w.events.iter().filter(|e| e.r#type == "tool:start").count() == 3)
+        .await;
+    assert!(started, "the three held calls started");
     let before = kernel.events(&run).await.len();
     let status = submit(&kernel, &run, 1, vec![add(1), add(2)])
         .await
