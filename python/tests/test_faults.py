@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+from pathlib import Path
 
 from conftest import serving
 from harness import Kernel, Process, binary, python_worker
@@ -132,3 +134,53 @@ async def test_a_worker_reconnects_after_the_kernel_is_killed_and_restarted(
             run = await client.create_run("py-agent")
             turn = await client.call_turn(run.id, 0, [ToolCall("shout", {"text": "back"})])
             assert turn.results[0].output == "BACK"
+
+
+_charges: list[int] = []
+_lingering = asyncio.Event()
+
+
+@tool
+async def linger(seconds: float) -> str:
+    """Waits `seconds`, then says it is done."""
+    _lingering.set()
+    await asyncio.sleep(seconds)
+    return "done"
+
+
+@tool(idempotency="at_most_once")
+async def charge_once(cents: int) -> str:
+    """Charges `cents`, counting each charge."""
+    _charges.append(cents)
+    return f"charged {cents}"
+
+
+async def test_an_agent_resubmits_a_turn_refused_while_the_kernel_drains(tmp_path: Path) -> None:
+    kernel = Kernel(tmp_path, "--drain-timeout-ms", "20000")
+    try:
+        async with (
+            serving(kernel, linger, charge_once, name="drained", ephemeral_tools=False),
+            AgentClient(kernel.addr) as client,
+        ):
+            held = await client.create_run("py-held")
+            holding = asyncio.ensure_future(
+                client.call_turn(held.id, 0, [ToolCall("linger", {"seconds": 2})])
+            )
+            await asyncio.wait_for(_lingering.wait(), 30)
+            run = await client.create_run("py-patient")
+            kernel.process.process.send_signal(signal.SIGTERM)
+            await kernel.process.said("draining: new turns and sessions refused")
+            turn = asyncio.ensure_future(
+                client.call_turn(run.id, 0, [ToolCall("charge_once", {"cents": 5})])
+            )
+            # The running call finishes and reaches its turn before the kernel exits.
+            [lingered] = (await asyncio.wait_for(holding, 30)).results
+            assert lingered.outcome == CallOutcome.OK, lingered
+            assert await asyncio.to_thread(kernel.process.process.wait, 30) == 0
+            assert not turn.done(), "the refused turn waits for the kernel to be back"
+            await asyncio.to_thread(kernel.restart)
+            [charged] = (await asyncio.wait_for(turn, 60)).results
+            assert charged.outcome == CallOutcome.OK, charged
+            assert _charges == [5], "the charge ran once"
+    finally:
+        kernel.stop()

@@ -58,6 +58,11 @@ pub struct Log {
 }
 
 impl Log {
+    /// Keeps the lines of `stream` (a child's stderr or stdout) as they come.
+    pub fn follow_stream(&self, stream: impl std::io::Read + Send + 'static, echo: &'static str) {
+        self.follow(stream, echo);
+    }
+
     fn follow(&self, stream: impl std::io::Read + Send + 'static, echo: &'static str) {
         let log = self.clone();
         std::thread::spawn(move || {
@@ -153,6 +158,11 @@ impl Process {
     /// SIGCONT.
     pub fn resume(&self) {
         self.signal("CONT");
+    }
+
+    /// SIGTERM, without waiting: the kernel drains to stop.
+    pub fn signal_term(&self) {
+        self.signal("TERM");
     }
 
     /// SIGHUP: the kernel reads its policy and auth files again.

@@ -177,3 +177,60 @@ async fn a_kernel_whose_log_reader_went_away_serves_on_and_stops_on_sigterm() {
         .expect("the kernel stops on SIGTERM");
     assert!(status.success(), "{status:?}");
 }
+
+/// An agent whose turn meets a kernel draining to stop (refused: UNAVAILABLE, "kernel draining to
+/// stop") goes on submitting it through the Rust SDK's `call_turn` until the kernel is back, and
+/// gets its result; the call runs once.
+#[tokio::test]
+async fn the_rust_agent_resubmits_a_turn_refused_while_the_kernel_drains() {
+    let mut kernel = Kernel::start_with(KernelOptions {
+        args: vec!["--drain-timeout-ms".into(), "20000".into()],
+        ..KernelOptions::default()
+    });
+    let _worker = kernel.fault_worker("w1");
+    // A call that keeps the kernel draining for a while.
+    let held = kernel.create_run("held").await;
+    let holding = {
+        let url = kernel.url();
+        tokio::spawn(async move {
+            e2e::submit_until_done(&url, &held, 0, vec![call("sleepy", json!({"hold_ms": 2_000}))]).await
+        })
+    };
+    wait_ledger(&kernel, "the held call started", |l| {
+        l.iter().any(|l| l.what == "start")
+    })
+    .await;
+    let agent = worker_sdk::AgentClient::connect(kernel.url()).await.unwrap();
+    let run = agent
+        .create_run(worker_sdk::NewRun::new("patient", json!({})))
+        .await
+        .unwrap();
+    kernel.process.signal_term();
+    kernel.process.log.wait_for("draining: new turns and sessions refused");
+    let turn = tokio::spawn(async move {
+        run.call_turn(0, vec![worker_sdk::Call::new("charge", json!({"hold_ms": 1}))])
+            .await
+    });
+    let status = kernel
+        .process
+        .wait_exit(Duration::from_secs(30))
+        .expect("the kernel exits once the held call settled");
+    assert!(status.success(), "{status:?}");
+    assert!(!turn.is_finished(), "the refused turn waits for the kernel to be back");
+    kernel.restart();
+    let outcomes = tokio::time::timeout(Duration::from_secs(60), turn)
+        .await
+        .expect("the turn ends once the kernel is back")
+        .unwrap()
+        .expect("the turn succeeds");
+    assert_eq!(outcomes.len(), 1);
+    assert!(outcomes[0].outcome.is_ok(), "{outcomes:?}");
+    let charges = kernel
+        .ledger()
+        .iter()
+        .filter(|l| l.what == "start" && l.tool == "charge")
+        .count();
+    assert_eq!(charges, 1, "the charge ran once");
+    let held = holding.await.unwrap();
+    assert_eq!(held.results[0].status, pb::CallStatus::Ok as i32, "{held:?}");
+}

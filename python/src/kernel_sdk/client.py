@@ -5,6 +5,9 @@ and message name the field at fault.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -24,6 +27,7 @@ from ._proto import (
     tool_calls_pb2_grpc,
 )
 from .canonical import to_canonical
+from .errors import KernelError
 from .records import (
     Approval,
     CallResult,
@@ -38,6 +42,12 @@ from .records import (
 )
 from .transport import Tls, channel, metadata
 
+logger = logging.getLogger("kernel_sdk.client")
+
+_WENT_AWAY = frozenset({"UNAVAILABLE", "UNKNOWN"})
+"""Codes of a kernel that went away (draining to stop, restarting, unreachable) rather than
+refused the request: the same request, sent again, may succeed."""
+
 
 class AgentClient:
     """A connection to the kernel for an agent (or anything that drives or inspects runs).
@@ -50,8 +60,18 @@ class AgentClient:
     ```
     """
 
-    def __init__(self, kernel: str, *, api_key: str | None = None, tls: Tls | None = None):
+    def __init__(
+        self,
+        kernel: str,
+        *,
+        api_key: str | None = None,
+        tls: Tls | None = None,
+        reconnect_timeout: float = 60.0,
+    ):
         self.kernel = kernel
+        self.reconnect_timeout = reconnect_timeout
+        """Seconds `call_turn` goes on submitting a turn again while the kernel is away (it
+        drains to stop, restarts, or the replica behind the address changes); 0 turns it off."""
         self._metadata = metadata(api_key)
         self._channel = channel(kernel, tls)
         self._runs = runs_pb2_grpc.RunServiceStub(self._channel)
@@ -210,7 +230,45 @@ class AgentClient:
         offered_tools: Sequence[str] = (),
         max_concurrency: int = 0,
     ) -> Turn:
-        """`submit_turn`, collected: returns once every call has settled."""
+        """`submit_turn`, collected: returns once every call has settled. When the kernel goes
+        away meanwhile (it drains to stop, or the connection breaks), the turn is submitted again,
+        with a backoff, for up to `reconnect_timeout` seconds: the kernel answers a resubmitted
+        turn from its record, so no call runs twice."""
+        calls = list(calls)
+        deadline = time.monotonic() + self.reconnect_timeout
+        backoff = 0.1
+        while True:
+            try:
+                return await self._collect_turn(
+                    run_id,
+                    turn,
+                    calls,
+                    offered_tools=offered_tools,
+                    max_concurrency=max_concurrency,
+                )
+            except KernelError as error:
+                if error.code not in _WENT_AWAY or time.monotonic() + backoff >= deadline:
+                    raise
+                logger.warning(
+                    "the kernel went away during the turn; submitting it again "
+                    "run_id=%s turn=%d retry_in_ms=%d error=%s",
+                    run_id,
+                    turn,
+                    backoff * 1000,
+                    error,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    async def _collect_turn(
+        self,
+        run_id: str,
+        turn: int,
+        calls: list[CallLike],
+        *,
+        offered_tools: Sequence[str],
+        max_concurrency: int,
+    ) -> Turn:
         results: list[CallResult] = []
         progress: list[TurnProgress] = []
         interruptions: list[Interruption] = []

@@ -112,6 +112,16 @@ async fn failed(addr: Option<&str>, status: tonic::Status) -> AgentError {
     AgentError::from(status)
 }
 
+/// Whether `error` says the kernel went away (it is stopping, restarting, or unreachable) rather
+/// than refused the request: then the same request, sent again, may succeed.
+fn kernel_went_away(error: &AgentError) -> bool {
+    match error {
+        AgentError::Transport(_) => true,
+        AgentError::Status(status) => matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Unknown),
+        _ => false,
+    }
+}
+
 impl From<tonic::Status> for AgentError {
     /// A status the channel made from a failed connection (not an answer of the kernel) is a
     /// transport error, with what to do about it when that is known (a plaintext client on a TLS
@@ -486,7 +496,13 @@ pub struct AgentClient {
     api_key: Option<ApiKey>,
     /// The address connected to, to say what to do when the connection fails.
     addr: Option<Arc<str>>,
+    /// How long [`RunHandle::call_turn`] resubmits a turn the kernel went away from.
+    reconnect: std::time::Duration,
 }
+
+/// How long a turn is resubmitted while the kernel is away (stopping, restarting, or a replica
+/// gone), unless [`AgentClient::reconnect_for`] says otherwise.
+pub const DEFAULT_RECONNECT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl AgentClient {
     /// Connects to the kernel at `addr` (`http://127.0.0.1:50051`, or `127.0.0.1:50051`).
@@ -530,7 +546,17 @@ impl AgentClient {
             calls: ToolCallServiceClient::new(channel),
             api_key: None,
             addr: None,
+            reconnect: DEFAULT_RECONNECT,
         }
+    }
+
+    /// How long [`RunHandle::call_turn`] goes on resubmitting a turn while the kernel is away (it
+    /// drains to stop, restarts, or the replica behind the address changes): each resubmission
+    /// gets the recorded results and joins the calls in flight, so nothing runs twice.
+    /// [`std::time::Duration::ZERO`] turns it off.
+    pub fn reconnect_for(mut self, window: std::time::Duration) -> Self {
+        self.reconnect = window;
+        self
     }
 
     /// Sends `secret` as `authorization: Bearer <secret>` on every call, for a kernel that
@@ -678,8 +704,32 @@ impl RunHandle {
     }
 
     /// Submits one turn's calls and returns their results in position order, ignoring progress;
-    /// a call parked for approval is waited for until someone answers.
+    /// a call parked for approval is waited for until someone answers. When the kernel goes away
+    /// meanwhile (it drains to stop, or the connection breaks), the turn is submitted again, with
+    /// a backoff, for up to [`AgentClient::reconnect_for`]: the kernel answers a resubmitted turn
+    /// from its record, so no call runs twice.
     pub async fn call_turn(&self, turn: u32, calls: Vec<Call>) -> Result<Vec<CallOutcome>, AgentError> {
+        let deadline = tokio::time::Instant::now() + self.client.reconnect;
+        let mut backoff = std::time::Duration::from_millis(100);
+        loop {
+            match self.collect_turn(turn, calls.clone()).await {
+                Err(error) if kernel_went_away(&error) && tokio::time::Instant::now() + backoff < deadline => {
+                    tracing::warn!(
+                        run_id = self.id,
+                        turn,
+                        %error,
+                        retry_in_ms = backoff.as_millis() as u64,
+                        "the kernel went away during the turn; submitting it again"
+                    );
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn collect_turn(&self, turn: u32, calls: Vec<Call>) -> Result<Vec<CallOutcome>, AgentError> {
         self.submit_turn(turn, calls)
             .try_filter_map(|item| {
                 future::ready(Ok(match item {

@@ -28,6 +28,7 @@
 //!         },
 //!     }
 //! }
+//! run.complete(serde_json::json!({"refunded": 500})).await?;   // the run ends; until then it is `running`
 //! # Ok(())
 //! # }
 //! ```
