@@ -242,3 +242,97 @@ async fn status_reports_sessions_and_memory() {
         assert!(human.contains(needle), "{needle:?} missing from:\n{human}");
     }
 }
+
+/// `kernelctl runs events --follow` outlives a kernel restart: it says on stderr that the kernel
+/// went away, reconnects, and goes on after the last event it printed, so each event is printed
+/// once and none is skipped; it ends when the run does.
+#[tokio::test]
+async fn runs_events_follow_reconnects_after_a_kernel_restart_and_prints_each_event_once() {
+    use std::io::BufRead;
+
+    let mut kernel = Kernel::start();
+    let _worker = kernel.worker("w1");
+    let run = kernel.create_run("followed").await;
+    submit(&kernel, &run, 0, vec![call("add", json!({"a": 1, "b": 2}))])
+        .await
+        .unwrap();
+    let mut follower = std::process::Command::new(binary("kernelctl"))
+        .args(["--addr", &kernel.url(), "--json", "runs", "events", &run, "--follow"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (line_tx, lines) = std::sync::mpsc::channel::<Value>();
+    let stdout = follower.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = line_tx.send(serde_json::from_str(&line).expect("an NDJSON line"));
+        }
+    });
+    let said = e2e::Log::default();
+    said.follow_stream(follower.stderr.take().unwrap(), "kernelctl");
+    let wait = std::time::Duration::from_secs(30);
+    let mut seen = Vec::new();
+    while !seen.iter().any(|e: &Value| e["type"] == "tool:result") {
+        seen.push(lines.recv_timeout(wait).expect("the follower prints the first turn"));
+    }
+
+    kernel.restart();
+    said.wait_for("the kernel went away");
+    said.wait_for("reconnected; following from event");
+    kernel.wait_for_workers("add", 1).await;
+    submit(&kernel, &run, 1, vec![call("add", json!({"a": 3, "b": 4}))])
+        .await
+        .unwrap();
+    kernel.complete(&run).await;
+    while seen.last().is_none_or(|e| e["type"] != "run:completed") {
+        seen.push(
+            lines
+                .recv_timeout(wait)
+                .expect("the follower goes on after the restart"),
+        );
+    }
+    let status = follower.wait().unwrap();
+    assert!(status.success(), "{status:?}\n{}", said.text());
+    let seqs: Vec<u64> = seen.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    let expected: Vec<u64> = (1..=*seqs.last().unwrap()).collect();
+    assert_eq!(seqs, expected, "each event once, in order, none skipped");
+    assert_eq!(
+        seen.iter().filter(|e| e["type"] == "tool:result").count(),
+        2,
+        "{seen:?}"
+    );
+}
+
+/// The README's tool program installs no logging, yet says what it does: against an address where
+/// no kernel listens (the default one, here free), each backoff names the kernel's address and the
+/// hint, and Ctrl-C stops it with a line saying so.
+#[tokio::test]
+async fn the_readme_worker_says_when_it_cannot_reach_the_kernel_and_when_it_stops() {
+    assert!(
+        std::net::TcpListener::bind("127.0.0.1:50051").is_ok(),
+        "this test needs 127.0.0.1:50051 free: the README's worker connects there"
+    );
+    let mut worker = Process::start(std::process::Command::new(binary("readme-tool")), "readme-tool");
+    let first = worker.log.wait_for("cannot reach the kernel");
+    assert!(first.contains("kernel=http://127.0.0.1:50051"), "{first}");
+    assert!(
+        first.contains("is the kernel running at http://127.0.0.1:50051?"),
+        "{first}"
+    );
+    let (index, _) = worker.log.wait_for_after(0, "attempt=1");
+    let (_, second) = worker.log.wait_for_after(index + 1, "attempt=2");
+    assert!(
+        second.contains("is the kernel running"),
+        "the hint comes with every backoff: {second}"
+    );
+    let interrupted = std::process::Command::new("kill")
+        .args(["-INT", &worker.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    worker.log.wait_for("worker stopped");
+    let status = worker.wait_exit(std::time::Duration::from_secs(10)).expect("it exits");
+    assert!(status.success(), "{status:?}");
+}

@@ -117,6 +117,7 @@ mod deps;
 mod error;
 mod fields;
 mod hosted;
+mod logs;
 #[cfg(feature = "mcp")]
 pub mod mcp;
 mod tls;

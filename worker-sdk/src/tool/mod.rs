@@ -5,6 +5,7 @@
 //! arguments and a hand-written schema. The builder methods set the declared behaviour
 //! ([`ToolOptions`]) that the kernel enforces: timeout, retries, idempotency, risk, approval.
 
+mod finite;
 pub(crate) mod stream;
 pub(crate) mod wire;
 
@@ -554,11 +555,28 @@ pub(crate) fn encode_result<T: Serialize, E: Into<ToolError>>(
     result: Result<T, E>,
 ) -> Result<Value, ToolError> {
     let value = result.map_err(Into::into)?;
-    serde_json::to_value(value).map_err(|error| {
+    let json = serde_json::to_value(&value).map_err(|error| {
         ToolError::fatal(format!(
             "tool '{tool}' returned a result that cannot be serialized as JSON: {error}"
         ))
-    })
+    })?;
+    // serde_json writes NaN and the infinities as null: only a result with a null can hold one.
+    if holds_null(&json) && finite::has_non_finite(&value) {
+        return Err(ToolError::fatal(format!(
+            "tool '{tool}' returned a result that cannot be serialized as JSON: a float that is not finite (NaN or \
+             an infinity)"
+        )));
+    }
+    Ok(json)
+}
+
+fn holds_null(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Array(items) => items.iter().any(holds_null),
+        Value::Object(fields) => fields.values().any(holds_null),
+        _ => false,
+    }
 }
 
 fn panicked(tool: &str, payload: &(dyn std::any::Any + Send)) -> ToolError {
@@ -586,6 +604,24 @@ mod tests {
             json!({"type": "object"}),
             |_ctx, args| async move { Ok::<_, ToolError>(args) },
         )
+    }
+
+    #[test]
+    fn a_result_with_a_float_that_is_not_finite_is_an_error_naming_the_tool() {
+        let error = encode_result("ratio", Ok::<_, ToolError>(vec![1.0, f64::NAN])).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Fatal);
+        assert_eq!(
+            error.message(),
+            "tool 'ratio' returned a result that cannot be serialized as JSON: a float that is not finite (NaN or an \
+             infinity)"
+        );
+        let infinite = encode_result("ratio", Ok::<_, ToolError>(Some(f32::INFINITY)));
+        assert!(infinite.is_err());
+        assert_eq!(
+            encode_result("ratio", Ok::<_, ToolError>((Option::<f64>::None, 0.5))).unwrap(),
+            json!([null, 0.5]),
+            "a null of the result's own passes"
+        );
     }
 
     #[test]

@@ -261,10 +261,12 @@ impl Worker {
     /// Reconnects after a broken connection. Returns [`WorkerError::Refused`] when the kernel
     /// refuses the registration.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        crate::logs::show_by_default();
         // Shared by every session, so calls left running by a lost session count against the limit.
         let slots = Arc::new(Semaphore::new(self.config.max_concurrency as usize));
         let mut backoff = Backoff::new(RECONNECT_INITIAL, RECONNECT_MAX);
         let mut attempt: u32 = 0;
+        let mut hint: Option<String> = None;
         loop {
             match session::run(&self.config, &slots, &shutdown).await {
                 Ok(SessionEnd::Stopped | SessionEnd::Drained) => {
@@ -289,14 +291,12 @@ impl Worker {
                     if opened {
                         warn!(worker = %self.config.name, attempt, retry_in_ms, error, "kernel session lost, reconnecting");
                     } else {
-                        // The hint is looked for once per streak of failures, not on every retry.
-                        let hint = if attempt == 1 {
-                            crate::transport::diagnose(&self.config.endpoint, &error)
+                        // The hint is looked for once per streak of failures, and repeated on each retry.
+                        if attempt == 1 {
+                            hint = crate::transport::diagnose(&self.config.endpoint, &error)
                                 .await
-                                .filter(|hint| !error.contains(hint.as_str()))
-                        } else {
-                            None
-                        };
+                                .filter(|hint| !error.contains(hint.as_str()));
+                        }
                         warn!(
                             worker = %self.config.name,
                             kernel = %self.config.endpoint,

@@ -181,6 +181,12 @@ fn is_refusal(status: &tonic::Status) -> bool {
     )
 }
 
+/// Names for a log line: `a,b,c`, or `-` for none.
+fn names<'a>(names: impl Iterator<Item = &'a String>) -> String {
+    let joined = names.map(String::as_str).collect::<Vec<_>>().join(",");
+    if joined.is_empty() { "-".to_owned() } else { joined }
+}
+
 fn before_welcome(addr: &str, status: tonic::Status) -> SessionError {
     if is_refusal(&status) {
         SessionError::Refused(status)
@@ -253,6 +259,9 @@ pub(crate) async fn run(
     info!(
         session_id = %welcome.session_id,
         worker = %config.name,
+        kernel = %config.endpoint,
+        tools = %names(config.tools.keys()),
+        agents = %names(config.agents.keys()),
         heartbeat_ms = welcome.heartbeat_interval.as_millis() as u64,
         lease_ttl_ms = welcome.lease_ttl.as_millis() as u64,
         "worker session open"
