@@ -339,42 +339,113 @@ async fn list_events(
     }
 }
 
+/// Follows a run's events until it ends (or Ctrl-C). When the kernel goes away meanwhile (it
+/// restarts, or drains to stop), says so on stderr, reconnects with a backoff and resumes after
+/// the last event printed, so nothing is printed twice or skipped.
 async fn follow_events(
     kernel: &mut Kernel,
     out: &mut Output<'_>,
     printer: &mut EventPrinter,
     args: EventsArgs,
 ) -> Result<(), CliError> {
-    let request = WatchRunEventsRequest {
-        run_id: args.id,
-        from_seq: args.from_seq,
-        include_progress: args.progress,
-    };
-    let mut stream = kernel.runs.watch_run_events(request).await?.into_inner();
     let interrupt = tokio::signal::ctrl_c();
     tokio::pin!(interrupt);
     let mut interrupt_armed = true;
+    let mut from_seq = args.from_seq;
+    let mut away: Option<Backoff> = None;
     loop {
-        let message = tokio::select! {
+        let request = WatchRunEventsRequest {
+            run_id: args.id.clone(),
+            from_seq,
+            include_progress: args.progress,
+        };
+        let opened = tokio::select! {
             installed = &mut interrupt, if interrupt_armed => {
                 if installed.is_ok() {
                     return Ok(());
                 }
-                // No signal handler: follow until the stream ends instead.
                 interrupt_armed = false;
                 continue;
             }
-            message = stream.message() => message?,
+            opened = kernel.runs.watch_run_events(request) => opened,
         };
-        let Some(response) = message else {
-            return Ok(());
+        let broke = match opened {
+            Ok(stream) => {
+                if away.take().is_some() {
+                    eprintln!("reconnected; following from event {from_seq}");
+                }
+                let mut stream = stream.into_inner();
+                loop {
+                    let message = tokio::select! {
+                        installed = &mut interrupt, if interrupt_armed => {
+                            if installed.is_ok() {
+                                return Ok(());
+                            }
+                            // No signal handler: follow until the stream ends instead.
+                            interrupt_armed = false;
+                            continue;
+                        }
+                        message = stream.message() => message,
+                    };
+                    match message {
+                        Ok(None) => return Ok(()),
+                        Ok(Some(response)) => match response.item {
+                            Some(Item::Event(event)) => {
+                                from_seq = event.seq + 1;
+                                printer.event(out, EventView::from(event))?;
+                            }
+                            Some(Item::Progress(progress)) => printer.progress(out, ProgressView::from(progress))?,
+                            // An item kind this client does not know yet: nothing to print.
+                            None => {}
+                        },
+                        Err(status) => break status,
+                    }
+                }
+            }
+            Err(status) => status,
         };
-        match response.item {
-            Some(Item::Event(event)) => printer.event(out, EventView::from(event))?,
-            Some(Item::Progress(progress)) => printer.progress(out, ProgressView::from(progress))?,
-            // An item kind this client does not know yet: nothing to print.
-            None => {}
+        if !went_away(&broke) {
+            return Err(broke.into());
         }
+        let backoff = away.get_or_insert_with(|| {
+            eprintln!(
+                "the kernel went away ({}); reconnecting to follow from event {from_seq}",
+                broke.message()
+            );
+            Backoff::default()
+        });
+        tokio::select! {
+            installed = &mut interrupt, if interrupt_armed => {
+                if installed.is_ok() {
+                    return Ok(());
+                }
+                interrupt_armed = false;
+            }
+            _ = tokio::time::sleep(backoff.next()) => {}
+        }
+    }
+}
+
+/// Whether a follow's error says the kernel went away (restarting, draining, unreachable) rather
+/// than refused the request.
+fn went_away(status: &tonic::Status) -> bool {
+    matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Unknown)
+}
+
+/// Waits between reconnections: 100 ms doubling to 2 s.
+struct Backoff(std::time::Duration);
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff(std::time::Duration::from_millis(100))
+    }
+}
+
+impl Backoff {
+    fn next(&mut self) -> std::time::Duration {
+        let now = self.0;
+        self.0 = (self.0 * 2).min(std::time::Duration::from_secs(2));
+        now
     }
 }
 
