@@ -11,6 +11,13 @@ if [ -z "$bin" ]; then
   echo "PostgreSQL is not installed: apt-get install postgresql" >&2
   exit 1
 fi
+
+# The tests drive grpcurl, the MCP client's Python and the MCP servers' Node packages: what
+# tests/run.sh sets up (nothing, when it has already), first on PATH.
+tests/run.sh --setup-only
+# shellcheck disable=SC1091
+. target/venv/bin/activate
+
 dir=$(mktemp -d)
 as=()
 # initdb refuses root: the server runs as the postgres user then.
