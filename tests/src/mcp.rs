@@ -111,7 +111,7 @@ impl McpClient {
     }
 
     /// The client's next line; fails, with its log, if none comes in time (the `mcp` package
-    /// missing included: `pip install -r tests/mcp/requirements.txt`).
+    /// missing included: `tests/run.sh --setup-only` installs it into target/venv).
     pub fn next(&self) -> serde_json::Value {
         self.events.recv_timeout(crate::WAIT).unwrap_or_else(|_| {
             panic!(

