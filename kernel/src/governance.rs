@@ -89,8 +89,17 @@ impl Governance {
             .map_or(0.0, |(_, p)| *p)
     }
 
-    /// Decides what happens to a call before it may run.
-    pub fn gate(&self, tool: &KnownTool, args: &Value, resources: &[String], run: &RunRecord) -> CallGate {
+    /// Decides what happens to a call before it may run. `asked` is the answer of the tool's
+    /// approval predicate where that is code in the worker (see `grpc::tool_calls`); a tool with
+    /// such a predicate and no answer asks a person.
+    pub fn gate(
+        &self,
+        tool: &KnownTool,
+        args: &Value,
+        resources: &[String],
+        run: &RunRecord,
+        asked: Option<bool>,
+    ) -> CallGate {
         let def = &tool.def;
         if let Some(validator) = &tool.validator
             && let Err(message) = validator.check(&def.name, args)
@@ -103,6 +112,7 @@ impl Governance {
         }
         // A predicate that cannot be evaluated asks a person: it fails closed.
         let tool_requires_approval = def.options.requires_approval
+            || (def.options.approval_predicate_in_worker && asked.unwrap_or(true))
             || tool
                 .approval_predicate
                 .as_ref()
@@ -238,5 +248,40 @@ mod tests {
         tool.name = "local".into();
         tool.options.cost_per_call = 0.0;
         assert_eq!(governance.unit_cost(&tool), 0.0);
+    }
+
+    /// A tool whose predicate is code in the worker: the worker's answer decides, and no answer
+    /// (none asked, none given) asks a person.
+    #[test]
+    fn a_predicate_in_the_worker_asks_a_person_when_it_says_so_or_gives_no_answer() {
+        let governance = Governance::load(None, Vec::new()).unwrap();
+        let mut def = ToolDef {
+            name: "refund".into(),
+            description: "Refunds.".into(),
+            input_schema: serde_json::json!({"type": "object"}),
+            version: "1".into(),
+            fingerprint: String::new(),
+            options: Default::default(),
+        };
+        def.options.approval_predicate_in_worker = true;
+        let tool = KnownTool::new(def, 0, 0);
+        let run = crate::machine::records::run();
+        let args = serde_json::json!({"cents": 25_000});
+        let gate = |asked| governance.gate(&tool, &args, &[], &run, asked);
+        assert!(
+            matches!(gate(Some(false)), CallGate::Run { .. }),
+            "{:?}",
+            gate(Some(false))
+        );
+        assert!(
+            matches!(gate(Some(true)), CallGate::Approve(_)),
+            "{:?}",
+            gate(Some(true))
+        );
+        assert!(
+            matches!(gate(None), CallGate::Approve(_)),
+            "fails closed: {:?}",
+            gate(None)
+        );
     }
 }

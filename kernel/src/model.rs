@@ -449,6 +449,10 @@ pub struct ToolOptions {
     /// Null-valued optional arguments are dropped before the call is validated and recorded.
     #[serde(default)]
     pub strip_nulls: bool,
+    /// The approval predicate is code in the worker: a worker offering the tool is asked before
+    /// each new call is recorded.
+    #[serde(default)]
+    pub approval_predicate_in_worker: bool,
 }
 
 impl ToolOptions {

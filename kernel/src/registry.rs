@@ -26,7 +26,7 @@ pub struct KnownTool {
 }
 
 impl KnownTool {
-    fn new(def: ToolDef, first_seen_at: Millis, last_seen_at: Millis) -> Self {
+    pub(crate) fn new(def: ToolDef, first_seen_at: Millis, last_seen_at: Millis) -> Self {
         // Both were checked when a worker registered the tool.
         let validator = ArgsValidator::compile(&def.input_schema).ok();
         let expr = def.options.requires_approval_expr.trim();

@@ -94,6 +94,13 @@ pub enum Outbound {
     },
     /// End the session with this error (lease expired).
     Close(KernelError),
+    /// Ask the worker whether a call of `tool` with these arguments needs a person's approval (the
+    /// tool's predicate is code in the worker); the answer, or why there is none, goes to `reply`.
+    AskApproval {
+        tool: String,
+        arguments_json: String,
+        reply: oneshot::Sender<Result<bool, String>>,
+    },
 }
 
 /// A connected worker, as `workers list` shows it.
@@ -205,6 +212,12 @@ enum Msg {
     RemoteRuns(Vec<RunId>),
     /// The kernel drains: start nothing new, and answer once no call runs on a worker here.
     Quiesce(oneshot::Sender<()>),
+    /// Ask a worker offering `tool` to evaluate its approval predicate.
+    AskApproval {
+        tool: String,
+        arguments_json: String,
+        reply: oneshot::Sender<Result<bool, String>>,
+    },
 }
 
 /// A cheap handle on the scheduler task.
@@ -403,6 +416,21 @@ impl Scheduler {
         let _ = answer.await;
     }
 
+    /// Asks a worker offering `tool` whether a call with these arguments needs a person's
+    /// approval (its predicate is code in the worker). `Err` says why there is no answer: no worker
+    /// here offers the tool, the predicate raised, or the session ended first.
+    pub async fn ask_approval(&self, tool: String, arguments_json: String) -> Result<bool, String> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Msg::AskApproval {
+            tool,
+            arguments_json,
+            reply,
+        });
+        answer
+            .await
+            .unwrap_or_else(|_| Err("the worker's session ended before it answered".into()))
+    }
+
     /// The connected workers.
     pub async fn snapshot(&self) -> Result<Vec<WorkerSnapshot>, KernelError> {
         let (reply, answer) = oneshot::channel();
@@ -587,6 +615,11 @@ impl Actor {
                 self.claim(tools.into_iter().collect(), agents.into_iter().collect());
             }
             Msg::RemoteRuns(runs) => self.check_remote_runs(runs),
+            Msg::AskApproval {
+                tool,
+                arguments_json,
+                reply,
+            } => self.ask_approval(tool, arguments_json, reply),
             Msg::Quiesce(reply) => {
                 if !self.stopping {
                     let running = self.leases.values().filter(|lease| lease.agent.is_none()).count();
@@ -1086,6 +1119,27 @@ impl Actor {
 
     /// Picks the least loaded session that can take `name` (a tool, or an agent for a run's
     /// dispatch), rotating between equals.
+    /// Sends the question to the least loaded session offering `tool` (a question takes no slot).
+    fn ask_approval(&mut self, tool: String, arguments_json: String, reply: oneshot::Sender<Result<bool, String>>) {
+        let asked = self
+            .sessions
+            .values()
+            .filter(|s| !s.draining && s.offers(StepKind::Tool, &tool))
+            .min_by(|a, b| {
+                (a.in_use as f64 / a.max_concurrency as f64).total_cmp(&(b.in_use as f64 / b.max_concurrency as f64))
+            });
+        let Some(session) = asked else {
+            let _ = reply.send(Err(format!("no worker offering '{tool}' is connected to this kernel")));
+            return;
+        };
+        // A send that fails drops `reply`: the asker hears the session ended.
+        let _ = session.outbound.send(Outbound::AskApproval {
+            tool,
+            arguments_json,
+            reply,
+        });
+    }
+
     fn pick(&mut self, kind: StepKind, name: &str) -> Option<String> {
         let mut candidates: Vec<(&String, &Session)> =
             self.sessions.iter().filter(|(_, s)| s.can_take(kind, name)).collect();

@@ -18,7 +18,7 @@ from kernel_sdk import (
     tool_fingerprint,
     wrap_tool,
 )
-from kernel_sdk._wire import tool_spec
+from kernel_sdk._wire import tool_options, tool_spec
 
 
 class Address(pydantic.BaseModel):
@@ -285,12 +285,12 @@ DURATION = "seconds (a number > 0) or a datetime.timedelta"
         (
             {"requires_approval": 1},
             (
-                "requires_approval takes True, False or a CEL predicate over args such as "
-                '"args.cents > 10000", not 1'
+                "requires_approval takes True, False, a CEL predicate over args such as "
+                '"args.cents > 10000", or a function of the arguments, not 1'
             ),
         ),
-        ({"requires_approval": " "}, "requires_approval takes True, False or a CEL predicate"),
-        ({"requires_approval": None}, "requires_approval takes True, False or a CEL predicate"),
+        ({"requires_approval": " "}, "requires_approval takes True, False, a CEL predicate"),
+        ({"requires_approval": None}, "requires_approval takes True, False, a CEL predicate"),
         ({"version": ""}, "version takes a non-empty string such as \"2\", not ''"),
         ({"version": 1.5}, 'version takes a non-empty string such as "2", not 1.5'),
         ({"description": 3}, "description takes a string, not 3"),
@@ -353,19 +353,26 @@ def test_what_the_kernel_would_refuse_is_refused_at_decoration(  # type: ignore[
     assert str(refused.value).startswith(expected), str(refused.value)
 
 
-def test_a_python_predicate_for_approval_is_refused_not_ignored() -> None:
+def test_a_python_predicate_for_approval_is_kept_and_announced_as_the_workers() -> None:
+    @tool(requires_approval=lambda args: args["cents"] > 10_000)
+    async def refund(cents: int) -> str:
+        """Refunds."""
+        return "ok"
+
+    predicate = refund.definition.options.requires_approval
+    assert callable(predicate) and predicate({"cents": 25_000}) is True
+    options = tool_options(refund.definition.options)
+    assert options.approval_predicate_in_worker
+    assert not options.requires_approval and options.requires_approval_expr == ""
+
     with pytest.raises(ToolDefinitionError) as refused:
 
-        @tool(requires_approval=lambda args: args["cents"] > 10_000)  # type: ignore[arg-type]
-        async def refund(cents: int) -> str:
+        @tool(requires_approval=3)  # type: ignore[arg-type]
+        async def other(cents: int) -> str:
             """Refunds."""
             return "ok"
 
-    message = str(refused.value)
-    assert message.startswith(
-        "tool 'refund': requires_approval does not take a Python callable yet"
-    ), message
-    assert 'use True, or a CEL predicate over args such as "args.cents > 10000"' in message
+    assert "requires_approval takes True, False, a CEL predicate" in str(refused.value)
 
 
 def test_a_retry_policy_checks_its_own_fields() -> None:
@@ -442,9 +449,9 @@ def test_wrap_tool_maps_an_awaitable_result_too() -> None:
         ),
         (
             lambda: wrap_tool(
-                "x", lambda a: a, description="d", args_schema={}, requires_approval=bool
+                "x", lambda a: a, description="d", args_schema={}, requires_approval=[]
             ),
-            "tool 'x': requires_approval does not take a Python callable yet",
+            "tool 'x': requires_approval takes True, False, a CEL predicate",
         ),
         (
             lambda: wrap_tool("x", "search", description="d", args_schema={}),

@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from conftest import serving
@@ -381,3 +382,55 @@ async def test_tools_reach_the_apps_objects_through_deps(
         )
         assert turn.results[0].output == 1
     assert ledger.entries == ["a@id:first"]
+
+
+_asked: list[int] = []
+
+
+def _over_10_000(args: dict[str, Any]) -> bool:
+    _asked.append(args["cents"])
+    if args["cents"] < 0:
+        raise ValueError("a negative amount")
+    return bool(args["cents"] > 10_000)
+
+
+@tool(idempotency="at_most_once", writes=True, requires_approval=_over_10_000)
+async def py_refund(ctx: ToolContext, cents: int) -> str:
+    """Refunds an amount in cents; the worker's predicate decides who is asked."""
+    return f"refunded {cents}"
+
+
+async def test_a_python_predicate_decides_in_the_worker_and_its_answer_is_recorded(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    """The seed's spelling, a Python function of the arguments: the kernel asks the worker before
+    it records each new call; a 500-cent refund runs unasked, a 25,000-cent one waits for a
+    person, and a predicate that raises asks too. A resubmitted turn is served from the record."""
+    _asked.clear()
+    async with serving(kernel, py_refund):
+        run = await client.create_run("py-agent")
+        [small] = (
+            await client.call_turn(run.id, 0, [ToolCall("py_refund", {"cents": 500})])
+        ).results
+        assert small.output == "refunded 500" and small.approval is None, small
+
+        events = client.submit_turn(run.id, 1, [ToolCall("py_refund", {"cents": 25_000})])
+        asked = await anext(events)
+        assert isinstance(asked, Interruption) and asked.arguments == {"cents": 25_000}
+        [waiting] = await client.list_approvals(run_id=run.id)
+        await client.approve(waiting.id, decider="ana")
+        approved = await anext(events)
+        assert isinstance(approved, CallResult) and approved.output == "refunded 25000", approved
+
+        events = client.submit_turn(run.id, 2, [ToolCall("py_refund", {"cents": -5})])
+        raised = await anext(events)
+        assert isinstance(raised, Interruption), "a predicate that raises asks a person"
+        [waiting] = await client.list_approvals(run_id=run.id)
+        await client.reject(waiting.id, decider="ana", reason="negative")
+        rejected = await anext(events)
+        assert isinstance(rejected, CallResult) and rejected.outcome == CallOutcome.REJECTED
+        assert _asked == [500, 25_000, -5]
+
+        again = await client.call_turn(run.id, 0, [ToolCall("py_refund", {"cents": 500})])
+        assert again.results[0].replayed and again.results[0].output == "refunded 500"
+        assert _asked == [500, 25_000, -5], "a replayed turn does not ask again"

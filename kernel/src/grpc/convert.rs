@@ -429,6 +429,7 @@ fn options(field: &str, options: Option<pb::ToolOptions>) -> Result<ToolOptions,
         approval_timeout_ms: (o.approval_timeout_ms > 0).then_some(o.approval_timeout_ms),
         blocking: o.blocking,
         strip_nulls: o.strip_nulls,
+        approval_predicate_in_worker: o.approval_predicate_in_worker,
     })
 }
 
@@ -471,6 +472,13 @@ pub fn hello(hello: pb::Hello) -> Result<SessionHello, KernelError> {
         crate::resources::validate(&options.resources, &input_schema)
             .map_err(|(index, message)| KernelError::invalid(format!("{field}.options.resources[{index}]"), message))?;
         let expr = options.requires_approval_expr.trim();
+        if !expr.is_empty() && options.approval_predicate_in_worker {
+            return Err(KernelError::invalid(
+                format!("{field}.options.approval_predicate_in_worker"),
+                "a tool's approval predicate is either a CEL expression (requires_approval_expr) or code in the \
+                 worker, not both",
+            ));
+        }
         if !expr.is_empty() {
             crate::policy::compile_predicate(expr).map_err(|e| {
                 KernelError::invalid(
@@ -605,6 +613,7 @@ fn options_proto(o: &ToolOptions) -> pb::ToolOptions {
         approval_timeout_ms: o.approval_timeout_ms.unwrap_or(0),
         blocking: o.blocking,
         strip_nulls: o.strip_nulls,
+        approval_predicate_in_worker: o.approval_predicate_in_worker,
     }
 }
 
@@ -762,6 +771,33 @@ mod tests {
             ..Default::default()
         });
         assert!(hello(hello_with(vec![fine])).is_ok());
+    }
+
+    #[test]
+    fn hello_takes_a_predicate_in_the_worker_or_in_cel_not_both() {
+        let mut both = spec("refund");
+        both.options = Some(pb::ToolOptions {
+            requires_approval_expr: "args.cents > 10000".into(),
+            approval_predicate_in_worker: true,
+            ..Default::default()
+        });
+        let err = hello(hello_with(vec![both])).unwrap_err().to_string();
+        assert!(
+            err.starts_with("hello.tools[0].options.approval_predicate_in_worker: a tool's approval predicate"),
+            "{err}"
+        );
+        let mut worker = spec("refund");
+        worker.options = Some(pb::ToolOptions {
+            approval_predicate_in_worker: true,
+            ..Default::default()
+        });
+        let hello = hello(hello_with(vec![worker])).unwrap();
+        assert!(hello.tools[0].options.approval_predicate_in_worker);
+        let back = options_proto(&hello.tools[0].options);
+        assert!(
+            back.approval_predicate_in_worker,
+            "it survives the way back to the wire"
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::Stream;
 use kernel_proto::v1 as pb;
@@ -336,13 +337,56 @@ async fn decide(kernel: &Kernel, planned: Planned) -> Result<TurnPlan, KernelErr
     let Planned {
         mut plan, checks, run, ..
     } = planned;
-    for (call, (known, args)) in plan.calls.iter_mut().zip(checks) {
+    let answers = ask_workers(kernel, &checks).await;
+    for ((call, (known, args)), asked) in plan.calls.iter_mut().zip(checks).zip(answers) {
         if let Some(tool) = known {
-            call.gate = kernel.governance.gate(&tool, &args, &call.resources, &run);
+            call.gate = kernel.governance.gate(&tool, &args, &call.resources, &run, asked);
             call.unit_cost = kernel.governance.unit_cost(&tool.def);
         }
     }
     Ok(plan)
+}
+
+/// How long a worker may take to evaluate a tool's approval predicate before the call is asked
+/// about anyway.
+const ASK_WORKER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Per call: the answer of the tool's approval predicate where it is code in the worker (asked of
+/// a worker offering the tool, all calls at once); `None` where the tool has none, or the call's
+/// arguments fail its schema (it is refused before any predicate). A predicate that raised, a
+/// worker that did not answer in time, or none connected: `Some(true)`, the call is asked about.
+async fn ask_workers(kernel: &Kernel, checks: &[(Option<Arc<KnownTool>>, serde_json::Value)]) -> Vec<Option<bool>> {
+    let asking = checks.iter().map(|(known, args)| async move {
+        let tool = known.as_ref().filter(|t| t.def.options.approval_predicate_in_worker)?;
+        if tool
+            .validator
+            .as_ref()
+            .is_some_and(|v| v.check(&tool.def.name, args).is_err())
+        {
+            return None;
+        }
+        let asked = kernel.scheduler.ask_approval(tool.def.name.clone(), args.to_string());
+        let answer = match tokio::time::timeout(ASK_WORKER_TIMEOUT, asked).await {
+            Ok(Ok(required)) => required,
+            Ok(Err(why)) => {
+                warn!(
+                    tool = tool.def.name,
+                    why, "no answer from the tool's approval predicate; the call is asked about"
+                );
+                true
+            }
+            Err(_) => {
+                warn!(
+                    tool = tool.def.name,
+                    timeout_ms = ASK_WORKER_TIMEOUT.as_millis() as u64,
+                    "the tool's approval predicate did not answer in time; the call is asked about"
+                );
+                true
+            }
+        };
+        Some(answer)
+    });
+    futures_util::future::join_all(asking).await
 }
 
 #[tonic::async_trait]

@@ -18,7 +18,7 @@ use kernel_proto::v1 as pb;
 use kernel_proto::v1::open_session_request::Message as In;
 use kernel_proto::v1::open_session_response::Message as Out;
 use kernel_proto::v1::worker_service_server::WorkerService;
-use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -166,6 +166,7 @@ impl WorkerService for WorkerApi {
             session_id,
             tx,
             dispatches: HashMap::new(),
+            questions: HashMap::new(),
             recording: JoinSet::new(),
             _permit: permit,
             progress_limit: RateLimit::per_second(limits.progress_per_second, now),
@@ -222,6 +223,9 @@ struct Session {
     session_id: String,
     tx: SessionSender,
     dispatches: HashMap<String, Held>,
+    /// Approval questions asked of the worker, by question id, and who waits for each answer. An
+    /// answer never given (the session ends) drops its sender: the asker hears so.
+    questions: HashMap<String, oneshot::Sender<Result<bool, String>>>,
     /// Results and suspensions being recorded. The session gives up its leases only once they
     /// are written: a worker that sends its last result and closes at once (as a draining one
     /// does) would otherwise see the call lost and run again (found by the Python drain test).
@@ -413,6 +417,19 @@ impl Session {
                 attempt,
                 reason,
             }),
+            Outbound::AskApproval {
+                tool,
+                arguments_json,
+                reply,
+            } => {
+                let question_id = uuid::Uuid::now_v7().to_string();
+                self.questions.insert(question_id.clone(), reply);
+                Out::ApprovalQuestion(pb::ApprovalQuestion {
+                    question_id,
+                    tool,
+                    arguments_json,
+                })
+            }
             Outbound::Close(_) => unreachable!("handled by the loop"),
         };
         self.tx.send(out(message)).await.is_ok()
@@ -437,6 +454,16 @@ impl Session {
             Some(In::Progress(progress)) => self.on_progress(progress),
             Some(In::Result(result)) => self.on_result(result),
             Some(In::Cache(request)) => self.on_cache(request),
+            Some(In::ApprovalAnswer(answer)) => {
+                // An answer to no question (a duplicate, or one this session never asked) is ignored.
+                if let Some(reply) = self.questions.remove(&answer.question_id) {
+                    let _ = reply.send(if answer.error.is_empty() {
+                        Ok(answer.required)
+                    } else {
+                        Err(answer.error)
+                    });
+                }
+            }
             Some(In::Hello(_)) => return Err(Status::failed_precondition("hello may be sent only once per session")),
             None => return Err(Status::invalid_argument("message: empty session message")),
         }

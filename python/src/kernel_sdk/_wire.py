@@ -73,6 +73,7 @@ def tool_options(options: ToolOptions, *, blocking: bool = False) -> common_pb2.
         cache_ttl_ms=millis(options.cache_ttl),
         requires_approval=approval is True,
         requires_approval_expr=approval if isinstance(approval, str) else "",
+        approval_predicate_in_worker=callable(approval),
         approval_timeout_ms=millis(options.approval_timeout),
         blocking=blocking,
         strip_nulls=options.strip_nulls,
@@ -119,6 +120,16 @@ def heartbeat() -> workers_pb2.OpenSessionRequest:
 
 def drain() -> workers_pb2.OpenSessionRequest:
     return workers_pb2.OpenSessionRequest(drain=workers_pb2.Drain())
+
+
+def approval_answer(
+    question_id: str, required: bool, error: str = ""
+) -> workers_pb2.OpenSessionRequest:
+    return workers_pb2.OpenSessionRequest(
+        approval_answer=workers_pb2.ApprovalAnswer(
+            question_id=question_id, required=required, error=error
+        )
+    )
 
 
 def progress(dispatch_id: str, attempt: int, report: Progress) -> workers_pb2.OpenSessionRequest:

@@ -31,6 +31,10 @@ from .errors import ToolError
 
 Idempotency = Literal["safe_to_retry", "at_most_once"]
 Risk = Literal["low", "medium", "high", "critical"]
+ApprovalPredicate = Callable[[dict[str, Any]], Any]
+"""A tool's approval predicate as Python code: takes the call's arguments, returns whether a
+person must approve the call (a bool, or an awaitable of one). Pure: it sees nothing but the
+arguments, and its answer is recorded with the call."""
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
@@ -107,8 +111,10 @@ class ToolOptions:
     cost_per_call: float = 0.0
     cache_ttl: float | None = None
     """Seconds a `read_only` tool's success is served again for identical calls."""
-    requires_approval: bool | str = False
-    """`True` asks a person before every call; a string is a CEL predicate over `args`."""
+    requires_approval: bool | str | ApprovalPredicate = False
+    """`True` asks a person before every call; a string is a CEL predicate over `args`, which the
+    kernel evaluates; a callable is a predicate over the arguments (a dict) that the worker
+    evaluates when the kernel asks, before the call is recorded."""
     approval_timeout: float | None = None
     """Seconds an unanswered approval waits before the call is denied; `None` waits for ever."""
     strip_nulls: bool = False
@@ -218,20 +224,20 @@ def _cost(option: str, value: Any) -> float:
     return value  # type: ignore[no-any-return]
 
 
-def _approval(option: str, value: Any) -> bool | str:
+def _approval(option: str, value: Any) -> bool | str | ApprovalPredicate:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip():
         return value
     if callable(value):
-        # The kernel evaluates the predicate, and it evaluates CEL only: a Python callable
-        # cannot reach it yet. Lift this once the worker can answer the kernel's question.
-        raise ToolDefinitionError(
-            f"{option} does not take a Python callable yet: the kernel decides approvals and "
-            f"evaluates CEL only; use True, or a CEL predicate over args such as {_CEL_EXAMPLE}"
-        )
+        return value  # type: ignore[no-any-return]
     raise ToolDefinitionError(
-        _takes(option, f"True, False or a CEL predicate over args such as {_CEL_EXAMPLE}", value)
+        _takes(
+            option,
+            f"True, False, a CEL predicate over args such as {_CEL_EXAMPLE}, "
+            "or a function of the arguments",
+            value,
+        )
     )
 
 
@@ -500,7 +506,7 @@ def tool(
     resources: tuple[str, ...] | list[str] = (),
     cost_per_call: float = 0.0,
     cache_ttl: float | timedelta | None = None,
-    requires_approval: bool | str = False,
+    requires_approval: bool | str | ApprovalPredicate = False,
     approval_timeout: float | timedelta | None = None,
     strip_nulls: bool = False,
 ) -> Any:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -261,6 +262,8 @@ class _Session:
     cache_waiting: dict[int, asyncio.Future[workers_pb2.CacheResponse]] = field(
         default_factory=dict
     )
+    questions: set[asyncio.Task[None]] = field(default_factory=set)
+    """Approval predicates being evaluated, kept until they answer."""
     next_request: int = 0
     closed: bool = False
     hosted: hosted_pb2_grpc.HostedServiceStub | None = None
@@ -434,8 +437,48 @@ class _Session:
                 waiting.set_result(message.cache)
         elif kind == "run":
             self._start_run(message.run)
+        elif kind == "approval_question":
+            question = message.approval_question
+            asking = asyncio.create_task(self._answer(question))
+            self.questions.add(asking)
+            asking.add_done_callback(self.questions.discard)
         elif kind == "welcome":
             logger.warning("second welcome on an open session ignored")
+
+    async def _answer(self, question: workers_pb2.ApprovalQuestion) -> None:
+        """Evaluates a tool's Python approval predicate on a call's arguments, for the kernel to
+        decide whether the call is asked about; one that raises, or returns no bool, asks."""
+        tool = self.worker.tools.get(question.tool)
+        predicate = None if tool is None else tool.definition.options.requires_approval
+        if not callable(predicate):
+            self.send(
+                wire.approval_answer(
+                    question.question_id,
+                    True,
+                    f"this worker has no approval predicate for tool '{question.tool}'",
+                )
+            )
+            return
+        try:
+            arguments = json.loads(question.arguments_json or "{}")
+            if inspect.iscoroutinefunction(predicate):
+                answer = await predicate(arguments)
+            else:
+                answer = await asyncio.to_thread(predicate, arguments)
+                if inspect.isawaitable(answer):
+                    answer = await answer
+            if not isinstance(answer, bool):
+                raise TypeError(f"it returned {answer!r}, not a bool")
+        except Exception as error:
+            logger.warning(
+                "approval predicate raised tool=%s error=%s; the call is asked about",
+                question.tool,
+                _headline(error),
+                exc_info=error,
+            )
+            self.send(wire.approval_answer(question.question_id, True, _headline(error)))
+            return
+        self.send(wire.approval_answer(question.question_id, answer))
 
     def _start_run(self, run: workers_pb2.RunDispatch) -> None:
         running = self.running.get(run.dispatch_id)

@@ -49,6 +49,8 @@ fn tool_options(options: &ToolOptions) -> pb::ToolOptions {
         approval_timeout_ms: optional_millis(options.approval_timeout),
         blocking: options.blocking,
         strip_nulls: options.strip_nulls,
+        // A Rust tool's predicate is CEL (`Approval::When`), which the kernel evaluates itself.
+        approval_predicate_in_worker: false,
     }
 }
 

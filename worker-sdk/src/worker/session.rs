@@ -88,6 +88,12 @@ pub(crate) enum Outbound {
         op: CacheOp,
     },
     Drain,
+    /// The answer to [`Inbound::ApprovalQuestion`].
+    ApprovalAnswer {
+        question_id: String,
+        required: bool,
+        error: String,
+    },
     /// Ends the stream once everything queued before it has been sent.
     Close,
 }
@@ -136,6 +142,11 @@ pub(crate) enum Inbound {
     Cache {
         request_id: u64,
         reply: CacheReply,
+    },
+    /// Whether a call of `tool` needs a person's approval, by a predicate in the worker.
+    ApprovalQuestion {
+        question_id: String,
+        tool: String,
     },
 }
 
@@ -440,6 +451,18 @@ impl Session {
                 None => debug!(request_id, "cache answer for no pending request ignored"),
             },
             Inbound::Welcome(_) => warn!("second welcome on an open session ignored"),
+            Inbound::ApprovalQuestion { question_id, tool } => {
+                // A Rust tool's predicate is CEL, which the kernel evaluates itself; a kernel asks
+                // only about a tool announced with a predicate in the worker, which this SDK never
+                // announces. Answering "ask a person" fails closed.
+                let answer = Outbound::ApprovalAnswer {
+                    question_id,
+                    required: true,
+                    error: format!("this worker has no approval predicate for tool '{tool}'"),
+                };
+                let tx = self.tx.clone();
+                tokio::spawn(async move { drop(tx.send(answer).await) });
+            }
         }
     }
 

@@ -37,6 +37,15 @@ pub(crate) fn outbound(message: Outbound) -> pb::OpenSessionRequest {
         }),
         Outbound::Heartbeat | Outbound::Close => Up::Heartbeat(pb::Heartbeat {}),
         Outbound::Drain => Up::Drain(pb::Drain {}),
+        Outbound::ApprovalAnswer {
+            question_id,
+            required,
+            error,
+        } => Up::ApprovalAnswer(pb::ApprovalAnswer {
+            question_id,
+            required,
+            error,
+        }),
         Outbound::Progress { dispatch, progress } => Up::Progress(pb::DispatchProgress {
             dispatch_id: dispatch.id,
             attempt: dispatch.attempt,
@@ -132,6 +141,10 @@ pub(crate) fn inbound(message: pb::OpenSessionResponse) -> Option<Inbound> {
             },
             accepted: ack.accepted,
             reason: ack.reason,
+        },
+        Down::ApprovalQuestion(question) => Inbound::ApprovalQuestion {
+            question_id: question.question_id,
+            tool: question.tool,
         },
         Down::Cache(answer) => Inbound::Cache {
             request_id: answer.request_id,

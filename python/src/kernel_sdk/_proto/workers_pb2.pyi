@@ -8,36 +8,40 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("hello", "heartbeat", "progress", "result", "drain", "cache")
+    __slots__ = ("hello", "heartbeat", "progress", "result", "drain", "cache", "approval_answer")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_ANSWER_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     progress: DispatchProgress
     result: DispatchResult
     drain: Drain
     cache: CacheRequest
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., progress: _Optional[_Union[DispatchProgress, _Mapping]] = ..., result: _Optional[_Union[DispatchResult, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., cache: _Optional[_Union[CacheRequest, _Mapping]] = ...) -> None: ...
+    approval_answer: ApprovalAnswer
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., progress: _Optional[_Union[DispatchProgress, _Mapping]] = ..., result: _Optional[_Union[DispatchResult, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., cache: _Optional[_Union[CacheRequest, _Mapping]] = ..., approval_answer: _Optional[_Union[ApprovalAnswer, _Mapping]] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("welcome", "dispatch", "cancel", "result_ack", "cache", "run")
+    __slots__ = ("welcome", "dispatch", "cancel", "result_ack", "cache", "run", "approval_question")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     DISPATCH_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     RESULT_ACK_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_QUESTION_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     dispatch: Dispatch
     cancel: CancelDispatch
     result_ack: ResultAck
     cache: CacheResponse
     run: RunDispatch
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., dispatch: _Optional[_Union[Dispatch, _Mapping]] = ..., cancel: _Optional[_Union[CancelDispatch, _Mapping]] = ..., result_ack: _Optional[_Union[ResultAck, _Mapping]] = ..., cache: _Optional[_Union[CacheResponse, _Mapping]] = ..., run: _Optional[_Union[RunDispatch, _Mapping]] = ...) -> None: ...
+    approval_question: ApprovalQuestion
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., dispatch: _Optional[_Union[Dispatch, _Mapping]] = ..., cancel: _Optional[_Union[CancelDispatch, _Mapping]] = ..., result_ack: _Optional[_Union[ResultAck, _Mapping]] = ..., cache: _Optional[_Union[CacheResponse, _Mapping]] = ..., run: _Optional[_Union[RunDispatch, _Mapping]] = ..., approval_question: _Optional[_Union[ApprovalQuestion, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("worker_name", "tools", "max_concurrency", "sdk_version", "ephemeral_tools", "agents")
@@ -70,6 +74,26 @@ class AgentSpec(_message.Message):
     max_concurrency: int
     fingerprint: str
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., version: _Optional[str] = ..., max_concurrency: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
+class ApprovalQuestion(_message.Message):
+    __slots__ = ("question_id", "tool", "arguments_json")
+    QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    question_id: str
+    tool: str
+    arguments_json: str
+    def __init__(self, question_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
+
+class ApprovalAnswer(_message.Message):
+    __slots__ = ("question_id", "required", "error")
+    QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    question_id: str
+    required: bool
+    error: str
+    def __init__(self, question_id: _Optional[str] = ..., required: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class RunDispatch(_message.Message):
     __slots__ = ("dispatch_id", "attempt", "run_id", "agent", "input_json", "traceparent")
