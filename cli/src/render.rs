@@ -319,7 +319,10 @@ fn step_block(step: &StepView) -> String {
         pairs.push(("result", json_cut(output)));
     }
     if let Some(error) = &step.error {
-        let message = truncate(&one_line(&error.message), JSON_CUT).into_owned();
+        // The first line is the error; more lines are a trace (a Python tool's traceback), shown
+        // below the fields.
+        let first = error.message.lines().next().unwrap_or_default();
+        let message = truncate(&one_line(first), JSON_CUT).into_owned();
         // An error kind (retryable, fatal, poison) is the tool's word on a failed attempt; a call
         // the kernel refused or a person rejected has its outcome in the status instead.
         let value = match (&error.kind, step.outcome.as_deref()) {
@@ -391,8 +394,40 @@ fn step_block(step: &StepView) -> String {
     }
     pairs.push(("idempotency key", or_none(Some(&step.idempotency_key)).to_owned()));
     text.push_str(&fields(&pairs, "  "));
+    if let Some(error) = &step.error {
+        text.push_str(&trace_block(&error.message));
+    }
     text
 }
+
+/// The lines of an error after its first (a traceback), indented under the step, at most the last
+/// [`TRACE_LINES`]: a traceback's last frames are the ones that raised.
+fn trace_block(message: &str) -> String {
+    let lines: Vec<&str> = message.lines().skip(1).filter(|l| !l.trim().is_empty()).collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let mut block = String::from(
+        "  trace:
+",
+    );
+    if lines.len() > TRACE_LINES {
+        block.push_str(&format!(
+            "    ... {} lines before (--json shows them)
+",
+            lines.len() - TRACE_LINES
+        ));
+    }
+    for line in &lines[lines.len().saturating_sub(TRACE_LINES)..] {
+        block.push_str("    ");
+        block.push_str(&one_line(line));
+        block.push('\n');
+    }
+    block
+}
+
+/// The most trace lines `runs show` prints under a step.
+const TRACE_LINES: usize = 40;
 
 /// `runs show`: the run's fields, its step table, then one detail block per step.
 pub fn run_detail(detail: &RunDetail) -> String {
@@ -933,7 +968,8 @@ mod tests {
 
         assert!(text.contains("\nt0/p1 search (succeeded)\n"));
         assert!(text.contains(r#"  result:           ["AF12","BA7"]"#));
-        assert!(text.contains("  error:            fatal: boom stack\n"), "{text}");
+        assert!(text.contains("  error:            fatal: boom\n"), "{text}");
+        assert!(text.contains("  trace:\n    stack\n"), "{text}");
         assert!(text.contains("  lease expires:    2023-11-14T22:13:50Z\n"), "{text}");
         assert_eq!(text.matches("lease expires").count(), 1);
         assert!(text.contains("  idempotency key:  0192f0c1-run/t1/p0\n"));
@@ -1229,5 +1265,20 @@ mod tests {
         assert!(row.contains("1: triage"), "{text}");
         assert!(row.contains("2023-11-14T22:15:00Z"));
         assert!(row.ends_with("yes"));
+    }
+
+    #[test]
+    fn a_long_trace_shows_its_last_lines_and_says_how_many_went() {
+        let message: String = std::iter::once("ValueError: bad".to_owned())
+            .chain((1..=50).map(|n| format!("  frame {n}")))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let block = super::trace_block(&message);
+        assert!(
+            block.starts_with("  trace:\n    ... 10 lines before (--json shows them)\n      frame 11\n"),
+            "{block}"
+        );
+        assert!(block.ends_with("      frame 50\n"), "{block}");
+        assert_eq!(super::trace_block("one line only"), "");
     }
 }

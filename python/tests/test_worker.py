@@ -325,7 +325,8 @@ async def test_a_tools_exception_keeps_its_traceback_in_the_run_and_the_workers_
     kernelctl = [str(binary("kernelctl")), "--addr", f"http://{kernel.addr}"]
     shown = await _run(*kernelctl, "runs", "show", run.id)
     assert "retryable: ValueError: invalid literal for int() with base 10: 'ten'" in shown, shown
-    # The table cuts an error to 200 characters on one line; --json prints the traceback whole.
+    # The traceback's last lines follow under `trace:`; --json has it whole.
+    assert "  trace:\n" in shown and LAST_FRAME in shown, shown
     [step] = json.loads(await _run(*kernelctl, "--json", "runs", "show", run.id))["steps"]
     assert LAST_FRAME in step["error"]["message"], step
 
