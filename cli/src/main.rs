@@ -39,6 +39,15 @@ fn main() -> ExitCode {
 }
 
 fn bench(addr: &args::KernelAddr, access: &client::Access, json: bool, args: bench::BenchArgs) -> ExitCode {
+    // The bench's workers run in this process; their lines about sessions and calls would bury
+    // its report, so only warnings show (`RUST_LOG` shows more).
+    let levels = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(levels)
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false)
+        .try_init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
