@@ -202,6 +202,17 @@ pub enum RunsCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Cancel one call in flight and leave its run going: the call ends with one result, status
+    /// cancelled, that its turn reads as `cancelled: <reason>`. A settled call is refused.
+    CancelCall {
+        /// Run id.
+        run: String,
+        /// The call's step key (`t2/p0`, or `id:<call id>`), as `runs show` lists it.
+        step: String,
+        /// Why the call is cancelled; recorded in its result.
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Delete a finished run with its events, steps, approvals and cached results (needs admin);
     /// a run in flight is refused.
     Delete {
