@@ -80,6 +80,12 @@ pub struct Config {
     #[arg(long, env = "KERNEL_RETAIN_FINISHED", value_parser = parse_retention)]
     pub retain_finished: Option<Duration>,
 
+    /// Fail, with reason `abandoned`, an external agent's run (not hosted) pending or running
+    /// that made no turn for this many milliseconds, after settling its calls in flight as a
+    /// cancel does. A blocked run (waiting for a person) is never abandoned. Off by default.
+    #[arg(long, env = "KERNEL_ABANDON_RUNS_AFTER_MS", value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub abandon_runs_after_ms: Option<u64>,
+
     /// Timeout in milliseconds of a call whose tool declares none.
     #[arg(long, env = "KERNEL_DEFAULT_TOOL_TIMEOUT_MS", default_value_t = 30_000)]
     pub default_tool_timeout_ms: u64,

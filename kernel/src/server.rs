@@ -363,6 +363,19 @@ pub async fn run(
         );
     }
 
+    if let Some(after_ms) = config.abandon_runs_after_ms {
+        info!(after_ms, "idle external runs are failed as abandoned");
+        lifecycle.spawn(
+            "abandon",
+            crate::abandon::abandon_idle_runs(
+                store.clone(),
+                kernel.scheduler.clone(),
+                Duration::from_millis(after_ms),
+                shutdown.clone(),
+            ),
+        );
+    }
+
     let addr = listener
         .local_addr()
         .map_err(|e| KernelError::Unavailable(e.to_string()))?;
