@@ -101,6 +101,10 @@ pub struct McpServeArgs {
     /// A label on every run the sessions create, `key=value` (repeatable).
     #[arg(long, value_name = "KEY=VALUE", value_parser = parse_label)]
     pub label: Vec<(String, String)>,
+    /// With --listen: a session that sends and receives nothing this many milliseconds is closed
+    /// and its run completed, as when its client deletes it.
+    #[arg(long, value_name = "MS", default_value_t = 1_800_000)]
+    pub session_idle_timeout_ms: u64,
 }
 
 fn parse_label(text: &str) -> Result<(String, String), String> {

@@ -31,6 +31,16 @@ pub struct Config {
     #[arg(long, env = "KERNEL_MCP_LISTEN", value_name = "ADDR")]
     pub mcp_listen: Option<SocketAddr>,
 
+    /// An MCP session of `--mcp-listen` that sends nothing for this many milliseconds is closed
+    /// and its run completed, as when its client deletes it.
+    #[arg(
+        long,
+        env = "KERNEL_MCP_SESSION_IDLE_TIMEOUT_MS",
+        default_value_t = 1_800_000,
+        value_name = "MS"
+    )]
+    pub mcp_session_idle_timeout_ms: u64,
+
     /// Also serve the web console, Prometheus `/metrics`, `/healthz` and `/readyz` over HTTP on
     /// this address (e.g. `127.0.0.1:8080`). With an auth file the console asks for an API key and
     /// `/metrics` needs one with `runs:read`. A non-loopback address needs an auth file or
