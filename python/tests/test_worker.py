@@ -181,14 +181,25 @@ async def test_cancelling_the_run_reaches_the_running_tool(
         assert result.outcome == CallOutcome.CANCELLED, result
 
 
+# An event of its own: an asyncio.Event is bound to the loop of the first test that waits on it.
+HELD_ALONE = asyncio.Event()
+
+
+@tool(timeout=60)
+async def hold_alone(ctx: ToolContext) -> str:
+    """Waits until the call is cancelled."""
+    HELD_ALONE.set()
+    await ctx.cancelled.wait()
+    return f"cancelled: {ctx.cancelled.reason}"
+
+
 async def test_cancelling_one_call_reaches_its_tool_and_the_run_goes_on(
     kernel: Kernel, client: AgentClient
 ) -> None:
-    HELD.clear()
-    async with serving(kernel, hold, add):
+    async with serving(kernel, hold_alone, add):
         run = await client.create_run("py-agent")
-        turn = asyncio.ensure_future(client.call_turn(run.id, 0, [ToolCall("hold")]))
-        await asyncio.wait_for(HELD.wait(), 30)
+        turn = asyncio.ensure_future(client.call_turn(run.id, 0, [ToolCall("hold_alone")]))
+        await asyncio.wait_for(HELD_ALONE.wait(), 30)
         step = await client.cancel_call(run.id, "t0/p0", "not needed")
         assert (step.step_key, step.status) == ("t0/p0", "cancelled"), step
         [result] = (await asyncio.wait_for(turn, 30)).results
