@@ -103,7 +103,7 @@ pub struct McpServeArgs {
     pub label: Vec<(String, String)>,
     /// With --listen: a session that sends and receives nothing this many milliseconds is closed
     /// and its run completed, as when its client deletes it.
-    #[arg(long, value_name = "MS", default_value_t = 1_800_000)]
+    #[arg(long, value_name = "MS", default_value_t = 1_800_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub session_idle_timeout_ms: u64,
 }
 

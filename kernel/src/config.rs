@@ -31,13 +31,14 @@ pub struct Config {
     #[arg(long, env = "KERNEL_MCP_LISTEN", value_name = "ADDR")]
     pub mcp_listen: Option<SocketAddr>,
 
-    /// An MCP session of `--mcp-listen` that sends nothing for this many milliseconds is closed
-    /// and its run completed, as when its client deletes it.
+    /// An MCP session of `--mcp-listen` that sends and receives nothing for this many milliseconds
+    /// is closed and its run completed, as when its client deletes it.
     #[arg(
         long,
         env = "KERNEL_MCP_SESSION_IDLE_TIMEOUT_MS",
         default_value_t = 1_800_000,
-        value_name = "MS"
+        value_name = "MS",
+        value_parser = clap::value_parser!(u64).range(1..)
     )]
     pub mcp_session_idle_timeout_ms: u64,
 
