@@ -57,31 +57,13 @@ pub struct Bridge {
     pub authenticate: bool,
 }
 
-/// The run a session's calls go to, created at its first call, and the step keys of its calls in
-/// flight.
-#[derive(Default)]
-struct Current {
-    cell: Arc<OnceCell<RunHandle>>,
-    calls: HashMap<u64, String>,
-    next: u64,
-}
-
-/// Takes a call off [`Current::calls`] when it ends.
-struct InFlight(Arc<Mutex<Current>>, u64);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.lock().expect("run cell poisoned").calls.remove(&self.1);
-    }
-}
-
 /// One MCP session's view of the kernel: its client and, once it made a call, its run.
 #[derive(Clone)]
 pub struct KernelTools {
     bridge: Arc<Bridge>,
     client: Arc<OnceCell<AgentClient>>,
-    /// The session's run and the calls in flight in it.
-    run: Arc<Mutex<Current>>,
+    /// The session's run, created at its first call.
+    run: Arc<OnceCell<RunHandle>>,
     turn: Arc<AtomicU32>,
     /// Ends the session's run when the last clone of the session goes.
     _end: Arc<EndOnDrop>,
@@ -90,7 +72,7 @@ pub struct KernelTools {
 /// Completes a session's run when the session goes (its client deleted it, or it idled out),
 /// unless the bridge is stopping (`stopping` cancelled) or the run was ended already.
 struct EndOnDrop {
-    run: Arc<Mutex<Current>>,
+    run: Arc<OnceCell<RunHandle>>,
     stopping: CancellationToken,
 }
 
@@ -99,9 +81,8 @@ impl Drop for EndOnDrop {
         if self.stopping.is_cancelled() {
             return;
         }
-        let run = self.run.lock().expect("run cell poisoned").cell.get().cloned();
-        if let (Some(run), Ok(runtime)) = (run, tokio::runtime::Handle::try_current()) {
-            runtime.spawn(end_run(run));
+        if let (Some(run), Ok(runtime)) = (self.run.get(), tokio::runtime::Handle::try_current()) {
+            runtime.spawn(end_run(run.clone()));
         }
     }
 }
@@ -167,7 +148,7 @@ impl KernelTools {
     /// A new session over `bridge`; its run is completed when the session goes, unless
     /// `stopping` is cancelled by then.
     pub fn new(bridge: Arc<Bridge>, stopping: CancellationToken) -> Self {
-        let run: Arc<Mutex<Current>> = Arc::default();
+        let run: Arc<OnceCell<RunHandle>> = Arc::default();
         Self {
             bridge,
             client: Arc::default(),
@@ -197,21 +178,11 @@ impl KernelTools {
             .await
     }
 
-    /// The session's run, created at its first call, with call `key` counted in flight in it.
-    async fn session_run(
-        &self,
-        context: &RequestContext<RoleServer>,
-        key: String,
-    ) -> Result<(RunHandle, InFlight), ErrorData> {
-        let (cell, in_flight) = {
-            let mut current = self.run.lock().expect("run cell poisoned");
-            let id = current.next;
-            current.next += 1;
-            current.calls.insert(id, key);
-            (Arc::clone(&current.cell), InFlight(Arc::clone(&self.run), id))
-        };
+    /// The session's run, created at its first call.
+    async fn session_run(&self, context: &RequestContext<RoleServer>) -> Result<RunHandle, ErrorData> {
         let client = self.client(context).await?;
-        let run = cell
+        let run = self
+            .run
             .get_or_try_init(|| async {
                 let info = context.client_info();
                 let (name, version) = info
@@ -230,7 +201,7 @@ impl KernelTools {
                 client.create_run(new).await.map_err(kernel_error)
             })
             .await?;
-        Ok((run.clone(), in_flight))
+        Ok(run.clone())
     }
 }
 
@@ -281,7 +252,7 @@ impl ServerHandler for KernelTools {
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
         // The call is position 0 of its own turn: its step key is known before it is recorded.
         let key = format!("t{turn}/p0");
-        let (run, _in_flight) = self.session_run(&context, key.clone()).await?;
+        let run = self.session_run(&context).await?;
         let arguments = Value::Object(request.arguments.unwrap_or_default());
         let mut items = std::pin::pin!(run.submit_turn(turn, vec![Call::new(name, arguments)]));
         let mut sent = 0.0;
@@ -423,9 +394,8 @@ pub async fn serve_stdio(bridge: Bridge) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot start the MCP session: {e}"))?;
     let waited = running.waiting().await.map_err(|e| e.to_string());
-    let handle = run.lock().expect("run cell poisoned").cell.get().cloned();
-    if let Some(handle) = handle {
-        end_run(handle).await;
+    if let Some(handle) = run.get() {
+        end_run(handle.clone()).await;
     }
     waited?;
     Ok(())
