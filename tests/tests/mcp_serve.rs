@@ -1,7 +1,9 @@
 //! The kernel's tools served to a real MCP client (the official `mcp` Python package, in
 //! `tests/mcp/client.py`) by `kernelctl mcp serve`, over stdio and Streamable HTTP: listing with
 //! hints, calls recorded in one run per session named after the client, progress, a tool error and
-//! a denial as `isError` results, and an approval the request waits for.
+//! a denial as `isError` results, an approval the request waits for, a client's cancel that
+//! cancels one call while the session's run goes on, the run completed when its session ends
+//! (deleted, stdin closed, or idle past its timeout), and a 401 for a request without a known key.
 
 use e2e::mcp::McpClient;
 use e2e::{Kernel, KernelOptions, binary, check_log};
