@@ -101,6 +101,10 @@ pub struct McpServeArgs {
     /// A label on every run the sessions create, `key=value` (repeatable).
     #[arg(long, value_name = "KEY=VALUE", value_parser = parse_label)]
     pub label: Vec<(String, String)>,
+    /// With --listen: a session that sends and receives nothing this many milliseconds is closed
+    /// and its run completed, as when its client deletes it.
+    #[arg(long, value_name = "MS", default_value_t = 1_800_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub session_idle_timeout_ms: u64,
 }
 
 fn parse_label(text: &str) -> Result<(String, String), String> {
@@ -199,6 +203,17 @@ pub enum RunsCommand {
         /// Run id.
         id: String,
         /// Why the run is cancelled; recorded in its log.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Cancel one call in flight and leave its run going: the call ends with one result, status
+    /// cancelled, that its turn reads as `cancelled: <reason>`. A settled call is refused.
+    CancelCall {
+        /// Run id.
+        run: String,
+        /// The call's step key (`t2/p0`, or `id:<call id>`), as `runs show` lists it.
+        step: String,
+        /// Why the call is cancelled; recorded in its result.
         #[arg(long)]
         reason: Option<String>,
     },

@@ -11,6 +11,7 @@ use kernel_proto::v1::admin_service_client::AdminServiceClient;
 use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
 use kernel_proto::v1::registry_service_client::RegistryServiceClient;
 use kernel_proto::v1::run_service_client::RunServiceClient;
+use kernel_proto::v1::tool_call_service_client::ToolCallServiceClient;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
@@ -37,6 +38,7 @@ pub async fn unary<T>(call: impl Future<Output = Result<tonic::Response<T>, toni
 #[derive(Debug, Clone)]
 pub struct Kernel {
     pub runs: RunServiceClient<Authed>,
+    pub calls: ToolCallServiceClient<Authed>,
     pub registry: RegistryServiceClient<Authed>,
     pub approvals: ApprovalServiceClient<Authed>,
     pub admin: AdminServiceClient<Authed>,
@@ -131,6 +133,7 @@ impl Kernel {
             .map_err(|err| unreachable(addr, &err))?;
         Ok(Self {
             runs: RunServiceClient::with_interceptor(channel.clone(), api_key.clone()),
+            calls: ToolCallServiceClient::with_interceptor(channel.clone(), api_key.clone()),
             approvals: ApprovalServiceClient::with_interceptor(channel.clone(), api_key.clone()),
             admin: AdminServiceClient::with_interceptor(channel.clone(), api_key.clone()),
             registry: RegistryServiceClient::with_interceptor(channel, api_key),

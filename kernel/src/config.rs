@@ -31,6 +31,17 @@ pub struct Config {
     #[arg(long, env = "KERNEL_MCP_LISTEN", value_name = "ADDR")]
     pub mcp_listen: Option<SocketAddr>,
 
+    /// An MCP session of `--mcp-listen` that sends and receives nothing for this many milliseconds
+    /// is closed and its run completed, as when its client deletes it.
+    #[arg(
+        long,
+        env = "KERNEL_MCP_SESSION_IDLE_TIMEOUT_MS",
+        default_value_t = 1_800_000,
+        value_name = "MS",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub mcp_session_idle_timeout_ms: u64,
+
     /// Also serve the web console, Prometheus `/metrics`, `/healthz` and `/readyz` over HTTP on
     /// this address (e.g. `127.0.0.1:8080`). With an auth file the console asks for an API key and
     /// `/metrics` needs one with `runs:read`. A non-loopback address needs an auth file or
@@ -79,6 +90,12 @@ pub struct Config {
     /// 30d, 12h, 90m. Without it runs are kept.
     #[arg(long, env = "KERNEL_RETAIN_FINISHED", value_parser = parse_retention)]
     pub retain_finished: Option<Duration>,
+
+    /// Fail, with reason `abandoned`, an external agent's run (not hosted) pending or running
+    /// that made no turn for this many milliseconds, after settling its calls in flight as a
+    /// cancel does. A blocked run (waiting for a person) is never abandoned. Off by default.
+    #[arg(long, env = "KERNEL_ABANDON_RUNS_AFTER_MS", value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub abandon_runs_after_ms: Option<u64>,
 
     /// Timeout in milliseconds of a call whose tool declares none.
     #[arg(long, env = "KERNEL_DEFAULT_TOOL_TIMEOUT_MS", default_value_t = 30_000)]

@@ -18,6 +18,7 @@
 //!
 //! [`server::run`] assembles them; `main` only parses [`config::Config`] and installs logging.
 
+pub mod abandon;
 pub mod auth;
 pub mod cluster;
 pub mod config;

@@ -363,12 +363,30 @@ pub async fn run(
         );
     }
 
+    if let Some(after_ms) = config.abandon_runs_after_ms {
+        info!(after_ms, "idle external runs are failed as abandoned");
+        lifecycle.spawn(
+            "abandon",
+            crate::abandon::abandon_idle_runs(
+                store.clone(),
+                kernel.scheduler.clone(),
+                Duration::from_millis(after_ms),
+                shutdown.clone(),
+            ),
+        );
+    }
+
     let addr = listener
         .local_addr()
         .map_err(|e| KernelError::Unavailable(e.to_string()))?;
     info!(%addr, db = %config.db, schema = Store::schema_version(), replica = store.replica(), "listening");
     if let Some(mcp) = config.mcp_listen {
-        lifecycle.spawn("mcp listener", serve_mcp(mcp, addr, shutdown.clone()).await?);
+        let idle = Duration::from_millis(config.mcp_session_idle_timeout_ms);
+        let authenticate = keys.is_some();
+        lifecycle.spawn(
+            "mcp listener",
+            serve_mcp(mcp, addr, (idle, authenticate), shutdown.clone()).await?,
+        );
     }
     if let Some(http) = config.http_listen {
         lifecycle.spawn(
@@ -489,6 +507,7 @@ fn check_exposed(config: &Config, flag: &str, addr: SocketAddr) -> Result<(), Ke
 async fn serve_mcp(
     listen: SocketAddr,
     grpc: SocketAddr,
+    (session_idle, authenticate): (Duration, bool),
     shutdown: CancellationToken,
 ) -> Result<impl std::future::Future<Output = Result<(), String>> + Send + 'static, KernelError> {
     let listener = TcpListener::bind(listen)
@@ -505,6 +524,8 @@ async fn serve_mcp(
     };
     let bridge = kernel_mcp::serve::Bridge {
         kernel: format!("http://{}", SocketAddr::new(ip, grpc.port())),
+        session_idle: Some(session_idle),
+        authenticate,
         ..Default::default()
     };
     info!(addr = %bound, path = "/mcp", "mcp listening");

@@ -182,6 +182,35 @@ async def test_cancelling_the_run_reaches_the_running_tool(
         assert result.outcome == CallOutcome.CANCELLED, result
 
 
+# An event of its own: an asyncio.Event is bound to the loop of the first test that waits on it.
+HELD_ALONE = asyncio.Event()
+
+
+@tool(timeout=60)
+async def hold_alone(ctx: ToolContext) -> str:
+    """Waits until the call is cancelled."""
+    HELD_ALONE.set()
+    await ctx.cancelled.wait()
+    return f"cancelled: {ctx.cancelled.reason}"
+
+
+async def test_cancelling_one_call_reaches_its_tool_and_the_run_goes_on(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, hold_alone, add):
+        run = await client.create_run("py-agent")
+        turn = asyncio.ensure_future(client.call_turn(run.id, 0, [ToolCall("hold_alone")]))
+        await asyncio.wait_for(HELD_ALONE.wait(), 30)
+        step = await client.cancel_call(run.id, "t0/p0", "not needed")
+        assert (step.step_key, step.status) == ("t0/p0", "cancelled"), step
+        [result] = (await asyncio.wait_for(turn, 30)).results
+        assert result.outcome == CallOutcome.CANCELLED, result
+        assert result.content == "cancelled: not needed"
+        [summed] = (await client.call_turn(run.id, 1, [ToolCall("add", {"a": 1, "b": 2})])).results
+        assert summed.output == 3
+        assert (await client.get_run(run.id)).run.status == "running"
+
+
 @tool(read_only=True)
 async def remember(ctx: ToolContext, key: str, value: int | None = None) -> object:
     """Writes a value to the tool's cache, or reads it back."""

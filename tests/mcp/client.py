@@ -4,10 +4,14 @@ prints one JSON line per thing it sees (tools, progress, result) so the test can
 
     python3 client.py stdio '["kernelctl", "--addr", "http://...", "mcp", "serve"]' '[{"tool": "add", "arguments": {"a": 1, "b": 2}}]'
     python3 client.py http http://127.0.0.1:8080/mcp '[...]' '{"Authorization": "Bearer ..."}'
+
+With MCP_CLIENT_KEEP_SESSION=1 in its environment an HTTP client leaves without deleting its
+session, as a client that crashed or lost its network would.
 """
 
 import asyncio
 import json
+import os
 import sys
 from typing import Any
 
@@ -87,7 +91,11 @@ async def main() -> None:
         headers = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
         async with (
             httpx.AsyncClient(headers=headers, timeout=60) as http,
-            streamable_http_client(target, http_client=http) as streams,
+            streamable_http_client(
+                target,
+                http_client=http,
+                terminate_on_close=os.environ.get("MCP_CLIENT_KEEP_SESSION") != "1",
+            ) as streams,
         ):
             await session(streams[0], streams[1], calls)
 

@@ -80,9 +80,22 @@ impl McpClient {
     /// Runs the client: `mode` `stdio` (`target` is the server's argv as JSON) or `http`
     /// (`target` is the URL, `headers` sent with every request), making `calls` in order.
     pub fn run(mode: &str, target: &str, calls: &serde_json::Value, headers: &serde_json::Value) -> McpClient {
+        McpClient::run_with(mode, target, calls, headers, &[])
+    }
+
+    /// [`McpClient::run`] with `env` set for the client (`MCP_CLIENT_KEEP_SESSION=1`: it leaves
+    /// without deleting its HTTP session).
+    pub fn run_with(
+        mode: &str,
+        target: &str,
+        calls: &serde_json::Value,
+        headers: &serde_json::Value,
+        env: &[(&str, &str)],
+    ) -> McpClient {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mcp/client.py");
         let mut command = Command::new("python3");
         command
+            .envs(env.iter().copied())
             .arg(script)
             .args([mode, target, &calls.to_string(), &headers.to_string()])
             .stdin(std::process::Stdio::null())

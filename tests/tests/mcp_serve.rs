@@ -1,7 +1,9 @@
 //! The kernel's tools served to a real MCP client (the official `mcp` Python package, in
 //! `tests/mcp/client.py`) by `kernelctl mcp serve`, over stdio and Streamable HTTP: listing with
 //! hints, calls recorded in one run per session named after the client, progress, a tool error and
-//! a denial as `isError` results, and an approval the request waits for.
+//! a denial as `isError` results, an approval the request waits for, a client's cancel that
+//! cancels one call while the session's run goes on, the run completed when its session ends
+//! (deleted, stdin closed, or idle past its timeout), and a 401 for a request without a known key.
 
 use e2e::mcp::McpClient;
 use e2e::{Kernel, KernelOptions, binary, check_log};
@@ -173,23 +175,25 @@ fn the_mcp_conformance_suite_passes_all_but_its_baseline() {
 }
 
 #[tokio::test]
-async fn a_client_that_gives_up_on_a_call_cancels_its_run_and_its_next_call_starts_another() {
+async fn a_client_that_gives_up_on_a_call_cancels_that_call_and_its_next_call_runs_in_the_same_run() {
     let kernel = Kernel::start();
-    let _worker = kernel.worker("w1");
+    let worker = kernel.worker("w1");
     let server = json!([binary("kernelctl"), "--addr", kernel.url(), "mcp", "serve"]);
     let calls = json!([
         // The client's timeout sends notifications/cancelled for the request.
         {"tool": "slow", "arguments": {"steps": 300, "delay_ms": 100}, "timeout": 1.0},
         {"tool": "add", "arguments": {"a": 1, "b": 1}},
     ]);
-    let client = McpClient::run("stdio", &server.to_string(), &calls, &json!({}));
+    let mut client = McpClient::run("stdio", &server.to_string(), &calls, &json!({}));
     let seen = client.until(|e| result_of(e)["tool"] == "add");
     assert!(
         seen.iter().any(|e| e["error"]["tool"] == "slow"),
         "the client gave up: {seen:?}"
     );
     assert_eq!(result_of(seen.last().unwrap())["text"], json!(["2"]));
-    let mut runs = kernel
+    let stopped = worker.log.wait_for("dispatch cancelled");
+    assert!(stopped.contains("cancelled by the MCP client"), "{stopped}");
+    let runs = kernel
         .runs()
         .await
         .list_runs(pb::ListRunsRequest::default())
@@ -197,18 +201,162 @@ async fn a_client_that_gives_up_on_a_call_cancels_its_run_and_its_next_call_star
         .unwrap()
         .into_inner()
         .runs;
-    runs.sort_by(|a, b| a.id.cmp(&b.id));
-    assert_eq!(runs.len(), 2, "{runs:?}");
-    assert_eq!(runs[0].status, pb::RunStatus::Cancelled as i32, "{:?}", runs[0]);
-    assert!(runs[0].reason.contains("cancelled by the MCP client"), "{:?}", runs[0]);
-    let abandoned = &kernel.get(&runs[0].id).await.steps[0];
+    assert_eq!(runs.len(), 1, "one run for the session, which went on: {runs:?}");
+    let steps = kernel.get(&runs[0].id).await.steps;
+    assert_eq!(steps[0].status, pb::StepStatus::Cancelled as i32, "{:?}", steps[0]);
+    assert_eq!(steps[0].error, "cancelled: cancelled by the MCP client");
     assert_eq!(
-        abandoned.status,
-        pb::StepStatus::Cancelled as i32,
-        "the call was cancelled on its worker"
+        (steps[1].tool.as_str(), steps[1].status),
+        ("add", pb::StepStatus::Succeeded as i32)
     );
-    assert_eq!(runs[1].status, pb::RunStatus::Running as i32);
-    assert_eq!(kernel.get(&runs[1].id).await.steps[0].tool, "add");
+
+    // The client closing its session (stdin) completes the run.
+    client.process.child.wait().unwrap();
+    let ended = kernel.finished(&runs[0].id).await;
+    assert_eq!(ended.status, pb::RunStatus::Completed as i32, "{ended:?}");
+    check_log(&kernel.events(&runs[0].id).await, true);
+}
+
+#[tokio::test]
+async fn a_deleted_session_is_answered_200_and_completes_its_run() {
+    let kernel = Kernel::start();
+    let _worker = kernel.worker("w1");
+    let (_server, url) = kernel.mcp_serve_http(&[]);
+    let calls = json!([{"tool": "add", "arguments": {"a": 1, "b": 2}}]);
+    let mut client = McpClient::run("http", &url, &calls, &json!({}));
+    assert_eq!(
+        result_of(&client.until(|e| !result_of(e).is_null()).pop().unwrap())["text"],
+        json!(["3"])
+    );
+    assert!(client.process.child.wait().unwrap().success());
+    let runs = kernel.list_runs("e2e-client").await;
+    let ended = kernel.finished(&runs[0].id).await;
+    assert_eq!(ended.status, pb::RunStatus::Completed as i32, "{ended:?}");
+    let log = client.process.log.text();
+    assert!(!log.contains("Session termination failed"), "{log}");
+}
+
+#[tokio::test]
+async fn a_session_idle_past_its_timeout_is_closed_and_its_run_completed() {
+    let kernel = Kernel::start();
+    let _worker = kernel.worker("w1");
+    let (_server, url) = kernel.mcp_serve_http(&["--session-idle-timeout-ms", "1000"]);
+    let calls = json!([{"tool": "add", "arguments": {"a": 4, "b": 4}}]);
+    let mut client = McpClient::run_with("http", &url, &calls, &json!({}), &[("MCP_CLIENT_KEEP_SESSION", "1")]);
+    assert_eq!(
+        result_of(&client.until(|e| !result_of(e).is_null()).pop().unwrap())["text"],
+        json!(["8"])
+    );
+    assert!(client.process.child.wait().unwrap().success());
+    let runs = kernel.list_runs("e2e-client").await;
+    let ended = kernel.finished(&runs[0].id).await;
+    assert_eq!(ended.status, pb::RunStatus::Completed as i32, "{ended:?}");
+}
+
+/// A key as `kernelctl keys create` prints it: its secret, and its auth-file entry.
+fn create_key(name: &str, scopes: &[&str]) -> (String, String) {
+    let mut command = std::process::Command::new(binary("kernelctl"));
+    command.args(["keys", "create", "--name", name]);
+    if scopes.contains(&"workers:connect") {
+        command.args(["--tools", "*"]);
+    }
+    for scope in scopes {
+        command.args(["--scope", scope]);
+    }
+    let output = command.output().expect("kernelctl runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let entry = String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    (String::from_utf8(output.stdout).unwrap().trim().to_owned(), entry)
+}
+
+/// The status line and headers of an MCP `initialize` POSTed to `addr` with `authorization`.
+fn initialize(addr: &str, authorization: Option<&str>) -> String {
+    use std::io::{Read, Write};
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    let auth = authorization
+        .map(|a| format!("Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    // The head comes first; an accepted request's event stream may stay open, so read a little.
+    let mut buffer = [0u8; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        let read = stream.read(&mut buffer).unwrap();
+        if read == 0 {
+            break;
+        }
+        answer.extend_from_slice(&buffer[..read]);
+    }
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    text.split("\r\n\r\n").next().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn with_an_auth_file_an_mcp_request_without_a_known_key_gets_401_with_a_bearer_challenge() {
+    let (agent, agent_entry) = create_key("mcp-agent", &["runs:write", "tools:call", "runs:read"]);
+    let (worker, worker_entry) = create_key("workers", &["workers:connect"]);
+    let files = tempfile::tempdir().unwrap();
+    let auth = files.path().join("auth.yaml");
+    std::fs::write(&auth, format!("keys:\n{agent_entry}\n{worker_entry}\n")).unwrap();
+    let kernel = Kernel::start_with(KernelOptions {
+        args: vec![
+            "--auth-file".into(),
+            auth.to_str().unwrap().into(),
+            "--mcp-listen".into(),
+            "127.0.0.1:0".into(),
+        ],
+        ..Default::default()
+    });
+    let line = kernel.process.log.wait_for("mcp listening");
+    let addr = line
+        .split("addr=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line}"))
+        .to_owned();
+
+    let none = initialize(&addr, None);
+    assert!(none.starts_with("HTTP/1.1 401"), "{none}");
+    assert!(none.contains(r#"www-authenticate: Bearer realm="kernel""#), "{none}");
+    let unknown = initialize(&addr, Some("Bearer not-a-key"));
+    assert!(unknown.starts_with("HTTP/1.1 401"), "{unknown}");
+    assert!(unknown.contains(r#"error="invalid_token""#), "{unknown}");
+    let known = initialize(&addr, Some(&format!("Bearer {agent}")));
+    assert!(known.starts_with("HTTP/1.1 200"), "{known}");
+
+    // (through the kernelctl bridge too, which asks the kernel about each key)
+    let (_bridge, bridge_url) = kernel.mcp_serve_http(&[]);
+    let bridge_addr = bridge_url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let refused = initialize(&bridge_addr, Some("Bearer not-a-key"));
+    assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
+    assert!(refused.contains(r#"error="invalid_token""#), "{refused}");
+
+    let mut command = std::process::Command::new(binary("demo-worker"));
+    command
+        .args(["--kernel", &kernel.url(), "--name", "w1"])
+        .env("KERNEL_API_KEY", &worker)
+        .env("RUST_LOG", "info");
+    let worker_process = e2e::Process::start(command, "worker");
+    worker_process.log.wait_for("worker session open");
+    let calls = json!([{"tool": "add", "arguments": {"a": 20, "b": 22}}]);
+    let headers = json!({"Authorization": format!("Bearer {agent}")});
+    let client = McpClient::run("http", &format!("http://{addr}/mcp"), &calls, &headers);
+    assert!(client.next()["tools"].as_array().is_some_and(|t| !t.is_empty()));
+    assert_eq!(result_of(&client.next())["text"], json!(["42"]));
 }
 
 /// `kernel --mcp-listen`: the kernel's own MCP listener, the same bridge as `kernelctl mcp serve`.

@@ -177,6 +177,10 @@ impl ToolCallService for ScriptedKernel {
         let stream = futures_util::stream::iter(items).map(|item| Ok(pb::SubmitTurnResponse { item: Some(item) }));
         Ok(Response::new(Box::pin(stream)))
     }
+
+    async fn cancel_call(&self, _: Request<pb::CancelCallRequest>) -> Result<Response<pb::CancelCallResponse>, Status> {
+        Err(Status::unimplemented("not scripted"))
+    }
 }
 
 async fn start() -> (AgentClient, ScriptedKernel) {

@@ -27,6 +27,9 @@ pub async fn serve(addr: &KernelAddr, access: &Access, args: McpServeArgs) -> Re
         api_key: access.api_key.clone(),
         allow,
         labels: args.label.into_iter().collect(),
+        session_idle: Some(std::time::Duration::from_millis(args.session_idle_timeout_ms)),
+        // Whether the kernel has keys is the kernel's to say: each key is asked about.
+        authenticate: true,
     };
     let Some(listen) = args.listen else {
         return serve::serve_stdio(bridge).await;

@@ -36,6 +36,9 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Runs(RunsCommand::Fork(args)) => runs::fork(&mut kernel, &mut out, args).await,
         Command::Runs(RunsCommand::Diff { a, b }) => runs::diff(&mut kernel, &mut out, (a, b)).await,
         Command::Runs(RunsCommand::Cancel { id, reason }) => runs::cancel(&mut kernel, &mut out, id, reason).await,
+        Command::Runs(RunsCommand::CancelCall { run, step, reason }) => {
+            runs::cancel_call(&mut kernel, &mut out, run, step, reason).await
+        }
         Command::Runs(RunsCommand::Delete { id }) => runs::delete(&mut kernel, &mut out, id).await,
         Command::Runs(RunsCommand::Prune { finished_before }) => {
             runs::prune(&mut kernel, &mut out, finished_before).await

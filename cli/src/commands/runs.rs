@@ -7,8 +7,8 @@
 
 use kernel_proto::v1::watch_run_events_response::Item;
 use kernel_proto::v1::{
-    CancelRunRequest, ForkRunRequest, GetRunRequest, ListRunEventsRequest, ListRunsRequest, RunStatus,
-    WatchRunEventsRequest,
+    CancelCallRequest, CancelRunRequest, ForkRunRequest, GetRunRequest, ListRunEventsRequest, ListRunsRequest,
+    RunStatus, WatchRunEventsRequest,
 };
 use serde::Serialize;
 
@@ -18,7 +18,7 @@ use crate::client::{Kernel, unary};
 use crate::diff::RunDiff;
 use crate::error::CliError;
 use crate::render;
-use crate::view::{EventView, ProgressView, RunDetail, RunView};
+use crate::view::{EventView, ProgressView, RunDetail, RunView, StepView};
 
 /// `runs list --json`.
 #[derive(Serialize)]
@@ -241,6 +241,38 @@ pub async fn cancel(
         out.document(&RunDocument { run })?;
     } else {
         out.line(&run.status)?;
+    }
+    Ok(())
+}
+
+/// `runs cancel-call` with `--json`.
+#[derive(Serialize)]
+struct StepDocument {
+    step: StepView,
+}
+
+pub async fn cancel_call(
+    kernel: &mut Kernel,
+    out: &mut Output<'_>,
+    run: String,
+    step: String,
+    reason: Option<String>,
+) -> Result<(), CliError> {
+    let request = CancelCallRequest {
+        run_id: run,
+        step_key: step,
+        reason: reason.unwrap_or_default(),
+    };
+    let response = unary(kernel.calls.cancel_call(request)).await?;
+    let step = StepView::from(
+        response
+            .step
+            .ok_or(CliError::MalformedResponse("CancelCall returned no step"))?,
+    );
+    if out.is_json() {
+        out.document(&StepDocument { step })?;
+    } else {
+        out.line(&step.status)?;
     }
     Ok(())
 }

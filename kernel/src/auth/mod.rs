@@ -126,7 +126,8 @@ pub fn required_scope(path: &str) -> Scope {
         | "RunService/ForkRun"
         | "RunService/CompleteRun"
         | "RunService/FailRun"
-        | "RunService/CancelRun" => Scope::RunsWrite,
+        | "RunService/CancelRun"
+        | "ToolCallService/CancelCall" => Scope::RunsWrite,
         "ToolCallService/SubmitTurn" => Scope::ToolsCall,
         "ApprovalService/ListApprovals" => Scope::RunsRead,
         "ApprovalService/ApproveCall" | "ApprovalService/RejectCall" => Scope::ApprovalsWrite,

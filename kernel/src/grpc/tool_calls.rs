@@ -20,7 +20,7 @@ use super::{Kernel, STREAM_BUFFER, convert};
 use crate::error::KernelError;
 use crate::hub::{Signal, Subscription};
 use crate::limits::{self, Limits};
-use crate::model::{ApprovalRecord, ApprovalStatus, EventType, RunId, StepKey, StepRecord, StepStatus, cut};
+use crate::model::{ApprovalRecord, ApprovalStatus, Capture, EventType, RunId, StepKey, StepRecord, StepStatus, cut};
 use crate::registry::KnownTool;
 use crate::scheduler::ReserveCall;
 use crate::store::{CallDisposition, CallGate, Fence, PlannedCall, StartDispatch, TurnPlan};
@@ -399,6 +399,40 @@ impl ToolCallService for ToolCallApi {
     ) -> Result<Response<Self::SubmitTurnStream>, Status> {
         let rx = submit(&self.0, request.into_inner(), None).await?;
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn cancel_call(
+        &self,
+        request: Request<pb::CancelCallRequest>,
+    ) -> Result<Response<pb::CancelCallResponse>, Status> {
+        let req = request.into_inner();
+        let run_id = RunId::parse(&req.run_id, "run_id")?;
+        if req.step_key.trim().is_empty() {
+            return Err(
+                KernelError::invalid("step_key", "must name the call (t<turn>/p<position> or id:<call id>)").into(),
+            );
+        }
+        let key = StepKey::from_stored(req.step_key);
+        let reason = if req.reason.trim().is_empty() {
+            "cancelled by request".to_owned()
+        } else {
+            req.reason
+        };
+        let kernel = &self.0;
+        let step = kernel.store.cancel_call(run_id.clone(), key, reason.clone()).await?;
+        kernel
+            .scheduler
+            .cancel_steps(vec![step.clone()], format!("call cancelled: {reason}"));
+        tracing::info!(run_id = %run_id, step_key = %step.key, tool = %step.tool, "call cancelled");
+        let capture = kernel
+            .store
+            .reads
+            .run(run_id)
+            .await?
+            .map_or(Capture::None, |run| run.capture);
+        Ok(Response::new(pb::CancelCallResponse {
+            step: Some(convert::step(&step, capture)),
+        }))
     }
 }
 

@@ -42,6 +42,12 @@
 //! - [`run::end`]: a run ends once; completing needs every call settled, failing or cancelling
 //!   settles the calls in flight and withdraws open questions first, so the terminal event is the
 //!   last of the log.
+//! - [`run::abandoned`]: an external agent's run pending or running with no turn for the
+//!   kernel's limit fails as `abandoned` (by [`run::end`], so its calls settle first); a blocked
+//!   or hosted run never is.
+//!
+//! One call ([`cancel`]): [`cancel::cancel_call`] settles a tool call in flight as cancelled
+//! (its open question withdrawn) and leaves its run going; a settled call is refused.
 //!
 //! Hosted runs ([`hosted`]): a run whose handler a worker hosts has its own dispatch, a step of
 //! kind `agent` under every rule above; [`hosted::check_fence`] admits only the attempt holding
@@ -58,6 +64,7 @@
 
 pub mod approval;
 pub mod branch;
+pub mod cancel;
 pub mod dispatch;
 pub mod hosted;
 pub mod run;

@@ -255,6 +255,23 @@ pub fn end(
     })
 }
 
+/// The reason an abandoned run fails with.
+pub const ABANDONED: &str = "abandoned";
+
+/// Whether `run` is abandoned: an external agent's run (the kernel does not host its handler)
+/// pending or running whose last turn (or, before any, its creation) at `last_turn_at` is at
+/// least `after_ms` old. It then fails with reason [`ABANDONED`], its calls settled first as
+/// [`end`] settles them. A blocked run waits for a person, not for its agent, and a hosted run's
+/// handler is the kernel's to redispatch: neither is abandoned.
+pub fn abandoned(run: &RunRecord, last_turn_at: Millis, after_ms: u64, now: Millis) -> Option<EndRun> {
+    let live = matches!(run.status, RunStatus::Pending | RunStatus::Running);
+    let idle_since = last_turn_at.max(run.created_at);
+    let idle = now.saturating_sub(idle_since);
+    (live && !run.hosted && idle >= after_ms as Millis).then(|| EndRun::Fail {
+        reason: ABANDONED.to_owned(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -384,5 +401,43 @@ mod tests {
             let again = end(&ended, &[], &[], &EndRun::Fail { reason: "x".into() }, NOW);
             assert!(matches!(again, Err(KernelError::FailedPrecondition(_))), "{status}");
         }
+    }
+    #[test]
+    fn only_an_idle_external_run_in_flight_is_abandoned() {
+        let mut idle = run();
+        idle.created_at = NOW - 10_000;
+        let last_turn = NOW - 5_000;
+        assert!(matches!(
+            abandoned(&idle, last_turn, 5_000, NOW),
+            Some(EndRun::Fail { reason }) if reason == ABANDONED
+        ));
+        assert!(
+            abandoned(&idle, last_turn, 5_001, NOW).is_none(),
+            "a turn within the limit"
+        );
+        assert!(
+            abandoned(&idle, 0, 10_001, NOW).is_none(),
+            "no turn yet: its creation counts"
+        );
+        for status in [
+            RunStatus::Blocked,
+            RunStatus::Suspended,
+            RunStatus::Completed,
+            RunStatus::Failed,
+            RunStatus::Cancelled,
+        ] {
+            let mut other = idle.clone();
+            other.status = status;
+            assert!(abandoned(&other, last_turn, 1, NOW).is_none(), "{status}");
+        }
+        let mut pending = idle.clone();
+        pending.status = RunStatus::Pending;
+        assert!(abandoned(&pending, 0, 1, NOW).is_some(), "created and never used");
+        let mut hosted = idle;
+        hosted.hosted = true;
+        assert!(
+            abandoned(&hosted, last_turn, 1, NOW).is_none(),
+            "a hosted handler is redispatched"
+        );
     }
 }

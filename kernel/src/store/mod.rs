@@ -587,6 +587,22 @@ impl Store {
         self.send(|reply| Command::EndRun(run, end, reply)).await
     }
 
+    /// Cancels call `key` of `run` for `reason`, leaving the run going; returns the settled step,
+    /// to cancel on its worker.
+    pub async fn cancel_call(&self, run: RunId, key: StepKey, reason: String) -> Result<StepRecord, KernelError> {
+        self.send(|reply| Command::CancelCall(run, key, reason, reply)).await
+    }
+
+    /// Fails up to `limit` external agents' runs that made no turn for `after_ms` as abandoned;
+    /// returns each with the steps settled on the way, to cancel on their workers.
+    pub async fn abandon_runs(
+        &self,
+        after_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<(RunRecord, Vec<StepRecord>)>, KernelError> {
+        self.send(|reply| Command::AbandonRuns(after_ms, limit, reply)).await
+    }
+
     /// Answers a pending approval, as `decider`.
     pub async fn answer_approval(
         &self,

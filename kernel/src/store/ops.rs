@@ -15,6 +15,7 @@ use crate::error::KernelError;
 use crate::machine::StepChange;
 use crate::machine::approval::{self, Ask, Decided};
 use crate::machine::branch::{self, Verdict};
+use crate::machine::cancel;
 use crate::machine::dispatch::{self, LeaseLoss, ResultReport, StartDispatch};
 use crate::machine::hosted::{self, LocalStep, Place};
 use crate::machine::run::{self, Created, EndRun, NewRun};
@@ -1405,6 +1406,60 @@ pub fn end_run(tx: &mut Tx<'_>, run_id: &RunId, end: EndRun) -> Result<(RunRecor
         )));
     }
     end_tree(tx, &run, &end)
+}
+
+/// Cancels one call of a run, as the machine decides ([`cancel::cancel_call`]); the run goes on.
+/// A gated call's question is withdrawn and the run's next gated call asked (or the run resumed
+/// when none waits). Returns the settled step, to cancel on its worker.
+pub fn cancel_call(tx: &mut Tx<'_>, run_id: &RunId, key: &StepKey, reason: &str) -> Result<StepRecord> {
+    tx.run(run_id)?;
+    let step = tx
+        .find_step(run_id, key)?
+        .ok_or_else(|| KernelError::NotFound(format!("call {key} not found in run {run_id}")))?;
+    let open: Option<ApprovalRecord> = tx
+        .conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM approvals WHERE run_id = ?1 AND step_key = ?2 AND status = 'pending'",
+            rows::APPROVAL_COLUMNS
+        ))?
+        .query_row(params![run_id.as_str(), key.as_str()], rows::approval_from_row)
+        .optional()?;
+    let change = cancel::cancel_call(&step, open.as_ref(), reason, tx.now)?;
+    if let Some(withdrawn) = &change.withdrawn {
+        save_approval(tx.conn, withdrawn)?;
+    }
+    let settled = tx.apply(change.settled)?;
+    if step.status == StepStatus::AwaitingApproval {
+        ask_next_approval(tx, run_id)?;
+    }
+    Ok(settled)
+}
+
+/// Fails, as abandoned, up to `limit` external agents' runs that made no turn for `after_ms`
+/// ([`run::abandoned`]), their calls settled first; returns each run with the steps settled, to
+/// cancel on their workers.
+pub fn abandon_runs(tx: &mut Tx<'_>, after_ms: u64, limit: usize) -> Result<Vec<(RunRecord, Vec<StepRecord>)>> {
+    let cutoff = tx.now.saturating_sub(after_ms as Millis);
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    // An external run's steps are its turns' calls, so its last turn is its latest step's creation.
+    let idle: Vec<(String, Option<Millis>)> = tx
+        .conn
+        .prepare_cached(
+            "SELECT r.id, (SELECT MAX(s.created_at) FROM steps s WHERE s.run_id = r.id) FROM runs r \
+             WHERE r.status IN ('pending', 'running') AND r.hosted = 0 AND r.created_at <= ?1 \
+             AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.id AND s.created_at > ?1) \
+             ORDER BY r.updated_at LIMIT ?2",
+        )?
+        .query_map(params![cutoff, limit], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<sql::Result<_>>()?;
+    let mut ended = Vec::new();
+    for (id, last_turn_at) in idle {
+        let run = tx.run(&RunId::parse(&id, "run")?)?;
+        if let Some(end) = run::abandoned(&run, last_turn_at.unwrap_or(run.created_at), after_ms, tx.now) {
+            ended.push(end_tree(tx, &run, &end)?);
+        }
+    }
+    Ok(ended)
 }
 
 /// Ends a run after its subagents: each child still running is cancelled first (its own children

@@ -859,6 +859,72 @@ async fn cancelling_settles_in_flight_steps_before_the_run(f: Fixture) {
     assert_eq!(events(&f.store, &run.id).await.len(), log.len());
 }
 
+async fn one_call_is_cancelled_and_an_idle_run_is_abandoned(f: Fixture) {
+    let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let add = tool("add", Idempotency::SafeToRetry);
+    let turn = f
+        .store
+        .schedule_turn(plan(
+            &run.id,
+            0,
+            vec![
+                call(0, 0, Some(add.clone()), "add", "{}"),
+                call(0, 1, Some(add), "add", "{}"),
+            ],
+        ))
+        .await
+        .unwrap();
+    let first = scheduled(&turn[0]);
+    start(&f.store, &first, "d1", 1, "s1").await.unwrap();
+    let cancelled = f
+        .store
+        .cancel_call(run.id.clone(), first.key.clone(), "not needed".into())
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status, StepStatus::Cancelled);
+    assert_eq!(cancelled.error.as_deref(), Some("cancelled: not needed"));
+    let before = events(&f.store, &run.id).await;
+    assert!(matches!(
+        f.store.cancel_call(run.id.clone(), first.key.clone(), "again".into()).await,
+        Err(KernelError::FailedPrecondition(m)) if m.contains("already cancelled")
+    ));
+    assert!(matches!(
+        f.store
+            .cancel_call(run.id.clone(), StepKey::for_call(7, 0, None), "x".into())
+            .await,
+        Err(KernelError::NotFound(_))
+    ));
+    assert!(matches!(
+        f.store.cancel_call(RunId::new(), first.key.clone(), "x".into()).await,
+        Err(KernelError::NotFound(_))
+    ));
+    assert!(
+        f.store.record_result(returned("d1", "1")).await.unwrap().is_none(),
+        "a late result is discarded"
+    );
+    assert_eq!(events(&f.store, &run.id).await, before, "refusals write nothing");
+    let running = f.store.reads.run(run.id.clone()).await.unwrap().unwrap();
+    assert_eq!(running.status, RunStatus::Running, "the run goes on");
+
+    assert!(
+        f.store.abandon_runs(60_000, 10).await.unwrap().is_empty(),
+        "not idle long enough"
+    );
+    let abandoned = f.store.abandon_runs(0, 10).await.unwrap();
+    let (ended, settled) = abandoned
+        .into_iter()
+        .find(|(ended, _)| ended.id == run.id)
+        .expect("the idle run is abandoned");
+    assert_eq!(
+        (ended.status, ended.reason.as_deref()),
+        (RunStatus::Failed, Some("abandoned"))
+    );
+    assert_eq!(settled.len(), 1, "its other call settled first");
+    let log = events(&f.store, &run.id).await;
+    assert_gap_free(&log);
+    assert_eq!(log.last().unwrap().kind, EventType::RunFailed);
+}
+
 async fn concurrent_appends_keep_sequence_numbers_gap_free(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let add = tool("add", Idempotency::SafeToRetry);
@@ -1726,6 +1792,7 @@ on_both_stores!(unknown_tools_are_recorded_without_start_and_count_toward_the_li
 on_both_stores!(a_resubmitted_turn_replays_joins_or_diverges);
 on_both_stores!(refused_writes_leave_nothing_behind);
 on_both_stores!(cancelling_settles_in_flight_steps_before_the_run);
+on_both_stores!(one_call_is_cancelled_and_an_idle_run_is_abandoned);
 on_both_stores!(concurrent_appends_keep_sequence_numbers_gap_free);
 on_both_stores!(tool_cache_entries_are_namespaced_per_tool_and_expire);
 on_both_stores!(only_a_dispatch_still_running_on_its_session_writes_the_cache);

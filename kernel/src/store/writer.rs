@@ -58,6 +58,10 @@ pub enum Command {
         reply: Reply<Option<StepRecord>>,
     },
     EndRun(RunId, EndRun, Reply<(RunRecord, Vec<StepRecord>)>),
+    /// Cancels one call of a run for a reason; the run goes on.
+    CancelCall(RunId, StepKey, String, Reply<StepRecord>),
+    /// Fails at most this many runs idle for this many milliseconds as abandoned.
+    AbandonRuns(u64, usize, Reply<Vec<(RunRecord, Vec<StepRecord>)>>),
     RegisterTools(Vec<ToolDef>, Reply<()>),
     ForgetTools(Vec<String>, Reply<Vec<String>>),
     DeleteRun(RunId, Reply<super::Deleted>),
@@ -170,6 +174,8 @@ fn apply(tx: &mut Tx<'_>, command: Command, before_commit: &mut Option<BeforeCom
             reply,
         } => respond(ops::fail_pending(tx, &run, &key, &message, (reason, outcome)), reply),
         Command::EndRun(run, end, reply) => respond(ops::end_run(tx, &run, end), reply),
+        Command::CancelCall(run, key, reason, reply) => respond(ops::cancel_call(tx, &run, &key, &reason), reply),
+        Command::AbandonRuns(after_ms, limit, reply) => respond(ops::abandon_runs(tx, after_ms, limit), reply),
         Command::RegisterTools(tools, reply) => respond(ops::register_tools(tx, tools), reply),
         Command::ForgetTools(names, reply) => respond(ops::forget_tools(tx, &names), reply),
         Command::DeleteRun(run, reply) => respond(ops::delete_run(tx, &run), reply),
@@ -589,6 +595,8 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
         Command::TimeOut { reply, .. } => respond(Err(make()), reply),
         Command::FailPending { reply, .. } => respond(Err(make()), reply),
         Command::EndRun(_, _, reply) => respond(Err(make()), reply),
+        Command::CancelCall(_, _, _, reply) => respond(Err(make()), reply),
+        Command::AbandonRuns(_, _, reply) => respond(Err(make()), reply),
         Command::RegisterTools(_, reply) => respond(Err(make()), reply),
         Command::ForgetTools(_, reply) => respond(Err(make()), reply),
         Command::DeleteRun(_, reply) => respond(Err(make()), reply),

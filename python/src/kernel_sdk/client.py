@@ -36,6 +36,7 @@ from .records import (
     RegisteredTool,
     Run,
     RunDetail,
+    Step,
     Turn,
     TurnEvent,
     TurnProgress,
@@ -306,6 +307,22 @@ class AgentClient:
             self._runs.CancelRun, runs_pb2.CancelRunRequest(run_id=run_id, reason=reason)
         )
         return wire.run(response.run)
+
+    async def cancel_call(self, run_id: str, step_key: str, reason: str = "") -> Step:
+        """Cancels one call of a run and leaves the run going.
+
+        `step_key` is the call's key (`t<turn>/p<position>`, or `id:<call id>`). A call pending,
+        waiting for a slot or for a person (its question withdrawn), or running (its worker told
+        to stop) ends with one result, status cancelled, that the model reads as
+        `cancelled: <reason>`; the turn waiting on it gets that result. Returns the call as it now
+        stands. A call already settled raises `KernelError` (`FAILED_PRECONDITION`, naming how it
+        ended), an unknown run or call `NOT_FOUND`.
+        """
+        response = await self._unary(
+            self._calls.CancelCall,
+            tool_calls_pb2.CancelCallRequest(run_id=run_id, step_key=step_key, reason=reason),
+        )
+        return wire.step(response.step)
 
     async def list_approvals(
         self, *, run_id: str | None = None, status: str | None = "pending"

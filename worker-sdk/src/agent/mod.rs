@@ -780,6 +780,31 @@ impl RunHandle {
         Ok(())
     }
 
+    /// Cancels one call of the run, `step_key` (`t<turn>/p<position>`, or `id:<call id>`), and
+    /// leaves the run going: a call pending, waiting for a slot or for a person, or running (its
+    /// worker is told to stop) ends with one result, status cancelled, whose content the model
+    /// reads as `cancelled: <reason>`; the turn waiting on it gets that result. Returns the call as
+    /// it now stands. A call already settled is refused (`FAILED_PRECONDITION`, naming how it
+    /// ended), an unknown one `NOT_FOUND`.
+    pub async fn cancel_call(
+        &self,
+        step_key: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Result<pb::Step, AgentError> {
+        let request = pb::CancelCallRequest {
+            run_id: self.id.clone(),
+            step_key: step_key.into(),
+            reason: reason.into(),
+        };
+        let client = &self.client;
+        let response = client
+            .call(client.calls.clone().cancel_call(client.request(request)))
+            .await?;
+        response
+            .step
+            .ok_or_else(|| AgentError::Protocol("CancelCall returned no step".into()))
+    }
+
     /// The run and its steps as recorded now.
     pub async fn get(&self) -> Result<RunSnapshot, AgentError> {
         let client = &self.client;

@@ -19,6 +19,22 @@ CALL_STATUS_OK: CallStatus
 CALL_STATUS_ERROR: CallStatus
 CALL_STATUS_CANCELLED: CallStatus
 
+class CancelCallRequest(_message.Message):
+    __slots__ = ("run_id", "step_key", "reason")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_KEY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    step_key: str
+    reason: str
+    def __init__(self, run_id: _Optional[str] = ..., step_key: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelCallResponse(_message.Message):
+    __slots__ = ("step",)
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    step: _common_pb2.Step
+    def __init__(self, step: _Optional[_Union[_common_pb2.Step, _Mapping]] = ...) -> None: ...
+
 class ToolCall(_message.Message):
     __slots__ = ("tool", "arguments_json", "call_id", "timeout_ms")
     TOOL_FIELD_NUMBER: _ClassVar[int]

@@ -40,6 +40,11 @@ class ToolCallServiceStub:
                 request_serializer=kernel_dot_v1_dot_tool__calls__pb2.SubmitTurnRequest.SerializeToString,
                 response_deserializer=kernel_dot_v1_dot_tool__calls__pb2.SubmitTurnResponse.FromString,
                 _registered_method=True)
+        self.CancelCall = channel.unary_unary(
+                '/kernel.v1.ToolCallService/CancelCall',
+                request_serializer=kernel_dot_v1_dot_tool__calls__pb2.CancelCallRequest.SerializeToString,
+                response_deserializer=kernel_dot_v1_dot_tool__calls__pb2.CancelCallResponse.FromString,
+                _registered_method=True)
 
 
 class ToolCallServiceServicer:
@@ -54,6 +59,16 @@ class ToolCallServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelCall(self, request, context):
+        """CancelCall cancels one call in flight (pending, waiting for a slot, awaiting approval or
+        running: its worker is told to stop) and leaves its run going. The call ends with one
+        tool:result, status cancelled, whose content is "cancelled: <reason>"; the turn waiting on it
+        gets that result. A call already settled is FAILED_PRECONDITION; an unknown run or call NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolCallServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -61,6 +76,11 @@ def add_ToolCallServiceServicer_to_server(servicer, server):
                     servicer.SubmitTurn,
                     request_deserializer=kernel_dot_v1_dot_tool__calls__pb2.SubmitTurnRequest.FromString,
                     response_serializer=kernel_dot_v1_dot_tool__calls__pb2.SubmitTurnResponse.SerializeToString,
+            ),
+            'CancelCall': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelCall,
+                    request_deserializer=kernel_dot_v1_dot_tool__calls__pb2.CancelCallRequest.FromString,
+                    response_serializer=kernel_dot_v1_dot_tool__calls__pb2.CancelCallResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -91,6 +111,33 @@ class ToolCallService:
             '/kernel.v1.ToolCallService/SubmitTurn',
             kernel_dot_v1_dot_tool__calls__pb2.SubmitTurnRequest.SerializeToString,
             kernel_dot_v1_dot_tool__calls__pb2.SubmitTurnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelCall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kernel.v1.ToolCallService/CancelCall',
+            kernel_dot_v1_dot_tool__calls__pb2.CancelCallRequest.SerializeToString,
+            kernel_dot_v1_dot_tool__calls__pb2.CancelCallResponse.FromString,
             options,
             channel_credentials,
             insecure,
