@@ -1,0 +1,3 @@
+//! Empty: it exists so that `[build-dependencies]` in Cargo.toml unify host crates' features.
+
+fn main() {}
