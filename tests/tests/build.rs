@@ -40,7 +40,11 @@ fn registry_units(args: &[&str]) -> std::collections::BTreeSet<String> {
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
         .filter(|message| message["reason"] == "compiler-artifact")
-        .filter(|message| message["package_id"].as_str().is_some_and(|id| id.starts_with("registry+")))
+        .filter(|message| {
+            message["package_id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("registry+"))
+        })
         .map(|message| {
             let id = message["package_id"].as_str().unwrap_or_default();
             format!(
