@@ -65,24 +65,7 @@ mod tests {
     use crate::model::EventType;
 
     fn question() -> ApprovalRecord {
-        ApprovalRecord {
-            id: "ap-1".into(),
-            run_id: step().run_id,
-            key: step().key,
-            tool: "refund".into(),
-            call_hash: "h".into(),
-            arguments: "{}".into(),
-            status: ApprovalStatus::Pending,
-            approvers: Vec::new(),
-            message: None,
-            decided_by: "tool:requires_approval".into(),
-            requested_at: NOW - 5,
-            expires_at: None,
-            answered_at: None,
-            decider: None,
-            reason: None,
-            capture: crate::model::Capture::Io,
-        }
+        crate::machine::records::approval()
     }
 
     #[test]

@@ -89,3 +89,25 @@ pub fn run() -> RunRecord {
         updated_at: NOW - 1_000,
     }
 }
+
+/// A pending approval of [`step`], asked by the tool's own flag.
+pub fn approval() -> crate::model::ApprovalRecord {
+    crate::model::ApprovalRecord {
+        id: "ap-1".into(),
+        run_id: step().run_id,
+        key: step().key,
+        tool: "refund".into(),
+        call_hash: "h".into(),
+        arguments: "{}".into(),
+        status: crate::model::ApprovalStatus::Pending,
+        approvers: Vec::new(),
+        message: None,
+        decided_by: "tool:requires_approval".into(),
+        requested_at: NOW - 5,
+        expires_at: None,
+        answered_at: None,
+        decider: None,
+        reason: None,
+        capture: Capture::Io,
+    }
+}
