@@ -138,31 +138,23 @@ compound! {
     SerializeMap { serialize_key, serialize_value }
 }
 
-impl ser::SerializeStruct for Finder {
-    type Ok = ();
-    type Error = Found;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, _: &'static str, value: &T) -> Done {
-        value.serialize(Finder)
-    }
-
-    fn end(self) -> Done {
-        Ok(())
-    }
+/// Every struct visits its fields' values with a new finder.
+macro_rules! fields {
+    ($($trait:ident)*) => {
+        $(impl ser::$trait for Finder {
+            type Ok = ();
+            type Error = Found;
+            fn serialize_field<T: Serialize + ?Sized>(&mut self, _: &'static str, value: &T) -> Done {
+                value.serialize(Finder)
+            }
+            fn end(self) -> Done {
+                Ok(())
+            }
+        })*
+    };
 }
 
-impl ser::SerializeStructVariant for Finder {
-    type Ok = ();
-    type Error = Found;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, _: &'static str, value: &T) -> Done {
-        value.serialize(Finder)
-    }
-
-    fn end(self) -> Done {
-        Ok(())
-    }
-}
+fields! { SerializeStruct SerializeStructVariant }
 
 #[cfg(test)]
 mod tests {
