@@ -896,6 +896,17 @@ pub async fn wait_ledger(kernel: &Kernel, what: &str, mut found: impl FnMut(&[Le
     }
 }
 
+/// [`submit_until_done`] on a task of its own, for a test that acts while the turn waits.
+pub fn submit_in_background(
+    kernel: &Kernel,
+    run_id: &str,
+    turn: u32,
+    calls: Vec<pb::ToolCall>,
+) -> tokio::task::JoinHandle<TurnOutcome> {
+    let (url, run_id) = (kernel.url(), run_id.to_owned());
+    tokio::spawn(async move { submit_until_done(&url, &run_id, turn, calls).await })
+}
+
 /// Submits a turn as an agent that survives a kernel restart would: on a broken stream or an
 /// unreachable kernel it submits the same turn again until it has every result.
 pub async fn submit_until_done(url: &str, run_id: &str, turn: u32, calls: Vec<pb::ToolCall>) -> TurnOutcome {

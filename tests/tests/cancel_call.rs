@@ -23,19 +23,12 @@ async fn a_running_call_is_cancelled_alone_and_its_run_takes_the_next_turn() {
     let worker = kernel.worker("w1");
     let run = kernel.create_run("canceller").await;
     let mut watch = Watch::open(&kernel, &run, 0, false).await;
-    let turn = tokio::spawn({
-        let url = kernel.url();
-        let run = run.clone();
-        async move {
-            e2e::submit_until_done(
-                &url,
-                &run,
-                0,
-                vec![call("slow", json!({"steps": 600, "delay_ms": 100}))],
-            )
-            .await
-        }
-    });
+    let turn = e2e::submit_in_background(
+        &kernel,
+        &run,
+        0,
+        vec![call("slow", json!({"steps": 600, "delay_ms": 100}))],
+    );
     watch.event("tool:start", |_| true).await;
 
     let mut calls = kernel.calls().await;
@@ -94,19 +87,12 @@ async fn a_call_waiting_for_a_person_is_cancelled_by_kernelctl_and_its_question_
     let _worker = kernel.worker("w1");
     let run = kernel.create_run("refunder").await;
     let mut watch = Watch::open(&kernel, &run, 0, false).await;
-    let turn = tokio::spawn({
-        let url = kernel.url();
-        let run = run.clone();
-        async move {
-            e2e::submit_until_done(
-                &url,
-                &run,
-                0,
-                vec![call("refund", json!({"customer": "c1", "cents": 25_000}))],
-            )
-            .await
-        }
-    });
+    let turn = e2e::submit_in_background(
+        &kernel,
+        &run,
+        0,
+        vec![call("refund", json!({"customer": "c1", "cents": 25_000}))],
+    );
     watch.event("run:interrupted", |_| true).await;
     assert_eq!(
         kernel.get(&run).await.run.unwrap().status,
@@ -156,36 +142,22 @@ async fn a_run_with_no_turn_for_the_limit_fails_as_abandoned_after_its_calls_set
     // Waiting for a person is not abandonment.
     let blocked = kernel.create_run("waiting").await;
     let mut blocked_watch = Watch::open(&kernel, &blocked, 0, false).await;
-    let _waiting = tokio::spawn({
-        let url = kernel.url();
-        let run = blocked.clone();
-        async move {
-            e2e::submit_until_done(
-                &url,
-                &run,
-                0,
-                vec![call("refund", json!({"customer": "c1", "cents": 25_000}))],
-            )
-            .await
-        }
-    });
+    let _waiting = e2e::submit_in_background(
+        &kernel,
+        &blocked,
+        0,
+        vec![call("refund", json!({"customer": "c1", "cents": 25_000}))],
+    );
     blocked_watch.event("run:interrupted", |_| true).await;
 
     let idle = kernel.create_run("gone").await;
     let mut watch = Watch::open(&kernel, &idle, 0, false).await;
-    let _turn = tokio::spawn({
-        let url = kernel.url();
-        let run = idle.clone();
-        async move {
-            e2e::submit_until_done(
-                &url,
-                &run,
-                0,
-                vec![call("slow", json!({"steps": 600, "delay_ms": 100}))],
-            )
-            .await
-        }
-    });
+    let _turn = e2e::submit_in_background(
+        &kernel,
+        &idle,
+        0,
+        vec![call("slow", json!({"steps": 600, "delay_ms": 100}))],
+    );
     watch.event("tool:start", |_| true).await;
 
     let ended = kernel.finished(&idle).await;

@@ -190,12 +190,7 @@ async fn the_rust_agent_resubmits_a_turn_refused_while_the_kernel_drains() {
     let _worker = kernel.fault_worker("w1");
     // A call that keeps the kernel draining for a while.
     let held = kernel.create_run("held").await;
-    let holding = {
-        let url = kernel.url();
-        tokio::spawn(async move {
-            e2e::submit_until_done(&url, &held, 0, vec![call("sleepy", json!({"hold_ms": 2_000}))]).await
-        })
-    };
+    let holding = e2e::submit_in_background(&kernel, &held, 0, vec![call("sleepy", json!({"hold_ms": 2_000}))]);
     wait_ledger(&kernel, "the held call started", |l| {
         l.iter().any(|l| l.what == "start")
     })
