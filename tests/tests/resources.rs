@@ -31,7 +31,14 @@ async fn calls_on_one_resource_instance_never_run_at_once_while_other_instances_
         tokio::spawn(async move { e2e::submit_until_done(&url, &run, 0, vec![call]).await })
     };
 
-    let holding = pushing(&first, "acme", 2_000);
+    let release = kernel.ledger_file().with_extension("release");
+    let holding = {
+        let (url, run) = (kernel.url(), first.clone());
+        let hold_ms = e2e::WAIT.as_millis() as u64;
+        let until = release.to_string_lossy();
+        let call = call("push", json!({ "repo": "acme", "hold_ms": hold_ms, "until": until }));
+        tokio::spawn(async move { e2e::submit_until_done(&url, &run, 0, vec![call]).await })
+    };
     wait_ledger(&kernel, "the first push", |l| !lines_of(l, "acme").is_empty()).await;
     let waiting = pushing(&second, "acme", 10);
     let status = status_until(&kernel, |s| s.resource_locks.iter().any(|l| l.waiting == 1)).await;
@@ -59,6 +66,7 @@ async fn calls_on_one_resource_instance_never_run_at_once_while_other_instances_
     assert_eq!(elsewhere.results[0].content, "pushed to other");
     let ledger = kernel.ledger();
     assert_eq!(lines_of(&ledger, "acme"), ["lock:acme"], "{ledger:?}");
+    std::fs::write(&release, b"").unwrap();
 
     assert_eq!(waiting.await.unwrap().results[0].content, "pushed to acme");
     assert_eq!(holding.await.unwrap().results[0].content, "pushed to acme");

@@ -244,6 +244,13 @@ async fn hold(ctx: &ToolContext, hold_ms: u64) -> Result<(), ToolError> {
     }
 }
 
+/// Resolves once `file` exists.
+async fn appears(file: &std::path::Path) {
+    while !file.exists() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Record an effect, then hold for a while. Safe to run again.
 #[tool]
 async fn sleepy(ctx: ToolContext, hold_ms: u64) -> Result<String, ToolError> {
@@ -359,11 +366,19 @@ async fn delegate(ctx: ToolContext, label: String, hold_ms: u64) -> Result<Value
 }
 
 /// Pushes to a repository: the ledger says `lock:<repo>` when the body starts and `unlock:<repo>`
-/// when it ends, so a test sees whether two pushes to one repository ever overlapped.
+/// when it ends, so a test sees whether two pushes to one repository ever overlapped. With
+/// `until`, it holds until that file exists (or `hold_ms` passes), so a test that inspects the
+/// held lock does not race a timer on a slow machine.
 #[tool(writes, resources = ["repo:{repo}", "workspace"])]
-async fn push(ctx: ToolContext, repo: String, hold_ms: u64) -> Result<String, ToolError> {
+async fn push(ctx: ToolContext, repo: String, hold_ms: u64, until: Option<String>) -> Result<String, ToolError> {
     Ledger::write(&ctx, &format!("lock:{repo}"));
-    let held = hold(&ctx, hold_ms).await;
+    let held = match until {
+        Some(file) => tokio::select! {
+            held = hold(&ctx, hold_ms) => held,
+            () = appears(std::path::Path::new(&file)) => Ok(()),
+        },
+        None => hold(&ctx, hold_ms).await,
+    };
     Ledger::write(&ctx, &format!("unlock:{repo}"));
     held.map(|()| format!("pushed to {repo}"))
 }
