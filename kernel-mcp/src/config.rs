@@ -319,11 +319,11 @@ servers:
         assert!(remote.offers("send") && !remote.offers("admin_reset"));
     }
 
-    /// The configs the README shows must load as shown (their `${NAME}`s set).
+    /// The configs the MCP guide shows must load as shown (their `${NAME}`s set).
     #[test]
-    fn the_readme_configs_load() {
-        let readme = include_str!("../../README.md");
-        let blocks: Vec<&str> = readme
+    fn the_configs_in_the_docs_load() {
+        let guide = include_str!("../../docs/guides/mcp.md");
+        let blocks: Vec<&str> = guide
             .split("```yaml\n")
             .skip(1)
             .map(|rest| &rest[..rest.find("```").expect("the block ends")])

@@ -6,7 +6,7 @@
 //! ```
 //!
 //! The config names the servers (a command for stdio, or a Streamable HTTP url) and what to declare
-//! of their tools; see the README's "MCP" section. Each server's tools go over a worker session of
+//! of their tools; see `docs/guides/mcp.md`. Each server's tools go over a worker session of
 //! their own (`supervise`). It logs `worker session open` once the kernel accepted a server's tools,
 //! and drains on SIGINT or SIGTERM.
 

@@ -215,16 +215,16 @@ impl Governance {
 mod tests {
     use super::*;
 
-    /// The policy file the README shows must load as shown.
+    /// The policy file the governance guide shows must load as shown.
     #[test]
-    fn the_readme_policy_example_loads() {
-        let readme = include_str!("../../README.md");
-        let block = readme
+    fn the_policy_example_in_the_docs_loads() {
+        let guide = include_str!("../../docs/guides/governance.md");
+        let block = guide
             .split("```yaml\n")
             .skip(1)
             .map(|rest| &rest[..rest.find("```").expect("the block ends")])
             .find(|block| block.starts_with("default:"))
-            .expect("the policy example in the README");
+            .expect("the policy example in docs/guides/governance.md");
         let policy = Policy::from_yaml(block).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(policy.rule_count(), 3);
     }

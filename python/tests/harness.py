@@ -20,7 +20,7 @@ WAIT = 30.0
 
 
 def binary(name: str) -> Path:
-    """A binary of the workspace's debug build; the README's test command builds them first."""
+    """A binary of the workspace's debug build; tests/run.sh builds them first."""
     for folder in ("debug", "debug/examples"):
         path = REPO / "target" / folder / name
         if path.exists():

@@ -1,5 +1,5 @@
-"""The README's Python quickstart, as a new user runs it: the example worker and agent against the
-kernel, then `kernelctl runs show` on the run the agent printed."""
+"""The Python quickstart of docs/getting-started/python.md, as a new user runs it: the example
+worker and agent against the kernel, then `kernelctl runs show` on the run the agent printed."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ async def test_the_example_worker_and_agent_run_and_kernelctl_shows_the_calls(
             assert tool in shown
         assert "py-demo-worker" in shown and "at_most_once" in shown
 
-        # The example worker's hosted agent, started the way the README shows.
+        # The example worker's hosted agent, started the way the Python getting-started guide shows.
         start = [
             str(binary("kernelctl")),
             "--addr",

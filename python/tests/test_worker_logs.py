@@ -1,6 +1,6 @@
-"""What a worker says with no logging configured, as one built from the README's snippets runs:
-that it connected (its name, tools and kernel), each backoff while it cannot reach the kernel (with
-the hint), and that it drains and stops."""
+"""What a worker says with no logging configured, as one built from the Python guide's snippets
+runs: that it connected (its name, tools and kernel), each backoff while it cannot reach the kernel
+(with the hint), and that it drains and stops."""
 
 from __future__ import annotations
 

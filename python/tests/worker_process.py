@@ -53,7 +53,7 @@ async def main() -> None:
     parser.add_argument(
         "--no-logging-config",
         action="store_true",
-        help="configure no logging, as a worker built from the README's snippets does",
+        help="configure no logging, as a worker built from the Python guide's snippets does",
     )
     args = parser.parse_args()
     HANG, SLOW = args.hang, args.slow

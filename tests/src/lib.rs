@@ -3,7 +3,7 @@
 //! run's whole event log against the kernel's invariants.
 //!
 //! Binaries are taken from the target directory the tests were built into; build them first with
-//! `cargo build --workspace --bins --examples` (the README's test command does).
+//! `cargo build --workspace --bins --examples` (the test command, `tests/run.sh`, does).
 
 pub mod load_tools;
 pub mod mcp;

@@ -305,14 +305,14 @@ async fn runs_events_follow_reconnects_after_a_kernel_restart_and_prints_each_ev
     );
 }
 
-/// The README's tool program installs no logging, yet says what it does: against an address where
-/// no kernel listens (the default one, here free), each backoff names the kernel's address and the
-/// hint, and Ctrl-C stops it with a line saying so.
+/// The Rust getting-started guide's tool program (`readme-tool`) installs no logging, yet says what it
+/// does: against an address where no kernel listens (the default one, here free), each backoff names
+/// the kernel's address and the hint, and Ctrl-C stops it with a line saying so.
 #[tokio::test]
-async fn the_readme_worker_says_when_it_cannot_reach_the_kernel_and_when_it_stops() {
+async fn the_getting_started_worker_says_when_it_cannot_reach_the_kernel_and_when_it_stops() {
     assert!(
         std::net::TcpListener::bind("127.0.0.1:50051").is_ok(),
-        "this test needs 127.0.0.1:50051 free: the README's worker connects there"
+        "this test needs 127.0.0.1:50051 free: the getting-started guide's worker connects there"
     );
     let mut worker = Process::start(std::process::Command::new(binary("readme-tool")), "readme-tool");
     let first = worker.log.wait_for("cannot reach the kernel");

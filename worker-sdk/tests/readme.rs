@@ -1,14 +1,16 @@
-//! The README's "Writing tools" section: its program is `examples/readme_tool.rs` word for word,
-//! so it compiles with every build, and its `[dependencies]` name the versions this workspace uses.
+//! The Rust getting-started guide's "Writing tools" section (`docs/getting-started/rust.md`; it was
+//! the README's, hence this file's name and the example's, `readme-tool`): its program is
+//! `examples/readme_tool.rs` word for word, so it compiles with every build, and its `[dependencies]`
+//! name the versions this workspace uses.
 
-const README: &str = include_str!("../../README.md");
+const GUIDE: &str = include_str!("../../docs/getting-started/rust.md");
 
 /// The section's first fenced block of `language`, without its fences.
 fn block(language: &str) -> &'static str {
-    let section = README
+    let section = GUIDE
         .split("\n## Writing tools\n")
         .nth(1)
-        .expect("the README has a \"Writing tools\" section");
+        .expect("docs/getting-started/rust.md has a \"Writing tools\" section");
     let section = section.split("\n## ").next().unwrap_or(section);
     section
         .split(&format!("```{language}\n"))
@@ -26,25 +28,25 @@ fn version(manifest: &str, name: &str) -> Option<String> {
 }
 
 #[test]
-fn the_readme_program_is_the_example() {
+fn the_guide_program_is_the_example() {
     assert_eq!(
         block("rust").trim_end(),
         include_str!("../examples/readme_tool.rs").trim_end(),
-        "the README's tool program and worker-sdk/examples/readme_tool.rs differ; change both"
+        "the tool program of docs/getting-started/rust.md and worker-sdk/examples/readme_tool.rs differ; change both"
     );
 }
 
 #[test]
-fn the_readme_dependencies_match_the_workspace() {
+fn the_guide_dependencies_match_the_workspace() {
     let workspace = include_str!("../../Cargo.toml");
-    let readme = block("toml");
-    assert!(readme.contains("worker-sdk = "), "{readme}");
+    let guide = block("toml");
+    assert!(guide.contains("worker-sdk = "), "{guide}");
     for name in ["tokio", "serde", "schemars", "serde_json"] {
         let wanted = version(workspace, name).unwrap_or_else(|| panic!("the workspace has no {name}"));
         assert_eq!(
-            version(readme, name).as_deref(),
+            version(guide, name).as_deref(),
             Some(wanted.as_str()),
-            "the README's {name} version; the workspace uses {wanted}"
+            "the {name} version in docs/getting-started/rust.md; the workspace uses {wanted}"
         );
     }
 }

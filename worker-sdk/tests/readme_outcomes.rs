@@ -1,9 +1,11 @@
-//! The README's outcomes snippet is the doc test of `worker_sdk::Outcome`'s module, which the
-//! doc tests compile: the two must not drift apart.
+//! The outcomes snippet of `docs/reference/outcomes.md` (once the README's, hence this file's name)
+//! is the doc test of `worker_sdk::Outcome`'s module, which the doc tests compile: the two must not
+//! drift apart.
 
-fn readme_block(after_heading: &str) -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).expect("README.md");
-    let section = &readme[readme.find(after_heading).expect("the heading")..];
+fn docs_block(after_heading: &str) -> String {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/reference/outcomes.md"))
+        .expect("docs/reference/outcomes.md");
+    let section = &page[page.find(after_heading).expect("the heading")..];
     let start = section.find("```rust\n").expect("a rust block") + "```rust\n".len();
     let end = start + section[start..].find("```").expect("the block ends");
     section[start..end].to_owned()
@@ -21,7 +23,7 @@ fn doc_block(source: &str) -> String {
             inside = true;
             continue;
         }
-        // Hidden lines (`# ...`) wrap the snippet in a function; the README shows the body.
+        // Hidden lines (`# ...`) wrap the snippet in a function; the page shows the body.
         if inside && !line.starts_with("# ") && line != "#" {
             block.push_str(line);
             block.push('\n');
@@ -31,8 +33,8 @@ fn doc_block(source: &str) -> String {
 }
 
 #[test]
-fn the_readme_outcomes_snippet_is_the_compiled_doc_test() {
+fn the_outcomes_snippet_in_the_docs_is_the_compiled_doc_test() {
     let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/agent/outcome.rs"))
         .expect("agent/outcome.rs");
-    assert_eq!(readme_block("## Outcomes a program can read"), doc_block(&source));
+    assert_eq!(docs_block("# Outcomes a program can read\n"), doc_block(&source));
 }

@@ -1,0 +1,286 @@
+//! The documentation holds together: every relative Markdown link of the README, CHANGELOG.md,
+//! ARCHITECTURE.md, CONTRIBUTING.md and the book under `docs/` names a file that exists and, with
+//! a `#anchor`, a heading of that file (GitHub's slugs); every page of the book is linked from its
+//! contents page, `docs/README.md`; and the README stays a short front page.
+//!
+//! Only `std`, so this test compiles and links in moments.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs;
+use std::path::{Component, Path, PathBuf};
+
+/// The README must stay a front page: what, why, the two commands, the quickstart, links.
+const README_MAX_LINES: usize = 200;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .to_path_buf()
+}
+
+/// Every `.md` file under `dir`, recursively, sorted.
+fn markdown_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "md") {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// The pages whose links are checked, relative to the root.
+fn pages() -> Vec<PathBuf> {
+    let root = root();
+    let mut pages: Vec<PathBuf> = ["README.md", "CHANGELOG.md", "ARCHITECTURE.md", "CONTRIBUTING.md"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    for path in markdown_under(&root.join("docs")) {
+        pages.push(path.strip_prefix(&root).expect("under the root").to_path_buf());
+    }
+    pages
+}
+
+/// The lines of `text` outside fenced code blocks, numbered from 1.
+fn prose_lines(text: &str) -> Vec<(usize, &str)> {
+    let mut fence: Option<&str> = None;
+    let mut lines = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        let marker = ["```", "~~~"].into_iter().find(|marker| trimmed.starts_with(marker));
+        match (fence, marker) {
+            (None, Some(marker)) => fence = Some(marker),
+            (Some(open), Some(marker)) if open == marker => fence = None,
+            (None, None) => lines.push((index + 1, line)),
+            _ => {}
+        }
+    }
+    lines
+}
+
+/// `line` without its inline code spans, so a `[x](y)` inside backticks is not a link.
+fn without_code_spans(line: &str) -> String {
+    let mut out = String::new();
+    for (index, part) in line.split('`').enumerate() {
+        if index % 2 == 0 {
+            out.push_str(part);
+        }
+    }
+    out
+}
+
+/// The targets of the inline links `[text](target)` and images `![alt](target)` of one line.
+fn link_targets(line: &str) -> Vec<String> {
+    let line = without_code_spans(line);
+    let mut targets = Vec::new();
+    let mut rest = line.as_str();
+    while let Some(at) = rest.find("](") {
+        let after = &rest[at + 2..];
+        match after.find(')') {
+            Some(end) => {
+                let target = after[..end].split_whitespace().next().unwrap_or("");
+                targets.push(target.trim_matches(|c| c == '<' || c == '>').to_owned());
+                rest = &after[end + 1..];
+            }
+            None => break,
+        }
+    }
+    targets
+}
+
+/// GitHub's anchor for a heading: lowercase, spaces to `-`, punctuation other than `-` and `_` dropped.
+fn slug(heading: &str) -> String {
+    let text = heading.trim().trim_end_matches('#').trim();
+    let mut slug = String::new();
+    for c in text.to_lowercase().chars() {
+        if c == ' ' {
+            slug.push('-');
+        } else if c.is_alphanumeric() || c == '-' || c == '_' {
+            slug.push(c);
+        }
+    }
+    slug
+}
+
+/// The anchors of a page's headings, a repeated one with `-1`, `-2`, ... as GitHub numbers them.
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut anchors = BTreeSet::new();
+    for (_, line) in prose_lines(text) {
+        let hashes = line.chars().take_while(|&c| c == '#').count();
+        if !(1..=6).contains(&hashes) || !line[hashes..].starts_with(' ') {
+            continue;
+        }
+        let base = slug(&line[hashes..]);
+        let count = seen.entry(base.clone()).or_insert(0);
+        anchors.insert(if *count == 0 {
+            base.clone()
+        } else {
+            format!("{base}-{count}")
+        });
+        *count += 1;
+    }
+    anchors
+}
+
+/// `path` with its `.` and `..` folded away (the files need not exist).
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push("..");
+                }
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+fn is_external(target: &str) -> bool {
+    ["http://", "https://", "mailto:"]
+        .iter()
+        .any(|scheme| target.starts_with(scheme))
+}
+
+#[test]
+fn every_relative_link_names_a_file_and_a_heading_that_exist() {
+    let root = root();
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for page in pages() {
+        let text = fs::read_to_string(root.join(&page)).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
+        for (number, line) in prose_lines(&text) {
+            for target in link_targets(line) {
+                if target.is_empty() || is_external(&target) {
+                    continue;
+                }
+                checked += 1;
+                let (file, anchor) = match target.split_once('#') {
+                    Some((file, anchor)) => (file, Some(anchor)),
+                    None => (target.as_str(), None),
+                };
+                let linked = if file.is_empty() {
+                    page.clone()
+                } else {
+                    normalize(&page.parent().unwrap_or(Path::new("")).join(file))
+                };
+                let path = root.join(&linked);
+                if linked.starts_with("..") || !path.exists() {
+                    broken.push(format!(
+                        "{}:{number}: ({target}): {} does not exist",
+                        page.display(),
+                        linked.display()
+                    ));
+                    continue;
+                }
+                let Some(anchor) = anchor else { continue };
+                if path.is_dir() || path.extension().is_none_or(|ext| ext != "md") {
+                    broken.push(format!(
+                        "{}:{number}: ({target}): an anchor into a file that is not Markdown",
+                        page.display()
+                    ));
+                    continue;
+                }
+                let headings = anchors(&fs::read_to_string(&path).expect("a linked page"));
+                if !headings.contains(anchor) {
+                    broken.push(format!(
+                        "{}:{number}: ({target}): {} has no heading #{anchor} (its anchors: {})",
+                        page.display(),
+                        linked.display(),
+                        headings.into_iter().collect::<Vec<_>>().join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+    assert!(
+        checked > 50,
+        "only {checked} relative links found: is the link parser broken?"
+    );
+}
+
+#[test]
+fn every_page_of_the_book_is_in_its_contents() {
+    let root = root();
+    let contents_path = Path::new("docs/README.md");
+    let contents = fs::read_to_string(root.join(contents_path)).expect("docs/README.md, the contents page");
+    let mut listed = BTreeSet::new();
+    for (_, line) in prose_lines(&contents) {
+        for target in link_targets(line) {
+            let file = target.split('#').next().unwrap_or("");
+            if !file.is_empty() && !is_external(file) {
+                listed.insert(normalize(&Path::new("docs").join(file)));
+            }
+        }
+    }
+    let orphans: Vec<String> = markdown_under(&root.join("docs"))
+        .into_iter()
+        .map(|path| path.strip_prefix(&root).expect("under the root").to_path_buf())
+        .filter(|page| page != contents_path && !listed.contains(page))
+        .map(|page| format!("{} is not linked from docs/README.md", page.display()))
+        .collect();
+    assert!(
+        orphans.is_empty(),
+        "pages missing from the contents:\n{}",
+        orphans.join("\n")
+    );
+}
+
+#[test]
+fn the_readme_is_a_short_front_page() {
+    let readme = fs::read_to_string(root().join("README.md")).expect("README.md");
+    let lines = readme.lines().count();
+    assert!(
+        lines < README_MAX_LINES,
+        "README.md: {lines} lines; keep it under {README_MAX_LINES} and move the rest into docs/"
+    );
+}
+
+#[test]
+fn slugs_follow_github() {
+    assert_eq!(
+        slug("The kernel's tools for MCP clients"),
+        "the-kernels-tools-for-mcp-clients"
+    );
+    assert_eq!(
+        slug("Writing tools: every `#[tool]` option"),
+        "writing-tools-every-tool-option"
+    );
+    assert_eq!(
+        slug("Outgrowing one machine: PostgreSQL and replicas"),
+        "outgrowing-one-machine-postgresql-and-replicas"
+    );
+    assert_eq!(slug("snake_case and-dash"), "snake_case-and-dash");
+    let repeated = anchors("# A\n## Notes\n```\n# not a heading\n```\n## Notes\n## Notes\n");
+    assert_eq!(
+        repeated,
+        ["a", "notes", "notes-1", "notes-2"]
+            .into_iter()
+            .map(String::from)
+            .collect()
+    );
+}
+
+#[test]
+fn links_are_found_outside_code_only() {
+    let text = "see [a](a.md) and ![i](i.png)\n`[b](b.md)` [c](c.md#x \"title\")\n```\n[d](d.md)\n```\n";
+    let found: Vec<String> = prose_lines(text)
+        .into_iter()
+        .flat_map(|(_, line)| link_targets(line))
+        .collect();
+    assert_eq!(found, ["a.md", "i.png", "c.md#x"]);
+}
