@@ -2,7 +2,7 @@
 # The end-to-end suite again, every kernel on a database of its own on one PostgreSQL server
 # (Debian's postgresql package), so each path the tests drive runs on both stores. The tests of
 # the PostgreSQL store and of replicas start servers of their own and run in the main pass.
-# Arguments go to `cargo test`.
+# Arguments go to `cargo test` (see below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,10 +31,13 @@ port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
   -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=500" start >/dev/null
 trap '"${as[@]}" "$bin/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1; rm -rf "$dir"' EXIT
 
-targets=()
-for file in tests/tests/*.rs; do
-  name=$(basename "$file" .rs)
-  case "$name" in postgres | replicas) ;; *) targets+=(--test "$name") ;; esac
-done
 # --workspace, as the main pass builds: `-p e2e` alone resolves features apart and rebuilds much of the tree.
-KERNEL_TEST_POSTGRES="postgres://kernel@127.0.0.1:$port/postgres" cargo test --workspace "${targets[@]}" "$@"
+# Arguments before a `--` go to cargo, after it to the test binary, as with `cargo test`.
+cargo_args=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+  cargo_args+=("$1")
+  shift
+done
+[ $# -gt 0 ] && shift
+KERNEL_TEST_POSTGRES="postgres://kernel@127.0.0.1:$port/postgres" \
+  cargo test --workspace --test e2e "${cargo_args[@]}" -- --skip postgres:: --skip replicas:: "$@"

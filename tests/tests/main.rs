@@ -1,0 +1,33 @@
+//! The end-to-end suite, one test binary: each module spawns the real kernel, workers and
+//! kernelctl on port 0 through the shared harness (the `e2e` library), so the suite links once.
+//! `cargo test -p e2e --test e2e <module>::` runs one module's tests.
+
+mod auth;
+mod bench_smoke;
+mod boot;
+mod branches;
+mod build;
+mod calls;
+mod cancel_call;
+mod cli;
+mod docs;
+mod fault_timing;
+mod faults;
+mod governance;
+mod hosted;
+mod hostile;
+mod load;
+mod mcp;
+mod mcp_serve;
+mod offers;
+mod outcomes;
+mod postgres;
+mod protocol;
+mod replicas;
+mod resources;
+mod retention;
+mod stopping;
+mod subagents;
+mod tls;
+mod tool_cache;
+mod traces;
