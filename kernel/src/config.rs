@@ -178,6 +178,11 @@ pub struct Config {
     /// Heartbeats per second one worker session may send; the excess is dropped (0: no limit).
     #[arg(long, env = "KERNEL_HEARTBEATS_PER_SECOND", default_value_t = 20)]
     pub heartbeats_per_second: u32,
+
+    /// How long a worker that opens a session has to say hello, in milliseconds; the session holds
+    /// one of `--max-sessions` places meanwhile, and is closed with `DEADLINE_EXCEEDED` after it.
+    #[arg(long, env = "KERNEL_HELLO_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub hello_timeout_ms: u64,
 }
 
 fn parse_retention(text: &str) -> Result<Duration, String> {
@@ -238,6 +243,7 @@ impl Config {
             max_pending_calls_per_run: self.max_pending_calls_per_run,
             progress_per_second: self.progress_per_second,
             heartbeats_per_second: self.heartbeats_per_second,
+            hello_timeout: Duration::from_millis(self.hello_timeout_ms),
         }
     }
 

@@ -36,6 +36,8 @@ pub struct Limits {
     pub progress_per_second: u32,
     /// Heartbeats per second one session may send; the excess is dropped.
     pub heartbeats_per_second: u32,
+    /// How long a worker that opens a session has to say hello; its place is held meanwhile.
+    pub hello_timeout: std::time::Duration,
 }
 
 impl Default for Limits {
@@ -51,6 +53,7 @@ impl Default for Limits {
             max_pending_calls_per_run: 1_024,
             progress_per_second: 200,
             heartbeats_per_second: 20,
+            hello_timeout: std::time::Duration::from_secs(10),
         }
     }
 }

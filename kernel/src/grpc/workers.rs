@@ -33,8 +33,6 @@ use crate::model::{ErrorKind, RunId, StepKey, StepKind, StepStatus, cut, now_mil
 use crate::scheduler::{DispatchOrder, Outbound};
 use crate::store::{ResultReport, SuspendReport, ToolCacheSet};
 
-/// A worker that opens a stream must say hello within this long.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Each kind of misbehaviour of a session is logged at most once per this interval.
 const LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// How much of an oversized error message a worker sent is kept.
@@ -88,9 +86,14 @@ impl WorkerService for WorkerApi {
             )
         })?;
         let mut inbound = request.into_inner();
-        let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
+        let first = tokio::time::timeout(limits.hello_timeout, inbound.message())
             .await
-            .map_err(|_| Status::deadline_exceeded(format!("no hello within {}s", HELLO_TIMEOUT.as_secs())))?
+            .map_err(|_| {
+                Status::deadline_exceeded(format!(
+                    "no hello within {} ms (--hello-timeout-ms)",
+                    limits.hello_timeout.as_millis()
+                ))
+            })?
             .map_err(|status| unreadable(status, limits.max_message_bytes))?;
         let hello = match first {
             Some(pb::OpenSessionRequest {
