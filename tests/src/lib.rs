@@ -30,6 +30,29 @@ use tonic::transport::Channel;
 /// How long any single wait may take before the test fails with what was seen.
 pub const WAIT: Duration = Duration::from_secs(30);
 
+/// How often [`eventually`] looks again.
+const POLL: Duration = Duration::from_millis(20);
+
+/// The one way a test waits on something it can only poll: `probe` looks once and answers
+/// `Ok(value)` when what the test waits for holds, or `Err(seen)` with what it saw instead. It is
+/// asked again every 20 ms for at most [`WAIT`]; then the test fails with what it waited for and
+/// the last thing seen.
+pub async fn eventually<T, Seen: std::fmt::Debug, Probe: std::future::Future<Output = Result<T, Seen>>>(
+    what: &str,
+    mut probe: impl FnMut() -> Probe,
+) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match probe().await {
+            Ok(value) => return value,
+            Err(seen) if Instant::now() >= deadline => {
+                panic!("waited {WAIT:?} for {what}; last saw: {seen:#?}")
+            }
+            Err(_) => tokio::time::sleep(POLL).await,
+        }
+    }
+}
+
 /// The folder holding the workspace's built binaries (`target/debug`).
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
@@ -530,19 +553,15 @@ impl Kernel {
     /// Waits until the kernel holds no session, queued call, lease or run channel, and returns its
     /// status then.
     pub async fn wait_idle(&self) -> pb::GetStatusResponse {
-        let deadline = Instant::now() + WAIT;
-        loop {
+        eventually("the kernel to go idle", || async {
             let status = self.status().await;
-            if status.worker_sessions == 0
+            let idle = status.worker_sessions == 0
                 && status.queued_calls == 0
                 && status.leased_calls == 0
-                && status.live_runs == 0
-            {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "the kernel never went idle: {status:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+                && status.live_runs == 0;
+            if idle { Ok(status) } else { Err(status) }
+        })
+        .await
     }
 
     /// Creates a run and returns its id.
@@ -598,15 +617,15 @@ impl Kernel {
 
     /// Waits until the run's status is one `done` accepts, and returns the run.
     pub async fn wait_status(&self, run: &str, done: impl Fn(pb::RunStatus) -> bool) -> pb::Run {
-        let deadline = Instant::now() + WAIT;
-        loop {
+        eventually(&format!("run {run} to reach the status asked for"), || async {
             let got = self.get(run).await.run.expect("run");
             if done(pb::RunStatus::try_from(got.status).expect("a known status")) {
-                return got;
+                Ok(got)
+            } else {
+                Err(got)
             }
-            assert!(Instant::now() < deadline, "the run never got there: {got:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await
     }
 
     /// Waits until the run has ended, and returns it.
@@ -622,25 +641,22 @@ impl Kernel {
 
     /// Waits until the registry shows `count` sessions offering `tool` (or hosting an agent so named).
     pub async fn wait_for_workers(&self, tool: &str, count: usize) {
-        let deadline = Instant::now() + WAIT;
-        let mut registry = self.registry().await;
-        loop {
-            let workers = registry
-                .list_workers(pb::ListWorkersRequest {})
-                .await
-                .unwrap()
-                .into_inner()
-                .workers;
-            let offering = |w: &pb::WorkerInfo| w.tools.iter().chain(&w.agents).any(|t| t == tool);
-            if workers.iter().filter(|w| offering(w)).count() == count {
-                return;
+        let registry = self.registry().await;
+        eventually(&format!("{count} workers offering {tool}"), || {
+            let mut registry = registry.clone();
+            async move {
+                let workers = registry
+                    .list_workers(pb::ListWorkersRequest {})
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .workers;
+                let offering = |w: &pb::WorkerInfo| w.tools.iter().chain(&w.agents).any(|t| t == tool);
+                let found = workers.iter().filter(|w| offering(w)).count() == count;
+                if found { Ok(()) } else { Err(workers) }
             }
-            assert!(
-                Instant::now() < deadline,
-                "never {count} workers offering {tool}: {workers:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await
     }
 
     /// Every event of a run.
@@ -885,15 +901,12 @@ pub fn check_log(events: &[pb::Event], settled: bool) {
 
 /// Polls the ledger until `found` holds (the ledger is a file other processes append to).
 pub async fn wait_ledger(kernel: &Kernel, what: &str, mut found: impl FnMut(&[LedgerLine]) -> bool) -> Vec<LedgerLine> {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    eventually(&format!("the ledger to show {what}"), || {
         let ledger = kernel.ledger();
-        if found(&ledger) {
-            return ledger;
-        }
-        assert!(Instant::now() < deadline, "the ledger never showed {what}: {ledger:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        let done = found(&ledger);
+        async move { if done { Ok(ledger) } else { Err(ledger) } }
+    })
+    .await
 }
 
 /// [`submit_until_done`] on a task of its own, for a test that acts while the turn waits.

@@ -524,21 +524,15 @@ async fn sighup_puts_a_new_auth_file_in_force_and_closes_sessions_of_removed_key
     assert!(line.contains("demo-workers"), "{line}");
     worker.log.wait_for("kernel refused the worker session");
     assert!(worker.wait_exit(WAIT).is_some(), "a refused worker does not retry");
-    let deadline = std::time::Instant::now() + WAIT;
-    while !registry
-        .list_workers(workers(&auditor.secret))
-        .await
-        .unwrap()
-        .into_inner()
-        .workers
-        .is_empty()
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the session of the removed key stayed"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    e2e::eventually("the session of the removed key to close", || {
+        let mut registry = registry.clone();
+        let request = workers(&auditor.secret);
+        async move {
+            let workers = registry.list_workers(request).await.unwrap().into_inner().workers;
+            if workers.is_empty() { Ok(()) } else { Err(workers) }
+        }
+    })
+    .await;
 
     // The new key is in force, the kept one still works, a removed one is refused.
     assert!(registry.list_workers(workers(&secured.reader)).await.is_ok());
@@ -698,8 +692,7 @@ async fn a_subagent_needs_runs_write_on_the_hosting_worker_s_key() {
         .run
         .unwrap()
         .id;
-    let deadline = std::time::Instant::now() + WAIT;
-    let done = loop {
+    let done = e2e::eventually("the run to end", || async {
         let got = runs(kernel)
             .await
             .get_run(with_key(pb::GetRunRequest { run_id: run.clone() }, &secured.admin))
@@ -708,12 +701,10 @@ async fn a_subagent_needs_runs_write_on_the_hosting_worker_s_key() {
             .into_inner()
             .run
             .unwrap();
-        if got.status == pb::RunStatus::Failed as i32 || got.status == pb::RunStatus::Completed as i32 {
-            break got;
-        }
-        assert!(std::time::Instant::now() < deadline, "the run never ended: {got:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
+        let ended = got.status == pb::RunStatus::Failed as i32 || got.status == pb::RunStatus::Completed as i32;
+        if ended { Ok(got) } else { Err(got) }
+    })
+    .await;
     assert_eq!(done.status, pb::RunStatus::Failed as i32, "{done:?}");
     assert!(
         done.reason.contains("key 'demo-workers' needs the scope runs:write"),

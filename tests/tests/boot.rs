@@ -3,7 +3,6 @@
 //! raising false alarms.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use e2e::{
     Kernel, KernelOptions, Process, WAIT, Watch, binary, call, check_log, submit, submit_until_done, wait_ledger,
@@ -147,15 +146,15 @@ async fn a_restart_with_calls_in_flight_raises_no_false_alarm() {
         outcome.results
     );
     // Several scans after recovery, each finding nothing.
-    let deadline = Instant::now() + WAIT;
-    let status = loop {
+    let status = e2e::eventually("five in-flight scans", || async {
         let status = kernel.status().await;
         if status.in_flight_scans >= 5 {
-            break status;
+            Ok(status)
+        } else {
+            Err(status)
         }
-        assert!(Instant::now() < deadline, "the in-flight scan never ran: {status:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     assert_eq!(status.lost_calls_found, 0, "{status:?}");
     let log = kernel.process.log.text();
     assert!(!log.contains("lost track"), "{log}");

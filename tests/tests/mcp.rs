@@ -3,10 +3,8 @@
 //! `npm ci --prefix tests/mcp`; for the cancellation test, one tool on the official Python SDK's
 //! server, `tests/mcp/slow_server.py`), and agents call their tools through the kernel.
 
-use std::time::{Duration, Instant};
-
 use e2e::mcp::{everything_over_http, npm_bin};
-use e2e::{Kernel, WAIT, Watch, call, check_log, submit, submit_until_done};
+use e2e::{Kernel, Watch, call, check_log, submit, submit_until_done};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
 use serde_json::{Value, json};
@@ -36,8 +34,7 @@ fn everything_config(extra: &str) -> String {
 
 /// The registered tools, once `ready` holds for them (a server's list may change after it starts).
 async fn tools_when(kernel: &Kernel, ready: impl Fn(&[pb::RegisteredTool]) -> bool) -> Vec<pb::RegisteredTool> {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    e2e::eventually("the tools to be offered", || async {
         let tools = kernel
             .registry()
             .await
@@ -48,15 +45,12 @@ async fn tools_when(kernel: &Kernel, ready: impl Fn(&[pb::RegisteredTool]) -> bo
             .tools;
         let offered: Vec<pb::RegisteredTool> = tools.into_iter().filter(|t| !t.workers.is_empty()).collect();
         if ready(&offered) {
-            return offered;
+            Ok(offered)
+        } else {
+            Err(names(&offered))
         }
-        assert!(
-            Instant::now() < deadline,
-            "tools never got there: {:?}",
-            names(&offered)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 fn names(tools: &[pb::RegisteredTool]) -> Vec<String> {
@@ -243,23 +237,22 @@ async fn a_tool_the_config_says_requires_approval_parks_the_run_until_a_person_a
         ],
     );
     let mut approvals = ApprovalServiceClient::connect(kernel.url()).await.unwrap();
-    let deadline = Instant::now() + WAIT;
-    let asked = loop {
-        let pending = approvals
-            .list_approvals(pb::ListApprovalsRequest {
-                run_id: run.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .approvals;
-        if let Some(asked) = pending.into_iter().next() {
-            break asked;
+    let asked = e2e::eventually("an approval to be asked", || {
+        let (mut approvals, run) = (approvals.clone(), run.clone());
+        async move {
+            let pending = approvals
+                .list_approvals(pb::ListApprovalsRequest {
+                    run_id: run,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .approvals;
+            pending.into_iter().next().ok_or("none pending")
         }
-        assert!(Instant::now() < deadline, "no approval was asked");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     assert_eq!(asked.tool, "everything_get-env");
     let shown = kernel.get(&run).await;
     assert_eq!(shown.run.unwrap().status, pb::RunStatus::Blocked as i32, "parked");
@@ -393,17 +386,14 @@ async fn a_kernel_cancel_becomes_an_mcp_cancellation_the_server_sees() {
         outcome.results[0]
     );
     // The server writes its line when its handler is interrupted.
-    let deadline = Instant::now() + WAIT;
-    loop {
+    e2e::eventually("the server to see the cancellation", || async {
         let seen = std::fs::read_to_string(&marker).unwrap_or_default();
         if seen.lines().any(|line| line == "cancelled") {
-            break;
+            Ok(())
+        } else {
+            Err(seen)
         }
-        assert!(
-            Instant::now() < deadline,
-            "the server never saw the cancellation: {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     check_log(&kernel.events(&run).await, true);
 }

@@ -26,37 +26,30 @@ fn replica(pg: &Postgres) -> Kernel {
 
 /// Waits until `kernel`'s registry knows `tool` (registered through another replica).
 async fn wait_known(kernel: &Kernel, tool: &str) {
-    let deadline = Instant::now() + WAIT;
-    let mut registry = kernel.registry().await;
-    loop {
-        let tools = registry
-            .list_tools(pb::ListToolsRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .tools;
-        if tools.iter().any(|t| t.spec.as_ref().is_some_and(|s| s.name == tool)) {
-            return;
+    let registry = kernel.registry().await;
+    e2e::eventually(&format!("the replica to learn of tool {tool}"), || {
+        let mut registry = registry.clone();
+        async move {
+            let tools = registry
+                .list_tools(pb::ListToolsRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .tools;
+            let known = tools.iter().any(|t| t.spec.as_ref().is_some_and(|s| s.name == tool));
+            if known { Ok(()) } else { Err(tools) }
         }
-        assert!(
-            Instant::now() < deadline,
-            "replica never learned of tool {tool}: {tools:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 /// Waits until `kernel` holds no lease (its workers answered every cancel).
 async fn wait_no_leases(kernel: &Kernel) {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    e2e::eventually("every lease to end", || async {
         let status = kernel.status().await;
-        if status.leased_calls == 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "leases never ended: {status:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        if status.leased_calls == 0 { Ok(()) } else { Err(status) }
+    })
+    .await
 }
 
 /// A whole turn through `url`, owned so it can run on a task of its own.
@@ -159,15 +152,14 @@ async fn three_replicas_run_a_call_submitted_on_one_on_a_worker_of_another_and_a
         ..Default::default()
     };
     let mut stream = calls.clone().submit_turn(request).await.unwrap().into_inner();
-    let deadline = Instant::now() + WAIT;
-    while steps(&c, &slow)
-        .await
-        .first()
-        .is_none_or(|s| s.status != pb::StepStatus::Running as i32)
-    {
-        assert!(Instant::now() < deadline, "the slow call never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    e2e::eventually("the slow call to start", || async {
+        let steps = steps(&c, &slow).await;
+        let running = steps
+            .first()
+            .is_some_and(|s| s.status == pb::StepStatus::Running as i32);
+        if running { Ok(()) } else { Err(steps) }
+    })
+    .await;
     c.runs()
         .await
         .cancel_run(pb::CancelRunRequest {
@@ -584,8 +576,7 @@ async fn a_replica_sigkilled_in_a_burst_of_a_thousand_runs_strands_nothing() {
     let mut replicas = replicas;
     let id = replica_id(&replicas[2]);
     let client = pg.client().await;
-    let deadline = Instant::now() + WAIT;
-    loop {
+    e2e::eventually("the burst to get going on replica 2", || async {
         let held: i64 = client
             .query_one(
                 "SELECT count(*) FROM steps WHERE status = 'running' AND replica = $1",
@@ -594,12 +585,14 @@ async fn a_replica_sigkilled_in_a_burst_of_a_thousand_runs_strands_nothing() {
             .await
             .unwrap()
             .get(0);
-        if held > 0 && turns.iter().filter(|t| t.is_finished()).count() >= 100 {
-            break;
+        let finished = turns.iter().filter(|t| t.is_finished()).count();
+        if held > 0 && finished >= 100 {
+            Ok(())
+        } else {
+            Err((held, finished))
         }
-        assert!(Instant::now() < deadline, "the burst never got going on replica 2");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     replicas[2].kill9();
     let mut outcomes = Vec::new();
     for turn in turns {
@@ -643,11 +636,11 @@ async fn postgresql_restarted_in_a_burst_strands_nothing() {
         .enumerate()
         .map(|(r, run)| tokio::spawn(burst_turn(urls.clone(), r % 2, run.clone(), burst_calls(r))))
         .collect();
-    let deadline = Instant::now() + WAIT;
-    while turns.iter().filter(|t| t.is_finished()).count() < 30 {
-        assert!(Instant::now() < deadline, "the burst never got going");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    e2e::eventually("30 turns of the burst to finish", || async {
+        let finished = turns.iter().filter(|t| t.is_finished()).count();
+        if finished >= 30 { Ok(()) } else { Err(finished) }
+    })
+    .await;
     pg.restart();
     let mut outcomes = Vec::new();
     for turn in turns {

@@ -92,18 +92,11 @@ async fn calls_on_one_resource_instance_never_run_at_once_while_other_instances_
 
 /// Polls the kernel's status until `found` holds.
 async fn status_until(kernel: &Kernel, found: impl Fn(&pb::GetStatusResponse) -> bool) -> pb::GetStatusResponse {
-    let deadline = std::time::Instant::now() + e2e::WAIT;
-    loop {
+    e2e::eventually("the status to show it", || async {
         let status = kernel.status().await;
-        if found(&status) {
-            return status;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "status never showed it: {status:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+        if found(&status) { Ok(status) } else { Err(status) }
+    })
+    .await
 }
 
 #[tokio::test]
