@@ -1,8 +1,6 @@
 //! `kernelctl bench --quick` against a real kernel: proves the benchmark runs end to end and
 //! reports every section. The only benchmark CI runs; it asserts counts, never timings.
 
-use std::time::{Duration, Instant};
-
 use e2e::{Kernel, KernelOptions, binary};
 use kernel_proto::v1 as pb;
 use serde_json::Value;
@@ -120,8 +118,7 @@ async fn quick_bench_reports_every_section() {
     }
 
     // The bench's worker sessions ended with it (the kernel may take a moment to notice).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    e2e::eventually("the bench's sessions to end", || async {
         let workers = kernel
             .registry()
             .await
@@ -130,14 +127,11 @@ async fn quick_bench_reports_every_section() {
             .unwrap()
             .into_inner()
             .workers;
-        if workers.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "sessions left behind: {workers:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        if workers.is_empty() { Ok(()) } else { Err(workers) }
+    })
+    .await;
     // And its tools with them: nothing named bench_* stays registered.
-    loop {
+    e2e::eventually("the bench's tools to go", || async {
         let tools = kernel
             .registry()
             .await
@@ -151,12 +145,9 @@ async fn quick_bench_reports_every_section() {
             .filter_map(|t| t.spec.as_ref().map(|s| s.name.clone()))
             .filter(|name| name.starts_with("bench_"))
             .collect();
-        if left.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "bench tools left behind: {left:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        if left.is_empty() { Ok(()) } else { Err(left) }
+    })
+    .await;
 }
 
 #[test]
