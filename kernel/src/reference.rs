@@ -1,5 +1,6 @@
 //! The reference pages generated from the code: the kernel's flags, its metrics and its event
-//! kinds, under `docs/reference/`.
+//! kinds, under `docs/reference/`, and the table of call outcomes in the hand-written
+//! `outcomes.md`, from the proto.
 //!
 //! Hand-written lists of flags and metrics fall behind the code they describe. These pages are
 //! rendered from the code itself (the clap command, a fresh metrics registry, the event enum), and
@@ -13,7 +14,13 @@ use std::path::PathBuf;
 use clap::CommandFactory;
 
 use crate::config::Config;
-use crate::model::EventType;
+use crate::model::{EventType, Outcome};
+
+/// The proto that declares `CallOutcome`, its comments the outcomes' meanings.
+const COMMON_PROTO: &str = include_str!("../../proto/kernel/v1/common.proto");
+
+/// The last line of the generated table in `outcomes.md`; the first is its [`generated_by`] line.
+const END_OF_OUTCOMES: &str = "<!-- End of the generated table. -->\n";
 
 /// How a page says it is generated, on its first line.
 fn generated_by(test: &str, source: &str) -> String {
@@ -311,6 +318,69 @@ fn events_page() -> String {
     out
 }
 
+/// The values of the proto enum `name`, each with the comment above it, in order.
+fn proto_enum(proto: &str, name: &str) -> Vec<(String, String)> {
+    let start = proto
+        .find(&format!("enum {name} {{"))
+        .unwrap_or_else(|| panic!("enum {name} in the proto"));
+    let mut values = Vec::new();
+    let mut comment = Vec::new();
+    for line in proto[start..].lines().skip(1).map(str::trim) {
+        if line == "}" {
+            break;
+        }
+        if let Some(text) = line.strip_prefix("//") {
+            comment.push(text.trim());
+        } else if let Some((value, _)) = line.split_once('=') {
+            values.push((value.trim().to_owned(), comment.join(" ")));
+            comment.clear();
+        }
+    }
+    values
+}
+
+/// The table of `CallOutcome`, its lines between its first and last line in `outcomes.md`.
+fn outcomes_table() -> String {
+    let mut out = generated_by("outcomes", "CallOutcome in proto/kernel/v1/common.proto");
+    out.push_str("| outcome | the call |\n|---|---|\n");
+    for (value, comment) in proto_enum(COMMON_PROTO, "CallOutcome") {
+        let Some(name) = value.strip_prefix("CALL_OUTCOME_") else {
+            panic!("{value} is not named CALL_OUTCOME_*");
+        };
+        if name == "UNSPECIFIED" {
+            continue;
+        }
+        let _ = writeln!(out, "| `{}` | {} |", name.to_lowercase(), prose(&comment));
+    }
+    out.push('\n');
+    out.push_str(END_OF_OUTCOMES);
+    out
+}
+
+/// Checks (or with `KERNEL_UPDATE_DOCS=1` writes) the generated part of a hand-written page:
+/// from the line `section` starts with to the line it ends with.
+fn check_section(page: &str, section: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs/reference")
+        .join(page);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("reading docs/reference/{page}: {error}"));
+    let first = section.lines().next().expect("a first line");
+    let last = section.lines().last().expect("a last line");
+    let start = text.find(first.split(" by ").next().expect("a first line")).unwrap_or_else(|| {
+        panic!("docs/reference/{page} has no generated section starting with '{first}'; put its first and last lines where it belongs")
+    });
+    let end = start
+        + text[start..]
+            .find(last)
+            .unwrap_or_else(|| panic!("docs/reference/{page}: the generated section has no last line '{last}'"))
+        + last.len()
+        + 1;
+    check(
+        page,
+        &format!("{}{section}{}", &text[..start], &text[end.min(text.len())..]),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,6 +404,21 @@ mod tests {
             );
         }
         check("events.md", &events_page());
+    }
+
+    #[test]
+    fn outcomes() {
+        let names: Vec<String> = proto_enum(COMMON_PROTO, "CallOutcome")
+            .into_iter()
+            .filter_map(|(value, _)| value.strip_prefix("CALL_OUTCOME_").map(str::to_lowercase))
+            .filter(|name| name != "unspecified")
+            .collect();
+        let kernel: Vec<&str> = Outcome::ALL.iter().map(|outcome| outcome.as_str()).collect();
+        assert_eq!(
+            names, kernel,
+            "CallOutcome and the kernel's Outcome name the same outcomes, in order"
+        );
+        check_section("outcomes.md", &outcomes_table());
     }
 
     #[test]
