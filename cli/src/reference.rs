@@ -6,6 +6,7 @@
 //! `KERNEL_UPDATE_DOCS=1` the test writes the page instead.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::PathBuf;
 
 use clap::CommandFactory;
@@ -191,7 +192,8 @@ mod tests {
             .join(PAGE);
         if std::env::var_os("KERNEL_UPDATE_DOCS").is_some_and(|value| value == "1") {
             std::fs::write(&path, &rendered).unwrap_or_else(|error| panic!("writing docs/reference/{PAGE}: {error}"));
-            eprintln!("wrote docs/reference/{PAGE}");
+            // Straight to the process's stderr: the test harness swallows `eprintln!` of a passing test.
+            let _ = writeln!(std::io::stderr(), "wrote docs/reference/{PAGE}");
             return;
         }
         let on_disk = std::fs::read_to_string(&path).unwrap_or_default();

@@ -9,6 +9,7 @@
 //! the tests write the pages instead.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::PathBuf;
 
 use clap::CommandFactory;
@@ -37,7 +38,8 @@ fn check(page: &str, rendered: &str) {
         .join(page);
     if std::env::var_os("KERNEL_UPDATE_DOCS").is_some_and(|value| value == "1") {
         std::fs::write(&path, rendered).unwrap_or_else(|error| panic!("writing docs/reference/{page}: {error}"));
-        eprintln!("wrote docs/reference/{page}");
+        // Straight to the process's stderr: the test harness swallows `eprintln!` of a passing test.
+        let _ = writeln!(std::io::stderr(), "wrote docs/reference/{page}");
         return;
     }
     let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
