@@ -13,6 +13,8 @@ mod client;
 mod commands;
 mod diff;
 mod error;
+#[cfg(test)]
+mod reference;
 mod render;
 mod time;
 mod view;

@@ -56,7 +56,8 @@ pub struct Config {
     pub otlp_endpoint: Option<String>,
 
     /// The database: a SQLite file (a path or `sqlite:PATH`; created with its schema on first
-    /// start), or `postgres://USER@HOST:PORT/DB` (migrated at start; one kernel per database).
+    /// start; one kernel per file), or `postgres://USER[:PASSWORD]@HOST:PORT/DB` (migrated at start;
+    /// any number of kernels may serve it, as replicas).
     #[arg(long, env = "KERNEL_DB", default_value = "./kernel.db", global = true)]
     pub db: Database,
 
@@ -64,7 +65,10 @@ pub struct Config {
     #[command(subcommand)]
     pub command: Option<KernelCommand>,
 
-    /// How hard each commit waits for the disk.
+    /// How hard each commit waits for the disk, on SQLite. `full` syncs every commit but those that
+    /// only schedule calls and start `safe_to_retry` ones. On PostgreSQL the server's
+    /// `synchronous_commit` decides, and a commit that only starts `safe_to_retry` calls does not
+    /// wait for it.
     #[arg(long, env = "KERNEL_DURABILITY", value_enum, default_value = "full")]
     pub durability: Durability,
 
@@ -81,7 +85,8 @@ pub struct Config {
     pub schedule_to_start_timeout_ms: u64,
 
     /// Milliseconds between scans of the store for calls the scheduler lost track of (a safety
-    /// net: boot recovery and the in-memory paths find everything else).
+    /// net: boot recovery and the in-memory paths find everything else; `kernelctl status` counts
+    /// what the scans found).
     #[arg(long, env = "KERNEL_SCAN_INTERVAL_MS", default_value_t = 5_000)]
     pub scan_interval_ms: u64,
 
@@ -106,12 +111,13 @@ pub struct Config {
     #[arg(long, env = "KERNEL_POLICY")]
     pub policy: Option<PathBuf>,
 
-    /// Central unit price by tool-name prefix, `PREFIX=PRICE` (repeatable, or comma-separated in
-    /// the environment); applies to tools that declare no cost_per_call; the longest prefix wins.
+    /// Central price of one attempt by tool-name prefix, `PREFIX=PRICE` (repeatable, or
+    /// comma-separated in the environment); applies to tools that declare no cost_per_call; the
+    /// longest prefix wins.
     #[arg(long = "unit-price", env = "KERNEL_UNIT_PRICES", value_delimiter = ',', value_parser = parse_unit_price)]
     pub unit_prices: Vec<(String, f64)>,
 
-    /// Certificate chain (PEM) to serve gRPC over TLS; needs --tls-key.
+    /// Certificate chain (PEM) to serve gRPC over TLS, and then only over TLS; needs --tls-key.
     #[arg(long, env = "KERNEL_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
 
@@ -125,8 +131,8 @@ pub struct Config {
     pub tls_client_ca: Option<PathBuf>,
 
     /// Auth file (YAML) of API keys: each a name, the SHA-256 of its secret, its scopes and, for
-    /// workers, the tools it may register. Without one every request is allowed, and only on
-    /// loopback unless --insecure.
+    /// workers, the tools it may register. Reloaded on SIGHUP. Without one every request is
+    /// allowed, and only on loopback unless --insecure.
     #[arg(long, env = "KERNEL_AUTH_FILE")]
     pub auth_file: Option<PathBuf>,
 
@@ -134,49 +140,85 @@ pub struct Config {
     #[arg(long, env = "KERNEL_INSECURE")]
     pub insecure: bool,
 
-    /// Milliseconds to wait for open streams to end on SIGINT/SIGTERM.
+    /// Milliseconds a graceful stop (SIGINT/SIGTERM) drains at most: calls running on workers may
+    /// finish while new turns are refused.
     #[arg(long, env = "KERNEL_DRAIN_TIMEOUT_MS", default_value_t = 5_000)]
     pub drain_timeout_ms: u64,
 
-    /// Largest arguments of one call, in bytes of JSON text.
-    #[arg(long, env = "KERNEL_MAX_ARGUMENT_BYTES", default_value_t = crate::limits::MIB)]
+    /// Largest arguments of one call, in bytes of JSON text; a turn with bigger ones is refused.
+    #[arg(long, env = "KERNEL_MAX_ARGUMENT_BYTES", help_heading = "Limits", default_value_t = crate::limits::MIB)]
     pub max_argument_bytes: usize,
 
-    /// Largest result (or error message) a worker may return for one call, in bytes; a bigger one
-    /// fails that call with an error naming the tool and the limit.
-    #[arg(long, env = "KERNEL_MAX_RESULT_BYTES", default_value_t = crate::limits::MIB)]
+    /// Largest result a worker may return for one call, in bytes: a bigger one fails that call
+    /// (`fatal`, not retried) with an error naming the tool and the limit, and the worker's session
+    /// goes on. A longer error message is cut to it.
+    #[arg(long, env = "KERNEL_MAX_RESULT_BYTES", help_heading = "Limits", default_value_t = crate::limits::MIB)]
     pub max_result_bytes: usize,
 
-    /// Most calls one turn may carry.
-    #[arg(long, env = "KERNEL_MAX_CALLS_PER_TURN", default_value_t = 256)]
+    /// Most calls one turn may carry; a turn with more is refused.
+    #[arg(
+        long,
+        env = "KERNEL_MAX_CALLS_PER_TURN",
+        help_heading = "Limits",
+        default_value_t = 256
+    )]
     pub max_calls_per_turn: usize,
 
     /// Most turns per run: a turn's number must be below it.
-    #[arg(long, env = "KERNEL_MAX_TURNS_PER_RUN", default_value_t = 10_000)]
+    #[arg(
+        long,
+        env = "KERNEL_MAX_TURNS_PER_RUN",
+        help_heading = "Limits",
+        default_value_t = 10_000
+    )]
     pub max_turns_per_run: u32,
 
-    /// Most events one run's log may hold; a turn that could overflow it is refused.
-    #[arg(long, env = "KERNEL_MAX_EVENTS_PER_RUN", default_value_t = 1_000_000)]
+    /// Most events one run's log may hold; a turn that could overflow it (at 3 events a call) is
+    /// refused.
+    #[arg(
+        long,
+        env = "KERNEL_MAX_EVENTS_PER_RUN",
+        help_heading = "Limits",
+        default_value_t = 1_000_000
+    )]
     pub max_events_per_run: u64,
 
-    /// Largest gRPC message the kernel decodes, in bytes.
-    #[arg(long, env = "KERNEL_MAX_MESSAGE_BYTES", default_value_t = 8 * crate::limits::MIB)]
+    /// Largest gRPC message the kernel decodes, in bytes; a worker session sending a bigger one
+    /// ends with a status naming this flag.
+    #[arg(long, env = "KERNEL_MAX_MESSAGE_BYTES", help_heading = "Limits", default_value_t = 8 * crate::limits::MIB)]
     pub max_message_bytes: usize,
 
-    /// Most worker sessions open at once.
-    #[arg(long, env = "KERNEL_MAX_SESSIONS", default_value_t = 1_024)]
+    /// Most worker sessions open at once (those yet to say hello count); a new one beyond it is
+    /// refused.
+    #[arg(long, env = "KERNEL_MAX_SESSIONS", help_heading = "Limits", default_value_t = 1_024)]
     pub max_sessions: usize,
 
-    /// Most calls of one run not yet settled.
-    #[arg(long, env = "KERNEL_MAX_PENDING_CALLS_PER_RUN", default_value_t = 1_024)]
+    /// Most calls of one run not yet settled; a turn that would leave more is refused (a call
+    /// submitted again joins its first, it does not count twice).
+    #[arg(
+        long,
+        env = "KERNEL_MAX_PENDING_CALLS_PER_RUN",
+        help_heading = "Limits",
+        default_value_t = 1_024
+    )]
     pub max_pending_calls_per_run: usize,
 
     /// Progress messages per second one worker session may send; the excess is dropped (0: no limit).
-    #[arg(long, env = "KERNEL_PROGRESS_PER_SECOND", default_value_t = 200)]
+    #[arg(
+        long,
+        env = "KERNEL_PROGRESS_PER_SECOND",
+        help_heading = "Limits",
+        default_value_t = 200
+    )]
     pub progress_per_second: u32,
 
     /// Heartbeats per second one worker session may send; the excess is dropped (0: no limit).
-    #[arg(long, env = "KERNEL_HEARTBEATS_PER_SECOND", default_value_t = 20)]
+    #[arg(
+        long,
+        env = "KERNEL_HEARTBEATS_PER_SECOND",
+        help_heading = "Limits",
+        default_value_t = 20
+    )]
     pub heartbeats_per_second: u32,
 
     /// How long a worker that opens a session has to say hello, in milliseconds; the session holds

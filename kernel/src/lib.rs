@@ -35,6 +35,8 @@ pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod policy;
+#[cfg(test)]
+mod reference;
 pub mod registry;
 pub mod resources;
 pub mod retention;

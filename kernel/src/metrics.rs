@@ -171,6 +171,38 @@ impl Metrics {
         }
     }
 
+    /// A fresh set whose every labelled family holds one sample, so that its text shows the
+    /// labels: what `docs/reference/metrics.md` is rendered from. The fields are named one by one
+    /// so that a new family cannot be left out.
+    #[cfg(test)]
+    pub(crate) fn for_reference() -> Metrics {
+        let metrics = Metrics::new();
+        let Metrics {
+            registry: _,
+            calls,
+            call_seconds: _,
+            schedule_to_start_seconds: _,
+            run_seconds: _,
+            commit_seconds: _,
+            batch_seconds: _,
+            batch_commands: _,
+            queued: _,
+            leased: _,
+            sessions: _,
+            runs,
+            approvals_waiting: _,
+            commits: _,
+            syncs: _,
+            statements: _,
+        } = &metrics;
+        drop(calls.get_or_create(&CallLabels {
+            tool: String::new(),
+            outcome: String::new(),
+        }));
+        drop(runs.get_or_create(&StatusLabels { status: String::new() }));
+        metrics
+    }
+
     /// Counts and times what one committed event says about a tool call.
     pub fn committed(&self, published: &Published) {
         let Some(step) = published.step.as_ref().filter(|step| step.kind == StepKind::Tool) else {

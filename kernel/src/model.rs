@@ -60,10 +60,10 @@ impl fmt::Display for RunId {
 
 /// Declares a string-backed enum with its text form, used in rows, events and logs.
 macro_rules! text_enum {
-    ($(#[$meta:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
+    ($(#[$meta:meta])* $name:ident { $($(#[doc = $doc:literal])* $variant:ident => $text:literal),+ $(,)? }) => {
         $(#[$meta])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        pub enum $name { $($variant),+ }
+        pub enum $name { $($(#[doc = $doc])* $variant),+ }
 
         impl $name {
             /// Every value, in declaration order.
@@ -72,6 +72,11 @@ macro_rules! text_enum {
             /// The text form stored in rows and events.
             pub fn as_str(self) -> &'static str {
                 match self { $($name::$variant => $text),+ }
+            }
+
+            /// The value's doc comment, empty without one: what the reference pages say it means.
+            pub fn doc(self) -> &'static str {
+                match self { $($name::$variant => concat!($($doc, "\n"),*)),+ }
             }
         }
 
@@ -218,29 +223,73 @@ text_enum!(
 text_enum!(
     /// The closed taxonomy of events. Every event carries `schema_version`.
     EventType {
+        /// A run was created: its agent, input, labels, limits, permissions and capture, and what it came
+        /// from (a parent run for a subagent, the run and step it was forked from for a branch).
         RunCreated => "run:created",
+        /// A pending run started: at its first turn (with the turn's number), or, for a hosted run, when its
+        /// handler's dispatch first started on a worker.
         RunStarted => "run:started",
+        /// A call of a turn was recorded to run: its call hash, idempotency key and idempotency, timeout,
+        /// retry policy, what decided it may run, and whether it waits for a person's approval first.
         ToolScheduled => "tool:scheduled",
+        /// An attempt of a call started on a worker: the attempt's number, its dispatch id, the worker and
+        /// session, and when its lease expires.
         ToolStart => "tool:start",
+        /// A call's worker lost its lease and the call went back to pending, to be dispatched again with the
+        /// same idempotency key (an `at_most_once` call, or one that lost its worker too often, is settled by
+        /// a `tool:result` instead).
         ToolLeaseLost => "tool:lease_lost",
+        /// An attempt failed with a retryable error or timed out, and the call's retry policy gives it
+        /// another: the error and when the next attempt is due.
         ToolAttemptFailed => "tool:attempt_failed",
+        /// The policy denied a call: settled at once as `denied`, without running, naming what decided it.
         ToolDenied => "tool:denied",
+        /// The run blocked to ask a person to approve a call (reason `tool_approval`): the approval's id, the
+        /// call and its arguments, the approvers, and when the question expires.
         RunInterrupted => "run:interrupted",
+        /// The run's approvals were all answered and it runs again (reason `tool_approval`).
         RunResumed => "run:resumed",
+        /// An approval was answered (approved or rejected, by whom, why) or expired.
         ApprovalAnswered => "approval:answered",
+        /// A call settled, once: its status, outcome, and output or error. Also a call refused before
+        /// running (the run's call limit, an unknown tool, invalid arguments, a write in a branch), a cache
+        /// hit, a call rejected or expired at approval, one cancelled, and a step a branch replayed.
         ToolResult => "tool:result",
+        /// The run completed, with its output.
         RunCompleted => "run:completed",
+        /// The run failed, with its reason.
         RunFailed => "run:failed",
+        /// The run was cancelled, with its reason.
         RunCancelled => "run:cancelled",
+        /// An attempt of a hosted run's handler started on a worker: the attempt's number, its dispatch id,
+        /// the worker and session, and when its lease expires.
         AgentDispatched => "agent:dispatched",
+        /// A hosted run's handler lost its worker's lease; its dispatch went back to pending, to start again
+        /// on a worker and replay what it recorded (one that lost its worker too often is settled by an
+        /// `agent:result` instead).
         AgentLeaseLost => "agent:lease_lost",
+        /// A hosted run's handler dispatch settled: with the handler's return value or its error, or failed
+        /// by the kernel (a dispatch that lost its worker too often).
         AgentResult => "agent:result",
+        /// A hosted handler's local step finished (or a branch replayed one from its parent): its place,
+        /// identity, declared effect and outcome, recorded before the handler sees it.
         StepResult => "step:result",
+        /// A hosted run's handler gave back its worker slot to wait for steps it awaits, and the run is
+        /// suspended (or the dispatch is pending again at once when one of them has settled already).
         AgentSuspended => "agent:suspended",
+        /// A suspended handler's wait ended (a step it may await settled, or its session's run before it
+        /// ended); its dispatch is pending again.
         AgentResumed => "agent:resumed",
+        /// A hosted handler started a subagent: the child run's id, its agent and its input.
         SubagentStart => "subagent:start",
+        /// A subagent's step settled: its child run ended (a completed child gives its output, a failed or
+        /// cancelled one an error), or a branch refused to start it.
         SubagentResult => "subagent:result",
+        /// A tool body waiting on its subagents gave back its worker slot; the call waits, suspended, while
+        /// its run goes on.
         ToolSuspended => "tool:suspended",
+        /// A suspended tool call's wait ended (a step it may await settled, or its session's run before it
+        /// ended); its dispatch is pending again.
         ToolResumed => "tool:resumed",
     }
 );

@@ -59,11 +59,13 @@ pub enum Outcome {
     /// may not have happened. Reconcile with the system the tool talks to, using the idempotency
     /// key; the kernel will not run it again.
     Indeterminate,
-    /// The call lost its worker too many times, or its input is harmful; never retried.
+    /// The call lost its worker 5 times, or its input is harmful; never retried.
     Poison,
-    /// The run was cancelled or ended while the call was in flight.
+    /// The call was cancelled alone (`CancelCall`), or its run was cancelled or ended while the
+    /// call was in flight.
     Cancelled,
-    /// The call's tool or arguments differ from the call recorded at its identity.
+    /// The call's tool, the tool's fingerprint or the arguments differ from the call recorded at
+    /// its identity.
     ReplayInputChanged,
     /// The run's `max_tool_calls` was reached; the call did not run.
     LimitExceeded,

@@ -1,0 +1,453 @@
+//! The reference pages generated from the code: the kernel's flags, its metrics and its event
+//! kinds, under `docs/reference/`, and the table of call outcomes in the hand-written
+//! `outcomes.md`, from the proto.
+//!
+//! Hand-written lists of flags and metrics fall behind the code they describe. These pages are
+//! rendered from the code itself (the clap command, a fresh metrics registry, the event enum), and
+//! each test here fails when its page on disk differs from what the code renders now, so a change
+//! to a flag, a metric or an event kind cannot ship with a stale page. With `KERNEL_UPDATE_DOCS=1`
+//! the tests write the pages instead.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use clap::CommandFactory;
+
+use crate::config::Config;
+use crate::model::{EventType, Outcome};
+
+/// The proto that declares `CallOutcome`, its comments the outcomes' meanings.
+const COMMON_PROTO: &str = include_str!("../../proto/kernel/v1/common.proto");
+
+/// The last line of the generated table in `outcomes.md`; the first is its [`generated_by`] line.
+const END_OF_OUTCOMES: &str = "<!-- End of the generated table. -->\n";
+
+/// How a page says it is generated, on its first line.
+fn generated_by(test: &str, source: &str) -> String {
+    format!(
+        "<!-- Generated from {source} by the kernel's test `reference::tests::{test}`; do not edit. \
+         Regenerate: KERNEL_UPDATE_DOCS=1 cargo test -p kernel --lib reference -->\n"
+    )
+}
+
+/// Compares `rendered` with `docs/reference/<page>`, or writes it there with `KERNEL_UPDATE_DOCS=1`.
+fn check(page: &str, rendered: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs/reference")
+        .join(page);
+    if std::env::var_os("KERNEL_UPDATE_DOCS").is_some_and(|value| value == "1") {
+        std::fs::write(&path, rendered).unwrap_or_else(|error| panic!("writing docs/reference/{page}: {error}"));
+        // Straight to the process's stderr: the test harness swallows `eprintln!` of a passing test.
+        let _ = writeln!(std::io::stderr(), "wrote docs/reference/{page}");
+        return;
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    if on_disk != rendered {
+        let line = on_disk
+            .lines()
+            .zip(rendered.lines())
+            .position(|(disk, code)| disk != code)
+            .unwrap_or_else(|| on_disk.lines().count().min(rendered.lines().count()))
+            + 1;
+        panic!(
+            "docs/reference/{page} differs from the code (first at line {line}); regenerate it with \
+             KERNEL_UPDATE_DOCS=1 cargo test -p kernel --lib reference"
+        );
+    }
+}
+
+/// `text` fit for one table cell: its lines joined, `|` escaped.
+fn cell(text: &str) -> String {
+    text.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace('|', "\\|")
+}
+
+/// `text` as prose: [`cell`], with the final period clap's help leaves out.
+fn prose(text: &str) -> String {
+    let mut text = cell(text);
+    if !text.is_empty() && !text.ends_with(['.', '!', '?']) {
+        text.push('.');
+    }
+    text
+}
+
+/// `sentence` after `text`, which clap's help leaves without its final period.
+fn append(text: &mut String, sentence: &str) {
+    if !text.is_empty() {
+        if !text.ends_with(['.', '!', '?']) {
+            text.push('.');
+        }
+        text.push(' ');
+    }
+    text.push_str(sentence);
+}
+
+/// A flag as typed: `--listen <ADDR>`.
+fn flag_name(arg: &clap::Arg) -> String {
+    let value = arg
+        .get_value_names()
+        .and_then(|names| names.first())
+        .map(|name| name.to_string())
+        .unwrap_or_else(|| arg.get_id().as_str().to_uppercase());
+    match arg.get_long() {
+        Some(long) if arg.get_action().takes_values() => format!("--{long} <{value}>"),
+        Some(long) => format!("--{long}"),
+        None => format!("<{value}>"),
+    }
+}
+
+/// What `--help` says of a flag, its possible values and whether it repeats.
+fn flag_meaning(arg: &clap::Arg) -> String {
+    let mut text = arg
+        .get_long_help()
+        .or(arg.get_help())
+        .map(|help| help.to_string())
+        .unwrap_or_default();
+    let values = arg.get_possible_values();
+    if arg.get_action().takes_values() && !values.is_empty() && !arg.is_hide_possible_values_set() {
+        let values: Vec<String> = values
+            .iter()
+            .filter(|value| !value.is_hide_set())
+            .map(|value| match value.get_help() {
+                Some(help) => format!("`{}` — {help}", value.get_name()),
+                None => format!("`{}`", value.get_name()),
+            })
+            .collect();
+        let separator = if values.iter().any(|value| value.contains(" — ")) {
+            "; "
+        } else {
+            ", "
+        };
+        append(&mut text, &format!("Values: {}.", values.join(separator)));
+    }
+    if matches!(arg.get_action(), clap::ArgAction::Append) && !text.to_lowercase().contains("repeat") {
+        append(&mut text, "Repeatable.");
+    }
+    text
+}
+
+/// One table of flags: name, environment variable, default, meaning.
+fn flag_table(out: &mut String, args: &[&clap::Arg]) {
+    out.push_str("| flag | environment | default | meaning |\n|---|---|---|---|\n");
+    for arg in args {
+        let env = arg
+            .get_env()
+            .filter(|_| !arg.is_hide_env_set())
+            .map(|env| format!("`{}`", env.to_string_lossy()))
+            .unwrap_or_default();
+        let defaults: Vec<String> = arg
+            .get_default_values()
+            .iter()
+            .map(|value| value.to_string_lossy().into_owned())
+            .collect();
+        let default = if defaults.is_empty() || arg.is_hide_default_value_set() {
+            String::new()
+        } else {
+            format!("`{}`", defaults.join(","))
+        };
+        let _ = writeln!(
+            out,
+            "| `{}` | {env} | {default} | {} |",
+            flag_name(arg),
+            prose(&flag_meaning(arg))
+        );
+    }
+}
+
+/// The flags a command shows in `--help`, but for `--help` and `--version` themselves.
+fn shown_flags(command: &clap::Command) -> Vec<&clap::Arg> {
+    command
+        .get_arguments()
+        .filter(|arg| !arg.is_hide_set())
+        .filter(|arg| !matches!(arg.get_action(), clap::ArgAction::Help | clap::ArgAction::Version))
+        .filter(|arg| !matches!(arg.get_id().as_str(), "help" | "version"))
+        .collect()
+}
+
+/// Every flag of `kernel`, by help heading, then each subcommand's.
+fn kernel_flags_page() -> String {
+    let command = Config::command();
+    let mut out = generated_by("kernel_flags", "the kernel's flags (kernel/src/config.rs)");
+    out.push_str("# The kernel's flags\n\n");
+    let about = command
+        .get_long_about()
+        .or(command.get_about())
+        .map(|about| about.to_string());
+    let _ = writeln!(
+        out,
+        "{}\n\n`kernel [FLAGS]` serves; `kernel <COMMAND> [FLAGS]` does something else. Every flag can also be given \
+         as its environment variable; a flag on the command line wins. `kernel --help` prints the same, \
+         `kernel --version` the version. [Configuration](configuration.md) says more.\n",
+        prose(&about.unwrap_or_default())
+    );
+    let flags = shown_flags(&command);
+    let mut headings: Vec<Option<&str>> = Vec::new();
+    for arg in &flags {
+        if !headings.contains(&arg.get_help_heading()) {
+            headings.push(arg.get_help_heading());
+        }
+    }
+    for heading in headings {
+        let _ = writeln!(out, "## {}\n", heading.unwrap_or("Flags"));
+        let group: Vec<&clap::Arg> = flags
+            .iter()
+            .copied()
+            .filter(|arg| arg.get_help_heading() == heading)
+            .collect();
+        flag_table(&mut out, &group);
+        out.push('\n');
+    }
+    let globals: Vec<String> = flags
+        .iter()
+        .filter(|arg| arg.is_global_set())
+        .map(|arg| format!("`{}`", flag_name(arg)))
+        .collect();
+    for sub in command.get_subcommands().filter(|sub| !sub.is_hide_set()) {
+        let _ = writeln!(out, "## `kernel {}`\n", sub.get_name());
+        let about = sub.get_long_about().or(sub.get_about()).map(|about| about.to_string());
+        let _ = writeln!(out, "{}\n", prose(&about.unwrap_or_default()));
+        let own = shown_flags(sub);
+        if !globals.is_empty() {
+            let _ = writeln!(out, "It takes the global {} above.\n", globals.join(", "));
+        }
+        if !own.is_empty() {
+            flag_table(&mut out, &own);
+            out.push('\n');
+        }
+    }
+    out.truncate(out.trim_end().len());
+    out.push('\n');
+    out
+}
+
+/// One metric family of the text exposition: its `# TYPE`, `# UNIT` and `# HELP` lines and the
+/// names (with label names) of its samples.
+#[derive(Default)]
+struct Family {
+    name: String,
+    kind: String,
+    unit: String,
+    help: String,
+    samples: Vec<String>,
+}
+
+/// The families of an OpenMetrics text, in order.
+fn families(text: &str) -> Vec<Family> {
+    let mut families: Vec<Family> = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut words = rest.splitn(3, ' ');
+            let (Some(what), Some(name)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let value = words.next().unwrap_or("").to_owned();
+            if families.last().is_none_or(|family| family.name != name) {
+                families.push(Family {
+                    name: name.to_owned(),
+                    ..Family::default()
+                });
+            }
+            let family = families.last_mut().expect("just pushed");
+            match what {
+                "TYPE" => family.kind = value,
+                "UNIT" => family.unit = value,
+                "HELP" => family.help = value,
+                _ => {}
+            }
+        } else if let Some(family) = families.last_mut() {
+            let sample = line.split([' ']).next().unwrap_or("");
+            let (name, labels) = match sample.split_once('{') {
+                Some((name, labels)) => {
+                    let names: Vec<&str> = labels
+                        .trim_end_matches('}')
+                        .split(',')
+                        .filter_map(|pair| pair.split_once('=').map(|(key, _)| key))
+                        .collect();
+                    (name, format!("{{{}}}", names.join(", ")))
+                }
+                None => (sample, String::new()),
+            };
+            let shown = format!("`{name}{labels}`");
+            if !name.is_empty() && !family.samples.contains(&shown) {
+                family.samples.push(shown);
+            }
+        }
+    }
+    families
+}
+
+/// Every metric of `/metrics`, as a scrape shows it.
+fn metrics_page() -> String {
+    let text = crate::metrics::Metrics::for_reference().encode();
+    let mut out = generated_by("metrics", "a fresh registry of kernel/src/metrics.rs");
+    out.push_str("# Metrics\n\n");
+    out.push_str(
+        "What the kernel exports on `/metrics` of `--http-listen`, in the OpenMetrics text format (see \
+         [The console, metrics and traces](../guides/console.md)). A counter's samples end in `_total`; a \
+         histogram's are `_bucket{le}`, `_sum` and `_count`. Gauges of the store and the scheduler are set when \
+         `/metrics` is scraped.\n\n",
+    );
+    out.push_str("| metric | type | unit | samples | help |\n|---|---|---|---|---|\n");
+    for family in families(&text) {
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} | {} | {} |",
+            family.name,
+            family.kind,
+            family.unit,
+            family.samples.join(", "),
+            cell(&family.help)
+        );
+    }
+    out
+}
+
+/// Every event kind of a run's log, with what it records.
+fn events_page() -> String {
+    let mut out = generated_by("events", "the event kinds of kernel/src/model.rs");
+    out.push_str("# Event kinds\n\n");
+    out.push_str(
+        "Every event of a run's log has one of these kinds (`kernelctl runs events RUN` prints them; \
+         [Concepts](../concepts.md) says how a run's log is replayed). Every event carries `schema_version`.\n\n",
+    );
+    out.push_str("| kind | what it records |\n|---|---|\n");
+    for kind in EventType::ALL {
+        let _ = writeln!(out, "| `{}` | {} |", kind.as_str(), cell(kind.doc()));
+    }
+    out
+}
+
+/// The values of the proto enum `name`, each with the comment above it, in order.
+fn proto_enum(proto: &str, name: &str) -> Vec<(String, String)> {
+    let start = proto
+        .find(&format!("enum {name} {{"))
+        .unwrap_or_else(|| panic!("enum {name} in the proto"));
+    let mut values = Vec::new();
+    let mut comment = Vec::new();
+    for line in proto[start..].lines().skip(1).map(str::trim) {
+        if line == "}" {
+            break;
+        }
+        if let Some(text) = line.strip_prefix("//") {
+            comment.push(text.trim());
+        } else if let Some((value, _)) = line.split_once('=') {
+            values.push((value.trim().to_owned(), comment.join(" ")));
+            comment.clear();
+        }
+    }
+    values
+}
+
+/// The table of `CallOutcome`, its lines between its first and last line in `outcomes.md`.
+fn outcomes_table() -> String {
+    let mut out = generated_by("outcomes", "CallOutcome in proto/kernel/v1/common.proto");
+    out.push_str("| outcome | the call |\n|---|---|\n");
+    for (value, comment) in proto_enum(COMMON_PROTO, "CallOutcome") {
+        let Some(name) = value.strip_prefix("CALL_OUTCOME_") else {
+            panic!("{value} is not named CALL_OUTCOME_*");
+        };
+        if name == "UNSPECIFIED" {
+            continue;
+        }
+        let _ = writeln!(out, "| `{}` | {} |", name.to_lowercase(), prose(&comment));
+    }
+    out.push('\n');
+    out.push_str(END_OF_OUTCOMES);
+    out
+}
+
+/// Checks (or with `KERNEL_UPDATE_DOCS=1` writes) the generated part of a hand-written page:
+/// from the line `section` starts with to the line it ends with.
+fn check_section(page: &str, section: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs/reference")
+        .join(page);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("reading docs/reference/{page}: {error}"));
+    let first = section.lines().next().expect("a first line");
+    let last = section.lines().last().expect("a last line");
+    let start = text.find(first.split(" by ").next().expect("a first line")).unwrap_or_else(|| {
+        panic!("docs/reference/{page} has no generated section starting with '{first}'; put its first and last lines where it belongs")
+    });
+    let end = start
+        + text[start..]
+            .find(last)
+            .unwrap_or_else(|| panic!("docs/reference/{page}: the generated section has no last line '{last}'"))
+        + last.len()
+        + 1;
+    check(
+        page,
+        &format!("{}{section}{}", &text[..start], &text[end.min(text.len())..]),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_flags() {
+        check("kernel-flags.md", &kernel_flags_page());
+    }
+
+    #[test]
+    fn metrics() {
+        check("metrics.md", &metrics_page());
+    }
+
+    #[test]
+    fn events() {
+        for kind in EventType::ALL {
+            assert!(
+                !kind.doc().trim().is_empty(),
+                "{kind} has no doc comment to say what it records"
+            );
+        }
+        check("events.md", &events_page());
+    }
+
+    #[test]
+    fn outcomes() {
+        let names: Vec<String> = proto_enum(COMMON_PROTO, "CallOutcome")
+            .into_iter()
+            .filter_map(|(value, _)| value.strip_prefix("CALL_OUTCOME_").map(str::to_lowercase))
+            .filter(|name| name != "unspecified")
+            .collect();
+        let kernel: Vec<&str> = Outcome::ALL.iter().map(|outcome| outcome.as_str()).collect();
+        assert_eq!(
+            names, kernel,
+            "CallOutcome and the kernel's Outcome name the same outcomes, in order"
+        );
+        check_section("outcomes.md", &outcomes_table());
+    }
+
+    #[test]
+    fn a_cell_keeps_a_table_whole() {
+        assert_eq!(cell("a | b\n  c\n\nd"), "a \\| b c d");
+    }
+
+    #[test]
+    fn families_name_their_samples_and_labels() {
+        let text = "# HELP k_calls Calls.\n# TYPE k_calls counter\nk_calls_total{tool=\"x\",outcome=\"ok\"} 1\n\
+                    # HELP k_wait Wait.\n# TYPE k_wait histogram\n# UNIT k_wait seconds\n\
+                    k_wait_sum 0.0\nk_wait_count 0\nk_wait_bucket{le=\"1.0\"} 0\nk_wait_bucket{le=\"+Inf\"} 0\n# EOF\n";
+        let found = families(text);
+        assert_eq!(
+            found.len(),
+            2,
+            "{:?}",
+            found.iter().map(|family| &family.name).collect::<Vec<_>>()
+        );
+        assert_eq!(found[0].samples, ["`k_calls_total{tool, outcome}`"]);
+        assert_eq!(
+            (found[1].kind.as_str(), found[1].unit.as_str()),
+            ("histogram", "seconds")
+        );
+        assert_eq!(
+            found[1].samples,
+            ["`k_wait_sum`", "`k_wait_count`", "`k_wait_bucket{le}`"]
+        );
+    }
+}
