@@ -223,7 +223,13 @@ pub struct Config {
 
     /// How long a worker that opens a session has to say hello, in milliseconds; the session holds
     /// one of `--max-sessions` places meanwhile, and is closed with `DEADLINE_EXCEEDED` after it.
-    #[arg(long, env = "KERNEL_HELLO_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(
+        long,
+        env = "KERNEL_HELLO_TIMEOUT_MS",
+        help_heading = "Limits",
+        default_value_t = 10_000,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
     pub hello_timeout_ms: u64,
 }
 
