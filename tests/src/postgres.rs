@@ -1,11 +1,16 @@
 //! A real PostgreSQL server for the tests, in a temporary folder: `initdb` and `pg_ctl` from
 //! Debian's `postgresql` package, run as the `postgres` user when the tests run as root (initdb
-//! refuses root). Each server listens on 127.0.0.1 on a port of its own, trusts local connections,
-//! and is stopped (immediately) when dropped.
+//! refuses root). Each server listens on 127.0.0.1 on a port of its own and trusts local
+//! connections.
 //!
-//! Where PostgreSQL is not installed, [`Postgres::start`] says so loudly on stderr and returns
-//! `None`, and the test returns early; with `KERNEL_REQUIRE_POSTGRES=1` (as `.ci/run` sets) it
-//! fails instead, so CI never skips these tests.
+//! Most tests take a database of their own on one server shared by the whole test process
+//! ([`Postgres::database`]): started on first use, and stopped by a watcher process once the test
+//! process has exited, however it exited. A test that stops or restarts the server starts one of
+//! its own ([`Postgres::start`]), stopped (immediately) when dropped.
+//!
+//! Where PostgreSQL is not installed, both say so loudly on stderr and return `None`, and the test
+//! returns early; with `KERNEL_REQUIRE_POSTGRES=1` (as `.ci/run` sets) they fail instead, so CI
+//! never skips these tests.
 
 use std::io::Write;
 use std::net::TcpListener;
@@ -54,31 +59,107 @@ pub fn fresh_database(server: &str) -> String {
 
 static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
-/// A running PostgreSQL server.
+/// A PostgreSQL database for one test: on a server of its own, or on the shared one.
 pub struct Postgres {
+    /// The test's own server; `None` for a database on the shared server.
+    server: Option<Server>,
+    /// The database's URL, a superuser's: `postgres://kernel@127.0.0.1:PORT/NAME`.
+    pub url: String,
+}
+
+/// A running server in a temporary folder.
+struct Server {
     dir: tempfile::TempDir,
     bin: PathBuf,
     run_as: Option<String>,
     port: u16,
-    /// `postgres://kernel@127.0.0.1:PORT/postgres`.
-    pub url: String,
 }
 
+/// The process's shared server: the URL of its `postgres` database, or why there is none.
+static SHARED: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
+
 impl Postgres {
-    /// Starts a new server; `None` when PostgreSQL is not installed and not required.
+    /// Starts a server of the test's own; `None` when PostgreSQL is not installed and not required.
     pub fn start(test: &str) -> Option<Postgres> {
-        let Some(bin) = find_bin() else {
-            let message = format!(
-                "PostgreSQL is not installed (no initdb under /usr/lib/postgresql/*/bin or on PATH); \
-                 `apt-get install postgresql` runs {test}"
-            );
-            if std::env::var(REQUIRE).as_deref() == Ok("1") {
-                panic!("{message}; {REQUIRE}=1 requires it");
+        let server = Server::start().map_err(|message| skip(test, &message)).ok()?;
+        let url = format!("postgres://kernel@127.0.0.1:{}/postgres", server.port);
+        Some(Postgres {
+            server: Some(server),
+            url,
+        })
+    }
+
+    /// A fresh database for `test` on the server shared by the test process (the suite's server
+    /// when `KERNEL_TEST_POSTGRES` names one); `None` when PostgreSQL is not installed and not
+    /// required.
+    pub fn database(test: &str) -> Option<Postgres> {
+        let shared = SHARED.get_or_init(|| match std::env::var(SUITE_SERVER) {
+            Ok(url) => Ok(url),
+            Err(_) => Server::start().map(Server::share),
+        });
+        match shared {
+            Ok(server) => Some(Postgres {
+                server: None,
+                url: fresh_database(server),
+            }),
+            Err(message) => {
+                skip(test, message);
+                None
             }
-            // Straight to the process's stderr: the test harness captures `eprintln!` of a passing test.
-            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {message}");
-            return None;
-        };
+        }
+    }
+
+    fn own(&self) -> &Server {
+        self.server
+            .as_ref()
+            .expect("a test that stops or restarts PostgreSQL starts a server of its own (Postgres::start)")
+    }
+
+    /// Stops the server at once (`pg_ctl -m immediate`, as a crash would), then starts it again
+    /// on the same port and data.
+    pub fn restart(&mut self) {
+        let server = self.own();
+        server.stop();
+        assert!(
+            server.pg_start(server.port),
+            "PostgreSQL did not restart: {}",
+            server.log()
+        );
+    }
+
+    /// Stops the server at once, as a crash would.
+    pub fn stop(&self) {
+        self.own().stop();
+    }
+
+    /// A client connection (its connection task on the current runtime).
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
+            .await
+            .unwrap_or_else(|error| panic!("cannot connect to {}: {error}", self.url));
+        tokio::spawn(connection);
+        client
+    }
+}
+
+/// Says that `test` does not run for want of PostgreSQL, or fails it where PostgreSQL is required.
+fn skip(test: &str, message: &str) {
+    if std::env::var(REQUIRE).as_deref() == Ok("1") {
+        panic!("{message}; {REQUIRE}=1 requires it");
+    }
+    // Straight to the process's stderr: the test harness captures `eprintln!` of a passing test.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED {test}: {message}; `apt-get install postgresql` runs it"
+    );
+}
+
+impl Server {
+    /// Makes a folder, runs `initdb` and starts the server; why not, when PostgreSQL is not installed.
+    fn start() -> Result<Server, String> {
+        let bin = find_bin().ok_or_else(|| {
+            "PostgreSQL is not installed (no initdb under /usr/lib/postgresql/*/bin or on PATH)".to_owned()
+        })?;
         let run_as = postgres_user();
         let dir = tempfile::Builder::new()
             .prefix("kernel-pg-")
@@ -87,21 +168,59 @@ impl Postgres {
         if let Some(user) = &run_as {
             chown_to(dir.path(), user);
         }
-        let mut server = Postgres {
+        let mut server = Server {
             dir,
             bin,
             run_as,
             port: 0,
-            url: String::new(),
         };
         server.init();
         server.launch();
-        Some(server)
+        Ok(server)
     }
 
-    /// The folder holding the server's data and socket.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
+    /// Hands the server to a watcher process that stops it and removes its folder once this
+    /// process has exited (statics are never dropped); returns its `postgres` database's URL.
+    fn share(self) -> String {
+        let stop = self.command_line(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.data().display().to_string(),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+        );
+        let script = format!(
+            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {stop} >/dev/null 2>&1; rm -rf '{dir}'",
+            pid = std::process::id(),
+            dir = self.dir.path().display(),
+        );
+        #[expect(clippy::zombie_processes, reason = "the watcher outlives this process by design")]
+        let _watcher = Command::new("sh")
+            .args(["-c", &script])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the shared server's watcher starts");
+        let url = format!("postgres://kernel@127.0.0.1:{}/postgres", self.port);
+        // The watcher stops the server and removes the folder: dropping this would do both now.
+        std::mem::forget(self);
+        url
+    }
+
+    /// `tool args...` as one shell command line, as the user the server runs as.
+    fn command_line(&self, tool: &str, args: &[&str]) -> String {
+        let program = self.bin.join(tool).display().to_string();
+        let mut words: Vec<String> = match &self.run_as {
+            Some(user) => vec!["runuser".into(), "-u".into(), user.clone(), "--".into(), program],
+            None => vec![program],
+        };
+        words.extend(args.iter().map(|a| (*a).to_owned()));
+        words.iter().map(|w| format!("'{w}'")).collect::<Vec<_>>().join(" ")
     }
 
     fn data(&self) -> PathBuf {
@@ -151,7 +270,6 @@ impl Postgres {
             let port = free_port();
             if self.pg_start(port) {
                 self.port = port;
-                self.url = format!("postgres://kernel@127.0.0.1:{port}/postgres");
                 return;
             }
             last = self.log();
@@ -161,7 +279,7 @@ impl Postgres {
 
     fn pg_start(&self, port: u16) -> bool {
         let options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300",
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=500",
             self.dir.path().display()
         );
         self.tool("pg_ctl")
@@ -176,15 +294,7 @@ impl Postgres {
             .success()
     }
 
-    /// Stops the server at once (`pg_ctl -m immediate`, as a crash would), then starts it again
-    /// on the same port and data.
-    pub fn restart(&mut self) {
-        self.stop();
-        assert!(self.pg_start(self.port), "PostgreSQL did not restart: {}", self.log());
-    }
-
-    /// Stops the server at once, as a crash would.
-    pub fn stop(&self) {
+    fn stop(&self) {
         let _ = self
             .tool("pg_ctl")
             .arg("-D")
@@ -194,21 +304,13 @@ impl Postgres {
     }
 
     /// What the server logged.
-    pub fn log(&self) -> String {
+    fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
-    }
-
-    /// A client connection (its connection task on the current runtime).
-    pub async fn client(&self) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
-            .await
-            .unwrap_or_else(|error| panic!("cannot connect to {}: {error}", self.url));
-        tokio::spawn(connection);
-        client
     }
 }
 
-impl Drop for Postgres {
+/// A test's own server stops with it; the shared server is its watcher's.
+impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
     }

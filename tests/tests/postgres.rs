@@ -22,7 +22,7 @@ fn text(output: &Output) -> String {
 
 #[tokio::test]
 async fn migrate_applies_the_schema_once_and_again_finds_nothing_to_do() {
-    let Some(pg) = Postgres::start("migrate_applies_the_schema_once") else {
+    let Some(pg) = Postgres::database("migrate_applies_the_schema_once") else {
         return;
     };
     let first = kernel(&["migrate", "--db", &pg.url]);
@@ -71,7 +71,7 @@ async fn migrate_applies_the_schema_once_and_again_finds_nothing_to_do() {
 
 #[tokio::test]
 async fn replicas_migrating_at_once_apply_each_migration_once() {
-    let Some(pg) = Postgres::start("replicas_migrating_at_once") else {
+    let Some(pg) = Postgres::database("replicas_migrating_at_once") else {
         return;
     };
     // Four replicas' migrations, all started before any is waited for.
@@ -100,7 +100,7 @@ async fn replicas_migrating_at_once_apply_each_migration_once() {
 
 #[tokio::test]
 async fn a_kernel_on_postgresql_runs_calls_and_hosted_runs_and_keeps_them_across_a_sigkill() {
-    let Some(pg) = Postgres::start("a_kernel_on_postgresql_runs_calls") else {
+    let Some(pg) = Postgres::database("a_kernel_on_postgresql_runs_calls") else {
         return;
     };
     let mut kernel = Kernel::start_with(KernelOptions {
@@ -215,7 +215,7 @@ const SQLITE_ONLY: [(&str, &str); 3] = [("events", "id"), ("events", "prev"), ("
 /// spells them: a migration added to one store and not the other fails here.
 #[tokio::test]
 async fn both_stores_have_the_same_tables_columns_types_and_nullability() {
-    let Some(pg) = Postgres::start("both_stores_have_the_same_tables") else {
+    let Some(pg) = Postgres::database("both_stores_have_the_same_tables") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

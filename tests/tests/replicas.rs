@@ -85,7 +85,7 @@ async fn steps(kernel: &Kernel, run: &str) -> Vec<pb::Step> {
 
 #[tokio::test]
 async fn three_replicas_run_a_call_submitted_on_one_on_a_worker_of_another_and_a_third_watches() {
-    let Some(pg) = Postgres::start("three_replicas_run_a_call") else {
+    let Some(pg) = Postgres::database("three_replicas_run_a_call") else {
         return;
     };
     let (a, b, c) = (replica(&pg), replica(&pg), replica(&pg));
@@ -181,7 +181,7 @@ async fn three_replicas_run_a_call_submitted_on_one_on_a_worker_of_another_and_a
 
 #[tokio::test]
 async fn an_approval_asked_through_one_replica_is_answered_on_another_and_the_call_runs_on_a_third() {
-    let Some(pg) = Postgres::start("an_approval_asked_through_one_replica") else {
+    let Some(pg) = Postgres::database("an_approval_asked_through_one_replica") else {
         return;
     };
     let (a, b, c) = (replica(&pg), replica(&pg), replica(&pg));
@@ -218,7 +218,7 @@ async fn an_approval_asked_through_one_replica_is_answered_on_another_and_the_ca
 
 #[tokio::test]
 async fn a_worker_whose_tool_conflicts_with_one_another_replica_s_worker_offers_is_refused() {
-    let Some(pg) = Postgres::start("a_worker_whose_tool_conflicts") else {
+    let Some(pg) = Postgres::database("a_worker_whose_tool_conflicts") else {
         return;
     };
     let (a, b) = (replica(&pg), replica(&pg));
@@ -275,7 +275,7 @@ async fn a_worker_whose_tool_conflicts_with_one_another_replica_s_worker_offers_
 
 #[tokio::test]
 async fn two_replicas_racing_for_the_same_calls_start_each_exactly_once() {
-    let Some(pg) = Postgres::start("two_replicas_racing") else {
+    let Some(pg) = Postgres::database("two_replicas_racing") else {
         return;
     };
     let (a, b) = (replica(&pg), replica(&pg));
@@ -327,7 +327,7 @@ async fn two_replicas_racing_for_the_same_calls_start_each_exactly_once() {
 
 #[tokio::test]
 async fn a_sigkilled_replica_s_calls_are_taken_over_by_another_once_its_leases_expire() {
-    let Some(pg) = Postgres::start("a_sigkilled_replica") else {
+    let Some(pg) = Postgres::database("a_sigkilled_replica") else {
         return;
     };
     let (mut a, b) = (replica(&pg), replica(&pg));
@@ -394,7 +394,7 @@ async fn a_sigkilled_replica_s_calls_are_taken_over_by_another_once_its_leases_e
 
 #[tokio::test]
 async fn a_replica_stopped_gracefully_hands_its_calls_back_at_once() {
-    let Some(pg) = Postgres::start("a_replica_stopped_gracefully") else {
+    let Some(pg) = Postgres::database("a_replica_stopped_gracefully") else {
         return;
     };
     // Leases outlive the test's patience: only the hand-back can move the call in time.
@@ -548,7 +548,7 @@ fn burst_options(pg: &Postgres) -> KernelOptions {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_sigkilled_in_a_burst_of_a_thousand_runs_strands_nothing() {
-    let Some(pg) = Postgres::start("a_replica_sigkilled_in_a_burst") else {
+    let Some(pg) = Postgres::database("a_replica_sigkilled_in_a_burst") else {
         return;
     };
     let replicas: Vec<Kernel> = (0..3).map(|_| Kernel::start_with(burst_options(&pg))).collect();

@@ -774,7 +774,7 @@ mod tests {
     /// undone with the savepoint while the writes before it stand.
     #[test]
     fn deferred_writes_go_out_in_order_and_their_error_is_the_sending_statements() {
-        let Some(server) = e2e::postgres::Postgres::start("store::sql::deferred_writes") else {
+        let Some(server) = e2e::postgres::Postgres::database("store::sql::deferred_writes") else {
             return;
         };
         let conn = table_t_in_a_transaction(&server);
@@ -825,7 +825,7 @@ mod tests {
     /// answer.
     #[test]
     fn a_failed_write_of_an_ended_command_undoes_that_command_alone() {
-        let Some(server) = e2e::postgres::Postgres::start("store::sql::ended_command") else {
+        let Some(server) = e2e::postgres::Postgres::database("store::sql::ended_command") else {
             return;
         };
         let conn = table_t_in_a_transaction(&server);

@@ -27,12 +27,12 @@ fn open() -> Fixture {
     }
 }
 
-/// A store on a PostgreSQL server of its own; `None` (said loudly) where PostgreSQL is not
-/// installed and not required.
+/// A store on a PostgreSQL database of its own, on the test process's shared server; `None`
+/// (said loudly) where PostgreSQL is not installed and not required.
 async fn open_postgres(test: &str) -> Option<Fixture> {
     let server = tokio::task::spawn_blocking({
         let test = test.to_owned();
-        move || e2e::postgres::Postgres::start(&test)
+        move || e2e::postgres::Postgres::database(&test)
     })
     .await
     .unwrap()?;
