@@ -9,6 +9,7 @@ pub mod load_tools;
 pub mod mcp;
 pub mod postgres;
 pub mod raw;
+mod watchdog;
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
@@ -140,10 +141,13 @@ impl Log {
     }
 }
 
-/// A child process killed (SIGKILL) when dropped.
+/// A child process killed (SIGKILL) when dropped; it counts towards its test's time limit (see
+/// `watchdog`) while it lives.
 pub struct Process {
     pub child: Child,
     pub log: Log,
+    /// The test that started it.
+    test: String,
 }
 
 impl Process {
@@ -155,7 +159,14 @@ impl Process {
         let mut child = command.spawn().unwrap_or_else(|e| panic!("cannot start {label}: {e}"));
         let log = Log::default();
         log.follow(child.stderr.take().expect("piped stderr"), label);
-        Process { child, log }
+        Process::adopt(child, log)
+    }
+
+    /// A child started elsewhere, from now on the harness's: killed when dropped, and counted
+    /// towards its test's time limit.
+    pub(crate) fn adopt(child: Child, log: Log) -> Process {
+        let test = watchdog::started(child.id());
+        Process { child, log, test }
     }
 
     fn signal(&self, name: &str) {
@@ -204,6 +215,7 @@ impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        watchdog::ended(self.child.id(), &self.test);
     }
 }
 
@@ -398,10 +410,7 @@ impl Kernel {
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("no addr= in {line:?}"));
         Kernel {
-            process: Process {
-                child,
-                log: Log::default(),
-            },
+            process: Process::adopt(child, Log::default()),
             addr,
             dir,
             options,

@@ -118,7 +118,7 @@ impl McpClient {
             }
         });
         McpClient {
-            process: Process { child, log },
+            process: Process::adopt(child, log),
             events,
         }
     }
