@@ -2,10 +2,10 @@
 //! ARCHITECTURE.md and the book under `docs/`), for the tests that parse them with the real clap
 //! grammar: a flag renamed in the code cannot live on in the docs.
 //!
-//! The crates share no test utility crate, so kernelctl's tests and the e2e docs test include this
-//! file by its path; it needs only `std`.
+//! The crates share no test utility crate, so the tests of kernelctl and kernel-mcp and the e2e
+//! docs test include this file by its path; it needs only `std`.
 
-// Each includer uses a part: kernel and kernelctl the invocations, the e2e docs test the blocks.
+// Each includer uses a part: the crates' tests the invocations, the e2e docs test the blocks.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -32,9 +32,9 @@ impl Invocation {
     }
 }
 
-/// Every invocation of `program` (`kernel`, `kernelctl`): as `program`, as a path ending in it
-/// (`target/release/kernelctl`), or as `cargo run [-q] -p program -- ...`. Placeholders such as
-/// `<RUN_ID>` are given a run id's shape.
+/// Every invocation of `program` (`kernel`, `kernelctl`, `kernel-mcp`): as `program`, as a path
+/// ending in it (`target/release/kernelctl`), or as `cargo run [-q] -p program -- ...`.
+/// Placeholders such as `<RUN_ID>` are given a run id's shape.
 pub fn invocations(program: &str) -> Vec<Invocation> {
     let mut found = Vec::new();
     for (page, text) in pages() {
