@@ -2,8 +2,8 @@
 //! ARCHITECTURE.md and the book under `docs/`), for the tests that parse them with the real clap
 //! grammar: a flag renamed in the code cannot live on in the docs.
 //!
-//! The crates share no test utility crate, so the tests of kernelctl and kernel-mcp and the e2e
-//! docs test include this file by its path; it needs only `std`.
+//! The crates share no test utility crate, so the tests of kernelctl, kernel-mcp, the demo worker
+//! and agent, and the e2e docs test include this file by its path; it needs only `std`.
 
 // Each includer uses a part: the crates' tests the invocations, the e2e docs test the blocks.
 #![allow(dead_code)]
@@ -32,8 +32,9 @@ impl Invocation {
     }
 }
 
-/// Every invocation of `program` (`kernel`, `kernelctl`, `kernel-mcp`): as `program`, as a path
-/// ending in it (`target/release/kernelctl`), or as `cargo run [-q] -p program -- ...`.
+/// Every invocation of `program` (`kernel`, `kernelctl`, `kernel-mcp`, `demo-worker`): as `program`,
+/// as a path ending in it (`target/release/kernelctl`), or as `cargo run [-q] -p program -- ...`
+/// (`--example program` for an example).
 /// Placeholders such as `<RUN_ID>` are given a run id's shape.
 pub fn invocations(program: &str) -> Vec<Invocation> {
     let mut found = Vec::new();
@@ -255,11 +256,15 @@ pub fn arguments(program: &str, words: &[String]) -> Option<Vec<String>> {
     if words.first()? == "cargo" && words.get(1)? == "run" {
         let separator = words.iter().position(|word| word == "--").unwrap_or(words.len());
         let cargo = &words[..separator];
-        let package = cargo
-            .windows(2)
-            .find(|pair| pair[0] == "-p" || pair[0] == "--package")?;
-        let other_target = cargo.iter().any(|word| word == "--example" || word == "--bin");
-        (package[1] == program && !other_target).then(|| words.get(separator + 1..).unwrap_or_default().to_vec())
+        // The program is the example or binary named, else the package's own.
+        let named = |flags: &[&str]| {
+            cargo
+                .windows(2)
+                .find(|pair| flags.contains(&pair[0].as_str()))
+                .map(|pair| &pair[1])
+        };
+        let target = named(&["--example", "--bin"]).or_else(|| named(&["-p", "--package"]))?;
+        (target == program).then(|| words.get(separator + 1..).unwrap_or_default().to_vec())
     } else {
         (words[0].rsplit('/').next() == Some(program)).then(|| words[1..].to_vec())
     }
@@ -310,10 +315,24 @@ mod tests {
             .to_vec();
         assert_eq!(arguments("kernelctl", &cargo), Some(vec!["status".to_owned()]));
         assert_eq!(arguments("kernel", &cargo), None);
-        let example: Vec<String> = ["cargo", "run", "-p", "kernel", "--example", "x"]
-            .map(String::from)
-            .to_vec();
-        assert_eq!(arguments("kernel", &example), None);
+        let example: Vec<String> = [
+            "cargo",
+            "run",
+            "-p",
+            "worker-sdk",
+            "--example",
+            "demo-agent",
+            "--",
+            "--scenario",
+            "refund",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(arguments("worker-sdk", &example), None);
+        assert_eq!(
+            arguments("demo-agent", &example),
+            Some(vec!["--scenario".to_owned(), "refund".to_owned()])
+        );
     }
 
     #[test]

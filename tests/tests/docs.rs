@@ -11,8 +11,7 @@ use std::fs;
 use std::io::Write as _;
 use std::path::{Component, Path, PathBuf};
 
-// The docs' code blocks and command lines, as the kernel's, kernelctl's and kernel-mcp's tests
-// read them.
+// The docs' code blocks and command lines, as the tests of the programs they run read them.
 #[path = "../../kernel/src/docs_commands.rs"]
 mod docs_commands;
 
@@ -319,7 +318,7 @@ fn checked_by(page: &str, block: &docs_commands::CodeBlock) -> Option<String> {
         "" | "sh" => {
             let parsed = |words: &Vec<String>| {
                 words.iter().all(|word| docs_commands::is_assignment(word))
-                    || ["kernel", "kernelctl", "kernel-mcp"]
+                    || ["kernel", "kernelctl", "kernel-mcp", "demo-worker", "demo-agent"]
                         .iter()
                         .any(|program| docs_commands::arguments(program, words).is_some())
             };
@@ -329,7 +328,7 @@ fn checked_by(page: &str, block: &docs_commands::CodeBlock) -> Option<String> {
                 .flat_map(|(_, line)| docs_commands::commands(line))
                 .collect();
             (!commands.is_empty() && commands.iter().all(parsed))
-                .then(|| "parsed by the kernel's, kernelctl's and kernel-mcp's tests".to_owned())
+                .then(|| "parsed by the tests of the programs it runs".to_owned())
         }
         _ => None,
     }
