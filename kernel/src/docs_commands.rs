@@ -32,10 +32,10 @@ impl Invocation {
     }
 }
 
-/// Every invocation of `program` (`kernel`, `kernelctl`, `kernel-mcp`, `demo-worker`): as `program`,
-/// as a path ending in it (`target/release/kernelctl`), or as `cargo run [-q] -p program -- ...`
-/// (`--example program` for an example).
-/// Placeholders such as `<RUN_ID>` are given a run id's shape.
+/// Every invocation of `program` (`kernelctl`, `demo-agent`...): as `program`, as a path ending in
+/// it (`target/release/kernelctl`), or through `cargo run [-q] -p program -- ...` (`--example
+/// program` for an example). Placeholders such as `<RUN_ID>` are given a run id's shape. Lines of
+/// blocks marked not run are read too: a block is marked for its other lines.
 pub fn invocations(program: &str) -> Vec<Invocation> {
     let mut found = Vec::new();
     for (page, text) in pages() {
