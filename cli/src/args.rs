@@ -526,6 +526,29 @@ mod tests {
     }
 
     #[test]
+    fn every_kernelctl_command_line_in_the_docs_parses() {
+        let found = crate::docs_commands::invocations("kernelctl");
+        assert!(
+            found.len() >= 20,
+            "too few kernelctl command lines found in the docs: {found:?}"
+        );
+        let refused: Vec<String> = found
+            .iter()
+            .filter_map(|invocation| {
+                let args: Vec<&str> = invocation.args.iter().map(String::as_str).collect();
+                let error = parse(&args).err()?;
+                let asked_for_help = matches!(error.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion);
+                (!asked_for_help).then(|| invocation.describe("kernelctl", &error))
+            })
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "docs command lines kernelctl refuses:\n{}",
+            refused.join("\n")
+        );
+    }
+
+    #[test]
     fn label_filters_split_at_the_first_equals_sign() {
         let label: LabelFilter = "team=search=v2".parse().unwrap();
         assert_eq!(label.key, "team");

@@ -12,6 +12,10 @@ mod bench;
 mod client;
 mod commands;
 mod diff;
+// One file for every crate whose tests parse the docs' command lines (the e2e docs test too).
+#[cfg(test)]
+#[path = "../../kernel/src/docs_commands.rs"]
+mod docs_commands;
 mod error;
 #[cfg(test)]
 mod reference;

@@ -147,3 +147,37 @@ async fn stop_on_signal(shutdown: CancellationToken) {
     info!("stopping: draining calls in flight");
     shutdown.cancel();
 }
+
+// The docs' command lines, as the kernel's and kernelctl's tests read them (the crates share no
+// test utility crate).
+#[cfg(test)]
+#[path = "../../kernel/src/docs_commands.rs"]
+mod docs_commands;
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use clap::error::ErrorKind;
+
+    use super::Args;
+
+    #[test]
+    fn every_kernel_mcp_command_line_in_the_docs_parses() {
+        let found = crate::docs_commands::invocations("kernel-mcp");
+        assert!(!found.is_empty(), "no kernel-mcp command line found in the docs");
+        let refused: Vec<String> = found
+            .iter()
+            .filter_map(|invocation| {
+                let words = std::iter::once("kernel-mcp").chain(invocation.args.iter().map(String::as_str));
+                let error = Args::try_parse_from(words).err()?;
+                let asked_for_help = matches!(error.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion);
+                (!asked_for_help).then(|| invocation.describe("kernel-mcp", &error))
+            })
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "docs command lines kernel-mcp refuses:\n{}",
+            refused.join("\n")
+        );
+    }
+}

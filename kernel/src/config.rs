@@ -309,6 +309,8 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+    use clap::error::ErrorKind;
+
     use super::*;
 
     #[test]
@@ -322,5 +324,28 @@ mod tests {
         for bad in ["127.0.0.1:4317", "collector", "ftp://collector:21", "http://"] {
             assert!(otlp_endpoint(bad).is_err(), "{bad:?} should be refused");
         }
+    }
+
+    #[test]
+    fn every_kernel_command_line_in_the_docs_parses() {
+        let found = crate::docs_commands::invocations("kernel");
+        assert!(
+            found.len() >= 5,
+            "too few kernel command lines found in the docs: {found:?}"
+        );
+        let refused: Vec<String> = found
+            .iter()
+            .filter_map(|invocation| {
+                let words = std::iter::once("kernel").chain(invocation.args.iter().map(String::as_str));
+                let error = Config::try_parse_from(words).err()?;
+                let asked_for_help = matches!(error.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion);
+                (!asked_for_help).then(|| invocation.describe("kernel", &error))
+            })
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "docs command lines the kernel refuses:\n{}",
+            refused.join("\n")
+        );
     }
 }

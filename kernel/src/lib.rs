@@ -22,6 +22,8 @@ pub mod abandon;
 pub mod auth;
 pub mod cluster;
 pub mod config;
+#[cfg(test)]
+mod docs_commands;
 pub mod error;
 pub mod governance;
 pub mod grpc;

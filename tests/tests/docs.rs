@@ -1,13 +1,19 @@
 //! The documentation holds together: every relative Markdown link of the README, CHANGELOG.md,
 //! ARCHITECTURE.md, CONTRIBUTING.md and the book under `docs/` names a file that exists and, with
 //! a `#anchor`, a heading of that file (GitHub's slugs); every page of the book is linked from its
-//! contents page, `docs/README.md`; and the README stays a short front page.
+//! contents page, `docs/README.md`; the README stays a short front page; and every code block of
+//! the user documentation is checked by some test or says why not.
 //!
 //! Only `std`, so this test compiles and links in moments.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs;
+use std::io::Write as _;
 use std::path::{Component, Path, PathBuf};
+
+// The docs' code blocks and command lines, as the tests of the programs they run read them.
+#[path = "../../kernel/src/docs_commands.rs"]
+mod docs_commands;
 
 /// The README must stay a front page: what, why, the two commands, the quickstart, links.
 const README_MAX_LINES: usize = 200;
@@ -283,4 +289,80 @@ fn links_are_found_outside_code_only() {
         .flat_map(|(_, line)| link_targets(line))
         .collect();
     assert_eq!(found, ["a.md", "i.png", "c.md#x"]);
+}
+
+/// The ```yaml and ```toml blocks other tests load, by page and info string, with the source file
+/// of the test that reads them (which must name the page).
+const BLOCKS_CHECKED_ELSEWHERE: &[(&str, &str, &str)] = &[
+    ("docs/guides/governance.md", "yaml", "kernel/src/governance.rs"),
+    ("docs/guides/mcp.md", "yaml", "kernel-mcp/src/config.rs"),
+    ("docs/getting-started/rust.md", "toml", "worker-sdk/tests/readme.rs"),
+];
+
+/// Why `block` of `page` counts as checked, or `None`.
+fn checked_by(page: &str, block: &docs_commands::CodeBlock) -> Option<String> {
+    let read = |path: &str| fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let language = block.info.split(',').next().unwrap_or_default();
+    match language {
+        // `rust,ignore` compiles nothing, so it must say why.
+        "rust" if !block.info.contains("ignore") => read("worker-sdk/src/lib.rs")
+            .contains(&format!("include_str!(\"../../{page}\")"))
+            .then(|| "compiled by cargo test -p worker-sdk --doc".to_owned()),
+        // A block marked not run is only compiled there.
+        "python" if block.not_run.is_none() => Some("run by python/tests/test_docs_blocks.py".to_owned()),
+        "yaml" | "toml" => BLOCKS_CHECKED_ELSEWHERE
+            .iter()
+            .find(|(listed, info, _)| *listed == page && *info == block.info)
+            .filter(|(_, _, test)| read(test).contains(page))
+            .map(|(_, _, test)| format!("loaded by a test in {test}")),
+        "" | "sh" => {
+            let parsed = |words: &Vec<String>| {
+                words.iter().all(|word| docs_commands::is_assignment(word))
+                    || ["kernel", "kernelctl", "kernel-mcp", "demo-worker", "demo-agent"]
+                        .iter()
+                        .any(|program| docs_commands::arguments(program, words).is_some())
+            };
+            let commands: Vec<Vec<String>> = block
+                .lines
+                .iter()
+                .flat_map(|(_, line)| docs_commands::commands(line))
+                .collect();
+            (!commands.is_empty() && commands.iter().all(parsed))
+                .then(|| "parsed by the tests of the programs it runs".to_owned())
+        }
+        _ => None,
+    }
+}
+
+#[test]
+fn every_code_block_is_checked_or_says_why_not() {
+    let mut unchecked = Vec::new();
+    let (mut blocks, mut checked, mut not_run) = (0, 0, 0);
+    for (page, text) in docs_commands::pages() {
+        for block in docs_commands::code_blocks(&text) {
+            blocks += 1;
+            match (checked_by(&page, &block), &block.not_run) {
+                (Some(_), None) => checked += 1,
+                (None, Some(_)) => not_run += 1,
+                (Some(how), Some(_)) => unchecked.push(format!(
+                    "{page}:{}: marked not run, but it is {how}: drop the comment",
+                    block.line
+                )),
+                (None, None) => unchecked.push(format!(
+                    "{page}:{}: a ```{} block no test checks: make it one a test checks (see this test), \
+                     or put <!-- not run: REASON --> on the line above it",
+                    block.line, block.info
+                )),
+            }
+        }
+    }
+    assert!(unchecked.is_empty(), "{}", unchecked.join("\n"));
+    assert!(
+        checked >= 20,
+        "only {checked} of {blocks} code blocks checked: is the block parser broken?"
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "{blocks} code blocks: {checked} checked, {not_run} not run"
+    );
 }

@@ -274,3 +274,33 @@ async fn main() -> ExitCode {
         }
     }
 }
+
+// The docs' command lines, as the kernel's and kernelctl's tests read them.
+#[cfg(test)]
+#[path = "../../kernel/src/docs_commands.rs"]
+mod docs_commands;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_demo_agent_command_line_in_the_docs_parses() {
+        let found = docs_commands::invocations("demo-agent");
+        assert!(!found.is_empty(), "no demo-agent command line found in the docs");
+        let refused: Vec<String> = found
+            .iter()
+            .filter_map(|invocation| {
+                let words = std::iter::once("demo-agent").chain(invocation.args.iter().map(String::as_str));
+                let error = Config::try_parse_from(words).err()?;
+                let asked_for_help = matches!(error.kind(), clap::error::ErrorKind::DisplayHelp);
+                (!asked_for_help).then(|| invocation.describe("demo-agent", &error))
+            })
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "docs command lines demo-agent refuses:\n{}",
+            refused.join("\n")
+        );
+    }
+}

@@ -298,6 +298,26 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn every_demo_worker_command_line_in_the_docs_parses() {
+        let found = docs_commands::invocations("demo-worker");
+        assert!(!found.is_empty(), "no demo-worker command line found in the docs");
+        let refused: Vec<String> = found
+            .iter()
+            .filter_map(|invocation| {
+                let words = std::iter::once("demo-worker").chain(invocation.args.iter().map(String::as_str));
+                let error = Config::try_parse_from(words).err()?;
+                let asked_for_help = matches!(error.kind(), clap::error::ErrorKind::DisplayHelp);
+                (!asked_for_help).then(|| invocation.describe("demo-worker", &error))
+            })
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "docs command lines demo-worker refuses:\n{}",
+            refused.join("\n")
+        );
+    }
+
     #[tokio::test]
     async fn arithmetic() {
         let ctx = ToolContext::for_test();
@@ -383,3 +403,8 @@ mod tests {
         );
     }
 }
+
+// The docs' command lines, as the kernel's and kernelctl's tests read them.
+#[cfg(test)]
+#[path = "../../kernel/src/docs_commands.rs"]
+mod docs_commands;

@@ -154,3 +154,21 @@ pub use worker::cache::ToolCache;
 pub use worker::context::{Progress, ToolContext, ToolSubagent};
 pub use worker::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_CONCURRENCY, Worker, WorkerBuilder, WorkerError};
 pub use worker_sdk_macros::{agent, tool};
+
+/// The book's pages that hold ```rust blocks, so `cargo test -p worker-sdk --doc` compiles each
+/// block against this crate as a reader would paste it (a fragment that cannot compile says so
+/// with `rust,ignore` and a comment above it). The docs test of the e2e package checks that every
+/// page with a ```rust block is listed here. Only under `cfg(doctest)`: no API docs come of it.
+#[cfg(doctest)]
+mod book {
+    #[doc = include_str!("../../docs/getting-started/rust.md")]
+    mod getting_started_rust {}
+    #[doc = include_str!("../../docs/guides/hosted-agents.md")]
+    mod guides_hosted_agents {}
+    #[doc = include_str!("../../docs/guides/security.md")]
+    mod guides_security {}
+    #[doc = include_str!("../../docs/guides/writing-tools.md")]
+    mod guides_writing_tools {}
+    #[doc = include_str!("../../docs/reference/outcomes.md")]
+    mod reference_outcomes {}
+}

@@ -30,7 +30,7 @@ fn version(manifest: &str, name: &str) -> Option<String> {
 #[test]
 fn the_guide_program_is_the_example() {
     assert_eq!(
-        block("rust").trim_end(),
+        block("rust,no_run").trim_end(),
         include_str!("../examples/readme_tool.rs").trim_end(),
         "the tool program of docs/getting-started/rust.md and worker-sdk/examples/readme_tool.rs differ; change both"
     );

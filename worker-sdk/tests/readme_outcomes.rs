@@ -6,7 +6,7 @@ fn docs_block(after_heading: &str) -> String {
     let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/reference/outcomes.md"))
         .expect("docs/reference/outcomes.md");
     let section = &page[page.find(after_heading).expect("the heading")..];
-    let start = section.find("```rust\n").expect("a rust block") + "```rust\n".len();
+    let start = section.find("```rust,no_run\n").expect("a rust block") + "```rust,no_run\n".len();
     let end = start + section[start..].find("```").expect("the block ends");
     section[start..end].to_owned()
 }

@@ -3,34 +3,35 @@
 //! refund was rejected, back off after a timeout) without parsing English.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), worker_sdk::AgentError> {
-//! use worker_sdk::{AgentClient, Call, Capture, NewRun, Outcome};
+//! use worker_sdk::{AgentClient, AgentError, Call, Capture, NewRun, Outcome};
 //!
-//! let agent = AgentClient::connect("http://127.0.0.1:50051").await?;
-//! let run = agent
-//!     .create_run(
-//!         NewRun::new("billing", serde_json::json!({"order": 9}))
-//!             .label("env", "prod")
-//!             .idempotency_key("order-9")   // creating it again returns this run
-//!             .max_tool_calls(20)
-//!             .non_interactive()            // cannot wait for a person: gated calls are refused
-//!             .permission("billing:write")
-//!             .capture(Capture::Metadata),  // inspection shows sizes and hashes, not contents
-//!     )
-//!     .await?;
-//! for result in run.call_turn(0, vec![Call::new("refund", serde_json::json!({"cents": 500}))]).await? {
-//!     match result.outcome {
-//!         Outcome::Ok => println!("{}", result.content),
-//!         Outcome::Indeterminate => println!("reconcile {} with the payment provider", result.step_key),
-//!         _ => match result.rejection() {
-//!             Some(rejected) => println!("{rejected} (expired: {})", rejected.expired),
-//!             None => println!("{}: {}", result.outcome, result.content),
-//!         },
+//! #[tokio::main]
+//! async fn main() -> Result<(), AgentError> {
+//!     let agent = AgentClient::connect("http://127.0.0.1:50051").await?;
+//!     let run = agent
+//!         .create_run(
+//!             NewRun::new("billing", serde_json::json!({"order": 9}))
+//!                 .label("env", "prod")
+//!                 .idempotency_key("order-9")   // creating it again returns this run
+//!                 .max_tool_calls(20)
+//!                 .non_interactive()            // cannot wait for a person: gated calls are refused
+//!                 .permission("billing:write")
+//!                 .capture(Capture::Metadata),  // inspection shows sizes and hashes, not contents
+//!         )
+//!         .await?;
+//!     for result in run.call_turn(0, vec![Call::new("refund", serde_json::json!({"cents": 500}))]).await? {
+//!         match result.outcome {
+//!             Outcome::Ok => println!("{}", result.content),
+//!             Outcome::Indeterminate => println!("reconcile {} with the payment provider", result.step_key),
+//!             _ => match result.rejection() {
+//!                 Some(rejected) => println!("{rejected} (expired: {})", rejected.expired),
+//!                 None => println!("{}: {}", result.outcome, result.content),
+//!             },
+//!         }
 //!     }
+//!     run.complete(serde_json::json!({"refunded": 500})).await?;   // the run ends; until then it is `running`
+//!     Ok(())
 //! }
-//! run.complete(serde_json::json!({"refunded": 500})).await?;   // the run ends; until then it is `running`
-//! # Ok(())
-//! # }
 //! ```
 
 /// Why a settled call ended as it did.
