@@ -474,7 +474,19 @@ async fn burst_turn(urls: Vec<String>, first: usize, run_id: String, calls: Vec<
             };
             let mut stream = client.submit_turn(request).await?.into_inner();
             let mut results = Vec::new();
-            while let Some(item) = futures_util::StreamExt::next(&mut stream).await {
+            loop {
+                // A stream that stays open without its results past the deadline is a stranded
+                // call: fail naming the run rather than wait for ever.
+                let next = tokio::time::timeout_at(deadline.into(), futures_util::StreamExt::next(&mut stream));
+                let Ok(item) = next.await else {
+                    panic!(
+                        "run {run_id} never completed: its stream through {} stayed open with {} of {} results: {results:?}",
+                        urls[via % urls.len()],
+                        results.len(),
+                        calls.len()
+                    );
+                };
+                let Some(item) = item else { break };
                 if let Some(pb::submit_turn_response::Item::Result(result)) = item?.item {
                     results.push(result);
                 }
