@@ -49,8 +49,8 @@ pub fn cpu_micros() -> Option<u64> {
 
 /// Bytes the process has caused to be written to storage, net of what it cancelled: `write_bytes`
 /// of `/proc/self/io` (counted as pages are dirtied) less `cancelled_write_bytes` (dirty pages
-/// dropped before they reached the disk, when a file is truncated or deleted, as SQLite does to
-/// its log after a checkpoint). `None` off Linux or where the system keeps no I/O accounting.
+/// dropped before they reached the disk, when a file is truncated or deleted: they cost the disk
+/// nothing). `None` off Linux or where the system keeps no I/O accounting.
 pub fn disk_write_bytes() -> Option<u64> {
     net_written(&std::fs::read_to_string("/proc/self/io").ok()?)
 }
