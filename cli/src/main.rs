@@ -17,6 +17,10 @@ mod diff;
 #[path = "../../kernel/src/docs_commands.rs"]
 mod docs_commands;
 mod error;
+// The reference pages' shared clap rendering, as the kernel's reference test uses it.
+#[cfg(test)]
+#[path = "../../kernel/src/clap_reference.rs"]
+mod clap_reference;
 #[cfg(test)]
 mod reference;
 mod render;

@@ -65,17 +65,7 @@ pub fn pages() -> Vec<(String, String)> {
         .iter()
         .map(|page| root.join(page))
         .collect();
-    let mut pending = vec![root.join("docs")];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-            let path = entry.expect("a directory entry").path();
-            if path.is_dir() {
-                pending.push(path);
-            } else if path.extension().is_some_and(|ext| ext == "md") {
-                paths.push(path);
-            }
-        }
-    }
+    paths.extend(markdown_under(&root.join("docs")));
     paths.sort();
     paths
         .into_iter()
@@ -85,6 +75,52 @@ pub fn pages() -> Vec<(String, String)> {
             (page, text)
         })
         .collect()
+}
+
+/// Every `.md` file under `dir`, recursively, sorted.
+pub fn markdown_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "md") {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Fails, naming each page and line, unless every command line of `program` in the docs (at least
+/// `at_least` of them) is accepted by `parse`, given the words with `program` first; `parse`
+/// answers a refusal with its message (a request for help or the version is no refusal).
+pub fn assert_every_command_line_parses(
+    program: &str,
+    at_least: usize,
+    parse: impl Fn(Vec<&str>) -> Result<(), String>,
+) {
+    let found = invocations(program);
+    assert!(
+        found.len() >= at_least.max(1),
+        "too few {program} command lines found in the docs: {found:?}"
+    );
+    let refused: Vec<String> = found
+        .iter()
+        .filter_map(|invocation| {
+            let words = std::iter::once(program).chain(invocation.args.iter().map(String::as_str));
+            let error = parse(words.collect()).err()?;
+            Some(invocation.describe(program, &error))
+        })
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "docs command lines {program} refuses:\n{}",
+        refused.join("\n")
+    );
 }
 
 /// A code block of a page, fenced or indented by four spaces.

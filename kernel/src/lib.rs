@@ -20,6 +20,8 @@
 
 pub mod abandon;
 pub mod auth;
+#[cfg(test)]
+mod clap_reference;
 pub mod cluster;
 pub mod config;
 #[cfg(test)]

@@ -9,11 +9,11 @@
 //! the tests write the pages instead.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::PathBuf;
 
 use clap::CommandFactory;
 
+use crate::clap_reference::{self, arg_name, arg_table, cell, prose, shown_args};
 use crate::config::Config;
 use crate::model::{EventType, Outcome};
 
@@ -33,138 +33,11 @@ fn generated_by(test: &str, source: &str) -> String {
 
 /// Compares `rendered` with `docs/reference/<page>`, or writes it there with `KERNEL_UPDATE_DOCS=1`.
 fn check(page: &str, rendered: &str) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../docs/reference")
-        .join(page);
-    if std::env::var_os("KERNEL_UPDATE_DOCS").is_some_and(|value| value == "1") {
-        std::fs::write(&path, rendered).unwrap_or_else(|error| panic!("writing docs/reference/{page}: {error}"));
-        // Straight to the process's stderr: the test harness swallows `eprintln!` of a passing test.
-        let _ = writeln!(std::io::stderr(), "wrote docs/reference/{page}");
-        return;
-    }
-    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-    if on_disk != rendered {
-        let line = on_disk
-            .lines()
-            .zip(rendered.lines())
-            .position(|(disk, code)| disk != code)
-            .unwrap_or_else(|| on_disk.lines().count().min(rendered.lines().count()))
-            + 1;
-        panic!(
-            "docs/reference/{page} differs from the code (first at line {line}); regenerate it with \
-             KERNEL_UPDATE_DOCS=1 cargo test -p kernel --lib reference"
-        );
-    }
-}
-
-/// `text` fit for one table cell: its lines joined, `|` escaped.
-fn cell(text: &str) -> String {
-    text.split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-        .replace('|', "\\|")
-}
-
-/// `text` as prose: [`cell`], with the final period clap's help leaves out.
-fn prose(text: &str) -> String {
-    let mut text = cell(text);
-    if !text.is_empty() && !text.ends_with(['.', '!', '?']) {
-        text.push('.');
-    }
-    text
-}
-
-/// `sentence` after `text`, which clap's help leaves without its final period.
-fn append(text: &mut String, sentence: &str) {
-    if !text.is_empty() {
-        if !text.ends_with(['.', '!', '?']) {
-            text.push('.');
-        }
-        text.push(' ');
-    }
-    text.push_str(sentence);
-}
-
-/// A flag as typed: `--listen <ADDR>`.
-fn flag_name(arg: &clap::Arg) -> String {
-    let value = arg
-        .get_value_names()
-        .and_then(|names| names.first())
-        .map(|name| name.to_string())
-        .unwrap_or_else(|| arg.get_id().as_str().to_uppercase());
-    match arg.get_long() {
-        Some(long) if arg.get_action().takes_values() => format!("--{long} <{value}>"),
-        Some(long) => format!("--{long}"),
-        None => format!("<{value}>"),
-    }
-}
-
-/// What `--help` says of a flag, its possible values and whether it repeats.
-fn flag_meaning(arg: &clap::Arg) -> String {
-    let mut text = arg
-        .get_long_help()
-        .or(arg.get_help())
-        .map(|help| help.to_string())
-        .unwrap_or_default();
-    let values = arg.get_possible_values();
-    if arg.get_action().takes_values() && !values.is_empty() && !arg.is_hide_possible_values_set() {
-        let values: Vec<String> = values
-            .iter()
-            .filter(|value| !value.is_hide_set())
-            .map(|value| match value.get_help() {
-                Some(help) => format!("`{}` — {help}", value.get_name()),
-                None => format!("`{}`", value.get_name()),
-            })
-            .collect();
-        let separator = if values.iter().any(|value| value.contains(" — ")) {
-            "; "
-        } else {
-            ", "
-        };
-        append(&mut text, &format!("Values: {}.", values.join(separator)));
-    }
-    if matches!(arg.get_action(), clap::ArgAction::Append) && !text.to_lowercase().contains("repeat") {
-        append(&mut text, "Repeatable.");
-    }
-    text
-}
-
-/// One table of flags: name, environment variable, default, meaning.
-fn flag_table(out: &mut String, args: &[&clap::Arg]) {
-    out.push_str("| flag | environment | default | meaning |\n|---|---|---|---|\n");
-    for arg in args {
-        let env = arg
-            .get_env()
-            .filter(|_| !arg.is_hide_env_set())
-            .map(|env| format!("`{}`", env.to_string_lossy()))
-            .unwrap_or_default();
-        let defaults: Vec<String> = arg
-            .get_default_values()
-            .iter()
-            .map(|value| value.to_string_lossy().into_owned())
-            .collect();
-        let default = if defaults.is_empty() || arg.is_hide_default_value_set() {
-            String::new()
-        } else {
-            format!("`{}`", defaults.join(","))
-        };
-        let _ = writeln!(
-            out,
-            "| `{}` | {env} | {default} | {} |",
-            flag_name(arg),
-            prose(&flag_meaning(arg))
-        );
-    }
-}
-
-/// The flags a command shows in `--help`, but for `--help` and `--version` themselves.
-fn shown_flags(command: &clap::Command) -> Vec<&clap::Arg> {
-    command
-        .get_arguments()
-        .filter(|arg| !arg.is_hide_set())
-        .filter(|arg| !matches!(arg.get_action(), clap::ArgAction::Help | clap::ArgAction::Version))
-        .filter(|arg| !matches!(arg.get_id().as_str(), "help" | "version"))
-        .collect()
+    clap_reference::check(
+        page,
+        rendered,
+        "KERNEL_UPDATE_DOCS=1 cargo test -p kernel --lib reference",
+    );
 }
 
 /// Every flag of `kernel`, by help heading, then each subcommand's.
@@ -183,7 +56,7 @@ fn kernel_flags_page() -> String {
          `kernel --version` the version. [Configuration](configuration.md) says more.\n",
         prose(&about.unwrap_or_default())
     );
-    let flags = shown_flags(&command);
+    let flags = shown_args(&command);
     let mut headings: Vec<Option<&str>> = Vec::new();
     for arg in &flags {
         if !headings.contains(&arg.get_help_heading()) {
@@ -197,24 +70,24 @@ fn kernel_flags_page() -> String {
             .copied()
             .filter(|arg| arg.get_help_heading() == heading)
             .collect();
-        flag_table(&mut out, &group);
+        arg_table(&mut out, "flag", &group);
         out.push('\n');
     }
     let globals: Vec<String> = flags
         .iter()
         .filter(|arg| arg.is_global_set())
-        .map(|arg| format!("`{}`", flag_name(arg)))
+        .map(|arg| format!("`{}`", arg_name(arg)))
         .collect();
     for sub in command.get_subcommands().filter(|sub| !sub.is_hide_set()) {
         let _ = writeln!(out, "## `kernel {}`\n", sub.get_name());
         let about = sub.get_long_about().or(sub.get_about()).map(|about| about.to_string());
         let _ = writeln!(out, "{}\n", prose(&about.unwrap_or_default()));
-        let own = shown_flags(sub);
+        let own = shown_args(sub);
         if !globals.is_empty() {
             let _ = writeln!(out, "It takes the global {} above.\n", globals.join(", "));
         }
         if !own.is_empty() {
-            flag_table(&mut out, &own);
+            arg_table(&mut out, "flag", &own);
             out.push('\n');
         }
     }

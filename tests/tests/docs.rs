@@ -25,24 +25,6 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Every `.md` file under `dir`, recursively, sorted.
-fn markdown_under(dir: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for entry in fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-            let path = entry.expect("a directory entry").path();
-            if path.is_dir() {
-                pending.push(path);
-            } else if path.extension().is_some_and(|ext| ext == "md") {
-                found.push(path);
-            }
-        }
-    }
-    found.sort();
-    found
-}
-
 /// The pages whose links are checked, relative to the root.
 fn pages() -> Vec<PathBuf> {
     let root = root();
@@ -50,7 +32,7 @@ fn pages() -> Vec<PathBuf> {
         .iter()
         .map(PathBuf::from)
         .collect();
-    for path in markdown_under(&root.join("docs")) {
+    for path in docs_commands::markdown_under(&root.join("docs")) {
         pages.push(path.strip_prefix(&root).expect("under the root").to_path_buf());
     }
     pages
@@ -233,7 +215,7 @@ fn every_page_of_the_book_is_in_its_contents() {
             }
         }
     }
-    let orphans: Vec<String> = markdown_under(&root.join("docs"))
+    let orphans: Vec<String> = docs_commands::markdown_under(&root.join("docs"))
         .into_iter()
         .map(|path| path.strip_prefix(&root).expect("under the root").to_path_buf())
         .filter(|page| page != contents_path && !listed.contains(page))
