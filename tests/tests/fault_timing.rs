@@ -6,7 +6,7 @@
 //! came back, the log has its million events), never how long something took:
 //!
 //!     cargo build --workspace --bins --examples
-//!     cargo test -p e2e --test fault_timing -- --ignored --nocapture --test-threads 1
+//!     cargo test -p e2e --test e2e fault_timing:: -- --ignored --nocapture --test-threads 1
 //!
 //! Targets (issue 5): a killed worker's call redispatched ≤ 1 s after the kill; after a kernel
 //! kill and restart with 1,000 in flight, all offered again ≤ lease TTL + 2 s; start-up on
