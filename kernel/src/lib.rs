@@ -22,6 +22,7 @@ pub mod abandon;
 pub mod auth;
 #[cfg(test)]
 mod clap_reference;
+pub mod clock;
 pub mod cluster;
 pub mod config;
 #[cfg(test)]

@@ -5,7 +5,6 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -14,14 +13,6 @@ use crate::error::KernelError;
 
 /// Milliseconds since the Unix epoch; the store's clock unit.
 pub type Millis = i64;
-
-/// The wall clock in milliseconds.
-pub fn now_millis() -> Millis {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as Millis)
-        .unwrap_or(0)
-}
 
 /// A run id: a UUIDv7 in its hyphenated text form, so ids sort by creation time.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::error::KernelError;
-use crate::model::{Millis, now_millis};
+use crate::model::Millis;
 use crate::store::{Deleted, Store};
 
 /// Runs deleted per transaction.
@@ -19,7 +19,10 @@ const EVERY: Duration = Duration::from_secs(60);
 
 /// Deletes every run that finished at least `min_age_ms` ago.
 pub async fn prune(store: &Store, min_age_ms: u64) -> Result<Deleted, KernelError> {
-    let before = now_millis().saturating_sub(Millis::try_from(min_age_ms).unwrap_or(Millis::MAX));
+    let before = store
+        .clock()
+        .now_millis()
+        .saturating_sub(Millis::try_from(min_age_ms).unwrap_or(Millis::MAX));
     let mut deleted = Deleted::default();
     loop {
         let batch = store.prune_runs(before, BATCH).await?;

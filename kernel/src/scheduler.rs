@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 use crate::cluster::Offers;
 use crate::error::KernelError;
 use crate::machine::human_ms;
-use crate::model::{AgentDef, Millis, RunId, StepKey, StepKind, StepRecord, StepStatus, ToolDef, now_millis};
+use crate::model::{AgentDef, Millis, RunId, StepKey, StepKind, StepRecord, StepStatus, ToolDef};
 use crate::store::{LeaseLoss, LossOutcome, StartDispatch, Store};
 
 mod early;
@@ -218,6 +218,10 @@ enum Msg {
         arguments_json: String,
         reply: oneshot::Sender<Result<bool, String>>,
     },
+    /// Check the deadlines now, as a tick does, and answer once checked: a test on a manual clock
+    /// knows then that what was not due did not happen, without waiting for a tick.
+    #[cfg(test)]
+    Tick(oneshot::Sender<()>),
 }
 
 /// A cheap handle on the scheduler task.
@@ -297,6 +301,14 @@ impl Scheduler {
 
     pub fn heartbeat(&self, session_id: String) {
         self.send(Msg::Heartbeat { session_id });
+    }
+
+    /// Checks every deadline against the clock now; returns once checked.
+    #[cfg(test)]
+    pub async fn tick(&self) {
+        let (reply, checked) = oneshot::channel();
+        self.send(Msg::Tick(reply));
+        let _ = checked.await;
     }
 
     /// The session's tools and agents are registered: `workers list` may show it now, and a
@@ -629,10 +641,15 @@ impl Actor {
                 self.quiesced.push(reply);
             }
             Msg::Leave { session_id, reason } => self.leave(&session_id, &reason),
+            #[cfg(test)]
+            Msg::Tick(reply) => {
+                self.on_tick();
+                let _ = reply.send(());
+            }
             Msg::Heartbeat { session_id } => {
                 if let Some(session) = self.sessions.get_mut(&session_id) {
-                    session.last_heartbeat = Instant::now();
-                    session.last_heartbeat_at = now_millis();
+                    session.last_heartbeat = self.store.clock().instant();
+                    session.last_heartbeat_at = self.store.clock().now_millis();
                 }
             }
             Msg::Ready { session_id } => {
@@ -765,7 +782,7 @@ impl Actor {
         }
         self.check_remote_conflicts(&hello)?;
         let session_id = uuid::Uuid::now_v7().to_string();
-        let now = now_millis();
+        let now = self.store.clock().now_millis();
         info!(
             session_id,
             worker = hello.name,
@@ -791,7 +808,7 @@ impl Actor {
                 draining: false,
                 outbound,
                 connected_at: now,
-                last_heartbeat: Instant::now(),
+                last_heartbeat: self.store.clock().instant(),
                 last_heartbeat_at: now,
             },
         );
@@ -1011,7 +1028,7 @@ impl Actor {
         let store = self.store.clone();
         let expiring = self.expiring.clone();
         tokio::spawn(async move {
-            let expired = match store.reads.approvals_due(now_millis()).await {
+            let expired = match store.reads.approvals_due(store.clock().now_millis()).await {
                 Ok(false) => Ok(Default::default()),
                 Ok(true) => store.expire_approvals().await,
                 Err(error) => Err(error),
@@ -1057,7 +1074,7 @@ impl Actor {
                         self.unqueued.insert(id);
                         continue;
                     }
-                    self.queue.push(step);
+                    self.queue.push(step, self.store.clock());
                     // Among replicas a waiting call nobody here queued is another's to claim, or
                     // this one's to claim now: not a call this scheduler lost.
                     if !self.config.replicated {
@@ -1097,7 +1114,7 @@ impl Actor {
     /// step: the retry goes out at its time, whatever the old attempt's worker does.
     fn enqueue(&mut self, step: StepRecord) {
         if self.would_enqueue(&step) {
-            self.queue.push(step);
+            self.queue.push(step, self.store.clock());
         }
     }
 
@@ -1162,7 +1179,7 @@ impl Actor {
         if self.stopping {
             return;
         }
-        let now = Instant::now();
+        let now = self.store.clock().instant();
         // Under load the queue is long and every session full: stop as soon as no slot is left, and
         // pick at most once per tool that found no session, or each event would cost a pick per
         // queued call (found by the load test: 10,000 queued calls took minutes).
@@ -1225,7 +1242,7 @@ impl Actor {
             attempt,
             worker: session.name.clone(),
             session_id: session_id.clone(),
-            lease_expires_at: now_millis() + self.config.lease_ttl.as_millis() as Millis,
+            lease_expires_at: self.store.clock().now_millis() + self.config.lease_ttl.as_millis() as Millis,
         };
         for lock in locks {
             self.locked.insert(lock, start.dispatch_id.clone());
@@ -1353,7 +1370,7 @@ impl Actor {
                         // Running before sending: if the session is already gone, its Leave finds a
                         // running lease and records the loss.
                         lease.state = LeaseState::Running {
-                            deadline: Instant::now() + lease_timeout(&step),
+                            deadline: self.store.clock().instant() + lease_timeout(&step),
                         };
                         let order = DispatchOrder {
                             dispatch_id: dispatch_id.clone(),
@@ -1409,7 +1426,7 @@ impl Actor {
         };
         if matches!(lease.state, LeaseState::Starting) {
             lease.state = LeaseState::Running {
-                deadline: Instant::now() + timeout,
+                deadline: self.store.clock().instant() + timeout,
             };
         }
         self.delivered.insert(dispatch_id);
@@ -1418,7 +1435,7 @@ impl Actor {
     /// Tells the worker holding `dispatch_id` to stop; its slot stays taken until it answers or
     /// the grace ends.
     fn cancel_lease(&mut self, dispatch_id: &str, reason: &str) {
-        let until = Instant::now() + self.config.cancel_grace;
+        let until = self.store.clock().instant() + self.config.cancel_grace;
         let Some(lease) = self.leases.get_mut(dispatch_id) else {
             return;
         };
@@ -1494,7 +1511,7 @@ impl Actor {
     }
 
     fn on_tick(&mut self) {
-        let now = Instant::now();
+        let now = self.store.clock().instant();
 
         let silent: Vec<String> = self
             .sessions
@@ -1682,7 +1699,13 @@ mod tests {
 
     async fn store_with_run() -> (tempfile::TempDir, Store, crate::store::WriterThread, RunId) {
         let dir = tempfile::tempdir().unwrap();
-        let (store, writer) = Store::open(&dir.path().join("k.db"), Durability::Normal, Hub::default()).unwrap();
+        let (store, writer) = Store::open(
+            &dir.path().join("k.db"),
+            Durability::Normal,
+            // Time stands still unless a test moves it: no lease or timeout ends by itself.
+            (Hub::default(), crate::clock::Clock::manual()),
+        )
+        .unwrap();
         let (run, _) = store
             .create_run(NewRun {
                 agent: "a".into(),
@@ -1748,21 +1771,23 @@ mod tests {
         (scheduler.join(hello, outbound).await.unwrap(), orders)
     }
 
-    /// A retry after a timeout goes out at its time, though the timed-out attempt's worker never
-    /// answers the cancel (its lease is still being cancelled) and no scan would find it.
+    /// A call times out at its timeout on the clock, not a millisecond before; its retry goes out
+    /// when its backoff ends, not before, though the timed-out attempt's worker never answers the
+    /// cancel (its lease is still being cancelled) and no scan would find it.
     #[tokio::test]
-    async fn a_retry_after_a_timeout_goes_out_while_the_old_attempt_is_still_cancelling() {
+    async fn a_retry_after_a_timeout_goes_out_at_its_backoff_while_the_old_attempt_is_still_cancelling() {
         let (_dir, store, _writer, run) = store_with_run().await;
+        let clock = store.clock().clone();
         let mut plan = one_call(&run, None);
         let mut def = tool("t");
         def.options.retry = Some(crate::model::RetryPolicy {
             max_attempts: 2,
-            initial_interval_ms: 0,
-            backoff_coefficient: 1.0,
+            initial_interval_ms: 60_000,
+            backoff_coefficient: 2.0,
             max_interval_ms: 0,
         });
         plan.calls[0].tool = Some(std::sync::Arc::new(def));
-        plan.calls[0].timeout_ms = Some(100);
+        plan.calls[0].timeout_ms = Some(30_000);
         let turn = store.schedule_turn(plan).await.unwrap();
         let crate::store::CallDisposition::Scheduled(step) = &turn[0] else {
             panic!("expected scheduled, got {:?}", turn[0]);
@@ -1783,43 +1808,171 @@ mod tests {
             ephemeral_tools: false,
             agents: Vec::new(),
         };
-        scheduler.join(hello, outbound).await.unwrap();
+        let session = scheduler.join(hello, outbound).await.unwrap();
         scheduler.enqueue(step.clone());
-
-        let mut seen = Vec::new();
-        let second = loop {
-            let next = tokio::time::timeout(Duration::from_secs(10), orders.recv())
-                .await
-                .unwrap_or_else(|_| panic!("no retry was dispatched; the worker was sent {seen:?}"))
-                .expect("session open");
-            match next {
-                Outbound::Dispatch(order) if order.attempt == 2 => break order,
-                Outbound::Cancel { attempt: 1, .. } => {
-                    // Told to stop only once the timeout is durable, so an answer to the cancel
-                    // cannot decide the call.
-                    let steps = store.reads.steps(run.clone()).await.unwrap();
-                    let timed_out = steps[0].error.as_deref().is_some_and(|e| e.contains("timed out after"));
-                    let past_attempt_1 = steps[0].status == StepStatus::Pending || steps[0].attempts == 2;
-                    assert!(
-                        timed_out && past_attempt_1,
-                        "the timeout is recorded first: {:?}",
-                        steps[0]
-                    );
-                    seen.push("Cancel".into());
-                }
-                other => seen.push(format!("{other:?}")),
-            }
+        let Outbound::Dispatch(first) = next_order(&mut orders).await else {
+            panic!("expected the first attempt")
         };
+        assert_eq!(first.attempt, 1);
+
+        // The worker stays in touch but never answers: only the call's own timeout ends it.
+        clock.advance(Duration::from_millis(29_999));
+        scheduler.heartbeat(session.clone());
+        scheduler.tick().await;
+        assert!(orders.try_recv().is_err(), "nothing is due before the timeout");
+        clock.advance(Duration::from_millis(1));
+        let timed_out_at = clock.now_millis();
+        scheduler.tick().await;
+        let Outbound::Cancel { attempt: 1, .. } = next_order(&mut orders).await else {
+            panic!("expected the timed-out attempt to be cancelled")
+        };
+        // Told to stop only once the timeout is durable, so an answer to the cancel cannot
+        // decide the call.
+        let recorded = store.reads.steps(run.clone()).await.unwrap().remove(0);
         assert!(
-            seen.iter().any(|o| o.contains("Cancel")),
-            "the timed-out attempt was cancelled first: {seen:?}"
+            recorded
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("timed out after 30s")),
+            "the timeout is recorded first: {recorded:?}"
         );
-        assert_eq!(second.step.key, step.key);
+        assert_eq!(recorded.status, StepStatus::Pending, "{recorded:?}");
+        assert_eq!(
+            recorded.not_before,
+            Some(timed_out_at + 60_000),
+            "the first backoff: {recorded:?}"
+        );
+
+        // The retry is queued, and waits out its backoff on the clock.
+        queued(&scheduler, 1).await;
+        clock.advance(Duration::from_millis(59_999));
+        scheduler.heartbeat(session.clone());
+        scheduler.tick().await;
+        assert!(orders.try_recv().is_err(), "the retry waits for its backoff");
+        clock.advance(Duration::from_millis(1));
+        scheduler.tick().await;
+        let Outbound::Dispatch(second) = next_order(&mut orders).await else {
+            panic!("expected the retry")
+        };
+        assert_eq!((second.attempt, &second.step.key), (2, &step.key));
         assert_eq!(
             scheduler.gauges().await.unwrap().leased,
             2,
-            "the old attempt keeps its slot until its worker answers"
+            "the old attempt keeps its slot until its worker answers or the grace ends"
         );
+        shutdown.cancel();
+    }
+
+    /// Waits until `count` calls are queued.
+    async fn queued(scheduler: &Scheduler, count: usize) {
+        e2e::eventually(&format!("{count} queued calls"), || async {
+            let gauges = scheduler.gauges().await.unwrap();
+            if gauges.queued == count { Ok(()) } else { Err(gauges) }
+        })
+        .await
+    }
+
+    /// The run's one step, once `done` says it is in the state a test waits for.
+    async fn step_once(store: &Store, run: &RunId, what: &str, done: impl Fn(&StepRecord) -> bool) -> StepRecord {
+        e2e::eventually(what, || async {
+            let step = store.reads.steps(run.clone()).await.unwrap().remove(0);
+            if done(&step) { Ok(step) } else { Err(step) }
+        })
+        .await
+    }
+
+    /// A worker that stops heartbeating keeps its session for exactly its lease on the clock (a
+    /// heartbeat renews it), then loses it; its call runs again on another worker.
+    #[tokio::test]
+    async fn a_silent_worker_keeps_its_session_for_its_lease_then_its_call_runs_elsewhere() {
+        let (_dir, store, _writer, run) = store_with_run().await;
+        let clock = store.clock().clone();
+        let turn = store.schedule_turn(one_call(&run, None)).await.unwrap();
+        let crate::store::CallDisposition::Scheduled(step) = &turn[0] else {
+            panic!("expected scheduled, got {:?}", turn[0]);
+        };
+        let config = SchedulerConfig {
+            lease_ttl: Duration::from_secs(10),
+            scan_interval: Duration::from_secs(3600),
+            ..SchedulerConfig::default()
+        };
+        let shutdown = CancellationToken::new();
+        let scheduler = Scheduler::spawn(config, store.clone(), shutdown.clone());
+        let (silent, mut silent_orders) = join_one_slot(&scheduler).await;
+        scheduler.enqueue(step.clone());
+        let Outbound::Dispatch(first) = next_order(&mut silent_orders).await else {
+            panic!("expected the first attempt")
+        };
+
+        clock.advance(Duration::from_secs(9));
+        scheduler.heartbeat(silent.clone());
+        // The heartbeat reads the clock when the scheduler takes it; a tick is taken after it.
+        scheduler.tick().await;
+        clock.advance(Duration::from_secs(10));
+        scheduler.tick().await;
+        assert!(silent_orders.try_recv().is_err(), "a heartbeat renewed the lease");
+        clock.advance(Duration::from_millis(1));
+        scheduler.tick().await;
+        let Outbound::Close(error) = next_order(&mut silent_orders).await else {
+            panic!("expected the silent worker's session to be closed")
+        };
+        assert!(error.to_string().contains("no heartbeat for 10s"), "{error}");
+
+        let lost = step_once(&store, &run, "the lost attempt recorded", |s| s.lease_losses == 1).await;
+        assert_eq!(
+            (lost.status, lost.attempts),
+            (StepStatus::Pending, first.attempt),
+            "{lost:?}"
+        );
+        if let Some(due) = lost.not_before {
+            clock.advance(Duration::from_millis(
+                due.saturating_sub(clock.now_millis()).max(0) as u64
+            ));
+        }
+        let (_other, mut orders) = join_one_slot(&scheduler).await;
+        let Outbound::Dispatch(second) = next_order(&mut orders).await else {
+            panic!("expected the call again on the other worker")
+        };
+        assert_eq!((second.attempt, &second.step.key), (2, &step.key));
+        shutdown.cancel();
+    }
+
+    /// A call whose tool no worker offers waits its schedule-to-start timeout on the clock, not a
+    /// millisecond less, then fails as `no_worker` without running.
+    #[tokio::test]
+    async fn a_call_no_worker_offers_fails_at_its_schedule_to_start_timeout() {
+        let (_dir, store, _writer, run) = store_with_run().await;
+        let clock = store.clock().clone();
+        let turn = store.schedule_turn(one_call(&run, None)).await.unwrap();
+        let crate::store::CallDisposition::Scheduled(step) = &turn[0] else {
+            panic!("expected scheduled, got {:?}", turn[0]);
+        };
+        let config = SchedulerConfig {
+            schedule_to_start_timeout: Duration::from_secs(30),
+            scan_interval: Duration::from_secs(3600),
+            ..SchedulerConfig::default()
+        };
+        let shutdown = CancellationToken::new();
+        let scheduler = Scheduler::spawn(config, store.clone(), shutdown.clone());
+        scheduler.enqueue(step.clone());
+        queued(&scheduler, 1).await;
+
+        clock.advance(Duration::from_secs(30));
+        scheduler.tick().await;
+        queued(&scheduler, 1).await;
+        clock.advance(Duration::from_millis(1));
+        scheduler.tick().await;
+        queued(&scheduler, 0).await;
+        let failed = step_once(&store, &run, "the starved call failed", |s| s.status.is_terminal()).await;
+        assert_eq!(failed.outcome, Some(crate::model::Outcome::NoWorker), "{failed:?}");
+        assert!(
+            failed
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("connected within 30s")),
+            "{failed:?}"
+        );
+        assert_eq!(failed.attempts, 0, "it never ran");
         shutdown.cancel();
     }
 
@@ -2053,16 +2206,8 @@ mod tests {
 
         // The start was recorded for a session that is gone: the loss is recorded and the call,
         // safe to retry, waits for the next worker.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let steps = store.reads.steps(run.clone()).await.unwrap();
-            if steps[0].lease_losses == 1 {
-                assert_eq!(steps[0].status, StepStatus::Pending, "{:?}", steps[0]);
-                break;
-            }
-            assert!(Instant::now() < deadline, "the loss was never recorded: {:?}", steps[0]);
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let lost = step_once(&store, &run, "the loss recorded", |s| s.lease_losses == 1).await;
+        assert_eq!(lost.status, StepStatus::Pending, "{lost:?}");
         let (_session, mut orders) = join_one_slot(&scheduler).await;
         let Some(Outbound::Dispatch(order)) = tokio::time::timeout(Duration::from_secs(10), orders.recv())
             .await

@@ -261,7 +261,12 @@ pub async fn run(
     };
     let listener = bind(config.listen).await?;
     let hub = Hub::default();
-    let (store, writer) = Store::open_database(&config.db, config.durability, hub.clone()).await?;
+    let (store, writer) = Store::open_database(
+        &config.db,
+        config.durability,
+        (hub.clone(), crate::clock::Clock::wall()),
+    )
+    .await?;
     lifecycle.watch("store writer", writer.ended());
     let traces = match &config.otlp_endpoint {
         Some(endpoint) => {
@@ -320,7 +325,7 @@ pub async fn run(
         default_timeout_ms: config.default_tool_timeout_ms,
         limits: config.limits(),
         sessions: Arc::new(tokio::sync::Semaphore::new(config.max_sessions)),
-        started_at: crate::model::now_millis(),
+        started_at: store.clock().now_millis(),
         keys: keys.clone(),
     };
 

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::error::KernelError;
-use crate::model::{Millis, StepRecord, now_millis};
+use crate::model::{Millis, StepRecord};
 use crate::registry::Registry;
 use crate::scheduler::Scheduler;
 use crate::store::{LeaseLoss, LossOutcome, ReplicaBeat, ReplicaRow, Store};
@@ -40,7 +40,7 @@ fn alive(row: &ReplicaRow, now: Millis, ttl: Duration) -> bool {
 
 /// The replicas whose rows are fresh, this one excluded.
 pub async fn live_replicas(store: &Store, ttl: Duration) -> Result<Vec<ReplicaRow>, KernelError> {
-    let now = now_millis();
+    let now = store.clock().now_millis();
     Ok(store
         .reads
         .replicas()
@@ -54,7 +54,7 @@ pub async fn live_replicas(store: &Store, ttl: Duration) -> Result<Vec<ReplicaRo
 /// takes over the leases of replicas that stopped renewing theirs.
 pub async fn heartbeat(store: Store, scheduler: Scheduler, registry: Registry, shutdown: CancellationToken) {
     let config = scheduler.config().clone();
-    let started_at = now_millis();
+    let started_at = store.clock().now_millis();
     let mut tick = tokio::time::interval(config.heartbeat_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Since when this replica's own beats have all landed. After an outage every row looks old:
@@ -69,7 +69,7 @@ pub async fn heartbeat(store: Store, scheduler: Scheduler, registry: Registry, s
         match beat(&store, &scheduler, started_at).await {
             Ok(rows) => {
                 let since = *healthy_since.get_or_insert_with(tokio::time::Instant::now);
-                let now = now_millis();
+                let now = store.clock().now_millis();
                 let (live, dead): (Vec<ReplicaRow>, Vec<ReplicaRow>) = rows
                     .into_iter()
                     .filter(|row| row.id != store.replica())

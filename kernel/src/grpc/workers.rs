@@ -29,7 +29,7 @@ use crate::auth::{Caller, KeyRing};
 use crate::error::KernelError;
 use crate::hub::ProgressUpdate;
 use crate::limits::{self, LogEvery, RateLimit};
-use crate::model::{ErrorKind, RunId, StepKey, StepKind, StepStatus, cut, now_millis};
+use crate::model::{ErrorKind, RunId, StepKey, StepKind, StepStatus, cut};
 use crate::scheduler::{DispatchOrder, Outbound};
 use crate::store::{ResultReport, SuspendReport, ToolCacheSet};
 
@@ -148,7 +148,7 @@ impl WorkerService for WorkerApi {
                 .leave(session_id, "registration could not be stored".into());
             return Err(error.into());
         }
-        kernel.registry.join(&tools, now_millis());
+        kernel.registry.join(&tools, kernel.store.clock().now_millis());
         kernel.registry.know_agents(&agents);
         kernel.scheduler.ready(session_id.clone());
 
@@ -741,8 +741,13 @@ impl Session {
                     Err(error) => cache_refusal(request_id, error.to_string()),
                 },
                 Some(pb::cache_request::Op::Set(set)) => {
-                    let expires_at = (set.ttl_ms > 0)
-                        .then(|| now_millis().saturating_add(i64::try_from(set.ttl_ms).unwrap_or(i64::MAX)));
+                    let expires_at = (set.ttl_ms > 0).then(|| {
+                        kernel
+                            .store
+                            .clock()
+                            .now_millis()
+                            .saturating_add(i64::try_from(set.ttl_ms).unwrap_or(i64::MAX))
+                    });
                     let entry = ToolCacheSet {
                         dispatch_id: request.dispatch_id,
                         attempt: request.attempt,

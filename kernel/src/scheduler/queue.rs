@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::model::{RunId, StepKey, StepRecord, now_millis};
+use crate::clock::Clock;
+use crate::model::{RunId, StepKey, StepRecord};
 
 /// Below this capacity a drained queue keeps its buffers; above it, they shrink once mostly empty,
 /// so a burst of queued calls does not keep its memory after it has been served.
@@ -20,11 +21,11 @@ pub(super) struct Queued {
 }
 
 impl Queued {
-    fn new(step: StepRecord) -> Self {
-        let now = Instant::now();
+    fn new(step: StepRecord, clock: &Clock) -> Self {
+        let now = clock.instant();
         let not_before = step
             .not_before
-            .map(|at| now + Duration::from_millis(at.saturating_sub(now_millis()).max(0) as u64));
+            .map(|at| now + Duration::from_millis(at.saturating_sub(clock.now_millis()).max(0) as u64));
         Queued {
             step,
             since: now,
@@ -57,11 +58,11 @@ impl Queue {
     }
 
     /// Queues the step at the back unless it is queued already; says whether it was added.
-    pub fn push(&mut self, step: StepRecord) -> bool {
+    pub fn push(&mut self, step: StepRecord, clock: &Clock) -> bool {
         if !self.keys.insert((step.run_id.clone(), step.key.clone())) {
             return false;
         }
-        self.items.push_back(Queued::new(step));
+        self.items.push_back(Queued::new(step, clock));
         true
     }
 
@@ -122,14 +123,20 @@ mod tests {
     fn a_step_is_queued_once_until_it_leaves() {
         let run = RunId::new();
         let mut queue = Queue::default();
-        assert!(queue.push(step(&run, 0)));
-        assert!(!queue.push(step(&run, 0)), "a second offer of a queued step is ignored");
-        assert!(queue.push(step(&run, 1)));
+        assert!(queue.push(step(&run, 0), &Clock::wall()));
+        assert!(
+            !queue.push(step(&run, 0), &Clock::wall()),
+            "a second offer of a queued step is ignored"
+        );
+        assert!(queue.push(step(&run, 1), &Clock::wall()));
         assert_eq!(queue.len(), 2);
         let first = queue.remove(0);
         assert_eq!(first.step.key, StepKey::for_call(0, 0, None));
         assert!(!queue.contains(&run, &first.step.key));
-        assert!(queue.push(step(&run, 0)), "a step that left may be queued again");
+        assert!(
+            queue.push(step(&run, 0), &Clock::wall()),
+            "a step that left may be queued again"
+        );
         queue.retain(|q| q.step.key != StepKey::for_call(0, 1, None));
         assert!(!queue.contains(&run, &StepKey::for_call(0, 1, None)));
         assert_eq!(queue.len(), 1);
@@ -140,7 +147,7 @@ mod tests {
         let run = RunId::new();
         let mut queue = Queue::default();
         for n in 0..10_000 {
-            queue.push(step(&run, n));
+            queue.push(step(&run, n), &Clock::wall());
         }
         assert!(queue.capacity() >= 10_000);
         while !queue.is_empty() {

@@ -42,6 +42,7 @@ use writer::Command;
 pub use writer::EarlyDispatch;
 use writer::WriteConn;
 
+use crate::clock::Clock;
 use crate::error::KernelError;
 use crate::hub::Hub;
 use crate::model::{AgentDef, Millis, RunId, RunRecord, StepKey, StepRecord, ToolDef};
@@ -165,6 +166,8 @@ pub struct Store {
     pub reads: Readers,
     /// This kernel's replica id, new at every start: the holder of the leases its writer records.
     replica: Arc<str>,
+    /// The time every timestamp and deadline is written in.
+    clock: Clock,
 }
 
 /// A replica's renewal of its row.
@@ -310,7 +313,11 @@ fn new_replica_id() -> Arc<str> {
 
 impl Store {
     /// Opens (creating and migrating) the database and starts the writer thread.
-    pub fn open(path: &Path, durability: Durability, hub: Hub) -> Result<(Store, WriterThread), KernelError> {
+    pub fn open(
+        path: &Path,
+        durability: Durability,
+        (hub, clock): (Hub, Clock),
+    ) -> Result<(Store, WriterThread), KernelError> {
         let (conn, sync, checkpoints) = open_writer(path, durability)
             .map_err(|e| KernelError::Store(format!("cannot open database {}: {e}", path.display())))?;
         let (commands, receiver) = mpsc::channel();
@@ -318,12 +325,13 @@ impl Store {
         let writer_replica = replica.clone();
         let live = Arc::new(live::LiveRuns::default());
         let writer_live = live.clone();
-        let reads = Readers::open(&PathBuf::from(path), Some(live))?;
+        let reads = Readers::open(&PathBuf::from(path), Some(live), clock.clone())?;
         let idle_reads = reads.clone();
+        let writer_clock = clock.clone();
         let thread = WriterThread::spawn(move || {
             writer::run(
                 WriteConn::Sqlite(conn, sync, checkpoints),
-                &writer_replica,
+                (&writer_replica, &writer_clock),
                 receiver,
                 (Some(&writer_live), move |published| hub.publish_committed(published)),
                 move || idle_reads.release_memory(),
@@ -334,6 +342,7 @@ impl Store {
                 commands,
                 reads,
                 replica,
+                clock,
             },
             thread,
         ))
@@ -342,7 +351,7 @@ impl Store {
     /// Opens a PostgreSQL store: migrates it (under the migration lock), then starts the writer
     /// thread on its own connection, which holds the serving lock: one kernel per database until
     /// replicas coordinate through it.
-    pub async fn open_postgres(url: &str, hub: Hub) -> Result<(Store, WriterThread), KernelError> {
+    pub async fn open_postgres(url: &str, (hub, clock): (Hub, Clock)) -> Result<(Store, WriterThread), KernelError> {
         let mut client = postgres::connect(url).await?;
         postgres::migrate(&mut client).await?;
         drop(client);
@@ -351,6 +360,7 @@ impl Store {
         let writer_url = url.to_owned();
         let replica = new_replica_id();
         let writer_replica = replica.clone();
+        let writer_clock = clock.clone();
         let thread = WriterThread::spawn(move || {
             let conn = match postgres::open_writer(&writer_url) {
                 Ok(conn) => conn,
@@ -365,7 +375,7 @@ impl Store {
                     conn: Box::new(conn),
                     url: writer_url,
                 },
-                &writer_replica,
+                (&writer_replica, &writer_clock),
                 receiver,
                 (None, move |published| hub.publish_committed(published)),
                 || {},
@@ -377,8 +387,9 @@ impl Store {
         Ok((
             Store {
                 commands,
-                reads: Readers::open_postgres(url),
+                reads: Readers::open_postgres(url, clock.clone()),
                 replica,
+                clock,
             },
             thread,
         ))
@@ -388,11 +399,11 @@ impl Store {
     pub async fn open_database(
         db: &Database,
         durability: Durability,
-        hub: Hub,
+        shared: (Hub, Clock),
     ) -> Result<(Store, WriterThread), KernelError> {
         match db {
-            Database::Sqlite(path) => Store::open(path, durability, hub),
-            Database::Postgres(url) => Store::open_postgres(url, hub).await,
+            Database::Sqlite(path) => Store::open(path, durability, shared),
+            Database::Postgres(url) => Store::open_postgres(url, shared).await,
         }
     }
 
@@ -404,6 +415,11 @@ impl Store {
     /// This kernel's replica id.
     pub fn replica(&self) -> &str {
         &self.replica
+    }
+
+    /// The clock this store writes its timestamps on, which every deadline is measured by.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// Claims at most `limit` waiting calls of `tools` (or runs of `agents`) no other replica

@@ -10,6 +10,7 @@ use super::sql::{self, Arg, Connection, Dialect, OptionalExtension, PgConn, para
 
 use super::live::LiveRuns;
 use super::rows::{self, APPROVAL_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS};
+use crate::clock::Clock;
 use crate::error::KernelError;
 use crate::model::{
     ApprovalRecord, ApprovalStatus, EventRecord, Millis, RunId, RunRecord, RunStatus, StepKey, StepRecord, ToolDef,
@@ -28,6 +29,8 @@ pub struct Readers {
     /// The runs this kernel's writer created and holds (SQLite): a new turn of one plans without
     /// a read.
     live: Option<Arc<LiveRuns>>,
+    /// Expiry is read on the kernel's clock.
+    clock: Clock,
 }
 
 /// The most connections a pool holds, and so the most reads at once.
@@ -100,23 +103,25 @@ pub struct RunFilter {
 
 impl Readers {
     /// Readers of a SQLite store, with what its writer keeps of the runs it created.
-    pub fn open(path: &std::path::Path, live: Option<Arc<LiveRuns>>) -> Result<Self, KernelError> {
+    pub fn open(path: &std::path::Path, live: Option<Arc<LiveRuns>>, clock: Clock) -> Result<Self, KernelError> {
         Ok(Readers {
             pool: Arc::new(Pool::default()),
             source: Arc::new(Source::Sqlite(path.to_owned())),
             permits: Arc::new(tokio::sync::Semaphore::new(READERS)),
             live,
+            clock,
         })
     }
 
     /// Readers of a PostgreSQL store, each its own connection (made on first use).
-    pub fn open_postgres(url: &str) -> Self {
+    pub fn open_postgres(url: &str, clock: Clock) -> Self {
         Readers {
             pool: Arc::new(Pool::default()),
             source: Arc::new(Source::Postgres(url.to_owned())),
             permits: Arc::new(tokio::sync::Semaphore::new(READERS)),
             // Other replicas write too: what one writer committed is not all there is.
             live: None,
+            clock,
         }
     }
 
@@ -548,7 +553,7 @@ impl Readers {
     /// The value a tool keeps under `key` in its cache, unless absent or expired.
     pub async fn tool_cache_get(&self, tool: String, key: String) -> Result<Option<String>, KernelError> {
         super::check_tool_cache_key(&key)?;
-        let now = crate::model::now_millis();
+        let now = self.clock.now_millis();
         self.with(move |conn| {
             conn.prepare_cached(
                 "SELECT value FROM tool_cache WHERE tool = ?1 AND key = ?2 AND (expires_at IS NULL OR expires_at > ?3)",

@@ -4,11 +4,13 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::model::{ErrorKind, EventType, Idempotency, RunStatus, StepKind, StepStatus, ToolOptions};
+use crate::model::{ApprovalStatus, ErrorKind, EventType, Idempotency, RunStatus, StepKind, StepStatus, ToolOptions};
 
 struct Fixture {
     store: Store,
     hub: Hub,
+    /// The store's clock, which moves only when a test advances it.
+    clock: Clock,
     _dir: Option<tempfile::TempDir>,
     _postgres: Option<e2e::postgres::Postgres>,
     _writer: WriterThread,
@@ -16,11 +18,17 @@ struct Fixture {
 
 fn open() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let hub = Hub::default();
-    let (store, writer) = Store::open(&dir.path().join("k.db"), Durability::Normal, hub.clone()).unwrap();
+    let (hub, clock) = (Hub::default(), Clock::manual());
+    let (store, writer) = Store::open(
+        &dir.path().join("k.db"),
+        Durability::Normal,
+        (hub.clone(), clock.clone()),
+    )
+    .unwrap();
     Fixture {
         store,
         hub,
+        clock,
         _dir: Some(dir),
         _postgres: None,
         _writer: writer,
@@ -36,11 +44,14 @@ async fn open_postgres(test: &str) -> Option<Fixture> {
     })
     .await
     .unwrap()?;
-    let hub = Hub::default();
-    let (store, writer) = Store::open_postgres(&server.url, hub.clone()).await.unwrap();
+    let (hub, clock) = (Hub::default(), Clock::manual());
+    let (store, writer) = Store::open_postgres(&server.url, (hub.clone(), clock.clone()))
+        .await
+        .unwrap();
     Some(Fixture {
         store,
         hub,
+        clock,
         _dir: None,
         _postgres: Some(server),
         _writer: writer,
@@ -976,7 +987,7 @@ async fn a_turn_read_that_finds_the_database_locked_waits_off_the_runtime() {
         conn.execute_batch("COMMIT").unwrap();
     });
     is_locked.recv().unwrap();
-    let reads = Readers::open(&path, None).unwrap();
+    let reads = Readers::open(&path, None, Clock::wall()).unwrap();
     let read = tokio::spawn({
         let id = id.clone();
         let reads = reads.clone();
@@ -1018,7 +1029,7 @@ async fn pooled_readers_give_back_their_page_caches() {
         [id.as_str()],
     )
     .unwrap();
-    let reads = Readers::open(&path, None).unwrap();
+    let reads = Readers::open(&path, None, Clock::wall()).unwrap();
     // A megabyte of rows read through the pool's one connection fills its page cache.
     assert_eq!(reads.events(id.clone(), 1, 1000).await.unwrap().len(), 500);
     let freed = tikv_jemalloc_ctl::thread::deallocatedp::read().unwrap();
@@ -1038,7 +1049,7 @@ async fn the_store_survives_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("k.db");
     let id = {
-        let (store, writer) = Store::open(&path, Durability::Full, Hub::default()).unwrap();
+        let (store, writer) = Store::open(&path, Durability::Full, (Hub::default(), Clock::wall())).unwrap();
         let (run, _) = store.create_run(new_run(None, 0)).await.unwrap();
         store
             .register_tools(vec![tool("add", Idempotency::SafeToRetry)])
@@ -1048,7 +1059,7 @@ async fn the_store_survives_a_reopen() {
         tokio::task::spawn_blocking(move || writer.join()).await.unwrap();
         run.id
     };
-    let (store, _writer) = Store::open(&path, Durability::Full, Hub::default()).unwrap();
+    let (store, _writer) = Store::open(&path, Durability::Full, (Hub::default(), Clock::wall())).unwrap();
     assert_eq!(store.reads.run(id).await.unwrap().unwrap().status, RunStatus::Pending);
     assert_eq!(store.reads.tools().await.unwrap().len(), 1);
 }
@@ -1080,7 +1091,7 @@ fn cache_entry(dispatch: &str, key: &str, value: &str, expires_at: Option<i64>) 
 }
 
 async fn tool_cache_entries_are_namespaced_per_tool_and_expire(fx: Fixture) {
-    let now = crate::model::now_millis();
+    let now = fx.clock.now_millis();
     running(&fx, "rates", "d-rates").await;
     let get = |tool: &str, key: &str| fx.store.reads.tool_cache_get(tool.into(), key.into());
 
@@ -1105,6 +1116,15 @@ async fn tool_cache_entries_are_namespaced_per_tool_and_expire(fx: Fixture) {
         Some("1.1"),
         "a set replaces"
     );
+    fx.clock.advance(std::time::Duration::from_millis(59_999));
+    assert_eq!(
+        get("rates", "eur").await.unwrap().as_deref(),
+        Some("1.1"),
+        "an entry lives until its time"
+    );
+    fx.clock.advance(std::time::Duration::from_millis(1));
+    assert_eq!(get("rates", "eur").await.unwrap(), None, "and not a millisecond beyond");
+    let now = fx.clock.now_millis();
 
     fx.store
         .tool_cache_set(cache_entry("d-rates", "gbp", "0.85", Some(now - 1)))
@@ -1124,6 +1144,50 @@ async fn tool_cache_entries_are_namespaced_per_tool_and_expire(fx: Fixture) {
         Some("0.86"),
         "and can be set again"
     );
+}
+
+/// An approval with a timeout stays pending until its deadline on the clock and expires at it,
+/// settling its call; the kernel's expiry pass finds nothing due before.
+async fn an_approval_expires_at_its_deadline_and_not_before(fx: Fixture) {
+    let (run, _) = fx.store.create_run(new_run(None, 0)).await.unwrap();
+    let mut gated = call(0, 0, Some(tool("refund", Idempotency::AtMostOnce)), "refund", "{}");
+    gated.gate = CallGate::Approve(crate::model::ApprovalGate {
+        timeout_ms: Some(600_000),
+        approvers: vec!["finance".into()],
+        message: None,
+        decided_by: "rule:refunds".into(),
+    });
+    let asked_at = fx.clock.now_millis();
+    let turn = fx.store.schedule_turn(plan(&run.id, 0, vec![gated])).await.unwrap();
+    assert!(matches!(turn[0], CallDisposition::Gated(_)), "{:?}", turn[0]);
+    let pending = fx
+        .store
+        .reads
+        .approvals(ApprovalStatus::Pending, Some(run.id.clone()))
+        .await
+        .unwrap();
+    assert_eq!(pending[0].expires_at, Some(asked_at + 600_000), "{pending:?}");
+
+    fx.clock.advance(std::time::Duration::from_millis(599_999));
+    assert!(!fx.store.reads.approvals_due(fx.clock.now_millis()).await.unwrap());
+    let early = fx.store.expire_approvals().await.unwrap();
+    assert!(
+        early.approvals.is_empty(),
+        "nothing is due a millisecond early: {early:?}"
+    );
+
+    fx.clock.advance(std::time::Duration::from_millis(1));
+    assert!(fx.store.reads.approvals_due(fx.clock.now_millis()).await.unwrap());
+    let expired = fx.store.expire_approvals().await.unwrap();
+    assert_eq!(expired.approvals.len(), 1, "{expired:?}");
+    assert_eq!(expired.approvals[0].status, ApprovalStatus::Expired);
+    assert_eq!(expired.approvals[0].answered_at, Some(asked_at + 600_000));
+    let step = fx.store.reads.steps(run.id.clone()).await.unwrap().remove(0);
+    assert!(
+        step.status.is_terminal(),
+        "the call is settled without running: {step:?}"
+    );
+    assert_eq!(step.attempts, 0, "{step:?}");
 }
 
 async fn only_a_dispatch_still_running_on_its_session_writes_the_cache(fx: Fixture) {
@@ -1176,7 +1240,7 @@ async fn only_a_dispatch_still_running_on_its_session_writes_the_cache(fx: Fixtu
 }
 
 async fn expired_cache_entries_are_purged_in_batches_and_live_ones_stay(fx: Fixture) {
-    let now = crate::model::now_millis();
+    let now = fx.clock.now_millis();
     running(&fx, "rates", "d1").await;
     for n in 0..5 {
         let expires_at = Some(now - 1_000 + n);
@@ -1427,7 +1491,7 @@ async fn a_finished_run_is_deleted_whole_and_a_run_in_flight_is_refused(f: Fixtu
     let (young, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let none = f.store.prune_runs(0, 100).await.unwrap();
     assert_eq!(none.runs, 0, "nothing finished before the epoch");
-    let pruned = f.store.prune_runs(crate::model::now_millis() + 1, 100).await.unwrap();
+    let pruned = f.store.prune_runs(f.clock.now_millis() + 1, 100).await.unwrap();
     assert_eq!(pruned.runs, 1, "the finished run goes, the pending one stays");
     assert!(f.store.reads.run(young.id).await.unwrap().is_some());
 }
@@ -1738,10 +1802,15 @@ async fn a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases(f: 
     let claimed = claim(&["add"], &[], 10).await.unwrap();
     assert_eq!(claimed.len(), 1, "only the waiting call: {claimed:?}");
     assert_eq!(claimed[0].key, second.key);
+    f.clock
+        .advance(std::time::Duration::from_millis(super::ops::CLAIM_MS as u64));
     assert!(
         claim(&["add"], &[], 10).await.unwrap().is_empty(),
-        "a claimed call is left to its claimer for a while"
+        "a claimed call is left to its claimer for CLAIM_MS, its last millisecond included"
     );
+    f.clock.advance(std::time::Duration::from_millis(1));
+    let reclaimed = claim(&["add"], &[], 10).await.unwrap();
+    assert_eq!(reclaimed.len(), 1, "a claim not acted on lapses: {reclaimed:?}");
 
     let beat = |offers: &str| crate::store::ReplicaBeat {
         started_at: 1,
@@ -1752,7 +1821,7 @@ async fn a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases(f: 
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].id, f.store.replica());
     let first_beat = rows[0].heartbeat_at;
-    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    f.clock.advance(std::time::Duration::from_millis(5));
     f.store
         .beat(beat(r#"{"tools":{"add":"f"},"agents":{}}"#))
         .await
@@ -1795,6 +1864,7 @@ on_both_stores!(cancelling_settles_in_flight_steps_before_the_run);
 on_both_stores!(one_call_is_cancelled_and_an_idle_run_is_abandoned);
 on_both_stores!(concurrent_appends_keep_sequence_numbers_gap_free);
 on_both_stores!(tool_cache_entries_are_namespaced_per_tool_and_expire);
+on_both_stores!(an_approval_expires_at_its_deadline_and_not_before);
 on_both_stores!(only_a_dispatch_still_running_on_its_session_writes_the_cache);
 on_both_stores!(expired_cache_entries_are_purged_in_batches_and_live_ones_stay);
 on_both_stores!(refused_tool_cache_entries_write_nothing);
@@ -1963,7 +2033,9 @@ async fn a_writer_trusts_nothing_it_remembers_once_another_replica_committed() {
         return;
     };
     let url = a._postgres.as_ref().expect("a server").url.clone();
-    let (b, _b_writer) = Store::open_postgres(&url, Hub::default()).await.unwrap();
+    let (b, _b_writer) = Store::open_postgres(&url, (Hub::default(), Clock::wall()))
+        .await
+        .unwrap();
     let (run, _) = a.store.create_run(new_run(None, 0)).await.unwrap();
     let turn = a
         .store

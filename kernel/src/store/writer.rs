@@ -22,8 +22,9 @@ use super::{
     Answer, Answered, EndRun, Fence, LeaseLoss, LocalStep, LossOutcome, NewRun, ResultReport, StartDispatch,
     StepRecorded, SubagentStart, SubagentStarted, SuspendReport, TurnPlan,
 };
+use crate::clock::Clock;
 use crate::error::KernelError;
-use crate::model::{AgentDef, RunId, RunRecord, StepKey, StepKind, StepRecord, ToolDef, now_millis};
+use crate::model::{AgentDef, RunId, RunRecord, StepKey, StepKind, StepRecord, ToolDef};
 
 /// The most commands folded into one transaction; bounds the latency of a batch.
 const MAX_BATCH: usize = 512;
@@ -654,7 +655,7 @@ fn next_command(commands: &Receiver<Order>, conn: &WriteConn, idle: &impl Fn()) 
 /// `publish`, before any of its commands is answered; `idle` runs when the store has gone quiet.
 pub fn run(
     mut conn: WriteConn,
-    replica: &str,
+    (replica, clock): (&str, &Clock),
     commands: Receiver<Order>,
     (live, publish): (Option<&LiveRuns>, impl Fn(Vec<Published>)),
     idle: impl Fn(),
@@ -689,7 +690,7 @@ pub fn run(
             }
             continue;
         }
-        let now = now_millis();
+        let now = clock.now_millis();
         let began = std::time::Instant::now();
         let commands = batch.len();
         let mut published = Vec::new();

@@ -230,7 +230,8 @@ fn header(run: &pb::Run, manifest: Option<&pb::RunManifest>) -> Markup {
 fn steps(loaded: &Loaded) -> Markup {
     let run = loaded.run();
     let steps = &loaded.got.steps;
-    let now = crate::model::now_millis();
+    // The console reads the kernel as a client does, over its API: "now" is the reader's.
+    let now = crate::clock::Clock::wall().now_millis();
     let axis = Axis::of(run, steps, now, is_live(run));
     let attempts = timeline::attempts(&loaded.events);
     let none: Vec<Attempt> = Vec::new();

@@ -10,8 +10,8 @@ use tracing::{info, warn};
 
 use super::Migrated;
 use super::sql::describe;
+use crate::clock::Clock;
 use crate::error::KernelError;
-use crate::model::now_millis;
 
 /// The advisory lock migrations run under: one number, the same in every replica.
 const MIGRATION_LOCK: i64 = 0x6b65_726e_656c_0001;
@@ -81,7 +81,7 @@ async fn apply(client: &mut Client) -> Result<Migrated, KernelError> {
             .map_err(|error| store(&format!("migration {version} failed"), &error))?;
         tx.execute(
             "INSERT INTO kernel_schema (version, applied_at) VALUES ($1, $2)",
-            &[&version, &now_millis()],
+            &[&version, &Clock::wall().now_millis()],
         )
         .await
         .map_err(|error| store(&format!("cannot record migration {version}"), &error))?;
