@@ -35,6 +35,78 @@ pub enum KernelError {
 }
 
 impl KernelError {
+    /// One error of each kind: the errors reference maps each to its status through the one
+    /// mapping below, so the page shows the code a client really gets.
+    pub fn examples() -> [KernelError; 9] {
+        let text = || String::from("...");
+        [
+            KernelError::invalid("field", "..."),
+            KernelError::NotFound(text()),
+            KernelError::FailedPrecondition(text()),
+            KernelError::AlreadyExists(text()),
+            KernelError::Unavailable(text()),
+            KernelError::LimitExceeded {
+                field: "field".into(),
+                message: text(),
+            },
+            KernelError::Unauthenticated(text()),
+            KernelError::PermissionDenied(text()),
+            KernelError::Store(text()),
+        ]
+    }
+
+    /// What an error of this kind tells a client, and whether the same request may succeed
+    /// later: the errors reference is rendered from it, so a new kind cannot go undocumented.
+    pub fn guidance(&self) -> (&'static str, &'static str) {
+        match self {
+            KernelError::InvalidArgument { .. } => (
+                "A request field is missing or malformed. The message starts with the field's path. Nothing \
+                 was written.",
+                "No: fix the field the message names.",
+            ),
+            KernelError::NotFound(_) => (
+                "The run, step, call, approval, tool, agent or key named does not exist, or was deleted.",
+                "No.",
+            ),
+            KernelError::FailedPrecondition(_) => (
+                "The request is valid but the state does not allow it now: a turn on a finished run, an \
+                 answer to an approval already answered, a result from a dispatch that no longer holds its \
+                 call. The message says which.",
+                "Not as it is: read the state first (`kernelctl runs show`).",
+            ),
+            KernelError::AlreadyExists(_) => (
+                "A worker's registration conflicts with what connected workers already offer: a tool or \
+                 hosted agent of the same name with another fingerprint (description, schema or version).",
+                "Once the other workers have left or run the same version.",
+            ),
+            KernelError::Unavailable(_) => (
+                "The kernel is draining or stopping, its database is unreachable, or one of its parts \
+                 stopped; the request was not done.",
+                "Yes, after a backoff, or on another replica.",
+            ),
+            KernelError::LimitExceeded { .. } => (
+                "A configured limit was exceeded; the message names the field, what it was, and the limit \
+                 with its flag ([The kernel's flags](kernel-flags.md#limits)).",
+                "Not as it is: send less, or raise the limit.",
+            ),
+            KernelError::Unauthenticated(_) => (
+                "The kernel has API keys and the request carried none, or one it does not know \
+                 ([Security](../guides/security.md)).",
+                "With a key the kernel knows.",
+            ),
+            KernelError::PermissionDenied(_) => (
+                "The request's key lacks a scope it needs, or a worker's key may not register the tool \
+                 it offered.",
+                "With a key that has the scope.",
+            ),
+            KernelError::Store(_) => (
+                "The store failed the operation the message names (`store: ...`).",
+                "Yes, after a backoff. A write sent again is recorded once where it is idempotent: a \
+                 turn's calls, a run created with an idempotency key, a worker's result.",
+            ),
+        }
+    }
+
     /// An invalid request field.
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         KernelError::InvalidArgument {
@@ -64,6 +136,15 @@ impl From<KernelError> for Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_has_an_example_with_its_own_status() {
+        let codes: std::collections::BTreeSet<String> = KernelError::examples()
+            .into_iter()
+            .map(|error| format!("{:?}", Status::from(error).code()))
+            .collect();
+        assert_eq!(codes.len(), KernelError::examples().len(), "{codes:?}");
+    }
 
     #[test]
     fn invalid_argument_names_the_field() {

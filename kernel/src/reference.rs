@@ -193,6 +193,59 @@ fn events_page() -> String {
     out
 }
 
+/// The gRPC statuses a request may be answered with, and a tool's error kinds.
+fn errors_page() -> String {
+    let mut out = generated_by(
+        "errors",
+        "KernelError in kernel/src/error.rs and ErrorKind in proto/kernel/v1/common.proto",
+    );
+    out.push_str(
+        "# Errors
+
+",
+    );
+    out.push_str(
+        "Two things fail differently. A **request** the kernel refuses or cannot do is answered with a gRPC \
+         status: its code is one of those below, and its message says what, naming the field where a field is \
+         wrong (`calls[1].arguments_json: not valid JSON ...`). A **call** whose tool fails is not an error of \
+         the request: it is recorded and settled, the model reads its text, and a program reads its \
+         [outcome](outcomes.md); the tool's error kind decides whether it is retried. `kernelctl` prints a \
+         status's message on stderr and exits with 1 (2 for a command line it cannot parse).\n\n",
+    );
+    out.push_str("## gRPC statuses\n\n| status | when | may the same request succeed later? |\n|---|---|---|\n");
+    for error in crate::error::KernelError::examples() {
+        let (when, again) = error.guidance();
+        let code = tonic::Status::from(error).code();
+        let _ = writeln!(out, "| `{}` | {} | {} |", status_name(code), cell(when), cell(again));
+    }
+    out.push_str(
+        "\n## A tool's error kinds\n\nA worker answers a failed call with an error and its kind (`ErrorKind`, \
+         which both SDKs' `ToolError` carries). A call whose tool fails with `fatal` or `poison`, or with \
+         `retryable` on every attempt its retry policy allows, settles as `tool_error`.\n\n| kind | meaning |\n|---|---|\n",
+    );
+    for (value, comment) in proto_enum(COMMON_PROTO, "ErrorKind") {
+        let Some(name) = value.strip_prefix("ERROR_KIND_") else {
+            panic!("{value} is not named ERROR_KIND_*");
+        };
+        if name != "UNSPECIFIED" {
+            let _ = writeln!(out, "| `{}` | {} |", name.to_lowercase(), prose(&comment));
+        }
+    }
+    out
+}
+
+/// A gRPC code as the protocol spells it (`INVALID_ARGUMENT`).
+fn status_name(code: tonic::Code) -> String {
+    let mut name = String::new();
+    for (index, c) in format!("{code:?}").chars().enumerate() {
+        if c.is_ascii_uppercase() && index > 0 {
+            name.push('_');
+        }
+        name.push(c.to_ascii_uppercase());
+    }
+    name
+}
+
 /// The values of the proto enum `name`, each with the comment above it, in order.
 fn proto_enum(proto: &str, name: &str) -> Vec<(String, String)> {
     let start = proto
@@ -294,6 +347,22 @@ mod tests {
             "CallOutcome and the kernel's Outcome name the same outcomes, in order"
         );
         check_section("outcomes.md", &outcomes_table());
+    }
+
+    #[test]
+    fn errors() {
+        assert_eq!(status_name(tonic::Code::FailedPrecondition), "FAILED_PRECONDITION");
+        let kinds: Vec<String> = proto_enum(COMMON_PROTO, "ErrorKind")
+            .into_iter()
+            .filter_map(|(value, _)| value.strip_prefix("ERROR_KIND_").map(str::to_lowercase))
+            .filter(|name| name != "unspecified")
+            .collect();
+        let kernel: Vec<&str> = crate::model::ErrorKind::ALL.iter().map(|kind| kind.as_str()).collect();
+        assert_eq!(
+            kinds, kernel,
+            "ErrorKind in the proto and the kernel name the same kinds"
+        );
+        check("errors.md", &errors_page());
     }
 
     #[test]
