@@ -208,14 +208,28 @@ pub fn code_blocks(text: &str) -> Vec<CodeBlock> {
     blocks
 }
 
-/// A shell line's simple commands, as words.
+/// A shell line's simple commands, as words: `<RUN_ID>`, `<ID>`, `<RUN ID>`... given an id of the
+/// kernel's shape, and a shell variable (`$port`, `"$branch"`) 1, which fits where the docs use
+/// one: a port or an id.
 pub fn commands(line: &str) -> Vec<Vec<String>> {
-    segments(&placeholders(line))
+    commands_filled(line, &mut |name| {
+        if name.starts_with('$') {
+            "1".to_owned()
+        } else {
+            "01a235ed-e22d-765f-95d7-ff186f0bb0e2".to_owned()
+        }
+    })
 }
 
-/// `<RUN_ID>`, `<ID>`, `<RUN ID>`... replaced by an id of the kernel's shape, and a shell variable
-/// (`$port`, `"$branch"`) by 1, which fits where the docs use one: a port or an id.
-fn placeholders(line: &str) -> String {
+/// A shell line's simple commands, as words, each placeholder (`RUN_ID` for `<RUN_ID>`) and shell
+/// variable (`$branch`) replaced by what `fill` gives for its name: a test that runs the line
+/// gives real ids.
+pub fn commands_filled(line: &str, fill: &mut dyn FnMut(&str) -> String) -> Vec<Vec<String>> {
+    segments(&placeholders(line, fill))
+}
+
+/// The line with its placeholders and shell variables filled.
+fn placeholders(line: &str, fill: &mut dyn FnMut(&str) -> String) -> String {
     let mut out = String::new();
     let mut rest = line;
     while let Some(start) = rest.find(['<', '$']) {
@@ -225,7 +239,11 @@ fn placeholders(line: &str) -> String {
             let name = after
                 .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                 .unwrap_or(after.len());
-            out.push_str(if name == 0 { "$" } else { "1" });
+            if name == 0 {
+                out.push('$');
+            } else {
+                out.push_str(&fill(&rest[start..start + 1 + name]));
+            }
             rest = &after[name..];
             continue;
         }
@@ -235,7 +253,7 @@ fn placeholders(line: &str) -> String {
                     .chars()
                     .all(|c| c.is_ascii_uppercase() || c == '_' || c == ' ') =>
             {
-                out.push_str("01a235ed-e22d-765f-95d7-ff186f0bb0e2");
+                out.push_str(&fill(&after[..end]));
                 rest = &after[end + 1..];
             }
             _ => {
@@ -318,7 +336,7 @@ mod tests {
 
     #[test]
     fn shell_lines_split_into_simple_commands() {
-        let words = |line: &str| segments(&placeholders(line));
+        let words = |line: &str| commands(line);
         assert_eq!(
             words(r#"branch=$(cargo run -q -p kernelctl -- runs fork <RUN_ID> --at t0/p0)  # a comment"#),
             [

@@ -11,6 +11,7 @@ mod calls;
 mod cancel_call;
 mod cli;
 mod docs;
+mod docs_run;
 mod fault_timing;
 mod faults;
 mod governance;
