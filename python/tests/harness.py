@@ -19,14 +19,20 @@ PYTHON_TESTS = Path(__file__).resolve().parent
 WAIT = 30.0
 
 
+def target_dir() -> Path:
+    """Where cargo builds: $CARGO_TARGET_DIR when set, as cargo itself reads it, else target/."""
+    return Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target").resolve()
+
+
 def binary(name: str) -> Path:
     """A binary of the workspace's debug build; tests/run.sh builds them first."""
+    target = target_dir()
     for folder in ("debug", "debug/examples"):
-        path = REPO / "target" / folder / name
+        path = target / folder / name
         if path.exists():
             return path
     raise RuntimeError(
-        f"no {name} binary under target/: run `cargo build --workspace --bins --examples` first"
+        f"no {name} binary under {target}: run `cargo build --workspace --bins --examples` first"
     )
 
 
