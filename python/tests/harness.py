@@ -1,6 +1,7 @@
 """Real processes for the end-to-end tests: the kernel binary on port 0 with a database of its
 own, and worker processes, each with its output read line by line so a test waits on what a
-process says rather than on a clock.
+process says rather than on a clock. What can only be polled is polled by `eventually`, with a
+deadline.
 """
 
 from __future__ import annotations
@@ -12,11 +13,18 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON_TESTS = Path(__file__).resolve().parent
 WAIT = 30.0
+"""How long any single wait may take before the test fails with what was seen."""
+POLL = 0.02
+"""How often `eventually` looks again."""
+
+T = TypeVar("T")
 
 
 def target_dir() -> Path:
@@ -34,6 +42,26 @@ def binary(name: str) -> Path:
     raise RuntimeError(
         f"no {name} binary under {target}: run `cargo build --workspace --bins --examples` first"
     )
+
+
+async def eventually(
+    what: str,
+    probe: Callable[[], Awaitable[T]],
+    timeout: float = WAIT,
+) -> T:
+    """The one way a test waits on something it can only poll: `probe` looks once and answers
+    what it saw, which is what the test waits for when truthy. It is asked again every `POLL`
+    seconds for at most `timeout`; then the test fails with what it waited for and the last
+    thing seen. Where a process says it (`Process.said`) or a stream carries it, wait on that
+    instead."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = await probe()
+        if seen:
+            return seen
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"waited {timeout} s for {what}; last saw: {seen!r}")
+        await asyncio.sleep(POLL)
 
 
 class Process:
