@@ -1,7 +1,8 @@
 """Real processes for the end-to-end tests: the kernel binary on port 0 with a database of its
 own, and worker processes, each with its output read line by line so a test waits on what a
 process says rather than on a clock. What can only be polled is polled by `eventually`, with a
-deadline.
+deadline. Every process started here is killed when its test ends, however it ends (conftest.py),
+a test over the per-test time limit included.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON_TESTS = Path(__file__).resolve().parent
@@ -67,6 +68,9 @@ async def eventually(
 class Process:
     """A child process whose stdout and stderr lines are kept, in order, as they come."""
 
+    started: ClassVar[set[Process]] = set()
+    """Every process started and not yet stopped here: `stop_all` ends them with their test."""
+
     def __init__(self, args: list[str], label: str, env: dict[str, str] | None = None) -> None:
         self.label = label
         self.lines: list[str] = []
@@ -81,6 +85,7 @@ class Process:
             text=True,
             env={**os.environ, **(env or {})},
         )
+        Process.started.add(self)
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
@@ -137,6 +142,17 @@ class Process:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=WAIT)
+        Process.started.discard(self)
+
+    @classmethod
+    def stop_all(cls) -> list[str]:
+        """Kills every process started here that is still running; returns their labels."""
+        killed: list[str] = []
+        for process in list(cls.started):
+            if process.process.poll() is None:
+                killed.append(f"{process.label} (pid {process.process.pid})")
+            process.stop()
+        return killed
 
 
 class Kernel:
