@@ -1,16 +1,62 @@
-"""Fixtures: a real kernel per test, and a helper that serves tools from this process."""
+"""Fixtures: a real kernel per test, and a helper that serves tools from this process; the
+per-test time limit, and the end of every process a test started."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+import os
+import sys
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
-from harness import Kernel
+from harness import Kernel, Process
 
 from kernel_sdk import AgentClient, Tool, Worker
+
+LIMIT_VAR = "E2E_TEST_TIMEOUT_S"
+"""The per-test limit in seconds, shared with the Rust end-to-end tests (tests/src/watchdog.rs)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-timeout fails a test over its limit (600 s, pyproject.toml); `E2E_TEST_TIMEOUT_S`
+    sets the limit as it does for the Rust suite, and `--timeout` still wins over it. Runs before
+    pytest-timeout reads its settings."""
+    limit = os.environ.get(LIMIT_VAR)
+    if limit and config.getoption("timeout", None) is None:
+        try:
+            config.option.timeout = float(limit)
+        except ValueError:
+            raise pytest.UsageError(f"{LIMIT_VAR}={limit!r} is not a number of seconds") from None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A test over the limit says so under its name, with what sets the limit."""
+    report = yield
+    if call.excinfo is not None and "from pytest-timeout" in str(call.excinfo.value):
+        said = (
+            f"{item.nodeid}: {call.excinfo.value} {LIMIT_VAR} (or --timeout) sets the limit, "
+            "600 s by default; the processes the test started are killed"
+        )
+        report.sections.append(("per-test time limit", said))
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _processes_end_with_their_test() -> Iterator[None]:
+    """Every process the harness started ends with its test: one a test left running (it failed,
+    or went over the time limit, before stopping it) is killed here, after the test's own
+    fixtures and finally blocks have run."""
+    yield
+    killed = Process.stop_all()
+    if killed:
+        # Shown with the test's report when it failed.
+        print(f"killed what the test left running: {', '.join(killed)}", file=sys.stderr)
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
 """Real processes for the end-to-end tests: the kernel binary on port 0 with a database of its
 own, and worker processes, each with its output read line by line so a test waits on what a
-process says rather than on a clock.
+process says rather than on a clock. What can only be polled is polled by `eventually`, with a
+deadline. Every process started here is killed when its test ends, however it ends (conftest.py),
+a test over the per-test time limit included.
 """
 
 from __future__ import annotations
@@ -12,26 +14,62 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import ClassVar, TypeVar
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON_TESTS = Path(__file__).resolve().parent
 WAIT = 30.0
+"""How long any single wait may take before the test fails with what was seen."""
+POLL = 0.02
+"""How often `eventually` looks again."""
+
+T = TypeVar("T")
+
+
+def target_dir() -> Path:
+    """Where cargo builds: $CARGO_TARGET_DIR when set, as cargo itself reads it, else target/."""
+    return Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target").resolve()
 
 
 def binary(name: str) -> Path:
     """A binary of the workspace's debug build; tests/run.sh builds them first."""
+    target = target_dir()
     for folder in ("debug", "debug/examples"):
-        path = REPO / "target" / folder / name
+        path = target / folder / name
         if path.exists():
             return path
     raise RuntimeError(
-        f"no {name} binary under target/: run `cargo build --workspace --bins --examples` first"
+        f"no {name} binary under {target}: run `cargo build --workspace --bins --examples` first"
     )
+
+
+async def eventually(
+    what: str,
+    probe: Callable[[], Awaitable[T]],
+    timeout: float = WAIT,
+) -> T:
+    """The one way a test waits on something it can only poll: `probe` looks once and answers
+    what it saw, which is what the test waits for when truthy. It is asked again every `POLL`
+    seconds for at most `timeout`; then the test fails with what it waited for and the last
+    thing seen. Where a process says it (`Process.said`) or a stream carries it, wait on that
+    instead."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = await probe()
+        if seen:
+            return seen
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"waited {timeout} s for {what}; last saw: {seen!r}")
+        await asyncio.sleep(POLL)
 
 
 class Process:
     """A child process whose stdout and stderr lines are kept, in order, as they come."""
+
+    started: ClassVar[set[Process]] = set()
+    """Every process started and not yet stopped here: `stop_all` ends them with their test."""
 
     def __init__(self, args: list[str], label: str, env: dict[str, str] | None = None) -> None:
         self.label = label
@@ -47,6 +85,7 @@ class Process:
             text=True,
             env={**os.environ, **(env or {})},
         )
+        Process.started.add(self)
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
@@ -103,6 +142,17 @@ class Process:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=WAIT)
+        Process.started.discard(self)
+
+    @classmethod
+    def stop_all(cls) -> list[str]:
+        """Kills every process started here that is still running; returns their labels."""
+        killed: list[str] = []
+        for process in list(cls.started):
+            if process.process.poll() is None:
+                killed.append(f"{process.label} (pid {process.process.pid})")
+            process.stop()
+        return killed
 
 
 class Kernel:

@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 
 from conftest import serving
-from harness import Kernel, Process, binary
+from harness import Kernel, Process, binary, eventually
 
 from kernel_sdk import AgentClient, ToolCall, ToolContext, tool
 
@@ -62,8 +62,10 @@ async def test_metrics_count_known_work_and_the_gauges_survive_a_restart(tmp_pat
             gated = asyncio.create_task(
                 client.call_turn(waiting.id, 0, [ToolCall("wire_money", {"cents": 5})])
             )
-            while not await client.list_approvals(run_id=waiting.id):
-                await asyncio.sleep(0.05)
+            await eventually(
+                "the gated call's approval to be asked",
+                lambda: client.list_approvals(run_id=waiting.id),
+            )
 
             samples = scrape(kernel)
             assert samples['kernel_tool_calls_total{tool="add",outcome="ok"}'] == 3
