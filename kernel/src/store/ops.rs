@@ -602,6 +602,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<RecordedTurn> {
         } else {
             None
         };
+        let looked_up = cached.is_some();
         let recorded = turn::record(
             &mut run,
             (plan.turn, plan.default_timeout_ms, plan.max_concurrency),
@@ -611,6 +612,10 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<RecordedTurn> {
             tx.now,
         );
         let step = recorded.step;
+        if looked_up && step.status == StepStatus::Succeeded {
+            // Served from the cache: the entry is this run's too, and outlives any other's deletion.
+            own_cached_result(tx, &step)?;
+        }
         // A call that starts in the turn that records it is written once, already started.
         let started = match (&recorded.next, &call.start) {
             (Next::Scheduled, Some(start)) => dispatch::start(&step, start, tx.now).map(|mut change| {
@@ -1090,8 +1095,18 @@ pub fn record_result(tx: &mut Tx<'_>, report: ResultReport) -> Result<Option<(St
                  ON CONFLICT (call_hash) DO UPDATE SET output = ?3, stored_at = ?4, expires_at = ?5",
             params![step.call_hash, step.tool, output, tx.now, expires_at],
         )?;
+        own_cached_result(tx, &step)?;
     }
     Ok(Some((tx.apply(change)?, Vec::new())))
+}
+
+/// Records that the cached result of `step`'s call belongs to its run as well.
+fn own_cached_result(tx: &mut Tx<'_>, step: &StepRecord) -> Result<()> {
+    tx.conn.write(
+        "INSERT INTO result_cache_runs (call_hash, run_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+        params![step.call_hash, step.run_id.as_str()],
+    )?;
+    Ok(())
 }
 
 /// What a run has in flight and the questions it has open, for ending it.
@@ -1734,14 +1749,19 @@ pub fn prune_runs(tx: &mut Tx<'_>, finished_before: Millis, limit: usize) -> Res
     Ok(deleted)
 }
 
-/// Removes a run's rows, children first; the cache entries its calls stored go with them, so a
-/// deleted run's results are not served to another.
+/// Removes a run's rows, children first. A cached result goes with the last run it belongs to (the
+/// run that stored it, and each run served from it): a deleted run's results are not served to
+/// another, and no other run's entry goes with it.
 fn remove_run(tx: &mut Tx<'_>, run_id: &RunId) -> Result<super::Deleted> {
     tx.cache.borrow_mut().forget(run_id);
     let id = run_id.as_str();
     let delete = |sql: &str| -> Result<u64> { Ok(tx.conn.prepare_cached(sql)?.execute(params![id])? as u64) };
-    let cache_entries =
-        delete("DELETE FROM result_cache WHERE call_hash IN (SELECT call_hash FROM steps WHERE run_id = ?1)")?;
+    let cache_entries = delete(
+        "DELETE FROM result_cache WHERE call_hash IN (SELECT call_hash FROM result_cache_runs WHERE run_id = ?1) \
+         AND NOT EXISTS (SELECT 1 FROM result_cache_runs other \
+                         WHERE other.call_hash = result_cache.call_hash AND other.run_id <> ?1)",
+    )?;
+    delete("DELETE FROM result_cache_runs WHERE run_id = ?1")?;
     let approvals = delete("DELETE FROM approvals WHERE run_id = ?1")?;
     let steps = delete("DELETE FROM steps WHERE run_id = ?1")?;
     delete("DELETE FROM places WHERE run_id = ?1")?;

@@ -337,6 +337,20 @@ const MIGRATIONS: &[&str] = &[
         marked!(),
         ";"
     ),
+    // 15: the runs each cached result belongs to: the run that stored it and every run served
+    // from it. Deleting a run deletes an entry only once no run it belongs to is left; until
+    // now it deleted every entry its calls' hashes matched, though another run had stored it.
+    // Existing entries belong to every run with a call of their hash.
+    r#"
+    CREATE TABLE result_cache_runs (
+        call_hash TEXT NOT NULL REFERENCES result_cache (call_hash) ON DELETE CASCADE,
+        run_id    TEXT NOT NULL,
+        PRIMARY KEY (call_hash, run_id)
+    ) STRICT, WITHOUT ROWID;
+    CREATE INDEX result_cache_runs_by_run ON result_cache_runs (run_id);
+    INSERT INTO result_cache_runs (call_hash, run_id)
+        SELECT DISTINCT steps.call_hash, steps.run_id FROM steps JOIN result_cache USING (call_hash);
+    "#,
 ];
 
 /// Brings the database to the newest schema.

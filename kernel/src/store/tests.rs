@@ -1407,6 +1407,66 @@ async fn a_range_of_a_runs_log_is_that_slice_of_the_whole(f: Fixture) {
     }
 }
 
+/// A cached result belongs to the run that stored it and to every run served from it: deleting one
+/// of them leaves it to the others, and it goes with the last.
+async fn a_cached_result_goes_only_with_the_last_run_it_belongs_to(f: Fixture) {
+    let reader = {
+        let mut def = tool("lookup", Idempotency::SafeToRetry);
+        def.options.read_only = true;
+        def.options.cache_ttl_ms = Some(60_000);
+        def
+    };
+    let lookup = |run: &RunId| plan(run, 0, vec![call(0, 0, Some(reader.clone()), "lookup", r#"{"q":1}"#)]);
+    let finish = |run: RunId| {
+        f.store.end_run(
+            run,
+            EndRun::Complete {
+                output: "null".into(),
+                settle_in_flight: false,
+            },
+        )
+    };
+    let cached = || async {
+        f.store
+            .reads
+            .with(|conn| conn.query_row("SELECT COUNT(*) FROM result_cache", &[], |row| row.get::<i64>(0)))
+            .await
+            .unwrap()
+    };
+
+    let (stored, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let step = scheduled(&f.store.schedule_turn(lookup(&stored.id)).await.unwrap()[0]);
+    start(&f.store, &step, "d1", 1, "s1").await.unwrap();
+    f.store.record_result(returned("d1", "42")).await.unwrap();
+    let mut served = Vec::new();
+    for _ in 0..2 {
+        let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+        let turn = f.store.schedule_turn(lookup(&run.id)).await.unwrap();
+        let CallDisposition::Settled(hit) = &turn[0] else {
+            panic!("expected a cache hit, got {:?}", turn[0]);
+        };
+        assert_eq!(hit.output.as_deref(), Some("42"));
+        served.push(run.id);
+    }
+    for run in [stored.id.clone(), served[0].clone(), served[1].clone()] {
+        finish(run).await.unwrap();
+    }
+
+    let deleted = f.store.delete_run(stored.id).await.unwrap();
+    assert_eq!(deleted.cache_entries, 0, "the runs served from it keep it");
+    assert_eq!(cached().await, 1);
+    let deleted = f.store.delete_run(served[0].clone()).await.unwrap();
+    assert_eq!(deleted.cache_entries, 0);
+    let (later, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let turn = f.store.schedule_turn(lookup(&later.id)).await.unwrap();
+    assert!(matches!(turn[0], CallDisposition::Settled(_)), "still served: {:?}", turn[0]);
+    finish(later.id.clone()).await.unwrap();
+
+    assert_eq!(f.store.delete_run(served[1].clone()).await.unwrap().cache_entries, 0);
+    assert_eq!(f.store.delete_run(later.id).await.unwrap().cache_entries, 1, "the last one takes it");
+    assert_eq!(cached().await, 0);
+}
+
 /// Deleting a run takes everything recorded under it and nothing of other runs; a run in flight
 /// is refused and keeps everything.
 async fn a_finished_run_is_deleted_whole_and_a_run_in_flight_is_refused(f: Fixture) {
@@ -1865,6 +1925,7 @@ on_both_stores!(one_call_is_cancelled_and_an_idle_run_is_abandoned);
 on_both_stores!(concurrent_appends_keep_sequence_numbers_gap_free);
 on_both_stores!(tool_cache_entries_are_namespaced_per_tool_and_expire);
 on_both_stores!(an_approval_expires_at_its_deadline_and_not_before);
+on_both_stores!(a_cached_result_goes_only_with_the_last_run_it_belongs_to);
 on_both_stores!(only_a_dispatch_still_running_on_its_session_writes_the_cache);
 on_both_stores!(expired_cache_entries_are_purged_in_batches_and_live_ones_stay);
 on_both_stores!(refused_tool_cache_entries_write_nothing);

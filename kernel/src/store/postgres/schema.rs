@@ -208,4 +208,15 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs ADD COLUMN trace TEXT;
     ALTER TABLE steps ADD COLUMN trace TEXT;
     "#,
+    // 6: the runs each cached result belongs to (SQLite's 15).
+    r#"
+    CREATE TABLE result_cache_runs (
+        call_hash TEXT NOT NULL REFERENCES result_cache (call_hash) ON DELETE CASCADE,
+        run_id    TEXT NOT NULL,
+        PRIMARY KEY (call_hash, run_id)
+    );
+    CREATE INDEX result_cache_runs_by_run ON result_cache_runs (run_id);
+    INSERT INTO result_cache_runs (call_hash, run_id)
+        SELECT DISTINCT steps.call_hash, steps.run_id FROM steps JOIN result_cache USING (call_hash);
+    "#,
 ];
