@@ -19,6 +19,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for file in FILES {
         println!("cargo:rerun-if-changed={file}");
     }
+    // `protox::compile` keeps the source info, comments included: reflection clients show them,
+    // and the kernel's test renders docs/reference/grpc-api.md from them.
     let descriptors = protox::compile(FILES, ["."])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out_dir.join("kernel_v1_descriptor.bin"), descriptors.encode_to_vec())?;

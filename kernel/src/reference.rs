@@ -1,12 +1,16 @@
-//! The reference pages generated from the code: the kernel's flags, its metrics and its event
-//! kinds, under `docs/reference/`, and the table of call outcomes in the hand-written
-//! `outcomes.md`, from the proto.
+//! The reference pages generated from the code: the kernel's flags, its metrics, its event kinds,
+//! the policy file's keys and the gRPC API, under `docs/reference/`, and the table of call
+//! outcomes in the hand-written `outcomes.md`, from the proto.
 //!
 //! Hand-written lists of flags and metrics fall behind the code they describe. These pages are
-//! rendered from the code itself (the clap command, a fresh metrics registry, the event enum), and
+//! rendered from the code itself (the clap command, a fresh metrics registry, the event enum, the
+//! policy parser's table of keys, the protos' descriptor set with its comments), and
 //! each test here fails when its page on disk differs from what the code renders now, so a change
 //! to a flag, a metric or an event kind cannot ship with a stale page. With `KERNEL_UPDATE_DOCS=1`
 //! the tests write the pages instead.
+
+mod grpc_api;
+mod policy_file;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -311,6 +315,8 @@ fn check_section(page: &str, section: &str) {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write as _;
+
     use super::*;
 
     #[test]
@@ -363,6 +369,44 @@ mod tests {
             "ErrorKind in the proto and the kernel name the same kinds"
         );
         check("errors.md", &errors_page());
+    }
+
+    #[test]
+    fn policy_file() {
+        let generated_by = generated_by("policy_file", "the table of keys in kernel/src/policy/keys.rs");
+        check("policy-file.md", &policy_file::page(generated_by));
+    }
+
+    /// The example of docs/reference/policy-file.md, as the page on disk shows it, loads.
+    #[test]
+    fn the_policy_file_example_loads() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/reference/policy-file.md");
+        let page = std::fs::read_to_string(&path).expect("docs/reference/policy-file.md");
+        let example = policy_file::yaml_block(&page).expect("a ```yaml block in docs/reference/policy-file.md");
+        crate::policy::Policy::from_yaml(example).unwrap_or_else(|error| panic!("{error}"));
+    }
+
+    #[test]
+    fn grpc_api() {
+        let generated_by = generated_by("grpc_api", "the comments of proto/kernel/v1/*.proto");
+        let page = grpc_api::page(generated_by);
+        let mut headings: Vec<&str> = page.lines().filter(|line| line.starts_with('#')).collect();
+        let count = headings.len();
+        headings.sort_unstable();
+        headings.dedup();
+        assert_eq!(
+            headings.len(),
+            count,
+            "a heading repeats, so its anchor is not the one the links use"
+        );
+        check("grpc-api.md", &page);
+    }
+
+    /// Lists, on stderr, the RPCs, messages and enums whose proto has no comment for the page.
+    #[test]
+    fn grpc_api_uncommented() {
+        let missing = grpc_api::uncommented();
+        let _ = writeln!(std::io::stderr(), "without a comment: {}", missing.join("; "));
     }
 
     #[test]

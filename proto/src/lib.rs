@@ -15,5 +15,6 @@ pub mod v1 {
     tonic::include_proto!("kernel.v1");
 }
 
-/// Encoded `FileDescriptorSet` of the protocol, for gRPC server reflection.
+/// Encoded `FileDescriptorSet` of the protocol, with its comments (source info), for gRPC server
+/// reflection and the generated page `docs/reference/grpc-api.md`.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kernel_v1_descriptor.bin"));

@@ -4,6 +4,9 @@
 //! the YAML node it is about: a bad scalar (risk, decision, glob, CEL, duration) is reported at
 //! its own line, a rule-level problem (a deny without a reason, a duplicate id, an `approval`
 //! block on a rule that does not ask) at the line where the rule starts.
+//!
+//! Each mapping's keys are checked against the table of [`keys`](super::keys) before serde reads
+//! them, so the parser accepts exactly the keys the reference page lists.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -15,6 +18,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 
 use super::cel::Condition;
 use super::glob::{self, GlobList};
+use super::keys::Section;
 use super::presets::{MaxRisk, Presets};
 use super::rules::{Matcher, Rule};
 use super::{Compiled, Fallback, PolicyError, Risk, Verdict};
@@ -31,7 +35,7 @@ pub(super) fn parse(text: &str) -> Result<Compiled, PolicyError> {
             "the policy file is empty; write `default: allow` or `default: deny` for a policy without rules",
         ));
     }
-    let file: PolicyFile = serde_norway::from_str(text).map_err(|e| yaml_error(e, text))?;
+    let Keyed(file) = serde_norway::from_str::<Keyed<PolicyFile>>(text).map_err(|e| yaml_error(e, text))?;
     let mut rules = file.rules.0;
     // Stable: rules of equal priority keep their file order.
     rules.sort_by_key(|rule| std::cmp::Reverse(rule.priority));
@@ -61,11 +65,10 @@ fn yaml_error(error: serde_norway::Error, text: &str) -> PolicyError {
     PolicyError::new(location.map(|l| l.line().min(last_line)), reason)
 }
 
+// Each mapping's keys were checked against the table already; `deny_unknown_fields` refuses a
+// key the table lists but no struct reads, so the two cannot drift apart silently.
 #[derive(Deserialize)]
-#[serde(
-    deny_unknown_fields,
-    expecting = "a policy: a mapping with default, allow_list, deny_list, max_risk, require_permissions and rules"
-)]
+#[serde(deny_unknown_fields)]
 struct PolicyFile {
     #[serde(default)]
     default: Fallback,
@@ -82,28 +85,22 @@ struct PolicyFile {
 }
 
 #[derive(Deserialize)]
-#[serde(
-    deny_unknown_fields,
-    expecting = "a rule: a mapping with id, priority, match, decision, reason and approval"
-)]
+#[serde(deny_unknown_fields)]
 struct RawRule {
     id: String,
     #[serde(default)]
     priority: i64,
     #[serde(default, rename = "match")]
-    matcher: Option<RawMatch>,
+    matcher: Option<Keyed<RawMatch>>,
     decision: DecisionKind,
     #[serde(default)]
     reason: Option<String>,
     #[serde(default)]
-    approval: Option<RawApproval>,
+    approval: Option<Keyed<RawApproval>>,
 }
 
 #[derive(Deserialize)]
-#[serde(
-    deny_unknown_fields,
-    expecting = "a match: a mapping with tools, agents, risk, read_only, writes, resources and when"
-)]
+#[serde(deny_unknown_fields)]
 struct RawMatch {
     #[serde(default)]
     tools: Option<Globs>,
@@ -122,10 +119,7 @@ struct RawMatch {
 }
 
 #[derive(Deserialize)]
-#[serde(
-    deny_unknown_fields,
-    expecting = "an approval: a mapping with timeout, approvers and message"
-)]
+#[serde(deny_unknown_fields)]
 struct RawApproval {
     #[serde(default)]
     timeout: Option<Timeout>,
@@ -136,15 +130,124 @@ struct RawApproval {
 }
 
 #[derive(Deserialize)]
-#[serde(
-    deny_unknown_fields,
-    expecting = "a max_risk: a mapping with ceiling and approve_above"
-)]
+#[serde(deny_unknown_fields)]
 struct RawMaxRisk {
     #[serde(default)]
     ceiling: Option<Risk>,
     #[serde(default)]
     approve_above: Option<Risk>,
+}
+
+/// A mapping of a policy file, whose keys are those of one section of the table.
+trait Mapping {
+    /// The section of the table that lists its keys.
+    const SECTION: Section;
+}
+
+impl Mapping for PolicyFile {
+    const SECTION: Section = Section::File;
+}
+
+impl Mapping for RawMaxRisk {
+    const SECTION: Section = Section::MaxRisk;
+}
+
+impl Mapping for RawRule {
+    const SECTION: Section = Section::Rule;
+}
+
+impl Mapping for RawMatch {
+    const SECTION: Section = Section::Match;
+}
+
+impl Mapping for RawApproval {
+    const SECTION: Section = Section::Approval;
+}
+
+/// `T` read from a mapping whose keys were checked against its section of the table.
+struct Keyed<T>(T);
+
+impl<'de, T: Deserialize<'de> + Mapping> Deserialize<'de> for Keyed<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyedVisitor<T>(PhantomData<T>);
+
+        impl<'de, T: Deserialize<'de> + Mapping> Visitor<'de> for KeyedVisitor<T> {
+            type Value = Keyed<T>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&T::SECTION.expecting())
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Keyed<T>, A::Error> {
+                read_keyed(map).map(Keyed)
+            }
+        }
+
+        deserializer.deserialize_map(KeyedVisitor(PhantomData))
+    }
+}
+
+/// Reads `T` from `map`, refusing a key its section of the table does not list.
+fn read_keyed<'de, T: Deserialize<'de> + Mapping, A: MapAccess<'de>>(map: A) -> Result<T, A::Error> {
+    T::deserialize(MapAccessDeserializer::new(KnownKeys {
+        map,
+        section: T::SECTION,
+    }))
+}
+
+/// A mapping that refuses, where it is read, a key its section of the table does not list.
+struct KnownKeys<A> {
+    map: A,
+    section: Section,
+}
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for KnownKeys<A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, A::Error> {
+        self.map.next_key_seed(KnownKey {
+            section: self.section,
+            seed,
+        })
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+        self.map.next_value_seed(seed)
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        self.map.size_hint()
+    }
+}
+
+/// One key, checked while the YAML parser reads it, so that a refusal names the key's line rather
+/// than the mapping's.
+struct KnownKey<K> {
+    section: Section,
+    seed: K,
+}
+
+impl<'de, K: DeserializeSeed<'de>> DeserializeSeed<'de> for KnownKey<K> {
+    type Value = K::Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<K::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de, K: DeserializeSeed<'de>> Visitor<'de> for KnownKey<K> {
+    type Value = K::Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<K::Value, E> {
+        if !self.section.knows(key) {
+            return Err(E::custom(self.section.unknown(key)));
+        }
+        self.seed.deserialize(de::value::StrDeserializer::new(key))
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -370,7 +473,7 @@ impl<'de> Deserialize<'de> for MaxRiskField {
             }
 
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<MaxRiskField, A::Error> {
-                let raw = RawMaxRisk::deserialize(MapAccessDeserializer::new(map))?;
+                let raw: RawMaxRisk = read_keyed(map)?;
                 match (raw.ceiling, raw.approve_above) {
                     (None, None) => Err(de::Error::custom("max_risk needs a ceiling, an approve_above, or both")),
                     (Some(ceiling), Some(above)) if above > ceiling => Err(de::Error::custom(format!(
@@ -439,11 +542,11 @@ impl<'de> Visitor<'de> for RuleSeed<'_> {
     type Value = Rule;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a rule: a mapping with id, priority, match, decision, reason and approval")
+        f.write_str(&Section::Rule.expecting())
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Rule, A::Error> {
-        let raw = RawRule::deserialize(MapAccessDeserializer::new(map))?;
+        let raw: RawRule = read_keyed(map)?;
         build_rule(raw, self.seen, self.index).map_err(de::Error::custom)
     }
 }
@@ -462,7 +565,8 @@ fn build_rule(raw: RawRule, seen: &mut HashMap<String, usize>, index: usize) -> 
     seen.insert(id.clone(), index);
 
     let reason = raw.reason.filter(|r| !r.trim().is_empty());
-    if raw.approval.is_some() && raw.decision != DecisionKind::Approve {
+    let approval = raw.approval.map(|Keyed(approval)| approval);
+    if approval.is_some() && raw.decision != DecisionKind::Approve {
         return Err(format!(
             "rule '{id}' has an `approval` block but decides {}; `approval` applies only to `decision: approve`",
             raw.decision.as_str()
@@ -476,7 +580,7 @@ fn build_rule(raw: RawRule, seen: &mut HashMap<String, usize>, index: usize) -> 
             })?,
         },
         DecisionKind::Approve => {
-            let approval = raw.approval.unwrap_or(RawApproval {
+            let approval = approval.unwrap_or(RawApproval {
                 timeout: None,
                 approvers: Vec::new(),
                 message: None,
@@ -494,7 +598,7 @@ fn build_rule(raw: RawRule, seen: &mut HashMap<String, usize>, index: usize) -> 
 
     let matcher = match raw.matcher {
         None => Matcher::default(),
-        Some(m) => {
+        Some(Keyed(m)) => {
             if m.read_only == Some(true) && m.writes == Some(true) {
                 return Err(format!(
                     "rule '{id}' matches read_only: true and writes: true, which no tool can be; it would never match"
@@ -518,4 +622,75 @@ fn build_rule(raw: RawRule, seen: &mut HashMap<String, usize>, index: usize) -> 
         matcher,
         outcome,
     })
+}
+
+/// The fields serde's derive reads for the mapping of `section`, for the test that compares them
+/// with the table.
+#[cfg(test)]
+pub(super) fn derived_fields(section: Section) -> &'static [&'static str] {
+    match section {
+        Section::File => introspect::fields::<PolicyFile>(),
+        Section::MaxRisk => introspect::fields::<RawMaxRisk>(),
+        Section::Rule => introspect::fields::<RawRule>(),
+        Section::Match => introspect::fields::<RawMatch>(),
+        Section::Approval => introspect::fields::<RawApproval>(),
+    }
+}
+
+/// Serde's derive hands a struct's field names to `deserialize_struct`; this deserializer keeps
+/// them and refuses to go further.
+#[cfg(test)]
+mod introspect {
+    use std::cell::Cell;
+
+    use serde::de::{self, Deserialize, Deserializer, Visitor};
+
+    #[derive(Debug)]
+    struct Stop;
+
+    impl std::fmt::Display for Stop {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("introspected")
+        }
+    }
+
+    impl std::error::Error for Stop {}
+
+    impl de::Error for Stop {
+        fn custom<T: std::fmt::Display>(_: T) -> Self {
+            Stop
+        }
+    }
+
+    struct Fields<'a>(&'a Cell<&'static [&'static str]>);
+
+    impl<'de> Deserializer<'de> for Fields<'_> {
+        type Error = Stop;
+
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Stop> {
+            Err(Stop)
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Stop> {
+            self.0.set(fields);
+            Err(Stop)
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+            unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+
+    /// The field names `T`'s derived `Deserialize` reads.
+    pub(super) fn fields<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+        let found = Cell::new(&[][..]);
+        let _ = T::deserialize(Fields(&found));
+        found.get()
+    }
 }

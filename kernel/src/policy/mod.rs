@@ -47,6 +47,7 @@
 mod cel;
 mod file;
 pub(crate) mod glob;
+pub(crate) mod keys;
 mod presets;
 mod rules;
 #[cfg(test)]

@@ -1083,3 +1083,70 @@ fn risk_parses_and_orders() {
     assert!(Risk::Low < Risk::Medium && Risk::Medium < Risk::High && Risk::High < Risk::Critical);
     assert_eq!(Risk::from(crate::model::RiskLevel::Critical), Risk::Critical);
 }
+
+// ---- the table of keys ---------------------------------------------------------------------
+
+/// A one-line policy file that writes `key: value` in the mapping of `section`, inside a rule
+/// that asks a person (which takes every rule key, `approval` and `reason` included).
+fn file_with(section: keys::Section, key: &str, value: &str) -> String {
+    use keys::Section;
+    let rule = |inner: &str| format!("rules: [{{ id: r, decision: approve, {inner} }}]\n");
+    match section {
+        Section::File => format!("{key}: {value}\n"),
+        Section::MaxRisk => format!("max_risk: {{ {key}: {value} }}\n"),
+        Section::Rule => {
+            let others: Vec<String> = [("id", "r"), ("decision", "approve")]
+                .into_iter()
+                .filter(|(name, _)| *name != key)
+                .map(|(name, base)| format!("{name}: {base}"))
+                .collect();
+            format!("rules: [{{ {}, {key}: {value} }}]\n", others.join(", "))
+        }
+        Section::Match => rule(&format!("match: {{ {key}: {value} }}")),
+        Section::Approval => rule(&format!("approval: {{ {key}: {value} }}")),
+    }
+}
+
+#[test]
+fn the_table_lists_exactly_the_fields_the_parser_reads() {
+    for section in keys::Section::ALL {
+        let mut listed: Vec<&str> = section.keys().map(|key| key.name).collect();
+        let mut read = file::derived_fields(section).to_vec();
+        listed.sort_unstable();
+        read.sort_unstable();
+        assert_eq!(listed, read, "the keys of {} in policy/keys.rs", section.path());
+    }
+}
+
+#[test]
+fn every_key_of_the_table_loads_with_its_example() {
+    for key in keys::KEYS {
+        let text = file_with(key.section, key.name, key.example);
+        if let Err(error) = Policy::from_yaml(&text) {
+            panic!(
+                "{} `{}` with its example: {error}\n{text}",
+                key.section.path(),
+                key.name
+            );
+        }
+    }
+}
+
+#[test]
+fn a_key_the_table_does_not_list_is_refused_in_every_section() {
+    for section in keys::Section::ALL {
+        let text = file_with(section, "colour", "1");
+        let error = refused(&text);
+        assert!(
+            error.reason.contains("unknown field `colour`, expected one of"),
+            "{}: {error}\n{text}",
+            section.path()
+        );
+    }
+}
+
+#[test]
+fn the_example_of_the_reference_page_loads() {
+    let policy = Policy::from_yaml(keys::EXAMPLE).unwrap_or_else(|error| panic!("{error}"));
+    assert_eq!(policy.rule_count(), 4);
+}

@@ -1459,11 +1459,19 @@ async fn a_cached_result_goes_only_with_the_last_run_it_belongs_to(f: Fixture) {
     assert_eq!(deleted.cache_entries, 0);
     let (later, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let turn = f.store.schedule_turn(lookup(&later.id)).await.unwrap();
-    assert!(matches!(turn[0], CallDisposition::Settled(_)), "still served: {:?}", turn[0]);
+    assert!(
+        matches!(turn[0], CallDisposition::Settled(_)),
+        "still served: {:?}",
+        turn[0]
+    );
     finish(later.id.clone()).await.unwrap();
 
     assert_eq!(f.store.delete_run(served[1].clone()).await.unwrap().cache_entries, 0);
-    assert_eq!(f.store.delete_run(later.id).await.unwrap().cache_entries, 1, "the last one takes it");
+    assert_eq!(
+        f.store.delete_run(later.id).await.unwrap().cache_entries,
+        1,
+        "the last one takes it"
+    );
     assert_eq!(cached().await, 0);
 }
 

@@ -1,0 +1,342 @@
+//! Every key a policy file may hold, in one table.
+//!
+//! The parser checks each key of a mapping against this table before serde sees it, and the
+//! reference page `docs/reference/policy-file.md` is rendered from it, so a key cannot be
+//! accepted without being documented. The tests check the other direction: every key listed here
+//! is a field the parser reads, and a file using it (its `example`) loads.
+
+/// Where in a policy file a key may appear.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Section {
+    /// The top level of the file.
+    File,
+    /// The `max_risk` mapping.
+    MaxRisk,
+    /// One rule of the `rules` list.
+    Rule,
+    /// A rule's `match` mapping.
+    Match,
+    /// A rule's `approval` mapping.
+    Approval,
+}
+
+impl Section {
+    /// Every section, in the order the reference page lists them.
+    #[cfg(test)]
+    pub(crate) const ALL: [Section; 5] = [
+        Section::File,
+        Section::MaxRisk,
+        Section::Rule,
+        Section::Match,
+        Section::Approval,
+    ];
+
+    /// The section as a path into the file, as the reference page names it.
+    #[cfg(test)]
+    pub(crate) fn path(self) -> &'static str {
+        match self {
+            Section::File => "top level",
+            Section::MaxRisk => "max_risk",
+            Section::Rule => "rules[]",
+            Section::Match => "rules[].match",
+            Section::Approval => "rules[].approval",
+        }
+    }
+
+    /// What a mapping of this section is, for an error that found something else there.
+    fn what(self) -> &'static str {
+        match self {
+            Section::File => "a policy",
+            Section::MaxRisk => "a max_risk",
+            Section::Rule => "a rule",
+            Section::Match => "a match",
+            Section::Approval => "an approval",
+        }
+    }
+
+    /// The keys of this section, in table order.
+    pub(crate) fn keys(self) -> impl Iterator<Item = &'static Key> {
+        KEYS.iter().filter(move |key| key.section == self)
+    }
+
+    /// Whether `name` is a key of this section.
+    pub(crate) fn knows(self, name: &str) -> bool {
+        self.keys().any(|key| key.name == name)
+    }
+
+    /// `a rule: a mapping with id, priority, ... and approval`.
+    pub(crate) fn expecting(self) -> String {
+        let names: Vec<&str> = self.keys().map(|key| key.name).collect();
+        let listed = match names.split_last() {
+            Some((last, [])) => (*last).to_owned(),
+            Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+            None => String::new(),
+        };
+        format!("{}: a mapping with {listed}", self.what())
+    }
+
+    /// The refusal of a key this section does not have, worded as serde words its own.
+    pub(crate) fn unknown(self, name: &str) -> String {
+        let names: Vec<String> = self.keys().map(|key| format!("`{}`", key.name)).collect();
+        format!("unknown field `{name}`, expected one of {}", names.join(", "))
+    }
+}
+
+/// One key of a policy file.
+#[derive(Debug)]
+// The parser reads only the names; the rest is for the reference page, rendered by a test.
+#[cfg_attr(not(test), expect(dead_code, reason = "read by the reference page's test"))]
+pub(crate) struct Key {
+    /// The key as written.
+    pub(crate) name: &'static str,
+    /// Where it may appear.
+    pub(crate) section: Section,
+    /// What it takes.
+    pub(crate) value: &'static str,
+    /// What an absent key means.
+    pub(crate) default: &'static str,
+    /// What it does.
+    pub(crate) meaning: &'static str,
+    /// A value it accepts, in YAML's flow style; the tests load a file using it.
+    pub(crate) example: &'static str,
+}
+
+/// Every key, by section; the order of a section is the order of the page.
+pub(crate) const KEYS: &[Key] = &[
+    Key {
+        name: "default",
+        section: Section::File,
+        value: "`allow` or `deny`",
+        default: "`allow`",
+        meaning: "What applies when no preset or rule allows or denies a call, recorded as `default:allow` or \
+                  `default:deny`. An escalation alone (the `max_risk` approval band, a tool's own \
+                  `requires_approval`) grants nothing, so under `deny` such a call is still denied.",
+        example: "deny",
+    },
+    Key {
+        name: "allow_list",
+        section: Section::File,
+        value: "list of tool-name globs",
+        default: "off",
+        meaning: "Allows a tool whose name matches an entry and denies every other tool (`preset:allow_list`).",
+        example: "[\"add\", \"read_*\"]",
+    },
+    Key {
+        name: "deny_list",
+        section: Section::File,
+        value: "list of tool-name globs",
+        default: "off",
+        meaning: "Denies a tool whose name matches an entry (`preset:deny_list`); `[\"*\"]` is a kill switch no \
+                  rule overrides.",
+        example: "[\"rm_*\"]",
+    },
+    Key {
+        name: "max_risk",
+        section: Section::File,
+        value: "mapping of `ceiling` and `approve_above` (one or both)",
+        default: "off",
+        meaning: "Judges a call by its tool's declared risk (`preset:max_risk`); a tool that declares none counts \
+                  as `low`. See its keys below.",
+        example: "{ ceiling: high, approve_above: medium }",
+    },
+    Key {
+        name: "require_permissions",
+        section: Section::File,
+        value: "`true` or `false`",
+        default: "`false`",
+        meaning: "Denies a call whose tool requires a permission (exact name) the run was not granted, naming the \
+                  missing ones (`preset:require_permissions`).",
+        example: "true",
+    },
+    Key {
+        name: "rules",
+        section: Section::File,
+        value: "list of rules",
+        default: "none",
+        meaning: "Consulted by `priority`, higher first, ties in file order: the first rule whose matchers all \
+                  hold contributes its decision (`rule:<id>`), later rules are not consulted.",
+        example: "[{ id: adds, decision: allow }]",
+    },
+    Key {
+        name: "ceiling",
+        section: Section::MaxRisk,
+        value: "`low`, `medium`, `high` or `critical`",
+        default: "`critical`",
+        meaning: "A call whose tool's risk is above it is denied.",
+        example: "high",
+    },
+    Key {
+        name: "approve_above",
+        section: Section::MaxRisk,
+        value: "`low`, `medium`, `high` or `critical`, at most `ceiling`",
+        default: "none",
+        meaning: "A call whose tool's risk is above it (and not above the ceiling) asks a person first. It only \
+                  escalates: under `default: deny` a call nothing else allows is still denied.",
+        example: "medium",
+    },
+    Key {
+        name: "id",
+        section: Section::Rule,
+        value: "non-blank string, unique in the file",
+        default: "required",
+        meaning: "Names the rule in the decisions it makes (`rule:<id>`).",
+        example: "no-wipes",
+    },
+    Key {
+        name: "priority",
+        section: Section::Rule,
+        value: "integer",
+        default: "`0`",
+        meaning: "Higher is consulted first; rules of equal priority keep their file order.",
+        example: "10",
+    },
+    Key {
+        name: "match",
+        section: Section::Rule,
+        value: "mapping of matchers",
+        default: "any call",
+        meaning: "Which calls the rule is about: every matcher present must hold, an absent one holds for any \
+                  call. See its keys below.",
+        example: "{ tools: [\"wipe*\"] }",
+    },
+    Key {
+        name: "decision",
+        section: Section::Rule,
+        value: "`allow`, `deny` or `approve`",
+        default: "required",
+        meaning: "What the rule decides when it matches; `approve` allows the call once a person approves it.",
+        example: "approve",
+    },
+    Key {
+        name: "reason",
+        section: Section::Rule,
+        value: "string",
+        default: "none",
+        meaning: "Required (non-blank) with `deny`: the model reads it after `<tool> not allowed. reason:`. With \
+                  `approve`, the message shown to the person when `approval` has no `message`.",
+        example: "\"wiping is never automatic\"",
+    },
+    Key {
+        name: "approval",
+        section: Section::Rule,
+        value: "mapping of `timeout`, `approvers` and `message`",
+        default: "none",
+        meaning: "How the person is asked; only with `decision: approve`. See its keys below.",
+        example: "{ timeout: 1h }",
+    },
+    Key {
+        name: "tools",
+        section: Section::Match,
+        value: "list of globs",
+        default: "any tool",
+        meaning: "The tool's name matches an entry.",
+        example: "[\"refund*\"]",
+    },
+    Key {
+        name: "agents",
+        section: Section::Match,
+        value: "list of globs",
+        default: "any agent",
+        meaning: "The run's agent matches an entry.",
+        example: "[\"billing-*\"]",
+    },
+    Key {
+        name: "risk",
+        section: Section::Match,
+        value: "list of `low`, `medium`, `high`, `critical`",
+        default: "any risk",
+        meaning: "The tool's declared risk is one of these; a tool that declares none counts as `low`.",
+        example: "[high, critical]",
+    },
+    Key {
+        name: "read_only",
+        section: Section::Match,
+        value: "`true` or `false`",
+        default: "either",
+        meaning: "The tool declares (`true`) or does not declare (`false`) that it only reads. `read_only: true` \
+                  with `writes: true` is refused: no tool is both.",
+        example: "false",
+    },
+    Key {
+        name: "writes",
+        section: Section::Match,
+        value: "`true` or `false`",
+        default: "either",
+        meaning: "The tool declares (`true`) or does not declare (`false`) that it writes.",
+        example: "true",
+    },
+    Key {
+        name: "resources",
+        section: Section::Match,
+        value: "list of globs",
+        default: "any call",
+        meaning: "One of the call's resources, as filled from its arguments (`repo:acme/api`), or its kind alone \
+                  (`repo`), matches an entry.",
+        example: "[\"repo:prod-*\"]",
+    },
+    Key {
+        name: "when",
+        section: Section::Match,
+        value: "CEL expression (a string)",
+        default: "always",
+        meaning: "Holds when the expression is true. It sees `tool` (string), `args` (the arguments), \
+                  `run.agent` (string), `run.labels` (map of strings) and `resources` (list of strings); it must \
+                  compile and name no other variable. One that fails to evaluate fails closed: a `deny` or \
+                  `approve` rule matches, an `allow` rule denies.",
+        example: "\"args.cents > 10000 && run.labels.env == 'prod'\"",
+    },
+    Key {
+        name: "timeout",
+        section: Section::Approval,
+        value: "positive duration: `250ms`, `30s`, `5m`, `1h`, or whole seconds",
+        default: "the tool's own `approval_timeout`, else none",
+        meaning: "How long the person may take; expiry is a rejection. Where several contributions ask, the \
+                  shortest timeout wins.",
+        example: "1h",
+    },
+    Key {
+        name: "approvers",
+        section: Section::Approval,
+        value: "list of non-blank names",
+        default: "anyone who may answer approvals",
+        meaning: "With an auth file, only a key of one of these names, or in one of these groups, may answer.",
+        example: "[\"payments-oncall\"]",
+    },
+    Key {
+        name: "message",
+        section: Section::Approval,
+        value: "string",
+        default: "the rule's `reason`",
+        meaning: "Shown to the person asked.",
+        example: "\"check the ticket\"",
+    },
+];
+
+/// A short complete policy file, shown on the reference page; the tests load it.
+#[cfg(test)]
+pub(crate) const EXAMPLE: &str = r#"default: deny                          # nothing runs unless allowed below
+deny_list: ["rm_*"]
+max_risk: { ceiling: high, approve_above: medium }
+require_permissions: true
+rules:
+  - id: reads
+    match: { read_only: true }
+    decision: allow
+  - id: big-refunds
+    priority: 10
+    match:
+      tools: ["refund*"]
+      agents: ["billing-*"]
+      when: "args.cents > 10000"
+    decision: approve
+    reason: "refunds over $100 need a person"
+    approval: { timeout: 1h, approvers: ["payments-oncall"] }
+  - id: refunds
+    match: { tools: ["refund*"] }
+    decision: allow
+  - id: prod-frozen
+    priority: 20
+    match: { resources: ["repo:prod-*"], writes: true }
+    decision: deny
+    reason: "production repositories are frozen"
+"#;
