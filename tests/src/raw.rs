@@ -38,6 +38,28 @@ pub struct RawWorker {
 impl RawWorker {
     /// Says hello with `tools` and waits for the welcome; a refused hello is the kernel's status.
     pub async fn open(kernel: &Kernel, tools: Vec<pb::ToolSpec>) -> Result<(RawWorker, pb::Welcome), tonic::Status> {
+        RawWorker::hello(kernel, tools, Vec::new()).await
+    }
+
+    /// A session hosting the agent `name` (any input), whose runs it is dispatched.
+    pub async fn hosting(kernel: &Kernel, name: &str) -> Result<RawWorker, tonic::Status> {
+        let agent = pb::AgentSpec {
+            name: name.into(),
+            description: "a raw agent".into(),
+            input_schema_json: String::new(),
+            version: "1".into(),
+            max_concurrency: 0,
+            // The kernel computes it.
+            fingerprint: String::new(),
+        };
+        Ok(RawWorker::hello(kernel, Vec::new(), vec![agent]).await?.0)
+    }
+
+    async fn hello(
+        kernel: &Kernel,
+        tools: Vec<pb::ToolSpec>,
+        agents: Vec<pb::AgentSpec>,
+    ) -> Result<(RawWorker, pb::Welcome), tonic::Status> {
         let (tx, outbound) = mpsc::channel(256);
         let hello = pb::Hello {
             worker_name: "raw".into(),
@@ -45,7 +67,7 @@ impl RawWorker {
             max_concurrency: 8,
             sdk_version: "test".into(),
             ephemeral_tools: false,
-            agents: Vec::new(),
+            agents,
         };
         tx.send(pb::OpenSessionRequest {
             message: Some(In::Hello(hello)),

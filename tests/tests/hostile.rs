@@ -369,6 +369,42 @@ async fn oversized_arguments_are_refused_and_an_oversized_result_fails_only_its_
     check_log(&kernel.events(&run).await, true);
 }
 
+/// A hosted run's handler answering with an output that is not JSON, or one over the limit, fails
+/// its run, and the reason names the agent, not a tool.
+#[tokio::test]
+async fn a_handler_output_that_is_not_json_or_too_big_fails_its_run_naming_the_agent() {
+    let kernel = Kernel::start();
+    let mut worker = RawWorker::hosting(&kernel, "raw-agent").await.unwrap();
+    let big = json!("y".repeat(2 * MIB)).to_string();
+    let cases = [
+        (
+            "{oops".to_owned(),
+            "agent 'raw-agent' returned an output that is not valid JSON: ".to_owned(),
+        ),
+        (
+            big.clone(),
+            format!(
+                "agent 'raw-agent' returned an output of {} bytes; the limit is 1048576 bytes (--max-result-bytes)",
+                big.len()
+            ),
+        ),
+    ];
+    for (output, reason) in cases {
+        let run = kernel.start_hosted("raw-agent", json!({})).await;
+        let dispatch = match worker.next().await {
+            Out::Run(dispatch) => dispatch,
+            other => panic!("expected the run's dispatch, got {other:?}"),
+        };
+        assert_eq!(dispatch.run_id, run);
+        let ack = worker.result(&dispatch.dispatch_id, dispatch.attempt, &output).await;
+        assert!(ack.accepted, "recorded as the handler's error: {ack:?}");
+        let ended = kernel.finished(&run).await;
+        assert_eq!(ended.status, pb::RunStatus::Failed as i32, "{ended:?}");
+        assert!(ended.reason.contains(&reason), "{:?} lacks {reason:?}", ended.reason);
+        assert!(!ended.reason.contains("tool '"), "{:?}", ended.reason);
+    }
+}
+
 #[tokio::test]
 async fn a_frame_over_the_message_limit_is_refused_naming_the_limit() {
     let kernel = Kernel::start_with(KernelOptions {

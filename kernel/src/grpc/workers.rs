@@ -193,7 +193,27 @@ struct Held {
     key: StepKey,
     position: u32,
     tool: String,
+    /// A tool call, or a hosted run's handler (whose `tool` is its agent).
+    kind: StepKind,
     progress: u32,
+}
+
+impl Held {
+    /// What ran, as a refusal of its answer names it: `tool 'lookup'`, `agent 'triage'`.
+    fn named(&self) -> String {
+        match self.kind {
+            StepKind::Agent => format!("agent '{}'", self.tool),
+            _ => format!("tool '{}'", self.tool),
+        }
+    }
+
+    /// What it answers with: a handler's output, a tool's result.
+    fn answer(&self) -> &'static str {
+        match self.kind {
+            StepKind::Agent => "an output",
+            _ => "a result",
+        }
+    }
 }
 
 /// What admitted a session when the kernel requires keys, checked again on every reload.
@@ -382,6 +402,7 @@ impl Session {
                         key: step.key.clone(),
                         position: step.position,
                         tool: step.tool.clone(),
+                        kind: step.kind,
                         progress: 0,
                     },
                 );
@@ -550,6 +571,7 @@ impl Session {
             return;
         }
         let tool = held.tool.clone();
+        let (named, answer) = (held.named(), held.answer());
         let max = self.kernel.limits.max_result_bytes;
         let outcome = match result.outcome {
             Some(pb::dispatch_result::Outcome::OutputJson(text)) if text.len() > max => {
@@ -566,7 +588,7 @@ impl Session {
                 Err((
                     ErrorKind::Fatal,
                     format!(
-                        "tool '{tool}' returned a result of {} bytes; the limit is {max} bytes (--max-result-bytes)",
+                        "{named} returned {answer} of {} bytes; the limit is {max} bytes (--max-result-bytes)",
                         text.len()
                     ),
                 ))
@@ -574,13 +596,13 @@ impl Session {
             Some(pb::dispatch_result::Outcome::OutputJson(text)) => canonical::canonicalize(&text).map_err(|e| {
                 (
                     ErrorKind::Fatal,
-                    format!("tool '{tool}' returned a result that is not valid JSON: {e}"),
+                    format!("{named} returned {answer} that is not valid JSON: {e}"),
                 )
             }),
             Some(pb::dispatch_result::Outcome::Error(failure)) if failure.message.len() > max => Err((
                 convert::error_kind_from(failure.kind),
                 format!(
-                    "{}… (tool '{tool}' returned an error message of {} bytes, cut; the limit is {max} bytes \
+                    "{}… ({named} returned an error message of {} bytes, cut; the limit is {max} bytes \
                      (--max-result-bytes))",
                     cut(&failure.message, KEPT_ERROR_CHARS),
                     failure.message.len()
@@ -592,7 +614,7 @@ impl Session {
             Some(pb::dispatch_result::Outcome::Suspended(_)) => unreachable!("handled above"),
             None => Err((
                 ErrorKind::Fatal,
-                format!("tool '{tool}' returned neither a result nor an error"),
+                format!("{named} returned neither {answer} nor an error"),
             )),
         };
         let report = ResultReport {

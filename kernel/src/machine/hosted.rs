@@ -443,6 +443,17 @@ pub fn resume(dispatch: &StepRecord, because: &str) -> Option<StepChange> {
     })
 }
 
+/// A hosted run whose handler was woken is no longer suspended: it runs (its handler waits for a
+/// worker slot). `None` when the run was not suspended.
+pub fn woken(run: &RunRecord, now: Millis) -> Option<RunRecord> {
+    (run.status == RunStatus::Suspended).then(|| {
+        let mut running = run.clone();
+        running.status = RunStatus::Running;
+        running.updated_at = now;
+        running
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -659,6 +670,17 @@ mod tests {
         assert_eq!(cancelled.step.status, StepStatus::Cancelled);
     }
 
+    fn after_suspension(run: &RunRecord, dispatch: &StepRecord) -> RunRecord {
+        let waiting = subagent_step(
+            run,
+            (1, StepKey::subagent("researcher", 0)),
+            &child(RunStatus::Pending),
+            NOW,
+        )
+        .step;
+        suspend(run, dispatch, &[Some(waiting)], NOW).1
+    }
+
     #[test]
     fn a_suspension_waits_unless_what_it_awaits_settled_on_the_way() {
         let mut run = hosted_run();
@@ -678,12 +700,19 @@ mod tests {
         let (at_once, after) = suspend(&run, &dispatch, &[Some(waiting), Some(settled)], NOW);
         assert_eq!(at_once.step.status, StepStatus::Pending, "no wake-up is lost");
         assert_eq!(after.status, RunStatus::Running);
-        let woken = resume(&suspended.step, "subagent:researcher#0").unwrap();
+        let resumed = resume(&suspended.step, "subagent:researcher#0").unwrap();
         assert_eq!(
-            (woken.step.status, woken.event.kind),
+            (resumed.step.status, resumed.event.kind),
             (StepStatus::Pending, EventType::AgentResumed)
         );
-        assert!(resume(&woken.step, "again").is_none());
+        assert!(resume(&resumed.step, "again").is_none());
+        let running = woken(&after_suspension(&run, &dispatch), NOW).expect("the suspended run runs again");
+        assert_eq!(
+            running.status,
+            RunStatus::Running,
+            "after agent:resumed the run is not suspended"
+        );
+        assert!(woken(&running, NOW).is_none());
     }
 
     #[test]

@@ -162,6 +162,11 @@ impl Tx<'_> {
         {
             save_step(self, &change.step)?;
             self.append(run, change.event.kind, change.event.payload, Some(change.step))?;
+            if dispatch.kind == StepKind::Agent
+                && let Some(running) = hosted::woken(&self.run(run)?, self.now)
+            {
+                save_run(self, &running)?;
+            }
         }
         Ok(())
     }

@@ -1715,6 +1715,11 @@ async fn a_suspended_handler_is_woken_in_the_commit_that_settles_its_call(f: Fix
     let kinds: Vec<EventType> = events(&f.store, &run.id).await.iter().map(|e| e.kind).collect();
     let result = kinds.iter().position(|k| *k == EventType::ToolResult).unwrap();
     assert_eq!(kinds[result + 1], EventType::AgentResumed, "{kinds:?}");
+    assert_eq!(
+        f.store.reads.run(run.id.clone()).await.unwrap().unwrap().status,
+        RunStatus::Running,
+        "after agent:resumed the run is no longer suspended, though its handler waits for a slot"
+    );
     // Dispatched again, it suspends on the settled call: pending at once, no wait.
     start(&f.store, handler, "d2", 2, "s1").await.unwrap();
     let mut again = suspend(vec![call_step.key.to_string()]);
