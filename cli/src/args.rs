@@ -217,7 +217,8 @@ pub enum RunsCommand {
         #[arg(long)]
         reason: Option<String>,
     },
-    /// Delete a finished run with its events, steps, approvals and cached results (needs admin);
+    /// Delete a finished run with its events, steps, approvals and the cached results no other run
+    /// holds (needs admin);
     /// a run in flight is refused.
     Delete {
         /// Run id.

@@ -90,9 +90,9 @@ pub struct Config {
     #[arg(long, env = "KERNEL_SCAN_INTERVAL_MS", default_value_t = 5_000)]
     pub scan_interval_ms: u64,
 
-    /// Delete finished runs (with their events, steps, approvals and cached results) once they
-    /// finished this long ago, checked every minute (twice per retention under two minutes):
-    /// 30d, 12h, 90m. Without it runs are kept.
+    /// Delete finished runs (with their events, steps, approvals and the cached results no other
+    /// run holds) once they finished this long ago, checked every minute (twice per retention
+    /// under two minutes): 30d, 12h, 90m. Without it runs are kept.
     #[arg(long, env = "KERNEL_RETAIN_FINISHED", value_parser = parse_retention)]
     pub retain_finished: Option<Duration>,
 

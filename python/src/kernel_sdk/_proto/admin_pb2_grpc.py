@@ -94,8 +94,8 @@ class AdminServiceServicer:
 
     def DeleteRun(self, request, context):
         """DeleteRun deletes one finished run (completed, failed or cancelled) with its events, steps,
-        approvals and the result-cache entries of its calls, in one transaction. A run in flight is
-        refused (FAILED_PRECONDITION): cancel it first.
+        approvals and the result-cache entries no other run stored or was served, in one transaction.
+        A run in flight is refused (FAILED_PRECONDITION): cancel it first.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
