@@ -425,7 +425,12 @@ fn placed(kernel: &Kernel, recorded: StepRecorded) -> (Option<pb::Step>, bool, S
     match recorded {
         StepRecorded::Recorded(step) => (Some(convert::history_step(&step)), false, String::new()),
         StepRecorded::Replayed(step) => (Some(convert::history_step(&step)), true, String::new()),
-        StepRecorded::Diverged(message) => (None, false, message),
+        StepRecorded::Diverged { message, ended } => {
+            kernel
+                .scheduler
+                .cancel_steps(ended, "run failed: replay_input_changed".to_owned());
+            (None, false, message)
+        }
         StepRecorded::Allowed => (None, false, String::new()),
         StepRecorded::Blocked { step, ended } => {
             kernel

@@ -296,7 +296,8 @@ async fn schedule(kernel: &Kernel, mut plan: TurnPlan) -> Result<Vec<CallDisposi
             let reason = recorded
                 .unresumable
                 .clone()
-                .unwrap_or_else(|| "write_tool_blocked".to_owned());
+                .or(recorded.ended_because.map(str::to_owned))
+                .unwrap_or_default();
             kernel
                 .scheduler
                 .cancel_steps(recorded.ended.clone(), format!("run failed: {reason}"));

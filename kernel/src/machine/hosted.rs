@@ -169,6 +169,15 @@ pub fn place(seq: u32, keys: &[StepKey], at_place: &[StepRecord], elsewhere: &[S
     Ok(Place::Recorded(at_place.to_vec()))
 }
 
+/// How a run whose handler diverged from its record ends: failed with the divergence, in the write
+/// that found it, whatever the handler does next (a handler that caught the error and returns an
+/// output completes nothing; its dispatch is cancelled with the run).
+pub fn diverged(message: &str) -> EndRun {
+    EndRun::Fail {
+        reason: message.to_owned(),
+    }
+}
+
 /// A finished local step of a handler, to record.
 #[derive(Clone, Debug)]
 pub struct LocalStep {

@@ -479,6 +479,9 @@ fn save_step(tx: &Tx<'_>, step: &StepRecord) -> Result<()> {
 pub struct RecordedTurn {
     pub calls: Vec<CallDisposition>,
     pub ended: Vec<StepRecord>,
+    /// Why the run ended with the turn, when not for `unresumable` (a divergence, a branch's
+    /// refusal): what the steps of `ended` are cancelled with.
+    pub ended_because: Option<&'static str>,
     /// The run could not take the turn: why (its branch's parent is gone; the run ended with it).
     pub unresumable: Option<String>,
 }
@@ -502,6 +505,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<RecordedTurn> {
                 .or(elsewhere.first())
                 .cloned()
                 .expect("a divergence names a recorded step");
+            let ended = end_diverged(tx, &run, &message)?;
             return Ok(RecordedTurn {
                 calls: plan
                     .calls
@@ -511,6 +515,8 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<RecordedTurn> {
                         message: message.clone(),
                     })
                     .collect(),
+                ended,
+                ended_because: Some("replay_input_changed"),
                 ..RecordedTurn::default()
             });
         }
@@ -522,6 +528,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<RecordedTurn> {
                 calls: Vec::new(),
                 ended,
                 unresumable: Some(reason),
+                ended_because: None,
             });
         }
         judge_calls(tx, &run, &plan, &recorded)?
@@ -670,6 +677,7 @@ pub fn schedule_turn(tx: &mut Tx<'_>, plan: TurnPlan) -> Result<RecordedTurn> {
             calls: dispositions,
             ended,
             unresumable: None,
+            ended_because: Some("write_tool_blocked"),
         });
     }
     if gated {
@@ -1259,7 +1267,10 @@ pub fn start_subagent(tx: &mut Tx<'_>, start: SubagentStart) -> Result<SubagentS
     let at_place = steps_at_place(tx.conn, &parent.id, start.seq)?;
     let elsewhere: Vec<StepRecord> = tx.find_step(&parent.id, &key)?.into_iter().collect();
     match hosted::place(start.seq, std::slice::from_ref(&key), &at_place, &elsewhere) {
-        Err(message) => Ok((StepRecorded::Diverged(message), None)),
+        Err(message) => {
+            let ended = end_diverged(tx, &parent, &message)?;
+            Ok((StepRecorded::Diverged { message, ended }, None))
+        }
         Ok(Place::Recorded(mut steps)) => Ok((StepRecorded::Replayed(steps.remove(0)), None)),
         Ok(Place::Open) => {
             let started = start_child(tx, &parent, (start.seq, key), start.child)?;
@@ -1494,6 +1505,15 @@ fn end_tree(tx: &mut Tx<'_>, run: &RunRecord, end: &EndRun) -> Result<(RunRecord
     Ok((run, settled))
 }
 
+/// Fails a hosted run whose handler diverged ([`hosted::diverged`]), unless it ended already;
+/// returns the steps that settled on the way.
+fn end_diverged(tx: &mut Tx<'_>, run: &RunRecord, message: &str) -> Result<Vec<StepRecord>> {
+    if run.status.is_terminal() {
+        return Ok(Vec::new());
+    }
+    Ok(end_tree(tx, run, &hosted::diverged(message))?.1)
+}
+
 /// Cancels the children of `run` still running, deepest first.
 fn cancel_children(tx: &mut Tx<'_>, run: &RunRecord) -> Result<Vec<StepRecord>> {
     let children: Vec<String> = tx
@@ -1590,7 +1610,10 @@ fn place_local(
     let elsewhere: Vec<StepRecord> = tx.find_step(&run.id, key)?.into_iter().collect();
     Ok(
         match hosted::place(seq, std::slice::from_ref(key), &at_place, &elsewhere) {
-            Err(message) => Err(StepRecorded::Diverged(message)),
+            Err(message) => {
+                let ended = end_diverged(tx, &run, &message)?;
+                Err(StepRecorded::Diverged { message, ended })
+            }
             Ok(Place::Recorded(mut steps)) => Err(StepRecorded::Replayed(steps.remove(0))),
             Ok(Place::Open) => Ok(run),
         },
@@ -1654,8 +1677,12 @@ pub enum StepRecorded {
     Recorded(StepRecord),
     /// Recorded before (by an earlier attempt of the handler): that outcome stands.
     Replayed(StepRecord),
-    /// The handler is not deterministic: its place holds another step.
-    Diverged(String),
+    /// The handler is not deterministic: its place holds another step. The run ended failed with
+    /// it: `ended` are the steps that settled on the way, to cancel on their workers.
+    Diverged {
+        message: String,
+        ended: Vec<StepRecord>,
+    },
     /// The branch rule lets the step run live; nothing was recorded.
     Allowed,
     /// The branch rule refused the step (recorded so) and ended the run: `ended` are the steps

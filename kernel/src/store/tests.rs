@@ -1630,22 +1630,13 @@ async fn a_hosted_run_records_steps_only_from_the_attempt_holding_its_dispatch(f
         panic!("recorded: {recorded:?}")
     };
     assert_eq!((step.kind, step.output.as_deref()), (StepKind::Local, Some("7")));
-    // The same step again keeps its first outcome; another one at its place diverges.
+    // The same step again keeps its first outcome.
     let again = f
         .store
         .record_step(run.id.clone(), fence("d1", 1), local(0, "fetch"))
         .await
         .unwrap();
     assert!(matches!(again, StepRecorded::Replayed(_)), "{again:?}");
-    let other = f
-        .store
-        .record_step(run.id.clone(), fence("d1", 1), local(0, "pay"))
-        .await
-        .unwrap();
-    assert!(
-        matches!(&other, StepRecorded::Diverged(m) if m.contains("step:fetch#0")),
-        "{other:?}"
-    );
     // A lost host: the dispatch is pending again, and the next attempt is the one that records.
     let lost = f
         .store
@@ -1676,6 +1667,56 @@ async fn a_hosted_run_records_steps_only_from_the_attempt_holding_its_dispatch(f
             .is_ok()
     );
     assert_gap_free(&events(&f.store, &run.id).await);
+}
+
+/// A handler that reaches a place recorded with another step diverged: the run fails with
+/// `replay_input_changed` in that same write, its dispatch is settled, and whatever the handler
+/// does next (here, returning an output as if nothing happened) changes nothing.
+async fn a_divergence_fails_the_hosted_run_in_the_write_that_finds_it(f: Fixture) {
+    let (run, _, dispatch) = f.store.create_run_dispatching(hosted_run()).await.unwrap();
+    start(&f.store, &dispatch.unwrap(), "d1", 1, "s1").await.unwrap();
+    let recorded = f
+        .store
+        .record_step(run.id.clone(), fence("d1", 1), local(0, "fetch"))
+        .await
+        .unwrap();
+    assert!(matches!(recorded, StepRecorded::Recorded(_)), "{recorded:?}");
+    let other = f
+        .store
+        .record_step(run.id.clone(), fence("d1", 1), local(0, "pay"))
+        .await
+        .unwrap();
+    let StepRecorded::Diverged { message, ended } = &other else {
+        panic!("another step at a recorded place diverges: {other:?}")
+    };
+    assert!(message.contains("step:fetch#0"), "{message}");
+    assert!(
+        ended
+            .iter()
+            .any(|s| s.key == StepKey::agent() && s.status.is_terminal()),
+        "the handler's dispatch settled with the run, to cancel on its worker: {ended:?}"
+    );
+    let failed = f.store.reads.run(run.id.clone()).await.unwrap().unwrap();
+    assert_eq!(failed.status, RunStatus::Failed);
+    assert!(
+        failed
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("replay_input_changed")),
+        "{failed:?}"
+    );
+    let logged = events(&f.store, &run.id).await;
+    assert_eq!(logged.last().unwrap().kind, EventType::RunFailed);
+
+    // The handler caught the error and returns an output: nothing changes.
+    let late = f.store.record_result(returned("d1", "42")).await.unwrap();
+    assert!(late.is_none(), "the cancelled dispatch records nothing: {late:?}");
+    assert_eq!(
+        f.store.reads.run(run.id.clone()).await.unwrap().unwrap().status,
+        RunStatus::Failed
+    );
+    assert_eq!(events(&f.store, &run.id).await.len(), logged.len());
+    assert_gap_free(&logged);
 }
 
 /// A suspended handler is woken in the commit that settles what it waits on, so no wake-up is
@@ -1939,6 +1980,7 @@ on_both_stores!(concurrent_appends_keep_sequence_numbers_gap_free);
 on_both_stores!(tool_cache_entries_are_namespaced_per_tool_and_expire);
 on_both_stores!(an_approval_expires_at_its_deadline_and_not_before);
 on_both_stores!(a_cached_result_goes_only_with_the_last_run_it_belongs_to);
+on_both_stores!(a_divergence_fails_the_hosted_run_in_the_write_that_finds_it);
 on_both_stores!(only_a_dispatch_still_running_on_its_session_writes_the_cache);
 on_both_stores!(expired_cache_entries_are_purged_in_batches_and_live_ones_stay);
 on_both_stores!(refused_tool_cache_entries_write_nothing);
