@@ -10,6 +10,7 @@ use e2e::{Kernel, KernelOptions, WAIT, Watch, call, check_log, payload, submit};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::open_session_request::Message as In;
 use kernel_proto::v1::open_session_response::Message as Out;
+use kernel_proto::v1::hosted_service_client::HostedServiceClient;
 use kernel_proto::v1::worker_service_client::WorkerServiceClient;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -403,6 +404,48 @@ async fn a_handler_output_that_is_not_json_or_too_big_fails_its_run_naming_the_a
         assert!(ended.reason.contains(&reason), "{:?} lacks {reason:?}", ended.reason);
         assert!(!ended.reason.contains("tool '"), "{:?}", ended.reason);
     }
+}
+
+/// A handler in any language that diverges from its record fails its run there and then: the
+/// kernel cancels its dispatch, and an output it sends after (as a handler that caught the error
+/// would) is refused; the run stays failed with `replay_input_changed`.
+#[tokio::test]
+async fn a_handler_that_diverges_cannot_complete_its_run_whatever_it_sends_next() {
+    let kernel = Kernel::start();
+    let mut worker = RawWorker::hosting(&kernel, "raw-agent").await.unwrap();
+    let run = kernel.start_hosted("raw-agent", json!({})).await;
+    let Out::Run(dispatch) = worker.next().await else {
+        panic!("expected the run's dispatch")
+    };
+    let mut hosted = HostedServiceClient::connect(kernel.url()).await.unwrap();
+    let step = |step_id: &str| pb::RecordStepRequest {
+        dispatch: Some(pb::HostedDispatch {
+            run_id: run.clone(),
+            dispatch_id: dispatch.dispatch_id.clone(),
+            attempt: dispatch.attempt,
+        }),
+        seq: 0,
+        step_id: step_id.into(),
+        occurrence: 0,
+        effect: "read".into(),
+        outcome: Some(pb::record_step_request::Outcome::OutputJson("1".into())),
+        once: false,
+    };
+    let first = hosted.record_step(step("fetch")).await.unwrap().into_inner();
+    assert!(first.diverged.is_empty() && !first.replayed, "{first:?}");
+    let other = hosted.record_step(step("pay")).await.unwrap().into_inner();
+    assert!(other.diverged.starts_with("replay_input_changed:"), "{other:?}");
+
+    let Out::Cancel(cancel) = worker.next().await else {
+        panic!("expected the handler's dispatch to be cancelled")
+    };
+    assert_eq!(cancel.dispatch_id, dispatch.dispatch_id);
+    let ack = worker.result(&dispatch.dispatch_id, dispatch.attempt, "42").await;
+    assert!(!ack.accepted, "the output of a cancelled dispatch is refused: {ack:?}");
+    let ended = kernel.get(&run).await.run.unwrap();
+    assert_eq!(ended.status, pb::RunStatus::Failed as i32, "{ended:?}");
+    assert_eq!(ended.reason, other.diverged);
+    check_log(&kernel.events(&run).await, true);
 }
 
 #[tokio::test]
