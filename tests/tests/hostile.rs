@@ -448,6 +448,61 @@ async fn a_handler_that_diverges_cannot_complete_its_run_whatever_it_sends_next(
     check_log(&kernel.events(&run).await, true);
 }
 
+/// A handler that skips CheckStep and records a step the policy denies gets the denial recorded,
+/// not its outcome: the audit never shows a denied step as run, nor a deny rule deciding one that
+/// ran.
+#[tokio::test]
+async fn a_denied_step_recorded_without_its_check_is_recorded_as_denied() {
+    let policy = r#"
+default: allow
+rules:
+  - id: no-pay
+    match: { tools: ["step:pay"] }
+    decision: deny
+    reason: "paying is done by hand"
+"#;
+    let kernel = Kernel::start_with(KernelOptions {
+        policy: Some(policy.into()),
+        ..KernelOptions::default()
+    });
+    let mut worker = RawWorker::hosting(&kernel, "raw-agent").await.unwrap();
+    let run = kernel.start_hosted("raw-agent", json!({})).await;
+    let Out::Run(dispatch) = worker.next().await else {
+        panic!("expected the run's dispatch")
+    };
+    let mut hosted = HostedServiceClient::connect(kernel.url()).await.unwrap();
+    let recorded = hosted
+        .record_step(pb::RecordStepRequest {
+            dispatch: Some(pb::HostedDispatch {
+                run_id: run.clone(),
+                dispatch_id: dispatch.dispatch_id.clone(),
+                attempt: dispatch.attempt,
+            }),
+            seq: 0,
+            step_id: "pay".into(),
+            occurrence: 0,
+            effect: "write".into(),
+            outcome: Some(pb::record_step_request::Outcome::OutputJson("\"paid\"".into())),
+            once: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let step = recorded.step.expect("the step as recorded");
+    assert_eq!(step.outcome, pb::CallOutcome::Denied as i32, "{step:?}");
+    assert_eq!(step.decided_by, "rule:no-pay");
+    assert!(
+        step.output_json.is_empty(),
+        "the handler's output is not recorded: {step:?}"
+    );
+    let shown = kernel.get(&run).await.steps;
+    let pay = shown.iter().find(|s| s.step_key == "step:pay#0").expect("recorded");
+    assert_eq!(
+        (pay.outcome, pay.decided_by.as_str()),
+        (pb::CallOutcome::Denied as i32, "rule:no-pay")
+    );
+}
+
 #[tokio::test]
 async fn a_frame_over_the_message_limit_is_refused_naming_the_limit() {
     let kernel = Kernel::start_with(KernelOptions {

@@ -202,14 +202,17 @@ impl HostedService for HostedApi {
             }
             None => return Err(KernelError::invalid("outcome", "must be output_json or error").into()),
         };
-        let decided_by = match self.0.governance.checks_steps() {
+        // A step the policy denies is recorded as denied, whatever the handler sends: one that
+        // skipped CheckStep and ran it anyway is not recorded as run, nor under a deny rule's name.
+        let (outcome, decided_by, denied) = match self.0.governance.checks_steps() {
             true => {
                 let run = self.load_run(&run_id).await?;
-                Some(match self.0.governance.step_gate(&req.step_id, effect, &run) {
-                    Ok(decided_by) | Err((_, decided_by)) => decided_by,
-                })
+                match self.0.governance.step_gate(&req.step_id, effect, &run) {
+                    Ok(decided_by) => (outcome, Some(decided_by), false),
+                    Err((reason, decided_by)) => (Err(reason), Some(decided_by), true),
+                }
             }
-            false => None,
+            false => (outcome, None, false),
         };
         let local = LocalStep {
             seq: req.seq,
@@ -219,7 +222,7 @@ impl HostedService for HostedApi {
             once: req.once,
             outcome,
             decided_by,
-            denied: false,
+            denied,
             blocked: false,
         };
         let (step, replayed, diverged) = placed(&self.0, self.0.store.record_step(run_id, fence, local).await?);
