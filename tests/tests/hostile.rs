@@ -503,6 +503,44 @@ rules:
     );
 }
 
+/// A suspension that names nothing to wait on, which nothing could ever wake, is refused and
+/// changes nothing: the handler keeps its dispatch, and its output then completes the run.
+#[tokio::test]
+async fn a_suspension_naming_nothing_is_refused_and_the_handler_keeps_its_dispatch() {
+    let kernel = Kernel::start();
+    let mut worker = RawWorker::hosting(&kernel, "raw-agent").await.unwrap();
+    let run = kernel.start_hosted("raw-agent", json!({})).await;
+    let Out::Run(dispatch) = worker.next().await else {
+        panic!("expected the run's dispatch")
+    };
+    let before = kernel.events(&run).await.len();
+    worker
+        .send(In::Result(pb::DispatchResult {
+            dispatch_id: dispatch.dispatch_id.clone(),
+            attempt: dispatch.attempt,
+            outcome: Some(pb::dispatch_result::Outcome::Suspended(pb::DispatchSuspended {
+                waiting_on: Vec::new(),
+            })),
+        }))
+        .await;
+    let Out::ResultAck(refused) = worker.next().await else {
+        panic!("expected the suspension's answer")
+    };
+    assert!(!refused.accepted, "{refused:?}");
+    assert!(refused.reason.starts_with("suspended.waiting_on: "), "{refused:?}");
+    assert_eq!(kernel.events(&run).await.len(), before, "nothing was recorded");
+    let shown = kernel.get(&run).await.run.unwrap();
+    assert_eq!(shown.status, pb::RunStatus::Running as i32, "{shown:?}");
+
+    let ack = worker.result(&dispatch.dispatch_id, dispatch.attempt, "1").await;
+    assert!(ack.accepted, "the dispatch is still the handler's: {ack:?}");
+    let done = kernel.finished(&run).await;
+    assert_eq!(
+        (done.status, done.output_json.as_str()),
+        (pb::RunStatus::Completed as i32, "1")
+    );
+}
+
 #[tokio::test]
 async fn a_frame_over_the_message_limit_is_refused_naming_the_limit() {
     let kernel = Kernel::start_with(KernelOptions {

@@ -536,6 +536,17 @@ impl Session {
     }
 
     fn on_result(&mut self, result: pb::DispatchResult) {
+        if let Some(pb::dispatch_result::Outcome::Suspended(suspended)) = &result.outcome
+            && suspended.waiting_on.is_empty()
+        {
+            // Nothing could ever wake it: refused, and the dispatch keeps its lease as it was.
+            self.ack(
+                result.dispatch_id,
+                result.attempt,
+                "suspended.waiting_on: a suspension names the steps it waits on; nothing was recorded",
+            );
+            return;
+        }
         // Only the attempt this session was sent may report; anything else (never sent here, a
         // wrong attempt, a second result) is refused without reaching the store, which would
         // refuse it too.
@@ -553,17 +564,11 @@ impl Session {
                     "result for a dispatch this session does not hold refused, nothing recorded"
                 );
             }
-            let ack = pb::ResultAck {
-                dispatch_id: result.dispatch_id,
-                attempt: result.attempt,
-                accepted: false,
-                reason: "this dispatch no longer holds its call (stale attempt, timed out, cancelled or not yours)"
-                    .to_owned(),
-            };
-            let tx = self.tx.clone();
-            tokio::spawn(async move {
-                let _ = tx.send(out(Out::ResultAck(ack))).await;
-            });
+            self.ack(
+                result.dispatch_id,
+                result.attempt,
+                "this dispatch no longer holds its call (stale attempt, timed out, cancelled or not yours)",
+            );
             return;
         };
         if let Some(pb::dispatch_result::Outcome::Suspended(suspended)) = result.outcome {
@@ -678,6 +683,20 @@ impl Session {
 
     /// A hosted handler gave back its slot: its dispatch is suspended (fenced in the write), the
     /// slot freed, and the run queued again at once when what it waits on settled on the way.
+    /// Refuses a worker's answer for `reason` without recording anything.
+    fn ack(&self, dispatch_id: String, attempt: u32, reason: &str) {
+        let ack = pb::ResultAck {
+            dispatch_id,
+            attempt,
+            accepted: false,
+            reason: reason.to_owned(),
+        };
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let _ = tx.send(out(Out::ResultAck(ack))).await;
+        });
+    }
+
     fn on_suspended(&mut self, dispatch_id: String, attempt: u32, waiting_on: Vec<String>) {
         let report = SuspendReport {
             dispatch_id: dispatch_id.clone(),
