@@ -1754,6 +1754,7 @@ mod tests {
             available_tools: vec!["t".into()],
             default_timeout_ms: 30_000,
             max_pending_calls: 1024,
+            max_events: 1_000_000,
             fence: None,
             max_concurrency: None,
         }

@@ -66,7 +66,6 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
     let offer = offered_tools(&req.offered_tools)?;
     let req_offer = req.offered_tools;
     let req_max_concurrency = req.max_concurrency;
-    let added = limits::EVENTS_PER_CALL * req.calls.len() as u64;
     let mut ids = HashSet::new();
     let mut calls = Vec::with_capacity(req.calls.len());
     let mut checks = Vec::with_capacity(req.calls.len());
@@ -156,14 +155,6 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
     let identities = calls.iter().map(|c| (c.key.clone(), c.call_hash.clone())).collect();
     let (run, replayable) = kernel.store.reads.turn(run_id.clone(), identities).await?;
     let run = run.ok_or_else(|| KernelError::NotFound(format!("run {run_id} not found")))?;
-    if run.last_seq.saturating_add(added) > limits.max_events_per_run {
-        return Err(limits::exceeded(
-            "calls",
-            format!("run {run_id} has {} events and this turn may add {added}", run.last_seq),
-            format!("{} events per run", limits.max_events_per_run),
-            "max-events-per-run",
-        ));
-    }
     // A run that cannot wait for a person cannot offer the model a tool that always asks one.
     if !run.interactive
         && let Some((index, name)) = req_offer.iter().enumerate().find(|(_, name)| {
@@ -207,6 +198,7 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
         available_tools,
         default_timeout_ms: kernel.default_timeout_ms,
         max_pending_calls: kernel.limits.max_pending_calls_per_run,
+        max_events: kernel.limits.max_events_per_run,
         fence,
         // The turn's own bound, else the run's default.
         max_concurrency: [req_max_concurrency, run.max_concurrency].into_iter().find(|n| *n > 0),

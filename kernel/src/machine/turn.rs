@@ -72,6 +72,9 @@ pub struct TurnPlan {
     pub default_timeout_ms: u64,
     /// Unsettled calls a run may have; checked inside the write, so concurrent turns cannot both pass.
     pub max_pending_calls: usize,
+    /// Events a run's log may hold; checked inside the write against the log's true length, so
+    /// concurrent turns cannot both pass.
+    pub max_events: u64,
     /// The dispatch of a hosted run whose handler calls: checked inside the write.
     pub fence: Option<super::hosted::Fence>,
     /// At most this many of the turn's calls run at once; `None` (or 0) takes the run's default.
@@ -139,6 +142,19 @@ pub fn admit(
              (calls[{}] is new)",
             run.id, call.position
         )));
+    }
+    // Each new call may add its events when nothing goes wrong; a replay or a join adds none.
+    let added = crate::limits::EVENTS_PER_CALL * new_calls as u64;
+    if new_calls > 0 && run.last_seq.saturating_add(added) > plan.max_events {
+        return Err(crate::limits::exceeded(
+            "calls",
+            format!(
+                "run {} has {} events and this turn may add {added}",
+                run.id, run.last_seq
+            ),
+            format!("{} events per run", plan.max_events),
+            "max-events-per-run",
+        ));
     }
     let unsettled = unsettled.unwrap_or(0);
     if new_calls > 0 && unsettled + new_calls > plan.max_pending_calls {
@@ -587,6 +603,7 @@ mod tests {
             available_tools: vec!["lookup".into(), "search".into()],
             default_timeout_ms: 30_000,
             max_pending_calls: 2,
+            max_events: 1_000,
             fence: None,
             max_concurrency: None,
         }
@@ -631,6 +648,26 @@ mod tests {
         let over = admit(&run(), &turn, &[None], Some(2), NOW).unwrap_err();
         assert!(matches!(over, KernelError::LimitExceeded { .. }), "{over}");
         assert!(admit(&run(), &turn, &[None], Some(1), NOW).is_ok());
+
+        // The events limit reads the log's length in the write: three events a new call.
+        let mut long = run();
+        long.last_seq = 997;
+        assert!(
+            admit(&long, &turn, &[None], Some(0), NOW).is_ok(),
+            "997 + 3 is the limit"
+        );
+        long.last_seq = 998;
+        let over = admit(&long, &turn, &[None], Some(0), NOW).unwrap_err();
+        assert!(
+            over.to_string().ends_with(
+                "has 998 events and this turn may add 3; the limit is 1000 events per run (--max-events-per-run)"
+            ),
+            "{over}"
+        );
+        assert!(
+            admit(&long, &turn, &[Some(step())], None, NOW).is_ok(),
+            "a join adds no events"
+        );
         assert!(adds_calls(&[Some(step()), None]));
         assert!(!adds_calls(&[Some(step())]));
     }

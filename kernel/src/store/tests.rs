@@ -144,6 +144,7 @@ fn plan(run: &RunId, turn: u32, calls: Vec<PlannedCall>) -> TurnPlan {
         available_tools: vec!["add".into()],
         default_timeout_ms: 30_000,
         max_pending_calls: 1024,
+        max_events: 1_000_000,
         fence: None,
         max_concurrency: None,
     }
@@ -1407,6 +1408,28 @@ async fn a_range_of_a_runs_log_is_that_slice_of_the_whole(f: Fixture) {
     }
 }
 
+/// The events-per-run limit is checked in the write against the log's true length: of two turns
+/// sent at once when the log has room for one more call, one is recorded and the other refused.
+async fn concurrent_turns_cannot_both_pass_the_events_limit(f: Fixture) {
+    let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let logged = events(&f.store, &run.id).await.len() as u64;
+    let add = tool("add", Idempotency::SafeToRetry);
+    let turn = |n: u32| {
+        let mut turn = plan(&run.id, n, vec![call(n, 0, Some(add.clone()), "add", "{}")]);
+        turn.max_events = logged + crate::limits::EVENTS_PER_CALL;
+        turn
+    };
+    let (first, second) = tokio::join!(f.store.schedule_turn(turn(0)), f.store.schedule_turn(turn(1)));
+    let refused: Vec<KernelError> = [first, second].into_iter().filter_map(Result::err).collect();
+    assert_eq!(refused.len(), 1, "exactly one of the two is refused: {refused:?}");
+    assert!(
+        refused[0].to_string().contains("events per run (--max-events-per-run)"),
+        "{}",
+        refused[0]
+    );
+    assert_eq!(f.store.reads.steps(run.id.clone()).await.unwrap().len(), 1);
+}
+
 /// A cached result belongs to the run that stored it and to every run served from it: deleting one
 /// of them leaves it to the others, and it goes with the last.
 async fn a_cached_result_goes_only_with_the_last_run_it_belongs_to(f: Fixture) {
@@ -1980,6 +2003,7 @@ on_both_stores!(concurrent_appends_keep_sequence_numbers_gap_free);
 on_both_stores!(tool_cache_entries_are_namespaced_per_tool_and_expire);
 on_both_stores!(an_approval_expires_at_its_deadline_and_not_before);
 on_both_stores!(a_cached_result_goes_only_with_the_last_run_it_belongs_to);
+on_both_stores!(concurrent_turns_cannot_both_pass_the_events_limit);
 on_both_stores!(a_divergence_fails_the_hosted_run_in_the_write_that_finds_it);
 on_both_stores!(only_a_dispatch_still_running_on_its_session_writes_the_cache);
 on_both_stores!(expired_cache_entries_are_purged_in_batches_and_live_ones_stay);
