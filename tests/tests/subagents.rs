@@ -125,8 +125,23 @@ async fn subagents_on_one_session_run_one_at_a_time_each_seeing_the_previous_out
                 timestamp(started) >= end,
                 "a session run started before the one before it ended"
             );
+            // Started together, the later ones waited, and their logs say for what.
+            let kinds: Vec<&str> = events.iter().map(|e| e.r#type.as_str()).collect();
+            let waited = events
+                .iter()
+                .position(|e| e.r#type == "agent:suspended")
+                .unwrap_or_else(|| panic!("a run that waited for its session says so: {kinds:?}"));
+            assert_eq!(
+                payload(&events[waited])["session"],
+                kid.session_key.as_str(),
+                "{kinds:?}"
+            );
+            let woken = kinds.iter().position(|k| *k == "agent:resumed").expect("woken");
+            let dispatched = kinds.iter().position(|k| *k == "agent:dispatched").unwrap();
+            assert!(waited < woken && woken < dispatched, "{kinds:?}");
         }
         previous_end = Some(timestamp(ended));
+        check_log(&events, true);
     }
 }
 

@@ -432,6 +432,27 @@ pub fn suspend(
     )
 }
 
+/// A new run of session `session` whose earlier run has not ended waits for it before its first
+/// dispatch: the dispatch is suspended, and the log says what it waits for. The earlier run's end
+/// wakes it ([`resume`]).
+pub fn wait_for_session(dispatch: &StepRecord, session: &str) -> StepChange {
+    let mut waiting = dispatch.clone();
+    waiting.status = StepStatus::Suspended;
+    StepChange {
+        event: NewEvent {
+            kind: EventType::AgentSuspended,
+            payload: json!({
+                "step_key": dispatch.key,
+                "attempt": dispatch.attempts,
+                "waiting_on": [],
+                "session": session,
+                "next": "wait",
+            }),
+        },
+        step: waiting,
+    }
+}
+
 /// Wakes a suspended dispatch because `because` settled (a step it may await) or its session's
 /// run before it ended; `None` when it is not suspended.
 pub fn resume(dispatch: &StepRecord, because: &str) -> Option<StepChange> {

@@ -1355,11 +1355,15 @@ fn new_subagent(
         Some(session) => session_busy(tx.conn, session)?,
         None => false,
     };
+    let session = new.session_key.clone();
     let (child, _, dispatch) = create_run(tx, new)?;
     let mut dispatch = dispatch.expect("a subagent's run is hosted");
-    if waits {
-        dispatch.status = StepStatus::Suspended;
-        save_step(tx, &dispatch)?;
+    if let (true, Some(session)) = (waits, session) {
+        let change = hosted::wait_for_session(&dispatch, &session);
+        save_step(tx, &change.step)?;
+        // No attempt ran: the event carries no step, so no attempt's span ends on it.
+        tx.append(&child.id, change.event.kind, change.event.payload, None)?;
+        dispatch = change.step;
     }
     let change = hosted::subagent_step(parent, (seq, key), &child, tx.now);
     insert_step(tx, &change.step)?;
