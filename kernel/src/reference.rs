@@ -188,11 +188,21 @@ fn events_page() -> String {
     out.push_str("# Event kinds\n\n");
     out.push_str(
         "Every event of a run's log has one of these kinds (`kernelctl runs events RUN` prints them; \
-         [Concepts](../concepts.md) says how a run's log is replayed). Every event carries `schema_version`.\n\n",
+         [Concepts](../concepts.md) says how a run's log is replayed). Every event carries `schema_version`. \
+         Its payload is a JSON object whose top-level fields are among those listed for its kind (a field \
+         that does not apply is left out); the end-to-end suite checks every event it sees against this \
+         list.\n\n",
     );
-    out.push_str("| kind | what it records |\n|---|---|\n");
+    out.push_str("| kind | what it records | payload fields |\n|---|---|---|\n");
     for kind in EventType::ALL {
-        let _ = writeln!(out, "| `{}` | {} |", kind.as_str(), cell(kind.doc()));
+        let fields: Vec<String> = kind.fields().iter().map(|field| format!("`{field}`")).collect();
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} |",
+            kind.as_str(),
+            cell(kind.doc()),
+            fields.join(", ")
+        );
     }
     out
 }

@@ -832,6 +832,23 @@ const TERMINAL_RUN_EVENTS: [&str; 3] = ["run:completed", "run:failed", "run:canc
 /// Checks a run's whole log against the invariants: gap-free sequence numbers; exactly one
 /// terminal event (`tool:result` or `tool:denied`) per step, with `tool:start` before any worker result; every scheduled call
 /// settled (when `settled` is set); at most one terminal run event, and it comes last.
+/// The payload fields of each event kind, as the events reference lists them.
+fn documented_fields() -> &'static HashMap<String, HashSet<String>> {
+    static FIELDS: std::sync::OnceLock<HashMap<String, HashSet<String>>> = std::sync::OnceLock::new();
+    FIELDS.get_or_init(|| {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference/events.md");
+        let page = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        page.lines()
+            .filter_map(|line| {
+                let cells: Vec<&str> = line.strip_prefix("| `")?.split(" | ").collect();
+                let kind = cells.first()?.trim_end_matches('`').to_owned();
+                let fields = cells.last()?.trim_end_matches(" |").split(", ");
+                Some((kind, fields.map(|field| field.trim_matches('`').to_owned()).collect()))
+            })
+            .collect()
+    })
+}
+
 pub fn check_log(events: &[pb::Event], settled: bool) {
     let dump = || {
         events
@@ -843,6 +860,22 @@ pub fn check_log(events: &[pb::Event], settled: bool) {
     for (index, event) in events.iter().enumerate() {
         assert_eq!(event.seq, index as u64 + 1, "sequence gap or duplicate:\n{}", dump());
         assert_eq!(event.schema_version, 1);
+    }
+    let fields = documented_fields();
+    for event in events {
+        let documented = fields
+            .get(event.r#type.as_str())
+            .unwrap_or_else(|| panic!("event kind {} is not in docs/reference/events.md", event.r#type));
+        if let Value::Object(map) = payload(event) {
+            let undocumented: Vec<&String> = map.keys().filter(|key| !documented.contains(key.as_str())).collect();
+            assert!(
+                undocumented.is_empty(),
+                "{} carries {undocumented:?}, which docs/reference/events.md does not list (EventType::fields in \
+                 kernel/src/model.rs):\n{}",
+                event.r#type,
+                dump()
+            );
+        }
     }
     let mut scheduled = HashSet::new();
     let mut started: HashMap<String, u64> = HashMap::new();
