@@ -65,6 +65,15 @@ async def eventually(
         await asyncio.sleep(POLL)
 
 
+async def within(what: str, awaitable: Awaitable[T], timeout: float = WAIT) -> T:
+    """Awaits `awaitable` for at most `timeout` seconds; past it the test fails saying what it
+    waited for, where a bare `asyncio.wait_for` says only that time ran out."""
+    try:
+        return await asyncio.wait_for(awaitable, timeout)
+    except TimeoutError:
+        raise AssertionError(f"waited {timeout} s for {what}") from None
+
+
 class Process:
     """A child process whose stdout and stderr lines are kept, in order, as they come."""
 

@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 
 from conftest import serving
-from harness import Kernel, Process, binary, python_worker
+from harness import Kernel, Process, binary, python_worker, within
 
 from kernel_sdk import AgentClient, CallOutcome, ToolCall, ToolContext, tool
 
@@ -36,7 +36,7 @@ async def test_a_safe_call_whose_worker_is_killed_finishes_on_another_with_the_s
         ran = _started(await second.said("started tool=py_fetch"))
         assert ran["key"] == began["key"], "a retry carries the call's idempotency key"
         assert int(ran["attempt"]) >= 2
-        [result] = (await asyncio.wait_for(turn, 30)).results
+        [result] = (await within("the turn's results", turn, 30)).results
         assert result.outcome == CallOutcome.OK, result
         assert result.output["key"] == began["key"]
         [step] = (await client.get_run(run.id)).steps
@@ -63,7 +63,7 @@ async def test_an_at_most_once_call_whose_worker_is_killed_is_indeterminate_neve
         second = python_worker(kernel, "--name", "second")
         await second.said("worker session open")
         first.kill9()
-        [result] = (await asyncio.wait_for(turn, 30)).results
+        [result] = (await within("the turn's results", turn, 30)).results
         assert result.outcome == CallOutcome.INDETERMINATE, result
         assert not any("started" in line for line in second.lines), "the charge ran twice"
         [step] = (await client.get_run(run.id)).steps
@@ -88,7 +88,7 @@ async def test_sigterm_drains_a_worker_its_call_finishes_and_it_exits_cleanly(
         code = await asyncio.to_thread(worker.terminate)
         assert code == 0, worker.log()
         assert any("worker draining" in line and "in_flight=1" in line for line in worker.lines)
-        [result] = (await asyncio.wait_for(turn, 30)).results
+        [result] = (await within("the turn's results", turn, 30)).results
         assert result.outcome == CallOutcome.OK, result
     finally:
         worker.stop()
@@ -128,7 +128,7 @@ async def test_a_worker_reconnects_after_the_kernel_is_killed_and_restarted(
         first = worker.session_id
         await asyncio.to_thread(kernel.restart)
         # The old session is gone; the worker opens a new one on the restarted kernel.
-        second = await asyncio.wait_for(worker.wait_ready(after=first), 30)
+        second = await within("the worker's next session", worker.wait_ready(after=first), 30)
         assert second != first
         async with AgentClient(kernel.addr) as client:
             run = await client.create_run("py-agent")
@@ -166,7 +166,7 @@ async def test_an_agent_resubmits_a_turn_refused_while_the_kernel_drains(tmp_pat
             holding = asyncio.ensure_future(
                 client.call_turn(held.id, 0, [ToolCall("linger", {"seconds": 2})])
             )
-            await asyncio.wait_for(_lingering.wait(), 30)
+            await within("the lingering call to start", _lingering.wait(), 30)
             run = await client.create_run("py-patient")
             kernel.process.process.send_signal(signal.SIGTERM)
             await kernel.process.said("draining: new turns and sessions refused")
@@ -174,12 +174,12 @@ async def test_an_agent_resubmits_a_turn_refused_while_the_kernel_drains(tmp_pat
                 client.call_turn(run.id, 0, [ToolCall("charge_once", {"cents": 5})])
             )
             # The running call finishes and reaches its turn before the kernel exits.
-            [lingered] = (await asyncio.wait_for(holding, 30)).results
+            [lingered] = (await within("the holding turn's results", holding, 30)).results
             assert lingered.outcome == CallOutcome.OK, lingered
             assert await asyncio.to_thread(kernel.process.process.wait, 30) == 0
             assert not turn.done(), "the refused turn waits for the kernel to be back"
             await asyncio.to_thread(kernel.restart)
-            [charged] = (await asyncio.wait_for(turn, 60)).results
+            [charged] = (await within("the turn's results", turn, 60)).results
             assert charged.outcome == CallOutcome.OK, charged
             assert _charges == [5], "the charge ran once"
     finally:

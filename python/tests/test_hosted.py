@@ -3,13 +3,12 @@ SIGKILLed worker, subagents on sessions with the handler suspended, and divergen
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import agents
 import pytest
 from conftest import serving
-from harness import Kernel, Process, python_worker
+from harness import Kernel, Process, python_worker, within
 
 from kernel_sdk import AgentClient, AgentContext, Event, StepDenied, ToolDefinitionError, agent
 
@@ -31,7 +30,7 @@ async def test_a_hosted_run_records_its_steps_and_completes(
             "py_planner", input={"destination": "Lisbon", "days": 3}, hosted=True
         )
         assert run.hosted
-        events = await asyncio.wait_for(_ended(client, run.id), 30)
+        events = await within("the run to end", _ended(client, run.id), 30)
         assert events[-1].type == "run:completed"
         detail = await client.get_run(run.id)
         assert detail.run.output == {
@@ -63,7 +62,7 @@ async def test_a_handler_replays_its_recorded_steps_on_another_worker_after_a_si
         first.kill9()
 
         second = python_worker(kernel, "--agents", "--name", "second")
-        await asyncio.wait_for(_ended(client, run.id), 30)
+        await within("the run to end", _ended(client, run.id), 30)
         detail = await client.get_run(run.id)
         assert detail.run.status == "completed", detail.run
         assert detail.run.output["plan"] == {"stops": ["Porto", "coast"]}
@@ -84,7 +83,7 @@ async def test_subagents_on_a_session_run_in_order_while_the_parent_gives_back_i
     # One slot: the parent must give it back while it waits, or its children could never run.
     async with serving(kernel, *agents.TOOLS, agents=agents.AGENTS, max_concurrency=1):
         run = await client.create_run("py_parent", hosted=True)
-        events = await asyncio.wait_for(_ended(client, run.id), 60)
+        events = await within("the run to end", _ended(client, run.id), 60)
         assert events[-1].type == "run:completed", [e.type for e in events]
         output = (await client.get_run(run.id)).run.output
         key = f"counter:{run.id}"
@@ -105,10 +104,10 @@ async def test_a_handler_that_is_not_deterministic_fails_with_replay_input_chang
         await first.said("worker session open")
         run = await client.create_run("py_drifting", hosted=True)
         # Its step is recorded under the first process's id; then it hangs.
-        await asyncio.wait_for(_event(client, run.id, "step:result"), 30)
+        await within("a step:result event", _event(client, run.id, "step:result"), 30)
         first.kill9()
         second = python_worker(kernel, "--agents", "--name", "second")
-        events = await asyncio.wait_for(_ended(client, run.id), 30)
+        events = await within("the run to end", _ended(client, run.id), 30)
         assert events[-1].type == "run:failed"
         detail = await client.get_run(run.id)
         assert "replay_input_changed" in detail.run.reason, detail.run.reason
@@ -133,7 +132,7 @@ async def test_a_handlers_exception_fails_the_run_with_its_traceback(
 ) -> None:
     async with serving(kernel, agents=[py_lost]):
         run = await client.create_run("py_lost", input="Atlantis", hosted=True)
-        events = await asyncio.wait_for(_ended(client, run.id), 30)
+        events = await within("the run to end", _ended(client, run.id), 30)
     assert events[-1].type == "run:failed"
     reason = (await client.get_run(run.id)).run.reason
     assert reason.startswith("LookupError: no route to Atlantis\nTraceback"), reason
@@ -163,7 +162,7 @@ async def test_a_policy_denies_a_local_step_before_it_runs(tmp_path: Path) -> No
             serving(kernel, agents=[py_guarded]),
         ):
             run = await client.create_run("py_guarded", hosted=True)
-            await asyncio.wait_for(_ended(client, run.id), 30)
+            await within("the run to end", _ended(client, run.id), 30)
             detail = await client.get_run(run.id)
             output = detail.run.output
             assert output["ran"] == [], "a denied step never runs"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import serving
-from harness import Kernel, binary
+from harness import Kernel, binary, within
 
 from kernel_sdk import (
     AgentClient,
@@ -175,10 +175,10 @@ async def test_cancelling_the_run_reaches_the_running_tool(
     async with serving(kernel, hold):
         run = await client.create_run("py-agent")
         turn = asyncio.ensure_future(client.call_turn(run.id, 0, [ToolCall("hold")]))
-        await asyncio.wait_for(HELD.wait(), 30)
+        await within("the held call to start", HELD.wait(), 30)
         cancelled = await client.cancel_run(run.id, "the user left")
         assert cancelled.status == "cancelled"
-        [result] = (await asyncio.wait_for(turn, 30)).results
+        [result] = (await within("the turn's results", turn, 30)).results
         assert result.outcome == CallOutcome.CANCELLED, result
 
 
@@ -200,10 +200,10 @@ async def test_cancelling_one_call_reaches_its_tool_and_the_run_goes_on(
     async with serving(kernel, hold_alone, add):
         run = await client.create_run("py-agent")
         turn = asyncio.ensure_future(client.call_turn(run.id, 0, [ToolCall("hold_alone")]))
-        await asyncio.wait_for(HELD_ALONE.wait(), 30)
+        await within("the held call to start", HELD_ALONE.wait(), 30)
         step = await client.cancel_call(run.id, "t0/p0", "not needed")
         assert (step.step_key, step.status) == ("t0/p0", "cancelled"), step
-        [result] = (await asyncio.wait_for(turn, 30)).results
+        [result] = (await within("the turn's results", turn, 30)).results
         assert result.outcome == CallOutcome.CANCELLED, result
         assert result.content == "cancelled: not needed"
         [summed] = (await client.call_turn(run.id, 1, [ToolCall("add", {"a": 1, "b": 2})])).results
