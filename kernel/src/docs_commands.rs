@@ -3,7 +3,8 @@
 //! grammar: a flag renamed in the code cannot live on in the docs.
 //!
 //! The crates share no test utility crate, so the tests of kernelctl, kernel-mcp, the demo worker
-//! and agent, and the e2e docs test include this file by its path; it needs only `std`.
+//! and agent, and the e2e docs test include this file by its path; it needs only `std` and `clap`,
+//! which each of them has.
 
 // Each includer uses a part: the crates' tests the invocations, the e2e docs test the blocks.
 #![allow(dead_code)]
@@ -96,13 +97,16 @@ pub fn markdown_under(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Fails, naming each page and line, unless every command line of `program` in the docs (at least
-/// `at_least` of them) is accepted by `parse`, given the words with `program` first; `parse`
-/// answers a refusal with its message (a request for help or the version is no refusal).
-pub fn assert_every_command_line_parses(
-    program: &str,
-    at_least: usize,
-    parse: impl Fn(Vec<&str>) -> Result<(), String>,
-) {
+/// `at_least` of them) is accepted by its clap grammar `C` (a request for help or the version is
+/// no refusal).
+pub fn assert_every_command_line_parses<C: clap::Parser>(program: &str, at_least: usize) {
+    use clap::error::ErrorKind;
+    let parse = |words: Vec<&str>| match C::try_parse_from(words) {
+        Err(error) if !matches!(error.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            Err(error.to_string())
+        }
+        _ => Ok(()),
+    };
     let found = invocations(program);
     assert!(
         found.len() >= at_least.max(1),

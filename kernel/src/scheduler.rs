@@ -1789,10 +1789,7 @@ mod tests {
         });
         plan.calls[0].tool = Some(std::sync::Arc::new(def));
         plan.calls[0].timeout_ms = Some(30_000);
-        let turn = store.schedule_turn(plan).await.unwrap();
-        let crate::store::CallDisposition::Scheduled(step) = &turn[0] else {
-            panic!("expected scheduled, got {:?}", turn[0]);
-        };
+        let step = scheduled(&store, plan).await;
 
         let config = SchedulerConfig {
             scan_interval: Duration::from_secs(3600),
@@ -1864,6 +1861,15 @@ mod tests {
         shutdown.cancel();
     }
 
+    /// The call `plan` records, waiting for a worker.
+    async fn scheduled(store: &Store, plan: TurnPlan) -> StepRecord {
+        let turn = store.schedule_turn(plan).await.unwrap();
+        match &turn[0] {
+            crate::store::CallDisposition::Scheduled(step) => step.clone(),
+            other => panic!("expected scheduled, got {other:?}"),
+        }
+    }
+
     /// Waits until `count` calls are queued.
     async fn queued(scheduler: &Scheduler, count: usize) {
         e2e::eventually(&format!("{count} queued calls"), || async {
@@ -1888,10 +1894,7 @@ mod tests {
     async fn a_silent_worker_keeps_its_session_for_its_lease_then_its_call_runs_elsewhere() {
         let (_dir, store, _writer, run) = store_with_run().await;
         let clock = store.clock().clone();
-        let turn = store.schedule_turn(one_call(&run, None)).await.unwrap();
-        let crate::store::CallDisposition::Scheduled(step) = &turn[0] else {
-            panic!("expected scheduled, got {:?}", turn[0]);
-        };
+        let step = scheduled(&store, one_call(&run, None)).await;
         let config = SchedulerConfig {
             lease_ttl: Duration::from_secs(10),
             scan_interval: Duration::from_secs(3600),
@@ -1944,10 +1947,7 @@ mod tests {
     async fn a_call_no_worker_offers_fails_at_its_schedule_to_start_timeout() {
         let (_dir, store, _writer, run) = store_with_run().await;
         let clock = store.clock().clone();
-        let turn = store.schedule_turn(one_call(&run, None)).await.unwrap();
-        let crate::store::CallDisposition::Scheduled(step) = &turn[0] else {
-            panic!("expected scheduled, got {:?}", turn[0]);
-        };
+        let step = scheduled(&store, one_call(&run, None)).await;
         let config = SchedulerConfig {
             schedule_to_start_timeout: Duration::from_secs(30),
             scan_interval: Duration::from_secs(3600),

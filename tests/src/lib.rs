@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::admin_service_client::AdminServiceClient;
+use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
 use kernel_proto::v1::registry_service_client::RegistryServiceClient;
 use kernel_proto::v1::run_service_client::RunServiceClient;
 use kernel_proto::v1::tool_call_service_client::ToolCallServiceClient;
@@ -557,6 +558,18 @@ impl Kernel {
             .await
             .expect("get status")
             .into_inner()
+    }
+
+    /// The approvals waiting for an answer (`ApprovalService.ListApprovals`), oldest first.
+    pub async fn pending_approvals(&self) -> Vec<pb::Approval> {
+        ApprovalServiceClient::connect(self.url())
+            .await
+            .expect("connect")
+            .list_approvals(pb::ListApprovalsRequest::default())
+            .await
+            .expect("list approvals")
+            .into_inner()
+            .approvals
     }
 
     /// Waits until the kernel holds no session, queued call, lease or run channel, and returns its

@@ -5,7 +5,6 @@
 
 use e2e::{Kernel, KernelOptions, Watch, call, check_log, submit};
 use kernel_proto::v1 as pb;
-use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
 use serde_json::json;
 use tonic::Code;
 
@@ -109,14 +108,7 @@ async fn a_call_waiting_for_a_person_is_cancelled_by_kernelctl_and_its_question_
     assert_eq!(result.content, "cancelled: not needed");
     // No question is left open, and the run runs again.
     watch.event("run:resumed", |_| true).await;
-    let listed = ApprovalServiceClient::connect(kernel.url())
-        .await
-        .unwrap()
-        .list_approvals(pb::ListApprovalsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .approvals;
+    let listed = kernel.pending_approvals().await;
     assert!(
         listed.iter().all(|a| a.status != pb::ApprovalStatus::Pending as i32),
         "{listed:?}"

@@ -12,8 +12,6 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use e2e::Kernel;
-use kernel_proto::v1 as pb;
-use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
 use tokio::process::{Child, Command};
 
 use crate::docs::docs_commands;
@@ -113,16 +111,8 @@ impl Runner<'_> {
 
     /// The oldest pending approval no line answered yet.
     async fn next_approval(&self) -> String {
-        let url = self.kernel.url();
         e2e::eventually("a pending approval for <ID>", || async {
-            let pending = ApprovalServiceClient::connect(url.clone())
-                .await
-                .unwrap()
-                .list_approvals(pb::ListApprovalsRequest::default())
-                .await
-                .unwrap()
-                .into_inner()
-                .approvals;
+            let pending = self.kernel.pending_approvals().await;
             pending
                 .iter()
                 .map(|approval| approval.id.clone())

@@ -113,13 +113,8 @@ async fn an_mcp_client_over_http_waits_for_a_person_s_approval_and_hears_why() {
         message.starts_with("waiting for a person's approval of 'refund'"),
         "{waiting}"
     );
+    let pending = kernel.pending_approvals().await;
     let mut approvals = ApprovalServiceClient::connect(kernel.url()).await.unwrap();
-    let pending = approvals
-        .list_approvals(pb::ListApprovalsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .approvals;
     assert_eq!(pending.len(), 1);
     assert!(
         message.contains(&pending[0].id),

@@ -198,15 +198,18 @@ struct Held {
     progress: u32,
 }
 
-impl Held {
-    /// What ran, as a refusal of its answer names it: `tool 'lookup'`, `agent 'triage'`.
-    fn named(&self) -> String {
+/// What ran, as a refusal of its answer names it: `tool 'lookup'`, `agent 'triage'`; written only
+/// into a refusal, so an accepted result formats nothing.
+impl std::fmt::Display for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.kind {
-            StepKind::Agent => format!("agent '{}'", self.tool),
-            _ => format!("tool '{}'", self.tool),
+            StepKind::Agent => write!(f, "agent '{}'", self.tool),
+            _ => write!(f, "tool '{}'", self.tool),
         }
     }
+}
 
+impl Held {
     /// What it answers with: a handler's output, a tool's result.
     fn answer(&self) -> &'static str {
         match self.kind {
@@ -536,15 +539,11 @@ impl Session {
     }
 
     fn on_result(&mut self, result: pb::DispatchResult) {
+        // Refused before the dispatch leaves this session's hands, so it keeps its lease as it was.
         if let Some(pb::dispatch_result::Outcome::Suspended(suspended)) = &result.outcome
-            && suspended.waiting_on.is_empty()
+            && let Err(reason) = crate::machine::hosted::check_suspension(&suspended.waiting_on)
         {
-            // Nothing could ever wake it: refused, and the dispatch keeps its lease as it was.
-            self.ack(
-                result.dispatch_id,
-                result.attempt,
-                "suspended.waiting_on: a suspension names the steps it waits on; nothing was recorded",
-            );
+            self.ack(result.dispatch_id, result.attempt, &reason);
             return;
         }
         // Only the attempt this session was sent may report; anything else (never sent here, a
@@ -576,7 +575,7 @@ impl Session {
             return;
         }
         let tool = held.tool.clone();
-        let (named, answer) = (held.named(), held.answer());
+        let answer = held.answer();
         let max = self.kernel.limits.max_result_bytes;
         let outcome = match result.outcome {
             Some(pb::dispatch_result::Outcome::OutputJson(text)) if text.len() > max => {
@@ -593,7 +592,7 @@ impl Session {
                 Err((
                     ErrorKind::Fatal,
                     format!(
-                        "{named} returned {answer} of {} bytes; the limit is {max} bytes (--max-result-bytes)",
+                        "{held} returned {answer} of {} bytes; the limit is {max} bytes (--max-result-bytes)",
                         text.len()
                     ),
                 ))
@@ -601,13 +600,13 @@ impl Session {
             Some(pb::dispatch_result::Outcome::OutputJson(text)) => canonical::canonicalize(&text).map_err(|e| {
                 (
                     ErrorKind::Fatal,
-                    format!("{named} returned {answer} that is not valid JSON: {e}"),
+                    format!("{held} returned {answer} that is not valid JSON: {e}"),
                 )
             }),
             Some(pb::dispatch_result::Outcome::Error(failure)) if failure.message.len() > max => Err((
                 convert::error_kind_from(failure.kind),
                 format!(
-                    "{}… ({named} returned an error message of {} bytes, cut; the limit is {max} bytes \
+                    "{}… ({held} returned an error message of {} bytes, cut; the limit is {max} bytes \
                      (--max-result-bytes))",
                     cut(&failure.message, KEPT_ERROR_CHARS),
                     failure.message.len()
@@ -619,7 +618,7 @@ impl Session {
             Some(pb::dispatch_result::Outcome::Suspended(_)) => unreachable!("handled above"),
             None => Err((
                 ErrorKind::Fatal,
-                format!("{named} returned neither {answer} nor an error"),
+                format!("{held} returned neither {answer} nor an error"),
             )),
         };
         let report = ResultReport {

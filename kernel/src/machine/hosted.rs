@@ -453,6 +453,15 @@ pub fn wait_for_session(dispatch: &StepRecord, session: &str) -> StepChange {
     }
 }
 
+/// A suspension names what it waits on: one naming nothing could never be woken, so it is refused,
+/// before anything is written, and the dispatch stays the handler's. `Err` says why.
+pub fn check_suspension(waiting_on: &[String]) -> Result<(), String> {
+    if waiting_on.is_empty() {
+        return Err("suspended.waiting_on: a suspension names the steps it waits on; nothing was recorded".to_owned());
+    }
+    Ok(())
+}
+
 /// Wakes a suspended dispatch because `because` settled (a step it may await) or its session's
 /// run before it ended; `None` when it is not suspended.
 pub fn resume(dispatch: &StepRecord, because: &str) -> Option<StepChange> {
@@ -698,6 +707,13 @@ mod tests {
         );
         let cancelled = child_ended(&started.step, &child(RunStatus::Cancelled), NOW).unwrap();
         assert_eq!(cancelled.step.status, StepStatus::Cancelled);
+    }
+
+    #[test]
+    fn a_suspension_names_what_it_waits_on() {
+        let refused = check_suspension(&[]).unwrap_err();
+        assert!(refused.starts_with("suspended.waiting_on: "), "{refused}");
+        assert!(check_suspension(&["subagent:researcher#0".to_owned()]).is_ok());
     }
 
     fn after_suspension(run: &RunRecord, dispatch: &StepRecord) -> RunRecord {
