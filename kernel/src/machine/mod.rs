@@ -65,6 +65,7 @@
 pub mod approval;
 pub mod branch;
 pub mod cancel;
+pub mod command;
 pub mod dispatch;
 pub mod hosted;
 pub mod run;

@@ -27,6 +27,12 @@ use std::sync::{Arc, mpsc};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+pub use crate::machine::command::answer_approval::{Answer, Answered};
+pub use crate::machine::command::local_step::StepRecorded;
+pub use crate::machine::command::lose_lease::LossOutcome;
+pub use crate::machine::command::start_subagent::{SubagentStart, SubagentStarted};
+pub use crate::machine::command::submit_turn::RecordedTurn;
+pub use crate::machine::command::suspend::SuspendReport;
 pub use crate::machine::dispatch::{LeaseLoss, ResultReport, StartDispatch};
 pub use crate::machine::hosted::{Fence, HostedAgent, LocalStep};
 pub use crate::machine::run::{EndRun, NewRun};
@@ -35,7 +41,6 @@ pub use crate::machine::turn::{CallDisposition, CallGate, PlannedCall, TurnPlan}
 pub use location::Database;
 pub use lock::{DbLock, lock_path};
 pub use ops::Published;
-pub use ops::{RecordedTurn, StepRecorded, SubagentStart, SubagentStarted, SuspendReport};
 pub use reads::{Readers, RunFilter, StoreGauges};
 pub use sql::describe as describe_postgres_error;
 use writer::Command;
@@ -55,35 +60,6 @@ pub enum Durability {
     /// `synchronous=NORMAL`: faster; in WAL mode a power loss may drop the last commits, a crash
     /// of the kernel process does not.
     Normal,
-}
-
-/// What became of a lost lease's step.
-#[derive(Clone, Debug)]
-pub enum LossOutcome {
-    /// The dispatch no longer held the step; nothing recorded.
-    NotHeld,
-    /// safe_to_retry: back to pending, to dispatch again.
-    Requeued(StepRecord),
-    /// at_most_once: failed as indeterminate.
-    Indeterminate(StepRecord),
-}
-
-/// A person's answer to an approval.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Answer {
-    Approve,
-    Reject,
-}
-
-/// What answering (or expiring) approvals changed.
-#[derive(Clone, Debug, Default)]
-pub struct Answered {
-    /// The approvals answered.
-    pub approvals: Vec<crate::model::ApprovalRecord>,
-    /// Approved steps, now pending: to dispatch.
-    pub to_dispatch: Vec<StepRecord>,
-    /// Steps settled because an answer ended a run (a branch whose parent is gone): to cancel.
-    pub ended: Vec<StepRecord>,
 }
 
 /// What deleting runs removed.

@@ -24,6 +24,7 @@ use super::{
 };
 use crate::clock::Clock;
 use crate::error::KernelError;
+use crate::machine::command::{self, Records};
 use crate::model::{AgentDef, RunId, RunRecord, StepKey, StepKind, StepRecord, ToolDef};
 
 /// The most commands folded into one transaction; bounds the latency of a batch.
@@ -147,9 +148,9 @@ fn respond<T: Send + 'static>(result: Result<T, KernelError>, reply: Reply<T>) -
 /// Applies `command`; what it leaves for just before the commit goes to `before_commit`.
 fn apply(tx: &mut Tx<'_>, command: Command, before_commit: &mut Option<BeforeCommit>) -> (Responder, bool) {
     match command {
-        Command::CreateRun(new, reply) => respond(ops::create_run(tx, *new), reply),
+        Command::CreateRun(new, reply) => respond(command::create_run::apply(tx, *new), reply),
         Command::ScheduleTurn(plan, early, reply) => {
-            let recorded = ops::schedule_turn(tx, plan);
+            let recorded = command::submit_turn::apply(tx, plan);
             if let (Some(early), Ok(recorded)) = (early, &recorded) {
                 let steps = super::sync::dispatches_before_commit(&recorded.calls);
                 if !steps.is_empty() {
@@ -158,14 +159,14 @@ fn apply(tx: &mut Tx<'_>, command: Command, before_commit: &mut Option<BeforeCom
             }
             respond(recorded, reply)
         }
-        Command::StartDispatch(start, reply) => respond(ops::start_dispatch(tx, start), reply),
-        Command::RecordResult(report, reply) => respond(ops::record_result(tx, report), reply),
-        Command::LoseLease(loss, reply) => respond(ops::lose_lease(tx, loss), reply),
+        Command::StartDispatch(start, reply) => respond(command::start::apply(tx, start), reply),
+        Command::RecordResult(report, reply) => respond(command::result::apply(tx, report), reply),
+        Command::LoseLease(loss, reply) => respond(command::lose_lease::apply(tx, loss), reply),
         Command::TimeOut {
             dispatch_id,
             attempt,
             reply,
-        } => respond(ops::time_out(tx, &dispatch_id, attempt), reply),
+        } => respond(command::time_out::time_out(tx, &dispatch_id, attempt), reply),
         Command::FailPending {
             run,
             key,
@@ -173,14 +174,19 @@ fn apply(tx: &mut Tx<'_>, command: Command, before_commit: &mut Option<BeforeCom
             reason,
             outcome,
             reply,
-        } => respond(ops::fail_pending(tx, &run, &key, &message, (reason, outcome)), reply),
-        Command::EndRun(run, end, reply) => respond(ops::end_run(tx, &run, end), reply),
-        Command::CancelCall(run, key, reason, reply) => respond(ops::cancel_call(tx, &run, &key, &reason), reply),
-        Command::AbandonRuns(after_ms, limit, reply) => respond(ops::abandon_runs(tx, after_ms, limit), reply),
+        } => respond(
+            command::time_out::fail_pending(tx, (&run, &key), &message, (reason, outcome)),
+            reply,
+        ),
+        Command::EndRun(run, end, reply) => respond(command::end_run::end(tx, &run, end), reply),
+        Command::CancelCall(run, key, reason, reply) => {
+            respond(command::cancel_call::cancel(tx, (&run, &key), &reason), reply)
+        }
+        Command::AbandonRuns(after_ms, limit, reply) => respond(command::end_run::abandon(tx, after_ms, limit), reply),
         Command::RegisterTools(tools, reply) => respond(ops::register_tools(tx, tools), reply),
         Command::ForgetTools(names, reply) => respond(ops::forget_tools(tx, &names), reply),
-        Command::DeleteRun(run, reply) => respond(ops::delete_run(tx, &run), reply),
-        Command::PruneRuns(before, limit, reply) => respond(ops::prune_runs(tx, before, limit), reply),
+        Command::DeleteRun(run, reply) => respond(command::delete::delete(tx, &run), reply),
+        Command::PruneRuns(before, limit, reply) => respond(command::delete::prune(tx, before, limit), reply),
         Command::AnswerApproval {
             id,
             answer,
@@ -188,18 +194,22 @@ fn apply(tx: &mut Tx<'_>, command: Command, before_commit: &mut Option<BeforeCom
             reason,
             reply,
         } => respond(
-            ops::answer_approval(tx, &id, answer, &decider, reason.as_deref()),
+            command::answer_approval::answer(tx, &id, answer, (&decider, reason.as_deref())),
             reply,
         ),
-        Command::ExpireApprovals(reply) => respond(ops::expire_approvals(tx), reply),
-        Command::NoteReplays(run, keys, reply) => respond(ops::note_replays(tx, &run, &keys), reply),
+        Command::ExpireApprovals(reply) => respond(command::answer_approval::expire(tx), reply),
+        Command::NoteReplays(run, keys, reply) => respond(tx.note_replays(&run, &keys), reply),
         Command::ToolCacheSet(set, reply) => respond(ops::tool_cache_set(tx, set), reply),
         Command::PurgeExpired(limit, reply) => respond(ops::purge_expired(tx, limit), reply),
-        Command::RecordStep(run, fence, local, reply) => respond(ops::record_step(tx, &run, &fence, local), reply),
-        Command::CheckStep(run, fence, local, reply) => respond(ops::check_step(tx, &run, &fence, local), reply),
+        Command::RecordStep(run, fence, local, reply) => {
+            respond(command::local_step::record(tx, &run, &fence, local), reply)
+        }
+        Command::CheckStep(run, fence, local, reply) => {
+            respond(command::local_step::check(tx, &run, &fence, local), reply)
+        }
         Command::RegisterAgents(agents, reply) => respond(ops::register_agents(tx, agents), reply),
-        Command::SuspendDispatch(report, reply) => respond(ops::suspend_dispatch(tx, report), reply),
-        Command::StartSubagent(start, reply) => respond(ops::start_subagent(tx, *start), reply),
+        Command::SuspendDispatch(report, reply) => respond(command::suspend::apply(tx, report), reply),
+        Command::StartSubagent(start, reply) => respond(command::start_subagent::apply(tx, *start), reply),
         Command::Beat(beat, reply) => respond(ops::beat(tx, beat), reply),
         Command::ClaimPending {
             tools,

@@ -1,0 +1,84 @@
+//! A run's end, as every command that ends one applies it: its running children cancelled first
+//! (their own children before them), then its calls in flight settled and its open questions
+//! withdrawn, then the run with its one terminal event; then the parent's step waiting for it
+//! settles and its session's next run may go.
+
+use super::{Records, Result, apply_change};
+use crate::machine::hosted;
+use crate::machine::run::{self, EndRun};
+use crate::model::{RunRecord, StepRecord};
+
+/// Ends `run` after its subagents, as `end` says. Returns the run and every step settled on the
+/// way, to cancel on their workers.
+pub fn end_tree<R: Records + ?Sized>(
+    records: &mut R,
+    run: &RunRecord,
+    end: &EndRun,
+) -> Result<(RunRecord, Vec<StepRecord>)> {
+    let mut settled = cancel_children(records, run)?;
+    let in_flight = records.open_steps(&run.id)?;
+    let open = records.open_approvals(&run.id)?;
+    let ended = run::end(run, &in_flight, &open, end, records.now())?;
+    let (run, more) = apply_end(records, ended)?;
+    settled.extend(more);
+    Ok((run, settled))
+}
+
+/// Fails a hosted run whose handler diverged ([`hosted::diverged`]), unless it ended already;
+/// returns the steps that settled on the way.
+pub fn end_diverged<R: Records + ?Sized>(records: &mut R, run: &RunRecord, message: &str) -> Result<Vec<StepRecord>> {
+    if run.status.is_terminal() {
+        return Ok(Vec::new());
+    }
+    Ok(end_tree(records, run, &hosted::diverged(message))?.1)
+}
+
+/// Cancels the children of `run` still running, deepest first.
+pub fn cancel_children<R: Records + ?Sized>(records: &mut R, run: &RunRecord) -> Result<Vec<StepRecord>> {
+    let mut settled = Vec::new();
+    for child in records.live_children(&run.id)? {
+        let child = records.run(&child)?;
+        let reason = format!("parent run {} ended", run.id);
+        let (_, steps) = end_tree(records, &child, &EndRun::Cancel { reason })?;
+        settled.extend(steps);
+    }
+    Ok(settled)
+}
+
+/// Applies what ending a run changes: questions withdrawn, calls settled, the run and its event;
+/// then the parent's step waiting for it, and its session's next run.
+pub fn apply_end<R: Records + ?Sized>(records: &mut R, ended: run::RunEnd) -> Result<(RunRecord, Vec<StepRecord>)> {
+    for approval in &ended.withdrawn {
+        records.save_approval(approval)?;
+    }
+    let mut settled = Vec::with_capacity(ended.settled.len());
+    for change in ended.settled {
+        settled.push(apply_change(records, change)?);
+    }
+    records.save_run(&ended.run)?;
+    records.append(&ended.run.id, ended.event, None)?;
+    let run = records.run(&ended.run.id)?;
+    if let Some((parent, key)) = &run.parent
+        && let Some(step) = records.find_step(parent, key)?
+        && let Some(change) = hosted::child_ended(&step, &run, records.now())
+    {
+        apply_change(records, change)?;
+    }
+    if let Some(session) = &run.session_key {
+        release_session(records, session)?;
+    }
+    Ok((run, settled))
+}
+
+/// Lets the next run of a session go: the oldest one still waiting for the runs before it.
+fn release_session<R: Records + ?Sized>(records: &mut R, session: &str) -> Result<()> {
+    if let Some(next) = records.next_of_session(session)? {
+        super::wake_step(
+            records,
+            &next,
+            &crate::model::StepKey::agent(),
+            "the session's run before it ended",
+        )?;
+    }
+    Ok(())
+}

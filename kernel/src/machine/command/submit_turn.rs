@@ -1,0 +1,329 @@
+//! Submitting a turn: the calls an agent (or a hosted handler) asks for, recorded in one write.
+//!
+//! In order: a hosted run's turn is fenced by its dispatch and checked against what its place in
+//! the handler's order recorded (a divergence fails the run here); a branch's turn is judged by
+//! the branch rule (its parent gone, the run ends); the run admits the turn ([`turn::admit`]);
+//! then each call is a replay or a join of what its identity recorded, or a new call: replayed
+//! from a branch's parent, refused by the branch rule (or because another call of the turn ended
+//! the run), or decided ([`turn::decide`]), served from the cache, recorded and, when it starts
+//! in this turn, started. A branch refusal ends the run after the turn; a gated call asks the next
+//! question.
+
+use super::ending::{end_diverged, end_tree};
+use super::{Records, Result, parent_exists, parent_step, record_change};
+use crate::machine::branch::{self, Blocked, Verdict};
+use crate::machine::dispatch;
+use crate::machine::hosted;
+use crate::machine::run::EndRun;
+use crate::machine::turn::{self, CallDisposition, Next, PlannedCall, TurnPlan};
+use crate::model::{Outcome, RunRecord, StepKey, StepRecord, StepStatus};
+
+/// What recording a turn did: each call's disposition, and, when the turn ended its run (a
+/// branch refusing an effect, or one whose parent is gone), the steps that end settled on the way,
+/// to cancel on their workers.
+#[derive(Clone, Debug, Default)]
+pub struct RecordedTurn {
+    pub calls: Vec<CallDisposition>,
+    pub ended: Vec<StepRecord>,
+    /// Why the run ended with the turn, when not for `unresumable` (a divergence, a branch's
+    /// refusal): what the steps of `ended` are cancelled with.
+    pub ended_because: Option<&'static str>,
+    /// The run could not take the turn: why (its branch's parent is gone; the run ended with it).
+    pub unresumable: Option<String>,
+}
+
+pub fn apply<R: Records + ?Sized>(records: &mut R, plan: TurnPlan) -> Result<RecordedTurn> {
+    let mut run = records.run(&plan.run_id)?;
+    let recorded = plan
+        .calls
+        .iter()
+        .map(|call| records.find_step(&run.id, &call.key))
+        .collect::<Result<Vec<_>>>()?;
+    if (run.hosted || plan.fence.is_some())
+        && let Some(diverged) = check_place(records, &run, &plan, &recorded)?
+    {
+        return Ok(diverged);
+    }
+    let guarded = branch::guarded(&run) && turn::adds_calls(&recorded) && !run.status.is_terminal();
+    if guarded && let Some(reason) = branch::unresumable(&run, parent_exists(records, &run)?) {
+        let (_, ended) = end_tree(records, &run, &EndRun::Fail { reason: reason.clone() })?;
+        return Ok(RecordedTurn {
+            ended,
+            unresumable: Some(reason),
+            ..RecordedTurn::default()
+        });
+    }
+    let verdicts = if guarded {
+        judge_calls(records, &run, &plan, &recorded)?
+    } else {
+        Vec::new()
+    };
+    let unsettled = if turn::adds_calls(&recorded) {
+        // A hosted run's own dispatch runs while its handler calls; it is not a call.
+        Some(
+            records
+                .count_active_steps(&run.id)?
+                .saturating_sub(usize::from(run.hosted)),
+        )
+    } else {
+        None
+    };
+    if let Some((started, event)) = turn::admit(&run, &plan, &recorded, unsettled, records.now())? {
+        records.save_run(&started)?;
+        records.append(&run.id, event, None)?;
+        run = started;
+    }
+    let counted_before = run.tool_calls;
+    let mut calls = Calls::new(&plan, verdicts);
+    for (index, (call, recorded)) in plan.calls.iter().zip(recorded).enumerate() {
+        let disposition = match recorded {
+            Some(step) => resubmitted(records, step, call)?,
+            None => new_call(records, &mut run, &plan, &mut calls, index)?,
+        };
+        calls.dispositions.push(disposition);
+    }
+    if run.tool_calls != counted_before {
+        records.save_run(&run)?;
+    }
+    if let Some(refused) = calls.blocked {
+        let reason = refused.run_reason(run.capture);
+        let (_, ended) = end_tree(records, &run, &EndRun::Fail { reason })?;
+        return Ok(RecordedTurn {
+            calls: calls.dispositions,
+            ended,
+            unresumable: None,
+            ended_because: Some("write_tool_blocked"),
+        });
+    }
+    if calls.gated {
+        super::ask::ask_next(records, &run.id)?;
+    }
+    Ok(RecordedTurn {
+        calls: calls.dispositions,
+        ..RecordedTurn::default()
+    })
+}
+
+/// A turn's calls as they are recorded, and what the branch rule said of each.
+struct Calls {
+    dispositions: Vec<CallDisposition>,
+    verdicts: Vec<Option<Verdict>>,
+    /// The first call the branch rule refused, which ends the run after the turn.
+    turn_blocked: Option<Blocked>,
+    blocked: Option<Blocked>,
+    gated: bool,
+}
+
+impl Calls {
+    fn new(plan: &TurnPlan, verdicts: Vec<Option<Verdict>>) -> Calls {
+        let turn_blocked = verdicts.iter().find_map(|verdict| match verdict {
+            Some(Verdict::Blocked(refused)) => Some(refused.clone()),
+            _ => None,
+        });
+        Calls {
+            dispositions: Vec::with_capacity(plan.calls.len()),
+            verdicts,
+            turn_blocked,
+            blocked: None,
+            gated: false,
+        }
+    }
+}
+
+/// Fences a hosted run's turn by its dispatch and checks it against what its place recorded; a
+/// divergence fails the run in this write, and every call of the turn is answered with it.
+fn check_place<R: Records + ?Sized>(
+    records: &mut R,
+    run: &RunRecord,
+    plan: &TurnPlan,
+    recorded: &[Option<StepRecord>],
+) -> Result<Option<RecordedTurn>> {
+    let dispatch = records.find_step(&run.id, &StepKey::agent())?;
+    hosted::check_fence(run, dispatch.as_ref(), plan.fence.as_ref())?;
+    let keys: Vec<StepKey> = plan.calls.iter().map(|c| c.key.clone()).collect();
+    let at_place = records.steps_at_place(&run.id, plan.turn)?;
+    let elsewhere: Vec<StepRecord> = recorded.iter().flatten().cloned().collect();
+    let Err(message) = hosted::place(plan.turn, &keys, &at_place, &elsewhere) else {
+        return Ok(None);
+    };
+    let step = at_place
+        .first()
+        .or(elsewhere.first())
+        .cloned()
+        .expect("a divergence names a recorded step");
+    let ended = end_diverged(records, run, &message)?;
+    Ok(Some(RecordedTurn {
+        calls: plan
+            .calls
+            .iter()
+            .map(|_| CallDisposition::Diverged {
+                step: step.clone(),
+                message: message.clone(),
+            })
+            .collect(),
+        ended,
+        ended_because: Some("replay_input_changed"),
+        ..RecordedTurn::default()
+    }))
+}
+
+/// A call whose identity the run recorded already: replayed, joined or refused as diverged.
+fn resubmitted<R: Records + ?Sized>(records: &mut R, step: StepRecord, call: &PlannedCall) -> Result<CallDisposition> {
+    let disposition = turn::resubmitted(step, call);
+    if let CallDisposition::Replayed(step) = &disposition {
+        records.save_step(step)?;
+    }
+    Ok(disposition)
+}
+
+/// Records call `index` of the turn, new to the run.
+fn new_call<R: Records + ?Sized>(
+    records: &mut R,
+    run: &mut RunRecord,
+    plan: &TurnPlan,
+    calls: &mut Calls,
+    index: usize,
+) -> Result<CallDisposition> {
+    let call = &plan.calls[index];
+    let refused;
+    let call = match (calls.verdicts.get(index).cloned().flatten(), &calls.turn_blocked) {
+        (Some(Verdict::Replay(parent)), _) => {
+            run.tool_calls += 1;
+            let change = branch::replay(run, &parent, (plan.turn, call.position), records.now());
+            records.insert_step(&change.step)?;
+            if run.hosted {
+                records.insert_place(&change.step)?;
+            }
+            records.append(&run.id, change.event, Some(change.step.clone()))?;
+            return Ok(CallDisposition::Replayed(change.step));
+        }
+        (Some(Verdict::Blocked(refusal)), _) => {
+            refused = branch_refusal(call, refusal.message(run), Outcome::WriteToolBlocked);
+            calls.blocked = Some(refusal);
+            &refused
+        }
+        // Another call of the turn ended the run: this one never runs.
+        (_, Some(first)) => {
+            let message = format!(
+                "not run: the run ended at this turn's call to '{}' (write_tool_blocked)",
+                first.subject
+            );
+            refused = branch_refusal(call, message, Outcome::Cancelled);
+            &refused
+        }
+        _ => call,
+    };
+    record_call(records, run, plan, call, &mut calls.gated)
+}
+
+/// Records a new call as the machine decides it: settled at once, gated, or scheduled (and
+/// started, when it starts in the turn that records it, written once, already started).
+fn record_call<R: Records + ?Sized>(
+    records: &mut R,
+    run: &mut RunRecord,
+    plan: &TurnPlan,
+    call: &PlannedCall,
+    gated: &mut bool,
+) -> Result<CallDisposition> {
+    let now = records.now();
+    let decision = turn::decide(run, call, &plan.available_tools);
+    let cached = if decision.may_use_cache() {
+        records.cached_result(&call.call_hash)?
+    } else {
+        None
+    };
+    let looked_up = cached.is_some();
+    let recorded = turn::record(
+        run,
+        (plan.turn, plan.default_timeout_ms, plan.max_concurrency),
+        call,
+        decision,
+        cached,
+        now,
+    );
+    let step = recorded.step;
+    if looked_up && step.status == StepStatus::Succeeded {
+        // Served from the cache: the entry is this run's too, and outlives any other's deletion.
+        records.own_cached_result(&step)?;
+    }
+    let started = match (&recorded.next, &call.start) {
+        (Next::Scheduled, Some(start)) => dispatch::start(&step, start, now).map(|mut change| {
+            change.step.replica = Some(records.replica().to_owned());
+            (change, start)
+        }),
+        _ => None,
+    };
+    records.insert_step(started.as_ref().map_or(&step, |(change, _)| &change.step))?;
+    if run.hosted {
+        records.insert_place(&step)?;
+    }
+    Ok(match recorded.next {
+        Next::Settled => {
+            records.append(&run.id, recorded.event, Some(step.clone()))?;
+            CallDisposition::Settled(step)
+        }
+        Next::Gated => {
+            records.append(&run.id, recorded.event, None)?;
+            *gated = true;
+            CallDisposition::Gated(step)
+        }
+        Next::Scheduled => {
+            records.append(&run.id, recorded.event, None)?;
+            // Pending since a moment ago in this same commit, so it starts; were it not to,
+            // the scheduler gives the reserved slot back and queues the call as usual.
+            match started {
+                Some((change, start)) => {
+                    super::start::take_locks(records, &step, start)?;
+                    CallDisposition::Started(record_change(records, change)?)
+                }
+                None => {
+                    records.waits(&step);
+                    CallDisposition::Scheduled(step)
+                }
+            }
+        }
+    })
+}
+
+/// The branch rule's word on each call of a turn of guarded `run` that its own record does not
+/// hold (`None` for the others, and for calls to unknown tools, which run nothing anyway).
+fn judge_calls<R: Records + ?Sized>(
+    records: &R,
+    run: &RunRecord,
+    plan: &TurnPlan,
+    recorded: &[Option<StepRecord>],
+) -> Result<Vec<Option<Verdict>>> {
+    plan.calls
+        .iter()
+        .zip(recorded)
+        .map(|(call, own)| {
+            let (None, Some(tool)) = (own, &call.tool) else {
+                return Ok(None);
+            };
+            let subject = branch::Subject::Tool {
+                name: &tool.name,
+                read_only: tool.options.read_only,
+                writes: tool.options.writes,
+            };
+            let parent = parent_step(records, run, &call.key)?;
+            Ok(Some(branch::judge(
+                run,
+                subject,
+                parent.as_ref(),
+                (&call.call_hash, &call.arguments),
+            )))
+        })
+        .collect()
+}
+
+/// `call` settled at once with `message`, without running.
+fn branch_refusal(call: &PlannedCall, message: String, outcome: Outcome) -> PlannedCall {
+    let mut refused = call.clone();
+    refused.start = None;
+    refused.gate = turn::CallGate::Refuse {
+        message,
+        reason: "write_tool_blocked",
+        outcome,
+    };
+    refused
+}
