@@ -15,9 +15,10 @@ use tonic::{Request, Response, Status};
 use super::{Kernel, convert, tool_calls};
 use crate::error::KernelError;
 use crate::limits::Limits;
+use crate::machine::command::local_step;
 use crate::machine::hosted;
 use crate::model::{Effect, RunId, RunRecord, StepKey, StepKind, StepRecord};
-use crate::store::{Fence, LocalStep, NewRun, StepRecorded, SubagentStart};
+use crate::store::{Fence, NewRun, StepGate, StepRecorded, SubagentStart};
 
 /// The longest local step id accepted.
 const MAX_STEP_ID: usize = 128;
@@ -68,6 +69,15 @@ pub(super) fn check_step_id(id: &str) -> Result<(), KernelError> {
 }
 
 impl HostedApi {
+    /// What the policy says of local step `step_id` of run `run_id`, now.
+    async fn gate(&self, run_id: &RunId, step_id: &str, effect: Effect) -> Result<StepGate, KernelError> {
+        let run = self.load_run(run_id).await?;
+        Ok(match self.0.governance.step_gate(step_id, effect, &run) {
+            Ok(decided_by) => StepGate::Allowed { decided_by },
+            Err((reason, decided_by)) => StepGate::Denied { reason, decided_by },
+        })
+    }
+
     async fn load_run(&self, run_id: &RunId) -> Result<crate::model::RunRecord, KernelError> {
         self.0
             .store
@@ -202,30 +212,16 @@ impl HostedService for HostedApi {
             }
             None => return Err(KernelError::invalid("outcome", "must be output_json or error").into()),
         };
-        // A step the policy denies is recorded as denied, whatever the handler sends: one that
-        // skipped CheckStep and ran it anyway is not recorded as run, nor under a deny rule's name.
-        let (outcome, decided_by, denied) = match self.0.governance.checks_steps() {
-            true => {
-                let run = self.load_run(&run_id).await?;
-                match self.0.governance.step_gate(&req.step_id, effect, &run) {
-                    Ok(decided_by) => (outcome, Some(decided_by), false),
-                    Err((reason, decided_by)) => (Err(reason), Some(decided_by), true),
-                }
-            }
-            false => (outcome, None, false),
+        // Asked now for a step its handler did not check first; the write decides which word
+        // stands (the check's, when there was one).
+        let gate = match self.0.governance.checks_steps() {
+            true => self.gate(&run_id, &req.step_id, effect).await?,
+            false => StepGate::Unchecked,
         };
-        let local = LocalStep {
-            seq: req.seq,
-            step_id: req.step_id,
-            occurrence: req.occurrence,
-            effect,
-            once: req.once,
-            outcome,
-            decided_by,
-            denied,
-            blocked: false,
-        };
-        let (step, replayed, diverged) = placed(&self.0, self.0.store.record_step(run_id, fence, local).await?);
+        let mut local = local_step::sent(req.seq, req.step_id, req.occurrence, (effect, req.once));
+        local.outcome = outcome;
+        let recorded = self.0.store.record_step((run_id, fence), local, gate).await?;
+        let (step, replayed, diverged) = placed(&self.0, recorded);
         let response = pb::RecordStepResponse {
             step,
             replayed,
@@ -326,60 +322,26 @@ impl HostedService for HostedApi {
         let (run_id, fence) = fence(req.dispatch)?;
         check_step_id(&req.step_id)?;
         let effect = effect(&req.effect)?;
-        let (run, _) = self.holding(&run_id, &fence).await?;
-        let (reason, decided_by) = match self.0.governance.step_gate(&req.step_id, effect, &run) {
-            Ok(decided_by) if crate::machine::branch::guarded(&run) => {
-                let local = LocalStep {
-                    seq: req.seq,
-                    step_id: req.step_id,
-                    occurrence: req.occurrence,
-                    effect,
-                    once: req.once,
-                    outcome: Ok("null".to_owned()),
-                    decided_by: None,
-                    denied: false,
-                    blocked: false,
-                };
-                let checked = self.0.store.check_step(run_id, fence, local).await?;
-                let allowed = matches!(checked, StepRecorded::Allowed);
-                let (step, _, diverged) = placed(&self.0, checked);
-                return Ok(Response::new(pb::CheckStepResponse {
-                    allowed,
-                    decided_by: if allowed { decided_by } else { "branch".to_owned() },
-                    step,
-                    diverged,
-                }));
-            }
-            Ok(decided_by) => {
-                return Ok(Response::new(pb::CheckStepResponse {
-                    allowed: true,
-                    decided_by,
-                    ..Default::default()
-                }));
-            }
-            Err(denied) => denied,
+        let gate = self.gate(&run_id, &req.step_id, effect).await?;
+        let local = local_step::sent(req.seq, req.step_id, req.occurrence, (effect, req.once));
+        let checked = self.0.store.check_step((run_id, fence), local, gate).await?;
+        let decided_by = match &checked {
+            StepRecorded::Allowed { decided_by } => Some(decided_by.clone().unwrap_or_default()),
+            _ => None,
         };
-        // The denial is the step's recorded outcome: a replay gets it again, whatever the policy
-        // says by then.
-        let local = LocalStep {
-            seq: req.seq,
-            step_id: req.step_id,
-            occurrence: req.occurrence,
-            effect,
-            once: req.once,
-            outcome: Err(reason),
-            decided_by: Some(decided_by.clone()),
-            denied: true,
-            blocked: false,
+        let recorded = match &checked {
+            StepRecorded::Recorded(step) | StepRecorded::Replayed(step) | StepRecorded::Blocked { step, .. } => {
+                step.decided_by.clone()
+            }
+            _ => None,
         };
-        let (step, _, diverged) = placed(&self.0, self.0.store.record_step(run_id, fence, local).await?);
-        let response = pb::CheckStepResponse {
-            allowed: false,
-            decided_by,
+        let (step, _, diverged) = placed(&self.0, checked);
+        Ok(Response::new(pb::CheckStepResponse {
+            allowed: decided_by.is_some(),
+            decided_by: decided_by.or(recorded).unwrap_or_default(),
             step,
             diverged,
-        };
-        Ok(Response::new(response))
+        }))
     }
 
     async fn await_step(
@@ -434,7 +396,7 @@ fn placed(kernel: &Kernel, recorded: StepRecorded) -> (Option<pb::Step>, bool, S
                 .cancel_steps(ended, "run failed: replay_input_changed".to_owned());
             (None, false, message)
         }
-        StepRecorded::Allowed => (None, false, String::new()),
+        StepRecorded::Allowed { .. } => (None, false, String::new()),
         StepRecorded::Blocked { step, ended } => {
             kernel
                 .scheduler

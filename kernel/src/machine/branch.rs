@@ -190,6 +190,14 @@ pub fn judge(run: &RunRecord, subject: Subject<'_>, recorded: Option<&StepRecord
     }
 }
 
+/// The case run's token that lets local step `id` run live, when it is no read and `run` holds
+/// one: what allowed it.
+pub fn allowed_by(run: &RunRecord, (id, effect, once): (&str, Effect, bool)) -> Option<String> {
+    let read = !once && matches!(effect, Effect::Read | Effect::Pure);
+    let token = format!("step:{id}");
+    (!read && run.fork.is_none() && run.allow.contains(&token)).then_some(token)
+}
+
 fn blocked(subject: String, reason: BlockReason) -> Verdict {
     Verdict::Blocked(Blocked { subject, reason })
 }

@@ -28,7 +28,7 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 pub use crate::machine::command::answer_approval::{Answer, Answered};
-pub use crate::machine::command::local_step::StepRecorded;
+pub use crate::machine::command::local_step::{StepGate, StepRecorded};
 pub use crate::machine::command::lose_lease::LossOutcome;
 pub use crate::machine::command::start_subagent::{SubagentStart, SubagentStarted};
 pub use crate::machine::command::submit_turn::RecordedTurn;
@@ -514,15 +514,28 @@ impl Store {
         self.send(|reply| Command::RecordResult(report, reply)).await
     }
 
-    /// Records a hosted handler's finished local step, fenced by the run's dispatch.
-    pub async fn record_step(&self, run: RunId, fence: Fence, local: LocalStep) -> Result<StepRecorded, KernelError> {
-        self.send(|reply| Command::RecordStep(run, fence, local, reply)).await
+    /// Records a hosted handler's finished local step, fenced by the run's dispatch, as its
+    /// check allowed it or, unchecked, as `gate` says; see [`crate::machine::command::local_step`].
+    pub async fn record_step(
+        &self,
+        (run, fence): (RunId, Fence),
+        local: LocalStep,
+        gate: StepGate,
+    ) -> Result<StepRecorded, KernelError> {
+        self.send(|reply| Command::RecordStep(run, fence, Box::new((local, gate)), reply))
+            .await
     }
 
-    /// Asks the branch rule whether a local step of a branch or case run may run, before it runs
-    /// (fenced); see [`ops::check_step`].
-    pub async fn check_step(&self, run: RunId, fence: Fence, local: LocalStep) -> Result<StepRecorded, KernelError> {
-        self.send(|reply| Command::CheckStep(run, fence, local, reply)).await
+    /// Asks whether a local step may run, before it runs (fenced): the policy's `gate`, then a
+    /// branch's rule; see [`crate::machine::command::local_step`].
+    pub async fn check_step(
+        &self,
+        (run, fence): (RunId, Fence),
+        local: LocalStep,
+        gate: StepGate,
+    ) -> Result<StepRecorded, KernelError> {
+        self.send(|reply| Command::CheckStep(run, fence, Box::new((local, gate)), reply))
+            .await
     }
 
     /// Suspends a hosted handler's dispatch (fenced); `None` when it no longer held its run.

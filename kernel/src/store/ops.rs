@@ -14,6 +14,7 @@ use super::rows::{self, load_run, load_step, load_step_by_dispatch};
 use crate::error::KernelError;
 use crate::machine::NewEvent;
 use crate::machine::command::{Records, held_step};
+use crate::machine::hosted::Fence;
 use crate::model::{
     ApprovalRecord, EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, Millis, Outcome, RunId, RunRecord, StepKey, StepKind,
     StepRecord, ToolDef,
@@ -462,6 +463,35 @@ impl Records for Tx<'_> {
         Ok(())
     }
 
+    fn note_check(&mut self, run: &RunId, key: &StepKey, fence: &Fence, decided_by: &str) -> Result<()> {
+        self.conn.write(
+            "INSERT INTO step_checks (run_id, step_key, dispatch_id, attempt, decided_by) VALUES (?1, ?2, ?3, ?4, ?5) \
+             ON CONFLICT (run_id, step_key) DO UPDATE SET dispatch_id = excluded.dispatch_id, \
+             attempt = excluded.attempt, decided_by = excluded.decided_by",
+            params![run.as_str(), key.as_str(), fence.dispatch_id, fence.attempt, decided_by],
+        )?;
+        Ok(())
+    }
+
+    fn take_check(&mut self, run: &RunId, key: &StepKey) -> Result<Option<(Fence, String)>> {
+        let check = self
+            .conn
+            .prepare_cached(
+                "DELETE FROM step_checks WHERE run_id = ?1 AND step_key = ?2 RETURNING dispatch_id, attempt, decided_by",
+            )?
+            .query_row(params![run.as_str(), key.as_str()], |row| {
+                Ok((
+                    Fence {
+                        dispatch_id: row.get(0)?,
+                        attempt: row.get(1)?,
+                    },
+                    row.get(2)?,
+                ))
+            })
+            .optional()?;
+        Ok(check)
+    }
+
     fn approval(&self, id: &str) -> Result<Option<ApprovalRecord>> {
         Ok(rows::load_approval(self.conn, id)?)
     }
@@ -819,6 +849,7 @@ fn remove_run(tx: &Tx<'_>, run_id: &RunId) -> Result<super::Deleted> {
     let approvals = delete("DELETE FROM approvals WHERE run_id = ?1")?;
     let steps = delete("DELETE FROM steps WHERE run_id = ?1")?;
     delete("DELETE FROM places WHERE run_id = ?1")?;
+    delete("DELETE FROM step_checks WHERE run_id = ?1")?;
     delete("DELETE FROM resource_locks WHERE run_id = ?1")?;
     let events = delete(match tx.conn.dialect() {
         Dialect::Sqlite => chain::DELETE_RUN_EVENTS,

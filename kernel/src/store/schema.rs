@@ -351,6 +351,18 @@ const MIGRATIONS: &[&str] = &[
     INSERT INTO result_cache_runs (call_hash, run_id)
         SELECT DISTINCT steps.call_hash, steps.run_id FROM steps JOIN result_cache USING (call_hash);
     "#,
+    // 16: a local step a handler checked before running it, and what allowed it, for the
+    // dispatch that asked: its record names that decision, whatever the policy says by then.
+    r#"
+    CREATE TABLE step_checks (
+        run_id      TEXT NOT NULL,
+        step_key    TEXT NOT NULL,
+        dispatch_id TEXT NOT NULL,
+        attempt     INTEGER NOT NULL,
+        decided_by  TEXT NOT NULL,
+        PRIMARY KEY (run_id, step_key)
+    ) STRICT, WITHOUT ROWID;
+    "#,
 ];
 
 /// Brings the database to the newest schema.

@@ -1634,7 +1634,11 @@ async fn a_hosted_run_records_steps_only_from_the_attempt_holding_its_dispatch(f
     for stale in [fence("d1", 2), fence("d0", 1)] {
         let refused = f
             .store
-            .record_step(run.id.clone(), stale, local(0, "fetch"))
+            .record_step(
+                (run.id.clone(), stale),
+                local(0, "fetch"),
+                crate::store::StepGate::Unchecked,
+            )
             .await
             .unwrap_err();
         assert!(refused.to_string().contains("no longer holds"), "{refused}");
@@ -1646,7 +1650,11 @@ async fn a_hosted_run_records_steps_only_from_the_attempt_holding_its_dispatch(f
     );
     let recorded = f
         .store
-        .record_step(run.id.clone(), fence("d1", 1), local(0, "fetch"))
+        .record_step(
+            (run.id.clone(), fence("d1", 1)),
+            local(0, "fetch"),
+            crate::store::StepGate::Unchecked,
+        )
         .await
         .unwrap();
     let StepRecorded::Recorded(step) = recorded else {
@@ -1656,7 +1664,11 @@ async fn a_hosted_run_records_steps_only_from_the_attempt_holding_its_dispatch(f
     // The same step again keeps its first outcome.
     let again = f
         .store
-        .record_step(run.id.clone(), fence("d1", 1), local(0, "fetch"))
+        .record_step(
+            (run.id.clone(), fence("d1", 1)),
+            local(0, "fetch"),
+            crate::store::StepGate::Unchecked,
+        )
         .await
         .unwrap();
     assert!(matches!(again, StepRecorded::Replayed(_)), "{again:?}");
@@ -1676,7 +1688,11 @@ async fn a_hosted_run_records_steps_only_from_the_attempt_holding_its_dispatch(f
     );
     assert!(
         f.store
-            .record_step(run.id.clone(), fence("d1", 1), local(1, "next"))
+            .record_step(
+                (run.id.clone(), fence("d1", 1)),
+                local(1, "next"),
+                crate::store::StepGate::Unchecked
+            )
             .await
             .is_err()
     );
@@ -1685,10 +1701,95 @@ async fn a_hosted_run_records_steps_only_from_the_attempt_holding_its_dispatch(f
         .expect("dispatched again");
     assert!(
         f.store
-            .record_step(run.id.clone(), fence("d2", 2), local(1, "next"))
+            .record_step(
+                (run.id.clone(), fence("d2", 2)),
+                local(1, "next"),
+                crate::store::StepGate::Unchecked
+            )
             .await
             .is_ok()
     );
+    assert_gap_free(&events(&f.store, &run.id).await);
+}
+
+/// A local step its handler checked before running it is recorded as that check allowed it,
+/// though the policy denies it by the time it is recorded (reloaded in between): it ran, and the
+/// audit must not name a deny rule for it. A step recorded without its check is decided at its
+/// record (denied: recorded so, whatever it sent), and a check noted by an earlier attempt does not
+/// speak for the next one.
+async fn a_checked_step_is_recorded_as_its_check_allowed_it(f: Fixture) {
+    use crate::model::Outcome;
+    use crate::store::StepGate;
+    let (run, _, dispatch) = f.store.create_run_dispatching(hosted_run()).await.unwrap();
+    let dispatch = dispatch.unwrap();
+    start(&f.store, &dispatch, "d1", 1, "s1").await.unwrap();
+    let allowed = StepGate::Allowed {
+        decided_by: "rule:steps_ok".into(),
+    };
+    let denied = || StepGate::Denied {
+        reason: "step:fetch not allowed. reason: reloaded".into(),
+        decided_by: "rule:no_steps".into(),
+    };
+    let checked = f
+        .store
+        .check_step((run.id.clone(), fence("d1", 1)), local(0, "fetch"), allowed.clone())
+        .await
+        .unwrap();
+    assert!(
+        matches!(&checked, StepRecorded::Allowed { decided_by: Some(by) } if by == "rule:steps_ok"),
+        "{checked:?}"
+    );
+    let StepRecorded::Recorded(step) = f
+        .store
+        .record_step((run.id.clone(), fence("d1", 1)), local(0, "fetch"), denied())
+        .await
+        .unwrap()
+    else {
+        panic!("recorded")
+    };
+    assert_eq!(
+        (step.outcome, step.output.as_deref(), step.decided_by.as_deref()),
+        (Some(Outcome::Ok), Some("7"), Some("rule:steps_ok")),
+        "the check made before it ran stands"
+    );
+    // Not checked: the record is the decision, and a denial replaces what the handler sent.
+    let StepRecorded::Recorded(step) = f
+        .store
+        .record_step((run.id.clone(), fence("d1", 1)), local(1, "pay"), denied())
+        .await
+        .unwrap()
+    else {
+        panic!("recorded")
+    };
+    assert_eq!(
+        (step.outcome, step.output, step.decided_by.as_deref()),
+        (Some(Outcome::Denied), None, Some("rule:no_steps"))
+    );
+    // Checked by attempt 1, recorded by attempt 2 without a check of its own: decided anew.
+    f.store
+        .check_step((run.id.clone(), fence("d1", 1)), local(2, "send"), allowed.clone())
+        .await
+        .unwrap();
+    f.store
+        .lose_lease(LeaseLoss {
+            dispatch_id: "d1".into(),
+            attempt: 1,
+            reason: "worker gone".into(),
+        })
+        .await
+        .unwrap();
+    let pending = f.store.reads.steps(run.id.clone()).await.unwrap();
+    let pending = pending.iter().find(|s| s.kind == StepKind::Agent).unwrap();
+    start(&f.store, pending, "d2", 2, "s2").await.expect("dispatched again");
+    let StepRecorded::Recorded(step) = f
+        .store
+        .record_step((run.id.clone(), fence("d2", 2)), local(2, "send"), denied())
+        .await
+        .unwrap()
+    else {
+        panic!("recorded")
+    };
+    assert_eq!(step.outcome, Some(Outcome::Denied));
     assert_gap_free(&events(&f.store, &run.id).await);
 }
 
@@ -1700,13 +1801,21 @@ async fn a_divergence_fails_the_hosted_run_in_the_write_that_finds_it(f: Fixture
     start(&f.store, &dispatch.unwrap(), "d1", 1, "s1").await.unwrap();
     let recorded = f
         .store
-        .record_step(run.id.clone(), fence("d1", 1), local(0, "fetch"))
+        .record_step(
+            (run.id.clone(), fence("d1", 1)),
+            local(0, "fetch"),
+            crate::store::StepGate::Unchecked,
+        )
         .await
         .unwrap();
     assert!(matches!(recorded, StepRecorded::Recorded(_)), "{recorded:?}");
     let other = f
         .store
-        .record_step(run.id.clone(), fence("d1", 1), local(0, "pay"))
+        .record_step(
+            (run.id.clone(), fence("d1", 1)),
+            local(0, "pay"),
+            crate::store::StepGate::Unchecked,
+        )
         .await
         .unwrap();
     let StepRecorded::Diverged { message, ended } = &other else {
@@ -1983,6 +2092,7 @@ async fn a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases(f: 
 }
 
 on_both_stores!(a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit);
+on_both_stores!(a_checked_step_is_recorded_as_its_check_allowed_it);
 on_both_stores!(a_turn_read_serves_a_settled_turn_and_sees_every_commit);
 on_both_stores!(a_turn_hands_out_its_safe_started_calls_before_it_commits);
 on_both_stores!(a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases);

@@ -19,7 +19,7 @@ use super::ops::{self, Published, Tx};
 use super::sql::{Connection, PgConn};
 use super::sync::{SqliteSync, must_sync};
 use super::{
-    Answer, Answered, EndRun, Fence, LeaseLoss, LocalStep, LossOutcome, NewRun, ResultReport, StartDispatch,
+    Answer, Answered, EndRun, Fence, LeaseLoss, LocalStep, LossOutcome, NewRun, ResultReport, StartDispatch, StepGate,
     StepRecorded, SubagentStart, SubagentStarted, SuspendReport, TurnPlan,
 };
 use crate::clock::Clock;
@@ -81,8 +81,8 @@ pub enum Command {
     ToolCacheSet(super::ToolCacheSet, Reply<()>),
     /// Deletes at most this many expired entries of each cache.
     PurgeExpired(usize, Reply<usize>),
-    RecordStep(RunId, Fence, LocalStep, Reply<StepRecorded>),
-    CheckStep(RunId, Fence, LocalStep, Reply<StepRecorded>),
+    RecordStep(RunId, Fence, Box<(LocalStep, StepGate)>, Reply<StepRecorded>),
+    CheckStep(RunId, Fence, Box<(LocalStep, StepGate)>, Reply<StepRecorded>),
     RegisterAgents(Vec<AgentDef>, Reply<()>),
     SuspendDispatch(SuspendReport, Reply<Option<StepRecord>>),
     StartSubagent(Box<SubagentStart>, Reply<SubagentStarted>),
@@ -201,11 +201,13 @@ fn apply(tx: &mut Tx<'_>, command: Command, before_commit: &mut Option<BeforeCom
         Command::NoteReplays(run, keys, reply) => respond(tx.note_replays(&run, &keys), reply),
         Command::ToolCacheSet(set, reply) => respond(ops::tool_cache_set(tx, set), reply),
         Command::PurgeExpired(limit, reply) => respond(ops::purge_expired(tx, limit), reply),
-        Command::RecordStep(run, fence, local, reply) => {
-            respond(command::local_step::record(tx, &run, &fence, local), reply)
+        Command::RecordStep(run, fence, step, reply) => {
+            let (local, gate) = *step;
+            respond(command::local_step::record(tx, (&run, &fence), local, gate), reply)
         }
-        Command::CheckStep(run, fence, local, reply) => {
-            respond(command::local_step::check(tx, &run, &fence, local), reply)
+        Command::CheckStep(run, fence, step, reply) => {
+            let (local, gate) = *step;
+            respond(command::local_step::check(tx, (&run, &fence), local, gate), reply)
         }
         Command::RegisterAgents(agents, reply) => respond(ops::register_agents(tx, agents), reply),
         Command::SuspendDispatch(report, reply) => respond(command::suspend::apply(tx, report), reply),

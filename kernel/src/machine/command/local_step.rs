@@ -10,7 +10,22 @@ use super::{Records, Result, insert_at_place, parent_step};
 use crate::machine::branch::{self, Verdict};
 use crate::machine::hosted::{self, Fence, LocalStep, Place};
 use crate::machine::run::EndRun;
-use crate::model::{RunId, RunRecord, StepKey, StepRecord};
+use crate::model::{Effect, RunId, RunRecord, StepKey, StepRecord};
+
+/// What the policy said of a local step, asked just before the write (the policy is the kernel's
+/// memory, not a record).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepGate {
+    /// No policy file checks steps.
+    Unchecked,
+    Allowed {
+        decided_by: String,
+    },
+    Denied {
+        reason: String,
+        decided_by: String,
+    },
+}
 
 /// What recording (or checking) a local step or starting a subagent did.
 #[derive(Clone, Debug)]
@@ -24,8 +39,12 @@ pub enum StepRecorded {
         message: String,
         ended: Vec<StepRecord>,
     },
-    /// The branch rule lets the step run live; nothing was recorded.
-    Allowed,
+    /// The step may run live; nothing was recorded but the allowance, which its record will
+    /// name. `decided_by` names what allowed it (a policy rule or default, a case run's token),
+    /// `None` when nothing was asked.
+    Allowed {
+        decided_by: Option<String>,
+    },
     /// The branch rule refused the step (recorded so) and ended the run: `ended` are the steps
     /// that settled on the way, to cancel on their workers.
     Blocked {
@@ -34,48 +53,100 @@ pub enum StepRecorded {
     },
 }
 
-/// Records a finished local step of run `run_id`.
+/// A local step as its handler sent it, before anything decided it.
+pub fn sent(seq: u32, step_id: String, occurrence: u32, (effect, once): (Effect, bool)) -> LocalStep {
+    LocalStep {
+        seq,
+        step_id,
+        occurrence,
+        effect,
+        once,
+        outcome: Ok("null".to_owned()),
+        decided_by: None,
+        denied: false,
+        blocked: false,
+    }
+}
+
+/// Records a finished local step of run `run_id`. A step checked before it ran is recorded as
+/// that check allowed it; one that was not is decided now: a step the policy denies is recorded
+/// as denied, whatever outcome the handler sent (it should not have run, and the audit never
+/// names a deny rule for a step that ran), and in a branch or case run the branch rule judges it.
 pub fn record<R: Records + ?Sized>(
     records: &mut R,
-    run_id: &RunId,
-    fence: &Fence,
-    local: LocalStep,
+    (run_id, fence): (&RunId, &Fence),
+    mut local: LocalStep,
+    gate: StepGate,
 ) -> Result<StepRecorded> {
     let key = StepKey::local(&local.step_id, local.occurrence);
     let run = match place_local(records, run_id, fence, local.seq, &key)? {
         Ok(run) => run,
         Err(placed) => return Ok(placed),
     };
-    if branch::guarded(&run) && !local.denied {
-        let verdict = judge_local(records, &run, &key, &local)?;
-        if !matches!(verdict, Verdict::Live) {
-            return settle_by_rule(records, &run, &local, verdict);
+    match records.take_check(&run.id, &key)? {
+        Some((checked_by, decided_by)) if checked_by == *fence => local.decided_by = Some(decided_by),
+        _ => {
+            apply_gate(&mut local, gate);
+            if branch::guarded(&run) && !local.denied {
+                let verdict = judge_local(records, &run, &key, &local)?;
+                if !matches!(verdict, Verdict::Live) {
+                    return settle_by_rule(records, &run, &local, verdict);
+                }
+            }
         }
     }
     let change = hosted::record_local(&run, &local, records.now());
     Ok(StepRecorded::Recorded(insert_at_place(records, change)?))
 }
 
-/// Asks the branch rule whether a local step of run `run_id` may run, before it runs:
-/// [`StepRecorded::Allowed`] when it may (a read, or allowed by a token, or no branch at all),
-/// else the step as the rule settles it. `local`'s outcome is not used.
+/// Asks whether a local step of run `run_id` may run, before it runs. A step the policy denies
+/// is recorded as denied (a replay gets the denial again, whatever the policy says by then); in
+/// a branch or case run the branch rule may replay it from the parent or refuse it, which ends
+/// the run; otherwise [`StepRecorded::Allowed`], and the allowance is noted for its record.
+/// `local`'s outcome is not used.
 pub fn check<R: Records + ?Sized>(
     records: &mut R,
-    run_id: &RunId,
-    fence: &Fence,
-    local: LocalStep,
+    (run_id, fence): (&RunId, &Fence),
+    mut local: LocalStep,
+    gate: StepGate,
 ) -> Result<StepRecorded> {
     let key = StepKey::local(&local.step_id, local.occurrence);
     let run = match place_local(records, run_id, fence, local.seq, &key)? {
         Ok(run) => run,
         Err(placed) => return Ok(placed),
     };
-    if !branch::guarded(&run) {
-        return Ok(StepRecorded::Allowed);
+    apply_gate(&mut local, gate);
+    if local.denied {
+        let change = hosted::record_local(&run, &local, records.now());
+        return Ok(StepRecorded::Recorded(insert_at_place(records, change)?));
     }
-    match judge_local(records, &run, &key, &local)? {
-        Verdict::Live => Ok(StepRecorded::Allowed),
-        verdict => settle_by_rule(records, &run, &local, verdict),
+    if branch::guarded(&run) {
+        match judge_local(records, &run, &key, &local)? {
+            Verdict::Live => {
+                let token = branch::allowed_by(&run, (&local.step_id, local.effect, local.once));
+                local.decided_by = token.map(|token| format!("allow:{token}")).or(local.decided_by);
+            }
+            verdict => return settle_by_rule(records, &run, &local, verdict),
+        }
+    }
+    if let Some(decided_by) = &local.decided_by {
+        records.note_check(&run.id, &key, fence, decided_by)?;
+    }
+    Ok(StepRecorded::Allowed {
+        decided_by: local.decided_by,
+    })
+}
+
+/// Decides `local` as the policy said: a denied step's outcome is the denial.
+fn apply_gate(local: &mut LocalStep, gate: StepGate) {
+    match gate {
+        StepGate::Unchecked => {}
+        StepGate::Allowed { decided_by } => local.decided_by = Some(decided_by),
+        StepGate::Denied { reason, decided_by } => {
+            local.outcome = Err(reason);
+            local.decided_by = Some(decided_by);
+            local.denied = true;
+        }
     }
 }
 
@@ -142,6 +213,6 @@ fn settle_by_rule<R: Records + ?Sized>(
             let (_, ended) = end_tree(records, run, &EndRun::Fail { reason })?;
             Ok(StepRecorded::Blocked { step, ended })
         }
-        Verdict::Live | Verdict::BranchOf(_) => Ok(StepRecorded::Allowed),
+        Verdict::Live | Verdict::BranchOf(_) => Ok(StepRecorded::Allowed { decided_by: None }),
     }
 }

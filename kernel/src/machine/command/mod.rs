@@ -103,6 +103,13 @@ pub trait Records {
     /// Records that `step` sits at place `step.turn` of its handler's order.
     fn insert_place(&mut self, step: &StepRecord) -> Result<()>;
 
+    /// Notes that local step `key` was allowed to run (by `decided_by`) when the dispatch `fence`
+    /// holds asked, before it ran.
+    fn note_check(&mut self, run: &RunId, key: &StepKey, fence: &hosted::Fence, decided_by: &str) -> Result<()>;
+    /// Removes and returns what was noted of step `key`'s check: the dispatch that asked and what
+    /// allowed it.
+    fn take_check(&mut self, run: &RunId, key: &StepKey) -> Result<Option<(hosted::Fence, String)>>;
+
     fn approval(&self, id: &str) -> Result<Option<ApprovalRecord>>;
     /// The run's pending approvals.
     fn open_approvals(&self, run: &RunId) -> Result<Vec<ApprovalRecord>>;

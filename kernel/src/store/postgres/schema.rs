@@ -219,4 +219,15 @@ pub(super) const MIGRATIONS: &[&str] = &[
     INSERT INTO result_cache_runs (call_hash, run_id)
         SELECT DISTINCT steps.call_hash, steps.run_id FROM steps JOIN result_cache USING (call_hash);
     "#,
+    // 7: the local steps checked before they ran, and what allowed each (SQLite's 16).
+    r#"
+    CREATE TABLE step_checks (
+        run_id      TEXT NOT NULL,
+        step_key    TEXT NOT NULL,
+        dispatch_id TEXT NOT NULL,
+        attempt     BIGINT NOT NULL,
+        decided_by  TEXT NOT NULL,
+        PRIMARY KEY (run_id, step_key)
+    );
+    "#,
 ];

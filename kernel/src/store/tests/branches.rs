@@ -291,7 +291,11 @@ async fn a_hosted_branch_replays_recorded_steps_runs_reads_and_refuses_writes(f:
     let mut plan_step = local(0, "plan");
     plan_step.once = true;
     f.store
-        .record_step(parent.id.clone(), fence("d1", 1), plan_step)
+        .record_step(
+            (parent.id.clone(), fence("d1", 1)),
+            plan_step,
+            crate::store::StepGate::Unchecked,
+        )
         .await
         .unwrap();
     f.store
@@ -307,7 +311,11 @@ async fn a_hosted_branch_replays_recorded_steps_runs_reads_and_refuses_writes(f:
         let mut step = local(seq, id);
         step.effect = effect;
         step.once = once;
-        f.store.check_step(branch.id.clone(), fence("b1", 1), step)
+        f.store.check_step(
+            (branch.id.clone(), fence("b1", 1)),
+            step,
+            crate::store::StepGate::Unchecked,
+        )
     };
     let StepRecorded::Recorded(replayed) = check(0, "plan", Effect::Write, true).await.unwrap() else {
         panic!("the recorded ctx.once replays");
@@ -318,7 +326,7 @@ async fn a_hosted_branch_replays_recorded_steps_runs_reads_and_refuses_writes(f:
     );
     assert!(matches!(
         check(1, "lookup", Effect::Read, false).await.unwrap(),
-        StepRecorded::Allowed
+        StepRecorded::Allowed { decided_by: None }
     ));
     let StepRecorded::Blocked { step, ended } = check(1, "pay", Effect::Write, false).await.unwrap() else {
         panic!("a new write step is refused");

@@ -121,7 +121,10 @@ class HostedServiceServicer:
     def CheckStep(self, request, context):
         """CheckStep asks the policy whether a local step may run, before it runs (only when
         RunContext.check_steps says a policy is in force). A denial is recorded as the step's
-        outcome, so a replay gets the same denial.
+        outcome, so a replay gets the same denial. An allowance is kept for the step's RecordStep
+        from the same dispatch: the step is recorded as allowed by what allowed it here, even if the
+        policy was reloaded in between. A step recorded without a check is decided at its record
+        (a denied one is recorded as denied, whatever outcome the handler sent).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
