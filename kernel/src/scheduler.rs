@@ -1732,6 +1732,7 @@ mod tests {
 
     fn one_call(run: &RunId, start: Option<StartDispatch>) -> TurnPlan {
         TurnPlan {
+            offers_approval_tool: None,
             run_id: run.clone(),
             turn: 0,
             calls: vec![PlannedCall {

@@ -155,32 +155,17 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
     let identities = calls.iter().map(|c| (c.key.clone(), c.call_hash.clone())).collect();
     let (run, replayable) = kernel.store.reads.turn(run_id.clone(), identities).await?;
     let run = run.ok_or_else(|| KernelError::NotFound(format!("run {run_id} not found")))?;
-    // A run that cannot wait for a person cannot offer the model a tool that always asks one.
-    if !run.interactive
-        && let Some((index, name)) = req_offer.iter().enumerate().find(|(_, name)| {
+    // A fact about the offer; whether the run may make it is the write's (`turn::admit`).
+    let offers_approval_tool = req_offer
+        .iter()
+        .enumerate()
+        .find(|(_, name)| {
             kernel
                 .registry
                 .get(name)
                 .is_some_and(|tool| tool.def.options.requires_approval)
         })
-    {
-        return Err(KernelError::FailedPrecondition(format!(
-            "offered_tools[{index}]: run {run_id} is non-interactive and tool '{name}' is declared \
-             requires_approval; a non-interactive run cannot offer it"
-        )));
-    }
-    if !run.interactive
-        && let Some((call, _)) = calls
-            .iter()
-            .zip(&checks)
-            .find(|(_, (known, _))| known.as_ref().is_some_and(|tool| tool.def.options.requires_approval))
-    {
-        return Err(KernelError::FailedPrecondition(format!(
-            "calls[{}]: run {run_id} is non-interactive and tool '{}' is declared requires_approval; \
-             a non-interactive run cannot wait for a person",
-            call.position, call.tool_name
-        )));
-    }
+        .map(|(index, name)| (index, name.clone()));
     // Listed only for a turn with an unknown call: the offer, or what connected workers offer now.
     let available_tools = match (&offer, calls.iter().any(|c| c.tool.is_none())) {
         (_, false) => Vec::new(),
@@ -202,6 +187,7 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
         fence,
         // The turn's own bound, else the run's default.
         max_concurrency: [req_max_concurrency, run.max_concurrency].into_iter().find(|n| *n > 0),
+        offers_approval_tool,
     };
     Ok(Planned {
         plan,

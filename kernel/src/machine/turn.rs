@@ -79,6 +79,9 @@ pub struct TurnPlan {
     pub fence: Option<super::hosted::Fence>,
     /// At most this many of the turn's calls run at once; `None` (or 0) takes the run's default.
     pub max_concurrency: Option<u32>,
+    /// The first tool the turn says the model was offered that always asks a person
+    /// (`requires_approval`), by its index in the offer.
+    pub offers_approval_tool: Option<(usize, String)>,
 }
 
 /// What recording a turn decided for one call.
@@ -128,6 +131,7 @@ pub fn admit(
             step.turn
         )));
     }
+    check_interactive(run, plan, recorded)?;
     let new_calls = recorded.iter().filter(|step| step.is_none()).count();
     if run.status == RunStatus::Blocked
         && let Some(call) = plan
@@ -175,6 +179,33 @@ pub fn admit(
         };
         (started, event)
     }))
+}
+
+/// A run that cannot wait for a person (non-interactive) takes no new call to a tool that always
+/// asks one, and may not offer the model such a tool.
+fn check_interactive(run: &RunRecord, plan: &TurnPlan, recorded: &[Option<StepRecord>]) -> Result<(), KernelError> {
+    if run.interactive {
+        return Ok(());
+    }
+    if let Some((index, name)) = &plan.offers_approval_tool {
+        return Err(KernelError::FailedPrecondition(format!(
+            "offered_tools[{index}]: run {} is non-interactive and tool '{name}' is declared requires_approval; \
+             a non-interactive run cannot offer it",
+            run.id
+        )));
+    }
+    let asks =
+        plan.calls.iter().zip(recorded).find(|(call, step)| {
+            step.is_none() && call.tool.as_ref().is_some_and(|tool| tool.options.requires_approval)
+        });
+    match asks {
+        Some((call, _)) => Err(KernelError::FailedPrecondition(format!(
+            "calls[{}]: run {} is non-interactive and tool '{}' is declared requires_approval; a non-interactive \
+             run cannot wait for a person",
+            call.position, run.id, call.tool_name
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// A call of `plan` whose explicit id another turn's call holds in flight, as something else:
@@ -597,6 +628,7 @@ mod tests {
 
     fn plan(calls: Vec<PlannedCall>) -> TurnPlan {
         TurnPlan {
+            offers_approval_tool: None,
             run_id: run().id,
             turn: 0,
             calls,
@@ -885,5 +917,29 @@ mod tests {
         let mut settled = in_flight;
         settled.status = StepStatus::Succeeded;
         assert!(admit(&run(), &turn, &[Some(settled)], Some(1), NOW).is_ok());
+    }
+
+    /// Checked in the write with the run it reads there: a non-interactive run neither takes a new
+    /// call to a tool that always asks a person nor lets the model be offered one; an interactive
+    /// run does both, and a call recorded before is not refused again.
+    #[test]
+    fn a_non_interactive_run_takes_no_call_that_must_ask_a_person() {
+        let mut asks = allowed();
+        asks.tool = Some(tool(ToolOptions {
+            requires_approval: true,
+            ..ToolOptions::default()
+        }));
+        let mut batch = run();
+        batch.interactive = false;
+        let refused = admit(&batch, &plan(vec![asks.clone()]), &[None], Some(0), NOW).unwrap_err();
+        assert!(matches!(refused, KernelError::FailedPrecondition(_)), "{refused}");
+        assert!(refused.to_string().starts_with("calls[0]: run "), "{refused}");
+        assert!(admit(&run(), &plan(vec![asks.clone()]), &[None], Some(0), NOW).is_ok());
+        assert!(admit(&batch, &plan(vec![asks]), &[Some(step())], Some(0), NOW).is_ok());
+        let mut offering = plan(vec![allowed()]);
+        offering.offers_approval_tool = Some((2, "refund".into()));
+        let refused = admit(&batch, &offering, &[None], Some(0), NOW).unwrap_err();
+        assert!(refused.to_string().starts_with("offered_tools[2]: "), "{refused}");
+        assert!(admit(&run(), &offering, &[None], Some(0), NOW).is_ok());
     }
 }

@@ -138,6 +138,7 @@ fn call(turn: u32, position: u32, tool: Option<ToolDef>, name: &str, args: &str)
 
 fn plan(run: &RunId, turn: u32, calls: Vec<PlannedCall>) -> TurnPlan {
     TurnPlan {
+        offers_approval_tool: None,
         run_id: run.clone(),
         turn,
         calls,
