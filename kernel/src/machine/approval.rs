@@ -190,7 +190,7 @@ pub fn answer(
             Err((ErrorKind::Fatal, &message)),
             0,
             SettledBy {
-                refused: Some(events::Refused {
+                unapproved: Some(events::Unapproved {
                     approval: answer,
                     decider: decider.to_owned(),
                     approval_reason: reason.map(str::to_owned),

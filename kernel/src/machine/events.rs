@@ -52,9 +52,11 @@ macro_rules! payloads {
         /// The JSON Schema of the payload of events of `kind`, every subschema inlined.
         pub fn schema(kind: EventType) -> Schema {
             let mut generator = generator();
-            match kind {
+            let mut schema = match kind {
                 $(EventType::$kind => generator.root_schema_for::<$kind>(),)+
-            }
+            };
+            close(schema.as_object_mut());
+            schema
         }
     };
 }
@@ -85,6 +87,20 @@ payloads!(
     ToolSuspended,
     ToolResumed,
 );
+
+/// Says of a payload's object (or of each of its shapes) that it has no field besides those
+/// listed: the kernel writes exactly what a payload type declares.
+fn close(schema: Option<&mut serde_json::Map<String, Value>>) {
+    let Some(schema) = schema else { return };
+    if let Some(Value::Array(shapes)) = schema.get_mut("anyOf") {
+        for shape in shapes {
+            close(shape.as_object_mut());
+        }
+    }
+    if schema.contains_key("properties") {
+        schema.insert("additionalProperties".into(), Value::Bool(false));
+    }
+}
 
 /// Schemas of what the kernel writes (an `Option` always written is required and may be `null`),
 /// with no `$ref`s, so each kind's schema reads alone.
@@ -180,7 +196,7 @@ pub struct RunStarted {
 /// How every event about a new call of a turn names it.
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 pub struct CallNamed {
-    /// The step's identity in its run: `t<turn>/p<position>`, or `id:<call id>`.
+    /// The step's identity in its run.
     pub step_key: String,
     /// The turn the call came in.
     pub turn: u32,
@@ -225,42 +241,46 @@ pub struct ToolScheduled {
     pub unit_cost: f64,
 }
 
-/// A call settled at once, without running: refused (its run's call limit, an unknown tool,
-/// invalid arguments, a write in a branch, the policy's deny) or served from the result cache.
+/// What every event of a call settled at once, without running, says.
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
-pub struct SettledAtOnce {
+pub struct AtOnce {
     #[serde(flatten)]
     pub call: CallNamed,
     /// Attempts run: 0.
     pub attempts: u32,
     /// What the call cost: 0.
     pub cost: f64,
-    /// `ok` for a cache hit, `error` for a refusal.
+    /// `error` for a refusal, `ok` for a cache hit.
     pub status: SettledStatus,
-    /// Why the call ended as it did.
+    /// Why the step ended as it did.
     pub outcome: Outcome,
     /// What decided the call (the deny rule of a denied one); `null` when nothing did.
     pub decided_by: Option<String>,
-    /// What the model reads of a refusal.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "String")]
-    pub error: Option<String>,
-    /// A refusal's error kind (`fatal`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "ErrorKind")]
-    pub error_kind: Option<ErrorKind>,
+}
+
+/// A call refused before running: over its run's call limit, to an unknown tool, with invalid
+/// arguments, a write in a branch, or denied by the policy.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+pub struct RefusedCall {
+    #[serde(flatten)]
+    pub at_once: AtOnce,
+    /// What the model reads of the refusal.
+    pub error: String,
+    /// The refusal's error kind (`fatal`).
+    pub error_kind: ErrorKind,
     /// What refused the call (`max_tool_calls`, `unknown_tool`, `denied`, ...).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "String")]
-    pub reason: Option<String>,
-    /// A cache hit's output.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "Value")]
-    pub output: Option<Value>,
+    pub reason: String,
+}
+
+/// A call served from the result cache.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+pub struct CachedCall {
+    #[serde(flatten)]
+    pub at_once: AtOnce,
+    /// The cached output.
+    pub output: Value,
     /// `hit`: the output came from the result cache.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "Cache")]
-    pub cache: Option<Cache>,
+    pub cache: Cache,
 }
 
 /// `tool:start` and `agent:dispatched`: an attempt started on a worker.
@@ -357,7 +377,7 @@ pub struct ToolAttemptFailed {
 /// `tool:denied`: always a call the policy refused, settled at once.
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 #[serde(transparent)]
-pub struct ToolDenied(pub SettledAtOnce);
+pub struct ToolDenied(pub RefusedCall);
 
 /// `run:interrupted`.
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
@@ -412,7 +432,7 @@ pub struct ApprovalAnswered {
 
 /// A person's answer that settled a call without running it.
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
-pub struct Refused {
+pub struct Unapproved {
     /// `rejected` or `expired`.
     pub approval: ApprovalStatus,
     /// Who answered.
@@ -448,7 +468,7 @@ pub struct SettledBy {
     #[schemars(with = "String")]
     pub cancel_reason: Option<String>,
     #[serde(flatten)]
-    pub refused: Option<Refused>,
+    pub unapproved: Option<Unapproved>,
     #[serde(flatten)]
     pub child: Option<ChildEnd>,
 }
@@ -519,9 +539,9 @@ pub struct Replayed {
     pub tool: String,
     /// `ok` or `error`, as the parent's step settled.
     pub status: SettledStatus,
-    /// The parent's step's outcome.
+    /// Why the step ended as it did.
     pub outcome: Outcome,
-    /// `branch:from_parent`, or `branch:set_by_fork` for a result the fork gave.
+    /// `branch:parent`, or `branch:set_result` for a result the fork gave.
     pub decided_by: String,
     /// The run whose record the branch replays.
     pub replayed_from_run_id: String,
@@ -541,8 +561,10 @@ pub struct Replayed {
 pub enum ToolResult {
     /// A call that was dispatched (or waited for a person) settled.
     Settled(Settlement),
-    /// A call refused or served from the cache, without running.
-    AtOnce(SettledAtOnce),
+    /// A call refused before running.
+    Refused(RefusedCall),
+    /// A call served from the result cache.
+    Cached(CachedCall),
     /// A call a branch replayed.
     Replayed(Replayed),
 }

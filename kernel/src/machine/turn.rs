@@ -8,7 +8,9 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::dispatch::StartDispatch;
-use super::events::{self, CallNamed, Payload, SettledAtOnce, SettledStatus, ToolDenied, ToolResult, ToolScheduled};
+use super::events::{
+    self, AtOnce, CachedCall, CallNamed, Payload, RefusedCall, SettledStatus, ToolDenied, ToolResult, ToolScheduled,
+};
 use super::{NewEvent, json_or_string};
 use crate::error::KernelError;
 use crate::model::{
@@ -401,40 +403,34 @@ fn new_call_event(
         resources: call.resources.clone(),
     };
     // A call settled at once, without running, is described the same way whatever settled it.
-    let at_once = |status, outcome| SettledAtOnce {
+    let at_once = |status, outcome, decided_by| AtOnce {
         call: named.clone(),
         attempts: 0,
         cost: 0.0,
         status,
         outcome,
-        decided_by: step.decided_by.clone(),
-        error: None,
-        error_kind: None,
-        reason: None,
-        output: None,
-        cache: None,
+        decided_by,
     };
     if let Some(refusal) = refusal {
-        let payload = SettledAtOnce {
-            decided_by: refusal.decided_by,
-            error: Some(refusal.message),
-            error_kind: Some(ErrorKind::Fatal),
-            reason: Some(refusal.reason.to_owned()),
-            ..at_once(SettledStatus::Error, refusal.outcome)
+        let payload = RefusedCall {
+            at_once: at_once(SettledStatus::Error, refusal.outcome, refusal.decided_by),
+            error: refusal.message,
+            error_kind: ErrorKind::Fatal,
+            reason: refusal.reason.to_owned(),
         };
         let event = match refusal.event {
             EventType::ToolDenied => ToolDenied(payload).event(),
-            _ => ToolResult::AtOnce(payload).event(),
+            _ => ToolResult::Refused(payload).event(),
         };
         return (event, Next::Settled);
     }
     if let Some(output) = cached {
-        let payload = SettledAtOnce {
-            output: Some(json_or_string(output)),
-            cache: Some(events::Cache::Hit),
-            ..at_once(SettledStatus::Ok, Outcome::Ok)
+        let payload = CachedCall {
+            at_once: at_once(SettledStatus::Ok, Outcome::Ok, step.decided_by.clone()),
+            output: json_or_string(output),
+            cache: events::Cache::Hit,
         };
-        return (ToolResult::AtOnce(payload).event(), Next::Settled);
+        return (ToolResult::Cached(payload).event(), Next::Settled);
     }
     let event = ToolScheduled {
         call: named,
