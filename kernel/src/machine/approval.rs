@@ -169,42 +169,52 @@ pub fn answer(
         decided.status = StepStatus::Pending;
         Decided::Approved(decided)
     } else {
-        let (answer, outcome, mut message) = match status {
-            ApprovalStatus::Expired => (
-                ApprovalStatus::Expired,
-                Outcome::Expired,
-                format!("'{}' was not approved: the approval expired unanswered", step.tool),
-            ),
-            _ => (
-                ApprovalStatus::Rejected,
-                Outcome::Rejected,
-                format!("'{}' was not approved: rejected by {decider}", step.tool),
-            ),
-        };
-        if let Some(reason) = reason.filter(|r| !r.is_empty()) {
-            message.push_str(&format!(" ({reason})"));
-        }
-        Decided::Refused(settle(
-            &decided,
-            (StepStatus::Failed, outcome),
-            Err((ErrorKind::Fatal, &message)),
-            0,
-            SettledBy {
-                unapproved: Some(events::Unapproved {
-                    approval: answer,
-                    decider: decider.to_owned(),
-                    approval_reason: reason.map(str::to_owned),
-                }),
-                ..SettledBy::default()
-            },
-            now,
-        ))
+        Decided::Refused(refuse(&decided, (status, decider, reason), now))
     };
     Ok(Answer {
         approval: answered,
         event,
         step,
     })
+}
+
+/// Settles `step`, rejected by `decider` (or expired when `status` says so), without running.
+fn refuse(
+    step: &StepRecord,
+    (status, decider, reason): (ApprovalStatus, &str, Option<&str>),
+    now: Millis,
+) -> StepChange {
+    let (answer, outcome, mut message) = match status {
+        ApprovalStatus::Expired => (
+            ApprovalStatus::Expired,
+            Outcome::Expired,
+            format!("'{}' was not approved: the approval expired unanswered", step.tool),
+        ),
+        _ => (
+            ApprovalStatus::Rejected,
+            Outcome::Rejected,
+            format!("'{}' was not approved: rejected by {decider}", step.tool),
+        ),
+    };
+    if let Some(reason) = reason.filter(|r| !r.is_empty()) {
+        message.push_str(&format!(" ({reason})"));
+    }
+    let by = SettledBy {
+        unapproved: Some(events::Unapproved {
+            approval: answer,
+            decider: decider.to_owned(),
+            approval_reason: reason.map(str::to_owned),
+        }),
+        ..SettledBy::default()
+    };
+    settle(
+        step,
+        (StepStatus::Failed, outcome),
+        Err((ErrorKind::Fatal, &message)),
+        0,
+        by,
+        now,
+    )
 }
 
 #[cfg(test)]

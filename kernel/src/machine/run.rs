@@ -60,20 +60,9 @@ pub enum Created {
     },
 }
 
-/// Creates a run as `new` asks, given the run that holds its idempotency key, if any; a new run
-/// gets the id `id`.
-pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis) -> Result<Created, KernelError> {
-    if let Some(run) = existing {
-        if run.agent == new.agent && run.input == new.input {
-            return Ok(Created::Existing(Box::new(run)));
-        }
-        return Err(KernelError::AlreadyExists(format!(
-            "idempotency_key '{}' is already used by run {} with a different agent or input",
-            new.idempotency_key.as_deref().unwrap_or_default(),
-            run.id
-        )));
-    }
-    let event = events::RunCreated {
+/// The `run:created` event of a new run as `new` asks.
+fn created_event(new: &NewRun) -> NewEvent {
+    events::RunCreated {
         agent: new.agent.clone(),
         input: json_or_string(&new.input),
         labels: new.labels.clone(),
@@ -96,7 +85,23 @@ pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis)
         allow: new.allow.clone(),
         traceparent: new.trace.map(|trace| trace.to_string()),
     }
-    .event();
+    .event()
+}
+
+/// Creates a run as `new` asks, given the run that holds its idempotency key, if any; a new run
+/// gets the id `id`.
+pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis) -> Result<Created, KernelError> {
+    if let Some(run) = existing {
+        if run.agent == new.agent && run.input == new.input {
+            return Ok(Created::Existing(Box::new(run)));
+        }
+        return Err(KernelError::AlreadyExists(format!(
+            "idempotency_key '{}' is already used by run {} with a different agent or input",
+            new.idempotency_key.as_deref().unwrap_or_default(),
+            run.id
+        )));
+    }
+    let event = created_event(new);
     let run = RunRecord {
         id,
         agent: new.agent.clone(),
@@ -174,6 +179,27 @@ pub struct RunEnd {
     pub event: NewEvent,
 }
 
+/// The run's terminal event, after `cancelled_steps` of its calls were cancelled.
+fn ended_event(end: &EndRun, cancelled_steps: usize) -> NewEvent {
+    match end {
+        EndRun::Complete { output, .. } => events::RunCompleted {
+            output: json_or_string(output),
+            cancelled_steps,
+        }
+        .event(),
+        EndRun::Fail { reason } => events::RunFailed {
+            reason: reason.clone(),
+            cancelled_steps,
+        }
+        .event(),
+        EndRun::Cancel { reason } => events::RunCancelled {
+            reason: reason.clone(),
+            cancelled_steps,
+        }
+        .event(),
+    }
+}
+
 /// Ends `run`, whose calls in flight are `in_flight` and whose open questions are `open`.
 pub fn end(
     run: &RunRecord,
@@ -229,24 +255,7 @@ pub fn end(
             )
         })
         .collect();
-    let cancelled_steps = settled.len();
-    let event = match end {
-        EndRun::Complete { output, .. } => events::RunCompleted {
-            output: json_or_string(output),
-            cancelled_steps,
-        }
-        .event(),
-        EndRun::Fail { reason } => events::RunFailed {
-            reason: reason.clone(),
-            cancelled_steps,
-        }
-        .event(),
-        EndRun::Cancel { reason } => events::RunCancelled {
-            reason: reason.clone(),
-            cancelled_steps,
-        }
-        .event(),
-    };
+    let event = ended_event(end, settled.len());
     let mut ended = run.clone();
     ended.status = status;
     ended.output = output;
