@@ -32,11 +32,16 @@ pub trait Payload: Serialize + JsonSchema {
 
     /// The event to append, with this payload as its JSON.
     fn event(&self) -> NewEvent {
+        // The payloads are structs of strings, numbers and JSON values with string keys, which
+        // always serialize.
+        let payload = serde_json::to_value(self).expect("an event payload serializes");
+        // Every event the kernel's own tests write (the machine's, the store's) is held to the
+        // schema the reference publishes, so a type and its schema cannot part.
+        #[cfg(test)]
+        tests::assert_fits(Self::KIND, &payload);
         NewEvent {
             kind: Self::KIND,
-            // The payloads are structs of strings, numbers and JSON values with string keys, which
-            // always serialize.
-            payload: serde_json::to_value(self).expect("an event payload serializes"),
+            payload,
         }
     }
 }
@@ -758,4 +763,67 @@ pub enum SubagentResult {
     Replayed(Replayed),
     /// A branch refused to start the child.
     Blocked(BlockedSubagent),
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// Panics unless `payload` is valid against the schema of `kind`.
+    pub(super) fn assert_fits(kind: EventType, payload: &Value) {
+        static VALIDATORS: OnceLock<Mutex<HashMap<EventType, Arc<jsonschema::Validator>>>> = OnceLock::new();
+        let validator = VALIDATORS
+            .get_or_init(Default::default)
+            .lock()
+            .expect("no test panicked holding the validators")
+            .entry(kind)
+            .or_insert_with(|| {
+                let schema = schema(kind).to_value();
+                Arc::new(jsonschema::validator_for(&schema).expect("a payload schema compiles"))
+            })
+            .clone();
+        let errors: Vec<String> = validator.iter_errors(payload).map(|error| error.to_string()).collect();
+        assert!(
+            errors.is_empty(),
+            "a {kind} payload does not fit its schema: {errors:?}\n{payload}"
+        );
+    }
+
+    #[test]
+    fn every_field_of_every_kind_says_what_it_means() {
+        for kind in EventType::ALL {
+            let schema = schema(*kind).to_value();
+            let shapes = match schema.get("anyOf").and_then(Value::as_array) {
+                Some(shapes) => shapes.clone(),
+                None => vec![schema],
+            };
+            for shape in &shapes {
+                assert_eq!(shape["additionalProperties"], json!(false), "{kind}: a closed object");
+                let fields = shape["properties"].as_object().expect("a payload has fields");
+                for (name, field) in fields {
+                    let description = field.get("description").and_then(Value::as_str).unwrap_or_default();
+                    assert!(!description.trim().is_empty(), "{kind}.{name} has no doc comment");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_payload_that_does_not_fit_its_schema_is_caught() {
+        let fits = RunResumed {
+            reason: "tool_approval".to_owned(),
+        }
+        .event();
+        assert_eq!(fits.payload, json!({ "reason": "tool_approval" }));
+        let caught = std::panic::catch_unwind(|| assert_fits(EventType::RunResumed, &json!({ "reason": 1 })));
+        assert!(caught.is_err(), "a number where the schema says string");
+        let caught =
+            std::panic::catch_unwind(|| assert_fits(EventType::RunResumed, &json!({ "reason": "x", "more": 1 })));
+        assert!(caught.is_err(), "a field the schema does not declare");
+    }
 }
