@@ -4,7 +4,6 @@
 //! `store` maps them to and from rows.
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -71,7 +70,7 @@ macro_rules! text_enum {
             }
         }
 
-        impl FromStr for $name {
+        impl std::str::FromStr for $name {
             type Err = String;
             fn from_str(text: &str) -> Result<Self, Self::Err> {
                 match text {
@@ -81,26 +80,44 @@ macro_rules! text_enum {
             }
         }
 
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(self.as_str())
             }
         }
 
-        impl Serialize for $name {
+        impl serde::Serialize for $name {
             fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
                 serializer.serialize_str(self.as_str())
             }
         }
 
-        impl<'de> Deserialize<'de> for $name {
+        // A field of this type is a string of the enum's values in the payloads' JSON Schema.
+        impl schemars::JsonSchema for $name {
+            fn inline_schema() -> bool {
+                true
+            }
+
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($name).into()
+            }
+
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({ "type": "string", "enum": [$($text),+] })
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
             fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                let text = String::deserialize(deserializer)?;
+                let text = <String as serde::Deserialize>::deserialize(deserializer)?;
                 text.parse().map_err(serde::de::Error::custom)
             }
         }
     };
 }
+
+// The event payloads' own small enums (machine::events) are text enums too.
+pub(crate) use text_enum;
 
 text_enum!(
     /// Lifecycle of a run.
@@ -287,242 +304,6 @@ text_enum!(
     }
 );
 
-impl EventType {
-    /// The top-level fields an event of this kind may carry in its payload (some only when they
-    /// apply: a retry's `next_attempt_at`, a gated call's `approval`). The events reference lists
-    /// them, and the end-to-end suite checks every event it sees against this list.
-    pub fn fields(self) -> &'static [&'static str] {
-        match self {
-            EventType::RunCreated => &[
-                "agent",
-                "allow",
-                "capture",
-                "fork_at_step_key",
-                "forked_from_run_id",
-                "hosted",
-                "idempotency_key",
-                "input",
-                "interactive",
-                "labels",
-                "max_tool_calls",
-                "parent_run_id",
-                "parent_step_key",
-                "permissions",
-                "permissions_granted_by",
-                "session_key",
-                "traceparent",
-            ],
-            EventType::RunStarted => &["turn", "hosted"],
-            EventType::ToolScheduled => &[
-                "step_key",
-                "turn",
-                "position",
-                "call_id",
-                "tool",
-                "arguments",
-                "call_hash",
-                "decided_by",
-                "fingerprint",
-                "idempotency",
-                "idempotency_key",
-                "requires_approval",
-                "retry",
-                "timeout_ms",
-                "unit_cost",
-                "version",
-            ],
-            EventType::ToolStart => &[
-                "step_key",
-                "position",
-                "tool",
-                "attempt",
-                "dispatch_id",
-                "worker",
-                "session_id",
-                "idempotency_key",
-                "lease_expires_at",
-                "timeout_ms",
-            ],
-            EventType::ToolLeaseLost => &[
-                "step_key",
-                "position",
-                "tool",
-                "attempt",
-                "dispatch_id",
-                "worker",
-                "next",
-                "reason",
-            ],
-            EventType::ToolAttemptFailed => &[
-                "step_key",
-                "position",
-                "tool",
-                "attempt",
-                "dispatch_id",
-                "worker",
-                "error",
-                "error_kind",
-                "next_attempt_at",
-                "reason",
-            ],
-            EventType::ToolDenied => &[
-                "step_key",
-                "turn",
-                "position",
-                "call_id",
-                "tool",
-                "attempts",
-                "status",
-                "outcome",
-                "arguments",
-                "cost",
-                "decided_by",
-                "error",
-                "error_kind",
-                "fingerprint",
-                "reason",
-                "version",
-            ],
-            EventType::RunInterrupted => &[
-                "step_key",
-                "position",
-                "approval_id",
-                "approvers",
-                "decided_by",
-                "expires_at",
-                "message",
-                "reason",
-                "tool_input",
-                "tool_name",
-                "tool_use_id",
-            ],
-            EventType::RunResumed => &["reason"],
-            EventType::ApprovalAnswered => &["step_key", "tool", "answer", "approval_id", "decider", "reason"],
-            EventType::ToolResult => &[
-                "step_key",
-                "turn",
-                "position",
-                "call_id",
-                "tool",
-                "attempts",
-                "dispatch_id",
-                "worker",
-                "status",
-                "outcome",
-                "approval",
-                "approval_reason",
-                "arguments",
-                "cache",
-                "cancel_reason",
-                "cause",
-                "cost",
-                "decided_by",
-                "decider",
-                "duration_ms",
-                "error",
-                "error_kind",
-                "fingerprint",
-                "output",
-                "progress_count",
-                "reason",
-                "replayed_from_run_id",
-                "version",
-            ],
-            EventType::RunCompleted => &["cancelled_steps", "output"],
-            EventType::RunFailed => &["cancelled_steps", "reason"],
-            EventType::RunCancelled => &["cancelled_steps", "reason"],
-            EventType::AgentDispatched => &[
-                "step_key",
-                "position",
-                "tool",
-                "attempt",
-                "dispatch_id",
-                "worker",
-                "session_id",
-                "idempotency_key",
-                "lease_expires_at",
-                "timeout_ms",
-            ],
-            EventType::AgentLeaseLost => &[
-                "step_key",
-                "position",
-                "tool",
-                "attempt",
-                "dispatch_id",
-                "worker",
-                "next",
-                "reason",
-            ],
-            EventType::AgentResult => &[
-                "step_key",
-                "position",
-                "tool",
-                "attempts",
-                "dispatch_id",
-                "worker",
-                "status",
-                "outcome",
-                "cost",
-                "duration_ms",
-                "error",
-                "error_kind",
-                "output",
-                "progress_count",
-                "reason",
-            ],
-            EventType::StepResult => &[
-                "step_key",
-                "step_id",
-                "seq",
-                "occurrence",
-                "turn",
-                "position",
-                "tool",
-                "status",
-                "outcome",
-                "decided_by",
-                "effect",
-                "error",
-                "idempotency_key",
-                "once",
-                "output",
-                "replayed_from_run_id",
-            ],
-            EventType::AgentSuspended => &[
-                "step_key",
-                "attempt",
-                "dispatch_id",
-                "worker",
-                "next",
-                "session",
-                "waiting_on",
-            ],
-            EventType::AgentResumed => &["step_key", "because"],
-            EventType::SubagentStart => &["step_key", "seq", "agent", "child_run_id", "input", "session_key"],
-            EventType::SubagentResult => &[
-                "step_key",
-                "position",
-                "tool",
-                "attempts",
-                "dispatch_id",
-                "worker",
-                "status",
-                "outcome",
-                "child_run_id",
-                "child_status",
-                "cost",
-                "duration_ms",
-                "error",
-                "error_kind",
-                "output",
-                "progress_count",
-            ],
-            EventType::ToolSuspended => &["step_key", "attempt", "dispatch_id", "worker", "next", "waiting_on"],
-            EventType::ToolResumed => &["step_key", "because"],
-        }
-    }
-}
-
 text_enum!(
     /// What inspection shows of a run's arguments and results; replay always has them.
     Capture {
@@ -656,7 +437,7 @@ impl fmt::Display for StepKey {
 }
 
 /// How a failed call is tried again.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RetryPolicy {
     /// Total attempts including the first.
     pub max_attempts: u32,

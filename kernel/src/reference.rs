@@ -1,14 +1,16 @@
-//! The reference pages generated from the code: the kernel's flags, its metrics, its event kinds,
-//! the policy file's keys and the gRPC API, under `docs/reference/`, and the table of call
-//! outcomes in the hand-written `outcomes.md`, from the proto.
+//! The reference pages generated from the code: the kernel's flags, its metrics, its event kinds
+//! (and their payloads' JSON Schema), the policy file's keys and the gRPC API, under
+//! `docs/reference/`, and the table of call outcomes in the hand-written `outcomes.md`, from the
+//! proto.
 //!
 //! Hand-written lists of flags and metrics fall behind the code they describe. These pages are
-//! rendered from the code itself (the clap command, a fresh metrics registry, the event enum, the
-//! policy parser's table of keys, the protos' descriptor set with its comments), and
+//! rendered from the code itself (the clap command, a fresh metrics registry, the event payload
+//! types, the policy parser's table of keys, the protos' descriptor set with its comments), and
 //! each test here fails when its page on disk differs from what the code renders now, so a change
 //! to a flag, a metric or an event kind cannot ship with a stale page. With `KERNEL_UPDATE_DOCS=1`
 //! the tests write the pages instead.
 
+mod events;
 mod grpc_api;
 mod policy_file;
 
@@ -182,31 +184,6 @@ fn metrics_page() -> String {
     out
 }
 
-/// Every event kind of a run's log, with what it records.
-fn events_page() -> String {
-    let mut out = generated_by("events", "the event kinds of kernel/src/model.rs");
-    out.push_str("# Event kinds\n\n");
-    out.push_str(
-        "Every event of a run's log has one of these kinds (`kernelctl runs events RUN` prints them; \
-         [Concepts](../concepts.md) says how a run's log is replayed). Every event carries `schema_version`. \
-         Its payload is a JSON object whose top-level fields are among those listed for its kind (a field \
-         that does not apply is left out); the end-to-end suite checks every event it sees against this \
-         list.\n\n",
-    );
-    out.push_str("| kind | what it records | payload fields |\n|---|---|---|\n");
-    for kind in EventType::ALL {
-        let fields: Vec<String> = kind.fields().iter().map(|field| format!("`{field}`")).collect();
-        let _ = writeln!(
-            out,
-            "| `{}` | {} | {} |",
-            kind.as_str(),
-            cell(kind.doc()),
-            fields.join(", ")
-        );
-    }
-    out
-}
-
 /// The gRPC statuses a request may be answered with, and a tool's error kinds.
 fn errors_page() -> String {
     let mut out = generated_by(
@@ -347,7 +324,16 @@ mod tests {
                 "{kind} has no doc comment to say what it records"
             );
         }
-        check("events.md", &events_page());
+        let generated_by = generated_by("events", "the payload types of kernel/src/machine/events.rs");
+        check("events.md", &events::page(generated_by));
+    }
+
+    #[test]
+    fn events_schema() {
+        let comment = "Generated from the payload types of kernel/src/machine/events.rs by the kernel's test \
+                       `reference::tests::events_schema`; do not edit. Regenerate: KERNEL_UPDATE_DOCS=1 cargo test -p \
+                       kernel --lib reference";
+        check(events::SCHEMA_FILE, &events::schema_document(comment));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 pub mod load_tools;
 pub mod mcp;
+mod payloads;
 pub mod postgres;
 pub mod raw;
 mod watchdog;
@@ -842,26 +843,10 @@ pub fn payload(event: &pb::Event) -> Value {
 
 const TERMINAL_RUN_EVENTS: [&str; 3] = ["run:completed", "run:failed", "run:cancelled"];
 
-/// Checks a run's whole log against the invariants: gap-free sequence numbers; exactly one
-/// terminal event (`tool:result` or `tool:denied`) per step, with `tool:start` before any worker result; every scheduled call
-/// settled (when `settled` is set); at most one terminal run event, and it comes last.
-/// The payload fields of each event kind, as the events reference lists them.
-fn documented_fields() -> &'static HashMap<String, HashSet<String>> {
-    static FIELDS: std::sync::OnceLock<HashMap<String, HashSet<String>>> = std::sync::OnceLock::new();
-    FIELDS.get_or_init(|| {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference/events.md");
-        let page = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        page.lines()
-            .filter_map(|line| {
-                let cells: Vec<&str> = line.strip_prefix("| `")?.split(" | ").collect();
-                let kind = cells.first()?.trim_end_matches('`').to_owned();
-                let fields = cells.last()?.trim_end_matches(" |").split(", ");
-                Some((kind, fields.map(|field| field.trim_matches('`').to_owned()).collect()))
-            })
-            .collect()
-    })
-}
-
+/// Checks a run's whole log against the invariants: gap-free sequence numbers; every payload fits
+/// its kind's schema in docs/reference/events.schema.json; exactly one terminal event
+/// (`tool:result` or `tool:denied`) per step, with `tool:start` before any worker result; every
+/// scheduled call settled (when `settled` is set); at most one terminal run event, and it comes last.
 pub fn check_log(events: &[pb::Event], settled: bool) {
     let dump = || {
         events
@@ -874,17 +859,12 @@ pub fn check_log(events: &[pb::Event], settled: bool) {
         assert_eq!(event.seq, index as u64 + 1, "sequence gap or duplicate:\n{}", dump());
         assert_eq!(event.schema_version, 1);
     }
-    let fields = documented_fields();
     for event in events {
-        let documented = fields
-            .get(event.r#type.as_str())
-            .unwrap_or_else(|| panic!("event kind {} is not in docs/reference/events.md", event.r#type));
-        if let Value::Object(map) = payload(event) {
-            let undocumented: Vec<&String> = map.keys().filter(|key| !documented.contains(key.as_str())).collect();
-            assert!(
-                undocumented.is_empty(),
-                "{} carries {undocumented:?}, which docs/reference/events.md does not list (EventType::fields in \
-                 kernel/src/model.rs):\n{}",
+        if let Some(why) = payloads::misfit(&event.r#type, &payload(event)) {
+            panic!(
+                "event {} ({}) does not fit its payload schema in docs/reference/events.schema.json (generated \
+                 from kernel/src/machine/events.rs): {why}\n{}",
+                event.seq,
                 event.r#type,
                 dump()
             );

@@ -3,14 +3,13 @@
 //! given once: approve lets the call go to a worker (its start consumes the approval), reject or
 //! an expiry settles it without running.
 
-use serde_json::json;
-
 use super::dispatch::settle;
+use super::events::{self, Payload, RunInterrupted, RunResumed, SettledBy};
 use super::{NewEvent, StepChange, json_or_string};
 use crate::error::KernelError;
 use crate::model::{
-    ApprovalDecision, ApprovalRecord, ApprovalStatus, ErrorKind, EventType, Millis, Outcome, RunRecord, RunStatus,
-    StepRecord, StepStatus,
+    ApprovalDecision, ApprovalRecord, ApprovalStatus, ErrorKind, Millis, Outcome, RunRecord, RunStatus, StepRecord,
+    StepStatus,
 };
 
 /// What asking the next gated call of a run changes.
@@ -49,27 +48,28 @@ pub fn ask_next(run: &RunRecord, open: usize, next: Option<&StepRecord>, id: Str
         resumed.updated_at = now;
         return Ask::Resume {
             run: Box::new(resumed),
-            event: NewEvent {
-                kind: EventType::RunResumed,
-                payload: json!({ "reason": "tool_approval" }),
-            },
+            event: RunResumed {
+                reason: "tool_approval".to_owned(),
+            }
+            .event(),
         };
     };
     let gate = step.approval_gate.clone().unwrap_or_default();
     let expires_at = gate.timeout_ms.map(|t| now + t as Millis);
-    let payload = json!({
-        "reason": "tool_approval",
-        "approval_id": id,
-        "step_key": step.key,
-        "position": step.position,
-        "tool_name": step.tool,
-        "tool_use_id": step.call_id.clone().unwrap_or_else(|| step.key.to_string()),
-        "tool_input": json_or_string(&step.arguments),
-        "approvers": gate.approvers,
-        "message": gate.message,
-        "decided_by": gate.decided_by,
-        "expires_at": expires_at,
-    });
+    let event = RunInterrupted {
+        reason: "tool_approval".to_owned(),
+        approval_id: id.clone(),
+        step_key: step.key.to_string(),
+        position: step.position,
+        tool_name: step.tool.clone(),
+        tool_use_id: step.call_id.clone().unwrap_or_else(|| step.key.to_string()),
+        tool_input: json_or_string(&step.arguments),
+        approvers: gate.approvers.clone(),
+        message: gate.message.clone(),
+        decided_by: gate.decided_by.clone(),
+        expires_at,
+    }
+    .event();
     let approval = ApprovalRecord {
         id,
         run_id: run.id.clone(),
@@ -98,10 +98,7 @@ pub fn ask_next(run: &RunRecord, open: usize, next: Option<&StepRecord>, id: Str
         approval,
         step: step.clone(),
         run: blocked,
-        event: NewEvent {
-            kind: EventType::RunInterrupted,
-            payload,
-        },
+        event,
     }))
 }
 
@@ -151,17 +148,15 @@ pub fn answer(
     answered.answered_at = Some(now);
     answered.decider = Some(decider.to_owned());
     answered.reason = reason.map(str::to_owned);
-    let event = NewEvent {
-        kind: EventType::ApprovalAnswered,
-        payload: json!({
-            "approval_id": approval.id,
-            "step_key": approval.key,
-            "tool": approval.tool,
-            "answer": status.as_str(),
-            "decider": decider,
-            "reason": reason,
-        }),
-    };
+    let event = events::ApprovalAnswered {
+        approval_id: approval.id.clone(),
+        step_key: approval.key.to_string(),
+        tool: approval.tool.clone(),
+        answer: status,
+        decider: decider.to_owned(),
+        reason: reason.map(str::to_owned),
+    }
+    .event();
     let mut decided = step.clone();
     decided.approval = Some(ApprovalDecision {
         approval_id: approval.id.clone(),
@@ -174,29 +169,7 @@ pub fn answer(
         decided.status = StepStatus::Pending;
         Decided::Approved(decided)
     } else {
-        let (answer, outcome, mut message) = match status {
-            ApprovalStatus::Expired => (
-                "expired",
-                Outcome::Expired,
-                format!("'{}' was not approved: the approval expired unanswered", step.tool),
-            ),
-            _ => (
-                "rejected",
-                Outcome::Rejected,
-                format!("'{}' was not approved: rejected by {decider}", step.tool),
-            ),
-        };
-        if let Some(reason) = reason.filter(|r| !r.is_empty()) {
-            message.push_str(&format!(" ({reason})"));
-        }
-        Decided::Refused(settle(
-            &decided,
-            (StepStatus::Failed, outcome),
-            Err((ErrorKind::Fatal, &message)),
-            0,
-            json!({ "approval": answer, "decider": decider, "approval_reason": reason }),
-            now,
-        ))
+        Decided::Refused(refuse(&decided, (status, decider, reason), now))
     };
     Ok(Answer {
         approval: answered,
@@ -205,11 +178,51 @@ pub fn answer(
     })
 }
 
+/// Settles `step`, rejected by `decider` (or expired when `status` says so), without running.
+fn refuse(
+    step: &StepRecord,
+    (status, decider, reason): (ApprovalStatus, &str, Option<&str>),
+    now: Millis,
+) -> StepChange {
+    let (answer, outcome, mut message) = match status {
+        ApprovalStatus::Expired => (
+            ApprovalStatus::Expired,
+            Outcome::Expired,
+            format!("'{}' was not approved: the approval expired unanswered", step.tool),
+        ),
+        _ => (
+            ApprovalStatus::Rejected,
+            Outcome::Rejected,
+            format!("'{}' was not approved: rejected by {decider}", step.tool),
+        ),
+    };
+    if let Some(reason) = reason.filter(|r| !r.is_empty()) {
+        message.push_str(&format!(" ({reason})"));
+    }
+    let by = SettledBy {
+        unapproved: Some(events::Unapproved {
+            approval: answer,
+            decider: decider.to_owned(),
+            approval_reason: reason.map(str::to_owned),
+        }),
+        ..SettledBy::default()
+    };
+    settle(
+        step,
+        (StepStatus::Failed, outcome),
+        Err((ErrorKind::Fatal, &message)),
+        0,
+        by,
+        now,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::machine::records::{NOW, run, step};
     use crate::model::ApprovalGate;
+    use crate::model::EventType;
 
     fn gated(position: u32) -> StepRecord {
         let mut step = step();

@@ -20,14 +20,12 @@
 //! A branch whose parent was deleted cannot go on: it ends with `branch_unresumable` when it next
 //! resumes ([`unresumable`]).
 
-use serde_json::json;
-
+use super::events::{BlockedSubagent, Payload, Replayed, SettledStatus, StepResult, SubagentResult, ToolResult};
 use super::hosted::{HostedAgent, dispatch_step};
 use super::run::NewRun;
-use super::{NewEvent, StepChange, json_or_string};
+use super::{StepChange, json_or_string};
 use crate::model::{
-    Capture, Effect, ErrorKind, EventType, Fork, Millis, Outcome, RunId, RunRecord, StepKey, StepKind, StepRecord,
-    StepStatus,
+    Capture, Effect, ErrorKind, Fork, Millis, Outcome, RunId, RunRecord, StepKey, StepKind, StepRecord, StepStatus,
 };
 
 /// Who decided a step replayed from the parent, as its `decided_by` says.
@@ -252,32 +250,29 @@ pub fn replay(run: &RunRecord, parent: &StepRecord, (turn, position): (u32, u32)
         step.error_kind = None;
         step.decided_by = Some(SET_BY_FORK.to_owned());
     }
-    let mut payload = json!({
-        "step_key": step.key,
-        "turn": turn,
-        "position": position,
-        "tool": step.tool,
-        "status": if step.status == StepStatus::Succeeded { "ok" } else { "error" },
-        "outcome": step.outcome().map(Outcome::as_str),
-        "decided_by": step.decided_by,
-        "replayed_from_run_id": fork.of.as_str(),
-    });
-    let body = payload.as_object_mut().expect("payload is an object");
-    if let Some(output) = &step.output {
-        body.insert("output".into(), json_or_string(output));
-    }
-    if let Some(error) = &step.error {
-        body.insert("error".into(), json!(error));
-    }
-    let kind = match step.kind {
-        StepKind::Local => EventType::StepResult,
-        StepKind::Subagent => EventType::SubagentResult,
-        StepKind::Tool | StepKind::Agent => EventType::ToolResult,
+    let payload = Replayed {
+        step_key: step.key.to_string(),
+        turn,
+        position,
+        tool: step.tool.clone(),
+        status: if step.status == StepStatus::Succeeded {
+            SettledStatus::Ok
+        } else {
+            SettledStatus::Error
+        },
+        // Only a settled step is replayed, and a settled step has an outcome.
+        outcome: step.outcome().unwrap_or(Outcome::ToolError),
+        decided_by: step.decided_by.clone().unwrap_or_default(),
+        replayed_from_run_id: fork.of.to_string(),
+        output: step.output.as_deref().map(json_or_string),
+        error: step.error.clone(),
     };
-    StepChange {
-        step,
-        event: NewEvent { kind, payload },
-    }
+    let event = match step.kind {
+        StepKind::Local => StepResult::Replayed(payload).event(),
+        StepKind::Subagent => SubagentResult::Replayed(payload).event(),
+        StepKind::Tool | StepKind::Agent => ToolResult::Replayed(payload).event(),
+    };
+    StepChange { step, event }
 }
 
 /// The subagent step a refused start records at place `seq`: settled at once with the refusal,
@@ -306,23 +301,18 @@ pub fn blocked_subagent(
     step.error_kind = Some(ErrorKind::Fatal);
     step.finished_at = Some(now);
     step.decided_by = Some("branch".to_owned());
-    let payload = json!({
-        "step_key": step.key,
-        "seq": seq,
-        "agent": child.agent,
-        "session_key": child.session_key,
-        "input": json_or_string(&child.input),
-        "status": "error",
-        "outcome": Outcome::WriteToolBlocked.as_str(),
-        "error": message,
-    });
-    StepChange {
-        step,
-        event: NewEvent {
-            kind: EventType::SubagentResult,
-            payload,
-        },
-    }
+    let event = SubagentResult::Blocked(BlockedSubagent {
+        step_key: step.key.to_string(),
+        seq,
+        agent: child.agent.clone(),
+        session_key: child.session_key.clone(),
+        input: json_or_string(&child.input),
+        status: SettledStatus::Error,
+        outcome: Outcome::WriteToolBlocked,
+        error: message,
+    })
+    .event();
+    StepChange { step, event }
 }
 
 /// The reason a branch ends with when its parent is gone, or `None` while it is there (or `run`
@@ -341,6 +331,7 @@ pub fn unresumable(run: &RunRecord, parent_exists: bool) -> Option<String> {
 mod tests {
     use super::*;
     use crate::machine::records::{NOW, run, step};
+    use crate::model::EventType;
     use crate::model::ForkPoint;
 
     fn branch() -> RunRecord {

@@ -4,10 +4,9 @@
 //! person, is withdrawn. The run is not ended: it takes further turns. A call already settled is
 //! refused (`FAILED_PRECONDITION`, naming how it ended), so a cancel never rewrites a result.
 
-use serde_json::json;
-
 use super::StepChange;
 use super::dispatch::settle;
+use super::events::SettledBy;
 use crate::error::KernelError;
 use crate::model::{ApprovalRecord, ApprovalStatus, ErrorKind, Millis, Outcome, StepKind, StepRecord, StepStatus};
 
@@ -52,7 +51,10 @@ pub fn cancel_call(
         (StepStatus::Cancelled, Outcome::Cancelled),
         Err((ErrorKind::Fatal, &message)),
         0,
-        json!({ "reason": "call_cancelled", "cancel_reason": reason }),
+        SettledBy {
+            cancel_reason: Some(reason.to_owned()),
+            ..SettledBy::reason("call_cancelled")
+        },
         now,
     );
     Ok(CallCancel { withdrawn, settled })

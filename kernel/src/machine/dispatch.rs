@@ -1,11 +1,13 @@
 //! One dispatch of a step: its start on a worker, its result, the loss of its lease, its timeout;
 //! and how a step settles or waits for its next attempt, whatever ends the attempt.
 
-use serde_json::{Value, json};
-
-use super::{NewEvent, StepChange, human_ms, json_or_string};
+use super::events::{
+    AgentDispatched, AgentLeaseLost, AgentResult, LeaseLost, Next, Payload, SettledBy, SettledStatus, Settlement,
+    Started, SubagentResult, ToolAttemptFailed, ToolLeaseLost, ToolResult, ToolStart,
+};
+use super::{StepChange, human_ms, json_or_string};
 use crate::model::{
-    ErrorKind, EventType, Idempotency, Millis, Outcome, RetryPolicy, RunId, StepKey, StepKind, StepRecord, StepStatus,
+    ErrorKind, Idempotency, Millis, Outcome, RetryPolicy, RunId, StepKey, StepKind, StepRecord, StepStatus,
 };
 
 /// After this many lost workers a call is failed as poison instead of dispatched again.
@@ -67,29 +69,24 @@ pub fn start(step: &StepRecord, start: &StartDispatch, now: Millis) -> Option<St
     started.lease_expires_at = Some(start.lease_expires_at);
     started.started_at = step.started_at.or(Some(now));
     started.not_before = None;
-    let payload = json!({
-        "step_key": started.key,
-        "position": started.position,
-        "tool": started.tool,
-        "attempt": start.attempt,
-        "dispatch_id": start.dispatch_id,
-        "worker": start.worker,
-        "session_id": start.session_id,
-        "idempotency_key": started.idempotency_key,
-        "lease_expires_at": start.lease_expires_at,
-        "timeout_ms": started.timeout_ms,
-    });
-    Some(StepChange {
-        step: started,
-        event: NewEvent {
-            kind: if step.kind == StepKind::Agent {
-                EventType::AgentDispatched
-            } else {
-                EventType::ToolStart
-            },
-            payload,
-        },
-    })
+    let payload = Started {
+        step_key: started.key.to_string(),
+        position: started.position,
+        tool: started.tool.clone(),
+        attempt: start.attempt,
+        dispatch_id: start.dispatch_id.clone(),
+        worker: start.worker.clone(),
+        session_id: start.session_id.clone(),
+        idempotency_key: started.idempotency_key.clone(),
+        lease_expires_at: start.lease_expires_at,
+        timeout_ms: started.timeout_ms,
+    };
+    let event = if step.kind == StepKind::Agent {
+        AgentDispatched(payload).event()
+    } else {
+        ToolStart(payload).event()
+    };
+    Some(StepChange { step: started, event })
 }
 
 /// Whether starting `step` uses up an approval: the start of an approved call consumes it, in
@@ -100,14 +97,15 @@ pub fn consumes_approval(step: &StepRecord) -> bool {
         .is_some_and(|a| a.answer == crate::model::ApprovalStatus::Approved)
 }
 
-/// Ends a step with its one `tool:result`: its terminal status and why, its output or
-/// error, the progress its last attempt reported, and `extra` fields for the event.
+/// Ends a step with its one `tool:result` (`agent:result`, `subagent:result`): its terminal
+/// status and why, its output or error, the progress its last attempt reported, and what else
+/// settled it (`by`).
 pub fn settle(
     step: &StepRecord,
     (status, why): (StepStatus, Outcome),
     outcome: Result<&str, (ErrorKind, &str)>,
     progress_count: u32,
-    extra: Value,
+    by: SettledBy,
     now: Millis,
 ) -> StepChange {
     debug_assert!(
@@ -133,43 +131,33 @@ pub fn settle(
             settled.error_kind = Some(kind);
         }
     }
-    let mut payload = json!({
-        "step_key": settled.key,
-        "position": settled.position,
-        "tool": settled.tool,
-        "status": match status { StepStatus::Succeeded => "ok", StepStatus::Cancelled => "cancelled", _ => "error" },
-        "attempts": settled.attempts,
-        "dispatch_id": settled.dispatch_id,
-        "worker": settled.worker,
-        "progress_count": settled.progress_count,
-        "duration_ms": settled.started_at.map(|s| now - s),
-        "cost": settled.cost,
-        "outcome": why.as_str(),
-    });
-    let body = payload.as_object_mut().expect("payload is an object");
-    match outcome {
-        Ok(output) => {
-            body.insert("output".into(), json_or_string(output));
-        }
-        Err((kind, message)) => {
-            body.insert("error".into(), Value::String(message.to_owned()));
-            body.insert("error_kind".into(), Value::String(kind.as_str().to_owned()));
-        }
-    }
-    if let Value::Object(more) = extra {
-        body.extend(more);
-    }
-    StepChange {
-        step: settled,
-        event: NewEvent {
-            kind: match step.kind {
-                StepKind::Agent => EventType::AgentResult,
-                StepKind::Subagent => EventType::SubagentResult,
-                _ => EventType::ToolResult,
-            },
-            payload,
+    let payload = Settlement {
+        step_key: settled.key.to_string(),
+        position: settled.position,
+        tool: settled.tool.clone(),
+        status: match status {
+            StepStatus::Succeeded => SettledStatus::Ok,
+            StepStatus::Cancelled => SettledStatus::Cancelled,
+            _ => SettledStatus::Error,
         },
-    }
+        outcome: why,
+        attempts: settled.attempts,
+        dispatch_id: settled.dispatch_id.clone(),
+        worker: settled.worker.clone(),
+        progress_count: settled.progress_count,
+        duration_ms: settled.started_at.map(|s| now - s),
+        cost: settled.cost,
+        output: outcome.ok().map(json_or_string),
+        error: outcome.err().map(|(_, message)| message.to_owned()),
+        error_kind: outcome.err().map(|(kind, _)| kind),
+        by,
+    };
+    let event = match step.kind {
+        StepKind::Agent => AgentResult(payload).event(),
+        StepKind::Subagent => SubagentResult::Settled(payload).event(),
+        _ => ToolResult::Settled(payload).event(),
+    };
+    StepChange { step: settled, event }
 }
 
 /// Whether a failed attempt of `step` gets another one, and after how long.
@@ -196,25 +184,20 @@ fn retry_later(
     pending.not_before = Some(not_before);
     pending.lease_expires_at = None;
     pending.progress_count += progress_count;
-    let payload = json!({
-        "step_key": step.key,
-        "position": step.position,
-        "tool": step.tool,
-        "attempt": step.attempts,
-        "dispatch_id": step.dispatch_id,
-        "worker": step.worker,
-        "error": message,
-        "error_kind": kind.as_str(),
-        "reason": reason,
-        "next_attempt_at": not_before,
-    });
-    StepChange {
-        step: pending,
-        event: NewEvent {
-            kind: EventType::ToolAttemptFailed,
-            payload,
-        },
+    let event = ToolAttemptFailed {
+        step_key: step.key.to_string(),
+        position: step.position,
+        tool: step.tool.clone(),
+        attempt: step.attempts,
+        dispatch_id: step.dispatch_id.clone(),
+        worker: step.worker.clone(),
+        error: message.to_owned(),
+        error_kind: kind,
+        reason: reason.to_owned(),
+        next_attempt_at: not_before,
     }
+    .event();
+    StepChange { step: pending, event }
 }
 
 /// What a worker's result does to the step its dispatch holds (see [`held`]): a success or a
@@ -229,7 +212,7 @@ pub fn record_result(step: &StepRecord, report: &ResultReport, now: Millis) -> (
                 (StepStatus::Succeeded, Outcome::Ok),
                 Ok(output),
                 report.progress_count,
-                Value::Null,
+                SettledBy::default(),
                 now,
             );
             (change, cached_until)
@@ -242,7 +225,7 @@ pub fn record_result(step: &StepRecord, report: &ResultReport, now: Millis) -> (
                     (StepStatus::Failed, Outcome::ToolError),
                     Err((*kind, message)),
                     report.progress_count,
-                    Value::Null,
+                    SettledBy::default(),
                     now,
                 ),
             };
@@ -294,7 +277,7 @@ pub fn lose_lease(step: &StepRecord, loss: &LeaseLoss, now: Millis) -> StepChang
             (StepStatus::Failed, outcome),
             Err((kind, &message)),
             0,
-            json!({ "reason": reason }),
+            SettledBy::reason(reason),
             now,
         );
     }
@@ -302,27 +285,22 @@ pub fn lose_lease(step: &StepRecord, loss: &LeaseLoss, now: Millis) -> StepChang
     requeued.status = StepStatus::Pending;
     requeued.lease_expires_at = None;
     requeued.lease_losses += 1;
-    let payload = json!({
-        "step_key": step.key,
-        "position": step.position,
-        "tool": step.tool,
-        "attempt": step.attempts,
-        "dispatch_id": step.dispatch_id,
-        "worker": step.worker,
-        "reason": loss.reason,
-        "next": "redispatch",
-    });
-    StepChange {
-        step: requeued,
-        event: NewEvent {
-            kind: if step.kind == StepKind::Agent {
-                EventType::AgentLeaseLost
-            } else {
-                EventType::ToolLeaseLost
-            },
-            payload,
-        },
-    }
+    let payload = LeaseLost {
+        step_key: step.key.to_string(),
+        position: step.position,
+        tool: step.tool.clone(),
+        attempt: step.attempts,
+        dispatch_id: step.dispatch_id.clone(),
+        worker: step.worker.clone(),
+        reason: loss.reason.clone(),
+        next: Next::Redispatch,
+    };
+    let event = if step.kind == StepKind::Agent {
+        AgentLeaseLost(payload).event()
+    } else {
+        ToolLeaseLost(payload).event()
+    };
+    StepChange { step: requeued, event }
 }
 
 /// What a timeout does to a held step: an `at_most_once` step is indeterminate (the tool started
@@ -340,7 +318,10 @@ pub fn time_out(step: &StepRecord, now: Millis) -> StepChange {
             (StepStatus::Failed, Outcome::Indeterminate),
             Err((ErrorKind::Fatal, &message)),
             0,
-            json!({ "reason": "indeterminate", "cause": "timeout" }),
+            SettledBy {
+                cause: Some("timeout".to_owned()),
+                ..SettledBy::reason("indeterminate")
+            },
             now,
         );
     }
@@ -360,7 +341,7 @@ pub fn time_out(step: &StepRecord, now: Millis) -> StepChange {
         (StepStatus::Failed, Outcome::TimedOut),
         Err((ErrorKind::Retryable, &message)),
         0,
-        json!({ "reason": "timeout" }),
+        SettledBy::reason("timeout"),
         now,
     )
 }
@@ -378,7 +359,7 @@ pub fn fail_pending(
             (StepStatus::Failed, outcome),
             Err((ErrorKind::Retryable, message)),
             0,
-            json!({ "reason": reason }),
+            SettledBy::reason(reason),
             now,
         )
     })

@@ -15,15 +15,17 @@
 //! - [`finish`]: the handler's return value settles the dispatch and ends the run (an error fails
 //!   it), cancelling what the handler left in flight.
 
-use serde_json::json;
-
 use super::dispatch::{held, settle};
+use super::events::{
+    self, AgentResumed, AgentSuspended, ChildEnd, LocalStepResult, Next, Payload, Resumed, SessionWait, SettledBy,
+    SettledStatus, StepResult, Suspended, ToolResumed, ToolSuspended,
+};
 use super::run::{self, EndRun, RunEnd};
 use super::{NewEvent, StepChange, json_or_string};
 use crate::error::KernelError;
 use crate::model::{
-    ApprovalRecord, Effect, ErrorKind, EventType, Idempotency, Millis, Outcome, RunRecord, RunStatus, StepKey,
-    StepKind, StepRecord, StepStatus,
+    ApprovalRecord, Effect, ErrorKind, Idempotency, Millis, Outcome, RunRecord, RunStatus, StepKey, StepKind,
+    StepRecord, StepStatus,
 };
 
 /// The agent a worker offers, as a hosted run records it.
@@ -238,30 +240,26 @@ pub fn record_local(run: &RunRecord, local: &LocalStep, now: Millis) -> StepChan
         .decided_by
         .clone()
         .or_else(|| Some(if local.once { "ctx.once" } else { "ctx.step" }.to_owned()));
-    let mut payload = json!({
-        "step_key": step.key,
-        "seq": local.seq,
-        "step_id": local.step_id,
-        "occurrence": local.occurrence,
-        "effect": local.effect.as_str(),
-        "once": local.once,
-        "status": if error.is_none() { "ok" } else { "error" },
-        "outcome": outcome.as_str(),
-        "decided_by": step.decided_by,
-        "idempotency_key": step.idempotency_key,
-    });
-    let body = payload.as_object_mut().expect("payload is an object");
-    match &local.outcome {
-        Ok(output) => body.insert("output".into(), json_or_string(output)),
-        Err(message) => body.insert("error".into(), json!(message)),
-    };
-    StepChange {
-        step,
-        event: NewEvent {
-            kind: EventType::StepResult,
-            payload,
+    let event = StepResult::Local(LocalStepResult {
+        step_key: step.key.to_string(),
+        seq: local.seq,
+        step_id: local.step_id.clone(),
+        occurrence: local.occurrence,
+        effect: local.effect,
+        once: local.once,
+        status: if error.is_none() {
+            SettledStatus::Ok
+        } else {
+            SettledStatus::Error
         },
-    }
+        outcome,
+        decided_by: step.decided_by.clone().unwrap_or_default(),
+        idempotency_key: step.idempotency_key.clone(),
+        output: local.outcome.as_ref().ok().map(|output| json_or_string(output)),
+        error: local.outcome.as_ref().err().cloned(),
+    })
+    .event();
+    StepChange { step, event }
 }
 
 /// What the run's dispatch starting on a worker does to the run: a pending run starts, a
@@ -271,10 +269,13 @@ pub fn dispatched(run: &RunRecord, now: Millis) -> (RunRecord, Option<NewEvent>)
     running.dispatches += 1;
     running.updated_at = now;
     let event = match run.status {
-        RunStatus::Pending => Some(NewEvent {
-            kind: EventType::RunStarted,
-            payload: json!({ "hosted": true }),
-        }),
+        RunStatus::Pending => Some(
+            events::RunStarted {
+                turn: None,
+                hosted: Some(true),
+            }
+            .event(),
+        ),
         _ => None,
     };
     if matches!(run.status, RunStatus::Pending | RunStatus::Suspended) {
@@ -298,7 +299,7 @@ pub fn finish(
         Ok(_) => (StepStatus::Succeeded, Outcome::Ok),
         Err(_) => (StepStatus::Failed, Outcome::ToolError),
     };
-    let settled = settle(dispatch, (status, why), outcome, 0, serde_json::Value::Null, now);
+    let settled = settle(dispatch, (status, why), outcome, 0, SettledBy::default(), now);
     let end = match outcome {
         Ok(output) => EndRun::Complete {
             output: output.to_owned(),
@@ -334,21 +335,16 @@ pub fn subagent_step(run: &RunRecord, (seq, key): (u32, StepKey), child: &RunRec
     step.status = StepStatus::Running;
     step.attempts = 1;
     step.started_at = Some(now);
-    let payload = json!({
-        "step_key": step.key,
-        "seq": seq,
-        "agent": child.agent,
-        "child_run_id": child.id.as_str(),
-        "session_key": child.session_key,
-        "input": json_or_string(&child.input),
-    });
-    StepChange {
-        step,
-        event: NewEvent {
-            kind: EventType::SubagentStart,
-            payload,
-        },
+    let event = events::SubagentStart {
+        step_key: step.key.to_string(),
+        seq,
+        agent: child.agent.clone(),
+        child_run_id: child.id.to_string(),
+        session_key: child.session_key.clone(),
+        input: json_or_string(&child.input),
     }
+    .event();
+    StepChange { step, event }
 }
 
 /// What a child run's end does to its parent's step waiting for it: a completed child settles it
@@ -358,7 +354,13 @@ pub fn child_ended(step: &StepRecord, child: &RunRecord, now: Millis) -> Option<
     if step.status.is_terminal() {
         return None;
     }
-    let extra = json!({ "child_run_id": child.id.as_str(), "child_status": child.status.as_str() });
+    let extra = SettledBy {
+        child: Some(ChildEnd {
+            child_run_id: child.id.to_string(),
+            child_status: child.status,
+        }),
+        ..SettledBy::default()
+    };
     Some(match (child.status, &child.output) {
         (RunStatus::Completed, Some(output)) => {
             settle(step, (StepStatus::Succeeded, Outcome::Ok), Ok(output), 0, extra, now)
@@ -409,27 +411,20 @@ pub fn suspend(
             run.updated_at = now;
         }
     }
-    let keys: Vec<&str> = waiting_on.iter().flatten().map(|s| s.key.as_str()).collect();
-    let payload = json!({
-        "step_key": dispatch.key,
-        "attempt": dispatch.attempts,
-        "dispatch_id": dispatch.dispatch_id,
-        "worker": dispatch.worker,
-        "waiting_on": keys,
-        "next": if settled { "redispatch" } else { "wait" },
-    });
-    let kind = if handler {
-        EventType::AgentSuspended
-    } else {
-        EventType::ToolSuspended
+    let payload = Suspended {
+        step_key: dispatch.key.to_string(),
+        attempt: dispatch.attempts,
+        dispatch_id: dispatch.dispatch_id.clone(),
+        worker: dispatch.worker.clone(),
+        waiting_on: waiting_on.iter().flatten().map(|s| s.key.to_string()).collect(),
+        next: if settled { Next::Redispatch } else { Next::Wait },
     };
-    (
-        StepChange {
-            step: waiting,
-            event: NewEvent { kind, payload },
-        },
-        run,
-    )
+    let event = if handler {
+        AgentSuspended::Steps(payload).event()
+    } else {
+        ToolSuspended(payload).event()
+    };
+    (StepChange { step: waiting, event }, run)
 }
 
 /// A new run of session `session` whose earlier run has not ended waits for it before its first
@@ -439,16 +434,14 @@ pub fn wait_for_session(dispatch: &StepRecord, session: &str) -> StepChange {
     let mut waiting = dispatch.clone();
     waiting.status = StepStatus::Suspended;
     StepChange {
-        event: NewEvent {
-            kind: EventType::AgentSuspended,
-            payload: json!({
-                "step_key": dispatch.key,
-                "attempt": dispatch.attempts,
-                "waiting_on": [],
-                "session": session,
-                "next": "wait",
-            }),
-        },
+        event: AgentSuspended::Session(SessionWait {
+            step_key: dispatch.key.to_string(),
+            attempt: dispatch.attempts,
+            waiting_on: Vec::new(),
+            session: session.to_owned(),
+            next: Next::Wait,
+        })
+        .event(),
         step: waiting,
     }
 }
@@ -469,13 +462,16 @@ pub fn resume(dispatch: &StepRecord, because: &str) -> Option<StepChange> {
         let mut pending = dispatch.clone();
         pending.status = StepStatus::Pending;
         StepChange {
-            event: NewEvent {
-                kind: if dispatch.kind == StepKind::Agent {
-                    EventType::AgentResumed
+            event: {
+                let payload = Resumed {
+                    step_key: dispatch.key.to_string(),
+                    because: because.to_owned(),
+                };
+                if dispatch.kind == StepKind::Agent {
+                    AgentResumed(payload).event()
                 } else {
-                    EventType::ToolResumed
-                },
-                payload: json!({ "step_key": dispatch.key, "because": because }),
+                    ToolResumed(payload).event()
+                }
             },
             step: pending,
         }
@@ -498,6 +494,7 @@ mod tests {
     use super::*;
     use crate::machine::dispatch::{StartDispatch, start};
     use crate::machine::records::{NOW, run, step};
+    use crate::model::EventType;
 
     fn hosted_run() -> RunRecord {
         let mut run = run();

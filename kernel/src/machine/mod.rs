@@ -59,6 +59,10 @@
 //! not hold from the parent's record (replayed, marked so), runs reads live, and refuses any
 //! other effect with `write_tool_blocked` and its reason; the refusal ends the run.
 //!
+//! The log ([`events`]): every event a function here returns is built from its kind's payload
+//! type, one per kind, so the fields an event carries are those its type declares; the event
+//! reference and the payloads' JSON Schema in `docs/reference/` are generated from those types.
+//!
 //! Settled steps are terminal: no function here takes a settled step anywhere else, so a late or
 //! out-of-order message never reverts one.
 
@@ -67,6 +71,7 @@ pub mod branch;
 pub mod cancel;
 pub mod command;
 pub mod dispatch;
+pub mod events;
 pub mod hosted;
 pub mod run;
 pub mod turn;

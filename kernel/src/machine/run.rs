@@ -3,16 +3,15 @@
 //! in flight first (and withdraws the questions still open), so the run's terminal event is the
 //! last word of its log. A run ends once.
 
-use serde_json::json;
-
 use super::dispatch::settle;
+use super::events::{self, Payload, SettledBy};
 use super::{NewEvent, StepChange, json_or_string};
 use crate::error::KernelError;
 use std::collections::BTreeMap;
 
 use crate::model::{
-    ApprovalRecord, ApprovalStatus, Capture, ErrorKind, EventType, Millis, Outcome, RunId, RunRecord, RunStatus,
-    StepRecord, StepStatus,
+    ApprovalRecord, ApprovalStatus, Capture, ErrorKind, Millis, Outcome, RunId, RunRecord, RunStatus, StepRecord,
+    StepStatus,
 };
 
 /// A run to create.
@@ -61,6 +60,34 @@ pub enum Created {
     },
 }
 
+/// The `run:created` event of a new run as `new` asks.
+fn created_event(new: &NewRun) -> NewEvent {
+    events::RunCreated {
+        agent: new.agent.clone(),
+        input: json_or_string(&new.input),
+        labels: new.labels.clone(),
+        idempotency_key: new.idempotency_key.clone(),
+        max_tool_calls: new.max_tool_calls,
+        interactive: new.interactive,
+        permissions: new.permissions.clone(),
+        permissions_granted_by: new.granted_by.clone(),
+        capture: new.capture,
+        hosted: new.hosted.is_some(),
+        parent_run_id: new.parent.as_ref().map(|(id, _)| id.to_string()),
+        parent_step_key: new.parent.as_ref().map(|(_, key)| key.to_string()),
+        session_key: new.session_key.clone(),
+        forked_from_run_id: new.fork.as_ref().map(|fork| fork.of.to_string()),
+        fork_at_step_key: new
+            .fork
+            .as_ref()
+            .and_then(|fork| fork.at.as_ref())
+            .map(|at| at.key.to_string()),
+        allow: new.allow.clone(),
+        traceparent: new.trace.map(|trace| trace.to_string()),
+    }
+    .event()
+}
+
 /// Creates a run as `new` asks, given the run that holds its idempotency key, if any; a new run
 /// gets the id `id`.
 pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis) -> Result<Created, KernelError> {
@@ -74,28 +101,7 @@ pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis)
             run.id
         )));
     }
-    let event = NewEvent {
-        kind: EventType::RunCreated,
-        payload: json!({
-            "agent": new.agent,
-            "input": json_or_string(&new.input),
-            "labels": new.labels,
-            "idempotency_key": new.idempotency_key,
-            "max_tool_calls": new.max_tool_calls,
-            "interactive": new.interactive,
-            "permissions": new.permissions,
-            "permissions_granted_by": new.granted_by,
-            "capture": new.capture.as_str(),
-            "hosted": new.hosted.is_some(),
-            "parent_run_id": new.parent.as_ref().map(|(id, _)| id.as_str()),
-            "parent_step_key": new.parent.as_ref().map(|(_, key)| key.as_str()),
-            "session_key": new.session_key,
-            "forked_from_run_id": new.fork.as_ref().map(|fork| fork.of.as_str()),
-            "fork_at_step_key": new.fork.as_ref().and_then(|fork| fork.at.as_ref()).map(|at| at.key.as_str()),
-            "allow": new.allow,
-            "traceparent": new.trace.map(|trace| trace.to_string()),
-        }),
-    };
+    let event = created_event(new);
     let run = RunRecord {
         id,
         agent: new.agent.clone(),
@@ -173,6 +179,27 @@ pub struct RunEnd {
     pub event: NewEvent,
 }
 
+/// The run's terminal event, after `cancelled_steps` of its calls were cancelled.
+fn ended_event(end: &EndRun, cancelled_steps: usize) -> NewEvent {
+    match end {
+        EndRun::Complete { output, .. } => events::RunCompleted {
+            output: json_or_string(output),
+            cancelled_steps,
+        }
+        .event(),
+        EndRun::Fail { reason } => events::RunFailed {
+            reason: reason.clone(),
+            cancelled_steps,
+        }
+        .event(),
+        EndRun::Cancel { reason } => events::RunCancelled {
+            reason: reason.clone(),
+            cancelled_steps,
+        }
+        .event(),
+    }
+}
+
 /// Ends `run`, whose calls in flight are `in_flight` and whose open questions are `open`.
 pub fn end(
     run: &RunRecord,
@@ -187,7 +214,7 @@ pub fn end(
             run.id, run.status
         )));
     }
-    let (status, kind, output, reason) = match end {
+    let (status, output, reason) = match end {
         EndRun::Complete {
             output,
             settle_in_flight,
@@ -199,20 +226,10 @@ pub fn end(
                     in_flight.len()
                 )));
             }
-            (
-                RunStatus::Completed,
-                EventType::RunCompleted,
-                Some(output.clone()),
-                None,
-            )
+            (RunStatus::Completed, Some(output.clone()), None)
         }
-        EndRun::Fail { reason } => (RunStatus::Failed, EventType::RunFailed, None, Some(reason.clone())),
-        EndRun::Cancel { reason } => (
-            RunStatus::Cancelled,
-            EventType::RunCancelled,
-            None,
-            Some(reason.clone()),
-        ),
+        EndRun::Fail { reason } => (RunStatus::Failed, None, Some(reason.clone())),
+        EndRun::Cancel { reason } => (RunStatus::Cancelled, None, Some(reason.clone())),
     };
     let withdrawn = open
         .iter()
@@ -233,15 +250,12 @@ pub fn end(
                 (StepStatus::Cancelled, Outcome::Cancelled),
                 Err((ErrorKind::Fatal, &message)),
                 0,
-                json!({ "reason": "run_ended" }),
+                SettledBy::reason("run_ended"),
                 now,
             )
         })
         .collect();
-    let payload = match (&output, &reason) {
-        (Some(output), _) => json!({ "output": json_or_string(output), "cancelled_steps": settled.len() }),
-        (_, reason) => json!({ "reason": reason, "cancelled_steps": settled.len() }),
-    };
+    let event = ended_event(end, settled.len());
     let mut ended = run.clone();
     ended.status = status;
     ended.output = output;
@@ -251,7 +265,7 @@ pub fn end(
         withdrawn,
         settled,
         run: ended,
-        event: NewEvent { kind, payload },
+        event,
     })
 }
 
@@ -276,6 +290,7 @@ pub fn abandoned(run: &RunRecord, last_turn_at: Millis, after_ms: u64, now: Mill
 mod tests {
     use super::*;
     use crate::machine::records::{NOW, run, step};
+    use crate::model::EventType;
 
     fn open_question() -> ApprovalRecord {
         crate::machine::records::approval()

@@ -5,9 +5,12 @@
 
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::dispatch::StartDispatch;
+use super::events::{
+    self, AtOnce, CachedCall, CallNamed, Payload, RefusedCall, SettledStatus, ToolDenied, ToolResult, ToolScheduled,
+};
 use super::{NewEvent, json_or_string};
 use crate::error::KernelError;
 use crate::model::{
@@ -173,10 +176,11 @@ pub fn admit(
         let mut started = run.clone();
         started.status = RunStatus::Running;
         started.updated_at = now;
-        let event = NewEvent {
-            kind: EventType::RunStarted,
-            payload: json!({ "turn": plan.turn }),
-        };
+        let event = events::RunStarted {
+            turn: Some(plan.turn),
+            hosted: None,
+        }
+        .event();
         (started, event)
     }))
 }
@@ -408,6 +412,72 @@ pub enum Next {
     Scheduled,
 }
 
+/// The one event that records a new call as `step` holds it, and what comes next for it: settled
+/// at once (refused, or served from the cache as `cached`), or scheduled (gated for a person when
+/// `gated`).
+fn new_call_event(
+    step: &StepRecord,
+    call: &PlannedCall,
+    refusal: Option<Refusal>,
+    gated: bool,
+    cached: Option<&str>,
+) -> (NewEvent, Next) {
+    let named = CallNamed {
+        step_key: step.key.to_string(),
+        turn: step.turn,
+        position: call.position,
+        call_id: call.call_id.clone(),
+        tool: call.tool_name.clone(),
+        version: step.version.clone(),
+        fingerprint: step.fingerprint.clone(),
+        arguments: serde_json::from_str(&call.arguments).unwrap_or(Value::Null),
+        resources: call.resources.clone(),
+    };
+    // A call settled at once, without running, is described the same way whatever settled it.
+    let at_once = |status, outcome, decided_by| AtOnce {
+        call: named.clone(),
+        attempts: 0,
+        cost: 0.0,
+        status,
+        outcome,
+        decided_by,
+    };
+    if let Some(refusal) = refusal {
+        let payload = RefusedCall {
+            at_once: at_once(SettledStatus::Error, refusal.outcome, refusal.decided_by),
+            error: refusal.message,
+            error_kind: ErrorKind::Fatal,
+            reason: refusal.reason.to_owned(),
+        };
+        let event = match refusal.event {
+            EventType::ToolDenied => ToolDenied(payload).event(),
+            _ => ToolResult::Refused(payload).event(),
+        };
+        return (event, Next::Settled);
+    }
+    if let Some(output) = cached {
+        let payload = CachedCall {
+            at_once: at_once(SettledStatus::Ok, Outcome::Ok, step.decided_by.clone()),
+            output: json_or_string(output),
+            cache: events::Cache::Hit,
+        };
+        return (ToolResult::Cached(payload).event(), Next::Settled);
+    }
+    let event = ToolScheduled {
+        call: named,
+        call_hash: call.call_hash.clone(),
+        idempotency_key: step.idempotency_key.clone(),
+        idempotency: step.idempotency,
+        timeout_ms: step.timeout_ms,
+        retry: step.retry.clone(),
+        decided_by: step.decided_by.clone(),
+        requires_approval: gated,
+        unit_cost: call.unit_cost,
+    }
+    .event();
+    (event, if gated { Next::Gated } else { Next::Scheduled })
+}
+
 /// Records a new call of turn `turn` of `run` as `decision` says, with the cached output when
 /// the store found one; counts it toward the run's calls.
 pub fn record(
@@ -498,90 +568,7 @@ pub fn record(
         from_run: None,
         trace: run.trace,
     };
-    let arguments: Value = serde_json::from_str(&call.arguments).unwrap_or(Value::Null);
-    // Every event of a new call names it the same way; each adds what it records.
-    let described = |more: Value| {
-        let mut body = json!({
-            "step_key": step.key,
-            "turn": turn,
-            "position": call.position,
-            "call_id": call.call_id,
-            "tool": call.tool_name,
-            "version": version,
-            "fingerprint": fingerprint,
-            "arguments": arguments,
-        });
-        if !call.resources.is_empty() {
-            body["resources"] = json!(call.resources);
-        }
-        if let (Value::Object(body), Value::Object(more)) = (&mut body, more) {
-            body.extend(more);
-        }
-        body
-    };
-    // A call settled at once, without running, is described the same way whatever settled it.
-    let settled_at_once = |outcome: Value| {
-        let mut body = described(json!({ "attempts": 0, "cost": 0.0 }));
-        if let (Value::Object(body), Value::Object(outcome)) = (&mut body, outcome) {
-            body.extend(outcome);
-        }
-        body
-    };
-    let (event, next) = if let Some(refusal) = refusal {
-        let payload = settled_at_once(json!({
-            "status": "error",
-            "error": refusal.message,
-            "error_kind": ErrorKind::Fatal.as_str(),
-            "reason": refusal.reason,
-            "outcome": refusal.outcome.as_str(),
-            "decided_by": refusal.decided_by,
-        }));
-        (
-            NewEvent {
-                kind: refusal.event,
-                payload,
-            },
-            Next::Settled,
-        )
-    } else if let Some(output) = &cached {
-        let payload = settled_at_once(json!({
-            "status": "ok",
-            "output": json_or_string(output),
-            "cache": "hit",
-            "outcome": Outcome::Ok.as_str(),
-            "decided_by": decided_by,
-        }));
-        (
-            NewEvent {
-                kind: EventType::ToolResult,
-                payload,
-            },
-            Next::Settled,
-        )
-    } else {
-        let payload = described(json!({
-            "call_hash": call.call_hash,
-            "idempotency_key": step.idempotency_key,
-            "idempotency": idempotency.as_str(),
-            "timeout_ms": timeout_ms,
-            "retry": retry,
-            "decided_by": decided_by,
-            "requires_approval": approval.is_some(),
-            "unit_cost": call.unit_cost,
-        }));
-        let next = if approval.is_some() {
-            Next::Gated
-        } else {
-            Next::Scheduled
-        };
-        (
-            NewEvent {
-                kind: EventType::ToolScheduled,
-                payload,
-            },
-            next,
-        )
-    };
+    let (event, next) = new_call_event(&step, call, refusal, approval.is_some(), cached.as_deref());
     NewCall { step, event, next }
 }
 
@@ -590,6 +577,7 @@ mod tests {
     use super::*;
     use crate::machine::records::{NOW, run, step};
     use crate::model::ToolOptions;
+    use serde_json::json;
 
     fn tool(options: ToolOptions) -> Arc<ToolDef> {
         Arc::new(ToolDef {

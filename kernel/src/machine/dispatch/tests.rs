@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::machine::records::{NOW, step};
-use crate::model::RetryPolicy;
+use crate::model::{EventType, RetryPolicy};
 
 fn lease(attempt: u32) -> StartDispatch {
     StartDispatch {
