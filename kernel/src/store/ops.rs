@@ -1213,26 +1213,24 @@ fn finish_hosted(
     Ok((step, cancelled))
 }
 
-/// A handler gave back its slot to wait on `waiting_on`: its dispatch is suspended, or pending
-/// again at once when one of them settled on the way. `None` when the dispatch no longer held
-/// the run.
+/// A handler gave back its slot to wait on `waiting_on`: its dispatch is suspended, unless the
+/// machine refuses the suspension (`Err`), which writes nothing. `None` when the dispatch no longer
+/// held the run.
 pub fn suspend_dispatch(tx: &mut Tx<'_>, report: SuspendReport) -> Result<Option<StepRecord>> {
     let Some(dispatch) = held_step(tx, &report.dispatch_id, report.attempt, Some(&report.session_id))? else {
         return Ok(None);
     };
-    if dispatch.kind == StepKind::Tool && dispatch.idempotency == crate::model::Idempotency::AtMostOnce {
-        return Err(KernelError::FailedPrecondition(format!(
-            "dispatch {} runs an at_most_once call, which may not run again: it cannot give back its slot",
-            report.dispatch_id
-        )));
-    }
     let run = tx.run(&dispatch.run_id)?;
     let waiting = report
         .waiting_on
-        .iter()
-        .map(|key| tx.find_step(&run.id, &StepKey::from_stored(key.clone())))
+        .into_iter()
+        .map(|key| {
+            let key = StepKey::from_stored(key);
+            let found = tx.find_step(&run.id, &key)?;
+            Ok((key, found))
+        })
         .collect::<Result<Vec<_>>>()?;
-    let (change, run) = hosted::suspend(&run, &dispatch, &waiting, tx.now);
+    let (change, run) = hosted::suspend(&run, &dispatch, &waiting, tx.now)?;
     save_run(tx, &run)?;
     Ok(Some(tx.apply(change)?))
 }
