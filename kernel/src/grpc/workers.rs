@@ -547,10 +547,10 @@ impl Session {
         // Only the attempt this session was sent may report; anything else (never sent here, a
         // wrong attempt, a second result) is refused without reaching the store, which would
         // refuse it too.
-        if !self
+        if self
             .dispatches
             .get(&result.dispatch_id)
-            .is_some_and(|held| held.attempt == result.attempt)
+            .is_none_or(|held| held.attempt != result.attempt)
         {
             if let Some(suppressed) = self.logs.result_not_held.hit(Instant::now()) {
                 info!(
