@@ -331,7 +331,7 @@ async fn send_heartbeats(tx: mpsc::Sender<Outbound>, every: Duration, token: Can
 
 /// A suspension sent, waiting for the kernel's answer: `true` when the kernel refused it and the
 /// dispatch is still ours.
-pub(crate) struct PendingSuspension {
+struct PendingSuspension {
     dispatch: DispatchRef,
     reply: oneshot::Sender<bool>,
 }
@@ -512,13 +512,13 @@ impl Session {
                 reason,
                 still_held,
             } => {
-                if let Some(pending) = self
-                    .suspensions
-                    .get(&dispatch.id)
-                    .is_some_and(|pending| pending.dispatch.attempt == dispatch.attempt)
-                    .then(|| self.suspensions.remove(&dispatch.id))
-                    .flatten()
-                {
+                let suspension = match self.suspensions.get(&dispatch.id) {
+                    Some(pending) if pending.dispatch.attempt == dispatch.attempt => {
+                        self.suspensions.remove(&dispatch.id)
+                    }
+                    _ => None,
+                };
+                if let Some(pending) = suspension {
                     if accepted {
                         debug!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, "suspension recorded");
                     } else if still_held {
