@@ -282,10 +282,10 @@ text_enum!(
         /// A hosted handler's local step finished (or a branch replayed one from its parent): its place,
         /// identity, declared effect and outcome, recorded before the handler sees it.
         StepResult => "step:result",
-        /// A hosted run's handler gave back its worker slot to wait for steps it awaits, and the run is
-        /// suspended (or the dispatch is pending again at once when one of them has settled already);
-        /// or a new run of a session waits, before its first dispatch, for the session's run before it
-        /// to end (`session` names it).
+        /// A hosted run's handler gave back its worker slot to wait for steps it awaits, none of them
+        /// settled yet, and the run is suspended; or a new run of a session waits, before its first
+        /// dispatch, for the session's run before it to end (`session` names it). A suspension naming
+        /// nothing, a settled step or a step the handler does not await is refused and writes nothing.
         AgentSuspended => "agent:suspended",
         /// A suspended handler's wait ended (a step it may await settled, or its session's run before it
         /// ended); its dispatch is pending again.

@@ -3,6 +3,8 @@ SIGKILLed worker, subagents on sessions with the handler suspended, and divergen
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 
 import agents
@@ -10,7 +12,16 @@ import pytest
 from conftest import serving
 from harness import Kernel, Process, python_worker, within
 
-from kernel_sdk import AgentClient, AgentContext, Event, StepDenied, ToolDefinitionError, agent
+from kernel_sdk import (
+    AgentClient,
+    AgentContext,
+    Event,
+    StepDenied,
+    ToolContext,
+    ToolDefinitionError,
+    agent,
+    tool,
+)
 
 
 async def _ended(client: AgentClient, run_id: str) -> list[Event]:
@@ -241,3 +252,69 @@ def test_an_agent_can_be_named_first_and_each_option_is_checked_when_applied() -
         with pytest.raises(ToolDefinitionError) as refused:
             make()
         assert str(refused.value).startswith(expected), str(refused.value)
+
+
+class _Refusals(logging.Handler):
+    """Sets `seen` once the worker logs that the kernel refused a suspension."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seen = asyncio.Event()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "suspension refused" in message:
+            self.lines.append(message)
+            self.seen.set()
+
+
+_GATE: dict[str, asyncio.Event] = {}
+
+
+@tool
+async def py_held(ctx: ToolContext) -> str:
+    """Answers once the test lets it."""
+    await _GATE["held"].wait()
+    return "held"
+
+
+@tool
+async def py_quick(ctx: ToolContext) -> str:
+    """Answers at once."""
+    return "quick"
+
+
+@agent
+async def py_crossing(ctx: AgentContext, input: None) -> list[str]:
+    """Calls a held tool and a quick one in one turn."""
+    results = await ctx.call_turn([("py_held", {}), ("py_quick", {})])
+    return [result.content for result in results]
+
+
+async def test_a_handler_whose_suspension_crosses_a_settle_is_refused_and_goes_on(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    # Results come in position order: the quick call settles first, but the handler still waits
+    # on it when its patience runs out, so its suspension names a settled step and is refused.
+    _GATE["held"] = asyncio.Event()
+    refusals = _Refusals()
+    logger = logging.getLogger("kernel_sdk.worker")
+    level = logger.level
+    logger.addHandler(refusals)
+    logger.setLevel(logging.INFO)
+    try:
+        async with serving(kernel, py_held, py_quick, agents=[py_crossing]):
+            run = await client.create_run("py_crossing", hosted=True)
+            await within("the kernel to refuse the suspension", refusals.seen.wait(), 30)
+            _GATE["held"].set()
+            events = await within("the run to end", _ended(client, run.id), 30)
+    finally:
+        logger.removeHandler(refusals)
+        logger.setLevel(level)
+    assert "has settled" in refusals.lines[0], refusals.lines
+    kinds = [event.type for event in events]
+    assert kinds[-1] == "run:completed", kinds
+    assert "agent:suspended" not in kinds, kinds
+    assert kinds.count("agent:dispatched") == 1, kinds
+    assert (await client.get_run(run.id)).run.output == ["held", "quick"]

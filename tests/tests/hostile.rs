@@ -526,7 +526,7 @@ async fn a_suspension_naming_nothing_is_refused_and_the_handler_keeps_its_dispat
     let Out::ResultAck(refused) = worker.next().await else {
         panic!("expected the suspension's answer")
     };
-    assert!(!refused.accepted, "{refused:?}");
+    assert!(!refused.accepted && refused.still_held, "{refused:?}");
     assert!(refused.reason.starts_with("suspended.waiting_on: "), "{refused:?}");
     assert_eq!(kernel.events(&run).await.len(), before, "nothing was recorded");
     let shown = kernel.get(&run).await.run.unwrap();
@@ -693,4 +693,158 @@ async fn per_run_limits_refuse_a_turn_and_write_nothing() {
     }
     assert!(refused, "the event limit refused a turn");
     check_log(&kernel.events(&run).await, true);
+}
+
+/// Sends a suspension of `(dispatch_id, attempt)` naming `waiting_on` and returns the kernel's answer.
+async fn suspend(worker: &mut RawWorker, dispatch_id: &str, attempt: u32, waiting_on: &[&str]) -> pb::ResultAck {
+    worker
+        .send(In::Result(pb::DispatchResult {
+            dispatch_id: dispatch_id.into(),
+            attempt,
+            outcome: Some(pb::dispatch_result::Outcome::Suspended(pb::DispatchSuspended {
+                waiting_on: waiting_on.iter().map(|k| (*k).to_owned()).collect(),
+            })),
+        }))
+        .await;
+    match worker.next().await {
+        Out::ResultAck(ack) => ack,
+        other => panic!("expected the suspension's answer, got {other:?}"),
+    }
+}
+
+/// A suspension naming a step that has settled (its result crossed the suspension on the way) or
+/// a step the run does not have is refused and changes nothing: no `agent:suspended`, no
+/// redispatch; the handler keeps its dispatch under the same attempt, told it still holds it, and
+/// its output then completes the run.
+#[tokio::test]
+async fn a_suspension_naming_a_settled_or_unknown_step_is_refused_and_the_handler_keeps_its_dispatch() {
+    let kernel = Kernel::start();
+    let mut handler = RawWorker::hosting(&kernel, "raw-agent").await.unwrap();
+    let mut tools = RawWorker::offering(&kernel, "lookup").await.unwrap();
+    let run = kernel.start_hosted("raw-agent", json!({})).await;
+    let Out::Run(dispatch) = handler.next().await else {
+        panic!("expected the run's dispatch")
+    };
+    let mut hosted = HostedServiceClient::connect(kernel.url()).await.unwrap();
+    let mut turn = hosted
+        .call_tools(pb::CallToolsRequest {
+            dispatch: Some(pb::HostedDispatch {
+                run_id: run.clone(),
+                dispatch_id: dispatch.dispatch_id.clone(),
+                attempt: dispatch.attempt,
+            }),
+            turn: Some(pb::SubmitTurnRequest {
+                run_id: run.clone(),
+                turn: 0,
+                calls: vec![call("lookup", json!({}))],
+                offered_tools: Vec::new(),
+                max_concurrency: 0,
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let lookup = tools.dispatch().await;
+    assert!(
+        tools
+            .result(&lookup.dispatch_id, lookup.attempt, "\"found\"")
+            .await
+            .accepted
+    );
+    // The handler has not read its call's result yet: its suspension names the settled call.
+    let before = kernel.events(&run).await;
+    assert!(
+        before.iter().any(|e| e.r#type == "tool:result"),
+        "the call settled first"
+    );
+    for (waiting_on, why) in [
+        (vec![lookup.step_key.as_str()], "has settled (succeeded)"),
+        (vec!["t9/p0"], "is not a step of run"),
+        (vec!["t9/p0", lookup.step_key.as_str()], "suspended.waiting_on: t9/p0"),
+    ] {
+        let refused = suspend(&mut handler, &dispatch.dispatch_id, dispatch.attempt, &waiting_on).await;
+        assert!(!refused.accepted && refused.still_held, "{refused:?}");
+        assert!(refused.reason.contains(why), "{waiting_on:?}: {refused:?}");
+    }
+    let after = kernel.events(&run).await;
+    assert_eq!(after.len(), before.len(), "nothing was recorded: {after:?}");
+    let shown = kernel.get(&run).await;
+    assert_eq!(shown.run.unwrap().status, pb::RunStatus::Running as i32);
+    let agent = shown
+        .steps
+        .iter()
+        .find(|s| s.step_key == "agent")
+        .expect("the handler's dispatch");
+    assert_eq!(
+        (agent.status, agent.attempts),
+        (pb::StepStatus::Running as i32, dispatch.attempt)
+    );
+
+    // The handler goes on: the result it awaited reaches it, and it completes its run.
+    let mut results = Vec::new();
+    while let Some(item) = turn.next().await {
+        if let Some(pb::submit_turn_response::Item::Result(result)) = item.unwrap().item.and_then(|i| i.item) {
+            results.push(result.output_json);
+        }
+    }
+    assert_eq!(results, ["\"found\""]);
+    let ack = handler.result(&dispatch.dispatch_id, dispatch.attempt, "1").await;
+    assert!(ack.accepted, "the dispatch is still the handler's: {ack:?}");
+    let done = kernel.finished(&run).await;
+    assert_eq!(
+        (done.status, done.output_json.as_str()),
+        (pb::RunStatus::Completed as i32, "1")
+    );
+    let events = kernel.events(&run).await;
+    let kinds: Vec<&str> = events.iter().map(|e| e.r#type.as_str()).collect();
+    assert!(!kinds.contains(&"agent:suspended"), "{kinds:?}");
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "agent:dispatched").count(),
+        1,
+        "{kinds:?}"
+    );
+    check_log(&events, true);
+}
+
+/// An `at_most_once` call may not give back its slot (a suspended call runs again): its
+/// suspension is refused, and the call keeps its lease, neither lost nor indeterminate; its
+/// result then completes it.
+#[tokio::test]
+async fn an_at_most_once_call_s_refused_suspension_keeps_its_lease_and_its_result_is_recorded() {
+    let kernel = Kernel::start();
+    let mut spec = tool_spec_raw("pay");
+    spec.options = Some(pb::ToolOptions {
+        idempotency: pb::Idempotency::AtMostOnce as i32,
+        ..Default::default()
+    });
+    let (mut worker, _) = RawWorker::open(&kernel, vec![spec]).await.unwrap();
+    let run = kernel.create_run("payer").await;
+    let turn = submit_later(&kernel, &run, 0, vec![call("pay", json!({}))]);
+    let dispatch = worker.dispatch().await;
+    let before = kernel.events(&run).await.len();
+    let waiting_on = format!("subagent:{}/researcher#0", dispatch.step_key);
+    let refused = suspend(&mut worker, &dispatch.dispatch_id, dispatch.attempt, &[&waiting_on]).await;
+    assert!(!refused.accepted && refused.still_held, "{refused:?}");
+    assert!(refused.reason.contains("at_most_once"), "{refused:?}");
+    assert_eq!(kernel.events(&run).await.len(), before, "nothing was recorded");
+    worker.send(In::Heartbeat(pb::Heartbeat::default())).await;
+
+    let ack = worker.result(&dispatch.dispatch_id, dispatch.attempt, "\"paid\"").await;
+    assert!(ack.accepted, "the call kept its lease: {ack:?}");
+    let outcome = turn.await.unwrap().unwrap();
+    assert_eq!(outcome.results.len(), 1);
+    let result = &outcome.results[0];
+    assert_eq!(
+        (result.outcome, result.output_json.as_str()),
+        (pb::CallOutcome::Ok as i32, "\"paid\""),
+        "{result:?}"
+    );
+    let events = kernel.events(&run).await;
+    assert!(
+        !events
+            .iter()
+            .any(|e| e.r#type == "tool:lease_lost" || e.r#type == "tool:suspended"),
+        "{events:?}"
+    );
+    check_log(&events, true);
 }

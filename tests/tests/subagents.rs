@@ -307,29 +307,35 @@ async fn a_hosted_turn_with_a_bound_runs_its_calls_one_at_a_time_in_position_ord
     );
 }
 
+/// A suspension that crosses a settle is refused, and the handler goes on where it waits: the
+/// result it awaited reaches it, and it completes its run on its first dispatch.
 #[tokio::test]
-async fn a_handler_whose_suspension_crosses_a_settle_is_dispatched_again_at_once() {
+async fn a_handler_whose_suspension_crosses_a_settle_is_refused_and_goes_on() {
     let kernel = Kernel::start();
-    let _worker = kernel.fault_worker_with("both", &["--with-agents"]);
+    let worker = kernel.fault_worker_with("both", &["--with-agents"]);
     // The second call settles at once but the turn's results come in position order, and the
     // first outlasts the handler's patience: it suspends with a settled call among those it waits
-    // on, so it goes back to pending in the same write.
+    // on, which the kernel refuses, leaving it the dispatch.
     let run = kernel
         .start_hosted("parent", json!({"mode": "uneven", "holds": [1_600, 1]}))
         .await;
     let done = kernel.finished(&run).await;
     assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
+    let refused = worker.log.wait_for("suspension refused, the dispatch goes on here");
+    assert!(refused.contains("t0/p1 has settled"), "{refused}");
     let events = kernel.events(&run).await;
-    let suspended = events
-        .iter()
-        .find(|e| e.r#type == "agent:suspended")
-        .expect("the handler suspended");
-    assert_eq!(payload(suspended)["next"], "redispatch", "{suspended:?}");
+    let kinds: Vec<&str> = events.iter().map(|e| e.r#type.as_str()).collect();
+    assert!(!kinds.contains(&"agent:suspended"), "{kinds:?}");
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "agent:dispatched").count(),
+        1,
+        "{kinds:?}"
+    );
     check_log(&events, true);
     assert_eq!(
         kernel.status().await.lost_calls_found,
         0,
-        "queued at once, not found later by the in-flight scan"
+        "the handler kept its dispatch; nothing was left for the in-flight scan"
     );
 }
 

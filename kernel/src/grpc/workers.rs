@@ -255,7 +255,8 @@ struct Session {
     /// Results and suspensions being recorded. The session gives up its leases only once they
     /// are written: a worker that sends its last result and closes at once (as a draining one
     /// does) would otherwise see the call lost and run again (found by the Python drain test).
-    recording: JoinSet<()>,
+    /// A suspension's task yields the dispatch it gave up, if the store took it.
+    recording: JoinSet<Option<(String, u32)>>,
     /// This session's place under `--max-sessions`, released when it ends.
     _permit: OwnedSemaphorePermit,
     progress_limit: RateLimit,
@@ -326,7 +327,11 @@ impl Session {
                     let _ = self.tx.send(Err(Status::unavailable("kernel shutting down"))).await;
                     break "kernel shutting down".to_owned();
                 }
-                Some(_) = self.recording.join_next(), if !self.recording.is_empty() => {}
+                Some(done) = self.recording.join_next(), if !self.recording.is_empty() => {
+                    if let Ok(Some((dispatch_id, attempt))) = done {
+                        self.release(&dispatch_id, attempt);
+                    }
+                }
                 message = inbound.message() => match message {
                     Ok(Some(message)) => {
                         if let Err(status) = self.on_message(message).await {
@@ -539,21 +544,14 @@ impl Session {
     }
 
     fn on_result(&mut self, result: pb::DispatchResult) {
-        // Refused before the dispatch leaves this session's hands, so it keeps its lease as it was.
-        if let Some(pb::dispatch_result::Outcome::Suspended(suspended)) = &result.outcome
-            && let Err(reason) = crate::machine::hosted::check_suspension(&suspended.waiting_on)
-        {
-            self.ack(result.dispatch_id, result.attempt, &reason);
-            return;
-        }
         // Only the attempt this session was sent may report; anything else (never sent here, a
         // wrong attempt, a second result) is refused without reaching the store, which would
         // refuse it too.
-        let held = match self.dispatches.get(&result.dispatch_id) {
-            Some(held) if held.attempt == result.attempt => self.dispatches.remove(&result.dispatch_id),
-            _ => None,
-        };
-        let Some(held) = held else {
+        if self
+            .dispatches
+            .get(&result.dispatch_id)
+            .is_none_or(|held| held.attempt != result.attempt)
+        {
             if let Some(suppressed) = self.logs.result_not_held.hit(Instant::now()) {
                 info!(
                     session_id = self.session_id,
@@ -569,15 +567,24 @@ impl Session {
                 "this dispatch no longer holds its call (stale attempt, timed out, cancelled or not yours)",
             );
             return;
-        };
-        if let Some(pb::dispatch_result::Outcome::Suspended(suspended)) = result.outcome {
-            self.on_suspended(result.dispatch_id, result.attempt, suspended.waiting_on);
-            return;
         }
+        // A suspension leaves the dispatch in this session's hands until the store takes it, so
+        // a refused one changes nothing here either.
+        let outcome = match result.outcome {
+            Some(pb::dispatch_result::Outcome::Suspended(suspended)) => {
+                self.on_suspended(result.dispatch_id, result.attempt, suspended.waiting_on);
+                return;
+            }
+            outcome => outcome,
+        };
+        let held = self
+            .dispatches
+            .remove(&result.dispatch_id)
+            .expect("held at this attempt, checked above");
         let tool = held.tool.clone();
         let answer = held.answer();
         let max = self.kernel.limits.max_result_bytes;
-        let outcome = match result.outcome {
+        let outcome = match outcome {
             Some(pb::dispatch_result::Outcome::OutputJson(text)) if text.len() > max => {
                 if let Some(suppressed) = self.logs.oversized_result.hit(Instant::now()) {
                     warn!(
@@ -675,13 +682,13 @@ impl Session {
                 attempt: result.attempt,
                 accepted,
                 reason,
+                still_held: false,
             };
             let _ = tx.send(out(Out::ResultAck(ack))).await;
+            None
         });
     }
 
-    /// A hosted handler gave back its slot: its dispatch is suspended (fenced in the write), the
-    /// slot freed, and the run queued again at once when what it waits on settled on the way.
     /// Refuses a worker's answer for `reason` without recording anything.
     fn ack(&self, dispatch_id: String, attempt: u32, reason: &str) {
         let ack = pb::ResultAck {
@@ -689,6 +696,7 @@ impl Session {
             attempt,
             accepted: false,
             reason: reason.to_owned(),
+            still_held: false,
         };
         let tx = self.tx.clone();
         tokio::spawn(async move {
@@ -696,6 +704,10 @@ impl Session {
         });
     }
 
+    /// A handler (or a tool body) gave back its slot: its dispatch is suspended (fenced, and
+    /// checked by the machine, in the write) and the slot freed. A suspension the store refuses
+    /// changes nothing: the dispatch keeps its lease, its slot and its place in this session, and
+    /// the worker hears why, and that it still holds the dispatch.
     fn on_suspended(&mut self, dispatch_id: String, attempt: u32, waiting_on: Vec<String>) {
         let report = SuspendReport {
             dispatch_id: dispatch_id.clone(),
@@ -705,37 +717,45 @@ impl Session {
         };
         let kernel = self.kernel.clone();
         let tx = self.tx.clone();
+        let session_id = self.session_id.clone();
         self.recording.spawn(async move {
-            let (accepted, reason) = match kernel.store.suspend_dispatch(report).await {
+            let (accepted, still_held, reason) = match kernel.store.suspend_dispatch(report).await {
                 Ok(Some(step)) => {
-                    info!(run_id = %step.run_id, agent = step.tool, status = %step.status, "hosted run suspended");
-                    // The slot first: while the lease stands, the scheduler takes the step for
-                    // held and would not queue it (found by the bounded-turn test: the run waited
-                    // for the in-flight scan).
+                    info!(run_id = %step.run_id, step = %step.key, tool = step.tool, "dispatch suspended");
                     kernel.scheduler.settled(dispatch_id.clone(), attempt);
-                    if step.status == StepStatus::Pending {
-                        kernel.scheduler.enqueue(step);
-                    }
-                    (true, String::new())
+                    (true, false, String::new())
                 }
                 Ok(None) => {
                     kernel.scheduler.settled(dispatch_id.clone(), attempt);
-                    (false, "this dispatch no longer holds its run".to_owned())
+                    (false, false, "this dispatch no longer holds its run".to_owned())
                 }
                 Err(error) => {
-                    warn!(dispatch_id, %error, "cannot record a suspension");
-                    kernel.scheduler.settled(dispatch_id.clone(), attempt);
-                    (false, error.to_string())
+                    info!(session_id, dispatch_id, attempt, %error, "suspension refused, the dispatch keeps its lease");
+                    (false, true, error.to_string())
                 }
             };
             let ack = pb::ResultAck {
-                dispatch_id,
+                dispatch_id: dispatch_id.clone(),
                 attempt,
                 accepted,
                 reason,
+                still_held,
             };
             let _ = tx.send(out(Out::ResultAck(ack))).await;
+            (!still_held).then_some((dispatch_id, attempt))
         });
+    }
+
+    /// Forgets a dispatch the store no longer has this session hold, unless a later attempt of it
+    /// was sent here meanwhile.
+    fn release(&mut self, dispatch_id: &str, attempt: u32) {
+        if self
+            .dispatches
+            .get(dispatch_id)
+            .is_some_and(|held| held.attempt == attempt)
+        {
+            self.dispatches.remove(dispatch_id);
+        }
     }
 
     /// Serves a tool's cache request. The namespace is the tool of the dispatch the request names,

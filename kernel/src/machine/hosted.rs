@@ -384,47 +384,94 @@ pub fn child_ended(step: &StepRecord, child: &RunRecord, now: Millis) -> Option<
 }
 
 /// What a handler (or a tool body waiting on its subagents) giving back its slot does: its
-/// dispatch waits, suspended, for one of `waiting_on` (the steps it awaits, as loaded) to settle.
-/// When one has settled already (it crossed the suspension on the way), the dispatch goes back to
-/// pending at once instead, so no wake-up is lost. A handler's run is suspended with it; a tool
-/// call's run is not (its handler, if any, waits on the call).
+/// dispatch waits, suspended, for one of `waiting_on` (each step it names, with what the store
+/// holds under that key) to settle. A handler's run is suspended with it; a tool call's run is not
+/// (its handler, if any, waits on the call).
+///
+/// Refused, changing nothing (the dispatch, its lease and its slot stay the handler's), unless the
+/// suspension names at least one step and each is a step this dispatch may await
+/// ([`may_await`]) that has not settled: a named step that settled crossed the suspension on the
+/// way, and its result reaches the handler as it goes on waiting, so nothing is left to wake it
+/// for; an unknown one could never wake it. An `at_most_once` call may not suspend at all, since a
+/// suspended dispatch runs again.
 pub fn suspend(
     run: &RunRecord,
     dispatch: &StepRecord,
-    waiting_on: &[Option<StepRecord>],
+    waiting_on: &[(StepKey, Option<StepRecord>)],
     now: Millis,
-) -> (StepChange, RunRecord) {
-    let settled = waiting_on
-        .iter()
-        .any(|s| s.as_ref().is_none_or(|s| s.status.is_terminal()));
+) -> Result<(StepChange, RunRecord), KernelError> {
+    if dispatch.kind == StepKind::Tool && dispatch.idempotency == Idempotency::AtMostOnce {
+        return Err(KernelError::FailedPrecondition(format!(
+            "dispatch {} runs an at_most_once call, which may not run again: it cannot give back its slot; nothing \
+             was recorded, the call keeps its lease",
+            dispatch.dispatch_id.as_deref().unwrap_or_default()
+        )));
+    }
+    let names: Vec<String> = waiting_on.iter().map(|(key, _)| key.as_str().to_owned()).collect();
+    check_suspension(&names).map_err(KernelError::FailedPrecondition)?;
+    for (key, found) in waiting_on {
+        match found {
+            Some(step) if !may_await(dispatch, step) => {
+                return Err(KernelError::FailedPrecondition(format!(
+                    "suspended.waiting_on: {key} is a {} step this dispatch does not await; nothing was recorded, the \
+                     dispatch stays the handler's",
+                    step.kind
+                )));
+            }
+            Some(step) if step.status.is_terminal() => {
+                return Err(KernelError::FailedPrecondition(format!(
+                    "suspended.waiting_on: {key} has settled ({}); its result reaches the handler as it waits; \
+                     nothing was recorded, the dispatch stays the handler's",
+                    step.status
+                )));
+            }
+            Some(_) => {}
+            None => {
+                return Err(KernelError::FailedPrecondition(format!(
+                    "suspended.waiting_on: {key} is not a step of run {}; nothing was recorded, the dispatch stays \
+                     the handler's",
+                    run.id
+                )));
+            }
+        }
+    }
     let handler = dispatch.kind == StepKind::Agent;
     let mut waiting = dispatch.clone();
     waiting.lease_expires_at = None;
+    waiting.status = StepStatus::Suspended;
     let mut run = run.clone();
-    if settled {
-        waiting.status = StepStatus::Pending;
-    } else {
-        waiting.status = StepStatus::Suspended;
-        if handler {
-            run.status = RunStatus::Suspended;
-            run.suspensions += 1;
-            run.updated_at = now;
-        }
+    if handler {
+        run.status = RunStatus::Suspended;
+        run.suspensions += 1;
+        run.updated_at = now;
     }
     let payload = Suspended {
         step_key: dispatch.key.to_string(),
         attempt: dispatch.attempts,
         dispatch_id: dispatch.dispatch_id.clone(),
         worker: dispatch.worker.clone(),
-        waiting_on: waiting_on.iter().flatten().map(|s| s.key.to_string()).collect(),
-        next: if settled { Next::Redispatch } else { Next::Wait },
+        waiting_on: names,
+        next: Next::Wait,
     };
     let event = if handler {
         AgentSuspended::Steps(payload).event()
     } else {
         ToolSuspended(payload).event()
     };
-    (StepChange { step: waiting, event }, run)
+    Ok((StepChange { step: waiting, event }, run))
+}
+
+/// Whether `dispatch` may wait on `step`: a handler on its own tool calls and subagents, a tool
+/// call's body on the subagents it started. Only these wake it when they settle.
+pub fn may_await(dispatch: &StepRecord, step: &StepRecord) -> bool {
+    if step.run_id != dispatch.run_id {
+        return false;
+    }
+    match dispatch.kind {
+        StepKind::Agent => matches!(step.kind, StepKind::Tool | StepKind::Subagent) && step.key.waiter().is_none(),
+        StepKind::Tool => step.kind == StepKind::Subagent && step.key.waiter().as_ref() == Some(&dispatch.key),
+        StepKind::Local | StepKind::Subagent => false,
+    }
 }
 
 /// A new run of session `session` whose earlier run has not ended waits for it before its first
@@ -721,11 +768,13 @@ mod tests {
             NOW,
         )
         .step;
-        suspend(run, dispatch, &[Some(waiting)], NOW).1
+        suspend(run, dispatch, &[(waiting.key.clone(), Some(waiting))], NOW)
+            .expect("an unsettled subagent may be waited on")
+            .1
     }
 
-    #[test]
-    fn a_suspension_waits_unless_what_it_awaits_settled_on_the_way() {
+    /// A running handler of a running hosted run, and a subagent it waits on.
+    fn handler_waiting_on_a_child() -> (RunRecord, StepRecord, StepRecord) {
         let mut run = hosted_run();
         run.status = RunStatus::Running;
         let dispatch = started(&run, "d1", 1);
@@ -736,13 +785,125 @@ mod tests {
             NOW,
         )
         .step;
-        let (suspended, after) = suspend(&run, &dispatch, &[Some(waiting.clone())], NOW);
+        (run, dispatch, waiting)
+    }
+
+    fn named(step: &StepRecord) -> (StepKey, Option<StepRecord>) {
+        (step.key.clone(), Some(step.clone()))
+    }
+
+    fn refusal(result: Result<(StepChange, RunRecord), KernelError>) -> String {
+        match result {
+            Ok((change, _)) => panic!("accepted: {:?}", change.step.status),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_suspension_naming_unsettled_steps_it_awaits_suspends_the_dispatch_and_the_run() {
+        let (run, dispatch, waiting) = handler_waiting_on_a_child();
+        let mut call = step();
+        call.run_id = run.id.clone();
+        call.key = StepKey::for_call(2, 0, None);
+        call.status = StepStatus::AwaitingApproval;
+        let (suspended, after) = suspend(&run, &dispatch, &[named(&waiting), named(&call)], NOW).unwrap();
         assert_eq!(suspended.step.status, StepStatus::Suspended);
+        assert_eq!(suspended.step.lease_expires_at, None);
+        assert_eq!(suspended.event.kind, EventType::AgentSuspended);
+        assert_eq!(
+            suspended.event.payload["waiting_on"],
+            serde_json::json!(["subagent:researcher#0", "t2/p0"])
+        );
+        assert_eq!(suspended.event.payload["next"], "wait");
         assert_eq!((after.status, after.suspensions), (RunStatus::Suspended, 1));
+    }
+
+    #[test]
+    fn a_suspension_naming_nothing_is_refused() {
+        let (run, dispatch, _) = handler_waiting_on_a_child();
+        let refused = refusal(suspend(&run, &dispatch, &[], NOW));
+        assert!(refused.starts_with("suspended.waiting_on: "), "{refused}");
+    }
+
+    #[test]
+    fn a_suspension_naming_an_unknown_step_is_refused() {
+        let (run, dispatch, waiting) = handler_waiting_on_a_child();
+        let unknown = (StepKey::for_call(9, 0, None), None);
+        let refused = refusal(suspend(&run, &dispatch, &[unknown], NOW));
+        assert!(refused.contains("t9/p0 is not a step of run"), "{refused}");
+        // Steps of the run that this dispatch does not await: a local step, the handler's own
+        // dispatch, another call's subagent.
+        let mut other_call_child = waiting.clone();
+        other_call_child.key = StepKey::tool_subagent(&StepKey::for_call(0, 0, None), "researcher", 0);
+        for named_step in [local(2, "fetch", 0), dispatch.clone(), other_call_child] {
+            let refused = refusal(suspend(&run, &dispatch, &[named(&named_step)], NOW));
+            assert!(refused.contains("does not await"), "{}: {refused}", named_step.key);
+        }
+        // A tool body awaits only the subagents it started.
+        let mut call = step();
+        call.run_id = run.id.clone();
+        call.status = StepStatus::Running;
+        let mut its_child = waiting.clone();
+        its_child.key = StepKey::tool_subagent(&call.key, "researcher", 0);
+        assert!(suspend(&run, &call, &[named(&its_child)], NOW).is_ok());
+        let refused = refusal(suspend(&run, &call, &[named(&waiting)], NOW));
+        assert!(refused.contains("does not await"), "{refused}");
+        let mut elsewhere = its_child.clone();
+        elsewhere.run_id = crate::model::RunId::new();
+        let refused = refusal(suspend(&run, &call, &[named(&elsewhere)], NOW));
+        assert!(refused.contains("does not await"), "{refused}");
+    }
+
+    #[test]
+    fn a_suspension_naming_a_settled_step_is_refused() {
+        let (run, dispatch, waiting) = handler_waiting_on_a_child();
         let settled = child_ended(&waiting, &child(RunStatus::Completed), NOW).unwrap().step;
-        let (at_once, after) = suspend(&run, &dispatch, &[Some(waiting), Some(settled)], NOW);
-        assert_eq!(at_once.step.status, StepStatus::Pending, "no wake-up is lost");
-        assert_eq!(after.status, RunStatus::Running);
+        let refused = refusal(suspend(&run, &dispatch, &[named(&settled)], NOW));
+        assert!(
+            refused.starts_with("suspended.waiting_on: subagent:researcher#0 has settled (succeeded)"),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn a_suspension_naming_one_settled_or_unknown_step_among_unsettled_ones_is_refused() {
+        let (run, dispatch, waiting) = handler_waiting_on_a_child();
+        let mut second = subagent_step(
+            &run,
+            (2, StepKey::subagent("researcher", 1)),
+            &child(RunStatus::Pending),
+            NOW,
+        )
+        .step;
+        assert!(suspend(&run, &dispatch, &[named(&waiting), named(&second)], NOW).is_ok());
+        second = child_ended(&second, &child(RunStatus::Failed), NOW).unwrap().step;
+        let refused = refusal(suspend(&run, &dispatch, &[named(&waiting), named(&second)], NOW));
+        assert!(
+            refused.contains("subagent:researcher#1 has settled (failed)"),
+            "{refused}"
+        );
+        let unknown = (StepKey::subagent("writer", 0), None);
+        let refused = refusal(suspend(&run, &dispatch, &[named(&waiting), unknown], NOW));
+        assert!(refused.contains("subagent:writer#0 is not a step"), "{refused}");
+    }
+
+    #[test]
+    fn an_at_most_once_call_may_not_suspend() {
+        let (run, _, waiting) = handler_waiting_on_a_child();
+        let mut call = step();
+        call.run_id = run.id.clone();
+        call.status = StepStatus::Running;
+        call.idempotency = Idempotency::AtMostOnce;
+        let mut its_child = waiting;
+        its_child.key = StepKey::tool_subagent(&call.key, "researcher", 0);
+        let refused = refusal(suspend(&run, &call, &[named(&its_child)], NOW));
+        assert!(refused.contains("at_most_once"), "{refused}");
+    }
+
+    #[test]
+    fn a_suspended_dispatch_resumes_once_and_its_run_runs_again() {
+        let (run, dispatch, waiting) = handler_waiting_on_a_child();
+        let (suspended, _) = suspend(&run, &dispatch, &[named(&waiting)], NOW).unwrap();
         let resumed = resume(&suspended.step, "subagent:researcher#0").unwrap();
         assert_eq!(
             (resumed.step.status, resumed.event.kind),

@@ -1894,13 +1894,82 @@ async fn a_suspended_handler_is_woken_in_the_commit_that_settles_its_call(f: Fix
         RunStatus::Running,
         "after agent:resumed the run is no longer suspended, though its handler waits for a slot"
     );
-    // Dispatched again, it suspends on the settled call: pending at once, no wait.
-    start(&f.store, handler, "d2", 2, "s1").await.unwrap();
-    let mut again = suspend(vec![call_step.key.to_string()]);
-    again.dispatch_id = "d2".into();
-    again.attempt = 2;
-    let at_once = f.store.suspend_dispatch(again).await.unwrap().unwrap();
-    assert_eq!(at_once.status, StepStatus::Pending);
+}
+
+/// A suspension naming a settled step, an unknown one, or sent by an `at_most_once` call is refused
+/// and changes nothing at all: no event, the dispatch running under the same attempt and lease,
+/// the run as it was. The dispatch then settles as if it had never been sent.
+async fn a_refused_suspension_writes_nothing_and_the_dispatch_keeps_its_lease(f: Fixture) {
+    let (run, _, dispatch) = f.store.create_run_dispatching(hosted_run()).await.unwrap();
+    start(&f.store, &dispatch.unwrap(), "d1", 1, "s1").await.unwrap();
+    let mut turn = plan(
+        &run.id,
+        0,
+        vec![
+            call(0, 0, Some(tool("add", Idempotency::SafeToRetry)), "add", "{}"),
+            call(0, 1, Some(tool("pay", Idempotency::AtMostOnce)), "pay", "{}"),
+        ],
+    );
+    turn.fence = Some(fence("d1", 1));
+    let scheduled_calls = f.store.schedule_turn(turn).await.unwrap();
+    let (add, pay) = (scheduled(&scheduled_calls[0]), scheduled(&scheduled_calls[1]));
+    start(&f.store, &add, "c1", 1, "s1").await.unwrap();
+    start(&f.store, &pay, "c2", 1, "s1").await.unwrap();
+    f.store.record_result(returned("c1", "3")).await.unwrap().unwrap();
+    let suspend = |dispatch: &str, waiting_on: &[&str]| crate::store::SuspendReport {
+        dispatch_id: dispatch.into(),
+        attempt: 1,
+        session_id: "s1".into(),
+        waiting_on: waiting_on.iter().map(|k| (*k).to_owned()).collect(),
+    };
+    let before = (
+        events(&f.store, &run.id).await,
+        f.store.reads.steps(run.id.clone()).await.unwrap(),
+        f.store.reads.run(run.id.clone()).await.unwrap().unwrap(),
+    );
+    let refusals = [
+        (suspend("d1", &[add.key.as_str()]), "has settled (succeeded)"),
+        (suspend("d1", &[pay.key.as_str(), add.key.as_str()]), "has settled"),
+        (suspend("d1", &["t7/p0"]), "is not a step of run"),
+        (suspend("d1", &["agent"]), "does not await"),
+        (suspend("d1", &[]), "suspended.waiting_on: "),
+        (suspend("c2", &["subagent:t0/p1/researcher#0"]), "at_most_once"),
+    ];
+    for (report, why) in refusals {
+        let refused = f.store.suspend_dispatch(report.clone()).await.unwrap_err().to_string();
+        assert!(refused.contains(why), "{report:?}: {refused}");
+        let after = (
+            events(&f.store, &run.id).await,
+            f.store.reads.steps(run.id.clone()).await.unwrap(),
+            f.store.reads.run(run.id.clone()).await.unwrap().unwrap(),
+        );
+        assert_eq!(after.0.len(), before.0.len(), "{report:?} wrote an event");
+        assert_eq!(after.1, before.1, "{report:?} changed a step");
+        assert_eq!(after.2.status, before.2.status);
+        assert_eq!(after.2.suspensions, before.2.suspensions);
+    }
+    let handler = before.1.iter().find(|s| s.key == StepKey::agent()).unwrap();
+    assert_eq!(
+        (handler.status, handler.attempts, handler.dispatch_id.as_deref()),
+        (StepStatus::Running, 1, Some("d1"))
+    );
+    assert!(handler.lease_expires_at.is_some(), "{handler:?}");
+
+    // Both still hold what they held: the call's result and the handler's output are recorded.
+    let paid = f
+        .store
+        .record_result(returned("c2", "\"paid\""))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(paid.status, StepStatus::Succeeded);
+    let done = f.store.record_result(returned("d1", "1")).await.unwrap().unwrap();
+    assert_eq!(done.status, StepStatus::Succeeded);
+    assert_eq!(
+        f.store.reads.run(run.id.clone()).await.unwrap().unwrap().status,
+        RunStatus::Completed
+    );
+    assert_gap_free(&events(&f.store, &run.id).await);
 }
 
 /// A call of `name` on resource instance `repo:acme` (and the bare kind `workspace`, no lock),
@@ -2124,6 +2193,7 @@ on_both_stores!(a_finished_run_is_deleted_whole_and_a_run_in_flight_is_refused);
 on_both_stores!(a_range_of_a_runs_log_is_that_slice_of_the_whole);
 on_both_stores!(a_hosted_run_records_steps_only_from_the_attempt_holding_its_dispatch);
 on_both_stores!(a_suspended_handler_is_woken_in_the_commit_that_settles_its_call);
+on_both_stores!(a_refused_suspension_writes_nothing_and_the_dispatch_keeps_its_lease);
 on_both_stores!(a_resource_lock_is_held_exactly_while_its_call_runs_whatever_ends_it);
 on_both_stores!(a_start_on_an_instance_another_call_holds_is_refused_naming_it);
 

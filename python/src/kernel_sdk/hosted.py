@@ -310,6 +310,8 @@ class _Durable:
         if key in self.keys:
             self.keys.remove(key)
             self.waits.drop_key(key)
+            # A handler holding its slot after a refused suspension may offer the rest now.
+            self.waits.touch()
 
     def end(self) -> None:
         self.waits.durable -= 1
@@ -695,9 +697,11 @@ class AgentContext:
             self._waits.active -= 1
             self._waits.touch()
 
-    async def _suspendable(self) -> list[str]:
+    async def _suspendable(self, refused: Sequence[str] = ()) -> list[str]:
         """Returns the steps waited on once every active operation has waited durably long
-        enough: the handler may then give back its slot."""
+        enough: the handler may then give back its slot. Never `refused`, the steps of a
+        suspension the kernel refused: the handler waits on, holding its slot, until what it
+        awaits changes."""
         waits = self._waits
         while True:
             waits.changed.clear()
@@ -709,7 +713,10 @@ class AgentContext:
                 await asyncio.wait_for(waits.changed.wait(), after)
             except TimeoutError:
                 if waits.after() == after:
-                    return sorted(waits.keys)
+                    keys = sorted(waits.keys)
+                    if keys != list(refused):
+                        return keys
+                    await waits.changed.wait()
 
 
 def _step_outcome(step: common_pb2.Step) -> Any:

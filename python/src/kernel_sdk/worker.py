@@ -264,6 +264,9 @@ class _Session:
     )
     questions: set[asyncio.Task[None]] = field(default_factory=set)
     """Approval predicates being evaluated, kept until they answer."""
+    suspensions: dict[str, tuple[int, asyncio.Future[bool]]] = field(default_factory=dict)
+    """Suspensions sent and not answered yet, by dispatch id: each future says whether the
+    kernel refused it and left the dispatch ours."""
     next_request: int = 0
     closed: bool = False
     hosted: hosted_pb2_grpc.HostedServiceStub | None = None
@@ -424,7 +427,11 @@ class _Session:
                 running.cancellation.set(cancel.reason or "cancelled")
         elif kind == "result_ack":
             ack = message.result_ack
-            if not ack.accepted:
+            pending = self.suspensions.get(ack.dispatch_id)
+            if pending is not None and pending[0] == ack.attempt:
+                del self.suspensions[ack.dispatch_id]
+                self._answered(ack, pending[1])
+            elif not ack.accepted:
                 logger.warning(
                     "result not recorded dispatch_id=%s attempt=%d reason=%s",
                     ack.dispatch_id,
@@ -444,6 +451,55 @@ class _Session:
             asking.add_done_callback(self.questions.discard)
         elif kind == "welcome":
             logger.warning("second welcome on an open session ignored")
+
+    def _answered(self, ack: workers_pb2.ResultAck, waiting: asyncio.Future[bool]) -> None:
+        """The kernel's word on a suspension, to the handler that sent it."""
+        kept = not ack.accepted and ack.still_held
+        if ack.accepted:
+            logger.debug(
+                "suspension recorded dispatch_id=%s attempt=%d", ack.dispatch_id, ack.attempt
+            )
+        elif kept:
+            logger.info(
+                "suspension refused, the dispatch goes on here dispatch_id=%s attempt=%d reason=%s",
+                ack.dispatch_id,
+                ack.attempt,
+                ack.reason,
+            )
+        else:
+            logger.warning(
+                "suspension not recorded, the dispatch is no longer ours dispatch_id=%s attempt=%d "
+                "reason=%s",
+                ack.dispatch_id,
+                ack.attempt,
+                ack.reason,
+            )
+        if not waiting.done():
+            waiting.set_result(kept)
+
+    async def _suspend(
+        self, run: workers_pb2.RunDispatch, waiting_on: list[str], cancellation: Cancellation
+    ) -> bool:
+        """Offers a handler's slot back while it waits on `waiting_on`; tells whether the kernel
+        refused and left the dispatch ours, so the handler goes on. A cancellation while the
+        answer is awaited counts as kept: the caller handles it as any cancellation."""
+        if self.closed:
+            return False
+        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.suspensions[run.dispatch_id] = (run.attempt, answer)
+        logger.info(
+            "dispatch waits durably, giving back its slot run_id=%s waiting_on=%s",
+            run.run_id,
+            ",".join(waiting_on),
+        )
+        self.send(wire.suspended(run.dispatch_id, run.attempt, waiting_on))
+        try:
+            if not await _first(answer, cancellation.wait()):
+                return True
+            return answer.result()
+        finally:
+            if self.suspensions.get(run.dispatch_id) == (run.attempt, answer):
+                del self.suspensions[run.dispatch_id]
 
     async def _answer(self, question: workers_pb2.ApprovalQuestion) -> None:
         """Evaluates a tool's Python approval predicate on a call's arguments, for the kernel to
@@ -511,13 +567,13 @@ class _Session:
             outcome = ToolError.fatal(_failure(error))
         elapsed_ms = (time.monotonic() - started) * 1000
         if isinstance(outcome, _Suspend):
+            # The kernel took the suspension already.
             logger.info(
                 "dispatch waits durably, slot given back run_id=%s elapsed_ms=%d waiting_on=%s",
                 run.run_id,
                 elapsed_ms,
                 ",".join(outcome.waiting_on),
             )
-            self.send(wire.suspended(run.dispatch_id, run.attempt, outcome.waiting_on))
             return
         if isinstance(outcome, ToolError):
             logger.info(
@@ -572,21 +628,32 @@ class _Session:
                 dispatch, stub, auth, history, cancellation, traceparent=run.traceparent
             )
             handler = asyncio.ensure_future(hosted.handle(ctx, input))
-            suspendable = asyncio.ensure_future(ctx._suspendable())
             stop = asyncio.ensure_future(cancellation.wait())
+            # A suspension the kernel refused (a step settled on the way) leaves the handler
+            # running: it goes on waiting, and gets that step's outcome as it would have.
+            refused: list[str] = []
             try:
-                done, _ = await asyncio.wait(
-                    {handler, suspendable, stop}, return_when=asyncio.FIRST_COMPLETED
-                )
+                while True:
+                    suspendable = asyncio.ensure_future(ctx._suspendable(refused))
+                    try:
+                        done, _ = await asyncio.wait(
+                            {handler, suspendable, stop}, return_when=asyncio.FIRST_COMPLETED
+                        )
+                    finally:
+                        suspendable.cancel()
+                    if handler in done or stop in done:
+                        break
+                    waiting_on = suspendable.result()
+                    if not await self._suspend(run, waiting_on, cancellation):
+                        # Given back: the handler is dropped where it waits; its recorded steps
+                        # stand, and it runs again from the start when dispatched again.
+                        handler.cancel()
+                        return _Suspend(waiting_on)
+                    refused = waiting_on
             finally:
-                suspendable.cancel()
                 stop.cancel()
             if handler not in done:
-                # Given back or cancelled: the handler is dropped where it waits; its recorded
-                # steps stand, and it runs again from the start when dispatched again.
                 handler.cancel()
-                if suspendable in done and not suspendable.cancelled():
-                    return _Suspend(suspendable.result())
                 raise ToolError.retryable("run dispatch cancelled, handler dropped")
             # A handler that diverged fails the run with the divergence, even if it caught it.
             if ctx.diverged is not None:
@@ -704,6 +771,10 @@ class _Session:
             if not waiting.done():
                 waiting.set_exception(ToolError.retryable("cache unavailable: worker session lost"))
         self.cache_waiting.clear()
+        for _, answer in self.suspensions.values():
+            if not answer.done():
+                answer.set_result(False)
+        self.suspensions.clear()
 
 
 async def _first(awaitable: Any, cancelled: Any) -> bool:

@@ -142,6 +142,9 @@ impl Durable {
                 waits.keys.remove(key);
             }
         }
+        drop(waits);
+        // A handler holding its slot after a refused suspension may offer the rest now.
+        self.ctx.inner.changed.notify_waiters();
     }
 }
 
@@ -278,19 +281,29 @@ impl AgentContext {
 
     /// Resolves with the steps waited on once every active operation has waited durably for
     /// [`SUSPEND_AFTER`] (at least one of them on a person or a child) or [`SUSPEND_AFTER_CALLS`]
-    /// (on tool calls alone): the handler may then give back its slot.
-    pub(crate) async fn suspendable(&self) -> Vec<String> {
+    /// (on tool calls alone): the handler may then give back its slot. Never with `refused`, the
+    /// steps of a suspension the kernel refused: the handler waits on, holding its slot, until
+    /// what it awaits changes.
+    pub(crate) async fn suspendable(&self, refused: &[String]) -> Vec<String> {
         loop {
             let changed = self.inner.changed.notified();
             match self.waits_durably() {
-                Some(after) => tokio::select! {
-                    _ = changed => continue,
-                    _ = tokio::time::sleep(after) => {
-                        if self.waits_durably() == Some(after) {
-                            return self.inner.waits.lock().expect("waits poisoned").keys.keys().cloned().collect();
+                Some(after) => {
+                    let again = self.inner.changed.notified();
+                    tokio::select! {
+                        _ = changed => continue,
+                        _ = tokio::time::sleep(after) => {
+                            if self.waits_durably() == Some(after) {
+                                let keys: Vec<String> =
+                                    self.inner.waits.lock().expect("waits poisoned").keys.keys().cloned().collect();
+                                if keys != refused {
+                                    return keys;
+                                }
+                                again.await;
+                            }
                         }
                     }
-                },
+                }
                 None => changed.await,
             }
         }

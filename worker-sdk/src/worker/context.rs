@@ -259,7 +259,9 @@ impl ToolContext {
     /// worker slot after 100 ms (so children can run on the same worker): the body is dropped,
     /// and once a child ends the call runs again from the start (next attempt, same idempotency
     /// key), getting the children's outcomes at once. So start subagents before the body's
-    /// effects, or make those idempotent. An `at_most_once` call keeps its slot.
+    /// effects, or make those idempotent. An `at_most_once` call keeps its slot. When the kernel
+    /// refuses to take the slot back (a child ended on the way), the body is not dropped: it goes
+    /// on waiting and gets the child's outcome as it would have.
     pub fn subagent(&self, agent: impl Into<String>, input: Value) -> ToolSubagent {
         ToolSubagent {
             ctx: self.clone(),
@@ -315,8 +317,10 @@ impl ToolContext {
     }
 
     /// Resolves with the subagent steps waited on once the body has waited on subagents for
-    /// [`SUSPEND_AFTER`] without a change: the call may then give back its slot.
-    pub(crate) async fn suspendable(&self) -> Vec<String> {
+    /// [`SUSPEND_AFTER`] without a change: the call may then give back its slot. Never with
+    /// `refused`, the steps of a suspension the kernel refused: the body waits on, holding its
+    /// slot, until what it awaits changes.
+    pub(crate) async fn suspendable(&self, refused: &[String]) -> Vec<String> {
         loop {
             let changed = self.subagents.changed.notified();
             let waiting: Vec<String> = self
@@ -327,7 +331,7 @@ impl ToolContext {
                 .keys()
                 .cloned()
                 .collect();
-            if waiting.is_empty() {
+            if waiting.is_empty() || waiting == refused {
                 changed.await;
                 continue;
             }

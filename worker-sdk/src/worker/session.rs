@@ -6,7 +6,10 @@
 //! runs on its own task, which sends its result on the outbound channel; a separate task sends
 //! heartbeats so a busy tool never starves the lease. A tool's cache request registers its reply
 //! with the session task, then goes out on the outbound channel; the task routes the kernel's
-//! answer back by request id, and a lost session fails whatever is still waiting.
+//! answer back by request id, and a lost session fails whatever is still waiting. A suspension
+//! is registered the same way: its task waits for the kernel's answer, and goes on with the
+//! handler (or tool body) it kept when the kernel refuses the suspension but leaves it the
+//! dispatch.
 //!
 //! A session ends in one of three ways: drained after shutdown (`Ok`), refused by the kernel
 //! before its Welcome (permanent), or lost (transient: the worker reconnects). Results of calls
@@ -138,6 +141,8 @@ pub(crate) enum Inbound {
         dispatch: DispatchRef,
         accepted: bool,
         reason: String,
+        /// On a refused suspension: the dispatch is still ours, and its task goes on.
+        still_held: bool,
     },
     Cache {
         request_id: u64,
@@ -286,6 +291,7 @@ pub(crate) async fn run(
     tokio::spawn(send_heartbeats(tx.clone(), heartbeat, session_token.clone()));
 
     let (cache_tx, cache_rx) = mpsc::unbounded_channel();
+    let (suspend_tx, suspend_rx) = mpsc::unbounded_channel();
     let session = Session {
         config: Arc::clone(config),
         slots: Arc::clone(slots),
@@ -296,6 +302,9 @@ pub(crate) async fn run(
         cache_tx,
         cache_rx,
         cache_pending: HashMap::new(),
+        suspend_tx,
+        suspend_rx,
+        suspensions: HashMap::new(),
         hosted,
     };
     session
@@ -320,6 +329,61 @@ async fn send_heartbeats(tx: mpsc::Sender<Outbound>, every: Duration, token: Can
     }
 }
 
+/// A suspension sent, waiting for the kernel's answer: `true` when the kernel refused it and the
+/// dispatch is still ours.
+struct PendingSuspension {
+    dispatch: DispatchRef,
+    reply: oneshot::Sender<bool>,
+}
+
+/// How a dispatch's task gives back its slot: it sends a suspension and waits for the answer.
+#[derive(Clone)]
+struct Suspender {
+    dispatch: DispatchRef,
+    tx: mpsc::Sender<Outbound>,
+    register: mpsc::UnboundedSender<PendingSuspension>,
+}
+
+/// The kernel's word on a suspension.
+#[derive(Debug, PartialEq, Eq)]
+enum Suspension {
+    /// Taken (or the dispatch is no longer ours, or the session is gone): the task ends here,
+    /// dropping the handler or body where it waits.
+    GivenBack,
+    /// Refused, the dispatch still ours: the task goes on as if it had never been sent.
+    Kept,
+}
+
+impl Suspender {
+    /// Offers the dispatch's slot back while it waits on `waiting_on`. Cancellation while the
+    /// answer is awaited counts as kept, so the caller handles it as it handles any cancellation.
+    async fn offer(&self, waiting_on: Vec<String>, token: &CancellationToken) -> Suspension {
+        let (reply, answer) = oneshot::channel();
+        let pending = PendingSuspension {
+            dispatch: self.dispatch.clone(),
+            reply,
+        };
+        if self.register.send(pending).is_err() {
+            return Suspension::GivenBack;
+        }
+        info!(waiting_on = ?waiting_on, "dispatch waits durably, giving back its slot");
+        let message = Outbound::Suspended {
+            dispatch: self.dispatch.clone(),
+            waiting_on,
+        };
+        if self.tx.send(message).await.is_err() {
+            return Suspension::GivenBack;
+        }
+        tokio::select! {
+            answer = answer => match answer {
+                Ok(true) => Suspension::Kept,
+                _ => Suspension::GivenBack,
+            },
+            _ = token.cancelled() => Suspension::Kept,
+        }
+    }
+}
+
 /// A call in flight, by dispatch id.
 struct Running {
     attempt: u32,
@@ -338,6 +402,11 @@ struct Session {
     cache_rx: mpsc::UnboundedReceiver<PendingCache>,
     /// Replies awaited, by request id.
     cache_pending: HashMap<u64, oneshot::Sender<CacheReply>>,
+    /// Where dispatches register the suspensions they send; dropped with the session.
+    suspend_tx: mpsc::UnboundedSender<PendingSuspension>,
+    suspend_rx: mpsc::UnboundedReceiver<PendingSuspension>,
+    /// Suspensions awaiting the kernel's answer, by dispatch id.
+    suspensions: HashMap<String, PendingSuspension>,
     /// What hosted handlers record their operations through.
     hosted: HostedServiceClient<Channel>,
 }
@@ -387,6 +456,9 @@ impl Session {
                 // its registration is always seen before its answer.
                 Some(pending) = self.cache_rx.recv() => {
                     self.cache_pending.insert(pending.request_id, pending.reply);
+                }
+                Some(pending) = self.suspend_rx.recv() => {
+                    self.suspensions.insert(pending.dispatch.id.clone(), pending);
                 }
                 message = inbound.message() => match message {
                     Ok(Some(message)) => match wire::inbound(message) {
@@ -438,8 +510,24 @@ impl Session {
                 dispatch,
                 accepted,
                 reason,
+                still_held,
             } => {
-                if accepted {
+                let suspension = match self.suspensions.get(&dispatch.id) {
+                    Some(pending) if pending.dispatch.attempt == dispatch.attempt => {
+                        self.suspensions.remove(&dispatch.id)
+                    }
+                    _ => None,
+                };
+                if let Some(pending) = suspension {
+                    if accepted {
+                        debug!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, "suspension recorded");
+                    } else if still_held {
+                        info!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, reason, "suspension refused, the dispatch goes on here");
+                    } else {
+                        warn!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, reason, "suspension not recorded, the dispatch is no longer ours");
+                    }
+                    let _ = pending.reply.send(!accepted && still_held);
+                } else if accepted {
                     debug!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, "result recorded");
                 } else {
                     warn!(dispatch_id = %dispatch.id, attempt = dispatch.attempt, reason, "result not recorded");
@@ -500,10 +588,15 @@ impl Session {
                 attempt: request.call.attempt,
             },
         };
+        let suspender = self.suspender(DispatchRef {
+            id: call.dispatch_id.clone(),
+            attempt: call.attempt,
+        });
         let job = Job {
             tool: self.config.tools.get(&request.tool).cloned(),
             request,
             token,
+            suspender,
             tx: self.tx.clone(),
             cache: self.cache_tx.clone(),
             slots: Arc::clone(&self.slots),
@@ -545,6 +638,7 @@ impl Session {
         let job = HostedJob {
             agent: self.config.agents.get(&request.agent).cloned(),
             request,
+            suspender: self.suspender(dispatch.clone()),
             dispatch,
             token,
             tx: self.tx.clone(),
@@ -553,6 +647,14 @@ impl Session {
             api_key: self.config.api_key.clone(),
         };
         self.tasks.spawn(job.run().instrument(span));
+    }
+
+    fn suspender(&self, dispatch: DispatchRef) -> Suspender {
+        Suspender {
+            dispatch,
+            tx: self.tx.clone(),
+            register: self.suspend_tx.clone(),
+        }
     }
 
     fn finished(&mut self, dispatch: &DispatchRef) {
@@ -571,6 +673,7 @@ struct Job {
     tool: Option<Tool>,
     request: DispatchRequest,
     token: CancellationToken,
+    suspender: Suspender,
     tx: mpsc::Sender<Outbound>,
     cache: mpsc::UnboundedSender<PendingCache>,
     slots: Arc<Semaphore>,
@@ -595,6 +698,7 @@ impl Job {
             tool,
             request,
             token,
+            suspender,
             tx,
             cache,
             slots,
@@ -628,13 +732,22 @@ impl Job {
         // A call that may run again gives back its slot while its body waits on subagents alone.
         let may_suspend = tool.definition().options.idempotency != crate::tool::Idempotency::AtMostOnce;
         let mut call = tool.call(ctx.clone(), args);
-        tokio::select! {
-            result = &mut call => result.map(Handled::Returned),
-            waiting_on = ctx.suspendable(), if may_suspend => Ok(Handled::Suspended(waiting_on)),
-            _ = token.cancelled() => match tokio::time::timeout(CANCEL_GRACE, call).await {
-                Ok(result) => result.map(Handled::Returned),
-                Err(_) => Err(cancelled()),
-            },
+        // A suspension the kernel refused leaves the body running: it goes on waiting.
+        let mut refused = Vec::new();
+        loop {
+            tokio::select! {
+                result = &mut call => return result.map(Handled::Returned),
+                waiting_on = ctx.suspendable(&refused), if may_suspend => {
+                    match suspender.offer(waiting_on.clone(), &token).await {
+                        Suspension::GivenBack => return Ok(Handled::Suspended),
+                        Suspension::Kept => refused = waiting_on,
+                    }
+                }
+                _ = token.cancelled() => return match tokio::time::timeout(CANCEL_GRACE, call).await {
+                    Ok(result) => result.map(Handled::Returned),
+                    Err(_) => Err(cancelled()),
+                },
+            }
         }
     }
 }
@@ -643,6 +756,7 @@ impl Job {
 struct HostedJob {
     agent: Option<Agent>,
     request: RunRequest,
+    suspender: Suspender,
     dispatch: DispatchRef,
     token: CancellationToken,
     tx: mpsc::Sender<Outbound>,
@@ -673,6 +787,7 @@ impl HostedJob {
         let HostedJob {
             agent,
             request,
+            suspender,
             token,
             slots,
             client,
@@ -696,12 +811,24 @@ impl HostedJob {
             .await
             .map_err(|error| ToolError::retryable(format!("cannot load the run's history: {error}")))?;
         debug!(recorded = history.len(), "handler starting");
-        let ctx = AgentContext::new(request.dispatch, client, api_key, history, token);
+        let ctx = AgentContext::new(request.dispatch, client, api_key, history, token.clone());
         // When everything the handler awaits waits on something durable, it is dropped and
-        // its slot given back; the kernel dispatches the run again when one of them settles.
-        let outcome = tokio::select! {
-            outcome = agent.handle(ctx.clone(), input) => outcome,
-            waiting_on = ctx.suspendable() => return Ok(Handled::Suspended(waiting_on)),
+        // its slot given back; the kernel dispatches the run again when one of them settles. A
+        // suspension the kernel refused (a step settled on the way) leaves the handler running:
+        // it goes on waiting, and gets that step's outcome as it would have.
+        let handling = agent.handle(ctx.clone(), input);
+        tokio::pin!(handling);
+        let mut refused = Vec::new();
+        let outcome = loop {
+            tokio::select! {
+                outcome = &mut handling => break outcome,
+                waiting_on = ctx.suspendable(&refused) => {
+                    match suspender.offer(waiting_on.clone(), &token).await {
+                        Suspension::GivenBack => return Ok(Handled::Suspended),
+                        Suspension::Kept => refused = waiting_on,
+                    }
+                }
+            }
         };
         // A handler that diverged fails the run with the divergence, even if it caught it.
         if let Some(diverged) = ctx.diverged() {
@@ -713,8 +840,8 @@ impl HostedJob {
     }
 }
 
-/// Tells the kernel how a dispatch (a call, or a run's handler) ended here: its slot given back
-/// while it waits, or its outcome.
+/// Tells the kernel how a dispatch (a call, or a run's handler) ended here: its outcome (a
+/// suspension was sent, and answered, before).
 async fn report(
     tx: &mpsc::Sender<Outbound>,
     dispatch: DispatchRef,
@@ -723,12 +850,10 @@ async fn report(
 ) -> DispatchRef {
     let elapsed_ms = started.elapsed().as_millis() as u64;
     let message = match outcome {
-        Ok(Handled::Suspended(waiting_on)) => {
-            info!(elapsed_ms, waiting_on = ?waiting_on, "dispatch waits durably, slot given back");
-            Outbound::Suspended {
-                dispatch: dispatch.clone(),
-                waiting_on,
-            }
+        // The kernel has its suspension already.
+        Ok(Handled::Suspended) => {
+            info!(elapsed_ms, "dispatch waits durably, slot given back");
+            return dispatch;
         }
         Ok(Handled::Returned(value)) => {
             info!(elapsed_ms, "dispatch succeeded");
@@ -754,7 +879,8 @@ async fn report(
 /// How a dispatch ended on this worker.
 enum Handled {
     Returned(Value),
-    Suspended(Vec<String>),
+    /// Its slot given back: the kernel took its suspension.
+    Suspended,
 }
 
 fn cancelled() -> ToolError {

@@ -141,6 +141,7 @@ pub(crate) fn inbound(message: pb::OpenSessionResponse) -> Option<Inbound> {
             },
             accepted: ack.accepted,
             reason: ack.reason,
+            still_held: ack.still_held,
         },
         Down::ApprovalQuestion(question) => Inbound::ApprovalQuestion {
             question_id: question.question_id,

@@ -1,11 +1,10 @@
-//! A dispatch giving back its worker slot to wait on steps it awaits ([`hosted::suspend`]): its
-//! dispatch is suspended, or pending again at once when one of them settled on the way. An
-//! `at_most_once` call may not suspend: it could not run again.
+//! A dispatch giving back its worker slot to wait on steps it awaits ([`hosted::suspend`]): it must
+//! name what it waits on, each a step it awaits that has not settled; an `at_most_once` call may
+//! not suspend (it could not run again). A refused suspension changes nothing.
 
 use super::{Records, Result, apply_change, held_step};
-use crate::error::KernelError;
 use crate::machine::hosted;
-use crate::model::{Idempotency, StepKey, StepKind, StepRecord};
+use crate::model::{StepKey, StepRecord};
 
 /// A handler's suspension, as its worker reported it.
 #[derive(Clone, Debug)]
@@ -16,24 +15,25 @@ pub struct SuspendReport {
     pub waiting_on: Vec<String>,
 }
 
-/// Suspends the dispatch `report` names; `None` when it no longer holds its step.
+/// Suspends the dispatch `report` names, unless the machine refuses the suspension (`Err`: it names
+/// nothing, a step the dispatch does not await, or one settled already; or the dispatch runs an
+/// `at_most_once` call), which writes nothing and leaves the dispatch its lease. `None` when the
+/// dispatch no longer holds its step.
 pub fn apply<R: Records + ?Sized>(records: &mut R, report: SuspendReport) -> Result<Option<StepRecord>> {
     let Some(dispatch) = held_step(records, &report.dispatch_id, report.attempt, Some(&report.session_id))? else {
         return Ok(None);
     };
-    if dispatch.kind == StepKind::Tool && dispatch.idempotency == Idempotency::AtMostOnce {
-        return Err(KernelError::FailedPrecondition(format!(
-            "dispatch {} runs an at_most_once call, which may not run again: it cannot give back its slot",
-            report.dispatch_id
-        )));
-    }
     let run = records.run(&dispatch.run_id)?;
     let waiting = report
         .waiting_on
-        .iter()
-        .map(|key| records.find_step(&run.id, &StepKey::from_stored(key.clone())))
+        .into_iter()
+        .map(|key| {
+            let key = StepKey::from_stored(key);
+            let found = records.find_step(&run.id, &key)?;
+            Ok((key, found))
+        })
         .collect::<Result<Vec<_>>>()?;
-    let (change, run) = hosted::suspend(&run, &dispatch, &waiting, records.now());
+    let (change, run) = hosted::suspend(&run, &dispatch, &waiting, records.now())?;
     records.save_run(&run)?;
     Ok(Some(apply_change(records, change)?))
 }

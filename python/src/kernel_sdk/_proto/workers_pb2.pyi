@@ -212,16 +212,18 @@ class DispatchSuspended(_message.Message):
     def __init__(self, waiting_on: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ResultAck(_message.Message):
-    __slots__ = ("dispatch_id", "attempt", "accepted", "reason")
+    __slots__ = ("dispatch_id", "attempt", "accepted", "reason", "still_held")
     DISPATCH_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    STILL_HELD_FIELD_NUMBER: _ClassVar[int]
     dispatch_id: str
     attempt: int
     accepted: bool
     reason: str
-    def __init__(self, dispatch_id: _Optional[str] = ..., attempt: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    still_held: bool
+    def __init__(self, dispatch_id: _Optional[str] = ..., attempt: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., still_held: _Optional[bool] = ...) -> None: ...
 
 class CacheRequest(_message.Message):
     __slots__ = ("request_id", "dispatch_id", "attempt", "get", "set")
