@@ -71,6 +71,7 @@ pub mod branch;
 pub mod cancel;
 pub mod command;
 pub mod dispatch;
+pub mod durability;
 pub mod events;
 pub mod hosted;
 pub mod run;

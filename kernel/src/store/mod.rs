@@ -464,7 +464,7 @@ impl Store {
     }
 
     /// Records a turn as [`Store::record_turn`] does; `early` is handed the calls it started that
-    /// may go out before their start commits (`sync::dispatches_before_commit`), once the write
+    /// may go out before their start commits (`machine::durability::dispatches_before_commit`), once the write
     /// decided them and before it commits.
     pub async fn record_turn_dispatching(
         &self,

@@ -17,7 +17,7 @@ use super::checkpoint::Checkpoints;
 use super::live::LiveRuns;
 use super::ops::{self, Published, Tx};
 use super::sql::{Connection, PgConn};
-use super::sync::{SqliteSync, must_sync};
+use super::sync::SqliteSync;
 use super::{
     Answer, Answered, EndRun, Fence, LeaseLoss, LocalStep, LossOutcome, NewRun, ResultReport, StartDispatch, StepGate,
     StepRecorded, SubagentStart, SubagentStarted, SuspendReport, TurnPlan,
@@ -25,6 +25,7 @@ use super::{
 use crate::clock::Clock;
 use crate::error::KernelError;
 use crate::machine::command::{self, Records};
+use crate::machine::durability::must_sync;
 use crate::model::{AgentDef, RunId, RunRecord, StepKey, StepKind, StepRecord, ToolDef};
 
 /// The most commands folded into one transaction; bounds the latency of a batch.
@@ -112,11 +113,10 @@ impl Command {
         )
     }
 
-    /// Whether the command only counts something already durable, so its commit need not wait
-    /// for the disk: a replay count lost to a power cut loses nothing anyone was told (the
-    /// results it counts were durable before they were served). See [`super::sync`].
-    fn only_counts(&self) -> bool {
-        matches!(self, Command::NoteReplays(..))
+    /// Whether the command writes only notes when it appends no event: a count of replays, a
+    /// local step's allowance ([`crate::machine::durability::must_sync`]).
+    fn notes_only(&self) -> bool {
+        matches!(self, Command::NoteReplays(..) | Command::CheckStep(..))
     }
 
     /// Whether the command refuses only before its first write, so it can run without a
@@ -152,7 +152,7 @@ fn apply(tx: &mut Tx<'_>, command: Command, before_commit: &mut Option<BeforeCom
         Command::ScheduleTurn(plan, early, reply) => {
             let recorded = command::submit_turn::apply(tx, plan);
             if let (Some(early), Ok(recorded)) = (early, &recorded) {
-                let steps = super::sync::dispatches_before_commit(&recorded.calls);
+                let steps = crate::machine::durability::dispatches_before_commit(&recorded.calls);
                 if !steps.is_empty() {
                     *before_commit = Some(Box::new(move || early(steps)));
                 }
@@ -520,7 +520,7 @@ fn apply_isolated(
         cache,
     };
     let mut before_commit = None;
-    let only_counts = command.only_counts();
+    let notes_only = command.notes_only();
     let (responder, ok) = apply(&mut tx, command, &mut before_commit);
     if !ok {
         if conn.wrote_since(isolation) {
@@ -534,7 +534,7 @@ fn apply_isolated(
     }
     let finished = tx.finish();
     let applied = Applied {
-        sync: !only_counts && must_sync(&tx.published),
+        sync: must_sync(tx.published.iter().map(|p| (p.event.kind, p.step.as_ref())), notes_only),
         responder,
         published: tx.published,
         waiting: tx.waiting,
