@@ -681,111 +681,175 @@ pub fn run(
     };
     let mut stop = false;
     while let Some(first) = (!stop).then(|| next_command(&commands, &conn, &quiet)).flatten() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match commands.try_recv() {
-                Ok(Order::Write(next)) => batch.push(next),
-                Ok(Order::Stop) => {
-                    stop = true;
-                    break;
-                }
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-            }
-        }
+        let batch = take_batch(first, &commands, &mut stop);
         if let Err(message) = conn.ensure_open(&cache) {
             tracing::warn!(error = %message, "store unreachable, batch refused");
-            for command in batch {
-                fail_command(
-                    command,
-                    KernelError::Unavailable(format!("the database is unreachable: {message}")),
-                )(None);
-            }
+            let unreachable = || KernelError::Unavailable(format!("the database is unreachable: {message}"));
+            refuse_batch(batch, unreachable);
             continue;
         }
         let now = clock.now_millis();
         let began = std::time::Instant::now();
         let commands = batch.len();
-        let mut published = Vec::new();
         let epoch = match conn.begin() {
             Ok(epoch) => epoch,
             Err(message) => {
-                for command in batch {
-                    let error = if conn.is_closed() {
-                        KernelError::Unavailable(format!("the database is unreachable: {message}"))
-                    } else {
-                        KernelError::Store(message.clone())
-                    };
-                    fail_command(command, error)(None);
-                }
+                let closed = conn.is_closed();
+                refuse_batch(batch, || match closed {
+                    true => KernelError::Unavailable(format!("the database is unreachable: {message}")),
+                    false => KernelError::Store(message.clone()),
+                });
                 continue;
             }
         };
         cache.borrow_mut().check_epoch(epoch);
         let registry = batch.iter().any(Command::changes_registry);
         let applied = apply_batch((&conn, &cache), (replica, now), batch);
-        let (mut undone, flush_error) = match conn.undone() {
-            Ok(undone) => (undone.into_iter().collect::<HashMap<_, _>>(), None),
-            Err(error) => (HashMap::new(), Some(error)),
-        };
-        if !undone.is_empty() {
-            // Which rows the undone commands had changed is not worth tracking for so rare a case.
-            cache.borrow_mut().clear();
-        }
-        let mut waiting = Vec::new();
-        let mut sync = false;
-        let mut responders = Vec::with_capacity(applied.len());
-        let mut before_commit = Vec::new();
-        for (index, command) in applied.into_iter().enumerate() {
-            let mut command = match undone.remove(&index) {
-                Some(error) => command.undone(error),
-                None => command,
-            };
-            sync |= command.sync;
-            published.append(&mut command.published);
-            waiting.append(&mut command.waiting);
-            responders.push(command.responder);
-            before_commit.extend(command.before_commit);
-        }
-        let committing = std::time::Instant::now();
-        let committed = match flush_error {
-            None => {
-                // Every command's writes stand now but for the commit itself failing.
-                for early in before_commit {
-                    early();
-                }
-                conn.commit(replica, (&published, &waiting), (registry, sync))
-            }
-            Some(error) => Err(error),
-        };
-        let metrics = crate::metrics::get();
-        metrics.batch(
+        let gathered = gather(&conn, &cache, applied);
+        let batch = Batch {
             commands,
-            committing.elapsed(),
-            began.elapsed(),
-            committed.as_ref().ok().copied(),
-        );
-        metrics.statements(super::sql::take_statements());
-        let commit_error = committed.err();
-        if commit_error.is_some() {
-            let _ = conn.batch("ROLLBACK");
-            published.clear();
-            cache.borrow_mut().clear();
-        } else {
-            cache.borrow_mut().committed(epoch);
-            if let Some(live) = live {
-                live.committed(cache.borrow().born(&published), &published);
+            began,
+            registry,
+            epoch,
+        };
+        commit(&conn, (&cache, replica), batch, gathered, (live, &publish));
+    }
+}
+
+/// A batch as it began: how many commands, when, whether any changes the registry, and the
+/// epoch of the database the writer's memory is of.
+struct Batch {
+    commands: usize,
+    began: std::time::Instant,
+    registry: bool,
+    epoch: Option<i64>,
+}
+
+/// Commits what a batch gathered (rolling back on failure), publishes its events, then answers
+/// its commands.
+fn commit(
+    conn: &WriteConn,
+    (cache, replica): (&RefCell<Cache>, &str),
+    batch: Batch,
+    gathered: Gathered,
+    (live, publish): (Option<&LiveRuns>, &impl Fn(Vec<Published>)),
+) {
+    let committing = std::time::Instant::now();
+    let Gathered {
+        mut published,
+        waiting,
+        responders,
+        before_commit,
+        sync,
+        flush_error,
+    } = gathered;
+    let committed = match flush_error {
+        None => {
+            // Every command's writes stand now but for the commit itself failing.
+            for early in before_commit {
+                early();
             }
+            conn.commit(replica, (&published, &waiting), (batch.registry, sync))
         }
-        // Watchers hear of a commit before its writers are answered, so a caller whose write
-        // returned knows every subscriber already has the events.
-        if !published.is_empty() {
-            for item in &published {
-                metrics.committed(item);
-            }
-            publish(published);
-        }
-        for responder in responders {
-            responder(commit_error.as_deref());
+        Some(error) => Err(error),
+    };
+    let metrics = crate::metrics::get();
+    metrics.batch(
+        batch.commands,
+        committing.elapsed(),
+        batch.began.elapsed(),
+        committed.as_ref().ok().copied(),
+    );
+    metrics.statements(super::sql::take_statements());
+    let commit_error = committed.err();
+    if commit_error.is_some() {
+        let _ = conn.batch("ROLLBACK");
+        published.clear();
+        cache.borrow_mut().clear();
+    } else {
+        cache.borrow_mut().committed(batch.epoch);
+        if let Some(live) = live {
+            live.committed(cache.borrow().born(&published), &published);
         }
     }
+    // Watchers hear of a commit before its writers are answered, so a caller whose write
+    // returned knows every subscriber already has the events.
+    if !published.is_empty() {
+        for item in &published {
+            metrics.committed(item);
+        }
+        publish(published);
+    }
+    for responder in responders {
+        responder(commit_error.as_deref());
+    }
+}
+
+/// `first` and whatever else is queued, up to [`MAX_BATCH`] commands; `stop` is set when a stop
+/// order came among them.
+fn take_batch(first: Command, commands: &Receiver<Order>, stop: &mut bool) -> Vec<Command> {
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        match commands.try_recv() {
+            Ok(Order::Write(next)) => batch.push(next),
+            Ok(Order::Stop) => {
+                *stop = true;
+                break;
+            }
+            Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+        }
+    }
+    batch
+}
+
+/// Answers every command of a batch that could not begin with `error`.
+fn refuse_batch(batch: Vec<Command>, error: impl Fn() -> KernelError) {
+    for command in batch {
+        fail_command(command, error())(None);
+    }
+}
+
+/// What a batch's commands left for its commit: their events, waiting steps and answers, whether
+/// any must sync, and what goes out before the commit.
+struct Gathered {
+    published: Vec<Published>,
+    waiting: Vec<(StepKind, String)>,
+    responders: Vec<Responder>,
+    before_commit: Vec<BeforeCommit>,
+    sync: bool,
+    /// The deferred writes failed: the batch does not commit.
+    flush_error: Option<String>,
+}
+
+/// Gathers what the applied commands left, each command the database undid (a deferred write
+/// of its failed) answered with its error instead.
+fn gather(conn: &WriteConn, cache: &RefCell<Cache>, applied: Vec<Applied>) -> Gathered {
+    let (mut undone, flush_error) = match conn.undone() {
+        Ok(undone) => (undone.into_iter().collect::<HashMap<_, _>>(), None),
+        Err(error) => (HashMap::new(), Some(error)),
+    };
+    if !undone.is_empty() {
+        // Which rows the undone commands had changed is not worth tracking for so rare a case.
+        cache.borrow_mut().clear();
+    }
+    let mut gathered = Gathered {
+        published: Vec::new(),
+        waiting: Vec::new(),
+        responders: Vec::with_capacity(applied.len()),
+        before_commit: Vec::new(),
+        sync: false,
+        flush_error,
+    };
+    for (index, command) in applied.into_iter().enumerate() {
+        let mut command = match undone.remove(&index) {
+            Some(error) => command.undone(error),
+            None => command,
+        };
+        gathered.sync |= command.sync;
+        gathered.published.append(&mut command.published);
+        gathered.waiting.append(&mut command.waiting);
+        gathered.responders.push(command.responder);
+        gathered.before_commit.extend(command.before_commit);
+    }
+    gathered
 }
