@@ -10,7 +10,6 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::scheduler::Scheduler;
 use crate::store::Store;
 
 /// Runs ended per transaction, so other writes go on between batches.
@@ -19,8 +18,9 @@ const BATCH: usize = 100;
 /// times per limit, so no run outlives it by more than a quarter.
 const EVERY: Duration = Duration::from_secs(30);
 
-/// Fails the runs idle for `after` as abandoned, every so often, until shutdown.
-pub async fn abandon_idle_runs(store: Store, scheduler: Scheduler, after: Duration, shutdown: CancellationToken) {
+/// Fails the runs idle for `after` as abandoned, every so often, until shutdown (their steps are
+/// cancelled on their workers by the commit's effects).
+pub async fn abandon_idle_runs(store: Store, after: Duration, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(EVERY.min(after / 4).max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
@@ -46,7 +46,6 @@ pub async fn abandon_idle_runs(store: Store, scheduler: Scheduler, after: Durati
                     after_ms,
                     "run abandoned"
                 );
-                scheduler.cancel_steps(settled, "run failed: abandoned".to_owned());
             }
             if !full || shutdown.is_cancelled() {
                 break;

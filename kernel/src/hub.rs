@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::broadcast;
 
-use crate::model::{RunId, StepKey, StepRecord};
+use crate::model::{RunId, StepKey};
 use crate::store::Published;
 
 /// Per-run buffer, allocated when a run gets its first subscriber; a subscriber further behind
@@ -69,8 +69,6 @@ struct Channel {
 #[derive(Clone, Default)]
 pub struct Hub {
     runs: Arc<Mutex<HashMap<RunId, Channel>>>,
-    /// Where woken hosted dispatches go to be queued (the scheduler), once it runs.
-    ready: Arc<std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<StepRecord>>>,
     /// Where progress of this replica's workers goes for the other replicas (on PostgreSQL).
     replicas: Arc<std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<ProgressUpdate>>>,
     /// Where committed events go to become spans, with `--otlp-endpoint`.
@@ -146,11 +144,6 @@ impl Hub {
         self.send_events(published);
     }
 
-    /// Sends every hosted dispatch a commit woke (`agent:resumed`) to `ready`, to be queued.
-    pub fn on_ready(&self, ready: tokio::sync::mpsc::UnboundedSender<StepRecord>) {
-        let _ = self.ready.set(ready);
-    }
-
     /// Sends what every commit publishes to `traces` too, to be exported as spans.
     pub fn on_commit_trace(&self, traces: crate::traces::Sink) {
         let _ = self.traces.set(traces);
@@ -165,15 +158,6 @@ impl Hub {
     pub fn publish_committed(&self, published: Vec<Published>) {
         if let Some(traces) = self.traces.get() {
             traces.committed(&published);
-        }
-        for item in &published {
-            if matches!(
-                item.event.kind,
-                crate::model::EventType::AgentResumed | crate::model::EventType::ToolResumed
-            ) && let (Some(ready), Some(step)) = (self.ready.get(), &item.step)
-            {
-                let _ = ready.send(step.clone());
-            }
         }
         self.send_events(published);
     }

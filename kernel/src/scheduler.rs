@@ -19,6 +19,7 @@ use tracing::{debug, info, warn};
 
 use crate::cluster::Offers;
 use crate::error::KernelError;
+use crate::machine::effects::Effect;
 use crate::machine::human_ms;
 use crate::model::{AgentDef, Millis, RunId, StepKey, StepKind, StepRecord, StepStatus, ToolDef};
 use crate::store::{LeaseLoss, LossOutcome, StartDispatch, Store};
@@ -162,6 +163,8 @@ enum Msg {
         session_id: String,
     },
     Enqueue(StepRecord),
+    /// What a commit left to do, in order.
+    Effects(Vec<Effect>),
     Started {
         dispatch_id: String,
         attempt: u32,
@@ -247,6 +250,10 @@ impl Scheduler {
         shutdown: CancellationToken,
     ) -> (Scheduler, impl std::future::Future<Output = ()> + Send + 'static) {
         let (tx, rx) = mpsc::unbounded_channel();
+        let effects = tx.clone();
+        store.on_effects(move |handed| {
+            let _ = effects.send(Msg::Effects(handed));
+        });
         let actor = Actor {
             config: config.clone(),
             store,
@@ -363,8 +370,9 @@ impl Scheduler {
 
     /// What became of reserved slots once the turn was written: a call started on its slot goes to
     /// its worker, unless the writer sent it before the commit ([`Scheduler::dispatch_early`]); a
-    /// slot whose call did not start (gated, settled at once, or the write failed) is given back,
-    /// and a call sent before a write that failed is cancelled on its worker.
+    /// slot whose call did not start (gated, settled at once, or the write failed) is given back
+    /// (a call recorded waiting, given as a pending step, is queued), and a call sent before a
+    /// write that failed is cancelled on its worker.
     pub fn reserved(&self, outcome: Vec<(StartDispatch, Option<StepRecord>)>) {
         if !outcome.is_empty() {
             self.send(Msg::Reserved(outcome));
@@ -667,6 +675,15 @@ impl Actor {
                 self.enqueue(step);
                 self.dispatch_ready();
             }
+            Msg::Effects(effects) => {
+                for effect in effects {
+                    match effect {
+                        Effect::Dispatch(step) => self.enqueue_committed(*step),
+                        Effect::Cancel { steps, reason } => self.cancel_steps(steps, &reason),
+                    }
+                }
+                self.dispatch_ready();
+            }
             Msg::Started {
                 dispatch_id,
                 attempt,
@@ -725,6 +742,12 @@ impl Actor {
                         continue;
                     }
                     match step {
+                        // Recorded without its start: the reservation goes, and the call is
+                        // queued as any other (its commit's effect found the reservation holding it).
+                        Some(step) if step.status == StepStatus::Pending => {
+                            self.release(&start.dispatch_id);
+                            self.enqueue(step);
+                        }
                         Some(step) => self.started(start.dispatch_id, start.attempt, Ok(Some(step))),
                         None => self.release(&start.dispatch_id),
                     }
@@ -991,7 +1014,7 @@ impl Actor {
         self.dispatch_ready();
     }
 
-    /// Records the loss in the store and requeues what may run again.
+    /// Records the loss in the store (whose commit requeues what may run again).
     fn lose(&self, dispatch_id: String, attempt: u32, reason: String) {
         let store = self.store.clone();
         let me = self.me.clone();
@@ -1004,9 +1027,9 @@ impl Actor {
                 })
                 .await
             {
+                // Queued again by the commit's effect.
                 Ok(LossOutcome::Requeued(step)) => {
                     info!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, reason, "lease lost, redispatching");
-                    let _ = me.send(Msg::Enqueue(step));
                 }
                 Ok(LossOutcome::Indeterminate(step)) => {
                     warn!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, reason, "lease lost, at_most_once call is indeterminate");
@@ -1118,6 +1141,20 @@ impl Actor {
         }
     }
 
+    /// Queues a step a commit just left waiting for a worker. The commit is the truth: an attempt
+    /// of it this scheduler still holds a lease on has ended in the record (its worker's answer
+    /// or loss is what the commit recorded), and its slot is given back when that answer's
+    /// handling reaches here; only a lease on a later attempt, already starting, holds it.
+    fn enqueue_committed(&mut self, step: StepRecord) {
+        let later = self
+            .leases
+            .values()
+            .any(|l| l.run_id == step.run_id && l.key == step.key && l.attempt > step.attempts);
+        if !later && !self.theirs(&step) {
+            self.queue.push(step, self.store.clock());
+        }
+    }
+
     /// Whether [`Self::enqueue`] queues `step`: no lease holds it, and it is not only another
     /// replica's to claim.
     fn would_enqueue(&self, step: &StepRecord) -> bool {
@@ -1126,12 +1163,15 @@ impl Actor {
                 && l.key == step.key
                 && (l.attempt > step.attempts || !matches!(l.state, LeaseState::Cancelling { .. }))
         });
-        // Another replica's sessions offer it and none here does: it is theirs to claim (their
-        // replica was told by this commit's notice, and their scan finds it too).
-        let theirs = self.config.replicated
+        !held && !self.theirs(step)
+    }
+
+    /// Another replica's sessions offer `step` and none here does: it is theirs to claim (their
+    /// replica was told by the commit's notice, and their scan finds it too).
+    fn theirs(&self, step: &StepRecord) -> bool {
+        self.config.replicated
             && !self.offered_here(step.kind, &step.tool)
-            && self.offered_elsewhere(step.kind, &step.tool);
-        !held && !theirs
+            && self.offered_elsewhere(step.kind, &step.tool)
     }
 
     /// Picks the least loaded session that can take `name` (a tool, or an agent for a run's
@@ -1553,7 +1593,6 @@ impl Actor {
             let attempt = lease.attempt;
             let outbound = self.sessions.get(&lease.session_id).map(|s| s.outbound.clone());
             let store = self.store.clone();
-            let me = self.me.clone();
             tokio::spawn(async move {
                 let recorded = store.time_out(dispatch_id.clone(), attempt).await;
                 // The worker is told to stop only once the timeout is durable: told first, it could
@@ -1567,9 +1606,9 @@ impl Actor {
                     });
                 }
                 match recorded {
+                    // Queued again, at its retry's time, by the commit's effect.
                     Ok(Some(step)) if step.status == StepStatus::Pending => {
                         info!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, "call timed out, retrying");
-                        let _ = me.send(Msg::Enqueue(step));
                     }
                     Ok(Some(step)) => {
                         info!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, "call timed out")

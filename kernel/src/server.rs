@@ -289,16 +289,6 @@ pub async fn run(
     for step in recovered {
         scheduler.enqueue(step);
     }
-    // Hosted dispatches a commit woke (a suspended handler whose wait settled, a session's next
-    // run) go to the scheduler; the in-flight scan finds any this misses.
-    let (ready, mut woken) = tokio::sync::mpsc::unbounded_channel();
-    hub.on_ready(ready);
-    let waker = scheduler.clone();
-    lifecycle.spawn("waker", async move {
-        while let Some(step) = woken.recv().await {
-            waker.enqueue(step);
-        }
-    });
 
     if let Database::Postgres(url) = &config.db {
         lifecycle.spawn(
@@ -372,12 +362,7 @@ pub async fn run(
         info!(after_ms, "idle external runs are failed as abandoned");
         lifecycle.spawn(
             "abandon",
-            crate::abandon::abandon_idle_runs(
-                store.clone(),
-                kernel.scheduler.clone(),
-                Duration::from_millis(after_ms),
-                shutdown.clone(),
-            ),
+            crate::abandon::abandon_idle_runs(store.clone(), Duration::from_millis(after_ms), shutdown.clone()),
         );
     }
 

@@ -82,7 +82,7 @@ pub async fn heartbeat(store: Store, scheduler: Scheduler, registry: Registry, s
                 scheduler.remote_offers(offers);
                 if since.elapsed() >= config.lease_ttl {
                     for row in dead {
-                        take_over(&store, &scheduler, row).await;
+                        take_over(&store, row).await;
                     }
                 }
             }
@@ -107,9 +107,10 @@ async fn beat(store: &Store, scheduler: &Scheduler, started_at: Millis) -> Resul
     store.reads.replicas().await
 }
 
-/// Records the loss of every lease a dead replica held, queues here what may run again (another
-/// replica hears of it through the commit's notice), and removes the dead replica's row.
-async fn take_over(store: &Store, scheduler: &Scheduler, row: ReplicaRow) {
+/// Records the loss of every lease a dead replica held (what may run again is queued here by the
+/// commits' effects; another replica hears of it through the commit's notice), and removes the
+/// dead replica's row.
+async fn take_over(store: &Store, row: ReplicaRow) {
     let reason = format!("kernel replica {} stopped renewing its leases", row.id);
     match lose_all(store, row.id.clone(), &reason).await {
         Ok((requeued, indeterminate)) => {
@@ -120,9 +121,6 @@ async fn take_over(store: &Store, scheduler: &Scheduler, row: ReplicaRow) {
                     indeterminate,
                     "took over a dead replica's leases"
                 );
-            }
-            for step in requeued {
-                scheduler.enqueue(step);
             }
             if let Err(error) = store.forget_replica(row.id.clone(), Some(row.heartbeat_at)).await {
                 warn!(replica = row.id, %error, "cannot remove a dead replica's row");

@@ -52,16 +52,8 @@ impl ApprovalApi {
             caller.may_answer(&asked.approvers)?;
         }
         let reason = (!reason.trim().is_empty()).then_some(reason);
-        let mut answered = self.0.store.answer_approval(id, answer, decider, reason).await?;
-        if !answered.ended.is_empty() {
-            let ended = std::mem::take(&mut answered.ended);
-            self.0
-                .scheduler
-                .cancel_steps(ended, "run failed: branch_unresumable".to_owned());
-        }
-        for step in answered.to_dispatch {
-            self.0.scheduler.enqueue(step);
-        }
+        // The approved call is queued, and an ended branch's steps cancelled, by the commit's effects.
+        let answered = self.0.store.answer_approval(id, answer, decider, reason).await?;
         let approval = answered
             .approvals
             .first()

@@ -221,7 +221,7 @@ impl HostedService for HostedApi {
         let mut local = local_step::sent(req.seq, req.step_id, req.occurrence, (effect, req.once));
         local.outcome = outcome;
         let recorded = self.0.store.record_step((run_id, fence), local, gate).await?;
-        let (step, replayed, diverged) = placed(&self.0, recorded);
+        let (step, replayed, diverged) = placed(recorded);
         let response = pb::RecordStepResponse {
             step,
             replayed,
@@ -301,11 +301,9 @@ impl HostedService for HostedApi {
             occurrence: req.occurrence,
             child,
         };
-        let (recorded, dispatch) = self.0.store.start_subagent(start).await?;
-        if let Some(dispatch) = dispatch {
-            self.0.scheduler.enqueue(*dispatch);
-        }
-        let (step, replayed, diverged) = placed(&self.0, recorded);
+        // The child's dispatch is queued by the commit's effects.
+        let (recorded, _) = self.0.store.start_subagent(start).await?;
+        let (step, replayed, diverged) = placed(recorded);
         let response = pb::StartSubagentResponse {
             step,
             replayed,
@@ -335,7 +333,7 @@ impl HostedService for HostedApi {
             }
             _ => None,
         };
-        let (step, _, diverged) = placed(&self.0, checked);
+        let (step, _, diverged) = placed(checked);
         Ok(Response::new(pb::CheckStepResponse {
             allowed: decided_by.is_some(),
             decided_by: decided_by.or(recorded).unwrap_or_default(),
@@ -383,26 +381,15 @@ impl HostedService for HostedApi {
 }
 
 /// What recording a step at its place did, as the responses say it: the step, whether it was
-/// recorded before, and the divergence when its place holds another.
-/// The step as its response carries it, whether it was recorded before, and why it diverged; a
-/// refusal that ended the run has what it settled cancelled on their workers.
-fn placed(kernel: &Kernel, recorded: StepRecorded) -> (Option<pb::Step>, bool, String) {
+/// recorded before, and the divergence when its place holds another. (A divergence or a refusal
+/// that ended the run has what it settled cancelled by the commit's effects.)
+fn placed(recorded: StepRecorded) -> (Option<pb::Step>, bool, String) {
     match recorded {
         StepRecorded::Recorded(step) => (Some(convert::history_step(&step)), false, String::new()),
         StepRecorded::Replayed(step) => (Some(convert::history_step(&step)), true, String::new()),
-        StepRecorded::Diverged { message, ended } => {
-            kernel
-                .scheduler
-                .cancel_steps(ended, "run failed: replay_input_changed".to_owned());
-            (None, false, message)
-        }
+        StepRecorded::Diverged { message, .. } => (None, false, message),
         StepRecorded::Allowed { .. } => (None, false, String::new()),
-        StepRecorded::Blocked { step, ended } => {
-            kernel
-                .scheduler
-                .cancel_steps(ended, "run failed: write_tool_blocked".to_owned());
-            (Some(convert::history_step(&step)), false, String::new())
-        }
+        StepRecorded::Blocked { step, .. } => (Some(convert::history_step(&step)), false, String::new()),
     }
 }
 

@@ -65,14 +65,8 @@ impl RunApi {
 
     async fn end(&self, run_id: &str, end: EndRun) -> Result<RunRecord, KernelError> {
         let id = RunId::parse(run_id, "run_id")?;
-        let reason = match &end {
-            EndRun::Cancel { reason } | EndRun::Fail { reason } => reason.clone(),
-            EndRun::Complete { .. } => String::new(),
-        };
-        let (run, settled) = self.0.store.end_run(id, end).await?;
-        self.0
-            .scheduler
-            .cancel_steps(settled, format!("run {}: {reason}", run.status));
+        // What the end settled is cancelled on its workers by the commit's effects.
+        let (run, _) = self.0.store.end_run(id, end).await?;
         Ok(run)
     }
 }
@@ -132,10 +126,8 @@ impl RunService for RunApi {
             allow,
             trace,
         };
-        let (run, created, dispatch) = self.0.store.create_run_dispatching(new).await?;
-        if let Some(dispatch) = dispatch {
-            self.0.scheduler.enqueue(dispatch);
-        }
+        // A hosted run's dispatch is queued by the commit's effects.
+        let (run, created, _) = self.0.store.create_run_dispatching(new).await?;
         Ok(Response::new(pb::CreateRunResponse {
             run: Some(convert::run(&run)),
             created,
@@ -151,10 +143,8 @@ impl RunService for RunApi {
         let steps = self.0.store.reads.steps(id).await?;
         let mut new = super::fork::branch(&self.0, &parent, &steps, req, caller.as_ref())?;
         new.trace = trace;
-        let (run, created, dispatch) = self.0.store.create_run_dispatching(new).await?;
-        if let Some(dispatch) = dispatch {
-            self.0.scheduler.enqueue(dispatch);
-        }
+        // A hosted run's dispatch is queued by the commit's effects.
+        let (run, created, _) = self.0.store.create_run_dispatching(new).await?;
         Ok(Response::new(pb::ForkRunResponse {
             run: Some(convert::run(&run)),
             created,

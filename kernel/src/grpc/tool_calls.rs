@@ -269,26 +269,14 @@ async fn schedule(kernel: &Kernel, mut plan: TurnPlan) -> Result<Vec<CallDisposi
         kernel.store.record_turn_dispatching(plan, early).await
     };
     let mut outcome: Vec<(StartDispatch, Option<StepRecord>)> = reserved.into_iter().map(|r| (r.start, None)).collect();
+    // What the write left to do (queue the calls it scheduled, cancel what an ending run
+    // settled) the store handed out with the commit; here only the reserved slots are settled.
     if let Ok(recorded) = &written {
-        if !recorded.ended.is_empty() {
-            let reason = recorded
-                .unresumable
-                .clone()
-                .or(recorded.ended_because.map(str::to_owned))
-                .unwrap_or_default();
-            kernel
-                .scheduler
-                .cancel_steps(recorded.ended.clone(), format!("run failed: {reason}"));
-        }
         for disposition in &recorded.calls {
-            match disposition {
-                CallDisposition::Started(step) => {
-                    if let Some(slot) = outcome.iter_mut().find(|(s, _)| s.key == step.key) {
-                        slot.1 = Some(step.clone());
-                    }
-                }
-                CallDisposition::Scheduled(step) => kernel.scheduler.enqueue(step.clone()),
-                _ => {}
+            if let CallDisposition::Started(step) | CallDisposition::Scheduled(step) = disposition
+                && let Some(slot) = outcome.iter_mut().find(|(s, _)| s.key == step.key)
+            {
+                slot.1 = Some(step.clone());
             }
         }
     }
@@ -398,10 +386,8 @@ impl ToolCallService for ToolCallApi {
             req.reason
         };
         let kernel = &self.0;
-        let step = kernel.store.cancel_call(run_id.clone(), key, reason.clone()).await?;
-        kernel
-            .scheduler
-            .cancel_steps(vec![step.clone()], format!("call cancelled: {reason}"));
+        // Cancelled on its worker by the commit's effect.
+        let step = kernel.store.cancel_call(run_id.clone(), key, reason).await?;
         tracing::info!(run_id = %run_id, step_key = %step.key, tool = %step.tool, "call cancelled");
         let capture = kernel
             .store

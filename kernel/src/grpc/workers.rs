@@ -29,7 +29,7 @@ use crate::auth::{Caller, KeyRing};
 use crate::error::KernelError;
 use crate::hub::ProgressUpdate;
 use crate::limits::{self, LogEvery, RateLimit};
-use crate::model::{ErrorKind, RunId, StepKey, StepKind, StepStatus, cut};
+use crate::model::{ErrorKind, RunId, StepKey, StepKind, cut};
 use crate::scheduler::{DispatchOrder, Outbound};
 use crate::store::{ResultReport, SuspendReport, ToolCacheSet};
 
@@ -640,18 +640,13 @@ impl Session {
         let tx = self.tx.clone();
         let session_id = self.session_id.clone();
         self.recording.spawn(async move {
-            let mut retry = None;
+            // A retry is queued, and what a handler's return left in flight cancelled, by the
+            // commit's effects; the slot is this session's to give back.
             let (accepted, reason) = match kernel.store.record_outcome(report).await {
-                Ok(Some((step, cancelled))) => {
+                Ok(Some((step, _))) => {
                     debug!(run_id = %step.run_id, step = %step.key, tool = step.tool, status = %step.status, "result recorded");
                     if step.kind == StepKind::Agent {
                         info!(run_id = %step.run_id, agent = step.tool, status = %step.status, "hosted run finished");
-                        kernel
-                            .scheduler
-                            .cancel_steps(cancelled, "the run's handler returned".to_owned());
-                    }
-                    if step.status == StepStatus::Pending {
-                        retry = Some(step);
                     }
                     (true, String::new())
                 }
@@ -674,9 +669,6 @@ impl Session {
                 }
             };
             kernel.scheduler.settled(result.dispatch_id.clone(), result.attempt);
-            if let Some(step) = retry {
-                kernel.scheduler.enqueue(step);
-            }
             let ack = pb::ResultAck {
                 dispatch_id: result.dispatch_id,
                 attempt: result.attempt,

@@ -72,6 +72,7 @@ pub mod cancel;
 pub mod command;
 pub mod dispatch;
 pub mod durability;
+pub mod effects;
 pub mod events;
 pub mod hosted;
 pub mod run;

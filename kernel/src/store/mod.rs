@@ -50,6 +50,7 @@ use writer::WriteConn;
 use crate::clock::Clock;
 use crate::error::KernelError;
 use crate::hub::Hub;
+pub use crate::machine::effects::Effect;
 use crate::model::{AgentDef, Millis, RunId, RunRecord, StepKey, StepRecord, ToolDef};
 
 /// How hard each commit waits for the disk.
@@ -144,6 +145,36 @@ pub struct Store {
     replica: Arc<str>,
     /// The time every timestamp and deadline is written in.
     clock: Clock,
+    /// Who carries out what committed commands leave to do.
+    effects: Effects,
+}
+
+/// Where the writer hands out each commit's effects: to whoever took them ([`Store::on_effects`]),
+/// else nowhere.
+#[derive(Clone, Default)]
+struct Effects(Arc<std::sync::Mutex<Option<EffectSink>>>);
+
+type EffectSink = Box<dyn Fn(Vec<Effect>) + Send>;
+
+impl Effects {
+    fn hand_out(&self, effects: Vec<Effect>) {
+        if let Some(sink) = self.0.lock().expect("effects poisoned").as_ref() {
+            sink(effects);
+        }
+    }
+
+    /// What the writer does after each commit: publish its events, then hand out its effects.
+    fn after_commit(&self, hub: Hub) -> impl Fn(Vec<Published>, Vec<Effect>) + use<> {
+        let effects = self.clone();
+        move |published, handed| {
+            if !published.is_empty() {
+                hub.publish_committed(published);
+            }
+            if !handed.is_empty() {
+                effects.hand_out(handed);
+            }
+        }
+    }
 }
 
 /// A replica's renewal of its row.
@@ -288,6 +319,12 @@ fn new_replica_id() -> Arc<str> {
 }
 
 impl Store {
+    /// Hands what every commit leaves to do to `carry_out`, from now on (replacing whoever took
+    /// it before); the scheduler takes it when it starts.
+    pub fn on_effects(&self, carry_out: impl Fn(Vec<Effect>) + Send + 'static) {
+        *self.effects.0.lock().expect("effects poisoned") = Some(Box::new(carry_out));
+    }
+
     /// Opens (creating and migrating) the database and starts the writer thread.
     pub fn open(
         path: &Path,
@@ -304,12 +341,14 @@ impl Store {
         let reads = Readers::open(&PathBuf::from(path), Some(live), clock.clone())?;
         let idle_reads = reads.clone();
         let writer_clock = clock.clone();
+        let effects = Effects::default();
+        let after_commit = effects.after_commit(hub);
         let thread = WriterThread::spawn(move || {
             writer::run(
                 WriteConn::Sqlite(conn, sync, checkpoints),
                 (&writer_replica, &writer_clock),
                 receiver,
-                (Some(&writer_live), move |published| hub.publish_committed(published)),
+                (Some(&writer_live), after_commit),
                 move || idle_reads.release_memory(),
             )
         })?;
@@ -319,6 +358,7 @@ impl Store {
                 reads,
                 replica,
                 clock,
+                effects,
             },
             thread,
         ))
@@ -337,6 +377,8 @@ impl Store {
         let replica = new_replica_id();
         let writer_replica = replica.clone();
         let writer_clock = clock.clone();
+        let effects = Effects::default();
+        let after_commit = effects.after_commit(hub);
         let thread = WriterThread::spawn(move || {
             let conn = match postgres::open_writer(&writer_url) {
                 Ok(conn) => conn,
@@ -353,7 +395,7 @@ impl Store {
                 },
                 (&writer_replica, &writer_clock),
                 receiver,
-                (None, move |published| hub.publish_committed(published)),
+                (None, after_commit),
                 || {},
             )
         })?;
@@ -366,6 +408,7 @@ impl Store {
                 reads: Readers::open_postgres(url, clock.clone()),
                 replica,
                 clock,
+                effects,
             },
             thread,
         ))

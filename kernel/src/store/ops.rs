@@ -14,6 +14,7 @@ use super::rows::{self, load_run, load_step, load_step_by_dispatch};
 use crate::error::KernelError;
 use crate::machine::NewEvent;
 use crate::machine::command::{Records, held_step};
+use crate::machine::effects::Effect;
 use crate::machine::hosted::Fence;
 use crate::model::{
     ApprovalRecord, EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, Millis, Outcome, RunId, RunRecord, StepKey, StepKind,
@@ -38,6 +39,8 @@ pub struct Tx<'c> {
     /// Steps this command left waiting for a worker, by kind and tool (or agent): the other
     /// replicas' schedulers hear of them in the commit's notice.
     pub waiting: Vec<(StepKind, String)>,
+    /// What must happen once this command commits, in order.
+    pub effects: Vec<Effect>,
     /// The last event number of each run this command read or wrote, and whether the run row
     /// still has to be told: the next event takes the next number without asking the database
     /// (nothing else changes it inside the writer's transaction), and a run's row is written once
@@ -204,8 +207,15 @@ impl Records for Tx<'_> {
         self.replica
     }
 
-    fn waits(&mut self, step: &StepRecord) {
-        self.waiting.push((step.kind, step.tool.clone()));
+    fn effect(&mut self, effect: Effect) {
+        // A step that never ran is news to the other replicas (the commit's notice); a retry or
+        // a woken dispatch is this replica's to run again, and their scans find it if not.
+        if let Effect::Dispatch(step) = &effect
+            && step.attempts == 0
+        {
+            self.waiting.push((step.kind, step.tool.clone()));
+        }
+        self.effects.push(effect);
     }
 
     fn append(&mut self, run: &RunId, event: NewEvent, step: Option<StepRecord>) -> Result<()> {

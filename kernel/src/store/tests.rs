@@ -1794,6 +1794,84 @@ async fn a_checked_step_is_recorded_as_its_check_allowed_it(f: Fixture) {
     assert_gap_free(&events(&f.store, &run.id).await);
 }
 
+/// What a command leaves to do is handed out after its commit, as data, and only for a command
+/// that committed: a scheduled call and a new hosted dispatch to queue, a retry to queue again, the
+/// steps an ending run settled to cancel (naming why), and nothing for a refused command.
+async fn effects_are_handed_out_after_the_commit_they_follow(f: Fixture) {
+    use crate::machine::effects::Effect;
+    let (sink, mut handed) = tokio::sync::mpsc::unbounded_channel();
+    f.store.on_effects(move |effects| {
+        let _ = sink.send(effects);
+    });
+    let mut next = async || handed.recv().await.expect("effects handed out");
+    let retrying = tool("flaky", Idempotency::SafeToRetry);
+    let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let mut flaky = call(0, 0, Some(retrying.clone()), "flaky", "{}");
+    flaky.tool = Some(std::sync::Arc::new(ToolDef {
+        options: ToolOptions {
+            retry: Some(crate::model::RetryPolicy {
+                max_attempts: 2,
+                initial_interval_ms: 0,
+                backoff_coefficient: 1.0,
+                max_interval_ms: 0,
+            }),
+            ..retrying.options.clone()
+        },
+        ..retrying
+    }));
+    f.store.record_turn(plan(&run.id, 0, vec![flaky])).await.unwrap();
+    let Ok([Effect::Dispatch(scheduled)]) = <[Effect; 1]>::try_from(next().await) else {
+        panic!("the scheduled call is queued")
+    };
+    assert_eq!(
+        (scheduled.key.as_str(), scheduled.status),
+        ("t0/p0", StepStatus::Pending)
+    );
+    let started = start(&f.store, &scheduled, "d1", 1, "s1").await.unwrap();
+    let retry = f
+        .store
+        .record_outcome(ResultReport {
+            dispatch_id: "d1".into(),
+            attempt: 1,
+            session_id: "s1".into(),
+            outcome: Err((ErrorKind::Retryable, "busy".into())),
+            progress_count: 0,
+        })
+        .await
+        .unwrap()
+        .unwrap()
+        .0;
+    assert_eq!(retry.status, StepStatus::Pending, "{retry:?}");
+    let Ok([Effect::Dispatch(again)]) = <[Effect; 1]>::try_from(next().await) else {
+        panic!("the retry is queued again")
+    };
+    assert_eq!((again.key.clone(), again.attempts), (started.key.clone(), 1));
+    // A refused command commits nothing and hands out nothing; the next one's effects come next.
+    assert!(f.store.record_turn(plan(&RunId::new(), 0, Vec::new())).await.is_err());
+    let (hosted, _, _) = f.store.create_run_dispatching(hosted_run()).await.unwrap();
+    let Ok([Effect::Dispatch(dispatch)]) = <[Effect; 1]>::try_from(next().await) else {
+        panic!("the hosted run's dispatch is queued")
+    };
+    assert_eq!((dispatch.run_id.clone(), dispatch.kind), (hosted.id, StepKind::Agent));
+    f.store
+        .end_run(
+            run.id.clone(),
+            EndRun::Cancel {
+                reason: "enough".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let Ok([Effect::Cancel { steps, reason }]) = <[Effect; 1]>::try_from(next().await) else {
+        panic!("the run's call is cancelled on its worker")
+    };
+    assert_eq!(
+        (steps.len(), steps[0].status, reason.as_str()),
+        (1, StepStatus::Cancelled, "run cancelled: enough")
+    );
+    assert!(handed.try_recv().is_err(), "nothing else was handed out");
+}
+
 /// A handler that reaches a place recorded with another step diverged: the run fails with
 /// `replay_input_changed` in that same write, its dispatch is settled, and whatever the handler
 /// does next (here, returning an output as if nothing happened) changes nothing.
@@ -2163,6 +2241,7 @@ async fn a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases(f: 
 
 on_both_stores!(a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit);
 on_both_stores!(a_checked_step_is_recorded_as_its_check_allowed_it);
+on_both_stores!(effects_are_handed_out_after_the_commit_they_follow);
 on_both_stores!(a_turn_read_serves_a_settled_turn_and_sees_every_commit);
 on_both_stores!(a_turn_hands_out_its_safe_started_calls_before_it_commits);
 on_both_stores!(a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases);

@@ -26,6 +26,7 @@ use crate::clock::Clock;
 use crate::error::KernelError;
 use crate::machine::command::{self, Records};
 use crate::machine::durability::must_sync;
+use crate::machine::effects::Effect;
 use crate::model::{AgentDef, RunId, RunRecord, StepKey, StepKind, StepRecord, ToolDef};
 
 /// The most commands folded into one transaction; bounds the latency of a batch.
@@ -462,6 +463,8 @@ struct Applied {
     responder: Responder,
     published: Vec<Published>,
     waiting: Vec<(StepKind, String)>,
+    /// Handed out only once the batch commits.
+    effects: Vec<Effect>,
     /// The command's answer waits for the disk.
     sync: bool,
     /// Dropped unrun if the command's writes are undone.
@@ -476,6 +479,7 @@ impl Applied {
             responder,
             published: Vec::new(),
             waiting: Vec::new(),
+            effects: Vec::new(),
             sync: false,
             before_commit: None,
             refused: true,
@@ -500,7 +504,7 @@ fn apply_isolated(
     (replica, now): (&str, i64),
     isolation: Isolation,
     command: Command,
-) -> Result<Applied, Spoiled> {
+) -> Result<Applied, Box<Spoiled>> {
     cache.borrow_mut().begin_command();
     let undo = || {
         conn.undo(isolation);
@@ -516,6 +520,7 @@ fn apply_isolated(
         now,
         published: Vec::new(),
         waiting: Vec::new(),
+        effects: Vec::new(),
         seqs: Default::default(),
         cache,
     };
@@ -524,10 +529,10 @@ fn apply_isolated(
     let (responder, ok) = apply(&mut tx, command, &mut before_commit);
     if !ok {
         if conn.wrote_since(isolation) {
-            return Err(Spoiled {
+            return Err(Box::new(Spoiled {
                 applied: Applied::refused(responder),
                 error: "a command was refused after it wrote".to_owned(),
-            });
+            }));
         }
         undo();
         return Ok(Applied::refused(responder));
@@ -538,6 +543,7 @@ fn apply_isolated(
         responder,
         published: tx.published,
         waiting: tx.waiting,
+        effects: tx.effects,
         before_commit,
         refused: false,
     };
@@ -545,10 +551,10 @@ fn apply_isolated(
     if let Err(error) = finished {
         let error = error.to_string();
         if matches!(isolation, Isolation::Unguarded(_)) {
-            return Err(Spoiled {
+            return Err(Box::new(Spoiled {
                 applied: applied.undone(error.clone()),
                 error,
-            });
+            }));
         }
         undo();
         return Ok(applied.undone(error));
@@ -574,7 +580,8 @@ fn apply_batch(
         let isolation = conn.isolation(&command, (index, commands));
         match apply_isolated((conn, cache), (replica, now), isolation, command) {
             Ok(done) => applied.push(done),
-            Err(Spoiled { applied: failed, error }) => {
+            Err(spoiled) => {
+                let Spoiled { applied: failed, error } = *spoiled;
                 tracing::warn!(%error, undone = applied.len(), "a command failed after it wrote; its batch is undone");
                 conn.restart();
                 cache.borrow_mut().clear();
@@ -669,7 +676,7 @@ pub fn run(
     mut conn: WriteConn,
     (replica, clock): (&str, &Clock),
     commands: Receiver<Order>,
-    (live, publish): (Option<&LiveRuns>, impl Fn(Vec<Published>)),
+    (live, publish): (Option<&LiveRuns>, impl Fn(Vec<Published>, Vec<Effect>)),
     idle: impl Fn(),
 ) {
     let cache = RefCell::new(Cache::default());
@@ -732,11 +739,12 @@ fn commit(
     (cache, replica): (&RefCell<Cache>, &str),
     batch: Batch,
     gathered: Gathered,
-    (live, publish): (Option<&LiveRuns>, &impl Fn(Vec<Published>)),
+    (live, publish): (Option<&LiveRuns>, &impl Fn(Vec<Published>, Vec<Effect>)),
 ) {
     let committing = std::time::Instant::now();
     let Gathered {
         mut published,
+        mut effects,
         waiting,
         responders,
         before_commit,
@@ -765,6 +773,7 @@ fn commit(
     if commit_error.is_some() {
         let _ = conn.batch("ROLLBACK");
         published.clear();
+        effects.clear();
         cache.borrow_mut().clear();
     } else {
         cache.borrow_mut().committed(batch.epoch);
@@ -772,13 +781,13 @@ fn commit(
             live.committed(cache.borrow().born(&published), &published);
         }
     }
-    // Watchers hear of a commit before its writers are answered, so a caller whose write
-    // returned knows every subscriber already has the events.
-    if !published.is_empty() {
-        for item in &published {
-            metrics.committed(item);
-        }
-        publish(published);
+    // Watchers hear of a commit, and the scheduler of what it left to do, before its writers
+    // are answered: a caller whose write returned knows every subscriber has the events.
+    for item in &published {
+        metrics.committed(item);
+    }
+    if !published.is_empty() || !effects.is_empty() {
+        publish(published, effects);
     }
     for responder in responders {
         responder(commit_error.as_deref());
@@ -813,6 +822,7 @@ fn refuse_batch(batch: Vec<Command>, error: impl Fn() -> KernelError) {
 /// any must sync, and what goes out before the commit.
 struct Gathered {
     published: Vec<Published>,
+    effects: Vec<Effect>,
     waiting: Vec<(StepKind, String)>,
     responders: Vec<Responder>,
     before_commit: Vec<BeforeCommit>,
@@ -834,6 +844,7 @@ fn gather(conn: &WriteConn, cache: &RefCell<Cache>, applied: Vec<Applied>) -> Ga
     }
     let mut gathered = Gathered {
         published: Vec::new(),
+        effects: Vec::new(),
         waiting: Vec::new(),
         responders: Vec::with_capacity(applied.len()),
         before_commit: Vec::new(),
@@ -847,6 +858,7 @@ fn gather(conn: &WriteConn, cache: &RefCell<Cache>, applied: Vec<Applied>) -> Ga
         };
         gathered.sync |= command.sync;
         gathered.published.append(&mut command.published);
+        gathered.effects.append(&mut command.effects);
         gathered.waiting.append(&mut command.waiting);
         gathered.responders.push(command.responder);
         gathered.before_commit.extend(command.before_commit);

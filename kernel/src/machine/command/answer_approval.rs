@@ -8,6 +8,7 @@ use super::{Records, Result, apply_change, parent_exists, step};
 use crate::error::KernelError;
 use crate::machine::approval::{self, Decided};
 use crate::machine::branch;
+use crate::machine::effects::Effect;
 use crate::machine::run::EndRun;
 use crate::model::{ApprovalRecord, ApprovalStatus, StepRecord};
 
@@ -85,7 +86,7 @@ fn settle<R: Records + ?Sized>(
     match change.step {
         Decided::Approved(step) => {
             records.save_step(&step)?;
-            records.waits(&step);
+            records.effect(Effect::Dispatch(Box::new(step.clone())));
             answered.to_dispatch.push(step);
         }
         Decided::Refused(settled) => {

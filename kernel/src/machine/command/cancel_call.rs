@@ -5,6 +5,7 @@
 use super::{Records, Result, apply_change};
 use crate::error::KernelError;
 use crate::machine::cancel;
+use crate::machine::effects::Effect;
 use crate::model::{RunId, StepKey, StepRecord, StepStatus};
 
 /// Cancels call `key` of run `run_id`; returns it settled, to cancel on its worker.
@@ -23,6 +24,10 @@ pub fn cancel<R: Records + ?Sized>(
         records.save_approval(withdrawn)?;
     }
     let settled = apply_change(records, change.settled)?;
+    records.effect(Effect::Cancel {
+        steps: vec![settled.clone()],
+        reason: format!("call cancelled: {reason}"),
+    });
     if step.status == StepStatus::AwaitingApproval {
         super::ask::ask_next(records, run_id)?;
     }

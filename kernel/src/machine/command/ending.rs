@@ -4,6 +4,7 @@
 //! settles and its session's next run may go.
 
 use super::{Records, Result, apply_change};
+use crate::machine::effects::{self, Effect};
 use crate::machine::hosted;
 use crate::machine::run::{self, EndRun};
 use crate::model::{RunRecord, StepRecord};
@@ -58,6 +59,13 @@ pub fn apply_end<R: Records + ?Sized>(records: &mut R, ended: run::RunEnd) -> Re
     records.save_run(&ended.run)?;
     records.append(&ended.run.id, ended.event, None)?;
     let run = records.run(&ended.run.id)?;
+    if !settled.is_empty() {
+        let reason = effects::run_ended(run.status, run.reason.as_deref());
+        records.effect(Effect::Cancel {
+            steps: settled.clone(),
+            reason,
+        });
+    }
     if let Some((parent, key)) = &run.parent
         && let Some(step) = records.find_step(parent, key)?
         && let Some(change) = hosted::child_ended(&step, &run, records.now())

@@ -3,6 +3,7 @@
 
 use super::{Records, Result, held_step};
 use crate::machine::dispatch::{self, LeaseLoss};
+use crate::machine::effects::Effect;
 use crate::model::{StepRecord, StepStatus};
 
 /// What became of a lost lease's step.
@@ -23,6 +24,7 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, loss: LeaseLoss) -> Result<Lo
     let change = dispatch::lose_lease(&step, &loss, records.now());
     let step = super::apply_change(records, change)?;
     Ok(if step.status == StepStatus::Pending {
+        records.effect(Effect::Dispatch(Box::new(step.clone())));
         LossOutcome::Requeued(step)
     } else {
         LossOutcome::Indeterminate(step)

@@ -35,6 +35,7 @@ pub mod suspend;
 pub mod time_out;
 
 use crate::error::KernelError;
+use crate::machine::effects::Effect;
 use crate::machine::{NewEvent, StepChange, dispatch, hosted};
 use crate::model::{ApprovalRecord, Millis, RunId, RunRecord, StepKey, StepKind, StepRecord, StepStatus};
 
@@ -142,8 +143,8 @@ pub trait Records {
     /// Appends `event` to `run`'s log, with the step it concerns when it has one (so watchers
     /// learn a result without a read).
     fn append(&mut self, run: &RunId, event: NewEvent, step: Option<StepRecord>) -> Result<()>;
-    /// Notes that `step` waits for a worker now.
-    fn waits(&mut self, step: &StepRecord);
+    /// Leaves `effect` to be carried out once the command commits (dropped if it does not).
+    fn effect(&mut self, effect: Effect);
 }
 
 /// Saves a step as a transition of the machine left it and appends the event that records the
@@ -177,7 +178,8 @@ pub fn wake_step<R: Records + ?Sized>(records: &mut R, run: &RunId, key: &StepKe
         && let Some(change) = hosted::resume(&dispatch, because)
     {
         records.save_step(&change.step)?;
-        records.append(run, change.event, Some(change.step))?;
+        records.append(run, change.event, Some(change.step.clone()))?;
+        records.effect(Effect::Dispatch(Box::new(change.step)));
         if dispatch.kind == StepKind::Agent
             && let Some(running) = hosted::woken(&records.run(run)?, records.now())
         {

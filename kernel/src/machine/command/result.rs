@@ -6,8 +6,9 @@
 use super::ending::{apply_end, cancel_children};
 use super::{Records, Result, apply_change, held_step};
 use crate::machine::dispatch::{self, ResultReport};
+use crate::machine::effects::Effect;
 use crate::machine::hosted;
-use crate::model::{StepKind, StepRecord};
+use crate::model::{StepKind, StepRecord, StepStatus};
 
 /// The step as the result left it, and the steps a handler's outcome cancelled (to cancel on
 /// their workers).
@@ -26,7 +27,11 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, report: ResultReport) -> Resu
         records.cache_result(&step, output, expires_at)?;
         records.own_cached_result(&step)?;
     }
-    Ok(Some((apply_change(records, change)?, Vec::new())))
+    let step = apply_change(records, change)?;
+    if step.status == StepStatus::Pending {
+        records.effect(Effect::Dispatch(Box::new(step.clone())));
+    }
+    Ok(Some((step, Vec::new())))
 }
 
 /// A hosted handler's outcome: its dispatch settles and its run ends, cancelling what the

@@ -10,6 +10,7 @@ use super::ending::{end_diverged, end_tree};
 use super::local_step::StepRecorded;
 use super::{Records, Result, held_step, parent_step};
 use crate::machine::branch::{self, Verdict};
+use crate::machine::effects::Effect;
 use crate::machine::hosted::{self, Fence, Place};
 use crate::machine::run::{EndRun, NewRun};
 use crate::model::{RunId, RunRecord, StepKey, StepKind, StepRecord};
@@ -118,7 +119,7 @@ fn new_subagent<R: Records + ?Sized>(
         Some(session) => records.next_of_session(session)?.is_some(),
         None => false,
     };
-    let (child, _, dispatch) = super::create_run::apply(records, new)?;
+    let (child, _, dispatch) = super::create_run::create(records, new)?;
     let mut dispatch = dispatch.expect("a subagent's run is hosted");
     if let (true, Some(session)) = (busy, session) {
         let change = hosted::wait_for_session(&dispatch, &session);
@@ -131,7 +132,7 @@ fn new_subagent<R: Records + ?Sized>(
     records.insert_step(&change.step)?;
     records.append(&parent.id, change.event, Some(change.step.clone()))?;
     if !busy {
-        records.waits(&dispatch);
+        records.effect(Effect::Dispatch(Box::new(dispatch.clone())));
     }
     Ok((StepRecorded::Recorded(change.step), (!busy).then(|| Box::new(dispatch))))
 }

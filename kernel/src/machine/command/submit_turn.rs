@@ -13,6 +13,7 @@ use super::ending::{end_diverged, end_tree};
 use super::{Records, Result, parent_exists, parent_step, record_change};
 use crate::machine::branch::{self, Blocked, Verdict};
 use crate::machine::dispatch;
+use crate::machine::effects::Effect;
 use crate::machine::hosted;
 use crate::machine::run::EndRun;
 use crate::machine::turn::{self, CallDisposition, Next, PlannedCall, TurnPlan};
@@ -277,7 +278,7 @@ fn record_call<R: Records + ?Sized>(
                     CallDisposition::Started(record_change(records, change)?)
                 }
                 None => {
-                    records.waits(&step);
+                    records.effect(Effect::Dispatch(Box::new(step.clone())));
                     CallDisposition::Scheduled(step)
                 }
             }

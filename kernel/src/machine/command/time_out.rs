@@ -4,7 +4,8 @@
 
 use super::{Records, Result, apply_change, held_step};
 use crate::machine::dispatch;
-use crate::model::{Outcome, RunId, StepKey, StepRecord};
+use crate::machine::effects::Effect;
+use crate::model::{Outcome, RunId, StepKey, StepRecord, StepStatus};
 
 /// Times out attempt `attempt` of dispatch `dispatch_id`; `None` when it no longer holds its step.
 pub fn time_out<R: Records + ?Sized>(records: &mut R, dispatch_id: &str, attempt: u32) -> Result<Option<StepRecord>> {
@@ -12,7 +13,11 @@ pub fn time_out<R: Records + ?Sized>(records: &mut R, dispatch_id: &str, attempt
         return Ok(None);
     };
     let change = dispatch::time_out(&step, records.now());
-    Ok(Some(apply_change(records, change)?))
+    let step = apply_change(records, change)?;
+    if step.status == StepStatus::Pending {
+        records.effect(Effect::Dispatch(Box::new(step.clone())));
+    }
+    Ok(Some(step))
 }
 
 /// Fails step `key` of `run` if it is still waiting for a worker; `None` otherwise.
