@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::Stream;
-use kernel_proto::canonical;
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::open_session_request::Message as In;
 use kernel_proto::v1::open_session_response::Message as Out;
@@ -29,14 +28,13 @@ use crate::auth::{Caller, KeyRing};
 use crate::error::KernelError;
 use crate::hub::ProgressUpdate;
 use crate::limits::{self, LogEvery, RateLimit};
-use crate::model::{ErrorKind, RunId, StepKey, StepKind, cut};
+use crate::machine::answer::{self, Answer, Owed};
+use crate::model::{RunId, StepKey, StepKind};
 use crate::scheduler::{DispatchOrder, Outbound};
 use crate::store::{ResultReport, SuspendReport, ToolCacheSet};
 
 /// Each kind of misbehaviour of a session is logged at most once per this interval.
 const LOG_INTERVAL: Duration = Duration::from_secs(10);
-/// How much of an oversized error message a worker sent is kept.
-const KEPT_ERROR_CHARS: usize = 1024;
 
 /// Implements `kernel.v1.WorkerService`.
 pub struct WorkerApi(pub Kernel);
@@ -196,27 +194,6 @@ struct Held {
     /// A tool call, or a hosted run's handler (whose `tool` is its agent).
     kind: StepKind,
     progress: u32,
-}
-
-/// What ran, as a refusal of its answer names it: `tool 'lookup'`, `agent 'triage'`; written only
-/// into a refusal, so an accepted result formats nothing.
-impl std::fmt::Display for Held {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.kind {
-            StepKind::Agent => write!(f, "agent '{}'", self.tool),
-            _ => write!(f, "tool '{}'", self.tool),
-        }
-    }
-}
-
-impl Held {
-    /// What it answers with: a handler's output, a tool's result.
-    fn answer(&self) -> &'static str {
-        match self.kind {
-            StepKind::Agent => "an output",
-            _ => "a result",
-        }
-    }
 }
 
 /// What admitted a session when the kernel requires keys, checked again on every reload.
@@ -581,53 +558,35 @@ impl Session {
             .dispatches
             .remove(&result.dispatch_id)
             .expect("held at this attempt, checked above");
-        let tool = held.tool.clone();
-        let answer = held.answer();
         let max = self.kernel.limits.max_result_bytes;
-        let outcome = match outcome {
-            Some(pb::dispatch_result::Outcome::OutputJson(text)) if text.len() > max => {
-                if let Some(suppressed) = self.logs.oversized_result.hit(Instant::now()) {
+        let answer = match outcome {
+            Some(pb::dispatch_result::Outcome::OutputJson(text)) => {
+                if text.len() > max
+                    && let Some(suppressed) = self.logs.oversized_result.hit(Instant::now())
+                {
                     warn!(
                         session_id = self.session_id,
-                        tool,
+                        tool = held.tool,
                         bytes = text.len(),
                         limit = max,
                         suppressed,
                         "oversized result: the call fails, the session goes on"
                     );
                 }
-                Err((
-                    ErrorKind::Fatal,
-                    format!(
-                        "{held} returned {answer} of {} bytes; the limit is {max} bytes (--max-result-bytes)",
-                        text.len()
-                    ),
-                ))
+                Answer::Output(text)
             }
-            Some(pb::dispatch_result::Outcome::OutputJson(text)) => canonical::canonicalize(&text).map_err(|e| {
-                (
-                    ErrorKind::Fatal,
-                    format!("{held} returned {answer} that is not valid JSON: {e}"),
-                )
-            }),
-            Some(pb::dispatch_result::Outcome::Error(failure)) if failure.message.len() > max => Err((
-                convert::error_kind_from(failure.kind),
-                format!(
-                    "{}… ({held} returned an error message of {} bytes, cut; the limit is {max} bytes \
-                     (--max-result-bytes))",
-                    cut(&failure.message, KEPT_ERROR_CHARS),
-                    failure.message.len()
-                ),
-            )),
-            Some(pb::dispatch_result::Outcome::Error(failure)) => {
-                Err((convert::error_kind_from(failure.kind), failure.message))
-            }
+            Some(pb::dispatch_result::Outcome::Error(failure)) => Answer::Error {
+                kind: convert::error_kind_from(failure.kind),
+                message: failure.message,
+            },
             Some(pb::dispatch_result::Outcome::Suspended(_)) => unreachable!("handled above"),
-            None => Err((
-                ErrorKind::Fatal,
-                format!("{held} returned neither {answer} nor an error"),
-            )),
+            None => Answer::Nothing,
         };
+        let owed = Owed {
+            kind: held.kind,
+            name: &held.tool,
+        };
+        let outcome = answer::outcome(answer, owed, max);
         let report = ResultReport {
             dispatch_id: result.dispatch_id.clone(),
             attempt: result.attempt,

@@ -66,6 +66,7 @@
 //! Settled steps are terminal: no function here takes a settled step anywhere else, so a late or
 //! out-of-order message never reverts one.
 
+pub mod answer;
 pub mod approval;
 pub mod branch;
 pub mod cancel;
