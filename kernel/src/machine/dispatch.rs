@@ -346,14 +346,16 @@ pub fn time_out(step: &StepRecord, now: Millis) -> StepChange {
     )
 }
 
-/// Fails a step still waiting for a worker, without having run; `None` when it is not pending.
+/// Fails a step still waiting for a worker, without having run; `None` when it is not pending,
+/// or when it is a hosted run's dispatch, which waits for a worker hosting its agent however long
+/// that takes (the run is the agent's, not a call someone waits on).
 pub fn fail_pending(
     step: &StepRecord,
     message: &str,
     (reason, outcome): (&str, Outcome),
     now: Millis,
 ) -> Option<StepChange> {
-    (step.status == StepStatus::Pending).then(|| {
+    (step.status == StepStatus::Pending && step.kind != StepKind::Agent).then(|| {
         settle(
             step,
             (StepStatus::Failed, outcome),

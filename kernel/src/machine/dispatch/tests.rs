@@ -277,6 +277,9 @@ fn only_a_pending_step_fails_for_want_of_a_worker() {
     assert_eq!(failed.step.attempts, 0, "it never ran");
     assert_eq!(failed.event.payload["reason"], "schedule_to_start_timeout");
     assert!(fail_pending(&running(step(), 1), "x", why, NOW).is_none());
+    let mut dispatch = step();
+    dispatch.kind = StepKind::Agent;
+    assert!(fail_pending(&dispatch, "x", why, NOW).is_none(), "a hosted run waits for its host");
 }
 
 #[test]
