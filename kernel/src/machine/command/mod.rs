@@ -27,6 +27,8 @@ pub mod end_run;
 pub mod ending;
 pub mod local_step;
 pub mod lose_lease;
+#[cfg(test)]
+pub(crate) mod memory;
 pub mod result;
 pub mod start;
 pub mod start_subagent;
