@@ -169,6 +169,18 @@ pub fn place(seq: u32, keys: &[StepKey], at_place: &[StepRecord], elsewhere: &[S
     Ok(Place::Recorded(at_place.to_vec()))
 }
 
+/// Whether a subagent a handler starts again at a recorded place is the one recorded there:
+/// another input is a divergence, as another call's arguments are.
+pub fn same_child(recorded: &StepRecord, child: &super::run::NewRun) -> Result<(), String> {
+    if recorded.arguments == child.input {
+        return Ok(());
+    }
+    Err(format!(
+        "replay_input_changed: the input of subagent step {} ('{}') differs from the recorded one",
+        recorded.key, child.agent
+    ))
+}
+
 /// How a run whose handler diverged from its record ends: failed with the divergence, in the write
 /// that found it, whatever the handler does next (a handler that caught the error and returns an
 /// output completes nothing; its dispatch is cancelled with the run).
@@ -451,6 +463,25 @@ pub fn wait_for_session(dispatch: &StepRecord, session: &str) -> StepChange {
         },
         step: waiting,
     }
+}
+
+/// The dispatches a settle of `step` wakes, if they are suspended: the tool call whose body
+/// started it (a subagent of a call), and its hosted run's handler.
+pub fn wakes(step: &StepRecord) -> impl Iterator<Item = StepKey> {
+    let awaited = matches!(step.kind, StepKind::Tool | StepKind::Subagent);
+    let call = step.key.waiter().filter(|_| awaited);
+    let handler = (awaited && step.hosted).then(StepKey::agent);
+    call.into_iter().chain(handler)
+}
+
+/// A step `dispatch` may not wait on: one not settled whose settle would not wake it ([`wakes`]),
+/// so a suspension on it could outlive it (a tool body naming a sibling call, a handler naming
+/// itself). Such a suspension is refused before anything is written.
+pub fn never_wakes<'a>(dispatch: &StepRecord, waiting_on: &'a [Option<StepRecord>]) -> Option<&'a StepRecord> {
+    waiting_on
+        .iter()
+        .flatten()
+        .find(|step| !step.status.is_terminal() && !wakes(step).any(|key| key == dispatch.key))
 }
 
 /// A suspension names what it waits on: one naming nothing could never be woken, so it is refused,

@@ -29,6 +29,8 @@ pub mod local_step;
 pub mod lose_lease;
 #[cfg(test)]
 pub(crate) mod memory;
+#[cfg(test)]
+mod properties;
 pub mod result;
 pub mod start;
 pub mod start_subagent;
@@ -153,12 +155,9 @@ pub fn apply_change<R: Records + ?Sized>(records: &mut R, change: StepChange) ->
 pub fn record_change<R: Records + ?Sized>(records: &mut R, change: StepChange) -> Result<StepRecord> {
     let StepChange { step, event } = change;
     records.append(&step.run_id, event, Some(step.clone()))?;
-    if step.status.is_terminal() && matches!(step.kind, StepKind::Tool | StepKind::Subagent) {
-        if let Some(waiter) = step.key.waiter() {
-            wake_step(records, &step.run_id, &waiter, step.key.as_str())?;
-        }
-        if step.hosted {
-            wake_step(records, &step.run_id, &StepKey::agent(), step.key.as_str())?;
+    if step.status.is_terminal() {
+        for waiting in hosted::wakes(&step) {
+            wake_step(records, &step.run_id, &waiting, step.key.as_str())?;
         }
     }
     Ok(step)

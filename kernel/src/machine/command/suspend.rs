@@ -1,6 +1,7 @@
 //! A dispatch giving back its worker slot to wait on steps it awaits ([`hosted::suspend`]): its
 //! dispatch is suspended, or pending again at once when one of them settled on the way. An
-//! `at_most_once` call may not suspend: it could not run again.
+//! `at_most_once` call may not suspend: it could not run again; nor may a dispatch wait on a step
+//! whose settle would not wake it ([`hosted::never_wakes`]).
 
 use super::{Records, Result, apply_change, held_step};
 use crate::error::KernelError;
@@ -33,6 +34,12 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, report: SuspendReport) -> Res
         .iter()
         .map(|key| records.find_step(&run.id, &StepKey::from_stored(key.clone())))
         .collect::<Result<Vec<_>>>()?;
+    if let Some(step) = hosted::never_wakes(&dispatch, &waiting) {
+        return Err(KernelError::FailedPrecondition(format!(
+            "dispatch {} may not wait on step {}: its result would not wake it; nothing was recorded",
+            report.dispatch_id, step.key
+        )));
+    }
     let (change, run) = hosted::suspend(&run, &dispatch, &waiting, records.now());
     records.save_run(&run)?;
     Ok(Some(apply_change(records, change)?))
