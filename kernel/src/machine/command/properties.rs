@@ -243,10 +243,10 @@ fn command() -> impl Strategy<Value = Command> {
             .prop_map(|(approval, approve)| Command::Answer { approval, approve }),
         1 => Just(Command::ExpireApprovals),
         1 => any::<u8>().prop_map(|step| Command::CancelCall { step }),
-        1 => (target(), prop_oneof![Just(How::Complete), Just(How::Fail), Just(How::Cancel)])
+        2 => (target(), prop_oneof![Just(How::Complete), Just(How::Fail), Just(How::Cancel)])
             .prop_map(|(run, how)| Command::EndRun { run, how }),
         1 => Just(Command::Abandon),
-        1 => target().prop_map(|run| Command::Delete { run }),
+        2 => target().prop_map(|run| Command::Delete { run }),
         1 => Just(Command::Prune),
     ]
 }
@@ -256,7 +256,7 @@ fn timed() -> impl Strategy<Value = Timed> {
         .prop_map(|(after_ms, command)| Timed { after_ms, command })
 }
 
-/// Up to `most` commands, after an external and a hosted run are created.
+/// Up to `most` commands, after two external runs and a hosted one are created.
 fn commands(most: usize) -> impl Strategy<Value = Vec<Timed>> {
     prop::collection::vec(timed(), 1..most).prop_map(|commands| {
         let create = |hosted| Timed {
@@ -267,7 +267,10 @@ fn commands(most: usize) -> impl Strategy<Value = Vec<Timed>> {
                 max_tool_calls: 0,
             },
         };
-        [create(false), create(true)].into_iter().chain(commands).collect()
+        [create(false), create(true), create(false)]
+            .into_iter()
+            .chain(commands)
+            .collect()
     })
 }
 
@@ -505,10 +508,19 @@ impl World {
         }
     }
 
+    /// Applies `command` as the store's writer does: a command that fails is undone (its
+    /// savepoint), but for the two the writer runs unguarded in a batch, which must refuse
+    /// before they write (`Command::decides_before_writing` in `store::writer`).
     fn apply(&mut self, command: &Command) -> Done {
+        let before = self.memory.clone();
         match self.try_apply(command) {
             Ok(done) => done,
-            Err(error) => Done::Failed(error),
+            Err(error) => {
+                if !matches!(command, Command::Turn { .. } | Command::Result { .. }) {
+                    self.memory = before;
+                }
+                Done::Failed(error)
+            }
         }
     }
 
@@ -1296,7 +1308,7 @@ fn a_call_may_not_wait_on_a_step_whose_settle_would_not_wake_it() {
     .unwrap();
 }
 
-/// An external run and a hosted one whose handler holds its dispatch.
+/// Two external runs and a hosted one (the second) whose handler holds its dispatch.
 fn started_hosted() -> Vec<Timed> {
     let create = |hosted| {
         now(Command::CreateRun {
@@ -1305,7 +1317,12 @@ fn started_hosted() -> Vec<Timed> {
             max_tool_calls: 0,
         })
     };
-    vec![create(false), create(true), now(Command::Start { step: 0, offset: 0 })]
+    vec![
+        create(false),
+        create(true),
+        create(false),
+        now(Command::Start { step: 0, offset: 0 }),
+    ]
 }
 
 /// Rule 1: a hosted handler that reaches a recorded place with the same identities but another
@@ -1345,4 +1362,42 @@ fn a_handler_changing_a_subagents_input_fails_its_run() {
     let mut commands = started_hosted();
     commands.extend([now(subagent(0)), now(subagent(1))]);
     run_all(&commands).unwrap();
+}
+
+/// Rule 5: a run deleted after another was served its cached result leaves the entry to it.
+#[test]
+fn deleting_a_run_leaves_the_cached_result_another_relies_on() {
+    let lookup = |run| Command::Turn {
+        run: Target::Known(run),
+        turn: 0,
+        calls: vec![CallSpec {
+            tool: 0,
+            arg: 0,
+            call_id: None,
+        }],
+        fence: Sender::Current(0),
+        reserve: true,
+    };
+    let mut commands = started_hosted();
+    commands.extend([
+        now(lookup(0)),
+        now(Command::Result {
+            from: Sender::Current(0),
+            outcome: Reported::Ok,
+        }),
+        now(lookup(2)),
+        now(Command::EndRun {
+            run: Target::Known(0),
+            how: How::Complete,
+        }),
+        now(Command::Delete { run: Target::Known(0) }),
+    ]);
+    run_all(&commands).unwrap();
+    // The case reaches what it is about: the run that stored the entry is gone, the other owns it.
+    let mut world = World::new();
+    for timed in &commands {
+        world.apply(&timed.command);
+    }
+    assert_eq!(world.memory.state.runs.len(), 2, "the first run is deleted");
+    assert_eq!(world.memory.state.cache_runs.len(), 1, "the other run owns the entry");
 }
