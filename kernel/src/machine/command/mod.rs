@@ -30,7 +30,7 @@ pub mod lose_lease;
 #[cfg(test)]
 pub(crate) mod memory;
 #[cfg(test)]
-mod properties;
+pub(crate) mod properties;
 pub mod result;
 pub mod start;
 pub mod start_subagent;

@@ -410,6 +410,8 @@ struct World {
     issued: Vec<(RunId, StepKey, String, u32)>,
     /// `at_most_once` steps an attempt of which ended with its effect unknown (lost, timed out).
     unknown: BTreeSet<(RunId, StepKey)>,
+    /// Each command as it reached the records, to replay against another store.
+    trace: Vec<Traced>,
 }
 
 /// What a command did, as far as the properties care.
@@ -431,6 +433,7 @@ impl World {
             runs: Vec::new(),
             issued: Vec::new(),
             unknown: BTreeSet::new(),
+            trace: Vec::new(),
         }
     }
 
@@ -513,15 +516,33 @@ impl World {
     /// before they write (`Command::decides_before_writing` in `store::writer`).
     fn apply(&mut self, command: &Command) -> Done {
         let before = self.memory.clone();
-        match self.try_apply(command) {
+        let traced = self.trace.len();
+        let done = match self.try_apply(command) {
             Ok(done) => done,
             Err(error) => {
                 if !matches!(command, Command::Turn { .. } | Command::Result { .. }) {
-                    self.memory = before;
+                    self.memory = before.clone();
                 }
                 Done::Failed(error)
             }
+        };
+        if self.trace.len() > traced {
+            let after = &self.memory.state;
+            let traced = self.trace.last_mut().expect("traced");
+            traced.new_runs = after
+                .runs
+                .keys()
+                .filter(|id| !before.state.runs.contains_key(*id))
+                .cloned()
+                .collect();
+            traced.new_approvals = after
+                .approvals
+                .values()
+                .filter(|a| !before.state.approvals.contains_key(&a.id))
+                .map(|a| (a.id.clone(), a.run_id.clone()))
+                .collect();
         }
+        done
     }
 
     fn try_apply(&mut self, command: &Command) -> super::Result<Done> {
@@ -532,6 +553,7 @@ impl World {
                 max_tool_calls,
             } => {
                 let new = new_run(*hosted, idempotency_key.map(|k| format!("key-{k}")), *max_tool_calls);
+                self.traced(Resolved::CreateRun(new.clone()));
                 let (run, created, _) = create_run::apply(&mut self.memory, new)?;
                 if !created {
                     return Ok(Done::Refused);
@@ -590,6 +612,7 @@ impl World {
                         let recorded = self.memory.state.steps.get(&(run_id.clone(), call.key.clone()));
                         recorded.is_some_and(|step| step.call_hash != call.call_hash)
                     });
+                self.traced(Resolved::Turn(plan.clone()));
                 match turn_done(&run_id, submit_turn::apply(&mut self.memory, plan)?) {
                     Done::Changed if changed => Done::Diverged(run_id),
                     done => done,
@@ -602,6 +625,7 @@ impl World {
                 };
                 let attempt = (i64::from(step.attempts) + 1 + i64::from(*offset)).max(1) as u32;
                 let start = self.start_of(&step.run_id, &step.key, attempt);
+                self.traced(Resolved::Start(start.clone()));
                 match start::apply(&mut self.memory, start)? {
                     Some(_) => Done::Changed,
                     None => Done::Refused,
@@ -620,6 +644,7 @@ impl World {
                     },
                     progress_count: 0,
                 };
+                self.traced(Resolved::Result(report.clone()));
                 match result::apply(&mut self.memory, report)? {
                     Some(_) => Done::Changed,
                     None => Done::Refused,
@@ -633,6 +658,7 @@ impl World {
                     attempt,
                     reason: "worker disconnected".into(),
                 };
+                self.traced(Resolved::LoseLease(loss.clone()));
                 match lose_lease::apply(&mut self.memory, loss)? {
                     LossOutcome::NotHeld => Done::Refused,
                     _ => Done::Changed,
@@ -641,6 +667,7 @@ impl World {
             Command::TimeOut { from } => {
                 let (dispatch_id, attempt, _) = self.sender(*from, |_| true);
                 self.note_unknown(&dispatch_id, attempt);
+                self.traced(Resolved::TimeOut(dispatch_id.clone(), attempt));
                 match time_out::time_out(&mut self.memory, &dispatch_id, attempt)? {
                     Some(_) => Done::Changed,
                     None => Done::Refused,
@@ -652,6 +679,7 @@ impl World {
                     return Ok(Done::Refused);
                 };
                 let why = ("no_worker", Outcome::NoWorker);
+                self.traced(Resolved::FailPending(step.run_id.clone(), step.key.clone()));
                 match time_out::fail_pending(&mut self.memory, (&step.run_id, &step.key), "no worker took it", why)? {
                     Some(_) => Done::Changed,
                     None => Done::Refused,
@@ -684,6 +712,7 @@ impl World {
                     session_id,
                     waiting_on,
                 };
+                self.traced(Resolved::Suspend(report.clone()));
                 match suspend::apply(&mut self.memory, report)? {
                     Some(_) => Done::Changed,
                     None => Done::Refused,
@@ -728,6 +757,7 @@ impl World {
                 let key = StepKey::subagent("helper", start.occurrence);
                 let recorded = self.memory.state.steps.get(&(parent.clone(), key));
                 let changed = !by_call && recorded.is_some_and(|step| step.arguments != start.child.input);
+                self.traced(Resolved::Subagent(start.clone()));
                 let (recorded, _) = start_subagent::apply(&mut self.memory, start)?;
                 self.note_children();
                 match recorded_done(&parent, recorded) {
@@ -765,6 +795,7 @@ impl World {
                     denied: *denied,
                     blocked: false,
                 };
+                self.traced(Resolved::LocalStep(run_id.clone(), fence.clone(), local.clone()));
                 recorded_done(&run_id, local_step::record(&mut self.memory, &run_id, &fence, local)?)
             }
             Command::Answer { approval, approve } => {
@@ -773,10 +804,12 @@ impl World {
                     .and_then(|n| World::nth(&ids, n))
                     .unwrap_or_else(|| "forged-approval".into());
                 let answer = if *approve { Answer::Approve } else { Answer::Reject };
+                self.traced(Resolved::Answer(id.clone(), answer));
                 answer_approval::answer(&mut self.memory, &id, answer, ("alice", None))?;
                 Done::Changed
             }
             Command::ExpireApprovals => {
+                self.traced(Resolved::ExpireApprovals);
                 let answered = answer_approval::expire(&mut self.memory)?;
                 if answered.approvals.is_empty() {
                     Done::Refused
@@ -789,6 +822,7 @@ impl World {
                 let Some(step) = World::nth(&steps, *step) else {
                     return Ok(Done::Refused);
                 };
+                self.traced(Resolved::CancelCall(step.run_id.clone(), step.key.clone()));
                 cancel_call::cancel(&mut self.memory, (&step.run_id, &step.key), "the user cancelled it")?;
                 Done::Changed
             }
@@ -806,20 +840,24 @@ impl World {
                         reason: "the user cancelled it".into(),
                     },
                 };
+                self.traced(Resolved::EndRun(run_id.clone(), end.clone()));
                 end_run::end(&mut self.memory, &run_id, end)?;
                 Done::Changed
             }
             Command::Abandon => {
+                self.traced(Resolved::Abandon);
                 let ended = end_run::abandon(&mut self.memory, 60_000, 10)?;
                 if ended.is_empty() { Done::Refused } else { Done::Changed }
             }
             Command::Delete { run } => {
                 let run_id = self.run_id(*run);
+                self.traced(Resolved::Delete(run_id.clone()));
                 delete::delete(&mut self.memory, &run_id)?;
                 Done::Changed
             }
             Command::Prune => {
                 let before = self.memory.now - 30_000;
+                self.traced(Resolved::Prune(before));
                 let deleted = delete::prune(&mut self.memory, before, 10)?;
                 if deleted.runs == 0 {
                     Done::Refused
@@ -828,6 +866,15 @@ impl World {
                 }
             }
         })
+    }
+
+    fn traced(&mut self, command: Resolved) {
+        self.trace.push(Traced {
+            now: self.memory.now,
+            command,
+            new_runs: Vec::new(),
+            new_approvals: Vec::new(),
+        });
     }
 
     /// Notes an `at_most_once` step whose running attempt is about to end with its effect unknown.
@@ -1400,4 +1447,116 @@ fn deleting_a_run_leaves_the_cached_result_another_relies_on() {
     }
     assert_eq!(world.memory.state.runs.len(), 2, "the first run is deleted");
     assert_eq!(world.memory.state.cache_runs.len(), 1, "the other run owns the entry");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Replays: the commands of a case as they reached the records, for another store to run.
+
+/// A command with its inputs as resolved against the in-memory records.
+#[derive(Clone, Debug)]
+pub(crate) enum Resolved {
+    CreateRun(NewRun),
+    Turn(TurnPlan),
+    Start(StartDispatch),
+    Result(ResultReport),
+    LoseLease(LeaseLoss),
+    TimeOut(String, u32),
+    FailPending(RunId, StepKey),
+    Suspend(SuspendReport),
+    Subagent(SubagentStart),
+    LocalStep(RunId, Fence, LocalStep),
+    Answer(String, Answer),
+    ExpireApprovals,
+    CancelCall(RunId, StepKey),
+    EndRun(RunId, EndRun),
+    Abandon,
+    Delete(RunId),
+    Prune(Millis),
+}
+
+/// A command of a case, the time it ran at, and the runs and approvals it created (in memory).
+#[derive(Clone, Debug)]
+pub(crate) struct Traced {
+    pub now: Millis,
+    pub command: Resolved,
+    pub new_runs: Vec<RunId>,
+    pub new_approvals: Vec<(String, RunId)>,
+}
+
+impl Resolved {
+    /// Runs the command against `records`, as the properties ran it.
+    pub(crate) fn apply<R: super::Records + ?Sized>(self, records: &mut R) -> super::Result<()> {
+        match self {
+            Resolved::CreateRun(new) => drop(create_run::apply(records, new)?),
+            Resolved::Turn(plan) => drop(submit_turn::apply(records, plan)?),
+            Resolved::Start(start) => drop(start::apply(records, start)?),
+            Resolved::Result(report) => drop(result::apply(records, report)?),
+            Resolved::LoseLease(loss) => drop(lose_lease::apply(records, loss)?),
+            Resolved::TimeOut(dispatch_id, attempt) => drop(time_out::time_out(records, &dispatch_id, attempt)?),
+            Resolved::FailPending(run, key) => {
+                let why = ("no_worker", Outcome::NoWorker);
+                drop(time_out::fail_pending(records, (&run, &key), "no worker took it", why)?)
+            }
+            Resolved::Suspend(report) => drop(suspend::apply(records, report)?),
+            Resolved::Subagent(start) => drop(start_subagent::apply(records, start)?),
+            Resolved::LocalStep(run, fence, local) => drop(local_step::record(records, &run, &fence, local)?),
+            Resolved::Answer(id, answer) => drop(answer_approval::answer(records, &id, answer, ("alice", None))?),
+            Resolved::ExpireApprovals => drop(answer_approval::expire(records)?),
+            Resolved::CancelCall(run, key) => {
+                drop(cancel_call::cancel(records, (&run, &key), "the user cancelled it")?)
+            }
+            Resolved::EndRun(run, end) => drop(end_run::end(records, &run, end)?),
+            Resolved::Abandon => drop(end_run::abandon(records, 60_000, 10)?),
+            Resolved::Delete(run) => drop(delete::delete(records, &run)?),
+            Resolved::Prune(before) => drop(delete::prune(records, before, 10)?),
+        }
+        Ok(())
+    }
+
+    /// The command with the ids of runs and approvals as another store gave them.
+    pub(crate) fn with_ids(self, run: &dyn Fn(&RunId) -> RunId, approval: &dyn Fn(&str) -> String) -> Self {
+        match self {
+            Resolved::Turn(mut plan) => {
+                plan.run_id = run(&plan.run_id);
+                for call in &mut plan.calls {
+                    if let Some(start) = &mut call.start {
+                        start.run_id = run(&start.run_id);
+                    }
+                }
+                Resolved::Turn(plan)
+            }
+            Resolved::Start(mut start) => {
+                start.run_id = run(&start.run_id);
+                Resolved::Start(start)
+            }
+            Resolved::FailPending(id, key) => Resolved::FailPending(run(&id), key),
+            Resolved::Subagent(mut start) => {
+                start.parent = run(&start.parent);
+                Resolved::Subagent(start)
+            }
+            Resolved::LocalStep(id, fence, local) => Resolved::LocalStep(run(&id), fence, local),
+            Resolved::Answer(id, answer) => Resolved::Answer(approval(&id), answer),
+            Resolved::CancelCall(id, key) => Resolved::CancelCall(run(&id), key),
+            Resolved::EndRun(id, end) => Resolved::EndRun(run(&id), end),
+            Resolved::Delete(id) => Resolved::Delete(run(&id)),
+            other => other,
+        }
+    }
+}
+
+/// Case `seed` of the property's commands, run against the in-memory records: the records as
+/// they ended, and each command as it reached them.
+pub(crate) fn sample(seed: u8) -> (Memory, Vec<Traced>) {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed; 32]);
+    let mut runner = TestRunner::new_with_rng(Config::default(), rng);
+    let commands = commands(40).new_tree(&mut runner).expect("a case").current();
+    let mut world = World::new();
+    for timed in &commands {
+        world.memory.now += Millis::from(timed.after_ms);
+        world.apply(&timed.command);
+        world.memory.finish();
+    }
+    (world.memory, world.trace)
 }
