@@ -423,6 +423,8 @@ enum Done {
     Failed(crate::error::KernelError),
     /// A hosted handler diverged from its record: its run must have failed in this command.
     Diverged(RunId),
+    /// A message from a dispatch that did not hold its step was heard (invariant 4).
+    Heard(String),
 }
 
 impl World {
@@ -644,9 +646,10 @@ impl World {
                     },
                     progress_count: 0,
                 };
+                let heard = self.heard(&report.dispatch_id, report.attempt, Some(&report.session_id));
                 self.traced(Resolved::Result(report.clone()));
                 match result::apply(&mut self.memory, report)? {
-                    Some(_) => Done::Changed,
+                    Some(_) => heard,
                     None => Done::Refused,
                 }
             }
@@ -658,18 +661,20 @@ impl World {
                     attempt,
                     reason: "worker disconnected".into(),
                 };
+                let heard = self.heard(&loss.dispatch_id, loss.attempt, None);
                 self.traced(Resolved::LoseLease(loss.clone()));
                 match lose_lease::apply(&mut self.memory, loss)? {
                     LossOutcome::NotHeld => Done::Refused,
-                    _ => Done::Changed,
+                    _ => heard,
                 }
             }
             Command::TimeOut { from } => {
                 let (dispatch_id, attempt, _) = self.sender(*from, |_| true);
                 self.note_unknown(&dispatch_id, attempt);
+                let heard = self.heard(&dispatch_id, attempt, None);
                 self.traced(Resolved::TimeOut(dispatch_id.clone(), attempt));
                 match time_out::time_out(&mut self.memory, &dispatch_id, attempt)? {
-                    Some(_) => Done::Changed,
+                    Some(_) => heard,
                     None => Done::Refused,
                 }
             }
@@ -712,9 +717,10 @@ impl World {
                     session_id,
                     waiting_on,
                 };
+                let heard = self.heard(&report.dispatch_id, report.attempt, Some(&report.session_id));
                 self.traced(Resolved::Suspend(report.clone()));
                 match suspend::apply(&mut self.memory, report)? {
-                    Some(_) => Done::Changed,
+                    Some(_) => heard,
                     None => Done::Refused,
                 }
             }
@@ -868,6 +874,25 @@ impl World {
         })
     }
 
+    /// What a message from `(dispatch_id, attempt)` of `session` that changed something did:
+    /// [`Done::Changed`] if that attempt held a running step (on that session, when it says),
+    /// [`Done::Heard`] if it held none.
+    fn heard(&self, dispatch_id: &str, attempt: u32, session: Option<&str>) -> Done {
+        let holds = self.memory.state.steps.values().any(|step| {
+            step.status == StepStatus::Running
+                && step.dispatch_id.as_deref() == Some(dispatch_id)
+                && step.attempts == attempt
+                && session.is_none_or(|session| step.session_id.as_deref() == Some(session))
+        });
+        if holds {
+            Done::Changed
+        } else {
+            Done::Heard(format!(
+                "dispatch {dispatch_id} attempt {attempt} of session {session:?}"
+            ))
+        }
+    }
+
     fn traced(&mut self, command: Resolved) {
         self.trace.push(Traced {
             now: self.memory.now,
@@ -985,7 +1010,7 @@ fn unchanged(before: &State, after: &State, done: &Done) -> Result<(), TestCaseE
     let refusal = match done {
         Done::Refused => "a refusal".to_owned(),
         Done::Failed(error) => format!("error '{error}'"),
-        Done::Changed | Done::Diverged(_) => return Ok(()),
+        Done::Changed | Done::Diverged(_) | Done::Heard(_) => return Ok(()),
     };
     prop_assert!(
         before == after,
@@ -1258,6 +1283,9 @@ fn cache_outlives_its_runs(before: &State, after: &State) -> Result<(), TestCase
 
 fn check(before: &State, world: &World, done: &Done) -> Result<(), TestCaseError> {
     let after = &world.memory.state;
+    if let Done::Heard(sender) = done {
+        prop_assert!(false, "a message from {} was heard though it held no step", sender);
+    }
     unchanged(before, after, done)?;
     log_is_whole(after)?;
     steps_move_forward(before, after, &world.unknown)?;
@@ -1559,4 +1587,44 @@ pub(crate) fn sample(seed: u8) -> (Memory, Vec<Traced>) {
         world.memory.finish();
     }
     (world.memory, world.trace)
+}
+
+/// Rule 2: a subagent waiting for its session's earlier run is dispatched once that run ends.
+#[test]
+fn a_sessions_next_run_goes_when_the_one_before_it_ends() {
+    let subagent = |seq| Command::Subagent {
+        run: Target::Known(0),
+        fence: Sender::Current(0),
+        by_call: false,
+        seq,
+        occurrence: seq,
+        session: Some(0),
+        input: 0,
+    };
+    let mut commands = started_hosted();
+    commands.extend([
+        now(subagent(0)),
+        now(subagent(1)),
+        now(Command::EndRun {
+            run: Target::Known(3),
+            how: How::Fail,
+        }),
+    ]);
+    run_all(&commands).unwrap();
+    let mut world = World::new();
+    for timed in &commands {
+        world.apply(&timed.command);
+    }
+    let waited = &world.runs[4];
+    let log = &world.memory.state.log[waited];
+    let kinds: Vec<EventType> = log.iter().map(|event| event.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            EventType::RunCreated,
+            EventType::AgentSuspended,
+            EventType::AgentResumed
+        ],
+        "the second child waited for the first, then went"
+    );
 }
