@@ -548,182 +548,25 @@ impl World {
     }
 
     fn try_apply(&mut self, command: &Command) -> super::Result<Done> {
-        Ok(match command {
+        match command.clone() {
             Command::CreateRun {
                 hosted,
                 idempotency_key,
                 max_tool_calls,
-            } => {
-                let new = new_run(*hosted, idempotency_key.map(|k| format!("key-{k}")), *max_tool_calls);
-                self.traced(Resolved::CreateRun(new.clone()));
-                let (run, created, _) = create_run::apply(&mut self.memory, new)?;
-                if !created {
-                    return Ok(Done::Refused);
-                }
-                self.runs.push(run.id);
-                Done::Changed
-            }
+            } => self.create(hosted, idempotency_key, max_tool_calls),
             Command::Turn {
                 run,
                 turn,
                 calls,
                 fence,
                 reserve,
-            } => {
-                let run_id = self.run_id(*run);
-                let hosted = self.memory.state.runs.get(&run_id).is_some_and(|r| r.hosted);
-                let fence = match (hosted, fence) {
-                    (true, from) => Some(self.fence(&run_id, *from)),
-                    (false, Sender::Forged) => Some(self.fence(&run_id, Sender::Forged)),
-                    (false, _) => None,
-                };
-                let turn = u32::from(*turn);
-                let mut planned: Vec<PlannedCall> = calls
-                    .iter()
-                    .enumerate()
-                    .map(|(position, spec)| planned(turn, position as u32, *spec, &self.tools))
-                    .collect();
-                // Two calls of one turn under one id are refused before the write.
-                let mut ids = BTreeSet::new();
-                planned.retain(|call| call.call_id.as_ref().is_none_or(|id| ids.insert(id.clone())));
-                if *reserve {
-                    // The scheduler reserves no slot for a call whose resource another holds.
-                    let mut locked: BTreeSet<String> = self.memory.state.locks.keys().cloned().collect();
-                    for call in &mut planned {
-                        let free = crate::resources::locks(&call.resources).all(|r| locked.insert(r.clone()));
-                        if free && call.tool.is_some() && matches!(call.gate, CallGate::Run { .. }) {
-                            call.start = Some(self.start_of(&run_id, &call.key, 1));
-                        }
-                    }
-                }
-                let plan = TurnPlan {
-                    run_id: run_id.clone(),
-                    turn,
-                    calls: planned,
-                    available_tools: self.tools.iter().map(|t| t.name.clone()).collect(),
-                    default_timeout_ms: 30_000,
-                    max_pending_calls: 8,
-                    max_events: 10_000,
-                    fence,
-                    max_concurrency: None,
-                };
-                // What the record says, whatever the command answers: a hosted handler that
-                // reaches a recorded identity with another call diverged.
-                let changed = hosted
-                    && plan.calls.iter().any(|call| {
-                        let recorded = self.memory.state.steps.get(&(run_id.clone(), call.key.clone()));
-                        recorded.is_some_and(|step| step.call_hash != call.call_hash)
-                    });
-                self.traced(Resolved::Turn(plan.clone()));
-                match turn_done(&run_id, submit_turn::apply(&mut self.memory, plan)?) {
-                    Done::Changed if changed => Done::Diverged(run_id),
-                    done => done,
-                }
-            }
-            Command::Start { step, offset } => {
-                let pending = self.steps(|s| s.status == StepStatus::Pending);
-                let Some(step) = World::nth(&pending, *step) else {
-                    return Ok(Done::Refused);
-                };
-                let attempt = (i64::from(step.attempts) + 1 + i64::from(*offset)).max(1) as u32;
-                let start = self.start_of(&step.run_id, &step.key, attempt);
-                self.traced(Resolved::Start(start.clone()));
-                match start::apply(&mut self.memory, start)? {
-                    Some(_) => Done::Changed,
-                    None => Done::Refused,
-                }
-            }
-            Command::Result { from, outcome } => {
-                let (dispatch_id, attempt, session_id) = self.sender(*from, |_| true);
-                let report = ResultReport {
-                    dispatch_id,
-                    attempt,
-                    session_id,
-                    outcome: match outcome {
-                        Reported::Ok => Ok("\"done\"".into()),
-                        Reported::Retryable => Err((ErrorKind::Retryable, "try again".into())),
-                        Reported::Fatal => Err((ErrorKind::Fatal, "broken".into())),
-                    },
-                    progress_count: 0,
-                };
-                let heard = self.heard(&report.dispatch_id, report.attempt, Some(&report.session_id));
-                self.traced(Resolved::Result(report.clone()));
-                match result::apply(&mut self.memory, report)? {
-                    Some(_) => heard,
-                    None => Done::Refused,
-                }
-            }
-            Command::LoseLease { from } => {
-                let (dispatch_id, attempt, _) = self.sender(*from, |_| true);
-                self.note_unknown(&dispatch_id, attempt);
-                let loss = LeaseLoss {
-                    dispatch_id,
-                    attempt,
-                    reason: "worker disconnected".into(),
-                };
-                let heard = self.heard(&loss.dispatch_id, loss.attempt, None);
-                self.traced(Resolved::LoseLease(loss.clone()));
-                match lose_lease::apply(&mut self.memory, loss)? {
-                    LossOutcome::NotHeld => Done::Refused,
-                    _ => heard,
-                }
-            }
-            Command::TimeOut { from } => {
-                let (dispatch_id, attempt, _) = self.sender(*from, |_| true);
-                self.note_unknown(&dispatch_id, attempt);
-                let heard = self.heard(&dispatch_id, attempt, None);
-                self.traced(Resolved::TimeOut(dispatch_id.clone(), attempt));
-                match time_out::time_out(&mut self.memory, &dispatch_id, attempt)? {
-                    Some(_) => heard,
-                    None => Done::Refused,
-                }
-            }
-            Command::FailPending { step } => {
-                let pending = self.steps(|s| s.status == StepStatus::Pending);
-                let Some(step) = World::nth(&pending, *step) else {
-                    return Ok(Done::Refused);
-                };
-                let why = ("no_worker", Outcome::NoWorker);
-                self.traced(Resolved::FailPending(step.run_id.clone(), step.key.clone()));
-                match time_out::fail_pending(&mut self.memory, (&step.run_id, &step.key), "no worker took it", why)? {
-                    Some(_) => Done::Changed,
-                    None => Done::Refused,
-                }
-            }
-            Command::Suspend { from, waiting_on } => {
-                let (dispatch_id, attempt, session_id) = self.sender(*from, |_| true);
-                let run = self
-                    .memory
-                    .state
-                    .steps
-                    .values()
-                    .find(|s| s.dispatch_id.as_deref() == Some(&dispatch_id));
-                let siblings: Vec<StepKey> = run.map_or(Vec::new(), |held| {
-                    self.steps(|s| s.run_id == held.run_id && s.key != held.key)
-                        .into_iter()
-                        .map(|s| s.key)
-                        .collect()
-                });
-                let waiting_on = waiting_on
-                    .iter()
-                    .map(|n| match n.and_then(|n| World::nth(&siblings, n)) {
-                        Some(key) => key.as_str().to_owned(),
-                        None => "step:never#0".to_owned(),
-                    })
-                    .collect();
-                let report = SuspendReport {
-                    dispatch_id,
-                    attempt,
-                    session_id,
-                    waiting_on,
-                };
-                let heard = self.heard(&report.dispatch_id, report.attempt, Some(&report.session_id));
-                self.traced(Resolved::Suspend(report.clone()));
-                match suspend::apply(&mut self.memory, report)? {
-                    Some(_) => heard,
-                    None => Done::Refused,
-                }
-            }
+            } => self.turn(run, turn, calls, fence, reserve),
+            Command::Start { step, offset } => self.start(step, offset),
+            Command::Result { from, outcome } => self.result(from, outcome),
+            Command::LoseLease { from } => self.lose_lease(from),
+            Command::TimeOut { from } => self.time_out(from),
+            Command::FailPending { step } => self.fail_pending(step),
+            Command::Suspend { from, waiting_on } => self.suspend(from, waiting_on),
             Command::Subagent {
                 run,
                 fence,
@@ -732,45 +575,7 @@ impl World {
                 occurrence,
                 session,
                 input,
-            } => {
-                let (parent, fence) = if *by_call {
-                    let (dispatch_id, attempt, _) = self.sender(*fence, |s| s.kind == StepKind::Tool);
-                    let parent = self
-                        .memory
-                        .state
-                        .steps
-                        .values()
-                        .find(|s| s.dispatch_id.as_deref() == Some(&dispatch_id))
-                        .map_or_else(|| self.run_id(*run), |s| s.run_id.clone());
-                    (parent, Fence { dispatch_id, attempt })
-                } else {
-                    let parent = self.hosted_run_id(*run);
-                    let fence = self.fence(&parent, *fence);
-                    (parent, fence)
-                };
-                let mut child = new_run(true, None, 0);
-                child.agent = "helper".into();
-                child.hosted = Some(agent("helper"));
-                child.input = format!("{{\"q\":{input}}}");
-                child.session_key = session.map(|s| format!("session-{s}"));
-                let start = SubagentStart {
-                    parent: parent.clone(),
-                    fence,
-                    seq: u32::from(*seq),
-                    occurrence: u32::from(*occurrence),
-                    child,
-                };
-                let key = StepKey::subagent("helper", start.occurrence);
-                let recorded = self.memory.state.steps.get(&(parent.clone(), key));
-                let changed = !by_call && recorded.is_some_and(|step| step.arguments != start.child.input);
-                self.traced(Resolved::Subagent(start.clone()));
-                let (recorded, _) = start_subagent::apply(&mut self.memory, start)?;
-                self.note_children();
-                match recorded_done(&parent, recorded) {
-                    Done::Changed | Done::Refused if changed => Done::Diverged(parent),
-                    done => done,
-                }
-            }
+            } => self.subagent((run, fence, by_call), (seq, occurrence), session, input),
             Command::LocalStep {
                 run,
                 fence,
@@ -779,98 +584,350 @@ impl World {
                 occurrence,
                 ok,
                 denied,
-            } => {
-                let run_id = self.hosted_run_id(*run);
-                let fence = self.fence(&run_id, *fence);
-                let step_id = format!("s{id}");
-                // As `grpc::hosted`: a step the policy denies is recorded as denied, whatever the
-                // handler reports.
-                let (outcome, decided_by) = match (denied, ok) {
-                    (true, _) => (Err(format!("step:{step_id} not allowed")), Some(DENY_RULE.to_owned())),
-                    (false, true) => (Ok("1".to_owned()), None),
-                    (false, false) => (Err("it broke".to_owned()), None),
-                };
-                let local = LocalStep {
-                    seq: u32::from(*seq),
-                    step_id,
-                    occurrence: u32::from(*occurrence),
-                    effect: Effect::Write,
-                    once: false,
-                    outcome,
-                    decided_by,
-                    denied: *denied,
-                    blocked: false,
-                };
-                self.traced(Resolved::LocalStep(run_id.clone(), fence.clone(), local.clone()));
-                recorded_done(&run_id, local_step::record(&mut self.memory, &run_id, &fence, local)?)
-            }
-            Command::Answer { approval, approve } => {
-                let ids: Vec<String> = self.memory.state.approvals.keys().cloned().collect();
-                let id = approval
-                    .and_then(|n| World::nth(&ids, n))
-                    .unwrap_or_else(|| "forged-approval".into());
-                let answer = if *approve { Answer::Approve } else { Answer::Reject };
-                self.traced(Resolved::Answer(id.clone(), answer));
-                answer_approval::answer(&mut self.memory, &id, answer, ("alice", None))?;
-                Done::Changed
-            }
-            Command::ExpireApprovals => {
-                self.traced(Resolved::ExpireApprovals);
-                let answered = answer_approval::expire(&mut self.memory)?;
-                if answered.approvals.is_empty() {
-                    Done::Refused
-                } else {
-                    Done::Changed
+            } => self.local_step((run, fence), (seq, id, occurrence), (ok, denied)),
+            Command::Answer { approval, approve } => self.answer(approval, approve),
+            Command::ExpireApprovals => self.expire(),
+            Command::CancelCall { step } => self.cancel_call(step),
+            Command::EndRun { run, how } => self.end_run(run, how),
+            Command::Abandon => self.abandon(),
+            Command::Delete { run } => self.delete(run),
+            Command::Prune => self.prune(),
+        }
+    }
+
+    fn create(&mut self, hosted: bool, idempotency_key: Option<u8>, max_tool_calls: u8) -> super::Result<Done> {
+        let new = new_run(hosted, idempotency_key.map(|k| format!("key-{k}")), max_tool_calls);
+        self.traced(Resolved::CreateRun(new.clone()));
+        let (run, created, _) = create_run::apply(&mut self.memory, new)?;
+        if !created {
+            return Ok(Done::Refused);
+        }
+        self.runs.push(run.id);
+        Ok(Done::Changed)
+    }
+
+    fn turn(
+        &mut self,
+        run: Target,
+        turn: u8,
+        calls: Vec<CallSpec>,
+        fence: Sender,
+        reserve: bool,
+    ) -> super::Result<Done> {
+        let run_id = self.run_id(run);
+        let hosted = self.memory.state.runs.get(&run_id).is_some_and(|r| r.hosted);
+        let fence = match (hosted, fence) {
+            (true, from) => Some(self.fence(&run_id, from)),
+            (false, Sender::Forged) => Some(self.fence(&run_id, Sender::Forged)),
+            (false, _) => None,
+        };
+        let turn = u32::from(turn);
+        let mut planned: Vec<PlannedCall> = calls
+            .iter()
+            .enumerate()
+            .map(|(position, spec)| planned(turn, position as u32, *spec, &self.tools))
+            .collect();
+        // Two calls of one turn under one id are refused before the write.
+        let mut ids = BTreeSet::new();
+        planned.retain(|call| call.call_id.as_ref().is_none_or(|id| ids.insert(id.clone())));
+        if reserve {
+            // The scheduler reserves no slot for a call whose resource another holds.
+            let mut locked: BTreeSet<String> = self.memory.state.locks.keys().cloned().collect();
+            for call in &mut planned {
+                let free = crate::resources::locks(&call.resources).all(|r| locked.insert(r.clone()));
+                if free && call.tool.is_some() && matches!(call.gate, CallGate::Run { .. }) {
+                    call.start = Some(self.start_of(&run_id, &call.key, 1));
                 }
             }
-            Command::CancelCall { step } => {
-                let steps = self.steps(|_| true);
-                let Some(step) = World::nth(&steps, *step) else {
-                    return Ok(Done::Refused);
-                };
-                self.traced(Resolved::CancelCall(step.run_id.clone(), step.key.clone()));
-                cancel_call::cancel(&mut self.memory, (&step.run_id, &step.key), "the user cancelled it")?;
-                Done::Changed
-            }
-            Command::EndRun { run, how } => {
-                let run_id = self.run_id(*run);
-                let end = match how {
-                    How::Complete => EndRun::Complete {
-                        output: "\"finished\"".into(),
-                        settle_in_flight: false,
-                    },
-                    How::Fail => EndRun::Fail {
-                        reason: "the agent gave up".into(),
-                    },
-                    How::Cancel => EndRun::Cancel {
-                        reason: "the user cancelled it".into(),
-                    },
-                };
-                self.traced(Resolved::EndRun(run_id.clone(), end.clone()));
-                end_run::end(&mut self.memory, &run_id, end)?;
-                Done::Changed
-            }
-            Command::Abandon => {
-                self.traced(Resolved::Abandon);
-                let ended = end_run::abandon(&mut self.memory, 60_000, 10)?;
-                if ended.is_empty() { Done::Refused } else { Done::Changed }
-            }
-            Command::Delete { run } => {
-                let run_id = self.run_id(*run);
-                self.traced(Resolved::Delete(run_id.clone()));
-                delete::delete(&mut self.memory, &run_id)?;
-                Done::Changed
-            }
-            Command::Prune => {
-                let before = self.memory.now - 30_000;
-                self.traced(Resolved::Prune(before));
-                let deleted = delete::prune(&mut self.memory, before, 10)?;
-                if deleted.runs == 0 {
-                    Done::Refused
-                } else {
-                    Done::Changed
-                }
-            }
+        }
+        let plan = TurnPlan {
+            run_id: run_id.clone(),
+            turn,
+            calls: planned,
+            available_tools: self.tools.iter().map(|t| t.name.clone()).collect(),
+            default_timeout_ms: 30_000,
+            max_pending_calls: 8,
+            max_events: 10_000,
+            fence,
+            max_concurrency: None,
+        };
+        // What the record says, whatever the command answers: a hosted handler that
+        // reaches a recorded identity with another call diverged.
+        let changed = hosted
+            && plan.calls.iter().any(|call| {
+                let recorded = self.memory.state.steps.get(&(run_id.clone(), call.key.clone()));
+                recorded.is_some_and(|step| step.call_hash != call.call_hash)
+            });
+        self.traced(Resolved::Turn(plan.clone()));
+        Ok(match turn_done(&run_id, submit_turn::apply(&mut self.memory, plan)?) {
+            Done::Changed if changed => Done::Diverged(run_id),
+            done => done,
+        })
+    }
+
+    fn start(&mut self, step: u8, offset: i8) -> super::Result<Done> {
+        let pending = self.steps(|s| s.status == StepStatus::Pending);
+        let Some(step) = World::nth(&pending, step) else {
+            return Ok(Done::Refused);
+        };
+        let attempt = (i64::from(step.attempts) + 1 + i64::from(offset)).max(1) as u32;
+        let start = self.start_of(&step.run_id, &step.key, attempt);
+        self.traced(Resolved::Start(start.clone()));
+        Ok(match start::apply(&mut self.memory, start)? {
+            Some(_) => Done::Changed,
+            None => Done::Refused,
+        })
+    }
+
+    fn result(&mut self, from: Sender, outcome: Reported) -> super::Result<Done> {
+        let (dispatch_id, attempt, session_id) = self.sender(from, |_| true);
+        let report = ResultReport {
+            dispatch_id,
+            attempt,
+            session_id,
+            outcome: match outcome {
+                Reported::Ok => Ok("\"done\"".into()),
+                Reported::Retryable => Err((ErrorKind::Retryable, "try again".into())),
+                Reported::Fatal => Err((ErrorKind::Fatal, "broken".into())),
+            },
+            progress_count: 0,
+        };
+        let heard = self.heard(&report.dispatch_id, report.attempt, Some(&report.session_id));
+        self.traced(Resolved::Result(report.clone()));
+        Ok(match result::apply(&mut self.memory, report)? {
+            Some(_) => heard,
+            None => Done::Refused,
+        })
+    }
+
+    fn lose_lease(&mut self, from: Sender) -> super::Result<Done> {
+        let (dispatch_id, attempt, _) = self.sender(from, |_| true);
+        self.note_unknown(&dispatch_id, attempt);
+        let loss = LeaseLoss {
+            dispatch_id,
+            attempt,
+            reason: "worker disconnected".into(),
+        };
+        let heard = self.heard(&loss.dispatch_id, loss.attempt, None);
+        self.traced(Resolved::LoseLease(loss.clone()));
+        Ok(match lose_lease::apply(&mut self.memory, loss)? {
+            LossOutcome::NotHeld => Done::Refused,
+            _ => heard,
+        })
+    }
+
+    fn time_out(&mut self, from: Sender) -> super::Result<Done> {
+        let (dispatch_id, attempt, _) = self.sender(from, |_| true);
+        self.note_unknown(&dispatch_id, attempt);
+        let heard = self.heard(&dispatch_id, attempt, None);
+        self.traced(Resolved::TimeOut(dispatch_id.clone(), attempt));
+        Ok(match time_out::time_out(&mut self.memory, &dispatch_id, attempt)? {
+            Some(_) => heard,
+            None => Done::Refused,
+        })
+    }
+
+    fn fail_pending(&mut self, step: u8) -> super::Result<Done> {
+        let pending = self.steps(|s| s.status == StepStatus::Pending);
+        let Some(step) = World::nth(&pending, step) else {
+            return Ok(Done::Refused);
+        };
+        let why = ("no_worker", Outcome::NoWorker);
+        self.traced(Resolved::FailPending(step.run_id.clone(), step.key.clone()));
+        Ok(
+            match time_out::fail_pending(&mut self.memory, (&step.run_id, &step.key), "no worker took it", why)? {
+                Some(_) => Done::Changed,
+                None => Done::Refused,
+            },
+        )
+    }
+
+    fn suspend(&mut self, from: Sender, waiting_on: Vec<Option<u8>>) -> super::Result<Done> {
+        let (dispatch_id, attempt, session_id) = self.sender(from, |_| true);
+        let run = self
+            .memory
+            .state
+            .steps
+            .values()
+            .find(|s| s.dispatch_id.as_deref() == Some(&dispatch_id));
+        let siblings: Vec<StepKey> = run.map_or(Vec::new(), |held| {
+            self.steps(|s| s.run_id == held.run_id && s.key != held.key)
+                .into_iter()
+                .map(|s| s.key)
+                .collect()
+        });
+        let waiting_on = waiting_on
+            .iter()
+            .map(|n| match n.and_then(|n| World::nth(&siblings, n)) {
+                Some(key) => key.as_str().to_owned(),
+                None => "step:never#0".to_owned(),
+            })
+            .collect();
+        let report = SuspendReport {
+            dispatch_id,
+            attempt,
+            session_id,
+            waiting_on,
+        };
+        let heard = self.heard(&report.dispatch_id, report.attempt, Some(&report.session_id));
+        self.traced(Resolved::Suspend(report.clone()));
+        Ok(match suspend::apply(&mut self.memory, report)? {
+            Some(_) => heard,
+            None => Done::Refused,
+        })
+    }
+
+    fn subagent(
+        &mut self,
+        (run, fence, by_call): (Target, Sender, bool),
+        (seq, occurrence): (u8, u8),
+        session: Option<u8>,
+        input: u8,
+    ) -> super::Result<Done> {
+        let (parent, fence) = if by_call {
+            let (dispatch_id, attempt, _) = self.sender(fence, |s| s.kind == StepKind::Tool);
+            let parent = self
+                .memory
+                .state
+                .steps
+                .values()
+                .find(|s| s.dispatch_id.as_deref() == Some(&dispatch_id))
+                .map_or_else(|| self.run_id(run), |s| s.run_id.clone());
+            (parent, Fence { dispatch_id, attempt })
+        } else {
+            let parent = self.hosted_run_id(run);
+            let fence = self.fence(&parent, fence);
+            (parent, fence)
+        };
+        let mut child = new_run(true, None, 0);
+        child.agent = "helper".into();
+        child.hosted = Some(agent("helper"));
+        child.input = format!("{{\"q\":{input}}}");
+        child.session_key = session.map(|s| format!("session-{s}"));
+        let start = SubagentStart {
+            parent: parent.clone(),
+            fence,
+            seq: u32::from(seq),
+            occurrence: u32::from(occurrence),
+            child,
+        };
+        let key = StepKey::subagent("helper", start.occurrence);
+        let recorded = self.memory.state.steps.get(&(parent.clone(), key));
+        let changed = !by_call && recorded.is_some_and(|step| step.arguments != start.child.input);
+        self.traced(Resolved::Subagent(start.clone()));
+        let (recorded, _) = start_subagent::apply(&mut self.memory, start)?;
+        self.note_children();
+        Ok(match recorded_done(&parent, recorded) {
+            Done::Changed | Done::Refused if changed => Done::Diverged(parent),
+            done => done,
+        })
+    }
+
+    fn local_step(
+        &mut self,
+        (run, fence): (Target, Sender),
+        (seq, id, occurrence): (u8, u8, u8),
+        (ok, denied): (bool, bool),
+    ) -> super::Result<Done> {
+        let run_id = self.hosted_run_id(run);
+        let fence = self.fence(&run_id, fence);
+        let step_id = format!("s{id}");
+        // As `grpc::hosted`: a step the policy denies is recorded as denied, whatever the
+        // handler reports.
+        let (outcome, decided_by) = match (denied, ok) {
+            (true, _) => (Err(format!("step:{step_id} not allowed")), Some(DENY_RULE.to_owned())),
+            (false, true) => (Ok("1".to_owned()), None),
+            (false, false) => (Err("it broke".to_owned()), None),
+        };
+        let local = LocalStep {
+            seq: u32::from(seq),
+            step_id,
+            occurrence: u32::from(occurrence),
+            effect: Effect::Write,
+            once: false,
+            outcome,
+            decided_by,
+            denied,
+            blocked: false,
+        };
+        self.traced(Resolved::LocalStep(run_id.clone(), fence.clone(), local.clone()));
+        Ok(recorded_done(
+            &run_id,
+            local_step::record(&mut self.memory, &run_id, &fence, local)?,
+        ))
+    }
+
+    fn answer(&mut self, approval: Option<u8>, approve: bool) -> super::Result<Done> {
+        let ids: Vec<String> = self.memory.state.approvals.keys().cloned().collect();
+        let id = approval
+            .and_then(|n| World::nth(&ids, n))
+            .unwrap_or_else(|| "forged-approval".into());
+        let answer = if approve { Answer::Approve } else { Answer::Reject };
+        self.traced(Resolved::Answer(id.clone(), answer));
+        answer_approval::answer(&mut self.memory, &id, answer, ("alice", None))?;
+        Ok(Done::Changed)
+    }
+
+    fn expire(&mut self) -> super::Result<Done> {
+        self.traced(Resolved::ExpireApprovals);
+        let answered = answer_approval::expire(&mut self.memory)?;
+        Ok(if answered.approvals.is_empty() {
+            Done::Refused
+        } else {
+            Done::Changed
+        })
+    }
+
+    fn cancel_call(&mut self, step: u8) -> super::Result<Done> {
+        let steps = self.steps(|_| true);
+        let Some(step) = World::nth(&steps, step) else {
+            return Ok(Done::Refused);
+        };
+        self.traced(Resolved::CancelCall(step.run_id.clone(), step.key.clone()));
+        cancel_call::cancel(&mut self.memory, (&step.run_id, &step.key), "the user cancelled it")?;
+        Ok(Done::Changed)
+    }
+
+    fn end_run(&mut self, run: Target, how: How) -> super::Result<Done> {
+        let run_id = self.run_id(run);
+        let end = match how {
+            How::Complete => EndRun::Complete {
+                output: "\"finished\"".into(),
+                settle_in_flight: false,
+            },
+            How::Fail => EndRun::Fail {
+                reason: "the agent gave up".into(),
+            },
+            How::Cancel => EndRun::Cancel {
+                reason: "the user cancelled it".into(),
+            },
+        };
+        self.traced(Resolved::EndRun(run_id.clone(), end.clone()));
+        end_run::end(&mut self.memory, &run_id, end)?;
+        Ok(Done::Changed)
+    }
+
+    fn abandon(&mut self) -> super::Result<Done> {
+        self.traced(Resolved::Abandon);
+        let ended = end_run::abandon(&mut self.memory, 60_000, 10)?;
+        Ok(if ended.is_empty() { Done::Refused } else { Done::Changed })
+    }
+
+    fn delete(&mut self, run: Target) -> super::Result<Done> {
+        let run_id = self.run_id(run);
+        self.traced(Resolved::Delete(run_id.clone()));
+        delete::delete(&mut self.memory, &run_id)?;
+        Ok(Done::Changed)
+    }
+
+    fn prune(&mut self) -> super::Result<Done> {
+        let before = self.memory.now - 30_000;
+        self.traced(Resolved::Prune(before));
+        let deleted = delete::prune(&mut self.memory, before, 10)?;
+        Ok(if deleted.runs == 0 {
+            Done::Refused
+        } else {
+            Done::Changed
         })
     }
 
