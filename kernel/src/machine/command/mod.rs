@@ -17,6 +17,10 @@
 //!
 //! What many commands share: [`ending`] (a run's end: children first, then calls, then the run,
 //! its parent's step and its session's next run) and [`ask`] (questions one at a time).
+//!
+//! Tests: `memory` holds the records in memory as the SQL transaction does; `properties` runs
+//! random sequences of every command against it, checking the log and the rules after each one,
+//! and `store::replayed` replays them on SQLite and PostgreSQL to compare the logs.
 
 pub mod answer_approval;
 pub mod ask;

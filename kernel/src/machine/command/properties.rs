@@ -529,22 +529,28 @@ impl World {
             }
         };
         if self.trace.len() > traced {
-            let after = &self.memory.state;
-            let traced = self.trace.last_mut().expect("traced");
-            traced.new_runs = after
-                .runs
-                .keys()
-                .filter(|id| !before.state.runs.contains_key(*id))
-                .cloned()
-                .collect();
-            traced.new_approvals = after
-                .approvals
-                .values()
-                .filter(|a| !before.state.approvals.contains_key(&a.id))
-                .map(|a| (a.id.clone(), a.run_id.clone()))
-                .collect();
+            self.note_created(&before.state);
         }
         done
+    }
+
+    /// Notes on the command just traced the runs and questions it created, by which a replay
+    /// knows the ids another store gave them.
+    fn note_created(&mut self, before: &State) {
+        let after = &self.memory.state;
+        let traced = self.trace.last_mut().expect("a command traced");
+        traced.new_runs = after
+            .runs
+            .keys()
+            .filter(|id| !before.runs.contains_key(*id))
+            .cloned()
+            .collect();
+        traced.new_approvals = after
+            .approvals
+            .values()
+            .filter(|a| !before.approvals.contains_key(&a.id))
+            .map(|a| (a.id.clone(), a.run_id.clone()))
+            .collect();
     }
 
     fn try_apply(&mut self, command: &Command) -> super::Result<Done> {
