@@ -21,7 +21,7 @@ use super::{
     cancel_call, create_run, delete, end_run, local_step, lose_lease, result, start, start_subagent, submit_turn,
     suspend, time_out,
 };
-use crate::machine::dispatch::{LeaseLoss, ResultReport, StartDispatch};
+use crate::machine::dispatch::{self, LeaseLoss, ResultReport, StartDispatch};
 use crate::machine::hosted::{Fence, HostedAgent, LocalStep};
 use crate::machine::run::{EndRun, NewRun};
 use crate::machine::turn::{CallDisposition, CallGate, PlannedCall, TurnPlan};
@@ -817,9 +817,15 @@ impl World {
             occurrence: u32::from(occurrence),
             child,
         };
+        // A fence naming one of the run's calls in flight starts a tool body's subagent, whatever
+        // the command meant; only a handler's start at a recorded place can diverge.
+        let fence = &start.fence;
+        let body = self.steps(|s| {
+            s.kind == StepKind::Tool && s.run_id == parent && dispatch::held(s, &fence.dispatch_id, fence.attempt, None)
+        });
         let key = StepKey::subagent("helper", start.occurrence);
         let recorded = self.memory.state.steps.get(&(parent.clone(), key));
-        let changed = !by_call && recorded.is_some_and(|step| step.arguments != start.child.input);
+        let changed = body.is_empty() && recorded.is_some_and(|step| step.arguments != start.child.input);
         self.traced(Resolved::Subagent(start.clone()));
         let (recorded, _) = start_subagent::apply(&mut self.memory, start)?;
         self.note_children();
@@ -1689,5 +1695,45 @@ fn a_sessions_next_run_goes_when_the_one_before_it_ends() {
             EventType::AgentResumed
         ],
         "the second child waited for the first, then went"
+    );
+}
+
+/// Not a divergence: a subagent started under a fence that names one of the run's calls in
+/// flight is that call's body's, keyed under the call, whatever the handler's place recorded.
+#[test]
+fn a_fence_naming_a_call_starts_that_calls_subagent() {
+    let subagent = |fence, seq, input| Command::Subagent {
+        run: Target::Known(0),
+        fence,
+        by_call: false,
+        seq,
+        occurrence: 0,
+        session: None,
+        input,
+    };
+    let mut calls = lookups(0, 2);
+    if let Command::Turn { run, .. } = &mut calls {
+        *run = Target::Known(1);
+    }
+    let mut commands = started_hosted();
+    // The second fence is the first call's dispatch (the one issued after the handler's).
+    commands.extend([
+        now(subagent(Sender::Current(0), 2, 0)),
+        now(calls),
+        now(subagent(Sender::Stale(1), 0, 1)),
+    ]);
+    run_all(&commands).unwrap();
+    let mut world = World::new();
+    for timed in &commands {
+        world.apply(&timed.command);
+    }
+    let under_call = StepKey::tool_subagent(&StepKey::for_call(0, 0, None), "helper", 0);
+    assert!(
+        world
+            .memory
+            .state
+            .steps
+            .contains_key(&(world.runs[1].clone(), under_call)),
+        "the call's body started a subagent"
     );
 }
