@@ -171,6 +171,18 @@ pub fn place(seq: u32, keys: &[StepKey], at_place: &[StepRecord], elsewhere: &[S
     Ok(Place::Recorded(at_place.to_vec()))
 }
 
+/// Whether a subagent a handler starts again at a recorded place is the one recorded there:
+/// another input is a divergence, as another call's arguments are.
+pub fn same_child(recorded: &StepRecord, child: &super::run::NewRun) -> Result<(), String> {
+    if recorded.arguments == child.input {
+        return Ok(());
+    }
+    Err(format!(
+        "replay_input_changed: the input of subagent step {} ('{}') differs from the recorded one",
+        recorded.key, child.agent
+    ))
+}
+
 /// How a run whose handler diverged from its record ends: failed with the divergence, in the write
 /// that found it, whatever the handler does next (a handler that caught the error and returns an
 /// output completes nothing; its dispatch is cancelled with the run).
@@ -461,17 +473,10 @@ pub fn suspend(
     Ok((StepChange { step: waiting, event }, run))
 }
 
-/// Whether `dispatch` may wait on `step`: a handler on its own tool calls and subagents, a tool
-/// call's body on the subagents it started. Only these wake it when they settle.
+/// Whether `dispatch` may wait on `step`: only a step whose settle wakes it ([`wakes`]): a handler
+/// on its run's tool calls and subagents, a tool call's body on the subagents it started.
 pub fn may_await(dispatch: &StepRecord, step: &StepRecord) -> bool {
-    if step.run_id != dispatch.run_id {
-        return false;
-    }
-    match dispatch.kind {
-        StepKind::Agent => matches!(step.kind, StepKind::Tool | StepKind::Subagent) && step.key.waiter().is_none(),
-        StepKind::Tool => step.kind == StepKind::Subagent && step.key.waiter().as_ref() == Some(&dispatch.key),
-        StepKind::Local | StepKind::Subagent => false,
-    }
+    step.run_id == dispatch.run_id && wakes(step).any(|key| key == dispatch.key)
 }
 
 /// A new run of session `session` whose earlier run has not ended waits for it before its first
@@ -491,6 +496,15 @@ pub fn wait_for_session(dispatch: &StepRecord, session: &str) -> StepChange {
         .event(),
         step: waiting,
     }
+}
+
+/// The dispatches a settle of `step` wakes, if they are suspended: the tool call whose body
+/// started it (a subagent of a call), and its hosted run's handler.
+pub fn wakes(step: &StepRecord) -> impl Iterator<Item = StepKey> {
+    let awaited = matches!(step.kind, StepKind::Tool | StepKind::Subagent);
+    let call = step.key.waiter().filter(|_| awaited);
+    let handler = (awaited && step.hosted).then(StepKey::agent);
+    call.into_iter().chain(handler)
 }
 
 /// A suspension names what it waits on: one naming nothing could never be woken, so it is refused,
@@ -804,6 +818,7 @@ mod tests {
         let (run, dispatch, waiting) = handler_waiting_on_a_child();
         let mut call = step();
         call.run_id = run.id.clone();
+        call.hosted = true;
         call.key = StepKey::for_call(2, 0, None);
         call.status = StepStatus::AwaitingApproval;
         let (suspended, after) = suspend(&run, &dispatch, &[named(&waiting), named(&call)], NOW).unwrap();
@@ -831,14 +846,15 @@ mod tests {
         let unknown = (StepKey::for_call(9, 0, None), None);
         let refused = refusal(suspend(&run, &dispatch, &[unknown], NOW));
         assert!(refused.contains("t9/p0 is not a step of run"), "{refused}");
-        // Steps of the run that this dispatch does not await: a local step, the handler's own
-        // dispatch, another call's subagent.
-        let mut other_call_child = waiting.clone();
-        other_call_child.key = StepKey::tool_subagent(&StepKey::for_call(0, 0, None), "researcher", 0);
-        for named_step in [local(2, "fetch", 0), dispatch.clone(), other_call_child] {
+        // Steps of the run whose settle does not wake the handler: a local step, its own dispatch.
+        for named_step in [local(2, "fetch", 0), dispatch.clone()] {
             let refused = refusal(suspend(&run, &dispatch, &[named(&named_step)], NOW));
             assert!(refused.contains("does not await"), "{}: {refused}", named_step.key);
         }
+        // A call's subagent wakes the handler too when it settles ([`wakes`]), so it may be waited on.
+        let mut other_call_child = waiting.clone();
+        other_call_child.key = StepKey::tool_subagent(&StepKey::for_call(0, 0, None), "researcher", 0);
+        assert!(suspend(&run, &dispatch, &[named(&other_call_child)], NOW).is_ok());
         // A tool body awaits only the subagents it started.
         let mut call = step();
         call.run_id = run.id.clone();

@@ -15,6 +15,8 @@ mod ops;
 pub mod postgres;
 mod reads;
 mod recorded;
+#[cfg(test)]
+mod replayed;
 mod rows;
 mod schema;
 mod sql;

@@ -17,6 +17,10 @@
 //!
 //! What many commands share: [`ending`] (a run's end: children first, then calls, then the run,
 //! its parent's step and its session's next run) and [`ask`] (questions one at a time).
+//!
+//! Tests: `memory` holds the records in memory as the SQL transaction does; `properties` runs
+//! random sequences of every command against it, checking the log and the rules after each one,
+//! and `store::replayed` replays them on SQLite and PostgreSQL to compare the logs.
 
 pub mod answer_approval;
 pub mod ask;
@@ -27,6 +31,10 @@ pub mod end_run;
 pub mod ending;
 pub mod local_step;
 pub mod lose_lease;
+#[cfg(test)]
+pub(crate) mod memory;
+#[cfg(test)]
+pub(crate) mod properties;
 pub mod result;
 pub mod start;
 pub mod start_subagent;
@@ -159,12 +167,9 @@ pub fn apply_change<R: Records + ?Sized>(records: &mut R, change: StepChange) ->
 pub fn record_change<R: Records + ?Sized>(records: &mut R, change: StepChange) -> Result<StepRecord> {
     let StepChange { step, event } = change;
     records.append(&step.run_id, event, Some(step.clone()))?;
-    if step.status.is_terminal() && matches!(step.kind, StepKind::Tool | StepKind::Subagent) {
-        if let Some(waiter) = step.key.waiter() {
-            wake_step(records, &step.run_id, &waiter, step.key.as_str())?;
-        }
-        if step.hosted {
-            wake_step(records, &step.run_id, &StepKey::agent(), step.key.as_str())?;
+    if step.status.is_terminal() {
+        for waiting in hosted::wakes(&step) {
+            wake_step(records, &step.run_id, &waiting, step.key.as_str())?;
         }
     }
     Ok(step)

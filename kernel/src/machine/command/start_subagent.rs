@@ -51,7 +51,16 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, start: SubagentStart) -> Resu
             let ended = end_diverged(records, &parent, &message)?;
             Ok((StepRecorded::Diverged { message, ended }, None))
         }
-        Ok(Place::Recorded(mut steps)) => Ok((StepRecorded::Replayed(steps.remove(0)), None)),
+        Ok(Place::Recorded(mut steps)) => {
+            let recorded = steps.remove(0);
+            match hosted::same_child(&recorded, &start.child) {
+                Ok(()) => Ok((StepRecorded::Replayed(recorded), None)),
+                Err(message) => {
+                    let ended = end_diverged(records, &parent, &message)?;
+                    Ok((StepRecorded::Diverged { message, ended }, None))
+                }
+            }
+        }
         Ok(Place::Open) => {
             let started = start_child(records, &parent, (start.seq, key), start.child)?;
             if let (StepRecorded::Recorded(step) | StepRecorded::Blocked { step, .. }, _) = &started {

@@ -144,14 +144,29 @@ fn check_place<R: Records + ?Sized>(
     let keys: Vec<StepKey> = plan.calls.iter().map(|c| c.key.clone()).collect();
     let at_place = records.steps_at_place(&run.id, plan.turn)?;
     let elsewhere: Vec<StepRecord> = recorded.iter().flatten().cloned().collect();
-    let Err(message) = hosted::place(plan.turn, &keys, &at_place, &elsewhere) else {
+    let divergence = match hosted::place(plan.turn, &keys, &at_place, &elsewhere) {
+        Err(message) => {
+            let step = at_place
+                .first()
+                .or(elsewhere.first())
+                .cloned()
+                .expect("a divergence names a recorded step");
+            Some((step, message))
+        }
+        // The same identities at the same place, but a call whose tool or arguments changed.
+        Ok(_) => {
+            plan.calls
+                .iter()
+                .zip(recorded)
+                .find_map(|(call, step)| match turn::resubmitted(step.clone()?, call) {
+                    CallDisposition::Diverged { step, message } => Some((step, message)),
+                    _ => None,
+                })
+        }
+    };
+    let Some((step, message)) = divergence else {
         return Ok(None);
     };
-    let step = at_place
-        .first()
-        .or(elsewhere.first())
-        .cloned()
-        .expect("a divergence names a recorded step");
     let ended = end_diverged(records, run, &message)?;
     Ok(Some(RecordedTurn {
         calls: plan

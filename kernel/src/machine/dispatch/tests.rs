@@ -279,7 +279,10 @@ fn only_a_pending_step_fails_for_want_of_a_worker() {
     assert!(fail_pending(&running(step(), 1), "x", why, NOW).is_none());
     let mut dispatch = step();
     dispatch.kind = StepKind::Agent;
-    assert!(fail_pending(&dispatch, "x", why, NOW).is_none(), "a hosted run waits for its host");
+    assert!(
+        fail_pending(&dispatch, "x", why, NOW).is_none(),
+        "a hosted run waits for its host"
+    );
 }
 
 #[test]
