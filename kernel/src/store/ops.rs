@@ -387,6 +387,26 @@ impl Records for Tx<'_> {
         remove_run(self, run)
     }
 
+    fn cache_claims(&self, run: &RunId) -> Result<Vec<(String, usize)>> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT mine.call_hash, (SELECT COUNT(*) FROM result_cache_runs every \
+                 WHERE every.call_hash = mine.call_hash) FROM result_cache_runs mine WHERE mine.run_id = ?1 \
+                 ORDER BY mine.call_hash",
+            )?
+            .query_map(params![run.as_str()], |row| Ok((row.get(0)?, row.get(1)?)))?
+            .collect::<sql::Result<_>>()?)
+    }
+
+    fn delete_cached_result(&mut self, call_hash: &str) -> Result<bool> {
+        let deleted = self
+            .conn
+            .prepare_cached("DELETE FROM result_cache WHERE call_hash = ?1")?
+            .execute(params![call_hash])?;
+        Ok(deleted > 0)
+    }
+
     fn step_by_dispatch(&self, dispatch_id: &str) -> Result<Option<StepRecord>> {
         let cached = self.cache.borrow().by_dispatch(dispatch_id);
         let found = match cached {
@@ -843,18 +863,12 @@ fn save_run(tx: &Tx<'_>, run: &RunRecord) -> Result<()> {
     Ok(())
 }
 
-/// Removes a run's rows, children first. A cached result goes with the last run it belongs to (the
-/// run that stored it, and each run served from it): a deleted run's results are not served to
-/// another, and no other run's entry goes with it.
+/// Removes a run's rows, its claims on cached results among them (which entries go with it is the
+/// delete command's to say).
 fn remove_run(tx: &Tx<'_>, run_id: &RunId) -> Result<super::Deleted> {
     tx.cache.borrow_mut().forget(run_id);
     let id = run_id.as_str();
     let delete = |sql: &str| -> Result<u64> { Ok(tx.conn.prepare_cached(sql)?.execute(params![id])? as u64) };
-    let cache_entries = delete(
-        "DELETE FROM result_cache WHERE call_hash IN (SELECT call_hash FROM result_cache_runs WHERE run_id = ?1) \
-         AND NOT EXISTS (SELECT 1 FROM result_cache_runs other \
-                         WHERE other.call_hash = result_cache.call_hash AND other.run_id <> ?1)",
-    )?;
     delete("DELETE FROM result_cache_runs WHERE run_id = ?1")?;
     let approvals = delete("DELETE FROM approvals WHERE run_id = ?1")?;
     let steps = delete("DELETE FROM steps WHERE run_id = ?1")?;
@@ -871,7 +885,7 @@ fn remove_run(tx: &Tx<'_>, run_id: &RunId) -> Result<super::Deleted> {
         events,
         steps,
         approvals,
-        cache_entries,
+        cache_entries: 0,
     })
 }
 

@@ -231,20 +231,6 @@ impl Records for Memory {
 
     fn remove_run(&mut self, run: &RunId) -> Result<Deleted> {
         let state = &mut self.state;
-        // A cached result goes with the last run it belongs to.
-        let owned: Vec<String> = state
-            .cache_runs
-            .iter()
-            .filter(|(_, owner)| owner == run)
-            .map(|(hash, _)| hash.clone())
-            .collect();
-        let mut cache_entries = 0;
-        for hash in owned {
-            let shared = state.cache_runs.iter().any(|(h, owner)| *h == hash && owner != run);
-            if !shared && state.cache.remove(&hash).is_some() {
-                cache_entries += 1;
-            }
-        }
         state.cache_runs.retain(|(_, owner)| owner != run);
         let approvals = count_removed(&mut state.approvals, |a| a.run_id == *run);
         let steps = count_removed(&mut state.steps, |s| s.run_id == *run);
@@ -258,8 +244,22 @@ impl Records for Memory {
             events,
             steps,
             approvals,
-            cache_entries,
+            cache_entries: 0,
         })
+    }
+
+    fn cache_claims(&self, run: &RunId) -> Result<Vec<(String, usize)>> {
+        let claims = &self.state.cache_runs;
+        Ok(claims
+            .iter()
+            .filter(|(_, owner)| owner == run)
+            .map(|(hash, _)| (hash.clone(), claims.iter().filter(|(h, _)| h == hash).count()))
+            .collect())
+    }
+
+    fn delete_cached_result(&mut self, call_hash: &str) -> Result<bool> {
+        self.state.cache_runs.retain(|(hash, _)| hash != call_hash);
+        Ok(self.state.cache.remove(call_hash).is_some())
     }
 
     fn find_step(&self, run: &RunId, key: &StepKey) -> Result<Option<StepRecord>> {
@@ -580,8 +580,10 @@ mod tests {
         assert!(memory.append(&RunId::new(), event(), None).is_err(), "no run, no event");
     }
 
+    /// Which entry goes with a deleted run is the delete command's rule; the records count the
+    /// claims on each and delete what they are told.
     #[test]
-    fn a_cached_result_goes_with_the_last_run_it_belongs_to() {
+    fn cached_results_count_the_runs_that_claim_them() {
         let mut memory = with_run();
         let mut other = run();
         other.id = RunId::new();
@@ -594,10 +596,13 @@ mod tests {
         memory.cache_result(&mine, "1", NOW + 10).unwrap();
         memory.own_cached_result(&mine).unwrap();
         memory.own_cached_result(&theirs).unwrap();
+        assert_eq!(memory.cache_claims(&run().id).unwrap(), vec![("h".to_owned(), 2)]);
         assert_eq!(memory.remove_run(&run().id).unwrap().cache_entries, 0);
         assert_eq!(memory.cached_result("h").unwrap().as_deref(), Some("1"));
-        assert_eq!(memory.remove_run(&other.id).unwrap().cache_entries, 1);
+        assert_eq!(memory.cache_claims(&other.id).unwrap(), vec![("h".to_owned(), 1)]);
+        assert!(memory.delete_cached_result("h").unwrap());
         assert_eq!(memory.cached_result("h").unwrap(), None);
+        assert!(memory.cache_claims(&other.id).unwrap().is_empty());
     }
 
     #[test]

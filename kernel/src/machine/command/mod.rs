@@ -74,8 +74,14 @@ pub trait Records {
     fn idle_runs(&self, cutoff: Millis, limit: usize) -> Result<Vec<(RunId, Option<Millis>)>>;
     /// Finished runs last updated before `before`, oldest first.
     fn finished_runs(&self, before: Millis, limit: usize) -> Result<Vec<RunId>>;
-    /// Removes a run's rows; a cached result goes with the last run it belongs to.
+    /// Removes a run's rows, its claims on cached results among them, but no cached result
+    /// (`cache_entries` is 0).
     fn remove_run(&mut self, run: &RunId) -> Result<crate::store::Deleted>;
+    /// The cached results `run` stored or was served, each with how many runs claim it (`run`
+    /// among them).
+    fn cache_claims(&self, run: &RunId) -> Result<Vec<(String, usize)>>;
+    /// Deletes the cached result of `call_hash`; whether there was one.
+    fn delete_cached_result(&mut self, call_hash: &str) -> Result<bool>;
 
     /// Step `key` of `run`.
     fn find_step(&self, run: &RunId, key: &StepKey) -> Result<Option<StepRecord>>;
