@@ -13,7 +13,7 @@ use super::cache::{Cache, Known};
 use super::rows::{self, load_run, load_step, load_step_by_dispatch};
 use crate::error::KernelError;
 use crate::machine::NewEvent;
-use crate::machine::command::{Records, held_step};
+use crate::machine::command::Records;
 use crate::machine::effects::Effect;
 use crate::machine::hosted::Fence;
 use crate::model::{
@@ -592,6 +592,15 @@ impl Records for Tx<'_> {
         Ok(())
     }
 
+    fn write_tool_cache(&mut self, tool: &str, set: &super::ToolCacheSet) -> Result<()> {
+        self.conn.write(
+            "INSERT INTO tool_cache (tool, key, value, expires_at) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT (tool, key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
+            params![tool, set.key, set.value, set.expires_at],
+        )?;
+        Ok(())
+    }
+
     fn own_cached_result(&mut self, step: &StepRecord) -> Result<()> {
         self.conn.write(
             "INSERT INTO result_cache_runs (call_hash, run_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
@@ -950,25 +959,6 @@ pub fn forget_tools(tx: &mut Tx<'_>, names: &[String]) -> Result<Vec<String>> {
         }
     }
     Ok(forgotten)
-}
-
-/// Writes (or replaces) one entry of the cache of the tool the asking dispatch runs, if that
-/// dispatch still runs on that session. It appends no event: the cache is the tool's scratch space,
-/// not part of any run's log.
-pub fn tool_cache_set(tx: &mut Tx<'_>, set: super::ToolCacheSet) -> Result<()> {
-    let Some(step) = held_step(tx, &set.dispatch_id, set.attempt, Some(&set.session_id))? else {
-        return Err(KernelError::FailedPrecondition(format!(
-            "dispatch {} attempt {} no longer runs on this session (finished, timed out or lost); \
-             the cache was not written",
-            set.dispatch_id, set.attempt
-        )));
-    };
-    tx.conn.write(
-        "INSERT INTO tool_cache (tool, key, value, expires_at) VALUES (?1, ?2, ?3, ?4) \
-             ON CONFLICT (tool, key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
-        params![step.tool, set.key, set.value, set.expires_at],
-    )?;
-    Ok(())
 }
 
 /// Deletes up to `limit` expired entries of each cache (read_only results and `ctx.cache`), oldest

@@ -200,7 +200,7 @@ fn apply(tx: &mut Tx<'_>, command: Command, before_commit: &mut Option<BeforeCom
         ),
         Command::ExpireApprovals(reply) => respond(command::answer_approval::expire(tx), reply),
         Command::NoteReplays(run, keys, reply) => respond(tx.note_replays(&run, &keys), reply),
-        Command::ToolCacheSet(set, reply) => respond(ops::tool_cache_set(tx, set), reply),
+        Command::ToolCacheSet(set, reply) => respond(command::tool_cache::set(tx, set), reply),
         Command::PurgeExpired(limit, reply) => respond(ops::purge_expired(tx, limit), reply),
         Command::RecordStep(run, fence, step, reply) => {
             let (local, gate) = *step;

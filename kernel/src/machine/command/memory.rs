@@ -64,6 +64,8 @@ pub struct State {
     pub log: BTreeMap<RunId, Vec<Logged>>,
     /// `step_checks`: a local step's allowance, by (run, step key).
     pub checks: BTreeMap<(RunId, StepKey), (Fence, String)>,
+    /// `tool_cache`: (tool, key) to (value, expiry).
+    pub tool_cache: BTreeMap<(String, String), (String, Option<Millis>)>,
 }
 
 /// The records of one store, with its clock; each command runs against it as inside the
@@ -246,6 +248,12 @@ impl Records for Memory {
             approvals,
             cache_entries: 0,
         })
+    }
+
+    fn write_tool_cache(&mut self, tool: &str, set: &crate::store::ToolCacheSet) -> Result<()> {
+        let entry = (set.value.clone(), set.expires_at);
+        self.state.tool_cache.insert((tool.to_owned(), set.key.clone()), entry);
+        Ok(())
     }
 
     fn cache_claims(&self, run: &RunId) -> Result<Vec<(String, usize)>> {

@@ -14,6 +14,7 @@
 //! - [`suspend`]: a dispatch giving back its slot to wait.
 //! - [`start_subagent`]: a hosted handler's (or a tool body's) subagent.
 //! - [`delete`]: a finished run and what it alone holds.
+//! - [`tool_cache`]: an entry of a tool's own cache, from the dispatch running it.
 //!
 //! What many commands share: [`ending`] (a run's end: children first, then calls, then the run,
 //! its parent's step and its session's next run) and [`ask`] (questions one at a time).
@@ -41,6 +42,7 @@ pub mod start_subagent;
 pub mod submit_turn;
 pub mod suspend;
 pub mod time_out;
+pub mod tool_cache;
 
 use crate::error::KernelError;
 use crate::machine::effects::Effect;
@@ -144,6 +146,8 @@ pub trait Records {
     fn cache_result(&mut self, step: &StepRecord, output: &str, expires_at: Millis) -> Result<()>;
     /// Notes that the cached result of `step`'s call belongs to its run too.
     fn own_cached_result(&mut self, step: &StepRecord) -> Result<()>;
+    /// Writes (or replaces) an entry of tool `tool`'s own cache (`ctx.cache`).
+    fn write_tool_cache(&mut self, tool: &str, set: &crate::store::ToolCacheSet) -> Result<()>;
 
     /// Takes the lock on `resource` for `step`'s attempt `(dispatch_id, attempt)`; `Err` with the
     /// holder's (run, step key) when another step holds it.
