@@ -48,6 +48,113 @@ impl fmt::Display for RunId {
     }
 }
 
+/// Declares an opaque id the kernel hands out (a UUIDv7 in its hyphenated text form) and a client
+/// names back. Each kind is its own type, so one kind of id cannot be passed where another is meant;
+/// the text, in rows, events and on the wire, is the id itself.
+macro_rules! text_id {
+    ($(#[$meta:meta])* $name:ident) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// A fresh id.
+            pub fn new() -> Self {
+                $name(uuid::Uuid::now_v7().hyphenated().to_string())
+            }
+
+            /// Reads an id a client names; `field` names the request field in the error. Only an
+            /// empty id is malformed: an id the kernel never gave is a stale or forged one, which
+            /// the rules refuse as such rather than as a bad request.
+            pub fn parse(text: &str, field: &str) -> Result<Self, KernelError> {
+                if text.is_empty() {
+                    return Err(KernelError::invalid(field, "must not be empty"));
+                }
+                Ok($name(text.to_owned()))
+            }
+
+            /// Rebuilds an id read back from the store or named on a worker's session, as it was
+            /// written.
+            pub fn from_stored(text: String) -> Self {
+                $name(text)
+            }
+
+            /// The id as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        // Maps keyed by the id are looked up by the text a message names, before it is known to
+        // be one of ours.
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
+        // In the payloads' JSON Schema the id is a plain string, as it is in the JSON.
+        impl schemars::JsonSchema for $name {
+            fn inline_schema() -> bool {
+                true
+            }
+
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                "String".into()
+            }
+
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({ "type": "string" })
+            }
+        }
+
+        // Tests name ids by short literals.
+        #[cfg(test)]
+        impl From<&str> for $name {
+            fn from(text: &str) -> Self {
+                $name(text.to_owned())
+            }
+        }
+
+        #[cfg(test)]
+        impl From<String> for $name {
+            fn from(text: String) -> Self {
+                $name(text)
+            }
+        }
+    };
+}
+
+text_id!(
+    /// The id of one attempt's dispatch to a worker: every message about the attempt names it,
+    /// with the attempt's number, and only the holder of the current one may settle the step.
+    DispatchId
+);
+
+text_id!(
+    /// The id of a worker's session, from its hello until its stream ends: the leases it holds
+    /// are its own.
+    SessionId
+);
+
+text_id!(
+    /// The id of a question put to a person about one call.
+    ApprovalId
+);
+
 /// Declares a string-backed enum with its text form, used in rows, events and logs.
 macro_rules! text_enum {
     ($(#[$meta:meta])* $name:ident { $($(#[doc = $doc:literal])* $variant:ident => $text:literal),+ $(,)? }) => {
@@ -708,10 +815,10 @@ pub struct StepRecord {
     pub error: Option<String>,
     pub error_kind: Option<ErrorKind>,
     pub worker: Option<String>,
-    pub session_id: Option<String>,
+    pub session_id: Option<SessionId>,
     /// The kernel replica holding the step's lease while it runs (its writer recorded the start).
     pub replica: Option<String>,
-    pub dispatch_id: Option<String>,
+    pub dispatch_id: Option<DispatchId>,
     pub lease_expires_at: Option<Millis>,
     pub created_at: Millis,
     pub started_at: Option<Millis>,
@@ -766,7 +873,7 @@ impl StepRecord {
 /// A person's (or the clock's) answer to a gated call, kept on the step it decided.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ApprovalDecision {
-    pub approval_id: String,
+    pub approval_id: ApprovalId,
     /// `approved`, `rejected` or `expired`.
     pub answer: ApprovalStatus,
     pub decider: String,
@@ -802,7 +909,7 @@ text_enum!(
 /// A question put to a person about one call.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ApprovalRecord {
-    pub id: String,
+    pub id: ApprovalId,
     pub run_id: RunId,
     pub key: StepKey,
     pub tool: String,
@@ -865,6 +972,25 @@ mod tests {
         assert_eq!(RunId::parse(id.as_str(), "run_id").unwrap(), id);
         let err = RunId::parse("nope", "run_id").unwrap_err();
         assert!(err.to_string().contains("run_id"));
+    }
+
+    #[test]
+    fn dispatch_session_and_approval_ids_are_plain_text() {
+        let id = DispatchId::new();
+        assert!(uuid::Uuid::parse_str(id.as_str()).is_ok(), "{id}");
+        assert_eq!(DispatchId::parse(id.as_str(), "dispatch_id").unwrap(), id);
+        // An id the kernel never gave is no bad request: the rules refuse it as stale or forged.
+        assert_eq!(
+            SessionId::parse("not-a-uuid", "session_id").unwrap().as_str(),
+            "not-a-uuid"
+        );
+        let err = ApprovalId::parse("", "approval_id").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            KernelError::invalid("approval_id", "must not be empty").to_string()
+        );
+        assert_eq!(serde_json::to_string(&id).unwrap(), format!("\"{id}\""));
+        assert_eq!(serde_json::from_str::<DispatchId>(&format!("\"{id}\"")).unwrap(), id);
     }
 
     #[test]

@@ -21,7 +21,9 @@ use crate::cluster::Offers;
 use crate::error::KernelError;
 use crate::machine::effects::Effect;
 use crate::machine::human_ms;
-use crate::model::{AgentDef, Millis, RunId, StepKey, StepKind, StepRecord, StepStatus, ToolDef};
+use crate::model::{
+    AgentDef, DispatchId, Millis, RunId, SessionId, StepKey, StepKind, StepRecord, StepStatus, ToolDef,
+};
 use crate::store::{LeaseLoss, LossOutcome, StartDispatch, Store};
 
 mod early;
@@ -79,7 +81,7 @@ pub struct SessionHello {
 /// An order to run a call, as the session forwards it to its worker.
 #[derive(Clone, Debug)]
 pub struct DispatchOrder {
-    pub dispatch_id: String,
+    pub dispatch_id: DispatchId,
     pub attempt: u32,
     pub step: StepRecord,
 }
@@ -89,7 +91,7 @@ pub struct DispatchOrder {
 pub enum Outbound {
     Dispatch(Box<DispatchOrder>),
     Cancel {
-        dispatch_id: String,
+        dispatch_id: DispatchId,
         attempt: u32,
         reason: String,
     },
@@ -107,7 +109,7 @@ pub enum Outbound {
 /// A connected worker, as `workers list` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WorkerSnapshot {
-    pub session_id: String,
+    pub session_id: SessionId,
     pub name: String,
     pub tools: Vec<String>,
     pub agents: Vec<String>,
@@ -147,31 +149,31 @@ enum Msg {
     Join {
         hello: SessionHello,
         outbound: mpsc::UnboundedSender<Outbound>,
-        reply: oneshot::Sender<Result<String, KernelError>>,
+        reply: oneshot::Sender<Result<SessionId, KernelError>>,
     },
     Leave {
-        session_id: String,
+        session_id: SessionId,
         reason: String,
     },
     Heartbeat {
-        session_id: String,
+        session_id: SessionId,
     },
     Ready {
-        session_id: String,
+        session_id: SessionId,
     },
     Drain {
-        session_id: String,
+        session_id: SessionId,
     },
     Enqueue(StepRecord),
     /// What a commit left to do, in order.
     Effects(Vec<Effect>),
     Started {
-        dispatch_id: String,
+        dispatch_id: DispatchId,
         attempt: u32,
         result: Result<Option<StepRecord>, KernelError>,
     },
     Settled {
-        dispatch_id: String,
+        dispatch_id: DispatchId,
         attempt: u32,
     },
     CancelSteps {
@@ -190,14 +192,14 @@ enum Msg {
     Reserved(Vec<(StartDispatch, Option<StepRecord>)>),
     /// A reserved call went to its worker before its start committed, with this timeout.
     Sent {
-        dispatch_id: String,
+        dispatch_id: DispatchId,
         attempt: u32,
         timeout: Duration,
     },
     /// What the store says is in flight, for the periodic scan.
     Reconcile(Vec<StepRecord>),
     /// A lost dispatch's loss is recorded: the store released its locks, and so does memory.
-    Unlock(String),
+    Unlock(DispatchId),
     /// How many queued calls wait for each held resource instance.
     LockWaits(oneshot::Sender<HashMap<String, u32>>),
     /// What this replica's sessions offer.
@@ -293,7 +295,7 @@ impl Scheduler {
         &self,
         hello: SessionHello,
         outbound: mpsc::UnboundedSender<Outbound>,
-    ) -> Result<String, KernelError> {
+    ) -> Result<SessionId, KernelError> {
         let (reply, answer) = oneshot::channel();
         self.send(Msg::Join { hello, outbound, reply });
         answer
@@ -302,11 +304,11 @@ impl Scheduler {
     }
 
     /// The session ended: its leases are lost at once.
-    pub fn leave(&self, session_id: String, reason: String) {
+    pub fn leave(&self, session_id: SessionId, reason: String) {
         self.send(Msg::Leave { session_id, reason });
     }
 
-    pub fn heartbeat(&self, session_id: String) {
+    pub fn heartbeat(&self, session_id: SessionId) {
         self.send(Msg::Heartbeat { session_id });
     }
 
@@ -320,12 +322,12 @@ impl Scheduler {
 
     /// The session's tools and agents are registered: `workers list` may show it now, and a
     /// client that sees it there may use what it offers.
-    pub fn ready(&self, session_id: String) {
+    pub fn ready(&self, session_id: SessionId) {
         self.send(Msg::Ready { session_id });
     }
 
     /// No more dispatches to this session.
-    pub fn drain(&self, session_id: String) {
+    pub fn drain(&self, session_id: SessionId) {
         self.send(Msg::Drain { session_id });
     }
 
@@ -335,7 +337,7 @@ impl Scheduler {
     }
 
     /// A worker's result for this dispatch was handled (recorded or refused): its slot is free.
-    pub fn settled(&self, dispatch_id: String, attempt: u32) {
+    pub fn settled(&self, dispatch_id: DispatchId, attempt: u32) {
         self.send(Msg::Settled { dispatch_id, attempt });
     }
 
@@ -524,7 +526,7 @@ enum LeaseState {
 }
 
 struct Lease {
-    session_id: String,
+    session_id: SessionId,
     run_id: RunId,
     key: StepKey,
     attempt: u32,
@@ -544,12 +546,12 @@ struct Actor {
     config: SchedulerConfig,
     store: Store,
     me: mpsc::UnboundedSender<Msg>,
-    sessions: HashMap<String, Session>,
+    sessions: HashMap<SessionId, Session>,
     queue: Queue,
-    leases: HashMap<String, Lease>,
+    leases: HashMap<DispatchId, Lease>,
     /// Resource instances held, by the dispatch holding each. A lost dispatch keeps its locks until
     /// its loss is recorded, so no other call starts on them before the store releases them.
-    locked: HashMap<String, String>,
+    locked: HashMap<String, DispatchId>,
     /// Rotates ties between equally loaded workers.
     turn: usize,
     /// An expiry pass is running.
@@ -569,7 +571,7 @@ struct Actor {
     deferred: (std::collections::BTreeSet<String>, std::collections::BTreeSet<String>),
     /// Reserved calls sent to their workers before their start committed, until their turn's
     /// write comes back: that answer must not send them again, nor lose them.
-    delivered: std::collections::HashSet<String>,
+    delivered: std::collections::HashSet<DispatchId>,
     /// The kernel drains: nothing new is dispatched or reserved.
     stopping: bool,
     /// Who waits for the last call running on a worker here to end.
@@ -667,7 +669,7 @@ impl Actor {
             }
             Msg::Drain { session_id } => {
                 if let Some(session) = self.sessions.get_mut(&session_id) {
-                    info!(session_id, worker = session.name, "worker draining");
+                    info!(%session_id, worker = session.name, "worker draining");
                     session.draining = true;
                 }
             }
@@ -774,7 +776,11 @@ impl Actor {
         }
     }
 
-    fn join(&mut self, hello: SessionHello, outbound: mpsc::UnboundedSender<Outbound>) -> Result<String, KernelError> {
+    fn join(
+        &mut self,
+        hello: SessionHello,
+        outbound: mpsc::UnboundedSender<Outbound>,
+    ) -> Result<SessionId, KernelError> {
         for tool in &hello.tools {
             for (id, session) in &self.sessions {
                 if let Some(theirs) = session.tools.get(&tool.name)
@@ -804,10 +810,10 @@ impl Actor {
             }
         }
         self.check_remote_conflicts(&hello)?;
-        let session_id = uuid::Uuid::now_v7().to_string();
+        let session_id = SessionId::new();
         let now = self.store.clock().now_millis();
         info!(
-            session_id,
+            %session_id,
             worker = hello.name,
             tools = hello.tools.len(),
             agents = hello.agents.len(),
@@ -993,15 +999,15 @@ impl Actor {
         });
     }
 
-    fn leave(&mut self, session_id: &str, reason: &str) {
+    fn leave(&mut self, session_id: &SessionId, reason: &str) {
         let Some(session) = self.sessions.remove(session_id) else {
             return;
         };
-        info!(session_id, worker = session.name, reason, "worker left");
-        let lost: Vec<String> = self
+        info!(%session_id, worker = session.name, reason, "worker left");
+        let lost: Vec<DispatchId> = self
             .leases
             .iter()
-            .filter(|(_, l)| l.session_id == session_id)
+            .filter(|(_, l)| l.session_id == *session_id)
             .map(|(id, _)| id.clone())
             .collect();
         for dispatch_id in lost {
@@ -1015,7 +1021,7 @@ impl Actor {
     }
 
     /// Records the loss in the store (whose commit requeues what may run again).
-    fn lose(&self, dispatch_id: String, attempt: u32, reason: String) {
+    fn lose(&self, dispatch_id: DispatchId, attempt: u32, reason: String) {
         let store = self.store.clone();
         let me = self.me.clone();
         tokio::spawn(async move {
@@ -1029,13 +1035,13 @@ impl Actor {
             {
                 // Queued again by the commit's effect.
                 Ok(LossOutcome::Requeued(step)) => {
-                    info!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, reason, "lease lost, redispatching");
+                    info!(run_id = %step.run_id, step = %step.key, tool = step.tool, %dispatch_id, reason, "lease lost, redispatching");
                 }
                 Ok(LossOutcome::Indeterminate(step)) => {
-                    warn!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, reason, "lease lost, at_most_once call is indeterminate");
+                    warn!(run_id = %step.run_id, step = %step.key, tool = step.tool, %dispatch_id, reason, "lease lost, at_most_once call is indeterminate");
                 }
-                Ok(LossOutcome::NotHeld) => debug!(dispatch_id, "lost lease no longer held its step"),
-                Err(error) => warn!(dispatch_id, %error, "cannot record a lost lease; boot recovery will"),
+                Ok(LossOutcome::NotHeld) => debug!(%dispatch_id, "lost lease no longer held its step"),
+                Err(error) => warn!(%dispatch_id, %error, "cannot record a lost lease; boot recovery will"),
             }
             let _ = me.send(Msg::Unlock(dispatch_id));
         });
@@ -1197,8 +1203,8 @@ impl Actor {
         });
     }
 
-    fn pick(&mut self, kind: StepKind, name: &str) -> Option<String> {
-        let mut candidates: Vec<(&String, &Session)> =
+    fn pick(&mut self, kind: StepKind, name: &str) -> Option<SessionId> {
+        let mut candidates: Vec<(&SessionId, &Session)> =
             self.sessions.iter().filter(|(_, s)| s.can_take(kind, name)).collect();
         if candidates.is_empty() {
             return None;
@@ -1206,7 +1212,7 @@ impl Actor {
         candidates.sort_by(|a, b| a.0.cmp(b.0));
         let load = |s: &Session| s.in_use as f64 / s.max_concurrency as f64;
         let best = candidates.iter().map(|(_, s)| load(s)).fold(f64::INFINITY, f64::min);
-        let equals: Vec<&String> = candidates
+        let equals: Vec<&SessionId> = candidates
             .iter()
             .filter(|(_, s)| load(s) <= best + f64::EPSILON)
             .map(|(id, _)| *id)
@@ -1265,7 +1271,7 @@ impl Actor {
     /// Takes a slot of `session_id` for attempt `attempt` of a call, as a lease still `Starting`.
     fn take_slot(
         &mut self,
-        session_id: String,
+        session_id: SessionId,
         (run_id, key, turn, agent): (&RunId, &StepKey, u32, Option<&str>),
         attempt: u32,
         locks: Vec<String>,
@@ -1278,7 +1284,7 @@ impl Actor {
         let start = StartDispatch {
             run_id: run_id.clone(),
             key: key.clone(),
-            dispatch_id: uuid::Uuid::now_v7().to_string(),
+            dispatch_id: DispatchId::new(),
             attempt,
             worker: session.name.clone(),
             session_id: session_id.clone(),
@@ -1303,7 +1309,7 @@ impl Actor {
     }
 
     /// Starts a queued call on `session_id`: records its `tool:start`, then sends it.
-    fn reserve(&mut self, session_id: String, step: StepRecord) {
+    fn reserve(&mut self, session_id: SessionId, step: StepRecord) {
         let agent = (step.kind == StepKind::Agent).then_some(step.tool.as_str());
         let start = self.take_slot(
             session_id,
@@ -1373,7 +1379,7 @@ impl Actor {
     }
 
     /// Frees the resource instances `dispatch_id` held.
-    fn unlock(&mut self, dispatch_id: &str) {
+    fn unlock(&mut self, dispatch_id: &DispatchId) {
         if !self.locked.is_empty() {
             self.locked.retain(|_, holder| holder != dispatch_id);
         }
@@ -1398,7 +1404,7 @@ impl Actor {
         running >= limit as usize
     }
 
-    fn started(&mut self, dispatch_id: String, attempt: u32, result: Result<Option<StepRecord>, KernelError>) {
+    fn started(&mut self, dispatch_id: DispatchId, attempt: u32, result: Result<Option<StepRecord>, KernelError>) {
         match result {
             Ok(Some(step)) => {
                 let live = self
@@ -1436,7 +1442,7 @@ impl Actor {
                 self.dispatch_ready();
             }
             Err(error) => {
-                warn!(dispatch_id, %error, "cannot record tool:start; the call waits for the next try");
+                warn!(%dispatch_id, %error, "cannot record tool:start; the call waits for the next try");
                 if let Some(lease) = self.leases.get(&dispatch_id) {
                     let (run, key) = (lease.run_id.clone(), lease.key.clone());
                     self.release(&dispatch_id);
@@ -1460,7 +1466,7 @@ impl Actor {
     /// A reserved call went to its worker before its start committed: its lease runs from now. A
     /// lease already gone (its session left while it was `Starting`) is lost when its turn's write
     /// comes back, as one that was never sent.
-    fn sent(&mut self, dispatch_id: String, attempt: u32, timeout: Duration) {
+    fn sent(&mut self, dispatch_id: DispatchId, attempt: u32, timeout: Duration) {
         let Some(lease) = self.leases.get_mut(&dispatch_id).filter(|l| l.attempt == attempt) else {
             return;
         };
@@ -1474,7 +1480,7 @@ impl Actor {
 
     /// Tells the worker holding `dispatch_id` to stop; its slot stays taken until it answers or
     /// the grace ends.
-    fn cancel_lease(&mut self, dispatch_id: &str, reason: &str) {
+    fn cancel_lease(&mut self, dispatch_id: &DispatchId, reason: &str) {
         let until = self.store.clock().instant() + self.config.cancel_grace;
         let Some(lease) = self.leases.get_mut(dispatch_id) else {
             return;
@@ -1489,7 +1495,7 @@ impl Actor {
         lease.state = LeaseState::Cancelling { until };
     }
 
-    fn release(&mut self, dispatch_id: &str) {
+    fn release(&mut self, dispatch_id: &DispatchId) {
         self.unlock(dispatch_id);
         if let Some(lease) = self.leases.remove(dispatch_id)
             && let Some(session) = self.sessions.get_mut(&lease.session_id)
@@ -1534,7 +1540,7 @@ impl Actor {
     /// Cancels the leases of `step` on attempts up to `attempt`; a lease on a later attempt
     /// started after what the caller read.
     fn cancel_leases_through(&mut self, step: &StepRecord, attempt: u32, reason: &str) {
-        let cancelled: Vec<String> = self
+        let cancelled: Vec<DispatchId> = self
             .leases
             .iter()
             .filter(|(_, lease)| {
@@ -1553,7 +1559,7 @@ impl Actor {
     fn on_tick(&mut self) {
         let now = self.store.clock().instant();
 
-        let silent: Vec<String> = self
+        let silent: Vec<SessionId> = self
             .sessions
             .iter()
             .filter(|(_, s)| now.duration_since(s.last_heartbeat) > self.config.lease_ttl)
@@ -1566,7 +1572,7 @@ impl Actor {
             );
             if let Some(session) = self.sessions.get(&session_id) {
                 warn!(
-                    session_id,
+                    %session_id,
                     worker = session.name,
                     "worker silent past its lease, ending its session"
                 );
@@ -1608,19 +1614,19 @@ impl Actor {
                 match recorded {
                     // Queued again, at its retry's time, by the commit's effect.
                     Ok(Some(step)) if step.status == StepStatus::Pending => {
-                        info!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, "call timed out, retrying");
+                        info!(run_id = %step.run_id, step = %step.key, tool = step.tool, %dispatch_id, "call timed out, retrying");
                     }
                     Ok(Some(step)) => {
-                        info!(run_id = %step.run_id, step = %step.key, tool = step.tool, dispatch_id, "call timed out")
+                        info!(run_id = %step.run_id, step = %step.key, tool = step.tool, %dispatch_id, "call timed out")
                     }
                     Ok(None) => {}
-                    Err(error) => warn!(dispatch_id, %error, "cannot record a timeout"),
+                    Err(error) => warn!(%dispatch_id, %error, "cannot record a timeout"),
                 }
             });
         }
         for dispatch_id in abandoned {
             debug!(
-                dispatch_id,
+                %dispatch_id,
                 "cancelled dispatch gave no answer within the grace, freeing its slot"
             );
             self.release(&dispatch_id);
@@ -1800,7 +1806,7 @@ mod tests {
         }
     }
 
-    async fn join_one_slot(scheduler: &Scheduler) -> (String, mpsc::UnboundedReceiver<Outbound>) {
+    async fn join_one_slot(scheduler: &Scheduler) -> (SessionId, mpsc::UnboundedReceiver<Outbound>) {
         let (outbound, orders) = mpsc::unbounded_channel();
         let hello = SessionHello {
             name: "w".into(),

@@ -54,10 +54,13 @@ async fn recover(store: &Store, replicated: Option<Duration>) -> Result<Vec<Step
     for step in steps {
         match step.status {
             StepStatus::Pending => queue.push(step),
-            StepStatus::Running => losses.push(store.lose_lease(LeaseLoss {
-                dispatch_id: step.dispatch_id.clone().unwrap_or_default(),
-                attempt: step.attempts,
-                reason: "kernel restarted".into(),
+            // A running step names its dispatch; one that does not is held by none to lose.
+            StepStatus::Running => losses.extend(step.dispatch_id.clone().map(|dispatch_id| {
+                store.lose_lease(LeaseLoss {
+                    dispatch_id,
+                    attempt: step.attempts,
+                    reason: "kernel restarted".into(),
+                })
             })),
             _ => {}
         }

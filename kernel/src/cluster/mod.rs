@@ -134,12 +134,14 @@ async fn take_over(store: &Store, row: ReplicaRow) {
 /// indeterminate.
 async fn lose_all(store: &Store, replica: String, reason: &str) -> Result<(Vec<StepRecord>, usize), KernelError> {
     let held = store.reads.held_by(replica).await?;
-    let losses = held.iter().map(|step| {
-        store.lose_lease(LeaseLoss {
-            dispatch_id: step.dispatch_id.clone().unwrap_or_default(),
+    // A running step names its dispatch; one that does not is held by none to lose.
+    let losses = held.iter().filter_map(|step| {
+        let dispatch_id = step.dispatch_id.clone()?;
+        Some(store.lose_lease(LeaseLoss {
+            dispatch_id,
             attempt: step.attempts,
             reason: reason.to_owned(),
-        })
+        }))
     });
     let mut requeued = Vec::new();
     let mut indeterminate = 0;

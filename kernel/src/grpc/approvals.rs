@@ -7,7 +7,7 @@ use tonic::{Request, Response, Status};
 use super::{Kernel, convert};
 use crate::auth::Caller;
 use crate::error::KernelError;
-use crate::model::RunId;
+use crate::model::{ApprovalId, RunId};
 use crate::store::Answer;
 
 /// Who answers: with API keys, the key's name (a request's `decider` cannot speak for someone
@@ -37,6 +37,7 @@ impl ApprovalApi {
         if id.trim().is_empty() {
             return Err(KernelError::invalid("approval_id", "must not be empty").into());
         }
+        let id = ApprovalId::parse(&id, "approval_id")?;
         let decider = self::decider(caller.as_ref(), decider);
         if decider.trim().is_empty() {
             return Err(KernelError::invalid("decider", "must say who decides").into());

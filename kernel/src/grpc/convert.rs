@@ -168,7 +168,7 @@ pub fn outcome(outcome: Option<Outcome>) -> pb::CallOutcome {
 /// The answer a gated call got.
 pub fn approval_decision(decision: &ApprovalDecision) -> pb::ApprovalDecision {
     pb::ApprovalDecision {
-        approval_id: decision.approval_id.clone(),
+        approval_id: decision.approval_id.to_string(),
         answer: approval_status(decision.answer) as i32,
         decider: decision.decider.clone(),
         reason: decision.reason.clone().unwrap_or_default(),
@@ -205,7 +205,7 @@ pub fn approval_status_filter(value: i32) -> Result<ApprovalStatus, KernelError>
 /// An approval as inspection shows it: arguments at capture io only.
 pub fn approval(approval: &ApprovalRecord) -> pb::Approval {
     pb::Approval {
-        id: approval.id.clone(),
+        id: approval.id.to_string(),
         run_id: approval.run_id.to_string(),
         step_key: approval.key.to_string(),
         tool: approval.tool.clone(),
@@ -242,7 +242,7 @@ pub fn interruption(approval: &ApprovalRecord, position: u32) -> pb::Interruptio
         step_key: approval.key.to_string(),
         tool: approval.tool.clone(),
         reason: "tool_approval".into(),
-        approval_id: approval.id.clone(),
+        approval_id: approval.id.to_string(),
         arguments_json: approval.arguments.clone(),
         message: approval.message.clone().unwrap_or_default(),
     }
@@ -267,7 +267,7 @@ pub fn step(step: &StepRecord, capture: Capture) -> pb::Step {
         error: step.error.as_deref().map(|e| capture.error_text(e)).unwrap_or_default(),
         error_kind: error_kind(step.error_kind) as i32,
         worker: step.worker.clone().unwrap_or_default(),
-        dispatch_id: step.dispatch_id.clone().unwrap_or_default(),
+        dispatch_id: step.dispatch_id.as_ref().map(ToString::to_string).unwrap_or_default(),
         lease_expires_at: opt_timestamp(step.lease_expires_at),
         created_at: Some(timestamp(step.created_at)),
         started_at: opt_timestamp(step.started_at),
@@ -640,7 +640,7 @@ pub fn registered_tool(tool: &KnownTool, workers: Vec<String>) -> pb::Registered
 
 pub fn worker(worker: &WorkerSnapshot) -> pb::WorkerInfo {
     pb::WorkerInfo {
-        session_id: worker.session_id.clone(),
+        session_id: worker.session_id.to_string(),
         name: worker.name.clone(),
         tools: worker.tools.clone(),
         agents: worker.agents.clone(),

@@ -17,7 +17,7 @@ use crate::error::KernelError;
 use crate::limits::Limits;
 use crate::machine::command::local_step;
 use crate::machine::hosted;
-use crate::model::{Effect, RunId, RunRecord, StepKey, StepKind, StepRecord};
+use crate::model::{DispatchId, Effect, RunId, RunRecord, StepKey, StepKind, StepRecord};
 use crate::store::{Fence, NewRun, StepGate, StepRecorded, SubagentStart};
 
 /// The longest local step id accepted.
@@ -33,16 +33,14 @@ type CallStream = Pin<Box<dyn Stream<Item = Result<pb::CallToolsResponse, Status
 fn fence(dispatch: Option<pb::HostedDispatch>) -> Result<(RunId, Fence), KernelError> {
     let dispatch = dispatch.ok_or_else(|| KernelError::invalid("dispatch", "must name the run's dispatch"))?;
     let run = RunId::parse(&dispatch.run_id, "dispatch.run_id")?;
-    if dispatch.dispatch_id.is_empty() {
-        return Err(KernelError::invalid("dispatch.dispatch_id", "must not be empty"));
-    }
+    let dispatch_id = DispatchId::parse(&dispatch.dispatch_id, "dispatch.dispatch_id")?;
     if dispatch.attempt == 0 {
         return Err(KernelError::invalid("dispatch.attempt", "must be at least 1"));
     }
     Ok((
         run,
         Fence {
-            dispatch_id: dispatch.dispatch_id,
+            dispatch_id,
             attempt: dispatch.attempt,
         },
     ))

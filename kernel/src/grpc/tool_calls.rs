@@ -20,7 +20,9 @@ use super::{Kernel, STREAM_BUFFER, convert};
 use crate::error::KernelError;
 use crate::hub::{Signal, Subscription};
 use crate::limits::{self, Limits};
-use crate::model::{ApprovalRecord, ApprovalStatus, Capture, EventType, RunId, StepKey, StepRecord, StepStatus, cut};
+use crate::model::{
+    ApprovalId, ApprovalRecord, ApprovalStatus, Capture, EventType, RunId, StepKey, StepRecord, StepStatus, cut,
+};
 use crate::registry::KnownTool;
 use crate::scheduler::ReserveCall;
 use crate::store::{CallDisposition, CallGate, Fence, PlannedCall, StartDispatch, TurnPlan};
@@ -494,7 +496,7 @@ impl Ordered {
     }
 
     /// Reports a pending approval of one of this turn's calls, once.
-    async fn interrupt(&self, approval: &ApprovalRecord, told: &mut HashSet<String>, tx: &TurnSender) -> bool {
+    async fn interrupt(&self, approval: &ApprovalRecord, told: &mut HashSet<ApprovalId>, tx: &TurnSender) -> bool {
         let Some(index) = self.waiting.get(&approval.key) else {
             return true;
         };
@@ -511,7 +513,7 @@ impl Ordered {
         &self,
         kernel: &Kernel,
         run_id: &RunId,
-        told: &mut HashSet<String>,
+        told: &mut HashSet<ApprovalId>,
         tx: &TurnSender,
     ) -> bool {
         let pending = match kernel

@@ -29,7 +29,7 @@ use crate::error::KernelError;
 use crate::hub::ProgressUpdate;
 use crate::limits::{self, LogEvery, RateLimit};
 use crate::machine::answer::{self, Answer, Owed};
-use crate::model::{RunId, StepKey, StepKind};
+use crate::model::{DispatchId, RunId, SessionId, StepKey, StepKind};
 use crate::scheduler::{DispatchOrder, Outbound};
 use crate::store::{ResultReport, SuspendReport, ToolCacheSet};
 
@@ -153,14 +153,14 @@ impl WorkerService for WorkerApi {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let config = kernel.scheduler.config();
         let welcome = pb::Welcome {
-            session_id: session_id.clone(),
+            session_id: session_id.to_string(),
             heartbeat_interval_ms: config.heartbeat_interval.as_millis() as u64,
             lease_ttl_ms: config.lease_ttl.as_millis() as u64,
         };
         tx.send(out(Out::Welcome(welcome)))
             .await
             .map_err(|_| Status::cancelled("the worker went away"))?;
-        info!(session_id, worker, "worker session open");
+        info!(%session_id, worker, "worker session open");
         let now = Instant::now();
         let session = Session {
             kernel: kernel.clone(),
@@ -223,9 +223,9 @@ async fn key_revoked(auth: &mut Option<SessionAuth>) -> KernelError {
 
 struct Session {
     kernel: Kernel,
-    session_id: String,
+    session_id: SessionId,
     tx: SessionSender,
-    dispatches: HashMap<String, Held>,
+    dispatches: HashMap<DispatchId, Held>,
     /// Approval questions asked of the worker, by question id, and who waits for each answer. An
     /// answer never given (the session ends) drops its sender: the asker hears so.
     questions: HashMap<String, oneshot::Sender<Result<bool, String>>>,
@@ -233,7 +233,7 @@ struct Session {
     /// are written: a worker that sends its last result and closes at once (as a draining one
     /// does) would otherwise see the call lost and run again (found by the Python drain test).
     /// A suspension's task yields the dispatch it gave up, if the store took it.
-    recording: JoinSet<Option<(String, u32)>>,
+    recording: JoinSet<Option<(DispatchId, u32)>>,
     /// This session's place under `--max-sessions`, released when it ends.
     _permit: OwnedSemaphorePermit,
     progress_limit: RateLimit,
@@ -327,7 +327,7 @@ impl Session {
                 },
                 refusal = key_revoked(&mut self.auth) => {
                     let reason = refusal.to_string();
-                    warn!(session_id = self.session_id, reason, "worker session closed: its key no longer admits it");
+                    warn!(session_id = %self.session_id, reason, "worker session closed: its key no longer admits it");
                     let _ = self.tx.send(Err(refusal.into())).await;
                     break reason;
                 }
@@ -351,7 +351,7 @@ impl Session {
         let recorded = async { while self.recording.join_next().await.is_some() {} };
         if tokio::time::timeout(grace, recorded).await.is_err() {
             warn!(
-                session_id = self.session_id,
+                session_id = %self.session_id,
                 "results still being recorded when the session ended"
             );
             self.recording.detach_all();
@@ -393,7 +393,7 @@ impl Session {
                 );
                 if step.kind == StepKind::Agent {
                     let run = pb::RunDispatch {
-                        dispatch_id,
+                        dispatch_id: dispatch_id.to_string(),
                         attempt,
                         run_id: step.run_id.to_string(),
                         agent: step.tool.clone(),
@@ -403,7 +403,7 @@ impl Session {
                     return self.tx.send(out(Out::Run(run))).await.is_ok();
                 }
                 Out::Dispatch(pb::Dispatch {
-                    dispatch_id,
+                    dispatch_id: dispatch_id.to_string(),
                     attempt,
                     run_id: step.run_id.to_string(),
                     step_key: step.key.to_string(),
@@ -422,7 +422,7 @@ impl Session {
                 attempt,
                 reason,
             } => Out::Cancel(pb::CancelDispatch {
-                dispatch_id,
+                dispatch_id: dispatch_id.to_string(),
                 attempt,
                 reason,
             }),
@@ -452,7 +452,7 @@ impl Session {
                     self.kernel.scheduler.heartbeat(self.session_id.clone());
                 } else if let Some(suppressed) = self.logs.heartbeat_flood.hit(now) {
                     warn!(
-                        session_id = self.session_id,
+                        session_id = %self.session_id,
                         limit = self.kernel.limits.heartbeats_per_second,
                         suppressed,
                         "heartbeat flood: dropping heartbeats over the limit per second"
@@ -484,7 +484,7 @@ impl Session {
         if !self.progress_limit.allow(now) {
             if let Some(suppressed) = self.logs.progress_flood.hit(now) {
                 warn!(
-                    session_id = self.session_id,
+                    session_id = %self.session_id,
                     limit = self.kernel.limits.progress_per_second,
                     suppressed,
                     "progress flood: dropping progress over the limit per second"
@@ -494,12 +494,12 @@ impl Session {
         }
         let Some(held) = self
             .dispatches
-            .get_mut(&progress.dispatch_id)
+            .get_mut(progress.dispatch_id.as_str())
             .filter(|h| h.attempt == progress.attempt)
         else {
             if let Some(suppressed) = self.logs.progress_not_held.hit(now) {
                 warn!(
-                    session_id = self.session_id,
+                    session_id = %self.session_id,
                     dispatch_id = progress.dispatch_id,
                     suppressed,
                     "progress for a dispatch this session does not hold, dropped"
@@ -524,14 +524,15 @@ impl Session {
         // Only the attempt this session was sent may report; anything else (never sent here, a
         // wrong attempt, a second result) is refused without reaching the store, which would
         // refuse it too.
-        if self
+        let Some(dispatch_id) = self
             .dispatches
-            .get(&result.dispatch_id)
-            .is_none_or(|held| held.attempt != result.attempt)
-        {
+            .get_key_value(result.dispatch_id.as_str())
+            .filter(|(_, held)| held.attempt == result.attempt)
+            .map(|(id, _)| id.clone())
+        else {
             if let Some(suppressed) = self.logs.result_not_held.hit(Instant::now()) {
                 info!(
-                    session_id = self.session_id,
+                    session_id = %self.session_id,
                     dispatch_id = result.dispatch_id,
                     attempt = result.attempt,
                     suppressed,
@@ -544,19 +545,19 @@ impl Session {
                 "this dispatch no longer holds its call (stale attempt, timed out, cancelled or not yours)",
             );
             return;
-        }
+        };
         // A suspension leaves the dispatch in this session's hands until the store takes it, so
         // a refused one changes nothing here either.
         let outcome = match result.outcome {
             Some(pb::dispatch_result::Outcome::Suspended(suspended)) => {
-                self.on_suspended(result.dispatch_id, result.attempt, suspended.waiting_on);
+                self.on_suspended(dispatch_id, result.attempt, suspended.waiting_on);
                 return;
             }
             outcome => outcome,
         };
         let held = self
             .dispatches
-            .remove(&result.dispatch_id)
+            .remove(&dispatch_id)
             .expect("held at this attempt, checked above");
         let max = self.kernel.limits.max_result_bytes;
         let answer = match outcome {
@@ -565,7 +566,7 @@ impl Session {
                     && let Some(suppressed) = self.logs.oversized_result.hit(Instant::now())
                 {
                     warn!(
-                        session_id = self.session_id,
+                        session_id = %self.session_id,
                         tool = held.tool,
                         bytes = text.len(),
                         limit = max,
@@ -588,7 +589,7 @@ impl Session {
         };
         let outcome = answer::outcome(answer, owed, max);
         let report = ResultReport {
-            dispatch_id: result.dispatch_id.clone(),
+            dispatch_id: dispatch_id.clone(),
             attempt: result.attempt,
             session_id: self.session_id.clone(),
             outcome,
@@ -611,8 +612,8 @@ impl Session {
                 }
                 Ok(None) => {
                     info!(
-                        session_id,
-                        dispatch_id = result.dispatch_id,
+                        %session_id,
+                        %dispatch_id,
                         attempt = result.attempt,
                         "stale result refused, nothing recorded"
                     );
@@ -623,11 +624,11 @@ impl Session {
                     )
                 }
                 Err(error) => {
-                    warn!(session_id, dispatch_id = result.dispatch_id, %error, "cannot record a result");
+                    warn!(%session_id, %dispatch_id, %error, "cannot record a result");
                     (false, error.to_string())
                 }
             };
-            kernel.scheduler.settled(result.dispatch_id.clone(), result.attempt);
+            kernel.scheduler.settled(dispatch_id, result.attempt);
             let ack = pb::ResultAck {
                 dispatch_id: result.dispatch_id,
                 attempt: result.attempt,
@@ -659,7 +660,7 @@ impl Session {
     /// checked by the machine, in the write) and the slot freed. A suspension the store refuses
     /// changes nothing: the dispatch keeps its lease, its slot and its place in this session, and
     /// the worker hears why, and that it still holds the dispatch.
-    fn on_suspended(&mut self, dispatch_id: String, attempt: u32, waiting_on: Vec<String>) {
+    fn on_suspended(&mut self, dispatch_id: DispatchId, attempt: u32, waiting_on: Vec<String>) {
         let report = SuspendReport {
             dispatch_id: dispatch_id.clone(),
             attempt,
@@ -681,12 +682,12 @@ impl Session {
                     (false, false, "this dispatch no longer holds its run".to_owned())
                 }
                 Err(error) => {
-                    info!(session_id, dispatch_id, attempt, %error, "suspension refused, the dispatch keeps its lease");
+                    info!(%session_id, %dispatch_id, attempt, %error, "suspension refused, the dispatch keeps its lease");
                     (false, true, error.to_string())
                 }
             };
             let ack = pb::ResultAck {
-                dispatch_id: dispatch_id.clone(),
+                dispatch_id: dispatch_id.to_string(),
                 attempt,
                 accepted,
                 reason,
@@ -699,7 +700,7 @@ impl Session {
 
     /// Forgets a dispatch the store no longer has this session hold, unless a later attempt of it
     /// was sent here meanwhile.
-    fn release(&mut self, dispatch_id: &str, attempt: u32) {
+    fn release(&mut self, dispatch_id: &DispatchId, attempt: u32) {
         if self
             .dispatches
             .get(dispatch_id)
@@ -713,13 +714,13 @@ impl Session {
     /// which this session must hold at that attempt; a worker cannot reach another tool's entries.
     fn on_cache(&mut self, request: pb::CacheRequest) {
         let request_id = request.request_id;
-        let Some(held) = self
+        let Some((dispatch_id, held)) = self
             .dispatches
-            .get(&request.dispatch_id)
-            .filter(|h| h.attempt == request.attempt)
+            .get_key_value(request.dispatch_id.as_str())
+            .filter(|(_, h)| h.attempt == request.attempt)
         else {
             debug!(
-                session_id = self.session_id,
+                session_id = %self.session_id,
                 dispatch_id = request.dispatch_id,
                 attempt = request.attempt,
                 "cache request for a dispatch this session does not hold, refused"
@@ -731,7 +732,7 @@ impl Session {
             self.answer_cache(cache_refusal(request_id, error));
             return;
         };
-        let tool = held.tool.clone();
+        let (dispatch_id, tool) = (dispatch_id.clone(), held.tool.clone());
         // Reads and commits wait on the store; the session keeps reading meanwhile.
         let kernel = self.kernel.clone();
         let tx = self.tx.clone();
@@ -760,7 +761,7 @@ impl Session {
                             .saturating_add(i64::try_from(set.ttl_ms).unwrap_or(i64::MAX))
                     });
                     let entry = ToolCacheSet {
-                        dispatch_id: request.dispatch_id,
+                        dispatch_id,
                         attempt: request.attempt,
                         session_id: session_id.clone(),
                         key: set.key,
@@ -778,7 +779,7 @@ impl Session {
                 None => cache_refusal(request_id, "op: neither get nor set".to_owned()),
             };
             if !response.error.is_empty() {
-                debug!(session_id, request_id, error = response.error, "cache request refused");
+                debug!(%session_id, request_id, error = response.error, "cache request refused");
             }
             let _ = tx.send(out(Out::Cache(response))).await;
         });

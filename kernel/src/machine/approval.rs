@@ -8,8 +8,8 @@ use super::events::{self, Payload, RunInterrupted, RunResumed, SettledBy};
 use super::{NewEvent, StepChange, json_or_string};
 use crate::error::KernelError;
 use crate::model::{
-    ApprovalDecision, ApprovalRecord, ApprovalStatus, ErrorKind, Millis, Outcome, RunRecord, RunStatus, StepRecord,
-    StepStatus,
+    ApprovalDecision, ApprovalId, ApprovalRecord, ApprovalStatus, ErrorKind, Millis, Outcome, RunRecord, RunStatus,
+    StepRecord, StepStatus,
 };
 
 /// What asking the next gated call of a run changes.
@@ -35,7 +35,7 @@ pub struct Question {
 
 /// Decides what to ask next in `run`, which has `open` questions pending and `next` as its first
 /// call awaiting approval; a new question gets the id `id`.
-pub fn ask_next(run: &RunRecord, open: usize, next: Option<&StepRecord>, id: String, now: Millis) -> Ask {
+pub fn ask_next(run: &RunRecord, open: usize, next: Option<&StepRecord>, id: ApprovalId, now: Millis) -> Ask {
     if open > 0 {
         return Ask::Nothing;
     }

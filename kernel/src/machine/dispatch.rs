@@ -7,7 +7,8 @@ use super::events::{
 };
 use super::{StepChange, human_ms, json_or_string};
 use crate::model::{
-    ErrorKind, Idempotency, Millis, Outcome, RetryPolicy, RunId, StepKey, StepKind, StepRecord, StepStatus,
+    DispatchId, ErrorKind, Idempotency, Millis, Outcome, RetryPolicy, RunId, SessionId, StepKey, StepKind, StepRecord,
+    StepStatus,
 };
 
 /// After this many lost workers a call is failed as poison instead of dispatched again.
@@ -18,19 +19,19 @@ pub const MAX_LEASE_LOSSES: u32 = 5;
 pub struct StartDispatch {
     pub run_id: RunId,
     pub key: StepKey,
-    pub dispatch_id: String,
+    pub dispatch_id: DispatchId,
     pub attempt: u32,
     pub worker: String,
-    pub session_id: String,
+    pub session_id: SessionId,
     pub lease_expires_at: Millis,
 }
 
 /// A worker's result for a dispatch it claims to hold.
 #[derive(Clone, Debug)]
 pub struct ResultReport {
-    pub dispatch_id: String,
+    pub dispatch_id: DispatchId,
     pub attempt: u32,
-    pub session_id: String,
+    pub session_id: SessionId,
     /// Canonical JSON text, or the error.
     pub outcome: Result<String, (ErrorKind, String)>,
     pub progress_count: u32,
@@ -39,18 +40,18 @@ pub struct ResultReport {
 /// A lease that ended without a result.
 #[derive(Clone, Debug)]
 pub struct LeaseLoss {
-    pub dispatch_id: String,
+    pub dispatch_id: DispatchId,
     pub attempt: u32,
     pub reason: String,
 }
 
 /// Whether the dispatch `(dispatch_id, attempt)` of `session` (any session when `None`) still
 /// holds `step`: only then may a message about it change anything.
-pub fn held(step: &StepRecord, dispatch_id: &str, attempt: u32, session: Option<&str>) -> bool {
+pub fn held(step: &StepRecord, dispatch_id: &DispatchId, attempt: u32, session: Option<&SessionId>) -> bool {
     step.status == StepStatus::Running
-        && step.dispatch_id.as_deref() == Some(dispatch_id)
+        && step.dispatch_id.as_ref() == Some(dispatch_id)
         && step.attempts == attempt
-        && session.is_none_or(|s| step.session_id.as_deref() == Some(s))
+        && session.is_none_or(|s| step.session_id.as_ref() == Some(s))
 }
 
 /// Starts attempt `start.attempt` of a pending step on its worker; `None` when the step is not

@@ -22,7 +22,8 @@ use serde_json::Value;
 
 use super::NewEvent;
 use crate::model::{
-    ApprovalStatus, Effect, ErrorKind, EventType, Idempotency, Millis, Outcome, RetryPolicy, RunStatus, text_enum,
+    ApprovalId, ApprovalStatus, DispatchId, Effect, ErrorKind, EventType, Idempotency, Millis, Outcome, RetryPolicy,
+    RunStatus, SessionId, text_enum,
 };
 
 /// An event payload: the one type that every event of kind [`Payload::KIND`] is written as.
@@ -300,11 +301,11 @@ pub struct Started {
     /// The attempt's number, from 1.
     pub attempt: u32,
     /// The dispatch's id, which fences every message about it.
-    pub dispatch_id: String,
+    pub dispatch_id: DispatchId,
     /// The worker that holds the lease.
     pub worker: String,
     /// The worker's session.
-    pub session_id: String,
+    pub session_id: SessionId,
     /// The key the tool receives, stable across attempts.
     pub idempotency_key: String,
     /// When the lease expires unless the worker's heartbeats renew it (ms since the epoch).
@@ -335,7 +336,7 @@ pub struct LeaseLost {
     /// The attempt that lost its worker.
     pub attempt: u32,
     /// The dispatch that lost its worker.
-    pub dispatch_id: Option<String>,
+    pub dispatch_id: Option<DispatchId>,
     /// The worker that was lost.
     pub worker: Option<String>,
     /// Why the lease ended.
@@ -366,7 +367,7 @@ pub struct ToolAttemptFailed {
     /// The attempt that failed.
     pub attempt: u32,
     /// The attempt's dispatch.
-    pub dispatch_id: Option<String>,
+    pub dispatch_id: Option<DispatchId>,
     /// The worker it ran on.
     pub worker: Option<String>,
     /// The attempt's error.
@@ -390,7 +391,7 @@ pub struct RunInterrupted {
     /// `tool_approval`.
     pub reason: String,
     /// The approval's id, to answer it with.
-    pub approval_id: String,
+    pub approval_id: ApprovalId,
     /// The gated call's identity in its run.
     pub step_key: String,
     /// The call's position in its turn.
@@ -422,7 +423,7 @@ pub struct RunResumed {
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 pub struct ApprovalAnswered {
     /// The approval answered.
-    pub approval_id: String,
+    pub approval_id: ApprovalId,
     /// The gated call's identity in its run.
     pub step_key: String,
     /// The tool called.
@@ -505,7 +506,7 @@ pub struct Settlement {
     /// Attempts started.
     pub attempts: u32,
     /// The last attempt's dispatch; `null` when none started.
-    pub dispatch_id: Option<String>,
+    pub dispatch_id: Option<DispatchId>,
     /// The worker of the last attempt; `null` when none started.
     pub worker: Option<String>,
     /// Progress messages its attempts reported.
@@ -657,7 +658,7 @@ pub struct Suspended {
     /// Its attempt.
     pub attempt: u32,
     /// Its dispatch.
-    pub dispatch_id: Option<String>,
+    pub dispatch_id: Option<DispatchId>,
     /// The worker that gave back its slot.
     pub worker: Option<String>,
     /// The steps it awaits.

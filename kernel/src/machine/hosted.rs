@@ -24,8 +24,8 @@ use super::run::{self, EndRun, RunEnd};
 use super::{NewEvent, StepChange, json_or_string};
 use crate::error::KernelError;
 use crate::model::{
-    ApprovalRecord, Effect, ErrorKind, Idempotency, Millis, Outcome, RunRecord, RunStatus, StepKey, StepKind,
-    StepRecord, StepStatus,
+    ApprovalRecord, DispatchId, Effect, ErrorKind, Idempotency, Millis, Outcome, RunRecord, RunStatus, StepKey,
+    StepKind, StepRecord, StepStatus,
 };
 
 /// The agent a worker offers, as a hosted run records it.
@@ -39,7 +39,7 @@ pub struct HostedAgent {
 /// The dispatch of a hosted run an operation of its handler claims to run under.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fence {
-    pub dispatch_id: String,
+    pub dispatch_id: DispatchId,
     pub attempt: u32,
 }
 
@@ -416,7 +416,11 @@ pub fn suspend(
         return Err(KernelError::FailedPrecondition(format!(
             "dispatch {} runs an at_most_once call, which may not run again: it cannot give back its slot; nothing \
              was recorded, the call keeps its lease",
-            dispatch.dispatch_id.as_deref().unwrap_or_default()
+            dispatch
+                .dispatch_id
+                .as_ref()
+                .map(DispatchId::as_str)
+                .unwrap_or_default()
         )));
     }
     let names: Vec<String> = waiting_on.iter().map(|(key, _)| key.as_str().to_owned()).collect();

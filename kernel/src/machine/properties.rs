@@ -12,7 +12,8 @@ use super::records::{NOW, run, step};
 use super::run::{self as run_end, EndRun};
 use super::turn;
 use crate::model::{
-    ApprovalGate, ApprovalStatus, ErrorKind, EventType, Idempotency, RetryPolicy, RunStatus, StepRecord, StepStatus,
+    ApprovalGate, ApprovalStatus, DispatchId, ErrorKind, EventType, Idempotency, RetryPolicy, RunStatus, SessionId,
+    StepRecord, StepStatus,
 };
 
 /// Which dispatch a message claims to come from.
@@ -90,18 +91,18 @@ struct Life {
     step: StepRecord,
     events: Vec<EventType>,
     /// The dispatches started, in order: (dispatch id, attempt).
-    started: Vec<(String, u32)>,
+    started: Vec<(DispatchId, u32)>,
 }
 
 impl Life {
     /// The dispatch a message claims to come from, and its session.
-    fn sender(&self, from: From) -> Option<(String, u32, &'static str)> {
+    fn sender(&self, from: From) -> Option<(DispatchId, u32, SessionId)> {
         let (id, attempt) = match from {
             From::Current | From::OtherSession => self.started.last()?.clone(),
             From::Stale => self.started.iter().rev().nth(1)?.clone(),
         };
         let session = if matches!(from, From::OtherSession) { "s2" } else { "s1" };
-        Some((id, attempt, session))
+        Some((id, attempt, session.into()))
     }
 
     fn apply(&mut self, change: super::StepChange) {
@@ -116,7 +117,7 @@ impl Life {
                 let start = StartDispatch {
                     run_id: self.step.run_id.clone(),
                     key: self.step.key.clone(),
-                    dispatch_id: format!("d{}", self.started.len()),
+                    dispatch_id: format!("d{}", self.started.len()).into(),
                     attempt,
                     worker: "w".into(),
                     session_id: "s1".into(),
@@ -136,7 +137,7 @@ impl Life {
                 let Some((id, attempt, session)) = self.sender(*from) else {
                     return;
                 };
-                if !dispatch::held(&self.step, &id, attempt, Some(session)) {
+                if !dispatch::held(&self.step, &id, attempt, Some(&session)) {
                     return;
                 }
                 assert!(
@@ -146,7 +147,7 @@ impl Life {
                 let report = ResultReport {
                     dispatch_id: id,
                     attempt,
-                    session_id: session.into(),
+                    session_id: session,
                     outcome: match outcome {
                         None => Ok("1".into()),
                         Some(kind) => Err((*kind, "no".into())),

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use tokio::sync::mpsc;
 
 use super::{DispatchOrder, Msg, Outbound, Scheduler, lease_timeout};
-use crate::model::{StepKey, StepRecord};
+use crate::model::{DispatchId, StepKey, StepRecord};
 use crate::store::{EarlyDispatch, StartDispatch};
 
 /// A worker slot reserved for a new call of a turn.
@@ -34,7 +34,7 @@ impl Scheduler {
     /// with those of them that may go out then: each is sent to its reserved worker at once.
     pub fn dispatch_early(&self, reservations: &[Reservation]) -> EarlyDispatch {
         // The writer started each call on the dispatch reserved for it, under the call's key.
-        let slots: HashMap<StepKey, (String, mpsc::UnboundedSender<Outbound>)> = reservations
+        let slots: HashMap<StepKey, (DispatchId, mpsc::UnboundedSender<Outbound>)> = reservations
             .iter()
             .map(|r| (r.start.key.clone(), (r.start.dispatch_id.clone(), r.outbound.clone())))
             .collect();

@@ -16,7 +16,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::recorded::RecordedKeys;
-use crate::model::{RunId, RunRecord, StepKey, StepRecord, StepStatus};
+use crate::model::{DispatchId, RunId, RunRecord, StepKey, StepRecord, StepStatus};
 
 /// Bytes of runs and steps held at most (their inputs, arguments and outputs, and a little for the
 /// rest); past it the cache starts over.
@@ -28,7 +28,7 @@ const MAX_HASHED_KEYS: usize = 65_536;
 #[derive(Default)]
 pub struct Cache {
     runs: HashMap<RunId, Cached>,
-    dispatches: HashMap<String, (RunId, StepKey)>,
+    dispatches: HashMap<DispatchId, (RunId, StepKey)>,
     /// Runs the command now applying changed: forgotten if it is undone.
     touched: HashSet<RunId>,
     /// The commit counter as of this writer's last commit (PostgreSQL).
@@ -170,11 +170,11 @@ impl Cache {
     }
 
     /// The step `dispatch_id` names, if it still holds it, with its run's last event number.
-    pub fn by_dispatch(&self, dispatch_id: &str) -> Option<(StepRecord, u64)> {
+    pub fn by_dispatch(&self, dispatch_id: &DispatchId) -> Option<(StepRecord, u64)> {
         let (run, key) = self.dispatches.get(dispatch_id)?;
         let cached = self.runs.get(run)?;
         let step = cached.steps.get(key)?;
-        (step.dispatch_id.as_deref() == Some(dispatch_id)).then(|| (step.clone(), cached.run.last_seq))
+        (step.dispatch_id.as_ref() == Some(dispatch_id)).then(|| (step.clone(), cached.run.last_seq))
     }
 
     /// Calls of a complete run not settled yet (pending, running or waiting for a person).

@@ -53,7 +53,9 @@ use crate::clock::Clock;
 use crate::error::KernelError;
 use crate::hub::Hub;
 pub use crate::machine::effects::Effect;
-use crate::model::{AgentDef, Millis, RunId, RunRecord, StepKey, StepRecord, ToolDef};
+use crate::model::{
+    AgentDef, ApprovalId, DispatchId, Millis, RunId, RunRecord, SessionId, StepKey, StepRecord, ToolDef,
+};
 
 /// How hard each commit waits for the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -97,9 +99,9 @@ pub struct ToolCacheSet {
     /// The dispatch that asks, fenced inside the write like a result: an attempt that timed out,
     /// was lost or was superseded writes nothing. Its tool is the namespace, never a name a
     /// worker sends.
-    pub dispatch_id: String,
+    pub dispatch_id: DispatchId,
     pub attempt: u32,
-    pub session_id: String,
+    pub session_id: SessionId,
     pub key: String,
     /// JSON text.
     pub value: String,
@@ -603,7 +605,7 @@ impl Store {
     }
 
     /// Fails a running dispatch that outlived its timeout; `None` when it no longer held the step.
-    pub async fn time_out(&self, dispatch_id: String, attempt: u32) -> Result<Option<StepRecord>, KernelError> {
+    pub async fn time_out(&self, dispatch_id: DispatchId, attempt: u32) -> Result<Option<StepRecord>, KernelError> {
         self.send(|reply| Command::TimeOut {
             dispatch_id,
             attempt,
@@ -656,7 +658,7 @@ impl Store {
     /// Answers a pending approval, as `decider`.
     pub async fn answer_approval(
         &self,
-        id: String,
+        id: ApprovalId,
         answer: Answer,
         decider: String,
         reason: Option<String>,

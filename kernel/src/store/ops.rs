@@ -17,8 +17,8 @@ use crate::machine::command::Records;
 use crate::machine::effects::Effect;
 use crate::machine::hosted::Fence;
 use crate::model::{
-    ApprovalRecord, EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, Millis, Outcome, RunId, RunRecord, StepKey, StepKind,
-    StepRecord, ToolDef,
+    ApprovalId, ApprovalRecord, DispatchId, EVENT_SCHEMA_VERSION, ErrorKind, EventRecord, Millis, Outcome, RunId,
+    RunRecord, StepKey, StepKind, StepRecord, ToolDef,
 };
 
 /// An event committed by a batch, with the step it settled when there is one, so watchers need
@@ -407,7 +407,7 @@ impl Records for Tx<'_> {
         Ok(deleted > 0)
     }
 
-    fn step_by_dispatch(&self, dispatch_id: &str) -> Result<Option<StepRecord>> {
+    fn step_by_dispatch(&self, dispatch_id: &DispatchId) -> Result<Option<StepRecord>> {
         let cached = self.cache.borrow().by_dispatch(dispatch_id);
         let found = match cached {
             Some(found) => Some(found),
@@ -522,7 +522,7 @@ impl Records for Tx<'_> {
         Ok(check)
     }
 
-    fn approval(&self, id: &str) -> Result<Option<ApprovalRecord>> {
+    fn approval(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>> {
         Ok(rows::load_approval(self.conn, id)?)
     }
 
@@ -613,7 +613,7 @@ impl Records for Tx<'_> {
         &mut self,
         resource: &str,
         step: &StepRecord,
-        (dispatch_id, attempt): (&str, u32),
+        (dispatch_id, attempt): (&DispatchId, u32),
     ) -> Result<std::result::Result<(), (String, String)>> {
         let taken = self
             .conn

@@ -13,8 +13,8 @@ use super::rows::{self, APPROVAL_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUM
 use crate::clock::Clock;
 use crate::error::KernelError;
 use crate::model::{
-    ApprovalRecord, ApprovalStatus, EventRecord, Millis, RunId, RunRecord, RunStatus, StepKey, StepRecord, ToolDef,
-    ToolOptions,
+    ApprovalId, ApprovalRecord, ApprovalStatus, EventRecord, Millis, RunId, RunRecord, RunStatus, StepKey, StepRecord,
+    ToolDef, ToolOptions,
 };
 
 /// A pool of reading connections.
@@ -370,7 +370,7 @@ impl Readers {
     }
 
     /// One approval.
-    pub async fn approval(&self, id: String) -> Result<Option<ApprovalRecord>, KernelError> {
+    pub async fn approval(&self, id: ApprovalId) -> Result<Option<ApprovalRecord>, KernelError> {
         self.with(move |conn| rows::load_approval(&conn, &id)).await
     }
 

@@ -12,7 +12,7 @@ use super::ops::Tx;
 use super::sql::{Connection, PgConn, ToArg};
 use crate::machine::command::memory::Memory;
 use crate::machine::command::properties::{Traced, sample};
-use crate::model::RunId;
+use crate::model::{ApprovalId, RunId};
 
 /// A database the commands of one case run against.
 enum Db {
@@ -62,7 +62,7 @@ impl Db {
 struct Replay {
     db: Db,
     runs: BTreeMap<RunId, RunId>,
-    approvals: BTreeMap<String, String>,
+    approvals: BTreeMap<ApprovalId, ApprovalId>,
 }
 
 impl Replay {
@@ -99,7 +99,7 @@ impl Replay {
             .command
             .clone()
             .with_ids(&|id| runs.get(id).cloned().unwrap_or_else(|| id.clone()), &|id| {
-                approvals.get(id).cloned().unwrap_or_else(|| id.to_owned())
+                approvals.get(id).cloned().unwrap_or_else(|| id.clone())
             });
         let (runs_before, approvals_before) = (self.runs(), self.approvals());
         self.db.begin();
@@ -140,7 +140,8 @@ impl Replay {
                 .iter()
                 .find(|(_, of)| of == run)
                 .expect("the run's question");
-            self.approvals.insert(mine.clone(), theirs.clone());
+            self.approvals
+                .insert(mine.clone(), ApprovalId::from_stored(theirs.clone()));
         }
     }
 

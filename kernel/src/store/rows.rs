@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use super::sql::{Connection, Dialect, Error, OptionalExtension, Result, Row, params};
 
-use crate::model::{ApprovalRecord, EventRecord, RunId, RunRecord, StepKey, StepRecord};
+use crate::model::{ApprovalId, ApprovalRecord, DispatchId, EventRecord, RunId, RunRecord, StepKey, StepRecord};
 
 pub const RUN_COLUMNS: &str = "id, agent, status, input, output, reason, labels, idempotency_key, \
      max_tool_calls, tool_calls, last_seq, created_at, updated_at, interactive, permissions, capture, granted_by, hosted, dispatches, parent_run_id, parent_step, \
@@ -160,7 +160,7 @@ pub fn approval_from_row(row: &Row<'_>) -> Result<ApprovalRecord> {
     })
 }
 
-pub fn load_approval(conn: &Connection<'_>, id: &str) -> Result<Option<ApprovalRecord>> {
+pub fn load_approval(conn: &Connection<'_>, id: &ApprovalId) -> Result<Option<ApprovalRecord>> {
     conn.prepare_cached(&format!("SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ?1"))?
         .query_row(params![id], approval_from_row)
         .optional()
@@ -220,7 +220,7 @@ pub fn key_list<'k>(conn: &Connection<'_>, keys: impl IntoIterator<Item = &'k St
 
 /// The step a dispatch holds, with its run's last event number (so the writer numbers the event
 /// it appends for that step without a round trip of its own).
-pub fn load_step_by_dispatch(conn: &Connection<'_>, dispatch_id: &str) -> Result<Option<(StepRecord, u64)>> {
+pub fn load_step_by_dispatch(conn: &Connection<'_>, dispatch_id: &DispatchId) -> Result<Option<(StepRecord, u64)>> {
     let last_seq_at = STEP_COLUMNS.split(',').count();
     conn.prepare_cached(&format!(
         "SELECT {STEP_COLUMNS}, (SELECT last_seq FROM runs WHERE runs.id = steps.run_id) FROM steps \

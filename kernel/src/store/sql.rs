@@ -118,6 +118,22 @@ impl ToArg for String {
     }
 }
 
+macro_rules! id_args {
+    ($($t:ty),*) => {$(
+        impl ToArg for $t {
+            fn to_arg(&self) -> Arg<'_> {
+                Arg::Text(self.as_str())
+            }
+        }
+    )*};
+}
+id_args!(
+    crate::model::RunId,
+    crate::model::DispatchId,
+    crate::model::SessionId,
+    crate::model::ApprovalId
+);
+
 impl<T: ToArg> ToArg for Option<T> {
     fn to_arg(&self) -> Arg<'_> {
         match self {
@@ -265,6 +281,34 @@ cells! {
     usize => i64, integer, |v: i64| usize::try_from(v).map_err(|e| e.to_string());
     bool => i64, integer, |v: i64| Ok::<bool, String>(v != 0);
 }
+
+/// Implements [`FromCell`] for an id and `Option` of it: the text column as it was written.
+macro_rules! id_cells {
+    ($($t:ty),*) => {$(
+        impl FromCell for $t {
+            fn from_sqlite(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<Self> {
+                row.get(index).map(<$t>::from_stored)
+            }
+            fn from_postgres(row: &postgres::Row, index: usize) -> Result<Self> {
+                String::from_postgres(row, index).map(<$t>::from_stored)
+            }
+        }
+        impl FromCell for Option<$t> {
+            fn from_sqlite(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<Self> {
+                Ok(row.get::<_, Option<String>>(index)?.map(<$t>::from_stored))
+            }
+            fn from_postgres(row: &postgres::Row, index: usize) -> Result<Self> {
+                Ok(Option::<String>::from_postgres(row, index)?.map(<$t>::from_stored))
+            }
+        }
+    )*};
+}
+
+id_cells!(
+    crate::model::DispatchId,
+    crate::model::SessionId,
+    crate::model::ApprovalId
+);
 
 /// One row of a result.
 pub enum Row<'r> {

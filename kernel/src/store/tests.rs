@@ -288,7 +288,7 @@ async fn a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit(f: F
         panic!("expected started, got {:?}", turn[0]);
     };
     assert_eq!(started.status, StepStatus::Running);
-    assert_eq!(started.dispatch_id.as_deref(), Some("d1"));
+    assert_eq!(started.dispatch_id.as_ref().map(|id| id.as_str()), Some("d1"));
     assert_eq!(started.attempts, 1);
     assert!(
         matches!(turn[1], CallDisposition::Scheduled(_)),
@@ -356,7 +356,7 @@ async fn a_turn_hands_out_its_safe_started_calls_before_it_commits(f: Fixture) {
     };
     assert_eq!(steps, std::slice::from_ref(started), "only the safe call, as recorded");
     assert!(
-        matches!(&recorded.calls[1], CallDisposition::Started(step) if step.dispatch_id.as_deref() == Some("d2")),
+        matches!(&recorded.calls[1], CallDisposition::Started(step) if step.dispatch_id.as_ref().map(|id| id.as_str()) == Some("d2")),
         "the at_most_once call started too, and goes out once its start is durable: {:?}",
         recorded.calls[1]
     );
@@ -701,7 +701,10 @@ async fn a_start_is_fenced_by_the_attempt_it_expects(f: Fixture) {
         "attempt 1 was issued already"
     );
     let second = start(&f.store, &stale, "d3", 2, "s1").await.expect("attempt 2");
-    assert_eq!((second.attempts, second.dispatch_id.as_deref()), (2, Some("d3")));
+    assert_eq!(
+        (second.attempts, second.dispatch_id.as_ref().map(|id| id.as_str())),
+        (2, Some("d3"))
+    );
     let starts: Vec<serde_json::Value> = events(&f.store, &run.id)
         .await
         .iter()
@@ -2028,7 +2031,11 @@ async fn a_refused_suspension_writes_nothing_and_the_dispatch_keeps_its_lease(f:
     }
     let handler = before.1.iter().find(|s| s.key == StepKey::agent()).unwrap();
     assert_eq!(
-        (handler.status, handler.attempts, handler.dispatch_id.as_deref()),
+        (
+            handler.status,
+            handler.attempts,
+            handler.dispatch_id.as_ref().map(|id| id.as_str())
+        ),
         (StepStatus::Running, 1, Some("d1"))
     );
     assert!(handler.lease_expires_at.is_some(), "{handler:?}");
@@ -2455,7 +2462,7 @@ async fn a_writer_trusts_nothing_it_remembers_once_another_replica_committed() {
         "a remembered the call pending, but b started it"
     );
     let stored = step_again(&a, &run.id, &waiting.key).await;
-    assert_eq!(stored.dispatch_id.as_deref(), Some("on-b"));
+    assert_eq!(stored.dispatch_id.as_ref().map(|id| id.as_str()), Some("on-b"));
     assert_eq!(stored.attempts, 1);
 }
 

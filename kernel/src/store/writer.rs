@@ -27,7 +27,7 @@ use crate::error::KernelError;
 use crate::machine::command::{self, Records};
 use crate::machine::durability::must_sync;
 use crate::machine::effects::Effect;
-use crate::model::{AgentDef, RunId, RunRecord, StepKey, StepKind, StepRecord, ToolDef};
+use crate::model::{AgentDef, ApprovalId, DispatchId, RunId, RunRecord, StepKey, StepKind, StepRecord, ToolDef};
 
 /// The most commands folded into one transaction; bounds the latency of a batch.
 const MAX_BATCH: usize = 512;
@@ -49,7 +49,7 @@ pub enum Command {
     RecordResult(ResultReport, Reply<Option<(StepRecord, Vec<StepRecord>)>>),
     LoseLease(LeaseLoss, Reply<LossOutcome>),
     TimeOut {
-        dispatch_id: String,
+        dispatch_id: DispatchId,
         attempt: u32,
         reply: Reply<Option<StepRecord>>,
     },
@@ -72,7 +72,7 @@ pub enum Command {
     /// Deletes at most this many runs finished before this time.
     PruneRuns(crate::model::Millis, usize, Reply<super::Deleted>),
     AnswerApproval {
-        id: String,
+        id: ApprovalId,
         answer: Answer,
         decider: String,
         reason: Option<String>,

@@ -10,7 +10,7 @@ use crate::machine::approval::{self, Decided};
 use crate::machine::branch;
 use crate::machine::effects::Effect;
 use crate::machine::run::EndRun;
-use crate::model::{ApprovalRecord, ApprovalStatus, StepRecord};
+use crate::model::{ApprovalId, ApprovalRecord, ApprovalStatus, StepRecord};
 
 /// A person's answer to an approval.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,7 +33,7 @@ pub struct Answered {
 /// Answers approval `id` as `decider` did, with an optional reason.
 pub fn answer<R: Records + ?Sized>(
     records: &mut R,
-    id: &str,
+    id: &ApprovalId,
     answer: Answer,
     (decider, reason): (&str, Option<&str>),
 ) -> Result<Answered> {

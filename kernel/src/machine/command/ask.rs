@@ -3,7 +3,7 @@
 
 use super::{Records, Result};
 use crate::machine::approval::{self, Ask};
-use crate::model::RunId;
+use crate::model::{ApprovalId, RunId};
 
 /// Puts the next gated call of run `run_id` to a person, or resumes the run when none waits.
 pub fn ask_next<R: Records + ?Sized>(records: &mut R, run_id: &RunId) -> Result<()> {
@@ -14,7 +14,7 @@ pub fn ask_next<R: Records + ?Sized>(records: &mut R, run_id: &RunId) -> Result<
         records.next_awaiting_approval(run_id)?
     };
     let run = records.run(run_id)?;
-    let id = uuid::Uuid::now_v7().to_string();
+    let id = ApprovalId::new();
     match approval::ask_next(&run, open, next.as_ref(), id, records.now()) {
         Ask::Nothing => {}
         Ask::Resume { run, event } => {

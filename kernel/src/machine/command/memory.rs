@@ -16,7 +16,8 @@ use crate::machine::NewEvent;
 use crate::machine::effects::Effect;
 use crate::machine::hosted::Fence;
 use crate::model::{
-    ApprovalRecord, ApprovalStatus, EventType, Millis, RunId, RunRecord, RunStatus, StepKey, StepRecord, StepStatus,
+    ApprovalId, ApprovalRecord, ApprovalStatus, DispatchId, EventType, Millis, RunId, RunRecord, RunStatus, StepKey,
+    StepRecord, StepStatus,
 };
 use crate::store::Deleted;
 
@@ -44,7 +45,7 @@ pub struct Cached {
 pub struct Lock {
     pub run: RunId,
     pub key: StepKey,
-    pub dispatch_id: String,
+    pub dispatch_id: DispatchId,
     pub attempt: u32,
     pub acquired_at: Millis,
 }
@@ -56,7 +57,7 @@ pub struct State {
     pub steps: BTreeMap<(RunId, StepKey), StepRecord>,
     /// `places`: (run, seq, step key).
     pub places: BTreeSet<(RunId, u32, StepKey)>,
-    pub approvals: BTreeMap<String, ApprovalRecord>,
+    pub approvals: BTreeMap<ApprovalId, ApprovalRecord>,
     pub cache: BTreeMap<String, Cached>,
     /// `result_cache_runs`: (call hash, run).
     pub cache_runs: BTreeSet<(String, RunId)>,
@@ -274,12 +275,12 @@ impl Records for Memory {
         Ok(self.state.steps.get(&(run.clone(), key.clone())).cloned())
     }
 
-    fn step_by_dispatch(&self, dispatch_id: &str) -> Result<Option<StepRecord>> {
+    fn step_by_dispatch(&self, dispatch_id: &DispatchId) -> Result<Option<StepRecord>> {
         Ok(self
             .state
             .steps
             .values()
-            .find(|step| step.dispatch_id.as_deref() == Some(dispatch_id))
+            .find(|step| step.dispatch_id.as_ref() == Some(dispatch_id))
             .cloned())
     }
 
@@ -384,7 +385,7 @@ impl Records for Memory {
         Ok(())
     }
 
-    fn approval(&self, id: &str) -> Result<Option<ApprovalRecord>> {
+    fn approval(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>> {
         Ok(self.state.approvals.get(id).cloned())
     }
 
@@ -483,7 +484,7 @@ impl Records for Memory {
         &mut self,
         resource: &str,
         step: &StepRecord,
-        (dispatch_id, attempt): (&str, u32),
+        (dispatch_id, attempt): (&DispatchId, u32),
     ) -> Result<std::result::Result<(), (String, String)>> {
         let now = self.now;
         match self.state.locks.get_mut(resource) {
@@ -491,7 +492,7 @@ impl Records for Memory {
                 Ok(Err((lock.run.as_str().to_owned(), lock.key.as_str().to_owned())))
             }
             Some(lock) => {
-                lock.dispatch_id = dispatch_id.to_owned();
+                lock.dispatch_id = dispatch_id.clone();
                 lock.attempt = attempt;
                 lock.acquired_at = now;
                 Ok(Ok(()))
@@ -502,7 +503,7 @@ impl Records for Memory {
                     Lock {
                         run: step.run_id.clone(),
                         key: step.key.clone(),
-                        dispatch_id: dispatch_id.to_owned(),
+                        dispatch_id: dispatch_id.clone(),
                         attempt,
                         acquired_at: now,
                     },
@@ -621,11 +622,20 @@ mod tests {
             key: StepKey::for_call(0, 1, None),
             ..step()
         };
-        assert_eq!(memory.take_lock("repo:acme", &holder, ("d1", 1)).unwrap(), Ok(()));
-        assert_eq!(memory.take_lock("repo:acme", &holder, ("d2", 2)).unwrap(), Ok(()));
-        let refused = memory.take_lock("repo:acme", &other, ("d3", 1)).unwrap();
+        assert_eq!(
+            memory.take_lock("repo:acme", &holder, (&"d1".into(), 1)).unwrap(),
+            Ok(())
+        );
+        assert_eq!(
+            memory.take_lock("repo:acme", &holder, (&"d2".into(), 2)).unwrap(),
+            Ok(())
+        );
+        let refused = memory.take_lock("repo:acme", &other, (&"d3".into(), 1)).unwrap();
         assert_eq!(refused, Err((holder.run_id.to_string(), holder.key.to_string())));
         memory.release_locks(&holder).unwrap();
-        assert_eq!(memory.take_lock("repo:acme", &other, ("d3", 1)).unwrap(), Ok(()));
+        assert_eq!(
+            memory.take_lock("repo:acme", &other, (&"d3".into(), 1)).unwrap(),
+            Ok(())
+        );
     }
 }

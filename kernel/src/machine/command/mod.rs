@@ -47,7 +47,10 @@ pub mod tool_cache;
 use crate::error::KernelError;
 use crate::machine::effects::Effect;
 use crate::machine::{NewEvent, StepChange, dispatch, hosted};
-use crate::model::{ApprovalRecord, Millis, RunId, RunRecord, StepKey, StepKind, StepRecord, StepStatus};
+use crate::model::{
+    ApprovalId, ApprovalRecord, DispatchId, Millis, RunId, RunRecord, SessionId, StepKey, StepKind, StepRecord,
+    StepStatus,
+};
 
 pub type Result<T> = std::result::Result<T, KernelError>;
 
@@ -88,7 +91,7 @@ pub trait Records {
     /// Step `key` of `run`.
     fn find_step(&self, run: &RunId, key: &StepKey) -> Result<Option<StepRecord>>;
     /// The step whose current dispatch is `dispatch_id`, whichever attempt.
-    fn step_by_dispatch(&self, dispatch_id: &str) -> Result<Option<StepRecord>>;
+    fn step_by_dispatch(&self, dispatch_id: &DispatchId) -> Result<Option<StepRecord>>;
     /// Writes a step as recorded, with what it was (tool, arguments, identity, policy).
     fn insert_step(&mut self, step: &StepRecord) -> Result<()>;
     /// Writes what a transition may change of a step (use [`Records::save_step`]).
@@ -127,7 +130,7 @@ pub trait Records {
     /// allowed it.
     fn take_check(&mut self, run: &RunId, key: &StepKey) -> Result<Option<(hosted::Fence, String)>>;
 
-    fn approval(&self, id: &str) -> Result<Option<ApprovalRecord>>;
+    fn approval(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>>;
     /// The run's pending approvals.
     fn open_approvals(&self, run: &RunId) -> Result<Vec<ApprovalRecord>>;
     /// The pending approval of step `key`.
@@ -155,7 +158,7 @@ pub trait Records {
         &mut self,
         resource: &str,
         step: &StepRecord,
-        attempt: (&str, u32),
+        attempt: (&DispatchId, u32),
     ) -> Result<std::result::Result<(), (String, String)>>;
 
     /// Appends `event` to `run`'s log, with the step it concerns when it has one (so watchers
@@ -215,9 +218,9 @@ pub fn step<R: Records + ?Sized>(records: &R, run: &RunId, key: &StepKey) -> Res
 /// holds it ([`dispatch::held`]): every message about a dispatch is fenced here.
 pub fn held_step<R: Records + ?Sized>(
     records: &R,
-    dispatch_id: &str,
+    dispatch_id: &DispatchId,
     attempt: u32,
-    session_id: Option<&str>,
+    session_id: Option<&SessionId>,
 ) -> Result<Option<StepRecord>> {
     Ok(records
         .step_by_dispatch(dispatch_id)?

@@ -26,8 +26,8 @@ use crate::machine::hosted::{Fence, HostedAgent, LocalStep};
 use crate::machine::run::{EndRun, NewRun};
 use crate::machine::turn::{CallDisposition, CallGate, PlannedCall, TurnPlan};
 use crate::model::{
-    ApprovalGate, Capture, Effect, ErrorKind, EventType, Idempotency, Millis, Outcome, RetryPolicy, RunId, RunStatus,
-    StepKey, StepKind, StepRecord, StepStatus, ToolDef, ToolOptions,
+    ApprovalGate, ApprovalId, Capture, DispatchId, Effect, ErrorKind, EventType, Idempotency, Millis, Outcome,
+    RetryPolicy, RunId, RunStatus, SessionId, StepKey, StepKind, StepRecord, StepStatus, ToolDef, ToolOptions,
 };
 
 /// The policy rule that denies tool `wipe` and every local step it is asked about.
@@ -407,7 +407,7 @@ struct World {
     tools: Vec<Arc<ToolDef>>,
     runs: Vec<RunId>,
     /// Every attempt the scheduler started, in order: (run, step, dispatch id, attempt).
-    issued: Vec<(RunId, StepKey, String, u32)>,
+    issued: Vec<(RunId, StepKey, DispatchId, u32)>,
     /// `at_most_once` steps an attempt of which ended with its effect unknown (lost, timed out).
     unknown: BTreeSet<(RunId, StepKey)>,
     /// Each command as it reached the records, to replay against another store.
@@ -466,18 +466,18 @@ impl World {
     }
 
     /// The dispatch a message claims to come from: (dispatch id, attempt, session).
-    fn sender(&self, from: Sender, keep: impl Fn(&StepRecord) -> bool) -> (String, u32, String) {
+    fn sender(&self, from: Sender, keep: impl Fn(&StepRecord) -> bool) -> (DispatchId, u32, SessionId) {
         let held = self.steps(|s| s.status == StepStatus::Running && keep(s));
         let current = |n| {
             World::nth(&held, n).map(|s| {
                 (
-                    s.dispatch_id.clone().unwrap_or_default(),
+                    s.dispatch_id.clone().unwrap_or_else(|| "".into()),
                     s.attempts,
-                    s.session_id.clone().unwrap_or_default(),
+                    s.session_id.clone().unwrap_or_else(|| "".into()),
                 )
             })
         };
-        let forged = ("forged".to_owned(), 1, "s1".to_owned());
+        let forged = ("forged".into(), 1, "s1".into());
         match from {
             Sender::Current(n) => current(n).unwrap_or(forged),
             Sender::OtherSession(n) => current(n).map_or(forged, |(id, attempt, _)| (id, attempt, "s-other".into())),
@@ -499,7 +499,7 @@ impl World {
     }
 
     fn start_of(&mut self, run: &RunId, key: &StepKey, attempt: u32) -> StartDispatch {
-        let dispatch_id = format!("d{}", self.issued.len());
+        let dispatch_id = DispatchId::from(format!("d{}", self.issued.len()));
         self.issued
             .push((run.clone(), key.clone(), dispatch_id.clone(), attempt));
         StartDispatch {
@@ -756,7 +756,7 @@ impl World {
             .state
             .steps
             .values()
-            .find(|s| s.dispatch_id.as_deref() == Some(&dispatch_id));
+            .find(|s| s.dispatch_id.as_ref() == Some(&dispatch_id));
         let siblings: Vec<StepKey> = run.map_or(Vec::new(), |held| {
             self.steps(|s| s.run_id == held.run_id && s.key != held.key)
                 .into_iter()
@@ -798,7 +798,7 @@ impl World {
                 .state
                 .steps
                 .values()
-                .find(|s| s.dispatch_id.as_deref() == Some(&dispatch_id))
+                .find(|s| s.dispatch_id.as_ref() == Some(&dispatch_id))
                 .map_or_else(|| self.run_id(run), |s| s.run_id.clone());
             (parent, Fence { dispatch_id, attempt })
         } else {
@@ -871,7 +871,7 @@ impl World {
     }
 
     fn answer(&mut self, approval: Option<u8>, approve: bool) -> super::Result<Done> {
-        let ids: Vec<String> = self.memory.state.approvals.keys().cloned().collect();
+        let ids: Vec<ApprovalId> = self.memory.state.approvals.keys().cloned().collect();
         let id = approval
             .and_then(|n| World::nth(&ids, n))
             .unwrap_or_else(|| "forged-approval".into());
@@ -947,12 +947,12 @@ impl World {
     /// What a message from `(dispatch_id, attempt)` of `session` that changed something did:
     /// [`Done::Changed`] if that attempt held a running step (on that session, when it says),
     /// [`Done::Heard`] if it held none.
-    fn heard(&self, dispatch_id: &str, attempt: u32, session: Option<&str>) -> Done {
+    fn heard(&self, dispatch_id: &DispatchId, attempt: u32, session: Option<&SessionId>) -> Done {
         let holds = self.memory.state.steps.values().any(|step| {
             step.status == StepStatus::Running
-                && step.dispatch_id.as_deref() == Some(dispatch_id)
+                && step.dispatch_id.as_ref() == Some(dispatch_id)
                 && step.attempts == attempt
-                && session.is_none_or(|session| step.session_id.as_deref() == Some(session))
+                && session.is_none_or(|session| step.session_id.as_ref() == Some(session))
         });
         if holds {
             Done::Changed
@@ -973,9 +973,9 @@ impl World {
     }
 
     /// Notes an `at_most_once` step whose running attempt is about to end with its effect unknown.
-    fn note_unknown(&mut self, dispatch_id: &str, attempt: u32) {
+    fn note_unknown(&mut self, dispatch_id: &DispatchId, attempt: u32) {
         if let Some(step) = self.memory.state.steps.values().find(|s| {
-            s.dispatch_id.as_deref() == Some(dispatch_id)
+            s.dispatch_id.as_ref() == Some(dispatch_id)
                 && s.attempts == attempt
                 && s.status == StepStatus::Running
                 && s.idempotency == Idempotency::AtMostOnce
@@ -1558,12 +1558,12 @@ pub(crate) enum Resolved {
     Start(StartDispatch),
     Result(ResultReport),
     LoseLease(LeaseLoss),
-    TimeOut(String, u32),
+    TimeOut(DispatchId, u32),
     FailPending(RunId, StepKey),
     Suspend(SuspendReport),
     Subagent(SubagentStart),
     LocalStep(RunId, Fence, LocalStep),
-    Answer(String, Answer),
+    Answer(ApprovalId, Answer),
     ExpireApprovals,
     CancelCall(RunId, StepKey),
     EndRun(RunId, EndRun),
@@ -1578,7 +1578,7 @@ pub(crate) struct Traced {
     pub now: Millis,
     pub command: Resolved,
     pub new_runs: Vec<RunId>,
-    pub new_approvals: Vec<(String, RunId)>,
+    pub new_approvals: Vec<(ApprovalId, RunId)>,
 }
 
 impl Resolved {
@@ -1614,7 +1614,7 @@ impl Resolved {
     }
 
     /// The command with the ids of runs and approvals as another store gave them.
-    pub(crate) fn with_ids(self, run: &dyn Fn(&RunId) -> RunId, approval: &dyn Fn(&str) -> String) -> Self {
+    pub(crate) fn with_ids(self, run: &dyn Fn(&RunId) -> RunId, approval: &dyn Fn(&ApprovalId) -> ApprovalId) -> Self {
         match self {
             Resolved::Turn(mut plan) => {
                 plan.run_id = run(&plan.run_id);

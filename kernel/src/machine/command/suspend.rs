@@ -4,14 +4,14 @@
 
 use super::{Records, Result, apply_change, held_step};
 use crate::machine::hosted;
-use crate::model::{StepKey, StepRecord};
+use crate::model::{DispatchId, SessionId, StepKey, StepRecord};
 
 /// A handler's suspension, as its worker reported it.
 #[derive(Clone, Debug)]
 pub struct SuspendReport {
-    pub dispatch_id: String,
+    pub dispatch_id: DispatchId,
     pub attempt: u32,
-    pub session_id: String,
+    pub session_id: SessionId,
     pub waiting_on: Vec<String>,
 }
 

@@ -5,10 +5,14 @@
 use super::{Records, Result, apply_change, held_step};
 use crate::machine::dispatch;
 use crate::machine::effects::Effect;
-use crate::model::{Outcome, RunId, StepKey, StepRecord, StepStatus};
+use crate::model::{DispatchId, Outcome, RunId, StepKey, StepRecord, StepStatus};
 
 /// Times out attempt `attempt` of dispatch `dispatch_id`; `None` when it no longer holds its step.
-pub fn time_out<R: Records + ?Sized>(records: &mut R, dispatch_id: &str, attempt: u32) -> Result<Option<StepRecord>> {
+pub fn time_out<R: Records + ?Sized>(
+    records: &mut R,
+    dispatch_id: &DispatchId,
+    attempt: u32,
+) -> Result<Option<StepRecord>> {
     let Some(step) = held_step(records, dispatch_id, attempt, None)? else {
         return Ok(None);
     };

@@ -8,7 +8,7 @@ fn lease(attempt: u32) -> StartDispatch {
     StartDispatch {
         run_id: step().run_id,
         key: step().key,
-        dispatch_id: format!("d{attempt}"),
+        dispatch_id: format!("d{attempt}").into(),
         attempt,
         worker: "w1".into(),
         session_id: "s1".into(),
@@ -39,7 +39,7 @@ fn at_most_once(mut step: StepRecord) -> StepRecord {
 
 fn report(attempt: u32, outcome: Result<&str, (ErrorKind, &str)>) -> ResultReport {
     ResultReport {
-        dispatch_id: format!("d{attempt}"),
+        dispatch_id: format!("d{attempt}").into(),
         attempt,
         session_id: "s1".into(),
         outcome: outcome.map(str::to_owned).map_err(|(kind, m)| (kind, m.to_owned())),
@@ -74,7 +74,10 @@ fn a_step_starts_only_while_pending_and_only_as_the_next_attempt() {
         if let Some(change) = change {
             assert_eq!(change.step.status, StepStatus::Running);
             assert_eq!(change.step.attempts, attempt);
-            assert_eq!(change.step.dispatch_id.as_deref(), Some(format!("d{attempt}").as_str()));
+            assert_eq!(
+                change.step.dispatch_id.as_ref().map(|id| id.as_str()),
+                Some(format!("d{attempt}").as_str())
+            );
             assert_eq!(change.step.started_at, Some(NOW));
             assert_eq!(change.event.kind, EventType::ToolStart);
             assert_eq!(change.event.payload["attempt"], attempt);
@@ -99,14 +102,19 @@ fn only_the_holding_dispatch_attempt_and_session_are_heard() {
     ];
     for &(dispatch, attempt, session, heard) in cases {
         assert_eq!(
-            held(&held_step, dispatch, attempt, session),
+            held(
+                &held_step,
+                &dispatch.into(),
+                attempt,
+                session.map(SessionId::from).as_ref()
+            ),
             heard,
             "{dispatch} {attempt} {session:?}"
         );
     }
     let (settled, _) = record_result(&held_step, &report(2, Ok("1")), NOW);
     assert!(
-        !held(&settled.step, "d2", 2, Some("s1")),
+        !held(&settled.step, &"d2".into(), 2, Some(&"s1".into())),
         "a settled step is held by no one"
     );
 }
@@ -292,6 +300,9 @@ fn a_settled_step_goes_nowhere_else() {
     assert!(start(&settled, &lease(2), NOW).is_none());
     assert!(fail_pending(&settled, "x", ("r", Outcome::NoWorker), NOW).is_none());
     for (dispatch, attempt) in [("d1", 1), ("d2", 2)] {
-        assert!(!held(&settled, dispatch, attempt, None), "no message about it is heard");
+        assert!(
+            !held(&settled, &dispatch.into(), attempt, None),
+            "no message about it is heard"
+        );
     }
 }
