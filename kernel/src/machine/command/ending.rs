@@ -16,6 +16,11 @@ pub fn end_tree<R: Records + ?Sized>(
     run: &RunRecord,
     end: &EndRun,
 ) -> Result<(RunRecord, Vec<StepRecord>)> {
+    // Refused before anything is written: a finished run, or one completed with calls in flight
+    // (a running child's step among them), is not touched, its children included.
+    let in_flight = records.open_steps(&run.id)?;
+    let open = records.open_approvals(&run.id)?;
+    run::end(run, &in_flight, &open, end, records.now())?;
     let mut settled = cancel_children(records, run)?;
     let in_flight = records.open_steps(&run.id)?;
     let open = records.open_approvals(&run.id)?;
@@ -89,4 +94,46 @@ fn release_session<R: Records + ?Sized>(records: &mut R, session: &str) -> Resul
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::command::memory::Memory;
+    use crate::machine::records::{NOW, run, step};
+    use crate::model::{RunId, StepKey, StepKind, StepStatus};
+
+    /// Completing a run whose call waits on a running child is refused before anything is
+    /// written: the child is not cancelled on the way to the refusal.
+    #[test]
+    fn a_refused_end_writes_nothing_not_even_its_childrens_end() {
+        let mut records = Memory::new(NOW);
+        let parent = run();
+        records.insert_run(&parent).unwrap();
+        let mut call = step();
+        call.status = StepStatus::Running;
+        records.insert_step(&call).unwrap();
+        let mut child = run();
+        child.id = RunId::new();
+        child.parent = Some((parent.id.clone(), StepKey::tool_subagent(&call.key, "researcher", 0)));
+        records.insert_run(&child).unwrap();
+        let mut waiting = step();
+        waiting.kind = StepKind::Subagent;
+        waiting.key = StepKey::tool_subagent(&call.key, "researcher", 0);
+        records.insert_step(&waiting).unwrap();
+        let before = records.state.clone();
+        let complete = EndRun::Complete {
+            output: "{}".into(),
+            settle_in_flight: false,
+        };
+        assert!(end_tree(&mut records, &parent, &complete).is_err());
+        assert_eq!(records.state, before, "nothing written, the child still running");
+        let (ended, settled) = end_tree(&mut records, &parent, &EndRun::Cancel { reason: "stop".into() }).unwrap();
+        assert_eq!(ended.status, crate::model::RunStatus::Cancelled);
+        assert_eq!(
+            records.run(&child.id).unwrap().status,
+            crate::model::RunStatus::Cancelled
+        );
+        assert!(settled.iter().any(|s| s.key == call.key));
+    }
 }

@@ -515,14 +515,19 @@ impl World {
 
     /// Applies `command` as the store's writer does: a command that fails is undone (its
     /// savepoint), but for the two the writer runs unguarded in a batch, which must refuse
-    /// before they write (`Command::decides_before_writing` in `store::writer`).
+    /// before they write (`Command::decides_before_writing` in `store::writer`). An end of a run
+    /// is held to that too: its refusal (a finished run, calls in flight) comes before it ends
+    /// any child.
     fn apply(&mut self, command: &Command) -> Done {
         let before = self.memory.clone();
         let traced = self.trace.len();
         let done = match self.try_apply(command) {
             Ok(done) => done,
             Err(error) => {
-                if !matches!(command, Command::Turn { .. } | Command::Result { .. }) {
+                if !matches!(
+                    command,
+                    Command::Turn { .. } | Command::Result { .. } | Command::EndRun { .. }
+                ) {
                     self.memory = before.clone();
                 }
                 Done::Failed(error)
