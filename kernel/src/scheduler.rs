@@ -1686,7 +1686,6 @@ impl Actor {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
 
     use super::*;
     use crate::hub::Hub;
@@ -1754,21 +1753,7 @@ mod tests {
         let (run, _) = store
             .create_run(NewRun {
                 agent: "a".into(),
-                input: "{}".into(),
-                labels: BTreeMap::new(),
-                idempotency_key: None,
-                max_tool_calls: 0,
-                interactive: true,
-                permissions: Vec::new(),
-                granted_by: None,
-                capture: crate::model::Capture::Io,
-                hosted: None,
-                parent: None,
-                session_key: None,
-                max_concurrency: 0,
-                fork: None,
-                allow: Vec::new(),
-                trace: None,
+                ..crate::machine::records::new_run()
             })
             .await
             .unwrap();

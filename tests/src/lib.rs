@@ -843,6 +843,15 @@ pub fn payload(event: &pb::Event) -> Value {
 
 const TERMINAL_RUN_EVENTS: [&str; 3] = ["run:completed", "run:failed", "run:cancelled"];
 
+/// Asserts that a hosted run's handler kept the one dispatch it started with: its log has one
+/// `agent:dispatched` and no `agent:suspended` (a refused suspension writes nothing).
+pub fn assert_kept_its_one_dispatch(events: &[pb::Event]) {
+    let kinds: Vec<&str> = events.iter().map(|e| e.r#type.as_str()).collect();
+    assert!(!kinds.contains(&"agent:suspended"), "{kinds:?}");
+    let dispatched = kinds.iter().filter(|k| **k == "agent:dispatched").count();
+    assert_eq!(dispatched, 1, "{kinds:?}");
+}
+
 /// Checks a run's whole log against the invariants: gap-free sequence numbers; every payload fits
 /// its kind's schema in docs/reference/events.schema.json; exactly one terminal event
 /// (`tool:result` or `tool:denied`) per step, with `tool:start` before any worker result; every

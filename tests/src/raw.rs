@@ -122,6 +122,14 @@ impl RawWorker {
         }
     }
 
+    /// Waits for the next dispatch of a hosted run's handler.
+    pub async fn run_dispatch(&mut self) -> pb::RunDispatch {
+        match self.next().await {
+            Out::Run(dispatch) => dispatch,
+            other => panic!("expected a run's dispatch, got {other:?}"),
+        }
+    }
+
     /// Sends a result for `(dispatch_id, attempt)` and returns the kernel's acknowledgement of it.
     pub async fn result(&mut self, dispatch_id: &str, attempt: u32, output: &str) -> pb::ResultAck {
         self.send(In::Result(pb::DispatchResult {

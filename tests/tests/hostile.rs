@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use e2e::raw::{RawWorker, tool_spec};
-use e2e::{Kernel, KernelOptions, WAIT, Watch, call, check_log, payload, submit};
+use e2e::{Kernel, KernelOptions, WAIT, Watch, assert_kept_its_one_dispatch, call, check_log, payload, submit};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::hosted_service_client::HostedServiceClient;
 use kernel_proto::v1::open_session_request::Message as In;
@@ -392,10 +392,7 @@ async fn a_handler_output_that_is_not_json_or_too_big_fails_its_run_naming_the_a
     ];
     for (output, reason) in cases {
         let run = kernel.start_hosted("raw-agent", json!({})).await;
-        let dispatch = match worker.next().await {
-            Out::Run(dispatch) => dispatch,
-            other => panic!("expected the run's dispatch, got {other:?}"),
-        };
+        let dispatch = worker.run_dispatch().await;
         assert_eq!(dispatch.run_id, run);
         let ack = worker.result(&dispatch.dispatch_id, dispatch.attempt, &output).await;
         assert!(ack.accepted, "recorded as the handler's error: {ack:?}");
@@ -414,9 +411,7 @@ async fn a_handler_that_diverges_cannot_complete_its_run_whatever_it_sends_next(
     let kernel = Kernel::start();
     let mut worker = RawWorker::hosting(&kernel, "raw-agent").await.unwrap();
     let run = kernel.start_hosted("raw-agent", json!({})).await;
-    let Out::Run(dispatch) = worker.next().await else {
-        panic!("expected the run's dispatch")
-    };
+    let dispatch = worker.run_dispatch().await;
     let mut hosted = HostedServiceClient::connect(kernel.url()).await.unwrap();
     let step = |step_id: &str| pb::RecordStepRequest {
         dispatch: Some(pb::HostedDispatch {
@@ -467,9 +462,7 @@ rules:
     });
     let mut worker = RawWorker::hosting(&kernel, "raw-agent").await.unwrap();
     let run = kernel.start_hosted("raw-agent", json!({})).await;
-    let Out::Run(dispatch) = worker.next().await else {
-        panic!("expected the run's dispatch")
-    };
+    let dispatch = worker.run_dispatch().await;
     let mut hosted = HostedServiceClient::connect(kernel.url()).await.unwrap();
     let recorded = hosted
         .record_step(pb::RecordStepRequest {
@@ -510,9 +503,7 @@ async fn a_suspension_naming_nothing_is_refused_and_the_handler_keeps_its_dispat
     let kernel = Kernel::start();
     let mut worker = RawWorker::hosting(&kernel, "raw-agent").await.unwrap();
     let run = kernel.start_hosted("raw-agent", json!({})).await;
-    let Out::Run(dispatch) = worker.next().await else {
-        panic!("expected the run's dispatch")
-    };
+    let dispatch = worker.run_dispatch().await;
     let before = kernel.events(&run).await.len();
     worker
         .send(In::Result(pb::DispatchResult {
@@ -722,9 +713,7 @@ async fn a_suspension_naming_a_settled_or_unknown_step_is_refused_and_the_handle
     let mut handler = RawWorker::hosting(&kernel, "raw-agent").await.unwrap();
     let mut tools = RawWorker::offering(&kernel, "lookup").await.unwrap();
     let run = kernel.start_hosted("raw-agent", json!({})).await;
-    let Out::Run(dispatch) = handler.next().await else {
-        panic!("expected the run's dispatch")
-    };
+    let dispatch = handler.run_dispatch().await;
     let mut hosted = HostedServiceClient::connect(kernel.url()).await.unwrap();
     let mut turn = hosted
         .call_tools(pb::CallToolsRequest {
@@ -796,13 +785,7 @@ async fn a_suspension_naming_a_settled_or_unknown_step_is_refused_and_the_handle
         (pb::RunStatus::Completed as i32, "1")
     );
     let events = kernel.events(&run).await;
-    let kinds: Vec<&str> = events.iter().map(|e| e.r#type.as_str()).collect();
-    assert!(!kinds.contains(&"agent:suspended"), "{kinds:?}");
-    assert_eq!(
-        kinds.iter().filter(|k| **k == "agent:dispatched").count(),
-        1,
-        "{kinds:?}"
-    );
+    assert_kept_its_one_dispatch(&events);
     check_log(&events, true);
 }
 

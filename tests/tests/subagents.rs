@@ -1,7 +1,7 @@
 //! Subagents, sessions and suspension with real processes: the fault worker's `parent` and
 //! `child` agents, hosted on workers with few slots.
 
-use e2e::{Kernel, check_log, payload, wait_ledger};
+use e2e::{Kernel, assert_kept_its_one_dispatch, check_log, payload, wait_ledger};
 use kernel_proto::v1 as pb;
 use serde_json::{Value, json};
 
@@ -324,13 +324,7 @@ async fn a_handler_whose_suspension_crosses_a_settle_is_refused_and_goes_on() {
     let refused = worker.log.wait_for("suspension refused, the dispatch goes on here");
     assert!(refused.contains("t0/p1 has settled"), "{refused}");
     let events = kernel.events(&run).await;
-    let kinds: Vec<&str> = events.iter().map(|e| e.r#type.as_str()).collect();
-    assert!(!kinds.contains(&"agent:suspended"), "{kinds:?}");
-    assert_eq!(
-        kinds.iter().filter(|k| **k == "agent:dispatched").count(),
-        1,
-        "{kinds:?}"
-    );
+    assert_kept_its_one_dispatch(&events);
     check_log(&events, true);
     assert_eq!(
         kernel.status().await.lost_calls_found,

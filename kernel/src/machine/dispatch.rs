@@ -2,8 +2,8 @@
 //! and how a step settles or waits for its next attempt, whatever ends the attempt.
 
 use super::events::{
-    AgentDispatched, AgentLeaseLost, AgentResult, LeaseLost, Next, Payload, SettledBy, SettledStatus, Settlement,
-    Started, SubagentResult, ToolAttemptFailed, ToolLeaseLost, ToolResult, ToolStart,
+    AgentDispatched, AgentLeaseLost, AgentResult, AttemptOf, LeaseLost, Next, Payload, SettledBy, SettledStatus,
+    Settlement, Started, SubagentResult, ToolAttemptFailed, ToolLeaseLost, ToolResult, ToolStart,
 };
 use super::{StepChange, human_ms, json_or_string};
 use crate::model::{
@@ -186,12 +186,7 @@ fn retry_later(
     pending.lease_expires_at = None;
     pending.progress_count += progress_count;
     let event = ToolAttemptFailed {
-        step_key: step.key.to_string(),
-        position: step.position,
-        tool: step.tool.clone(),
-        attempt: step.attempts,
-        dispatch_id: step.dispatch_id.clone(),
-        worker: step.worker.clone(),
+        attempt: AttemptOf::of(step),
         error: message.to_owned(),
         error_kind: kind,
         reason: reason.to_owned(),
@@ -287,12 +282,7 @@ pub fn lose_lease(step: &StepRecord, loss: &LeaseLoss, now: Millis) -> StepChang
     requeued.lease_expires_at = None;
     requeued.lease_losses += 1;
     let payload = LeaseLost {
-        step_key: step.key.to_string(),
-        position: step.position,
-        tool: step.tool.clone(),
-        attempt: step.attempts,
-        dispatch_id: step.dispatch_id.clone(),
-        worker: step.worker.clone(),
+        attempt: AttemptOf::of(step),
         reason: loss.reason.clone(),
         next: Next::Redispatch,
     };

@@ -324,21 +324,42 @@ pub struct ToolStart(pub Started);
 #[serde(transparent)]
 pub struct AgentDispatched(pub Started);
 
-/// `tool:lease_lost` and `agent:lease_lost`: a dispatch lost its worker and is pending again.
+/// Which attempt an event of an attempt that ended without settling its step is about.
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
-pub struct LeaseLost {
+pub struct AttemptOf {
     /// The step's identity in its run.
     pub step_key: String,
-    /// The call's position in its turn.
+    /// The call's position in its turn (0 for a hosted run's own dispatch).
     pub position: u32,
     /// The tool, or the hosted agent.
     pub tool: String,
-    /// The attempt that lost its worker.
+    /// The attempt that ended.
     pub attempt: u32,
-    /// The dispatch that lost its worker.
+    /// The attempt's dispatch.
     pub dispatch_id: Option<DispatchId>,
-    /// The worker that was lost.
+    /// The worker it ran on.
     pub worker: Option<String>,
+}
+
+impl AttemptOf {
+    /// The last attempt of `step`.
+    pub fn of(step: &crate::model::StepRecord) -> AttemptOf {
+        AttemptOf {
+            step_key: step.key.to_string(),
+            position: step.position,
+            tool: step.tool.clone(),
+            attempt: step.attempts,
+            dispatch_id: step.dispatch_id.clone(),
+            worker: step.worker.clone(),
+        }
+    }
+}
+
+/// `tool:lease_lost` and `agent:lease_lost`: a dispatch lost its worker and is pending again.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+pub struct LeaseLost {
+    #[serde(flatten)]
+    pub attempt: AttemptOf,
     /// Why the lease ended.
     pub reason: String,
     /// `redispatch`.
@@ -358,18 +379,8 @@ pub struct AgentLeaseLost(pub LeaseLost);
 /// `tool:attempt_failed`.
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 pub struct ToolAttemptFailed {
-    /// The step's identity in its run.
-    pub step_key: String,
-    /// The call's position in its turn.
-    pub position: u32,
-    /// The tool.
-    pub tool: String,
-    /// The attempt that failed.
-    pub attempt: u32,
-    /// The attempt's dispatch.
-    pub dispatch_id: Option<DispatchId>,
-    /// The worker it ran on.
-    pub worker: Option<String>,
+    #[serde(flatten)]
+    pub attempt: AttemptOf,
     /// The attempt's error.
     pub error: String,
     /// The error's kind (`retryable`).
@@ -663,7 +674,8 @@ pub struct Suspended {
     pub worker: Option<String>,
     /// The steps it awaits.
     pub waiting_on: Vec<String>,
-    /// `wait`, or `redispatch` when one of them had settled already.
+    /// `wait` (a suspension naming a settled step is refused; logs from before that say
+    /// `redispatch` for one that crossed a settle).
     pub next: Next,
 }
 

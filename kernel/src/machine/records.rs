@@ -111,3 +111,25 @@ pub fn approval() -> crate::model::ApprovalRecord {
         capture: Capture::Io,
     }
 }
+
+/// A new external run of agent `billing` with no limits, as a plain `CreateRun` asks for it.
+pub fn new_run() -> crate::machine::run::NewRun {
+    crate::machine::run::NewRun {
+        agent: "billing".into(),
+        input: "{}".into(),
+        labels: Default::default(),
+        idempotency_key: None,
+        max_tool_calls: 0,
+        interactive: true,
+        permissions: Vec::new(),
+        granted_by: None,
+        capture: Capture::Io,
+        hosted: None,
+        parent: None,
+        session_key: None,
+        max_concurrency: 0,
+        fork: None,
+        allow: Vec::new(),
+        trace: None,
+    }
+}

@@ -327,22 +327,8 @@ mod tests {
 
     fn new_run(key: Option<&str>) -> NewRun {
         NewRun {
-            agent: "billing".into(),
-            input: "{}".into(),
-            labels: BTreeMap::new(),
             idempotency_key: key.map(str::to_owned),
-            max_tool_calls: 0,
-            interactive: true,
-            permissions: Vec::new(),
-            granted_by: None,
-            capture: Capture::Io,
-            hosted: None,
-            parent: None,
-            session_key: None,
-            max_concurrency: 0,
-            fork: None,
-            allow: Vec::new(),
-            trace: None,
+            ..crate::machine::records::new_run()
         }
     }
 

@@ -95,21 +95,10 @@ fn tool(name: &str, idempotency: Idempotency) -> ToolDef {
 fn new_run(key: Option<&str>, max_tool_calls: u32) -> NewRun {
     NewRun {
         agent: "a".into(),
-        input: "{}".into(),
         labels: BTreeMap::from([("env".to_owned(), "test".to_owned())]),
         idempotency_key: key.map(str::to_owned),
         max_tool_calls,
-        interactive: true,
-        permissions: Vec::new(),
-        granted_by: None,
-        capture: crate::model::Capture::Io,
-        hosted: None,
-        parent: None,
-        session_key: None,
-        max_concurrency: 0,
-        fork: None,
-        allow: Vec::new(),
-        trace: None,
+        ..crate::machine::records::new_run()
     }
 }
 
@@ -1591,6 +1580,14 @@ async fn a_finished_run_is_deleted_whole_and_a_run_in_flight_is_refused(f: Fixtu
     assert!(f.store.reads.run(young.id).await.unwrap().is_some());
 }
 
+/// The step a local step's record wrote; any other answer fails the test.
+fn recorded(answer: StepRecorded) -> crate::model::StepRecord {
+    match answer {
+        StepRecorded::Recorded(step) => step,
+        other => panic!("recorded: {other:?}"),
+    }
+}
+
 fn hosted_run() -> NewRun {
     let mut new = new_run(None, 0);
     new.agent = "researcher".into();
@@ -1743,28 +1740,24 @@ async fn a_checked_step_is_recorded_as_its_check_allowed_it(f: Fixture) {
         matches!(&checked, StepRecorded::Allowed { decided_by: Some(by) } if by == "rule:steps_ok"),
         "{checked:?}"
     );
-    let StepRecorded::Recorded(step) = f
-        .store
-        .record_step((run.id.clone(), fence("d1", 1)), local(0, "fetch"), denied())
-        .await
-        .unwrap()
-    else {
-        panic!("recorded")
-    };
+    let step = recorded(
+        f.store
+            .record_step((run.id.clone(), fence("d1", 1)), local(0, "fetch"), denied())
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         (step.outcome, step.output.as_deref(), step.decided_by.as_deref()),
         (Some(Outcome::Ok), Some("7"), Some("rule:steps_ok")),
         "the check made before it ran stands"
     );
     // Not checked: the record is the decision, and a denial replaces what the handler sent.
-    let StepRecorded::Recorded(step) = f
-        .store
-        .record_step((run.id.clone(), fence("d1", 1)), local(1, "pay"), denied())
-        .await
-        .unwrap()
-    else {
-        panic!("recorded")
-    };
+    let step = recorded(
+        f.store
+            .record_step((run.id.clone(), fence("d1", 1)), local(1, "pay"), denied())
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         (step.outcome, step.output, step.decided_by.as_deref()),
         (Some(Outcome::Denied), None, Some("rule:no_steps"))
@@ -1785,14 +1778,12 @@ async fn a_checked_step_is_recorded_as_its_check_allowed_it(f: Fixture) {
     let pending = f.store.reads.steps(run.id.clone()).await.unwrap();
     let pending = pending.iter().find(|s| s.kind == StepKind::Agent).unwrap();
     start(&f.store, pending, "d2", 2, "s2").await.expect("dispatched again");
-    let StepRecorded::Recorded(step) = f
-        .store
-        .record_step((run.id.clone(), fence("d2", 2)), local(2, "send"), denied())
-        .await
-        .unwrap()
-    else {
-        panic!("recorded")
-    };
+    let step = recorded(
+        f.store
+            .record_step((run.id.clone(), fence("d2", 2)), local(2, "send"), denied())
+            .await
+            .unwrap(),
+    );
     assert_eq!(step.outcome, Some(Outcome::Denied));
     assert_gap_free(&events(&f.store, &run.id).await);
 }
@@ -1934,8 +1925,13 @@ async fn a_divergence_fails_the_hosted_run_in_the_write_that_finds_it(f: Fixture
 }
 
 /// A suspended handler is woken in the commit that settles what it waits on, so no wake-up is
-/// lost between the two; and a suspension crossing a settle goes back to pending at once.
+/// lost between the two, and that commit leaves the woken dispatch to queue (its effect).
 async fn a_suspended_handler_is_woken_in_the_commit_that_settles_its_call(f: Fixture) {
+    use crate::machine::effects::Effect;
+    let (sink, mut handed) = tokio::sync::mpsc::unbounded_channel();
+    f.store.on_effects(move |effects| {
+        let _ = sink.send(effects);
+    });
     let (run, _, dispatch) = f.store.create_run_dispatching(hosted_run()).await.unwrap();
     start(&f.store, &dispatch.unwrap(), "d1", 1, "s1").await.unwrap();
     let mut turn = plan(
@@ -1963,10 +1959,18 @@ async fn a_suspended_handler_is_woken_in_the_commit_that_settles_its_call(f: Fix
         f.store.reads.run(run.id.clone()).await.unwrap().unwrap().status,
         RunStatus::Suspended
     );
+    while handed.try_recv().is_ok() {}
     f.store.record_result(returned("c1", "3")).await.unwrap();
     let steps = f.store.reads.steps(run.id.clone()).await.unwrap();
     let handler = steps.iter().find(|s| s.key == StepKey::agent()).unwrap();
     assert_eq!(handler.status, StepStatus::Pending, "woken by the call's result");
+    let woken = handed.try_recv().expect("the result's commit left effects");
+    assert!(
+        woken
+            .iter()
+            .any(|e| matches!(e, Effect::Dispatch(step) if step.key == StepKey::agent() && step.status == StepStatus::Pending)),
+        "the woken handler is queued by the commit that woke it: {woken:?}"
+    );
     let kinds: Vec<EventType> = events(&f.store, &run.id).await.iter().map(|e| e.kind).collect();
     let result = kinds.iter().position(|k| *k == EventType::ToolResult).unwrap();
     assert_eq!(kinds[result + 1], EventType::AgentResumed, "{kinds:?}");

@@ -20,11 +20,16 @@ pub fn end_tree<R: Records + ?Sized>(
     // (a running child's step among them), is not touched, its children included.
     let in_flight = records.open_steps(&run.id)?;
     let open = records.open_approvals(&run.id)?;
-    run::end(run, &in_flight, &open, end, records.now())?;
-    let mut settled = cancel_children(records, run)?;
-    let in_flight = records.open_steps(&run.id)?;
-    let open = records.open_approvals(&run.id)?;
-    let ended = run::end(run, &in_flight, &open, end, records.now())?;
+    let mut ended = run::end(run, &in_flight, &open, end, records.now())?;
+    let children = records.live_children(&run.id)?;
+    let mut settled = Vec::new();
+    if !children.is_empty() {
+        settled = cancel(records, run, children)?;
+        // Their ends settled the steps waiting for them: the run ends with what is left.
+        let in_flight = records.open_steps(&run.id)?;
+        let open = records.open_approvals(&run.id)?;
+        ended = run::end(run, &in_flight, &open, end, records.now())?;
+    }
     let (run, more) = apply_end(records, ended)?;
     settled.extend(more);
     Ok((run, settled))
@@ -41,8 +46,18 @@ pub fn end_diverged<R: Records + ?Sized>(records: &mut R, run: &RunRecord, messa
 
 /// Cancels the children of `run` still running, deepest first.
 pub fn cancel_children<R: Records + ?Sized>(records: &mut R, run: &RunRecord) -> Result<Vec<StepRecord>> {
+    let children = records.live_children(&run.id)?;
+    cancel(records, run, children)
+}
+
+/// Cancels `children` of `run`, each after its own children.
+fn cancel<R: Records + ?Sized>(
+    records: &mut R,
+    run: &RunRecord,
+    children: Vec<crate::model::RunId>,
+) -> Result<Vec<StepRecord>> {
     let mut settled = Vec::new();
-    for child in records.live_children(&run.id)? {
+    for child in children {
         let child = records.run(&child)?;
         let reason = format!("parent run {} ended", run.id);
         let (_, steps) = end_tree(records, &child, &EndRun::Cancel { reason })?;

@@ -78,9 +78,8 @@ pub fn record<R: Records + ?Sized>(
     mut local: LocalStep,
     gate: StepGate,
 ) -> Result<StepRecorded> {
-    let key = StepKey::local(&local.step_id, local.occurrence);
-    let run = match place_local(records, run_id, fence, local.seq, &key)? {
-        Ok(run) => run,
+    let (run, key) = match place_local(records, (run_id, fence), &local)? {
+        Ok(open) => open,
         Err(placed) => return Ok(placed),
     };
     match records.take_check(&run.id, &key)? {
@@ -110,9 +109,8 @@ pub fn check<R: Records + ?Sized>(
     mut local: LocalStep,
     gate: StepGate,
 ) -> Result<StepRecorded> {
-    let key = StepKey::local(&local.step_id, local.occurrence);
-    let run = match place_local(records, run_id, fence, local.seq, &key)? {
-        Ok(run) => run,
+    let (run, key) = match place_local(records, (run_id, fence), &local)? {
+        Ok(open) => open,
         Err(placed) => return Ok(placed),
     };
     apply_gate(&mut local, gate);
@@ -150,28 +148,27 @@ fn apply_gate(local: &mut LocalStep, gate: StepGate) {
     }
 }
 
-/// The run of a local step at an open place; otherwise what its place says (replayed, or
-/// diverged, which fails the run).
+/// The run of a local step at an open place, and the step's key; otherwise what its place says
+/// (replayed, or diverged, which fails the run). Fenced by the run's dispatch.
 fn place_local<R: Records + ?Sized>(
     records: &mut R,
-    run_id: &RunId,
-    fence: &Fence,
-    seq: u32,
-    key: &StepKey,
-) -> Result<std::result::Result<RunRecord, StepRecorded>> {
+    (run_id, fence): (&RunId, &Fence),
+    local: &LocalStep,
+) -> Result<std::result::Result<(RunRecord, StepKey), StepRecorded>> {
+    let key = StepKey::local(&local.step_id, local.occurrence);
     let run = records.run(run_id)?;
     let dispatch = records.find_step(&run.id, &StepKey::agent())?;
     hosted::check_fence(&run, dispatch.as_ref(), Some(fence))?;
-    let at_place = records.steps_at_place(&run.id, seq)?;
-    let elsewhere: Vec<StepRecord> = records.find_step(&run.id, key)?.into_iter().collect();
+    let at_place = records.steps_at_place(&run.id, local.seq)?;
+    let elsewhere: Vec<StepRecord> = records.find_step(&run.id, &key)?.into_iter().collect();
     Ok(
-        match hosted::place(seq, std::slice::from_ref(key), &at_place, &elsewhere) {
+        match hosted::place(local.seq, std::slice::from_ref(&key), &at_place, &elsewhere) {
             Err(message) => {
                 let ended = end_diverged(records, &run, &message)?;
                 Err(StepRecorded::Diverged { message, ended })
             }
             Ok(Place::Recorded(mut steps)) => Err(StepRecorded::Replayed(steps.remove(0))),
-            Ok(Place::Open) => Ok(run),
+            Ok(Place::Open) => Ok((run, key)),
         },
     )
 }

@@ -26,8 +26,8 @@ use crate::machine::hosted::{Fence, HostedAgent, LocalStep};
 use crate::machine::run::{EndRun, NewRun};
 use crate::machine::turn::{CallDisposition, CallGate, PlannedCall, TurnPlan};
 use crate::model::{
-    ApprovalGate, ApprovalId, Capture, DispatchId, Effect, ErrorKind, EventType, Idempotency, Millis, Outcome,
-    RetryPolicy, RunId, RunStatus, SessionId, StepKey, StepKind, StepRecord, StepStatus, ToolDef, ToolOptions,
+    ApprovalGate, ApprovalId, DispatchId, Effect, ErrorKind, EventType, Idempotency, Millis, Outcome, RetryPolicy,
+    RunId, RunStatus, SessionId, StepKey, StepKind, StepRecord, StepStatus, ToolDef, ToolOptions,
 };
 
 /// The policy rule that denies tool `wipe` and every local step it is asked about.
@@ -1012,21 +1012,10 @@ fn agent(name: &str) -> HostedAgent {
 fn new_run(hosted: bool, idempotency_key: Option<String>, max_tool_calls: u8) -> NewRun {
     NewRun {
         agent: if hosted { "researcher" } else { "billing" }.into(),
-        input: "{}".into(),
-        labels: Default::default(),
         idempotency_key,
         max_tool_calls: u32::from(max_tool_calls),
-        interactive: true,
-        permissions: Vec::new(),
-        granted_by: None,
-        capture: Capture::Io,
         hosted: hosted.then(|| agent("researcher")),
-        parent: None,
-        session_key: None,
-        max_concurrency: 0,
-        fork: None,
-        allow: Vec::new(),
-        trace: None,
+        ..crate::machine::records::new_run()
     }
 }
 
