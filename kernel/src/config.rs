@@ -80,6 +80,13 @@ pub struct Config {
     #[arg(long, env = "KERNEL_LEASE_TTL_MS", default_value_t = 10_000)]
     pub lease_ttl_ms: u64,
 
+    /// Milliseconds a statement on PostgreSQL may run before the server cancels it (replicas
+    /// only). The other bounds on the database follow the lease TTL: a session idle inside a
+    /// transaction for a TTL is ended, a lock is waited for at most two TTLs, and a connection
+    /// silent for a TTL is dead.
+    #[arg(long, env = "KERNEL_POSTGRES_STATEMENT_TIMEOUT_MS", default_value_t = 60_000)]
+    pub postgres_statement_timeout_ms: u64,
+
     /// Milliseconds a call waits for any worker to offer its tool before it fails.
     #[arg(long, env = "KERNEL_SCHEDULE_TO_START_TIMEOUT_MS", default_value_t = 30_000)]
     pub schedule_to_start_timeout_ms: u64,
@@ -276,6 +283,14 @@ impl Config {
             scan_interval: Duration::from_millis(self.scan_interval_ms.max(10)),
             ..SchedulerConfig::default()
         }
+    }
+
+    /// The bounds on every wait on PostgreSQL (replicas only).
+    pub fn postgres_bounds(&self) -> crate::store::postgres::Bounds {
+        crate::store::postgres::Bounds::for_lease_ttl(
+            self.scheduler().lease_ttl,
+            Duration::from_millis(self.postgres_statement_timeout_ms.max(1)),
+        )
     }
 
     /// The limits on agents, workers and connections.

@@ -266,7 +266,7 @@ pub async fn run(
     let hub = Hub::default();
     let (store, writer) = Store::open_database(
         &config.db,
-        config.durability,
+        (config.durability, config.postgres_bounds()),
         (hub.clone(), crate::clock::Clock::wall()),
     )
     .await?;
@@ -304,7 +304,8 @@ pub async fn run(
             scheduler: scheduler.clone(),
             registry: registry.clone(),
         };
-        lifecycle.spawn("cluster feed", feed.run(url.clone(), shutdown.clone()));
+        let target = crate::store::postgres::Target::new(url, config.postgres_bounds())?;
+        lifecycle.spawn("cluster feed", feed.run(target, shutdown.clone()));
     }
 
     let kernel = Kernel {

@@ -670,3 +670,195 @@ async fn postgresql_restarted_in_a_burst_strands_nothing() {
         worker.abort();
     }
 }
+
+/// When each of the test's agent loops finished a turn, and on which replica it began.
+#[derive(Clone, Default)]
+struct Progress(std::sync::Arc<std::sync::Mutex<Vec<(Instant, usize)>>>);
+
+impl Progress {
+    /// The longest wait between two turns begun on `replica` finishing, within `window`.
+    fn longest_stall(&self, replica: usize, window: (Instant, Instant)) -> Duration {
+        let mut done: Vec<Instant> = self
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, on)| *on == replica)
+            .map(|(at, _)| *at)
+            .collect();
+        done.sort();
+        let mut marks = vec![window.0];
+        marks.extend(done.into_iter().filter(|at| *at > window.0 && *at < window.1));
+        marks.push(window.1);
+        marks.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default()
+    }
+}
+
+/// One call: a `pay` for odd `r`, a `step` for even.
+fn one_call(r: usize) -> Vec<pb::ToolCall> {
+    let tool = if r % 2 == 1 { "pay" } else { "step" };
+    vec![call(tool, json!({"n": r, "hold_ms": 10 + r % 30}))]
+}
+
+/// An agent loop: run after run through `urls[first]` (moving on when a stream breaks), each
+/// one turn of [`one_call`], until `stop`; returns its runs and their results.
+async fn agent_loop(
+    (urls, first): (Vec<String>, usize),
+    name: String,
+    (progress, stop): (Progress, std::sync::Arc<std::sync::atomic::AtomicBool>),
+) -> Vec<(String, Vec<pb::CallResult>)> {
+    let mut done = Vec::new();
+    for r in 0.. {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            break;
+        }
+        let run = create_run_anywhere(&urls, first, format!("{name}-{r}")).await;
+        let results = burst_turn(urls.clone(), first, run.clone(), one_call(r)).await;
+        progress.0.lock().unwrap().push((Instant::now(), first));
+        done.push((run, results));
+    }
+    done
+}
+
+/// Creates a run through `urls[first]`, moving to the next replica while one is unavailable (its
+/// database connection was ended under it), as an agent would.
+async fn create_run_anywhere(urls: &[String], first: usize, agent: String) -> String {
+    let deadline = Instant::now() + WAIT;
+    for via in first.. {
+        let created = async {
+            let mut runs = pb::run_service_client::RunServiceClient::connect(urls[via % urls.len()].clone())
+                .await
+                .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+            let request = pb::CreateRunRequest {
+                agent: agent.clone(),
+                input_json: "{}".into(),
+                ..Default::default()
+            };
+            runs.create_run(request).await
+        };
+        match created.await {
+            Ok(response) => return response.into_inner().run.expect("run").id,
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::Unavailable, "create run: {status:?}");
+                assert!(Instant::now() < deadline, "no replica created the run: {status:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    unreachable!("the loop returns or fails")
+}
+
+/// Whether replica `id`'s writer is inside a transaction holding the replicas' write lock.
+async fn holds_the_write_lock(client: &tokio_postgres::Client, id: &str) -> bool {
+    let held: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE a.application_name = $1 AND l.locktype = 'advisory' AND l.granted",
+            &[&format!("kernel writer {id}")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    held > 0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_frozen_inside_a_transaction_holds_up_no_other_for_more_than_a_ttl_and_takes_over_nothing_alive() {
+    let Some(pg) = Postgres::database("a_replica_frozen_inside_a_transaction") else {
+        return;
+    };
+    let ttl = Duration::from_millis(3_000);
+    let options = KernelOptions {
+        db: Some(pg.url.clone()),
+        heartbeat_interval_ms: 300,
+        lease_ttl_ms: ttl.as_millis() as u64,
+        schedule_to_start_timeout_ms: 120_000,
+        default_tool_timeout_ms: 60_000,
+        ..KernelOptions::default()
+    };
+    let (a, b) = (Kernel::start_with(options.clone()), Kernel::start_with(options));
+    let (a_id, b_id) = (replica_id(&a), replica_id(&b));
+    let urls = vec![a.url(), b.url()];
+    let ledger = Ledger::default();
+    let workers: Vec<_> = (0..2)
+        .map(|i| burst_worker(&urls[i], format!("frozen-{i}"), &ledger))
+        .collect();
+    for kernel in [&a, &b] {
+        wait_known(kernel, "pay").await;
+    }
+    let (progress, stop) = (Progress::default(), std::sync::Arc::default());
+    // Agents on both replicas keep both writers busy; B's are the ones measured. Each turn is one
+    // call, so a loop whose call the frozen replica's worker holds does not hide the others.
+    let loops: Vec<_> = (0..24)
+        .map(|i| {
+            tokio::spawn(agent_loop(
+                (urls.clone(), i % 2),
+                format!("frozen-{i}"),
+                (progress.clone(), std::sync::Arc::clone(&stop)),
+            ))
+        })
+        .collect();
+    let client = pg.client().await;
+    e2e::eventually("turns to finish on both replicas", || async {
+        let n = progress.0.lock().unwrap().len();
+        if n >= 40 { Ok(()) } else { Err(n) }
+    })
+    .await;
+    // Freeze A at a moment its writer holds the write lock inside a transaction.
+    let mut frozen = false;
+    for _ in 0..500 {
+        a.process.stop();
+        if holds_the_write_lock(&client, &a_id).await {
+            frozen = true;
+            break;
+        }
+        a.process.resume();
+        tokio::time::sleep(Duration::from_millis(7)).await;
+    }
+    assert!(frozen, "replica A was never caught inside a transaction");
+    let froze_at = Instant::now();
+    tokio::time::sleep(ttl * 3).await;
+    let woke_at = Instant::now();
+    a.process.resume();
+    tokio::time::sleep(ttl * 2).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut finished = Vec::new();
+    for handle in loops {
+        finished.extend(handle.await.expect("an agent loop"));
+    }
+    let stall = progress.longest_stall(1, (froze_at, woke_at));
+    eprintln!("replicas: A frozen inside a transaction for {:?}; B's longest stall {stall:?}", woke_at - froze_at);
+    assert!(
+        stall <= ttl + Duration::from_secs(1),
+        "B made no progress for {stall:?} while A was frozen (lease TTL {ttl:?})"
+    );
+    // Nothing B held was taken from it, by A waking or by anyone.
+    let twice = ledger.paid_twice();
+    assert!(twice.is_empty(), "at_most_once calls that ran twice: {twice:?}");
+    let mut lost_from_a = 0;
+    for (run, results) in &finished {
+        assert_eq!(results.len(), 1, "run {run}");
+        let log = b.events(run).await;
+        check_log(&log, true);
+        for event in log.iter().filter(|e| e.r#type == "tool:lease_lost") {
+            let reason = payload(event)["reason"].as_str().unwrap_or_default().to_owned();
+            assert!(!reason.contains(&b_id), "a live replica's lease was taken over: {reason}");
+            lost_from_a += usize::from(reason.contains(&a_id));
+        }
+        for result in results.iter().filter(|r| r.status != pb::CallStatus::Ok as i32) {
+            assert_eq!(result.tool, "pay", "run {run}: {result:?}");
+            assert!(
+                result.content.contains("indeterminate") && result.content.contains(&a_id),
+                "only a call the frozen replica held may end indeterminate: {result:?}"
+            );
+        }
+    }
+    eprintln!("replicas: {} runs; {lost_from_a} leases taken over from the frozen replica", finished.len());
+    // A serves again once awake.
+    let run = a.create_run("after-the-freeze").await;
+    let outcome = submit_until_done(&a.url(), &run, 0, burst_calls(0)).await;
+    assert_eq!(outcome.results.len(), BURST_CALLS, "{outcome:?}");
+    for worker in workers {
+        worker.abort();
+    }
+}

@@ -9,6 +9,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
+
+use crate::store::postgres::{Role, Target};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -47,13 +49,13 @@ struct RemoteProgress {
 const MAX_EVENTS: u32 = 1_000;
 
 impl Feed {
-    /// Listens on `url` until `shutdown`, reconnecting whenever the connection drops, and sends
-    /// the progress of this replica's workers to the others.
-    pub async fn run(self, url: String, shutdown: CancellationToken) {
+    /// Listens on `target` until `shutdown`, reconnecting whenever the connection drops, and
+    /// sends the progress of this replica's workers to the others.
+    pub async fn run(self, target: Target, shutdown: CancellationToken) {
         let (progress, outgoing) = mpsc::unbounded_channel();
         self.hub.on_progress(progress);
         tokio::spawn(send_progress(
-            url.clone(),
+            target.clone(),
             self.store.replica().to_owned(),
             outgoing,
             shutdown.clone(),
@@ -61,7 +63,7 @@ impl Feed {
         let mut backoff = Duration::from_millis(100);
         let mut connected_before = false;
         loop {
-            match listen(&url).await {
+            match listen(&target, self.store.replica()).await {
                 Ok((client, mut notices)) => {
                     backoff = Duration::from_millis(100);
                     if connected_before {
@@ -188,7 +190,7 @@ fn step_key(event: &EventRecord) -> Option<StepKey> {
 /// is made again when it drops. An update that finds no connection is dropped, as progress no one
 /// listens to is on one kernel.
 async fn send_progress(
-    url: String,
+    target: Target,
     origin: String,
     mut updates: mpsc::UnboundedReceiver<crate::hub::ProgressUpdate>,
     shutdown: CancellationToken,
@@ -203,7 +205,7 @@ async fn send_progress(
             },
         };
         if client.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
-            client = match tokio_postgres::connect(&url, NoTls).await {
+            client = match target.config(Role::Feed, &origin).connect(NoTls).await {
                 Ok((client, connection)) => {
                     tokio::spawn(connection);
                     Some(client)
@@ -236,8 +238,13 @@ async fn send_progress(
 
 /// Connects and listens on both channels; `(channel, payload)` arrive on the receiver until the
 /// connection ends.
-async fn listen(url: &str) -> Result<(tokio_postgres::Client, mpsc::UnboundedReceiver<(String, String)>), KernelError> {
-    let (client, mut connection) = tokio_postgres::connect(url, NoTls)
+async fn listen(
+    target: &Target,
+    replica: &str,
+) -> Result<(tokio_postgres::Client, mpsc::UnboundedReceiver<(String, String)>), KernelError> {
+    let (client, mut connection) = target
+        .config(Role::Feed, replica)
+        .connect(NoTls)
         .await
         .map_err(|e| KernelError::Unavailable(format!("commit feed: {}", crate::store::describe_postgres_error(&e))))?;
     let (tx, rx) = mpsc::unbounded_channel();

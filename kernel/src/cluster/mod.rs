@@ -57,19 +57,17 @@ pub async fn heartbeat(store: Store, scheduler: Scheduler, registry: Registry, s
     let started_at = store.clock().now_millis();
     let mut tick = tokio::time::interval(config.heartbeat_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Since when this replica's own beats have all landed. After an outage every row looks old:
-    // no replica judges another before it has itself beaten for a whole TTL, time enough for
-    // every live replica to beat again.
-    let mut healthy_since: Option<tokio::time::Instant> = None;
+    let mut guard = Guard::new(config.lease_ttl);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
+        // Taken before the rows are read, so a row read after a pause looks no older than it is.
+        let now = store.clock().now_millis();
         match beat(&store, &scheduler, started_at).await {
             Ok(rows) => {
-                let since = *healthy_since.get_or_insert_with(tokio::time::Instant::now);
-                let now = store.clock().now_millis();
+                let may_judge = guard.landed(tokio::time::Instant::now());
                 let (live, dead): (Vec<ReplicaRow>, Vec<ReplicaRow>) = rows
                     .into_iter()
                     .filter(|row| row.id != store.replica())
@@ -80,18 +78,58 @@ pub async fn heartbeat(store: Store, scheduler: Scheduler, registry: Registry, s
                     .collect();
                 registry.offered_elsewhere(offers.iter().flat_map(|(_, o)| o.tools.keys().cloned()).collect());
                 scheduler.remote_offers(offers);
-                if since.elapsed() >= config.lease_ttl {
+                if may_judge {
                     for row in dead {
                         take_over(&store, row).await;
                     }
                 }
             }
             Err(error) => {
-                if healthy_since.take().is_some() {
+                if guard.failed() {
                     warn!(%error, "cannot renew this replica's leases");
                 }
             }
         }
+    }
+}
+
+/// When this replica may judge the others. A row goes stale when its replica stopped, but also
+/// when every replica's writes were held up together (the database restarted, a frozen replica
+/// held a lock they waited for) or when this replica itself was frozen: after any of these all
+/// rows look old at once. So no replica judges another before its own beats have landed, each
+/// within half a TTL of the one before, for a whole TTL: time enough for every live replica to
+/// beat again.
+struct Guard {
+    ttl: std::time::Duration,
+    /// Since when this replica's beats have landed without a gap.
+    steady_since: Option<tokio::time::Instant>,
+    last_landed: Option<tokio::time::Instant>,
+}
+
+impl Guard {
+    fn new(ttl: std::time::Duration) -> Guard {
+        Guard {
+            ttl,
+            steady_since: None,
+            last_landed: None,
+        }
+    }
+
+    /// A beat landed at `at`; whether this replica may now judge the others.
+    fn landed(&mut self, at: tokio::time::Instant) -> bool {
+        let gap = self.last_landed.map(|last| at.saturating_duration_since(last));
+        if gap.is_some_and(|gap| gap > self.ttl / 2) {
+            self.steady_since = None;
+        }
+        self.last_landed = Some(at);
+        let since = *self.steady_since.get_or_insert(at);
+        at.saturating_duration_since(since) >= self.ttl
+    }
+
+    /// A beat failed; whether it is the first since they last landed.
+    fn failed(&mut self) -> bool {
+        self.last_landed = None;
+        self.steady_since.take().is_some()
     }
 }
 
@@ -108,8 +146,10 @@ async fn beat(store: &Store, scheduler: &Scheduler, started_at: Millis) -> Resul
 }
 
 /// Records the loss of every lease a dead replica held (what may run again is queued here by the
-/// commits' effects; another replica hears of it through the commit's notice), and removes the
-/// dead replica's row.
+/// commits' effects; another replica hears of it through the commit's notice), then removes its
+/// row if it has not beaten since. Losses come first: a row removed with leases still held would
+/// leave them to no one. A replica that comes back meanwhile was silent for a TTL: its leases
+/// were lost, and its workers' answers for them are refused.
 async fn take_over(store: &Store, row: ReplicaRow) {
     let reason = format!("kernel replica {} stopped renewing its leases", row.id);
     match lose_all(store, row.id.clone(), &reason).await {
@@ -173,5 +213,38 @@ pub async fn hand_back(store: &Store) {
     }
     if let Err(error) = store.forget_replica(store.replica().to_owned(), None).await {
         warn!(%error, "cannot remove this replica's row");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::Guard;
+
+    #[test]
+    fn a_replica_judges_others_only_after_a_whole_ttl_of_steady_beats() {
+        let ttl = Duration::from_millis(1_000);
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut guard = Guard::new(ttl);
+        assert!(!guard.landed(at(0)));
+        assert!(!guard.landed(at(400)));
+        assert!(!guard.landed(at(800)));
+        assert!(guard.landed(at(1_200)));
+        // Frozen, or held up by the database, for more than half a TTL: every row may look old.
+        assert!(!guard.landed(at(4_000)));
+        assert!(!guard.landed(at(4_400)));
+        assert!(!guard.landed(at(4_800)));
+        assert!(guard.landed(at(5_000)));
+        // A failed beat starts the wait again too.
+        assert!(guard.failed());
+        assert!(!guard.failed());
+        assert!(!guard.landed(at(5_200)));
+        assert!(!guard.landed(at(5_600)));
+        assert!(!guard.landed(at(6_000)));
+        assert!(guard.landed(at(6_200)));
     }
 }

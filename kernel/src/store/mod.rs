@@ -311,7 +311,8 @@ pub async fn migrate(db: &Database) -> Result<Migrated, KernelError> {
             })
         }
         Database::Postgres(url) => {
-            let mut client = postgres::connect(url).await?;
+            let target = postgres::Target::with_defaults(url)?;
+            let mut client = target.connect(postgres::Role::Migrate, "migrate").await?;
             postgres::migrate(&mut client).await
         }
     }
@@ -368,23 +369,25 @@ impl Store {
         ))
     }
 
-    /// Opens a PostgreSQL store: migrates it (under the migration lock), then starts the writer
-    /// thread on its own connection, which holds the serving lock: one kernel per database until
-    /// replicas coordinate through it.
-    pub async fn open_postgres(url: &str, (hub, clock): (Hub, Clock)) -> Result<(Store, WriterThread), KernelError> {
-        let mut client = postgres::connect(url).await?;
+    /// Opens a PostgreSQL store as a new replica: migrates it (under the migration lock), then
+    /// starts the writer thread on its own connection.
+    pub async fn open_postgres(
+        target: &postgres::Target,
+        (hub, clock): (Hub, Clock),
+    ) -> Result<(Store, WriterThread), KernelError> {
+        let replica = new_replica_id();
+        let mut client = target.connect(postgres::Role::Migrate, &replica).await?;
         postgres::migrate(&mut client).await?;
         drop(client);
         let (commands, receiver) = mpsc::channel();
         let (ready, opened) = oneshot::channel();
-        let writer_url = url.to_owned();
-        let replica = new_replica_id();
+        let writer_target = target.clone();
         let writer_replica = replica.clone();
         let writer_clock = clock.clone();
         let effects = Effects::default();
         let after_commit = effects.after_commit(hub);
         let thread = WriterThread::spawn(move || {
-            let conn = match postgres::open_writer(&writer_url) {
+            let conn = match postgres::open_writer(&writer_target, &writer_replica) {
                 Ok(conn) => conn,
                 Err(error) => {
                     let _ = ready.send(Err(error));
@@ -395,7 +398,7 @@ impl Store {
             writer::run(
                 WriteConn::Postgres {
                     conn: Box::new(conn),
-                    url: writer_url,
+                    target: writer_target,
                 },
                 (&writer_replica, &writer_clock),
                 receiver,
@@ -409,7 +412,7 @@ impl Store {
         Ok((
             Store {
                 commands,
-                reads: Readers::open_postgres(url, clock.clone()),
+                reads: Readers::open_postgres(target, &replica, clock.clone()),
                 replica,
                 clock,
                 effects,
@@ -418,15 +421,15 @@ impl Store {
         ))
     }
 
-    /// Opens `db`, whichever backend it names.
+    /// Opens `db`, whichever backend it names; `bounds` bound a PostgreSQL connection's waits.
     pub async fn open_database(
         db: &Database,
-        durability: Durability,
+        (durability, bounds): (Durability, postgres::Bounds),
         shared: (Hub, Clock),
     ) -> Result<(Store, WriterThread), KernelError> {
         match db {
             Database::Sqlite(path) => Store::open(path, durability, shared),
-            Database::Postgres(url) => Store::open_postgres(url, shared).await,
+            Database::Postgres(url) => Store::open_postgres(&postgres::Target::new(url, bounds)?, shared).await,
         }
     }
 

@@ -62,7 +62,8 @@ impl Drop for Pool {
 /// Where readers connect.
 enum Source {
     Sqlite(std::path::PathBuf),
-    Postgres(String),
+    /// With the replica the connections are named after.
+    Postgres(super::postgres::Target, String),
 }
 
 /// One pooled reading connection.
@@ -114,10 +115,10 @@ impl Readers {
     }
 
     /// Readers of a PostgreSQL store, each its own connection (made on first use).
-    pub fn open_postgres(url: &str, clock: Clock) -> Self {
+    pub fn open_postgres(target: &super::postgres::Target, replica: &str, clock: Clock) -> Self {
         Readers {
             pool: Arc::new(Pool::default()),
-            source: Arc::new(Source::Postgres(url.to_owned())),
+            source: Arc::new(Source::Postgres(target.clone(), replica.to_owned())),
             permits: Arc::new(tokio::sync::Semaphore::new(READERS)),
             // Other replicas write too: what one writer committed is not all there is.
             live: None,
@@ -135,7 +136,10 @@ impl Readers {
                 conn.busy_timeout(BUSY_WAIT)?;
                 ReadConn::Sqlite(conn)
             }
-            Source::Postgres(url) => ReadConn::Postgres(Box::new(PgConn::connect(url)?)),
+            Source::Postgres(target, replica) => {
+                let config = target.config(super::postgres::Role::Reader, replica);
+                ReadConn::Postgres(Box::new(PgConn::connect(&config)?))
+            }
         })
     }
 
@@ -171,7 +175,7 @@ impl Readers {
         T: Send + 'static,
         F: Fn(Connection<'_>) -> sql::Result<T> + Send + 'static,
     {
-        if matches!(*self.source, Source::Postgres(_)) {
+        if matches!(*self.source, Source::Postgres(..)) {
             return self.with(query).await;
         }
         let inline = {

@@ -244,13 +244,14 @@ async fn postgres_logs_what_the_in_memory_records_log() {
         return;
     };
     let url = server.url.clone();
-    let mut client = super::postgres::connect(&url).await.unwrap();
+    let target = super::postgres::Target::with_defaults(&url).unwrap();
+    let mut client = target.connect(super::postgres::Role::Migrate, "test").await.unwrap();
     super::postgres::migrate(&mut client).await.unwrap();
     drop(client);
     let matched = tokio::task::spawn_blocking(move || {
         replay_cases(16, || {
             // A fresh schema per case, so each starts from no runs.
-            let conn = super::postgres::open_writer(&url).unwrap();
+            let conn = super::postgres::open_writer(&target, "test").unwrap();
             conn.batch(
                 "TRUNCATE runs, events, steps, approvals, places, result_cache, result_cache_runs, resource_locks",
             )

@@ -393,13 +393,13 @@ impl OwnedArg {
 type Pending<'a> = futures_util::future::LocalBoxFuture<'a, std::result::Result<(), postgres::Error>>;
 
 impl PgConn {
-    /// Connects to `url`.
-    pub fn connect(url: &str) -> std::result::Result<Self, postgres::Error> {
+    /// Connects as `config` says.
+    pub fn connect(config: &tokio_postgres::Config) -> std::result::Result<Self, postgres::Error> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("a current-thread runtime builds");
-        let (client, connection) = runtime.block_on(tokio_postgres::connect(url, postgres::NoTls))?;
+        let (client, connection) = runtime.block_on(config.connect(postgres::NoTls))?;
         runtime.spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(%error, "postgresql connection ended");
@@ -806,7 +806,7 @@ mod tests {
 
     /// A connection to `server` inside a transaction, with a table `t (k, v)`.
     fn table_t_in_a_transaction(server: &e2e::postgres::Postgres) -> PgConn {
-        let conn = PgConn::connect(&server.url).unwrap();
+        let conn = PgConn::connect(&server.url.parse().unwrap()).unwrap();
         conn.batch("CREATE TABLE t (k BIGINT PRIMARY KEY, v TEXT NOT NULL)")
             .unwrap();
         conn.batch("BEGIN").unwrap();

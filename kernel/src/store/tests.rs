@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::store::postgres::Target;
 use crate::model::{ApprovalStatus, ErrorKind, EventType, Idempotency, RunStatus, StepKind, StepStatus, ToolOptions};
 
 struct Fixture {
@@ -45,7 +46,7 @@ async fn open_postgres(test: &str) -> Option<Fixture> {
     .await
     .unwrap()?;
     let (hub, clock) = (Hub::default(), Clock::manual());
-    let (store, writer) = Store::open_postgres(&server.url, (hub.clone(), clock.clone()))
+    let (store, writer) = Store::open_postgres(&Target::with_defaults(&server.url).unwrap(), (hub.clone(), clock.clone()))
         .await
         .unwrap();
     Some(Fixture {
@@ -2444,7 +2445,7 @@ async fn a_writer_trusts_nothing_it_remembers_once_another_replica_committed() {
         return;
     };
     let url = a._postgres.as_ref().expect("a server").url.clone();
-    let (b, _b_writer) = Store::open_postgres(&url, (Hub::default(), Clock::wall()))
+    let (b, _b_writer) = Store::open_postgres(&Target::with_defaults(&url).unwrap(), (Hub::default(), Clock::wall()))
         .await
         .unwrap();
     let (run, _) = a.store.create_run(new_run(None, 0)).await.unwrap();

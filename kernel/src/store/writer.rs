@@ -130,14 +130,30 @@ impl Command {
 }
 
 /// Sends a command's answer once its batch has committed (or failed to).
-type Responder = Box<dyn FnOnce(Option<&str>) + Send>;
+type Responder = Box<dyn FnOnce(Option<&Failed>) + Send>;
+
+/// Why a command's writes did not commit.
+struct Failed {
+    message: String,
+    /// The connection to the database dropped: the caller may try again, here or elsewhere.
+    unreachable: bool,
+}
+
+impl Failed {
+    fn error(&self) -> KernelError {
+        match self.unreachable {
+            true => KernelError::Unavailable(format!("commit failed: {}", self.message)),
+            false => KernelError::Store(format!("commit failed: {}", self.message)),
+        }
+    }
+}
 
 /// Wraps a command's result into its responder, and says whether the command succeeded.
 fn respond<T: Send + 'static>(result: Result<T, KernelError>, reply: Reply<T>) -> (Responder, bool) {
     let ok = result.is_ok();
     let responder: Responder = Box::new(move |commit_error| {
         let answer = match commit_error {
-            Some(error) => Err(KernelError::Store(format!("commit failed: {error}"))),
+            Some(failed) => Err(failed.error()),
             None => result,
         };
         // The caller may have gone away; the write stands either way.
@@ -231,18 +247,21 @@ fn apply(tx: &mut Tx<'_>, command: Command, before_commit: &mut Option<BeforeCom
 /// The writer's one connection, on either backend.
 pub enum WriteConn {
     Sqlite(rusqlite::Connection, SqliteSync, Checkpoints),
-    Postgres { conn: Box<PgConn>, url: String },
+    Postgres {
+        conn: Box<PgConn>,
+        target: super::postgres::Target,
+    },
 }
 
 impl WriteConn {
     /// A PostgreSQL connection that dropped (the server restarted, the network went) is made
     /// again; until then every batch is refused as unavailable.
-    fn ensure_open(&mut self, cache: &RefCell<Cache>) -> Result<(), String> {
-        if let WriteConn::Postgres { conn, url } = self
+    fn ensure_open(&mut self, cache: &RefCell<Cache>, replica: &str) -> Result<(), String> {
+        if let WriteConn::Postgres { conn, target } = self
             && conn.is_closed()
         {
             cache.borrow_mut().clear();
-            let reopened = super::postgres::open_writer(url).map_err(|e| e.to_string())?;
+            let reopened = super::postgres::open_writer(target, replica).map_err(|e| e.to_string())?;
             tracing::info!("store writer reconnected to postgresql");
             **conn = reopened;
         }
@@ -493,7 +512,11 @@ impl Applied {
             return self;
         }
         let responder = self.responder;
-        Applied::refused(Box::new(move |_| responder(Some(&error))))
+        let failed = Failed {
+            message: error,
+            unreachable: false,
+        };
+        Applied::refused(Box::new(move |_| responder(Some(&failed))))
     }
 }
 
@@ -689,7 +712,7 @@ pub fn run(
     let mut stop = false;
     while let Some(first) = (!stop).then(|| next_command(&commands, &conn, &quiet)).flatten() {
         let batch = take_batch(first, &commands, &mut stop);
-        if let Err(message) = conn.ensure_open(&cache) {
+        if let Err(message) = conn.ensure_open(&cache, replica) {
             tracing::warn!(error = %message, "store unreachable, batch refused");
             let unreachable = || KernelError::Unavailable(format!("the database is unreachable: {message}"));
             refuse_batch(batch, unreachable);
@@ -769,7 +792,10 @@ fn commit(
         committed.as_ref().ok().copied(),
     );
     metrics.statements(super::sql::take_statements());
-    let commit_error = committed.err();
+    let commit_error = committed.err().map(|message| Failed {
+        message,
+        unreachable: conn.is_closed(),
+    });
     if commit_error.is_some() {
         let _ = conn.batch("ROLLBACK");
         published.clear();
@@ -790,7 +816,7 @@ fn commit(
         publish(published, effects);
     }
     for responder in responders {
-        responder(commit_error.as_deref());
+        responder(commit_error.as_ref());
     }
 }
 

@@ -4,9 +4,12 @@
 
 pub mod notice;
 mod schema;
+mod target;
 
-use tokio_postgres::{Client, NoTls};
-use tracing::{info, warn};
+pub use target::{Bounds, Role, Target};
+
+use tokio_postgres::Client;
+use tracing::info;
 
 use super::Migrated;
 use super::sql::describe;
@@ -19,19 +22,6 @@ const MIGRATION_LOCK: i64 = 0x6b65_726e_656c_0001;
 /// The schema version this build writes on PostgreSQL.
 pub fn latest() -> usize {
     schema::MIGRATIONS.len()
-}
-
-/// Connects; the connection's task runs on the caller's runtime until the client drops.
-pub async fn connect(url: &str) -> Result<Client, KernelError> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .map_err(|error| unavailable("cannot connect to PostgreSQL", &error))?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            warn!(%error, "postgresql connection ended");
-        }
-    });
-    Ok(client)
 }
 
 /// Brings the database to this build's newest schema, each migration in its own transaction,
@@ -103,8 +93,9 @@ pub(super) const COUNT_COMMIT: &str = "UPDATE writer_commits SET n = n + 1 WHERE
 
 /// The writer's connection, used from the writer thread (it drives itself on a runtime of its own
 /// while a statement waits, and pipelines the writes nobody waits for).
-pub(super) fn open_writer(url: &str) -> Result<super::sql::PgConn, KernelError> {
-    super::sql::PgConn::connect(url).map_err(|error| unavailable("cannot connect to PostgreSQL", &error))
+pub(super) fn open_writer(target: &Target, replica: &str) -> Result<super::sql::PgConn, KernelError> {
+    super::sql::PgConn::connect(&target.config(Role::Writer, replica))
+        .map_err(|error| unavailable("cannot connect to PostgreSQL", &error))
 }
 
 fn unavailable(what: &str, error: &tokio_postgres::Error) -> KernelError {
