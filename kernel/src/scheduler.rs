@@ -145,6 +145,9 @@ pub struct SchedulerGauges {
     pub lost_found: u64,
 }
 
+/// Tool names and agent names, apart: an agent may share a tool's name.
+type Names = (std::collections::BTreeSet<String>, std::collections::BTreeSet<String>);
+
 enum Msg {
     Join {
         hello: SessionHello,
@@ -211,8 +214,12 @@ enum Msg {
         tools: Vec<String>,
         agents: Vec<String>,
     },
-    /// Waiting steps read for a claim.
-    Claimed(Vec<StepRecord>),
+    /// Waiting steps read for a claim of `names`, which asked for at most `limit`.
+    Claimed {
+        steps: Vec<StepRecord>,
+        names: Names,
+        limit: usize,
+    },
     /// Another replica wrote these runs: a lease here whose step it settled is cancelled.
     RemoteRuns(Vec<RunId>),
     /// The kernel drains: start nothing new, and answer once no call runs on a worker here.
@@ -272,6 +279,7 @@ impl Scheduler {
             remote: Vec::new(),
             claiming: false,
             deferred: Default::default(),
+            wanting: Default::default(),
             delivered: Default::default(),
             stopping: false,
             quiesced: Vec::new(),
@@ -568,7 +576,11 @@ struct Actor {
     /// A claim's read is running: another waits for it rather than reading the same rows twice.
     claiming: bool,
     /// Tools and agents asked for while a claim's read ran: claimed when it is back.
-    deferred: (std::collections::BTreeSet<String>, std::collections::BTreeSet<String>),
+    deferred: Names,
+    /// Tools and agents whose waiting calls the store may still hold for sessions here: a claim
+    /// found no free slot for them, or took as many as it had slots for. Claimed again as soon as
+    /// a slot is left with nothing queued here to fill it, rather than at the next scan.
+    wanting: Names,
     /// Reserved calls sent to their workers before their start committed, until their turn's
     /// write comes back: that answer must not send them again, nor lose them.
     delivered: std::collections::HashSet<DispatchId>,
@@ -627,14 +639,19 @@ impl Actor {
             }
             Msg::RemoteOffers(remote) => self.remote = remote,
             Msg::Claim { tools, agents } => self.claim(tools, agents),
-            Msg::Claimed(steps) => {
+            Msg::Claimed { steps, names, limit } => {
                 self.claiming = false;
+                // As many as asked for: more may wait.
+                if steps.len() >= limit {
+                    self.wanting.0.extend(names.0);
+                    self.wanting.1.extend(names.1);
+                }
                 for step in steps {
                     self.enqueue(step);
                 }
-                self.dispatch_ready();
                 let (tools, agents) = std::mem::take(&mut self.deferred);
                 self.claim(tools.into_iter().collect(), agents.into_iter().collect());
+                self.dispatch_ready();
             }
             Msg::RemoteRuns(runs) => self.check_remote_runs(runs),
             Msg::AskApproval {
@@ -933,14 +950,15 @@ impl Actor {
     }
 
     /// Reads waiting steps of `tools` and `agents` that sessions here offer, at most as many as
-    /// they have free slots, and queues them. Another replica may claim the same step; the store
-    /// starts it once (its start is fenced on the attempt), and the loser gives the slot back.
+    /// they have free slots beside the calls queued here that they could run, and queues them.
+    /// Another replica may claim the same step; the store starts it once (its start is fenced on
+    /// the attempt), and the loser gives the slot back.
     fn claim(&mut self, tools: Vec<String>, agents: Vec<String>) {
-        let free: u32 = self
+        let free: usize = self
             .sessions
             .values()
             .filter(|s| !s.draining)
-            .map(|s| s.max_concurrency.saturating_sub(s.in_use))
+            .map(|s| s.max_concurrency.saturating_sub(s.in_use) as usize)
             .sum();
         let tools: Vec<String> = tools
             .into_iter()
@@ -950,7 +968,7 @@ impl Actor {
             .into_iter()
             .filter(|a| self.offered_here(StepKind::Agent, a))
             .collect();
-        if self.stopping || free == 0 || (tools.is_empty() && agents.is_empty()) {
+        if self.stopping || (tools.is_empty() && agents.is_empty()) {
             return;
         }
         if self.claiming {
@@ -958,18 +976,49 @@ impl Actor {
             self.deferred.1.extend(agents);
             return;
         }
+        // Queued calls no session here offers (another replica's, or no one's yet) hold no slot.
+        let runnable = self
+            .queue
+            .iter()
+            .filter(|queued| self.offered_here(queued.step.kind, &queued.step.tool))
+            .take(free)
+            .count();
+        let limit = free - runnable;
+        if limit == 0 {
+            self.wanting.0.extend(tools);
+            self.wanting.1.extend(agents);
+            return;
+        }
+        for tool in &tools {
+            self.wanting.0.remove(tool);
+        }
+        for agent in &agents {
+            self.wanting.1.remove(agent);
+        }
         self.claiming = true;
         let store = self.store.clone();
         let me = self.me.clone();
-        // Queued calls wait for the same slots: claim only what is left after them.
-        let limit = (free as usize).saturating_sub(self.queue.len());
         tokio::spawn(async move {
-            let steps = store.claim_pending(tools, agents, limit).await.unwrap_or_else(|error| {
-                warn!(%error, "cannot read calls to claim; the scan claims them");
-                Vec::new()
-            });
-            let _ = me.send(Msg::Claimed(steps));
+            let steps = store
+                .claim_pending(tools.clone(), agents.clone(), limit)
+                .await
+                .unwrap_or_else(|error| {
+                    warn!(%error, "cannot read calls to claim; the scan claims them");
+                    Vec::new()
+                });
+            let names = (tools.into_iter().collect(), agents.into_iter().collect());
+            let _ = me.send(Msg::Claimed { steps, names, limit });
         });
+    }
+
+    /// Claims again what the store may still hold for sessions here, once a slot is free and
+    /// nothing queued here takes it.
+    fn claim_wanting(&mut self) {
+        if self.claiming || (self.wanting.0.is_empty() && self.wanting.1.is_empty()) {
+            return;
+        }
+        let (tools, agents) = std::mem::take(&mut self.wanting);
+        self.claim(tools.into_iter().collect(), agents.into_iter().collect());
     }
 
     /// Cancels the leases here whose steps another replica settled or took (a run cancelled there,
@@ -1266,6 +1315,7 @@ impl Actor {
                 }
             }
         }
+        self.claim_wanting();
     }
 
     /// Takes a slot of `session_id` for attempt `attempt` of a call, as a lease still `Starting`.

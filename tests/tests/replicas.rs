@@ -862,3 +862,69 @@ async fn a_replica_frozen_inside_a_transaction_holds_up_no_other_for_more_than_a
         worker.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_waiting_when_a_worker_joins_are_claimed_at_once_though_the_replicas_queue_holds_calls_it_cannot_run() {
+    let Some(pg) = Postgres::database("calls_waiting_when_a_worker_joins") else {
+        return;
+    };
+    // The scan (the safety net) comes too late to matter: only claims move these calls.
+    let options = KernelOptions {
+        db: Some(pg.url.clone()),
+        args: vec!["--scan-interval-ms".into(), "600000".into()],
+        ..KernelOptions::default()
+    };
+    let (a, b) = (Kernel::start_with(options.clone()), Kernel::start_with(options));
+    // B's queue fills with calls of a tool whose worker has gone.
+    let mut gone = b.fault_worker_on(&b, "gone", &[]);
+    gone.kill9();
+    e2e::eventually("the gone worker's session to end", || async {
+        let status = b.status().await;
+        if status.worker_sessions == 0 { Ok(()) } else { Err(status) }
+    })
+    .await;
+    let nobodys = b.create_run("nobodys-calls").await;
+    let waiting = tokio::spawn(turn(
+        b.url(),
+        nobodys,
+        (0..40).map(|_| call("sleepy", json!({"hold_ms": 10}))).collect(),
+    ));
+    e2e::eventually("B to queue the calls it cannot run", || async {
+        let status = b.status().await;
+        if status.queued_calls >= 40 { Ok(()) } else { Err((status.queued_calls, waiting.is_finished())) }
+    })
+    .await;
+    // A worker with 32 slots joins B; 40 calls arrive through A, more than its slots.
+    let ledger = Ledger::default();
+    let worker = burst_worker(&b.url(), "joined".into(), &ledger);
+    wait_known(&a, "step").await;
+    let run = a.create_run("right-after-the-join").await;
+    let calls = (0..40).map(|n| call("step", json!({"n": n, "hold_ms": 50}))).collect();
+    let submitted = Instant::now();
+    let outcome = tokio::time::timeout(WAIT, turn(a.url(), run.clone(), calls))
+        .await
+        .expect("every call was claimed without waiting for a scan");
+    let took = submitted.elapsed();
+    assert_eq!(outcome.results.len(), 40, "{outcome:?}");
+    assert!(
+        outcome.results.iter().all(|r| r.status == pb::CallStatus::Ok as i32),
+        "{outcome:?}"
+    );
+    let events = a.events(&run).await;
+    let first = |kind: &str| {
+        events
+            .iter()
+            .filter(|e| e.r#type == kind)
+            .filter_map(|e| e.at.as_ref().map(|at| at.seconds * 1_000 + i64::from(at.nanos) / 1_000_000))
+            .min()
+            .unwrap()
+    };
+    let (scheduled, first_start) = (first("tool:scheduled"), first("tool:start"));
+    eprintln!(
+        "replicas: 40 calls through A for B's new worker (32 slots): first started {} ms after it was scheduled, \
+         all done in {took:?}",
+        first_start - scheduled
+    );
+    waiting.abort();
+    worker.abort();
+}

@@ -77,6 +77,11 @@ impl Queue {
         queued
     }
 
+    /// The queued calls, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &Queued> {
+        self.items.iter()
+    }
+
     /// Keeps the calls `keep` approves, in order.
     pub fn retain(&mut self, mut keep: impl FnMut(&Queued) -> bool) {
         let keys = &mut self.keys;
