@@ -145,6 +145,19 @@ pub struct SchedulerGauges {
     pub lost_found: u64,
 }
 
+/// How a turn's write ended, for the slots it reserved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Written {
+    Committed,
+    /// It did not commit.
+    Failed,
+    /// The connection dropped as it committed: it may have.
+    Unknown,
+}
+
+/// How long a start whose commit's outcome is unknown keeps its slot while the store is asked.
+const UNSURE_FOR: Duration = Duration::from_secs(60);
+
 /// Tool names and agent names, apart: an agent may share a tool's name.
 type Names = (std::collections::BTreeSet<String>, std::collections::BTreeSet<String>);
 
@@ -192,7 +205,13 @@ enum Msg {
         calls: Vec<ReserveCall>,
         reply: oneshot::Sender<Vec<Option<Reservation>>>,
     },
-    Reserved(Vec<(StartDispatch, Option<StepRecord>)>),
+    Reserved(Vec<(StartDispatch, Option<StepRecord>)>, Written),
+    /// What the store holds of a start whose commit's outcome was unknown: the step, if found.
+    Resolved {
+        dispatch_id: DispatchId,
+        attempt: u32,
+        step: Option<StepRecord>,
+    },
     /// A reserved call went to its worker before its start committed, with this timeout.
     Sent {
         dispatch_id: DispatchId,
@@ -378,14 +397,15 @@ impl Scheduler {
         answer.await.unwrap_or_else(|_| vec![None; none])
     }
 
-    /// What became of reserved slots once the turn was written: a call started on its slot goes to
-    /// its worker, unless the writer sent it before the commit ([`Scheduler::dispatch_early`]); a
-    /// slot whose call did not start (gated, settled at once, or the write failed) is given back
+    /// What became of reserved slots once the turn was `written`: a call started on its slot goes
+    /// to its worker, unless the writer sent it before the commit ([`Scheduler::dispatch_early`]);
+    /// a slot whose call did not start (gated, settled at once, or the write failed) is given back
     /// (a call recorded waiting, given as a pending step, is queued), and a call sent before a
-    /// write that failed is cancelled on its worker.
-    pub fn reserved(&self, outcome: Vec<(StartDispatch, Option<StepRecord>)>) {
+    /// write that failed is cancelled on its worker. When the write's outcome is unknown, each
+    /// slot is held until the store says whether its start committed.
+    pub fn reserved(&self, outcome: Vec<(StartDispatch, Option<StepRecord>)>, written: Written) {
         if !outcome.is_empty() {
-            self.send(Msg::Reserved(outcome));
+            self.send(Msg::Reserved(outcome, written));
         }
     }
 
@@ -751,8 +771,12 @@ impl Actor {
                 attempt,
                 timeout,
             } => self.sent(dispatch_id, attempt, timeout),
-            Msg::Reserved(outcome) => {
+            Msg::Reserved(outcome, written) => {
                 for (start, step) in outcome {
+                    if written == Written::Unknown {
+                        self.unsure(start.dispatch_id);
+                        continue;
+                    }
                     if self.delivered.remove(&start.dispatch_id) {
                         if step.is_none() {
                             // Sent, and then its start did not commit: the call is recorded nowhere.
@@ -773,6 +797,11 @@ impl Actor {
                 }
                 self.dispatch_ready();
             }
+            Msg::Resolved {
+                dispatch_id,
+                attempt,
+                step,
+            } => self.resolved(dispatch_id, attempt, step),
             Msg::Gauges(reply) => {
                 let _ = reply.send(SchedulerGauges {
                     sessions: self.sessions.len(),
@@ -1491,6 +1520,10 @@ impl Actor {
                 self.release(&dispatch_id);
                 self.dispatch_ready();
             }
+            Err(KernelError::Unavailable(error)) => {
+                warn!(%dispatch_id, %error, "tool:start may not have been recorded; asking the store");
+                self.unsure(dispatch_id);
+            }
             Err(error) => {
                 warn!(%dispatch_id, %error, "cannot record tool:start; the call waits for the next try");
                 if let Some(lease) = self.leases.get(&dispatch_id) {
@@ -1511,6 +1544,69 @@ impl Actor {
                 }
             }
         }
+    }
+
+    /// A start whose commit's outcome is unknown (the connection dropped as it committed): its slot
+    /// stays held while the store is asked, again until it answers (for at most
+    /// [`UNSURE_FOR`]). Releasing it at once would leave a start that did commit to the scan,
+    /// which would record its lease lost: a `safe_to_retry` call run again beside the attempt its
+    /// worker may hold, an `at_most_once` call made indeterminate though it never ran.
+    fn unsure(&mut self, dispatch_id: DispatchId) {
+        let Some(lease) = self.leases.get(&dispatch_id) else {
+            return;
+        };
+        let (run, key, attempt) = (lease.run_id.clone(), lease.key.clone(), lease.attempt);
+        let store = self.store.clone();
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            let until = Instant::now() + UNSURE_FOR;
+            let mut backoff = Duration::from_millis(100);
+            let step = loop {
+                match store.reads.steps(run.clone()).await {
+                    Ok(steps) => break steps.into_iter().find(|s| s.key == key),
+                    Err(error) if Instant::now() < until => {
+                        debug!(%error, "store unreachable; asking again whether a start committed");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
+                    Err(error) => {
+                        warn!(%error, "cannot learn whether a start committed; the scan settles it");
+                        break None;
+                    }
+                }
+            };
+            let _ = me.send(Msg::Resolved {
+                dispatch_id,
+                attempt,
+                step,
+            });
+        });
+    }
+
+    /// The store's answer for a start whose commit's outcome was unknown: a start that committed
+    /// goes on as if its write had answered (sent now, or kept running where it was sent early);
+    /// one that did not gives its slot back (cancelled where it was sent early) and its call, if
+    /// waiting, is queued.
+    fn resolved(&mut self, dispatch_id: DispatchId, attempt: u32, step: Option<StepRecord>) {
+        let committed = step.as_ref().is_some_and(|s| {
+            s.status == StepStatus::Running && s.dispatch_id.as_ref() == Some(&dispatch_id) && s.attempts == attempt
+        });
+        let sent = self.delivered.remove(&dispatch_id);
+        if committed {
+            if !sent {
+                self.started(dispatch_id, attempt, Ok(step));
+            }
+            return;
+        }
+        if sent {
+            self.cancel_lease(&dispatch_id, "its start could not be recorded");
+        } else {
+            self.release(&dispatch_id);
+        }
+        if let Some(step) = step.filter(|s| s.status == StepStatus::Pending) {
+            self.enqueue(step);
+        }
+        self.dispatch_ready();
     }
 
     /// A reserved call went to its worker before its start committed: its lease runs from now. A
@@ -2121,7 +2217,7 @@ mod tests {
             scheduler.reserve(run.clone(), (0, None), wanted.clone()).await[0].is_none(),
             "the one slot is taken"
         );
-        scheduler.reserved(vec![(start, None)]);
+        scheduler.reserved(vec![(start, None)], Written::Failed);
         let again = scheduler.reserve(run.clone(), (0, None), wanted).await;
         let start = again[0].clone().expect("a slot given back can be reserved again").start;
 
@@ -2130,7 +2226,7 @@ mod tests {
         let crate::store::CallDisposition::Started(step) = &turn[0] else {
             panic!("expected started, got {:?}", turn[0]);
         };
-        scheduler.reserved(vec![(start.clone(), Some(step.clone()))]);
+        scheduler.reserved(vec![(start.clone(), Some(step.clone()))], Written::Committed);
         let Some(Outbound::Dispatch(order)) = tokio::time::timeout(Duration::from_secs(10), orders.recv())
             .await
             .expect("dispatched")
@@ -2214,7 +2310,8 @@ mod tests {
             (order.dispatch_id.as_str(), order.attempt),
             (start.dispatch_id.as_str(), 1)
         );
-        f.scheduler.reserved(vec![(start.clone(), Some(step))]);
+        f.scheduler
+            .reserved(vec![(start.clone(), Some(step))], Written::Committed);
         assert_eq!(f.scheduler.gauges().await.unwrap().leased, 1, "the lease runs");
         assert!(f.orders.try_recv().is_err(), "the turn's answer sends nothing more");
         f.scheduler.settled(start.dispatch_id, 1);
@@ -2227,7 +2324,7 @@ mod tests {
     #[tokio::test]
     async fn a_call_sent_before_a_commit_that_failed_is_cancelled() {
         let (mut f, start, _, _) = sent_early().await;
-        f.scheduler.reserved(vec![(start.clone(), None)]);
+        f.scheduler.reserved(vec![(start.clone(), None)], Written::Failed);
         let Outbound::Cancel { dispatch_id, .. } = next_order(&mut f.orders).await else {
             panic!("expected the worker told to stop")
         };
@@ -2242,13 +2339,61 @@ mod tests {
         f.shutdown.cancel();
     }
 
+    /// A turn whose write's outcome is unknown (the connection dropped as it committed) but whose
+    /// start did commit: the store is asked, and the call goes to its slot's worker as attempt 1,
+    /// not lost and run again (nor, were it `at_most_once`, made indeterminate).
+    #[tokio::test]
+    async fn a_start_that_committed_though_its_answer_was_lost_goes_to_its_worker() {
+        let (mut f, reservation, _) = started_on_its_slot().await;
+        let start = reservation.start.clone();
+        f.scheduler.reserved(vec![(start.clone(), None)], Written::Unknown);
+        let Outbound::Dispatch(order) = next_order(&mut f.orders).await else {
+            panic!("expected the call sent")
+        };
+        assert_eq!(
+            (order.dispatch_id.as_str(), order.attempt),
+            (start.dispatch_id.as_str(), 1)
+        );
+        assert_eq!(f.scheduler.gauges().await.unwrap().leased, 1, "the lease runs");
+        f.shutdown.cancel();
+    }
+
+    /// The same, for a start that did not commit: its slot comes back and nothing is sent.
+    #[tokio::test]
+    async fn a_start_that_did_not_commit_though_its_answer_was_lost_gives_its_slot_back() {
+        let (dir, store, writer, run) = store_with_run().await;
+        let shutdown = CancellationToken::new();
+        let scheduler = Scheduler::spawn(SchedulerConfig::default(), store.clone(), shutdown.clone());
+        let (_, mut orders) = join_one_slot(&scheduler).await;
+        let reservation = reserve_one(&scheduler, &run).await;
+        scheduler.reserved(vec![(reservation.start.clone(), None)], Written::Unknown);
+        until_no_lease(&scheduler).await;
+        assert!(orders.try_recv().is_err(), "nothing sent");
+        let again = reserve_one(&scheduler, &run).await;
+        assert_eq!(again.start.attempt, 1, "the slot is free for the next call");
+        shutdown.cancel();
+        drop((dir, writer));
+    }
+
+    /// Waits until no slot is leased.
+    async fn until_no_lease(scheduler: &Scheduler) {
+        for _ in 0..200 {
+            if scheduler.gauges().await.unwrap().leased == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the slot was never given back");
+    }
+
     /// A call sent before its start committed may be answered, and its slot given back, before its
     /// turn's write comes back: that answer then neither sends it again nor holds a lease.
     #[tokio::test]
     async fn a_call_settled_before_its_turn_s_write_came_back_is_done() {
         let (mut f, start, step, _) = sent_early().await;
         f.scheduler.settled(start.dispatch_id.clone(), 1);
-        f.scheduler.reserved(vec![(start.clone(), Some(step))]);
+        f.scheduler
+            .reserved(vec![(start.clone(), Some(step))], Written::Committed);
         assert_eq!(f.scheduler.gauges().await.unwrap().leased, 0);
         assert!(f.orders.try_recv().is_err(), "nothing sent again");
         let run = start.run_id;
@@ -2284,7 +2429,7 @@ mod tests {
         if early {
             scheduler.dispatch_early(&[reservation])(vec![step.clone()]);
         }
-        scheduler.reserved(vec![(start, Some(step.clone()))]);
+        scheduler.reserved(vec![(start, Some(step.clone()))], Written::Committed);
 
         // The start was recorded for a session that is gone: the loss is recorded and the call,
         // safe to retry, waits for the next worker.

@@ -584,11 +584,17 @@ async fn a_replica_sigkilled_in_a_burst_of_a_thousand_runs_strands_nothing() {
         .map(|(r, run)| tokio::spawn(burst_turn(urls.clone(), r % 3, run.clone(), burst_calls(r))))
         .collect();
     // Replica 2 dies once the burst is under way and the store shows it holding calls, its agents'
-    // streams and its workers' sessions with it.
+    // streams and its workers' sessions with it. It is stopped before the store is read, so the
+    // calls it holds then cannot end before the kill.
     let mut replicas = replicas;
     let id = replica_id(&replicas[2]);
     let client = pg.client().await;
     e2e::eventually("the burst to get going on replica 2", || async {
+        let finished = turns.iter().filter(|t| t.is_finished()).count();
+        if finished < 100 {
+            return Err((0, finished));
+        }
+        replicas[2].process.stop();
         let held: i64 = client
             .query_one(
                 "SELECT count(*) FROM steps WHERE status = 'running' AND replica = $1",
@@ -597,10 +603,10 @@ async fn a_replica_sigkilled_in_a_burst_of_a_thousand_runs_strands_nothing() {
             .await
             .unwrap()
             .get(0);
-        let finished = turns.iter().filter(|t| t.is_finished()).count();
-        if held > 0 && finished >= 100 {
+        if held > 0 {
             Ok(())
         } else {
+            replicas[2].process.resume();
             Err((held, finished))
         }
     })
@@ -827,7 +833,10 @@ async fn a_replica_frozen_inside_a_transaction_holds_up_no_other_for_more_than_a
         finished.extend(handle.await.expect("an agent loop"));
     }
     let stall = progress.longest_stall(1, (froze_at, woke_at));
-    eprintln!("replicas: A frozen inside a transaction for {:?}; B's longest stall {stall:?}", woke_at - froze_at);
+    eprintln!(
+        "replicas: A frozen inside a transaction for {:?}; B's longest stall {stall:?}",
+        woke_at - froze_at
+    );
     assert!(
         stall <= ttl + Duration::from_secs(1),
         "B made no progress for {stall:?} while A was frozen (lease TTL {ttl:?})"
@@ -842,7 +851,10 @@ async fn a_replica_frozen_inside_a_transaction_holds_up_no_other_for_more_than_a
         check_log(&log, true);
         for event in log.iter().filter(|e| e.r#type == "tool:lease_lost") {
             let reason = payload(event)["reason"].as_str().unwrap_or_default().to_owned();
-            assert!(!reason.contains(&b_id), "a live replica's lease was taken over: {reason}");
+            assert!(
+                !reason.contains(&b_id),
+                "a live replica's lease was taken over: {reason}"
+            );
             lost_from_a += usize::from(reason.contains(&a_id));
         }
         for result in results.iter().filter(|r| r.status != pb::CallStatus::Ok as i32) {
@@ -853,7 +865,10 @@ async fn a_replica_frozen_inside_a_transaction_holds_up_no_other_for_more_than_a
             );
         }
     }
-    eprintln!("replicas: {} runs; {lost_from_a} leases taken over from the frozen replica", finished.len());
+    eprintln!(
+        "replicas: {} runs; {lost_from_a} leases taken over from the frozen replica",
+        finished.len()
+    );
     // A serves again once awake.
     let run = a.create_run("after-the-freeze").await;
     let outcome = submit_until_done(&a.url(), &run, 0, burst_calls(0)).await;
@@ -880,7 +895,11 @@ async fn calls_waiting_when_a_worker_joins_are_claimed_at_once_though_the_replic
     gone.kill9();
     e2e::eventually("the gone worker's session to end", || async {
         let status = b.status().await;
-        if status.worker_sessions == 0 { Ok(()) } else { Err(status) }
+        if status.worker_sessions == 0 {
+            Ok(())
+        } else {
+            Err(status)
+        }
     })
     .await;
     let nobodys = b.create_run("nobodys-calls").await;
@@ -891,7 +910,11 @@ async fn calls_waiting_when_a_worker_joins_are_claimed_at_once_though_the_replic
     ));
     e2e::eventually("B to queue the calls it cannot run", || async {
         let status = b.status().await;
-        if status.queued_calls >= 40 { Ok(()) } else { Err((status.queued_calls, waiting.is_finished())) }
+        if status.queued_calls >= 40 {
+            Ok(())
+        } else {
+            Err((status.queued_calls, waiting.is_finished()))
+        }
     })
     .await;
     // A worker with 32 slots joins B; 40 calls arrive through A, more than its slots.
@@ -915,7 +938,10 @@ async fn calls_waiting_when_a_worker_joins_are_claimed_at_once_though_the_replic
         events
             .iter()
             .filter(|e| e.r#type == kind)
-            .filter_map(|e| e.at.as_ref().map(|at| at.seconds * 1_000 + i64::from(at.nanos) / 1_000_000))
+            .filter_map(|e| {
+                e.at.as_ref()
+                    .map(|at| at.seconds * 1_000 + i64::from(at.nanos) / 1_000_000)
+            })
             .min()
             .unwrap()
     };

@@ -242,11 +242,10 @@ async fn listen(
     target: &Target,
     replica: &str,
 ) -> Result<(tokio_postgres::Client, mpsc::UnboundedReceiver<(String, String)>), KernelError> {
-    let (client, mut connection) = target
-        .config(Role::Feed, replica)
-        .connect(NoTls)
-        .await
-        .map_err(|e| KernelError::Unavailable(format!("commit feed: {}", crate::store::describe_postgres_error(&e))))?;
+    let (client, mut connection) =
+        target.config(Role::Feed, replica).connect(NoTls).await.map_err(|e| {
+            KernelError::Unavailable(format!("commit feed: {}", crate::store::describe_postgres_error(&e)))
+        })?;
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));

@@ -24,7 +24,7 @@ use crate::model::{
     ApprovalId, ApprovalRecord, ApprovalStatus, Capture, EventType, RunId, StepKey, StepRecord, StepStatus, cut,
 };
 use crate::registry::KnownTool;
-use crate::scheduler::ReserveCall;
+use crate::scheduler::{ReserveCall, Written};
 use crate::store::{CallDisposition, CallGate, Fence, PlannedCall, StartDispatch, TurnPlan};
 
 /// The longest call id accepted.
@@ -282,7 +282,12 @@ async fn schedule(kernel: &Kernel, mut plan: TurnPlan) -> Result<Vec<CallDisposi
             }
         }
     }
-    kernel.scheduler.reserved(outcome);
+    let how = match &written {
+        Ok(_) => Written::Committed,
+        Err(KernelError::Unavailable(_)) => Written::Unknown,
+        Err(_) => Written::Failed,
+    };
+    kernel.scheduler.reserved(outcome, how);
     let recorded = written?;
     match recorded.unresumable {
         Some(reason) => Err(KernelError::FailedPrecondition(reason)),

@@ -63,7 +63,7 @@ impl Drop for Pool {
 enum Source {
     Sqlite(std::path::PathBuf),
     /// With the replica the connections are named after.
-    Postgres(super::postgres::Target, String),
+    Postgres(Box<super::postgres::Target>, String),
 }
 
 /// One pooled reading connection.
@@ -118,7 +118,7 @@ impl Readers {
     pub fn open_postgres(target: &super::postgres::Target, replica: &str, clock: Clock) -> Self {
         Readers {
             pool: Arc::new(Pool::default()),
-            source: Arc::new(Source::Postgres(target.clone(), replica.to_owned())),
+            source: Arc::new(Source::Postgres(Box::new(target.clone()), replica.to_owned())),
             permits: Arc::new(tokio::sync::Semaphore::new(READERS)),
             // Other replicas write too: what one writer committed is not all there is.
             live: None,

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::store::postgres::Target;
 use crate::model::{ApprovalStatus, ErrorKind, EventType, Idempotency, RunStatus, StepKind, StepStatus, ToolOptions};
+use crate::store::postgres::Target;
 
 struct Fixture {
     store: Store,
@@ -46,9 +46,12 @@ async fn open_postgres(test: &str) -> Option<Fixture> {
     .await
     .unwrap()?;
     let (hub, clock) = (Hub::default(), Clock::manual());
-    let (store, writer) = Store::open_postgres(&Target::with_defaults(&server.url).unwrap(), (hub.clone(), clock.clone()))
-        .await
-        .unwrap();
+    let (store, writer) = Store::open_postgres(
+        &Target::with_defaults(&server.url).unwrap(),
+        (hub.clone(), clock.clone()),
+    )
+    .await
+    .unwrap();
     Some(Fixture {
         store,
         hub,
