@@ -48,6 +48,7 @@ pub struct Metrics {
     pub sessions: Gauge,
     pub runs: Family<StatusLabels, Gauge>,
     pub approvals_waiting: Gauge,
+    pub shards_owned: Gauge,
     /// Writer transactions committed, for `GetStatus` (Prometheus reads the count of
     /// `store_commit_seconds`).
     commits: std::sync::atomic::AtomicU64,
@@ -146,6 +147,12 @@ impl Metrics {
             "Approvals waiting for a person's answer",
             approvals_waiting.clone(),
         );
+        let shards_owned = Gauge::default();
+        registry.register(
+            "shards_owned",
+            "Shards of runs this replica owns (replicas on PostgreSQL; 0 on SQLite)",
+            shards_owned.clone(),
+        );
         registry.register(
             "log_lines_dropped",
             "Log lines that could not be written (standard error closed or full); the kernel goes on without them",
@@ -165,6 +172,7 @@ impl Metrics {
             sessions,
             runs,
             approvals_waiting,
+            shards_owned,
             commits: std::sync::atomic::AtomicU64::new(0),
             syncs: std::sync::atomic::AtomicU64::new(0),
             statements: std::sync::atomic::AtomicU64::new(0),
@@ -191,6 +199,7 @@ impl Metrics {
             sessions: _,
             runs,
             approvals_waiting: _,
+            shards_owned: _,
             commits: _,
             syncs: _,
             statements: _,

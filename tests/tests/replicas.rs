@@ -954,3 +954,78 @@ async fn calls_waiting_when_a_worker_joins_are_claimed_at_once_though_the_replic
     waiting.abort();
     worker.abort();
 }
+
+/// Every shard's owner, read from the database.
+async fn shard_owners(client: &tokio_postgres::Client) -> Vec<(Option<String>, i64)> {
+    client
+        .query("SELECT owner, epoch FROM shards ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// Waits until every shard is owned by one of `owners`, each owning at least `least`; returns
+/// how long it took.
+async fn wait_shards(client: &tokio_postgres::Client, owners: &[&str], least: usize) -> Duration {
+    let began = Instant::now();
+    e2e::eventually("the shards to settle on the live replicas", || async {
+        let rows = shard_owners(client).await;
+        let counts: Vec<usize> = owners
+            .iter()
+            .map(|owner| rows.iter().filter(|(o, _)| o.as_deref() == Some(owner)).count())
+            .collect();
+        if counts.iter().sum::<usize>() == 256 && counts.iter().all(|n| *n >= least) {
+            Ok(())
+        } else {
+            Err(counts)
+        }
+    })
+    .await;
+    began.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_spread_over_the_live_replicas_and_move_when_one_dies_freezes_or_stops() {
+    let Some(pg) = Postgres::database("shards_spread_over_the_live_replicas") else {
+        return;
+    };
+    let ttl = Duration::from_millis(3_000);
+    let options = KernelOptions {
+        db: Some(pg.url.clone()),
+        heartbeat_interval_ms: 200,
+        lease_ttl_ms: ttl.as_millis() as u64,
+        ..KernelOptions::default()
+    };
+    let mut replicas: Vec<Kernel> = (0..3).map(|_| Kernel::start_with(options.clone())).collect();
+    let ids: Vec<String> = replicas.iter().map(replica_id).collect();
+    let client = pg.client().await;
+    wait_shards(&client, &[&ids[0], &ids[1], &ids[2]], 40).await;
+
+    // Killed: its shards go to the others once its row is a TTL old.
+    let epochs: Vec<i64> = shard_owners(&client).await.iter().map(|(_, e)| *e).collect();
+    replicas[2].kill9();
+    let moved = wait_shards(&client, &[&ids[0], &ids[1]], 80).await;
+    eprintln!("replicas: a SIGKILLed replica's shards owned by the others after {moved:?} (TTL {ttl:?})");
+    assert!(moved < ttl * 2 + Duration::from_secs(1), "{moved:?}");
+    let after = shard_owners(&client).await;
+    for (shard, ((owner, epoch), before)) in after.iter().zip(&epochs).enumerate() {
+        assert!(owner.is_some() && epoch > &0, "shard {shard}");
+        assert!(epoch >= before, "shard {shard}: an epoch never goes back");
+    }
+
+    // Frozen past the TTL: the other takes its shards; woken, it learns it lost them and gets its
+    // share back only as the owner gives it back.
+    replicas[1].process.stop();
+    wait_shards(&client, &[&ids[0]], 256).await;
+    replicas[1].process.resume();
+    replicas[1].process.log.wait_for("lost shards while silent");
+    wait_shards(&client, &[&ids[0], &ids[1]], 80).await;
+
+    // Stopped gracefully: it gives its shards back at once, well before a TTL.
+    assert!(replicas[1].process.terminate(Duration::from_secs(20)).is_some());
+    let handed = wait_shards(&client, &[&ids[0]], 256).await;
+    eprintln!("replicas: a stopped replica's shards owned by the other after {handed:?}");
+    assert!(handed < ttl, "{handed:?}");
+}

@@ -9,8 +9,9 @@
 //! the new events, their schedulers claim calls their sessions offer, their registries reload.
 
 pub mod feed;
+pub mod shards;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -22,6 +23,7 @@ use crate::model::{Millis, StepRecord};
 use crate::registry::Registry;
 use crate::scheduler::Scheduler;
 use crate::store::{LeaseLoss, LossOutcome, ReplicaBeat, ReplicaRow, Store};
+use shards::ShardMap;
 
 /// What a replica's worker sessions offer, by name with fingerprint, and the sessions.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,6 +60,7 @@ pub async fn heartbeat(store: Store, scheduler: Scheduler, registry: Registry, s
     let mut tick = tokio::time::interval(config.heartbeat_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut guard = Guard::new(config.lease_ttl);
+    let owned = ShardMap::default();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -83,6 +86,12 @@ pub async fn heartbeat(store: Store, scheduler: Scheduler, registry: Registry, s
                         take_over(&store, row).await;
                     }
                 }
+                let alive = live
+                    .iter()
+                    .map(|row| row.id.clone())
+                    .chain([store.replica().to_owned()])
+                    .collect();
+                rebalance(&store, &owned, &alive, may_judge).await;
             }
             Err(error) => {
                 if guard.failed() {
@@ -91,6 +100,58 @@ pub async fn heartbeat(store: Store, scheduler: Scheduler, registry: Registry, s
             }
         }
     }
+}
+
+/// Takes the shards that should be this replica's and are free (or, when it may judge, whose
+/// owner is dead), gives back those that should be another live replica's, and learns from the
+/// table what it owns now: a shard whose epoch moved on without this replica giving it back was
+/// taken while it was silent.
+async fn rebalance(store: &Store, owned: &ShardMap, alive: &BTreeSet<String>, may_judge: bool) {
+    let me = store.replica();
+    let mut rows = match store.reads.shards().await {
+        Ok(rows) => rows,
+        Err(error) => {
+            warn!(%error, "cannot read the shards");
+            return;
+        }
+    };
+    let moves = shards::moves(&rows, me, alive, may_judge);
+    let released: BTreeSet<u32> = moves.release.iter().map(|(id, _)| *id).collect();
+    if !moves.is_empty() {
+        if let Err(error) = store.move_shards(moves, false).await {
+            warn!(%error, "cannot move shards");
+            return;
+        }
+        rows = match store.reads.shards().await {
+            Ok(rows) => rows,
+            Err(error) => {
+                warn!(%error, "cannot read the shards");
+                return;
+            }
+        };
+    }
+    let changed = owned.refresh(&rows, me);
+    let taken_away: Vec<u32> = changed
+        .lost
+        .iter()
+        .filter(|id| !released.contains(id))
+        .copied()
+        .collect();
+    if !taken_away.is_empty() {
+        warn!(
+            shards = taken_away.len(),
+            "lost shards while silent: another replica took them over"
+        );
+    }
+    if !changed.gained.is_empty() || !released.is_empty() {
+        info!(
+            gained = changed.gained.len(),
+            gave_back = released.len(),
+            owned = owned.len(),
+            "shards moved"
+        );
+    }
+    crate::metrics::get().shards_owned.set(owned.len() as i64);
 }
 
 /// When this replica may judge the others. A row goes stale when its replica stopped, but also
@@ -210,6 +271,12 @@ pub async fn hand_back(store: &Store) {
             }
         }
         Err(error) => warn!(%error, "cannot hand back this replica's calls; another replica takes them over"),
+    }
+    match store.move_shards(shards::Moves::default(), true).await {
+        Ok(_) => {
+            crate::metrics::get().shards_owned.set(0);
+        }
+        Err(error) => warn!(%error, "cannot give back this replica's shards; the others take them after the TTL"),
     }
     if let Err(error) = store.forget_replica(store.replica().to_owned(), None).await {
         warn!(%error, "cannot remove this replica's row");

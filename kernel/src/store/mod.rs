@@ -470,6 +470,16 @@ impl Store {
         self.send(|reply| Command::Beat(beat, reply)).await
     }
 
+    /// Takes and gives back shards as `moves` says, each only at the epoch it was read at (with
+    /// `all`, gives back every shard this replica owns); the shards taken, with their new epochs.
+    pub async fn move_shards(
+        &self,
+        moves: crate::cluster::shards::Moves,
+        all: bool,
+    ) -> Result<Vec<(u32, i64)>, KernelError> {
+        self.send(|reply| Command::MoveShards { moves, all, reply }).await
+    }
+
     /// Removes a replica's row (with `heartbeat_at`, only if it has not beaten again since); whether
     /// one was removed.
     pub async fn forget_replica(&self, id: String, heartbeat_at: Option<Millis>) -> Result<bool, KernelError> {

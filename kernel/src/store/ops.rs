@@ -1007,6 +1007,38 @@ pub fn forget_replica(tx: &mut Tx<'_>, id: &str, heartbeat_at: Option<Millis>) -
     Ok(removed > 0)
 }
 
+/// Takes the shards of `moves.take` and gives back those of `moves.release`, each only if its
+/// epoch is still the one it was read at (and, given back, if this replica still owns it); `all`
+/// gives back every shard this replica owns. The shards taken, with their new epochs.
+pub fn move_shards(tx: &mut Tx<'_>, moves: &crate::cluster::shards::Moves, all: bool) -> Result<Vec<(u32, i64)>> {
+    let mut taken = Vec::new();
+    for (id, epoch) in &moves.take {
+        let won = tx
+            .conn
+            .prepare_cached(
+                "UPDATE shards SET owner = ?1, epoch = epoch + 1, changed_at = ?2 WHERE id = ?3 AND epoch = ?4 \
+                 RETURNING epoch",
+            )?
+            .query_row(params![tx.replica, tx.now, i64::from(*id), *epoch], |row| row.get(0))
+            .optional()?;
+        taken.extend(won.map(|epoch: i64| (*id, epoch)));
+    }
+    for (id, epoch) in &moves.release {
+        tx.conn.write(
+            "UPDATE shards SET owner = NULL, epoch = epoch + 1, changed_at = ?2 WHERE owner = ?1 AND id = ?3 \
+             AND epoch = ?4",
+            params![tx.replica, tx.now, i64::from(*id), *epoch],
+        )?;
+    }
+    if all {
+        tx.conn.write(
+            "UPDATE shards SET owner = NULL, epoch = epoch + 1, changed_at = ?2 WHERE owner = ?1",
+            params![tx.replica, tx.now],
+        )?;
+    }
+    Ok(taken)
+}
+
 /// How long a replica's claim on waiting calls keeps the other replicas off them: long enough for
 /// its starts to commit, short enough that a claim lost with its replica delays nothing for long.
 pub const CLAIM_MS: Millis = 2_000;

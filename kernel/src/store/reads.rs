@@ -461,6 +461,23 @@ impl Readers {
         .await
     }
 
+    /// Every shard with its owner and epoch, by id.
+    pub async fn shards(&self) -> Result<Vec<crate::cluster::shards::ShardRow>, KernelError> {
+        self.with(|conn| {
+            conn.prepare_cached("SELECT id, owner, epoch FROM shards ORDER BY id")?
+                .query_map(params![], |row| {
+                    let id: i64 = row.get(0)?;
+                    Ok(crate::cluster::shards::ShardRow {
+                        id: u32::try_from(id).map_err(|e| sql::Error::conversion(0, e))?,
+                        owner: row.get(1)?,
+                        epoch: row.get(2)?,
+                    })
+                })?
+                .collect()
+        })
+        .await
+    }
+
     /// The running steps whose lease replica `replica` holds.
     pub async fn held_by(&self, replica: String) -> Result<Vec<StepRecord>, KernelError> {
         self.with(move |conn| {

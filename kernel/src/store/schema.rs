@@ -363,6 +363,19 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (run_id, step_key)
     ) STRICT, WITHOUT ROWID;
     "#,
+    // 17: the shards runs are spread over among replicas, each with its owner and the epoch that
+    // every change of owner raises. A kernel on SQLite is one replica; the table keeps the two
+    // schemas alike.
+    r#"
+    CREATE TABLE shards (
+        id         INTEGER PRIMARY KEY,
+        owner      TEXT,
+        epoch      INTEGER NOT NULL DEFAULT 0,
+        changed_at INTEGER NOT NULL DEFAULT 0
+    ) STRICT;
+    WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 255)
+    INSERT INTO shards (id) SELECT i FROM n;
+    "#,
 ];
 
 /// Brings the database to the newest schema.

@@ -2475,3 +2475,36 @@ async fn a_writer_trusts_nothing_it_remembers_once_another_replica_committed() {
 }
 
 mod branches;
+
+on_both_stores!(a_shard_changes_owner_only_at_the_epoch_it_was_read_at);
+async fn a_shard_changes_owner_only_at_the_epoch_it_was_read_at(f: Fixture) {
+    use crate::cluster::shards::Moves;
+    let rows = f.store.reads.shards().await.unwrap();
+    assert_eq!(rows.len(), 256, "the shards made with the database");
+    assert!(rows.iter().all(|r| r.owner.is_none() && r.epoch == 0));
+    let take = |shards: &[(u32, i64)]| Moves {
+        take: shards.to_vec(),
+        release: Vec::new(),
+    };
+    let taken = f.store.move_shards(take(&[(1, 0), (2, 0)]), false).await.unwrap();
+    assert_eq!(taken, vec![(1, 1), (2, 1)]);
+    // Read at an epoch that has moved on: nothing changes, as for a replica waking from a freeze.
+    assert!(f.store.move_shards(take(&[(1, 0)]), false).await.unwrap().is_empty());
+    let given = Moves {
+        take: Vec::new(),
+        release: vec![(1, 0), (2, 1)],
+    };
+    f.store.move_shards(given, false).await.unwrap();
+    let rows = f.store.reads.shards().await.unwrap();
+    let me = Some(f.store.replica().to_owned());
+    assert_eq!(
+        (&rows[1].owner, rows[1].epoch),
+        (&me, 1),
+        "a stale give-back changes nothing"
+    );
+    assert_eq!((&rows[2].owner, rows[2].epoch), (&None, 2), "given back, a move");
+    f.store.move_shards(Moves::default(), true).await.unwrap();
+    let rows = f.store.reads.shards().await.unwrap();
+    assert!(rows.iter().all(|r| r.owner.is_none()), "all given back");
+    assert_eq!(rows[1].epoch, 2);
+}

@@ -97,6 +97,12 @@ pub enum Command {
         limit: usize,
         reply: Reply<Vec<StepRecord>>,
     },
+    /// Takes and gives back shards (every shard this replica owns, with `all`).
+    MoveShards {
+        moves: crate::cluster::shards::Moves,
+        all: bool,
+        reply: Reply<Vec<(u32, i64)>>,
+    },
     /// Removes a replica's row; with `heartbeat_at`, only if it has not beaten again since.
     ForgetReplica {
         id: String,
@@ -241,6 +247,7 @@ fn apply(tx: &mut Tx<'_>, command: Command, before_commit: &mut Option<BeforeCom
             heartbeat_at,
             reply,
         } => respond(ops::forget_replica(tx, &id, heartbeat_at), reply),
+        Command::MoveShards { moves, all, reply } => respond(ops::move_shards(tx, &moves, all), reply),
     }
 }
 
@@ -656,6 +663,7 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
         Command::Beat(_, reply) => respond(Err(make()), reply),
         Command::ClaimPending { reply, .. } => respond(Err(make()), reply),
         Command::ForgetReplica { reply, .. } => respond(Err(make()), reply),
+        Command::MoveShards { reply, .. } => respond(Err(make()), reply),
     };
     responder
 }

@@ -230,4 +230,15 @@ pub(super) const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (run_id, step_key)
     );
     "#,
+    // 8: the shards runs are spread over among replicas, 256 of them for the database's life,
+    // each with its owner and the epoch that every change of owner raises (SQLite's 17).
+    r#"
+    CREATE TABLE shards (
+        id         BIGINT PRIMARY KEY,
+        owner      TEXT,
+        epoch      BIGINT NOT NULL DEFAULT 0,
+        changed_at BIGINT NOT NULL DEFAULT 0
+    );
+    INSERT INTO shards (id) SELECT generate_series(0, 255);
+    "#,
 ];

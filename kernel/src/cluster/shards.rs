@@ -1,0 +1,231 @@
+//! Runs are spread over a fixed number of shards (256, made with the database), and each shard
+//! has at most one owner replica at a time, recorded in the `shards` table with an epoch that
+//! every change of owner raises. There is no leader: every replica computes, from the replicas it
+//! sees alive, which one should own each shard (rendezvous hashing: the replica with the highest
+//! hash of shard and replica id), takes a shard that should be its own once it is free or its
+//! owner is dead, and gives back one that should be another's. A take or a give-back is a
+//! compare-and-set on the epoch, so two replicas that disagree for a moment cannot both own a
+//! shard, and a replica waking from a freeze finds the epochs moved on and learns what it lost.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+/// A shard's row, as read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardRow {
+    pub id: u32,
+    pub owner: Option<String>,
+    pub epoch: i64,
+}
+
+/// What a replica should change in the shards table: each shard with the epoch it was read at.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Moves {
+    pub take: Vec<(u32, i64)>,
+    pub release: Vec<(u32, i64)>,
+}
+
+impl Moves {
+    pub fn is_empty(&self) -> bool {
+        self.take.is_empty() && self.release.is_empty()
+    }
+}
+
+/// The replica among `replicas` that should own `shard`: the highest hash of the two. When one
+/// replica joins or leaves, only the shards it wins or held change hands.
+pub fn owner_of<'r>(shard: u32, replicas: &[&'r str]) -> Option<&'r str> {
+    replicas
+        .iter()
+        .copied()
+        .max_by_key(|replica| (weight(shard, replica), *replica))
+}
+
+/// A hash of `shard` and `replica` every build computes alike: FNV-1a, then a 64-bit finalizer
+/// so that ids differing in their last bytes spread.
+fn weight(shard: u32, replica: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in shard.to_le_bytes().iter().chain(replica.as_bytes()) {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    hash ^ (hash >> 33)
+}
+
+/// What `me` should change, seeing `rows` and the replicas alive (`me` among them). A shard that
+/// should be `me`'s is taken when it has no owner, or when its owner is not alive and `me` may
+/// judge others (see the heartbeat's guard); one `me` owns that should be another's is given
+/// back, for its new owner to take at its next beat.
+pub fn moves(rows: &[ShardRow], me: &str, alive: &BTreeSet<String>, may_judge: bool) -> Moves {
+    let replicas: Vec<&str> = alive.iter().map(String::as_str).collect();
+    let mut moves = Moves::default();
+    for row in rows {
+        let should = owner_of(row.id, &replicas);
+        match (&row.owner, should) {
+            (Some(owner), Some(should)) if owner == me && should != me => moves.release.push((row.id, row.epoch)),
+            (None, Some(should)) if should == me => moves.take.push((row.id, row.epoch)),
+            (Some(owner), Some(should)) if should == me && owner != me && may_judge && !alive.contains(owner) => {
+                moves.take.push((row.id, row.epoch))
+            }
+            _ => {}
+        }
+    }
+    moves
+}
+
+/// The shards this replica owns, with their epochs, as it last read them.
+#[derive(Clone, Default)]
+pub struct ShardMap(Arc<Mutex<BTreeMap<u32, i64>>>);
+
+/// How this replica's shards changed between two readings.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Changed {
+    pub gained: Vec<u32>,
+    /// Shards this replica owned and no longer does (given back, or taken while it was silent).
+    pub lost: Vec<u32>,
+}
+
+impl ShardMap {
+    /// Replaces what this replica owns with what `rows` say `me` owns.
+    pub fn refresh(&self, rows: &[ShardRow], me: &str) -> Changed {
+        let now: BTreeMap<u32, i64> = rows
+            .iter()
+            .filter(|row| row.owner.as_deref() == Some(me))
+            .map(|row| (row.id, row.epoch))
+            .collect();
+        let mut owned = self.0.lock().expect("shard map poisoned");
+        let changed = Changed {
+            gained: now
+                .iter()
+                .filter(|(id, epoch)| owned.get(id) != Some(epoch))
+                .map(|(id, _)| *id)
+                .collect(),
+            lost: owned
+                .iter()
+                .filter(|(id, epoch)| now.get(id) != Some(epoch))
+                .map(|(id, _)| *id)
+                .collect(),
+        };
+        *owned = now;
+        changed
+    }
+
+    /// How many shards this replica owns.
+    pub fn len(&self) -> usize {
+        self.0.lock().expect("shard map poisoned").len()
+    }
+
+    /// Whether this replica owns no shard.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forgets every shard (this replica gave them all back).
+    pub fn clear(&self) {
+        self.0.lock().expect("shard map poisoned").clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("0193a4b2-0000-7000-8000-{i:012x}")).collect()
+    }
+
+    fn owners(replicas: &[String]) -> Vec<String> {
+        let refs: Vec<&str> = replicas.iter().map(String::as_str).collect();
+        (0..256).map(|s| owner_of(s, &refs).unwrap().to_owned()).collect()
+    }
+
+    #[test]
+    fn three_replicas_each_get_about_a_third_of_the_shards() {
+        let replicas = ids(3);
+        let owners = owners(&replicas);
+        for replica in &replicas {
+            let n = owners.iter().filter(|o| *o == replica).count();
+            assert!((60..=110).contains(&n), "{replica} owns {n} of 256");
+        }
+    }
+
+    #[test]
+    fn a_replica_joining_or_leaving_moves_only_the_shards_it_wins_or_held() {
+        let three = ids(3);
+        let before = owners(&three[..2]);
+        let after = owners(&three);
+        for (shard, (was, is)) in before.iter().zip(&after).enumerate() {
+            assert!(was == is || is == &three[2], "shard {shard} moved from {was} to {is}");
+        }
+        assert!(after.iter().any(|o| o == &three[2]), "the new replica won some shards");
+        // And back: the leaver's shards go, nothing else moves.
+        assert_eq!(owners(&three[..2]), before);
+    }
+
+    fn row(id: u32, owner: Option<&str>, epoch: i64) -> ShardRow {
+        ShardRow {
+            id,
+            owner: owner.map(str::to_owned),
+            epoch,
+        }
+    }
+
+    #[test]
+    fn a_replica_takes_free_shards_and_a_dead_owners_only_when_it_may_judge() {
+        let replicas = ids(2);
+        let (me, other) = (replicas[0].as_str(), replicas[1].as_str());
+        let alive: BTreeSet<String> = [me.to_owned()].into();
+        let rows: Vec<ShardRow> = (0..8)
+            .map(|id| row(id, if id % 2 == 0 { None } else { Some(other) }, 3))
+            .collect();
+        // Alone alive, every shard should be mine: the free ones are taken at once...
+        let cautious = moves(&rows, me, &alive, false);
+        assert_eq!(cautious.take, vec![(0, 3), (2, 3), (4, 3), (6, 3)]);
+        assert!(cautious.release.is_empty());
+        // ...a dead owner's once this replica may judge.
+        let judged = moves(&rows, me, &alive, true);
+        assert_eq!(judged.take.len(), 8);
+    }
+
+    #[test]
+    fn a_replica_gives_back_the_shards_a_live_newcomer_should_own_and_never_takes_a_live_ones() {
+        let replicas = ids(2);
+        let (me, newcomer) = (replicas[0].as_str(), replicas[1].as_str());
+        let alive: BTreeSet<String> = replicas.iter().cloned().collect();
+        let mine: Vec<ShardRow> = (0..256).map(|id| row(id, Some(me), 1)).collect();
+        let given = moves(&mine, me, &alive, true);
+        let should: Vec<u32> = (0..256)
+            .filter(|s| owner_of(*s, &[me, newcomer]) == Some(newcomer))
+            .collect();
+        assert_eq!(given.release.iter().map(|(id, _)| *id).collect::<Vec<_>>(), should);
+        assert!(given.take.is_empty());
+        // The newcomer, seeing the shards still held by a live owner, waits for them.
+        assert!(moves(&mine, newcomer, &alive, true).take.is_empty());
+    }
+
+    #[test]
+    fn the_map_says_what_was_gained_and_what_was_lost() {
+        let map = ShardMap::default();
+        let first = [row(1, Some("me"), 1), row(2, Some("me"), 1), row(3, None, 0)];
+        assert_eq!(
+            map.refresh(&first, "me"),
+            Changed {
+                gained: vec![1, 2],
+                lost: vec![]
+            }
+        );
+        // Shard 2 was taken while this replica was silent; it got shard 3.
+        let second = [row(1, Some("me"), 1), row(2, Some("other"), 2), row(3, Some("me"), 1)];
+        assert_eq!(
+            map.refresh(&second, "me"),
+            Changed {
+                gained: vec![3],
+                lost: vec![2]
+            }
+        );
+        assert_eq!(map.len(), 2);
+    }
+}
