@@ -70,6 +70,9 @@ pub enum Command {
     /// Calls parked for a person's approval: list, approve, reject.
     #[command(subcommand)]
     Approvals(ApprovalsCommand),
+    /// Kernel replicas sharing the database, with the shards each owns (needs admin).
+    #[command(subcommand)]
+    Replicas(ReplicasCommand),
     /// What the kernel holds now: sessions, queued and leased calls, live runs, memory (needs admin).
     Status,
     /// Measure the kernel: round-trip latency, throughput, replay and payload sizes.
@@ -354,6 +357,13 @@ pub enum ToolsCommand {
 #[derive(Debug, Subcommand)]
 pub enum WorkersCommand {
     /// List connected worker sessions.
+    #[command(alias = "ls")]
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReplicasCommand {
+    /// List the replicas that renewed their row, the one answering first.
     #[command(alias = "ls")]
     List,
 }

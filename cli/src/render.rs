@@ -13,8 +13,8 @@ use comfy_table::{ContentArrangement, Table, presets};
 use crate::diff::{Lineage, RunDiff, RunSummary, StepSide};
 use crate::time::{Precision, UtcTime};
 use crate::view::{
-    ApprovalView, EventView, Json, ProgressView, RunDetail, RunView, StatusView, StepView, ToolOptionsView, ToolView,
-    WorkerView,
+    ApprovalView, EventView, Json, ProgressView, ReplicaView, RunDetail, RunView, StatusView, StepView,
+    ToolOptionsView, ToolView, WorkerView,
 };
 
 /// Characters of JSON shown in human output before it is cut.
@@ -746,6 +746,35 @@ pub fn workers_table(workers: &[WorkerView]) -> String {
                 time(worker.connected_at),
                 time(worker.last_heartbeat_at),
                 if worker.draining { "yes" } else { "no" }.to_owned(),
+            ]
+        }),
+    )
+}
+
+pub fn replicas_table(replicas: &[ReplicaView]) -> String {
+    table(
+        &[
+            "REPLICA",
+            "ADDRESS",
+            "ALIVE",
+            "SHARDS",
+            "WORKERS",
+            "STARTED",
+            "LAST HEARTBEAT",
+        ],
+        replicas.iter().map(|replica| {
+            let mut id = replica.id.clone();
+            if replica.answering {
+                id.push_str(" (this)");
+            }
+            vec![
+                id,
+                one_line(&replica.address).into_owned(),
+                if replica.alive { "yes" } else { "no" }.to_owned(),
+                replica.shards.to_string(),
+                replica.worker_sessions.to_string(),
+                time(replica.started_at),
+                time(replica.heartbeat_at),
             ]
         }),
     )

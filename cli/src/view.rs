@@ -492,6 +492,37 @@ impl From<pb::RetryPolicy> for RetryView {
     }
 }
 
+/// A kernel replica, as its row in the database says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReplicaView {
+    pub id: String,
+    pub address: String,
+    pub started_at: Option<UtcTime>,
+    pub heartbeat_at: Option<UtcTime>,
+    /// Renewed within the lease TTL of the replica that answered.
+    pub alive: bool,
+    /// The shards of runs it owns, of 256.
+    pub shards: u32,
+    pub worker_sessions: u32,
+    /// The replica that answered.
+    pub answering: bool,
+}
+
+impl From<pb::Replica> for ReplicaView {
+    fn from(replica: pb::Replica) -> Self {
+        Self {
+            id: replica.id,
+            address: replica.address,
+            started_at: replica.started_at.map(UtcTime::from),
+            heartbeat_at: replica.heartbeat_at.map(UtcTime::from),
+            alive: replica.alive,
+            shards: replica.shards,
+            worker_sessions: replica.worker_sessions,
+            answering: replica.answering,
+        }
+    }
+}
+
 /// A connected worker session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct WorkerView {

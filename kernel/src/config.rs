@@ -25,6 +25,12 @@ pub struct Config {
     #[arg(long, env = "KERNEL_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
+    /// Where other replicas and clients reach this kernel, as HOST:PORT (replicas only): listed by
+    /// `kernelctl replicas list`. Defaults to the address it listens on, which is wrong when that
+    /// is 0.0.0.0 or behind a NAT: give the address others dial.
+    #[arg(long, env = "KERNEL_ADVERTISE")]
+    pub advertise: Option<String>,
+
     /// Also serve the kernel's tools to MCP clients over Streamable HTTP on this address, at `/mcp`
     /// (as `kernelctl mcp serve --listen` does); a client's bearer token is its API key. Not yet
     /// with TLS on gRPC.

@@ -23,6 +23,17 @@ impl RunId {
         RunId(uuid::Uuid::now_v7().hyphenated().to_string())
     }
 
+    /// A fresh id in `shard` ([`crate::cluster::shards::shard_of`]): drawn again until it lands
+    /// there, about as many draws as there are shards.
+    pub fn new_in_shard(shard: u32) -> Self {
+        loop {
+            let id = RunId::new();
+            if crate::cluster::shards::shard_of(&id) == shard {
+                return id;
+            }
+        }
+    }
+
     /// Parses an id given by a client; `field` names the request field in the error.
     pub fn parse(text: &str, field: &str) -> Result<Self, KernelError> {
         let uuid = uuid::Uuid::parse_str(text.trim())

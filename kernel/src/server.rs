@@ -263,6 +263,13 @@ pub async fn run(
         Database::Postgres(_) => None,
     };
     let listener = bind(config.listen).await?;
+    let advertised = match &config.advertise {
+        Some(address) => address.clone(),
+        None => listener
+            .local_addr()
+            .map_err(|e| KernelError::Unavailable(e.to_string()))?
+            .to_string(),
+    };
     let hub = Hub::default();
     let (store, writer) = Store::open_database(
         &config.db,
@@ -296,7 +303,12 @@ pub async fn run(
     if let Database::Postgres(url) = &config.db {
         lifecycle.spawn(
             "cluster heartbeat",
-            crate::cluster::heartbeat(store.clone(), scheduler.clone(), registry.clone(), shutdown.clone()),
+            crate::cluster::heartbeat(
+                store.clone(),
+                (scheduler.clone(), registry.clone()),
+                advertised.clone(),
+                shutdown.clone(),
+            ),
         );
         let feed = crate::cluster::feed::Feed {
             store: store.clone(),
@@ -320,6 +332,7 @@ pub async fn run(
         limits: config.limits(),
         sessions: Arc::new(tokio::sync::Semaphore::new(config.max_sessions)),
         started_at: store.clock().now_millis(),
+        address: advertised.into(),
         keys: keys.clone(),
     };
 

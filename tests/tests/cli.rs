@@ -1,6 +1,6 @@
 //! kernelctl and the demo agent against a real kernel and worker, as a new user would run them.
 
-use e2e::{Kernel, Process, binary, call, submit};
+use e2e::{Kernel, KernelOptions, Process, binary, call, submit};
 use serde_json::{Value, json};
 
 fn stdout(output: &std::process::Output) -> String {
@@ -335,4 +335,29 @@ async fn the_getting_started_worker_says_when_it_cannot_reach_the_kernel_and_whe
     worker.log.wait_for("worker stopped");
     let status = worker.wait_exit(std::time::Duration::from_secs(10)).expect("it exits");
     assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test]
+async fn replicas_list_shows_a_kernel_on_sqlite_alone() {
+    let kernel = Kernel::start_with(KernelOptions {
+        args: vec!["--advertise".into(), "kernel.example:50051".into()],
+        sqlite: true,
+        ..KernelOptions::default()
+    });
+    let _worker = kernel.worker("w1");
+    let listed: Value = serde_json::from_str(&stdout(&kernel.kernelctl(&["--json", "replicas", "list"]))).unwrap();
+    let rows = listed["replicas"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        rows[0]["address"], "kernel.example:50051",
+        "the address given with --advertise"
+    );
+    assert_eq!(rows[0]["answering"], true);
+    assert_eq!(rows[0]["alive"], true);
+    assert_eq!(rows[0]["worker_sessions"], 1);
+    let table = stdout(&kernel.kernelctl(&["replicas", "list"]));
+    assert!(
+        table.contains("kernel.example:50051") && table.contains("(this)"),
+        "{table}"
+    );
 }

@@ -8,6 +8,7 @@ mod approvals;
 pub mod bench;
 pub mod keys;
 pub mod mcp;
+mod replicas;
 mod runs;
 mod status;
 mod tools;
@@ -17,7 +18,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use crate::args::{ApprovalsCommand, Cli, Command, RunsCommand, ToolsCommand, WorkersCommand};
+use crate::args::{ApprovalsCommand, Cli, Command, ReplicasCommand, RunsCommand, ToolsCommand, WorkersCommand};
 use crate::client::Kernel;
 use crate::error::CliError;
 
@@ -46,6 +47,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Tools(ToolsCommand::List) => tools::list(&mut kernel, &mut out).await,
         Command::Tools(ToolsCommand::Forget { name }) => tools::forget(&mut kernel, &mut out, name).await,
         Command::Workers(WorkersCommand::List) => workers::list(&mut kernel, &mut out).await,
+        Command::Replicas(ReplicasCommand::List) => replicas::list(&mut kernel, &mut out).await,
         Command::Approvals(ApprovalsCommand::List { run }) => approvals::list(&mut kernel, &mut out, run).await,
         Command::Approvals(ApprovalsCommand::Approve(args)) => {
             approvals::answer(&mut kernel, &mut out, args.id, true, args.decider, args.reason).await

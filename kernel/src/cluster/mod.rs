@@ -40,6 +40,53 @@ fn alive(row: &ReplicaRow, now: Millis, ttl: Duration) -> bool {
     row.heartbeat_at >= now - ttl.as_millis() as Millis
 }
 
+/// A replica as `kernelctl replicas list` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaStatus {
+    pub row: ReplicaRow,
+    pub alive: bool,
+    pub shards: u32,
+    pub worker_sessions: u32,
+}
+
+/// Every replica with a row, this one first (with its own figures when it has beaten no row
+/// yet, as on SQLite, where `sessions` and `started_at` stand in), each with the shards it owns.
+pub async fn statuses(
+    store: &Store,
+    ttl: Duration,
+    this: ReplicaRow,
+    sessions: u32,
+) -> Result<Vec<ReplicaStatus>, KernelError> {
+    let now = store.clock().now_millis();
+    let mut rows = store.reads.replicas().await?;
+    let shards = store.reads.shards().await?;
+    let position = rows.iter().position(|row| row.id == this.id);
+    let me = position.map_or(this, |at| rows.remove(at));
+    let mut statuses = vec![ReplicaStatus {
+        alive: true,
+        shards: 0,
+        worker_sessions: sessions,
+        row: me,
+    }];
+    statuses.extend(rows.into_iter().map(|row| {
+        let offers: Offers = serde_json::from_str(&row.offers).unwrap_or_default();
+        ReplicaStatus {
+            alive: alive(&row, now, ttl),
+            shards: 0,
+            worker_sessions: u32::try_from(offers.workers.len()).unwrap_or(u32::MAX),
+            row,
+        }
+    }));
+    for status in &mut statuses {
+        let owned = shards
+            .iter()
+            .filter(|s| s.owner.as_deref() == Some(&status.row.id))
+            .count();
+        status.shards = u32::try_from(owned).unwrap_or(u32::MAX);
+    }
+    Ok(statuses)
+}
+
 /// The replicas whose rows are fresh, this one excluded.
 pub async fn live_replicas(store: &Store, ttl: Duration) -> Result<Vec<ReplicaRow>, KernelError> {
     let now = store.clock().now_millis();
@@ -52,11 +99,26 @@ pub async fn live_replicas(store: &Store, ttl: Duration) -> Result<Vec<ReplicaRo
         .collect())
 }
 
+/// What this replica's row says of it besides its beat.
+struct Me {
+    started_at: Millis,
+    /// Where other replicas and clients reach it.
+    address: String,
+}
+
 /// Renews this replica's row every heartbeat, tells the scheduler what the others offer, and
 /// takes over the leases of replicas that stopped renewing theirs.
-pub async fn heartbeat(store: Store, scheduler: Scheduler, registry: Registry, shutdown: CancellationToken) {
+pub async fn heartbeat(
+    store: Store,
+    (scheduler, registry): (Scheduler, Registry),
+    address: String,
+    shutdown: CancellationToken,
+) {
     let config = scheduler.config().clone();
-    let started_at = store.clock().now_millis();
+    let me = Me {
+        started_at: store.clock().now_millis(),
+        address,
+    };
     let mut tick = tokio::time::interval(config.heartbeat_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut guard = Guard::new(config.lease_ttl);
@@ -68,7 +130,7 @@ pub async fn heartbeat(store: Store, scheduler: Scheduler, registry: Registry, s
         }
         // Taken before the rows are read, so a row read after a pause looks no older than it is.
         let now = store.clock().now_millis();
-        match beat(&store, &scheduler, started_at).await {
+        match beat(&store, &scheduler, &me).await {
             Ok(rows) => {
                 let may_judge = guard.landed(tokio::time::Instant::now());
                 let (live, dead): (Vec<ReplicaRow>, Vec<ReplicaRow>) = rows
@@ -195,12 +257,13 @@ impl Guard {
 }
 
 /// One renewal, then every replica's row as it stands.
-async fn beat(store: &Store, scheduler: &Scheduler, started_at: Millis) -> Result<Vec<ReplicaRow>, KernelError> {
+async fn beat(store: &Store, scheduler: &Scheduler, me: &Me) -> Result<Vec<ReplicaRow>, KernelError> {
     let offers = scheduler.offers().await?;
     store
         .beat(ReplicaBeat {
-            started_at,
+            started_at: me.started_at,
             offers: serde_json::to_string(&offers).expect("offers serialize"),
+            address: me.address.clone(),
         })
         .await?;
     store.reads.replicas().await

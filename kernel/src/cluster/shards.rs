@@ -10,6 +10,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+use crate::model::RunId;
+
+/// How many shards the database was made with: its `shards` table has a row for each.
+pub const SHARDS: u32 = 256;
+
+/// The shard `run` lives in: a hash of its id. A subagent's id is chosen to land in its parent's
+/// shard ([`RunId::new_in_shard`]), so a run ends with its children in one shard's transaction.
+pub fn shard_of(run: &RunId) -> u32 {
+    (weight(SHARDS, run.as_str()) % u64::from(SHARDS)) as u32
+}
+
 /// A shard's row, as read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardRow {
@@ -204,6 +215,23 @@ mod tests {
         assert!(given.take.is_empty());
         // The newcomer, seeing the shards still held by a live owner, waits for them.
         assert!(moves(&mine, newcomer, &alive, true).take.is_empty());
+    }
+
+    #[test]
+    fn runs_spread_over_the_shards_and_a_child_lands_in_its_parents() {
+        let mut counts = vec![0u32; SHARDS as usize];
+        for _ in 0..25_600 {
+            counts[shard_of(&RunId::new()) as usize] += 1;
+        }
+        let (least, most) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+        assert!(
+            *least > 40 && *most < 180,
+            "100 runs a shard on average, saw {least}..{most}"
+        );
+        let parent = RunId::new();
+        for _ in 0..20 {
+            assert_eq!(shard_of(&RunId::new_in_shard(shard_of(&parent))), shard_of(&parent));
+        }
     }
 
     #[test]

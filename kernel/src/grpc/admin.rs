@@ -97,6 +97,38 @@ impl AdminService for AdminApi {
         }))
     }
 
+    async fn list_replicas(
+        &self,
+        _: Request<pb::ListReplicasRequest>,
+    ) -> Result<Response<pb::ListReplicasResponse>, Status> {
+        let kernel = &self.0;
+        let gauges = kernel.scheduler.gauges().await?;
+        let this = crate::store::ReplicaRow {
+            id: kernel.store.replica().to_owned(),
+            started_at: kernel.started_at,
+            heartbeat_at: kernel.store.clock().now_millis(),
+            offers: String::new(),
+            address: kernel.address.to_string(),
+        };
+        let ttl = kernel.scheduler.config().lease_ttl;
+        let statuses = crate::cluster::statuses(&kernel.store, ttl, this, gauges.sessions as u32).await?;
+        let replicas = statuses
+            .into_iter()
+            .enumerate()
+            .map(|(index, status)| pb::Replica {
+                id: status.row.id,
+                address: status.row.address,
+                started_at: Some(convert::timestamp(status.row.started_at)),
+                heartbeat_at: Some(convert::timestamp(status.row.heartbeat_at)),
+                alive: status.alive,
+                shards: status.shards,
+                worker_sessions: status.worker_sessions,
+                answering: index == 0,
+            })
+            .collect();
+        Ok(Response::new(pb::ListReplicasResponse { replicas }))
+    }
+
     async fn get_status(&self, _: Request<pb::GetStatusRequest>) -> Result<Response<pb::GetStatusResponse>, Status> {
         let gauges = self.0.scheduler.gauges().await?;
         let waits = self.0.scheduler.lock_waits().await?;

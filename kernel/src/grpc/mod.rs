@@ -48,6 +48,8 @@ pub struct Kernel {
     pub sessions: std::sync::Arc<tokio::sync::Semaphore>,
     /// When this process started serving.
     pub started_at: crate::model::Millis,
+    /// Where other replicas and clients reach this kernel (`--advertise`, else its listening address).
+    pub address: std::sync::Arc<str>,
     /// The API keys in force; `None` when authentication is off.
     pub keys: Option<std::sync::Arc<crate::auth::Keys>>,
 }

@@ -187,15 +187,18 @@ pub struct ReplicaBeat {
     pub started_at: Millis,
     /// JSON: what the replica's worker sessions offer ([`crate::cluster::Offers`]).
     pub offers: String,
+    /// Where other replicas and clients reach it.
+    pub address: String,
 }
 
 /// A replica's row, as read.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplicaRow {
     pub id: String,
     pub started_at: Millis,
     pub heartbeat_at: Millis,
     pub offers: String,
+    pub address: String,
 }
 
 /// The writer thread; joining it waits for the last batch to commit.

@@ -985,9 +985,10 @@ pub fn purge_expired(tx: &mut Tx<'_>, limit: usize) -> Result<usize> {
 /// Renews this replica's row: its heartbeat dates every lease it holds.
 pub fn beat(tx: &mut Tx<'_>, beat: super::ReplicaBeat) -> Result<()> {
     tx.conn.write(
-        "INSERT INTO replicas (id, started_at, heartbeat_at, offers) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) \
-             DO UPDATE SET heartbeat_at = excluded.heartbeat_at, offers = excluded.offers",
-        params![tx.replica, beat.started_at, tx.now, beat.offers],
+        "INSERT INTO replicas (id, started_at, heartbeat_at, offers, address) VALUES (?1, ?2, ?3, ?4, ?5) \
+             ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, offers = excluded.offers, \
+             address = excluded.address",
+        params![tx.replica, beat.started_at, tx.now, beat.offers, beat.address],
     )?;
     Ok(())
 }

@@ -447,13 +447,14 @@ impl Readers {
     /// Every replica's row, oldest first.
     pub async fn replicas(&self) -> Result<Vec<super::ReplicaRow>, KernelError> {
         self.with(|conn| {
-            conn.prepare_cached("SELECT id, started_at, heartbeat_at, offers FROM replicas ORDER BY id")?
+            conn.prepare_cached("SELECT id, started_at, heartbeat_at, offers, address FROM replicas ORDER BY id")?
                 .query_map(params![], |row| {
                     Ok(super::ReplicaRow {
                         id: row.get(0)?,
                         started_at: row.get(1)?,
                         heartbeat_at: row.get(2)?,
                         offers: row.get(3)?,
+                        address: row.get(4)?,
                     })
                 })?
                 .collect()

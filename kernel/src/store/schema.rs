@@ -364,8 +364,8 @@ const MIGRATIONS: &[&str] = &[
     ) STRICT, WITHOUT ROWID;
     "#,
     // 17: the shards runs are spread over among replicas, each with its owner and the epoch that
-    // every change of owner raises. A kernel on SQLite is one replica; the table keeps the two
-    // schemas alike.
+    // every change of owner raises, and the address each replica advertises. A kernel on SQLite
+    // is one replica; the tables keep the two schemas alike.
     r#"
     CREATE TABLE shards (
         id         INTEGER PRIMARY KEY,
@@ -375,6 +375,7 @@ const MIGRATIONS: &[&str] = &[
     ) STRICT;
     WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 255)
     INSERT INTO shards (id) SELECT i FROM n;
+    ALTER TABLE replicas ADD COLUMN address TEXT NOT NULL DEFAULT '';
     "#,
 ];
 

@@ -2224,6 +2224,7 @@ async fn a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases(f: 
     let beat = |offers: &str| crate::store::ReplicaBeat {
         started_at: 1,
         offers: offers.into(),
+        address: "10.0.0.7:50051".into(),
     };
     f.store.beat(beat(r#"{"tools":{},"agents":{}}"#)).await.unwrap();
     let rows = f.store.reads.replicas().await.unwrap();
@@ -2238,6 +2239,7 @@ async fn a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases(f: 
     let rows = f.store.reads.replicas().await.unwrap();
     assert!(rows[0].heartbeat_at > first_beat, "a beat renews the row");
     assert!(rows[0].offers.contains("add"), "and says what is offered now");
+    assert_eq!(rows[0].address, "10.0.0.7:50051");
     assert!(
         !f.store
             .forget_replica(f.store.replica().to_owned(), Some(first_beat))
@@ -2480,7 +2482,11 @@ on_both_stores!(a_shard_changes_owner_only_at_the_epoch_it_was_read_at);
 async fn a_shard_changes_owner_only_at_the_epoch_it_was_read_at(f: Fixture) {
     use crate::cluster::shards::Moves;
     let rows = f.store.reads.shards().await.unwrap();
-    assert_eq!(rows.len(), 256, "the shards made with the database");
+    assert_eq!(
+        rows.len(),
+        crate::cluster::shards::SHARDS as usize,
+        "the shards made with the database"
+    );
     assert!(rows.iter().all(|r| r.owner.is_none() && r.epoch == 0));
     let take = |shards: &[(u32, i64)]| Moves {
         take: shards.to_vec(),

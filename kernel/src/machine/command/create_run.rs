@@ -26,7 +26,12 @@ pub fn create<R: Records + ?Sized>(records: &mut R, new: NewRun) -> Result<Creat
         Some(key) => records.run_by_idempotency_key(key)?,
         None => None,
     };
-    match run::create(existing, &new, RunId::new(), records.now())? {
+    // A subagent lives in its parent's shard: a run and its children end in one transaction.
+    let id = match &new.parent {
+        Some((parent, _)) => RunId::new_in_shard(crate::cluster::shards::shard_of(parent)),
+        None => RunId::new(),
+    };
+    match run::create(existing, &new, id, records.now())? {
         Created::Existing(run) => Ok((*run, false, None)),
         Created::New { run, event, dispatch } => {
             records.insert_run(&run)?;
@@ -35,6 +40,32 @@ pub fn create<R: Records + ?Sized>(records: &mut R, new: NewRun) -> Result<Creat
                 records.insert_step(dispatch)?;
             }
             Ok((records.run(&run.id)?, true, dispatch.map(|d| *d)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::shards::shard_of;
+    use crate::machine::command::memory::Memory;
+    use crate::machine::records::{NOW, new_run};
+
+    #[test]
+    fn a_subagent_is_created_in_its_parents_shard() {
+        let mut memory = Memory::new(NOW);
+        let (parent, _, _) = apply(&mut memory, new_run()).unwrap();
+        for position in 0..5 {
+            let child = NewRun {
+                parent: Some((
+                    parent.id.clone(),
+                    crate::model::StepKey::from_stored(format!("0.{position}")),
+                )),
+                ..new_run()
+            };
+            let (child, created, _) = apply(&mut memory, child).unwrap();
+            assert!(created);
+            assert_eq!(shard_of(&child.id), shard_of(&parent.id));
         }
     }
 }

@@ -231,7 +231,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );
     "#,
     // 8: the shards runs are spread over among replicas, 256 of them for the database's life,
-    // each with its owner and the epoch that every change of owner raises (SQLite's 17).
+    // each with its owner and the epoch that every change of owner raises, and the address each
+    // replica advertises (SQLite's 17).
     r#"
     CREATE TABLE shards (
         id         BIGINT PRIMARY KEY,
@@ -240,5 +241,6 @@ pub(super) const MIGRATIONS: &[&str] = &[
         changed_at BIGINT NOT NULL DEFAULT 0
     );
     INSERT INTO shards (id) SELECT generate_series(0, 255);
+    ALTER TABLE replicas ADD COLUMN address TEXT NOT NULL DEFAULT '';
     "#,
 ];

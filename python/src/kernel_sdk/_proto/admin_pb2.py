@@ -26,37 +26,43 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from . import common_pb2 as kernel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15kernel/v1/admin.proto\x12\tkernel.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16kernel/v1/common.proto\"d\n\x0bRunDeletion\x12\x0c\n\x04runs\x18\x01 \x01(\x04\x12\x0e\n\x06\x65vents\x18\x02 \x01(\x04\x12\r\n\x05steps\x18\x03 \x01(\x04\x12\x11\n\tapprovals\x18\x04 \x01(\x04\x12\x15\n\rcache_entries\x18\x05 \x01(\x04\"\"\n\x10\x44\x65leteRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"<\n\x11\x44\x65leteRunResponse\x12\'\n\x07\x64\x65leted\x18\x01 \x01(\x0b\x32\x16.kernel.v1.RunDeletion\"&\n\x10PruneRunsRequest\x12\x12\n\nmin_age_ms\x18\x01 \x01(\x04\"<\n\x11PruneRunsResponse\x12\'\n\x07\x64\x65leted\x18\x01 \x01(\x0b\x32\x16.kernel.v1.RunDeletion\"!\n\x11\x46orgetToolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"7\n\x12\x46orgetToolResponse\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.kernel.v1.ToolSpec\"\x15\n\x13ReloadPolicyRequest\"3\n\x14ReloadPolicyResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\r\n\x05rules\x18\x02 \x01(\r\"\x12\n\x10GetStatusRequest\"\xd0\x03\n\x11GetStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12.\n\nstarted_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fworker_sessions\x18\x03 \x01(\r\x12\x14\n\x0cqueued_calls\x18\x04 \x01(\r\x12\x14\n\x0cleased_calls\x18\x05 \x01(\r\x12\x11\n\tlive_runs\x18\x06 \x01(\r\x12\x16\n\x0eresident_bytes\x18\x07 \x01(\x04\x12\x17\n\x0f\x61llocated_bytes\x18\x08 \x01(\x04\x12\x17\n\x0fin_flight_scans\x18\t \x01(\x04\x12\x18\n\x10lost_calls_found\x18\n \x01(\x04\x12/\n\x0eresource_locks\x18\x0b \x03(\x0b\x32\x17.kernel.v1.ResourceLock\x12\x12\n\ncpu_micros\x18\x0c \x01(\x04\x12\x15\n\rstore_commits\x18\r \x01(\x04\x12\x13\n\x0bstore_syncs\x18\x0e \x01(\x04\x12\x18\n\x10store_statements\x18\x0f \x01(\x04\x12\x18\n\x10\x64isk_write_bytes\x18\x10 \x01(\x04\x12\x19\n\x11log_lines_dropped\x18\x11 \x01(\x04\"\xa3\x01\n\x0cResourceLock\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08step_key\x18\x03 \x01(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12/\n\x0b\x61\x63quired_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07waiting\x18\x07 \x01(\r2\x82\x03\n\x0c\x41\x64minService\x12O\n\x0cReloadPolicy\x12\x1e.kernel.v1.ReloadPolicyRequest\x1a\x1f.kernel.v1.ReloadPolicyResponse\x12\x46\n\tGetStatus\x12\x1b.kernel.v1.GetStatusRequest\x1a\x1c.kernel.v1.GetStatusResponse\x12I\n\nForgetTool\x12\x1c.kernel.v1.ForgetToolRequest\x1a\x1d.kernel.v1.ForgetToolResponse\x12\x46\n\tDeleteRun\x12\x1b.kernel.v1.DeleteRunRequest\x1a\x1c.kernel.v1.DeleteRunResponse\x12\x46\n\tPruneRuns\x12\x1b.kernel.v1.PruneRunsRequest\x1a\x1c.kernel.v1.PruneRunsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15kernel/v1/admin.proto\x12\tkernel.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16kernel/v1/common.proto\"\x15\n\x13ListReplicasRequest\"<\n\x14ListReplicasResponse\x12$\n\x08replicas\x18\x01 \x03(\x0b\x32\x12.kernel.v1.Replica\"\xd3\x01\n\x07Replica\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12.\n\nstarted_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0cheartbeat_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x61live\x18\x05 \x01(\x08\x12\x0e\n\x06shards\x18\x06 \x01(\r\x12\x17\n\x0fworker_sessions\x18\x07 \x01(\r\x12\x11\n\tanswering\x18\x08 \x01(\x08\"d\n\x0bRunDeletion\x12\x0c\n\x04runs\x18\x01 \x01(\x04\x12\x0e\n\x06\x65vents\x18\x02 \x01(\x04\x12\r\n\x05steps\x18\x03 \x01(\x04\x12\x11\n\tapprovals\x18\x04 \x01(\x04\x12\x15\n\rcache_entries\x18\x05 \x01(\x04\"\"\n\x10\x44\x65leteRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"<\n\x11\x44\x65leteRunResponse\x12\'\n\x07\x64\x65leted\x18\x01 \x01(\x0b\x32\x16.kernel.v1.RunDeletion\"&\n\x10PruneRunsRequest\x12\x12\n\nmin_age_ms\x18\x01 \x01(\x04\"<\n\x11PruneRunsResponse\x12\'\n\x07\x64\x65leted\x18\x01 \x01(\x0b\x32\x16.kernel.v1.RunDeletion\"!\n\x11\x46orgetToolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"7\n\x12\x46orgetToolResponse\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.kernel.v1.ToolSpec\"\x15\n\x13ReloadPolicyRequest\"3\n\x14ReloadPolicyResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\r\n\x05rules\x18\x02 \x01(\r\"\x12\n\x10GetStatusRequest\"\xd0\x03\n\x11GetStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12.\n\nstarted_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fworker_sessions\x18\x03 \x01(\r\x12\x14\n\x0cqueued_calls\x18\x04 \x01(\r\x12\x14\n\x0cleased_calls\x18\x05 \x01(\r\x12\x11\n\tlive_runs\x18\x06 \x01(\r\x12\x16\n\x0eresident_bytes\x18\x07 \x01(\x04\x12\x17\n\x0f\x61llocated_bytes\x18\x08 \x01(\x04\x12\x17\n\x0fin_flight_scans\x18\t \x01(\x04\x12\x18\n\x10lost_calls_found\x18\n \x01(\x04\x12/\n\x0eresource_locks\x18\x0b \x03(\x0b\x32\x17.kernel.v1.ResourceLock\x12\x12\n\ncpu_micros\x18\x0c \x01(\x04\x12\x15\n\rstore_commits\x18\r \x01(\x04\x12\x13\n\x0bstore_syncs\x18\x0e \x01(\x04\x12\x18\n\x10store_statements\x18\x0f \x01(\x04\x12\x18\n\x10\x64isk_write_bytes\x18\x10 \x01(\x04\x12\x19\n\x11log_lines_dropped\x18\x11 \x01(\x04\"\xa3\x01\n\x0cResourceLock\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08step_key\x18\x03 \x01(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12/\n\x0b\x61\x63quired_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07waiting\x18\x07 \x01(\r2\xd3\x03\n\x0c\x41\x64minService\x12O\n\x0cReloadPolicy\x12\x1e.kernel.v1.ReloadPolicyRequest\x1a\x1f.kernel.v1.ReloadPolicyResponse\x12\x46\n\tGetStatus\x12\x1b.kernel.v1.GetStatusRequest\x1a\x1c.kernel.v1.GetStatusResponse\x12I\n\nForgetTool\x12\x1c.kernel.v1.ForgetToolRequest\x1a\x1d.kernel.v1.ForgetToolResponse\x12\x46\n\tDeleteRun\x12\x1b.kernel.v1.DeleteRunRequest\x1a\x1c.kernel.v1.DeleteRunResponse\x12\x46\n\tPruneRuns\x12\x1b.kernel.v1.PruneRunsRequest\x1a\x1c.kernel.v1.PruneRunsResponse\x12O\n\x0cListReplicas\x12\x1e.kernel.v1.ListReplicasRequest\x1a\x1f.kernel.v1.ListReplicasResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kernel.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RUNDELETION']._serialized_start=93
-  _globals['_RUNDELETION']._serialized_end=193
-  _globals['_DELETERUNREQUEST']._serialized_start=195
-  _globals['_DELETERUNREQUEST']._serialized_end=229
-  _globals['_DELETERUNRESPONSE']._serialized_start=231
-  _globals['_DELETERUNRESPONSE']._serialized_end=291
-  _globals['_PRUNERUNSREQUEST']._serialized_start=293
-  _globals['_PRUNERUNSREQUEST']._serialized_end=331
-  _globals['_PRUNERUNSRESPONSE']._serialized_start=333
-  _globals['_PRUNERUNSRESPONSE']._serialized_end=393
-  _globals['_FORGETTOOLREQUEST']._serialized_start=395
-  _globals['_FORGETTOOLREQUEST']._serialized_end=428
-  _globals['_FORGETTOOLRESPONSE']._serialized_start=430
-  _globals['_FORGETTOOLRESPONSE']._serialized_end=485
-  _globals['_RELOADPOLICYREQUEST']._serialized_start=487
-  _globals['_RELOADPOLICYREQUEST']._serialized_end=508
-  _globals['_RELOADPOLICYRESPONSE']._serialized_start=510
-  _globals['_RELOADPOLICYRESPONSE']._serialized_end=561
-  _globals['_GETSTATUSREQUEST']._serialized_start=563
-  _globals['_GETSTATUSREQUEST']._serialized_end=581
-  _globals['_GETSTATUSRESPONSE']._serialized_start=584
-  _globals['_GETSTATUSRESPONSE']._serialized_end=1048
-  _globals['_RESOURCELOCK']._serialized_start=1051
-  _globals['_RESOURCELOCK']._serialized_end=1214
-  _globals['_ADMINSERVICE']._serialized_start=1217
-  _globals['_ADMINSERVICE']._serialized_end=1603
+  _globals['_LISTREPLICASREQUEST']._serialized_start=93
+  _globals['_LISTREPLICASREQUEST']._serialized_end=114
+  _globals['_LISTREPLICASRESPONSE']._serialized_start=116
+  _globals['_LISTREPLICASRESPONSE']._serialized_end=176
+  _globals['_REPLICA']._serialized_start=179
+  _globals['_REPLICA']._serialized_end=390
+  _globals['_RUNDELETION']._serialized_start=392
+  _globals['_RUNDELETION']._serialized_end=492
+  _globals['_DELETERUNREQUEST']._serialized_start=494
+  _globals['_DELETERUNREQUEST']._serialized_end=528
+  _globals['_DELETERUNRESPONSE']._serialized_start=530
+  _globals['_DELETERUNRESPONSE']._serialized_end=590
+  _globals['_PRUNERUNSREQUEST']._serialized_start=592
+  _globals['_PRUNERUNSREQUEST']._serialized_end=630
+  _globals['_PRUNERUNSRESPONSE']._serialized_start=632
+  _globals['_PRUNERUNSRESPONSE']._serialized_end=692
+  _globals['_FORGETTOOLREQUEST']._serialized_start=694
+  _globals['_FORGETTOOLREQUEST']._serialized_end=727
+  _globals['_FORGETTOOLRESPONSE']._serialized_start=729
+  _globals['_FORGETTOOLRESPONSE']._serialized_end=784
+  _globals['_RELOADPOLICYREQUEST']._serialized_start=786
+  _globals['_RELOADPOLICYREQUEST']._serialized_end=807
+  _globals['_RELOADPOLICYRESPONSE']._serialized_start=809
+  _globals['_RELOADPOLICYRESPONSE']._serialized_end=860
+  _globals['_GETSTATUSREQUEST']._serialized_start=862
+  _globals['_GETSTATUSREQUEST']._serialized_end=880
+  _globals['_GETSTATUSRESPONSE']._serialized_start=883
+  _globals['_GETSTATUSRESPONSE']._serialized_end=1347
+  _globals['_RESOURCELOCK']._serialized_start=1350
+  _globals['_RESOURCELOCK']._serialized_end=1513
+  _globals['_ADMINSERVICE']._serialized_start=1516
+  _globals['_ADMINSERVICE']._serialized_end=1983
 # @@protoc_insertion_point(module_scope)

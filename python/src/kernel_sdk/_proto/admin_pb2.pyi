@@ -10,6 +10,36 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ListReplicasRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListReplicasResponse(_message.Message):
+    __slots__ = ("replicas",)
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.RepeatedCompositeFieldContainer[Replica]
+    def __init__(self, replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ...) -> None: ...
+
+class Replica(_message.Message):
+    __slots__ = ("id", "address", "started_at", "heartbeat_at", "alive", "shards", "worker_sessions", "answering")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_AT_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    ANSWERING_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    address: str
+    started_at: _timestamp_pb2.Timestamp
+    heartbeat_at: _timestamp_pb2.Timestamp
+    alive: bool
+    shards: int
+    worker_sessions: int
+    answering: bool
+    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., alive: _Optional[bool] = ..., shards: _Optional[int] = ..., worker_sessions: _Optional[int] = ..., answering: _Optional[bool] = ...) -> None: ...
+
 class RunDeletion(_message.Message):
     __slots__ = ("runs", "events", "steps", "approvals", "cache_entries")
     RUNS_FIELD_NUMBER: _ClassVar[int]

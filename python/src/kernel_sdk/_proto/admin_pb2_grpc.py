@@ -60,6 +60,11 @@ class AdminServiceStub:
                 request_serializer=kernel_dot_v1_dot_admin__pb2.PruneRunsRequest.SerializeToString,
                 response_deserializer=kernel_dot_v1_dot_admin__pb2.PruneRunsResponse.FromString,
                 _registered_method=True)
+        self.ListReplicas = channel.unary_unary(
+                '/kernel.v1.AdminService/ListReplicas',
+                request_serializer=kernel_dot_v1_dot_admin__pb2.ListReplicasRequest.SerializeToString,
+                response_deserializer=kernel_dot_v1_dot_admin__pb2.ListReplicasResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -109,6 +114,14 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListReplicas(self, request, context):
+        """ListReplicas lists the kernel replicas that have renewed their row in the database
+        (PostgreSQL), this one first, with the shards each owns; on SQLite, this kernel alone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -136,6 +149,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.PruneRuns,
                     request_deserializer=kernel_dot_v1_dot_admin__pb2.PruneRunsRequest.FromString,
                     response_serializer=kernel_dot_v1_dot_admin__pb2.PruneRunsResponse.SerializeToString,
+            ),
+            'ListReplicas': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReplicas,
+                    request_deserializer=kernel_dot_v1_dot_admin__pb2.ListReplicasRequest.FromString,
+                    response_serializer=kernel_dot_v1_dot_admin__pb2.ListReplicasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -274,6 +292,33 @@ class AdminService:
             '/kernel.v1.AdminService/PruneRuns',
             kernel_dot_v1_dot_admin__pb2.PruneRunsRequest.SerializeToString,
             kernel_dot_v1_dot_admin__pb2.PruneRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReplicas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kernel.v1.AdminService/ListReplicas',
+            kernel_dot_v1_dot_admin__pb2.ListReplicasRequest.SerializeToString,
+            kernel_dot_v1_dot_admin__pb2.ListReplicasResponse.FromString,
             options,
             channel_credentials,
             insecure,
