@@ -1092,14 +1092,22 @@ async fn a_burst_through_a_freeze_a_kill_a_join_a_database_restart_and_a_stop_st
     for kernel in &replicas {
         wait_known(kernel, "pay").await;
     }
-    // Which replica each fault hits, from a seed printed so that a failure can be replayed.
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as usize;
+    // Which replica each fault hits, from a seed printed so that a failure can be replayed
+    // (KERNEL_TEST_SEED=N).
+    let seed = std::env::var("KERNEL_TEST_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos() as usize
+        });
     eprintln!("replicas: fault suite seed {seed}");
     let (frozen, killed) = (seed % 3, (seed / 3 + 1) % 3);
-    let stopped = (0..3).find(|r| *r != killed && *r != frozen).unwrap_or((killed + 1) % 3);
+    let stopped = (0..3)
+        .find(|r| *r != killed && *r != frozen)
+        .unwrap_or((killed + 1) % 3);
     let mut runs = Vec::new();
     for r in 0..400 {
         runs.push(replicas[r % 3].create_run(&format!("suite-{r}")).await);
