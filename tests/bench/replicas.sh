@@ -13,19 +13,21 @@
 # --for           how long each measurement runs (default 10s)
 # --runs          concurrent runs in all, split between the replicas (default 64)
 # --rounds        rounds; the replica counts take turns, reversed every other round (default 3)
+# --top N         after each measurement, print its N most frequent statements (pg_stat_statements)
 #
 # Each measurement gets a fresh database on one server started here (Debian's postgresql package,
 # its default durability: fsync on, synchronous_commit on) with pg_stat_statements loaded, fresh
 # replicas (release build) and fresh bench processes. Per measurement it records: calls/s (the sum
 # over the bench processes), the mean of their p50 and the worst p99, the replicas' CPU per call,
-# SQL statements per call (every statement pg_stat_statements counted in the kernel's database,
-# readers' and the feed's included, over the calls made) and the share of 20 ms samples of pg_locks
+# SQL statements per call (every statement pg_stat_statements counted in the kernel's database over
+# the calls made: readers' and the feed's included, and with track=all the foreign-key checks run
+# inside inserts) and the share of 20 ms samples of pg_locks
 # in which a lock in that database was waited for. The table gives, per replica count, the median
 # and the range over the rounds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-delay=0 duration=10s runs=64 rounds=3 counts="1 2 3" json=""
+delay=0 duration=10s runs=64 rounds=3 counts="1 2 3" json="" top=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --delay-ms) delay=$2; shift 2 ;;
@@ -34,6 +36,7 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --replicas) counts=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
+    --top) top=$2; shift 2 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -115,6 +118,19 @@ measure() {
   local statements
   statements=$(psql -d postgres -c "SELECT COALESCE(sum(s.calls), 0) FROM pg_stat_statements s JOIN pg_database d \
     ON d.oid = s.dbid WHERE d.datname = '$db'")
+  if [ "$top" != 0 ]; then
+    echo "replicas=$n round=$round: the $top most frequent statements, calls per call made:" >&2
+    psql -d postgres -F ' | ' -c "SELECT s.calls, left(regexp_replace(s.query, '\s+', ' ', 'g'), 140) FROM \
+      pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = '$db' ORDER BY s.calls DESC \
+      LIMIT $top" >"$dir/top"
+    python3 -c "
+import json, sys
+calls = sum(json.load(open(f'$dir/bench.{i}'))['sustained']['calls'] for i in range(1, $n + 1))
+for line in open('$dir/top'):
+    count, query = line.rstrip('\n').split(' | ', 1)
+    print(f'{int(count) / calls:8.2f}  {query}')
+" >&2
+  fi
   for pid in "${kernels[@]}" "${proxies[@]}"; do { kill -9 "$pid" && wait "$pid"; } 2>/dev/null || true; done
   python3 - "$dir" "$n" "$round" "$statements" $((cpu_after - cpu_before)) "$(getconf CLK_TCK)" >>"$dir/results" <<'PY'
 import json, sys
