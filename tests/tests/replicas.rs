@@ -330,7 +330,15 @@ async fn a_sigkilled_replica_s_calls_are_taken_over_by_another_once_its_leases_e
     let Some(pg) = Postgres::database("a_sigkilled_replica") else {
         return;
     };
-    let (mut a, b) = (replica(&pg), replica(&pg));
+    // A TTL long enough that a heartbeat late under a loaded machine does not hold the takeover
+    // back by another TTL (see the guard in kernel/src/cluster/mod.rs).
+    let ttl = Duration::from_millis(3_000);
+    let options = KernelOptions {
+        db: Some(pg.url.clone()),
+        lease_ttl_ms: ttl.as_millis() as u64,
+        ..KernelOptions::default()
+    };
+    let (mut a, b) = (Kernel::start_with(options.clone()), Kernel::start_with(options));
     let _on_a = a.fault_worker_on(&a, "worker-on-a", &[]);
     wait_known(&b, "sleepy").await;
     let run = b.create_run("survivor").await;
@@ -345,8 +353,9 @@ async fn a_sigkilled_replica_s_calls_are_taken_over_by_another_once_its_leases_e
     .await;
 
     // Replica A dies holding both leases; a worker on B offers the tools.
-    a.kill9();
     let _on_b = a.fault_worker_on(&b, "worker-on-b", &[]);
+    let killed_at = std::time::SystemTime::now();
+    a.kill9();
     let outcome = tokio::time::timeout(WAIT, turn).await.expect("the turn ends").unwrap();
     let by_tool: HashMap<&str, &pb::CallResult> = outcome.results.iter().map(|r| (r.tool.as_str(), r)).collect();
     assert_eq!(
@@ -371,6 +380,18 @@ async fn a_sigkilled_replica_s_calls_are_taken_over_by_another_once_its_leases_e
     );
     let events = b.events(&run).await;
     check_log(&events, true);
+    // The safe call started again on B's worker within the TTL and a second.
+    let restarted = events
+        .iter()
+        .filter(|e| e.r#type == "tool:start" && payload(e)["attempt"] == 2)
+        .find_map(|e| e.at.as_ref())
+        .expect("a second attempt started");
+    let restarted = std::time::UNIX_EPOCH
+        + Duration::from_secs(restarted.seconds as u64)
+        + Duration::from_nanos(u64::try_from(restarted.nanos).unwrap_or(0));
+    let took = restarted.duration_since(killed_at).unwrap_or_default();
+    eprintln!("replicas: a SIGKILLed replica's call started again elsewhere {took:?} after the kill");
+    assert!(took <= ttl + Duration::from_secs(1), "{took:?} (lease TTL {ttl:?})");
     let lost: Vec<_> = events
         .iter()
         .filter(|e| e.r#type == "tool:lease_lost")
