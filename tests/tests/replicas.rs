@@ -1175,3 +1175,54 @@ async fn a_burst_through_a_freeze_a_kill_a_join_a_database_restart_and_a_stop_st
         worker.abort();
     }
 }
+
+#[tokio::test]
+async fn a_replica_drops_from_its_queue_the_calls_another_replica_s_new_worker_runs() {
+    let Some(pg) = Postgres::database("a_replica_drops_from_its_queue") else {
+        return;
+    };
+    // Queued calls time out late: their timeout does not empty the queue within the test.
+    let options = KernelOptions {
+        db: Some(pg.url.clone()),
+        schedule_to_start_timeout_ms: 120_000,
+        ..KernelOptions::default()
+    };
+    let (a, b) = (Kernel::start_with(options.clone()), Kernel::start_with(options));
+    let mut gone = b.fault_worker_on(&b, "gone", &[]);
+    gone.kill9();
+    wait_known(&a, "sleepy").await;
+    e2e::eventually("no worker left", || async {
+        let (on_a, on_b) = (a.status().await.worker_sessions, b.status().await.worker_sessions);
+        if on_a + on_b == 0 { Ok(()) } else { Err((on_a, on_b)) }
+    })
+    .await;
+    // Through A while no replica offers the tool: A queues them.
+    let run = a.create_run("queued-then-theirs").await;
+    let calls = (0..5).map(|_| call("sleepy", json!({"hold_ms": 10}))).collect();
+    let turn = tokio::spawn(turn(a.url(), run, calls));
+    e2e::eventually("A to queue the calls", || async {
+        let status = a.status().await;
+        if status.queued_calls >= 5 {
+            Ok(())
+        } else {
+            Err(status.queued_calls)
+        }
+    })
+    .await;
+    // A worker joins B, which claims and runs them; A's queue lets go of them.
+    let _fresh = b.fault_worker_on(&b, "fresh", &[]);
+    let outcome = tokio::time::timeout(WAIT, turn).await.expect("the turn ends").unwrap();
+    assert!(
+        outcome.results.iter().all(|r| r.status == pb::CallStatus::Ok as i32),
+        "{outcome:?}"
+    );
+    e2e::eventually("A's queue to let go of B's calls", || async {
+        let status = a.status().await;
+        if status.queued_calls == 0 {
+            Ok(())
+        } else {
+            Err(status.queued_calls)
+        }
+    })
+    .await;
+}

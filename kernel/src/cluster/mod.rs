@@ -106,8 +106,8 @@ struct Me {
     address: String,
 }
 
-/// Renews this replica's row every heartbeat, tells the scheduler what the others offer, and
-/// takes over the leases of replicas that stopped renewing theirs.
+/// Renews this replica's row every heartbeat, tells the scheduler what the others offer, takes
+/// over the leases of replicas that stopped renewing theirs, and moves shards.
 pub async fn heartbeat(
     store: Store,
     (scheduler, registry): (Scheduler, Registry),
@@ -133,26 +133,7 @@ pub async fn heartbeat(
         match beat(&store, &scheduler, &me).await {
             Ok(rows) => {
                 let may_judge = guard.landed(tokio::time::Instant::now());
-                let (live, dead): (Vec<ReplicaRow>, Vec<ReplicaRow>) = rows
-                    .into_iter()
-                    .filter(|row| row.id != store.replica())
-                    .partition(|row| alive(row, now, config.lease_ttl));
-                let offers: Vec<(String, Offers)> = live
-                    .iter()
-                    .map(|row| (row.id.clone(), serde_json::from_str(&row.offers).unwrap_or_default()))
-                    .collect();
-                registry.offered_elsewhere(offers.iter().flat_map(|(_, o)| o.tools.keys().cloned()).collect());
-                scheduler.remote_offers(offers);
-                if may_judge {
-                    for row in dead {
-                        take_over(&store, row).await;
-                    }
-                }
-                let alive = live
-                    .iter()
-                    .map(|row| row.id.clone())
-                    .chain([store.replica().to_owned()])
-                    .collect();
+                let alive = judge(&store, (&scheduler, &registry), rows, (now, may_judge)).await;
                 rebalance(&store, &owned, &alive, may_judge).await;
             }
             Err(error) => {
@@ -162,6 +143,36 @@ pub async fn heartbeat(
             }
         }
     }
+}
+
+/// Tells the scheduler and the registry what the live replicas offer and, when this replica may
+/// judge, takes over the dead ones; returns the replicas alive at `now`, this one among them.
+async fn judge(
+    store: &Store,
+    (scheduler, registry): (&Scheduler, &Registry),
+    rows: Vec<ReplicaRow>,
+    (now, may_judge): (Millis, bool),
+) -> BTreeSet<String> {
+    let ttl = scheduler.config().lease_ttl;
+    let (live, dead): (Vec<ReplicaRow>, Vec<ReplicaRow>) = rows
+        .into_iter()
+        .filter(|row| row.id != store.replica())
+        .partition(|row| alive(row, now, ttl));
+    let offers: Vec<(String, Offers)> = live
+        .iter()
+        .map(|row| (row.id.clone(), serde_json::from_str(&row.offers).unwrap_or_default()))
+        .collect();
+    registry.offered_elsewhere(offers.iter().flat_map(|(_, o)| o.tools.keys().cloned()).collect());
+    scheduler.remote_offers(offers);
+    if may_judge {
+        for row in dead {
+            take_over(store, row).await;
+        }
+    }
+    live.into_iter()
+        .map(|row| row.id)
+        .chain([store.replica().to_owned()])
+        .collect()
 }
 
 /// Takes the shards that should be this replica's and are free (or, when it may judge, whose
