@@ -88,8 +88,8 @@ pub struct Config {
 
     /// Milliseconds a statement on PostgreSQL may run before the server cancels it (replicas
     /// only). The other bounds on the database follow the lease TTL: a session idle inside a
-    /// transaction for a TTL is ended, a lock is waited for at most two TTLs, and a connection
-    /// silent for a TTL is dead.
+    /// transaction for a TTL (at most 2 s) is ended, a lock is waited for at most two TTLs, and a
+    /// connection silent for a TTL is dead.
     #[arg(long, env = "KERNEL_POSTGRES_STATEMENT_TIMEOUT_MS", default_value_t = 60_000)]
     pub postgres_statement_timeout_ms: u64,
 

@@ -315,6 +315,7 @@ pub async fn run(
             hub: hub.clone(),
             scheduler: scheduler.clone(),
             registry: registry.clone(),
+            behind: Default::default(),
         };
         let target = crate::store::postgres::Target::new(url, config.postgres_bounds())?;
         lifecycle.spawn("cluster feed", feed.run(target, shutdown.clone()));

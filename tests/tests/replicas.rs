@@ -1159,6 +1159,40 @@ async fn a_burst_through_a_freeze_a_kill_a_join_a_database_restart_and_a_stop_st
         "replica {stopped} stops"
     );
 
+    // A turn still open a minute after the last fault is stranded: say where its calls are.
+    let client = pg.client().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while turns.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if turns.iter().any(|t| !t.is_finished()) {
+        let open = client
+            .query(
+                "SELECT run_id, step_key, tool, status, coalesce(replica, '-'), attempts, coalesce(claimed_until, 0) \
+                 FROM steps WHERE status NOT IN ('succeeded', 'failed', 'cancelled') ORDER BY run_id, step_key",
+                &[],
+            )
+            .await
+            .unwrap();
+        for row in &open {
+            eprintln!(
+                "open step: {} {} {} {} replica={} attempts={} claimed_until={}",
+                row.get::<_, String>(0),
+                row.get::<_, String>(1),
+                row.get::<_, String>(2),
+                row.get::<_, String>(3),
+                row.get::<_, String>(4),
+                row.get::<_, i64>(5),
+                row.get::<_, i64>(6)
+            );
+        }
+        let ids: Vec<String> = replicas.iter().map(replica_id).collect();
+        panic!(
+            "turns stranded after every fault ({} open steps); replicas {ids:?}, joined {}",
+            open.len(),
+            replica_id(&joined)
+        );
+    }
     let mut outcomes = Vec::new();
     for turn in turns {
         outcomes.push(turn.await.expect("an agent task"));

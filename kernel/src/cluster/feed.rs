@@ -4,6 +4,8 @@
 //! drops, the feed reconnects with backoff and then catches up from the store: every run someone
 //! here listens to is read from the last event its channel carried, and waiting calls are claimed.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -29,7 +31,14 @@ pub struct Feed {
     pub hub: Hub,
     pub scheduler: Scheduler,
     pub registry: Registry,
+    /// Runs whose committed events could not be read (the database went away meanwhile), each
+    /// with the first event not yet published: read again until they are, and meanwhile no later
+    /// event of the run is published ahead of them.
+    pub behind: Arc<Mutex<BTreeMap<RunId, u64>>>,
 }
+
+/// How often runs left behind are read again.
+const RETRY_BEHIND: Duration = Duration::from_millis(250);
 
 /// The channel live progress of running calls goes out on: ephemeral, as on one kernel, so it is
 /// never logged, and an update that does not fit a notification goes without its data.
@@ -75,6 +84,10 @@ impl Feed {
                         let payload = tokio::select! {
                             _ = shutdown.cancelled() => return,
                             payload = notices.recv() => payload,
+                            _ = tokio::time::sleep(RETRY_BEHIND), if self.is_behind() => {
+                                self.retry_behind().await;
+                                continue;
+                            }
                         };
                         let Some((channel, payload)) = payload else { break };
                         if channel == PROGRESS {
@@ -130,11 +143,43 @@ impl Feed {
     }
 
     /// Reads `count` events of `run` from `from` on, with the steps they changed, and publishes
-    /// them to this replica's subscribers.
+    /// them to this replica's subscribers. A run already behind waits for its retry, which reads
+    /// everything from its first event not published; one whose read fails falls behind.
     async fn publish(&self, run: &RunId, from: u64, count: u32) {
-        match read_published(&self.store, run.clone(), from, count).await {
-            Ok(published) => self.hub.publish_remote(published),
-            Err(error) => warn!(run_id = %run, %error, "cannot read events another replica committed"),
+        if let Some(first) = self.behind.lock().expect("feed poisoned").get_mut(run) {
+            *first = (*first).min(from);
+            return;
+        }
+        if let Err(error) = self.read_and_publish(run, from, count).await {
+            warn!(run_id = %run, %error, "cannot read events another replica committed; reading again");
+            self.behind.lock().expect("feed poisoned").insert(run.clone(), from);
+        }
+    }
+
+    async fn read_and_publish(&self, run: &RunId, from: u64, count: u32) -> Result<(), KernelError> {
+        let published = read_published(&self.store, run.clone(), from, count).await?;
+        self.hub.publish_remote(published);
+        Ok(())
+    }
+
+    fn is_behind(&self) -> bool {
+        !self.behind.lock().expect("feed poisoned").is_empty()
+    }
+
+    /// Reads again the runs left behind that someone here still listens to.
+    async fn retry_behind(&self) {
+        let behind = std::mem::take(&mut *self.behind.lock().expect("feed poisoned"));
+        for (run, from) in behind {
+            if !self.hub.listens(&run) {
+                continue;
+            }
+            if self.read_and_publish(&run, from, MAX_EVENTS).await.is_err() {
+                let mut behind = self.behind.lock().expect("feed poisoned");
+                let first = behind.entry(run).or_insert(from);
+                *first = (*first).min(from);
+            } else {
+                info!(run_id = %run, "caught up with events another replica committed");
+            }
         }
     }
 

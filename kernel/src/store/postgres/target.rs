@@ -12,6 +12,9 @@ use tokio_postgres::Config;
 
 use crate::error::KernelError;
 
+/// The longest a session may sit idle inside a transaction, whatever the lease TTL.
+const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(2);
+
 /// The bounds on one connection's waits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Bounds {
@@ -28,13 +31,14 @@ pub struct Bounds {
 }
 
 impl Bounds {
-    /// The bounds for replicas whose leases last `lease_ttl`: a session idle inside a
-    /// transaction for a TTL is ended, so the locks a frozen replica holds go with its leases; a
-    /// lock is waited for two TTLs, long enough for a frozen holder to be ended first.
+    /// The bounds for replicas whose leases last `lease_ttl`. A session idle inside a transaction
+    /// for a TTL, and never more than [`IDLE_IN_TRANSACTION`], is ended: the writer's transactions
+    /// last milliseconds, and the locks a frozen replica holds hold up every other replica. A lock
+    /// is waited for two TTLs, long enough for a frozen holder to be ended first.
     pub fn for_lease_ttl(lease_ttl: Duration, statement: Duration) -> Bounds {
         let ttl = lease_ttl.max(Duration::from_secs(1));
         Bounds {
-            idle_in_transaction: ttl,
+            idle_in_transaction: ttl.min(IDLE_IN_TRANSACTION),
             lock: ttl * 2,
             statement,
             silence: ttl,
@@ -181,6 +185,14 @@ mod tests {
             migrate.get_options(),
             Some("-c idle_in_transaction_session_timeout=1500 -c work_mem=8MB")
         );
+    }
+
+    #[test]
+    fn a_session_idle_inside_a_transaction_is_ended_within_two_seconds_whatever_the_ttl() {
+        let bounds = Bounds::default();
+        assert_eq!(bounds.idle_in_transaction, Duration::from_secs(2));
+        assert_eq!(bounds.lock, Duration::from_secs(20));
+        assert_eq!(bounds.silence, Duration::from_secs(10));
     }
 
     #[test]
