@@ -1562,8 +1562,8 @@ impl Actor {
             let until = Instant::now() + UNSURE_FOR;
             let mut backoff = Duration::from_millis(100);
             let step = loop {
-                match store.reads.steps(run.clone()).await {
-                    Ok(steps) => break steps.into_iter().find(|s| s.key == key),
+                match store.reads.steps_at(run.clone(), vec![key.clone()]).await {
+                    Ok(steps) => break steps.into_iter().next(),
                     Err(error) if Instant::now() < until => {
                         debug!(%error, "store unreachable; asking again whether a start committed");
                         tokio::time::sleep(backoff).await;

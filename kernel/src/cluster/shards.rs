@@ -133,11 +133,6 @@ impl ShardMap {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// Forgets every shard (this replica gave them all back).
-    pub fn clear(&self) {
-        self.0.lock().expect("shard map poisoned").clear();
-    }
 }
 
 #[cfg(test)]

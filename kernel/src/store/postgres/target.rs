@@ -100,10 +100,6 @@ impl Target {
         Target::new(url, Bounds::default())
     }
 
-    pub fn bounds(&self) -> &Bounds {
-        &self.bounds
-    }
-
     /// The driver's configuration for a connection of `role`, named after `replica`. Options the
     /// URL sets itself come after the kernel's, so they win.
     pub fn config(&self, role: Role, replica: &str) -> Config {
