@@ -15,6 +15,8 @@ const FILES: &[&str] = &[
     "kernel/v1/hosted.proto",
 ];
 
+const LINK: &str = "kernel/replica/v1/link.proto";
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for file in FILES {
         println!("cargo:rerun-if-changed={file}");
@@ -28,5 +30,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .compile_fds(descriptors)?;
+    // The replicas' own link is not part of the public protocol: no reflection, no reference page.
+    println!("cargo:rerun-if-changed={LINK}");
+    let link = protox::compile([LINK], ["."])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(link)?;
     Ok(())
 }

@@ -833,6 +833,13 @@ pub fn status_text(status: &StatusView) -> String {
             ("disk written", bytes(status.disk_write_bytes)),
             ("logs dropped", format!("{} lines", status.log_lines_dropped)),
             (
+                "writes forwarded",
+                format!(
+                    "{} sent to owners ({} applied for others)",
+                    status.writes_forwarded, status.writes_applied_for_others
+                ),
+            ),
+            (
                 "in-flight scans",
                 format!(
                     "{} ({} lost calls found)",
@@ -1239,6 +1246,8 @@ mod tests {
             store_statements: 120,
             disk_write_bytes: 8_388_608,
             log_lines_dropped: 0,
+            writes_forwarded: 0,
+            writes_applied_for_others: 0,
             resource_locks: vec![pb::ResourceLock {
                 resource: "repo:acme/api".into(),
                 run_id: "r1".into(),

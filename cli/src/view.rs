@@ -582,6 +582,10 @@ pub struct StatusView {
     pub disk_write_bytes: Option<u64>,
     /// Log lines the kernel could not write (its standard error closed).
     pub log_lines_dropped: u64,
+    /// Writes of runs this replica sent to the replica owning the run's shard.
+    pub writes_forwarded: u64,
+    /// Writes of runs in this replica's shards that another replica sent here.
+    pub writes_applied_for_others: u64,
     /// Locks running calls hold on resource instances.
     pub resource_locks: Vec<ResourceLockView>,
 }
@@ -617,6 +621,8 @@ impl From<pb::GetStatusResponse> for StatusView {
             store_statements: status.store_statements,
             disk_write_bytes: (status.disk_write_bytes > 0).then_some(status.disk_write_bytes),
             log_lines_dropped: status.log_lines_dropped,
+            writes_forwarded: status.writes_forwarded,
+            writes_applied_for_others: status.writes_applied_for_others,
             resource_locks: status
                 .resource_locks
                 .into_iter()

@@ -3,7 +3,7 @@
 use tonic::{Code, Status};
 
 /// Everything a kernel operation can refuse or fail with.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum KernelError {
     /// A request field is missing or malformed; nothing was written.
     #[error("{field}: {message}")]

@@ -51,6 +51,7 @@ pub mod store;
 pub mod tls;
 pub mod traces;
 pub mod validation;
+pub mod wire;
 
 pub use config::{Config, KernelCommand};
 pub use error::KernelError;

@@ -49,6 +49,9 @@ pub struct Metrics {
     pub runs: Family<StatusLabels, Gauge>,
     pub approvals_waiting: Gauge,
     pub shards_owned: Gauge,
+    /// Writes sent to the replica owning their run's shard, and writes applied for another replica.
+    pub forwarded: Counter,
+    pub applied_for_others: Counter,
     /// Writer transactions committed, for `GetStatus` (Prometheus reads the count of
     /// `store_commit_seconds`).
     commits: std::sync::atomic::AtomicU64,
@@ -153,6 +156,18 @@ impl Metrics {
             "Shards of runs this replica owns (replicas on PostgreSQL; 0 on SQLite)",
             shards_owned.clone(),
         );
+        let forwarded = Counter::default();
+        registry.register(
+            "writes_forwarded",
+            "Writes of runs sent to the replica that owns the run's shard (replicas on PostgreSQL)",
+            forwarded.clone(),
+        );
+        let applied_for_others = Counter::default();
+        registry.register(
+            "writes_applied_for_others",
+            "Writes of runs this replica's shards hold that another replica received and sent here",
+            applied_for_others.clone(),
+        );
         registry.register(
             "log_lines_dropped",
             "Log lines that could not be written (standard error closed or full); the kernel goes on without them",
@@ -173,6 +188,8 @@ impl Metrics {
             runs,
             approvals_waiting,
             shards_owned,
+            forwarded,
+            applied_for_others,
             commits: std::sync::atomic::AtomicU64::new(0),
             syncs: std::sync::atomic::AtomicU64::new(0),
             statements: std::sync::atomic::AtomicU64::new(0),
@@ -200,6 +217,8 @@ impl Metrics {
             runs,
             approvals_waiting: _,
             shards_owned: _,
+            forwarded: _,
+            applied_for_others: _,
             commits: _,
             syncs: _,
             statements: _,

@@ -23,15 +23,9 @@ impl RunId {
         RunId(uuid::Uuid::now_v7().hyphenated().to_string())
     }
 
-    /// A fresh id in `shard` ([`crate::cluster::shards::shard_of`]): drawn again until it lands
-    /// there, about as many draws as there are shards.
+    /// A fresh id in `shard` ([`crate::cluster::shards::shard_of`]).
     pub fn new_in_shard(shard: u32) -> Self {
-        loop {
-            let id = RunId::new();
-            if crate::cluster::shards::shard_of(&id) == shard {
-                return id;
-            }
-        }
+        RunId(crate::cluster::shards::new_id_in_shard(shard))
     }
 
     /// Parses an id given by a client; `field` names the request field in the error.
@@ -73,6 +67,17 @@ macro_rules! text_id {
             /// A fresh id.
             pub fn new() -> Self {
                 $name(uuid::Uuid::now_v7().hyphenated().to_string())
+            }
+
+            /// A fresh id made in its run's shard, so a write naming only this id goes to the
+            /// replica that owns the run ([`crate::cluster::shards::shard_of_text`]).
+            pub fn in_shard_of(run: &RunId) -> Self {
+                $name(crate::cluster::shards::new_id_in_shard(crate::cluster::shards::shard_of(run)))
+            }
+
+            /// The shard of the run this id was made for.
+            pub fn shard(&self) -> u32 {
+                crate::cluster::shards::shard_of_text(&self.0)
             }
 
             /// Reads an id a client names; `field` names the request field in the error. Only an
@@ -643,7 +648,7 @@ impl ToolOptions {
 }
 
 /// A registered tool: what a worker announced, checked by the kernel.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ToolDef {
     /// `[a-zA-Z0-9_-]{1,64}`.
     pub name: String,
@@ -708,7 +713,7 @@ pub fn cut(text: &str, max: usize) -> &str {
 }
 
 /// A run as the store holds it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RunRecord {
     pub id: RunId,
     pub agent: String,
@@ -748,6 +753,7 @@ pub struct RunRecord {
     pub allow: Vec<String>,
     /// The W3C trace context the run's span is a child of: the agent's `traceparent`, or for a
     /// subagent its parent run's span.
+    #[serde(with = "crate::wire::traceparent")]
     pub trace: Option<crate::traces::TraceParent>,
     pub tool_calls: u32,
     pub last_seq: u64,
@@ -785,7 +791,7 @@ impl Fork {
 }
 
 /// A lock a running call holds on a resource instance.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ResourceLock {
     pub resource: String,
     pub run_id: String,
@@ -796,7 +802,7 @@ pub struct ResourceLock {
 }
 
 /// A tool call as the store holds it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StepRecord {
     pub run_id: RunId,
     pub key: StepKey,
@@ -865,6 +871,7 @@ pub struct StepRecord {
     pub from_run: Option<RunId>,
     /// Its run's trace context, copied when the step was recorded, so a dispatch and its spans
     /// need no read of the run.
+    #[serde(with = "crate::wire::traceparent")]
     pub trace: Option<crate::traces::TraceParent>,
 }
 
@@ -918,7 +925,7 @@ text_enum!(
 );
 
 /// A question put to a person about one call.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ApprovalRecord {
     pub id: ApprovalId,
     pub run_id: RunId,

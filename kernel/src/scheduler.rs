@@ -1363,11 +1363,12 @@ impl Actor {
         let start = StartDispatch {
             run_id: run_id.clone(),
             key: key.clone(),
-            dispatch_id: DispatchId::new(),
+            dispatch_id: DispatchId::in_shard_of(run_id),
             attempt,
             worker: session.name.clone(),
             session_id: session_id.clone(),
             lease_expires_at: self.store.clock().now_millis() + self.config.lease_ttl.as_millis() as Millis,
+            replica: Some(self.store.replica().to_owned()),
         };
         for lock in locks {
             self.locked.insert(lock, start.dispatch_id.clone());

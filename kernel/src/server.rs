@@ -300,13 +300,20 @@ pub async fn run(
         scheduler.enqueue(step);
     }
 
+    let mut link = None;
     if let Database::Postgres(url) = &config.db {
+        let owned = crate::cluster::shards::ShardMap::default();
+        // A write waits for its shard's owner at most as long as a dead owner's shards take to move.
+        let wait = scheduler.config().lease_ttl * 2;
+        let links = crate::cluster::link::Links::new(store.clone(), owned.clone(), wait, link_tls(&config)?).await?;
+        store.set_router(Arc::new(links.clone()));
+        link = Some(links.clone());
         lifecycle.spawn(
             "cluster heartbeat",
             crate::cluster::heartbeat(
                 store.clone(),
                 (scheduler.clone(), registry.clone()),
-                advertised.clone(),
+                (advertised.clone(), owned, links),
                 shutdown.clone(),
             ),
         );
@@ -411,7 +418,12 @@ pub async fn run(
         scheduler: kernel.scheduler.clone(),
         health: health_reporter,
     };
+    let link = link.map(|links| {
+        kernel_proto::replica::link_service_server::LinkServiceServer::new(crate::cluster::link::LinkApi(links))
+            .max_decoding_message_size(usize::MAX)
+    });
     let router = server
+        .add_optional_service(link)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -480,6 +492,24 @@ pub async fn run(
             Ok(())
         }
     }
+}
+
+/// How this replica dials the others' links: as they serve, with TLS when it does (trusting its
+/// own certificate, and showing it where the replicas ask for client certificates), plaintext
+/// otherwise.
+fn link_tls(config: &Config) -> Result<Option<tonic::transport::ClientTlsConfig>, KernelError> {
+    let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) else {
+        return Ok(None);
+    };
+    let read = |path: &std::path::PathBuf| {
+        std::fs::read(path).map_err(|e| KernelError::invalid("--tls-cert", format!("{}: {e}", path.display())))
+    };
+    let (cert, key) = (read(cert)?, read(key)?);
+    Ok(Some(
+        tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&cert))
+            .identity(tonic::transport::Identity::from_pem(cert, key)),
+    ))
 }
 
 /// Refuses an MCP listener the kernel cannot serve safely: beside TLS on gRPC (its bridge speaks

@@ -15,6 +15,13 @@ pub mod v1 {
     tonic::include_proto!("kernel.v1");
 }
 
+/// Generated messages, client and server of package `kernel.replica.v1`: the link between
+/// replicas, which clients never use.
+#[allow(clippy::all, missing_docs)]
+pub mod replica {
+    tonic::include_proto!("kernel.replica.v1");
+}
+
 /// Encoded `FileDescriptorSet` of the protocol, with its comments (source info), for gRPC server
 /// reflection and the generated page `docs/reference/grpc-api.md`.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kernel_v1_descriptor.bin"));

@@ -177,6 +177,38 @@ async fn three_replicas_run_a_call_submitted_on_one_on_a_worker_of_another_and_a
     wait_no_leases(&b).await;
     let slow_step = &steps(&b, &slow).await[0];
     assert_eq!(slow_step.status, pb::StepStatus::Cancelled as i32, "{slow_step:?}");
+
+    // Each write went to the replica owning its run's shard: A made its runs in its own shards,
+    // and C's turns and cancel, and B's worker's starts and results, were sent there.
+    let (at_a, at_b, at_c) = (a.status().await, b.status().await, c.status().await);
+    assert!(
+        at_a.writes_applied_for_others > 0 && at_b.writes_forwarded > 0 && at_c.writes_forwarded > 0,
+        "A applied {} for others, B forwarded {}, C forwarded {}",
+        at_a.writes_applied_for_others,
+        at_b.writes_forwarded,
+        at_c.writes_forwarded
+    );
+    // The link replicas write through refuses whoever does not show the cluster's key.
+    let mut link = kernel_proto::replica::link_service_client::LinkServiceClient::connect(a.url())
+        .await
+        .unwrap();
+    let refused = link
+        .forward(kernel_proto::replica::ForwardRequest {
+            command: br#"{"DeleteRun":"0193a4b2-0000-7000-8000-000000000000"}"#.to_vec(),
+            from_replica: "intruder".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    // A lease is held by the replica whose worker runs the call, not the owner that recorded it:
+    // it is that replica's heartbeat that dates it.
+    let client = pg.client().await;
+    let holder: Option<String> = client
+        .query_one("SELECT replica FROM steps WHERE run_id = $1", &[&slow])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(holder.as_deref(), Some(replica_id(&b).as_str()));
 }
 
 #[tokio::test]
@@ -411,6 +443,51 @@ async fn a_sigkilled_replica_s_calls_are_taken_over_by_another_once_its_leases_e
         .filter(|l| l.what == "start" && l.tool == "charge")
         .count();
     assert_eq!(starts, 1, "the at_most_once call ran once");
+}
+
+#[tokio::test]
+async fn a_lease_held_by_a_replica_that_left_without_handing_it_back_is_taken_over() {
+    let Some(pg) = Postgres::database("a_lease_left_behind") else {
+        return;
+    };
+    let a = replica(&pg);
+    let _worker = a.fault_worker_on(&a, "worker-on-a", &[]);
+    wait_known(&a, "sleepy").await;
+    let run = a.create_run("left-behind").await;
+    let turn = tokio::spawn(turn(
+        a.url(),
+        run.clone(),
+        vec![call("sleepy", json!({"hold_ms": 4_000}))],
+    ));
+    wait_ledger(&a, "the call started", |l| l.iter().any(|l| l.what == "start")).await;
+    // As if the lease were held by a replica that removed its row without handing it back (a
+    // start it asked another replica for committed after it looked), its lease run out.
+    let client = pg.client().await;
+    let moved = client
+        .execute(
+            "UPDATE steps SET replica = 'a-replica-that-left', lease_expires_at = 0 WHERE run_id = $1",
+            &[&run],
+        )
+        .await
+        .unwrap();
+    assert_eq!(moved, 1);
+    let outcome = tokio::time::timeout(WAIT, turn).await.expect("the turn ends").unwrap();
+    assert_eq!(outcome.results[0].status, pb::CallStatus::Ok as i32, "{outcome:?}");
+    let lost: Vec<_> = a
+        .events(&run)
+        .await
+        .iter()
+        .filter(|e| e.r#type == "tool:lease_lost")
+        .map(payload)
+        .collect();
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert!(
+        lost[0]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("left without handing it back"),
+        "{lost:?}"
+    );
 }
 
 #[tokio::test]
@@ -911,6 +988,8 @@ async fn calls_waiting_when_a_worker_joins_are_claimed_at_once_though_the_replic
         ..KernelOptions::default()
     };
     let (a, b) = (Kernel::start_with(options.clone()), Kernel::start_with(options));
+    // A run's calls are queued by the replica owning its shard: B's run is made in one of B's.
+    wait_shards(&pg.client().await, &[&replica_id(&a), &replica_id(&b)], 60).await;
     // B's queue fills with calls of a tool whose worker has gone.
     let mut gone = b.fault_worker_on(&b, "gone", &[]);
     gone.kill9();

@@ -9,6 +9,7 @@
 //! the new events, their schedulers claim calls their sessions offer, their registries reload.
 
 pub mod feed;
+pub mod link;
 pub mod shards;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -111,7 +112,7 @@ struct Me {
 pub async fn heartbeat(
     store: Store,
     (scheduler, registry): (Scheduler, Registry),
-    address: String,
+    (address, owned, links): (String, ShardMap, link::Links),
     shutdown: CancellationToken,
 ) {
     let config = scheduler.config().clone();
@@ -122,7 +123,6 @@ pub async fn heartbeat(
     let mut tick = tokio::time::interval(config.heartbeat_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut guard = Guard::new(config.lease_ttl);
-    let owned = ShardMap::default();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -133,8 +133,18 @@ pub async fn heartbeat(
         match beat(&store, &scheduler, &me).await {
             Ok(rows) => {
                 let may_judge = guard.landed(tokio::time::Instant::now());
-                let alive = judge(&store, (&scheduler, &registry), rows, (now, may_judge)).await;
-                rebalance(&store, &owned, &alive, may_judge).await;
+                let (alive, dead) = judge(&store, (&scheduler, &registry), rows.clone(), now);
+                // The dead replicas' shards first: the loss of each lease they held is written
+                // by the owner of its run's shard, which may be this replica once they moved.
+                if let Some(shards) = rebalance(&store, &owned, &alive, may_judge).await {
+                    links.learn(&shards, &rows);
+                }
+                if may_judge {
+                    for row in dead {
+                        take_over(&store, row).await;
+                    }
+                    take_over_orphans(&store, now).await;
+                }
             }
             Err(error) => {
                 if guard.failed() {
@@ -145,14 +155,14 @@ pub async fn heartbeat(
     }
 }
 
-/// Tells the scheduler and the registry what the live replicas offer and, when this replica may
-/// judge, takes over the dead ones; returns the replicas alive at `now`, this one among them.
-async fn judge(
+/// Tells the scheduler and the registry what the live replicas offer; returns the replicas alive
+/// at `now` (this one among them) and the others, dead.
+fn judge(
     store: &Store,
     (scheduler, registry): (&Scheduler, &Registry),
     rows: Vec<ReplicaRow>,
-    (now, may_judge): (Millis, bool),
-) -> BTreeSet<String> {
+    now: Millis,
+) -> (BTreeSet<String>, Vec<ReplicaRow>) {
     let ttl = scheduler.config().lease_ttl;
     let (live, dead): (Vec<ReplicaRow>, Vec<ReplicaRow>) = rows
         .into_iter()
@@ -164,28 +174,30 @@ async fn judge(
         .collect();
     registry.offered_elsewhere(offers.iter().flat_map(|(_, o)| o.tools.keys().cloned()).collect());
     scheduler.remote_offers(offers);
-    if may_judge {
-        for row in dead {
-            take_over(store, row).await;
-        }
-    }
-    live.into_iter()
+    let alive = live
+        .into_iter()
         .map(|row| row.id)
         .chain([store.replica().to_owned()])
-        .collect()
+        .collect();
+    (alive, dead)
 }
 
 /// Takes the shards that should be this replica's and are free (or, when it may judge, whose
 /// owner is dead), gives back those that should be another live replica's, and learns from the
 /// table what it owns now: a shard whose epoch moved on without this replica giving it back was
-/// taken while it was silent.
-async fn rebalance(store: &Store, owned: &ShardMap, alive: &BTreeSet<String>, may_judge: bool) {
+/// taken while it was silent. The shards' rows as they stand after.
+async fn rebalance(
+    store: &Store,
+    owned: &ShardMap,
+    alive: &BTreeSet<String>,
+    may_judge: bool,
+) -> Option<Vec<shards::ShardRow>> {
     let me = store.replica();
     let mut rows = match store.reads.shards().await {
         Ok(rows) => rows,
         Err(error) => {
             warn!(%error, "cannot read the shards");
-            return;
+            return None;
         }
     };
     let moves = shards::moves(&rows, me, alive, may_judge);
@@ -193,13 +205,13 @@ async fn rebalance(store: &Store, owned: &ShardMap, alive: &BTreeSet<String>, ma
     if !moves.is_empty() {
         if let Err(error) = store.move_shards(moves, false).await {
             warn!(%error, "cannot move shards");
-            return;
+            return None;
         }
         rows = match store.reads.shards().await {
             Ok(rows) => rows,
             Err(error) => {
                 warn!(%error, "cannot read the shards");
-                return;
+                return None;
             }
         };
     }
@@ -225,6 +237,7 @@ async fn rebalance(store: &Store, owned: &ShardMap, alive: &BTreeSet<String>, ma
         );
     }
     crate::metrics::get().shards_owned.set(owned.len() as i64);
+    Some(rows)
 }
 
 /// When this replica may judge the others. A row goes stale when its replica stopped, but also
@@ -305,10 +318,38 @@ async fn take_over(store: &Store, row: ReplicaRow) {
     }
 }
 
+/// Records the loss of the leases held by replicas that have no row: a replica that removed its
+/// row left them (a start it asked another replica for committed after it looked), and no replica
+/// would judge it dead.
+async fn take_over_orphans(store: &Store, now: Millis) {
+    let held = match store.reads.orphaned_leases(now).await {
+        Ok(held) => held,
+        Err(error) => {
+            warn!(%error, "cannot read the leases of replicas that left");
+            return;
+        }
+    };
+    if held.is_empty() {
+        return;
+    }
+    match lose(store, held, "its kernel replica left without handing it back").await {
+        Ok((requeued, indeterminate)) => warn!(
+            requeued = requeued.len(),
+            indeterminate, "took over the leases of replicas that left without handing them back"
+        ),
+        Err(error) => warn!(%error, "cannot take over the leases of replicas that left"),
+    }
+}
+
 /// Records the loss of every lease `replica` holds: the steps to run again, and how many became
 /// indeterminate.
 async fn lose_all(store: &Store, replica: String, reason: &str) -> Result<(Vec<StepRecord>, usize), KernelError> {
     let held = store.reads.held_by(replica).await?;
+    lose(store, held, reason).await
+}
+
+/// Records the loss of the leases of `held`, each fenced by its dispatch and attempt.
+async fn lose(store: &Store, held: Vec<StepRecord>, reason: &str) -> Result<(Vec<StepRecord>, usize), KernelError> {
     // A running step names its dispatch; one that does not is held by none to lose.
     let losses = held.iter().filter_map(|step| {
         let dispatch_id = step.dispatch_id.clone()?;
@@ -335,7 +376,7 @@ async fn lose_all(store: &Store, replica: String, reason: &str) -> Result<(Vec<S
 /// still holds, so the other replicas run them again at once instead of after a TTL, and removes
 /// its row.
 pub async fn hand_back(store: &Store) {
-    match lose_all(store, store.replica().to_owned(), "kernel replica shut down").await {
+    let handed = match lose_all(store, store.replica().to_owned(), "kernel replica shut down").await {
         Ok((requeued, indeterminate)) => {
             if !requeued.is_empty() || indeterminate > 0 {
                 info!(
@@ -343,16 +384,22 @@ pub async fn hand_back(store: &Store) {
                     indeterminate, "handed back the calls this replica held"
                 );
             }
+            true
         }
-        Err(error) => warn!(%error, "cannot hand back this replica's calls; another replica takes them over"),
-    }
+        Err(error) => {
+            warn!(%error, "cannot hand back this replica's calls; another replica takes them over after the TTL");
+            false
+        }
+    };
     match store.move_shards(shards::Moves::default(), true).await {
         Ok(_) => {
             crate::metrics::get().shards_owned.set(0);
         }
         Err(error) => warn!(%error, "cannot give back this replica's shards; the others take them after the TTL"),
     }
-    if let Err(error) = store.forget_replica(store.replica().to_owned(), None).await {
+    // A row removed with leases still held would leave them to no one but the orphans' sweep:
+    // kept, it goes stale and the others take them over as a dead replica's.
+    if handed && let Err(error) = store.forget_replica(store.replica().to_owned(), None).await {
         warn!(%error, "cannot remove this replica's row");
     }
 }

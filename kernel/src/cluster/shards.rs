@@ -15,10 +15,35 @@ use crate::model::RunId;
 /// How many shards the database was made with: its `shards` table has a row for each.
 pub const SHARDS: u32 = 256;
 
-/// The shard `run` lives in: a hash of its id. A subagent's id is chosen to land in its parent's
-/// shard ([`RunId::new_in_shard`]), so a run ends with its children in one shard's transaction.
+/// The shard `run` lives in: the last byte of its id, which the kernel draws at random or sets to
+/// the shard it wants (a subagent's is its parent's: [`RunId::new_in_shard`], so a run ends with
+/// its children in one shard's transaction). An id the kernel did not make goes by a hash.
 pub fn shard_of(run: &RunId) -> u32 {
-    (weight(SHARDS, run.as_str()) % u64::from(SHARDS)) as u32
+    shard_of_text(run.as_str())
+}
+
+/// The shard an id names by its last byte (a run's, or a dispatch's or an approval's, which the
+/// kernel makes in their run's shard); a hash of the text for an id not ending in two hex digits.
+pub fn shard_of_text(id: &str) -> u32 {
+    id.len()
+        .checked_sub(2)
+        .and_then(|at| id.get(at..))
+        .and_then(|tail| u8::from_str_radix(tail, 16).ok())
+        .map(u32::from)
+        .unwrap_or_else(|| (weight(SHARDS, id) % u64::from(SHARDS)) as u32)
+}
+
+/// The shard of a run made under idempotency key `key`: a hash of the key.
+pub fn shard_of_key(key: &str) -> u32 {
+    (weight(SHARDS, key) % u64::from(SHARDS)) as u32
+}
+
+/// A fresh UUIDv7 whose last byte names `shard`: its other random bits are left as drawn.
+pub fn new_id_in_shard(shard: u32) -> String {
+    let mut id = uuid::Uuid::now_v7().hyphenated().to_string();
+    id.truncate(id.len() - 2);
+    id.push_str(&format!("{:02x}", shard % SHARDS));
+    id
 }
 
 /// A shard's row, as read.
@@ -124,6 +149,20 @@ impl ShardMap {
         changed
     }
 
+    /// Whether this replica owns `shard`.
+    pub fn owns(&self, shard: u32) -> bool {
+        self.0.lock().expect("shard map poisoned").contains_key(&shard)
+    }
+
+    /// The `n`th shard this replica owns, counting round; `None` while it owns none.
+    pub fn nth(&self, n: usize) -> Option<u32> {
+        let owned = self.0.lock().expect("shard map poisoned");
+        match owned.len() {
+            0 => None,
+            len => owned.keys().nth(n % len).copied(),
+        }
+    }
+
     /// How many shards this replica owns.
     pub fn len(&self) -> usize {
         self.0.lock().expect("shard map poisoned").len()
@@ -225,8 +264,12 @@ mod tests {
         );
         let parent = RunId::new();
         for _ in 0..20 {
-            assert_eq!(shard_of(&RunId::new_in_shard(shard_of(&parent))), shard_of(&parent));
+            let child = RunId::new_in_shard(shard_of(&parent));
+            assert_eq!(shard_of(&child), shard_of(&parent));
+            assert!(uuid::Uuid::parse_str(child.as_str()).is_ok(), "{child}");
         }
+        // An id the kernel did not make still has a shard.
+        assert!(shard_of_text("not-hex-zz") < SHARDS);
     }
 
     #[test]

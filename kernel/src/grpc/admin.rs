@@ -168,6 +168,8 @@ impl AdminService for AdminApi {
             store_statements: crate::metrics::get().statement_count(),
             disk_write_bytes: crate::memory::disk_write_bytes().unwrap_or(0),
             log_lines_dropped: crate::logs::dropped().get(),
+            writes_forwarded: crate::metrics::get().forwarded.get(),
+            writes_applied_for_others: crate::metrics::get().applied_for_others.get(),
         }))
     }
 }

@@ -129,6 +129,7 @@ pub fn branch(
         allow: Vec::new(),
         // A branch is a run of its own: its trace is the caller's, not its parent's.
         trace: None,
+        home: None,
     })
 }
 

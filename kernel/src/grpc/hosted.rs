@@ -291,6 +291,7 @@ impl HostedService for HostedApi {
             fork: None,
             allow: Vec::new(),
             trace: Some(crate::traces::for_subagent(&run_id, parent.trace.as_ref())),
+            home: None,
         };
         let start = SubagentStart {
             parent: run_id,

@@ -125,6 +125,7 @@ impl RunService for RunApi {
             fork: None,
             allow,
             trace,
+            home: None,
         };
         // A hosted run's dispatch is queued by the commit's effects.
         let (run, created, _) = self.0.store.create_run_dispatching(new).await?;

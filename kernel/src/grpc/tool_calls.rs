@@ -240,7 +240,11 @@ fn offered_tools(names: &[String]) -> Result<Option<HashSet<String>>, KernelErro
 /// before the write, so their `tool:start` is in the same commit as their `tool:scheduled` (one
 /// commit fewer per call); the others are queued as they are recorded.
 async fn schedule(kernel: &Kernel, mut plan: TurnPlan) -> Result<Vec<CallDisposition>, KernelError> {
+    // A turn of a run another replica owns is recorded there, and its calls queued there: no
+    // slot here is reserved for them.
+    let owned = kernel.store.owns(&plan.run_id);
     let runnable: Vec<usize> = (0..plan.calls.len())
+        .filter(|_| owned)
         .filter(|&i| plan.calls[i].tool.is_some() && matches!(plan.calls[i].gate, CallGate::Run { .. }))
         .collect();
     let wanted = runnable

@@ -15,7 +15,7 @@ use crate::model::{
 pub const MAX_LEASE_LOSSES: u32 = 5;
 
 /// A lease granted to a worker, to record before the worker is told.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StartDispatch {
     pub run_id: RunId,
     pub key: StepKey,
@@ -24,10 +24,14 @@ pub struct StartDispatch {
     pub worker: String,
     pub session_id: SessionId,
     pub lease_expires_at: Millis,
+    /// The replica whose worker session holds the lease, and whose heartbeat dates it; `None`:
+    /// the replica whose writer records the start (a start another replica sent names its own).
+    #[serde(default)]
+    pub replica: Option<String>,
 }
 
 /// A worker's result for a dispatch it claims to hold.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct ResultReport {
     pub dispatch_id: DispatchId,
     pub attempt: u32,
@@ -38,7 +42,7 @@ pub struct ResultReport {
 }
 
 /// A lease that ended without a result.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct LeaseLoss {
     pub dispatch_id: DispatchId,
     pub attempt: u32,

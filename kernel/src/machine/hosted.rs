@@ -29,7 +29,7 @@ use crate::model::{
 };
 
 /// The agent a worker offers, as a hosted run records it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct HostedAgent {
     pub name: String,
     pub fingerprint: String,
@@ -37,7 +37,7 @@ pub struct HostedAgent {
 }
 
 /// The dispatch of a hosted run an operation of its handler claims to run under.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Fence {
     pub dispatch_id: DispatchId,
     pub attempt: u32,
@@ -193,7 +193,7 @@ pub fn diverged(message: &str) -> EndRun {
 }
 
 /// A finished local step of a handler, to record.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct LocalStep {
     pub seq: u32,
     pub step_id: String,
@@ -587,6 +587,7 @@ mod tests {
             worker: "w".into(),
             session_id: "s".into(),
             lease_expires_at: NOW + 10_000,
+            replica: None,
         };
         start(&pending, &slot, NOW).expect("a pending dispatch starts").step
     }
@@ -607,6 +608,7 @@ mod tests {
             worker: "w".into(),
             session_id: "s".into(),
             lease_expires_at: NOW + 10_000,
+            replica: None,
         };
         let change = start(&pending, &slot, NOW).unwrap();
         assert_eq!(change.event.kind, EventType::AgentDispatched);

@@ -122,6 +122,7 @@ impl Life {
                     worker: "w".into(),
                     session_id: "s1".into(),
                     lease_expires_at: NOW + 1,
+                    replica: None,
                 };
                 if let Some(change) = dispatch::start(&self.step, &start, NOW) {
                     assert!(
@@ -297,6 +298,7 @@ fn a_call_settled_when_recorded_never_starts() {
         worker: "w".into(),
         session_id: "s".into(),
         lease_expires_at: NOW,
+        replica: None,
     };
     assert!(dispatch::start(&recorded.step, &start, NOW).is_none());
 }

@@ -131,5 +131,6 @@ pub fn new_run() -> crate::machine::run::NewRun {
         fork: None,
         allow: Vec::new(),
         trace: None,
+        home: None,
     }
 }

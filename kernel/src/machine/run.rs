@@ -15,7 +15,7 @@ use crate::model::{
 };
 
 /// A run to create.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct NewRun {
     pub agent: String,
     /// Canonical JSON text.
@@ -44,7 +44,12 @@ pub struct NewRun {
     /// A case run's allow tokens.
     pub allow: Vec<String>,
     /// The W3C trace context its span is a child of.
+    #[serde(with = "crate::wire::traceparent")]
     pub trace: Option<crate::traces::TraceParent>,
+    /// The shard to make a run in that no parent or idempotency key places
+    /// ([`crate::machine::command::create_run::shard`]): one its replica owns. `None`: any.
+    #[serde(default)]
+    pub home: Option<u32>,
 }
 
 /// What creating a run does: with an idempotency key a run already holds, that run (when its
@@ -153,7 +158,7 @@ pub fn deletable(run: &RunRecord) -> Result<(), KernelError> {
 }
 
 /// How a run ends.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub enum EndRun {
     /// With `settle_in_flight`, calls still in flight are cancelled (a hosted handler returned
     /// without awaiting them); without, they must have settled.

@@ -19,7 +19,7 @@ use crate::model::{
 };
 
 /// One call of a submitted turn, validated and resolved against the registry.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct PlannedCall {
     pub position: u32,
     pub key: StepKey,
@@ -47,14 +47,15 @@ pub struct PlannedCall {
 }
 
 /// What stands between a recorded call and its dispatch.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum CallGate {
     /// Dispatch it; `decided_by` names what allowed it.
     Run { decided_by: String },
     /// Settle it at once with a recoverable error the model reads (e.g. invalid arguments).
     Refuse {
         message: String,
-        reason: &'static str,
+        #[serde(with = "crate::wire::reason")]
+        reason: crate::wire::Reason,
         outcome: Outcome,
     },
     /// Denied by policy: settled under `tool:denied`.
@@ -64,7 +65,7 @@ pub enum CallGate {
 }
 
 /// A turn to record.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct TurnPlan {
     pub run_id: RunId,
     pub turn: u32,
@@ -88,7 +89,7 @@ pub struct TurnPlan {
 }
 
 /// What recording a turn decided for one call.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub enum CallDisposition {
     /// Already terminal: its recorded result is served again.
     Replayed(StepRecord),

@@ -8,6 +8,7 @@
 mod cache;
 mod chain;
 mod checkpoint;
+pub mod forward;
 mod live;
 mod location;
 mod lock;
@@ -68,7 +69,7 @@ pub enum Durability {
 }
 
 /// What deleting runs removed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Deleted {
     pub runs: u64,
     pub events: u64,
@@ -94,7 +95,7 @@ pub const TOOL_CACHE_MAX_VALUE_BYTES: usize = 1 << 20;
 
 /// One entry of a tool's own cache (`ctx.cache`), to write or replace. The cache is keyed by
 /// `(tool, key)` and is not part of any run's log.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct ToolCacheSet {
     /// The dispatch that asks, fenced inside the write like a result: an attempt that timed out,
     /// was lost or was superseded writes nothing. Its tool is the namespace, never a name a
@@ -151,6 +152,8 @@ pub struct Store {
     clock: Clock,
     /// Who carries out what committed commands leave to do.
     effects: Effects,
+    /// Where writes of runs whose shard another replica owns go (replicas only).
+    router: Arc<std::sync::OnceLock<Arc<dyn forward::Router>>>,
 }
 
 /// Where the writer hands out each commit's effects: to whoever took them ([`Store::on_effects`]),
@@ -367,6 +370,7 @@ impl Store {
                 replica,
                 clock,
                 effects,
+                router: Default::default(),
             },
             thread,
         ))
@@ -419,6 +423,7 @@ impl Store {
                 replica,
                 clock,
                 effects,
+                router: Default::default(),
             },
             thread,
         ))
@@ -515,14 +520,50 @@ impl Store {
     /// Creates a run; a new hosted one comes back with its pending dispatch, to queue.
     pub async fn create_run_dispatching(
         &self,
-        new: NewRun,
+        mut new: NewRun,
     ) -> Result<(RunRecord, bool, Option<StepRecord>), KernelError> {
+        let shard = match crate::machine::command::create_run::shard(&new) {
+            Some(shard) => shard,
+            // Made in a shard this replica owns, when it owns one: nothing to forward.
+            None => match self.router.get() {
+                Some(router) => match router.home() {
+                    Some(home) => {
+                        new.home = Some(home);
+                        home
+                    }
+                    None => crate::cluster::shards::shard_of(&RunId::new()),
+                },
+                None => return self.send(|reply| Command::CreateRun(Box::new(new), reply)).await,
+            },
+        };
+        let new = match self
+            .route(shard, new, |new| forward::Forwarded::CreateRun(Box::new(new)))
+            .await
+        {
+            forward::Routed::Here(mut new) => {
+                new.home.get_or_insert(shard);
+                new
+            }
+            forward::Routed::Done(answer) => return answer,
+        };
         self.send(|reply| Command::CreateRun(Box::new(new), reply)).await
     }
 
     /// Records a turn: each call's disposition, and what ended with the run when the turn ended
     /// it (a branch's refusal), to cancel on workers.
     pub async fn record_turn(&self, plan: TurnPlan) -> Result<RecordedTurn, KernelError> {
+        let shard = crate::cluster::shards::shard_of(&plan.run_id);
+        let plan = match self
+            .route(shard, plan, |mut plan| {
+                // The slots reserved for its calls are this replica's: the owner queues them.
+                plan.calls.iter_mut().for_each(|call| call.start = None);
+                forward::Forwarded::Turn(Box::new(plan))
+            })
+            .await
+        {
+            forward::Routed::Here(plan) => plan,
+            forward::Routed::Done(answer) => return answer,
+        };
         self.send(|reply| Command::ScheduleTurn(plan, None, reply)).await
     }
 
@@ -551,16 +592,27 @@ impl Store {
     pub fn start_dispatch(
         &self,
         start: StartDispatch,
-    ) -> impl std::future::Future<Output = Result<Option<StepRecord>, KernelError>> + Send + 'static {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<StepRecord>, KernelError>> + Send + 'static>>
+    {
+        if !self.owns(&start.run_id) {
+            let store = self.clone();
+            return Box::pin(async move {
+                let shard = start.dispatch_id.shard();
+                match store.route(shard, start, forward::Forwarded::Start).await {
+                    forward::Routed::Here(start) => store.start_dispatch(start).await,
+                    forward::Routed::Done(answer) => answer,
+                }
+            });
+        }
         let (reply, answer) = oneshot::channel();
         let sent = self
             .commands
             .send(writer::Order::Write(Command::StartDispatch(start, reply)));
-        async move {
+        Box::pin(async move {
             let stopped = || KernelError::Unavailable("the store writer has stopped".into());
             sent.map_err(|_| stopped())?;
             answer.await.map_err(|_| stopped())?
-        }
+        })
     }
 
     /// Records a worker's result, fenced by dispatch, attempt and session; `None` when stale.
@@ -574,6 +626,13 @@ impl Store {
         &self,
         report: ResultReport,
     ) -> Result<Option<(StepRecord, Vec<StepRecord>)>, KernelError> {
+        let report = match self
+            .route(report.dispatch_id.shard(), report, forward::Forwarded::Result)
+            .await
+        {
+            forward::Routed::Here(report) => report,
+            forward::Routed::Done(answer) => return answer,
+        };
         self.send(|reply| Command::RecordResult(report, reply)).await
     }
 
@@ -585,8 +644,18 @@ impl Store {
         local: LocalStep,
         gate: StepGate,
     ) -> Result<StepRecorded, KernelError> {
-        self.send(|reply| Command::RecordStep(run, fence, Box::new((local, gate)), reply))
+        let step = Box::new((local, gate));
+        let shard = crate::cluster::shards::shard_of(&run);
+        let (run, fence, step) = match self
+            .route(shard, (run, fence, step), |(run, fence, step)| {
+                forward::Forwarded::RecordStep(run, fence, step)
+            })
             .await
+        {
+            forward::Routed::Here(here) => here,
+            forward::Routed::Done(answer) => return answer,
+        };
+        self.send(|reply| Command::RecordStep(run, fence, step, reply)).await
     }
 
     /// Asks whether a local step may run, before it runs (fenced): the policy's `gate`, then a
@@ -597,17 +666,42 @@ impl Store {
         local: LocalStep,
         gate: StepGate,
     ) -> Result<StepRecorded, KernelError> {
-        self.send(|reply| Command::CheckStep(run, fence, Box::new((local, gate)), reply))
+        let step = Box::new((local, gate));
+        let shard = crate::cluster::shards::shard_of(&run);
+        let (run, fence, step) = match self
+            .route(shard, (run, fence, step), |(run, fence, step)| {
+                forward::Forwarded::CheckStep(run, fence, step)
+            })
             .await
+        {
+            forward::Routed::Here(here) => here,
+            forward::Routed::Done(answer) => return answer,
+        };
+        self.send(|reply| Command::CheckStep(run, fence, step, reply)).await
     }
 
     /// Suspends a hosted handler's dispatch (fenced); `None` when it no longer held its run.
     pub async fn suspend_dispatch(&self, report: SuspendReport) -> Result<Option<StepRecord>, KernelError> {
+        let report = match self
+            .route(report.dispatch_id.shard(), report, forward::Forwarded::Suspend)
+            .await
+        {
+            forward::Routed::Here(report) => report,
+            forward::Routed::Done(answer) => return answer,
+        };
         self.send(|reply| Command::SuspendDispatch(report, reply)).await
     }
 
     /// Starts a hosted handler's subagent, or returns the one recorded at its place.
     pub async fn start_subagent(&self, start: SubagentStart) -> Result<SubagentStarted, KernelError> {
+        let shard = crate::cluster::shards::shard_of(&start.parent);
+        let start = match self
+            .route(shard, start, |start| forward::Forwarded::StartSubagent(Box::new(start)))
+            .await
+        {
+            forward::Routed::Here(start) => start,
+            forward::Routed::Done(answer) => return answer,
+        };
         self.send(|reply| Command::StartSubagent(Box::new(start), reply)).await
     }
 
@@ -617,11 +711,26 @@ impl Store {
     }
 
     pub async fn lose_lease(&self, loss: LeaseLoss) -> Result<LossOutcome, KernelError> {
+        let loss = match self
+            .route(loss.dispatch_id.shard(), loss, forward::Forwarded::LoseLease)
+            .await
+        {
+            forward::Routed::Here(loss) => loss,
+            forward::Routed::Done(answer) => return answer,
+        };
         self.send(|reply| Command::LoseLease(loss, reply)).await
     }
 
     /// Fails a running dispatch that outlived its timeout; `None` when it no longer held the step.
     pub async fn time_out(&self, dispatch_id: DispatchId, attempt: u32) -> Result<Option<StepRecord>, KernelError> {
+        let shard = dispatch_id.shard();
+        let dispatch_id = match self
+            .route(shard, dispatch_id, |id| forward::Forwarded::TimeOut(id, attempt))
+            .await
+        {
+            forward::Routed::Here(id) => id,
+            forward::Routed::Done(answer) => return answer,
+        };
         self.send(|reply| Command::TimeOut {
             dispatch_id,
             attempt,
@@ -639,6 +748,22 @@ impl Store {
         message: String,
         (reason, outcome): (&'static str, crate::model::Outcome),
     ) -> Result<Option<StepRecord>, KernelError> {
+        let shard = crate::cluster::shards::shard_of(&run);
+        let (run, key, message) = match self
+            .route(shard, (run, key, message), |(run, key, message)| {
+                forward::Forwarded::FailPending {
+                    run,
+                    key,
+                    message,
+                    reason,
+                    outcome,
+                }
+            })
+            .await
+        {
+            forward::Routed::Here(here) => here,
+            forward::Routed::Done(answer) => return answer,
+        };
         self.send(|reply| Command::FailPending {
             run,
             key,
@@ -652,12 +777,30 @@ impl Store {
 
     /// Ends a run; failing or cancelling settles its in-flight steps first and returns them.
     pub async fn end_run(&self, run: RunId, end: EndRun) -> Result<(RunRecord, Vec<StepRecord>), KernelError> {
+        let shard = crate::cluster::shards::shard_of(&run);
+        let (run, end) = match self
+            .route(shard, (run, end), |(run, end)| forward::Forwarded::EndRun(run, end))
+            .await
+        {
+            forward::Routed::Here(here) => here,
+            forward::Routed::Done(answer) => return answer,
+        };
         self.send(|reply| Command::EndRun(run, end, reply)).await
     }
 
     /// Cancels call `key` of `run` for `reason`, leaving the run going; returns the settled step,
     /// to cancel on its worker.
     pub async fn cancel_call(&self, run: RunId, key: StepKey, reason: String) -> Result<StepRecord, KernelError> {
+        let shard = crate::cluster::shards::shard_of(&run);
+        let (run, key, reason) = match self
+            .route(shard, (run, key, reason), |(run, key, reason)| {
+                forward::Forwarded::CancelCall(run, key, reason)
+            })
+            .await
+        {
+            forward::Routed::Here(here) => here,
+            forward::Routed::Done(answer) => return answer,
+        };
         self.send(|reply| Command::CancelCall(run, key, reason, reply)).await
     }
 
@@ -673,6 +816,36 @@ impl Store {
 
     /// Answers a pending approval, as `decider`.
     pub async fn answer_approval(
+        &self,
+        id: ApprovalId,
+        answer: Answer,
+        decider: String,
+        reason: Option<String>,
+    ) -> Result<Answered, KernelError> {
+        // Its run's shard, read: an approval asked before ids named their shard is answered too.
+        if self.router.get().is_some()
+            && let Some(approval) = self.reads.approval(id.clone()).await?
+        {
+            let shard = crate::cluster::shards::shard_of(&approval.run_id);
+            let routed = self
+                .route(shard, (id, decider, reason), |(id, decider, reason)| {
+                    forward::Forwarded::AnswerApproval {
+                        id,
+                        answer,
+                        decider,
+                        reason,
+                    }
+                })
+                .await;
+            return match routed {
+                forward::Routed::Here((id, decider, reason)) => self.answer_here(id, answer, decider, reason).await,
+                forward::Routed::Done(answer) => answer,
+            };
+        }
+        self.answer_here(id, answer, decider, reason).await
+    }
+
+    async fn answer_here(
         &self,
         id: ApprovalId,
         answer: Answer,
@@ -698,6 +871,23 @@ impl Store {
     /// Counts a replay of these settled steps. The results served are durable already, so the
     /// caller does not wait for this commit.
     pub fn note_replays(&self, run: RunId, keys: Vec<StepKey>) {
+        if !self.owns(&run) {
+            let store = self.clone();
+            let shard = crate::cluster::shards::shard_of(&run);
+            tokio::spawn(async move {
+                let routed: forward::Routed<_, ()> = store
+                    .route(shard, (run, keys), |(run, keys)| {
+                        forward::Forwarded::NoteReplays(run, keys)
+                    })
+                    .await;
+                match routed {
+                    forward::Routed::Here((run, keys)) => store.note_replays(run, keys),
+                    forward::Routed::Done(Err(error)) => tracing::debug!(%error, "replays not counted"),
+                    forward::Routed::Done(Ok(())) => {}
+                }
+            });
+            return;
+        }
         let (reply, _) = oneshot::channel();
         let _ = self
             .commands
@@ -715,6 +905,11 @@ impl Store {
 
     /// Deletes a finished run with its events, steps, approvals and its calls' cached results.
     pub async fn delete_run(&self, run: RunId) -> Result<Deleted, KernelError> {
+        let shard = crate::cluster::shards::shard_of(&run);
+        let run = match self.route(shard, run, forward::Forwarded::DeleteRun).await {
+            forward::Routed::Here(run) => run,
+            forward::Routed::Done(answer) => return answer,
+        };
         self.send(|reply| Command::DeleteRun(run, reply)).await
     }
 
@@ -738,6 +933,13 @@ impl Store {
     /// Writes (or replaces) an entry of a tool's cache; a refused entry is never queued.
     pub async fn tool_cache_set(&self, set: ToolCacheSet) -> Result<(), KernelError> {
         set.validate()?;
+        let set = match self
+            .route(set.dispatch_id.shard(), set, forward::Forwarded::ToolCacheSet)
+            .await
+        {
+            forward::Routed::Here(set) => set,
+            forward::Routed::Done(answer) => return answer,
+        };
         self.send(|reply| Command::ToolCacheSet(set, reply)).await
     }
 }

@@ -1124,6 +1124,18 @@ pub(super) mod open_steps {
         )
     }
 
+    /// The running steps whose lease ran out before `?1` and whose replica has no row: it removed
+    /// its row without handing back every call (a start it asked another replica for committed
+    /// after it looked), so no replica would ever judge it dead.
+    pub fn orphaned(columns: &str) -> String {
+        format!(
+            "SELECT {columns} FROM steps WHERE {} AND status = 'running' AND replica IS NOT NULL \
+             AND lease_expires_at < ?1 AND NOT EXISTS (SELECT 1 FROM replicas WHERE replicas.id = steps.replica) \
+             ORDER BY created_at",
+            unsettled!()
+        )
+    }
+
     #[cfg(test)]
     mod tests {
         /// A query that drops the index's condition would read every step the database holds.
@@ -1136,6 +1148,7 @@ pub(super) mod open_steps {
                 (super::all("*"), " (run_id=?"),
                 (super::in_flight("*"), ""),
                 (super::held_by("*"), ""),
+                (super::orphaned("*"), ""),
             ] {
                 let mut explain = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
                 let args = std::iter::repeat_n("run", explain.parameter_count());

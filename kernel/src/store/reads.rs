@@ -479,11 +479,31 @@ impl Readers {
         .await
     }
 
+    /// The key replicas show each other on their links (PostgreSQL only: the table is not on SQLite).
+    pub async fn link_key(&self) -> Result<String, KernelError> {
+        self.with(|conn| {
+            conn.prepare_cached("SELECT link_key FROM cluster WHERE id = 1")?
+                .query_row(params![], |row| row.get(0))
+        })
+        .await
+    }
+
     /// The running steps whose lease replica `replica` holds.
     pub async fn held_by(&self, replica: String) -> Result<Vec<StepRecord>, KernelError> {
         self.with(move |conn| {
             conn.prepare_cached(&super::ops::open_steps::held_by(STEP_COLUMNS))?
                 .query_map(params![replica], rows::step_from_row)?
+                .collect()
+        })
+        .await
+    }
+
+    /// The running steps whose lease ran out before `now` and whose replica has no row
+    /// ([`super::ops::open_steps::orphaned`]).
+    pub async fn orphaned_leases(&self, now: Millis) -> Result<Vec<StepRecord>, KernelError> {
+        self.with(move |conn| {
+            conn.prepare_cached(&super::ops::open_steps::orphaned(STEP_COLUMNS))?
+                .query_map(params![now], rows::step_from_row)?
                 .collect()
         })
         .await

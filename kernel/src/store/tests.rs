@@ -168,6 +168,7 @@ async fn start(store: &Store, step: &StepRecord, dispatch: &str, attempt: u32, s
             worker: "w".into(),
             session_id: session.into(),
             lease_expires_at: 0,
+            replica: None,
         })
         .await
         .unwrap()
@@ -200,6 +201,7 @@ fn slot(run: &RunId, key: StepKey, dispatch: &str) -> StartDispatch {
         worker: "w".into(),
         session_id: "s1".into(),
         lease_expires_at: 0,
+        replica: None,
     }
 }
 

@@ -13,14 +13,14 @@ use crate::machine::run::EndRun;
 use crate::model::{ApprovalId, ApprovalRecord, ApprovalStatus, StepRecord};
 
 /// A person's answer to an approval.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Answer {
     Approve,
     Reject,
 }
 
 /// What answering (or expiring) approvals changed.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Answered {
     /// The approvals answered.
     pub approvals: Vec<ApprovalRecord>,

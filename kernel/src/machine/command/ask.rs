@@ -14,7 +14,7 @@ pub fn ask_next<R: Records + ?Sized>(records: &mut R, run_id: &RunId) -> Result<
         records.next_awaiting_approval(run_id)?
     };
     let run = records.run(run_id)?;
-    let id = ApprovalId::new();
+    let id = ApprovalId::in_shard_of(run_id);
     match approval::ask_next(&run, open, next.as_ref(), id, records.now()) {
         Ask::Nothing => {}
         Ask::Resume { run, event } => {

@@ -20,15 +20,25 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, new: NewRun) -> Result<Create
     Ok(created)
 }
 
+/// The shard a new run must be made in, if any: a subagent lives in its parent's (a run and its
+/// children end in one transaction), and a run with an idempotency key in the key's, so the one
+/// owner of that shard decides whether the key is taken.
+pub fn shard(new: &NewRun) -> Option<u32> {
+    match (&new.parent, &new.idempotency_key) {
+        (Some((parent, _)), _) => Some(crate::cluster::shards::shard_of(parent)),
+        (None, Some(key)) => Some(crate::cluster::shards::shard_of_key(key)),
+        (None, None) => None,
+    }
+}
+
 /// Creates the run, leaving its dispatch (if hosted and new) for the caller to queue or hold.
 pub fn create<R: Records + ?Sized>(records: &mut R, new: NewRun) -> Result<CreatedRun> {
     let existing = match &new.idempotency_key {
         Some(key) => records.run_by_idempotency_key(key)?,
         None => None,
     };
-    // A subagent lives in its parent's shard: a run and its children end in one transaction.
-    let id = match &new.parent {
-        Some((parent, _)) => RunId::new_in_shard(crate::cluster::shards::shard_of(parent)),
+    let id = match shard(&new).or(new.home) {
+        Some(shard) => RunId::new_in_shard(shard),
         None => RunId::new(),
     };
     match run::create(existing, &new, id, records.now())? {

@@ -14,7 +14,7 @@ use crate::model::{Effect, RunId, RunRecord, StepKey, StepRecord};
 
 /// What the policy said of a local step, asked just before the write (the policy is the kernel's
 /// memory, not a record).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum StepGate {
     /// No policy file checks steps.
     Unchecked,
@@ -28,7 +28,7 @@ pub enum StepGate {
 }
 
 /// What recording (or checking) a local step or starting a subagent did.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub enum StepRecorded {
     Recorded(StepRecord),
     /// Recorded before (by an earlier attempt of the handler): that outcome stands.

@@ -7,7 +7,7 @@ use crate::machine::effects::Effect;
 use crate::model::{StepRecord, StepStatus};
 
 /// What became of a lost lease's step.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub enum LossOutcome {
     /// The dispatch no longer held the step; nothing recorded.
     NotHeld,

@@ -510,6 +510,7 @@ impl World {
             worker: "w1".into(),
             session_id: "s1".into(),
             lease_expires_at: self.memory.now + LEASE_MS,
+            replica: None,
         }
     }
 

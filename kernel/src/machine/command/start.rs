@@ -20,7 +20,7 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, start: StartDispatch) -> Resu
     let Some(mut change) = dispatch::start(&step, &start, records.now()) else {
         return Ok(None);
     };
-    change.step.replica = Some(records.replica().to_owned());
+    change.step.replica = Some(start.replica.clone().unwrap_or_else(|| records.replica().to_owned()));
     if step.kind == StepKind::Agent {
         let run = records.run(&step.run_id)?;
         // A branch resumes only while the record it replays is there.

@@ -16,7 +16,7 @@ use crate::machine::run::{EndRun, NewRun};
 use crate::model::{RunId, RunRecord, StepKey, StepKind, StepRecord};
 
 /// A subagent to start.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct SubagentStart {
     pub parent: RunId,
     pub fence: Fence,

@@ -22,13 +22,14 @@ use crate::model::{Outcome, RunRecord, StepKey, StepRecord, StepStatus};
 /// What recording a turn did: each call's disposition, and, when the turn ended its run (a
 /// branch refusing an effect, or one whose parent is gone), the steps that end settled on the way,
 /// to cancel on their workers.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct RecordedTurn {
     pub calls: Vec<CallDisposition>,
     pub ended: Vec<StepRecord>,
     /// Why the run ended with the turn, when not for `unresumable` (a divergence, a branch's
     /// refusal): what the steps of `ended` are cancelled with.
-    pub ended_because: Option<&'static str>,
+    #[serde(with = "crate::wire::optional_reason")]
+    pub ended_because: Option<crate::wire::Reason>,
     /// The run could not take the turn: why (its branch's parent is gone; the run ended with it).
     pub unresumable: Option<String>,
 }
@@ -264,7 +265,7 @@ fn record_call<R: Records + ?Sized>(
     }
     let started = match (&recorded.next, &call.start) {
         (Next::Scheduled, Some(start)) => dispatch::start(&step, start, now).map(|mut change| {
-            change.step.replica = Some(records.replica().to_owned());
+            change.step.replica = Some(start.replica.clone().unwrap_or_else(|| records.replica().to_owned()));
             (change, start)
         }),
         _ => None,

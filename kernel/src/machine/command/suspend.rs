@@ -7,7 +7,7 @@ use crate::machine::hosted;
 use crate::model::{DispatchId, SessionId, StepKey, StepRecord};
 
 /// A handler's suspension, as its worker reported it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct SuspendReport {
     pub dispatch_id: DispatchId,
     pub attempt: u32,

@@ -13,6 +13,7 @@ fn lease(attempt: u32) -> StartDispatch {
         worker: "w1".into(),
         session_id: "s1".into(),
         lease_expires_at: NOW + 10_000,
+        replica: None,
     }
 }
 

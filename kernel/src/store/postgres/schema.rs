@@ -243,4 +243,14 @@ pub(super) const MIGRATIONS: &[&str] = &[
     INSERT INTO shards (id) SELECT generate_series(0, 255);
     ALTER TABLE replicas ADD COLUMN address TEXT NOT NULL DEFAULT '';
     "#,
+    // 9: the key replicas show each other on their links (no SQLite counterpart: one kernel per
+    // file has no other to talk to), drawn once by the database's strong random generator.
+    r#"
+    CREATE TABLE cluster (
+        id       SMALLINT PRIMARY KEY CHECK (id = 1),
+        link_key TEXT NOT NULL
+    );
+    INSERT INTO cluster (id, link_key)
+        VALUES (1, replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''));
+    "#,
 ];

@@ -107,7 +107,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("version", "started_at", "worker_sessions", "queued_calls", "leased_calls", "live_runs", "resident_bytes", "allocated_bytes", "in_flight_scans", "lost_calls_found", "resource_locks", "cpu_micros", "store_commits", "store_syncs", "store_statements", "disk_write_bytes", "log_lines_dropped")
+    __slots__ = ("version", "started_at", "worker_sessions", "queued_calls", "leased_calls", "live_runs", "resident_bytes", "allocated_bytes", "in_flight_scans", "lost_calls_found", "resource_locks", "cpu_micros", "store_commits", "store_syncs", "store_statements", "disk_write_bytes", "log_lines_dropped", "writes_forwarded", "writes_applied_for_others")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     WORKER_SESSIONS_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,8 @@ class GetStatusResponse(_message.Message):
     STORE_STATEMENTS_FIELD_NUMBER: _ClassVar[int]
     DISK_WRITE_BYTES_FIELD_NUMBER: _ClassVar[int]
     LOG_LINES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FORWARDED_FIELD_NUMBER: _ClassVar[int]
+    WRITES_APPLIED_FOR_OTHERS_FIELD_NUMBER: _ClassVar[int]
     version: str
     started_at: _timestamp_pb2.Timestamp
     worker_sessions: int
@@ -142,7 +144,9 @@ class GetStatusResponse(_message.Message):
     store_statements: int
     disk_write_bytes: int
     log_lines_dropped: int
-    def __init__(self, version: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., worker_sessions: _Optional[int] = ..., queued_calls: _Optional[int] = ..., leased_calls: _Optional[int] = ..., live_runs: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., allocated_bytes: _Optional[int] = ..., in_flight_scans: _Optional[int] = ..., lost_calls_found: _Optional[int] = ..., resource_locks: _Optional[_Iterable[_Union[ResourceLock, _Mapping]]] = ..., cpu_micros: _Optional[int] = ..., store_commits: _Optional[int] = ..., store_syncs: _Optional[int] = ..., store_statements: _Optional[int] = ..., disk_write_bytes: _Optional[int] = ..., log_lines_dropped: _Optional[int] = ...) -> None: ...
+    writes_forwarded: int
+    writes_applied_for_others: int
+    def __init__(self, version: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., worker_sessions: _Optional[int] = ..., queued_calls: _Optional[int] = ..., leased_calls: _Optional[int] = ..., live_runs: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., allocated_bytes: _Optional[int] = ..., in_flight_scans: _Optional[int] = ..., lost_calls_found: _Optional[int] = ..., resource_locks: _Optional[_Iterable[_Union[ResourceLock, _Mapping]]] = ..., cpu_micros: _Optional[int] = ..., store_commits: _Optional[int] = ..., store_syncs: _Optional[int] = ..., store_statements: _Optional[int] = ..., disk_write_bytes: _Optional[int] = ..., log_lines_dropped: _Optional[int] = ..., writes_forwarded: _Optional[int] = ..., writes_applied_for_others: _Optional[int] = ...) -> None: ...
 
 class ResourceLock(_message.Message):
     __slots__ = ("resource", "run_id", "step_key", "tool", "attempt", "acquired_at", "waiting")
