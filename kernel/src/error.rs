@@ -32,6 +32,10 @@ pub enum KernelError {
     /// The store failed; the message says which operation.
     #[error("store: {0}")]
     Store(String),
+    /// The run's shard is not this replica's (any more): the write changed nothing, and is sent
+    /// again to the shard's owner. A client sees it as `UNAVAILABLE` only when no owner answers.
+    #[error("{0}")]
+    Moved(String),
 }
 
 impl KernelError {
@@ -99,6 +103,11 @@ impl KernelError {
                  it offered.",
                 "With a key that has the scope.",
             ),
+            KernelError::Moved(_) => (
+                "Among replicas: the run's shard moved to another replica while the request was on its way, \
+                 and no owner answered in time. Nothing was written.",
+                "Yes, after a backoff.",
+            ),
             KernelError::Store(_) => (
                 "The store failed the operation the message names (`store: ...`).",
                 "Yes, after a backoff. A write sent again is recorded once where it is idempotent: a \
@@ -123,7 +132,7 @@ impl From<KernelError> for Status {
             KernelError::NotFound(_) => Code::NotFound,
             KernelError::FailedPrecondition(_) => Code::FailedPrecondition,
             KernelError::AlreadyExists(_) => Code::AlreadyExists,
-            KernelError::Unavailable(_) => Code::Unavailable,
+            KernelError::Unavailable(_) | KernelError::Moved(_) => Code::Unavailable,
             KernelError::LimitExceeded { .. } => Code::ResourceExhausted,
             KernelError::Unauthenticated(_) => Code::Unauthenticated,
             KernelError::PermissionDenied(_) => Code::PermissionDenied,

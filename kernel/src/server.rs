@@ -33,21 +33,14 @@ use crate::store::{Database, DbLock, LeaseLoss, LossOutcome, Store};
 /// again. Connection state did not survive the restart, so every lease is gone: a started
 /// `safe_to_retry` call is queued again, a started `at_most_once` call becomes indeterminate.
 /// It runs before the scheduler starts, so the scheduler's in-flight scan never races it.
-/// Among replicas (`replicated`: live ones besides this), a lease a live replica holds is its
-/// own; one a replica that died recently holds is taken over once its row is older than `ttl`.
-async fn recover(store: &Store, replicated: Option<Duration>) -> Result<Vec<StepRecord>, KernelError> {
-    let live: Vec<String> = match replicated {
-        Some(ttl) => crate::cluster::live_replicas(store, ttl)
-            .await?
-            .into_iter()
-            .map(|row| row.id)
-            .collect(),
-        None => Vec::new(),
-    };
+/// Among replicas (`replicated`) only the waiting calls are queued: a lease is lost by the owner of
+/// its run's shard, once the heartbeat finds its replica dead (or gone without a row), and this
+/// replica owns no shard yet.
+async fn recover(store: &Store, replicated: bool) -> Result<Vec<StepRecord>, KernelError> {
     let steps = store.reads.in_flight_steps().await?;
     let steps = steps
         .into_iter()
-        .filter(|step| step.status != StepStatus::Running || step.replica.as_ref().is_none_or(|r| !live.contains(r)));
+        .filter(|step| !replicated || step.status == StepStatus::Pending);
     let mut queue = Vec::new();
     let mut indeterminate = 0;
     let mut losses = Vec::new();
@@ -293,7 +286,7 @@ pub async fn run(
         replicated,
         ..config.scheduler()
     };
-    let recovered = recover(&store, replicated.then_some(scheduler_config.lease_ttl)).await?;
+    let recovered = recover(&store, replicated).await?;
     let (scheduler, scheduling) = Scheduler::new(scheduler_config, store.clone(), shutdown.clone());
     lifecycle.spawn("scheduler", scheduling);
     for step in recovered {

@@ -4,7 +4,7 @@
 # pinned to it (its agents and its workers), the concurrent runs split evenly between them.
 #
 #   tests/bench/replicas.sh [--delay-ms MS] [--for DURATION] [--runs N] [--rounds N]
-#                           [--replicas "1 2 3"] [--json FILE]
+#                           [--replicas "1 2 3"] [--json FILE] [--bin-dir DIR]
 #
 # --delay-ms MS   a delay-proxy (tests/src/bin/delay_proxy.rs) between each replica and PostgreSQL
 #                 holds each direction back MS ms (1 to 2 ms for 1: the timer ticks in ms), as a
@@ -14,6 +14,8 @@
 # --runs          concurrent runs in all, split between the replicas (default 64)
 # --rounds        rounds; the replica counts take turns, reversed every other round (default 3)
 # --top N         after each measurement, print its N most frequent statements (pg_stat_statements)
+# --bin-dir DIR   the kernel and kernelctl to measure, from another build (a release build of an
+#                 earlier commit, to compare in one sitting); default: this tree's, built here
 #
 # Each measurement gets a fresh database on one server started here (Debian's postgresql package,
 # its default durability: fsync on, synchronous_commit on) with pg_stat_statements loaded, fresh
@@ -27,7 +29,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-delay=0 duration=10s runs=64 rounds=3 counts="1 2 3" json="" top=0
+delay=0 duration=10s runs=64 rounds=3 counts="1 2 3" json="" top=0 bin_dir=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --delay-ms) delay=$2; shift 2 ;;
@@ -37,6 +39,7 @@ while [ $# -gt 0 ]; do
     --replicas) counts=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
     --top) top=$2; shift 2 ;;
+    --bin-dir) bin_dir=$2; shift 2 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -46,9 +49,13 @@ if [ -z "$bin" ]; then
   echo "PostgreSQL is not installed: apt-get install postgresql" >&2
   exit 1
 fi
-cargo build --release -q -p kernel -p kernelctl --bin kernel --bin kernelctl
 cargo build --release -q -p e2e --bin delay-proxy
-target=target/release
+if [ -n "$bin_dir" ]; then
+  target=$(cd "$bin_dir" && pwd)
+else
+  cargo build --release -q -p kernel -p kernelctl --bin kernel --bin kernelctl
+  target=target/release
+fi
 
 dir=$(mktemp -d)
 as=()
@@ -82,7 +89,7 @@ measure() {
   for i in $(seq 1 "$n"); do
     local via=$url
     if [ "$delay" != 0 ]; then
-      "$target/delay-proxy" --upstream "127.0.0.1:$port" --delay-ms "$delay" >"$dir/proxy.$i" &
+      target/release/delay-proxy --upstream "127.0.0.1:$port" --delay-ms "$delay" >"$dir/proxy.$i" &
       pids+=($!)
       proxies+=($!)
       until [ -s "$dir/proxy.$i" ]; do sleep 0.05; done

@@ -275,13 +275,13 @@ async fn both_stores_have_the_same_tables_columns_types_and_nullability() {
     );
 
     let client = pg.client().await;
-    // The migrations table, the writers' commit counter and the replicas' link key are PostgreSQL's
-    // own: only there do several kernels share one database.
+    // The migrations table and the replicas' link key are PostgreSQL's own: only there do several
+    // kernels share one database.
     let found: std::collections::BTreeSet<(String, String, String, bool)> = client
         .query(
             "SELECT table_name::text, column_name::text, data_type::text, is_nullable = 'NO' \
              FROM information_schema.columns WHERE table_schema = 'public' \
-             AND table_name NOT IN ('kernel_schema', 'writer_commits', 'cluster')",
+             AND table_name NOT IN ('kernel_schema', 'cluster')",
             &[],
         )
         .await

@@ -209,8 +209,12 @@ impl Links {
 }
 
 impl Router for Links {
-    fn here(&self, shard: u32) -> bool {
-        self.0.owned.owns(shard)
+    fn epoch(&self, shard: u32) -> Option<i64> {
+        self.0.owned.epoch(shard)
+    }
+
+    fn generation(&self) -> u64 {
+        self.0.owned.generation()
     }
 
     fn home(&self) -> Option<u32> {

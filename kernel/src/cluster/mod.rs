@@ -88,18 +88,6 @@ pub async fn statuses(
     Ok(statuses)
 }
 
-/// The replicas whose rows are fresh, this one excluded.
-pub async fn live_replicas(store: &Store, ttl: Duration) -> Result<Vec<ReplicaRow>, KernelError> {
-    let now = store.clock().now_millis();
-    Ok(store
-        .reads
-        .replicas()
-        .await?
-        .into_iter()
-        .filter(|row| row.id != store.replica() && alive(row, now, ttl))
-        .collect())
-}
-
 /// What this replica's row says of it besides its beat.
 struct Me {
     started_at: Millis,

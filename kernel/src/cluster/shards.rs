@@ -8,6 +8,7 @@
 //! shard, and a replica waking from a freeze finds the epochs moved on and learns what it lost.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::model::RunId;
@@ -112,9 +113,10 @@ pub fn moves(rows: &[ShardRow], me: &str, alive: &BTreeSet<String>, may_judge: b
     moves
 }
 
-/// The shards this replica owns, with their epochs, as it last read them.
+/// The shards this replica owns, with their epochs, as it last read them, and how many times
+/// that changed (the writer forgets what it remembers of runs whenever it does).
 #[derive(Clone, Default)]
-pub struct ShardMap(Arc<Mutex<BTreeMap<u32, i64>>>);
+pub struct ShardMap(Arc<(Mutex<BTreeMap<u32, i64>>, AtomicU64)>);
 
 /// How this replica's shards changed between two readings.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -132,7 +134,7 @@ impl ShardMap {
             .filter(|row| row.owner.as_deref() == Some(me))
             .map(|row| (row.id, row.epoch))
             .collect();
-        let mut owned = self.0.lock().expect("shard map poisoned");
+        let mut owned = self.0.0.lock().expect("shard map poisoned");
         let changed = Changed {
             gained: now
                 .iter()
@@ -146,17 +148,30 @@ impl ShardMap {
                 .collect(),
         };
         *owned = now;
+        if !changed.gained.is_empty() || !changed.lost.is_empty() {
+            self.0.1.fetch_add(1, Ordering::SeqCst);
+        }
         changed
+    }
+
+    /// The epoch at which this replica owns `shard`, if it does.
+    pub fn epoch(&self, shard: u32) -> Option<i64> {
+        self.0.0.lock().expect("shard map poisoned").get(&shard).copied()
+    }
+
+    /// How many times what this replica owns has changed.
+    pub fn generation(&self) -> u64 {
+        self.0.1.load(Ordering::SeqCst)
     }
 
     /// Whether this replica owns `shard`.
     pub fn owns(&self, shard: u32) -> bool {
-        self.0.lock().expect("shard map poisoned").contains_key(&shard)
+        self.0.0.lock().expect("shard map poisoned").contains_key(&shard)
     }
 
     /// The `n`th shard this replica owns, counting round; `None` while it owns none.
     pub fn nth(&self, n: usize) -> Option<u32> {
-        let owned = self.0.lock().expect("shard map poisoned");
+        let owned = self.0.0.lock().expect("shard map poisoned");
         match owned.len() {
             0 => None,
             len => owned.keys().nth(n % len).copied(),
@@ -165,7 +180,7 @@ impl ShardMap {
 
     /// How many shards this replica owns.
     pub fn len(&self) -> usize {
-        self.0.lock().expect("shard map poisoned").len()
+        self.0.0.lock().expect("shard map poisoned").len()
     }
 
     /// Whether this replica owns no shard.

@@ -4,8 +4,10 @@
 //! - every write to those rows goes through the operations that keep it ([`Cache::saved_run`],
 //!   [`Cache::saved_step`] and their kin), which write the database in the same breath;
 //! - a command undone forgets the runs it touched, a batch rolled back forgets everything;
-//! - on PostgreSQL, a batch that finds another replica committed since this writer's last commit
-//!   forgets everything first ([`Cache::check_epoch`]).
+//! - among replicas on PostgreSQL, only the owner of a run's shard writes the run: a run of another
+//!   replica's shard that a command read is forgotten when the command ends
+//!   ([`Cache::forget_touched_unless`]), and everything is forgotten whenever what this replica
+//!   owns changes.
 //!
 //! What it does not hold it reads from the database, which is always right; forgetting is always
 //! safe. It holds runs not finished and their calls not settled (a settled call is read again only
@@ -31,8 +33,6 @@ pub struct Cache {
     dispatches: HashMap<DispatchId, (RunId, StepKey)>,
     /// Runs the command now applying changed: forgotten if it is undone.
     touched: HashSet<RunId>,
-    /// The commit counter as of this writer's last commit (PostgreSQL).
-    epoch: Option<i64>,
     /// The row the next event takes on SQLite (see `store::chain`), once read. A command undone
     /// gives its rows back to the database but not to this count: those rows are skipped, never
     /// taken twice.
@@ -74,28 +74,12 @@ pub enum Known {
 }
 
 impl Cache {
-    /// Starts a batch whose transaction found the commit counter at `epoch`: if anyone but this
-    /// writer committed since its last commit, nothing held is trusted.
-    pub fn check_epoch(&mut self, epoch: Option<i64>) {
-        if let Some(now) = epoch
-            && self.epoch.is_none_or(|last| last + 1 != now)
-        {
-            self.clear();
-        }
-    }
-
-    /// The batch that began at `epoch` committed.
-    pub fn committed(&mut self, epoch: Option<i64>) {
-        self.epoch = epoch;
-    }
-
     /// Forgets everything: a batch rolled back, a write failed after its command ended, the
     /// connection was made again.
     pub fn clear(&mut self) {
         self.runs.clear();
         self.dispatches.clear();
         self.touched.clear();
-        self.epoch = None;
         self.next_event_row = None;
         self.bytes = 0;
     }
@@ -117,6 +101,15 @@ impl Cache {
     /// The command was undone: what it changed is forgotten.
     pub fn undo_command(&mut self) {
         for run in std::mem::take(&mut self.touched) {
+            self.forget(&run);
+        }
+    }
+
+    /// Forgets the runs the command now ending touched that `keep` refuses: among replicas, the
+    /// runs of shards another replica owns, which that one writes.
+    pub fn forget_touched_unless(&mut self, keep: impl Fn(&RunId) -> bool) {
+        let strays: Vec<RunId> = self.touched.iter().filter(|run| !keep(run)).cloned().collect();
+        for run in strays {
             self.forget(&run);
         }
     }

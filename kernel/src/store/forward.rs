@@ -13,6 +13,7 @@ use std::pin::Pin;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
 
 use super::{
     Answer, EndRun, Fence, LeaseLoss, LocalStep, NewRun, ResultReport, StartDispatch, StepGate, Store, SubagentStart,
@@ -71,7 +72,15 @@ pub enum Sent {
 /// replicas; a store without one (SQLite) writes everything itself.
 pub trait Router: Send + Sync + 'static {
     /// Whether this replica owns `shard` as far as it knows.
-    fn here(&self, shard: u32) -> bool;
+    fn here(&self, shard: u32) -> bool {
+        self.epoch(shard).is_some()
+    }
+
+    /// The epoch at which this replica owns `shard`, as far as it knows.
+    fn epoch(&self, shard: u32) -> Option<i64>;
+
+    /// How many times what this replica owns has changed.
+    fn generation(&self) -> u64;
 
     /// A shard this replica owns, to make a new run in; `None` while it owns none.
     fn home(&self) -> Option<u32>;
@@ -86,14 +95,55 @@ pub enum Routed<V, T> {
     Done(Result<T, KernelError>),
 }
 
+/// How often a write whose shard moved under it is tried again (its owner's view of the shards
+/// catches up at its next heartbeat), and the longest pause between tries.
+const MOVED_TRIES: u32 = 24;
+const MOVED_PAUSE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Store {
-    /// Sends `value` (as `wrap` makes it a [`Forwarded`]) to the owner of `shard` when that is
-    /// another replica, and gives back its answer; otherwise gives `value` back to apply here.
-    pub(super) async fn route<V: Clone, T: DeserializeOwned>(
+    /// Applies a write of `shard`: here, with `command` made of `value`, when this replica owns
+    /// the shard (or there are no shards), else at the owner, sent as `wrap` makes it. A write
+    /// refused because the shard moved under it changed nothing, and is tried again wherever the
+    /// shard is then.
+    pub(super) async fn write<V: Clone, T: DeserializeOwned>(
         &self,
         shard: u32,
         value: V,
-        wrap: impl FnOnce(V) -> Forwarded,
+        wrap: impl Fn(V) -> Forwarded,
+        command: impl Fn(V, oneshot::Sender<Result<T, KernelError>>) -> super::writer::Command,
+    ) -> Result<T, KernelError> {
+        let mut value = value;
+        let mut pause = std::time::Duration::from_millis(20);
+        for _ in 0..MOVED_TRIES {
+            let here = match self.route(shard, value, &wrap).await {
+                Routed::Here(here) => here,
+                Routed::Done(answer) => return answer,
+            };
+            if self.router.get().is_none() {
+                return self.send(|reply| command(here, reply)).await;
+            }
+            value = here.clone();
+            match self.send(|reply| command(here, reply)).await {
+                Err(KernelError::Moved(why)) => {
+                    tracing::debug!(shard, why, "shard moved under a write; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MOVED_PAUSE_MAX);
+                }
+                answer => return answer,
+            }
+        }
+        Err(KernelError::Moved(format!(
+            "shard {shard} kept moving: no replica owned it long enough to take the write; try again"
+        )))
+    }
+
+    /// Sends `value` (as `wrap` makes it a [`Forwarded`]) to the owner of `shard` when that is
+    /// another replica, and gives back its answer; otherwise gives `value` back to apply here.
+    async fn route<V: Clone, T: DeserializeOwned>(
+        &self,
+        shard: u32,
+        value: V,
+        wrap: &impl Fn(V) -> Forwarded,
     ) -> Routed<V, T> {
         let Some(router) = self.router.get() else {
             return Routed::Here(value);
@@ -179,7 +229,7 @@ impl Forwarded {
         match self {
             Forwarded::CreateRun(new) => crate::machine::command::create_run::shard(new).or(new.home),
             Forwarded::Turn(plan) => Some(shard_of(&plan.run_id)),
-            Forwarded::Start(start) => Some(start.dispatch_id.shard()),
+            Forwarded::Start(start) => Some(shard_of(&start.run_id)),
             Forwarded::Result(report) => Some(report.dispatch_id.shard()),
             Forwarded::Suspend(report) => Some(report.dispatch_id.shard()),
             Forwarded::LoseLease(loss) => Some(loss.dispatch_id.shard()),

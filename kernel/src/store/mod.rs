@@ -140,6 +140,10 @@ pub fn check_tool_cache_key(key: &str) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// Where writes of runs go among replicas, once the cluster has set it (shared by the store's
+/// handles and its writer).
+type Routing = Arc<std::sync::OnceLock<Arc<dyn forward::Router>>>;
+
 /// A cheap handle on the store.
 #[derive(Clone)]
 pub struct Store {
@@ -153,7 +157,7 @@ pub struct Store {
     /// Who carries out what committed commands leave to do.
     effects: Effects,
     /// Where writes of runs whose shard another replica owns go (replicas only).
-    router: Arc<std::sync::OnceLock<Arc<dyn forward::Router>>>,
+    router: Routing,
 }
 
 /// Where the writer hands out each commit's effects: to whoever took them ([`Store::on_effects`]),
@@ -393,6 +397,8 @@ impl Store {
         let writer_clock = clock.clone();
         let effects = Effects::default();
         let after_commit = effects.after_commit(hub);
+        let router = Routing::default();
+        let writer_router = router.clone();
         let thread = WriterThread::spawn(move || {
             let conn = match postgres::open_writer(&writer_target, &writer_replica) {
                 Ok(conn) => conn,
@@ -406,6 +412,7 @@ impl Store {
                 WriteConn::Postgres {
                     conn: Box::new(conn),
                     target: writer_target,
+                    router: writer_router,
                 },
                 (&writer_replica, &writer_clock),
                 receiver,
@@ -423,7 +430,7 @@ impl Store {
                 replica,
                 clock,
                 effects,
-                router: Default::default(),
+                router,
             },
             thread,
         ))
@@ -522,49 +529,47 @@ impl Store {
         &self,
         mut new: NewRun,
     ) -> Result<(RunRecord, bool, Option<StepRecord>), KernelError> {
+        let Some(router) = self.router.get() else {
+            return self.send(|reply| Command::CreateRun(Box::new(new), reply)).await;
+        };
+        // Made in a shard this replica owns, when nothing else places it: nothing to forward.
         let shard = match crate::machine::command::create_run::shard(&new) {
             Some(shard) => shard,
-            // Made in a shard this replica owns, when it owns one: nothing to forward.
-            None => match self.router.get() {
-                Some(router) => match router.home() {
-                    Some(home) => {
-                        new.home = Some(home);
-                        home
-                    }
-                    None => crate::cluster::shards::shard_of(&RunId::new()),
-                },
-                None => return self.send(|reply| Command::CreateRun(Box::new(new), reply)).await,
+            None => match router.home() {
+                Some(home) => {
+                    new.home = Some(home);
+                    home
+                }
+                None => crate::cluster::shards::shard_of(&RunId::new()),
             },
         };
-        let new = match self
-            .route(shard, new, |new| forward::Forwarded::CreateRun(Box::new(new)))
-            .await
-        {
-            forward::Routed::Here(mut new) => {
+        self.write(
+            shard,
+            new,
+            |new| forward::Forwarded::CreateRun(Box::new(new)),
+            |mut new, reply| {
                 new.home.get_or_insert(shard);
-                new
-            }
-            forward::Routed::Done(answer) => return answer,
-        };
-        self.send(|reply| Command::CreateRun(Box::new(new), reply)).await
+                Command::CreateRun(Box::new(new), reply)
+            },
+        )
+        .await
     }
 
     /// Records a turn: each call's disposition, and what ended with the run when the turn ended
     /// it (a branch's refusal), to cancel on workers.
     pub async fn record_turn(&self, plan: TurnPlan) -> Result<RecordedTurn, KernelError> {
         let shard = crate::cluster::shards::shard_of(&plan.run_id);
-        let plan = match self
-            .route(shard, plan, |mut plan| {
+        self.write(
+            shard,
+            plan,
+            |mut plan| {
                 // The slots reserved for its calls are this replica's: the owner queues them.
                 plan.calls.iter_mut().for_each(|call| call.start = None);
                 forward::Forwarded::Turn(Box::new(plan))
-            })
-            .await
-        {
-            forward::Routed::Here(plan) => plan,
-            forward::Routed::Done(answer) => return answer,
-        };
-        self.send(|reply| Command::ScheduleTurn(plan, None, reply)).await
+            },
+            |plan, reply| Command::ScheduleTurn(plan, None, reply),
+        )
+        .await
     }
 
     /// Records a turn as [`Store::record_turn`] does; `early` is handed the calls it started that
@@ -575,7 +580,12 @@ impl Store {
         plan: TurnPlan,
         early: EarlyDispatch,
     ) -> Result<RecordedTurn, KernelError> {
-        self.send(|reply| Command::ScheduleTurn(plan, Some(early), reply)).await
+        // Among replicas, a turn whose shard moved meanwhile goes to its owner without its slots.
+        let kept = self.router.get().map(|_| plan.clone());
+        match self.send(|reply| Command::ScheduleTurn(plan, Some(early), reply)).await {
+            Err(KernelError::Moved(_)) if let Some(plan) = kept => self.record_turn(plan).await,
+            answer => answer,
+        }
     }
 
     /// Records a turn of a run that no turn can end (no branch, no case run), for tests.
@@ -594,16 +604,16 @@ impl Store {
         start: StartDispatch,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<StepRecord>, KernelError>> + Send + 'static>>
     {
+        let store = self.clone();
         if !self.owns(&start.run_id) {
-            let store = self.clone();
             return Box::pin(async move {
-                let shard = start.dispatch_id.shard();
-                match store.route(shard, start, forward::Forwarded::Start).await {
-                    forward::Routed::Here(start) => store.start_dispatch(start).await,
-                    forward::Routed::Done(answer) => answer,
-                }
+                let shard = crate::cluster::shards::shard_of(&start.run_id);
+                store
+                    .write(shard, start, forward::Forwarded::Start, Command::StartDispatch)
+                    .await
             });
         }
+        let kept = self.router.get().map(|_| start.clone());
         let (reply, answer) = oneshot::channel();
         let sent = self
             .commands
@@ -611,7 +621,15 @@ impl Store {
         Box::pin(async move {
             let stopped = || KernelError::Unavailable("the store writer has stopped".into());
             sent.map_err(|_| stopped())?;
-            answer.await.map_err(|_| stopped())?
+            match answer.await.map_err(|_| stopped())? {
+                Err(KernelError::Moved(_)) if let Some(start) = kept => {
+                    let shard = crate::cluster::shards::shard_of(&start.run_id);
+                    store
+                        .write(shard, start, forward::Forwarded::Start, Command::StartDispatch)
+                        .await
+                }
+                answer => answer,
+            }
         })
     }
 
@@ -626,14 +644,9 @@ impl Store {
         &self,
         report: ResultReport,
     ) -> Result<Option<(StepRecord, Vec<StepRecord>)>, KernelError> {
-        let report = match self
-            .route(report.dispatch_id.shard(), report, forward::Forwarded::Result)
+        let shard = report.dispatch_id.shard();
+        self.write(shard, report, forward::Forwarded::Result, Command::RecordResult)
             .await
-        {
-            forward::Routed::Here(report) => report,
-            forward::Routed::Done(answer) => return answer,
-        };
-        self.send(|reply| Command::RecordResult(report, reply)).await
     }
 
     /// Records a hosted handler's finished local step, fenced by the run's dispatch, as its
@@ -644,18 +657,14 @@ impl Store {
         local: LocalStep,
         gate: StepGate,
     ) -> Result<StepRecorded, KernelError> {
-        let step = Box::new((local, gate));
         let shard = crate::cluster::shards::shard_of(&run);
-        let (run, fence, step) = match self
-            .route(shard, (run, fence, step), |(run, fence, step)| {
-                forward::Forwarded::RecordStep(run, fence, step)
-            })
-            .await
-        {
-            forward::Routed::Here(here) => here,
-            forward::Routed::Done(answer) => return answer,
-        };
-        self.send(|reply| Command::RecordStep(run, fence, step, reply)).await
+        self.write(
+            shard,
+            (run, fence, Box::new((local, gate))),
+            |(run, fence, step)| forward::Forwarded::RecordStep(run, fence, step),
+            |(run, fence, step), reply| Command::RecordStep(run, fence, step, reply),
+        )
+        .await
     }
 
     /// Asks whether a local step may run, before it runs (fenced): the policy's `gate`, then a
@@ -666,43 +675,33 @@ impl Store {
         local: LocalStep,
         gate: StepGate,
     ) -> Result<StepRecorded, KernelError> {
-        let step = Box::new((local, gate));
         let shard = crate::cluster::shards::shard_of(&run);
-        let (run, fence, step) = match self
-            .route(shard, (run, fence, step), |(run, fence, step)| {
-                forward::Forwarded::CheckStep(run, fence, step)
-            })
-            .await
-        {
-            forward::Routed::Here(here) => here,
-            forward::Routed::Done(answer) => return answer,
-        };
-        self.send(|reply| Command::CheckStep(run, fence, step, reply)).await
+        self.write(
+            shard,
+            (run, fence, Box::new((local, gate))),
+            |(run, fence, step)| forward::Forwarded::CheckStep(run, fence, step),
+            |(run, fence, step), reply| Command::CheckStep(run, fence, step, reply),
+        )
+        .await
     }
 
     /// Suspends a hosted handler's dispatch (fenced); `None` when it no longer held its run.
     pub async fn suspend_dispatch(&self, report: SuspendReport) -> Result<Option<StepRecord>, KernelError> {
-        let report = match self
-            .route(report.dispatch_id.shard(), report, forward::Forwarded::Suspend)
+        let shard = report.dispatch_id.shard();
+        self.write(shard, report, forward::Forwarded::Suspend, Command::SuspendDispatch)
             .await
-        {
-            forward::Routed::Here(report) => report,
-            forward::Routed::Done(answer) => return answer,
-        };
-        self.send(|reply| Command::SuspendDispatch(report, reply)).await
     }
 
     /// Starts a hosted handler's subagent, or returns the one recorded at its place.
     pub async fn start_subagent(&self, start: SubagentStart) -> Result<SubagentStarted, KernelError> {
         let shard = crate::cluster::shards::shard_of(&start.parent);
-        let start = match self
-            .route(shard, start, |start| forward::Forwarded::StartSubagent(Box::new(start)))
-            .await
-        {
-            forward::Routed::Here(start) => start,
-            forward::Routed::Done(answer) => return answer,
-        };
-        self.send(|reply| Command::StartSubagent(Box::new(start), reply)).await
+        self.write(
+            shard,
+            start,
+            |start| forward::Forwarded::StartSubagent(Box::new(start)),
+            |start, reply| Command::StartSubagent(Box::new(start), reply),
+        )
+        .await
     }
 
     /// Keeps the agents a worker offers, so runs created while none is connected are hosted.
@@ -711,31 +710,24 @@ impl Store {
     }
 
     pub async fn lose_lease(&self, loss: LeaseLoss) -> Result<LossOutcome, KernelError> {
-        let loss = match self
-            .route(loss.dispatch_id.shard(), loss, forward::Forwarded::LoseLease)
+        let shard = loss.dispatch_id.shard();
+        self.write(shard, loss, forward::Forwarded::LoseLease, Command::LoseLease)
             .await
-        {
-            forward::Routed::Here(loss) => loss,
-            forward::Routed::Done(answer) => return answer,
-        };
-        self.send(|reply| Command::LoseLease(loss, reply)).await
     }
 
     /// Fails a running dispatch that outlived its timeout; `None` when it no longer held the step.
     pub async fn time_out(&self, dispatch_id: DispatchId, attempt: u32) -> Result<Option<StepRecord>, KernelError> {
         let shard = dispatch_id.shard();
-        let dispatch_id = match self
-            .route(shard, dispatch_id, |id| forward::Forwarded::TimeOut(id, attempt))
-            .await
-        {
-            forward::Routed::Here(id) => id,
-            forward::Routed::Done(answer) => return answer,
-        };
-        self.send(|reply| Command::TimeOut {
+        self.write(
+            shard,
             dispatch_id,
-            attempt,
-            reply,
-        })
+            |id| forward::Forwarded::TimeOut(id, attempt),
+            |dispatch_id, reply| Command::TimeOut {
+                dispatch_id,
+                attempt,
+                reply,
+            },
+        )
         .await
     }
 
@@ -749,59 +741,51 @@ impl Store {
         (reason, outcome): (&'static str, crate::model::Outcome),
     ) -> Result<Option<StepRecord>, KernelError> {
         let shard = crate::cluster::shards::shard_of(&run);
-        let (run, key, message) = match self
-            .route(shard, (run, key, message), |(run, key, message)| {
-                forward::Forwarded::FailPending {
-                    run,
-                    key,
-                    message,
-                    reason,
-                    outcome,
-                }
-            })
-            .await
-        {
-            forward::Routed::Here(here) => here,
-            forward::Routed::Done(answer) => return answer,
-        };
-        self.send(|reply| Command::FailPending {
-            run,
-            key,
-            message,
-            reason,
-            outcome,
-            reply,
-        })
+        self.write(
+            shard,
+            (run, key, message),
+            |(run, key, message)| forward::Forwarded::FailPending {
+                run,
+                key,
+                message,
+                reason,
+                outcome,
+            },
+            |(run, key, message), reply| Command::FailPending {
+                run,
+                key,
+                message,
+                reason,
+                outcome,
+                reply,
+            },
+        )
         .await
     }
 
     /// Ends a run; failing or cancelling settles its in-flight steps first and returns them.
     pub async fn end_run(&self, run: RunId, end: EndRun) -> Result<(RunRecord, Vec<StepRecord>), KernelError> {
         let shard = crate::cluster::shards::shard_of(&run);
-        let (run, end) = match self
-            .route(shard, (run, end), |(run, end)| forward::Forwarded::EndRun(run, end))
-            .await
-        {
-            forward::Routed::Here(here) => here,
-            forward::Routed::Done(answer) => return answer,
-        };
-        self.send(|reply| Command::EndRun(run, end, reply)).await
+        self.write(
+            shard,
+            (run, end),
+            |(run, end)| forward::Forwarded::EndRun(run, end),
+            |(run, end), reply| Command::EndRun(run, end, reply),
+        )
+        .await
     }
 
     /// Cancels call `key` of `run` for `reason`, leaving the run going; returns the settled step,
     /// to cancel on its worker.
     pub async fn cancel_call(&self, run: RunId, key: StepKey, reason: String) -> Result<StepRecord, KernelError> {
         let shard = crate::cluster::shards::shard_of(&run);
-        let (run, key, reason) = match self
-            .route(shard, (run, key, reason), |(run, key, reason)| {
-                forward::Forwarded::CancelCall(run, key, reason)
-            })
-            .await
-        {
-            forward::Routed::Here(here) => here,
-            forward::Routed::Done(answer) => return answer,
-        };
-        self.send(|reply| Command::CancelCall(run, key, reason, reply)).await
+        self.write(
+            shard,
+            (run, key, reason),
+            |(run, key, reason)| forward::Forwarded::CancelCall(run, key, reason),
+            |(run, key, reason), reply| Command::CancelCall(run, key, reason, reply),
+        )
+        .await
     }
 
     /// Fails up to `limit` external agents' runs that made no turn for `after_ms` as abandoned;
@@ -822,43 +806,33 @@ impl Store {
         decider: String,
         reason: Option<String>,
     ) -> Result<Answered, KernelError> {
-        // Its run's shard, read: an approval asked before ids named their shard is answered too.
-        if self.router.get().is_some()
-            && let Some(approval) = self.reads.approval(id.clone()).await?
-        {
-            let shard = crate::cluster::shards::shard_of(&approval.run_id);
-            let routed = self
-                .route(shard, (id, decider, reason), |(id, decider, reason)| {
-                    forward::Forwarded::AnswerApproval {
-                        id,
-                        answer,
-                        decider,
-                        reason,
-                    }
-                })
-                .await;
-            return match routed {
-                forward::Routed::Here((id, decider, reason)) => self.answer_here(id, answer, decider, reason).await,
-                forward::Routed::Done(answer) => answer,
-            };
-        }
-        self.answer_here(id, answer, decider, reason).await
-    }
-
-    async fn answer_here(
-        &self,
-        id: ApprovalId,
-        answer: Answer,
-        decider: String,
-        reason: Option<String>,
-    ) -> Result<Answered, KernelError> {
-        self.send(|reply| Command::AnswerApproval {
+        let answer_here = |(id, decider, reason), reply| Command::AnswerApproval {
             id,
             answer,
             decider,
             reason,
             reply,
-        })
+        };
+        // Its run's shard, read: an approval asked before ids named their shard is answered too.
+        let approval = match self.router.get() {
+            Some(_) => self.reads.approval(id.clone()).await?,
+            None => None,
+        };
+        let Some(approval) = approval else {
+            return self.send(|reply| answer_here((id, decider, reason), reply)).await;
+        };
+        let shard = crate::cluster::shards::shard_of(&approval.run_id);
+        self.write(
+            shard,
+            (id, decider, reason),
+            |(id, decider, reason)| forward::Forwarded::AnswerApproval {
+                id,
+                answer,
+                decider,
+                reason,
+            },
+            answer_here,
+        )
         .await
     }
 
@@ -871,19 +845,20 @@ impl Store {
     /// Counts a replay of these settled steps. The results served are durable already, so the
     /// caller does not wait for this commit.
     pub fn note_replays(&self, run: RunId, keys: Vec<StepKey>) {
-        if !self.owns(&run) {
+        if self.router.get().is_some() {
             let store = self.clone();
             let shard = crate::cluster::shards::shard_of(&run);
             tokio::spawn(async move {
-                let routed: forward::Routed<_, ()> = store
-                    .route(shard, (run, keys), |(run, keys)| {
-                        forward::Forwarded::NoteReplays(run, keys)
-                    })
+                let noted = store
+                    .write(
+                        shard,
+                        (run, keys),
+                        |(run, keys)| forward::Forwarded::NoteReplays(run, keys),
+                        |(run, keys), reply| Command::NoteReplays(run, keys, reply),
+                    )
                     .await;
-                match routed {
-                    forward::Routed::Here((run, keys)) => store.note_replays(run, keys),
-                    forward::Routed::Done(Err(error)) => tracing::debug!(%error, "replays not counted"),
-                    forward::Routed::Done(Ok(())) => {}
+                if let Err(error) = noted {
+                    tracing::debug!(%error, "replays not counted");
                 }
             });
             return;
@@ -906,11 +881,8 @@ impl Store {
     /// Deletes a finished run with its events, steps, approvals and its calls' cached results.
     pub async fn delete_run(&self, run: RunId) -> Result<Deleted, KernelError> {
         let shard = crate::cluster::shards::shard_of(&run);
-        let run = match self.route(shard, run, forward::Forwarded::DeleteRun).await {
-            forward::Routed::Here(run) => run,
-            forward::Routed::Done(answer) => return answer,
-        };
-        self.send(|reply| Command::DeleteRun(run, reply)).await
+        self.write(shard, run, forward::Forwarded::DeleteRun, Command::DeleteRun)
+            .await
     }
 
     /// Deletes up to `limit` runs that finished before `finished_before` (oldest first).
@@ -933,14 +905,9 @@ impl Store {
     /// Writes (or replaces) an entry of a tool's cache; a refused entry is never queued.
     pub async fn tool_cache_set(&self, set: ToolCacheSet) -> Result<(), KernelError> {
         set.validate()?;
-        let set = match self
-            .route(set.dispatch_id.shard(), set, forward::Forwarded::ToolCacheSet)
+        let shard = set.dispatch_id.shard();
+        self.write(shard, set, forward::Forwarded::ToolCacheSet, Command::ToolCacheSet)
             .await
-        {
-            forward::Routed::Here(set) => set,
-            forward::Routed::Done(answer) => return answer,
-        };
-        self.send(|reply| Command::ToolCacheSet(set, reply)).await
     }
 }
 

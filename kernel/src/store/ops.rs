@@ -48,6 +48,21 @@ pub struct Tx<'c> {
     pub seqs: std::cell::RefCell<std::collections::HashMap<RunId, Seq>>,
     /// The writer's memory of the runs and steps it wrote (see [`Cache`]).
     pub cache: &'c std::cell::RefCell<Cache>,
+    /// Which shards this replica owns, among replicas: the sweeps (idle runs, finished runs, due
+    /// approvals) take only runs of its own shards. `None`: every run is this writer's (SQLite).
+    pub router: Option<&'c dyn super::forward::Router>,
+}
+
+impl Tx<'_> {
+    /// Whether this writer may write `run`: its shard is this replica's, or there are no shards.
+    pub fn owns(&self, run: &RunId) -> bool {
+        self.owns_text(run.as_str())
+    }
+
+    fn owns_text(&self, run: &str) -> bool {
+        self.router
+            .is_none_or(|router| router.here(crate::cluster::shards::shard_of_text(run)))
+    }
 }
 
 /// A run's last event number as a command knows it.
@@ -365,6 +380,7 @@ impl Records for Tx<'_> {
             )?
             .query_map(params![cutoff, limit], |row| Ok((row.get(0)?, row.get(1)?)))?
             .collect::<sql::Result<_>>()?;
+        let idle: Vec<(String, Option<Millis>)> = idle.into_iter().filter(|(id, _)| self.owns_text(id)).collect();
         idle.into_iter()
             .map(|(id, last)| Ok((RunId::parse(&id, "run")?, last)))
             .collect()
@@ -380,7 +396,10 @@ impl Records for Tx<'_> {
             )?
             .query_map(params![before, limit], |row| row.get(0))?
             .collect::<sql::Result<_>>()?;
-        ids.iter().map(|id| RunId::parse(id, "id")).collect()
+        ids.iter()
+            .map(|id| RunId::parse(id, "id"))
+            .filter(|id| id.as_ref().map_or(true, |id| self.owns(id)))
+            .collect()
     }
 
     fn remove_run(&mut self, run: &RunId) -> Result<super::Deleted> {
@@ -556,7 +575,10 @@ impl Records for Tx<'_> {
                 rows::APPROVAL_COLUMNS
             ))?
             .query_map(params![self.now], rows::approval_from_row)?
-            .collect::<sql::Result<_>>()?)
+            .collect::<sql::Result<Vec<_>>>()?
+            .into_iter()
+            .filter(|approval| self.owns(&approval.run_id))
+            .collect())
     }
 
     fn insert_approval(&mut self, approval: &ApprovalRecord) -> Result<()> {
@@ -1063,10 +1085,16 @@ pub fn claim_pending(tx: &mut Tx<'_>, tools: &[String], agents: &[String], limit
         return Ok(Vec::new());
     }
     args.push(sql::Arg::Int(i64::try_from(limit).unwrap_or(i64::MAX)));
+    // Among replicas a claim marks steps of any shard: one whose row the owner's transaction holds
+    // is passed over, not waited for, so an owner frozen inside a transaction holds up no claim.
+    let skip_locked = match tx.conn.dialect() {
+        sql::Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
+        sql::Dialect::Sqlite => "",
+    };
     let sql = format!(
         "UPDATE steps SET claimed_until = ?1 WHERE (run_id, step_key) IN (SELECT run_id, step_key FROM steps \
          WHERE status = 'pending' AND (claimed_until IS NULL OR claimed_until < ?2) AND ({}) ORDER BY created_at \
-         LIMIT ?{}) RETURNING {}",
+         LIMIT ?{}{skip_locked}) RETURNING {}",
         wanted.join(" OR "),
         args.len(),
         rows::STEP_COLUMNS

@@ -114,6 +114,7 @@ impl Replay {
             effects: Vec::new(),
             seqs: Default::default(),
             cache: &cache,
+            router: None,
         };
         let applied = command.apply(&mut tx).and_then(|()| tx.finish());
         self.db.end(applied.is_ok());

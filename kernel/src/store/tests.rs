@@ -2444,17 +2444,69 @@ async fn a_turn_s_count_of_calls_is_in_the_run_row_when_it_commits(f: Fixture) {
 
 on_both_stores!(a_turn_s_count_of_calls_is_in_the_run_row_when_it_commits);
 
-/// Two replicas' writers on one database: what one remembers of a call stops counting once the
-/// other commits, so a call the other started is not started again here.
+/// Which shards a test's replica believes it owns: a replica frozen while another took its shard
+/// still believes it owns it. It reaches no other replica.
+#[derive(Default)]
+struct Owns {
+    epochs: std::sync::Mutex<BTreeMap<u32, i64>>,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+impl crate::store::forward::Router for Owns {
+    fn epoch(&self, shard: u32) -> Option<i64> {
+        self.epochs.lock().unwrap().get(&shard).copied()
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn home(&self) -> Option<u32> {
+        self.epochs.lock().unwrap().keys().next().copied()
+    }
+
+    fn send(
+        &self,
+        shard: u32,
+        _: Vec<u8>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<crate::store::forward::Sent, KernelError>> + Send>>
+    {
+        Box::pin(async move {
+            Err(KernelError::Unavailable(format!(
+                "no owner of shard {shard} answers here"
+            )))
+        })
+    }
+}
+
+/// Two replicas' writers on one database. A replica that lost a shard while it was frozen still
+/// believes it owns it, remembers its runs, and writes: the commit's fence finds the shard's epoch
+/// moved on, and nothing it wrote stands. The shard's new owner starts the call.
 #[tokio::test]
-async fn a_writer_trusts_nothing_it_remembers_once_another_replica_committed() {
-    let Some(a) = open_postgres("store::tests::a_writer_trusts_nothing_it_remembers").await else {
+async fn an_owner_that_lost_its_shard_commits_nothing_in_it() {
+    let Some(a) = open_postgres("store::tests::an_owner_that_lost_its_shard").await else {
         return;
     };
     let url = a._postgres.as_ref().expect("a server").url.clone();
     let (b, _b_writer) = Store::open_postgres(&Target::with_defaults(&url).unwrap(), (Hub::default(), Clock::wall()))
         .await
         .unwrap();
+    let every: Vec<(u32, i64)> = (0..crate::cluster::shards::SHARDS).map(|id| (id, 0)).collect();
+    let taken = a
+        .store
+        .move_shards(
+            crate::cluster::shards::Moves {
+                take: every,
+                release: Vec::new(),
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    let owns = std::sync::Arc::new(Owns::default());
+    owns.epochs.lock().unwrap().extend(taken);
+    a.store.set_router(owns.clone());
+
     let (run, _) = a.store.create_run(new_run(None, 0)).await.unwrap();
     let turn = a
         .store
@@ -2467,12 +2519,53 @@ async fn a_writer_trusts_nothing_it_remembers_once_another_replica_committed() {
         .unwrap();
     let waiting = scheduled(&turn[0]);
 
+    // B takes the run's shard, as it would from a replica silent for a TTL.
+    let shard = crate::cluster::shards::shard_of(&run.id);
+    let moved = b
+        .move_shards(
+            crate::cluster::shards::Moves {
+                take: vec![(shard, 1)],
+                release: Vec::new(),
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(moved, vec![(shard, 2)]);
+
+    // A, unaware, starts the call: each try is refused at the commit and tried again.
+    let start_on_a = || StartDispatch {
+        run_id: waiting.run_id.clone(),
+        key: waiting.key.clone(),
+        dispatch_id: "on-a".into(),
+        attempt: 1,
+        worker: "w".into(),
+        session_id: "sa".into(),
+        lease_expires_at: 0,
+        replica: None,
+    };
+    let unaware = tokio::time::timeout(
+        std::time::Duration::from_millis(500),
+        a.store.start_dispatch(start_on_a()),
+    )
+    .await;
+    assert!(unaware.is_err(), "a write in a lost shard went through: {unaware:?}");
+    let stored = step_again(&a, &run.id, &waiting.key).await;
+    assert_eq!(
+        (stored.status, stored.attempts, stored.dispatch_id),
+        (StepStatus::Pending, 0, None)
+    );
+    // Once A learns it lost the shard, it sends the write to the owner (none answers in this test).
+    owns.epochs.lock().unwrap().remove(&shard);
+    owns.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let refused = a.store.start_dispatch(start_on_a()).await.unwrap_err();
+    assert!(matches!(refused, KernelError::Unavailable(_)), "{refused:?}");
+    // Runs of the shards A still owns are written as before.
+    let (other, _) = a.store.create_run(new_run(None, 0)).await.unwrap();
+    assert_ne!(crate::cluster::shards::shard_of(&other.id), shard);
+
     let there = start(&b, &waiting, "on-b", 1, "sb").await.expect("started on b");
     assert_eq!(there.status, StepStatus::Running);
-    assert!(
-        start(&a.store, &waiting, "on-a", 1, "sa").await.is_none(),
-        "a remembered the call pending, but b started it"
-    );
     let stored = step_again(&a, &run.id, &waiting.key).await;
     assert_eq!(stored.dispatch_id.as_ref().map(|id| id.as_str()), Some("on-b"));
     assert_eq!(stored.attempts, 1);

@@ -112,6 +112,49 @@ pub enum Command {
 }
 
 impl Command {
+    /// The shard of the run the command writes, for a command of one run: among replicas only
+    /// the shard's owner applies it. `None` for the writes of no one run (claims, sweeps, the
+    /// registry, replicas' rows), which take care of shards themselves or touch none.
+    fn shard(&self) -> Option<u32> {
+        use crate::cluster::shards::shard_of;
+        match self {
+            Command::CreateRun(new, _) => crate::machine::command::create_run::shard(new).or(new.home),
+            Command::ScheduleTurn(plan, ..) => Some(shard_of(&plan.run_id)),
+            Command::StartDispatch(start, _) => Some(shard_of(&start.run_id)),
+            Command::RecordResult(report, _) => Some(report.dispatch_id.shard()),
+            Command::LoseLease(loss, _) => Some(loss.dispatch_id.shard()),
+            Command::TimeOut { dispatch_id, .. } => Some(dispatch_id.shard()),
+            Command::SuspendDispatch(report, _) => Some(report.dispatch_id.shard()),
+            Command::ToolCacheSet(set, _) => Some(set.dispatch_id.shard()),
+            Command::FailPending { run, .. }
+            | Command::EndRun(run, ..)
+            | Command::CancelCall(run, ..)
+            | Command::DeleteRun(run, _)
+            | Command::NoteReplays(run, ..)
+            | Command::RecordStep(run, ..)
+            | Command::CheckStep(run, ..) => Some(shard_of(run)),
+            Command::StartSubagent(start, _) => Some(shard_of(&start.parent)),
+            Command::AnswerApproval { .. }
+            | Command::AbandonRuns(..)
+            | Command::RegisterTools(..)
+            | Command::ForgetTools(..)
+            | Command::PruneRuns(..)
+            | Command::ExpireApprovals(_)
+            | Command::PurgeExpired(..)
+            | Command::RegisterAgents(..)
+            | Command::Beat(..)
+            | Command::ClaimPending { .. }
+            | Command::MoveShards { .. }
+            | Command::ForgetReplica { .. } => None,
+        }
+    }
+
+    /// Whether the command only marks rows of any shard for this replica (a claim: the start
+    /// that follows goes to the owner), so the runs it names need not be this replica's.
+    fn claims_only(&self) -> bool {
+        matches!(self, Command::ClaimPending { .. })
+    }
+
     /// Whether the command changes the tool or agent registry, which other replicas reload.
     fn changes_registry(&self) -> bool {
         matches!(
@@ -143,13 +186,17 @@ struct Failed {
     message: String,
     /// The connection to the database dropped: the caller may try again, here or elsewhere.
     unreachable: bool,
+    /// A shard the batch wrote is no longer this replica's: nothing was written, and the caller
+    /// sends the write to the new owner.
+    moved: bool,
 }
 
 impl Failed {
     fn error(&self) -> KernelError {
-        match self.unreachable {
-            true => KernelError::Unavailable(format!("commit failed: {}", self.message)),
-            false => KernelError::Store(format!("commit failed: {}", self.message)),
+        match (self.moved, self.unreachable) {
+            (true, _) => KernelError::Moved(self.message.clone()),
+            (false, true) => KernelError::Unavailable(format!("commit failed: {}", self.message)),
+            (false, false) => KernelError::Store(format!("commit failed: {}", self.message)),
         }
     }
 }
@@ -257,6 +304,8 @@ pub enum WriteConn {
     Postgres {
         conn: Box<PgConn>,
         target: super::postgres::Target,
+        /// Which shards this replica owns, once the cluster has started.
+        router: super::Routing,
     },
 }
 
@@ -264,7 +313,7 @@ impl WriteConn {
     /// A PostgreSQL connection that dropped (the server restarted, the network went) is made
     /// again; until then every batch is refused as unavailable.
     fn ensure_open(&mut self, cache: &RefCell<Cache>, replica: &str) -> Result<(), String> {
-        if let WriteConn::Postgres { conn, target } = self
+        if let WriteConn::Postgres { conn, target, .. } = self
             && conn.is_closed()
         {
             cache.borrow_mut().clear();
@@ -389,23 +438,59 @@ impl WriteConn {
         matches!(self, WriteConn::Postgres { conn, .. } if conn.is_closed())
     }
 
-    /// Begins a batch's transaction; on PostgreSQL, with the commit counter it will commit (so
-    /// the writer knows whether another replica committed since its own last batch).
-    fn begin(&self) -> Result<Option<i64>, String> {
-        // SQLite takes the write lock at once, so a batch never fails halfway for want of it. On
-        // PostgreSQL the replicas' writers take turns under one transaction-scoped advisory lock:
-        // every check a command makes (is the step still pending, does this attempt hold it) reads
-        // what the other replicas committed, and nothing commits between the check and the write.
+    /// Begins a batch's transaction. SQLite takes the write lock at once, so a batch never fails
+    /// halfway for want of it. On PostgreSQL no writer waits for another's: each writes only the
+    /// runs of the shards its replica owns, and its commit is fenced by their epochs
+    /// ([`WriteConn::fence`]); the `BEGIN` goes out with the batch's first statement.
+    fn begin(&self) -> Result<(), String> {
         match self {
-            WriteConn::Sqlite(..) => self.batch("BEGIN IMMEDIATE").map(|()| None),
+            WriteConn::Sqlite(..) => self.batch("BEGIN IMMEDIATE"),
             WriteConn::Postgres { conn, .. } => {
-                conn.defer_batch(super::postgres::BEGIN_WRITE);
-                self.sql()
-                    .query_row(super::postgres::COUNT_COMMIT, &[], |row| row.get(0))
-                    .map(Some)
-                    .map_err(|e| e.to_string())
+                conn.defer_batch("BEGIN");
+                Ok(())
             }
         }
+    }
+
+    /// Which shards this replica owns: `None` on SQLite, and before the cluster has started.
+    fn router(&self) -> Option<&dyn super::forward::Router> {
+        match self {
+            WriteConn::Sqlite(..) => None,
+            WriteConn::Postgres { router, .. } => router.get().map(|router| router.as_ref()),
+        }
+    }
+
+    /// Just before the commit, among replicas: locks the rows of the shards the batch wrote
+    /// (`FOR SHARE`, so no replica can take one until this transaction ends) and checks that each
+    /// is still this replica's (`me`), at the epoch it knows. A replica that lost a shard while
+    /// frozen or cut off (another took it after the TTL) learns it here, and commits nothing.
+    fn fence(&self, me: &str, shards: &std::collections::BTreeSet<u32>) -> Result<(), String> {
+        let Some(router) = self.router().filter(|_| !shards.is_empty()) else {
+            return Ok(());
+        };
+        let ids: Vec<String> = shards.iter().map(u32::to_string).collect();
+        let sql = format!(
+            "SELECT id, owner, epoch FROM shards WHERE id IN ({}) FOR SHARE",
+            ids.join(", ")
+        );
+        let rows: Vec<(i64, Option<String>, i64)> = self
+            .sql()
+            .prepare(&sql)
+            .and_then(|mut statement| {
+                statement
+                    .query_map(&[], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
+                    .collect()
+            })
+            .map_err(|e| e.to_string())?;
+        for shard in shards {
+            let row = rows.iter().find(|(id, ..)| *id == i64::from(*shard));
+            let current = row
+                .is_some_and(|(_, owner, epoch)| owner.as_deref() == Some(me) && Some(*epoch) == router.epoch(*shard));
+            if !current {
+                return Err(format!("shard {shard} is no longer this replica's"));
+            }
+        }
+        Ok(())
     }
 
     /// Commits, telling the other replicas (on PostgreSQL) what the batch wrote; waits for the
@@ -497,6 +582,8 @@ struct Applied {
     before_commit: Option<BeforeCommit>,
     /// The command wrote nothing: its answer is its refusal, whatever happens to its batch.
     refused: bool,
+    /// The shards of the runs it wrote, among replicas: the commit is fenced by their epochs.
+    shards: std::collections::BTreeSet<u32>,
 }
 
 impl Applied {
@@ -509,20 +596,26 @@ impl Applied {
             sync: false,
             before_commit: None,
             refused: true,
+            shards: Default::default(),
         }
     }
 
     /// The command's writes were undone after all: its caller hears `error`, nobody its events.
     /// A refused command keeps its own answer.
     fn undone(self, error: String) -> Self {
+        self.undone_as(Failed {
+            message: error,
+            unreachable: false,
+            moved: false,
+        })
+    }
+
+    /// The command's writes were undone as `failed` says.
+    fn undone_as(self, failed: Failed) -> Self {
         if self.refused {
             return self;
         }
         let responder = self.responder;
-        let failed = Failed {
-            message: error,
-            unreachable: false,
-        };
         Applied::refused(Box::new(move |_| responder(Some(&failed))))
     }
 }
@@ -535,6 +628,14 @@ fn apply_isolated(
     isolation: Isolation,
     command: Command,
 ) -> Result<Applied, Box<Spoiled>> {
+    let router = conn.router();
+    if let (Some(router), Some(shard)) = (router, command.shard())
+        && !router.here(shard)
+    {
+        let moved = KernelError::Moved(format!("shard {shard} is not this replica's"));
+        return Ok(Applied::refused(fail_command(command, moved)));
+    }
+    let claims_only = command.claims_only();
     cache.borrow_mut().begin_command();
     let undo = || {
         conn.undo(isolation);
@@ -553,6 +654,7 @@ fn apply_isolated(
         effects: Vec::new(),
         seqs: Default::default(),
         cache,
+        router,
     };
     let mut before_commit = None;
     let notes_only = command.notes_only();
@@ -568,6 +670,18 @@ fn apply_isolated(
         return Ok(Applied::refused(responder));
     }
     let finished = tx.finish();
+    let shards: std::collections::BTreeSet<u32> = match router {
+        Some(_) if !claims_only => tx
+            .published
+            .iter()
+            .map(|p| crate::cluster::shards::shard_of(&p.event.run_id))
+            .collect(),
+        _ => Default::default(),
+    };
+    let stray = shards
+        .iter()
+        .copied()
+        .find(|shard| router.is_some_and(|r| !r.here(*shard)));
     let applied = Applied {
         sync: must_sync(tx.published.iter().map(|p| (p.event.kind, p.step.as_ref())), notes_only),
         responder,
@@ -576,7 +690,16 @@ fn apply_isolated(
         effects: tx.effects,
         before_commit,
         refused: false,
+        shards,
     };
+    if let Some(shard) = stray {
+        undo();
+        return Ok(applied.undone_as(Failed {
+            message: format!("the command wrote a run of shard {shard}, which is not this replica's"),
+            unreachable: false,
+            moved: true,
+        }));
+    }
     // The command's answer was an outcome its writes did not keep.
     if let Err(error) = finished {
         let error = error.to_string();
@@ -592,6 +715,12 @@ fn apply_isolated(
     if let Err(error) = conn.release(isolation) {
         cache.borrow_mut().undo_command();
         return Ok(applied.undone(error));
+    }
+    // Runs of other shards the command read are forgotten: their owners write them.
+    if let Some(router) = router {
+        cache
+            .borrow_mut()
+            .forget_touched_unless(|run| router.here(crate::cluster::shards::shard_of(run)));
     }
     Ok(applied)
 }
@@ -626,15 +755,12 @@ fn apply_batch(
 
 fn fail_command(command: Command, error: KernelError) -> Responder {
     let message = error.to_string();
-    // An unreachable database stays UNAVAILABLE for the caller, who may retry; anything else is
-    // the store's failure.
-    let unavailable = matches!(error, KernelError::Unavailable(_));
-    let make = || {
-        if unavailable {
-            KernelError::Unavailable(message.clone())
-        } else {
-            KernelError::Store(message.clone())
-        }
+    // An unreachable database stays UNAVAILABLE for the caller, who may retry, and a moved shard
+    // sends the write to its owner; anything else is the store's failure.
+    let make = || match &error {
+        KernelError::Unavailable(_) => KernelError::Unavailable(message.clone()),
+        KernelError::Moved(_) => KernelError::Moved(message.clone()),
+        _ => KernelError::Store(message.clone()),
     };
     let (responder, _) = match command {
         Command::CreateRun(_, reply) => respond(Err(make()), reply),
@@ -711,6 +837,7 @@ pub fn run(
     idle: impl Fn(),
 ) {
     let cache = RefCell::new(Cache::default());
+    let mut generation = None;
     let quiet = || {
         // A new cache, not a cleared one: cleared maps keep the capacity a burst gave them.
         cache.replace(Cache::default());
@@ -729,8 +856,15 @@ pub fn run(
         let now = clock.now_millis();
         let began = std::time::Instant::now();
         let commands = batch.len();
-        let epoch = match conn.begin() {
-            Ok(epoch) => epoch,
+        // What this replica owns changed: what the writer remembers of runs may be of shards
+        // another replica wrote meanwhile.
+        if let Some(router) = conn.router()
+            && generation.replace(router.generation()) != Some(router.generation())
+        {
+            cache.borrow_mut().clear();
+        }
+        match conn.begin() {
+            Ok(()) => {}
             Err(message) => {
                 let closed = conn.is_closed();
                 refuse_batch(batch, || match closed {
@@ -740,7 +874,6 @@ pub fn run(
                 continue;
             }
         };
-        cache.borrow_mut().check_epoch(epoch);
         let registry = batch.iter().any(Command::changes_registry);
         let applied = apply_batch((&conn, &cache), (replica, now), batch);
         let gathered = gather(&conn, &cache, applied);
@@ -748,19 +881,16 @@ pub fn run(
             commands,
             began,
             registry,
-            epoch,
         };
         commit(&conn, (&cache, replica), batch, gathered, (live, &publish));
     }
 }
 
-/// A batch as it began: how many commands, when, whether any changes the registry, and the
-/// epoch of the database the writer's memory is of.
+/// A batch as it began: how many commands, when, and whether any changes the registry.
 struct Batch {
     commands: usize,
     began: std::time::Instant,
     registry: bool,
-    epoch: Option<i64>,
 }
 
 /// Commits what a batch gathered (rolling back on failure), publishes its events, then answers
@@ -781,15 +911,23 @@ fn commit(
         before_commit,
         sync,
         flush_error,
+        shards,
     } = gathered;
+    let mut moved = false;
     let committed = match flush_error {
-        None => {
-            // Every command's writes stand now but for the commit itself failing.
-            for early in before_commit {
-                early();
+        None => match conn.fence(replica, &shards) {
+            Ok(()) => {
+                // Every command's writes stand now but for the commit itself failing.
+                for early in before_commit {
+                    early();
+                }
+                conn.commit(replica, (&published, &waiting), (batch.registry, sync))
             }
-            conn.commit(replica, (&published, &waiting), (batch.registry, sync))
-        }
+            Err(error) => {
+                moved = !conn.is_closed();
+                Err(error)
+            }
+        },
         Some(error) => Err(error),
     };
     let metrics = crate::metrics::get();
@@ -803,6 +941,7 @@ fn commit(
     let commit_error = committed.err().map(|message| Failed {
         message,
         unreachable: conn.is_closed(),
+        moved,
     });
     if commit_error.is_some() {
         let _ = conn.batch("ROLLBACK");
@@ -810,7 +949,6 @@ fn commit(
         effects.clear();
         cache.borrow_mut().clear();
     } else {
-        cache.borrow_mut().committed(batch.epoch);
         if let Some(live) = live {
             live.committed(cache.borrow().born(&published), &published);
         }
@@ -863,6 +1001,8 @@ struct Gathered {
     sync: bool,
     /// The deferred writes failed: the batch does not commit.
     flush_error: Option<String>,
+    /// The shards of the runs the batch wrote, among replicas.
+    shards: std::collections::BTreeSet<u32>,
 }
 
 /// Gathers what the applied commands left, each command the database undid (a deferred write
@@ -884,6 +1024,7 @@ fn gather(conn: &WriteConn, cache: &RefCell<Cache>, applied: Vec<Applied>) -> Ga
         before_commit: Vec::new(),
         sync: false,
         flush_error,
+        shards: Default::default(),
     };
     for (index, command) in applied.into_iter().enumerate() {
         let mut command = match undone.remove(&index) {
@@ -891,6 +1032,7 @@ fn gather(conn: &WriteConn, cache: &RefCell<Cache>, applied: Vec<Applied>) -> Ga
             None => command,
         };
         gathered.sync |= command.sync;
+        gathered.shards.append(&mut command.shards);
         gathered.published.append(&mut command.published);
         gathered.effects.append(&mut command.effects);
         gathered.waiting.append(&mut command.waiting);

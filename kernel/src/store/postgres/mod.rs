@@ -83,14 +83,6 @@ async fn apply(client: &mut Client) -> Result<Migrated, KernelError> {
     Ok(Migrated { from, to: latest() })
 }
 
-/// How a writer's batch begins: its transaction, then the write lock every replica's writer takes
-/// for the length of one transaction (number `0x6b65726e656c0002`), in one round trip.
-pub(super) const BEGIN_WRITE: &str = "BEGIN; SELECT pg_advisory_xact_lock(7738717353179611138)";
-
-/// Counts the writer's commit, inside its transaction: a writer that reads one more than its own
-/// last commit knows no other replica committed since (see the writer's cache).
-pub(super) const COUNT_COMMIT: &str = "UPDATE writer_commits SET n = n + 1 WHERE id = 1 RETURNING n";
-
 /// The writer's connection, used from the writer thread (it drives itself on a runtime of its own
 /// while a statement waits, and pipelines the writes nobody waits for).
 pub(super) fn open_writer(target: &Target, replica: &str) -> Result<super::sql::PgConn, KernelError> {

@@ -252,5 +252,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );
     INSERT INTO cluster (id, link_key)
         VALUES (1, replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''));
+    -- Writers no longer count commits to learn whether another wrote: each writes only its shards.
+    DROP TABLE writer_commits;
     "#,
 ];
