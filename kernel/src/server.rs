@@ -297,8 +297,9 @@ pub async fn run(
     if let Database::Postgres(url) = &config.db {
         let owned = crate::cluster::shards::ShardMap::default();
         // A write waits for its shard's owner at most as long as a dead owner's shards take to move.
-        let wait = scheduler.config().lease_ttl * 2;
-        let links = crate::cluster::link::Links::new(store.clone(), owned.clone(), wait, link_tls(&config)?).await?;
+        let ttl = scheduler.config().lease_ttl;
+        let links =
+            crate::cluster::link::Links::new(store.clone(), owned.clone(), (ttl * 2, ttl), link_tls(&config)?).await?;
         store.set_router(Arc::new(links.clone()));
         link = Some(links.clone());
         lifecycle.spawn(

@@ -103,6 +103,17 @@ measure() {
     until grep -q '"listening"\|listening' "$dir/kernel.$i" 2>/dev/null; do sleep 0.1; done
     addrs+=("http://$(grep -o 'addr=[0-9.:]*' "$dir/kernel.$i" | head -n 1 | cut -d= -f2)")
   done
+  # Measured once the shards have settled, each replica owning its share: runs are made in a
+  # shard their replica owns, so agents, workers and writes stay on one replica, as they do among
+  # replicas running for long.
+  local settled=0
+  for _ in $(seq 1 300); do
+    settled=$(psql -d "$db" -c "SELECT count(DISTINCT owner) = $n AND count(*) FILTER (WHERE owner IS NULL) = 0 \
+      FROM shards")
+    [ "$settled" = t ] && break
+    sleep 0.1
+  done
+  [ "$settled" = t ] || echo "replicas=$n round=$round: the shards did not settle within 30 s" >&2
   sleep 1
   psql -d postgres -c "SELECT pg_stat_statements_reset()" >/dev/null
   # pg_locks every 20 ms on one connection: how many locks in the database were waited for.

@@ -491,6 +491,58 @@ async fn a_lease_held_by_a_replica_that_left_without_handing_it_back_is_taken_ov
 }
 
 #[tokio::test]
+async fn a_result_for_a_run_whose_owner_froze_is_recorded_once_the_shard_moves_not_dropped() {
+    let Some(pg) = Postgres::database("a_result_for_a_frozen_owner") else {
+        return;
+    };
+    let ttl = Duration::from_millis(2_000);
+    let options = KernelOptions {
+        db: Some(pg.url.clone()),
+        lease_ttl_ms: ttl.as_millis() as u64,
+        ..KernelOptions::default()
+    };
+    let (a, b) = (Kernel::start_with(options.clone()), Kernel::start_with(options));
+    wait_shards(&pg.client().await, &[&replica_id(&a), &replica_id(&b)], 60).await;
+    // The run is A's (made in one of A's shards); the only worker is B's.
+    let run = a.create_run("owner-frozen").await;
+    let _on_b = a.fault_worker_on(&b, "worker-on-b", &[]);
+    wait_known(&b, "charge").await;
+    let turn = tokio::spawn(turn(
+        b.url(),
+        run.clone(),
+        vec![call("charge", json!({"hold_ms": 1_000}))],
+    ));
+    wait_ledger(&a, "the call started on B's worker", |l| {
+        l.iter().any(|l| l.what == "start" && l.tool == "charge")
+    })
+    .await;
+    // The owner freezes while the call runs: its result reaches B while A cannot answer.
+    a.process.stop();
+    let outcome = tokio::time::timeout(WAIT, turn).await.expect("the turn ends");
+    a.process.resume();
+    let outcome = outcome.unwrap();
+    let charged = &outcome.results[0];
+    assert_eq!(
+        charged.status,
+        pb::CallStatus::Ok as i32,
+        "the at_most_once call's result was recorded, not lost: {charged:?}"
+    );
+    let starts = a
+        .ledger()
+        .iter()
+        .filter(|l| l.what == "start" && l.tool == "charge")
+        .count();
+    assert_eq!(starts, 1, "the at_most_once call ran once");
+    let events = b.events(&run).await;
+    assert!(
+        !events.iter().any(|e| e.r#type == "tool:lease_lost"),
+        "its lease was never lost: {:?}",
+        events.iter().map(|e| &e.r#type).collect::<Vec<_>>()
+    );
+    check_log(&events, true);
+}
+
+#[tokio::test]
 async fn a_replica_stopped_gracefully_hands_its_calls_back_at_once() {
     let Some(pg) = Postgres::database("a_replica_stopped_gracefully") else {
         return;

@@ -47,7 +47,11 @@ struct Inner {
     clients: Mutex<HashMap<String, LinkServiceClient<Channel>>>,
     key: String,
     store: Store,
+    /// How long a write waits for its shard to have an owner that answers.
     wait: Duration,
+    /// How long one owner has to answer (a lease TTL): one that does not is frozen or cut off,
+    /// and its shards move within about as long.
+    patience: Duration,
     tls: Option<ClientTlsConfig>,
     next_home: AtomicUsize,
 }
@@ -61,11 +65,12 @@ struct View {
 
 impl Links {
     /// The links of the replica `store` writes for, owning what `owned` says; a write waits at
-    /// most `wait` for its shard's owner. `tls` is how to dial the others when they serve TLS.
+    /// most `wait` for its shard's owner, which has `patience` to answer. `tls` is how to dial the
+    /// others when they serve TLS.
     pub async fn new(
         store: Store,
         owned: ShardMap,
-        wait: Duration,
+        (wait, patience): (Duration, Duration),
         tls: Option<ClientTlsConfig>,
     ) -> Result<Links, KernelError> {
         let key = store.reads.link_key().await?;
@@ -77,6 +82,7 @@ impl Links {
             key,
             store,
             wait,
+            patience,
             tls,
             next_home: AtomicUsize::new(0),
         })))
@@ -125,8 +131,8 @@ impl Links {
         }
         let scheme = if self.0.tls.is_some() { "https" } else { "http" };
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))?
-            .connect_timeout(self.0.wait)
-            .timeout(self.0.wait)
+            .connect_timeout(self.0.patience)
+            .timeout(self.0.patience)
             .tcp_nodelay(true);
         if let Some(tls) = &self.0.tls {
             endpoint = endpoint.tls_config(tls.clone())?;

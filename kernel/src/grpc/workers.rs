@@ -196,6 +196,55 @@ struct Held {
     progress: u32,
 }
 
+/// Records a worker's result. Among replicas the owner of the call's run may be out of reach for a
+/// while (it stopped and its shards have not moved yet, or it is frozen and each try waits a TTL
+/// for it): the result is sent again until it is recorded or three lease TTLs have passed, rather
+/// than dropped (which would run a `safe_to_retry` call again and make an `at_most_once` one
+/// indeterminate though it finished).
+/// A try whose answer was lost may have stood: a later try refused as stale is then read back,
+/// and counts as recorded if the call settled with this very attempt.
+async fn record_result(
+    kernel: &Kernel,
+    report: ResultReport,
+    (run, key): (RunId, StepKey),
+) -> Result<Option<(crate::model::StepRecord, Vec<crate::model::StepRecord>)>, KernelError> {
+    let deadline = tokio::time::Instant::now() + kernel.scheduler.config().lease_ttl * 3;
+    let mut pause = Duration::from_millis(100);
+    let mut unsure = false;
+    loop {
+        match kernel.store.record_outcome(report.clone()).await {
+            Err(KernelError::Unavailable(why) | KernelError::Moved(why))
+                if kernel.scheduler.config().replicated && tokio::time::Instant::now() < deadline =>
+            {
+                debug!(dispatch_id = %report.dispatch_id, why, "result not recorded yet; sending it again");
+                unsure = true;
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Ok(None) if unsure => {
+                let stood = kernel
+                    .store
+                    .reads
+                    .steps_at(run.clone(), vec![key.clone()])
+                    .await?
+                    .into_iter()
+                    .find(|step| {
+                        let same = match &report.outcome {
+                            Ok(output) => step.output.as_ref() == Some(output),
+                            Err((_, message)) => step.error.as_ref() == Some(message),
+                        };
+                        step.status.is_terminal()
+                            && step.dispatch_id.as_ref() == Some(&report.dispatch_id)
+                            && step.attempts == report.attempt
+                            && same
+                    });
+                return Ok(stood.map(|step| (step, Vec::new())));
+            }
+            recorded => return recorded,
+        }
+    }
+}
+
 /// What admitted a session when the kernel requires keys, checked again on every reload.
 struct SessionAuth {
     keys: watch::Receiver<Arc<KeyRing>>,
@@ -599,10 +648,11 @@ impl Session {
         let kernel = self.kernel.clone();
         let tx = self.tx.clone();
         let session_id = self.session_id.clone();
+        let place = (held.run_id.clone(), held.key.clone());
         self.recording.spawn(async move {
             // A retry is queued, and what a handler's return left in flight cancelled, by the
             // commit's effects; the slot is this session's to give back.
-            let (accepted, reason) = match kernel.store.record_outcome(report).await {
+            let (accepted, reason) = match record_result(&kernel, report, place).await {
                 Ok(Some((step, _))) => {
                     debug!(run_id = %step.run_id, step = %step.key, tool = step.tool, status = %step.status, "result recorded");
                     if step.kind == StepKind::Agent {
