@@ -24,6 +24,24 @@ fn replica(pg: &Postgres) -> Kernel {
     })
 }
 
+/// How many times the fault workers of `kernel`'s folder started `tool`.
+fn starts(kernel: &Kernel, tool: &str) -> usize {
+    kernel
+        .ledger()
+        .iter()
+        .filter(|l| l.what == "start" && l.tool == tool)
+        .count()
+}
+
+/// A replica's options on `pg` with leases of `ttl`.
+fn with_ttl(pg: &Postgres, ttl: Duration) -> KernelOptions {
+    KernelOptions {
+        db: Some(pg.url.clone()),
+        lease_ttl_ms: ttl.as_millis() as u64,
+        ..KernelOptions::default()
+    }
+}
+
 /// Waits until `kernel`'s registry knows `tool` (registered through another replica).
 async fn wait_known(kernel: &Kernel, tool: &str) {
     let registry = kernel.registry().await;
@@ -365,11 +383,7 @@ async fn a_sigkilled_replica_s_calls_are_taken_over_by_another_once_its_leases_e
     // A TTL long enough that a heartbeat late under a loaded machine does not hold the takeover
     // back by another TTL (see the guard in kernel/src/cluster/mod.rs).
     let ttl = Duration::from_millis(3_000);
-    let options = KernelOptions {
-        db: Some(pg.url.clone()),
-        lease_ttl_ms: ttl.as_millis() as u64,
-        ..KernelOptions::default()
-    };
+    let options = with_ttl(&pg, ttl);
     let (mut a, b) = (Kernel::start_with(options.clone()), Kernel::start_with(options));
     let _on_a = a.fault_worker_on(&a, "worker-on-a", &[]);
     wait_known(&b, "sleepy").await;
@@ -437,12 +451,7 @@ async fn a_sigkilled_replica_s_calls_are_taken_over_by_another_once_its_leases_e
             .contains("stopped renewing its leases")),
         "{lost:?}"
     );
-    let starts = a
-        .ledger()
-        .iter()
-        .filter(|l| l.what == "start" && l.tool == "charge")
-        .count();
-    assert_eq!(starts, 1, "the at_most_once call ran once");
+    assert_eq!(starts(&a, "charge"), 1, "the at_most_once call ran once");
 }
 
 #[tokio::test]
@@ -496,11 +505,7 @@ async fn a_result_for_a_run_whose_owner_froze_is_recorded_once_the_shard_moves_n
         return;
     };
     let ttl = Duration::from_millis(2_000);
-    let options = KernelOptions {
-        db: Some(pg.url.clone()),
-        lease_ttl_ms: ttl.as_millis() as u64,
-        ..KernelOptions::default()
-    };
+    let options = with_ttl(&pg, ttl);
     let (a, b) = (Kernel::start_with(options.clone()), Kernel::start_with(options));
     wait_shards(&pg.client().await, &[&replica_id(&a), &replica_id(&b)], 60).await;
     // The run is A's (made in one of A's shards); the only worker is B's.
@@ -527,12 +532,7 @@ async fn a_result_for_a_run_whose_owner_froze_is_recorded_once_the_shard_moves_n
         pb::CallStatus::Ok as i32,
         "the at_most_once call's result was recorded, not lost: {charged:?}"
     );
-    let starts = a
-        .ledger()
-        .iter()
-        .filter(|l| l.what == "start" && l.tool == "charge")
-        .count();
-    assert_eq!(starts, 1, "the at_most_once call ran once");
+    assert_eq!(starts(&a, "charge"), 1, "the at_most_once call ran once");
     let events = b.events(&run).await;
     assert!(
         !events.iter().any(|e| e.r#type == "tool:lease_lost"),
