@@ -107,6 +107,9 @@ async fn three_replicas_run_a_call_submitted_on_one_on_a_worker_of_another_and_a
         return;
     };
     let (a, b, c) = (replica(&pg), replica(&pg), replica(&pg));
+    // Each replica owns its share of the shards, so the runs made through A stay A's.
+    let owners = [replica_id(&a), replica_id(&b), replica_id(&c)];
+    wait_shards(&pg.client().await, &owners.each_ref().map(String::as_str), 40).await;
     // Only replica B has a worker (tools, and the demo's hosted agents).
     let _worker = b.worker("worker-on-b");
     wait_known(&a, "add").await;

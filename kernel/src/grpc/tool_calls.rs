@@ -590,6 +590,14 @@ async fn stream_results(
     if parked && !ordered.interrupt_pending(&kernel, &run_id, &mut told, &tx).await {
         return;
     }
+    // Among replicas another replica may write the results, and they arrive through its commit
+    // notice; a notice lost with a connection, or a run whose shard moved between two replicas'
+    // notices, costs at most this long: the store is asked again whenever nothing came for it.
+    let recheck = kernel
+        .scheduler
+        .config()
+        .replicated
+        .then(|| kernel.scheduler.config().lease_ttl);
     loop {
         if !ordered.flush(&tx).await || ordered.done() {
             return;
@@ -604,6 +612,9 @@ async fn stream_results(
                 return;
             }
             _ = tx.closed() => return,
+            () = tokio::time::sleep(recheck.unwrap_or_default()), if recheck.is_some() => {
+                Err(broadcast::error::RecvError::Lagged(0))
+            }
         };
         match signal {
             Ok(Signal::Events(events)) => {
@@ -629,7 +640,8 @@ async fn stream_results(
                 }
             }
             Err(broadcast::error::RecvError::Lagged(_)) => {
-                // Missed signals: the store knows which of our steps have settled.
+                // Missed signals (or, among replicas, none for a while): the store knows which of
+                // our steps have settled.
                 let keys = ordered.waiting.keys().cloned().collect();
                 match kernel.store.reads.steps_at(run_id.clone(), keys).await {
                     Ok(steps) => {
