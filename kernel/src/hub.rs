@@ -59,10 +59,14 @@ pub enum Signal {
     Progress(Arc<ProgressUpdate>),
 }
 
-/// A run's channel, and the last event sequence number it carried.
+/// A run's channel, the last event sequence number it carried, and the first it skipped.
 struct Channel {
     sender: broadcast::Sender<Signal>,
     last_seq: u64,
+    /// Events after the first it carried came with a gap before them: among replicas, a run's new
+    /// owner publishes its own events while the old owner's last ones are still on their way in
+    /// a commit notice. Until they arrive, a catch-up reads from here.
+    gap_from: Option<u64>,
 }
 
 /// The registry of per-run channels; a cheap handle.
@@ -86,6 +90,7 @@ impl Hub {
             .or_insert_with(|| Channel {
                 sender: broadcast::channel(CAPACITY).0,
                 last_seq: 0,
+                gap_from: None,
             })
             .sender
             .subscribe();
@@ -113,7 +118,14 @@ impl Hub {
         let mut runs = self.runs.lock().expect("hub poisoned");
         for (run, events) in by_run {
             if let Some(channel) = runs.get_mut(&run) {
+                let first = events.first().map_or(0, |item| item.event.seq);
                 let last = events.last().map_or(0, |item| item.event.seq);
+                if channel.gap_from.is_some_and(|gap| (first..=last).contains(&gap)) {
+                    channel.gap_from = None;
+                }
+                if channel.last_seq > 0 && first > channel.last_seq + 1 && channel.gap_from.is_none() {
+                    channel.gap_from = Some(channel.last_seq + 1);
+                }
                 channel.last_seq = channel.last_seq.max(last);
                 let _ = channel.sender.send(Signal::Events(Arc::new(events)));
             }
@@ -130,11 +142,12 @@ impl Hub {
         self.runs.lock().expect("hub poisoned").contains_key(run)
     }
 
-    /// The runs someone here listens to, each with the last sequence number its channel carried.
+    /// The runs someone here listens to, each with the last sequence number up to which its
+    /// channel carried every event since its first: a catch-up reads from the one after.
     pub fn listened(&self) -> Vec<(RunId, u64)> {
         let runs = self.runs.lock().expect("hub poisoned");
         runs.iter()
-            .map(|(run, channel)| (run.clone(), channel.last_seq))
+            .map(|(run, channel)| (run.clone(), channel.gap_from.map_or(channel.last_seq, |gap| gap - 1)))
             .collect()
     }
 
@@ -277,6 +290,22 @@ mod tests {
                 .map(|(_, seq)| seq),
             Some(CAPACITY as u64 * 2)
         );
+    }
+
+    #[test]
+    fn a_catch_up_reads_from_the_first_event_skipped_until_it_arrives() {
+        let hub = Hub::default();
+        let run = RunId::new();
+        let _listening = hub.subscribe(&run);
+        let caught_up_from = |hub: &Hub| hub.listened()[0].1 + 1;
+        hub.publish_remote(vec![published(&run, 4), published(&run, 5)]);
+        assert_eq!(caught_up_from(&hub), 6);
+        // A new owner's own events, while the old owner's 6 and 7 are still on their way.
+        hub.publish_committed(vec![published(&run, 8)]);
+        hub.publish_committed(vec![published(&run, 9)]);
+        assert_eq!(caught_up_from(&hub), 6, "a reconnected feed must read 6 and 7 again");
+        hub.publish_remote(vec![published(&run, 6), published(&run, 7)]);
+        assert_eq!(caught_up_from(&hub), 10);
     }
 
     #[tokio::test]
