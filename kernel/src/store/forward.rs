@@ -89,8 +89,14 @@ pub trait Router: Send + Sync + 'static {
     fn send(&self, shard: u32, command: Bytes) -> Pin<Box<dyn Future<Output = Result<Sent, KernelError>> + Send>>;
 }
 
+/// Whether the replica `router` speaks for may write the run `run` (its id) itself: it owns the
+/// run's shard, or there are no shards (no router: SQLite).
+pub fn may_write(router: Option<&dyn Router>, run: &str) -> bool {
+    router.is_none_or(|router| router.here(crate::cluster::shards::shard_of_text(run)))
+}
+
 /// A write that is this replica's to apply, or the owner's answer to it.
-pub enum Routed<V, T> {
+enum Routed<V, T> {
     Here(V),
     Done(Result<T, KernelError>),
 }
@@ -166,9 +172,7 @@ impl Store {
 
     /// Whether this replica may write `run` itself: it owns the run's shard, or there are no shards.
     pub fn owns(&self, run: &RunId) -> bool {
-        self.router
-            .get()
-            .is_none_or(|router| router.here(crate::cluster::shards::shard_of(run)))
+        may_write(self.router.get().map(|router| router.as_ref()), run.as_str())
     }
 
     /// Applies a write another replica sent, through this store as if it had been asked here (a

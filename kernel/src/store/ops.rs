@@ -60,8 +60,7 @@ impl Tx<'_> {
     }
 
     fn owns_text(&self, run: &str) -> bool {
-        self.router
-            .is_none_or(|router| router.here(crate::cluster::shards::shard_of_text(run)))
+        super::forward::may_write(self.router, run)
     }
 }
 

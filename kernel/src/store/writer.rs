@@ -717,10 +717,10 @@ fn apply_isolated(
         return Ok(applied.undone(error));
     }
     // Runs of other shards the command read are forgotten: their owners write them.
-    if let Some(router) = router {
+    if router.is_some() {
         cache
             .borrow_mut()
-            .forget_touched_unless(|run| router.here(crate::cluster::shards::shard_of(run)));
+            .forget_touched_unless(|run| super::forward::may_write(router, run.as_str()));
     }
     Ok(applied)
 }
