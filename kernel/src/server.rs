@@ -302,22 +302,18 @@ pub async fn run(
             crate::cluster::link::Links::new(store.clone(), owned.clone(), (ttl * 2, ttl), link_tls(&config)?).await?;
         store.set_router(Arc::new(links.clone()));
         link = Some(links.clone());
+        let moves = links.moves();
         lifecycle.spawn(
             "cluster heartbeat",
             crate::cluster::heartbeat(
                 store.clone(),
                 (scheduler.clone(), registry.clone()),
                 (advertised.clone(), owned, links),
-                shutdown.clone(),
+                (lifecycle.draining().clone(), shutdown.clone()),
             ),
         );
-        let feed = crate::cluster::feed::Feed {
-            store: store.clone(),
-            hub: hub.clone(),
-            scheduler: scheduler.clone(),
-            registry: registry.clone(),
-            behind: Default::default(),
-        };
+        let feed =
+            crate::cluster::feed::Feed::new(store.clone(), (hub.clone(), scheduler.clone(), registry.clone()), moves);
         let target = crate::store::postgres::Target::new(url, config.postgres_bounds())?;
         lifecycle.spawn("cluster feed", feed.run(target, shutdown.clone()));
     }

@@ -592,6 +592,142 @@ async fn a_replica_stopped_gracefully_hands_its_calls_back_at_once() {
     );
 }
 
+/// The shard a run the kernel made lives in: its id's last byte.
+fn shard_of(run: &str) -> usize {
+    usize::from_str_radix(&run[run.len() - 2..], 16).expect("a run id ends in hex")
+}
+
+/// Turns of one `sleepy` call through `url`, round the `runs`, until `stop`: how many turns
+/// ended, and every error an agent saw.
+async fn steady_turns(
+    url: String,
+    runs: Vec<String>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (usize, Vec<String>) {
+    let (mut done, mut errors) = (0, Vec::new());
+    for turn in 0u32.. {
+        for run in &runs {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                return (done, errors);
+            }
+            let calls = vec![call("sleepy", json!({"hold_ms": 0}))];
+            let outcome = async {
+                let mut client = ToolCallServiceClient::connect(url.clone())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let request = pb::SubmitTurnRequest {
+                    run_id: run.clone(),
+                    turn,
+                    calls,
+                    ..Default::default()
+                };
+                let mut stream = client
+                    .submit_turn(request)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .into_inner();
+                let mut results = Vec::new();
+                while let Some(item) = futures_util::StreamExt::next(&mut stream).await {
+                    if let Some(pb::submit_turn_response::Item::Result(result)) = item.map_err(|e| e.to_string())?.item
+                    {
+                        results.push(result);
+                    }
+                }
+                Ok::<_, String>(results)
+            };
+            match tokio::time::timeout(WAIT, outcome).await {
+                Ok(Ok(results)) if results.len() == 1 && results[0].status == pb::CallStatus::Ok as i32 => done += 1,
+                Ok(Ok(results)) => errors.push(format!("run {run} turn {turn}: {results:?}")),
+                Ok(Err(error)) => errors.push(format!("run {run} turn {turn}: {error}")),
+                Err(_) => errors.push(format!("run {run} turn {turn}: stalled")),
+            }
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_replica_hands_its_shards_on_while_it_drains_and_its_at_most_once_call_ends_once() {
+    let Some(pg) = Postgres::database("a_stopping_replica_hands_its_shards_on") else {
+        return;
+    };
+    // Leases outlive the test: only a hand-over moves a shard in time, and no lease is lost.
+    let options = KernelOptions {
+        db: Some(pg.url.clone()),
+        lease_ttl_ms: 120_000,
+        heartbeat_interval_ms: 200,
+        ..KernelOptions::default()
+    };
+    let mut a = Kernel::start_with(KernelOptions {
+        args: vec!["--drain-timeout-ms".into(), "30000".into()],
+        ..options.clone()
+    });
+    let b = Kernel::start_with(options);
+    let (id_a, id_b) = (replica_id(&a), replica_id(&b));
+    let client = pg.client().await;
+    wait_shards(&client, &[&id_a, &id_b], 80).await;
+
+    // An `at_most_once` call on A's worker, of a run in one of A's shards, held past the hand-over.
+    let _on_a = a.fault_worker_on(&a, "worker-on-a", &[]);
+    wait_known(&b, "charge").await;
+    let paid = a.create_run("paid-while-a-stops").await;
+    let owners = shard_owners(&client).await;
+    assert_eq!(
+        owners[shard_of(&paid)].0.as_deref(),
+        Some(id_a.as_str()),
+        "a run made on A lives in A's shard"
+    );
+    let paid_turn = tokio::spawn(turn(
+        b.url(),
+        paid.clone(),
+        vec![call("charge", json!({"hold_ms": 6_000}))],
+    ));
+    wait_ledger(&a, "the charge started on A's worker", |l| {
+        l.iter().any(|l| l.what == "start" && l.tool == "charge")
+    })
+    .await;
+
+    // Agents keep making calls through B in runs of A's shards, on B's worker, throughout.
+    let _on_b = a.fault_worker_on(&b, "worker-on-b", &[]);
+    let mut runs = Vec::new();
+    for n in 0..4 {
+        runs.push(a.create_run(&format!("steady-{n}")).await);
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let steady = tokio::spawn(steady_turns(b.url(), runs, stop.clone()));
+
+    a.process.signal_term();
+    let handed = wait_shards(&client, &[&id_b], 256).await;
+    eprintln!("replicas: a draining replica's shards owned by the other after {handed:?}");
+    assert!(
+        !paid_turn.is_finished(),
+        "the shards moved while the stopping replica's call still ran"
+    );
+    let outcome = tokio::time::timeout(WAIT, paid_turn)
+        .await
+        .expect("the turn ends")
+        .unwrap();
+    let result = &outcome.results[0];
+    assert_eq!(result.status, pb::CallStatus::Ok as i32, "{outcome:?}");
+    assert!(result.content.contains("charged once"), "{result:?}");
+    assert_eq!(starts(&a, "charge"), 1);
+    let step = &steps(&b, &paid).await[0];
+    assert_eq!((step.worker.as_str(), step.attempts), ("worker-on-a", 1), "{step:?}");
+    let events = b.events(&paid).await;
+    assert!(
+        !events.iter().any(|e| e.r#type == "tool:lease_lost"),
+        "no lease lost in a planned move: {events:?}"
+    );
+    check_log(&events, true);
+    let exit = a.process.wait_exit(WAIT).expect("A exits once its call ended");
+    assert!(exit.success(), "{exit:?}");
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (done, errors) = steady.await.unwrap();
+    assert!(errors.is_empty(), "errors agents saw through the move: {errors:?}");
+    assert!(done > 0, "turns went on through the move");
+}
+
 /// A worker in this process on `url`; aborting its task drops its session without a goodbye.
 fn burst_worker(url: &str, name: String, ledger: &Ledger) -> tokio::task::JoinHandle<()> {
     load_tools::start_worker(url, name, ledger)

@@ -1,15 +1,20 @@
 //! The commit feed: one connection per replica that `LISTEN`s for the notices the other
-//! replicas' writers send in their commits ([`crate::store::postgres::notice`]), and acts on each
-//! in the order they committed. A notice names rows; the feed reads them. If the connection
-//! drops, the feed reconnects with backoff and then catches up from the store: every run someone
-//! here listens to is read from the last event its channel carried, and waiting calls are claimed.
+//! replicas send after their commits ([`crate::store::postgres::notice`]), and acts on each in the
+//! order they were sent. A notice names rows; the feed reads them. The feed catches up from the
+//! store (every run someone here listens to is read from the last event its channel carried, and
+//! waiting calls are claimed) whenever it may have missed a notice: after its connection dropped
+//! and was made again, and when a shard changes owner (a replica that stopped may have committed
+//! without telling).
+//!
+//! This replica's own notices go out on another connection ([`announce`]), merged while one is on
+//! its way, so the commits of a busy writer cost one notification per round trip, not one each.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::store::postgres::{Role, Target};
@@ -34,7 +39,10 @@ pub struct Feed {
     /// Runs whose committed events could not be read (the database went away meanwhile), each
     /// with the first event not yet published: read again until they are, and meanwhile no later
     /// event of the run is published ahead of them.
-    pub behind: Arc<Mutex<BTreeMap<RunId, u64>>>,
+    behind: Arc<Mutex<BTreeMap<RunId, u64>>>,
+    /// Changes when a shard changes owner ([`crate::cluster::link::Links::moves`]); `None` once
+    /// the links are gone.
+    moves: Option<watch::Receiver<u64>>,
 }
 
 /// How often runs left behind are read again.
@@ -58,15 +66,39 @@ struct RemoteProgress {
 const MAX_EVENTS: u32 = 1_000;
 
 impl Feed {
+    /// The feed of the replica `store` writes for, acting on the others' news with `hub`,
+    /// `scheduler` and `registry`, and catching up whenever `moves` changes.
+    pub fn new(
+        store: Store,
+        (hub, scheduler, registry): (Hub, Scheduler, Registry),
+        moves: watch::Receiver<u64>,
+    ) -> Feed {
+        Feed {
+            store,
+            hub,
+            scheduler,
+            registry,
+            behind: Default::default(),
+            moves: Some(moves),
+        }
+    }
+
     /// Listens on `target` until `shutdown`, reconnecting whenever the connection drops, and
-    /// sends the progress of this replica's workers to the others.
-    pub async fn run(self, target: Target, shutdown: CancellationToken) {
+    /// sends the notices of this replica's commits and the progress of its workers to the others.
+    pub async fn run(mut self, target: Target, shutdown: CancellationToken) {
         let (progress, outgoing) = mpsc::unbounded_channel();
         self.hub.on_progress(progress);
+        let origin = self.store.replica().to_owned();
         tokio::spawn(send_progress(
-            target.clone(),
-            self.store.replica().to_owned(),
+            Outbox::new(target.clone(), origin.clone()),
             outgoing,
+            shutdown.clone(),
+        ));
+        let (notices, committed) = mpsc::unbounded_channel();
+        self.store.announce_commits(notices);
+        tokio::spawn(announce(
+            Outbox::new(target.clone(), origin),
+            committed,
             shutdown.clone(),
         ));
         let mut backoff = Duration::from_millis(100);
@@ -86,6 +118,15 @@ impl Feed {
                             payload = notices.recv() => payload,
                             _ = tokio::time::sleep(RETRY_BEHIND), if self.is_behind() => {
                                 self.retry_behind().await;
+                                continue;
+                            }
+                            moved = changed(&mut self.moves) => {
+                                if moved {
+                                    debug!("a shard changed owner; catching up from the store");
+                                    self.catch_up().await;
+                                } else {
+                                    self.moves = None;
+                                }
                                 continue;
                             }
                         };
@@ -231,16 +272,125 @@ fn step_key(event: &EventRecord) -> Option<StepKey> {
         .map(|key| StepKey::from_stored(key.to_owned()))
 }
 
-/// Sends the progress of this replica's workers as notifications, on a connection of its own that
-/// is made again when it drops. An update that finds no connection is dropped, as progress no one
-/// listens to is on one kernel.
-async fn send_progress(
+/// Whether a shard changed owner since last asked; `false` when the links are gone (the kernel is
+/// stopping), and never ready again after that.
+async fn changed(moves: &mut Option<watch::Receiver<u64>>) -> bool {
+    match moves {
+        Some(moves) => moves.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
+}
+
+/// A connection that sends notifications, made again when it drops.
+struct Outbox {
     target: Target,
     origin: String,
+    client: Option<tokio_postgres::Client>,
+}
+
+impl Outbox {
+    fn new(target: Target, origin: String) -> Outbox {
+        Outbox {
+            target,
+            origin,
+            client: None,
+        }
+    }
+
+    /// Sends `payloads` on `channel`, in one transaction when there are several (each
+    /// notifying commit queues behind every other replica's).
+    async fn notify(&mut self, channel: &str, payloads: &[String]) -> Result<(), String> {
+        let describe = |e: tokio_postgres::Error| crate::store::describe_postgres_error(&e);
+        if self.client.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
+            let (client, connection) = self
+                .target
+                .config(Role::Feed, &self.origin)
+                .connect(NoTls)
+                .await
+                .map_err(describe)?;
+            tokio::spawn(connection);
+            self.client = Some(client);
+        }
+        let client = self.client.as_mut().expect("connected above");
+        if let [payload] = payloads {
+            client
+                .execute("SELECT pg_notify($1, $2)", &[&channel, payload])
+                .await
+                .map_err(describe)?;
+            return Ok(());
+        }
+        let transaction = client.transaction().await.map_err(describe)?;
+        for payload in payloads {
+            transaction
+                .execute("SELECT pg_notify($1, $2)", &[&channel, payload])
+                .await
+                .map_err(describe)?;
+        }
+        transaction.commit().await.map_err(describe)
+    }
+}
+
+/// The longest a notice waits before it is sent again after a failed send.
+const MAX_RESEND_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a stopping replica tries to send its last notices.
+const LAST_NOTICE_WAIT: Duration = Duration::from_secs(1);
+
+/// Sends the notices of this replica's commits, in commit order, merging all that arrived while
+/// the last was on its way into one. A notice that could not be sent is sent again, merged with
+/// the later ones, until it goes (a listener reading a run twice publishes nothing new).
+async fn announce(mut outbox: Outbox, mut committed: mpsc::UnboundedReceiver<Notice>, shutdown: CancellationToken) {
+    let mut pending: Option<Notice> = None;
+    let mut resend_after = Duration::from_millis(50);
+    loop {
+        let mut notice = match pending.take() {
+            Some(notice) => notice,
+            None => tokio::select! {
+                biased;
+                notice = committed.recv() => match notice {
+                    Some(notice) => notice,
+                    None => return,
+                },
+                _ = shutdown.cancelled() => break,
+            },
+        };
+        while let Ok(later) = committed.try_recv() {
+            notice.merge(later);
+        }
+        match outbox.notify(CHANNEL, &notice.payloads()).await {
+            Ok(()) => resend_after = Duration::from_millis(50),
+            Err(error) => {
+                debug!(%error, "cannot tell the other replicas of this one's commits; sending again");
+                pending = Some(notice);
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(resend_after) => {}
+                }
+                resend_after = (resend_after * 2).min(MAX_RESEND_AFTER);
+            }
+        }
+    }
+    // What the last commits wrote, if it can still go: the others would otherwise learn of it
+    // only when this replica's shards move.
+    let mut last = pending.unwrap_or_default();
+    while let Ok(later) = committed.try_recv() {
+        if last.origin.is_empty() {
+            last.origin.clone_from(&later.origin);
+        }
+        last.merge(later);
+    }
+    if !last.is_empty() {
+        let _ = tokio::time::timeout(LAST_NOTICE_WAIT, outbox.notify(CHANNEL, &last.payloads())).await;
+    }
+}
+
+/// Sends the progress of this replica's workers as notifications. An update that finds no
+/// connection is dropped, as progress no one listens to is on one kernel.
+async fn send_progress(
+    mut outbox: Outbox,
     mut updates: mpsc::UnboundedReceiver<crate::hub::ProgressUpdate>,
     shutdown: CancellationToken,
 ) {
-    let mut client: Option<tokio_postgres::Client> = None;
     loop {
         let update = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -249,21 +399,8 @@ async fn send_progress(
                 None => return,
             },
         };
-        if client.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
-            client = match target.config(Role::Feed, &origin).connect(NoTls).await {
-                Ok((client, connection)) => {
-                    tokio::spawn(connection);
-                    Some(client)
-                }
-                Err(error) => {
-                    debug!(error = %crate::store::describe_postgres_error(&error), "progress not sent to the other replicas");
-                    None
-                }
-            };
-        }
-        let Some(connected) = &client else { continue };
         let mut remote = RemoteProgress {
-            origin: origin.clone(),
+            origin: outbox.origin.clone(),
             update,
         };
         let mut payload = serde_json::to_string(&remote).expect("progress serializes");
@@ -272,11 +409,8 @@ async fn send_progress(
             remote.update.message = remote.update.message.chars().take(1_000).collect();
             payload = serde_json::to_string(&remote).expect("progress serializes");
         }
-        if let Err(error) = connected
-            .execute("SELECT pg_notify($1, $2)", &[&PROGRESS, &payload])
-            .await
-        {
-            debug!(error = %crate::store::describe_postgres_error(&error), "progress not sent to the other replicas");
+        if let Err(error) = outbox.notify(PROGRESS, &[payload]).await {
+            debug!(%error, "progress not sent to the other replicas");
         }
     }
 }

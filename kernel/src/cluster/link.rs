@@ -54,7 +54,16 @@ struct Inner {
     patience: Duration,
     tls: Option<ClientTlsConfig>,
     next_home: AtomicUsize,
+    /// Counts the changes of any shard's owner this replica has learnt of.
+    moves: tokio::sync::watch::Sender<u64>,
+    /// When the shards were last read for a write this replica was sent but does not know it
+    /// owns; one reading at a time.
+    read_for_write: tokio::sync::Mutex<Option<tokio::time::Instant>>,
 }
+
+/// How long a reading of the shards answers every write sent for a shard this replica was not
+/// known to own: a replica handed many shards reads the table once, not once per write.
+const REREAD_AFTER: Duration = Duration::from_millis(20);
 
 /// Each shard's owner, and where each replica is reached, as last read.
 #[derive(Default)]
@@ -85,32 +94,63 @@ impl Links {
             patience,
             tls,
             next_home: AtomicUsize::new(0),
+            moves: tokio::sync::watch::Sender::new(0),
+            read_for_write: tokio::sync::Mutex::new(None),
         })))
     }
 
     /// Takes in the shards' and replicas' rows as just read.
     pub fn learn(&self, shards: &[ShardRow], replicas: &[ReplicaRow]) {
-        let mut view = self.0.view.lock().expect("link view poisoned");
-        view.owners = vec![None; SHARDS as usize];
+        let mut owners = vec![None; SHARDS as usize];
         for row in shards {
-            if let Some(slot) = view.owners.get_mut(row.id as usize) {
+            if let Some(slot) = owners.get_mut(row.id as usize) {
                 slot.clone_from(&row.owner);
             }
         }
+        let mut view = self.0.view.lock().expect("link view poisoned");
+        let moved = view.owners != owners;
+        view.owners = owners;
         view.addresses = replicas
             .iter()
             .filter(|row| !row.address.is_empty())
             .map(|row| (row.id.clone(), row.address.clone()))
             .collect();
+        drop(view);
+        if moved {
+            self.0.moves.send_modify(|count| *count += 1);
+        }
     }
 
-    /// Reads the shards and replicas again.
+    /// Changes whenever a shard's owner changes, as this replica learns of it.
+    pub fn moves(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.0.moves.subscribe()
+    }
+
+    /// Reads the shards and replicas again: who owns what, and what this replica owns (a shard
+    /// another handed it is written here before this replica's next beat).
     async fn refresh(&self) {
         let reads = &self.0.store.reads;
         match (reads.shards().await, reads.replicas().await) {
-            (Ok(shards), Ok(replicas)) => self.learn(&shards, &replicas),
+            (Ok(shards), Ok(replicas)) => {
+                self.0.owned.refresh(&shards, &self.0.me);
+                self.learn(&shards, &replicas);
+            }
             (Err(error), _) | (_, Err(error)) => debug!(%error, "cannot read who owns the shards"),
         }
+    }
+
+    /// Whether this replica owns `shard`, which another replica sent a write for: when not known,
+    /// the shards are read again (it may have just been handed it).
+    async fn owns_sent(&self, shard: u32) -> bool {
+        if self.0.owned.owns(shard) {
+            return true;
+        }
+        let mut read_at = self.0.read_for_write.lock().await;
+        if read_at.is_none_or(|at| at.elapsed() >= REREAD_AFTER) {
+            self.refresh().await;
+            *read_at = Some(tokio::time::Instant::now());
+        }
+        self.0.owned.owns(shard)
     }
 
     /// The address of `shard`'s owner, when it is another replica this one knows how to reach.
@@ -247,7 +287,7 @@ impl LinkService for LinkApi {
         let ForwardRequest { command, from_replica } = request.into_inner();
         let command = Forwarded::decode(&command).map_err(Status::from)?;
         if let Some(shard) = command.shard()
-            && !self.0.0.owned.owns(shard)
+            && !self.0.owns_sent(shard).await
         {
             return Err(Status::aborted(format!("shard {shard} is not this replica's")));
         }

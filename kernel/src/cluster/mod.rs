@@ -34,6 +34,9 @@ pub struct Offers {
     /// The registered sessions, as `workers list` shows them.
     #[serde(default)]
     pub workers: Vec<crate::scheduler::WorkerSnapshot>,
+    /// The replica drains to stop: it hands its shards to the others and takes none.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leaving: bool,
 }
 
 /// Whether `row` renewed its leases within `ttl` of `now`.
@@ -93,20 +96,26 @@ struct Me {
     started_at: Millis,
     /// Where other replicas and clients reach it.
     address: String,
+    /// It drains to stop.
+    leaving: bool,
 }
 
 /// Renews this replica's row every heartbeat, tells the scheduler what the others offer, takes
-/// over the leases of replicas that stopped renewing theirs, and moves shards.
+/// over the leases of replicas that stopped renewing theirs, and moves shards. Once `draining`,
+/// it beats at once saying it leaves, and hands its shards to the replicas that stay while it
+/// still answers for them (the calls its workers run finish meanwhile; their results go to the
+/// shards' new owners).
 pub async fn heartbeat(
     store: Store,
     (scheduler, registry): (Scheduler, Registry),
     (address, owned, links): (String, ShardMap, link::Links),
-    shutdown: CancellationToken,
+    (draining, shutdown): (CancellationToken, CancellationToken),
 ) {
     let config = scheduler.config().clone();
-    let me = Me {
+    let mut me = Me {
         started_at: store.clock().now_millis(),
         address,
+        leaving: false,
     };
     let mut tick = tokio::time::interval(config.heartbeat_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -115,20 +124,25 @@ pub async fn heartbeat(
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
+            _ = draining.cancelled(), if !me.leaving => {
+                info!("leaving: handing this replica's shards to the others");
+                me.leaving = true;
+            }
         }
         // Taken before the rows are read, so a row read after a pause looks no older than it is.
         let now = store.clock().now_millis();
         match beat(&store, &scheduler, &me).await {
             Ok(rows) => {
                 let may_judge = guard.landed(tokio::time::Instant::now());
-                let (alive, dead) = judge(&store, (&scheduler, &registry), rows.clone(), now);
+                let replicas = judge(&store, (&scheduler, &registry), rows.clone(), (now, me.leaving));
                 // The dead replicas' shards first: the loss of each lease they held is written
                 // by the owner of its run's shard, which may be this replica once they moved.
-                if let Some(shards) = rebalance(&store, &owned, &alive, may_judge).await {
+                let living = (&replicas.alive, &replicas.leaving);
+                if let Some(shards) = rebalance(&store, &owned, living, may_judge).await {
                     links.learn(&shards, &rows);
                 }
                 if may_judge {
-                    for row in dead {
+                    for row in replicas.dead {
                         take_over(&store, row).await;
                     }
                     take_over_orphans(&store, now).await;
@@ -143,14 +157,23 @@ pub async fn heartbeat(
     }
 }
 
+/// The replicas as one heartbeat judged them.
+struct Judged {
+    /// Alive at the beat (this one among them).
+    alive: BTreeSet<String>,
+    /// Alive and draining to stop (this one too, when it is).
+    leaving: BTreeSet<String>,
+    dead: Vec<ReplicaRow>,
+}
+
 /// Tells the scheduler and the registry what the live replicas offer; returns the replicas alive
-/// at `now` (this one among them) and the others, dead.
+/// at `now`, those leaving, and the dead. `leaving` says whether this replica is.
 fn judge(
     store: &Store,
     (scheduler, registry): (&Scheduler, &Registry),
     rows: Vec<ReplicaRow>,
-    now: Millis,
-) -> (BTreeSet<String>, Vec<ReplicaRow>) {
+    (now, leaving): (Millis, bool),
+) -> Judged {
     let ttl = scheduler.config().lease_ttl;
     let (live, dead): (Vec<ReplicaRow>, Vec<ReplicaRow>) = rows
         .into_iter()
@@ -161,13 +184,16 @@ fn judge(
         .map(|row| (row.id.clone(), serde_json::from_str(&row.offers).unwrap_or_default()))
         .collect();
     registry.offered_elsewhere(offers.iter().flat_map(|(_, o)| o.tools.keys().cloned()).collect());
-    scheduler.remote_offers(offers);
-    let alive = live
-        .into_iter()
-        .map(|row| row.id)
-        .chain([store.replica().to_owned()])
+    let me = store.replica().to_owned();
+    let leaving = offers
+        .iter()
+        .filter(|(_, offers)| offers.leaving)
+        .map(|(id, _)| id.clone())
+        .chain(leaving.then(|| me.clone()))
         .collect();
-    (alive, dead)
+    scheduler.remote_offers(offers);
+    let alive = live.into_iter().map(|row| row.id).chain([me]).collect();
+    Judged { alive, leaving, dead }
 }
 
 /// Takes the shards that should be this replica's and are free (or, when it may judge, whose
@@ -177,7 +203,7 @@ fn judge(
 async fn rebalance(
     store: &Store,
     owned: &ShardMap,
-    alive: &BTreeSet<String>,
+    living: (&BTreeSet<String>, &BTreeSet<String>),
     may_judge: bool,
 ) -> Option<Vec<shards::ShardRow>> {
     let me = store.replica();
@@ -188,8 +214,8 @@ async fn rebalance(
             return None;
         }
     };
-    let moves = shards::moves(&rows, me, alive, may_judge);
-    let released: BTreeSet<u32> = moves.release.iter().map(|(id, _)| *id).collect();
+    let moves = shards::moves(&rows, me, living, may_judge);
+    let released: BTreeSet<u32> = moves.hand.iter().map(|(id, ..)| *id).collect();
     if !moves.is_empty() {
         if let Err(error) = store.move_shards(moves, false).await {
             warn!(%error, "cannot move shards");
@@ -270,7 +296,10 @@ impl Guard {
 
 /// One renewal, then every replica's row as it stands.
 async fn beat(store: &Store, scheduler: &Scheduler, me: &Me) -> Result<Vec<ReplicaRow>, KernelError> {
-    let offers = scheduler.offers().await?;
+    let offers = Offers {
+        leaving: me.leaving,
+        ..scheduler.offers().await?
+    };
     store
         .beat(ReplicaBeat {
             started_at: me.started_at,

@@ -59,12 +59,14 @@ pub struct ShardRow {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Moves {
     pub take: Vec<(u32, i64)>,
-    pub release: Vec<(u32, i64)>,
+    /// Shards this replica hands to the replica that should own them (named), which learns of it
+    /// at its next beat or at the first write it is sent for the shard.
+    pub hand: Vec<(u32, i64, String)>,
 }
 
 impl Moves {
     pub fn is_empty(&self) -> bool {
-        self.take.is_empty() && self.release.is_empty()
+        self.take.is_empty() && self.hand.is_empty()
     }
 }
 
@@ -92,17 +94,25 @@ fn weight(shard: u32, replica: &str) -> u64 {
     hash ^ (hash >> 33)
 }
 
-/// What `me` should change, seeing `rows` and the replicas alive (`me` among them). A shard that
-/// should be `me`'s is taken when it has no owner, or when its owner is not alive and `me` may
-/// judge others (see the heartbeat's guard); one `me` owns that should be another's is given
-/// back, for its new owner to take at its next beat.
-pub fn moves(rows: &[ShardRow], me: &str, alive: &BTreeSet<String>, may_judge: bool) -> Moves {
-    let replicas: Vec<&str> = alive.iter().map(String::as_str).collect();
+/// What `me` should change, seeing `rows`, the replicas alive (`me` among them) and those of them
+/// leaving (draining to stop: alive, so their leases hold, but owning nothing once they can hand
+/// it on). A shard that should be `me`'s is taken when it has no owner, or when its owner is not
+/// alive and `me` may judge others (see the heartbeat's guard); one `me` owns that should be
+/// another's is handed to it. A shard keeps its owner while no replica that stays is alive.
+pub fn moves(
+    rows: &[ShardRow],
+    me: &str,
+    (alive, leaving): (&BTreeSet<String>, &BTreeSet<String>),
+    may_judge: bool,
+) -> Moves {
+    let staying: Vec<&str> = alive.difference(leaving).map(String::as_str).collect();
     let mut moves = Moves::default();
     for row in rows {
-        let should = owner_of(row.id, &replicas);
+        let should = owner_of(row.id, &staying);
         match (&row.owner, should) {
-            (Some(owner), Some(should)) if owner == me && should != me => moves.release.push((row.id, row.epoch)),
+            (Some(owner), Some(should)) if owner == me && should != me => {
+                moves.hand.push((row.id, row.epoch, should.to_owned()))
+            }
             (None, Some(should)) if should == me => moves.take.push((row.id, row.epoch)),
             (Some(owner), Some(should)) if should == me && owner != me && may_judge && !alive.contains(owner) => {
                 moves.take.push((row.id, row.epoch))
@@ -114,9 +124,19 @@ pub fn moves(rows: &[ShardRow], me: &str, alive: &BTreeSet<String>, may_judge: b
 }
 
 /// The shards this replica owns, with their epochs, as it last read them, and how many times
-/// that changed (the writer forgets what it remembers of runs whenever it does).
+/// that changed (the writer forgets what it remembers of runs whenever it does). Readings may
+/// land out of order (the heartbeat and the links both read the table): a shard's row is taken in
+/// only when its epoch is not older than the one known, and every change of owner raises the
+/// epoch, so an older reading never undoes a newer one.
 #[derive(Clone, Default)]
-pub struct ShardMap(Arc<(Mutex<BTreeMap<u32, i64>>, AtomicU64)>);
+pub struct ShardMap(Arc<(Mutex<BTreeMap<u32, Known>>, AtomicU64)>);
+
+/// What this replica last read of one shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Known {
+    epoch: i64,
+    mine: bool,
+}
 
 /// How this replica's shards changed between two readings.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -127,27 +147,31 @@ pub struct Changed {
 }
 
 impl ShardMap {
-    /// Replaces what this replica owns with what `rows` say `me` owns.
+    /// Takes in what `rows` say `me` owns, row by row where not older than what is known.
     pub fn refresh(&self, rows: &[ShardRow], me: &str) -> Changed {
-        let now: BTreeMap<u32, i64> = rows
-            .iter()
-            .filter(|row| row.owner.as_deref() == Some(me))
-            .map(|row| (row.id, row.epoch))
-            .collect();
-        let mut owned = self.0.0.lock().expect("shard map poisoned");
-        let changed = Changed {
-            gained: now
-                .iter()
-                .filter(|(id, epoch)| owned.get(id) != Some(epoch))
-                .map(|(id, _)| *id)
-                .collect(),
-            lost: owned
-                .iter()
-                .filter(|(id, epoch)| now.get(id) != Some(epoch))
-                .map(|(id, _)| *id)
-                .collect(),
-        };
-        *owned = now;
+        let mut known = self.0.0.lock().expect("shard map poisoned");
+        let mut changed = Changed::default();
+        for row in rows {
+            let now = Known {
+                epoch: row.epoch,
+                mine: row.owner.as_deref() == Some(me),
+            };
+            let before = known.get(&row.id).copied();
+            if before.is_some_and(|before| before.epoch > now.epoch) {
+                continue;
+            }
+            let was_mine = before.filter(|before| before.mine);
+            match (was_mine, now.mine) {
+                (None, true) => changed.gained.push(row.id),
+                (Some(_), false) => changed.lost.push(row.id),
+                (Some(before), true) if before.epoch != now.epoch => {
+                    changed.lost.push(row.id);
+                    changed.gained.push(row.id);
+                }
+                _ => {}
+            }
+            known.insert(row.id, now);
+        }
         if !changed.gained.is_empty() || !changed.lost.is_empty() {
             self.0.1.fetch_add(1, Ordering::SeqCst);
         }
@@ -156,7 +180,8 @@ impl ShardMap {
 
     /// The epoch at which this replica owns `shard`, if it does.
     pub fn epoch(&self, shard: u32) -> Option<i64> {
-        self.0.0.lock().expect("shard map poisoned").get(&shard).copied()
+        let known = self.0.0.lock().expect("shard map poisoned");
+        known.get(&shard).filter(|known| known.mine).map(|known| known.epoch)
     }
 
     /// How many times what this replica owns has changed.
@@ -166,21 +191,27 @@ impl ShardMap {
 
     /// Whether this replica owns `shard`.
     pub fn owns(&self, shard: u32) -> bool {
-        self.0.0.lock().expect("shard map poisoned").contains_key(&shard)
+        self.epoch(shard).is_some()
     }
 
     /// The `n`th shard this replica owns, counting round; `None` while it owns none.
     pub fn nth(&self, n: usize) -> Option<u32> {
-        let owned = self.0.0.lock().expect("shard map poisoned");
-        match owned.len() {
+        let known = self.0.0.lock().expect("shard map poisoned");
+        let owned = known.iter().filter(|(_, known)| known.mine).count();
+        match owned {
             0 => None,
-            len => owned.keys().nth(n % len).copied(),
+            owned => known
+                .iter()
+                .filter(|(_, known)| known.mine)
+                .nth(n % owned)
+                .map(|(id, _)| *id),
         }
     }
 
     /// How many shards this replica owns.
     pub fn len(&self) -> usize {
-        self.0.0.lock().expect("shard map poisoned").len()
+        let known = self.0.0.lock().expect("shard map poisoned");
+        known.values().filter(|known| known.mine).count()
     }
 
     /// Whether this replica owns no shard.
@@ -238,15 +269,16 @@ mod tests {
         let replicas = ids(2);
         let (me, other) = (replicas[0].as_str(), replicas[1].as_str());
         let alive: BTreeSet<String> = [me.to_owned()].into();
+        let none = BTreeSet::new();
         let rows: Vec<ShardRow> = (0..8)
             .map(|id| row(id, if id % 2 == 0 { None } else { Some(other) }, 3))
             .collect();
         // Alone alive, every shard should be mine: the free ones are taken at once...
-        let cautious = moves(&rows, me, &alive, false);
+        let cautious = moves(&rows, me, (&alive, &none), false);
         assert_eq!(cautious.take, vec![(0, 3), (2, 3), (4, 3), (6, 3)]);
-        assert!(cautious.release.is_empty());
+        assert!(cautious.hand.is_empty());
         // ...a dead owner's once this replica may judge.
-        let judged = moves(&rows, me, &alive, true);
+        let judged = moves(&rows, me, (&alive, &none), true);
         assert_eq!(judged.take.len(), 8);
     }
 
@@ -255,15 +287,52 @@ mod tests {
         let replicas = ids(2);
         let (me, newcomer) = (replicas[0].as_str(), replicas[1].as_str());
         let alive: BTreeSet<String> = replicas.iter().cloned().collect();
+        let none = BTreeSet::new();
         let mine: Vec<ShardRow> = (0..256).map(|id| row(id, Some(me), 1)).collect();
-        let given = moves(&mine, me, &alive, true);
+        let given = moves(&mine, me, (&alive, &none), true);
         let should: Vec<u32> = (0..256)
             .filter(|s| owner_of(*s, &[me, newcomer]) == Some(newcomer))
             .collect();
-        assert_eq!(given.release.iter().map(|(id, _)| *id).collect::<Vec<_>>(), should);
+        assert_eq!(given.hand.iter().map(|(id, ..)| *id).collect::<Vec<_>>(), should);
+        assert!(given.hand.iter().all(|(_, epoch, to)| *epoch == 1 && to == newcomer));
         assert!(given.take.is_empty());
         // The newcomer, seeing the shards still held by a live owner, waits for them.
-        assert!(moves(&mine, newcomer, &alive, true).take.is_empty());
+        assert!(moves(&mine, newcomer, (&alive, &none), true).take.is_empty());
+    }
+
+    #[test]
+    fn a_leaving_replica_hands_every_shard_to_those_that_stay_and_keeps_them_when_none_does() {
+        let replicas = ids(3);
+        let me = replicas[0].as_str();
+        let alive: BTreeSet<String> = replicas.iter().cloned().collect();
+        let leaving: BTreeSet<String> = [me.to_owned()].into();
+        let mine: Vec<ShardRow> = (0..256).map(|id| row(id, Some(me), 4)).collect();
+        let handed = moves(&mine, me, (&alive, &leaving), true);
+        assert_eq!(handed.hand.len(), 256);
+        for (shard, _, to) in &handed.hand {
+            assert_eq!(Some(to.as_str()), owner_of(*shard, &[&replicas[1], &replicas[2]]));
+        }
+        // The others take nothing from a leaving replica that is alive: it hands them over.
+        let free: BTreeSet<String> = BTreeSet::new();
+        assert!(moves(&mine, &replicas[1], (&alive, &leaving), true).take.is_empty());
+        assert_eq!(moves(&mine, &replicas[1], (&alive, &free), true), Moves::default());
+        // The last replica leaving keeps its shards until it exits.
+        let alone: BTreeSet<String> = [me.to_owned()].into();
+        assert!(moves(&mine, me, (&alone, &leaving), true).is_empty());
+    }
+
+    #[test]
+    fn an_older_reading_of_the_shards_never_undoes_a_newer_one() {
+        let map = ShardMap::default();
+        map.refresh(&[row(1, Some("me"), 4)], "me");
+        // Handed on (epoch 5), then a reading taken before the hand-over lands late.
+        map.refresh(&[row(1, Some("next"), 5)], "me");
+        let stale = map.refresh(&[row(1, Some("me"), 4)], "me");
+        assert_eq!(stale, Changed::default());
+        assert!(!map.owns(1));
+        // Handed back later: a newer epoch is taken in.
+        map.refresh(&[row(1, Some("me"), 6)], "me");
+        assert_eq!(map.epoch(1), Some(6));
     }
 
     #[test]

@@ -144,6 +144,10 @@ pub fn check_tool_cache_key(key: &str) -> Result<(), KernelError> {
 /// handles and its writer).
 type Routing = Arc<std::sync::OnceLock<Arc<dyn forward::Router>>>;
 
+/// Where the writer hands each commit's notice for the other replicas, once the cluster's feed
+/// has taken them ([`Store::announce_commits`]).
+type Notices = Arc<std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<postgres::notice::Notice>>>;
+
 /// A cheap handle on the store.
 #[derive(Clone)]
 pub struct Store {
@@ -158,6 +162,8 @@ pub struct Store {
     effects: Effects,
     /// Where writes of runs whose shard another replica owns go (replicas only).
     router: Routing,
+    /// Where commits' notices go (replicas only).
+    notices: Notices,
 }
 
 /// Where the writer hands out each commit's effects: to whoever took them ([`Store::on_effects`]),
@@ -375,6 +381,7 @@ impl Store {
                 clock,
                 effects,
                 router: Default::default(),
+                notices: Default::default(),
             },
             thread,
         ))
@@ -399,6 +406,8 @@ impl Store {
         let after_commit = effects.after_commit(hub);
         let router = Routing::default();
         let writer_router = router.clone();
+        let notices = Notices::default();
+        let writer_notices = notices.clone();
         let thread = WriterThread::spawn(move || {
             let conn = match postgres::open_writer(&writer_target, &writer_replica) {
                 Ok(conn) => conn,
@@ -411,8 +420,9 @@ impl Store {
             writer::run(
                 WriteConn::Postgres {
                     conn: Box::new(conn),
-                    target: writer_target,
+                    target: Box::new(writer_target),
                     router: writer_router,
+                    notices: writer_notices,
                 },
                 (&writer_replica, &writer_clock),
                 receiver,
@@ -431,6 +441,7 @@ impl Store {
                 clock,
                 effects,
                 router,
+                notices,
             },
             thread,
         ))
@@ -451,6 +462,12 @@ impl Store {
     /// The schema version this build writes.
     pub fn schema_version() -> usize {
         schema::latest()
+    }
+
+    /// Hands every later commit's notice of what it wrote to `sink`, which sends them to the
+    /// other replicas (PostgreSQL; on SQLite nothing is committed that another process reads).
+    pub fn announce_commits(&self, sink: tokio::sync::mpsc::UnboundedSender<postgres::notice::Notice>) {
+        let _ = self.notices.set(sink);
     }
 
     /// This kernel's replica id.

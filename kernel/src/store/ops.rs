@@ -1029,9 +1029,9 @@ pub fn forget_replica(tx: &mut Tx<'_>, id: &str, heartbeat_at: Option<Millis>) -
     Ok(removed > 0)
 }
 
-/// Takes the shards of `moves.take` and gives back those of `moves.release`, each only if its
-/// epoch is still the one it was read at (and, given back, if this replica still owns it); `all`
-/// gives back every shard this replica owns. The shards taken, with their new epochs.
+/// Takes the shards of `moves.take` and hands on those of `moves.hand`, each only if its epoch is
+/// still the one it was read at (and, handed on, if this replica still owns it); `all` gives back
+/// every shard this replica owns, to no one. The shards taken, with their new epochs.
 pub fn move_shards(tx: &mut Tx<'_>, moves: &crate::cluster::shards::Moves, all: bool) -> Result<Vec<(u32, i64)>> {
     let mut taken = Vec::new();
     for (id, epoch) in &moves.take {
@@ -1045,11 +1045,11 @@ pub fn move_shards(tx: &mut Tx<'_>, moves: &crate::cluster::shards::Moves, all: 
             .optional()?;
         taken.extend(won.map(|epoch: i64| (*id, epoch)));
     }
-    for (id, epoch) in &moves.release {
+    for (id, epoch, to) in &moves.hand {
         tx.conn.write(
-            "UPDATE shards SET owner = NULL, epoch = epoch + 1, changed_at = ?2 WHERE owner = ?1 AND id = ?3 \
+            "UPDATE shards SET owner = ?5, epoch = epoch + 1, changed_at = ?2 WHERE owner = ?1 AND id = ?3 \
              AND epoch = ?4",
-            params![tx.replica, tx.now, i64::from(*id), *epoch],
+            params![tx.replica, tx.now, i64::from(*id), *epoch, to],
         )?;
     }
     if all {

@@ -2497,7 +2497,7 @@ async fn an_owner_that_lost_its_shard_commits_nothing_in_it() {
         .move_shards(
             crate::cluster::shards::Moves {
                 take: every,
-                release: Vec::new(),
+                hand: Vec::new(),
             },
             false,
         )
@@ -2525,7 +2525,7 @@ async fn an_owner_that_lost_its_shard_commits_nothing_in_it() {
         .move_shards(
             crate::cluster::shards::Moves {
                 take: vec![(shard, 1)],
-                release: Vec::new(),
+                hand: Vec::new(),
             },
             false,
         )
@@ -2585,7 +2585,7 @@ async fn a_shard_changes_owner_only_at_the_epoch_it_was_read_at(f: Fixture) {
     assert!(rows.iter().all(|r| r.owner.is_none() && r.epoch == 0));
     let take = |shards: &[(u32, i64)]| Moves {
         take: shards.to_vec(),
-        release: Vec::new(),
+        hand: Vec::new(),
     };
     let taken = f.store.move_shards(take(&[(1, 0), (2, 0)]), false).await.unwrap();
     assert_eq!(taken, vec![(1, 1), (2, 1)]);
@@ -2593,7 +2593,7 @@ async fn a_shard_changes_owner_only_at_the_epoch_it_was_read_at(f: Fixture) {
     assert!(f.store.move_shards(take(&[(1, 0)]), false).await.unwrap().is_empty());
     let given = Moves {
         take: Vec::new(),
-        release: vec![(1, 0), (2, 1)],
+        hand: vec![(1, 0, "next".into()), (2, 1, "next".into())],
     };
     f.store.move_shards(given, false).await.unwrap();
     let rows = f.store.reads.shards().await.unwrap();
@@ -2601,11 +2601,18 @@ async fn a_shard_changes_owner_only_at_the_epoch_it_was_read_at(f: Fixture) {
     assert_eq!(
         (&rows[1].owner, rows[1].epoch),
         (&me, 1),
-        "a stale give-back changes nothing"
+        "a stale hand-over changes nothing"
     );
-    assert_eq!((&rows[2].owner, rows[2].epoch), (&None, 2), "given back, a move");
+    assert_eq!(
+        (rows[2].owner.as_deref(), rows[2].epoch),
+        (Some("next"), 2),
+        "handed on, a move"
+    );
     f.store.move_shards(Moves::default(), true).await.unwrap();
     let rows = f.store.reads.shards().await.unwrap();
-    assert!(rows.iter().all(|r| r.owner.is_none()), "all given back");
+    assert!(
+        rows.iter().all(|r| r.owner.as_deref() != me.as_deref()),
+        "all given back"
+    );
     assert_eq!(rows[1].epoch, 2);
 }

@@ -303,9 +303,12 @@ pub enum WriteConn {
     Sqlite(rusqlite::Connection, SqliteSync, Checkpoints),
     Postgres {
         conn: Box<PgConn>,
-        target: super::postgres::Target,
+        target: Box<super::postgres::Target>,
         /// Which shards this replica owns, once the cluster has started.
         router: super::Routing,
+        /// Where committed notices go, to be sent to the other replicas, once the cluster has
+        /// started.
+        notices: super::Notices,
     },
 }
 
@@ -493,8 +496,9 @@ impl WriteConn {
         Ok(())
     }
 
-    /// Commits, telling the other replicas (on PostgreSQL) what the batch wrote; waits for the
-    /// disk only when `sync` (see [`super::sync`]). Says whether it waited.
+    /// Commits, then hands the other replicas' notice of what the batch wrote to the feed (on
+    /// PostgreSQL); waits for the disk only when `sync` (see [`super::sync`]). Says whether it
+    /// waited.
     fn commit(
         &self,
         replica: &str,
@@ -513,17 +517,22 @@ impl WriteConn {
                     std::process::exit(EXIT_SYNC_FAILED)
                 })
             }
-            WriteConn::Postgres { .. } => {
-                let notice = super::postgres::notice::Notice::of(replica, (published, waiting), registry);
+            WriteConn::Postgres { notices, .. } => {
                 // Like SQLite's, a commit that does not wait for the WAL flush is ordered before
                 // every later one: a later commit that waits makes it durable too.
-                let deferred = if sync {
-                    ""
+                self.batch(if sync {
+                    "COMMIT"
                 } else {
-                    "SET LOCAL synchronous_commit TO off; "
-                };
-                self.batch(&format!("{deferred}{}COMMIT", notice.statements()))
-                    .map(|()| sync)
+                    "SET LOCAL synchronous_commit TO off; COMMIT"
+                })?;
+                let notice = super::postgres::notice::Notice::of(replica, (published, waiting), registry);
+                if let Some(sink) = notices.get()
+                    && !notice.is_empty()
+                {
+                    // Only a feed that stopped with the kernel refuses it.
+                    let _ = sink.send(notice);
+                }
+                Ok(sync)
             }
         }
     }

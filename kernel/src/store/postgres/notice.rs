@@ -1,7 +1,13 @@
-//! What a replica's commit tells the others, over `NOTIFY`: the runs it wrote (their new events
+//! What a replica's commits tell the others, over `NOTIFY`: the runs they wrote (their new events
 //! by sequence number), the tools and agents that gained a step waiting for a worker, and whether
-//! the registry changed. It carries ids only; a listener reads the rows. PostgreSQL delivers
-//! notifications on commit, in commit order, so a listener never reads a row not yet committed.
+//! the registry changed. It carries ids only; a listener reads the rows.
+//!
+//! A notice is not sent in the commit it tells of: PostgreSQL serializes every notifying commit
+//! of the cluster through one lock, which would make each replica's writer wait on the others'.
+//! The writer hands each committed notice to [`crate::cluster::feed`], which merges those that
+//! arrive while one is on its way and sends them as one, after their commits, so a listener never
+//! reads a row not yet committed. A replica killed between a commit and its notice tells nobody:
+//! the others catch up from the store when its shards move ([`crate::cluster::feed::Feed`]).
 
 use std::collections::BTreeMap;
 
@@ -16,7 +22,7 @@ pub const CHANNEL: &str = "kernel_commits";
 /// PostgreSQL refuses a payload of 8,000 bytes or more; a commit that says more sends several.
 const MAX_PAYLOAD: usize = 7_000;
 
-/// One commit's news, as sent.
+/// One or more commits' news, as sent.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Notice {
     /// The replica that committed.
@@ -75,6 +81,40 @@ impl Notice {
         }
     }
 
+    /// Adds what `later` tells, from the same replica: each run's range grows to cover both.
+    pub fn merge(&mut self, later: Notice) {
+        let mut index: std::collections::HashMap<String, usize> = self
+            .runs
+            .iter()
+            .enumerate()
+            .map(|(at, (run, ..))| (run.clone(), at))
+            .collect();
+        for (run, from, to) in later.runs {
+            match index.get(&run) {
+                Some(&at) => {
+                    let range = &mut self.runs[at];
+                    range.1 = range.1.min(from);
+                    range.2 = range.2.max(to);
+                }
+                None => {
+                    index.insert(run.clone(), self.runs.len());
+                    self.runs.push((run, from, to));
+                }
+            }
+        }
+        for tool in later.tools {
+            if !self.tools.contains(&tool) {
+                self.tools.push(tool);
+            }
+        }
+        for agent in later.agents {
+            if !self.agents.contains(&agent) {
+                self.agents.push(agent);
+            }
+        }
+        self.registry |= later.registry;
+    }
+
     /// Whether there is nothing to tell.
     pub fn is_empty(&self) -> bool {
         self.runs.is_empty() && self.tools.is_empty() && self.agents.is_empty() && !self.registry
@@ -109,17 +149,6 @@ impl Notice {
             .collect()
     }
 
-    /// The statements that send this notice, to run in the commit's transaction (one round trip
-    /// with the `COMMIT` after them).
-    pub fn statements(&self) -> String {
-        let mut sql = String::new();
-        for payload in self.payloads() {
-            // Standard-conforming strings: a quote is escaped by doubling it, nothing else is special.
-            sql.push_str(&format!("NOTIFY {CHANNEL}, '{}'; ", payload.replace('\'', "''")));
-        }
-        sql
-    }
-
     /// Reads a payload another replica sent; `None` for one this build does not understand.
     pub fn parse(payload: &str) -> Option<Notice> {
         serde_json::from_str(payload).ok()
@@ -152,6 +181,29 @@ mod tests {
             runs.extend(part.runs);
         }
         assert_eq!(runs, notice.runs);
-        assert!(notice.statements().contains("o''brien"));
+    }
+
+    #[test]
+    fn merged_notices_cover_every_range_once() {
+        let mut first = Notice {
+            origin: "replica-a".into(),
+            runs: vec![("r1".into(), 4, 6), ("r2".into(), 1, 1)],
+            tools: vec!["search".into()],
+            ..Notice::default()
+        };
+        first.merge(Notice {
+            origin: "replica-a".into(),
+            runs: vec![("r1".into(), 7, 9), ("r3".into(), 2, 2)],
+            tools: vec!["search".into(), "charge".into()],
+            agents: vec!["planner".into()],
+            registry: true,
+        });
+        assert_eq!(
+            first.runs,
+            vec![("r1".into(), 4, 9), ("r2".into(), 1, 1), ("r3".into(), 2, 2)]
+        );
+        assert_eq!(first.tools, vec!["search".to_owned(), "charge".to_owned()]);
+        assert_eq!(first.agents, vec!["planner".to_owned()]);
+        assert!(first.registry);
     }
 }
