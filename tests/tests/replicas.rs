@@ -109,7 +109,7 @@ async fn three_replicas_run_a_call_submitted_on_one_on_a_worker_of_another_and_a
     let (a, b, c) = (replica(&pg), replica(&pg), replica(&pg));
     // Each replica owns its share of the shards, so the runs made through A stay A's.
     let owners = [replica_id(&a), replica_id(&b), replica_id(&c)];
-    wait_shards(&pg.client().await, &owners.each_ref().map(String::as_str), 40).await;
+    wait_settled(&pg.client().await, &owners.each_ref().map(String::as_str), 40).await;
     // Only replica B has a worker (tools, and the demo's hosted agents).
     let _worker = b.worker("worker-on-b");
     wait_known(&a, "add").await;
@@ -510,7 +510,7 @@ async fn a_result_for_a_run_whose_owner_froze_is_recorded_once_the_shard_moves_n
     let ttl = Duration::from_millis(2_000);
     let options = with_ttl(&pg, ttl);
     let (a, b) = (Kernel::start_with(options.clone()), Kernel::start_with(options));
-    wait_shards(&pg.client().await, &[&replica_id(&a), &replica_id(&b)], 60).await;
+    wait_settled(&pg.client().await, &[&replica_id(&a), &replica_id(&b)], 60).await;
     // The run is A's (made in one of A's shards); the only worker is B's.
     let run = a.create_run("owner-frozen").await;
     let _on_b = a.fault_worker_on(&b, "worker-on-b", &[]);
@@ -665,7 +665,7 @@ async fn a_stopping_replica_hands_its_shards_on_while_it_drains_and_its_at_most_
     let b = Kernel::start_with(options);
     let (id_a, id_b) = (replica_id(&a), replica_id(&b));
     let client = pg.client().await;
-    wait_shards(&client, &[&id_a, &id_b], 80).await;
+    wait_settled(&client, &[&id_a, &id_b], 80).await;
 
     // An `at_most_once` call on A's worker, of a run in one of A's shards, held past the hand-over.
     let _on_a = a.fault_worker_on(&a, "worker-on-a", &[]);
@@ -1179,7 +1179,7 @@ async fn calls_waiting_when_a_worker_joins_are_claimed_at_once_though_the_replic
     };
     let (a, b) = (Kernel::start_with(options.clone()), Kernel::start_with(options));
     // A run's calls are queued by the replica owning its shard: B's run is made in one of B's.
-    wait_shards(&pg.client().await, &[&replica_id(&a), &replica_id(&b)], 60).await;
+    wait_settled(&pg.client().await, &[&replica_id(&a), &replica_id(&b)], 60).await;
     // B's queue fills with calls of a tool whose worker has gone.
     let mut gone = b.fault_worker_on(&b, "gone", &[]);
     gone.kill9();
@@ -1274,6 +1274,22 @@ async fn wait_shards(client: &tokio_postgres::Client, owners: &[&str], least: us
     })
     .await;
     began.elapsed()
+}
+
+/// Waits until the shards are spread over `owners` (each with at least `least`) and stay as they
+/// are for a second (five heartbeats of the test replicas): a replica that just joined is handed
+/// its share over several beats, and a run made meanwhile may move to another owner.
+async fn wait_settled(client: &tokio_postgres::Client, owners: &[&str], least: usize) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        wait_shards(client, owners, least).await;
+        let before = shard_owners(client).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if shard_owners(client).await == before {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the shards never settled on {owners:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

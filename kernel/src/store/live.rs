@@ -1,6 +1,7 @@
 //! What a turn's checks need of the runs this kernel's writer created, kept from its commits
-//! (SQLite, where this writer is the only one): each run's record and which of its calls may be
-//! recorded already. The common turn, new calls of a live run, then plans without a read of the
+//! (on SQLite, where this writer is the only one, and among replicas for the runs of the shards
+//! this replica owns, forgotten whenever they change): each run's record and which of its calls
+//! may be recorded already. The common turn, new calls of a live run, then plans without a read of the
 //! database, whose pages every commit leaves cold for the readers.
 //!
 //! It is a hint, never the truth. It answers only "this turn has a call not recorded yet", so the
@@ -109,6 +110,14 @@ impl LiveRuns {
         keys.into_iter()
             .any(|key| live.recorded.lacks_call(key))
             .then(|| live.run.clone())
+    }
+
+    /// Forgets every run: what this replica owns changed, and another replica may have written
+    /// some of them meanwhile.
+    pub fn forget_all(&self) {
+        let mut inner = self.0.lock().expect("live runs poisoned");
+        inner.runs.clear();
+        inner.bytes = 0;
     }
 
     /// How many runs are held (for tests).

@@ -408,6 +408,8 @@ impl Store {
         let writer_router = router.clone();
         let notices = Notices::default();
         let writer_notices = notices.clone();
+        let live = Arc::new(live::LiveRuns::default());
+        let writer_live = live.clone();
         let thread = WriterThread::spawn(move || {
             let conn = match postgres::open_writer(&writer_target, &writer_replica) {
                 Ok(conn) => conn,
@@ -426,7 +428,7 @@ impl Store {
                 },
                 (&writer_replica, &writer_clock),
                 receiver,
-                (None, after_commit),
+                (Some(&writer_live), after_commit),
                 || {},
             )
         })?;
@@ -436,7 +438,7 @@ impl Store {
         Ok((
             Store {
                 commands,
-                reads: Readers::open_postgres(target, &replica, clock.clone()),
+                reads: Readers::open_postgres(target, &replica, (live, clock.clone())),
                 replica,
                 clock,
                 effects,

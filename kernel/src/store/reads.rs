@@ -115,13 +115,19 @@ impl Readers {
     }
 
     /// Readers of a PostgreSQL store, each its own connection (made on first use).
-    pub fn open_postgres(target: &super::postgres::Target, replica: &str, clock: Clock) -> Self {
+    /// Readers of a PostgreSQL store. `live` is what this replica's writer committed of the runs
+    /// of its own shards, which no other replica writes while it owns them (the writer forgets it
+    /// all whenever they change).
+    pub fn open_postgres(
+        target: &super::postgres::Target,
+        replica: &str,
+        (live, clock): (Arc<LiveRuns>, Clock),
+    ) -> Self {
         Readers {
             pool: Arc::new(Pool::default()),
             source: Arc::new(Source::Postgres(Box::new(target.clone()), replica.to_owned())),
             permits: Arc::new(tokio::sync::Semaphore::new(READERS)),
-            // Other replicas write too: what one writer committed is not all there is.
-            live: None,
+            live: Some(live),
             clock,
         }
     }

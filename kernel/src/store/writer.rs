@@ -32,6 +32,11 @@ use crate::model::{AgentDef, ApprovalId, DispatchId, RunId, RunRecord, StepKey, 
 /// The most commands folded into one transaction; bounds the latency of a batch.
 const MAX_BATCH: usize = 512;
 
+/// The most on PostgreSQL, where each command that writes has a savepoint, a subtransaction:
+/// past 64 in one transaction a server keeps them outside its shared memory, and every snapshot
+/// taken meanwhile, by any replica, looks them up on disk.
+const MAX_PG_BATCH: usize = 60;
+
 type Reply<T> = oneshot::Sender<Result<T, KernelError>>;
 
 /// Sends a turn's started calls to their workers before the commit that starts them (see
@@ -854,8 +859,12 @@ pub fn run(
         crate::memory::went_idle();
     };
     let mut stop = false;
+    let most = match conn {
+        WriteConn::Sqlite(..) => MAX_BATCH,
+        WriteConn::Postgres { .. } => MAX_PG_BATCH,
+    };
     while let Some(first) = (!stop).then(|| next_command(&commands, &conn, &quiet)).flatten() {
-        let batch = take_batch(first, &commands, &mut stop);
+        let batch = take_batch(first, (&commands, most), &mut stop);
         if let Err(message) = conn.ensure_open(&cache, replica) {
             tracing::warn!(error = %message, "store unreachable, batch refused");
             let unreachable = || KernelError::Unavailable(format!("the database is unreachable: {message}"));
@@ -871,6 +880,9 @@ pub fn run(
             && generation.replace(router.generation()) != Some(router.generation())
         {
             cache.borrow_mut().clear();
+            if let Some(live) = live {
+                live.forget_all();
+            }
         }
         match conn.begin() {
             Ok(()) => {}
@@ -975,11 +987,11 @@ fn commit(
     }
 }
 
-/// `first` and whatever else is queued, up to [`MAX_BATCH`] commands; `stop` is set when a stop
-/// order came among them.
-fn take_batch(first: Command, commands: &Receiver<Order>, stop: &mut bool) -> Vec<Command> {
+/// `first` and whatever else is queued, up to `most` commands; `stop` is set when a stop order
+/// came among them.
+fn take_batch(first: Command, (commands, most): (&Receiver<Order>, usize), stop: &mut bool) -> Vec<Command> {
     let mut batch = vec![first];
-    while batch.len() < MAX_BATCH {
+    while batch.len() < most {
         match commands.try_recv() {
             Ok(Order::Write(next)) => batch.push(next),
             Ok(Order::Stop) => {
