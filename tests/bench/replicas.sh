@@ -113,8 +113,17 @@ measure() {
     [ "$settled" = t ] && break
     sleep 0.1
   done
-  [ "$settled" = t ] || echo "replicas=$n round=$round: the shards did not settle within 30 s" >&2
-  sleep 1
+  # Each replica is handed its share over several beats: settled once the owners and epochs stay
+  # as they are for more than a heartbeat (3 s).
+  local before="" now=""
+  for _ in $(seq 1 15); do
+    now=$(psql -d "$db" -c "SELECT string_agg(owner || ':' || epoch, ',' ORDER BY id) FROM shards")
+    [ -n "$before" ] && [ "$now" = "$before" ] && break
+    before=$now
+    sleep 4
+  done
+  [ "$settled" = t ] && [ "$now" = "$before" ] ||
+    echo "replicas=$n round=$round: the shards did not settle within 90 s" >&2
   psql -d postgres -c "SELECT pg_stat_statements_reset()" >/dev/null
   # pg_locks every 20 ms on one connection: how many locks in the database were waited for.
   (while [ ! -e "$dir/stop.$db" ] && sleep 0.02; do
