@@ -3,6 +3,7 @@ are checked by the Rust side too (`kernel-proto`'s `the_shared_vectors_hold`).""
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,12 +15,12 @@ VECTORS = json.loads(
 
 
 @pytest.mark.parametrize("case", VECTORS["canonical"])
-def test_canonical_text_is_the_kernels(case: dict) -> None:
+def test_canonical_text_is_the_kernels(case: dict[str, Any]) -> None:
     assert to_canonical(case["value"]) == case["canonical"]
 
 
 @pytest.mark.parametrize("case", VECTORS["fingerprints"])
-def test_fingerprints_are_the_kernels(case: dict) -> None:
+def test_fingerprints_are_the_kernels(case: dict[str, Any]) -> None:
     got = tool_fingerprint(case["name"], case["description"], case["input_schema"], case["version"])
     assert got == case["fingerprint"]
 

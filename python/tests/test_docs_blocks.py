@@ -1,5 +1,5 @@
-"""Every ```python block of the user documentation (README.md, CONTRIBUTING.md, ARCHITECTURE.md and
-the book under docs/) compiles, and runs: its imports, definitions and decorators execute, so a name
+"""Every ```python block of the user documentation (README.md, CONTRIBUTING.md, ARCHITECTURE.md, the
+package's python/README.md and the book under docs/) compiles, and runs: its imports, definitions and decorators execute, so a name
 the SDK no longer has or an option a decorator refuses fails here, at the page's own line. A block
 that cannot run alone (lines of a larger program) says why in an HTML comment `<!-- not run: ... -->`
 right above it; it is still compiled, and its imports still run.
@@ -28,7 +28,12 @@ class Block:
 
 
 def pages() -> list[Path]:
-    top = [REPO / "README.md", REPO / "CONTRIBUTING.md", REPO / "ARCHITECTURE.md"]
+    top = [
+        REPO / "README.md",
+        REPO / "CONTRIBUTING.md",
+        REPO / "ARCHITECTURE.md",
+        REPO / "python" / "README.md",
+    ]
     return top + sorted((REPO / "docs").rglob("*.md"))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import agents
@@ -17,6 +18,7 @@ from kernel_sdk import (
     AgentContext,
     Event,
     StepDenied,
+    StepInfo,
     ToolContext,
     ToolDefinitionError,
     agent,
@@ -156,7 +158,12 @@ async def py_guarded(ctx: AgentContext, input: None) -> dict[str, object]:
     """Tries a step the policy denies, then one it allows."""
     ran: list[str] = []
     try:
-        await ctx.step("charge_card", lambda info: ran.append("charge") or "charged")
+
+        def charge(info: StepInfo) -> str:
+            ran.append("charge")
+            return "charged"
+
+        await ctx.step("charge_card", charge)
     except StepDenied as denied:
         refusal = denied.message
     allowed = await ctx.step("note", lambda info: "noted", effect="read")
@@ -220,7 +227,7 @@ def test_an_agent_can_be_named_first_and_each_option_is_checked_when_applied() -
     bounded = agent(name="bounded", max_concurrency=3)(_handler)
     assert bounded.definition.max_concurrency == 3
 
-    refusals = [
+    refusals: list[tuple[Callable[[], object], str]] = [
         (
             lambda: agent(max_concurrency=-1)(_handler),
             (
@@ -234,10 +241,13 @@ def test_an_agent_can_be_named_first_and_each_option_is_checked_when_applied() -
             "agent '_handler': version takes a non-empty string such as \"2\", not ''",
         ),
         (
-            lambda: agent(input_schema="trip")(_handler),
+            lambda: agent(input_schema="trip")(_handler),  # type: ignore[arg-type]
             "agent '_handler': input_schema takes a JSON Schema as a dict, not 'trip'",
         ),
-        (lambda: agent(description=3)(_handler), "agent '_handler': description takes a string"),
+        (
+            lambda: agent(description=3)(_handler),  # type: ignore[arg-type]
+            "agent '_handler': description takes a string",
+        ),
         (
             lambda: agent("planner", name="other"),
             "agent 'planner': the name is given twice, first and as name='other'",
@@ -246,7 +256,10 @@ def test_an_agent_can_be_named_first_and_each_option_is_checked_when_applied() -
             lambda: agent("has space")(_handler),
             "agent 'has space': name takes 1 to 64 characters from [a-zA-Z0-9_-]",
         ),
-        (lambda: agent(3), "@agent takes a handler, or the agent's name as a string, not 3"),
+        (
+            lambda: agent(3),  # type: ignore[arg-type]
+            "@agent takes a handler, or the agent's name as a string, not 3",
+        ),
     ]
     for make, expected in refusals:
         with pytest.raises(ToolDefinitionError) as refused:

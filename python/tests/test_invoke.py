@@ -86,7 +86,8 @@ async def test_an_async_generator_reports_all_but_its_last_item() -> None:
     @tool
     async def silent(ctx: ToolContext):  # type: ignore[no-untyped-def]
         """Streams nothing at all."""
-        for item in ():
+        nothing: tuple[str, ...] = ()
+        for item in nothing:
             yield item
 
     with pytest.raises(ToolError, match="streamed nothing") as empty:

@@ -62,7 +62,7 @@ def forecast(
     ship_to: Address | None = None,
     window: Window | None = None,
     tags: list[str] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Weather for a city."""
     return {"city": city, "days": days}
 
@@ -158,7 +158,7 @@ def test_every_decorator_form_of_the_seeds_makes_a_tool() -> None:
         return query
 
     @tool(read_only=True)
-    async def lookup_order(ctx: ToolContext, order_id: str) -> dict:
+    async def lookup_order(ctx: ToolContext, order_id: str) -> dict[str, Any]:
         """Looks an order up."""
         return {"order_id": order_id}
 
@@ -198,7 +198,7 @@ def test_durations_take_seconds_or_a_timedelta_and_keep_seconds() -> None:
     assert spec.timeout_ms == 2500 and spec.approval_timeout_ms == 3_600_000
 
     @tool(read_only=True, cache_ttl=timedelta(minutes=5), approval_timeout=90)
-    async def rates() -> dict:
+    async def rates() -> dict[str, Any]:
         """Exchange rates."""
         return {}
 
@@ -215,7 +215,7 @@ APPROVAL_TIMEOUT_MESSAGE = (
 def test_an_option_with_a_value_it_does_not_take_is_named_with_what_it_takes() -> None:
     with pytest.raises(ToolDefinitionError) as refused:
 
-        @tool(approval_timeout="soon")  # type: ignore[arg-type]
+        @tool(approval_timeout="soon")  # type: ignore[call-overload, untyped-decorator]
         async def refund(cents: int) -> str:
             """Refunds."""
             return "ok"
@@ -319,13 +319,22 @@ def test_each_option_is_checked_when_the_decorator_is_applied(
             lambda: tool("has space")(_refund()),
             "tool 'has space': name takes 1 to 64 characters",
         ),
-        (lambda: tool(name=3)(_refund()), "tool '3': name takes 1 to 64 characters"),
+        (
+            lambda: tool(name=3)(_refund()),  # type: ignore[call-overload]
+            "tool '3': name takes 1 to 64 characters",
+        ),
         (
             lambda: tool("refund", name="refund_v2"),
             "tool 'refund': the name is given twice, first and as name='refund_v2'",
         ),
-        (lambda: tool(3), "@tool takes a function, or the tool's name as a string, not 3"),
-        (lambda: tool("refund")(3), "tool 'refund': @tool decorates a function, not 3"),
+        (
+            lambda: tool(3),  # type: ignore[call-overload]
+            "@tool takes a function, or the tool's name as a string, not 3",
+        ),
+        (
+            lambda: tool("refund")(3),  # type: ignore[arg-type]
+            "tool 'refund': @tool decorates a function, not 3",
+        ),
         (
             lambda: tool(retry=1, retries=2)(_refund()),
             "tool 'refund': retries is given twice (retry and retries are the same option)",
@@ -367,7 +376,7 @@ def test_a_python_predicate_for_approval_is_kept_and_announced_as_the_workers() 
 
     with pytest.raises(ToolDefinitionError) as refused:
 
-        @tool(requires_approval=3)  # type: ignore[arg-type]
+        @tool(requires_approval=3)  # type: ignore[call-overload, untyped-decorator]
         async def other(cents: int) -> str:
             """Refunds."""
             return "ok"
@@ -388,9 +397,9 @@ def test_a_retry_policy_checks_its_own_fields() -> None:
 
 
 def test_wrap_tool_takes_a_schema_and_maps_the_result() -> None:
-    calls: list[dict] = []
+    calls: list[dict[str, Any]] = []
 
-    def search(args: dict) -> dict:
+    def search(args: dict[str, Any]) -> dict[str, Any]:
         calls.append(args)
         return {"hits": [{"title": "a"}], "took_ms": 3}
 
@@ -415,8 +424,9 @@ def test_wrap_tool_takes_a_schema_and_maps_the_result() -> None:
 
 
 def test_wrap_tool_maps_an_awaitable_result_too() -> None:
-    async def invoke(args: dict) -> int:
-        return args["n"] * 2
+    async def invoke(args: dict[str, Any]) -> int:
+        n: int = args["n"]
+        return n * 2
 
     doubled = wrap_tool(
         "double",
@@ -454,15 +464,21 @@ def test_wrap_tool_maps_an_awaitable_result_too() -> None:
             "tool 'x': requires_approval takes True, False, a CEL predicate",
         ),
         (
-            lambda: wrap_tool("x", "search", description="d", args_schema={}),
+            lambda: wrap_tool("x", "search", description="d", args_schema={}),  # type: ignore[arg-type]
             "tool 'x': invoke takes a callable over the arguments dict, not 'search'",
         ),
         (
-            lambda: wrap_tool("x", lambda a: a, description="d", args_schema=None),
+            lambda: wrap_tool("x", lambda a: a, description="d", args_schema=None),  # type: ignore[arg-type]
             "tool 'x': args_schema takes a JSON Schema as a dict, not None",
         ),
         (
-            lambda: wrap_tool("x", lambda a: a, description="d", args_schema={}, to_result=1),
+            lambda: wrap_tool(
+                "x",
+                lambda a: a,
+                description="d",
+                args_schema={},
+                to_result=1,  # type: ignore[arg-type]
+            ),
             "tool 'x': to_result takes a callable over what invoke returns, or None, not 1",
         ),
         (

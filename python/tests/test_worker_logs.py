@@ -21,8 +21,15 @@ def _closed_port() -> int:
 async def test_a_worker_that_cannot_reach_the_kernel_says_so_at_each_backoff() -> None:
     address = f"127.0.0.1:{_closed_port()}"
     worker = Process(
-        [sys.executable, "-u", str(PYTHON_TESTS / "worker_process.py"), address]
-        + ["--no-logging-config", "--name", "lost"],
+        [
+            sys.executable,
+            "-u",
+            str(PYTHON_TESTS / "worker_process.py"),
+            address,
+            "--no-logging-config",
+            "--name",
+            "lost",
+        ],
         "python worker against a closed port",
     )
     try:

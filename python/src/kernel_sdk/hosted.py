@@ -187,7 +187,7 @@ def agent(
     *,
     name: str | None = None,
     description: str | None = None,
-    version: str = "1",
+    version: str | int = "1",
     max_concurrency: int = 0,
     input_schema: dict[str, Any] | None = None,
 ) -> Any:

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import Any, Literal, get_args, get_type_hints
+from typing import Any, Literal, get_args, get_type_hints, overload
 
 import pydantic
 import pydantic_core
@@ -337,6 +337,9 @@ class Tool:
     the last is progress, the last is the result).
     """
 
+    __name__: str
+    """The function's name, as `functools.wraps` copies it (frameworks read a tool's name here)."""
+
     def __init__(
         self,
         definition: ToolDefinition,
@@ -486,13 +489,18 @@ def _schema(
     return schema, takes_context, model
 
 
+@overload
+def tool(function: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
 def tool(
-    function: Callable[..., Any] | str | None = None,
+    function: str | None = None,
     /,
     *,
     name: str | None = None,
     description: str | None = None,
-    version: str = "1",
+    version: str | int = "1",
     args_schema: dict[str, Any] | None = None,
     timeout: float | timedelta | None = None,
     retries: int | RetryPolicy | None = None,
@@ -509,7 +517,33 @@ def tool(
     requires_approval: bool | str | ApprovalPredicate = False,
     approval_timeout: float | timedelta | None = None,
     strip_nulls: bool = False,
-) -> Any:
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    function: Callable[..., Any] | str | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    version: str | int = "1",
+    args_schema: dict[str, Any] | None = None,
+    timeout: float | timedelta | None = None,
+    retries: int | RetryPolicy | None = None,
+    retry: int | RetryPolicy | None = None,
+    idempotency: Idempotency = "safe_to_retry",
+    read_only: bool = False,
+    writes: bool = False,
+    owner: str | None = None,
+    risk: Risk | None = None,
+    permissions: tuple[str, ...] | list[str] = (),
+    resources: tuple[str, ...] | list[str] = (),
+    cost_per_call: float = 0.0,
+    cache_ttl: float | timedelta | None = None,
+    requires_approval: bool | str | ApprovalPredicate = False,
+    approval_timeout: float | timedelta | None = None,
+    strip_nulls: bool = False,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Makes a tool of a function: `@tool`, `@tool()`, `@tool("charge")` (the tool's name first),
     `@tool("charge", idempotency="at_most_once")` or `@tool(name="charge", writes=True)`.
 
@@ -600,7 +634,7 @@ def wrap_tool(
     *,
     description: str,
     args_schema: dict[str, Any],
-    version: str = "1",
+    version: str | int = "1",
     to_result: Callable[[Any], Any] | None = None,
     **options: Any,
 ) -> Tool:
