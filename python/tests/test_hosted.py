@@ -12,6 +12,7 @@ import agents
 import pytest
 from conftest import serving
 from harness import Kernel, Process, python_worker, within
+from pydantic import BaseModel
 
 from kernel_sdk import (
     AgentClient,
@@ -19,6 +20,7 @@ from kernel_sdk import (
     Event,
     StepDenied,
     StepInfo,
+    ToolCallRejected,
     ToolContext,
     ToolDefinitionError,
     agent,
@@ -189,6 +191,84 @@ async def test_a_policy_denies_a_local_step_before_it_runs(tmp_path: Path) -> No
             assert by_key["step:charge_card#0"].outcome == "denied"
     finally:
         kernel.stop()
+
+
+class Doubled(BaseModel):
+    n: int
+
+
+@tool
+async def py_double(ctx: ToolContext, n: int) -> Doubled:
+    """Doubles a number."""
+    return Doubled(n=n * 2)
+
+
+@tool(writes=True)
+async def py_wipe(ctx: ToolContext, path: str) -> str:
+    """Wipes a path (the policy denies it)."""
+    raise AssertionError("a denied tool never runs")
+
+
+@tool(requires_approval=True)
+async def py_wire(ctx: ToolContext, cents: int) -> str:
+    """Wires money, once a person approves."""
+    raise AssertionError("a rejected tool never runs")
+
+
+@agent
+async def py_direct(ctx: AgentContext, input: None) -> dict[str, object]:
+    """Calls tools as plain functions: each call goes through the kernel."""
+    doubled = await py_double(ctx, n=21)
+    assert isinstance(doubled, Doubled), "the declared return type comes back"
+    denied = await py_wipe(ctx, path="/")
+    try:
+        await py_wire(ctx, cents=500)
+        rejected: object = None
+    except ToolCallRejected as error:
+        rejected = [error.tool_name, error.reason, error.expired]
+    return {"doubled": doubled.n, "denied": denied, "rejected": rejected}
+
+
+async def test_a_tool_called_as_a_function_in_a_handler_goes_through_the_kernel(
+    tmp_path: Path,
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text('deny_list: ["py_wipe"]\n')
+    kernel = Kernel(tmp_path, "--policy", str(policy))
+    try:
+        async with (
+            AgentClient(kernel.addr) as client,
+            serving(kernel, py_double, py_wipe, py_wire, agents=[py_direct]),
+        ):
+            run = await client.create_run("py_direct", hosted=True)
+
+            async def asked() -> str:
+                while not (pending := await client.list_approvals(run_id=run.id)):
+                    await asyncio.sleep(0.05)
+                return pending[0].id
+
+            approval = await within("the wire to wait for a person", asked(), 30)
+            await client.reject(approval, decider="ops", reason="not today")
+            await within("the run to end", _ended(client, run.id), 30)
+            detail = await client.get_run(run.id)
+            assert detail.run.status == "completed", detail.run.reason
+            output = detail.run.output
+            assert output["doubled"] == 42
+            assert output["denied"].startswith("py_wipe not allowed. reason:"), output
+            assert output["rejected"][0] == "py_wire" and output["rejected"][2] is False
+            assert "rejected by ops" in output["rejected"][1], output
+            # Each call is a step of the run, beside the handler's own dispatch.
+            outcomes = {
+                step.tool: step.outcome for step in detail.steps if step.tool != "py_direct"
+            }
+            assert outcomes == {"py_double": "ok", "py_wipe": "denied", "py_wire": "rejected"}
+    finally:
+        kernel.stop()
+
+
+async def test_a_tool_called_outside_any_run_just_runs() -> None:
+    doubled = await py_double(None, n=4)
+    assert doubled == Doubled(n=8)
 
 
 async def _event(client: AgentClient, run_id: str, kind: str) -> Event:

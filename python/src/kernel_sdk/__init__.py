@@ -14,7 +14,7 @@
 from .canonical import call_hash, idempotency_key, to_canonical, tool_fingerprint
 from .client import AgentClient
 from .context import Cancellation, Progress, ToolCache, ToolContext
-from .errors import KernelError, ToolError, WorkerRefused
+from .errors import KernelError, ToolCallRejected, ToolError, WorkerRefused
 from .hosted import (
     Agent,
     AgentContext,
@@ -92,6 +92,7 @@ __all__ = [
     "Tool",
     "ToolCache",
     "ToolCall",
+    "ToolCallRejected",
     "ToolContext",
     "ToolDefinition",
     "ToolDefinitionError",

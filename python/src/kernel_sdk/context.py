@@ -5,10 +5,11 @@ write its tool's cache, reach the app's objects and a shared HTTP client, and se
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,6 +18,24 @@ from .errors import ToolError
 
 if TYPE_CHECKING:
     import httpx
+
+    from .records import CallResult
+
+
+class RunCalls(Protocol):
+    """What the run around some code offers a tool called directly in it: a hosted handler's
+    context, which calls the tool through the kernel."""
+
+    def call(
+        self, tool: str, arguments: dict[str, Any] | None = None
+    ) -> Coroutine[Any, Any, CallResult]: ...
+
+
+current_run: contextvars.ContextVar[RunCalls | None] = contextvars.ContextVar(
+    "kernel_sdk_current_run", default=None
+)
+"""The run the running code belongs to: set while a hosted handler runs (and in the tasks it
+starts), unset in a tool's body and anywhere else."""
 
 _MAX_CACHE_KEY = 256
 

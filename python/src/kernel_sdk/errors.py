@@ -61,3 +61,19 @@ class KernelError(Exception):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+class ToolCallRejected(Exception):
+    """A tool called directly inside a run (`await refund(ctx, cents=25_000)` in a hosted
+    handler) needed a person's approval and did not get it: `reason` is what the kernel recorded
+    (who rejected it and why), `expired` says whether the approval ran out unanswered instead.
+    """
+
+    def __init__(self, tool_name: str, reason: str, expired: bool) -> None:
+        super().__init__(reason)
+        self.tool_name = tool_name
+        self.reason = reason
+        self.expired = expired
+
+    def __repr__(self) -> str:
+        return f"ToolCallRejected({self.tool_name!r}, {self.reason!r}, expired={self.expired!r})"

@@ -37,7 +37,7 @@ import pydantic_core
 from ._agent_wire import CallLike, call_result, tool_call
 from ._proto import common_pb2, hosted_pb2, hosted_pb2_grpc, tool_calls_pb2
 from .canonical import idempotency_key, to_canonical, tool_fingerprint
-from .context import Cancellation, _carrier
+from .context import Cancellation, _carrier, current_run
 from .records import CallOutcome, CallResult
 from .tools import (
     ToolDefinitionError,
@@ -172,7 +172,13 @@ class Agent:
             value = self._input.validate_python(input)
         except pydantic.ValidationError as error:
             raise AgentError(f"agent '{self.name}': input does not fit its type: {error}") from None
-        output = await self.handler(ctx, value)
+        # A tool the handler calls directly goes through the kernel (`Tool.__call__`); so does one
+        # called in a task the handler starts, which copies this context.
+        entered = current_run.set(ctx)
+        try:
+            output = await self.handler(ctx, value)
+        finally:
+            current_run.reset(entered)
         try:
             return pydantic_core.to_jsonable_python(output)
         except pydantic_core.PydanticSerializationError as error:

@@ -26,8 +26,8 @@ import pydantic
 import pydantic_core
 
 from .canonical import tool_fingerprint
-from .context import ToolContext
-from .errors import ToolError
+from .context import RunCalls, ToolContext, current_run
+from .errors import ToolCallRejected, ToolError
 
 Idempotency = Literal["safe_to_retry", "at_most_once"]
 Risk = Literal["low", "medium", "high", "critical"]
@@ -358,7 +358,65 @@ class Tool:
         functools.update_wrapper(self, function)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.function(*args, **kwargs)
+        """Calls the tool. Inside a run (a hosted handler, and the tasks it starts) the call goes
+        through the kernel, as the model's calls do: recorded as a step, checked by the policy,
+        asked of a person when the tool or a rule says so, and replayed from the record after a
+        crash; it is then awaited whatever the function's kind, and gives the function's return
+        type back. Outside any run (a unit test, a script) the function just runs.
+        """
+        run = current_run.get()
+        if run is None:
+            return self.function(*args, **kwargs)
+        return self._through(run, args, kwargs)
+
+    async def _through(self, run: RunCalls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        result = await run.call(self.name, self._arguments_of(args, kwargs))
+        outcome = result.outcome
+        if outcome == "ok":
+            return self._typed(result.output)
+        if outcome == "denied":
+            # What the model would read (the Rebuno page's "<tool> not allowed. reason: ...").
+            return result.content
+        if outcome in ("rejected", "expired"):
+            raise ToolCallRejected(self.name, result.content, expired=outcome == "expired")
+        raise ToolError(result.content, "fatal")
+
+    def _arguments_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A direct call's arguments as the JSON the kernel records. The context parameter may be
+        passed (any value: the handler's own context, as `await refund(ctx, cents=5)`) or left
+        out; parameters left out keep their defaults, filled in where the tool runs."""
+        signature = inspect.signature(self.function)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            if not self.takes_context:
+                raise
+            bound = signature.bind(None, *args, **kwargs)
+        values = dict(bound.arguments)
+        if self.takes_context:
+            values.pop(next(iter(signature.parameters)), None)
+        if self.arguments is None:
+            # The function takes the arguments as one dict.
+            [whole] = values.values() or [{}]
+            values = dict(whole)
+        jsonable: dict[str, Any] = pydantic_core.to_jsonable_python(values)
+        return jsonable
+
+    def _typed(self, output: Any) -> Any:
+        """A recorded result as the function's declared return type (a model, a dataclass), as
+        the tool itself returned it."""
+        if self.streams:
+            return output
+        hint = get_type_hints(self.function).get("return")
+        if hint is None or hint is Any:
+            return output
+        try:
+            return pydantic.TypeAdapter(hint).validate_python(output)
+        except pydantic.ValidationError as error:
+            raise ToolError(
+                f"tool '{self.name}': its recorded result does not fit its return type: {error}",
+                "fatal",
+            ) from None
 
     @property
     def name(self) -> str:
