@@ -19,6 +19,15 @@ class Trip(BaseModel):
     days: int
 
 
+class Plan(BaseModel):
+    stops: list[str]
+
+
+class Count(BaseModel):
+    count: int
+    session: str | None
+
+
 @tool(read_only=True)
 async def py_weather(ctx: ToolContext, city: str) -> str:
     """Says the weather in a city."""
@@ -29,11 +38,13 @@ async def py_weather(ctx: ToolContext, city: str) -> str:
 async def py_planner(ctx: AgentContext, trip: Trip) -> dict[str, object]:
     """Plans a trip: asks a model once, checks the weather, waits, writes the plan."""
 
-    def ask_model(info: StepInfo) -> dict[str, object]:
+    def ask_model(info: StepInfo) -> Plan:
         print(f"model asked run={ctx.run_id} attempt={ctx.attempt}", flush=True)
-        return {"stops": [trip.destination, "coast"]}
+        return Plan(stops=[trip.destination, "coast"])
 
     plan = await ctx.once("model:plan", ask_model)
+    # The declared type, live and after a crash (a replay), not the recorded dict.
+    assert isinstance(plan, Plan), f"the step gave back {plan!r}"
     [weather] = await ctx.call_turn([("py_weather", {"city": trip.destination})])
 
     async def wait(info: StepInfo) -> str:
@@ -68,9 +79,10 @@ async def py_counter(ctx: AgentContext, step: int) -> dict[str, object]:
 async def py_parent(ctx: AgentContext, input: None) -> list[object]:
     """Runs two counters one after the other on one session, and one without."""
     key = f"counter:{ctx.run_id}"
-    first = await ctx.subagent("py_counter", 1, session=key)
-    second = await ctx.subagent("py_counter", 10, session=key)
+    first = await ctx.subagent("py_counter", 1, session=key, returns=Count)
+    second = await ctx.subagent("py_counter", 10, session=key, returns=Count)
     alone = await ctx.subagent("py_counter", 100)
+    assert isinstance(second, Count) and isinstance(alone, dict), "typed only when asked"
     return [first, second, alone]
 
 

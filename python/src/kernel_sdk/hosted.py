@@ -545,24 +545,47 @@ class AgentContext:
         return results
 
     def step(
-        self, id: str, function: Callable[[StepInfo], Any], *, effect: StepEffect = "write"
+        self,
+        id: str,
+        function: Callable[[StepInfo], Any],
+        *,
+        effect: StepEffect = "write",
+        returns: Any = None,
     ) -> Coroutine[Any, Any, Any]:
         """Runs `function(info)` (sync, or returning an awaitable) as a local step: its value
         (or error) is recorded before the handler sees it, and on replay the recorded outcome
         comes back without running it again. `effect` says what it does (`read`, `pure`, or
-        `write`); a handler may run steps of one id many times, each occurrence its own step."""
-        return self._local(id, effect, False, function)
+        `write`); a handler may run steps of one id many times, each occurrence its own step.
 
-    def once(self, id: str, function: Callable[[StepInfo], Any]) -> Coroutine[Any, Any, Any]:
+        The value comes back as the type `returns` names, else as `function`'s return annotation
+        (a pydantic model, a dataclass, `list[Order]`), live and on replay alike; a function
+        without one gives the recorded JSON (dicts and lists)."""
+        return self._local(id, effect, False, function, returns)
+
+    def once(
+        self, id: str, function: Callable[[StepInfo], Any], *, returns: Any = None
+    ) -> Coroutine[Any, Any, Any]:
         """Runs `function` once per run, for what must not be decided twice (a model's answer, an
-        id, the time): a `write` step every branch of the run refuses to run again."""
-        return self._local(id, "write", True, function)
+        id, the time): a `write` step every branch of the run refuses to run again. Its value
+        comes back typed as `step`'s does."""
+        return self._local(id, "write", True, function, returns)
 
     def _local(
-        self, id: str, effect: StepEffect, once: bool, function: Callable[[StepInfo], Any]
+        self,
+        id: str,
+        effect: StepEffect,
+        once: bool,
+        function: Callable[[StepInfo], Any],
+        returns: Any,
     ) -> Coroutine[Any, Any, Any]:
         seq, occurrence = self._place(id, f"step '{id}'")
-        return self._run_local(seq, id, occurrence, effect, once, function)
+        typed = _Typed(returns if returns is not None else _return_annotation(function))
+
+        async def run() -> Any:
+            value = await self._run_local(seq, id, occurrence, effect, once, function)
+            return typed.of(value, f"step:{id}#{occurrence}")
+
+        return run()
 
     async def _run_local(
         self,
@@ -643,7 +666,12 @@ class AgentContext:
         )
 
     def subagent(
-        self, agent: str, input: Any = None, *, session: str | None = None
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        returns: Any = None,
     ) -> Coroutine[Any, Any, Any]:
         """Starts a subagent: a child run of `agent` (hosted on any worker offering it), linked
         to this run, and returns its output; a failed or cancelled child raises
@@ -652,8 +680,16 @@ class AgentContext:
         derive the key from this run's id so no other parent reuses it. On replay the recorded
         child is returned (or joined while it runs), never a second one. While it waits, the
         handler may give back its slot (the run is suspended). Its place in the handler's order is
-        taken when it is first awaited (or started by `asyncio.gather`), as the Rust SDK's is."""
-        return self._subagent(agent, input, session)
+        taken when it is first awaited (or started by `asyncio.gather`), as the Rust SDK's is.
+        With `returns` (a pydantic model, a dataclass, any type pydantic validates) the output
+        comes back as that type, live and on replay alike."""
+        typed = _Typed(returns)
+
+        async def run() -> Any:
+            output = await self._subagent(agent, input, session)
+            return typed.of(output, f"subagent:{agent}")
+
+        return run()
 
     async def _subagent(self, agent: str, input: Any, session: str | None) -> Any:
         seq, occurrence = self._place(f"subagent:{agent}", f"subagent '{agent}'")
@@ -723,6 +759,33 @@ class AgentContext:
                     if keys != list(refused):
                         return keys
                     await waits.changed.wait()
+
+
+def _return_annotation(function: Callable[..., Any]) -> Any:
+    """What `function` says it returns (an `async def`'s awaited value), or `None` when it says
+    nothing a type checker could resolve (a lambda, a partial, a forward reference)."""
+    try:
+        hint = get_type_hints(function).get("return")
+    except Exception:  # noqa: BLE001 (an annotation that cannot be resolved is no annotation)
+        return None
+    return None if hint is Any else hint
+
+
+class _Typed:
+    """Turns a recorded JSON value into the type a step or a subagent was declared to give."""
+
+    def __init__(self, hint: Any) -> None:
+        self._adapter = None if hint is None else pydantic.TypeAdapter(hint)
+
+    def of(self, value: Any, key: str) -> Any:
+        if self._adapter is None:
+            return value
+        try:
+            return self._adapter.validate_python(value)
+        except pydantic.ValidationError as error:
+            raise StepFailed(
+                key, f"its recorded value does not fit its declared type: {error}"
+            ) from None
 
 
 def _step_outcome(step: common_pb2.Step) -> Any:
