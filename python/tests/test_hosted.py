@@ -18,6 +18,8 @@ from kernel_sdk import (
     AgentClient,
     AgentContext,
     Event,
+    NestedDurableOperationError,
+    PolicyError,
     StepDenied,
     StepInfo,
     ToolCallRejected,
@@ -166,7 +168,9 @@ async def py_guarded(ctx: AgentContext, input: None) -> dict[str, object]:
             return "charged"
 
         await ctx.step("charge_card", charge)
-    except StepDenied as denied:
+    except PolicyError as denied:
+        # The Pyrula page's name for it; the SDK raises its subclass.
+        assert isinstance(denied, StepDenied)
         refusal = denied.message
     allowed = await ctx.step("note", lambda info: "noted", effect="read")
     return {"refusal": refusal, "ran": ran, "allowed": allowed}
@@ -264,6 +268,35 @@ async def test_a_tool_called_as_a_function_in_a_handler_goes_through_the_kernel(
             assert outcomes == {"py_double": "ok", "py_wipe": "denied", "py_wire": "rejected"}
     finally:
         kernel.stop()
+
+
+@agent
+async def py_nested(ctx: AgentContext, input: None) -> dict[str, object]:
+    """Calls a tool inside a local step, which nothing durable may be."""
+
+    async def inside(info: StepInfo) -> object:
+        return await py_double(ctx, n=1)
+
+    try:
+        await ctx.step("inside", inside)
+        caught = "nothing"
+    except NestedDurableOperationError as error:
+        caught = type(error).__name__
+    after = await py_double(ctx, n=2)
+    return {"caught": caught, "after": after.n}
+
+
+async def test_a_durable_operation_inside_a_step_raises_to_the_handler_and_records_nothing(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, py_double, agents=[py_nested]):
+        run = await client.create_run("py_nested", hosted=True)
+        await within("the run to end", _ended(client, run.id), 30)
+        detail = await client.get_run(run.id)
+        assert detail.run.output == {"caught": "NestedDurableOperationError", "after": 4}
+        keys = [step.step_key for step in detail.steps if step.tool != "py_nested"]
+        assert not any(key.startswith("step:inside") for key in keys), keys
+        assert [step.tool for step in detail.steps if step.tool == "py_double"] == ["py_double"]
 
 
 async def test_a_tool_called_outside_any_run_just_runs() -> None:

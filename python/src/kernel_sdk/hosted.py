@@ -80,7 +80,11 @@ class StepFailed(AgentError):
         self.message = message
 
 
-class StepDenied(AgentError):
+class PolicyError(AgentError):
+    """The policy refused an operation of the handler (the Pyrula page's name)."""
+
+
+class StepDenied(PolicyError):
     """The policy denied a local step; the denial was recorded and replays as the same one."""
 
     def __init__(self, step_key: str, message: str) -> None:
@@ -99,9 +103,14 @@ class SubagentFailed(AgentError):
         self.message = message
 
 
-class NestedDurableOperation(AgentError):
+class NestedDurableOperationError(AgentError):
     """A tool call, step or subagent inside a local step: nothing inside a step may wait on
-    something durable; call it from the handler, between steps."""
+    something durable; call it from the handler, between steps. The handler gets this error
+    itself, not a failure of the step, which is not recorded."""
+
+
+NestedDurableOperation = NestedDurableOperationError
+"""The earlier name of `NestedDurableOperationError`."""
 
 
 class _HostedProtocol(AgentError):
@@ -417,7 +426,7 @@ class AgentContext:
         if self._diverged is not None:
             raise ReplayInputChanged(self._diverged)
         if self._waits.in_step:
-            raise NestedDurableOperation(
+            raise NestedDurableOperationError(
                 f"{what} inside a local step: nothing inside a step may wait on something "
                 "durable; call it from the handler, between steps"
             )
@@ -633,6 +642,10 @@ class AgentContext:
                 if inspect.isawaitable(value):
                     value = await value
                 request.output_json = to_canonical(pydantic_core.to_jsonable_python(value))
+            except NestedDurableOperationError:
+                # The handler's mistake, not the step's outcome: it goes to the handler unrecorded,
+                # and a replay reaches it again.
+                raise
             except Exception as error:  # noqa: BLE001 (a step's failure is recorded, then replayed)
                 request.error.message = f"{type(error).__name__}: {error}"
             finally:
