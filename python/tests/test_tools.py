@@ -340,6 +340,10 @@ def test_each_option_is_checked_when_the_decorator_is_applied(
             "tool 'refund': retries is given twice (retry and retries are the same option)",
         ),
         (
+            lambda: tool(colour="red")(_refund()),  # type: ignore[call-overload]
+            "tool 'refund': there is no option 'colour'; the options are ",
+        ),
+        (
             lambda: tool(name="refund")(lambda cents: cents),
             "tool 'refund' has no description: add a docstring or description=...",
         ),

@@ -372,11 +372,11 @@ async fn announce(mut outbox: Outbox, mut committed: mpsc::UnboundedReceiver<Not
     }
     // What the last commits wrote, if it can still go: the others would otherwise learn of it
     // only when this replica's shards move.
-    let mut last = pending.unwrap_or_default();
+    let mut last = pending.unwrap_or_else(|| Notice {
+        origin: outbox.origin.clone(),
+        ..Notice::default()
+    });
     while let Ok(later) = committed.try_recv() {
-        if last.origin.is_empty() {
-            last.origin.clone_from(&later.origin);
-        }
         last.merge(later);
     }
     if !last.is_empty() {

@@ -2569,6 +2569,18 @@ async fn an_owner_that_lost_its_shard_commits_nothing_in_it() {
     let stored = step_again(&a, &run.id, &waiting.key).await;
     assert_eq!(stored.dispatch_id.as_ref().map(|id| id.as_str()), Some("on-b"));
     assert_eq!(stored.attempts, 1);
+
+    // What A's writer remembered of the run is gone with the shard: a new turn's read sees B's
+    // start, not the run as A last committed it.
+    let next = call(1, 0, Some(tool("add", Idempotency::AtMostOnce)), "add", "{}");
+    let (read, _) = a
+        .store
+        .reads
+        .turn(run.id.clone(), vec![(next.key.clone(), next.call_hash.clone())])
+        .await
+        .unwrap();
+    let on_b = b.reads.run(run.id.clone()).await.unwrap().expect("the run");
+    assert_eq!(read.map(|r| r.last_seq), Some(on_b.last_seq));
 }
 
 mod branches;

@@ -530,12 +530,12 @@ impl WriteConn {
                 } else {
                     "SET LOCAL synchronous_commit TO off; COMMIT"
                 })?;
-                let notice = super::postgres::notice::Notice::of(replica, (published, waiting), registry);
-                if let Some(sink) = notices.get()
-                    && !notice.is_empty()
-                {
-                    // Only a feed that stopped with the kernel refuses it.
-                    let _ = sink.send(notice);
+                if let Some(sink) = notices.get() {
+                    let notice = super::postgres::notice::Notice::of(replica, (published, waiting), registry);
+                    if !notice.is_empty() {
+                        // Only a feed that stopped with the kernel refuses it.
+                        let _ = sink.send(notice);
+                    }
                 }
                 Ok(sync)
             }

@@ -42,10 +42,12 @@ from .records import CallOutcome, CallResult
 from .tools import (
     ToolDefinitionError,
     _description,
+    _return_annotation,
     _schema_option,
     _summary,
     _takes,
     _tool_name,
+    _Typed,
     _version,
     _whole,
 )
@@ -592,7 +594,7 @@ class AgentContext:
 
         async def run() -> Any:
             value = await self._run_local(seq, id, occurrence, effect, once, function)
-            return typed.of(value, f"step:{id}#{occurrence}")
+            return _typed_or_failed(typed, value, f"step:{id}#{occurrence}")
 
         return run()
 
@@ -700,7 +702,7 @@ class AgentContext:
 
         async def run() -> Any:
             output = await self._subagent(agent, input, session)
-            return typed.of(output, f"subagent:{agent}")
+            return _typed_or_failed(typed, output, f"subagent:{agent}")
 
         return run()
 
@@ -774,31 +776,14 @@ class AgentContext:
                     await waits.changed.wait()
 
 
-def _return_annotation(function: Callable[..., Any]) -> Any:
-    """What `function` says it returns (an `async def`'s awaited value), or `None` when it says
-    nothing a type checker could resolve (a lambda, a partial, a forward reference)."""
+def _typed_or_failed(typed: _Typed, value: Any, key: str) -> Any:
+    """A recorded value as its declared type; `StepFailed` when it no longer fits."""
     try:
-        hint = get_type_hints(function).get("return")
-    except Exception:  # noqa: BLE001 (an annotation that cannot be resolved is no annotation)
-        return None
-    return None if hint is Any else hint
-
-
-class _Typed:
-    """Turns a recorded JSON value into the type a step or a subagent was declared to give."""
-
-    def __init__(self, hint: Any) -> None:
-        self._adapter = None if hint is None else pydantic.TypeAdapter(hint)
-
-    def of(self, value: Any, key: str) -> Any:
-        if self._adapter is None:
-            return value
-        try:
-            return self._adapter.validate_python(value)
-        except pydantic.ValidationError as error:
-            raise StepFailed(
-                key, f"its recorded value does not fit its declared type: {error}"
-            ) from None
+        return typed.of(value)
+    except pydantic.ValidationError as error:
+        raise StepFailed(
+            key, f"its recorded value does not fit its declared type: {error}"
+        ) from None
 
 
 def _step_outcome(step: common_pb2.Step) -> Any:

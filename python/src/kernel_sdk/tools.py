@@ -328,6 +328,33 @@ class ToolDefinition:
         return tool_fingerprint(self.name, self.description, self.input_schema, self.version)
 
 
+def _return_annotation(function: Callable[..., Any]) -> Any:
+    """What `function` says it returns (an `async def`'s awaited value), or `None` when it says
+    nothing a type checker could resolve (a lambda, a partial, a forward reference)."""
+    try:
+        hint = get_type_hints(function).get("return")
+    except Exception:  # noqa: BLE001 (an annotation that cannot be resolved is no annotation)
+        return None
+    return None if hint is Any else hint
+
+
+class _Typed:
+    """A recorded JSON value as the type a tool, a step or a subagent was declared to give (the
+    JSON as it is without one). The validator is built when first needed."""
+
+    def __init__(self, hint: Any) -> None:
+        self._hint = hint
+        self._adapter: pydantic.TypeAdapter[Any] | None = None
+
+    def of(self, value: Any) -> Any:
+        """`value` as the declared type; raises `pydantic.ValidationError` when it does not fit."""
+        if self._hint is None:
+            return value
+        if self._adapter is None:
+            self._adapter = pydantic.TypeAdapter(self._hint)
+        return self._adapter.validate_python(value)
+
+
 class Tool:
     """A tool: its definition and the function that runs it; calling it calls the function.
 
@@ -355,6 +382,8 @@ class Tool:
         self.streams = inspect.isasyncgenfunction(function)
         self.blocking = not (self.streams or inspect.iscoroutinefunction(function))
         """A plain `def`: it runs in a thread, which a cancel cannot interrupt."""
+        # What a call through the kernel gives back: a stream's last item as recorded.
+        self._returns = _Typed(None if self.streams else _return_annotation(function))
         functools.update_wrapper(self, function)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -405,13 +434,8 @@ class Tool:
     def _typed(self, output: Any) -> Any:
         """A recorded result as the function's declared return type (a model, a dataclass), as
         the tool itself returned it."""
-        if self.streams:
-            return output
-        hint = get_type_hints(self.function).get("return")
-        if hint is None or hint is Any:
-            return output
         try:
-            return pydantic.TypeAdapter(hint).validate_python(output)
+            return self._returns.of(output)
         except pydantic.ValidationError as error:
             raise ToolError(
                 f"tool '{self.name}': its recorded result does not fit its return type: {error}",
@@ -586,21 +610,7 @@ def tool(
     description: str | None = None,
     version: str | int = "1",
     args_schema: dict[str, Any] | None = None,
-    timeout: float | timedelta | None = None,
-    retries: int | RetryPolicy | None = None,
-    retry: int | RetryPolicy | None = None,
-    idempotency: Idempotency = "safe_to_retry",
-    read_only: bool = False,
-    writes: bool = False,
-    owner: str | None = None,
-    risk: Risk | None = None,
-    permissions: tuple[str, ...] | list[str] = (),
-    resources: tuple[str, ...] | list[str] = (),
-    cost_per_call: float = 0.0,
-    cache_ttl: float | timedelta | None = None,
-    requires_approval: bool | str | ApprovalPredicate = False,
-    approval_timeout: float | timedelta | None = None,
-    strip_nulls: bool = False,
+    **options: Any,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Makes a tool of a function: `@tool`, `@tool()`, `@tool("charge")` (the tool's name first),
     `@tool("charge", idempotency="at_most_once")` or `@tool(name="charge", writes=True)`.
@@ -622,26 +632,15 @@ def tool(
         raise ToolDefinitionError(
             f"@tool takes a function, or the tool's name as a string, not {function!r}"
         )
-    given: dict[str, Any] = {
-        "timeout": timeout,
-        "idempotency": idempotency,
-        "read_only": read_only,
-        "writes": writes,
-        "owner": owner,
-        "risk": risk,
-        "permissions": permissions,
-        "resources": resources,
-        "cost_per_call": cost_per_call,
-        "cache_ttl": cache_ttl,
-        "requires_approval": requires_approval,
-        "approval_timeout": approval_timeout,
-        "strip_nulls": strip_nulls,
+    # The options given, as the overload above types them, each checked as `wrap_tool`'s are: an
+    # option there is no such thing as is refused naming the options there are. Unset ones keep
+    # `ToolOptions`'s defaults; `retry` and `retries` count only when not None, so giving both is
+    # refused as given twice.
+    given = {
+        option: value
+        for option, value in options.items()
+        if value is not None or option not in ("retry", "retries")
     }
-    # Both spellings are passed on only when given, so giving both is refused as given twice.
-    if retries is not None:
-        given["retries"] = retries
-    if retry is not None:
-        given["retry"] = retry
 
     def decorate(function: Callable[..., Any]) -> Tool:
         shown = name if name is not None else getattr(function, "__name__", repr(function))
