@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-import agents
+import hosted_agents
 import pytest
 from conftest import serving
 from harness import Kernel, Process, python_worker, within
@@ -42,7 +42,7 @@ async def _ended(client: AgentClient, run_id: str) -> list[Event]:
 async def test_a_hosted_run_records_its_steps_and_completes(
     kernel: Kernel, client: AgentClient
 ) -> None:
-    async with serving(kernel, *agents.TOOLS, agents=agents.AGENTS):
+    async with serving(kernel, *hosted_agents.TOOLS, agents=hosted_agents.AGENTS):
         run = await client.create_run(
             "py_planner", input={"destination": "Lisbon", "days": 3}, hosted=True
         )
@@ -98,7 +98,9 @@ async def test_subagents_on_a_session_run_in_order_while_the_parent_gives_back_i
     kernel: Kernel, client: AgentClient
 ) -> None:
     # One slot: the parent must give it back while it waits, or its children could never run.
-    async with serving(kernel, *agents.TOOLS, agents=agents.AGENTS, max_concurrency=1):
+    async with serving(
+        kernel, *hosted_agents.TOOLS, agents=hosted_agents.AGENTS, max_concurrency=1
+    ):
         run = await client.create_run("py_parent", hosted=True)
         events = await within("the run to end", _ended(client, run.id), 60)
         assert events[-1].type == "run:completed", [e.type for e in events]
@@ -324,9 +326,12 @@ def test_agent_definitions_refuse_what_the_kernel_would() -> None:
 
     with pytest.raises(ToolDefinitionError, match="no description"):
         agent(undocumented)
-    schema = agents.py_planner.definition.input_schema
+    schema = hosted_agents.py_planner.definition.input_schema
     assert schema["required"] == ["destination", "days"]
-    assert agents.py_planner.definition.fingerprint != agents.py_counter.definition.fingerprint
+    assert (
+        hosted_agents.py_planner.definition.fingerprint
+        != hosted_agents.py_counter.definition.fingerprint
+    )
 
 
 async def _handler(ctx: AgentContext, input: dict) -> dict:  # type: ignore[type-arg]

@@ -1,7 +1,8 @@
 """A Python worker in its own process, for the tests that kill one or read what it says:
-`worker_process.py ADDR [--hang] [--slow SECONDS] [--name NAME] [--no-logging-config]`. Each tool
-prints `started tool=... key=... attempt=...` before its effect; with `--hang` it then waits for
-ever (until the process is killed), else it returns after `--slow` seconds.
+`worker_process.py ADDR [--hang] [--slow SECONDS] [--name NAME] [--agents | --frameworks]
+[--no-logging-config]`. Each tool prints `started tool=... key=... attempt=...` before its effect;
+with `--hang` it then waits for ever (until the process is killed), else it returns after `--slow`
+seconds.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 import asyncio
 import logging
 
-import agents
+import hosted_agents
 
 from kernel_sdk import ToolContext, Worker, tool
 
@@ -49,6 +50,11 @@ async def main() -> None:
     parser.add_argument("--slow", type=float, default=0.0, help="seconds each call takes")
     parser.add_argument("--name", default="py-worker")
     parser.add_argument("--agents", action="store_true", help="host the tests' agents too")
+    parser.add_argument(
+        "--frameworks",
+        action="store_true",
+        help="serve framework_agents.py's agents and tools, and nothing else",
+    )
     parser.add_argument("--max-concurrency", type=int, default=8)
     parser.add_argument(
         "--no-logging-config",
@@ -62,9 +68,14 @@ async def main() -> None:
     tools = [py_charge, py_fetch]
     hosted = []
     if args.agents:
-        agents.HANGS["value"] = HANG
-        tools += agents.TOOLS
-        hosted = agents.AGENTS
+        hosted_agents.HANGS["value"] = HANG
+        tools += hosted_agents.TOOLS
+        hosted = hosted_agents.AGENTS
+    if args.frameworks:
+        # Imported only here: the frameworks take seconds to import.
+        import framework_agents
+
+        tools, hosted = list(framework_agents.TOOLS), list(framework_agents.AGENTS)
     worker = Worker(
         args.kernel,
         tools,

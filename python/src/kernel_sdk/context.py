@@ -27,7 +27,7 @@ class RunCalls(Protocol):
     context, which calls the tool through the kernel."""
 
     def call(
-        self, tool: str, arguments: dict[str, Any] | None = None
+        self, tool: str, arguments: dict[str, Any] | str | None = None
     ) -> Coroutine[Any, Any, CallResult]: ...
 
 

@@ -339,6 +339,47 @@ class _Durable:
         self.waits.touch()
 
 
+@dataclass
+class _Batch:
+    """Calls gathered in one pass of the event loop, to submit as the turn at `seq`."""
+
+    seq: int
+    results: asyncio.Future[list[CallResult]]
+    calls: list[tool_calls_pb2.ToolCall] = field(default_factory=list)
+
+    def settle(self, turn: asyncio.Future[list[CallResult]]) -> None:
+        """Hands the turn's results, or its error, to the batch's callers."""
+        if self.results.done():
+            return
+        if turn.cancelled():
+            self.results.cancel()
+        elif (error := turn.exception()) is not None:
+            self.results.set_exception(error)
+            # Its callers may all be gone (cancelled): the error is theirs, not the loop's to log.
+            self.results.add_done_callback(_retrieved)
+        else:
+            self.results.set_result(turn.result())
+
+
+_BLOCKED_FIRST_WAIT = 0.02
+_BLOCKED_LAST_WAIT = 1.0
+"""Seconds between tries of a turn the kernel refused because the run waits for a person: the
+first, and at most."""
+
+
+def _blocked(error: grpc.aio.AioRpcError) -> bool:
+    """The kernel refused a turn because the run is blocked on an approval."""
+    return (
+        error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        and "blocked waiting for an approval" in (error.details() or "")
+    )
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class AgentContext:
     """What a hosted handler does its work through.
 
@@ -374,6 +415,7 @@ class AgentContext:
         self._occurrences: dict[str, int] = {}
         self._diverged: str | None = None
         self._waits = _Waits()
+        self._batch: _Batch | None = None
         self._starting: set[int] = set()
         self._started = asyncio.Condition()
         self.cancelled = cancelled
@@ -424,7 +466,7 @@ class AgentContext:
             self._diverged = message
         return ReplayInputChanged(message)
 
-    def _place(self, step_id: str | None, what: str) -> tuple[int, int]:
+    def _check_place(self, what: str) -> None:
         if self._diverged is not None:
             raise ReplayInputChanged(self._diverged)
         if self._waits.in_step:
@@ -432,6 +474,9 @@ class AgentContext:
                 f"{what} inside a local step: nothing inside a step may wait on something "
                 "durable; call it from the handler, between steps"
             )
+
+    def _place(self, step_id: str | None, what: str) -> tuple[int, int]:
+        self._check_place(what)
         seq = self._next
         self._next += 1
         occurrence = 0
@@ -449,23 +494,45 @@ class AgentContext:
     def call(
         self,
         tool: str,
-        arguments: dict[str, Any] | None = None,
+        arguments: dict[str, Any] | str | None = None,
         *,
         call_id: str | None = None,
         timeout: float | None = None,
     ) -> Coroutine[Any, Any, CallResult]:
         """Calls one tool through the kernel (validation, policy, approval and replay as for any
         agent); its result once recorded. A denied call is a result the model reads, not an
-        error."""
+        error. `arguments` may be the model's JSON text, which the kernel parses (and records
+        the call as `invalid_arguments` when it is not a JSON object).
+
+        Calls made in the same pass of the event loop are one turn, as the calls of one model
+        response are: a framework that runs a response's calls concurrently submits them
+        together, and the policy and a person see them together.
+        """
         from .records import ToolCall
 
-        turn = self.call_turn([ToolCall(tool, arguments or {}, call_id, timeout)])
+        batch = self._batch
+        if batch is None:
+            seq, _ = self._place(None, "a tool call")
+            loop = asyncio.get_running_loop()
+            batch = self._batch = _Batch(seq, loop.create_future())
+            loop.call_soon(self._flush, batch)
+        else:
+            self._check_place("a tool call")
+        position = len(batch.calls)
+        batch.calls.append(tool_call(ToolCall(tool, arguments or {}, call_id, timeout)))
 
         async def one() -> CallResult:
-            [result] = await turn
-            return result
+            results = await asyncio.shield(batch.results)
+            return results[position]
 
         return one()
+
+    def _flush(self, batch: _Batch) -> None:
+        """Submits the calls gathered in one pass of the loop as one turn."""
+        if self._batch is batch:
+            self._batch = None
+        turn = asyncio.ensure_future(self._call_turn(batch.seq, batch.calls, 0))
+        turn.add_done_callback(batch.settle)
 
     def call_turn(
         self, calls: Iterable[CallLike], *, max_concurrency: int = 0
@@ -503,20 +570,36 @@ class AgentContext:
             )
             waiting = _Durable(self._waits, pending, long=False)
             results: list[CallResult] = []
+            blocked = _BLOCKED_FIRST_WAIT
             try:
-                async for response in self._stub.CallTools(request, metadata=self._metadata):
-                    item = response.item.WhichOneof("item")
-                    if item == "result":
-                        if len(results) < len(keys):
-                            waiting.resolved(keys[len(results)])
-                        results.append(call_result(response.item.result))
-                    elif item == "interrupted":
-                        # A call waits for a person: the turn may wait long now.
-                        left = waiting.keys
-                        waiting.end()
-                        waiting = _Durable(self._waits, left, long=True)
-            except grpc.aio.AioRpcError as error:
-                raise _HostedProtocol(f"{error.code().name}: {error.details()}") from None
+                while True:
+                    try:
+                        async for response in self._stub.CallTools(
+                            request, metadata=self._metadata
+                        ):
+                            item = response.item.WhichOneof("item")
+                            if item == "result":
+                                if len(results) < len(keys):
+                                    waiting.resolved(keys[len(results)])
+                                results.append(call_result(response.item.result))
+                            elif item == "interrupted":
+                                # A call waits for a person: the turn may wait long now.
+                                left = waiting.keys
+                                waiting.end()
+                                waiting = _Durable(self._waits, left, long=True)
+                        break
+                    except grpc.aio.AioRpcError as error:
+                        if results or not _blocked(error):
+                            raise _HostedProtocol(
+                                f"{error.code().name}: {error.details()}"
+                            ) from None
+                    # Another call of the handler waits for a person, and a blocked run takes
+                    # no new call: this one waits for the answer too, then goes in. Nothing of
+                    # it is recorded, so it names no step a suspension could wait on.
+                    waiting.end()
+                    waiting = _Durable(self._waits, [], long=True)
+                    await asyncio.sleep(blocked)
+                    blocked = min(blocked * 2, _BLOCKED_LAST_WAIT)
             finally:
                 waiting.end()
             for result in results:
