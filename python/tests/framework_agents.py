@@ -1,5 +1,5 @@
 """Hosted agents built on the agent frameworks, each with a scripted model (no network, no key)
-and the same three kernel tools: a lookup that runs, a wipe the policy denies, and a refund that
+whose answers the run records, and the same three kernel tools: a lookup that runs, a wipe the policy denies, and a refund that
 waits for a person. The model's first answer calls all three; its second reports, as JSON, what
 each tool message said, so a test reads what the model read.
 
@@ -19,6 +19,7 @@ from langchain.agents import create_agent
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from openai.types.responses import (
     ResponseFunctionToolCall,
     ResponseOutputMessage,
@@ -29,9 +30,9 @@ from pydantic_ai import messages as pydantic_messages
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from kernel_sdk import AgentContext, ToolContext, agent, tool
-from kernel_sdk.integrations.langchain import langchain_tools
-from kernel_sdk.integrations.openai_agents import openai_agents_tools
-from kernel_sdk.integrations.pydantic_ai import pydantic_ai_toolset
+from kernel_sdk.integrations import langchain as kernel_langchain
+from kernel_sdk.integrations import openai_agents as kernel_openai_agents
+from kernel_sdk.integrations import pydantic_ai as kernel_pydantic_ai
 
 FIRST_CALLS: list[tuple[str, dict[str, Any]]] = [
     ("fw_lookup", {"order": "A1"}),
@@ -80,7 +81,8 @@ def _langchain_agent() -> Any:
             return "scripted"
 
         def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
-            return self
+            # As the providers' models do: the tools in the API's format, bound as arguments.
+            return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
 
         def _generate(
             self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **_: Any
@@ -99,7 +101,8 @@ def _langchain_agent() -> Any:
                 )
             return ChatResult(generations=[ChatGeneration(message=message)])
 
-    return create_agent(ScriptedChat(), langchain_tools(TOOLS))
+    model = kernel_langchain.recorded_model(ScriptedChat())
+    return create_agent(model, kernel_langchain.langchain_tools(TOOLS))
 
 
 @agent
@@ -162,7 +165,9 @@ def _openai_agent() -> Any:
             raise NotImplementedError("the scripted model does not stream")
 
     return openai_agents.Agent(
-        name="oa_support", model=ScriptedModel(), tools=openai_agents_tools(TOOLS)
+        name="oa_support",
+        model=kernel_openai_agents.recorded_model(ScriptedModel()),
+        tools=kernel_openai_agents.openai_agents_tools(TOOLS),
     )
 
 
@@ -203,7 +208,10 @@ def _pydantic_agent() -> Any:
             ]
         )
 
-    return PydanticAgent(FunctionModel(scripted), toolsets=[pydantic_ai_toolset(TOOLS)])
+    return PydanticAgent(
+        kernel_pydantic_ai.recorded_model(FunctionModel(scripted)),
+        toolsets=[kernel_pydantic_ai.pydantic_ai_toolset(TOOLS)],
+    )
 
 
 @agent

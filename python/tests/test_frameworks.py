@@ -1,9 +1,10 @@
 """The agent frameworks' own tool loops, with kernel tools, in hosted agents on a worker process
 against the real kernel: LangGraph's `create_agent`, the OpenAI Agents SDK's `Runner` and a
-Pydantic AI `Agent`, each with a scripted model. Every call the framework makes is a step of the
-run; a denied call reaches the model as text; a call waiting for a person parks the run, which
-outlives a SIGKILL of the process hosting it and goes on where another process picks it up, with
-the calls recorded before the kill replayed rather than run again.
+Pydantic AI `Agent`, each with a scripted model whose answers the run records. Every call the
+framework makes is a step of the run; a denied call reaches the model as text; a call waiting
+for a person parks the run, which outlives a SIGKILL of the process hosting it and goes on where
+another process picks it up, with the model's answers and the calls recorded before the kill
+replayed rather than asked or run again.
 """
 
 from __future__ import annotations
@@ -79,6 +80,12 @@ async def test_a_framework_agents_tool_calls_go_through_the_kernel_and_outlive_a
             assert calls["fw_refund"].decided_by == "tool:requires_approval"
             # The model's three calls were one turn, as one response's calls are.
             assert len({s.turn for s in calls.values()}) == 1, [s.step_key for s in calls.values()]
+            # The model answered twice in all: its first answer, given before the kill, was
+            # replayed from the record.
+            assert sum("model asked" in line for line in first.lines) == 1
+            assert sum("model asked" in line for line in second.lines) == 1, second.log()
+            models = [s for s in detail.steps if s.step_key.startswith("step:model#")]
+            assert [s.status for s in models] == ["succeeded", "succeeded"], models
             # The lookup ran once, before the kill; the second process replayed its record and
             # ran only the approved refund.
             assert not any("started tool=fw_lookup" in line for line in second.lines)

@@ -12,20 +12,27 @@ policy, asked of a person when a rule or the tool says so, and replayed from the
 handler runs again after a crash or a suspension. What the model reads is what the kernel says:
 the result, or for a denied, rejected or failed call the text the kernel gives it, so the model
 can take another path. Outside any run a `@tool` just runs, as it does when called directly.
+
+Each module also has `recorded_model(model)`: the framework's model, with each answer recorded
+as a local step of the run (`step:model#N`, a `read`), so a handler that runs again gets the
+answers the model gave the first time rather than asking again (and paying again, and perhaps
+hearing something else, which would no longer match the calls recorded after it).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..canonical import to_canonical
 from ..context import ToolContext, current_run
 from ..errors import ToolError
 from ..records import CallOutcome, RegisteredTool
 from ..tools import Tool, ToolDefinition
+
+T = TypeVar("T")
 
 KernelTool = Tool | ToolDefinition | RegisteredTool
 """What the integrations take: a `@tool` (or `wrap_tool`) tool, which also runs outside a run, or
@@ -106,3 +113,24 @@ def routed(tools: Iterable[KernelTool]) -> list[RoutedTool]:
             )
         )
     return out
+
+
+async def recorded(
+    step_id: str,
+    ask: Callable[[], Awaitable[T]],
+    dump: Callable[[T], Any],
+    load: Callable[[Any], T],
+) -> T:
+    """`ask()`'s answer, recorded as a `read` step of the hosted run around the caller (as JSON,
+    by `dump`) and given back by `load`, live and on replay alike; with no hosted run, just
+    `ask()`."""
+    from ..hosted import AgentContext
+
+    run = current_run.get()
+    if not isinstance(run, AgentContext):
+        return await ask()
+
+    async def step(info: Any) -> Any:
+        return dump(await ask())
+
+    return load(await run.step(step_id, step, effect="read"))
