@@ -11,7 +11,7 @@ from pathlib import Path
 import hosted_agents
 import pytest
 from conftest import serving
-from harness import Kernel, Process, python_worker, within
+from harness import Kernel, Process, eventually, python_worker, within
 from pydantic import BaseModel
 
 from kernel_sdk import (
@@ -286,6 +286,62 @@ async def py_nested(ctx: AgentContext, input: None) -> dict[str, object]:
         caught = type(error).__name__
     after = await py_double(ctx, n=2)
     return {"caught": caught, "after": after.n}
+
+
+@tool(requires_approval=True)
+async def py_send(ctx: ToolContext, cents: int) -> str:
+    """Sends money, once a person approves."""
+    return f"sent {cents}"
+
+
+@agent
+async def py_together(ctx: AgentContext, input: None) -> dict[str, object]:
+    """Calls two tools together (one turn), then, while one of them waits for a person, a third,
+    which goes in once the person answers."""
+    gated = ctx.call("py_send", {"cents": 7}, together=True)
+    first = ctx.call("py_double", {"n": 1}, together=True)
+    waiting = asyncio.ensure_future(gated)
+    # The kernel answers the double's call while the send waits, but a turn's results come in
+    # position order: the double's comes with the send's. So wait here, long enough for the
+    # send to block the run, and call again meanwhile.
+    await asyncio.sleep(0.5)
+    later = await py_double(ctx, n=2)
+    return {"sent": (await waiting).output, "first": (await first).output, "later": later.n}
+
+
+async def test_calls_made_together_are_one_turn_and_a_call_made_while_the_run_waits_goes_in_after(
+    kernel: Kernel, client: AgentClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="kernel_sdk.hosted")
+    async with serving(kernel, py_double, py_send, agents=[py_together]):
+        run = await client.create_run("py_together", hosted=True)
+
+        async def asked() -> str:
+            while not (pending := await client.list_approvals(run_id=run.id)):
+                await asyncio.sleep(0.05)
+            return pending[0].id
+
+        approval = await within("the send to wait for a person", asked(), 30)
+
+        async def later_waits() -> bool:
+            return any("turn waits for the run's approval" in m for m in caplog.messages)
+
+        await eventually("the later call to wait for the answer", later_waits)
+        # Nothing of it is recorded while the run waits.
+        steps = (await client.get_run(run.id)).steps
+        assert [s.arguments for s in steps if s.tool == "py_double"] == [{"n": 1}]
+        await client.approve(approval, decider="ops")
+        await within("the run to end", _ended(client, run.id), 30)
+        detail = await client.get_run(run.id)
+        assert detail.run.status == "completed", detail.run.reason
+        assert detail.run.output == {"sent": "sent 7", "first": {"n": 2}, "later": 4}
+        calls = [s for s in detail.steps if s.tool in ("py_send", "py_double")]
+        turns = {
+            (s.tool, s.arguments["n"] if s.tool == "py_double" else None): s.turn for s in calls
+        }
+        assert turns[("py_send", None)] == turns[("py_double", 1)], "one pass, one turn"
+        assert turns[("py_double", 2)] > turns[("py_send", None)]
+        assert all(s.outcome == "ok" for s in calls), calls
 
 
 async def test_a_durable_operation_inside_a_step_raises_to_the_handler_and_records_nothing(

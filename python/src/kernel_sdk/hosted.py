@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_type_hints
@@ -51,6 +52,8 @@ from .tools import (
     _version,
     _whole,
 )
+
+logger = logging.getLogger("kernel_sdk.hosted")
 
 StepEffect = Literal["read", "pure", "write"]
 # How long every operation must wait durably before the handler gives back its slot: a child or
@@ -498,18 +501,30 @@ class AgentContext:
         *,
         call_id: str | None = None,
         timeout: float | None = None,
+        together: bool = False,
     ) -> Coroutine[Any, Any, CallResult]:
         """Calls one tool through the kernel (validation, policy, approval and replay as for any
         agent); its result once recorded. A denied call is a result the model reads, not an
         error. `arguments` may be the model's JSON text, which the kernel parses (and records
         the call as `invalid_arguments` when it is not a JSON object).
 
-        Calls made in the same pass of the event loop are one turn, as the calls of one model
-        response are: a framework that runs a response's calls concurrently submits them
-        together, and the policy and a person see them together.
+        With `together`, the calls made so in the same pass of the event loop are one turn, as
+        the calls of one model response are (the framework integrations call so, since the
+        frameworks run a response's calls concurrently): the policy and a person see them
+        together, and each result comes once the turn's earlier calls have theirs. Without it
+        the call is a turn of its own, its result its own.
         """
         from .records import ToolCall
 
+        call = ToolCall(tool, arguments or {}, call_id, timeout)
+        if not together:
+            turn = self.call_turn([call])
+
+            async def alone() -> CallResult:
+                [result] = await turn
+                return result
+
+            return alone()
         batch = self._batch
         if batch is None:
             seq, _ = self._place(None, "a tool call")
@@ -519,7 +534,7 @@ class AgentContext:
         else:
             self._check_place("a tool call")
         position = len(batch.calls)
-        batch.calls.append(tool_call(ToolCall(tool, arguments or {}, call_id, timeout)))
+        batch.calls.append(tool_call(call))
 
         async def one() -> CallResult:
             results = await asyncio.shield(batch.results)
@@ -596,6 +611,13 @@ class AgentContext:
                     # Another call of the handler waits for a person, and a blocked run takes
                     # no new call: this one waits for the answer too, then goes in. Nothing of
                     # it is recorded, so it names no step a suspension could wait on.
+                    if blocked == _BLOCKED_FIRST_WAIT:
+                        logger.info(
+                            "turn waits for the run's approval run_id=%s turn=%d tools=%s",
+                            self.run_id,
+                            seq,
+                            ",".join(call.tool for call in calls),
+                        )
                     waiting.end()
                     waiting = _Durable(self._waits, [], long=True)
                     await asyncio.sleep(blocked)

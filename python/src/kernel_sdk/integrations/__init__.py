@@ -69,10 +69,16 @@ class RoutedTool:
         """Calls the tool, with its arguments as data or as the model's JSON text, through the
         run around the caller (a hosted handler and the tasks it starts); with no run, runs a
         local tool on a test context, and refuses a tool only a worker serves."""
+        from ..hosted import AgentContext
+
         run = current_run.get()
         if run is not None:
             wire = arguments if isinstance(arguments, str) else dict(arguments)
-            result = await run.call(self.name, wire)
+            if isinstance(run, AgentContext):
+                # A framework runs one response's calls concurrently: they go in as one turn.
+                result = await run.call(self.name, wire, together=True)
+            else:
+                result = await run.call(self.name, wire)
             return Answer(result.ok, result.output, result.content, result.outcome)
         if self.local is None:
             raise RuntimeError(
