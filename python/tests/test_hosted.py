@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from kernel_sdk import (
     AgentClient,
     AgentContext,
+    ConcurrentCallIdError,
     Event,
     NestedDurableOperationError,
     PolicyError,
@@ -342,6 +343,41 @@ async def test_calls_made_together_are_one_turn_and_a_call_made_while_the_run_wa
         assert turns[("py_send", None)] == turns[("py_double", 1)], "one pass, one turn"
         assert turns[("py_double", 2)] > turns[("py_send", None)]
         assert all(s.outcome == "ok" for s in calls), calls
+
+
+@tool
+async def py_nap(ctx: ToolContext, seconds: float) -> float:
+    """Sleeps a while."""
+    await asyncio.sleep(seconds)
+    return seconds
+
+
+@agent
+async def py_same_id(ctx: AgentContext, input: None) -> dict[str, object]:
+    """Makes two calls under one call id at once: the second is refused while the first runs."""
+    first = asyncio.ensure_future(ctx.call("py_nap", {"seconds": 0.3}, call_id="nap"))
+    await asyncio.sleep(0.1)
+    try:
+        await ctx.call("py_nap", {"seconds": 0.1}, call_id="nap")
+        refused: object = None
+    except ConcurrentCallIdError as error:
+        refused = [error.code, error.message.split(":")[0]]
+    return {"first": (await first).output, "refused": refused}
+
+
+async def test_two_calls_under_one_call_id_at_once_raise_concurrent_call_id_error(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, py_nap, agents=[py_same_id]):
+        run = await client.create_run("py_same_id", hosted=True)
+        await within("the run to end", _ended(client, run.id), 30)
+        detail = await client.get_run(run.id)
+        assert detail.run.status == "completed", detail.run.reason
+        assert detail.run.output == {
+            "first": 0.3,
+            "refused": ["ALREADY_EXISTS", "concurrent_call_id"],
+        }
+        assert [s.arguments for s in detail.steps if s.tool == "py_nap"] == [{"seconds": 0.3}]
 
 
 async def test_a_durable_operation_inside_a_step_raises_to_the_handler_and_records_nothing(

@@ -2,6 +2,7 @@
 forms, and every option checked when it is applied, named with what it takes."""
 
 import asyncio
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -510,3 +511,38 @@ def test_wrap_tool_takes_durations_as_timedeltas_and_retry_as_retries() -> None:
     )
     assert wrapped.definition.options.timeout == 120.0
     assert wrapped.definition.options.retries == 2
+
+
+def test_a_wrapped_tool_looks_like_a_function_of_its_schema() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def search(args: dict[str, Any]) -> list[str]:
+        seen.append(args)
+        return [args["query"]]
+
+    wrapped = wrap_tool(
+        "docs_search",
+        search,
+        description="Searches the docs.",
+        args_schema={
+            "properties": {
+                "limit": {"type": "integer"},
+                "query": {"type": "string"},
+                "not-a-name": {"type": "string"},
+            },
+            "required": ["query"],
+        },
+        transform_args=lambda args: {k: v for k, v in args.items() if v is not None},
+    )
+    assert wrapped.__name__ == "docs_search" and wrapped.__doc__ == "Searches the docs."
+    assert wrapped.__input_schema__ == wrapped.definition.input_schema  # type: ignore[attr-defined]
+    signature = inspect.signature(wrapped)
+    assert str(signature) == "(*, query: str, limit: int | None = None, **kwargs)"
+    # Keywords, an argument outside the schema passed through, nulls stripped before invoke.
+    assert wrapped(query="x", limit=None, extra=1) == ["x"]
+    assert seen == [{"query": "x", "extra": 1}]
+    assert wrapped({"query": "y"}) == ["y"]
+    with pytest.raises(TypeError, match="takes its arguments as keywords, or as one dict"):
+        wrapped("x")
+    with pytest.raises(ToolDefinitionError, match="transform_args"):
+        wrap_tool("t", search, description="d", args_schema={}, transform_args="no")  # type: ignore[arg-type]

@@ -15,13 +15,15 @@ from typing import Any
 
 import pytest
 from conftest import serving
-from harness import Kernel, binary, within
+from harness import Kernel, binary, eventually, within
 
 from kernel_sdk import (
     AgentClient,
     CallOutcome,
     CallResult,
+    ConcurrentCallIdError,
     Interruption,
+    KernelError,
     ToolCall,
     ToolContext,
     ToolError,
@@ -97,6 +99,53 @@ async def test_a_tool_is_handed_the_agents_trace_context(
         turn = await client.call_turn(untraced.id, 0, [ToolCall("traced", {})])
         assert turn.results[0].output == {}
     assert ToolContext.for_test().trace_context() == {}
+
+
+async def test_a_call_id_held_in_flight_by_another_call_raises_concurrent_call_id_error(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, sleepy):
+        run = await client.create_run("py-agent")
+        first = asyncio.ensure_future(
+            client.call_turn(run.id, 0, [ToolCall("sleepy", {"seconds": 0.4}, "nap")])
+        )
+
+        async def in_flight() -> bool:
+            return bool((await client.get_run(run.id)).steps)
+
+        await eventually("the first call to be recorded", in_flight)
+        with pytest.raises(ConcurrentCallIdError) as refused:
+            await client.call_turn(run.id, 1, [ToolCall("sleepy", {"seconds": 0.1}, "nap")])
+        assert refused.value.code == "ALREADY_EXISTS"
+        assert "call_id 'nap'" in refused.value.message
+        assert isinstance(refused.value, KernelError)
+        [result] = (await first).results
+        assert result.output == "slept"
+
+
+@tool(read_only=True)
+async def whereami(ctx: ToolContext) -> dict[str, object]:
+    """Says where its call stands in the run."""
+    return {
+        "turn": ctx.turn,
+        "turn_id": ctx.turn_id,
+        "position": ctx.position,
+        "step_key": ctx.step_key,
+        "idempotency_key": ctx.idempotency_key,
+    }
+
+
+async def test_a_tool_knows_its_turn_position_and_idempotency_key(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, whereami):
+        run = await client.create_run("py-agent")
+        turn = await client.call_turn(run.id, 3, [ToolCall("whereami", {})] * 2)
+        [first, second] = [result.output for result in turn.results]
+        assert first["turn"] == first["turn_id"] == 3 and second["position"] == 1
+        assert second["step_key"] == "t3/p1"
+        steps = {s.step_key: s for s in (await client.get_run(run.id)).steps}
+        assert second["idempotency_key"] == steps["t3/p1"].idempotency_key
 
 
 async def test_bad_arguments_are_refused_by_the_kernel_before_the_tool(

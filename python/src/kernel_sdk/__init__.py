@@ -9,12 +9,14 @@
 - `AgentClient` drives runs: create one, submit each model turn's tool calls and read their
   progress and results, answer approvals, watch events, finish the run.
 - `kernel_sdk.canonical` holds the canonical JSON and hashes, equal to the kernel's byte for byte.
+- `kernel_sdk.mcp` makes kernel tools of an MCP server's tools (`wrap_mcp_tools`).
+- `kernel_sdk.integrations` hands kernel tools to LangGraph, the OpenAI Agents SDK and Pydantic AI.
 """
 
 from .canonical import call_hash, idempotency_key, to_canonical, tool_fingerprint
 from .client import AgentClient
 from .context import Cancellation, Progress, ToolCache, ToolContext
-from .errors import KernelError, ToolCallRejected, ToolError, WorkerRefused
+from .errors import ConcurrentCallIdError, KernelError, ToolCallRejected, ToolError, WorkerRefused
 from .hosted import (
     Agent,
     AgentContext,
@@ -72,6 +74,7 @@ __all__ = [
     "CallOutcome",
     "CallResult",
     "Cancellation",
+    "ConcurrentCallIdError",
     "Event",
     "Interruption",
     "KernelError",

@@ -13,7 +13,7 @@ import grpc
 from ._proto import common_pb2, registry_pb2, tool_calls_pb2
 from ._wire import ERROR_KIND_NAMES, millis
 from .canonical import to_canonical
-from .errors import KernelError
+from .errors import ConcurrentCallIdError, KernelError
 from .records import (
     Approval,
     ApprovalDecision,
@@ -40,7 +40,12 @@ CAPTURE: dict[Capture | None, Any] = {
 
 
 def kernel_error(error: grpc.aio.AioRpcError) -> KernelError:
-    return KernelError(error.code().name, error.details() or "")
+    """The kernel's refusal as the SDK raises it: `ConcurrentCallIdError` for a call id another
+    call holds in flight, else `KernelError`."""
+    code, message = error.code().name, error.details() or ""
+    if code == "ALREADY_EXISTS" and message.startswith("concurrent_call_id:"):
+        return ConcurrentCallIdError(code, message)
+    return KernelError(code, message)
 
 
 def _name(enum: Any, value: int, prefix: str) -> str:

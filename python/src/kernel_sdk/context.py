@@ -289,6 +289,11 @@ class ToolContext:
         return self._call.turn
 
     @property
+    def turn_id(self) -> int:
+        """The turn the call was submitted in, by the seed pages' name (`turn`)."""
+        return self._call.turn
+
+    @property
     def position(self) -> int:
         """The call's position within its turn."""
         return self._call.position

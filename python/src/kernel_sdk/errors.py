@@ -63,6 +63,14 @@ class KernelError(Exception):
         self.message = message
 
 
+class ConcurrentCallIdError(KernelError):
+    """Two calls under one call id ran together: a call's id names one call of the run, and the
+    kernel refused this one because another call holds the id in flight with another tool or
+    other arguments (code `ALREADY_EXISTS`, a message starting `concurrent_call_id:`). Give each
+    of two calls made together an id of its own, or wait for the first to settle.
+    """
+
+
 class ToolCallRejected(Exception):
     """A tool called directly inside a run (`await refund(ctx, cents=25_000)` in a hosted
     handler) needed a person's approval and did not get it: `reason` is what the kernel recorded

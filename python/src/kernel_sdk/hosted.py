@@ -35,10 +35,11 @@ import grpc
 import pydantic
 import pydantic_core
 
-from ._agent_wire import CallLike, call_result, tool_call
+from ._agent_wire import CallLike, call_result, kernel_error, tool_call
 from ._proto import common_pb2, hosted_pb2, hosted_pb2_grpc, tool_calls_pb2
 from .canonical import idempotency_key, to_canonical, tool_fingerprint
 from .context import Cancellation, _carrier, current_run
+from .errors import ConcurrentCallIdError
 from .records import CallOutcome, CallResult
 from .tools import (
     ToolDefinitionError,
@@ -419,6 +420,7 @@ class AgentContext:
         self._diverged: str | None = None
         self._waits = _Waits()
         self._batch: _Batch | None = None
+        self._held_ids: dict[str, int] = {}
         self._starting: set[int] = set()
         self._started = asyncio.Condition()
         self.cancelled = cancelled
@@ -561,6 +563,7 @@ class AgentContext:
     async def _call_turn(
         self, seq: int, calls: list[tool_calls_pb2.ToolCall], max_concurrency: int
     ) -> list[CallResult]:
+        ids = self._hold_ids(seq, calls)
         # Counted from here, not from the call: a coroutine never awaited never runs its finally.
         self._waits.active += 1
         try:
@@ -604,10 +607,12 @@ class AgentContext:
                                 waiting = _Durable(self._waits, left, long=True)
                         break
                     except grpc.aio.AioRpcError as error:
+                        refused = kernel_error(error)
+                        if isinstance(refused, ConcurrentCallIdError):
+                            # The handler's own mistake, which it may catch and correct.
+                            raise refused from None
                         if results or not _blocked(error):
-                            raise _HostedProtocol(
-                                f"{error.code().name}: {error.details()}"
-                            ) from None
+                            raise _HostedProtocol(str(refused)) from None
                     # Another call of the handler waits for a person, and a blocked run takes
                     # no new call: this one waits for the answer too, then goes in. Nothing of
                     # it is recorded, so it names no step a suspension could wait on.
@@ -629,8 +634,28 @@ class AgentContext:
                     raise self._diverge(result.content)
             return results
         finally:
+            for call_id in ids:
+                self._held_ids.pop(call_id, None)
             self._waits.active -= 1
             self._waits.touch()
+
+    def _hold_ids(self, seq: int, calls: list[tool_calls_pb2.ToolCall]) -> list[str]:
+        """Holds the turn's call ids while it runs; `ConcurrentCallIdError` when another turn of
+        the handler holds one (a call id names one call: two running together under it are a
+        mistake the handler may catch, where the kernel would see a call moved in the order)."""
+        ids = [call.call_id for call in calls if call.call_id]
+        for position, call in enumerate(calls):
+            holder = self._held_ids.get(call.call_id) if call.call_id else None
+            if holder is not None:
+                raise ConcurrentCallIdError(
+                    "ALREADY_EXISTS",
+                    f"concurrent_call_id: calls[{position}] has call_id '{call.call_id}', which a call "
+                    f"of turn {holder} holds in flight; give this call another id, or wait for "
+                    "that one to settle",
+                )
+        for call_id in ids:
+            self._held_ids[call_id] = seq
+        return ids
 
     def _recorded_turn(
         self, seq: int, calls: list[tool_calls_pb2.ToolCall]

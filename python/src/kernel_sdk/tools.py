@@ -410,6 +410,11 @@ class Tool:
             raise ToolCallRejected(self.name, result.content, expired=outcome == "expired")
         raise ToolError(result.content, "fatal")
 
+    def _prepared(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Arguments a model gave, as the kernel should record them (`wrap_tool`'s
+        `transform_args`; as they are for any other tool)."""
+        return arguments
+
     def _arguments_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """A direct call's arguments as the JSON the kernel records. The context parameter may be
         passed (any value: the handler's own context, as `await refund(ctx, cents=5)`) or left
@@ -693,24 +698,31 @@ def wrap_tool(
     args_schema: dict[str, Any],
     version: str | int = "1",
     to_result: Callable[[Any], Any] | None = None,
+    transform_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     **options: Any,
 ) -> Tool:
     """A tool that is not a plain function (Rebuno's `wrap_tool`): `invoke` takes the arguments as
     a dict (and may return an awaitable); `args_schema` is their JSON Schema, given whole or as
-    just `properties` and `required`; `to_result` maps what `invoke` returns before it is recorded.
-    The keyword options are `@tool`'s, each checked as `@tool` checks it; one `@tool` does not
-    have is refused.
+    just `properties` and `required`; `to_result` maps what `invoke` returns before it is
+    recorded; `transform_args` maps the arguments before a direct call records them and before
+    `invoke` runs (so it should give the same dict when given its own output: stripping nulls,
+    say). The keyword options are `@tool`'s, each checked as `@tool` checks it; one `@tool` does
+    not have is refused.
+
+    The tool looks to a framework like a function of its schema: `__name__` is `name`, `__doc__`
+    the description, `__input_schema__` the schema, and its signature takes each property as a
+    keyword (the required ones without a default), and any other keyword too, which is passed
+    through. Called directly it takes those keywords, or the arguments as one dict.
     """
     what = f"tool '{name}'"
     tool_name = _tool_name(what, name)
-    if not callable(invoke):
-        raise ToolDefinitionError(
-            f"{what}: {_takes('invoke', 'a callable over the arguments dict', invoke)}"
-        )
-    if to_result is not None and not callable(to_result):
-        raise ToolDefinitionError(
-            f"{what}: {_takes('to_result', 'a callable over what invoke returns, or None', to_result)}"
-        )
+    for option, value, wanted in (
+        ("invoke", invoke, "a callable over the arguments dict"),
+        ("to_result", to_result, "a callable over what invoke returns, or None"),
+        ("transform_args", transform_args, "a callable over the arguments dict, or None"),
+    ):
+        if not callable(value) and (option == "invoke" or value is not None):
+            raise ToolDefinitionError(f"{what}: {_takes(option, wanted, value)}")
     schema = _schema_option(what, "args_schema", args_schema)
     if schema is None:
         raise ToolDefinitionError(
@@ -727,17 +739,20 @@ def wrap_tool(
     def mapped(result: Any) -> Any:
         return result if to_result is None else to_result(result)
 
+    def given(args: dict[str, Any]) -> dict[str, Any]:
+        return dict(args) if transform_args is None else transform_args(dict(args))
+
     call: Callable[[dict[str, Any]], Any]
     if inspect.iscoroutinefunction(invoke):
 
         async def call_async(args: dict[str, Any]) -> Any:
-            return mapped(await invoke(args))
+            return mapped(await invoke(given(args)))
 
         call = call_async
     else:
         # Run in a thread by the worker; an awaitable it returns is awaited on the loop.
         def call_sync(args: dict[str, Any]) -> Any:
-            result = invoke(args)
+            result = invoke(given(args))
             if inspect.isawaitable(result):
                 awaited = result
 
@@ -749,4 +764,83 @@ def wrap_tool(
 
         call = call_sync
 
-    return Tool(definition, call, takes_context=False)
+    return _WrappedTool(definition, call, given)
+
+
+_JSON_TYPES: dict[str, Any] = {
+    "string": str,
+    "integer": int,
+    "number": float,
+    "boolean": bool,
+    "array": list,
+    "object": dict,
+    "null": type(None),
+}
+
+
+def _signature_of(schema: dict[str, Any]) -> inspect.Signature:
+    """A keyword-only signature of a schema's properties (required ones first, without a
+    default), and `**kwargs` for the rest, as frameworks read a function's parameters."""
+    properties = schema.get("properties") or {}
+    required = [name for name in schema.get("required") or [] if name in properties]
+    optional = [name for name in properties if name not in required]
+    parameters = []
+    for name in [*required, *optional]:
+        if not name.isidentifier():
+            continue
+        kind = (properties[name] or {}).get("type") if isinstance(properties[name], dict) else None
+        annotation = _JSON_TYPES.get(kind, Any) if isinstance(kind, str) else Any
+        default = inspect.Parameter.empty if name in required else None
+        if default is None and annotation is not Any:
+            annotation = annotation | None
+        parameters.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+            )
+        )
+    parameters.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
+    return inspect.Signature(parameters)
+
+
+class _WrappedTool(Tool):
+    """A `wrap_tool` tool: a function of its schema to anything that introspects it."""
+
+    def __init__(
+        self,
+        definition: ToolDefinition,
+        call: Callable[[dict[str, Any]], Any],
+        given: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> None:
+        super().__init__(definition, call, takes_context=False)
+        self._given = given
+        self.__name__ = definition.name
+        self.__qualname__ = definition.name
+        self.__doc__ = definition.description
+        self.__signature__ = _signature_of(definition.input_schema)
+        self.__input_schema__ = definition.input_schema
+        # functools.update_wrapper pointed it at the inner closure, whose signature is not
+        # the tool's.
+        vars(self).pop("__wrapped__", None)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Calls the tool with its arguments as keywords (or as one dict): through the kernel
+        inside a run, as any tool; outside one, `invoke` just runs."""
+        arguments = self._one_dict(args, kwargs)
+        run = current_run.get()
+        if run is None:
+            return self.function(arguments)
+        return self._through(run, (), arguments)
+
+    def _one_dict(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        if not args:
+            return dict(kwargs)
+        if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
+            return dict(args[0])
+        raise TypeError(f"{self.name}() takes its arguments as keywords, or as one dict")
+
+    def _prepared(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        return self._given(arguments)
+
+    def _arguments_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        jsonable: dict[str, Any] = pydantic_core.to_jsonable_python(self._given(kwargs))
+        return jsonable

@@ -71,6 +71,8 @@ class RoutedTool:
         local tool on a test context, and refuses a tool only a worker serves."""
         from ..hosted import AgentContext
 
+        if self.local is not None:
+            arguments = self._prepared(arguments)
         run = current_run.get()
         if run is not None:
             wire = arguments if isinstance(arguments, str) else dict(arguments)
@@ -92,6 +94,21 @@ class RoutedTool:
         output = await self.local.invoke(ToolContext.for_test(tool=self.name), dict(arguments))
         text = output if isinstance(output, str) else to_canonical(output)
         return Answer(True, output, text, CallOutcome.OK)
+
+    def _prepared(self, arguments: Mapping[str, Any] | str) -> Mapping[str, Any] | str:
+        """The model's arguments as the tool wants them recorded (`wrap_tool`'s
+        `transform_args`); JSON text that is not an object stays as it is, for the kernel to
+        refuse."""
+        assert self.local is not None
+        if isinstance(arguments, str):
+            try:
+                parsed = json.loads(arguments or "{}")
+            except json.JSONDecodeError:
+                return arguments
+            if not isinstance(parsed, dict):
+                return arguments
+            arguments = parsed
+        return self.local._prepared(dict(arguments))
 
 
 def routed(tools: Iterable[KernelTool]) -> list[RoutedTool]:
