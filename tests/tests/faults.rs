@@ -97,6 +97,53 @@ async fn a_killed_worker_s_at_most_once_call_is_indeterminate_and_never_runs_aga
 }
 
 #[tokio::test]
+async fn an_at_most_once_call_recorded_but_never_started_runs_when_its_agent_comes_back() {
+    let kernel = Kernel::start();
+    // One slot: the second charge is recorded and waits for it.
+    let _w1 = kernel.fault_worker_with("w1", &["--max-concurrency", "1"]);
+    kernel.wait_for_workers("charge", 1).await;
+    let run = kernel.create_run("biller").await;
+    let first = submit(&kernel, &run, 0, vec![call("charge", json!({"hold_ms": 1500}))]);
+    let second = vec![call("charge", json!({"hold_ms": 1}))];
+    let agent_goes_away = async {
+        wait_ledger(&kernel, "the first charge", |l| l.len() == 1).await;
+        // The agent submits the second charge and goes away once it is recorded, not started.
+        let recorded = e2e::eventually("the second charge recorded and pending", || async {
+            let steps = kernel.get(&run).await.steps;
+            match steps.iter().find(|s| s.turn == 1) {
+                Some(step) if step.status == pb::StepStatus::Pending as i32 => Ok(()),
+                other => Err(other.cloned()),
+            }
+        });
+        tokio::select! {
+            outcome = submit(&kernel, &run, 1, second.clone()) => panic!("the second charge ran early: {outcome:?}"),
+            () = recorded => {}
+        }
+    };
+    let (first, ()) = tokio::join!(first, agent_goes_away);
+    assert_eq!(first.unwrap().results[0].status, pb::CallStatus::Ok as i32);
+    // The agent comes back: the charge it left recorded but unstarted runs, once.
+    let again = submit(&kernel, &run, 1, second).await.unwrap();
+    let result = &again.results[0];
+    assert_eq!(
+        (result.status, result.attempts),
+        (pb::CallStatus::Ok as i32, 1),
+        "{result:?}"
+    );
+    let key = kernel
+        .get(&run)
+        .await
+        .steps
+        .iter()
+        .find(|s| s.turn == 1)
+        .unwrap()
+        .idempotency_key
+        .clone();
+    assert_eq!(kernel.executions(&key), 1);
+    check_log(&kernel.events(&run).await, true);
+}
+
+#[tokio::test]
 async fn a_hung_worker_loses_its_lease_and_its_late_result_is_not_recorded() {
     let kernel = Kernel::start();
     let w1 = kernel.fault_worker("w1");
