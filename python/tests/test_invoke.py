@@ -209,3 +209,40 @@ async def test_ctx_http_is_one_shared_async_client() -> None:
     assert isinstance(ctx.http, httpx.AsyncClient) and ctx.http is ctx.http
     assert ctx.deps == {"db": "fake"}
     await ctx.http.aclose()
+
+
+async def test_a_cancelled_call_has_a_grace_to_end_then_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kernel_sdk import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "_CANCEL_GRACE", 0.05)
+
+    async def ends_when_told(cancelled: Cancellation) -> str:
+        await cancelled.wait()
+        return "ended on its own"
+
+    async def ignores_it() -> str:
+        await asyncio.sleep(10)
+        return "never"
+
+    # A tool that ends within the grace gives its result.
+    told = Cancellation()
+    asyncio.get_running_loop().call_later(0.01, told.set, "cancel")
+    assert await worker_module._within_grace(ends_when_told(told), told) == "ended on its own"
+
+    # One that ignores the cancel is dropped once the grace is over.
+    ignored = Cancellation()
+    ignored.set("timed out")
+    with pytest.raises(ToolError, match="call cancelled before it finished: timed out") as dropped:
+        await worker_module._within_grace(ignores_it(), ignored)
+    assert dropped.value.kind == "retryable"
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0, "the drop is not the task's cancel"
+
+    # The task's own cancel (its session ends) is not turned into a tool error.
+    outer = asyncio.ensure_future(worker_module._within_grace(ignores_it(), Cancellation()))
+    await asyncio.sleep(0.01)
+    outer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await outer

@@ -84,13 +84,19 @@ class Cancellation:
 
     async def wait(self) -> None:
         """Returns once the call is cancelled."""
+        await self.future()
+
+    def future(self) -> asyncio.Future[None]:
+        """A future of the running loop resolved once the call is cancelled (at once when it
+        is): to wait on beside other work without a task of its own."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         with self._lock:
             if self._flag.is_set():
-                return
-            self._waiters.append((loop, future))
-        await future
+                future.set_result(None)
+            else:
+                self._waiters.append((loop, future))
+        return future
 
     def wait_sync(self, timeout: float | None = None) -> bool:
         """Blocks a thread until the call is cancelled or `timeout` seconds pass; tells which."""

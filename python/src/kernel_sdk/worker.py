@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -710,7 +710,8 @@ class _Session:
                 exc_info=raised,
             )
         else:
-            logger.info(
+            # One line per call at INFO would cost more than many a tool (and flood the log).
+            logger.debug(
                 "dispatch succeeded tool=%s run_id=%s attempt=%d elapsed_ms=%d",
                 dispatch.tool,
                 dispatch.run_id,
@@ -725,9 +726,13 @@ class _Session:
             raise ToolError.fatal(f"worker does not offer tool '{dispatch.tool}'")
         args = wire.arguments(dispatch)
         # The kernel never sends more than max_concurrency calls, but calls a lost session left
-        # running may still hold slots: wait for one rather than overrun the limit.
-        if not await _first(self.slots.acquire(), cancellation.wait()):
-            raise ToolError.retryable("call cancelled before it started")
+        # running may still hold slots: wait for one rather than overrun the limit. A free slot
+        # is taken at once, without a task to race the cancel.
+        if self.slots.locked():
+            if not await _first(self.slots.acquire(), cancellation.future()):
+                raise ToolError.retryable("call cancelled before it started")
+        else:
+            await self.slots.acquire()
         try:
             ctx = ToolContext(
                 wire.call_info(dispatch),
@@ -736,16 +741,7 @@ class _Session:
                 shared=self.worker._shared,
                 cancelled=cancellation,
             )
-            body = asyncio.ensure_future(tool.invoke(ctx, args, executor=self.threads))
-            if await _first(body, cancellation.wait()):
-                return body.result()
-            # Told to stop: the tool has a grace period to end on its own, then it is dropped
-            # (a plain def's thread cannot be interrupted and runs on; its result goes nowhere).
-            done, _ = await asyncio.wait({body}, timeout=_CANCEL_GRACE)
-            if body in done:
-                return body.result()
-            body.cancel()
-            raise ToolError.retryable(f"call cancelled before it finished: {cancellation.reason}")
+            return await _within_grace(tool.invoke(ctx, args, executor=self.threads), cancellation)
         finally:
             self.slots.release()
 
@@ -775,6 +771,49 @@ class _Session:
             if not answer.done():
                 answer.set_result(False)
         self.suspensions.clear()
+
+
+async def _within_grace(work: Coroutine[Any, Any, Any], cancellation: Cancellation) -> Any:
+    """Runs a call's `work` in the calling task (no task of its own: a call is hot). Once the
+    call is cancelled the tool has `_CANCEL_GRACE` seconds to end on its own (it sees
+    `ctx.cancelled`), then it is dropped: a plain def's thread cannot be interrupted and runs on,
+    its result going nowhere."""
+    task = asyncio.current_task()
+    assert task is not None, "a call runs in a task"
+    loop = asyncio.get_running_loop()
+    dropped = False
+    timer: asyncio.TimerHandle | None = None
+
+    def drop() -> None:
+        nonlocal dropped
+        dropped = True
+        task.cancel()
+
+    def grace(stop: asyncio.Future[None]) -> None:
+        nonlocal timer
+        if not stop.cancelled():
+            timer = loop.call_later(_CANCEL_GRACE, drop)
+
+    stop = cancellation.future()
+    stop.add_done_callback(grace)
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        if not dropped:
+            raise
+        task.uncancel()
+        raise ToolError.retryable(
+            f"call cancelled before it finished: {cancellation.reason}"
+        ) from None
+    finally:
+        stop.cancel()
+        if timer is not None:
+            timer.cancel()
+    if dropped:
+        # The tool swallowed the cancel and returned late: its result goes nowhere.
+        task.uncancel()
+        raise ToolError.retryable(f"call cancelled before it finished: {cancellation.reason}")
+    return result
 
 
 async def _first(awaitable: Any, cancelled: Any) -> bool:
