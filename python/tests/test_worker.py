@@ -13,6 +13,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import grpc
 import pytest
 from conftest import serving
 from harness import Kernel, binary, eventually, within
@@ -513,3 +514,44 @@ async def test_a_python_predicate_decides_in_the_worker_and_its_answer_is_record
         again = await client.call_turn(run.id, 0, [ToolCall("py_refund", {"cents": 500})])
         assert again.results[0].replayed and again.results[0].output == "refunded 500"
         assert _asked == [500, 25_000, -5], "a replayed turn does not ask again"
+
+
+class _Refusing:
+    """A `CallTurn` stub that refuses with `code`, as an older or a strict kernel would."""
+
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self.code = code
+        self.asked = 0
+
+    async def __call__(self, request: object, **kwargs: object) -> object:
+        self.asked += 1
+        raise grpc.aio.AioRpcError(self.code, grpc.aio.Metadata(), grpc.aio.Metadata(), "no")
+
+
+async def test_call_turn_falls_back_to_the_stream_when_one_answer_cannot_do(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, add):
+        run = await client.create_run("py-agent")
+        # One answer for the whole turn, by default.
+        assert (await client.call_turn(run.id, 0, [ToolCall("add", {"a": 1, "b": 1})])).results[
+            0
+        ].output == 2
+
+        # Too big for one answer: this turn goes by the stream, the next asks for one answer again.
+        too_big = _Refusing(grpc.StatusCode.RESOURCE_EXHAUSTED)
+        client._calls.CallTurn = too_big
+        [result] = (await client.call_turn(run.id, 1, [ToolCall("add", {"a": 2, "b": 2})])).results
+        assert result.output == 4 and too_big.asked == 1
+        await client.call_turn(run.id, 2, [ToolCall("add", {"a": 3, "b": 3})])
+        assert too_big.asked == 2
+
+        # A kernel without CallTurn: the stream, from then on.
+        older = _Refusing(grpc.StatusCode.UNIMPLEMENTED)
+        client._calls.CallTurn = older
+        for turn in (3, 4):
+            [result] = (
+                await client.call_turn(run.id, turn, [ToolCall("add", {"a": turn, "b": 0})])
+            ).results
+            assert result.output == turn
+        assert older.asked == 1

@@ -689,3 +689,84 @@ async fn a_tool_s_context_knows_its_turn_and_position() {
         json!({"turn": 3, "position": 1, "step_key": "t3/p1", "attempt": 1})
     );
 }
+
+#[tokio::test]
+async fn call_turn_answers_a_whole_turn_once_with_its_interruption_and_replays_it() {
+    let kernel = governed();
+    let _worker = kernel.fault_worker("w1");
+    let run = create_run(&kernel, "billing", &[], false).await;
+    let turn = pb::SubmitTurnRequest {
+        run_id: run.clone(),
+        turn: 0,
+        calls: vec![
+            call("refund", json!({"cents": 500})),
+            call("refund", json!({"cents": 25_000})),
+        ],
+        offered_tools: vec![],
+        max_concurrency: 0,
+    };
+    let request = pb::CallTurnRequest { turn: Some(turn) };
+    let answered = tokio::spawn({
+        let (url, request) = (kernel.url(), request.clone());
+        async move {
+            let mut calls = pb::tool_call_service_client::ToolCallServiceClient::connect(url)
+                .await
+                .unwrap();
+            calls.call_turn(request).await.map(tonic::Response::into_inner)
+        }
+    });
+    let asked = e2e::eventually("the big refund to wait for a person", || async {
+        let pending = approvals(&kernel)
+            .await
+            .list_approvals(pb::ListApprovalsRequest {
+                status: 0,
+                run_id: run.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .approvals;
+        pending.into_iter().next().ok_or("none yet")
+    })
+    .await;
+    approvals(&kernel)
+        .await
+        .approve_call(pb::ApproveCallRequest {
+            approval_id: asked.id.clone(),
+            decider: "alice".into(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+    let answer = answered.await.unwrap().unwrap();
+    let contents: Vec<&str> = answer.results.iter().map(|r| r.content.as_str()).collect();
+    assert_eq!(
+        contents,
+        ["refunded 500 cents", "refunded 25000 cents"],
+        "in position order"
+    );
+    assert_eq!(answer.interruptions.len(), 1, "{answer:?}");
+    assert_eq!(
+        (
+            answer.interruptions[0].position,
+            answer.interruptions[0].reason.as_str()
+        ),
+        (1, "tool_approval")
+    );
+
+    // The same turn again is answered from the record; nothing runs or asks again.
+    let again = kernel.calls().await.call_turn(request).await.unwrap().into_inner();
+    assert!(again.results.iter().all(|r| r.replayed), "{again:?}");
+    assert!(again.interruptions.is_empty());
+
+    // A request without its turn is refused, naming the field.
+    let refused = kernel
+        .calls()
+        .await
+        .call_turn(pb::CallTurnRequest { turn: None })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert!(refused.message().contains("turn"), "{}", refused.message());
+    check_log(&kernel.events(&run).await, true);
+}

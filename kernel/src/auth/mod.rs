@@ -128,7 +128,7 @@ pub fn required_scope(path: &str) -> Scope {
         | "RunService/FailRun"
         | "RunService/CancelRun"
         | "ToolCallService/CancelCall" => Scope::RunsWrite,
-        "ToolCallService/SubmitTurn" => Scope::ToolsCall,
+        "ToolCallService/SubmitTurn" | "ToolCallService/CallTurn" => Scope::ToolsCall,
         "ApprovalService/ListApprovals" => Scope::RunsRead,
         "ApprovalService/ApproveCall" | "ApprovalService/RejectCall" => Scope::ApprovalsWrite,
         // A hosted handler's operations come from its worker, fenced by the run's dispatch.

@@ -3,7 +3,7 @@
 //! scheduler; this handler only waits for their `tool:result` events, so an agent that
 //! disconnects loses nothing: the calls finish and a resubmission gets the recorded results.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -379,6 +379,33 @@ impl ToolCallService for ToolCallApi {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
+    async fn call_turn(&self, request: Request<pb::CallTurnRequest>) -> Result<Response<pb::CallTurnResponse>, Status> {
+        let turn = request
+            .into_inner()
+            .turn
+            .ok_or_else(|| KernelError::invalid("turn", "must carry the turn's calls"))?;
+        let mut rx = submit(&self.0, turn, None).await?;
+        let mut response = pb::CallTurnResponse::default();
+        let mut progress = VecDeque::new();
+        while let Some(item) = rx.recv().await {
+            match item?.item {
+                Some(pb::submit_turn_response::Item::Result(result)) => response.results.push(result),
+                Some(pb::submit_turn_response::Item::Progress(report)) => {
+                    if progress.len() == CALL_TURN_PROGRESS_KEPT {
+                        progress.pop_front();
+                    }
+                    progress.push_back(report);
+                }
+                Some(pb::submit_turn_response::Item::Interrupted(interruption)) => {
+                    response.interruptions.push(interruption)
+                }
+                None => {}
+            }
+        }
+        response.progress = progress.into();
+        Ok(Response::new(response))
+    }
+
     async fn cancel_call(
         &self,
         request: Request<pb::CancelCallRequest>,
@@ -477,6 +504,11 @@ fn diverged(step: &StepRecord, position: u32, message: &str) -> pb::CallResult {
         approval: None,
     }
 }
+
+/// How many progress reports a `CallTurn` answer keeps, the latest: a long tool reports up to
+/// `progress_per_second` a second, which a stream hands on as they come but one answer would
+/// have to hold.
+const CALL_TURN_PROGRESS_KEPT: usize = 1000;
 
 /// Results of one turn, released strictly in position order.
 struct Ordered {

@@ -79,6 +79,9 @@ class AgentClient:
         self._calls = tool_calls_pb2_grpc.ToolCallServiceStub(self._channel)
         self._approvals = approvals_pb2_grpc.ApprovalServiceStub(self._channel)
         self._registry = registry_pb2_grpc.RegistryServiceStub(self._channel)
+        self._unary_turns = True
+        """`call_turn` asks for the whole turn in one answer (`CallTurn`), which costs less
+        than the stream, unless the kernel predates it."""
 
     async def __aenter__(self) -> Self:
         return self
@@ -231,10 +234,12 @@ class AgentClient:
         offered_tools: Sequence[str] = (),
         max_concurrency: int = 0,
     ) -> Turn:
-        """`submit_turn`, collected: returns once every call has settled. When the kernel goes
-        away meanwhile (it drains to stop, or the connection breaks), the turn is submitted again,
-        with a backoff, for up to `reconnect_timeout` seconds: the kernel answers a resubmitted
-        turn from its record, so no call runs twice."""
+        """`submit_turn`, collected: returns once every call has settled, with the progress
+        (the last 1,000 reports) and interruptions that came meanwhile. It asks for the turn in
+        one answer, which costs less than the stream. When the kernel goes away meanwhile (it
+        drains to stop, or the connection breaks), the turn is submitted again, with a backoff,
+        for up to `reconnect_timeout` seconds: the kernel answers a resubmitted turn from its
+        record, so no call runs twice."""
         calls = list(calls)
         deadline = time.monotonic() + self.reconnect_timeout
         backoff = 0.1
@@ -270,6 +275,32 @@ class AgentClient:
         offered_tools: Sequence[str],
         max_concurrency: int,
     ) -> Turn:
+        if self._unary_turns:
+            request = tool_calls_pb2.CallTurnRequest(
+                turn=tool_calls_pb2.SubmitTurnRequest(
+                    run_id=run_id,
+                    turn=turn,
+                    calls=[wire.tool_call(call) for call in calls],
+                    offered_tools=list(offered_tools),
+                    max_concurrency=max_concurrency,
+                )
+            )
+            try:
+                response = await self._calls.CallTurn(request, metadata=self._metadata)
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    # A kernel from before CallTurn: the stream, from now on.
+                    self._unary_turns = False
+                elif error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise wire.kernel_error(error) from None
+                # Too big for one answer: the stream again, which the kernel answers from its
+                # record, one result at a time.
+            else:
+                return Turn(
+                    [wire.call_result(result) for result in response.results],
+                    [wire.progress(report) for report in response.progress],
+                    [wire.interruption(item) for item in response.interruptions],
+                )
         results: list[CallResult] = []
         progress: list[TurnProgress] = []
         interruptions: list[Interruption] = []

@@ -107,6 +107,22 @@ class Interruption(_message.Message):
     message: str
     def __init__(self, position: _Optional[int] = ..., step_key: _Optional[str] = ..., tool: _Optional[str] = ..., reason: _Optional[str] = ..., approval_id: _Optional[str] = ..., arguments_json: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
+class CallTurnRequest(_message.Message):
+    __slots__ = ("turn",)
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    turn: SubmitTurnRequest
+    def __init__(self, turn: _Optional[_Union[SubmitTurnRequest, _Mapping]] = ...) -> None: ...
+
+class CallTurnResponse(_message.Message):
+    __slots__ = ("results", "progress", "interruptions")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    INTERRUPTIONS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[CallResult]
+    progress: _containers.RepeatedCompositeFieldContainer[_common_pb2.Progress]
+    interruptions: _containers.RepeatedCompositeFieldContainer[Interruption]
+    def __init__(self, results: _Optional[_Iterable[_Union[CallResult, _Mapping]]] = ..., progress: _Optional[_Iterable[_Union[_common_pb2.Progress, _Mapping]]] = ..., interruptions: _Optional[_Iterable[_Union[Interruption, _Mapping]]] = ...) -> None: ...
+
 class SubmitTurnResponse(_message.Message):
     __slots__ = ("result", "progress", "interrupted")
     RESULT_FIELD_NUMBER: _ClassVar[int]

@@ -40,6 +40,11 @@ class ToolCallServiceStub:
                 request_serializer=kernel_dot_v1_dot_tool__calls__pb2.SubmitTurnRequest.SerializeToString,
                 response_deserializer=kernel_dot_v1_dot_tool__calls__pb2.SubmitTurnResponse.FromString,
                 _registered_method=True)
+        self.CallTurn = channel.unary_unary(
+                '/kernel.v1.ToolCallService/CallTurn',
+                request_serializer=kernel_dot_v1_dot_tool__calls__pb2.CallTurnRequest.SerializeToString,
+                response_deserializer=kernel_dot_v1_dot_tool__calls__pb2.CallTurnResponse.FromString,
+                _registered_method=True)
         self.CancelCall = channel.unary_unary(
                 '/kernel.v1.ToolCallService/CancelCall',
                 request_serializer=kernel_dot_v1_dot_tool__calls__pb2.CancelCallRequest.SerializeToString,
@@ -54,6 +59,16 @@ class ToolCallServiceServicer:
     def SubmitTurn(self, request, context):
         """SubmitTurn records and runs one turn's calls; results stream back in position order,
         progress as it happens. Resubmitting a turn returns recorded results without running them again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CallTurn(self, request, context):
+        """CallTurn is SubmitTurn answered once, when every call of the turn has settled: the results in
+        position order, with the interruptions and the last 1,000 progress reports the stream would
+        have carried, in the order they came. For an agent that waits for the whole turn anyway: one
+        response costs a client less than a stream. Same rules, errors and replay as SubmitTurn.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -76,6 +91,11 @@ def add_ToolCallServiceServicer_to_server(servicer, server):
                     servicer.SubmitTurn,
                     request_deserializer=kernel_dot_v1_dot_tool__calls__pb2.SubmitTurnRequest.FromString,
                     response_serializer=kernel_dot_v1_dot_tool__calls__pb2.SubmitTurnResponse.SerializeToString,
+            ),
+            'CallTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.CallTurn,
+                    request_deserializer=kernel_dot_v1_dot_tool__calls__pb2.CallTurnRequest.FromString,
+                    response_serializer=kernel_dot_v1_dot_tool__calls__pb2.CallTurnResponse.SerializeToString,
             ),
             'CancelCall': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelCall,
@@ -111,6 +131,33 @@ class ToolCallService:
             '/kernel.v1.ToolCallService/SubmitTurn',
             kernel_dot_v1_dot_tool__calls__pb2.SubmitTurnRequest.SerializeToString,
             kernel_dot_v1_dot_tool__calls__pb2.SubmitTurnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CallTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kernel.v1.ToolCallService/CallTurn',
+            kernel_dot_v1_dot_tool__calls__pb2.CallTurnRequest.SerializeToString,
+            kernel_dot_v1_dot_tool__calls__pb2.CallTurnResponse.FromString,
             options,
             channel_credentials,
             insecure,
