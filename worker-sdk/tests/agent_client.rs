@@ -124,6 +124,11 @@ impl RunService for ScriptedKernel {
 impl ToolCallService for ScriptedKernel {
     type SubmitTurnStream = Items<pb::SubmitTurnResponse>;
 
+    /// The SDK drives turns with `SubmitTurn`; a call here is a mistake the test should see.
+    async fn call_turn(&self, _: Request<pb::CallTurnRequest>) -> Result<Response<pb::CallTurnResponse>, Status> {
+        Err(Status::unimplemented("not scripted"))
+    }
+
     /// Answers `add` with the sum, any other tool as unknown; progress before each result.
     async fn submit_turn(
         &self,
