@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
-from harness import Kernel, Process
+from harness import Kernel, Process, eventually
 
 from kernel_sdk import AgentClient, Tool, Worker
 
@@ -93,3 +93,13 @@ async def serving(kernel: Kernel, *tools: Tool, **options: object) -> AsyncItera
     finally:
         worker.stop()
         await asyncio.wait_for(task, 30)
+
+
+async def pending_approval(client: AgentClient, run_id: str, what: str) -> str:
+    """The id of the run's first pending approval, once there is one (`what` names the wait)."""
+
+    async def asked() -> str:
+        pending = await client.list_approvals(run_id=run_id)
+        return pending[0].id if pending else ""
+
+    return await eventually(what, asked)

@@ -9,11 +9,11 @@ replayed rather than asked or run again.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import framework_agents
 import pytest
+from conftest import pending_approval
 from harness import Kernel, Process, eventually, python_worker, within
 
 from kernel_sdk import AgentClient, Event
@@ -41,12 +41,7 @@ async def test_a_framework_agents_tool_calls_go_through_the_kernel_and_outlive_a
             await first.said("worker session open")
             run = await client.create_run(agent_name, input=framework_agents.QUESTION, hosted=True)
 
-            async def asked() -> str:
-                while not (pending := await client.list_approvals(run_id=run.id)):
-                    await asyncio.sleep(0.05)
-                return pending[0].id
-
-            approval = await within("the refund to wait for a person", asked(), 30)
+            approval = await pending_approval(client, run.id, "the refund to wait for a person")
             await first.said("started tool=fw_lookup")
 
             async def looked_up() -> bool:

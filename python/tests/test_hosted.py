@@ -10,7 +10,7 @@ from pathlib import Path
 
 import hosted_agents
 import pytest
-from conftest import serving
+from conftest import pending_approval, serving
 from harness import Kernel, Process, eventually, python_worker, within
 from pydantic import BaseModel
 
@@ -249,12 +249,7 @@ async def test_a_tool_called_as_a_function_in_a_handler_goes_through_the_kernel(
         ):
             run = await client.create_run("py_direct", hosted=True)
 
-            async def asked() -> str:
-                while not (pending := await client.list_approvals(run_id=run.id)):
-                    await asyncio.sleep(0.05)
-                return pending[0].id
-
-            approval = await within("the wire to wait for a person", asked(), 30)
+            approval = await pending_approval(client, run.id, "the wire to wait for a person")
             await client.reject(approval, decider="ops", reason="not today")
             await within("the run to end", _ended(client, run.id), 30)
             detail = await client.get_run(run.id)
@@ -317,12 +312,7 @@ async def test_calls_made_together_are_one_turn_and_a_call_made_while_the_run_wa
     async with serving(kernel, py_double, py_send, agents=[py_together]):
         run = await client.create_run("py_together", hosted=True)
 
-        async def asked() -> str:
-            while not (pending := await client.list_approvals(run_id=run.id)):
-                await asyncio.sleep(0.05)
-            return pending[0].id
-
-        approval = await within("the send to wait for a person", asked(), 30)
+        approval = await pending_approval(client, run.id, "the send to wait for a person")
 
         async def later_waits() -> bool:
             return any("turn waits for the run's approval" in m for m in caplog.messages)

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from conftest import serving
+from conftest import pending_approval, serving
 from harness import Kernel, eventually, within
 
 from kernel_sdk import (
@@ -167,11 +167,7 @@ async def test_an_answered_approval_replays_and_other_arguments_at_its_place_div
         run = await client.create_run("payer")
         turn = asyncio.ensure_future(client.call_turn(run.id, 0, [ToolCall("wire", {"cents": 5})]))
 
-        async def asked() -> str:
-            pending = await client.list_approvals(run_id=run.id)
-            return pending[0].id if pending else ""
-
-        approval = await eventually("the wire to wait for a person", asked)
+        approval = await pending_approval(client, run.id, "the wire to wait for a person")
         await client.approve(approval, decider="ops")
         [ran] = (await within("the approved wire", turn)).results
         assert ran.output == "wired 5"

@@ -52,15 +52,22 @@ async def test_an_mcp_servers_tools_wrap_with_their_schema_hints_and_results() -
         search = by_name["docs_search"]
         assert search.definition.description == "Searches the docs."
         assert "query" in search.definition.input_schema["properties"]
-        options = {
-            n: (t.definition.options.read_only, t.definition.options.writes)
+        effects = {
+            n: (
+                t.definition.options.read_only,
+                t.definition.options.writes,
+                t.definition.options.idempotency,
+            )
             for n, t in by_name.items()
         }
-        assert options == {
-            "docs_search": (True, False),
-            "docs_note": (False, False),
-            "docs_wipe": (False, True),
+        # The Rust SDK's rules: a hint says what it says, and a tool that does not say it is
+        # idempotent may have run, so it is at_most_once.
+        assert effects == {
+            "docs_search": (True, False, "safe_to_retry"),
+            "docs_note": (False, False, "at_most_once"),
+            "docs_wipe": (False, False, "at_most_once"),
         }
+        assert search.definition.version.startswith("mcp.") and len(search.definition.version) == 20
 
         ctx = ToolContext.for_test()
         # The server sees the bare name; nulls are gone; structured content comes first.
@@ -98,7 +105,21 @@ async def test_plain_dict_descriptors_and_results_wrap_too() -> None:
     }
     assert calls[-1] == ("fetch", {"url": "y", "lang": None})
     assert raw.definition.options.writes and not raw.definition.options.read_only
-    assert wrap_mcp_tool({"name": "bare"}, call=call).definition.options.writes
+    bare = wrap_mcp_tool({"name": "bare"}, call=call).definition
+    assert bare.options.idempotency == "at_most_once" and bare.description == "bare (an MCP tool)"
+    destructive = {"name": "drop", "annotations": {"destructiveHint": True}}
+    assert wrap_mcp_tool(destructive, call=call).definition.options.writes
+    # A changed definition is another version, so its recorded calls diverge on replay.
+    other = wrap_mcp_tool({**descriptor, "description": "Other."}, call=call)
+    assert fetch.definition.version != other.definition.version
+
+    # Ids keep to the kernel's characters; one too long, or taken, is left out of a list.
+    assert wrap_mcp_tool({"name": "get.page"}, call=call, prefix="web").name == "web_get_page"
+    listed = wrap_mcp_tools([{"name": "a" * 70}, {"name": "x.y"}, {"name": "x_y"}], call=call)
+    assert [t.name for t in listed] == ["x_y"]
+    images = {"content": [{"type": "image", "data": "AA==", "mimeType": "image/png"}]}
+    shown = wrap_mcp_tool(descriptor, call=lambda name, args: images)
+    assert await shown(url="x") == images["content"]
 
     with pytest.raises(TypeError, match="list_tools"):
         wrap_mcp_tools({"name": "x"}, call=call)

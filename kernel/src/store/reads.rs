@@ -114,10 +114,9 @@ impl Readers {
         })
     }
 
-    /// Readers of a PostgreSQL store, each its own connection (made on first use).
-    /// Readers of a PostgreSQL store. `live` is what this replica's writer committed of the runs
-    /// of its own shards, which no other replica writes while it owns them (the writer forgets it
-    /// all whenever they change).
+    /// Readers of a PostgreSQL store, each its own connection (made on first use). `live` is what
+    /// this replica's writer committed of the runs of its own shards, which no other replica writes
+    /// while it owns them (the writer forgets it all whenever they change).
     pub fn open_postgres(
         target: &super::postgres::Target,
         replica: &str,

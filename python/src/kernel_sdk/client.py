@@ -205,13 +205,7 @@ class AgentClient:
         (after a crash) yields the recorded results without running anything again.
         `offered_tools` names the tools the model was offered; a call outside them is an unknown
         tool."""
-        request = tool_calls_pb2.SubmitTurnRequest(
-            run_id=run_id,
-            turn=turn,
-            calls=[wire.tool_call(call) for call in calls],
-            offered_tools=list(offered_tools),
-            max_concurrency=max_concurrency,
-        )
+        request = _turn_request(run_id, turn, calls, offered_tools, max_concurrency)
         stream = self._calls.SubmitTurn(request, metadata=self._metadata)
         try:
             async for response in stream:
@@ -277,13 +271,7 @@ class AgentClient:
     ) -> Turn:
         if self._unary_turns:
             request = tool_calls_pb2.CallTurnRequest(
-                turn=tool_calls_pb2.SubmitTurnRequest(
-                    run_id=run_id,
-                    turn=turn,
-                    calls=[wire.tool_call(call) for call in calls],
-                    offered_tools=list(offered_tools),
-                    max_concurrency=max_concurrency,
-                )
+                turn=_turn_request(run_id, turn, calls, offered_tools, max_concurrency)
             )
             try:
                 response = await self._calls.CallTurn(request, metadata=self._metadata)
@@ -426,3 +414,19 @@ class AgentClient:
         """The tools the kernel knows, with the workers offering each now."""
         response = await self._unary(self._registry.ListTools, registry_pb2.ListToolsRequest())
         return [wire.registered(tool) for tool in response.tools]
+
+
+def _turn_request(
+    run_id: str,
+    turn: int,
+    calls: Iterable[CallLike],
+    offered_tools: Sequence[str],
+    max_concurrency: int,
+) -> tool_calls_pb2.SubmitTurnRequest:
+    return tool_calls_pb2.SubmitTurnRequest(
+        run_id=run_id,
+        turn=turn,
+        calls=[wire.tool_call(call) for call in calls],
+        offered_tools=list(offered_tools),
+        max_concurrency=max_concurrency,
+    )

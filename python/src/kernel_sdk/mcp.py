@@ -15,12 +15,20 @@ needed here: the worker that serves the tools holds the session.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import logging
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from .canonical import to_canonical
 from .errors import ToolError
 from .tools import Tool, ToolDefinitionError, wrap_tool
+
+logger = logging.getLogger("kernel_sdk.mcp")
+
+_MAX_ID = 64
 
 McpCall = Callable[[str, dict[str, Any]], Any]
 """`call(name, arguments)`: calls the tool on its server, as `ClientSession.call_tool` does, and
@@ -45,8 +53,18 @@ def wrap_mcp_tools(
             "wrap_mcp_tools takes a list_tools() result or a list of tool descriptors, "
             f"got {type(descriptors).__name__}"
         )
-    return [
-        wrap_mcp_tool(
+    tools: list[Tool] = []
+    for descriptor in items:
+        name = _field(descriptor, "name")
+        if _tool_id(prefix, name) is None:
+            logger.warning(
+                "mcp tool left out: its id would be longer than %d characters tool=%s prefix=%s",
+                _MAX_ID,
+                name,
+                prefix,
+            )
+            continue
+        tool = wrap_mcp_tool(
             descriptor,
             call=call,
             prefix=prefix,
@@ -54,8 +72,13 @@ def wrap_mcp_tools(
             strip_nulls=strip_nulls,
             **options,
         )
-        for descriptor in items
-    ]
+        if any(other.name == tool.name for other in tools):
+            logger.warning(
+                "mcp tool left out: another tool has the same id tool=%s id=%s", name, tool.name
+            )
+            continue
+        tools.append(tool)
+    return tools
 
 
 def wrap_mcp_tool(
@@ -67,31 +90,43 @@ def wrap_mcp_tool(
     strip_nulls: bool = True,
     **options: Any,
 ) -> Tool:
-    """One MCP tool as a kernel tool.
+    """One MCP tool as a kernel tool, by the Rust SDK's rules (`worker_sdk::mcp::wrap_mcp_tool`).
 
-    - Its id is `f"{prefix}_{name}"` (the bare name without a prefix); `call` is given the
-      bare name, as the server knows it.
-    - Its description and input schema are the descriptor's.
-    - Its hints say what it does: `readOnlyHint` makes it `read_only`; any other tool `writes`
-      unless its `destructiveHint` is false. `read_only=` or `writes=` given here win.
+    - Its id is `f"{prefix}_{name}"` (the bare name without a prefix), each character outside
+      `[A-Za-z0-9_-]` made `_`; an id over 64 characters is refused (`wrap_mcp_tools` leaves
+      such a tool out, and one whose id another took). `call` is given the bare name.
+    - Its description and input schema are the descriptor's (the title without a description).
+    - Its hints say what it does: `readOnlyHint` makes it `read_only`, `destructiveHint` makes it
+      `writes`; it is `safe_to_retry` when read-only or `idempotentHint`, else `at_most_once`
+      (MCP's default for a tool that does not say is "may be destructive, not idempotent").
+      Options given here win.
+    - Its version is `mcp.` and a hash of the whole descriptor, so a changed definition is a new
+      fingerprint, and a replay of a call recorded under the old one a divergence.
     - Arguments that are `null` are left out before the call is recorded (models fill optional
       fields with null, which typed MCP parameters refuse); `strip_nulls=False` keeps them.
     - Its result is the `CallToolResult`'s structured content when it has some, else its text
-      blocks joined by newlines; `to_result` maps the `CallToolResult` instead. A result marked
-      `isError` fails the call with its text, which the model reads.
-    - Any other keyword is a `@tool` option (`idempotency`, `requires_approval`, `timeout`, ...).
+      blocks joined by newlines, else (images, audio, resources) its content blocks as JSON;
+      `to_result` maps the `CallToolResult` instead. A result marked `isError` fails the call
+      with its text, which the model reads.
+    - Any other keyword is a `@tool` option (`requires_approval`, `timeout`, ...).
     """
     name = _field(descriptor, "name")
     if not isinstance(name, str) or not name:
         raise ToolDefinitionError(f"an MCP tool descriptor has no name: {descriptor!r}")
-    tool_id = f"{prefix}_{name}" if prefix else name
+    tool_id = _tool_id(prefix, name)
+    if tool_id is None:
+        raise ToolDefinitionError(
+            f"MCP tool '{name}': its id with prefix '{prefix}' is longer than {_MAX_ID} characters"
+        )
     schema = _field(descriptor, "inputSchema", "input_schema") or {"type": "object"}
     description = _field(descriptor, "description") or _field(descriptor, "title") or ""
     if not description.strip():
-        description = f"The MCP tool {name}."
-    # What the caller says of the tool's effect replaces what its hints say.
-    said = "read_only" in options or "writes" in options
-    effects = {**({} if said else _effects(_field(descriptor, "annotations"))), **options}
+        description = f"{name} (an MCP tool)"
+    hinted = _effects(_field(descriptor, "annotations"))
+    if "read_only" in options or "writes" in options:
+        # What the caller says of the tool's effect replaces what its hints say.
+        hinted = {k: v for k, v in hinted.items() if k not in ("read_only", "writes")}
+    effects = {"version": _version(descriptor), **hinted, **options}
 
     async def invoke(arguments: dict[str, Any]) -> Any:
         result = call(name, arguments)
@@ -101,7 +136,8 @@ def wrap_mcp_tool(
 
     def flatten(result: Any) -> Any:
         if _field(result, "isError", "is_error"):
-            raise ToolError.fatal(_text(result) or f"the MCP tool {name} failed")
+            message = "\n".join(_texts(result) or []) or to_canonical(_blocks(result))
+            raise ToolError.fatal(message)
         return to_result(result) if to_result is not None else _flattened(result)
 
     return wrap_tool(
@@ -126,34 +162,62 @@ def _field(value: Any, *names: str) -> Any:
     return None
 
 
-def _effects(annotations: Any) -> dict[str, bool]:
-    if annotations is None:
-        return {"writes": True}
-    if _field(annotations, "readOnlyHint", "read_only_hint") is True:
-        return {"read_only": True}
-    # MCP's default: a tool that is not read-only may be destructive.
-    return {"writes": _field(annotations, "destructiveHint", "destructive_hint") is not False}
+def _tool_id(prefix: str, name: Any) -> str | None:
+    joined = f"{prefix}_{name}" if prefix else str(name)
+    tool_id = re.sub(r"[^A-Za-z0-9_-]", "_", joined)
+    return tool_id if len(tool_id) <= _MAX_ID else None
+
+
+def _effects(annotations: Any) -> dict[str, Any]:
+    read_only = _field(annotations, "readOnlyHint", "read_only_hint") is True
+    idempotent = read_only or _field(annotations, "idempotentHint", "idempotent_hint") is True
+    effects: dict[str, Any] = {"idempotency": "safe_to_retry" if idempotent else "at_most_once"}
+    if read_only:
+        effects["read_only"] = True
+    elif _field(annotations, "destructiveHint", "destructive_hint") is True:
+        effects["writes"] = True
+    return effects
+
+
+def _version(descriptor: Any) -> str:
+    """`mcp.` and the first 16 hex digits of sha256 over the descriptor's canonical JSON."""
+    dump = getattr(descriptor, "model_dump", None)
+    plain = dump(mode="json", by_alias=True, exclude_none=True) if callable(dump) else descriptor
+    return "mcp." + hashlib.sha256(to_canonical(plain).encode()).hexdigest()[:16]
 
 
 def _without_nulls(arguments: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in arguments.items() if value is not None}
 
 
-def _text(result: Any) -> str:
+def _texts(result: Any) -> list[str] | None:
+    """The content's text blocks, when every block is text."""
+    texts = []
+    for block in _field(result, "content") or []:
+        text = _field(block, "text")
+        if _field(block, "type") != "text" or not isinstance(text, str):
+            return None
+        texts.append(text)
+    return texts
+
+
+def _blocks(result: Any) -> Any:
     blocks = _field(result, "content") or []
-    return "\n".join(
-        text
+    return [
+        block.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if callable(getattr(block, "model_dump", None))
+        else block
         for block in blocks
-        if _field(block, "type") == "text" and isinstance(text := _field(block, "text"), str)
-    )
+    ]
 
 
 def _flattened(result: Any) -> Any:
-    """A `CallToolResult` as a result: its structured content first, else its joined text; a
-    value that is not a `CallToolResult` stays as it is."""
+    """A `CallToolResult` as a result: its structured content first, else its joined text, else
+    its content blocks; a value that is not a `CallToolResult` stays as it is."""
+    if _field(result, "content") is None:
+        return result
     structured = _field(result, "structuredContent", "structured_content")
     if structured is not None:
         return structured
-    if _field(result, "content") is None:
-        return result
-    return _text(result)
+    texts = _texts(result)
+    return "\n".join(texts) if texts is not None else _blocks(result)

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from ..canonical import to_canonical
 from ..context import ToolContext, current_run
 from ..errors import ToolError
+from ..hosted import AgentContext
 from ..records import CallOutcome, RegisteredTool
 from ..tools import Tool, ToolDefinition
 
@@ -69,8 +70,6 @@ class RoutedTool:
         """Calls the tool, with its arguments as data or as the model's JSON text, through the
         run around the caller (a hosted handler and the tasks it starts); with no run, runs a
         local tool on a test context, and refuses a tool only a worker serves."""
-        from ..hosted import AgentContext
-
         if self.local is not None:
             arguments = self._prepared(arguments)
         run = current_run.get()
@@ -147,8 +146,6 @@ async def recorded(
     """`ask()`'s answer, recorded as a `read` step of the hosted run around the caller (as JSON,
     by `dump`) and given back by `load`, live and on replay alike; with no hosted run, just
     `ask()`."""
-    from ..hosted import AgentContext
-
     run = current_run.get()
     if not isinstance(run, AgentContext):
         return await ask()
