@@ -7,7 +7,7 @@ import os
 
 from pydantic import BaseModel
 
-from kernel_sdk import AgentContext, StepFailed, StepInfo, ToolContext, agent, tool
+from kernel_sdk import AgentContext, StepFailed, StepInfo, ToolContext, ToolError, agent, tool
 
 # Set by worker_process.py: a first worker hangs in the `wait` step, so it can be killed there.
 HANG_IN_STEP = asyncio.Event()
@@ -69,7 +69,9 @@ async def py_planner(ctx: AgentContext, trip: Trip) -> dict[str, object]:
 
 @agent
 async def py_counter(ctx: AgentContext, step: int) -> dict[str, object]:
-    """Counts on from the last run of its session."""
+    """Counts on from the last run of its session; fails on a negative step."""
+    if step < 0:
+        raise ValueError("cannot count backwards")
     session = ctx.session
     previous = session.previous_output["count"] if session and session.previous_output else 0
     return {"count": previous + step, "session": session.key if session else None}
@@ -95,5 +97,82 @@ async def py_drifting(ctx: AgentContext, input: None) -> str:
     return "done"
 
 
-AGENTS = [py_planner, py_counter, py_parent, py_drifting]
-TOOLS = [py_weather]
+class Research(BaseModel):
+    steps: list[object]
+    session: bool = False
+
+
+@tool
+async def py_research(ctx: ToolContext, step: object, session: bool = False) -> Count:
+    """Counts through a subagent started from the tool's body, and gives back what it counted."""
+    key = f"research:{ctx.run_id}" if session else None
+    counted = await ctx.subagent("py_counter", step, session=key, returns=Count)
+    assert isinstance(counted, Count), "typed as asked"
+    return counted
+
+
+@tool
+async def py_research_or_say(ctx: ToolContext, step: object) -> str:
+    """Counts through a subagent; says why when the subagent failed."""
+    try:
+        counted = await ctx.subagent("py_counter", step)
+    except ToolError as failed:
+        return f"caught {failed.kind}: {failed.message}"
+    return f"counted {counted['count']}"
+
+
+@agent
+async def py_researcher(ctx: AgentContext, research: Research) -> list[object]:
+    """One turn of research calls, each of whose bodies starts a subagent."""
+    calls = [("py_research", {"step": s, "session": research.session}) for s in research.steps]
+    results = await ctx.call_turn(calls)
+    return [result.output if result.ok else result.content for result in results]
+
+
+@agent
+async def py_careful_researcher(ctx: AgentContext, input: None) -> list[str]:
+    """Subagents that fail (one in its handler, one refused at its start), caught or not."""
+    results = await ctx.call_turn(
+        [
+            ("py_research_or_say", {"step": -1}),
+            ("py_research", {"step": -1}),
+            ("py_research_or_say", {"step": "nope"}),
+        ]
+    )
+    return [result.content for result in results]
+
+
+@agent
+async def py_sleeper(ctx: AgentContext, input: None) -> str:
+    """Says it started, then hangs in a worker started with `--hang`."""
+    print(f"sleeper started run={ctx.run_id} attempt={ctx.attempt}", flush=True)
+    if HANGS["value"]:
+        await asyncio.Event().wait()
+    return "slept"
+
+
+@tool
+async def py_delegate(ctx: ToolContext, agent: str) -> object:
+    """Gives back what a subagent of `agent` gives."""
+    print(f"delegating run={ctx.run_id} attempt={ctx.attempt}", flush=True)
+    return await ctx.subagent(agent)
+
+
+@agent
+async def py_delegating(ctx: AgentContext, input: None) -> object:
+    """Calls one tool whose body starts a subagent."""
+    [result] = await ctx.call_turn([("py_delegate", {"agent": "py_sleeper"})])
+    return result.output if result.ok else result.content
+
+
+AGENTS = [
+    py_planner,
+    py_counter,
+    py_parent,
+    py_drifting,
+    py_researcher,
+    py_careful_researcher,
+    py_sleeper,
+    py_delegating,
+]
+TOOLS = [py_weather, py_research, py_research_or_say, py_delegate]

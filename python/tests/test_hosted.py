@@ -26,6 +26,7 @@ from kernel_sdk import (
     ToolCallRejected,
     ToolContext,
     ToolDefinitionError,
+    ToolError,
     agent,
     tool,
 )
@@ -113,6 +114,94 @@ async def test_subagents_on_a_session_run_in_order_while_the_parent_gives_back_i
             {"count": 100, "session": None},
         ]
         assert any(e.type == "agent:suspended" for e in events)
+
+
+async def test_tool_bodies_start_subagents_and_give_back_their_slots_while_they_wait(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    # Two slots for a handler, three calls and three children: a call must give back its slot
+    # while its body waits on its child, or the children could never run.
+    async with serving(
+        kernel, *hosted_agents.TOOLS, agents=hosted_agents.AGENTS, max_concurrency=2
+    ):
+        research = {"steps": [1, 10, 100], "session": True}
+        run = await client.create_run("py_researcher", input=research, hosted=True)
+        events = await within("the run to end", _ended(client, run.id), 60)
+        kinds = [event.type for event in events]
+        assert kinds[-1] == "run:completed", kinds
+        assert "tool:suspended" in kinds, "a call gave back its slot"
+        detail = await client.get_run(run.id)
+        key = f"research:{run.id}"
+        # One session: the children ran one at a time, each counting on from the last.
+        counts = sorted(item["count"] for item in detail.run.output)
+        assert counts[-1] == 111 and len(counts) == 3, detail.run.output
+        assert all(item["session"] == key for item in detail.run.output), detail.run.output
+        children = [step for step in detail.steps if step.step_key.startswith("subagent:")]
+        assert len(children) == 3, "one child per call, never a second"
+        assert len({step.child_run_id for step in children}) == 3, children
+        for step in children:
+            child = await client.get_run(step.child_run_id)
+            assert child.run.parent_run_id == run.id and child.run.status == "completed"
+        # A call that gave back its slot ran again from the start: its next attempt got its
+        # child's outcome from the kernel, without starting another.
+        calls = [step for step in detail.steps if step.tool == "py_research"]
+        assert any(step.attempts >= 2 for step in calls), calls
+
+
+async def test_a_failed_subagent_raises_tool_error_in_the_tool_body(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, *hosted_agents.TOOLS, agents=hosted_agents.AGENTS):
+        run = await client.create_run("py_careful_researcher", hosted=True)
+        await within("the run to end", _ended(client, run.id), 60)
+        detail = await client.get_run(run.id)
+        caught, uncaught, refused = detail.run.output
+        assert caught.startswith("caught fatal: subagent 'py_counter' (run "), caught
+        assert "failed: ValueError: cannot count backwards" in caught, caught
+        assert "subagent 'py_counter' (run " in uncaught, uncaught
+        assert "ValueError: cannot count backwards" in uncaught, uncaught
+        [failed] = [step for step in detail.steps if step.tool == "py_research"]
+        assert failed.status == "failed" and failed.attempts == 1, "fatal: never retried"
+        # A child the kernel refuses to start is the body's error too, naming the field.
+        assert refused.startswith("caught fatal: subagent 'py_counter': INVALID_ARGUMENT"), refused
+        assert '"nope" is not of type "integer"' in refused, refused
+
+
+async def test_a_tool_bodys_subagent_outlives_a_sigkill_and_is_never_started_twice(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    first = python_worker(kernel, "--agents", "--hang", "--name", "first")
+    second: Process | None = None
+    try:
+        await first.said("worker session open")
+        run = await client.create_run("py_delegating", hosted=True)
+        await first.said("delegating")
+        await first.said("sleeper started")
+        first.kill9()
+
+        second = python_worker(kernel, "--agents", "--name", "second")
+        await within("the run to end", _ended(client, run.id), 60)
+        detail = await client.get_run(run.id)
+        assert detail.run.status == "completed", detail.run
+        assert detail.run.output == "slept"
+        [child] = [step for step in detail.steps if step.step_key.startswith("subagent:")]
+        # The call ran again on the second worker and got back the child its first attempt
+        # started: that child's run was dispatched again, not started anew.
+        assert any("delegating" in line for line in second.lines)
+        sleeper = await client.get_run(child.child_run_id)
+        assert sleeper.run.status == "completed" and sleeper.run.parent_run_id == run.id
+        assert sum("sleeper started" in line for line in second.lines) == 1, second.lines
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+async def test_a_subagent_from_a_test_context_is_a_tool_error() -> None:
+    with pytest.raises(ToolError) as raised:
+        await hosted_agents.py_research(ToolContext.for_test(), step=1)
+    assert raised.value.kind == "fatal"
+    assert "this context has no kernel" in raised.value.message
 
 
 async def test_a_handler_that_is_not_deterministic_fails_with_replay_input_changed(

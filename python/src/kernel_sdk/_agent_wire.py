@@ -189,6 +189,7 @@ def step(step: common_pb2.Step) -> Step:
         cost=step.cost,
         progress_count=step.progress_count,
         replayed_from_run_id=step.replayed_from_run_id,
+        child_run_id=step.child_run_id,
     )
 
 

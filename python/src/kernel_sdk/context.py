@@ -13,6 +13,10 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+import pydantic
+
+from ._tool_subagents import KernelLink, SubagentWaits
+from ._typed import Typed
 from .canonical import to_canonical
 from .errors import ToolError
 
@@ -229,8 +233,11 @@ class ToolContext:
         cache: CacheBackend,
         shared: _Shared,
         cancelled: Cancellation | None = None,
+        kernel: KernelLink | None = None,
     ) -> None:
         self._call = call
+        self._kernel = kernel
+        self._subagents = SubagentWaits()
         self._progress = progress
         self._shared = shared
         self.cache = ToolCache(cache)
@@ -365,3 +372,59 @@ class ToolContext:
     async def emit_status(self, message: str) -> None:
         """Reports a status line (the seeds' `emit_status`)."""
         self.progress(message)
+
+    def subagent(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        returns: Any = None,
+    ) -> Coroutine[Any, Any, Any]:
+        """Starts a subagent from the tool's body: a child run of the hosted agent `agent`,
+        linked to this call's run and step, and returns its output, so the tool's result can be
+        the subagent's. A child that fails or is cancelled raises `ToolError` (fatal: the call
+        fails unless the body catches it). With `session`, subagents of one session key run one
+        at a time in order of start, each continuing from the last that completed; derive the key
+        from the run's id (`ctx.run_id`) so no other run reuses it. With `returns` (a pydantic
+        model, a dataclass, any type pydantic validates) the output comes back as that type.
+
+        The same call run again (a retry, a redispatch) gets back the children it started, never
+        second ones. While the body waits on its subagents alone, a `safe_to_retry` call gives
+        back its worker slot after 100 ms, so children can run on the same worker: the body is
+        dropped, and once a child ends the call runs again from the start (next attempt, same
+        idempotency key) and gets the children's outcomes at once. So start subagents before the
+        body's effects, or make those idempotent. An `at_most_once` call keeps its slot.
+
+        The worker's key needs `runs:write`. A test context (`for_test`) has no kernel: there it
+        raises `ToolError`.
+        """
+        typed = Typed(returns)
+
+        async def run() -> Any:
+            output = await self._subagent(agent, input, session)
+            try:
+                return typed.of(output)
+            except pydantic.ValidationError as error:
+                raise ToolError.fatal(
+                    f"subagent '{agent}': its output does not fit its declared type: {error}"
+                ) from None
+
+        return run()
+
+    async def _subagent(self, agent: str, input: Any, session: str | None) -> Any:
+        kernel = self._kernel
+        if kernel is None:
+            raise ToolError.fatal(
+                f"subagent '{agent}': this context has no kernel (a test context); "
+                "a dispatched call has one"
+            )
+        occurrence = self._subagents.occurrence(agent)
+        input_json = "" if input is None else to_canonical(input)
+        step = await kernel.start(agent, input_json, session or "", occurrence)
+        if not step.settled:
+            with self._subagents.waiting(step.key):
+                step = await kernel.await_step(step.key)
+        if step.succeeded:
+            return json.loads(step.output_json or "null")
+        raise ToolError.fatal(f"subagent '{agent}' (run {step.child_run_id}) failed: {step.error}")

@@ -37,6 +37,7 @@ import pydantic_core
 
 from ._agent_wire import CallLike, call_result, kernel_error, tool_call
 from ._proto import common_pb2, hosted_pb2, hosted_pb2_grpc, tool_calls_pb2
+from ._typed import Typed as _Typed
 from .canonical import idempotency_key, to_canonical, tool_fingerprint
 from .context import Cancellation, _carrier, current_run
 from .errors import ConcurrentCallIdError
@@ -49,7 +50,6 @@ from .tools import (
     _summary,
     _takes,
     _tool_name,
-    _Typed,
     _version,
     _whole,
 )

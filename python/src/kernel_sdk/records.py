@@ -188,6 +188,8 @@ class Step:
     progress_count: int
     replayed_from_run_id: str = ""
     """In a branch: the run whose recorded outcome the step replays (nothing ran)."""
+    child_run_id: str = ""
+    """For a subagent step (`subagent:...`): the child run."""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import Any, Literal, get_args, get_type_hints, overload
 import pydantic
 import pydantic_core
 
+from ._typed import Typed as _Typed
 from .canonical import tool_fingerprint
 from .context import RunCalls, ToolContext, current_run
 from .errors import ToolCallRejected, ToolError
@@ -336,23 +337,6 @@ def _return_annotation(function: Callable[..., Any]) -> Any:
     except Exception:  # noqa: BLE001 (an annotation that cannot be resolved is no annotation)
         return None
     return None if hint is Any else hint
-
-
-class _Typed:
-    """A recorded JSON value as the type a tool, a step or a subagent was declared to give (the
-    JSON as it is without one). The validator is built when first needed."""
-
-    def __init__(self, hint: Any) -> None:
-        self._hint = hint
-        self._adapter: pydantic.TypeAdapter[Any] | None = None
-
-    def of(self, value: Any) -> Any:
-        """`value` as the declared type; raises `pydantic.ValidationError` when it does not fit."""
-        if self._hint is None:
-            return value
-        if self._adapter is None:
-            self._adapter = pydantic.TypeAdapter(self._hint)
-        return self._adapter.validate_python(value)
 
 
 class Tool:

@@ -40,7 +40,8 @@ from typing import Any
 import grpc
 
 from . import _wire as wire
-from ._proto import hosted_pb2, hosted_pb2_grpc, workers_pb2, workers_pb2_grpc
+from ._proto import common_pb2, hosted_pb2, hosted_pb2_grpc, workers_pb2, workers_pb2_grpc
+from ._tool_subagents import ChildStep
 from .context import Cancellation, Progress, ToolContext, _Shared
 from .errors import ToolError, WorkerRefused
 from .hosted import Agent, AgentContext, AgentError, agent_spec
@@ -229,7 +230,7 @@ class Worker:
 
 @dataclass
 class _Suspend:
-    """A hosted handler's slot given back, waiting on these steps."""
+    """A hosted handler's (or a tool body's) slot given back, waiting on these steps."""
 
     waiting_on: list[str]
 
@@ -478,11 +479,15 @@ class _Session:
             waiting.set_result(kept)
 
     async def _suspend(
-        self, run: workers_pb2.RunDispatch, waiting_on: list[str], cancellation: Cancellation
+        self,
+        run: workers_pb2.RunDispatch | workers_pb2.Dispatch,
+        waiting_on: list[str],
+        cancellation: Cancellation,
     ) -> bool:
-        """Offers a handler's slot back while it waits on `waiting_on`; tells whether the kernel
-        refused and left the dispatch ours, so the handler goes on. A cancellation while the
-        answer is awaited counts as kept: the caller handles it as any cancellation."""
+        """Offers a dispatch's slot back while its handler (or a tool body) waits on
+        `waiting_on`; tells whether the kernel refused and left the dispatch ours, so the handler
+        goes on. A cancellation while the answer is awaited counts as kept: the caller handles it
+        as any cancellation."""
         if self.closed:
             return False
         answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -688,6 +693,18 @@ class _Session:
         except Exception as error:  # noqa: BLE001 (a tool's own failure: retryable, as the seeds treat it)
             raised = error
             outcome = ToolError.retryable(_failure(error))
+        if isinstance(outcome, _Suspend):
+            # The kernel took the suspension already.
+            logger.info(
+                "dispatch waits durably, slot given back tool=%s run_id=%s attempt=%d "
+                "elapsed_ms=%d waiting_on=%s",
+                dispatch.tool,
+                dispatch.run_id,
+                dispatch.attempt,
+                (time.monotonic() - started) * 1000,
+                ",".join(outcome.waiting_on),
+            )
+            return
         try:
             message = wire.result(dispatch.dispatch_id, dispatch.attempt, outcome)
         except (TypeError, ValueError) as error:
@@ -733,6 +750,7 @@ class _Session:
                 raise ToolError.retryable("call cancelled before it started")
         else:
             await self.slots.acquire()
+        watcher: asyncio.Task[None] | None = None
         try:
             ctx = ToolContext(
                 wire.call_info(dispatch),
@@ -740,10 +758,59 @@ class _Session:
                 cache=_SessionCache(self, dispatch.dispatch_id, dispatch.attempt),
                 shared=self.worker._shared,
                 cancelled=cancellation,
+                kernel=_CallKernel(self, dispatch),
             )
-            return await _within_grace(tool.invoke(ctx, args, executor=self.threads), cancellation)
+            given_back: list[list[str]] = []
+            if tool.definition.options.idempotency != "at_most_once":
+                # A call that may run again gives back its slot while its body waits on
+                # subagents alone; the watch starts with the body's first wait on one.
+                body = asyncio.current_task()
+                assert body is not None, "a call runs in a task"
+
+                def watch() -> None:
+                    nonlocal watcher
+                    if watcher is None:
+                        watcher = asyncio.create_task(
+                            self._watch(dispatch, ctx, cancellation, body, given_back)
+                        )
+
+                ctx._subagents.on_wait = watch
+            try:
+                return await _within_grace(
+                    tool.invoke(ctx, args, executor=self.threads), cancellation
+                )
+            except asyncio.CancelledError:
+                if not given_back:
+                    raise
+                # Given back: the body is dropped where it waits; it runs again from the start
+                # (the next attempt) once a subagent it awaits settles.
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                return _Suspend(given_back[0])
         finally:
+            if watcher is not None:
+                watcher.cancel()
             self.slots.release()
+
+    async def _watch(
+        self,
+        dispatch: workers_pb2.Dispatch,
+        ctx: ToolContext,
+        cancellation: Cancellation,
+        body: asyncio.Task[Any],
+        given_back: list[list[str]],
+    ) -> None:
+        """Offers a call's slot back each time its body has waited on the same subagents alone
+        for a while; once the kernel takes it, the body is cancelled where it waits."""
+        refused: list[str] = []
+        while True:
+            waiting_on = await ctx._subagents.suspendable(refused)
+            if not await self._suspend(dispatch, waiting_on, cancellation):
+                given_back.append(waiting_on)
+                body.cancel()
+                return
+            refused = waiting_on
 
     def _progress_sink(self, dispatch: workers_pb2.Dispatch) -> Any:
         loop = asyncio.get_running_loop()
@@ -830,6 +897,79 @@ async def _first(awaitable: Any, cancelled: Any) -> bool:
         return False
     work.cancel()
     return False
+
+
+@dataclass
+class _CallKernel:
+    """A call's body reaching the kernel for its subagents, under the call's dispatch."""
+
+    session: _Session
+    dispatch: workers_pb2.Dispatch
+
+    def _hosted(self) -> tuple[hosted_pb2_grpc.HostedServiceStub, hosted_pb2.HostedDispatch]:
+        stub = self.session.hosted
+        if stub is None or self.session.closed:
+            raise ToolError.retryable("subagent: worker session lost")
+        dispatch = self.dispatch
+        return stub, hosted_pb2.HostedDispatch(
+            run_id=dispatch.run_id, dispatch_id=dispatch.dispatch_id, attempt=dispatch.attempt
+        )
+
+    async def start(self, agent: str, input_json: str, session: str, occurrence: int) -> ChildStep:
+        stub, dispatch = self._hosted()
+        request = hosted_pb2.StartSubagentRequest(
+            dispatch=dispatch,
+            seq=0,
+            agent=agent,
+            input_json=input_json,
+            session_key=session,
+            occurrence=occurrence,
+        )
+        try:
+            response = await stub.StartSubagent(
+                request, metadata=metadata(self.session.worker._api_key)
+            )
+        except grpc.aio.AioRpcError as error:
+            raise _subagent_error(f"subagent '{agent}'", error) from None
+        if response.diverged:
+            raise ToolError.fatal(f"subagent '{agent}': {response.diverged}")
+        return _child(response.step)
+
+    async def await_step(self, key: str) -> ChildStep:
+        stub, dispatch = self._hosted()
+        request = hosted_pb2.AwaitStepRequest(dispatch=dispatch, step_key=key)
+        try:
+            answer = await stub.AwaitStep(request, metadata=metadata(self.session.worker._api_key))
+        except grpc.aio.AioRpcError as error:
+            raise _subagent_error(f"subagent step {key}", error) from None
+        return _child(answer.step)
+
+
+_SETTLED = (
+    common_pb2.STEP_STATUS_SUCCEEDED,
+    common_pb2.STEP_STATUS_FAILED,
+    common_pb2.STEP_STATUS_CANCELLED,
+)
+
+
+def _child(step: Any) -> ChildStep:
+    return ChildStep(
+        key=step.step_key,
+        child_run_id=step.child_run_id,
+        settled=step.status in _SETTLED,
+        succeeded=step.status == common_pb2.STEP_STATUS_SUCCEEDED,
+        output_json=step.output_json,
+        error=step.error,
+    )
+
+
+def _subagent_error(what: str, error: grpc.aio.AioRpcError) -> ToolError:
+    """A refused or failed request about a subagent, as the call's error: retryable when the
+    kernel could not be reached, fatal when it refused (no `runs:write`, no such agent)."""
+    text = f"{what}: {error.code().name}: {error.details()}"
+    if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return ToolError.retryable(text)
+    return ToolError.fatal(text)
 
 
 @dataclass
