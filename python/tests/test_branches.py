@@ -1,19 +1,25 @@
 """Branches and case runs from Python, against the real kernel: a fork replays the recorded
-write, runs a read live, and ends at a new write; a case run runs the write its token allows; a
-hosted branch runs read and pure steps live and refuses a write step and a new `ctx.once`."""
+write, runs a read live, and ends at a new write (its reason withheld at capture `none`); a case
+run runs the write its token allows; a hosted branch runs read and pure steps live, refuses a
+write step and a new `ctx.once`, replays a recorded subagent or runs it as a branch of the
+recorded child, refuses one the parent never started (each refusal ends the run though the handler
+catches it), and ends unresumable when its parent is deleted while it waits."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 from typing import Any
 
 from conftest import serving
-from harness import Kernel
+from harness import Kernel, binary, eventually
 
 from kernel_sdk import (
     AgentClient,
     AgentContext,
     CallOutcome,
     Run,
+    RunStatus,
     StepInfo,
     ToolCall,
     ToolContext,
@@ -70,6 +76,26 @@ async def test_a_fork_replays_the_recorded_write_runs_reads_and_ends_at_a_new_wr
         assert charged == [200], "only the parent paid"
 
 
+async def test_at_capture_none_a_branchs_refusal_withholds_its_reason(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    charged.clear()
+    async with serving(kernel, quote, pay):
+        run = await client.create_run("shop", capture="none")
+        await client.call_turn(run.id, 0, [ToolCall("pay", {"cents": 200})])
+        await client.complete_run(run.id, {"done": True})
+        branch = await client.fork_run(run.id, at="t0/p0")
+        [refused] = (
+            await client.call_turn(branch.id, 1, [ToolCall("pay", {"cents": 300})])
+        ).results
+        assert refused.outcome == CallOutcome.WRITE_TOOL_BLOCKED
+        assert refused.content.startswith("write_tool_blocked: 'pay'"), refused.content
+        assert refused.content.endswith("(reason withheld: capture=none)"), refused.content
+        ended = (await client.get_run(branch.id)).run
+        assert ended.reason == "write_tool_blocked: pay (reason withheld: capture=none)"
+        assert charged == [200], "only the parent paid"
+
+
 async def test_a_case_run_runs_the_write_its_token_allows(
     kernel: Kernel, client: AgentClient
 ) -> None:
@@ -87,8 +113,9 @@ STEPS_RAN: list[str] = []
 
 @agent
 async def py_script(ctx: AgentContext, script: dict[str, Any]) -> list[object]:
-    """Runs the steps and calls its input lists, in order: `{"once": id}`, `{"step": id,
-    "effect": ...}`, `{"call": tool, "args": {...}}`."""
+    """Runs the steps, calls and subagents its input lists, in order, catching each one's error:
+    `{"once": id}`, `{"step": id, "effect": ...}`, `{"call": tool, "args": {...}}`, `{"child":
+    agent, "input": ...}`."""
     out: list[object] = []
     for op in script["ops"]:
 
@@ -96,12 +123,19 @@ async def py_script(ctx: AgentContext, script: dict[str, Any]) -> list[object]:
             STEPS_RAN.append(name)
             return name
 
-        if "once" in op:
-            out.append(await ctx.once(op["once"], ran))
-        elif "step" in op:
-            out.append(await ctx.step(op["step"], ran, effect=op["effect"]))
-        else:
-            out.append((await ctx.call(op["call"], op["args"])).content)
+        # Each error is caught and the script goes on: a branch's refusal ends the run all the
+        # same.
+        try:
+            if "child" in op:
+                out.append(await ctx.subagent(op["child"], op["input"]))
+            elif "once" in op:
+                out.append(await ctx.once(op["once"], ran))
+            elif "step" in op:
+                out.append(await ctx.step(op["step"], ran, effect=op["effect"]))
+            else:
+                out.append((await ctx.call(op["call"], op["args"])).content)
+        except Exception as error:  # noqa: BLE001 (the script shows what a caught error changes)
+            out.append(f"error: {error}")
     return out
 
 
@@ -147,6 +181,114 @@ async def test_a_hosted_branch_runs_read_and_pure_steps_and_refuses_write_steps_
         ended = await _ended(client, other.id)
         assert ended.reason == "write_tool_blocked: ctx.step:other (reason: step)"
         assert "other" not in STEPS_RAN
+
+
+@agent
+async def py_child(ctx: AgentContext, input: dict[str, Any]) -> dict[str, object]:
+    """Does its write step once, and says its label and its run."""
+    await ctx.step("work", lambda info: STEPS_RAN.append(f"work:{input['label']}"))
+    return {"label": input["label"], "run_id": ctx.run_id}
+
+
+async def test_a_hosted_branch_replays_a_recorded_subagent_or_branches_it_and_refuses_a_new_one(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    STEPS_RAN.clear()
+    async with serving(kernel, agents=[py_script, py_child]):
+
+        def child(label: str) -> dict[str, Any]:
+            return {"ops": [{"child": "py_child", "input": {"label": label}}]}
+
+        parent = await client.create_run("py_script", input=child("a"), hosted=True)
+        recorded = await _ended(client, parent.id)
+        assert recorded.status == "completed", recorded
+        assert STEPS_RAN == ["work:a"]
+
+        # The same child again replays its output: no second child runs.
+        same = await client.fork_run(parent.id)
+        assert (await _ended(client, same.id)).output == recorded.output
+        assert STEPS_RAN == ["work:a"]
+
+        # With another input the child runs as a branch of the recorded one: its recorded write
+        # step replays, and its output says the new label.
+        other = await client.fork_run(parent.id, input=child("b"))
+        [output] = (await _ended(client, other.id)).output
+        assert output["label"] == "b", output
+        grandchild = (await client.get_run(output["run_id"])).run
+        assert grandchild.forked_from_run_id == recorded.output[0]["run_id"]
+        assert grandchild.parent_run_id == other.id
+        assert STEPS_RAN == ["work:a"], "the child's write step replayed"
+
+        # A subagent the parent never started is refused as an effect.
+        new_agent = {"ops": [{"child": "py_script", "input": {"ops": []}}]}
+        refused = await client.fork_run(parent.id, input=new_agent)
+        ended = await _ended(client, refused.id)
+        assert ended.reason == "write_tool_blocked: subagent:py_script (reason: effect)"
+
+
+async def test_a_hosted_case_run_runs_the_step_its_token_allows_and_refuses_the_others(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    STEPS_RAN.clear()
+    async with serving(kernel, agents=[py_script]):
+        script = {
+            "ops": [
+                {"step": "save", "effect": "write"},
+                {"step": "mail", "effect": "write"},
+            ]
+        }
+        case = await client.create_run("py_script", input=script, hosted=True, allow=["step:save"])
+        ended = await _ended(client, case.id)
+        assert ended.reason == "write_tool_blocked: ctx.step:mail (reason: step)", ended
+        assert STEPS_RAN == ["save"], "the token's step ran, the other never"
+        steps = {s.step_key: s for s in (await client.get_run(case.id)).steps}
+        assert steps["step:save#0"].decided_by == "allow:step:save"
+
+
+LOOKUP_HELD = asyncio.Event()
+
+
+@tool(read_only=True)
+async def held_lookup(ctx: ToolContext, q: str) -> str:
+    """Looks `q` up, once the test lets it."""
+    await LOOKUP_HELD.wait()
+    return f"found {q}"
+
+
+async def test_a_suspended_branch_whose_parent_was_deleted_ends_unresumable(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    LOOKUP_HELD.clear()
+    async with serving(kernel, quote, held_lookup, agents=[py_script]):
+        recorded = {"ops": [{"call": "quote", "args": {"sku": "ab"}}]}
+        parent = await client.create_run("py_script", input=recorded, hosted=True)
+        assert (await _ended(client, parent.id)).status == "completed"
+        waits = {"ops": [{"call": "held_lookup", "args": {"q": "x"}}]}
+        branch = await client.fork_run(parent.id, input=waits)
+
+        async def suspended() -> bool:
+            return (await client.get_run(branch.id)).run.status == RunStatus.SUSPENDED
+
+        # Waiting on the live read, the handler gives back its slot.
+        await eventually("the branch to suspend", suspended)
+        deleted = subprocess.run(
+            [
+                str(binary("kernelctl")),
+                "--addr",
+                f"http://{kernel.addr}",
+                "runs",
+                "delete",
+                parent.id,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert deleted.returncode == 0, deleted.stderr
+        LOOKUP_HELD.set()
+        ended = await _ended(client, branch.id)
+        assert ended.status == "failed", ended
+        assert ended.reason.startswith("branch_unresumable: parent_missing"), ended.reason
 
 
 async def _ended(client: AgentClient, run_id: str) -> Run:

@@ -47,6 +47,44 @@ async def test_a_safe_call_whose_worker_is_killed_finishes_on_another_with_the_s
             second.stop()
 
 
+async def test_a_hung_worker_loses_its_lease_and_its_late_result_is_not_recorded(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    first = python_worker(kernel, "--slow", "2", "--name", "first")
+    second: Process | None = None
+    try:
+        await first.said("worker session open")
+        run = await client.create_run("py-agent")
+        turn = asyncio.ensure_future(
+            client.call_turn(run.id, 0, [ToolCall("py_fetch", {"url": "https://example.com"})])
+        )
+        await first.said("started tool=py_fetch")
+        second = python_worker(kernel, "--name", "second")
+        await second.said("worker session open")
+        # Hung: no heartbeat, no result; its lease lapses and the call goes to the other worker.
+        first.process.send_signal(signal.SIGSTOP)
+        ran = _started(await second.said("started tool=py_fetch"))
+        assert ran["attempt"] == "2"
+        [result] = (await within("the turn's results", turn, 30)).results
+        assert result.outcome == CallOutcome.OK and result.output["attempt"] == 2, result
+        first.process.send_signal(signal.SIGCONT)
+        # The resumed worker finds its session gone and opens another; its late result went
+        # nowhere.
+        await first.said("worker session open")
+        events = await client.list_events(run.id)
+        lost = [e.payload for e in events if e.type == "tool:lease_lost"]
+        assert lost and "lease expired" in lost[0]["reason"], lost
+        results = [e.payload for e in events if e.type == "tool:result"]
+        assert [r["attempts"] for r in results] == [2], "only the live attempt's result"
+        [step] = (await client.get_run(run.id)).steps
+        assert step.worker == "second" and step.attempts == 2
+    finally:
+        first.process.send_signal(signal.SIGCONT)
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
 async def test_an_at_most_once_call_whose_worker_is_killed_is_indeterminate_never_run_twice(
     kernel: Kernel, client: AgentClient
 ) -> None:

@@ -1,6 +1,7 @@
 """The kernel's rules for calls, driven from the Python SDK against the real kernel: the rows of
 docs/reference/seed-parity.md the Rust suite checks end to end, checked from Python too. An
-unknown tool, a tool changed under a recorded call, a blocking tool past its timeout, the result
+unknown tool, a call outside its turn's offer, the run's call limit, what capture withholds, a
+tool changed under a recorded call, a blocking tool past its timeout, the result
 cache, a recorded approval's replay, a run no person may answer, a turn's concurrency bound, the
 cost of a run, and an `at_most_once` call recorded but not yet started."""
 
@@ -51,6 +52,76 @@ async def test_an_unknown_tool_runs_nothing_and_the_model_reads_what_exists(
         about = [e.type for e in events if e.payload.get("tool") == "weather"]
         assert "tool:start" not in about and "tool:result" in about, about
         assert (await client.get_run(run.id)).run.tool_calls == 2, "it counts as a call"
+
+
+@tool(read_only=True)
+async def echo(ctx: ToolContext, text: str) -> str:
+    """Says its text back."""
+    return text
+
+
+async def test_a_call_outside_the_turns_offer_is_unknown_and_a_recorded_one_no_longer_offered_diverges(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, add, echo):
+        run = await client.create_run("offered")
+        calls = [ToolCall("add", {"a": 1, "b": 2}), ToolCall("echo", {"text": "hi"})]
+        first = (await client.call_turn(run.id, 0, calls, offered_tools=["add", "lookup"])).results
+        assert first[0].output == 3
+        assert first[1].outcome == CallOutcome.UNKNOWN_TOOL
+        # The model is told what it was offered, though a worker offers echo.
+        assert first[1].content == "unknown tool 'echo'; available: add, lookup", first[1].content
+
+        # The same turn again, add no longer offered: its recorded call is not served.
+        again = (await client.call_turn(run.id, 0, calls, offered_tools=["lookup"])).results
+        assert again[0].outcome == CallOutcome.REPLAY_INPUT_CHANGED, again[0]
+        assert "which this turn does not offer" in again[0].content, again[0].content
+        assert again[1].replayed, "the unknown call replays its recorded outcome"
+
+        events = len(await client.list_events(run.id))
+        with pytest.raises(KernelError) as refused:
+            await client.call_turn(run.id, 1, calls, offered_tools=["bad name"])
+        assert refused.value.code == "INVALID_ARGUMENT"
+        assert refused.value.message.startswith("offered_tools[0]:"), refused.value.message
+        assert len(await client.list_events(run.id)) == events, "a refused turn writes nothing"
+
+
+async def test_capture_decides_what_inspection_shows_while_replay_keeps_everything(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, echo):
+        for capture in ("none", "metadata"):
+            run = await client.create_run("secretive", input={"card": "4111-1111"}, capture=capture)
+            calls = [ToolCall("echo", {"text": "4111-1111"})]
+            [result] = (await client.call_turn(run.id, 0, calls)).results
+            assert result.content == "4111-1111", "the agent gets its result whatever the capture"
+            [replayed] = (await client.call_turn(run.id, 0, calls)).results
+            assert replayed.replayed and replayed.content == "4111-1111", "replay has it all"
+            shown = await client.get_run(run.id)
+            text = repr(shown)
+            assert "4111" not in text, f"capture={capture} leaks through GetRun: {text}"
+            assert f"capture={capture}" in text, text
+            events = await client.list_events(run.id)
+            assert "4111" not in repr(events), f"capture={capture} leaks through the event log"
+
+
+async def test_a_runs_calls_count_toward_its_max_tool_calls_and_a_call_past_it_never_runs(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, add):
+        run = await client.create_run("bounded", max_tool_calls=2)
+        calls = [ToolCall("add", {"a": n, "b": 1}) for n in range(3)] + [ToolCall("nope", {})]
+        results = (await client.call_turn(run.id, 0, calls)).results
+        assert [r.output for r in results[:2]] == [1, 2]
+        for over in results[2:]:
+            assert over.outcome == CallOutcome.LIMIT_EXCEEDED, over
+            assert over.content.startswith(
+                f"max_tool_calls reached: run {run.id} may make at most 2 tool calls"
+            ), over.content
+        events = await client.list_events(run.id)
+        starts = [e for e in events if e.type == "tool:start"]
+        assert len(starts) == 2, "a call past the limit never starts"
+        assert (await client.get_run(run.id)).run.tool_calls == 2, "nor counts"
 
 
 def _lookup(description: str) -> Tool:

@@ -4,18 +4,26 @@ sends them; and the wrapped tools served by a worker, their calls recorded by th
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
-from conftest import serving
-from harness import Kernel
+from conftest import pending_approval, serving
+from harness import Kernel, within
 from mcp.client import Client
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError as McpToolError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel
 
-from kernel_sdk import AgentClient, CallOutcome, ToolCall, ToolContext, ToolError
+from kernel_sdk import (
+    AgentClient,
+    CallOutcome,
+    ToolCall,
+    ToolContext,
+    ToolDefinitionError,
+    ToolError,
+)
 from kernel_sdk.mcp import wrap_mcp_tool, wrap_mcp_tools
 
 
@@ -145,3 +153,31 @@ async def test_wrapped_mcp_tools_served_by_a_worker_are_recorded_by_the_kernel(
             assert wiped.outcome == CallOutcome.TOOL_ERROR and "runs is not yours" in wiped.content
             steps = {s.tool: s for s in (await client.get_run(run.id)).steps}
             assert steps["docs_search"].arguments == {"query": "replay"}
+
+
+async def test_requires_approval_may_name_the_server_tools_a_person_is_asked_about(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with Client(docs_server()) as docs:
+        listed = await docs.list_tools()
+        with pytest.raises(ToolDefinitionError, match="does not list: wipe_all"):
+            wrap_mcp_tools(listed, call=docs.call_tool, requires_approval=("wipe_all",))
+        tools = wrap_mcp_tools(
+            listed, call=docs.call_tool, prefix="docs", requires_approval=("note",)
+        )
+        gates = {t.name: t.definition.options.requires_approval for t in tools}
+        assert gates == {"docs_search": False, "docs_note": True, "docs_wipe": False}
+        async with serving(kernel, *tools):
+            run = await client.create_run("mcp-agent")
+            calls = [
+                ToolCall("docs_search", {"query": "gates"}),
+                ToolCall("docs_note", {"text": "x"}),
+            ]
+            turn = asyncio.ensure_future(client.call_turn(run.id, 0, calls))
+            approval = await pending_approval(client, run.id, "the note to be asked about")
+            assert [a.tool for a in await client.list_approvals(run_id=run.id)] == ["docs_note"]
+            await client.approve(approval, decider="alice")
+            found, noted = (await within("the turn", turn, 30)).results
+            assert found.output == {"hits": ["gates:2"]} and found.approval is None
+            assert noted.output == {"result": "noted x"} and noted.approval is not None
+            assert noted.approval.decider == "alice"

@@ -1,5 +1,6 @@
-"""API keys and TLS from Python: a kernel with an auth file refuses what a key does not allow,
-and a kernel serving TLS is reached with the CA that signed its certificate."""
+"""API keys and TLS from Python: a kernel with an auth file refuses what a key does not allow
+(a subagent, from a handler or a tool body, needs `runs:write` on the worker's key), and a kernel
+serving TLS is reached with the CA that signed its certificate."""
 
 from __future__ import annotations
 
@@ -9,17 +10,19 @@ import json
 import subprocess
 from pathlib import Path
 
+import hosted_agents
 import pytest
 from conftest import serving
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from harness import Kernel, binary
+from harness import Kernel, binary, within
 
 from kernel_sdk import (
     AgentClient,
     KernelError,
+    Run,
     Tls,
     ToolCall,
     ToolContext,
@@ -91,6 +94,55 @@ async def test_keys_are_sent_and_what_they_do_not_allow_is_refused(tmp_path: Pat
             assert turn.results[0].output == "hi"
     finally:
         kernel.stop()
+
+
+async def test_a_subagent_needs_runs_write_on_the_hosting_workers_key(tmp_path: Path) -> None:
+    worker_key = _key("--name", "py-hosts", "--scope", "workers:connect", "--tools", "*")
+    agent_key = _key(
+        "--name",
+        "py-agent",
+        "--scope",
+        "runs:write",
+        "--scope",
+        "tools:call",
+        "--scope",
+        "runs:read",
+    )
+    auth = tmp_path / "keys.yaml"
+    auth.write_text("keys:\n" + worker_key["entry"] + agent_key["entry"])
+    kernel = Kernel(tmp_path, "--auth-file", str(auth))
+    try:
+        async with (
+            serving(
+                kernel,
+                *hosted_agents.TOOLS,
+                agents=hosted_agents.AGENTS,
+                api_key=worker_key["secret"],
+            ),
+            AgentClient(kernel.addr, api_key=agent_key["secret"]) as agent,
+        ):
+            # From a handler: the run fails, naming the key and the scope it lacks.
+            parent = await agent.create_run("py_parent", hosted=True)
+            ended = await within("the parent to end", _ended(agent, parent.id), 30)
+            assert ended.status == "failed", ended
+            assert "key 'py-hosts' needs the scope runs:write" in ended.reason, ended.reason
+            # From a tool body: the call fails with the same refusal, and the run goes on.
+            delegating = await agent.create_run("py_delegating", hosted=True)
+            done = await within("the run to end", _ended(agent, delegating.id), 30)
+            assert done.status == "completed", done
+            assert done.output.startswith("subagent 'py_sleeper': PERMISSION_DENIED"), done.output
+            assert "needs the scope runs:write" in done.output, done.output
+            for run in (parent, delegating):
+                steps = (await agent.get_run(run.id)).steps
+                assert not [s for s in steps if s.child_run_id], "no child run was created"
+    finally:
+        kernel.stop()
+
+
+async def _ended(client: AgentClient, run_id: str) -> Run:
+    async for _ in client.watch_events(run_id):
+        pass
+    return (await client.get_run(run_id)).run
 
 
 def _certificates(folder: Path) -> tuple[Path, Path, Path]:

@@ -82,6 +82,34 @@ def test_the_schema_comes_from_the_type_hints() -> None:
     assert "title" not in schema and all("title" not in p for p in props.values())
 
 
+def test_an_unannotated_parameter_takes_anything_and_says_nothing_to_the_model() -> None:
+    @tool
+    async def vague(ctx: ToolContext, anything, count: int = 2) -> str:  # type: ignore[no-untyped-def]
+        """Takes anything."""
+        return str(anything)
+
+    props = vague.definition.input_schema["properties"]
+    assert props["anything"] == {}, "no type: any JSON value, and nothing for the model to go on"
+    assert props["count"] == {"type": "integer", "default": 2}
+    assert vague.definition.input_schema["required"] == ["anything"]
+
+
+def test_the_seed_pages_spellings_schema_and_risk_level_are_options_too() -> None:
+    given = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+
+    @tool(schema=given, risk_level="high")
+    async def search(ctx: ToolContext, q: str) -> str:
+        """Searches."""
+        return q
+
+    assert search.definition.input_schema["properties"] == given["properties"]
+    assert search.definition.options.risk == "high"
+    with pytest.raises(ToolDefinitionError, match=r"the schema is given twice"):
+        tool(schema=given, args_schema=given)(search.function)
+    with pytest.raises(ToolDefinitionError, match=r"\(risk_level and risk are the same option\)"):
+        tool(risk="low", risk_level="high")(search.function)
+
+
 def test_the_context_is_not_an_argument_and_the_description_is_the_first_paragraph() -> None:
     definition = refund.definition
     assert refund.takes_context
@@ -94,6 +122,9 @@ def test_the_context_is_not_an_argument_and_the_description_is_the_first_paragra
     assert options.permissions == ("billing:write",)
     assert options.resources == ("ledger:{customer_id}",)
     assert options.requires_approval == "args.cents > 10000"
+    # A tool may also take no context at all: every parameter is then an argument.
+    assert not forecast.takes_context
+    assert forecast("Oslo", days=2) == {"city": "Oslo", "days": 2}
 
 
 def test_the_fingerprint_is_the_kernels_formula() -> None:

@@ -264,6 +264,36 @@ async fn three_concurrent_tool_calls_each_start_a_subagent_on_a_two_slot_worker(
     );
 }
 
+/// A child that fails is its starting tool body's fatal error: the call fails, never retried,
+/// with the child's run and reason in the text the model reads.
+#[tokio::test]
+async fn a_tool_body_s_failed_subagent_fails_its_call_without_a_retry() {
+    let kernel = Kernel::start();
+    let _worker = kernel.fault_worker_with("both", &["--with-agents"]);
+    kernel.wait_for_workers("delegate", 1).await;
+    let run = kernel.create_run("delegating").await;
+    let args = json!({"label": "x", "hold_ms": 0, "fail": "no sources"});
+    let outcome = e2e::submit(&kernel, &run, 0, vec![e2e::call("delegate", args)])
+        .await
+        .expect("the turn is taken");
+    let result = &outcome.results[0];
+    assert_eq!(result.outcome, pb::CallOutcome::ToolError as i32, "{result:?}");
+    assert!(
+        result.content.starts_with("subagent 'child' (run ") && result.content.ends_with("failed: no sources"),
+        "{}",
+        result.content
+    );
+    let steps = kernel.get(&run).await.steps;
+    let call = steps.iter().find(|s| s.tool == "delegate").expect("the call");
+    assert_eq!(call.attempts, 1, "fatal: never retried");
+    let child = steps
+        .iter()
+        .find(|s| s.step_key.starts_with("subagent:"))
+        .expect("the child's step");
+    assert_eq!(child.status, pb::StepStatus::Failed as i32, "{child:?}");
+    check_log(&kernel.events(&run).await, true);
+}
+
 #[tokio::test]
 async fn a_hosted_turn_with_a_bound_runs_its_calls_one_at_a_time_in_position_order() {
     let kernel = Kernel::start();

@@ -45,7 +45,10 @@ def wrap_mcp_tools(
     **options: Any,
 ) -> list[Tool]:
     """Each tool of `descriptors` (a `list_tools()` result, or a list of descriptors) as a kernel
-    tool: see `wrap_mcp_tool`, whose options each one takes."""
+    tool: see `wrap_mcp_tool`, whose options each one takes. `requires_approval` may also be a
+    list of the server's (bare) tool names, as `MCPServer(requires_approval=("delete_issue",))`
+    on the seed page: only those are asked about, and a name the server does not list is refused
+    (a typo would leave a tool ungated)."""
     listed = _field(descriptors, "tools")
     items = listed if listed is not None else descriptors
     if isinstance(items, Mapping) or not isinstance(items, Iterable):
@@ -53,6 +56,14 @@ def wrap_mcp_tools(
             "wrap_mcp_tools takes a list_tools() result or a list of tool descriptors, "
             f"got {type(descriptors).__name__}"
         )
+    items = list(items)
+    gated = _gated_names(options.get("requires_approval"))
+    if gated is not None:
+        unknown = sorted(gated - {_field(descriptor, "name") for descriptor in items})
+        if unknown:
+            raise ToolDefinitionError(
+                f"requires_approval names MCP tools the server does not list: {', '.join(unknown)}"
+            )
     tools: list[Tool] = []
     for descriptor in items:
         name = _field(descriptor, "name")
@@ -108,11 +119,18 @@ def wrap_mcp_tool(
       blocks joined by newlines, else (images, audio, resources) its content blocks as JSON;
       `to_result` maps the `CallToolResult` instead. A result marked `isError` fails the call
       with its text, which the model reads.
-    - Any other keyword is a `@tool` option (`requires_approval`, `timeout`, ...).
+    - Any other keyword is a `@tool` option (`requires_approval`, `timeout`, ...);
+      `requires_approval` may be a list of bare tool names, which gates this tool only when its
+      name is among them.
     """
     name = _field(descriptor, "name")
     if not isinstance(name, str) or not name:
         raise ToolDefinitionError(f"an MCP tool descriptor has no name: {descriptor!r}")
+    gated = _gated_names(options.get("requires_approval"))
+    if gated is not None:
+        options = {k: v for k, v in options.items() if k != "requires_approval"}
+        if name in gated:
+            options["requires_approval"] = True
     tool_id = _tool_id(prefix, name)
     if tool_id is None:
         raise ToolDefinitionError(
@@ -149,6 +167,18 @@ def wrap_mcp_tool(
         transform_args=_without_nulls if strip_nulls else None,
         **effects,
     )
+
+
+def _gated_names(option: Any) -> set[str] | None:
+    """`requires_approval` given as a list of tool names, as a set; `None` for any other value
+    (`True`, a predicate), which every tool takes as it is."""
+    if not isinstance(option, list | tuple | set | frozenset):
+        return None
+    if not all(isinstance(name, str) and name for name in option):
+        raise ToolDefinitionError(
+            f"requires_approval takes True, a predicate, or a list of tool names, not {option!r}"
+        )
+    return set(option)
 
 
 def _field(value: Any, *names: str) -> Any:

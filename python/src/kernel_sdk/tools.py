@@ -142,8 +142,8 @@ _STRINGS = "a list of non-empty strings"
 _NAME_RULE = "1 to 64 characters from [a-zA-Z0-9_-]"
 _CEL_EXAMPLE = '"args.cents > 10000"'
 _VERSION = 'a non-empty string such as "2"'
-_ALIASES = {"retry": "retries"}
-"""Other spellings of an option: Pyrula's and the Rust SDK's `retry`."""
+_ALIASES = {"retry": "retries", "risk_level": "risk"}
+"""Other spellings of an option: Pyrula's and the Rust SDK's `retry`, Rewyn's `risk_level`."""
 
 
 def _takes(option: str, what: str, value: Any) -> str:
@@ -269,11 +269,14 @@ def _options(what: str, given: Mapping[str, Any]) -> ToolOptions:
         if canonical not in _OPTION_CHECKS:
             raise ToolDefinitionError(
                 f"{what}: there is no option '{option}'; the options are "
-                f"{', '.join(_OPTION_CHECKS)} (and retry, the same as retries)"
+                f"{', '.join(_OPTION_CHECKS)} (and retry, the same as retries; risk_level, the "
+                "same as risk)"
             )
         if canonical in options:
+            aliases = [alias for alias, same in _ALIASES.items() if same == canonical]
+            twins = " and ".join([*aliases, canonical])
             raise ToolDefinitionError(
-                f"{what}: {canonical} is given twice (retry and retries are the same option)"
+                f"{what}: {canonical} is given twice ({twins} are the same option)"
             )
         options[canonical] = value
     try:
@@ -573,6 +576,7 @@ def tool(
     description: str | None = None,
     version: str | int = "1",
     args_schema: dict[str, Any] | None = None,
+    schema: dict[str, Any] | None = None,
     timeout: float | timedelta | None = None,
     retries: int | RetryPolicy | None = None,
     retry: int | RetryPolicy | None = None,
@@ -581,6 +585,7 @@ def tool(
     writes: bool = False,
     owner: str | None = None,
     risk: Risk | None = None,
+    risk_level: Risk | None = None,
     permissions: tuple[str, ...] | list[str] = (),
     resources: tuple[str, ...] | list[str] = (),
     cost_per_call: float = 0.0,
@@ -599,6 +604,7 @@ def tool(
     description: str | None = None,
     version: str | int = "1",
     args_schema: dict[str, Any] | None = None,
+    schema: dict[str, Any] | None = None,
     **options: Any,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Makes a tool of a function: `@tool`, `@tool()`, `@tool("charge")` (the tool's name first),
@@ -608,8 +614,9 @@ def tool(
     `ToolDefinitionError` naming the tool, the option and what it takes, and so does what the
     kernel would refuse at registration (an invalid name, no description, `read_only` with
     `writes`, a `cache_ttl` on a tool that is not `read_only`). Durations (`timeout`, `cache_ttl`,
-    `approval_timeout`) are seconds or a `datetime.timedelta`; `retry` is another spelling of
-    `retries`.
+    `approval_timeout`) are seconds or a `datetime.timedelta`; the seed pages' spellings work too:
+    `retry` for `retries`, `risk_level` for `risk`, `schema` for `args_schema` (the JSON Schema
+    that replaces the one derived from the signature).
     """
     if isinstance(function, str):
         if name is not None:
@@ -623,12 +630,12 @@ def tool(
         )
     # The options given, as the overload above types them, each checked as `wrap_tool`'s are: an
     # option there is no such thing as is refused naming the options there are. Unset ones keep
-    # `ToolOptions`'s defaults; `retry` and `retries` count only when not None, so giving both is
-    # refused as given twice.
+    # `ToolOptions`'s defaults; `retry` and `retries` (`risk` and `risk_level`) count only when not
+    # None, so giving both is refused as given twice.
     given = {
         option: value
         for option, value in options.items()
-        if value is not None or option not in ("retry", "retries")
+        if value is not None or option not in ("retry", "retries", "risk", "risk_level")
     }
 
     def decorate(function: Callable[..., Any]) -> Tool:
@@ -646,10 +653,17 @@ def tool(
                 f"{what} is a plain generator: make it an async generator "
                 "(async def ... yield) to stream its progress"
             )
-        override = _schema_option(what, "args_schema", args_schema)
+        if schema is not None and args_schema is not None:
+            raise ToolDefinitionError(
+                f"{what}: the schema is given twice (schema and args_schema are the same option)"
+            )
+        if schema is not None:
+            override = _schema_option(what, "schema", schema)
+        else:
+            override = _schema_option(what, "args_schema", args_schema)
         derived, takes_context, arguments = _schema(function)
-        schema = derived if override is None else _object_schema(override)
-        definition = _checked(tool_name, text, schema, _version(what, version), options)
+        given_schema = derived if override is None else _object_schema(override)
+        definition = _checked(tool_name, text, given_schema, _version(what, version), options)
         return Tool(definition, function, takes_context, arguments)
 
     if function is not None:

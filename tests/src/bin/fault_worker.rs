@@ -122,8 +122,11 @@ async fn script(ctx: AgentContext, input: Value) -> Result<Value, AgentError> {
 }
 
 /// A subagent: a `work` step holding `hold_ms`, then its label and the output of its session's
-/// previous run.
+/// previous run; with `fail`, it fails with that text at once.
 async fn child(ctx: AgentContext, input: Value) -> Result<Value, AgentError> {
+    if let Some(why) = input["fail"].as_str() {
+        return Err(AgentError::failed(why));
+    }
     let hold_ms = input["hold_ms"].as_u64().unwrap_or(50);
     let label = input["label"].clone();
     let attempt = ctx.attempt();
@@ -357,11 +360,12 @@ async fn whoami(ctx: ToolContext) -> Result<Value, ToolError> {
     }))
 }
 
-/// Starts a `child` subagent from the tool's body and returns its output.
+/// Starts a `child` subagent from the tool's body and returns its output (a child told to
+/// `fail` fails).
 #[tool]
-async fn delegate(ctx: ToolContext, label: String, hold_ms: u64) -> Result<Value, ToolError> {
+async fn delegate(ctx: ToolContext, label: String, hold_ms: u64, fail: Option<String>) -> Result<Value, ToolError> {
     Ledger::write(&ctx, "start");
-    ctx.subagent("child", json!({ "label": label, "hold_ms": hold_ms }))
+    ctx.subagent("child", json!({ "label": label, "hold_ms": hold_ms, "fail": fail }))
         .await
 }
 

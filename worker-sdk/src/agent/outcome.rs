@@ -60,7 +60,8 @@ pub enum Outcome {
     /// may not have happened. Reconcile with the system the tool talks to, using the idempotency
     /// key; the kernel will not run it again.
     Indeterminate,
-    /// The call lost its worker 5 times, or its input is harmful; never retried.
+    /// The call lost its worker 5 times (it brings down whatever runs it); never retried. A
+    /// tool's own poison error is [`Outcome::ToolError`] with error kind poison.
     Poison,
     /// The call was cancelled alone (`CancelCall`), or its run was cancelled or ended while the
     /// call was in flight.

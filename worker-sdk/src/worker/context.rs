@@ -528,6 +528,16 @@ mod tests {
         assert_eq!(received, 2, "two slots of four stay free for heartbeats and results");
     }
 
+    #[tokio::test]
+    async fn a_subagent_from_a_test_context_is_a_fatal_error() {
+        let error = ToolContext::for_test()
+            .subagent("researcher", serde_json::json!({"topic": "tides"}))
+            .await
+            .expect_err("a test context has no kernel");
+        assert_eq!(error.kind(), crate::ErrorKind::Fatal);
+        assert!(error.message().contains("this context has no kernel"), "{error}");
+    }
+
     #[test]
     fn cancellation_is_visible() {
         let token = CancellationToken::new();
