@@ -555,3 +555,41 @@ async def test_call_turn_falls_back_to_the_stream_when_one_answer_cannot_do(
             ).results
             assert result.output == turn
         assert older.asked == 1
+
+
+_GATHERED = {"started": 0}
+_RELEASE = asyncio.Event()
+
+
+@tool(read_only=True)
+async def gathered(ctx: ToolContext, n: int) -> int:
+    """Waits for the test to release every call at once, then returns its number."""
+    _GATHERED["started"] += 1
+    await _RELEASE.wait()
+    return n
+
+
+async def test_results_ready_together_go_to_the_kernel_in_one_message_each_recorded(
+    kernel: Kernel, client: AgentClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    _GATHERED["started"] = 0
+    _RELEASE.clear()
+    caplog.set_level(logging.DEBUG, logger="kernel_sdk.worker")
+    async with serving(kernel, gathered, max_concurrency=16):
+        run = await client.create_run("gatherer")
+        turn = asyncio.ensure_future(
+            client.call_turn(run.id, 0, [ToolCall("gathered", {"n": n}) for n in range(12)])
+        )
+
+        async def all_started() -> bool:
+            return _GATHERED["started"] == 12
+
+        await eventually("the twelve calls to start", all_started)
+        # Released at once, every call's result is queued before the session's sender runs.
+        _RELEASE.set()
+        results = (await within("the turn", turn, 30)).results
+    assert [r.output for r in results] == list(range(12))
+    sent = [r.getMessage() for r in caplog.records if "results sent together" in r.getMessage()]
+    assert sent == ["results sent together count=12"], sent
+    steps = (await client.get_run(run.id)).steps
+    assert all(step.status == "succeeded" and step.attempts == 1 for step in steps), steps

@@ -38,7 +38,16 @@ pub struct RawWorker {
 impl RawWorker {
     /// Says hello with `tools` and waits for the welcome; a refused hello is the kernel's status.
     pub async fn open(kernel: &Kernel, tools: Vec<pb::ToolSpec>) -> Result<(RawWorker, pb::Welcome), tonic::Status> {
-        RawWorker::hello(kernel, tools, Vec::new()).await
+        RawWorker::hello(kernel, tools, Vec::new(), false).await
+    }
+
+    /// A session offering `tool` that reads batches: the kernel may send it `Dispatches`.
+    pub async fn reading_batches(kernel: &Kernel, tool: &str) -> Result<RawWorker, tonic::Status> {
+        Ok(
+            RawWorker::hello(kernel, vec![tool_spec(tool, "a raw tool")], Vec::new(), true)
+                .await?
+                .0,
+        )
     }
 
     /// A session hosting the agent `name` (any input), whose runs it is dispatched.
@@ -52,13 +61,14 @@ impl RawWorker {
             // The kernel computes it.
             fingerprint: String::new(),
         };
-        Ok(RawWorker::hello(kernel, Vec::new(), vec![agent]).await?.0)
+        Ok(RawWorker::hello(kernel, Vec::new(), vec![agent], false).await?.0)
     }
 
     async fn hello(
         kernel: &Kernel,
         tools: Vec<pb::ToolSpec>,
         agents: Vec<pb::AgentSpec>,
+        batches: bool,
     ) -> Result<(RawWorker, pb::Welcome), tonic::Status> {
         let (tx, outbound) = mpsc::channel(256);
         let hello = pb::Hello {
@@ -68,6 +78,7 @@ impl RawWorker {
             sdk_version: "test".into(),
             ephemeral_tools: false,
             agents,
+            batches,
         };
         tx.send(pb::OpenSessionRequest {
             message: Some(In::Hello(hello)),

@@ -484,6 +484,7 @@ async fn idle_session(url: String, index: usize) -> (tonic::Streaming<pb::OpenSe
             sdk_version: "fault-timing".into(),
             ephemeral_tools: false,
             agents: Vec::new(),
+            batches: false,
         })),
     };
     let heartbeat = || pb::OpenSessionRequest {

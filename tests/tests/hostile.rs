@@ -220,6 +220,7 @@ fn hello_frame() -> Frame {
             sdk_version: "test".into(),
             ephemeral_tools: false,
             agents: Vec::new(),
+            batches: false,
         }),
         ..Frame::default()
     }

@@ -7,6 +7,7 @@ use e2e::raw::{RawWorker, tool_spec};
 use e2e::{Kernel, KernelOptions, Watch, call, check_log, submit};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::open_session_request::Message as In;
+use kernel_proto::v1::open_session_response::Message as Out;
 use serde_json::json;
 use tokio_stream::StreamExt;
 use tonic::Code;
@@ -399,4 +400,49 @@ async fn a_replay_against_a_changed_tool_definition_is_a_divergence_naming_both_
         (1, 1),
         "nothing ran or was recorded again"
     );
+}
+
+/// A worker that reads batches gets every call of a turn (alone or several in one message: that
+/// depends on when each is ready, see `grpc::workers`' unit tests), and its results sent in one
+/// message are each recorded and acknowledged as if sent alone.
+#[tokio::test]
+async fn a_worker_reading_batches_gets_every_call_and_its_results_sent_together_are_each_recorded() {
+    let kernel = Kernel::start();
+    let mut worker = RawWorker::reading_batches(&kernel, "batched").await.unwrap();
+    let run = kernel.create_run("batching").await;
+    let calls: Vec<_> = (0..5).map(|n| call("batched", json!({ "n": n }))).collect();
+    let turn = e2e::submit_in_background(&kernel, &run, 0, calls);
+    let mut dispatches = Vec::new();
+    while dispatches.len() < 5 {
+        match worker.next().await {
+            Out::Dispatches(batch) => dispatches.extend(batch.dispatches),
+            Out::Dispatch(dispatch) => dispatches.push(dispatch),
+            other => panic!("expected dispatches, got {other:?}"),
+        }
+    }
+    let results = dispatches
+        .iter()
+        .map(|d| pb::DispatchResult {
+            dispatch_id: d.dispatch_id.clone(),
+            attempt: d.attempt,
+            outcome: Some(pb::dispatch_result::Outcome::OutputJson(
+                serde_json::from_str::<serde_json::Value>(&d.arguments_json).unwrap()["n"].to_string(),
+            )),
+        })
+        .collect();
+    worker.send(In::Results(pb::DispatchResults { results })).await;
+    let mut acked = 0;
+    while acked < 5 {
+        match worker.next().await {
+            Out::ResultAck(ack) => {
+                assert!(ack.accepted, "{ack:?}");
+                acked += 1;
+            }
+            other => panic!("expected an acknowledgement, got {other:?}"),
+        }
+    }
+    let outcome = turn.await.unwrap();
+    let contents: Vec<&str> = outcome.results.iter().map(|r| r.content.as_str()).collect();
+    assert_eq!(contents, ["0", "1", "2", "3", "4"]);
+    check_log(&kernel.events(&run).await, true);
 }

@@ -711,6 +711,7 @@ mod tests {
             sdk_version: String::new(),
             ephemeral_tools: false,
             agents: Vec::new(),
+            batches: false,
         }
     }
 

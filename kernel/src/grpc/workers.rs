@@ -35,6 +35,8 @@ use crate::store::{ResultReport, SuspendReport, ToolCacheSet};
 
 /// Each kind of misbehaviour of a session is logged at most once per this interval.
 const LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Dispatches sent in one message at most: a worker's slots bound what waits for it anyway.
+const MAX_BATCH: usize = 64;
 
 /// Implements `kernel.v1.WorkerService`.
 pub struct WorkerApi(pub Kernel);
@@ -93,10 +95,13 @@ impl WorkerService for WorkerApi {
                 ))
             })?
             .map_err(|status| unreadable(status, limits.max_message_bytes))?;
-        let hello = match first {
+        let (hello, batches) = match first {
             Some(pb::OpenSessionRequest {
                 message: Some(In::Hello(hello)),
-            }) => convert::hello(hello)?,
+            }) => {
+                let batches = hello.batches;
+                (convert::hello(hello)?, batches)
+            }
             Some(_) => {
                 return Err(Status::failed_precondition(
                     "the first message of a session must be a hello",
@@ -166,6 +171,7 @@ impl WorkerService for WorkerApi {
             kernel: kernel.clone(),
             session_id,
             tx,
+            batches,
             dispatches: HashMap::new(),
             questions: HashMap::new(),
             recording: JoinSet::new(),
@@ -182,6 +188,23 @@ impl WorkerService for WorkerApi {
         tokio::spawn(session.run(inbound, orders));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
+}
+
+/// The dispatches of tool calls queued behind `first` (itself one), up to [`MAX_BATCH`] in all, in
+/// the order they were made. The first other order met comes back, to be sent right after them.
+fn take_batch(
+    first: DispatchOrder,
+    orders: &mut mpsc::UnboundedReceiver<Outbound>,
+) -> (Vec<DispatchOrder>, Option<Outbound>) {
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        match orders.try_recv() {
+            Ok(Outbound::Dispatch(more)) if more.step.kind != StepKind::Agent => batch.push(*more),
+            Ok(other) => return (batch, Some(other)),
+            Err(_) => break,
+        }
+    }
+    (batch, None)
 }
 
 /// What the session knows of a dispatch it forwarded.
@@ -274,6 +297,8 @@ struct Session {
     kernel: Kernel,
     session_id: SessionId,
     tx: SessionSender,
+    /// The worker reads `Dispatches`: dispatches waiting together go in one message.
+    batches: bool,
     dispatches: HashMap<DispatchId, Held>,
     /// Approval questions asked of the worker, by question id, and who waits for each answer. An
     /// answer never given (the session ends) drops its sender: the asker hears so.
@@ -381,14 +406,9 @@ impl Session {
                     break reason;
                 }
                 order = orders.recv() => match order {
-                    Some(Outbound::Close(error)) => {
-                        let reason = error.to_string();
-                        let _ = self.tx.send(Err(error.into())).await;
-                        break reason;
-                    }
                     Some(order) => {
-                        if !self.forward(order).await {
-                            break "stopped reading its stream".to_owned();
+                        if let Err(reason) = self.deliver(order, &mut orders).await {
+                            break reason;
                         }
                     }
                     None => break "scheduler stopped".to_owned(),
@@ -420,49 +440,104 @@ impl Session {
         offered.withdraw(&self.kernel);
     }
 
+    /// Sends `order` to the worker, with the dispatches of tool calls queued behind it in the same
+    /// message when the worker reads batches (one message instead of many costs a busy worker
+    /// less). Tells why the session ends, when it does.
+    async fn deliver(&mut self, order: Outbound, orders: &mut mpsc::UnboundedReceiver<Outbound>) -> Result<(), String> {
+        let mut next = Some(order);
+        while let Some(order) = next.take() {
+            let order = match order {
+                Outbound::Close(error) => {
+                    let reason = error.to_string();
+                    let _ = self.tx.send(Err(error.into())).await;
+                    return Err(reason);
+                }
+                Outbound::Dispatch(first) if self.batches && first.step.kind != StepKind::Agent => {
+                    let (orders_taken, after) = take_batch(*first, orders);
+                    next = after;
+                    let mut batch: Vec<pb::Dispatch> = orders_taken
+                        .into_iter()
+                        .map(|order| self.call_dispatch(order))
+                        .collect();
+                    let message = if batch.len() == 1 {
+                        Out::Dispatch(batch.pop().expect("one dispatch"))
+                    } else {
+                        Out::Dispatches(pb::Dispatches { dispatches: batch })
+                    };
+                    if self.tx.send(out(message)).await.is_err() {
+                        return Err("stopped reading its stream".to_owned());
+                    }
+                    continue;
+                }
+                order => order,
+            };
+            if !self.forward(order).await {
+                return Err("stopped reading its stream".to_owned());
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps what the session must know of a dispatch it forwards (to fence its progress and
+    /// result).
+    fn hold(&mut self, dispatch_id: &DispatchId, attempt: u32, step: &crate::model::StepRecord) {
+        self.dispatches.insert(
+            dispatch_id.clone(),
+            Held {
+                attempt,
+                run_id: step.run_id.clone(),
+                key: step.key.clone(),
+                position: step.position,
+                tool: step.tool.clone(),
+                kind: step.kind,
+                progress: 0,
+            },
+        );
+    }
+
+    /// Holds a tool call's dispatch for the session and makes its message.
+    fn call_dispatch(&mut self, order: DispatchOrder) -> pb::Dispatch {
+        let DispatchOrder {
+            dispatch_id,
+            attempt,
+            step,
+        } = order;
+        self.hold(&dispatch_id, attempt, &step);
+        pb::Dispatch {
+            dispatch_id: dispatch_id.to_string(),
+            attempt,
+            run_id: step.run_id.to_string(),
+            step_key: step.key.to_string(),
+            call_id: step.call_id.clone().unwrap_or_default(),
+            turn: step.turn,
+            position: step.position,
+            tool: step.tool.clone(),
+            arguments_json: step.arguments.clone(),
+            idempotency_key: step.idempotency_key.clone(),
+            timeout_ms: step.timeout_ms,
+            traceparent: crate::traces::handed_to_worker(&step, attempt, self.kernel.hub.exports_traces()),
+        }
+    }
+
     async fn forward(&mut self, order: Outbound) -> bool {
         let message = match order {
             Outbound::Dispatch(order) => {
+                if order.step.kind != StepKind::Agent {
+                    let dispatch = self.call_dispatch(*order);
+                    return self.tx.send(out(Out::Dispatch(dispatch))).await.is_ok();
+                }
                 let DispatchOrder {
                     dispatch_id,
                     attempt,
                     step,
                 } = *order;
-                self.dispatches.insert(
-                    dispatch_id.clone(),
-                    Held {
-                        attempt,
-                        run_id: step.run_id.clone(),
-                        key: step.key.clone(),
-                        position: step.position,
-                        tool: step.tool.clone(),
-                        kind: step.kind,
-                        progress: 0,
-                    },
-                );
-                if step.kind == StepKind::Agent {
-                    let run = pb::RunDispatch {
-                        dispatch_id: dispatch_id.to_string(),
-                        attempt,
-                        run_id: step.run_id.to_string(),
-                        agent: step.tool.clone(),
-                        input_json: step.arguments.clone(),
-                        traceparent: crate::traces::handed_to_worker(&step, attempt, self.kernel.hub.exports_traces()),
-                    };
-                    return self.tx.send(out(Out::Run(run))).await.is_ok();
-                }
-                Out::Dispatch(pb::Dispatch {
+                self.hold(&dispatch_id, attempt, &step);
+                Out::Run(pb::RunDispatch {
                     dispatch_id: dispatch_id.to_string(),
                     attempt,
                     run_id: step.run_id.to_string(),
-                    step_key: step.key.to_string(),
-                    call_id: step.call_id.clone().unwrap_or_default(),
-                    turn: step.turn,
-                    position: step.position,
-                    tool: step.tool.clone(),
-                    arguments_json: step.arguments.clone(),
-                    idempotency_key: step.idempotency_key.clone(),
-                    timeout_ms: step.timeout_ms,
+                    agent: step.tool.clone(),
+                    input_json: step.arguments.clone(),
                     traceparent: crate::traces::handed_to_worker(&step, attempt, self.kernel.hub.exports_traces()),
                 })
             }
@@ -511,6 +586,11 @@ impl Session {
             Some(In::Drain(_)) => self.kernel.scheduler.drain(self.session_id.clone()),
             Some(In::Progress(progress)) => self.on_progress(progress),
             Some(In::Result(result)) => self.on_result(result),
+            Some(In::Results(batch)) => {
+                for result in batch.results {
+                    self.on_result(result);
+                }
+            }
             Some(In::Cache(request)) => self.on_cache(request),
             Some(In::ApprovalAnswer(answer)) => {
                 // An answer to no question (a duplicate, or one this session never asked) is ignored.
@@ -850,5 +930,68 @@ fn cache_refusal(request_id: u64, error: String) -> pb::CacheResponse {
         found: false,
         value_json: String::new(),
         error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::records;
+
+    fn order(kind: StepKind) -> Outbound {
+        let mut step = records::step();
+        step.kind = kind;
+        Outbound::Dispatch(Box::new(DispatchOrder {
+            dispatch_id: DispatchId::new(),
+            attempt: 1,
+            step,
+        }))
+    }
+
+    fn first() -> DispatchOrder {
+        match order(StepKind::Tool) {
+            Outbound::Dispatch(order) => *order,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_batch_takes_the_calls_queued_behind_the_first_and_stops_at_any_other_order() {
+        let (tx, mut orders) = mpsc::unbounded_channel();
+        tx.send(order(StepKind::Tool)).unwrap();
+        tx.send(order(StepKind::Tool)).unwrap();
+        tx.send(Outbound::Cancel {
+            dispatch_id: DispatchId::new(),
+            attempt: 1,
+            reason: "cancelled".into(),
+        })
+        .unwrap();
+        tx.send(order(StepKind::Tool)).unwrap();
+        let (batch, after) = take_batch(first(), &mut orders);
+        assert_eq!(batch.len(), 3, "the first and the two calls behind it");
+        assert!(matches!(after, Some(Outbound::Cancel { .. })), "{after:?}");
+        let (batch, after) = take_batch(first(), &mut orders);
+        assert_eq!(batch.len(), 2, "the call after the cancel starts the next");
+        assert!(after.is_none());
+    }
+
+    #[test]
+    fn a_hosted_run_s_dispatch_ends_a_batch_and_a_batch_holds_at_most_its_bound() {
+        let (tx, mut orders) = mpsc::unbounded_channel();
+        tx.send(order(StepKind::Agent)).unwrap();
+        let (batch, after) = take_batch(first(), &mut orders);
+        assert_eq!(batch.len(), 1);
+        assert!(matches!(&after, Some(Outbound::Dispatch(o)) if o.step.kind == StepKind::Agent));
+        for _ in 0..MAX_BATCH + 3 {
+            tx.send(order(StepKind::Tool)).unwrap();
+        }
+        let (batch, after) = take_batch(first(), &mut orders);
+        assert_eq!(batch.len(), MAX_BATCH);
+        assert!(after.is_none());
+        assert_eq!(
+            take_batch(first(), &mut orders).0.len(),
+            5,
+            "the first and the four left"
+        );
     }
 }

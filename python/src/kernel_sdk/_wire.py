@@ -110,8 +110,15 @@ def hello(
             max_concurrency=max_concurrency,
             sdk_version=sdk_version,
             ephemeral_tools=ephemeral_tools,
+            # Each message costs a Python worker more than its contents: several in one, please.
+            batches=True,
         )
     )
+
+
+def results(items: list[workers_pb2.DispatchResult]) -> workers_pb2.OpenSessionRequest:
+    """Several results in one message."""
+    return workers_pb2.OpenSessionRequest(results=workers_pb2.DispatchResults(results=items))
 
 
 def heartbeat() -> workers_pb2.OpenSessionRequest:

@@ -318,11 +318,37 @@ class _Session:
             await connection.close(grace=None)
 
     async def _requests(self) -> AsyncIterator[workers_pb2.OpenSessionRequest]:
+        """The session's outbound stream. Results queued together go in one message: each
+        message costs more than its contents, so a busy worker sends fewer."""
+        outbound = self.outbound
         while True:
-            message = await self.outbound.get()
+            message = await outbound.get()
             if message is None:
                 return
-            yield message
+            if message.WhichOneof("message") != "result" or outbound.empty():
+                yield message
+                continue
+            results = [message.result]
+            follow: workers_pb2.OpenSessionRequest | None = None
+            ended = False
+            while not outbound.empty():
+                queued = outbound.get_nowait()
+                if queued is None:
+                    ended = True
+                    break
+                if queued.WhichOneof("message") != "result":
+                    follow = queued
+                    break
+                results.append(queued.result)
+            if len(results) > 1:
+                logger.debug("results sent together count=%d", len(results))
+                yield wire.results(results)
+            else:
+                yield message
+            if follow is not None:
+                yield follow
+            if ended:
+                return
 
     def send(self, message: workers_pb2.OpenSessionRequest | None) -> None:
         """Queues a message; after the session ended it goes nowhere."""
@@ -415,6 +441,10 @@ class _Session:
         kind = message.WhichOneof("message")
         if kind == "dispatch":
             self._start(message.dispatch)
+        elif kind == "dispatches":
+            logger.debug("dispatches read together count=%d", len(message.dispatches.dispatches))
+            for dispatch in message.dispatches.dispatches:
+                self._start(dispatch)
         elif kind == "cancel":
             cancel = message.cancel
             running = self.running.get(cancel.dispatch_id)

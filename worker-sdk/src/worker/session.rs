@@ -132,6 +132,8 @@ pub(crate) struct RunRequest {
 pub(crate) enum Inbound {
     Welcome(Welcome),
     Dispatch(DispatchRequest),
+    /// Dispatches the kernel sent in one message (it does only to a worker that asked).
+    Dispatches(Vec<DispatchRequest>),
     Run(RunRequest),
     Cancel {
         dispatch: DispatchRef,
@@ -496,6 +498,11 @@ impl Session {
             // A dispatch that crossed our Drain on the wire is already leased to us: run it,
             // and the drain waits for it like any other call in flight.
             Inbound::Dispatch(request) => self.start(request),
+            Inbound::Dispatches(requests) => {
+                for request in requests {
+                    self.start(request);
+                }
+            }
             Inbound::Run(request) => self.start_run(request),
             Inbound::Cancel { dispatch, reason } => match self.running.get(&dispatch.id) {
                 Some(running) if running.attempt == dispatch.attempt => {

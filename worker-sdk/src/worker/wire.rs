@@ -34,6 +34,8 @@ pub(crate) fn outbound(message: Outbound) -> pb::OpenSessionRequest {
             max_concurrency,
             sdk_version: env!("CARGO_PKG_VERSION").to_owned(),
             ephemeral_tools,
+            // Sending one message per call costs this SDK little; the kernel sends them alone.
+            batches: false,
         }),
         Outbound::Heartbeat | Outbound::Close => Up::Heartbeat(pb::Heartbeat {}),
         Outbound::Drain => Up::Drain(pb::Drain {}),
@@ -113,6 +115,7 @@ pub(crate) fn inbound(message: pb::OpenSessionResponse) -> Option<Inbound> {
             lease_ttl: Duration::from_millis(welcome.lease_ttl_ms),
         }),
         Down::Dispatch(dispatch) => Inbound::Dispatch(dispatch_request(dispatch)),
+        Down::Dispatches(batch) => Inbound::Dispatches(batch.dispatches.into_iter().map(dispatch_request).collect()),
         Down::Run(run) => Inbound::Run(RunRequest {
             input: if run.input_json.trim().is_empty() {
                 Ok(Value::Null)

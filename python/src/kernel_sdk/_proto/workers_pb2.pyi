@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("hello", "heartbeat", "progress", "result", "drain", "cache", "approval_answer")
+    __slots__ = ("hello", "heartbeat", "progress", "result", "drain", "cache", "approval_answer", "results")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class OpenSessionRequest(_message.Message):
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_ANSWER_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     progress: DispatchProgress
@@ -23,10 +24,11 @@ class OpenSessionRequest(_message.Message):
     drain: Drain
     cache: CacheRequest
     approval_answer: ApprovalAnswer
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., progress: _Optional[_Union[DispatchProgress, _Mapping]] = ..., result: _Optional[_Union[DispatchResult, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., cache: _Optional[_Union[CacheRequest, _Mapping]] = ..., approval_answer: _Optional[_Union[ApprovalAnswer, _Mapping]] = ...) -> None: ...
+    results: DispatchResults
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., progress: _Optional[_Union[DispatchProgress, _Mapping]] = ..., result: _Optional[_Union[DispatchResult, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., cache: _Optional[_Union[CacheRequest, _Mapping]] = ..., approval_answer: _Optional[_Union[ApprovalAnswer, _Mapping]] = ..., results: _Optional[_Union[DispatchResults, _Mapping]] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("welcome", "dispatch", "cancel", "result_ack", "cache", "run", "approval_question")
+    __slots__ = ("welcome", "dispatch", "cancel", "result_ack", "cache", "run", "approval_question", "dispatches")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     DISPATCH_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +36,7 @@ class OpenSessionResponse(_message.Message):
     CACHE_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_QUESTION_FIELD_NUMBER: _ClassVar[int]
+    DISPATCHES_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     dispatch: Dispatch
     cancel: CancelDispatch
@@ -41,23 +44,38 @@ class OpenSessionResponse(_message.Message):
     cache: CacheResponse
     run: RunDispatch
     approval_question: ApprovalQuestion
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., dispatch: _Optional[_Union[Dispatch, _Mapping]] = ..., cancel: _Optional[_Union[CancelDispatch, _Mapping]] = ..., result_ack: _Optional[_Union[ResultAck, _Mapping]] = ..., cache: _Optional[_Union[CacheResponse, _Mapping]] = ..., run: _Optional[_Union[RunDispatch, _Mapping]] = ..., approval_question: _Optional[_Union[ApprovalQuestion, _Mapping]] = ...) -> None: ...
+    dispatches: Dispatches
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., dispatch: _Optional[_Union[Dispatch, _Mapping]] = ..., cancel: _Optional[_Union[CancelDispatch, _Mapping]] = ..., result_ack: _Optional[_Union[ResultAck, _Mapping]] = ..., cache: _Optional[_Union[CacheResponse, _Mapping]] = ..., run: _Optional[_Union[RunDispatch, _Mapping]] = ..., approval_question: _Optional[_Union[ApprovalQuestion, _Mapping]] = ..., dispatches: _Optional[_Union[Dispatches, _Mapping]] = ...) -> None: ...
+
+class DispatchResults(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[DispatchResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[DispatchResult, _Mapping]]] = ...) -> None: ...
+
+class Dispatches(_message.Message):
+    __slots__ = ("dispatches",)
+    DISPATCHES_FIELD_NUMBER: _ClassVar[int]
+    dispatches: _containers.RepeatedCompositeFieldContainer[Dispatch]
+    def __init__(self, dispatches: _Optional[_Iterable[_Union[Dispatch, _Mapping]]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("worker_name", "tools", "max_concurrency", "sdk_version", "ephemeral_tools", "agents")
+    __slots__ = ("worker_name", "tools", "max_concurrency", "sdk_version", "ephemeral_tools", "agents", "batches")
     WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     SDK_VERSION_FIELD_NUMBER: _ClassVar[int]
     EPHEMERAL_TOOLS_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
     worker_name: str
     tools: _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolSpec]
     max_concurrency: int
     sdk_version: str
     ephemeral_tools: bool
     agents: _containers.RepeatedCompositeFieldContainer[AgentSpec]
-    def __init__(self, worker_name: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_common_pb2.ToolSpec, _Mapping]]] = ..., max_concurrency: _Optional[int] = ..., sdk_version: _Optional[str] = ..., ephemeral_tools: _Optional[bool] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ...) -> None: ...
+    batches: bool
+    def __init__(self, worker_name: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_common_pb2.ToolSpec, _Mapping]]] = ..., max_concurrency: _Optional[int] = ..., sdk_version: _Optional[str] = ..., ephemeral_tools: _Optional[bool] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ..., batches: _Optional[bool] = ...) -> None: ...
 
 class AgentSpec(_message.Message):
     __slots__ = ("name", "description", "input_schema_json", "version", "max_concurrency", "fingerprint")
