@@ -237,7 +237,9 @@ class ToolContext:
     ) -> None:
         self._call = call
         self._kernel = kernel
-        self._subagents = SubagentWaits()
+        # Made by the first subagent the body starts: most calls start none.
+        self._subagent_waits: SubagentWaits | None = None
+        self._on_subagent_wait: Callable[[], None] | None = None
         self._progress = progress
         self._shared = shared
         self.cache = ToolCache(cache)
@@ -412,6 +414,13 @@ class ToolContext:
 
         return run()
 
+    def _subagents(self) -> SubagentWaits:
+        """What the body started and waits on, made when first needed."""
+        if self._subagent_waits is None:
+            self._subagent_waits = SubagentWaits()
+            self._subagent_waits.on_wait = self._on_subagent_wait
+        return self._subagent_waits
+
     async def _subagent(self, agent: str, input: Any, session: str | None) -> Any:
         kernel = self._kernel
         if kernel is None:
@@ -419,11 +428,11 @@ class ToolContext:
                 f"subagent '{agent}': this context has no kernel (a test context); "
                 "a dispatched call has one"
             )
-        occurrence = self._subagents.occurrence(agent)
+        occurrence = self._subagents().occurrence(agent)
         input_json = "" if input is None else to_canonical(input)
         step = await kernel.start(agent, input_json, session or "", occurrence)
         if not step.settled:
-            with self._subagents.waiting(step.key):
+            with self._subagents().waiting(step.key):
                 step = await kernel.await_step(step.key)
         if step.succeeded:
             return json.loads(step.output_json or "null")

@@ -794,17 +794,20 @@ class _Session:
             if tool.definition.options.idempotency != "at_most_once":
                 # A call that may run again gives back its slot while its body waits on
                 # subagents alone; the watch starts with the body's first wait on one.
-                body = asyncio.current_task()
-                assert body is not None, "a call runs in a task"
-
                 def watch() -> None:
                     nonlocal watcher
-                    if watcher is None:
+                    running = self.running.get(dispatch.dispatch_id)
+                    if (
+                        watcher is None
+                        and running is not None
+                        and running.attempt == dispatch.attempt
+                        and running.task is not None
+                    ):
                         watcher = asyncio.create_task(
-                            self._watch(dispatch, ctx, cancellation, body, given_back)
+                            self._watch(dispatch, ctx, cancellation, running.task, given_back)
                         )
 
-                ctx._subagents.on_wait = watch
+                ctx._on_subagent_wait = watch
             try:
                 return await _within_grace(
                     tool.invoke(ctx, args, executor=self.threads), cancellation
@@ -835,7 +838,7 @@ class _Session:
         for a while; once the kernel takes it, the body is cancelled where it waits."""
         refused: list[str] = []
         while True:
-            waiting_on = await ctx._subagents.suspendable(refused)
+            waiting_on = await ctx._subagents().suspendable(refused)
             if not await self._suspend(dispatch, waiting_on, cancellation):
                 given_back.append(waiting_on)
                 body.cancel()
