@@ -146,7 +146,7 @@ pub fn admit(
     {
         // A blocked run takes no new effects; a resubmission of calls it already holds joins them.
         return Err(KernelError::FailedPrecondition(format!(
-            "run {} is blocked waiting for an approval; it accepts no new tool calls until it is answered \
+            "run_blocked: run {} is blocked waiting for an approval; it accepts no new tool calls until it is answered \
              (calls[{}] is new)",
             run.id, call.position
         )));
@@ -661,6 +661,11 @@ mod tests {
         blocked.status = RunStatus::Blocked;
         let refused = admit(&blocked, &turn, &[None], Some(0), NOW).unwrap_err();
         assert!(refused.to_string().contains("(calls[0] is new)"), "{refused}");
+        // Clients recognise the refusal by its prefix (the Python SDK's hosted calls wait on it).
+        assert!(
+            matches!(&refused, KernelError::FailedPrecondition(message) if message.starts_with("run_blocked: ")),
+            "{refused:?}"
+        );
         assert!(
             admit(&blocked, &turn, &[Some(step())], None, NOW).is_ok(),
             "a resubmission joins"

@@ -373,10 +373,9 @@ first, and at most."""
 
 def _blocked(error: grpc.aio.AioRpcError) -> bool:
     """The kernel refused a turn because the run is blocked on an approval."""
-    return (
-        error.code() == grpc.StatusCode.FAILED_PRECONDITION
-        and "blocked waiting for an approval" in (error.details() or "")
-    )
+    return error.code() == grpc.StatusCode.FAILED_PRECONDITION and (
+        error.details() or ""
+    ).startswith("run_blocked:")
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
