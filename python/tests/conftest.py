@@ -1,5 +1,6 @@
-"""Fixtures: a real kernel per test, and a helper that serves tools from this process; the
-per-test time limit, and the end of every process a test started."""
+"""Fixtures: a real kernel per test, and helpers that serve tools from this process and wait for
+an approval or a run's end; the per-test time limit, and the end of every process a test
+started."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from harness import Kernel, Process, eventually
 
-from kernel_sdk import AgentClient, Tool, Worker
+from kernel_sdk import AgentClient, Event, Run, Tool, Worker
 
 LIMIT_VAR = "E2E_TEST_TIMEOUT_S"
 """The per-test limit in seconds, shared with the Rust end-to-end tests (tests/src/watchdog.rs)."""
@@ -103,3 +104,19 @@ async def pending_approval(client: AgentClient, run_id: str, what: str) -> str:
         return pending[0].id if pending else ""
 
     return await eventually(what, asked)
+
+
+async def ended_events(client: AgentClient, run_id: str) -> list[Event]:
+    """The run's events, once its terminal event is recorded."""
+    events: list[Event] = []
+    async for event in client.watch_events(run_id):
+        assert isinstance(event, Event)
+        events.append(event)
+    return events
+
+
+async def ended_run(client: AgentClient, run_id: str) -> Run:
+    """The run as it ended, once its terminal event is recorded."""
+    async for _ in client.watch_events(run_id):
+        pass
+    return (await client.get_run(run_id)).run

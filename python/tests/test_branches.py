@@ -11,14 +11,13 @@ import asyncio
 import subprocess
 from typing import Any
 
-from conftest import serving
+from conftest import ended_run, serving
 from harness import Kernel, binary, eventually
 
 from kernel_sdk import (
     AgentClient,
     AgentContext,
     CallOutcome,
-    Run,
     RunStatus,
     StepInfo,
     ToolCall,
@@ -152,7 +151,7 @@ async def test_a_hosted_branch_runs_read_and_pure_steps_and_refuses_write_steps_
             ]
         }
         parent = await client.create_run("py_script", input=recorded, hosted=True)
-        assert (await _ended(client, parent.id)).status == "completed"
+        assert (await ended_run(client, parent.id)).status == "completed"
         assert STEPS_RAN == ["plan", "save"]
 
         changed = {
@@ -166,7 +165,7 @@ async def test_a_hosted_branch_runs_read_and_pure_steps_and_refuses_write_steps_
             ]
         }
         branch = await client.fork_run(parent.id, input=changed)
-        ended = await _ended(client, branch.id)
+        ended = await ended_run(client, branch.id)
         assert ended.status == "failed", ended
         assert ended.reason == "write_tool_blocked: ctx.step:mail (reason: step)"
         assert STEPS_RAN == ["plan", "save", "look", "sum"], "reads run live, the write never"
@@ -178,7 +177,7 @@ async def test_a_hosted_branch_runs_read_and_pure_steps_and_refuses_write_steps_
 
         # A ctx.once the parent never recorded is refused whatever it does.
         other = await client.fork_run(parent.id, input={"ops": [{"once": "other"}]})
-        ended = await _ended(client, other.id)
+        ended = await ended_run(client, other.id)
         assert ended.reason == "write_tool_blocked: ctx.step:other (reason: step)"
         assert "other" not in STEPS_RAN
 
@@ -200,19 +199,19 @@ async def test_a_hosted_branch_replays_a_recorded_subagent_or_branches_it_and_re
             return {"ops": [{"child": "py_child", "input": {"label": label}}]}
 
         parent = await client.create_run("py_script", input=child("a"), hosted=True)
-        recorded = await _ended(client, parent.id)
+        recorded = await ended_run(client, parent.id)
         assert recorded.status == "completed", recorded
         assert STEPS_RAN == ["work:a"]
 
         # The same child again replays its output: no second child runs.
         same = await client.fork_run(parent.id)
-        assert (await _ended(client, same.id)).output == recorded.output
+        assert (await ended_run(client, same.id)).output == recorded.output
         assert STEPS_RAN == ["work:a"]
 
         # With another input the child runs as a branch of the recorded one: its recorded write
         # step replays, and its output says the new label.
         other = await client.fork_run(parent.id, input=child("b"))
-        [output] = (await _ended(client, other.id)).output
+        [output] = (await ended_run(client, other.id)).output
         assert output["label"] == "b", output
         grandchild = (await client.get_run(output["run_id"])).run
         assert grandchild.forked_from_run_id == recorded.output[0]["run_id"]
@@ -222,7 +221,7 @@ async def test_a_hosted_branch_replays_a_recorded_subagent_or_branches_it_and_re
         # A subagent the parent never started is refused as an effect.
         new_agent = {"ops": [{"child": "py_script", "input": {"ops": []}}]}
         refused = await client.fork_run(parent.id, input=new_agent)
-        ended = await _ended(client, refused.id)
+        ended = await ended_run(client, refused.id)
         assert ended.reason == "write_tool_blocked: subagent:py_script (reason: effect)"
 
 
@@ -238,7 +237,7 @@ async def test_a_hosted_case_run_runs_the_step_its_token_allows_and_refuses_the_
             ]
         }
         case = await client.create_run("py_script", input=script, hosted=True, allow=["step:save"])
-        ended = await _ended(client, case.id)
+        ended = await ended_run(client, case.id)
         assert ended.reason == "write_tool_blocked: ctx.step:mail (reason: step)", ended
         assert STEPS_RAN == ["save"], "the token's step ran, the other never"
         steps = {s.step_key: s for s in (await client.get_run(case.id)).steps}
@@ -262,7 +261,7 @@ async def test_a_suspended_branch_whose_parent_was_deleted_ends_unresumable(
     async with serving(kernel, quote, held_lookup, agents=[py_script]):
         recorded = {"ops": [{"call": "quote", "args": {"sku": "ab"}}]}
         parent = await client.create_run("py_script", input=recorded, hosted=True)
-        assert (await _ended(client, parent.id)).status == "completed"
+        assert (await ended_run(client, parent.id)).status == "completed"
         waits = {"ops": [{"call": "held_lookup", "args": {"q": "x"}}]}
         branch = await client.fork_run(parent.id, input=waits)
 
@@ -286,12 +285,6 @@ async def test_a_suspended_branch_whose_parent_was_deleted_ends_unresumable(
         )
         assert deleted.returncode == 0, deleted.stderr
         LOOKUP_HELD.set()
-        ended = await _ended(client, branch.id)
+        ended = await ended_run(client, branch.id)
         assert ended.status == "failed", ended
         assert ended.reason.startswith("branch_unresumable: parent_missing"), ended.reason
-
-
-async def _ended(client: AgentClient, run_id: str) -> Run:
-    async for _ in client.watch_events(run_id):
-        pass
-    return (await client.get_run(run_id)).run

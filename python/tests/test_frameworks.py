@@ -13,18 +13,10 @@ from pathlib import Path
 
 import framework_agents
 import pytest
-from conftest import pending_approval
+from conftest import ended_events, pending_approval
 from harness import Kernel, Process, eventually, python_worker, within
 
-from kernel_sdk import AgentClient, Event
-
-
-async def _ended(client: AgentClient, run_id: str) -> list[Event]:
-    events: list[Event] = []
-    async for event in client.watch_events(run_id):
-        assert isinstance(event, Event)
-        events.append(event)
-    return events
+from kernel_sdk import AgentClient
 
 
 @pytest.mark.parametrize("agent_name", ["lc_support", "oa_support", "pa_support"])
@@ -56,7 +48,7 @@ async def test_a_framework_agents_tool_calls_go_through_the_kernel_and_outlive_a
             second = python_worker(kernel, "--frameworks", "--name", "second")
             await second.said("worker session open")
             await client.approve(approval, decider="ops", reason="refund ok")
-            events = await within("the run to end", _ended(client, run.id), 60)
+            events = await within("the run to end", ended_events(client, run.id), 60)
             detail = await client.get_run(run.id)
             assert detail.run.status == "completed", (detail.run.reason, second.log())
             said = detail.run.output

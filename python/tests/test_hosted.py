@@ -10,7 +10,7 @@ from pathlib import Path
 
 import hosted_agents
 import pytest
-from conftest import pending_approval, serving
+from conftest import ended_events, pending_approval, serving
 from harness import Kernel, Process, eventually, python_worker, within
 from pydantic import BaseModel
 
@@ -32,15 +32,6 @@ from kernel_sdk import (
 )
 
 
-async def _ended(client: AgentClient, run_id: str) -> list[Event]:
-    """The run's events, once its terminal event is recorded."""
-    events: list[Event] = []
-    async for event in client.watch_events(run_id):
-        assert isinstance(event, Event)
-        events.append(event)
-    return events
-
-
 async def test_a_hosted_run_records_its_steps_and_completes(
     kernel: Kernel, client: AgentClient
 ) -> None:
@@ -49,7 +40,7 @@ async def test_a_hosted_run_records_its_steps_and_completes(
             "py_planner", input={"destination": "Lisbon", "days": 3}, hosted=True
         )
         assert run.hosted
-        events = await within("the run to end", _ended(client, run.id), 30)
+        events = await within("the run to end", ended_events(client, run.id), 30)
         assert events[-1].type == "run:completed"
         detail = await client.get_run(run.id)
         assert detail.run.output == {
@@ -81,7 +72,7 @@ async def test_a_handler_replays_its_recorded_steps_on_another_worker_after_a_si
         first.kill9()
 
         second = python_worker(kernel, "--agents", "--name", "second")
-        await within("the run to end", _ended(client, run.id), 30)
+        await within("the run to end", ended_events(client, run.id), 30)
         detail = await client.get_run(run.id)
         assert detail.run.status == "completed", detail.run
         assert detail.run.output["plan"] == {"stops": ["Porto", "coast"]}
@@ -104,7 +95,7 @@ async def test_subagents_on_a_session_run_in_order_while_the_parent_gives_back_i
         kernel, *hosted_agents.TOOLS, agents=hosted_agents.AGENTS, max_concurrency=1
     ):
         run = await client.create_run("py_parent", hosted=True)
-        events = await within("the run to end", _ended(client, run.id), 60)
+        events = await within("the run to end", ended_events(client, run.id), 60)
         assert events[-1].type == "run:completed", [e.type for e in events]
         output = (await client.get_run(run.id)).run.output
         key = f"counter:{run.id}"
@@ -126,7 +117,7 @@ async def test_tool_bodies_start_subagents_and_give_back_their_slots_while_they_
     ):
         research = {"steps": [1, 10, 100], "session": True}
         run = await client.create_run("py_researcher", input=research, hosted=True)
-        events = await within("the run to end", _ended(client, run.id), 60)
+        events = await within("the run to end", ended_events(client, run.id), 60)
         kinds = [event.type for event in events]
         assert kinds[-1] == "run:completed", kinds
         assert "tool:suspended" in kinds, "a call gave back its slot"
@@ -153,7 +144,7 @@ async def test_a_failed_subagent_raises_tool_error_in_the_tool_body(
 ) -> None:
     async with serving(kernel, *hosted_agents.TOOLS, agents=hosted_agents.AGENTS):
         run = await client.create_run("py_careful_researcher", hosted=True)
-        await within("the run to end", _ended(client, run.id), 60)
+        await within("the run to end", ended_events(client, run.id), 60)
         detail = await client.get_run(run.id)
         caught, uncaught, refused = detail.run.output
         assert caught.startswith("caught fatal: subagent 'py_counter' (run "), caught
@@ -180,7 +171,7 @@ async def test_a_tool_bodys_subagent_outlives_a_sigkill_and_is_never_started_twi
         first.kill9()
 
         second = python_worker(kernel, "--agents", "--name", "second")
-        await within("the run to end", _ended(client, run.id), 60)
+        await within("the run to end", ended_events(client, run.id), 60)
         detail = await client.get_run(run.id)
         assert detail.run.status == "completed", detail.run
         assert detail.run.output == "slept"
@@ -216,7 +207,7 @@ async def test_a_handler_that_is_not_deterministic_fails_with_replay_input_chang
         await within("a step:result event", _event(client, run.id, "step:result"), 30)
         first.kill9()
         second = python_worker(kernel, "--agents", "--name", "second")
-        events = await within("the run to end", _ended(client, run.id), 30)
+        events = await within("the run to end", ended_events(client, run.id), 30)
         assert events[-1].type == "run:failed"
         detail = await client.get_run(run.id)
         assert "replay_input_changed" in detail.run.reason, detail.run.reason
@@ -241,7 +232,7 @@ async def test_a_handlers_exception_fails_the_run_with_its_traceback(
 ) -> None:
     async with serving(kernel, agents=[py_lost]):
         run = await client.create_run("py_lost", input="Atlantis", hosted=True)
-        events = await within("the run to end", _ended(client, run.id), 30)
+        events = await within("the run to end", ended_events(client, run.id), 30)
     assert events[-1].type == "run:failed"
     reason = (await client.get_run(run.id)).run.reason
     assert reason.startswith("LookupError: no route to Atlantis\nTraceback"), reason
@@ -278,7 +269,7 @@ async def test_a_policy_denies_a_local_step_before_it_runs(tmp_path: Path) -> No
             serving(kernel, agents=[py_guarded]),
         ):
             run = await client.create_run("py_guarded", hosted=True)
-            await within("the run to end", _ended(client, run.id), 30)
+            await within("the run to end", ended_events(client, run.id), 30)
             detail = await client.get_run(run.id)
             output = detail.run.output
             assert output["ran"] == [], "a denied step never runs"
@@ -340,7 +331,7 @@ async def test_a_tool_called_as_a_function_in_a_handler_goes_through_the_kernel(
 
             approval = await pending_approval(client, run.id, "the wire to wait for a person")
             await client.reject(approval, decider="ops", reason="not today")
-            await within("the run to end", _ended(client, run.id), 30)
+            await within("the run to end", ended_events(client, run.id), 30)
             detail = await client.get_run(run.id)
             assert detail.run.status == "completed", detail.run.reason
             output = detail.run.output
@@ -411,7 +402,7 @@ async def test_calls_made_together_are_one_turn_and_a_call_made_while_the_run_wa
         steps = (await client.get_run(run.id)).steps
         assert [s.arguments for s in steps if s.tool == "py_double"] == [{"n": 1}]
         await client.approve(approval, decider="ops")
-        await within("the run to end", _ended(client, run.id), 30)
+        await within("the run to end", ended_events(client, run.id), 30)
         detail = await client.get_run(run.id)
         assert detail.run.status == "completed", detail.run.reason
         assert detail.run.output == {"sent": "sent 7", "first": {"n": 2}, "later": 4}
@@ -449,7 +440,7 @@ async def test_two_calls_under_one_call_id_at_once_raise_concurrent_call_id_erro
 ) -> None:
     async with serving(kernel, py_nap, agents=[py_same_id]):
         run = await client.create_run("py_same_id", hosted=True)
-        await within("the run to end", _ended(client, run.id), 30)
+        await within("the run to end", ended_events(client, run.id), 30)
         detail = await client.get_run(run.id)
         assert detail.run.status == "completed", detail.run.reason
         assert detail.run.output == {
@@ -464,7 +455,7 @@ async def test_a_durable_operation_inside_a_step_raises_to_the_handler_and_recor
 ) -> None:
     async with serving(kernel, py_double, agents=[py_nested]):
         run = await client.create_run("py_nested", hosted=True)
-        await within("the run to end", _ended(client, run.id), 30)
+        await within("the run to end", ended_events(client, run.id), 30)
         detail = await client.get_run(run.id)
         assert detail.run.output == {"caught": "NestedDurableOperationError", "after": 4}
         keys = [step.step_key for step in detail.steps if step.tool != "py_nested"]
@@ -610,7 +601,7 @@ async def test_a_handler_whose_suspension_crosses_a_settle_is_refused_and_goes_o
             run = await client.create_run("py_crossing", hosted=True)
             await within("the kernel to refuse the suspension", refusals.seen.wait(), 30)
             _GATE["held"].set()
-            events = await within("the run to end", _ended(client, run.id), 30)
+            events = await within("the run to end", ended_events(client, run.id), 30)
     finally:
         logger.removeHandler(refusals)
         logger.setLevel(level)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import hosted_agents
 import pytest
-from conftest import serving
+from conftest import ended_run, serving
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -22,7 +22,6 @@ from harness import Kernel, binary, within
 from kernel_sdk import (
     AgentClient,
     KernelError,
-    Run,
     Tls,
     ToolCall,
     ToolContext,
@@ -56,8 +55,12 @@ def _key(*args: str) -> dict[str, str]:
     return created
 
 
-async def test_keys_are_sent_and_what_they_do_not_allow_is_refused(tmp_path: Path) -> None:
-    worker_key = _key("--name", "py-worker", "--scope", "workers:connect", "--tools", "secure_*")
+def _secured(
+    folder: Path, worker: str, tools: str
+) -> tuple[Kernel, dict[str, str], dict[str, str]]:
+    """A kernel with an auth file of two keys: a worker's named `worker` (`workers:connect` for
+    the tool glob `tools`), and an agent's (`runs:write`, `tools:call`, `runs:read`)."""
+    worker_key = _key("--name", worker, "--scope", "workers:connect", "--tools", tools)
     agent_key = _key(
         "--name",
         "py-agent",
@@ -68,9 +71,13 @@ async def test_keys_are_sent_and_what_they_do_not_allow_is_refused(tmp_path: Pat
         "--scope",
         "runs:read",
     )
-    auth = tmp_path / "keys.yaml"
+    auth = folder / "keys.yaml"
     auth.write_text("keys:\n" + worker_key["entry"] + agent_key["entry"])
-    kernel = Kernel(tmp_path, "--auth-file", str(auth))
+    return Kernel(folder, "--auth-file", str(auth)), worker_key, agent_key
+
+
+async def test_keys_are_sent_and_what_they_do_not_allow_is_refused(tmp_path: Path) -> None:
+    kernel, worker_key, agent_key = _secured(tmp_path, "py-worker", "secure_*")
     try:
         with pytest.raises(WorkerRefused) as unauthenticated:
             await Worker(kernel.addr, [secure_echo]).run(handle_signals=False)
@@ -97,20 +104,7 @@ async def test_keys_are_sent_and_what_they_do_not_allow_is_refused(tmp_path: Pat
 
 
 async def test_a_subagent_needs_runs_write_on_the_hosting_workers_key(tmp_path: Path) -> None:
-    worker_key = _key("--name", "py-hosts", "--scope", "workers:connect", "--tools", "*")
-    agent_key = _key(
-        "--name",
-        "py-agent",
-        "--scope",
-        "runs:write",
-        "--scope",
-        "tools:call",
-        "--scope",
-        "runs:read",
-    )
-    auth = tmp_path / "keys.yaml"
-    auth.write_text("keys:\n" + worker_key["entry"] + agent_key["entry"])
-    kernel = Kernel(tmp_path, "--auth-file", str(auth))
+    kernel, worker_key, agent_key = _secured(tmp_path, "py-hosts", "*")
     try:
         async with (
             serving(
@@ -123,12 +117,12 @@ async def test_a_subagent_needs_runs_write_on_the_hosting_workers_key(tmp_path: 
         ):
             # From a handler: the run fails, naming the key and the scope it lacks.
             parent = await agent.create_run("py_parent", hosted=True)
-            ended = await within("the parent to end", _ended(agent, parent.id), 30)
+            ended = await within("the parent to end", ended_run(agent, parent.id), 30)
             assert ended.status == "failed", ended
             assert "key 'py-hosts' needs the scope runs:write" in ended.reason, ended.reason
             # From a tool body: the call fails with the same refusal, and the run goes on.
             delegating = await agent.create_run("py_delegating", hosted=True)
-            done = await within("the run to end", _ended(agent, delegating.id), 30)
+            done = await within("the run to end", ended_run(agent, delegating.id), 30)
             assert done.status == "completed", done
             assert done.output.startswith("subagent 'py_sleeper': PERMISSION_DENIED"), done.output
             assert "needs the scope runs:write" in done.output, done.output
@@ -137,12 +131,6 @@ async def test_a_subagent_needs_runs_write_on_the_hosting_workers_key(tmp_path: 
                 assert not [s for s in steps if s.child_run_id], "no child run was created"
     finally:
         kernel.stop()
-
-
-async def _ended(client: AgentClient, run_id: str) -> Run:
-    async for _ in client.watch_events(run_id):
-        pass
-    return (await client.get_run(run_id)).run
 
 
 def _certificates(folder: Path) -> tuple[Path, Path, Path]:

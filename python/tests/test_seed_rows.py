@@ -15,7 +15,7 @@ from typing import Any
 
 import hosted_agents
 import pytest
-from conftest import serving
+from conftest import ended_events, serving
 from harness import Kernel, eventually, within
 
 from kernel_sdk import (
@@ -35,15 +35,6 @@ from kernel_sdk import (
     agent,
     tool,
 )
-
-
-async def _ended(client: AgentClient, run_id: str) -> list[Event]:
-    """The run's events, once its terminal event is recorded."""
-    events: list[Event] = []
-    async for event in client.watch_events(run_id):
-        assert isinstance(event, Event)
-        events.append(event)
-    return events
 
 
 @contextlib.asynccontextmanager
@@ -708,7 +699,7 @@ async def test_a_failed_subagent_raises_subagent_failed_in_the_handler(
         kernel, *hosted_agents.TOOLS, agents=[*hosted_agents.AGENTS, sr_careful_parent]
     ):
         run = await client.create_run("sr_careful_parent", hosted=True)
-        events = await within("the run to end", _ended(client, run.id), 60)
+        events = await within("the run to end", ended_events(client, run.id), 60)
         assert events[-1].type == "run:completed", [e.type for e in events]
         output = (await client.get_run(run.id)).run.output
         assert output["caught"] == "SubagentFailed" and output["agent"] == "py_counter", output

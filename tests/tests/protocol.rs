@@ -404,7 +404,7 @@ async fn a_replay_against_a_changed_tool_definition_is_a_divergence_naming_both_
 
 /// A worker that reads batches gets every call of a turn (alone or several in one message: that
 /// depends on when each is ready, see `grpc::workers`' unit tests), and its results sent in one
-/// message are each recorded and acknowledged as if sent alone.
+/// message are each fenced, recorded and acknowledged as if sent alone.
 #[tokio::test]
 async fn a_worker_reading_batches_gets_every_call_and_its_results_sent_together_are_each_recorded() {
     let kernel = Kernel::start();
@@ -429,18 +429,26 @@ async fn a_worker_reading_batches_gets_every_call_and_its_results_sent_together_
                 serde_json::from_str::<serde_json::Value>(&d.arguments_json).unwrap()["n"].to_string(),
             )),
         })
-        .collect();
-    worker.send(In::Results(pb::DispatchResults { results })).await;
-    let mut acked = 0;
-    while acked < 5 {
+        .collect::<Vec<_>>();
+    // Each result of a batch is fenced as if alone: one for an attempt the worker does not hold
+    // is refused, and the others are recorded.
+    let mut stale = results[0].clone();
+    stale.attempt += 1;
+    let mut sent = vec![stale];
+    sent.extend(results);
+    worker.send(In::Results(pb::DispatchResults { results: sent })).await;
+    let (mut accepted, mut refused) = (0, 0);
+    while accepted + refused < 6 {
         match worker.next().await {
+            Out::ResultAck(ack) if ack.accepted => accepted += 1,
             Out::ResultAck(ack) => {
-                assert!(ack.accepted, "{ack:?}");
-                acked += 1;
+                assert_eq!(ack.attempt, dispatches[0].attempt + 1, "{ack:?}");
+                refused += 1;
             }
             other => panic!("expected an acknowledgement, got {other:?}"),
         }
     }
+    assert_eq!((accepted, refused), (5, 1));
     let outcome = turn.await.unwrap();
     let contents: Vec<&str> = outcome.results.iter().map(|r| r.content.as_str()).collect();
     assert_eq!(contents, ["0", "1", "2", "3", "4"]);

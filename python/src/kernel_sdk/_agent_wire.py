@@ -39,6 +39,16 @@ CAPTURE: dict[Capture | None, Any] = {
 }
 
 
+SETTLED = frozenset(
+    {
+        common_pb2.STEP_STATUS_SUCCEEDED,
+        common_pb2.STEP_STATUS_FAILED,
+        common_pb2.STEP_STATUS_CANCELLED,
+    }
+)
+"""Step statuses that are a step's one terminal outcome."""
+
+
 def kernel_error(error: grpc.aio.AioRpcError) -> KernelError:
     """The kernel's refusal as the SDK raises it: `ConcurrentCallIdError` for a call id another
     call holds in flight, else `KernelError`."""

@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-# How long a body must wait on the same subagents before its call may give back its slot: long
-# enough that a child that ends at once is awaited in place, as the Rust SDK waits.
+# How long a body must wait on the same subagents before its call may give back its slot (and a
+# hosted handler on its children and answers): long enough that a child that ends at once is
+# awaited in place, as the Rust SDK waits.
 SUSPEND_AFTER = 0.1
 
 

@@ -35,8 +35,9 @@ import grpc
 import pydantic
 import pydantic_core
 
-from ._agent_wire import CallLike, call_result, kernel_error, tool_call
+from ._agent_wire import SETTLED, CallLike, call_result, kernel_error, tool_call
 from ._proto import common_pb2, hosted_pb2, hosted_pb2_grpc, tool_calls_pb2
+from ._tool_subagents import SUSPEND_AFTER as _SUSPEND_AFTER
 from ._typed import Typed as _Typed
 from .canonical import idempotency_key, to_canonical, tool_fingerprint
 from .context import Cancellation, _carrier, current_run
@@ -57,15 +58,10 @@ from .tools import (
 logger = logging.getLogger("kernel_sdk.hosted")
 
 StepEffect = Literal["read", "pure", "write"]
-# How long every operation must wait durably before the handler gives back its slot: a child or
-# an answer that comes quickly costs no redispatch. Tool calls alone usually answer quickly.
-_SUSPEND_AFTER = 0.1
+# How long every operation must wait durably before the handler gives back its slot (for a child
+# or an answer, `_SUSPEND_AFTER`, as long as a tool body waits): one that comes quickly costs no
+# redispatch. Tool calls alone usually answer quickly.
 _SUSPEND_AFTER_CALLS = 1.0
-_SETTLED = {
-    common_pb2.STEP_STATUS_SUCCEEDED,
-    common_pb2.STEP_STATUS_FAILED,
-    common_pb2.STEP_STATUS_CANCELLED,
-}
 
 
 class AgentError(Exception):
@@ -866,7 +862,7 @@ class AgentContext:
                 self._starting.discard(seq)
                 async with self._started:
                     self._started.notify_all()
-            if step.status not in _SETTLED:
+            if step.status not in SETTLED:
                 waiting = _Durable(self._waits, [key], long=True)
                 try:
                     answer = await self._unary(

@@ -211,9 +211,13 @@ def _effects(annotations: Any) -> dict[str, Any]:
 
 def _version(descriptor: Any) -> str:
     """`mcp.` and the first 16 hex digits of sha256 over the descriptor's canonical JSON."""
-    dump = getattr(descriptor, "model_dump", None)
-    plain = dump(mode="json", by_alias=True, exclude_none=True) if callable(dump) else descriptor
-    return "mcp." + hashlib.sha256(to_canonical(plain).encode()).hexdigest()[:16]
+    return "mcp." + hashlib.sha256(to_canonical(_plain(descriptor)).encode()).hexdigest()[:16]
+
+
+def _plain(value: Any) -> Any:
+    """An `mcp` package model as the JSON the protocol sends (a dict stays as it is)."""
+    dump = getattr(value, "model_dump", None)
+    return dump(mode="json", by_alias=True, exclude_none=True) if callable(dump) else value
 
 
 def _without_nulls(arguments: dict[str, Any]) -> dict[str, Any]:
@@ -232,13 +236,7 @@ def _texts(result: Any) -> list[str] | None:
 
 
 def _blocks(result: Any) -> Any:
-    blocks = _field(result, "content") or []
-    return [
-        block.model_dump(mode="json", by_alias=True, exclude_none=True)
-        if callable(getattr(block, "model_dump", None))
-        else block
-        for block in blocks
-    ]
+    return [_plain(block) for block in _field(result, "content") or []]
 
 
 def _flattened(result: Any) -> Any:

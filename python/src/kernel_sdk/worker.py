@@ -40,6 +40,7 @@ from typing import Any
 import grpc
 
 from . import _wire as wire
+from ._agent_wire import SETTLED
 from ._proto import common_pb2, hosted_pb2, hosted_pb2_grpc, workers_pb2, workers_pb2_grpc
 from ._tool_subagents import ChildStep
 from .context import Cancellation, Progress, ToolContext, _Shared
@@ -510,7 +511,7 @@ class _Session:
 
     async def _suspend(
         self,
-        run: workers_pb2.RunDispatch | workers_pb2.Dispatch,
+        dispatch: workers_pb2.RunDispatch | workers_pb2.Dispatch,
         waiting_on: list[str],
         cancellation: Cancellation,
     ) -> bool:
@@ -521,20 +522,20 @@ class _Session:
         if self.closed:
             return False
         answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self.suspensions[run.dispatch_id] = (run.attempt, answer)
+        self.suspensions[dispatch.dispatch_id] = (dispatch.attempt, answer)
         logger.info(
             "dispatch waits durably, giving back its slot run_id=%s waiting_on=%s",
-            run.run_id,
+            dispatch.run_id,
             ",".join(waiting_on),
         )
-        self.send(wire.suspended(run.dispatch_id, run.attempt, waiting_on))
+        self.send(wire.suspended(dispatch.dispatch_id, dispatch.attempt, waiting_on))
         try:
             if not await _first(answer, cancellation.wait()):
                 return True
             return answer.result()
         finally:
-            if self.suspensions.get(run.dispatch_id) == (run.attempt, answer):
-                del self.suspensions[run.dispatch_id]
+            if self.suspensions.get(dispatch.dispatch_id) == (dispatch.attempt, answer):
+                del self.suspensions[dispatch.dispatch_id]
 
     async def _answer(self, question: workers_pb2.ApprovalQuestion) -> None:
         """Evaluates a tool's Python approval predicate on a call's arguments, for the kernel to
@@ -978,18 +979,11 @@ class _CallKernel:
         return _child(answer.step)
 
 
-_SETTLED = (
-    common_pb2.STEP_STATUS_SUCCEEDED,
-    common_pb2.STEP_STATUS_FAILED,
-    common_pb2.STEP_STATUS_CANCELLED,
-)
-
-
 def _child(step: Any) -> ChildStep:
     return ChildStep(
         key=step.step_key,
         child_run_id=step.child_run_id,
-        settled=step.status in _SETTLED,
+        settled=step.status in SETTLED,
         succeeded=step.status == common_pb2.STEP_STATUS_SUCCEEDED,
         output_json=step.output_json,
         error=step.error,
