@@ -1969,9 +1969,13 @@ mod tests {
         plan.calls[0].timeout_ms = Some(30_000);
         let step = scheduled(&store, plan).await;
 
+        // The test moves the clock past a lease TTL at once; the scheduler's own ticks (in real
+        // time) must not find the worker silent before its heartbeat arrives, so the lease
+        // outlasts the test: only the call's timeout is under test.
         let config = SchedulerConfig {
             scan_interval: Duration::from_secs(3600),
             cancel_grace: Duration::from_secs(3600),
+            lease_ttl: Duration::from_secs(3600),
             ..SchedulerConfig::default()
         };
         let shutdown = CancellationToken::new();
