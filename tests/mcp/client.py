@@ -7,6 +7,13 @@ prints one JSON line per thing it sees (tools, progress, result) so the test can
 
 With MCP_CLIENT_KEEP_SESSION=1 in its environment an HTTP client leaves without deleting its
 session, as a client that crashed or lost its network would.
+
+With MCP_CLIENT_REVISION=2026-07-28 it speaks that revision (no session: `server/discover`, then
+each request on its own, with `_meta`), through the package's `Client`. A call may then carry
+`meta` (its `_meta`) and `answer`: what the client's user answers a form the server asks
+(`approve`, `reject`, `decline` or `cancel`); each form asked is printed. A `meta` value
+`$last_run` stands for the run the previous result named (its `_meta` `kernel/run`). With
+MCP_CLIENT_NO_FORMS=1 the client declares no elicitation, so it cannot be asked anything.
 """
 
 import asyncio
@@ -15,7 +22,8 @@ import os
 import sys
 from typing import Any
 
-from mcp import ClientSession, StdioServerParameters
+import mcp_types
+from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import Implementation
@@ -25,25 +33,97 @@ def emit(event: dict[str, Any]) -> None:
     print(json.dumps(event), flush=True)
 
 
+def emit_tools(listed: Any) -> None:
+    emit(
+        {
+            "tools": [
+                {
+                    "name": tool.name,
+                    "annotations": tool.annotations.model_dump(exclude_none=True)
+                    if tool.annotations
+                    else {},
+                    "schema": tool.input_schema,
+                }
+                for tool in listed.tools
+            ]
+        }
+    )
+
+
+def emit_result(tool: str, result: Any) -> None:
+    emit(
+        {
+            "result": {
+                "tool": tool,
+                "is_error": bool(getattr(result, "is_error", False)),
+                "text": [
+                    block.text
+                    for block in getattr(result, "content", [])
+                    if block.type == "text"
+                ],
+                "structured": getattr(result, "structured_content", None),
+                "meta": getattr(result, "meta", None),
+            }
+        }
+    )
+
+
+async def modern(server: Any, calls: list[dict[str, Any]]) -> None:
+    """The calls at 2026-07-28: no session, each request with its own `_meta`."""
+    answers: list[str] = []
+
+    async def form(_context: Any, params: Any) -> Any:
+        emit({"asked": {"message": params.message}})
+        answer = answers[0] if answers else "cancel"
+        if answer in ("decline", "cancel"):
+            return mcp_types.ElicitResult(action=answer)
+        return mcp_types.ElicitResult(
+            action="accept",
+            content={"decision": answer, "reason": "from the e2e client"},
+        )
+
+    no_forms = os.environ.get("MCP_CLIENT_NO_FORMS") == "1"
+    async with Client(
+        server,
+        mode="2026-07-28",
+        client_info=Implementation(name="e2e-client", version="1.0"),
+        elicitation_callback=None if no_forms else form,
+    ) as mcp:
+        emit({"protocol_version": mcp.protocol_version})
+        emit_tools(await mcp.list_tools())
+        last_run = None
+        for call in calls:
+            answers[:] = [call["answer"]] if "answer" in call else []
+            meta = {
+                key: last_run if value == "$last_run" else value
+                for key, value in (call.get("meta") or {}).items()
+            }
+
+            async def progress(
+                value: float, total: float | None, message: str | None
+            ) -> None:
+                emit({"progress": value, "total": total, "message": message})
+
+            try:
+                result = await mcp.call_tool(
+                    call["tool"],
+                    call.get("arguments", {}),
+                    read_timeout_seconds=call.get("timeout"),
+                    progress_callback=progress,
+                    meta=meta or None,
+                )
+            except Exception as error:  # noqa: BLE001 - the test reads what happened
+                emit({"error": {"tool": call["tool"], "message": str(error)}})
+                continue
+            last_run = (result.meta or {}).get("kernel/run", last_run)
+            emit_result(call["tool"], result)
+
+
 async def session(read: Any, write: Any, calls: list[dict[str, Any]]) -> None:
     client_info = Implementation(name="e2e-client", version="1.0")
     async with ClientSession(read, write, client_info=client_info) as mcp:
         await mcp.initialize()
-        listed = await mcp.list_tools()
-        emit(
-            {
-                "tools": [
-                    {
-                        "name": tool.name,
-                        "annotations": tool.annotations.model_dump(exclude_none=True)
-                        if tool.annotations
-                        else {},
-                        "schema": tool.input_schema,
-                    }
-                    for tool in listed.tools
-                ]
-            }
-        )
+        emit_tools(await mcp.list_tools())
         for call in calls:
 
             async def progress(
@@ -61,24 +141,14 @@ async def session(read: Any, write: Any, calls: list[dict[str, Any]]) -> None:
             except Exception as error:  # noqa: BLE001 - the test reads what happened
                 emit({"error": {"tool": call["tool"], "message": str(error)}})
                 continue
-            emit(
-                {
-                    "result": {
-                        "tool": call["tool"],
-                        "is_error": bool(getattr(result, "is_error", False)),
-                        "text": [
-                            block.text
-                            for block in getattr(result, "content", [])
-                            if block.type == "text"
-                        ],
-                        "structured": getattr(result, "structured_content", None),
-                    }
-                }
-            )
+            emit_result(call["tool"], result)
 
 
 async def main() -> None:
     mode, target, calls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    if os.environ.get("MCP_CLIENT_REVISION") == "2026-07-28":
+        await modern_at(mode, target, calls)
+        return
     if mode == "stdio":
         argv = json.loads(target)
         async with stdio_client(
@@ -98,6 +168,18 @@ async def main() -> None:
             ) as streams,
         ):
             await session(streams[0], streams[1], calls)
+
+
+async def modern_at(mode: str, target: str, calls: list[dict[str, Any]]) -> None:
+    if mode == "stdio":
+        argv = json.loads(target)
+        await modern(StdioServerParameters(command=argv[0], args=argv[1:]), calls)
+        return
+    import httpx2 as httpx
+
+    headers = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+    async with httpx.AsyncClient(headers=headers, timeout=60) as http:
+        await modern(streamable_http_client(target, http_client=http), calls)
 
 
 if __name__ == "__main__":

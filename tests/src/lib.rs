@@ -1054,3 +1054,24 @@ impl Process {
         None
     }
 }
+
+/// A key as `kernelctl keys create` prints it: its secret, and its auth-file entry (a
+/// `workers:connect` key may offer any tool).
+pub fn create_key(name: &str, scopes: &[&str]) -> (String, String) {
+    let mut command = std::process::Command::new(binary("kernelctl"));
+    command.args(["keys", "create", "--name", name]);
+    if scopes.contains(&"workers:connect") {
+        command.args(["--tools", "*"]);
+    }
+    for scope in scopes {
+        command.args(["--scope", scope]);
+    }
+    let output = command.output().expect("kernelctl runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let entry = String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    (String::from_utf8(output.stdout).unwrap().trim().to_owned(), entry)
+}

@@ -83,6 +83,22 @@ impl McpClient {
         McpClient::run_with(mode, target, calls, headers, &[])
     }
 
+    /// [`McpClient::run`] at MCP 2026-07-28: no session, each request with its own `_meta`; a
+    /// call may carry `meta` and `answer` (`approve`, `reject`, `decline`, `cancel`: what the
+    /// client's user answers a form the server asks). `env` as for [`McpClient::run_with`]
+    /// (`MCP_CLIENT_NO_FORMS=1`: the client declares no elicitation).
+    pub fn stateless(
+        mode: &str,
+        target: &str,
+        calls: &serde_json::Value,
+        headers: &serde_json::Value,
+        env: &[(&str, &str)],
+    ) -> McpClient {
+        let mut env = env.to_vec();
+        env.push(("MCP_CLIENT_REVISION", "2026-07-28"));
+        McpClient::run_with(mode, target, calls, headers, &env)
+    }
+
     /// [`McpClient::run`] with `env` set for the client (`MCP_CLIENT_KEEP_SESSION=1`: it leaves
     /// without deleting its HTTP session).
     pub fn run_with(

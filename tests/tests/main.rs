@@ -20,6 +20,7 @@ mod hostile;
 mod load;
 mod mcp;
 mod mcp_serve;
+mod mcp_stateless;
 mod offers;
 mod outcomes;
 mod postgres;

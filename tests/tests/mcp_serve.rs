@@ -6,7 +6,7 @@
 //! (deleted, stdin closed, or idle past its timeout), and a 401 for a request without a known key.
 
 use e2e::mcp::McpClient;
-use e2e::{Kernel, KernelOptions, binary, check_log};
+use e2e::{Kernel, KernelOptions, binary, check_log, create_key};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
 use serde_json::{Value, json};
@@ -246,26 +246,6 @@ async fn a_session_idle_past_its_timeout_is_closed_and_its_run_completed() {
     let runs = kernel.list_runs("e2e-client").await;
     let ended = kernel.finished(&runs[0].id).await;
     assert_eq!(ended.status, pb::RunStatus::Completed as i32, "{ended:?}");
-}
-
-/// A key as `kernelctl keys create` prints it: its secret, and its auth-file entry.
-fn create_key(name: &str, scopes: &[&str]) -> (String, String) {
-    let mut command = std::process::Command::new(binary("kernelctl"));
-    command.args(["keys", "create", "--name", name]);
-    if scopes.contains(&"workers:connect") {
-        command.args(["--tools", "*"]);
-    }
-    for scope in scopes {
-        command.args(["--scope", scope]);
-    }
-    let output = command.output().expect("kernelctl runs");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let entry = String::from_utf8_lossy(&output.stderr)
-        .lines()
-        .filter(|line| !line.starts_with('#'))
-        .collect::<Vec<_>>()
-        .join("\n");
-    (String::from_utf8(output.stdout).unwrap().trim().to_owned(), entry)
 }
 
 /// The status line and headers of an MCP `initialize` POSTed to `addr` with `authorization`.

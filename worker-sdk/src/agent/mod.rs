@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use futures_util::{Stream, TryStreamExt, future, stream};
 use kernel_proto::v1 as pb;
+use pb::approval_service_client::ApprovalServiceClient;
 use pb::registry_service_client::RegistryServiceClient;
 use pb::run_service_client::RunServiceClient;
 use pb::tool_call_service_client::ToolCallServiceClient;
@@ -493,6 +494,7 @@ pub struct AgentClient {
     runs: RunServiceClient<Channel>,
     calls: ToolCallServiceClient<Channel>,
     registry: RegistryServiceClient<Channel>,
+    approvals: ApprovalServiceClient<Channel>,
     api_key: Option<ApiKey>,
     /// The address connected to, to say what to do when the connection fails.
     addr: Option<Arc<str>>,
@@ -543,6 +545,7 @@ impl AgentClient {
         Self {
             runs: RunServiceClient::new(channel.clone()),
             registry: RegistryServiceClient::new(channel.clone()),
+            approvals: ApprovalServiceClient::new(channel.clone()),
             calls: ToolCallServiceClient::new(channel),
             api_key: None,
             addr: None,
@@ -576,6 +579,64 @@ impl AgentClient {
     pub async fn registered_tools(&self) -> Result<Vec<pb::RegisteredTool>, AgentError> {
         let request = self.request(pb::ListToolsRequest {});
         Ok(self.call(self.registry.clone().list_tools(request)).await?.tools)
+    }
+
+    /// Approvals in one status (`ApprovalService.ListApprovals`), of one run or of all; the
+    /// pending ones for [`pb::ApprovalStatus::Unspecified`]. The key needs `runs:read`.
+    pub async fn list_approvals(
+        &self,
+        run_id: Option<&str>,
+        status: pb::ApprovalStatus,
+    ) -> Result<Vec<pb::Approval>, AgentError> {
+        let request = self.request(pb::ListApprovalsRequest {
+            status: status as i32,
+            run_id: run_id.unwrap_or_default().to_owned(),
+        });
+        Ok(self
+            .call(self.approvals.clone().list_approvals(request))
+            .await?
+            .approvals)
+    }
+
+    /// Approves a waiting call: it runs, once, with exactly the arguments the approval shows.
+    /// With keys the kernel records the key's name as the decider (`decider` is for a kernel
+    /// without keys); the key needs `approvals:write` and, when the approval names approvers, to
+    /// be one of them (else `PERMISSION_DENIED`). An approval already answered or expired is
+    /// `FAILED_PRECONDITION`.
+    pub async fn approve(
+        &self,
+        approval_id: impl Into<String>,
+        decider: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Result<pb::Approval, AgentError> {
+        let request = self.request(pb::ApproveCallRequest {
+            approval_id: approval_id.into(),
+            decider: decider.into(),
+            reason: reason.into(),
+        });
+        let response = self.call(self.approvals.clone().approve_call(request)).await?;
+        response
+            .approval
+            .ok_or_else(|| AgentError::Protocol("ApproveCall returned no approval".into()))
+    }
+
+    /// Rejects a waiting call: the model reads that it was not approved, with `reason`. Keys and
+    /// refusals as for [`AgentClient::approve`].
+    pub async fn reject(
+        &self,
+        approval_id: impl Into<String>,
+        decider: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Result<pb::Approval, AgentError> {
+        let request = self.request(pb::RejectCallRequest {
+            approval_id: approval_id.into(),
+            decider: decider.into(),
+            reason: reason.into(),
+        });
+        let response = self.call(self.approvals.clone().reject_call(request)).await?;
+        response
+            .approval
+            .ok_or_else(|| AgentError::Protocol("RejectCall returned no approval".into()))
     }
 
     /// Creates a run; with an idempotency key that matches an earlier run, returns that run.

@@ -1,0 +1,344 @@
+//! A call that waits for a person, asked of a 2026-07-28 client: the request returns
+//! `input_required` with a form (approve or reject, and why) naming the approval, what it covers
+//! and who may answer, and the client retries with the person's answer. The answer is the
+//! kernel's like any other: made with the client's key, so it counts only where that key may
+//! answer the approval, bound to the call's hash, used once, and refused once the approval
+//! expired or someone else answered. An answer the kernel refuses leaves the call waiting: the
+//! retry then holds its request open until the approval is answered elsewhere (`kernelctl`, the
+//! console).
+//!
+//! `requestState` is a handle, not trusted state: it names a run, a call and an approval, and
+//! everything else is read back from the log. The call must be the one the retried request makes
+//! (same tool and arguments) and the approval that call's pending one before an answer is taken;
+//! a handle that names anything else is refused. So a changed `requestState` can reach nothing
+//! its request could not reach anyway.
+
+use rmcp::model::{
+    ElicitResult, ElicitationAction, InputRequest, InputRequests, InputRequiredResult, InputResponses, MetaObject,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use worker_sdk::proto::canonical;
+use worker_sdk::proto::v1 as pb;
+use worker_sdk::{AgentClient, AgentError, Interruption};
+
+use super::stateless::Place;
+
+/// The key of the approval's form among a result's `inputRequests`.
+const INPUT_KEY: &str = "approval";
+/// `_meta` key of an `input_required` result: the approval asked about.
+const META_APPROVAL: &str = "kernel/approval";
+
+/// What a retry's `requestState` names.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub(super) struct State {
+    run: String,
+    step: String,
+    approval: String,
+    /// Whether the client may re-issue the call (it gave an idempotency key): all it decides is
+    /// whether a cut stream cancels the call.
+    keyed: bool,
+}
+
+impl State {
+    fn of(place: &Place, approval: &str) -> Self {
+        Self {
+            run: place.run.id().to_owned(),
+            step: place.step_key(),
+            approval: approval.to_owned(),
+            keyed: place.keyed,
+        }
+    }
+
+    pub(super) fn decode(text: &str) -> Result<Self, ErrorData> {
+        serde_json::from_str(text).map_err(|_| {
+            ErrorData::invalid_params(
+                "requestState: not one this server returned (send it back unchanged)",
+                None,
+            )
+        })
+    }
+}
+
+/// Whether the request's client can show a person a form (it declared form elicitation).
+pub(super) fn client_can_answer(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .client_capabilities()
+        .and_then(|capabilities| capabilities.elicitation)
+        .is_some_and(|elicitation| elicitation.form.is_some() || elicitation.url.is_none())
+}
+
+/// The `input_required` result asking the client's user about the call parked at `place`.
+pub(super) async fn ask(client: &AgentClient, place: &Place, asked: &Interruption) -> InputRequiredResult {
+    // Who may answer and until when are the approval's; without `runs:read` the form says less.
+    let approval = client
+        .list_approvals(Some(place.run.id()), pb::ApprovalStatus::Pending)
+        .await
+        .ok()
+        .and_then(|approvals| approvals.into_iter().find(|a| a.id == asked.approval_id));
+    let mut requests = InputRequests::new();
+    requests.insert(INPUT_KEY.to_owned(), form(asked, approval.as_ref()));
+    let state = serde_json::to_string(&State::of(place, &asked.approval_id)).expect("a state serializes");
+    let mut meta = MetaObject::default();
+    meta.insert(
+        META_APPROVAL.into(),
+        json!({
+            "id": asked.approval_id,
+            "run": place.run.id(),
+            "step": place.step_key(),
+            "tool": asked.tool,
+            "arguments": asked.arguments,
+            "reason": asked.reason,
+            "rule": approval.as_ref().map(|a| a.decided_by.clone()),
+            "approvers": approval.as_ref().map(|a| a.approvers.clone()),
+            "expires_at": approval.as_ref().and_then(|a| a.expires_at).map(|t| t.seconds),
+        }),
+    );
+    InputRequiredResult::new(Some(requests), Some(state)).with_meta(meta)
+}
+
+/// The form a person answers: approve or reject, and why.
+fn form(asked: &Interruption, approval: Option<&pb::Approval>) -> InputRequest {
+    let who = match approval.map(|a| a.approvers.as_slice()) {
+        Some([]) => "any key with approvals:write".to_owned(),
+        Some(approvers) => approvers.join(", "),
+        None => "a key the approval's rule names".to_owned(),
+    };
+    let rule = approval
+        .map(|a| a.decided_by.as_str())
+        .filter(|rule| !rule.is_empty())
+        .unwrap_or(asked.reason.as_str());
+    let mut message = format!(
+        "Approve the call of '{}' with {}? It waits for a person (approval {}, asked by {rule}; may be answered by {who}).",
+        asked.tool,
+        canonical::to_canonical(&asked.arguments),
+        asked.approval_id,
+    );
+    if !asked.message.is_empty() {
+        message.push(' ');
+        message.push_str(&asked.message);
+    }
+    serde_json::from_value(json!({
+        "method": "elicitation/create",
+        "params": {
+            "mode": "form",
+            "message": message,
+            "requestedSchema": {
+                "type": "object",
+                "properties": {
+                    "decision": {
+                        "type": "string",
+                        "title": "Decision",
+                        "enum": ["approve", "reject"],
+                    },
+                    "reason": {"type": "string", "title": "Why"},
+                },
+                "required": ["decision"],
+            },
+        },
+    }))
+    .expect("the approval form is an elicitation request")
+}
+
+/// The place of the call a retry's `state` names, once the log shows it is the call the retried
+/// request makes (`name` with `arguments`).
+pub(super) async fn resume(
+    client: &AgentClient,
+    state: &State,
+    name: &str,
+    arguments: &Value,
+) -> Result<Place, ErrorData> {
+    let run = client.run(state.run.clone());
+    let snapshot = run.get().await.map_err(super::results::kernel_error)?;
+    let step = snapshot
+        .steps
+        .iter()
+        .find(|step| step.step_key == state.step)
+        .ok_or_else(|| ErrorData::invalid_params("requestState: names a call its run does not hold", None))?;
+    let same_arguments = canonical::canonicalize(&step.arguments_json).ok() == Some(canonical::to_canonical(arguments));
+    if step.tool != name || !same_arguments {
+        return Err(ErrorData::invalid_params(
+            format!(
+                "requestState: belongs to the call of '{}' recorded as {}, not to this request's tool and arguments",
+                step.tool, step.step_key
+            ),
+            None,
+        ));
+    }
+    Ok(Place {
+        own: super::stateless::is_own(&snapshot.run),
+        turn: step.turn,
+        call_id: step.call_id.clone(),
+        run,
+        keyed: state.keyed,
+    })
+}
+
+/// Gives the kernel the person's answer among `responses`, made with the client's key. Nothing
+/// to answer (the form was dismissed), an approval no longer pending or not this call's, and an
+/// answer the kernel refuses all leave the call as it stands.
+pub(super) async fn answer(
+    client: &AgentClient,
+    state: &State,
+    responses: Option<&InputResponses>,
+    context: &RequestContext<RoleServer>,
+) {
+    let Some(decision) = responses.and_then(|r| r.get(INPUT_KEY)).and_then(decision) else {
+        return;
+    };
+    let pending = client
+        .list_approvals(Some(&state.run), pb::ApprovalStatus::Pending)
+        .await
+        .unwrap_or_default();
+    if !pending
+        .iter()
+        .any(|a| a.id == state.approval && a.step_key == state.step)
+    {
+        tracing::debug!(
+            approval_id = state.approval,
+            "mcp answer to an approval no longer pending"
+        );
+        return;
+    }
+    let decider = context
+        .client_info()
+        .map(|info| format!("mcp client {}", info.name))
+        .unwrap_or_else(|| "mcp client".to_owned());
+    let answered = match decision {
+        Decision::Approve(reason) => client.approve(&state.approval, decider, reason).await,
+        Decision::Reject(reason) => client.reject(&state.approval, decider, reason).await,
+    };
+    match answered {
+        Ok(approval) => tracing::info!(
+            approval_id = approval.id,
+            decider = approval.decider,
+            "approval answered over mcp"
+        ),
+        Err(AgentError::Status(status)) => {
+            tracing::info!(approval_id = state.approval, code = ?status.code(), reason = status.message(), "mcp answer refused")
+        }
+        Err(error) => tracing::warn!(approval_id = state.approval, %error, "mcp answer not delivered"),
+    }
+}
+
+/// A person's answer to the approval's form.
+#[derive(Debug, PartialEq)]
+enum Decision {
+    Approve(String),
+    Reject(String),
+}
+
+/// The decision in an elicitation response: accepted with `approve` or `reject`, or declined (a
+/// rejection); a dismissed form (`cancel`) or one that does not parse decides nothing.
+fn decision(response: &Value) -> Option<Decision> {
+    let result: ElicitResult = serde_json::from_value(response.clone()).ok()?;
+    let field = |name: &str| {
+        result
+            .content
+            .as_ref()
+            .and_then(|content| content.get(name))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let reason = field("reason").unwrap_or_default();
+    match result.action {
+        ElicitationAction::Accept => match field("decision").as_deref() {
+            Some("approve") => Some(Decision::Approve(reason)),
+            Some("reject") => Some(Decision::Reject(reason)),
+            _ => None,
+        },
+        ElicitationAction::Decline => Some(Decision::Reject(if reason.is_empty() {
+            "declined by the MCP client's user".to_owned()
+        } else {
+            reason
+        })),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn asked() -> Interruption {
+        Interruption {
+            position: 0,
+            step_key: "id:k1".into(),
+            tool: "refund".into(),
+            reason: "tool_approval".into(),
+            approval_id: "ap1".into(),
+            arguments: json!({"cents": 5}),
+            message: "refunds need a person".into(),
+        }
+    }
+
+    #[test]
+    fn the_form_names_the_call_the_approval_and_who_may_answer() {
+        let approval = pb::Approval {
+            approvers: vec!["payments-oncall".into()],
+            decided_by: "rule:refunds".into(),
+            ..Default::default()
+        };
+        let request = serde_json::to_value(form(&asked(), Some(&approval))).unwrap();
+        assert_eq!(request["method"], "elicitation/create");
+        let message = request["params"]["message"].as_str().unwrap();
+        for part in [
+            "'refund'",
+            r#"{"cents":5}"#,
+            "approval ap1",
+            "rule:refunds",
+            "payments-oncall",
+            "refunds need a person",
+        ] {
+            assert!(message.contains(part), "{part} in {message}");
+        }
+        assert_eq!(
+            request["params"]["requestedSchema"]["properties"]["decision"]["enum"],
+            json!(["approve", "reject"])
+        );
+        let anyone = serde_json::to_value(form(&asked(), Some(&pb::Approval::default()))).unwrap();
+        assert!(
+            anyone["params"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("any key with approvals:write")
+        );
+    }
+
+    #[test]
+    fn an_answer_is_a_decision_and_a_dismissed_form_is_none() {
+        let accept = |content: Value| json!({"action": "accept", "content": content});
+        assert_eq!(
+            decision(&accept(json!({"decision": "approve", "reason": "ok"}))),
+            Some(Decision::Approve("ok".into()))
+        );
+        assert_eq!(
+            decision(&accept(json!({"decision": "reject"}))),
+            Some(Decision::Reject(String::new()))
+        );
+        assert_eq!(
+            decision(&json!({"action": "decline"})),
+            Some(Decision::Reject("declined by the MCP client's user".into()))
+        );
+        assert_eq!(decision(&json!({"action": "cancel"})), None);
+        assert_eq!(decision(&accept(json!({"decision": "maybe"}))), None);
+        assert_eq!(decision(&json!("approve")), None);
+    }
+
+    #[test]
+    fn a_state_reads_back_and_a_foreign_one_is_refused() {
+        let state = State {
+            run: "r1".into(),
+            step: "id:k1".into(),
+            approval: "ap1".into(),
+            keyed: true,
+        };
+        let text = serde_json::to_string(&state).unwrap();
+        assert_eq!(State::decode(&text).unwrap(), state);
+        let error = State::decode("opaque").unwrap_err();
+        assert_eq!(error.code, rmcp::model::ErrorCode::INVALID_PARAMS);
+        assert!(error.message.starts_with("requestState:"), "{}", error.message);
+    }
+}

@@ -1,0 +1,448 @@
+//! Calls at MCP 2026-07-28, which has no sessions: every request stands alone, so where a call is
+//! recorded comes from the request's `_meta`, and all that lasts between requests is in the
+//! kernel's log. That is what lets any replica answer any request of a run, and a re-issued call
+//! find the one it repeats.
+//!
+//! - `kernel/run` absent: the call is the only call of a run of its own, completed once the call
+//!   settles. `"new"`: a new run that stays open for the client's next calls; a run id: that run.
+//!   Every result says where its call is recorded (`_meta` `kernel/run` and `kernel/step`).
+//! - `kernel/idempotency-key`: the call's identity. The same call re-issued with the same key
+//!   (after a broken stream, or a client's crash) gets the recorded result or joins the call in
+//!   flight; nothing runs twice. Without a key a client's cancel (its stream closed) cancels the
+//!   call; with one, the call goes on and waits to be re-issued.
+//! - `kernel/end-run: true` completes a named run once this call settles.
+
+use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, JsonObject};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use worker_sdk::proto::canonical;
+use worker_sdk::proto::v1 as pb;
+use worker_sdk::{AgentClient, AgentError, Call, RunHandle, TurnItem};
+
+use super::Bridge;
+use super::approval;
+use super::follow::{AtPark, Followed, cancel_call, follow};
+use super::results::{META_RUN, call_refusal, from_outcome, from_step, kernel_error, placed, refused};
+
+/// `_meta` key of a request: the call's identity, for re-issuing it.
+pub(super) const META_IDEMPOTENCY_KEY: &str = "kernel/idempotency-key";
+/// `_meta` key of a request: complete the named run once this call settles.
+pub(super) const META_END_RUN: &str = "kernel/end-run";
+/// The longest idempotency key (the kernel's limit on a call id).
+const MAX_KEY: usize = 128;
+
+/// A run's input says what it is for: `"mcp_run": "call"`, one call's own run (completed when
+/// the call settles), or `"open"`, a run left open for the calls that name it.
+const OWN_RUN: &str = "call";
+const OPEN_RUN: &str = "open";
+
+/// Whether `run` is one call's own run, as its input says.
+pub(super) fn is_own(run: &pb::Run) -> bool {
+    serde_json::from_str::<Value>(&run.input_json).is_ok_and(|input| input["mcp_run"] == OWN_RUN)
+}
+
+/// Which run a request's call goes into.
+#[derive(Debug, PartialEq)]
+enum RunChoice {
+    /// A run of its own, completed when the call settles.
+    Own,
+    /// A new run, left open for the client's next calls.
+    New,
+    /// A run the client names.
+    Named(String),
+}
+
+/// What a request's `_meta` asks of the kernel.
+#[derive(Debug, PartialEq)]
+struct Directives {
+    run: RunChoice,
+    key: Option<String>,
+    end_run: bool,
+}
+
+/// Reads the kernel's keys of a request's `_meta`; a malformed one is `invalid params` naming it.
+fn directives(meta: &JsonObject) -> Result<Directives, ErrorData> {
+    let invalid = |key: &str, why: &str| ErrorData::invalid_params(format!("_meta.{key}: {why}"), None);
+    let run = match meta.get(META_RUN) {
+        None | Some(Value::Null) => RunChoice::Own,
+        Some(Value::String(run)) if run == "new" => RunChoice::New,
+        Some(Value::String(run)) if !run.trim().is_empty() => RunChoice::Named(run.clone()),
+        Some(_) => {
+            return Err(invalid(
+                META_RUN,
+                "must be \"new\" or the id of a run this server returned",
+            ));
+        }
+    };
+    let key = match meta.get(META_IDEMPOTENCY_KEY) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(key)) if !key.is_empty() && key.len() <= MAX_KEY && !key.chars().any(char::is_control) => {
+            Some(key.clone())
+        }
+        Some(_) => {
+            return Err(invalid(
+                META_IDEMPOTENCY_KEY,
+                &format!("must be a string of 1 to {MAX_KEY} printable characters"),
+            ));
+        }
+    };
+    let end_run = match meta.get(META_END_RUN) {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(end)) => *end,
+        Some(_) => return Err(invalid(META_END_RUN, "must be true or false")),
+    };
+    if end_run && !matches!(run, RunChoice::Named(_)) {
+        return Err(invalid(
+            META_END_RUN,
+            "ends a run named in _meta.kernel/run; a call without one ends its own run anyway",
+        ));
+    }
+    Ok(Directives { run, key, end_run })
+}
+
+/// Where a call is recorded, and what to do with its run once it settles.
+pub(super) struct Place {
+    pub(super) run: RunHandle,
+    pub(super) turn: u32,
+    pub(super) call_id: String,
+    /// The run is the call's own: completed when the call settles.
+    pub(super) own: bool,
+    /// The client gave the call an idempotency key: it may re-issue it.
+    pub(super) keyed: bool,
+}
+
+impl Place {
+    pub(super) fn step_key(&self) -> String {
+        format!("id:{}", self.call_id)
+    }
+
+    fn submit(
+        &self,
+        name: &str,
+        arguments: &Value,
+    ) -> impl futures_util::Stream<Item = Result<TurnItem, AgentError>> + Send + 'static {
+        self.run.submit_turn(
+            self.turn,
+            vec![Call::new(name, arguments.clone()).with_id(&self.call_id)],
+        )
+    }
+
+    /// The call settled: its own run completes, and a named one when the client asked.
+    async fn settled(&self, end_run: bool) {
+        if self.own || end_run {
+            complete(&self.run, &self.step_key()).await;
+        }
+    }
+
+    /// The request ends before its call settles (it waits for a person, or the client left):
+    /// its own run is completed once it settles, by a watcher that joins it.
+    fn finish_later(&self, name: &str, arguments: &Value) {
+        if !self.own {
+            return;
+        }
+        let items = self.submit(name, arguments);
+        let (run, key) = (self.run.clone(), self.step_key());
+        tokio::spawn(async move {
+            use futures_util::StreamExt;
+            let mut items = std::pin::pin!(items);
+            while let Some(item) = items.next().await {
+                match item {
+                    Ok(TurnItem::Result(_)) => return complete(&run, &key).await,
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::warn!(run_id = run.id(), step_key = key, %error, "mcp call's run left open");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Completes a call's run; one completed already (by another request) stays as it is.
+async fn complete(run: &RunHandle, step_key: &str) {
+    match run.complete(json!({"mcp_call": step_key})).await {
+        Ok(()) => tracing::debug!(run_id = run.id(), "mcp call's run completed"),
+        Err(AgentError::Status(status)) if status.code() == tonic::Code::FailedPrecondition => {}
+        Err(error) => tracing::warn!(run_id = run.id(), %error, "mcp call's run not completed"),
+    }
+}
+
+/// Where a fresh request's call goes: a place to submit it, or its recorded result when the run
+/// it repeats is over.
+enum Placed {
+    At(Box<Place>),
+    Recorded(CallToolResult),
+}
+
+/// Serves one `tools/call` at 2026-07-28.
+pub(super) async fn call(
+    client: &AgentClient,
+    bridge: &Bridge,
+    bearer: Option<&str>,
+    request: CallToolRequestParams,
+    context: &RequestContext<RoleServer>,
+) -> Result<CallToolResponse, ErrorData> {
+    let directives = directives(&context.meta)?;
+    let name = request.name.to_string();
+    let arguments = Value::Object(request.arguments.unwrap_or_default());
+    let (place, asked_before) = match &request.request_state {
+        // The retry of an `input_required` result: the call it asked about, and the answer.
+        Some(state) => {
+            let state = approval::State::decode(state)?;
+            let place = approval::resume(client, &state, &name, &arguments).await?;
+            approval::answer(client, &state, request.input_responses.as_ref(), context).await;
+            (place, true)
+        }
+        None => match place(client, bridge, bearer, &directives, &name, &arguments, context).await? {
+            Placed::At(place) => (*place, false),
+            Placed::Recorded(result) => return Ok(result.into()),
+        },
+    };
+    let can_ask = !asked_before && approval::client_can_answer(context);
+    let at_park = if can_ask { AtPark::Stop } else { AtPark::Wait };
+    match follow(place.submit(&name, &arguments), context, at_park).await {
+        Ok(Followed::Settled(outcome)) => {
+            place.settled(directives.end_run).await;
+            Ok(placed(from_outcome(outcome), place.run.id(), &place.step_key()).into())
+        }
+        Ok(Followed::Parked(asked)) => {
+            place.finish_later(&name, &arguments);
+            Ok(approval::ask(client, &place, &asked).await.into())
+        }
+        Ok(Followed::Left) if place.keyed => {
+            tracing::debug!(
+                run_id = place.run.id(),
+                step_key = place.step_key(),
+                "mcp client left; its call goes on"
+            );
+            place.finish_later(&name, &arguments);
+            Ok(refused("the client left; the call goes on and answers its re-issue".to_owned()).into())
+        }
+        Ok(Followed::Left) => {
+            cancel_call(&place.run, &place.step_key(), "cancelled by the MCP client").await;
+            place.settled(false).await;
+            Ok(refused("cancelled by the client".to_owned()).into())
+        }
+        Err(error) => {
+            if place.own {
+                let _ = place.run.fail(format!("the MCP call was refused: {error}")).await;
+            }
+            Ok(call_refusal(error)?.into())
+        }
+    }
+}
+
+/// Finds or makes the run a fresh request's call goes into.
+async fn place(
+    client: &AgentClient,
+    bridge: &Bridge,
+    bearer: Option<&str>,
+    directives: &Directives,
+    name: &str,
+    arguments: &Value,
+    context: &RequestContext<RoleServer>,
+) -> Result<Placed, ErrorData> {
+    let keyed = directives.key.is_some();
+    let call_id = directives
+        .key
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let own = directives.run == RunChoice::Own;
+    let run = match &directives.run {
+        RunChoice::Own | RunChoice::New => {
+            let (client_name, version) = context
+                .client_info()
+                .map(|info| (info.name, info.version))
+                .unwrap_or_default();
+            let kind = if own { OWN_RUN } else { OPEN_RUN };
+            let mut new = bridge.new_run(
+                &client_name,
+                json!({"mcp_client": {"name": client_name, "version": version}, "mcp_run": kind}),
+            );
+            if let Some(key) = &directives.key {
+                new = new.idempotency_key(run_key(bearer, &client_name, own, key));
+            }
+            let run = client.create_run(new).await.map_err(kernel_error)?;
+            if run.created() {
+                let place = Place {
+                    run,
+                    turn: 0,
+                    call_id,
+                    own,
+                    keyed,
+                };
+                return Ok(Placed::At(Box::new(place)));
+            }
+            run
+        }
+        RunChoice::Named(id) => client.run(id.clone()),
+    };
+    let snapshot = run.get().await.map_err(kernel_error)?;
+    let step_key = format!("id:{call_id}");
+    let Some(step) = snapshot.steps.iter().find(|step| step.step_key == step_key) else {
+        let turn = snapshot.steps.iter().map(|step| step.turn + 1).max().unwrap_or(0);
+        return Ok(Placed::At(Box::new(Place {
+            run,
+            turn,
+            call_id,
+            own,
+            keyed,
+        })));
+    };
+    let finished = pb::RunStatus::try_from(snapshot.run.status).is_ok_and(|status| {
+        matches!(
+            status,
+            pb::RunStatus::Completed | pb::RunStatus::Failed | pb::RunStatus::Cancelled
+        )
+    });
+    match from_step(step) {
+        // A finished run takes no turn, not even a replay: its record answers.
+        Some(result) if finished => Ok(Placed::Recorded(placed(
+            repeated(step, name, arguments).unwrap_or(result),
+            run.id(),
+            &step_key,
+        ))),
+        _ => Ok(Placed::At(Box::new(Place {
+            run,
+            turn: step.turn,
+            call_id,
+            own,
+            keyed,
+        }))),
+    }
+}
+
+/// The refusal of a re-issued call that is not the call its key recorded, as the kernel words a
+/// replay that changed.
+fn repeated(step: &pb::Step, name: &str, arguments: &Value) -> Option<CallToolResult> {
+    let same = step.tool == name
+        && canonical::canonicalize(&step.arguments_json).ok() == Some(canonical::to_canonical(arguments));
+    (!same).then(|| {
+        refused(format!(
+            "replay_input_changed: the call recorded as {} is '{}' with other arguments; give a new call a new \
+             idempotency key",
+            step.step_key, step.tool
+        ))
+    })
+}
+
+/// The idempotency key of the run a keyed call makes: the client's key, scoped to the bearer
+/// that sent it and the client's name, so two clients' keys never meet in one run.
+fn run_key(bearer: Option<&str>, client: &str, own: bool, key: &str) -> String {
+    let mut hash = Sha256::new();
+    for part in [bearer.unwrap_or_default(), client, if own { "own" } else { "new" }, key] {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part.as_bytes());
+    }
+    let digest = hash.finalize();
+    let hex: String = digest.iter().take(16).map(|byte| format!("{byte:02x}")).collect();
+    format!("mcp:{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(value: Value) -> JsonObject {
+        value.as_object().cloned().unwrap()
+    }
+
+    #[test]
+    fn a_request_s_meta_names_its_run_and_its_identity() {
+        assert_eq!(
+            directives(&meta(json!({}))).unwrap(),
+            Directives {
+                run: RunChoice::Own,
+                key: None,
+                end_run: false
+            }
+        );
+        assert_eq!(
+            directives(&meta(json!({"kernel/run": "new", "kernel/idempotency-key": "k1"}))).unwrap(),
+            Directives {
+                run: RunChoice::New,
+                key: Some("k1".into()),
+                end_run: false
+            }
+        );
+        assert_eq!(
+            directives(&meta(json!({"kernel/run": "r1", "kernel/end-run": true}))).unwrap(),
+            Directives {
+                run: RunChoice::Named("r1".into()),
+                key: None,
+                end_run: true
+            }
+        );
+    }
+
+    #[test]
+    fn a_malformed_directive_is_refused_naming_its_key() {
+        for (value, key) in [
+            (json!({"kernel/run": 7}), "_meta.kernel/run"),
+            (json!({"kernel/run": " "}), "_meta.kernel/run"),
+            (json!({"kernel/idempotency-key": ""}), "_meta.kernel/idempotency-key"),
+            (
+                json!({"kernel/idempotency-key": "x".repeat(129)}),
+                "_meta.kernel/idempotency-key",
+            ),
+            (
+                json!({"kernel/idempotency-key": "a\nb"}),
+                "_meta.kernel/idempotency-key",
+            ),
+            (
+                json!({"kernel/end-run": "yes", "kernel/run": "r1"}),
+                "_meta.kernel/end-run",
+            ),
+            (json!({"kernel/end-run": true}), "_meta.kernel/end-run"),
+        ] {
+            let error = directives(&meta(value.clone())).unwrap_err();
+            assert_eq!(error.code, rmcp::model::ErrorCode::INVALID_PARAMS, "{value}");
+            assert!(error.message.starts_with(key), "{value}: {}", error.message);
+        }
+    }
+
+    #[test]
+    fn a_key_s_run_belongs_to_its_bearer_and_client() {
+        let key = run_key(Some("secret"), "claude", true, "k1");
+        assert_eq!(key, run_key(Some("secret"), "claude", true, "k1"));
+        assert!(key.starts_with("mcp:") && key.len() == 36, "{key}");
+        for other in [
+            run_key(Some("other"), "claude", true, "k1"),
+            run_key(None, "claude", true, "k1"),
+            run_key(Some("secret"), "cursor", true, "k1"),
+            run_key(Some("secret"), "claude", false, "k1"),
+            run_key(Some("secret"), "claude", true, "k2"),
+        ] {
+            assert_ne!(key, other);
+        }
+    }
+
+    #[test]
+    fn a_run_s_input_says_whether_it_is_one_call_s_own() {
+        let run = |input: &str| pb::Run {
+            input_json: input.into(),
+            ..Default::default()
+        };
+        assert!(is_own(&run(r#"{"mcp_client":{},"mcp_run":"call"}"#)));
+        assert!(!is_own(&run(r#"{"mcp_client":{},"mcp_run":"open"}"#)));
+        assert!(!is_own(&run(r#"{"mcp_session":"x"}"#)));
+        assert!(!is_own(&run("")));
+    }
+
+    #[test]
+    fn a_re_issue_with_other_arguments_is_refused_as_a_changed_replay() {
+        let step = pb::Step {
+            step_key: "id:k1".into(),
+            tool: "refund".into(),
+            arguments_json: r#"{"cents":5}"#.into(),
+            ..Default::default()
+        };
+        assert!(repeated(&step, "refund", &json!({"cents": 5})).is_none());
+        let changed = repeated(&step, "refund", &json!({"cents": 6})).expect("refused");
+        assert_eq!(changed.is_error, Some(true));
+        assert!(repeated(&step, "charge", &json!({"cents": 5})).is_some());
+    }
+}

@@ -1,0 +1,351 @@
+//! The kernel's tools served at MCP 2026-07-28, the revision without sessions, to the official
+//! `mcp` Python client (`tests/mcp/client.py` with `MCP_CLIENT_REVISION`): a run per call or the
+//! run a call's `_meta` names, over both transports; a call re-issued after its stream was cut
+//! runs once (the tool's own ledger counts); a call parked for a person asked of the client as
+//! `input_required` and answered by it, refused when its key may not answer, and answered by a
+//! person elsewhere for a client that cannot show a form.
+
+use e2e::mcp::McpClient;
+use e2e::{Kernel, KernelOptions, binary, check_log, create_key};
+use kernel_proto::v1 as pb;
+use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
+use serde_json::{Value, json};
+
+fn result_of(event: &Value) -> &Value {
+    &event["result"]
+}
+
+/// The results among `seen`, in order.
+fn results(seen: &[Value]) -> Vec<&Value> {
+    seen.iter().map(result_of).filter(|r| !r.is_null()).collect()
+}
+
+/// What the client printed up to and including its line for `count` results and errors.
+fn answers(client: &McpClient, count: usize) -> Vec<Value> {
+    let mut seen = Vec::new();
+    while seen
+        .iter()
+        .filter(|e: &&Value| !result_of(e).is_null() || e.get("error").is_some())
+        .count()
+        < count
+    {
+        seen.push(client.next());
+    }
+    seen
+}
+
+fn run_of(result: &Value) -> String {
+    result["meta"]["kernel/run"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no kernel/run in {result}"))
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_2026_client_gets_a_run_per_call_or_the_run_it_names_over_both_transports() {
+    let kernel = Kernel::start_with(KernelOptions {
+        policy: Some(
+            "rules:\n  - id: no-failing\n    match: { tools: [fail] }\n    decision: deny\n    reason: not today\n"
+                .into(),
+        ),
+        ..Default::default()
+    });
+    let _worker = kernel.worker("w1");
+    let (_server, url) = kernel.mcp_serve_http(&["--label", "via=mcp"]);
+    let stdio = json!([
+        binary("kernelctl"),
+        "--addr",
+        kernel.url(),
+        "mcp",
+        "serve",
+        "--label",
+        "via=mcp"
+    ])
+    .to_string();
+    for (mode, target) in [("http", url.as_str()), ("stdio", stdio.as_str())] {
+        let calls = json!([
+            {"tool": "add", "arguments": {"a": 2, "b": 3}},
+            {"tool": "add", "arguments": {"a": 1, "b": 1}, "meta": {"kernel/run": "new"}},
+            {"tool": "echo", "arguments": {"value": {"k": 1}}, "meta": {"kernel/run": "$last_run", "kernel/idempotency-key": "e1"}},
+            {"tool": "echo", "arguments": {"value": {"k": 1}},
+             "meta": {"kernel/run": "$last_run", "kernel/idempotency-key": "e1", "kernel/end-run": true}},
+            {"tool": "fail", "arguments": {"message": "x"}},
+            {"tool": "add", "arguments": {"a": 1, "b": 1}, "meta": {"kernel/run": 7}},
+            {"tool": "add", "arguments": {"a": 1, "b": 1}, "meta": {"kernel/run": "no-such-run"}},
+        ]);
+        let client = McpClient::stateless(mode, target, &calls, &json!({}), &[]);
+        assert_eq!(client.next()["protocol_version"], "2026-07-28", "{mode}");
+        let listed = client.next();
+        assert!(
+            listed["tools"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["name"] == "add")),
+            "{mode}: {listed}"
+        );
+        let seen = answers(&client, 7);
+        let done = results(&seen);
+        assert_eq!(done.len(), 5, "{mode}: {seen:?}");
+
+        // A call of its own: a run made for it and completed once it settled.
+        assert_eq!(done[0]["text"], json!(["5"]));
+        let own = kernel.finished(&run_of(done[0])).await;
+        assert_eq!(own.status, pb::RunStatus::Completed as i32, "{mode}: {own:?}");
+        assert_eq!((own.agent.as_str(), own.labels["via"].as_str()), ("e2e-client", "mcp"));
+        let steps = kernel.get(&own.id).await.steps;
+        assert_eq!(steps.len(), 1);
+        assert_eq!(done[0]["meta"]["kernel/step"], steps[0].step_key.as_str());
+
+        // A run opened with "new" takes the calls that name it, and ends when one asks.
+        let named = run_of(done[1]);
+        assert_eq!((run_of(done[2]), run_of(done[3])), (named.clone(), named.clone()));
+        assert_eq!(done[2]["structured"], json!({"k": 1}));
+        assert_eq!(done[3]["text"], done[2]["text"], "the same key: the recorded result");
+        assert_eq!(done[3]["meta"]["kernel/step"], "id:e1");
+        let ended = kernel.finished(&named).await;
+        assert_eq!(ended.status, pb::RunStatus::Completed as i32, "{mode}: {ended:?}");
+        let steps = kernel.get(&named).await.steps;
+        assert_eq!(steps.len(), 2, "two calls, the second answered once more from the log");
+        assert_eq!((steps[1].step_key.as_str(), steps[1].replays), ("id:e1", 1));
+        check_log(&kernel.events(&named).await, false);
+
+        // A denied call is a result the model reads, and its run ends too.
+        assert_eq!(done[4]["is_error"], true);
+        assert_eq!(done[4]["text"], json!(["fail not allowed. reason: not today"]));
+        let denied = kernel.finished(&run_of(done[4])).await;
+        assert_eq!(denied.status, pb::RunStatus::Completed as i32);
+
+        // A malformed or unknown run is the request's error, naming the field; nothing recorded.
+        let errors: Vec<&str> = seen.iter().filter_map(|e| e["error"]["message"].as_str()).collect();
+        assert_eq!(errors.len(), 2, "{mode}: {seen:?}");
+        assert!(errors[0].contains("_meta.kernel/run: must be"), "{}", errors[0]);
+        assert!(errors[1].contains("no-such-run"), "{}", errors[1]);
+    }
+    let runs = kernel.list_runs("e2e-client").await;
+    assert_eq!(runs.len(), 6, "three runs for each transport: {runs:?}");
+    assert!(
+        runs.iter().all(|r| r.status == pb::RunStatus::Completed as i32),
+        "{runs:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_call_re_issued_after_its_stream_was_cut_runs_once() {
+    let kernel = Kernel::start();
+    let _worker = kernel.fault_worker("fw");
+    let (_server, url) = kernel.mcp_serve_http(&[]);
+    let charge = |meta: Value, hold_ms: u64, timeout: Option<f64>| {
+        let mut call = json!({"tool": "charge", "arguments": {"hold_ms": hold_ms}, "meta": meta});
+        if let Some(timeout) = timeout {
+            call["timeout"] = json!(timeout);
+        }
+        call
+    };
+    let key = json!({"kernel/idempotency-key": "pay-1"});
+    let calls = json!([
+        // The client gives up while the charge runs: its stream is cut, not its call.
+        charge(key.clone(), 1500, Some(0.3)),
+        // The same call again joins the one in flight, and once more after its run ended.
+        charge(key.clone(), 1500, None),
+        charge(key.clone(), 1500, None),
+        // The same key with other arguments is not that call.
+        charge(key.clone(), 1, None),
+        // Without a key a cut is the client's cancel.
+        {"tool": "sleepy", "arguments": {"hold_ms": 5000}, "timeout": 0.3},
+    ]);
+    let client = McpClient::stateless("http", &url, &calls, &json!({}), &[]);
+    client.next();
+    client.next();
+    let seen = answers(&client, 5);
+    let errors: Vec<&Value> = seen.iter().filter(|e| e.get("error").is_some()).collect();
+    assert_eq!(errors.len(), 2, "{seen:?}");
+    assert!(
+        errors[0]["error"]["message"].as_str().unwrap().contains("timed out"),
+        "{seen:?}"
+    );
+    let done = results(&seen);
+    assert_eq!(done.len(), 3, "{seen:?}");
+    let text = done[0]["text"][0].as_str().unwrap();
+    assert!(text.starts_with("charged once under ik_"), "{text}");
+    assert_eq!(done[1]["text"], done[0]["text"], "the run ended: its record answers");
+    assert_eq!(run_of(done[1]), run_of(done[0]));
+    assert_eq!(done[2]["is_error"], true);
+    assert!(
+        done[2]["text"][0].as_str().unwrap().starts_with("replay_input_changed"),
+        "{}",
+        done[2]
+    );
+
+    let idempotency_key = text.trim_start_matches("charged once under ");
+    assert_eq!(
+        kernel.executions(idempotency_key),
+        1,
+        "the at_most_once charge ran once: {:?}",
+        kernel.ledger()
+    );
+    let run = kernel.finished(&run_of(done[0])).await;
+    assert_eq!(run.status, pb::RunStatus::Completed as i32);
+    let steps = kernel.get(&run.id).await.steps;
+    assert_eq!(steps.len(), 1);
+    assert_eq!((steps[0].step_key.as_str(), steps[0].attempts), ("id:pay-1", 1));
+    check_log(&kernel.events(&run.id).await, false);
+
+    // The cancelled sleepy call: cancelled in the kernel, its run completed.
+    let sleepy = kernel
+        .list_runs("e2e-client")
+        .await
+        .into_iter()
+        .find(|r| r.id != run.id)
+        .expect("the sleepy call's run");
+    let ended = kernel.finished(&sleepy.id).await;
+    assert_eq!(ended.status, pb::RunStatus::Completed as i32);
+    let steps = kernel.get(&sleepy.id).await.steps;
+    assert_eq!(steps[0].status, pb::StepStatus::Cancelled as i32, "{steps:?}");
+}
+
+#[tokio::test]
+async fn a_call_parked_for_a_person_is_asked_of_the_client_and_answered_by_it() {
+    let kernel = Kernel::start();
+    let _worker = kernel.worker("w1");
+    let (_server, url) = kernel.mcp_serve_http(&[]);
+    let refund = |customer: &str, answer: &str| json!({"tool": "refund", "arguments": {"customer": customer, "cents": 25_000}, "answer": answer});
+    let calls = json!([refund("c1", "approve"), refund("c2", "reject"), refund("c3", "decline")]);
+    let client = McpClient::stateless("http", &url, &calls, &json!({}), &[]);
+    client.next();
+    client.next();
+    let seen = answers(&client, 3);
+    let asked: Vec<&str> = seen.iter().filter_map(|e| e["asked"]["message"].as_str()).collect();
+    assert_eq!(asked.len(), 3, "{seen:?}");
+    assert!(
+        asked[0].starts_with("Approve the call of 'refund' with {\"cents\":25000,\"customer\":\"c1\"}?"),
+        "{}",
+        asked[0]
+    );
+    assert!(
+        asked[0].contains("may be answered by any key with approvals:write"),
+        "{}",
+        asked[0]
+    );
+    let done = results(&seen);
+    assert_eq!(done[0]["is_error"], false, "{seen:?}");
+    assert!(
+        done[0]["text"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("refunded 25000 cents to c1")
+    );
+    for (result, why) in [
+        (done[1], "from the e2e client"),
+        (done[2], "declined by the MCP client's user"),
+    ] {
+        assert_eq!(result["is_error"], true, "{result}");
+        let text = result["text"][0].as_str().unwrap();
+        assert!(text.starts_with("'refund' was not approved"), "{text}");
+        assert!(text.contains(why), "{text}");
+    }
+
+    // Each answer is recorded as the kernel records any: by whom, bound to the call, used once.
+    let run = kernel.finished(&run_of(done[0])).await;
+    assert_eq!(run.status, pb::RunStatus::Completed as i32);
+    let step = &kernel.get(&run.id).await.steps[0];
+    let approval = step.approval.as_ref().expect("the step's approval");
+    assert_eq!(approval.decider, "mcp client e2e-client");
+    let mut approvals = ApprovalServiceClient::connect(kernel.url()).await.unwrap();
+    let consumed = approvals
+        .list_approvals(pb::ListApprovalsRequest {
+            status: pb::ApprovalStatus::Consumed as i32,
+            run_id: run.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .approvals;
+    assert_eq!(consumed.len(), 1, "{consumed:?}");
+    assert_eq!(consumed[0].call_hash, step.call_hash);
+    check_log(&kernel.events(&run.id).await, false);
+}
+
+#[tokio::test]
+async fn a_client_whose_key_may_not_answer_and_one_without_forms_wait_for_a_person_elsewhere() {
+    let (agent, agent_entry) = create_key("mcp-agent", &["runs:write", "tools:call", "runs:read"]);
+    let (worker, worker_entry) = create_key("workers", &["workers:connect"]);
+    let (approver, approver_entry) = create_key("approver", &["approvals:write", "runs:read"]);
+    let files = tempfile::tempdir().unwrap();
+    let auth = files.path().join("auth.yaml");
+    std::fs::write(
+        &auth,
+        format!("keys:\n{agent_entry}\n{worker_entry}\n{approver_entry}\n"),
+    )
+    .unwrap();
+    let kernel = Kernel::start_with(KernelOptions {
+        args: vec!["--auth-file".into(), auth.to_str().unwrap().into()],
+        ..Default::default()
+    });
+    let mut command = std::process::Command::new(binary("demo-worker"));
+    command
+        .args(["--kernel", &kernel.url(), "--name", "w1"])
+        .env("KERNEL_API_KEY", &worker)
+        .env("RUST_LOG", "info");
+    let worker_process = e2e::Process::start(command, "worker");
+    worker_process.log.wait_for("worker session open");
+    let (_server, url) = kernel.mcp_serve_http(&[]);
+    let headers = json!({"Authorization": format!("Bearer {agent}")});
+    let mut approvals = ApprovalServiceClient::connect(kernel.url()).await.unwrap();
+
+    for env in [vec![], vec![("MCP_CLIENT_NO_FORMS", "1")]] {
+        let calls = json!([{"tool": "refund", "arguments": {"customer": "c9", "cents": 25_000}, "answer": "approve"}]);
+        let client = McpClient::stateless("http", &url, &calls, &headers, &env);
+        client.next();
+        client.next();
+        // The client's approval (if it is asked) is refused for its key; the request waits.
+        let waiting = client.until(|e| {
+            e["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("waiting for a person's approval of 'refund'"))
+        });
+        let forms = waiting.iter().filter(|e| e.get("asked").is_some()).count();
+        assert_eq!(forms, usize::from(env.is_empty()), "{env:?}: {waiting:?}");
+        let pending = approvals
+            .list_approvals(keyed(pb::ListApprovalsRequest::default(), &approver))
+            .await
+            .unwrap()
+            .into_inner()
+            .approvals;
+        assert_eq!(pending.len(), 1, "{env:?}: the call still waits: {pending:?}");
+
+        let mut approve = std::process::Command::new(binary("kernelctl"));
+        let output = approve
+            .args([
+                "--addr",
+                &kernel.url(),
+                "--api-key",
+                &approver,
+                "approvals",
+                "approve",
+                "--as",
+                "oncall",
+                &pending[0].id,
+            ])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let done = client.until(|e| !result_of(e).is_null());
+        let result = result_of(done.last().unwrap());
+        assert_eq!(result["is_error"], false, "{result}");
+        let run = kernel
+            .runs()
+            .await
+            .get_run(keyed(pb::GetRunRequest { run_id: run_of(result) }, &approver))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(run.steps[0].approval.as_ref().unwrap().decider, "approver");
+    }
+}
+
+/// `message` sent with `key`.
+fn keyed<T>(message: T, key: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    let bearer = format!("Bearer {key}").parse().expect("a key fits in metadata");
+    request.metadata_mut().insert("authorization", bearer);
+    request
+}
