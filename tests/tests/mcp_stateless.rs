@@ -349,3 +349,94 @@ fn keyed<T>(message: T, key: &str) -> tonic::Request<T> {
     request.metadata_mut().insert("authorization", bearer);
     request
 }
+
+/// The client's lines up to its first result, with the task statuses it saw.
+fn task_statuses(seen: &[Value]) -> Vec<&str> {
+    seen.iter().filter_map(|e| e["task"]["status"].as_str()).collect()
+}
+
+#[tokio::test]
+async fn a_slow_call_is_a_task_polled_from_the_log_across_a_kernel_sigkill_and_restart() {
+    let mut kernel = Kernel::start_on_sqlite();
+    let _worker = kernel.fault_worker("fw");
+    let (_server, url) = kernel.mcp_serve_http(&[]);
+    let calls =
+        json!([{"tool": "sleepy", "arguments": {"hold_ms": 4000}, "meta": {"kernel/idempotency-key": "nap-1"}}]);
+    let client = McpClient::stateless("http", &url, &calls, &json!({}), &[("MCP_CLIENT_TASKS", "1")]);
+    client.next();
+    client.next();
+    let began = client.until(|e| e["task"]["status"] == "working");
+    let task_id = began.last().unwrap()["task"]["id"].as_str().unwrap().to_owned();
+    let (run_id, step) = task_id.split_once(':').unwrap();
+    assert_eq!(step, "id:nap-1", "the task is the recorded call: {task_id}");
+
+    kernel.kill9();
+    // The client keeps polling while the kernel is gone, and after it is back.
+    client.until(|e| e.get("poll_error").is_some());
+    kernel.restart();
+    let seen = client.until(|e| !result_of(e).is_null());
+    let result = result_of(seen.last().unwrap());
+    assert_eq!(result["is_error"], false, "{seen:?}");
+    assert_eq!(result["text"], json!(["slept 4000ms"]));
+    assert_eq!(task_statuses(&seen).last(), Some(&"completed"), "{seen:?}");
+    assert_eq!(
+        (run_of(result).as_str(), result["meta"]["kernel/step"].as_str()),
+        (run_id, Some(step))
+    );
+    // Nobody was left to complete the call's run but the poll that saw it settled.
+    let run = kernel.finished(run_id).await;
+    assert_eq!(run.status, pb::RunStatus::Completed as i32, "{run:?}");
+    check_log(&kernel.events(run_id).await, false);
+}
+
+#[tokio::test]
+async fn a_task_waits_for_a_person_answered_with_tasks_update_and_a_cancelled_task_cancels_its_call() {
+    let kernel = Kernel::start();
+    let _worker = kernel.worker("w1");
+    let (_server, url) = kernel.mcp_serve_http(&[]);
+    let calls = json!([
+        {"tool": "refund", "arguments": {"customer": "c4", "cents": 25_000}, "answer": "approve"},
+        {"tool": "slow", "arguments": {"steps": 100, "delay_ms": 100}, "cancel_after": 1.5},
+        {"tool": "add", "arguments": {"a": 1, "b": 1}},
+    ]);
+    let client = McpClient::stateless("http", &url, &calls, &json!({}), &[("MCP_CLIENT_TASKS", "1")]);
+    client.next();
+    client.next();
+
+    let seen = client.until(|e| !result_of(e).is_null());
+    assert_eq!(task_statuses(&seen), ["input_required", "completed"], "{seen:?}");
+    assert!(seen.iter().any(|e| {
+        e["asked"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("Approve the call of 'refund'"))
+    }));
+    let refunded = result_of(seen.last().unwrap());
+    assert!(
+        refunded["text"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("refunded 25000 cents to c4"),
+        "{refunded}"
+    );
+    let step = &kernel.get(&run_of(refunded)).await.steps[0];
+    assert_eq!(step.approval.as_ref().unwrap().decider, "mcp client e2e-client");
+
+    let seen = client.until(|e| !result_of(e).is_null());
+    assert_eq!(task_statuses(&seen), ["working", "cancelled"], "{seen:?}");
+    let cancelled = seen
+        .iter()
+        .find_map(|e| e["task"]["id"].as_str())
+        .and_then(|id| id.split_once(':'))
+        .map(|(run, _)| run.to_owned())
+        .unwrap();
+    let run = kernel.finished(&cancelled).await;
+    assert_eq!(run.status, pb::RunStatus::Completed as i32, "{run:?}");
+    let steps = kernel.get(&cancelled).await.steps;
+    assert_eq!(steps[0].status, pb::StepStatus::Cancelled as i32);
+    assert!(steps[0].error.contains("tasks/cancel"), "{}", steps[0].error);
+
+    // A quick call is no task: its result comes at once.
+    let seen = client.until(|e| !result_of(e).is_null());
+    assert!(task_statuses(&seen).is_empty(), "{seen:?}");
+    assert_eq!(result_of(seen.last().unwrap())["text"], json!(["2"]));
+}

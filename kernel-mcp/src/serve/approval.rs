@@ -79,7 +79,7 @@ pub(super) async fn ask(client: &AgentClient, place: &Place, asked: &Interruptio
         .ok()
         .and_then(|approvals| approvals.into_iter().find(|a| a.id == asked.approval_id));
     let mut requests = InputRequests::new();
-    requests.insert(INPUT_KEY.to_owned(), form(asked, approval.as_ref()));
+    requests.insert(INPUT_KEY.to_owned(), form(&Question::of(asked), approval.as_ref()));
     let state = serde_json::to_string(&State::of(place, &asked.approval_id)).expect("a state serializes");
     let mut meta = MetaObject::default();
     meta.insert(
@@ -99,8 +99,30 @@ pub(super) async fn ask(client: &AgentClient, place: &Place, asked: &Interruptio
     InputRequiredResult::new(Some(requests), Some(state)).with_meta(meta)
 }
 
+/// What a person is asked about a parked call.
+pub(super) struct Question<'a> {
+    pub(super) tool: &'a str,
+    pub(super) arguments: &'a Value,
+    pub(super) approval_id: &'a str,
+    pub(super) message: &'a str,
+    /// Why it waits, when the approval does not say which rule asked.
+    pub(super) reason: &'a str,
+}
+
+impl<'a> Question<'a> {
+    fn of(asked: &'a Interruption) -> Self {
+        Self {
+            tool: &asked.tool,
+            arguments: &asked.arguments,
+            approval_id: &asked.approval_id,
+            message: &asked.message,
+            reason: &asked.reason,
+        }
+    }
+}
+
 /// The form a person answers: approve or reject, and why.
-fn form(asked: &Interruption, approval: Option<&pb::Approval>) -> InputRequest {
+pub(super) fn form(asked: &Question<'_>, approval: Option<&pb::Approval>) -> InputRequest {
     let who = match approval.map(|a| a.approvers.as_slice()) {
         Some([]) => "any key with approvals:write".to_owned(),
         Some(approvers) => approvers.join(", "),
@@ -109,16 +131,16 @@ fn form(asked: &Interruption, approval: Option<&pb::Approval>) -> InputRequest {
     let rule = approval
         .map(|a| a.decided_by.as_str())
         .filter(|rule| !rule.is_empty())
-        .unwrap_or(asked.reason.as_str());
+        .unwrap_or(asked.reason);
     let mut message = format!(
         "Approve the call of '{}' with {}? It waits for a person (approval {}, asked by {rule}; may be answered by {who}).",
         asked.tool,
-        canonical::to_canonical(&asked.arguments),
+        canonical::to_canonical(asked.arguments),
         asked.approval_id,
     );
     if !asked.message.is_empty() {
         message.push(' ');
-        message.push_str(&asked.message);
+        message.push_str(asked.message);
     }
     serde_json::from_value(json!({
         "method": "elicitation/create",
@@ -176,30 +198,39 @@ pub(super) async fn resume(
     })
 }
 
-/// Gives the kernel the person's answer among `responses`, made with the client's key. Nothing
-/// to answer (the form was dismissed), an approval no longer pending or not this call's, and an
-/// answer the kernel refuses all leave the call as it stands.
-pub(super) async fn answer(
+/// Gives the kernel the person's answer among a retry's `responses`; see [`answer`].
+pub(super) async fn answer_retry(
     client: &AgentClient,
     state: &State,
     responses: Option<&InputResponses>,
     context: &RequestContext<RoleServer>,
 ) {
-    let Some(decision) = responses.and_then(|r| r.get(INPUT_KEY)).and_then(decision) else {
+    if let Some(response) = responses.and_then(|r| r.get(INPUT_KEY)) {
+        answer(client, &state.run, &state.step, &state.approval, response, context).await;
+    }
+}
+
+/// Gives the kernel a person's `response` to the form of approval `approval_id`, made with the
+/// client's key. Nothing to answer (the form was dismissed), an approval that is no longer pending
+/// or not the pending one of call `step` of `run`, and an answer the kernel refuses all leave the
+/// call as it stands.
+pub(super) async fn answer(
+    client: &AgentClient,
+    run: &str,
+    step: &str,
+    approval_id: &str,
+    response: &Value,
+    context: &RequestContext<RoleServer>,
+) {
+    let Some(decision) = decision(response) else {
         return;
     };
     let pending = client
-        .list_approvals(Some(&state.run), pb::ApprovalStatus::Pending)
+        .list_approvals(Some(run), pb::ApprovalStatus::Pending)
         .await
         .unwrap_or_default();
-    if !pending
-        .iter()
-        .any(|a| a.id == state.approval && a.step_key == state.step)
-    {
-        tracing::debug!(
-            approval_id = state.approval,
-            "mcp answer to an approval no longer pending"
-        );
+    if !pending.iter().any(|a| a.id == approval_id && a.step_key == step) {
+        tracing::debug!(approval_id, "mcp answer to an approval no longer pending");
         return;
     }
     let decider = context
@@ -207,8 +238,8 @@ pub(super) async fn answer(
         .map(|info| format!("mcp client {}", info.name))
         .unwrap_or_else(|| "mcp client".to_owned());
     let answered = match decision {
-        Decision::Approve(reason) => client.approve(&state.approval, decider, reason).await,
-        Decision::Reject(reason) => client.reject(&state.approval, decider, reason).await,
+        Decision::Approve(reason) => client.approve(approval_id, decider, reason).await,
+        Decision::Reject(reason) => client.reject(approval_id, decider, reason).await,
     };
     match answered {
         Ok(approval) => tracing::info!(
@@ -217,9 +248,9 @@ pub(super) async fn answer(
             "approval answered over mcp"
         ),
         Err(AgentError::Status(status)) => {
-            tracing::info!(approval_id = state.approval, code = ?status.code(), reason = status.message(), "mcp answer refused")
+            tracing::info!(approval_id, code = ?status.code(), reason = status.message(), "mcp answer refused")
         }
-        Err(error) => tracing::warn!(approval_id = state.approval, %error, "mcp answer not delivered"),
+        Err(error) => tracing::warn!(approval_id, %error, "mcp answer not delivered"),
     }
 }
 
@@ -281,7 +312,8 @@ mod tests {
             decided_by: "rule:refunds".into(),
             ..Default::default()
         };
-        let request = serde_json::to_value(form(&asked(), Some(&approval))).unwrap();
+        let asked = asked();
+        let request = serde_json::to_value(form(&Question::of(&asked), Some(&approval))).unwrap();
         assert_eq!(request["method"], "elicitation/create");
         let message = request["params"]["message"].as_str().unwrap();
         for part in [
@@ -298,7 +330,7 @@ mod tests {
             request["params"]["requestedSchema"]["properties"]["decision"]["enum"],
             json!(["approve", "reject"])
         );
-        let anyone = serde_json::to_value(form(&asked(), Some(&pb::Approval::default()))).unwrap();
+        let anyone = serde_json::to_value(form(&Question::of(&asked), Some(&pb::Approval::default()))).unwrap();
         assert!(
             anyone["params"]["message"]
                 .as_str()

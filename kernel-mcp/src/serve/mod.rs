@@ -23,6 +23,7 @@ mod http;
 mod results;
 mod session;
 mod stateless;
+mod tasks;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -30,8 +31,8 @@ use std::time::Duration;
 
 use globset::GlobSet;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig, ToolsCapability,
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, GetTaskParams, GetTaskResult, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, ToolsCapability, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
@@ -131,7 +132,11 @@ impl ServerHandler for KernelTools {
     fn get_info(&self) -> ServerConfig {
         let mut tools = ToolsCapability::default();
         tools.list_changed = Some(false);
-        ServerConfig::new(ServerCapabilities::builder().enable_tools_with(tools).build())
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools_with(tools)
+            .enable_tasks()
+            .build();
+        ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("kernel", env!("CARGO_PKG_VERSION")))
             .with_instructions("Every call is recorded, checked against policy and may wait for a person's approval.")
     }
@@ -182,6 +187,31 @@ impl ServerHandler for KernelTools {
             .call(&client, &self.bridge, name, arguments, &context)
             .await?;
         Ok(result.into())
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        tasks::get(&self.client(&context).await?, &request.task_id).await
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let client = self.client(&context).await?;
+        tasks::update(&client, &request.task_id, &request.input_responses, &context).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        tasks::cancel(&self.client(&context).await?, &request.task_id).await
     }
 }
 

@@ -21,10 +21,9 @@ use worker_sdk::proto::canonical;
 use worker_sdk::proto::v1 as pb;
 use worker_sdk::{AgentClient, AgentError, Call, RunHandle, TurnItem};
 
-use super::Bridge;
-use super::approval;
 use super::follow::{AtPark, Followed, cancel_call, follow};
 use super::results::{META_RUN, call_refusal, from_outcome, from_step, kernel_error, placed, refused};
+use super::{Bridge, approval, tasks};
 
 /// `_meta` key of a request: the call's identity, for re-issuing it.
 pub(super) const META_IDEMPOTENCY_KEY: &str = "kernel/idempotency-key";
@@ -162,7 +161,7 @@ impl Place {
 }
 
 /// Completes a call's run; one completed already (by another request) stays as it is.
-async fn complete(run: &RunHandle, step_key: &str) {
+pub(super) async fn complete(run: &RunHandle, step_key: &str) {
     match run.complete(json!({"mcp_call": step_key})).await {
         Ok(()) => tracing::debug!(run_id = run.id(), "mcp call's run completed"),
         Err(AgentError::Status(status)) if status.code() == tonic::Code::FailedPrecondition => {}
@@ -193,7 +192,7 @@ pub(super) async fn call(
         Some(state) => {
             let state = approval::State::decode(state)?;
             let place = approval::resume(client, &state, &name, &arguments).await?;
-            approval::answer(client, &state, request.input_responses.as_ref(), context).await;
+            approval::answer_retry(client, &state, request.input_responses.as_ref(), context).await;
             (place, true)
         }
         None => match place(client, bridge, bearer, &directives, &name, &arguments, context).await? {
@@ -201,13 +200,29 @@ pub(super) async fn call(
             Placed::Recorded(result) => return Ok(result.into()),
         },
     };
+    let takes_tasks = tasks::client_takes_tasks(context);
     let can_ask = !asked_before && approval::client_can_answer(context);
-    let at_park = if can_ask { AtPark::Stop } else { AtPark::Wait };
-    match follow(place.submit(&name, &arguments), context, at_park).await {
+    let at_park = if can_ask || takes_tasks {
+        AtPark::Stop
+    } else {
+        AtPark::Wait
+    };
+    let following = follow(place.submit(&name, &arguments), context, at_park);
+    let followed = if takes_tasks {
+        // A call that is slow becomes a task: the client polls the log instead of holding on.
+        match tokio::time::timeout(tasks::TASK_AFTER, following).await {
+            Ok(followed) => followed,
+            Err(_) => return as_task(client, &place, &name, &arguments).await,
+        }
+    } else {
+        following.await
+    };
+    match followed {
         Ok(Followed::Settled(outcome)) => {
             place.settled(directives.end_run).await;
             Ok(placed(from_outcome(outcome), place.run.id(), &place.step_key()).into())
         }
+        Ok(Followed::Parked(_)) if takes_tasks => as_task(client, &place, &name, &arguments).await,
         Ok(Followed::Parked(asked)) => {
             place.finish_later(&name, &arguments);
             Ok(approval::ask(client, &place, &asked).await.into())
@@ -233,6 +248,19 @@ pub(super) async fn call(
             Ok(call_refusal(error)?.into())
         }
     }
+}
+
+/// The call at `place`, which goes on in the kernel, as a task for the client to poll.
+async fn as_task(
+    client: &AgentClient,
+    place: &Place,
+    name: &str,
+    arguments: &Value,
+) -> Result<CallToolResponse, ErrorData> {
+    place.finish_later(name, arguments);
+    let task = tasks::created(client, place.run.id(), &place.step_key()).await?;
+    tracing::debug!(task_id = task.task.task_id, "mcp call returned as a task");
+    Ok(CallToolResponse::Task(task))
 }
 
 /// Finds or makes the run a fresh request's call goes into.
