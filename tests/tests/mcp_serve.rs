@@ -141,10 +141,10 @@ async fn an_mcp_client_over_http_waits_for_a_person_s_approval_and_hears_why() {
 }
 
 /// The MCP conformance suite (`@modelcontextprotocol/conformance`, on the Node 22 it needs, both
-/// from `tests/mcp/package.json`) against `kernelctl mcp serve`: every scenario passes but those
-/// `tests/mcp/conformance-baseline.yaml` lists with the reason, and none of those passes.
-#[test]
-fn the_mcp_conformance_suite_passes_all_but_its_baseline() {
+/// from `tests/mcp/package.json`) against `kernelctl mcp serve` at `revision`: every scenario that
+/// revision requires passes but those `tests/mcp/conformance-baseline-<revision>.yaml` lists with
+/// the reason, and none of those passes.
+fn conformance_at(revision: &str) {
     let kernel = Kernel::start();
     let _worker = kernel.worker("w1");
     let (_server, url) = kernel.mcp_serve_http(&[]);
@@ -154,8 +154,8 @@ fn the_mcp_conformance_suite_passes_all_but_its_baseline() {
     let results = tempfile::tempdir().unwrap();
     let output = std::process::Command::new(node)
         .arg(suite)
-        .args(["server", "--url", &url, "--expected-failures"])
-        .arg(mcp.join("conformance-baseline.yaml"))
+        .args(["server", "--url", &url, "--requirements", revision, "--expected-failures"])
+        .arg(mcp.join(format!("conformance-baseline-{revision}.yaml")))
         .arg("-o")
         .arg(results.path())
         .output()
@@ -163,10 +163,20 @@ fn the_mcp_conformance_suite_passes_all_but_its_baseline() {
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
-        "conformance failures beyond the baseline:\n{text}\n{}",
+        "conformance failures at {revision} beyond the baseline:\n{text}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(text.contains("Baseline check passed"), "{text}");
+}
+
+#[test]
+fn the_mcp_conformance_suite_passes_all_but_its_baseline_at_2025_11_25() {
+    conformance_at("2025-11-25");
+}
+
+#[test]
+fn the_mcp_conformance_suite_passes_all_but_its_baseline_at_2026_07_28() {
+    conformance_at("2026-07-28");
 }
 
 #[tokio::test]
