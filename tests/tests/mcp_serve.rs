@@ -154,7 +154,14 @@ fn conformance_at(revision: &str) {
     let results = tempfile::tempdir().unwrap();
     let output = std::process::Command::new(node)
         .arg(suite)
-        .args(["server", "--url", &url, "--requirements", revision, "--expected-failures"])
+        .args([
+            "server",
+            "--url",
+            &url,
+            "--requirements",
+            revision,
+            "--expected-failures",
+        ])
         .arg(mcp.join(format!("conformance-baseline-{revision}.yaml")))
         .arg("-o")
         .arg(results.path())

@@ -440,3 +440,80 @@ async fn a_task_waits_for_a_person_answered_with_tasks_update_and_a_cancelled_ta
     assert!(task_statuses(&seen).is_empty(), "{seen:?}");
     assert_eq!(result_of(seen.last().unwrap())["text"], json!(["2"]));
 }
+
+/// The address of `kernel`'s own MCP listener (`--mcp-listen`), as its log says.
+fn mcp_url(kernel: &Kernel) -> String {
+    let line = kernel.process.log.wait_for("mcp listening");
+    let addr = line
+        .split("addr=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line}"));
+    format!("http://{addr}/mcp")
+}
+
+#[tokio::test]
+async fn on_two_replicas_a_re_issued_call_and_a_task_s_polls_go_to_the_other_one() {
+    let Some(pg) = e2e::postgres::Postgres::database("mcp_on_two_replicas") else {
+        return;
+    };
+    let replica = || {
+        Kernel::start_with(KernelOptions {
+            db: Some(pg.url.clone()),
+            args: vec!["--mcp-listen".into(), "127.0.0.1:0".into()],
+            ..Default::default()
+        })
+    };
+    let (a, b) = (replica(), replica());
+    let (url_a, url_b) = (mcp_url(&a), mcp_url(&b));
+    let _worker = a.fault_worker("fw");
+
+    // Begun on A and cut; re-issued on B, which joins the call A started.
+    let charge = |timeout: Option<f64>| {
+        let mut call =
+            json!({"tool": "charge", "arguments": {"hold_ms": 1500}, "meta": {"kernel/idempotency-key": "pay-2"}});
+        if let Some(timeout) = timeout {
+            call["timeout"] = json!(timeout);
+        }
+        json!([call])
+    };
+    let cut = McpClient::stateless("http", &url_a, &charge(Some(0.3)), &json!({}), &[]);
+    cut.until(|e| e.get("error").is_some());
+    let again = McpClient::stateless("http", &url_b, &charge(None), &json!({}), &[]);
+    let done = again.until(|e| !result_of(e).is_null());
+    let result = result_of(done.last().unwrap());
+    let text = result["text"][0].as_str().unwrap();
+    assert!(text.starts_with("charged once under ik_"), "{result}");
+    assert_eq!(
+        a.executions(text.trim_start_matches("charged once under ")),
+        1,
+        "{:?}",
+        a.ledger()
+    );
+
+    // A task of a call begun on A is polled on B: the log answers.
+    let nap = |timeout: Option<f64>| {
+        let mut call =
+            json!({"tool": "sleepy", "arguments": {"hold_ms": 3000}, "meta": {"kernel/idempotency-key": "nap-2"}});
+        if let Some(timeout) = timeout {
+            call["timeout"] = json!(timeout);
+        }
+        json!([call])
+    };
+    let tasks = [("MCP_CLIENT_TASKS", "1")];
+    let begun = McpClient::stateless("http", &url_a, &nap(Some(0.3)), &json!({}), &tasks);
+    begun.until(|e| e.get("error").is_some());
+    let polled = McpClient::stateless("http", &url_b, &nap(None), &json!({}), &tasks);
+    let seen = polled.until(|e| !result_of(e).is_null());
+    assert_eq!(task_statuses(&seen), ["working", "completed"], "{seen:?}");
+    let result = result_of(seen.last().unwrap());
+    assert_eq!(result["text"], json!(["slept 3000ms"]));
+    let run = b.finished(&run_of(result)).await;
+    assert_eq!(run.status, pb::RunStatus::Completed as i32);
+    let started = a
+        .ledger()
+        .iter()
+        .filter(|l| l.what == "start" && l.tool == "sleepy")
+        .count();
+    assert_eq!(started, 1, "{:?}", a.ledger());
+}
