@@ -325,9 +325,14 @@ async fn a_server_killed_mid_call_is_restarted_and_a_safe_call_runs_again() {
 async fn a_server_over_streamable_http_is_wrapped_the_same() {
     let kernel = Kernel::start();
     let (_server, url) = everything_over_http();
-    let _mcp = kernel.mcp_worker(&format!(
+    let mcp = kernel.mcp_worker(&format!(
         "servers:\n  remote:\n    url: {url}\n    headers: {{ X-Test: e2e }}\n    allow: [\"echo\", \"get-sum\"]\n"
     ));
+    let connected = mcp.log.wait_for("mcp server connected");
+    assert!(
+        connected.contains(r#"revision="2025-11-25""#),
+        "server-everything speaks 2025-11-25: {connected}"
+    );
     let tools = tools_when(&kernel, |t| names(t).len() == 2).await;
     let mut listed = names(&tools);
     listed.sort();
@@ -360,7 +365,12 @@ async fn a_kernel_cancel_becomes_an_mcp_cancellation_the_server_sees() {
         server.display(),
         marker.display()
     );
-    let _mcp = kernel.mcp_worker(&config);
+    let mcp = kernel.mcp_worker(&config);
+    let connected = mcp.log.wait_for("mcp server connected");
+    assert!(
+        connected.contains(r#"revision="2026-07-28""#),
+        "the Python SDK's server speaks 2026-07-28: {connected}"
+    );
     tools_when(&kernel, |tools| names(tools).iter().any(|n| n == "slow_wait")).await;
     let run = kernel.create_run("mcp-user").await;
     let mut watch = Watch::open(&kernel, &run, 1, true).await;
@@ -396,4 +406,89 @@ async fn a_kernel_cancel_becomes_an_mcp_cancellation_the_server_sees() {
     })
     .await;
     check_log(&kernel.events(&run).await, true);
+}
+
+/// `kernel-mcp` speaks either revision. A server of 2026-07-28 (here another kernel's MCP bridge,
+/// which makes a task of a slow call) is reached with `server/discover`; the task it answers with
+/// is followed to its result, its status messages the call's progress, and a kernel cancel
+/// cancels the task, and only it, upstream. (server-everything, of 2025-11-25, is reached with
+/// `initialize` by the other tests here.)
+#[tokio::test]
+async fn a_2026_server_s_task_is_followed_to_its_result_and_a_kernel_cancel_cancels_it() {
+    let upstream = Kernel::start();
+    let _worker = upstream.fault_worker("fw");
+    let (_bridge, url) = upstream.mcp_serve_http(&["--allow", "sleepy"]);
+    let kernel = Kernel::start();
+    let mcp = kernel.mcp_worker(&format!("servers:\n  up:\n    url: {url}\n"));
+    let connected = mcp.log.wait_for("mcp server connected");
+    assert!(connected.contains(r#"revision="2026-07-28""#), "{connected}");
+    tools_when(&kernel, |tools| names(tools).iter().any(|n| n == "up_sleepy")).await;
+
+    let run = kernel.create_run("mcp-user").await;
+    let mut watch = Watch::open(&kernel, &run, 1, true).await;
+    let outcome = submit(&kernel, &run, 0, vec![call("up_sleepy", json!({"hold_ms": 2500}))])
+        .await
+        .unwrap();
+    assert_eq!(outcome.results[0].content, "slept 2500ms", "{:?}", outcome.results[0]);
+    assert!(
+        watch
+            .until(|w| w.progress.iter().any(|p| p.message.starts_with("'sleepy' runs on fw")))
+            .await,
+        "the task's status reached the call as progress"
+    );
+
+    let (url, cancelled_run) = (kernel.url(), run.clone());
+    let turn = tokio::spawn(async move {
+        let calls = vec![call("up_sleepy", json!({"hold_ms": 60_000}))];
+        submit_until_done(&url, &cancelled_run, 1, calls).await
+    });
+    assert!(
+        watch
+            .until(|w| {
+                w.progress
+                    .iter()
+                    .any(|p| p.step_key == "t1/p0" && p.message.starts_with("'sleepy' runs on fw"))
+            })
+            .await,
+        "the second call became a task"
+    );
+    kernel
+        .calls()
+        .await
+        .cancel_call(pb::CancelCallRequest {
+            run_id: run.clone(),
+            step_key: "t1/p0".into(),
+            reason: "not needed".into(),
+        })
+        .await
+        .unwrap();
+    let outcome = turn.await.unwrap();
+    assert_eq!(
+        outcome.results[0].outcome,
+        pb::CallOutcome::Cancelled as i32,
+        "{:?}",
+        outcome.results[0]
+    );
+    let upstream_runs = upstream.list_runs("worker-sdk").await;
+    assert_eq!(
+        upstream_runs.len(),
+        2,
+        "a run upstream for each call: {upstream_runs:?}"
+    );
+    e2e::eventually("the upstream call to be cancelled by tasks/cancel", || async {
+        let mut cancelled = Vec::new();
+        for run in &upstream_runs {
+            let steps = upstream.get(&run.id).await.steps;
+            cancelled.extend(
+                steps
+                    .into_iter()
+                    .filter(|s| s.status == pb::StepStatus::Cancelled as i32),
+            );
+        }
+        match cancelled.as_slice() {
+            [step] if step.error.contains("tasks/cancel") => Ok(()),
+            _ => Err(cancelled),
+        }
+    })
+    .await;
 }

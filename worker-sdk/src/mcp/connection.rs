@@ -4,13 +4,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use rmcp::ClientHandler;
 use rmcp::model::{
-    ClientCapabilities, ClientConfig, Implementation, ProgressNotificationParam, ProgressToken, ProtocolVersion,
+    ClientCapabilities, ClientConfig, Implementation, JsonObject, ProgressNotificationParam, ProgressToken,
+    ProtocolVersion, TASKS_EXTENSION_ID,
 };
-use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, NotificationContext, Peer, RoleClient, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::{ClientHandler, ServiceExt};
 use tokio::sync::watch;
 
 use crate::worker::context::{Progress, ToolContext};
@@ -56,8 +57,11 @@ struct Handler {
 
 impl ClientHandler for Handler {
     fn get_info(&self) -> ClientConfig {
+        // A server of 2026-07-28 may answer a call with a task, which the wrapper follows.
+        let mut capabilities = ClientCapabilities::default();
+        capabilities.extensions = Some([(TASKS_EXTENSION_ID.to_owned(), JsonObject::new())].into());
         ClientConfig::new(
-            ClientCapabilities::default(),
+            capabilities,
             Implementation::new("worker-sdk", env!("CARGO_PKG_VERSION")),
         )
         .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
@@ -170,12 +174,25 @@ impl McpConnection {
             routes: Arc::clone(&routes),
             changes: Arc::new(changes_tx),
         };
-        let service: RunningService<RoleClient, Handler> =
-            handler.serve(transport).await.map_err(|error| McpError::Connect {
+        // Either revision: `server/discover` first, and `initialize` for a server that does not
+        // know it.
+        let lifecycle = ClientLifecycleMode::Auto {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
+        };
+        let service: RunningService<RoleClient, Handler> = handler
+            .serve_with_lifecycle(transport, lifecycle)
+            .await
+            .map_err(|error| McpError::Connect {
                 server: name.clone(),
                 message: format!("cannot initialize a session: {error}"),
             })?;
         let peer = service.peer().clone();
+        let revision = peer
+            .peer_info()
+            .map(|info| info.protocol_version.to_string())
+            .unwrap_or_default();
+        tracing::info!(server = name, revision, "mcp server connected");
         let (closed_tx, closed) = watch::channel(false);
         let stop = tokio_util::sync::CancellationToken::new();
         let stopping = stop.clone();

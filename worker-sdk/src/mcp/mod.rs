@@ -19,6 +19,7 @@
 //! ```
 
 mod connection;
+mod task;
 mod wrap;
 
 pub use self::connection::{McpConnection, McpError};

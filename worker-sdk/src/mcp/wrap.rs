@@ -160,6 +160,12 @@ async fn call(
     tokio::select! {
         answer = handle.await_response() => match answer {
             Ok(ServerResult::CallToolResult(result)) => flatten_result(result),
+            Ok(ServerResult::CreateTaskResult(task)) => super::task::follow(server, name, idempotency, &ctx, task).await,
+            Ok(ServerResult::InputRequiredResult(asked)) => Err(super::task::asks_for_input(
+                server,
+                name,
+                &asked.input_requests.unwrap_or_default(),
+            )),
             Ok(other) => Err(ToolError::fatal(format!(
                 "MCP server '{}' answered tools/call '{name}' with something else: {}",
                 server.name(),
@@ -177,7 +183,7 @@ async fn call(
 
 /// A request that failed below the tool. A connection that holds lost calls never answers one
 /// (its supervisor ends the worker session, and the kernel decides); otherwise [`session_error`].
-async fn lost(
+pub(super) async fn lost(
     server: &McpConnection,
     name: &str,
     idempotency: Idempotency,

@@ -1,0 +1,127 @@
+//! What an MCP server of 2026-07-28 may answer a call with instead of its result: a task (the
+//! tasks extension), followed here until it ends, or a request for input.
+
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolResult, CancelTaskParams, CreateTaskResult, GetTaskParams, InputRequest, InputRequests, TaskPayload,
+};
+use serde_json::Value;
+
+use super::connection::McpConnection;
+use super::wrap::{flatten_result, lost};
+use crate::error::ToolError;
+use crate::tool::Idempotency;
+
+/// The poll interval when the server suggests none, and the bounds put on one it suggests.
+const DEFAULT_POLL: Duration = Duration::from_secs(1);
+const MIN_POLL: Duration = Duration::from_millis(50);
+const MAX_POLL: Duration = Duration::from_secs(10);
+
+/// Polls the task the server made of call `name` until it ends: its status messages are the
+/// call's progress, a completed task's result is the call's, and a kernel cancel cancels the task.
+/// A poll that fails is the call's error as a request that failed would be.
+pub(super) async fn follow(
+    server: &McpConnection,
+    name: &str,
+    idempotency: Idempotency,
+    ctx: &crate::ToolContext,
+    created: CreateTaskResult,
+) -> Result<Value, ToolError> {
+    let id = created.task.task_id;
+    let mut poll = interval(created.task.poll_interval_ms);
+    let mut said = created.task.status_message;
+    if let Some(message) = &said {
+        ctx.progress(message.clone());
+    }
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(poll) => {}
+            _ = ctx.cancelled() => {
+                let _ = server.peer().cancel_task(CancelTaskParams::new(id.clone())).await;
+                return Err(ToolError::fatal(format!("'{name}' was cancelled")));
+            }
+        }
+        let task = match server.peer().get_task(GetTaskParams::new(id.clone())).await {
+            Ok(got) => got.task,
+            Err(error) => return lost(server, name, idempotency, ctx, &error).await,
+        };
+        poll = interval(task.task.poll_interval_ms);
+        if task.task.status_message.is_some() && task.task.status_message != said {
+            said = task.task.status_message.clone();
+            ctx.progress(said.clone().unwrap_or_default());
+        }
+        match task.payload {
+            TaskPayload::Completed { result } => {
+                let result: CallToolResult = serde_json::from_value(Value::Object(result)).map_err(|error| {
+                    ToolError::fatal(format!(
+                        "MCP server '{}' completed task {id} of '{name}' with a result that is not a tool's: {error}",
+                        server.name()
+                    ))
+                })?;
+                return flatten_result(result);
+            }
+            TaskPayload::Failed { error } => {
+                let message = error.get("message").and_then(Value::as_str).unwrap_or("no message");
+                return Err(ToolError::fatal(format!(
+                    "MCP server '{}' failed task {id} of '{name}': {message}",
+                    server.name()
+                )));
+            }
+            TaskPayload::Cancelled => {
+                return Err(ToolError::fatal(format!(
+                    "MCP server '{}' cancelled task {id} of '{name}'",
+                    server.name()
+                )));
+            }
+            TaskPayload::InputRequired { input_requests } => {
+                let _ = server.peer().cancel_task(CancelTaskParams::new(id.clone())).await;
+                return Err(asks_for_input(server, name, &input_requests));
+            }
+            _ => {}
+        }
+    }
+}
+
+fn interval(suggested: Option<u64>) -> Duration {
+    suggested
+        .map(Duration::from_millis)
+        .unwrap_or(DEFAULT_POLL)
+        .clamp(MIN_POLL, MAX_POLL)
+}
+
+/// The call's error when the server asks for input (a form, a model's answer, roots): what it
+/// asked, which the wrapper cannot yet put to a person, so the call ends there.
+pub(super) fn asks_for_input(server: &McpConnection, name: &str, requests: &InputRequests) -> ToolError {
+    let asked: Vec<String> = requests
+        .values()
+        .map(|request| match request {
+            InputRequest::Elicitation(elicit) => serde_json::to_value(&elicit.params)
+                .ok()
+                .and_then(|params| params.get("message").and_then(Value::as_str).map(str::to_owned))
+                .map_or_else(|| "a form".to_owned(), |message| format!("a form: {message}")),
+            InputRequest::CreateMessage(_) => "a model's answer (sampling)".to_owned(),
+            InputRequest::ListRoots(_) => "its roots".to_owned(),
+            _ => "input".to_owned(),
+        })
+        .collect();
+    ToolError::fatal(format!(
+        "MCP server '{}' asks for input to go on with '{name}' ({}); a wrapped server's questions are not put to a \
+         person yet, so the call ends here",
+        server.name(),
+        asked.join("; ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_suggested_poll_interval_is_kept_within_bounds() {
+        assert_eq!(interval(None), DEFAULT_POLL);
+        assert_eq!(interval(Some(250)), Duration::from_millis(250));
+        assert_eq!(interval(Some(0)), MIN_POLL);
+        assert_eq!(interval(Some(3_600_000)), MAX_POLL);
+    }
+}
