@@ -163,3 +163,46 @@ impl McpClient {
         }
     }
 }
+
+/// The status line and headers of `body` (a JSON-RPC message) POSTed to `http://addr/mcp` with
+/// `authorization`, as a client on the wire would send it.
+pub fn post_head(addr: &str, authorization: Option<&str>, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    let auth = authorization
+        .map(|a| format!("Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    // The head comes first; an accepted request's event stream may stay open, so read a little.
+    let mut buffer = [0u8; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        let read = stream.read(&mut buffer).unwrap();
+        if read == 0 {
+            break;
+        }
+        answer.extend_from_slice(&buffer[..read]);
+    }
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    text.split("\r\n\r\n").next().unwrap_or_default().to_owned()
+}
+
+/// The status line and headers of a GET of `path` at `addr`, sent without a key.
+pub fn get_head(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer.split("\r\n\r\n").next().unwrap_or_default().to_owned()
+}

@@ -267,40 +267,18 @@ async fn a_session_idle_past_its_timeout_is_closed_and_its_run_completed() {
 
 /// The status line and headers of an MCP `initialize` POSTed to `addr` with `authorization`.
 fn initialize(addr: &str, authorization: Option<&str>) -> String {
-    use std::io::{Read, Write};
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    let auth = authorization
-        .map(|a| format!("Authorization: {a}\r\n"))
-        .unwrap_or_default();
-    write!(
-        stream,
-        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Accept: application/json, text/event-stream\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = Vec::new();
-    // The head comes first; an accepted request's event stream may stay open, so read a little.
-    let mut buffer = [0u8; 4096];
-    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
-        let read = stream.read(&mut buffer).unwrap();
-        if read == 0 {
-            break;
-        }
-        answer.extend_from_slice(&buffer[..read]);
-    }
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    text.split("\r\n\r\n").next().unwrap_or_default().to_owned()
+    e2e::mcp::post_head(addr, authorization, body)
 }
 
 #[tokio::test]
 async fn with_an_auth_file_an_mcp_request_without_a_known_key_gets_401_with_a_bearer_challenge() {
     let (agent, agent_entry) = create_key("mcp-agent", &["runs:write", "tools:call", "runs:read"]);
     let (worker, worker_entry) = create_key("workers", &["workers:connect"]);
+    let (caller, caller_entry) = create_key("caller", &["runs:write", "tools:call"]);
     let files = tempfile::tempdir().unwrap();
     let auth = files.path().join("auth.yaml");
-    std::fs::write(&auth, format!("keys:\n{agent_entry}\n{worker_entry}\n")).unwrap();
+    std::fs::write(&auth, format!("keys:\n{agent_entry}\n{worker_entry}\n{caller_entry}\n")).unwrap();
     let kernel = Kernel::start_with(KernelOptions {
         args: vec![
             "--auth-file".into(),
@@ -326,6 +304,20 @@ async fn with_an_auth_file_an_mcp_request_without_a_known_key_gets_401_with_a_be
     assert!(unknown.contains(r#"error="invalid_token""#), "{unknown}");
     let known = initialize(&addr, Some(&format!("Bearer {agent}")));
     assert!(known.starts_with("HTTP/1.1 200"), "{known}");
+    assert!(none.contains(r#"scope="runs:read runs:write tools:call""#), "{none}");
+
+    // No OAuth protected-resource metadata: the kernel has no authorization server to name.
+    let metadata = e2e::mcp::get_head(&addr, "/.well-known/oauth-protected-resource/mcp");
+    assert!(metadata.starts_with("HTTP/1.1 404"), "{metadata}");
+
+    // A known key without runs:read may not list the tools: 403 naming the scope it lacks.
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list","params":{}}"#;
+    let blind = e2e::mcp::post_head(&addr, Some(&format!("Bearer {caller}")), list);
+    assert!(blind.starts_with("HTTP/1.1 403"), "{blind}");
+    assert!(
+        blind.contains(r#"error="insufficient_scope", scope="runs:read""#),
+        "{blind}"
+    );
 
     // (through the kernelctl bridge too, which asks the kernel about each key)
     let (_bridge, bridge_url) = kernel.mcp_serve_http(&[]);

@@ -265,17 +265,15 @@ async fn a_call_parked_for_a_person_is_asked_of_the_client_and_answered_by_it() 
 }
 
 #[tokio::test]
-async fn a_client_whose_key_may_not_answer_and_one_without_forms_wait_for_a_person_elsewhere() {
+async fn a_key_s_scopes_hold_and_a_client_that_may_not_answer_or_has_no_forms_waits_for_a_person_elsewhere() {
     let (agent, agent_entry) = create_key("mcp-agent", &["runs:write", "tools:call", "runs:read"]);
     let (worker, worker_entry) = create_key("workers", &["workers:connect"]);
     let (approver, approver_entry) = create_key("approver", &["approvals:write", "runs:read"]);
+    let (reader, reader_entry) = create_key("reader", &["runs:read", "runs:write"]);
     let files = tempfile::tempdir().unwrap();
     let auth = files.path().join("auth.yaml");
-    std::fs::write(
-        &auth,
-        format!("keys:\n{agent_entry}\n{worker_entry}\n{approver_entry}\n"),
-    )
-    .unwrap();
+    let entries = [agent_entry, worker_entry, approver_entry, reader_entry].join("\n");
+    std::fs::write(&auth, format!("keys:\n{entries}\n")).unwrap();
     let kernel = Kernel::start_with(KernelOptions {
         args: vec!["--auth-file".into(), auth.to_str().unwrap().into()],
         ..Default::default()
@@ -290,6 +288,16 @@ async fn a_client_whose_key_may_not_answer_and_one_without_forms_wait_for_a_pers
     let (_server, url) = kernel.mcp_serve_http(&[]);
     let headers = json!({"Authorization": format!("Bearer {agent}")});
     let mut approvals = ApprovalServiceClient::connect(kernel.url()).await.unwrap();
+
+    // A key that may list but not call: the call is refused, and the model reads why.
+    let calls = json!([{"tool": "add", "arguments": {"a": 1, "b": 2}}]);
+    let reading = json!({"Authorization": format!("Bearer {reader}")});
+    let client = McpClient::stateless("http", &url, &calls, &reading, &[]);
+    client.next();
+    assert!(client.next()["tools"].as_array().is_some_and(|t| !t.is_empty()));
+    let refused = result_of(&client.next()).clone();
+    assert_eq!(refused["is_error"], true, "{refused}");
+    assert!(refused["text"][0].as_str().unwrap().contains("tools:call"), "{refused}");
 
     for env in [vec![], vec![("MCP_CLIENT_NO_FORMS", "1")]] {
         let calls = json!([{"tool": "refund", "arguments": {"customer": "c9", "cents": 25_000}, "answer": "approve"}]);

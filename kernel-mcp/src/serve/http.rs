@@ -55,64 +55,92 @@ pub async fn serve_http(
 /// How long the kernel's word that it knows a key is trusted before it is asked again.
 const KNOWN_FOR: Duration = Duration::from_secs(30);
 
-/// What checks HTTP requests' keys with the kernel, remembering the keys it knows for a while.
+/// What checks HTTP requests' keys with the kernel, remembering what it said of each for a while.
 #[derive(Clone)]
 struct Gate {
     bridge: Arc<Bridge>,
     client: Arc<OnceCell<AgentClient>>,
-    known: Arc<Mutex<HashMap<Option<String>, Instant>>>,
+    known: Arc<Mutex<Known>>,
 }
 
+/// What the kernel said of each key lately (`None`: no key), and when.
+type Known = HashMap<Option<String>, (Instant, Access)>;
+
+/// What the kernel said of a request's key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    /// A key it knows that may read runs and tools (`runs:read`).
+    Reads,
+    /// A key it knows without `runs:read`: it may not list the tools.
+    NoReads,
+}
+
+/// The scopes an MCP client's key needs to list and call tools; `approvals:write` too to answer
+/// an approval. A challenge names them (RFC 6750's `scope`).
+const CLIENT_SCOPES: &str = "runs:read runs:write tools:call";
+
 impl Gate {
-    /// Why the kernel refuses `key` (with `bearer` whether the client sent it), or `None` when it
-    /// takes it. A kernel that cannot be reached refuses nothing here: the calls fail and say so.
-    async fn refusal(&self, key: Option<String>) -> Option<String> {
-        if let Some(at) = self.known.lock().expect("key memory poisoned").get(&key)
+    /// What the kernel says of `key`: why it refuses it, or what it may do. A kernel that cannot
+    /// be reached refuses nothing here: the calls fail and say so.
+    async fn check(&self, key: Option<String>) -> Result<Access, String> {
+        if let Some((at, access)) = self.known.lock().expect("key memory poisoned").get(&key)
             && at.elapsed() < KNOWN_FOR
         {
-            return None;
+            return Ok(*access);
         }
         let bridge = &self.bridge;
-        let client = self.client.get_or_try_init(|| bridge.connect()).await.ok()?.clone();
-        let client = match &key {
-            Some(secret) => match client.api_key(secret) {
-                Ok(client) => client,
-                Err(error) => return Some(error.to_string()),
-            },
-            None => client,
+        let Ok(client) = self.client.get_or_try_init(|| bridge.connect()).await else {
+            return Ok(Access::Reads);
         };
-        match client.registered_tools().await {
+        let client = match &key {
+            Some(secret) => client.clone().api_key(secret).map_err(|error| error.to_string())?,
+            None => client.clone(),
+        };
+        let access = match client.registered_tools().await {
             Err(AgentError::Status(status)) if status.code() == tonic::Code::Unauthenticated => {
-                Some(status.message().to_owned())
+                return Err(status.message().to_owned());
             }
-            // A key without `runs:read` is still a key the kernel knows: what it may do is the
-            // kernel's to say, call by call.
-            Ok(_) | Err(AgentError::Status(_)) => {
-                let mut known = self.known.lock().expect("key memory poisoned");
-                known.retain(|_, at| at.elapsed() < KNOWN_FOR);
-                known.insert(key, Instant::now());
-                None
-            }
-            Err(_) => None,
-        }
+            Err(AgentError::Status(status)) if status.code() == tonic::Code::PermissionDenied => Access::NoReads,
+            // Another answer says nothing of the key: what it may do is the kernel's to say, call
+            // by call.
+            _ => Access::Reads,
+        };
+        let mut known = self.known.lock().expect("key memory poisoned");
+        known.retain(|_, (at, _)| at.elapsed() < KNOWN_FOR);
+        known.insert(key, (Instant::now(), access));
+        Ok(access)
     }
 }
 
 /// In front of the MCP service: a request whose key the kernel does not know gets 401 with a
-/// `WWW-Authenticate` challenge (as the MCP authorization spec asks) before any MCP processing,
-/// and a session's DELETE is answered 200 rather than rmcp's 202, which the official Python
-/// client reports as a failed termination.
+/// `WWW-Authenticate` challenge (as the MCP authorization spec asks) before any MCP processing, a
+/// `tools/list` with a key that may not read the tools gets 403 `insufficient_scope`, and a
+/// session's DELETE is answered 200 rather than rmcp's 202, which the official Python client
+/// reports as a failed termination.
 async fn guard(
     axum::extract::State(gate): axum::extract::State<Gate>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    if gate.bridge.authenticate {
+    let mut request = request;
+    // Only the MCP endpoint is the kernel's to guard; any other path is simply not there (404).
+    let endpoint = request.uri().path().starts_with("/mcp");
+    if gate.bridge.authenticate && endpoint {
         let bearer = bearer_of(request.headers());
         let sent = bearer.is_some();
-        if let Some(why) = gate.refusal(bearer.or_else(|| gate.bridge.api_key.clone())).await {
-            tracing::debug!(reason = %why, "mcp request refused");
-            return unauthorized(sent, &why);
+        match gate.check(bearer.or_else(|| gate.bridge.api_key.clone())).await {
+            Err(why) => {
+                tracing::debug!(reason = %why, "mcp request refused");
+                return unauthorized(sent, &why);
+            }
+            Ok(Access::NoReads) => {
+                let (method, read) = method_of(request).await;
+                if method.as_deref() == Some("tools/list") {
+                    return insufficient_scope("runs:read", "this key may not list the tools (it lacks runs:read)");
+                }
+                request = read;
+            }
+            Ok(Access::Reads) => {}
         }
     }
     let delete = request.method() == http::Method::DELETE;
@@ -123,13 +151,50 @@ async fn guard(
     response
 }
 
+/// The largest request body read to find its JSON-RPC method.
+const MAX_PEEKED_BODY: usize = 4 << 20;
+
+/// A request's JSON-RPC method (the 2026-07-28 `Mcp-Method` header, else its body's `method`),
+/// and the request to pass on, its body intact.
+async fn method_of(request: axum::extract::Request) -> (Option<String>, axum::extract::Request) {
+    if let Some(method) = request.headers().get("mcp-method").and_then(|v| v.to_str().ok()) {
+        return (Some(method.to_owned()), request);
+    }
+    if request.method() != http::Method::POST {
+        return (None, request);
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_PEEKED_BODY).await.unwrap_or_default();
+    let method = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|message| message.get("method")?.as_str().map(str::to_owned));
+    (
+        method,
+        axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes)),
+    )
+}
+
+/// HTTP 403 with its Bearer challenge for a key that lacks `scope`.
+fn insufficient_scope(scope: &str, why: &str) -> axum::response::Response {
+    let challenge =
+        format!(r#"Bearer realm="kernel", error="insufficient_scope", scope="{scope}", error_description="{why}""#);
+    let mut response = axum::response::Response::new(axum::body::Body::from(format!("forbidden: {why}\n")));
+    *response.status_mut() = http::StatusCode::FORBIDDEN;
+    if let Ok(value) = http::HeaderValue::from_str(&challenge) {
+        response.headers_mut().insert(http::header::WWW_AUTHENTICATE, value);
+    }
+    response
+}
+
 /// HTTP 401 with its Bearer challenge: `invalid_token` when a key was sent and refused.
 fn unauthorized(sent: bool, why: &str) -> axum::response::Response {
     let description = why.replace(['"', '\\'], "'");
     let challenge = if sent {
-        format!(r#"Bearer realm="kernel", error="invalid_token", error_description="{description}""#)
+        format!(
+            r#"Bearer realm="kernel", scope="{CLIENT_SCOPES}", error="invalid_token", error_description="{description}""#
+        )
     } else {
-        r#"Bearer realm="kernel""#.to_owned()
+        format!(r#"Bearer realm="kernel", scope="{CLIENT_SCOPES}""#)
     };
     let mut response = axum::response::Response::new(axum::body::Body::from(format!(
         "unauthorized: {why}; send a kernel API key as `Authorization: Bearer <key>`\n"
