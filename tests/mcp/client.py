@@ -183,6 +183,10 @@ class TasksExtension(ClientExtension):
         ]
 
 
+async def emit_progress(value: float, total: float | None, message: str | None) -> None:
+    emit({"progress": value, "total": total, "message": message})
+
+
 def emit_tools(listed: Any) -> None:
     emit(
         {
@@ -253,17 +257,12 @@ async def modern(server: Any, calls: list[dict[str, Any]]) -> None:
                 for key, value in (call.get("meta") or {}).items()
             }
 
-            async def progress(
-                value: float, total: float | None, message: str | None
-            ) -> None:
-                emit({"progress": value, "total": total, "message": message})
-
             try:
                 result = await mcp.call_tool(
                     call["tool"],
                     call.get("arguments", {}),
                     read_timeout_seconds=call.get("timeout"),
-                    progress_callback=progress,
+                    progress_callback=emit_progress,
                     meta=meta or None,
                 )
             except Exception as error:  # noqa: BLE001 - the test reads what happened
@@ -279,18 +278,12 @@ async def session(read: Any, write: Any, calls: list[dict[str, Any]]) -> None:
         await mcp.initialize()
         emit_tools(await mcp.list_tools())
         for call in calls:
-
-            async def progress(
-                value: float, total: float | None, message: str | None
-            ) -> None:
-                emit({"progress": value, "total": total, "message": message})
-
             try:
                 result = await mcp.call_tool(
                     call["tool"],
                     call.get("arguments", {}),
                     read_timeout_seconds=call.get("timeout"),
-                    progress_callback=progress,
+                    progress_callback=emit_progress,
                 )
             except Exception as error:  # noqa: BLE001 - the test reads what happened
                 emit({"error": {"tool": call["tool"], "message": str(error)}})

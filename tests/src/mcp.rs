@@ -69,6 +69,11 @@ impl Kernel {
     }
 }
 
+/// The result in one of the MCP client's lines (`null` in a line of something else).
+pub fn result_of(event: &serde_json::Value) -> &serde_json::Value {
+    &event["result"]
+}
+
 /// The MCP client of `tests/mcp/client.py` (the official `mcp` package), run against the kernel's
 /// MCP server; its JSON lines (tools, progress, results) are read as they come.
 pub struct McpClient {

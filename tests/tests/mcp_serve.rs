@@ -5,15 +5,11 @@
 //! cancels one call while the session's run goes on, the run completed when its session ends
 //! (deleted, stdin closed, or idle past its timeout), and a 401 for a request without a known key.
 
-use e2e::mcp::McpClient;
+use e2e::mcp::{McpClient, result_of};
 use e2e::{Kernel, KernelOptions, binary, check_log, create_key};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
 use serde_json::{Value, json};
-
-fn result_of(event: &Value) -> &Value {
-    &event["result"]
-}
 
 #[tokio::test]
 async fn an_mcp_client_over_stdio_lists_and_calls_the_workers_tools_in_one_run() {

@@ -5,15 +5,11 @@
 //! `input_required` and answered by it, refused when its key may not answer, and answered by a
 //! person elsewhere for a client that cannot show a form.
 
-use e2e::mcp::McpClient;
+use e2e::mcp::{McpClient, result_of};
 use e2e::{Kernel, KernelOptions, binary, check_log, create_key};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
 use serde_json::{Value, json};
-
-fn result_of(event: &Value) -> &Value {
-    &event["result"]
-}
 
 /// The results among `seen`, in order.
 fn results(seen: &[Value]) -> Vec<&Value> {
@@ -524,4 +520,38 @@ async fn on_two_replicas_a_re_issued_call_and_a_task_s_polls_go_to_the_other_one
         .filter(|l| l.what == "start" && l.tool == "sleepy")
         .count();
     assert_eq!(started, 1, "{:?}", a.ledger());
+}
+
+#[tokio::test]
+async fn over_stdio_a_2026_client_s_cancel_cancels_even_a_call_it_could_re_issue() {
+    let kernel = Kernel::start();
+    let _worker = kernel.worker("w1");
+    let server = json!([binary("kernelctl"), "--addr", kernel.url(), "mcp", "serve"]).to_string();
+    let slow = |timeout: Option<f64>| {
+        let mut call = json!({"tool": "slow", "arguments": {"steps": 100, "delay_ms": 100},
+                              "meta": {"kernel/idempotency-key": "s-1"}});
+        if let Some(timeout) = timeout {
+            call["timeout"] = json!(timeout);
+        }
+        call
+    };
+    let calls = json!([slow(Some(0.5)), slow(None)]);
+    let client = McpClient::stateless("stdio", &server, &calls, &json!({}), &[]);
+    let seen = client.until(|e| !result_of(e).is_null());
+    assert!(
+        seen.iter().any(|e| e.get("error").is_some()),
+        "the client gave up: {seen:?}"
+    );
+    // The same key again: the call was cancelled, and that is its recorded result.
+    let result = result_of(seen.last().unwrap());
+    assert_eq!(result["is_error"], true, "{result}");
+    assert!(
+        result["text"][0]
+            .as_str()
+            .unwrap()
+            .contains("cancelled by the MCP client"),
+        "{result}"
+    );
+    let steps = kernel.get(&run_of(result)).await.steps;
+    assert_eq!(steps[0].status, pb::StepStatus::Cancelled as i32, "{steps:?}");
 }

@@ -9,7 +9,8 @@
 //! - `kernel/idempotency-key`: the call's identity. The same call re-issued with the same key
 //!   (after a broken stream, or a client's crash) gets the recorded result or joins the call in
 //!   flight; nothing runs twice. Without a key a client's cancel (its stream closed) cancels the
-//!   call; with one, the call goes on and waits to be re-issued.
+//!   call; with one, over HTTP, the call goes on and waits to be re-issued (a closed stream may be
+//!   a lost connection), while over stdio a cancel cancels it.
 //! - `kernel/end-run: true` completes a named run once this call settles.
 
 use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, JsonObject};
@@ -227,7 +228,9 @@ pub(super) async fn call(
             place.finish_later(&name, &arguments);
             Ok(approval::ask(client, &place, &asked).await.into())
         }
-        Ok(Followed::Left) if place.keyed => {
+        // Over HTTP a closed stream is both a cancel and what a lost connection looks like, so a
+        // call the client can re-issue goes on; over stdio a cancel is only ever a cancel.
+        Ok(Followed::Left) if place.keyed && over_http(context) => {
             tracing::debug!(
                 run_id = place.run.id(),
                 step_key = place.step_key(),
@@ -242,11 +245,35 @@ pub(super) async fn call(
             Ok(refused("cancelled by the client".to_owned()).into())
         }
         Err(error) => {
-            if place.own {
+            // A refused turn writes nothing, so a run made for the call holds no call: it fails
+            // with the reason. (The kernel gone away is no refusal: its call may be in flight.)
+            if place.own && refused_outright(&error) {
                 let _ = place.run.fail(format!("the MCP call was refused: {error}")).await;
             }
             Ok(call_refusal(error)?.into())
         }
+    }
+}
+
+/// Whether the request came over Streamable HTTP (not stdio).
+fn over_http(context: &RequestContext<RoleServer>) -> bool {
+    context.extensions.get::<http::request::Parts>().is_some()
+}
+
+/// Whether the kernel refused a turn outright (it recorded nothing), rather than going away.
+fn refused_outright(error: &AgentError) -> bool {
+    match error {
+        AgentError::Status(status) => matches!(
+            status.code(),
+            tonic::Code::InvalidArgument
+                | tonic::Code::FailedPrecondition
+                | tonic::Code::PermissionDenied
+                | tonic::Code::ResourceExhausted
+                | tonic::Code::AlreadyExists
+                | tonic::Code::NotFound
+        ),
+        AgentError::ConcurrentCallId(_) => true,
+        _ => false,
     }
 }
 
