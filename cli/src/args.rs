@@ -87,8 +87,9 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum McpCommand {
-    /// Serve the tools connected workers offer to an MCP client: on stdin and stdout (one session),
-    /// or with --listen over Streamable HTTP at /mcp. Each MCP session's calls go in a run of its own.
+    /// Serve the tools connected workers offer to an MCP client: on stdin and stdout, or with
+    /// --listen over Streamable HTTP at /mcp, at MCP 2025-11-25 (each session's calls go in a run of
+    /// its own) and 2026-07-28 (each call in a run of its own or the run its `_meta` names).
     Serve(McpServeArgs),
 }
 
@@ -101,7 +102,7 @@ pub struct McpServeArgs {
     /// Offer only tools whose names match one of these globs (repeatable).
     #[arg(long, value_name = "GLOB")]
     pub allow: Vec<String>,
-    /// A label on every run the sessions create, `key=value` (repeatable).
+    /// A label on every run the bridge creates, `key=value` (repeatable).
     #[arg(long, value_name = "KEY=VALUE", value_parser = parse_label)]
     pub label: Vec<(String, String)>,
     /// With --listen: a session that sends and receives nothing this many milliseconds is closed
