@@ -14,24 +14,24 @@ each request on its own, with `_meta`), through the package's `Client`. A call m
 (`approve`, `reject`, `decline` or `cancel`); each form asked is printed. A `meta` value
 `$last_run` stands for the run the previous result named (its `_meta` `kernel/run`). With
 MCP_CLIENT_NO_FORMS=1 the client declares no elicitation, so it cannot be asked anything. With
-MCP_CLIENT_TASKS=1 it declares the tasks extension (`io.modelcontextprotocol/tasks`, which the
-package does not ship: `TasksExtension` below is it, on the package's extension hooks): a call the
-server returns as a task is polled with `tasks/get` until it ends, each status printed, through
-the server going away for a while; its `input_required` forms are answered with `tasks/update`,
-and a call's `cancel_after` (seconds) sends `tasks/cancel` that long after the task began.
+MCP_CLIENT_TASKS=1 it declares the tasks extension (`io.modelcontextprotocol/tasks`, with
+`kernel_sdk.mcp_tasks`, since the package ships no client for it): a call the server returns as a
+task is polled until it ends, each status and failed poll printed; its forms are answered with
+`tasks/update`, and a call's `cancel_after` (seconds) gives up on it that long after it began,
+which cancels its task.
 """
 
 import asyncio
 import json
+import math
 import os
 import sys
-import time
-from typing import Any, Literal
+from typing import Any
 
+import anyio
 import mcp_types
+from kernel_sdk.mcp_tasks import CreateTaskResult, Task, TasksExtension
 from mcp import Client, ClientSession, StdioServerParameters
-from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
-from mcp.client.session import ClientRequestContext
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import Implementation
@@ -41,146 +41,24 @@ def emit(event: dict[str, Any]) -> None:
     print(json.dumps(event), flush=True)
 
 
-class _TaskFields(mcp_types.Result):
-    task_id: str
-    status: Literal["working", "input_required", "completed", "failed", "cancelled"]
-    status_message: str | None = None
-    created_at: str
-    last_updated_at: str
-    ttl_ms: int | None
-    poll_interval_ms: int | None = None
+def tasks_extension() -> TasksExtension:
+    """The SDK's tasks client, each status and failed poll printed."""
 
-
-class CreateTaskResult(_TaskFields):
-    """A `tools/call` answered with a task (`resultType: "task"`)."""
-
-    result_type: Literal["task"]
-
-
-class GetTaskResult(_TaskFields):
-    result_type: str = "complete"
-    input_requests: dict[str, Any] | None = None
-    result: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-
-
-class TaskIdParams(mcp_types.RequestParams):
-    task_id: str
-
-
-class UpdateTaskParams(TaskIdParams):
-    input_responses: dict[str, Any]
-
-
-class GetTask(mcp_types.Request[TaskIdParams, Literal["tasks/get"]]):
-    method: Literal["tasks/get"] = "tasks/get"
-    params: TaskIdParams
-    name_param = "taskId"
-
-
-class UpdateTask(mcp_types.Request[UpdateTaskParams, Literal["tasks/update"]]):
-    method: Literal["tasks/update"] = "tasks/update"
-    params: UpdateTaskParams
-    name_param = "taskId"
-
-
-class CancelTask(mcp_types.Request[TaskIdParams, Literal["tasks/cancel"]]):
-    method: Literal["tasks/cancel"] = "tasks/cancel"
-    params: TaskIdParams
-    name_param = "taskId"
-
-
-# The call being made, for the task resolver: its `cancel_after`.
-CURRENT_CALL: dict[str, Any] = {}
-
-
-async def resolve_task(
-    handle: CreateTaskResult, ctx: ClaimContext
-) -> mcp_types.CallToolResult:
-    """Polls a task until it ends; answers its forms; rides out the server's absence."""
-    session = ctx.session
-    emit({"task": {"id": handle.task_id, "status": handle.status}})
-    began = time.monotonic()
-    cancel_after = CURRENT_CALL.get("cancel_after")
-    answered: set[str] = set()
-    last = handle.status
-    failing_since: float | None = None
-    while True:
-        await asyncio.sleep((handle.poll_interval_ms or 1000) / 1000)
-        if cancel_after is not None and time.monotonic() - began >= cancel_after:
-            cancel_after = None
-            await session.send_request(
-                CancelTask(params=TaskIdParams(task_id=handle.task_id)),
-                mcp_types.EmptyResult,
-            )
-            emit({"task_cancel_sent": handle.task_id})
-        try:
-            task = await session.send_request(
-                GetTask(params=TaskIdParams(task_id=handle.task_id)), GetTaskResult
-            )
-        except Exception as error:
-            failing_since = failing_since or time.monotonic()
-            if time.monotonic() - failing_since > 60:
-                raise
-            emit({"poll_error": str(error)})
-            continue
-        failing_since = None
-        if task.status != last:
-            emit(
-                {
-                    "task": {
-                        "id": task.task_id,
-                        "status": task.status,
-                        "message": task.status_message,
-                    }
+    def status(task: Task | CreateTaskResult) -> None:
+        emit(
+            {
+                "task": {
+                    "id": task.task_id,
+                    "status": task.status,
+                    "message": task.status_message,
                 }
-            )
-            last = task.status
-        if task.status == "completed":
-            return mcp_types.CallToolResult.model_validate(task.result, by_name=False)
-        if task.status in ("failed", "cancelled"):
-            return mcp_types.CallToolResult(
-                content=[
-                    mcp_types.TextContent(type="text", text=f"task {task.status}")
-                ],
-                is_error=True,
-            )
-        if task.status == "input_required":
-            todo = {
-                k: r
-                for k, r in (task.input_requests or {}).items()
-                if k not in answered
             }
-            responses = {}
-            for key, request in todo.items():
-                parsed = mcp_types.ElicitRequest.model_validate(request)
-                result = await session.dispatch_input_request(
-                    ClientRequestContext(session=session, request_id=key), parsed
-                )
-                responses[key] = result.model_dump(by_alias=True, exclude_none=True)
-            if responses:
-                await session.send_request(
-                    UpdateTask(
-                        params=UpdateTaskParams(
-                            task_id=handle.task_id, input_responses=responses
-                        )
-                    ),
-                    mcp_types.EmptyResult,
-                )
-                answered |= responses.keys()
+        )
 
+    def unreachable(error: Exception) -> None:
+        emit({"poll_error": str(error)})
 
-class TasksExtension(ClientExtension):
-    """The client side of `io.modelcontextprotocol/tasks`."""
-
-    identifier = "io.modelcontextprotocol/tasks"
-
-    def claims(self) -> list[ResultClaim[Any]]:
-        return [
-            ResultClaim(
-                result_type="task", model=CreateTaskResult, resolve=resolve_task
-            )
-        ]
+    return TasksExtension(on_status=status, on_unreachable=unreachable)
 
 
 async def emit_progress(value: float, total: float | None, message: str | None) -> None:
@@ -243,30 +121,35 @@ async def modern(server: Any, calls: list[dict[str, Any]]) -> None:
         mode="2026-07-28",
         client_info=Implementation(name="e2e-client", version="1.0"),
         elicitation_callback=None if no_forms else form,
-        extensions=[TasksExtension()] if tasks else None,
+        extensions=[tasks_extension()] if tasks else None,
     ) as mcp:
         emit({"protocol_version": mcp.protocol_version})
         emit_tools(await mcp.list_tools())
         last_run = None
         for call in calls:
             answers[:] = [call["answer"]] if "answer" in call else []
-            CURRENT_CALL.clear()
-            CURRENT_CALL.update(call)
             meta = {
                 key: last_run if value == "$last_run" else value
                 for key, value in (call.get("meta") or {}).items()
             }
 
             try:
-                result = await mcp.call_tool(
-                    call["tool"],
-                    call.get("arguments", {}),
-                    read_timeout_seconds=call.get("timeout"),
-                    progress_callback=emit_progress,
-                    meta=meta or None,
-                )
+                with anyio.move_on_after(
+                    call.get("cancel_after", math.inf)
+                ) as deadline:
+                    result = await mcp.call_tool(
+                        call["tool"],
+                        call.get("arguments", {}),
+                        read_timeout_seconds=call.get("timeout"),
+                        progress_callback=emit_progress,
+                        meta=meta or None,
+                    )
             except Exception as error:  # noqa: BLE001 - the test reads what happened
                 emit({"error": {"tool": call["tool"], "message": str(error)}})
+                continue
+            if deadline.cancelled_caught:
+                message = f"given up after {call['cancel_after']}s"
+                emit({"error": {"tool": call["tool"], "message": message}})
                 continue
             last_run = (result.meta or {}).get("kernel/run", last_run)
             emit_result(call["tool"], result)
