@@ -182,12 +182,12 @@ pub(super) async fn call(
     client: &AgentClient,
     bridge: &Bridge,
     bearer: Option<&str>,
-    request: CallToolRequestParams,
+    mut request: CallToolRequestParams,
     context: &RequestContext<RoleServer>,
 ) -> Result<CallToolResponse, ErrorData> {
     let directives = directives(&context.meta)?;
     let name = request.name.to_string();
-    let arguments = Value::Object(request.arguments.unwrap_or_default());
+    let arguments = Value::Object(request.arguments.take().unwrap_or_default());
     let (place, asked_before) = match &request.request_state {
         // The retry of an `input_required` result: the call it asked about, and the answer.
         Some(state) => {
@@ -201,57 +201,102 @@ pub(super) async fn call(
             Placed::Recorded(result) => return Ok(result.into()),
         },
     };
-    let takes_tasks = tasks::client_takes_tasks(context);
-    let can_ask = !asked_before && approval::client_can_answer(context);
-    let at_park = if can_ask || takes_tasks {
-        AtPark::Stop
-    } else {
-        AtPark::Wait
+    let call = Underway {
+        client,
+        place,
+        name,
+        arguments,
+        context,
     };
-    let following = follow(place.submit(&name, &arguments), context, at_park);
-    let followed = if takes_tasks {
+    let followed = call.follow(asked_before).await;
+    call.respond(followed, directives.end_run).await
+}
+
+/// A request's call, recorded at `place`, as the request follows it.
+struct Underway<'a> {
+    client: &'a AgentClient,
+    place: Place,
+    name: String,
+    arguments: Value,
+    context: &'a RequestContext<RoleServer>,
+}
+
+impl Underway<'_> {
+    /// Follows the call until it settles, parks for a person (when the client can be asked, as
+    /// a form or as a task, and was not asked already), or the client goes; `None` when it is
+    /// still going after [`tasks::TASK_AFTER`], for a client that takes tasks.
+    async fn follow(&self, asked_before: bool) -> Option<Result<Followed, AgentError>> {
+        let context = self.context;
+        let takes_tasks = tasks::client_takes_tasks(context);
+        let can_ask = !asked_before && approval::client_can_answer(context);
+        let at_park = if can_ask || takes_tasks {
+            AtPark::Stop
+        } else {
+            AtPark::Wait
+        };
+        let following = follow(self.place.submit(&self.name, &self.arguments), context, at_park);
+        if !takes_tasks {
+            return Some(following.await);
+        }
         // A call that is slow becomes a task: the client polls the log instead of holding on.
-        match tokio::time::timeout(tasks::TASK_AFTER, following).await {
-            Ok(followed) => followed,
-            Err(_) => return as_task(client, &place, &name, &arguments).await,
-        }
-    } else {
-        following.await
-    };
-    match followed {
-        Ok(Followed::Settled(outcome)) => {
-            place.settled(directives.end_run).await;
-            Ok(placed(from_outcome(outcome), place.run.id(), &place.step_key()).into())
-        }
-        Ok(Followed::Parked(_)) if takes_tasks => as_task(client, &place, &name, &arguments).await,
-        Ok(Followed::Parked(asked)) => {
-            place.finish_later(&name, &arguments);
-            Ok(approval::ask(client, &place, &asked).await.into())
-        }
-        // Over HTTP a closed stream is both a cancel and what a lost connection looks like, so a
-        // call the client can re-issue goes on; over stdio a cancel is only ever a cancel.
-        Ok(Followed::Left) if place.keyed && over_http(context) => {
-            tracing::debug!(
-                run_id = place.run.id(),
-                step_key = place.step_key(),
-                "mcp client left; its call goes on"
-            );
-            place.finish_later(&name, &arguments);
-            Ok(refused("the client left; the call goes on and answers its re-issue".to_owned()).into())
-        }
-        Ok(Followed::Left) => {
-            cancel_call(&place.run, &place.step_key(), "cancelled by the MCP client").await;
-            place.settled(false).await;
-            Ok(refused("cancelled by the client".to_owned()).into())
-        }
-        Err(error) => {
-            // A refused turn writes nothing, so a run made for the call holds no call: it fails
-            // with the reason. (The kernel gone away is no refusal: its call may be in flight.)
-            if place.own && refused_outright(&error) {
-                let _ = place.run.fail(format!("the MCP call was refused: {error}")).await;
+        tokio::time::timeout(tasks::TASK_AFTER, following).await.ok()
+    }
+
+    /// The request's answer for how following the call ended (`None`: it is slow).
+    async fn respond(
+        &self,
+        followed: Option<Result<Followed, AgentError>>,
+        end_run: bool,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let place = &self.place;
+        let Some(followed) = followed else {
+            return self.as_task().await;
+        };
+        match followed {
+            Ok(Followed::Settled(outcome)) => {
+                place.settled(end_run).await;
+                Ok(placed(from_outcome(outcome), place.run.id(), &place.step_key()).into())
             }
-            Ok(call_refusal(error)?.into())
+            Ok(Followed::Parked(_)) if tasks::client_takes_tasks(self.context) => self.as_task().await,
+            Ok(Followed::Parked(asked)) => {
+                place.finish_later(&self.name, &self.arguments);
+                Ok(approval::ask(self.client, place, &asked).await.into())
+            }
+            // Over HTTP a closed stream is both a cancel and what a lost connection looks like, so
+            // a call the client can re-issue goes on; over stdio a cancel is only ever a cancel.
+            Ok(Followed::Left) if place.keyed && over_http(self.context) => {
+                tracing::debug!(
+                    run_id = place.run.id(),
+                    step_key = place.step_key(),
+                    "mcp client left; its call goes on"
+                );
+                place.finish_later(&self.name, &self.arguments);
+                Ok(refused("the client left; the call goes on and answers its re-issue".to_owned()).into())
+            }
+            Ok(Followed::Left) => {
+                cancel_call(&place.run, &place.step_key(), "cancelled by the MCP client").await;
+                place.settled(false).await;
+                Ok(refused("cancelled by the client".to_owned()).into())
+            }
+            Err(error) => {
+                // A refused turn writes nothing, so a run made for the call holds no call: it
+                // fails with the reason. (The kernel gone away is no refusal: its call may be in
+                // flight.)
+                if place.own && refused_outright(&error) {
+                    let _ = place.run.fail(format!("the MCP call was refused: {error}")).await;
+                }
+                Ok(call_refusal(error)?.into())
+            }
         }
+    }
+
+    /// The call, which goes on in the kernel, as a task for the client to poll.
+    async fn as_task(&self) -> Result<CallToolResponse, ErrorData> {
+        let place = &self.place;
+        place.finish_later(&self.name, &self.arguments);
+        let task = tasks::created(self.client, place.run.id(), &place.step_key()).await?;
+        tracing::debug!(task_id = task.task.task_id, "mcp call returned as a task");
+        Ok(CallToolResponse::Task(task))
     }
 }
 
@@ -277,19 +322,6 @@ fn refused_outright(error: &AgentError) -> bool {
     }
 }
 
-/// The call at `place`, which goes on in the kernel, as a task for the client to poll.
-async fn as_task(
-    client: &AgentClient,
-    place: &Place,
-    name: &str,
-    arguments: &Value,
-) -> Result<CallToolResponse, ErrorData> {
-    place.finish_later(name, arguments);
-    let task = tasks::created(client, place.run.id(), &place.step_key()).await?;
-    tracing::debug!(task_id = task.task.task_id, "mcp call returned as a task");
-    Ok(CallToolResponse::Task(task))
-}
-
 /// Finds or makes the run a fresh request's call goes into.
 async fn place(
     client: &AgentClient,
@@ -300,52 +332,62 @@ async fn place(
     arguments: &Value,
     context: &RequestContext<RoleServer>,
 ) -> Result<Placed, ErrorData> {
-    let keyed = directives.key.is_some();
-    let call_id = directives
-        .key
-        .clone()
-        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
     let own = directives.run == RunChoice::Own;
     let run = match &directives.run {
         RunChoice::Own | RunChoice::New => {
-            let (client_name, version) = context
-                .client_info()
-                .map(|info| (info.name, info.version))
-                .unwrap_or_default();
-            let kind = if own { OWN_RUN } else { OPEN_RUN };
-            let mut new = bridge.new_run(
-                &client_name,
-                json!({"mcp_client": {"name": client_name, "version": version}, "mcp_run": kind}),
-            );
-            if let Some(key) = &directives.key {
-                new = new.idempotency_key(run_key(bearer, &client_name, own, key));
-            }
-            let run = client.create_run(new).await.map_err(kernel_error)?;
-            if run.created() {
-                let place = Place {
-                    run,
-                    turn: 0,
-                    call_id,
-                    own,
-                    keyed,
-                };
-                return Ok(Placed::At(Box::new(place)));
-            }
-            run
+            let new = new_run(bridge, bearer, directives, context);
+            client.create_run(new).await.map_err(kernel_error)?
         }
         RunChoice::Named(id) => client.run(id.clone()),
     };
-    let snapshot = run.get().await.map_err(kernel_error)?;
-    let step_key = format!("id:{call_id}");
+    let place = Place {
+        run,
+        turn: 0,
+        call_id: directives
+            .key
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string()),
+        own,
+        keyed: directives.key.is_some(),
+    };
+    if place.run.created() {
+        return Ok(Placed::At(Box::new(place)));
+    }
+    located(place, name, arguments).await
+}
+
+/// The run a call without a named run makes: its own, or one left open (`"new"`), agent the
+/// client's name; with an idempotency key, one the same key finds again.
+fn new_run(
+    bridge: &Bridge,
+    bearer: Option<&str>,
+    directives: &Directives,
+    context: &RequestContext<RoleServer>,
+) -> worker_sdk::NewRun {
+    let own = directives.run == RunChoice::Own;
+    let (client_name, version) = context
+        .client_info()
+        .map(|info| (info.name, info.version))
+        .unwrap_or_default();
+    let kind = if own { OWN_RUN } else { OPEN_RUN };
+    let new = bridge.new_run(
+        &client_name,
+        json!({"mcp_client": {"name": client_name, "version": version}, "mcp_run": kind}),
+    );
+    match &directives.key {
+        Some(key) => new.idempotency_key(run_key(bearer, &client_name, own, key)),
+        None => new,
+    }
+}
+
+/// Where a call goes in a run that was there before the request: at the turn of the call its id
+/// recorded, else at the run's next turn; or, when the run is over, the call's recorded result.
+async fn located(mut place: Place, name: &str, arguments: &Value) -> Result<Placed, ErrorData> {
+    let snapshot = place.run.get().await.map_err(kernel_error)?;
+    let step_key = place.step_key();
     let Some(step) = snapshot.steps.iter().find(|step| step.step_key == step_key) else {
-        let turn = snapshot.steps.iter().map(|step| step.turn + 1).max().unwrap_or(0);
-        return Ok(Placed::At(Box::new(Place {
-            run,
-            turn,
-            call_id,
-            own,
-            keyed,
-        })));
+        place.turn = snapshot.steps.iter().map(|step| step.turn + 1).max().unwrap_or(0);
+        return Ok(Placed::At(Box::new(place)));
     };
     let finished = pb::RunStatus::try_from(snapshot.run.status).is_ok_and(|status| {
         matches!(
@@ -355,18 +397,14 @@ async fn place(
     });
     match from_step(step) {
         // A finished run takes no turn, not even a replay: its record answers.
-        Some(result) if finished => Ok(Placed::Recorded(placed(
-            repeated(step, name, arguments).unwrap_or(result),
-            run.id(),
-            &step_key,
-        ))),
-        _ => Ok(Placed::At(Box::new(Place {
-            run,
-            turn: step.turn,
-            call_id,
-            own,
-            keyed,
-        }))),
+        Some(result) if finished => {
+            let result = repeated(step, name, arguments).unwrap_or(result);
+            Ok(Placed::Recorded(placed(result, place.run.id(), &step_key)))
+        }
+        _ => {
+            place.turn = step.turn;
+            Ok(Placed::At(Box::new(place)))
+        }
     }
 }
 
