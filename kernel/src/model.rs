@@ -503,10 +503,7 @@ pub struct StepKey(String);
 impl StepKey {
     /// The identity of a call at `position` of `turn`, or of the named call.
     pub fn for_call(turn: u32, position: u32, call_id: Option<&str>) -> Self {
-        match call_id {
-            Some(id) => StepKey(format!("id:{id}")),
-            None => StepKey(format!("t{turn}/p{position}")),
-        }
+        StepKey(kernel_proto::canonical::call_step_key(turn, position, call_id))
     }
 
     /// The identity of a hosted run's own dispatch, one per run.

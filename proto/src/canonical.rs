@@ -55,6 +55,15 @@ pub fn call_hash(tool: &str, fingerprint: &str, arguments: &Value) -> String {
     sha256_hex(to_canonical(&doc).as_bytes())
 }
 
+/// The identity of a tool call within its run: its call id when it has one (`id:<call id>`),
+/// else its turn and position (`t<turn>/p<position>`).
+pub fn call_step_key(turn: u32, position: u32, call_id: Option<&str>) -> String {
+    match call_id {
+        Some(id) => format!("id:{id}"),
+        None => format!("t{turn}/p{position}"),
+    }
+}
+
 /// The identity of a hosted handler's local step within its run: its id and how many steps with
 /// that id the handler ran before it.
 pub fn local_step_key(step_id: &str, occurrence: u32) -> String {
@@ -108,6 +117,12 @@ mod tests {
     fn canonical_form_sorts_keys_and_drops_whitespace() {
         let text = r#"{ "b": 1, "a": { "d": [1, 2], "c": "x" } }"#;
         assert_eq!(canonicalize(text).unwrap(), r#"{"a":{"c":"x","d":[1,2]},"b":1}"#);
+    }
+
+    #[test]
+    fn a_call_is_named_by_its_id_else_by_its_turn_and_position() {
+        assert_eq!(call_step_key(3, 1, Some("order-9")), "id:order-9");
+        assert_eq!(call_step_key(3, 1, None), "t3/p1");
     }
 
     #[test]

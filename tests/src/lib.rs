@@ -697,15 +697,15 @@ impl Kernel {
         let mut events = Vec::new();
         let mut from = 1;
         loop {
-            let mut request = tonic::Request::new(pb::ListRunEventsRequest {
+            let message = pb::ListRunEventsRequest {
                 run_id: run_id.into(),
                 from_seq: from,
                 page_size: 1000,
-            });
-            if let Some(key) = key {
-                let bearer = format!("Bearer {key}").parse().expect("a key fits in metadata");
-                request.metadata_mut().insert("authorization", bearer);
-            }
+            };
+            let request = match key {
+                Some(key) => with_key(message, key),
+                None => tonic::Request::new(message),
+            };
             let page = client.list_run_events(request).await.expect("list events").into_inner();
             events.extend(page.events);
             if page.next_seq == 0 {
@@ -1074,4 +1074,12 @@ pub fn create_key(name: &str, scopes: &[&str]) -> (String, String) {
         .collect::<Vec<_>>()
         .join("\n");
     (String::from_utf8(output.stdout).unwrap().trim().to_owned(), entry)
+}
+
+/// `message` as a request that sends `key` (`authorization: Bearer <key>`).
+pub fn with_key<T>(message: T, key: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    let bearer = format!("Bearer {key}").parse().expect("a key fits in metadata");
+    request.metadata_mut().insert("authorization", bearer);
+    request
 }

@@ -33,6 +33,17 @@ pub fn everything_over_http() -> (Process, String) {
     (process, format!("http://127.0.0.1:{port}/mcp"))
 }
 
+/// A kernel whose policy denies tool `fail` (the model reads `fail not allowed. reason: not today`).
+pub fn kernel_denying_fail() -> Kernel {
+    Kernel::start_with(crate::KernelOptions {
+        policy: Some(
+            "rules:\n  - id: no-failing\n    match: { tools: [fail] }\n    decision: deny\n    reason: not today\n"
+                .into(),
+        ),
+        ..Default::default()
+    })
+}
+
 impl Kernel {
     /// Starts `kernelctl mcp serve --listen` (with `args` after it) against this kernel on a free
     /// port; returns the process and its URL, `http://127.0.0.1:<port>/mcp`.
@@ -172,20 +183,34 @@ impl McpClient {
 /// The status line and headers of `body` (a JSON-RPC message) POSTed to `http://addr/mcp` with
 /// `authorization`, as a client on the wire would send it.
 pub fn post_head(addr: &str, authorization: Option<&str>, body: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
     let auth = authorization
         .map(|a| format!("Authorization: {a}\r\n"))
         .unwrap_or_default();
-    write!(
-        stream,
-        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Accept: application/json, text/event-stream\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
+    head(
+        addr,
+        &format!(
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
     )
-    .unwrap();
+}
+
+/// The status line and headers of a GET of `path` at `addr`, sent without a key.
+pub fn get_head(addr: &str, path: &str) -> String {
+    head(
+        addr,
+        &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    )
+}
+
+/// The status line and headers of the answer to `request` (raw HTTP/1.1) sent to `addr`. The head
+/// comes first; an accepted request's event stream may stay open, so only that much is read.
+fn head(addr: &str, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
     let mut answer = Vec::new();
-    // The head comes first; an accepted request's event stream may stay open, so read a little.
     let mut buffer = [0u8; 4096];
     while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
         let read = stream.read(&mut buffer).unwrap();
@@ -196,18 +221,4 @@ pub fn post_head(addr: &str, authorization: Option<&str>, body: &str) -> String 
     }
     let text = String::from_utf8_lossy(&answer).into_owned();
     text.split("\r\n\r\n").next().unwrap_or_default().to_owned()
-}
-
-/// The status line and headers of a GET of `path` at `addr`, sent without a key.
-pub fn get_head(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    answer.split("\r\n\r\n").next().unwrap_or_default().to_owned()
 }

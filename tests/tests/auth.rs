@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use e2e::{Kernel, KernelOptions, Process, WAIT, binary, call};
+use e2e::{Kernel, KernelOptions, Process, WAIT, binary, call, with_key};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::approval_service_client::ApprovalServiceClient;
 use kernel_proto::v1::registry_service_client::RegistryServiceClient;
@@ -101,14 +101,6 @@ fn secured_with(policy: Option<&str>) -> Secured {
         adder: adder.secret,
         files,
     }
-}
-
-fn with_key<T>(message: T, key: &str) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    request
 }
 
 fn new_run() -> pb::CreateRunRequest {

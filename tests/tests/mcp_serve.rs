@@ -13,13 +13,7 @@ use serde_json::{Value, json};
 
 #[tokio::test]
 async fn an_mcp_client_over_stdio_lists_and_calls_the_workers_tools_in_one_run() {
-    let kernel = Kernel::start_with(KernelOptions {
-        policy: Some(
-            "rules:\n  - id: no-failing\n    match: { tools: [fail] }\n    decision: deny\n    reason: not today\n"
-                .into(),
-        ),
-        ..Default::default()
-    });
+    let kernel = e2e::mcp::kernel_denying_fail();
     let _worker = kernel.worker("w1");
     let server = json!([
         binary("kernelctl"),

@@ -46,6 +46,17 @@ fn bridge(kernel: &Kernel, mode: &str) -> (Option<e2e::Process>, String) {
     }
 }
 
+/// A call of `tool` with `arguments` that the client may re-issue: its idempotency key `key`.
+fn keyed(tool: &str, arguments: Value, key: &str) -> Value {
+    json!({"tool": tool, "arguments": arguments, "meta": {"kernel/idempotency-key": key}})
+}
+
+/// `call` as a client that gives up on it after `seconds` makes it: its stream is cut then.
+fn cut_after(mut call: Value, seconds: f64) -> Value {
+    call["timeout"] = json!(seconds);
+    call
+}
+
 fn run_of(result: &Value) -> String {
     result["meta"]["kernel/run"]
         .as_str()
@@ -55,13 +66,7 @@ fn run_of(result: &Value) -> String {
 
 #[tokio::test]
 async fn a_2026_client_gets_a_run_per_call_or_the_run_it_names_over_both_transports() {
-    let kernel = Kernel::start_with(KernelOptions {
-        policy: Some(
-            "rules:\n  - id: no-failing\n    match: { tools: [fail] }\n    decision: deny\n    reason: not today\n"
-                .into(),
-        ),
-        ..Default::default()
-    });
+    let kernel = e2e::mcp::kernel_denying_fail();
     let _worker = kernel.worker("w1");
     let (_server, url) = kernel.mcp_serve_http(&["--label", "via=mcp"]);
     let stdio = json!([
@@ -145,24 +150,17 @@ async fn a_call_re_issued_after_its_stream_was_cut_runs_once() {
     let kernel = Kernel::start();
     let _worker = kernel.fault_worker("fw");
     let (_server, url) = kernel.mcp_serve_http(&[]);
-    let charge = |meta: Value, hold_ms: u64, timeout: Option<f64>| {
-        let mut call = json!({"tool": "charge", "arguments": {"hold_ms": hold_ms}, "meta": meta});
-        if let Some(timeout) = timeout {
-            call["timeout"] = json!(timeout);
-        }
-        call
-    };
-    let key = json!({"kernel/idempotency-key": "pay-1"});
+    let charge = |hold_ms: u64| keyed("charge", json!({"hold_ms": hold_ms}), "pay-1");
     let calls = json!([
         // The client gives up while the charge runs: its stream is cut, not its call.
-        charge(key.clone(), 1500, Some(0.3)),
+        cut_after(charge(1500), 0.3),
         // The same call again joins the one in flight, and once more after its run ended.
-        charge(key.clone(), 1500, None),
-        charge(key.clone(), 1500, None),
+        charge(1500),
+        charge(1500),
         // The same key with other arguments is not that call.
-        charge(key.clone(), 1, None),
+        charge(1),
         // Without a key a cut is the client's cancel.
-        {"tool": "sleepy", "arguments": {"hold_ms": 5000}, "timeout": 0.3},
+        cut_after(json!({"tool": "sleepy", "arguments": {"hold_ms": 5000}}), 0.3),
     ]);
     let client = McpClient::stateless("http", &url, &calls, &json!({}), &[]);
     client.next();
@@ -334,7 +332,7 @@ async fn a_key_s_scopes_hold_and_a_client_that_may_not_answer_or_has_no_forms_wa
         let forms = waiting.iter().filter(|e| e.get("asked").is_some()).count();
         assert_eq!(forms, usize::from(env.is_empty()), "{env:?}: {waiting:?}");
         let pending = approvals
-            .list_approvals(keyed(pb::ListApprovalsRequest::default(), &approver))
+            .list_approvals(e2e::with_key(pb::ListApprovalsRequest::default(), &approver))
             .await
             .unwrap()
             .into_inner()
@@ -363,20 +361,12 @@ async fn a_key_s_scopes_hold_and_a_client_that_may_not_answer_or_has_no_forms_wa
         let run = kernel
             .runs()
             .await
-            .get_run(keyed(pb::GetRunRequest { run_id: run_of(result) }, &approver))
+            .get_run(e2e::with_key(pb::GetRunRequest { run_id: run_of(result) }, &approver))
             .await
             .unwrap()
             .into_inner();
         assert_eq!(run.steps[0].approval.as_ref().unwrap().decider, "approver");
     }
-}
-
-/// `message` sent with `key`.
-fn keyed<T>(message: T, key: &str) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    let bearer = format!("Bearer {key}").parse().expect("a key fits in metadata");
-    request.metadata_mut().insert("authorization", bearer);
-    request
 }
 
 /// The client's lines up to its first result, with the task statuses it saw.
@@ -523,17 +513,16 @@ async fn on_two_replicas_a_re_issued_call_and_a_task_s_polls_go_to_the_other_one
     let _worker = a.fault_worker("fw");
 
     // Begun on A and cut; re-issued on B, which joins the call A started.
-    let charge = |timeout: Option<f64>| {
-        let mut call =
-            json!({"tool": "charge", "arguments": {"hold_ms": 1500}, "meta": {"kernel/idempotency-key": "pay-2"}});
-        if let Some(timeout) = timeout {
-            call["timeout"] = json!(timeout);
-        }
-        json!([call])
-    };
-    let cut = McpClient::stateless("http", &url_a, &charge(Some(0.3)), &json!({}), &[]);
+    let charge = keyed("charge", json!({"hold_ms": 1500}), "pay-2");
+    let cut = McpClient::stateless(
+        "http",
+        &url_a,
+        &json!([cut_after(charge.clone(), 0.3)]),
+        &json!({}),
+        &[],
+    );
     cut.until(|e| e.get("error").is_some());
-    let again = McpClient::stateless("http", &url_b, &charge(None), &json!({}), &[]);
+    let again = McpClient::stateless("http", &url_b, &json!([charge]), &json!({}), &[]);
     let done = again.until(|e| !result_of(e).is_null());
     let result = result_of(done.last().unwrap());
     let text = result["text"][0].as_str().unwrap();
@@ -546,18 +535,17 @@ async fn on_two_replicas_a_re_issued_call_and_a_task_s_polls_go_to_the_other_one
     );
 
     // A task of a call begun on A is polled on B: the log answers.
-    let nap = |timeout: Option<f64>| {
-        let mut call =
-            json!({"tool": "sleepy", "arguments": {"hold_ms": 3000}, "meta": {"kernel/idempotency-key": "nap-2"}});
-        if let Some(timeout) = timeout {
-            call["timeout"] = json!(timeout);
-        }
-        json!([call])
-    };
+    let nap = keyed("sleepy", json!({"hold_ms": 3000}), "nap-2");
     let tasks = [("MCP_CLIENT_TASKS", "1")];
-    let begun = McpClient::stateless("http", &url_a, &nap(Some(0.3)), &json!({}), &tasks);
+    let begun = McpClient::stateless(
+        "http",
+        &url_a,
+        &json!([cut_after(nap.clone(), 0.3)]),
+        &json!({}),
+        &tasks,
+    );
     begun.until(|e| e.get("error").is_some());
-    let polled = McpClient::stateless("http", &url_b, &nap(None), &json!({}), &tasks);
+    let polled = McpClient::stateless("http", &url_b, &json!([nap]), &json!({}), &tasks);
     let seen = polled.until(|e| !result_of(e).is_null());
     assert_eq!(task_statuses(&seen), ["working", "completed"], "{seen:?}");
     let result = result_of(seen.last().unwrap());
@@ -577,15 +565,8 @@ async fn over_stdio_a_2026_client_s_cancel_cancels_even_a_call_it_could_re_issue
     let kernel = Kernel::start();
     let _worker = kernel.worker("w1");
     let server = json!([binary("kernelctl"), "--addr", kernel.url(), "mcp", "serve"]).to_string();
-    let slow = |timeout: Option<f64>| {
-        let mut call = json!({"tool": "slow", "arguments": {"steps": 100, "delay_ms": 100},
-                              "meta": {"kernel/idempotency-key": "s-1"}});
-        if let Some(timeout) = timeout {
-            call["timeout"] = json!(timeout);
-        }
-        call
-    };
-    let calls = json!([slow(Some(0.5)), slow(None)]);
+    let slow = keyed("slow", json!({"steps": 100, "delay_ms": 100}), "s-1");
+    let calls = json!([cut_after(slow.clone(), 0.5), slow]);
     let client = McpClient::stateless("stdio", &server, &calls, &json!({}), &[]);
     let seen = client.until(|e| !result_of(e).is_null());
     assert!(

@@ -179,8 +179,7 @@ pub(super) async fn resume(
         .iter()
         .find(|step| step.step_key == state.step)
         .ok_or_else(|| ErrorData::invalid_params("requestState: names a call its run does not hold", None))?;
-    let same_arguments = canonical::canonicalize(&step.arguments_json).ok() == Some(canonical::to_canonical(arguments));
-    if step.tool != name || !same_arguments {
+    if !super::results::records_call(step, name, arguments) {
         return Err(ErrorData::invalid_params(
             format!(
                 "requestState: belongs to the call of '{}' recorded as {}, not to this request's tool and arguments",

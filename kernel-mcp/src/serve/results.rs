@@ -84,6 +84,11 @@ fn success(output: Value, text: String) -> CallToolResult {
     result
 }
 
+/// Whether `step` records a call of `name` with `arguments` (compared as canonical JSON).
+pub(super) fn records_call(step: &pb::Step, name: &str, arguments: &Value) -> bool {
+    step.tool == name && canonical::canonicalize(&step.arguments_json).ok() == Some(canonical::to_canonical(arguments))
+}
+
 /// An error result: the model reads `text`.
 pub(super) fn refused(text: String) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(text)])

@@ -11,6 +11,7 @@ use rmcp::{ErrorData, RoleServer};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
+use worker_sdk::proto::canonical;
 use worker_sdk::proto::v1 as pb;
 use worker_sdk::{AgentClient, AgentError, Call, NewRun, RunHandle};
 
@@ -92,7 +93,7 @@ impl Session {
     ) -> Result<CallToolResult, ErrorData> {
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
         // The call is position 0 of its own turn: its step key is known before it is recorded.
-        let key = format!("t{turn}/p0");
+        let key = canonical::call_step_key(turn, 0, None);
         let run = self.run(client, bridge, context.client_info()).await?;
         let items = run.submit_turn(turn, vec![Call::new(name, arguments)]);
         match follow(items, context, AtPark::Wait).await {

@@ -23,7 +23,7 @@ use worker_sdk::proto::v1 as pb;
 use worker_sdk::{AgentClient, AgentError, Call, RunHandle, TurnItem};
 
 use super::follow::{AtPark, Followed, cancel_call, follow};
-use super::results::{META_RUN, call_refusal, from_outcome, from_step, kernel_error, placed, refused};
+use super::results::{META_RUN, call_refusal, from_outcome, from_step, kernel_error, placed, records_call, refused};
 use super::{Bridge, approval, tasks};
 
 /// `_meta` key of a request: the call's identity, for re-issuing it.
@@ -115,7 +115,7 @@ pub(super) struct Place {
 
 impl Place {
     pub(super) fn step_key(&self) -> String {
-        format!("id:{}", self.call_id)
+        canonical::call_step_key(self.turn, 0, Some(&self.call_id))
     }
 
     fn submit(
@@ -207,6 +207,7 @@ pub(super) async fn call(
         name,
         arguments,
         context,
+        takes_tasks: tasks::client_takes_tasks(context),
     };
     let followed = call.follow(asked_before).await;
     call.respond(followed, directives.end_run).await
@@ -219,6 +220,8 @@ struct Underway<'a> {
     name: String,
     arguments: Value,
     context: &'a RequestContext<RoleServer>,
+    /// The request declared the tasks extension.
+    takes_tasks: bool,
 }
 
 impl Underway<'_> {
@@ -227,15 +230,14 @@ impl Underway<'_> {
     /// still going after [`tasks::TASK_AFTER`], for a client that takes tasks.
     async fn follow(&self, asked_before: bool) -> Option<Result<Followed, AgentError>> {
         let context = self.context;
-        let takes_tasks = tasks::client_takes_tasks(context);
         let can_ask = !asked_before && approval::client_can_answer(context);
-        let at_park = if can_ask || takes_tasks {
+        let at_park = if can_ask || self.takes_tasks {
             AtPark::Stop
         } else {
             AtPark::Wait
         };
         let following = follow(self.place.submit(&self.name, &self.arguments), context, at_park);
-        if !takes_tasks {
+        if !self.takes_tasks {
             return Some(following.await);
         }
         // A call that is slow becomes a task: the client polls the log instead of holding on.
@@ -257,7 +259,7 @@ impl Underway<'_> {
                 place.settled(end_run).await;
                 Ok(placed(from_outcome(outcome), place.run.id(), &place.step_key()).into())
             }
-            Ok(Followed::Parked(_)) if tasks::client_takes_tasks(self.context) => self.as_task().await,
+            Ok(Followed::Parked(_)) if self.takes_tasks => self.as_task().await,
             Ok(Followed::Parked(asked)) => {
                 place.finish_later(&self.name, &self.arguments);
                 Ok(approval::ask(self.client, place, &asked).await.into())
@@ -411,9 +413,7 @@ async fn located(mut place: Place, name: &str, arguments: &Value) -> Result<Plac
 /// The refusal of a re-issued call that is not the call its key recorded, as the kernel words a
 /// replay that changed.
 fn repeated(step: &pb::Step, name: &str, arguments: &Value) -> Option<CallToolResult> {
-    let same = step.tool == name
-        && canonical::canonicalize(&step.arguments_json).ok() == Some(canonical::to_canonical(arguments));
-    (!same).then(|| {
+    (!records_call(step, name, arguments)).then(|| {
         refused(format!(
             "replay_input_changed: the call recorded as {} is '{}' with other arguments; give a new call a new \
              idempotency key",

@@ -58,7 +58,7 @@ fn parse(task_id: &str) -> Result<(&str, &str), ErrorData> {
 /// when a `tasks/get` of it would find it).
 pub(super) async fn created(client: &AgentClient, run: &str, step: &str) -> Result<CreateTaskResult, ErrorData> {
     let (snapshot, call) = read(client, run, step).await?;
-    let detailed = detailed(client, &snapshot, call).await;
+    let detailed = detailed(client, &snapshot.run, &call).await;
     Ok(CreateTaskResult::new(detailed.task))
 }
 
@@ -66,7 +66,7 @@ pub(super) async fn created(client: &AgentClient, run: &str, step: &str) -> Resu
 pub(super) async fn get(client: &AgentClient, task_id: &str) -> Result<GetTaskResult, ErrorData> {
     let (run, step) = parse(task_id)?;
     let (snapshot, call) = read(client, run, step).await?;
-    let detailed = detailed(client, &snapshot, call).await;
+    let detailed = detailed(client, &snapshot.run, &call).await;
     if detailed.task.status.is_terminal() {
         settle_own_run(client, &snapshot, step).await;
     }
@@ -104,15 +104,18 @@ pub(super) async fn cancel(client: &AgentClient, task_id: &str) -> Result<(), Er
 
 /// The run of a task and its call; an unknown run or call is `invalid params`, as the extension
 /// asks for an unknown task.
-async fn read<'a>(client: &AgentClient, run: &str, step: &'a str) -> Result<(RunSnapshot, &'a str), ErrorData> {
+async fn read(client: &AgentClient, run: &str, step: &str) -> Result<(RunSnapshot, pb::Step), ErrorData> {
     let snapshot = client.run(run).get().await.map_err(|error| match &error {
         AgentError::Status(status) if status.code() == tonic::Code::NotFound => unknown(run, step),
         _ => kernel_error(error),
     })?;
-    if !snapshot.steps.iter().any(|s| s.step_key == step) {
-        return Err(unknown(run, step));
-    }
-    Ok((snapshot, step))
+    let call = snapshot
+        .steps
+        .iter()
+        .find(|s| s.step_key == step)
+        .cloned()
+        .ok_or_else(|| unknown(run, step))?;
+    Ok((snapshot, call))
 }
 
 fn unknown(run: &str, step: &str) -> ErrorData {
@@ -134,27 +137,19 @@ async fn settle_own_run(client: &AgentClient, snapshot: &RunSnapshot, step: &str
     }
 }
 
-/// The task of call `step` of `snapshot`, with what its status carries.
-async fn detailed(client: &AgentClient, snapshot: &RunSnapshot, step: &str) -> DetailedTask {
-    let call = snapshot
-        .steps
-        .iter()
-        .find(|s| s.step_key == step)
-        .expect("read checked the call is there");
+/// The task of `call` of `run`, with what its status carries.
+async fn detailed(client: &AgentClient, run: &pb::Run, call: &pb::Step) -> DetailedTask {
+    let step = call.step_key.as_str();
     let status = pb::StepStatus::try_from(call.status).unwrap_or(pb::StepStatus::Unspecified);
     let payload = match status {
         pb::StepStatus::Succeeded | pb::StepStatus::Failed => {
-            let result = placed(
-                from_step(call).expect("a settled call has a result"),
-                &snapshot.run.id,
-                step,
-            );
+            let result = placed(from_step(call).expect("a settled call has a result"), &run.id, step);
             TaskPayload::Completed {
                 result: object(serde_json::to_value(result).unwrap_or_default()),
             }
         }
         pb::StepStatus::Cancelled => TaskPayload::Cancelled,
-        pb::StepStatus::AwaitingApproval => match waiting_on(client, snapshot, call).await {
+        pb::StepStatus::AwaitingApproval => match waiting_on(client, &run.id, call).await {
             Some(input_requests) => TaskPayload::InputRequired { input_requests },
             // The approval was answered between the two reads: the call is about to go on.
             None => TaskPayload::Working,
@@ -162,7 +157,7 @@ async fn detailed(client: &AgentClient, snapshot: &RunSnapshot, step: &str) -> D
         _ => TaskPayload::Working,
     };
     let mut task = Task::new(
-        task_id(&snapshot.run.id, step),
+        task_id(&run.id, step),
         TaskStatus::Working,
         timestamp(call.created_at.as_ref()),
         timestamp(
@@ -181,9 +176,9 @@ async fn detailed(client: &AgentClient, snapshot: &RunSnapshot, step: &str) -> D
 
 /// The form of the approval call `call` waits on, keyed by the approval; `None` when there is no
 /// pending approval of it any more.
-async fn waiting_on(client: &AgentClient, snapshot: &RunSnapshot, call: &pb::Step) -> Option<InputRequests> {
+async fn waiting_on(client: &AgentClient, run_id: &str, call: &pb::Step) -> Option<InputRequests> {
     let approval = client
-        .list_approvals(Some(&snapshot.run.id), pb::ApprovalStatus::Pending)
+        .list_approvals(Some(run_id), pb::ApprovalStatus::Pending)
         .await
         .ok()?
         .into_iter()

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use kernel_proto::canonical::{idempotency_key, local_step_key, to_canonical};
+use kernel_proto::canonical::{call_step_key, idempotency_key, local_step_key, to_canonical};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::hosted_service_client::HostedServiceClient;
 use serde::Serialize;
@@ -440,10 +440,7 @@ impl AgentContext {
             let keys: Vec<String> = calls
                 .iter()
                 .enumerate()
-                .map(|(position, call)| match &call.id {
-                    Some(id) => format!("id:{id}"),
-                    None => format!("t{seq}/p{position}"),
-                })
+                .map(|(position, call)| call_step_key(seq, position as u32, call.id.as_deref()))
                 .collect();
             let request = pb::CallToolsRequest {
                 dispatch: Some(ctx.dispatch_pb()),
@@ -520,10 +517,7 @@ impl AgentContext {
         let mut outcomes = Vec::with_capacity(calls.len());
         for (position, (entry, call)) in recorded.iter().zip(calls).enumerate() {
             let step = entry.step.as_ref()?;
-            let key = match &call.id {
-                Some(id) => format!("id:{id}"),
-                None => format!("t{seq}/p{position}"),
-            };
+            let key = call_step_key(seq, position as u32, call.id.as_deref());
             let same = step.kind == pb::StepKind::Tool as i32
                 && !entry.tool_changed
                 && step.step_key == key

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolResult, CancelTaskParams, CreateTaskResult, GetTaskParams, InputRequest, InputRequests, TaskPayload,
+    CallToolResult, CancelTaskParams, CreateTaskResult, ElicitRequestParams, GetTaskParams, InputRequest,
+    InputRequests, TaskPayload,
 };
 use serde_json::Value;
 
@@ -96,10 +97,11 @@ pub(super) fn asks_for_input(server: &McpConnection, name: &str, requests: &Inpu
     let asked: Vec<String> = requests
         .values()
         .map(|request| match request {
-            InputRequest::Elicitation(elicit) => serde_json::to_value(&elicit.params)
-                .ok()
-                .and_then(|params| params.get("message").and_then(Value::as_str).map(str::to_owned))
-                .map_or_else(|| "a form".to_owned(), |message| format!("a form: {message}")),
+            InputRequest::Elicitation(elicit) => match &elicit.params {
+                ElicitRequestParams::FormElicitationParams { message, .. } => format!("a form: {message}"),
+                ElicitRequestParams::UrlElicitationParams { message, .. } => format!("a page to visit: {message}"),
+                _ => "a form".to_owned(),
+            },
             InputRequest::CreateMessage(_) => "a model's answer (sampling)".to_owned(),
             InputRequest::ListRoots(_) => "its roots".to_owned(),
             _ => "input".to_owned(),
