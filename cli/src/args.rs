@@ -380,8 +380,18 @@ pub enum ApprovalsCommand {
     },
     /// Let the parked call run, with exactly the arguments it showed.
     Approve(AnswerArgs),
-    /// Refuse the parked call; the model is told it was not approved.
+    /// Refuse the parked call; the model is told it was not approved. For a tool's question to a
+    /// person, decline to answer: the tool gets an error.
     Reject(AnswerArgs),
+    /// Answer a tool's question to a person with JSON that meets the question's schema; the tool
+    /// that asked gets it back.
+    Answer {
+        #[command(flatten)]
+        who: AnswerArgs,
+        /// The answer, as JSON.
+        #[arg(long = "with", value_name = "JSON", value_parser = parse_json)]
+        answer: String,
+    },
 }
 
 /// Who answers an approval, and why.

@@ -732,6 +732,14 @@ pub struct ApprovalView {
     pub answered_at: Option<UtcTime>,
     pub decider: Option<String>,
     pub reason: Option<String>,
+    /// A tool's question to a person (its message is the question), answered with JSON.
+    pub question: bool,
+    /// A question's schema for its answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer_schema: Option<Json>,
+    /// A question's answer, once given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer: Option<Json>,
 }
 
 impl From<pb::Approval> for ApprovalView {
@@ -745,6 +753,9 @@ impl From<pb::Approval> for ApprovalView {
             answered_at: approval.answered_at.map(UtcTime::from),
             decider: non_empty(approval.decider),
             reason: non_empty(approval.reason),
+            question: approval.question,
+            answer_schema: non_empty(approval.answer_schema_json).map(|text| Json::parse_or(&text, Value::Null)),
+            answer: non_empty(approval.answer_json).map(|text| Json::parse_or(&text, Value::Null)),
             id: approval.id,
             run_id: approval.run_id,
             step_key: approval.step_key,

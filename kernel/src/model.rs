@@ -289,6 +289,8 @@ text_enum!(
         Agent => "agent",
         Local => "local",
         Subagent => "subagent",
+        /// A question a tool body put to a person mid-call: settled with the person's answer.
+        Question => "question",
     }
 );
 
@@ -424,6 +426,10 @@ text_enum!(
         /// A suspended tool call's wait ended (a step it may await settled, or its session's run before it
         /// ended); its dispatch is pending again.
         ToolResumed => "tool:resumed",
+        /// A tool body asked a person a question mid-call: its step, the asking call, the question and the
+        /// JSON Schema its answer must meet. The question is put to a person as approvals are (one at a
+        /// time, `run:interrupted` with reason `human_input`); the answer settles the step.
+        QuestionAsked => "question:asked",
     }
 );
 
@@ -522,8 +528,18 @@ impl StepKey {
         StepKey(format!("subagent:{}/{agent}#{occurrence}", call.0))
     }
 
-    /// For a subagent a tool call started, that call's key: the step to wake when it ends.
+    /// The identity of a question a tool call's body put to a person: the call's key and how many
+    /// the body asked before (`question:t3/p0#0`).
+    pub fn tool_question(call: &StepKey, occurrence: u32) -> Self {
+        StepKey(format!("question:{}#{occurrence}", call.0))
+    }
+
+    /// For a subagent a tool call started, or a question it asked, that call's key: the step to
+    /// wake when it settles.
     pub fn waiter(&self) -> Option<StepKey> {
+        if let Some(rest) = self.0.strip_prefix("question:") {
+            return rest.rfind('#').map(|end| StepKey(rest[..end].to_owned()));
+        }
         let rest = self.0.strip_prefix("subagent:")?;
         rest.rfind('/').map(|end| StepKey(rest[..end].to_owned()))
     }
@@ -942,6 +958,16 @@ pub struct ApprovalRecord {
     pub reason: Option<String>,
     /// The run's capture level, for what inspection shows of the arguments.
     pub capture: Capture,
+    /// A question's answer, as canonical JSON, once a person gave it.
+    pub answer: Option<String>,
+}
+
+impl ApprovalRecord {
+    /// Whether this asks a person for an answer (a tool body's question) rather than for leave to
+    /// run a call.
+    pub fn is_question(&self) -> bool {
+        self.key.as_str().starts_with("question:")
+    }
 }
 
 /// One entry of a run's log.

@@ -25,9 +25,15 @@ impl ArgsValidator {
 
     /// Checks arguments; the error names the tool and every bad field.
     pub fn check(&self, tool: &str, args: &Value) -> Result<(), String> {
+        self.check_value(args)
+            .map_err(|problems| format!("invalid arguments for tool '{tool}': {problems}"))
+    }
+
+    /// Checks a value; the error names every bad field (`(arguments)` for the value itself).
+    pub fn check_value(&self, value: &Value) -> Result<(), String> {
         let problems: Vec<String> = self
             .0
-            .iter_errors(args)
+            .iter_errors(value)
             .map(|error| {
                 let path = error.instance_path().to_string();
                 let field = if path.is_empty() {
@@ -41,7 +47,7 @@ impl ArgsValidator {
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(format!("invalid arguments for tool '{tool}': {}", problems.join("; ")))
+            Err(problems.join("; "))
         }
     }
 }

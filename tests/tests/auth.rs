@@ -266,6 +266,7 @@ async fn a_key_without_the_scope_is_permission_denied() {
                 approval_id: "x".into(),
                 decider: "me".into(),
                 reason: String::new(),
+                ..Default::default()
             },
             &secured.agent,
         ))
@@ -634,6 +635,7 @@ async fn permissions_come_from_the_key_and_only_listed_approvers_may_answer() {
                 approval_id: asked.approval_id.clone(),
                 decider: "payments-oncall".into(),
                 reason: "I'll allow it".into(),
+                ..Default::default()
             },
             &bob.secret,
         ))
@@ -653,6 +655,7 @@ async fn permissions_come_from_the_key_and_only_listed_approvers_may_answer() {
                 approval_id: asked.approval_id.clone(),
                 decider: String::new(),
                 reason: "ticket 42".into(),
+                ..Default::default()
             },
             &alice.secret,
         ))

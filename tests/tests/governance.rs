@@ -203,6 +203,7 @@ async fn a_big_refund_waits_for_approval_and_runs_once_approved() {
             approval_id: asked.approval_id.clone(),
             decider: "alice".into(),
             reason: "ticket 42".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -735,6 +736,7 @@ async fn call_turn_answers_a_whole_turn_once_with_its_interruption_and_replays_i
             approval_id: asked.id.clone(),
             decider: "alice".into(),
             reason: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -25,6 +25,7 @@ mod offers;
 mod outcomes;
 mod postgres;
 mod protocol;
+mod questions;
 mod replicas;
 mod resources;
 mod retention;

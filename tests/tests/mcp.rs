@@ -261,6 +261,7 @@ async fn a_tool_the_config_says_requires_approval_parks_the_run_until_a_person_a
             approval_id: asked.id.clone(),
             decider: "alice".into(),
             reason: "debugging".into(),
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -115,6 +115,7 @@ async fn an_mcp_client_over_http_waits_for_a_person_s_approval_and_hears_why() {
             approval_id: pending[0].id.clone(),
             decider: "alice".into(),
             reason: "ok".into(),
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -258,6 +258,7 @@ async fn an_approval_asked_through_one_replica_is_answered_on_another_and_the_ca
             approval_id: asked.approval_id.clone(),
             decider: "alice".into(),
             reason: "approved on replica B".into(),
+            ..Default::default()
         })
         .await
         .unwrap();

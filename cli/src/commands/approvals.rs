@@ -1,9 +1,11 @@
-//! `approvals list | approve ID | reject ID`: a person answers the calls parked for approval.
+//! `approvals list | approve ID | reject ID | answer ID --with JSON`: a person answers the calls
+//! parked for approval, and the questions tools ask.
 
-use kernel_proto::v1::{ApproveCallRequest, ListApprovalsRequest, RejectCallRequest};
+use kernel_proto::v1::{Approval, ApproveCallRequest, ListApprovalsRequest, RejectCallRequest};
 use serde::Serialize;
 
 use super::Output;
+use crate::args::AnswerArgs;
 use crate::client::{Kernel, unary};
 use crate::error::CliError;
 use crate::render;
@@ -52,6 +54,7 @@ pub async fn answer(
             approval_id: id,
             decider,
             reason,
+            answer_json: String::new(),
         };
         unary(kernel.approvals.approve_call(request)).await?.approval
     } else {
@@ -62,6 +65,28 @@ pub async fn answer(
         };
         unary(kernel.approvals.reject_call(request)).await?.approval
     };
+    answered(out, approval)
+}
+
+/// Answers a tool's question to a person with `answer` (JSON).
+pub async fn answer_question(
+    kernel: &mut Kernel,
+    out: &mut Output<'_>,
+    who: AnswerArgs,
+    answer: String,
+) -> Result<(), CliError> {
+    let request = ApproveCallRequest {
+        approval_id: who.id,
+        decider: who.decider,
+        reason: who.reason.unwrap_or_default(),
+        answer_json: answer,
+    };
+    let approval = unary(kernel.approvals.approve_call(request)).await?.approval;
+    answered(out, approval)
+}
+
+/// Prints an answered approval.
+fn answered(out: &mut Output<'_>, approval: Option<Approval>) -> Result<(), CliError> {
     let approval = ApprovalView::from(approval.ok_or(CliError::MalformedResponse("the kernel returned no approval"))?);
     if out.is_json() {
         out.document(&Answered { approval })?;

@@ -55,6 +55,9 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Approvals(ApprovalsCommand::Reject(args)) => {
             approvals::answer(&mut kernel, &mut out, args.id, false, args.decider, args.reason).await
         }
+        Command::Approvals(ApprovalsCommand::Answer { who, answer }) => {
+            approvals::answer_question(&mut kernel, &mut out, who, answer).await
+        }
         Command::Status => status::show(&mut kernel, &mut out).await,
         Command::Bench(_) => unreachable!("main runs `bench` through commands::bench::main"),
         Command::Keys(_) => unreachable!("main runs `keys` without a kernel"),

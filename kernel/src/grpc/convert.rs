@@ -220,6 +220,18 @@ pub fn approval(approval: &ApprovalRecord) -> pb::Approval {
         answered_at: opt_timestamp(approval.answered_at),
         decider: approval.decider.clone().unwrap_or_default(),
         reason: approval.reason.clone().unwrap_or_default(),
+        question: approval.is_question(),
+        answer_schema_json: if approval.is_question() {
+            let arguments: serde_json::Value = serde_json::from_str(&approval.arguments).unwrap_or_default();
+            kernel_proto::canonical::to_canonical(&arguments["schema"])
+        } else {
+            String::new()
+        },
+        answer_json: approval
+            .answer
+            .as_deref()
+            .map(|answer| approval.capture.json_text(answer))
+            .unwrap_or_default(),
     }
 }
 
@@ -289,6 +301,7 @@ pub fn step(step: &StepRecord, capture: Capture) -> pb::Step {
             StepKind::Agent => pb::StepKind::Agent,
             StepKind::Local => pb::StepKind::Local,
             StepKind::Subagent => pb::StepKind::Subagent,
+            StepKind::Question => pb::StepKind::Question,
         } as i32,
         effect: step.effect.map(|e| e.as_str().to_owned()).unwrap_or_default(),
         max_concurrency: step.max_concurrency.unwrap_or(0),

@@ -17,8 +17,9 @@ use crate::error::KernelError;
 use crate::limits::Limits;
 use crate::machine::command::local_step;
 use crate::machine::hosted;
+use crate::machine::question::Asked;
 use crate::model::{DispatchId, Effect, RunId, RunRecord, StepKey, StepKind, StepRecord};
-use crate::store::{Fence, NewRun, StepGate, StepRecorded, SubagentStart};
+use crate::store::{Fence, NewRun, PersonAsk, StepGate, StepRecorded, SubagentStart};
 
 /// The longest local step id accepted.
 const MAX_STEP_ID: usize = 128;
@@ -341,6 +342,37 @@ impl HostedService for HostedApi {
         }))
     }
 
+    async fn ask_person(
+        &self,
+        request: Request<pb::AskPersonRequest>,
+    ) -> Result<Response<pb::AskPersonResponse>, Status> {
+        let caller = request.extensions().get::<crate::auth::Caller>().cloned();
+        let req = request.into_inner();
+        let (run, fence) = fence(req.dispatch)?;
+        // A question blocks the run until a person answers: the worker's key writes runs.
+        if let Some(caller) = &caller
+            && !caller.has(crate::auth::Scope::RunsWrite)
+        {
+            return Err(KernelError::PermissionDenied(format!(
+                "asking a person blocks the run: key '{}' needs the scope runs:write",
+                caller.name()
+            ))
+            .into());
+        }
+        let asked = asked(req.question, &req.answer_schema_json, req.approvers, req.timeout_ms)?;
+        let ask = PersonAsk {
+            run,
+            fence,
+            occurrence: req.occurrence,
+            asked,
+        };
+        let (step, replayed) = self.0.store.ask_person(ask).await?;
+        Ok(Response::new(pb::AskPersonResponse {
+            step: Some(convert::history_step(&step)),
+            replayed,
+        }))
+    }
+
     async fn await_step(
         &self,
         request: Request<pb::AwaitStepRequest>,
@@ -377,6 +409,34 @@ impl HostedService for HostedApi {
             }
         }
     }
+}
+
+/// The longest question a tool body may ask.
+const MAX_QUESTION: usize = 4096;
+
+/// A question as the machine takes it: its text (1 to [`MAX_QUESTION`] bytes), its answer's schema
+/// (a JSON Schema that compiles; empty accepts any JSON), who may answer, and its timeout.
+fn asked(question: String, schema: &str, approvers: Vec<String>, timeout_ms: u64) -> Result<Asked, KernelError> {
+    let question = question.trim().to_owned();
+    if question.is_empty() || question.len() > MAX_QUESTION {
+        return Err(KernelError::invalid(
+            "question",
+            format!("must be 1 to {MAX_QUESTION} bytes, got {}", question.len()),
+        ));
+    }
+    let schema = convert::canonical_json(schema, "answer_schema_json", "{}")?;
+    let compiled: serde_json::Value = serde_json::from_str(&schema).unwrap_or_default();
+    crate::validation::ArgsValidator::compile(&compiled)
+        .map_err(|e| KernelError::invalid("answer_schema_json", format!("is not a usable JSON Schema: {e}")))?;
+    if let Some(blank) = approvers.iter().position(|a| a.trim().is_empty()) {
+        return Err(KernelError::invalid(format!("approvers[{blank}]"), "must not be empty"));
+    }
+    Ok(Asked {
+        question,
+        schema,
+        approvers,
+        timeout_ms: (timeout_ms > 0).then_some(timeout_ms),
+    })
 }
 
 /// What recording a step at its place did, as the responses say it: the step, whether it was

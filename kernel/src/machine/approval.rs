@@ -9,7 +9,7 @@ use super::{NewEvent, StepChange, json_or_string};
 use crate::error::KernelError;
 use crate::model::{
     ApprovalDecision, ApprovalId, ApprovalRecord, ApprovalStatus, ErrorKind, Millis, Outcome, RunRecord, RunStatus,
-    StepRecord, StepStatus,
+    StepKind, StepRecord, StepStatus,
 };
 
 /// What asking the next gated call of a run changes.
@@ -57,7 +57,7 @@ pub fn ask_next(run: &RunRecord, open: usize, next: Option<&StepRecord>, id: App
     let gate = step.approval_gate.clone().unwrap_or_default();
     let expires_at = gate.timeout_ms.map(|t| now + t as Millis);
     let event = RunInterrupted {
-        reason: "tool_approval".to_owned(),
+        reason: interrupted_for(step).to_owned(),
         approval_id: id.clone(),
         step_key: step.key.to_string(),
         position: step.position,
@@ -87,6 +87,7 @@ pub fn ask_next(run: &RunRecord, open: usize, next: Option<&StepRecord>, id: App
         decider: None,
         reason: None,
         capture: run.capture,
+        answer: None,
     };
     let blocked = (run.status != RunStatus::Blocked).then(|| {
         let mut blocked = run.clone();
@@ -102,13 +103,23 @@ pub fn ask_next(run: &RunRecord, open: usize, next: Option<&StepRecord>, id: App
     }))
 }
 
+/// Why a run blocks to ask about `step`: `human_input` for a tool body's question, else
+/// `tool_approval`.
+fn interrupted_for(step: &StepRecord) -> &'static str {
+    match step.kind {
+        StepKind::Question => "human_input",
+        _ => "tool_approval",
+    }
+}
+
 /// What an answer does to the gated step.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decided {
     /// Approved: pending again, to dispatch; its start consumes the approval.
     Approved(StepRecord),
-    /// Rejected or expired: settled without running.
-    Refused(StepChange),
+    /// Settled without running: a call rejected or expired, or a question answered (its output the
+    /// answer), declined or expired.
+    Settled(StepChange),
 }
 
 /// An answer to one approval: the approval answered, the event that says so, and the step.
@@ -120,11 +131,13 @@ pub struct Answer {
 }
 
 /// Answers `approval` about `step` with `status` (approved, rejected or expired) as `decider`;
-/// an approval that is not pending any more is refused: an answer is given once.
+/// an approval that is not pending any more is refused: an answer is given once. A question's
+/// approval carries `given`, the answer as canonical JSON (checked against its schema before).
 pub fn answer(
     approval: &ApprovalRecord,
     step: &StepRecord,
     (status, decider, reason): (ApprovalStatus, &str, Option<&str>),
+    given: Option<&str>,
     now: Millis,
 ) -> Result<Answer, KernelError> {
     if approval.status != ApprovalStatus::Pending {
@@ -143,11 +156,20 @@ pub fn answer(
         status,
         ApprovalStatus::Approved | ApprovalStatus::Rejected | ApprovalStatus::Expired
     ));
+    let question = step.kind == StepKind::Question;
+    let given = given.filter(|_| question && status == ApprovalStatus::Approved);
+    if question && status == ApprovalStatus::Approved && given.is_none() {
+        return Err(KernelError::invalid(
+            "answer_json",
+            format!("approval {} asks a question: answer it with JSON", approval.id),
+        ));
+    }
     let mut answered = approval.clone();
     answered.status = status;
     answered.answered_at = Some(now);
     answered.decider = Some(decider.to_owned());
     answered.reason = reason.map(str::to_owned);
+    answered.answer = given.map(str::to_owned);
     let event = events::ApprovalAnswered {
         approval_id: approval.id.clone(),
         step_key: approval.key.to_string(),
@@ -155,6 +177,7 @@ pub fn answer(
         answer: status,
         decider: decider.to_owned(),
         reason: reason.map(str::to_owned),
+        response: given.map(json_or_string),
     }
     .event();
     let mut decided = step.clone();
@@ -165,11 +188,20 @@ pub fn answer(
         reason: reason.map(str::to_owned),
         answered_at: now,
     });
-    let step = if status == ApprovalStatus::Approved {
-        decided.status = StepStatus::Pending;
-        Decided::Approved(decided)
-    } else {
-        Decided::Refused(refuse(&decided, (status, decider, reason), now))
+    let step = match given {
+        Some(given) => Decided::Settled(settle(
+            &decided,
+            (StepStatus::Succeeded, Outcome::Ok),
+            Ok(given),
+            0,
+            SettledBy::default(),
+            now,
+        )),
+        None if status == ApprovalStatus::Approved => {
+            decided.status = StepStatus::Pending;
+            Decided::Approved(decided)
+        }
+        None => Decided::Settled(refuse(&decided, (status, decider, reason), now)),
     };
     Ok(Answer {
         approval: answered,
@@ -184,11 +216,22 @@ fn refuse(
     (status, decider, reason): (ApprovalStatus, &str, Option<&str>),
     now: Millis,
 ) -> StepChange {
+    let question = step.kind == StepKind::Question;
     let (answer, outcome, mut message) = match status {
+        ApprovalStatus::Expired if question => (
+            ApprovalStatus::Expired,
+            Outcome::Expired,
+            format!("the question of '{}' expired unanswered", step.tool),
+        ),
         ApprovalStatus::Expired => (
             ApprovalStatus::Expired,
             Outcome::Expired,
             format!("'{}' was not approved: the approval expired unanswered", step.tool),
+        ),
+        _ if question => (
+            ApprovalStatus::Rejected,
+            Outcome::Rejected,
+            format!("the question of '{}' was declined by {decider}", step.tool),
         ),
         _ => (
             ApprovalStatus::Rejected,
@@ -313,7 +356,7 @@ mod tests {
             } else {
                 "bob"
             };
-            let answered = answer(&open, &waiting, (status, decider, Some("no ticket")), NOW).unwrap();
+            let answered = answer(&open, &waiting, (status, decider, Some("no ticket")), None, NOW).unwrap();
             assert_eq!(answered.approval.status, status);
             assert_eq!(answered.approval.decider.as_deref(), Some(decider));
             assert_eq!(answered.event.kind, EventType::ApprovalAnswered);
@@ -322,7 +365,7 @@ mod tests {
                     assert_eq!(step.status, StepStatus::Pending, "to dispatch");
                     assert_eq!(step.approval.map(|a| a.decider), Some("bob".into()));
                 }
-                (Decided::Refused(change), Some(outcome)) => {
+                (Decided::Settled(change), Some(outcome)) => {
                     assert_eq!(change.step.status, StepStatus::Failed);
                     assert_eq!(change.step.outcome, Some(outcome));
                     assert_eq!(change.step.attempts, 0, "it never ran");
@@ -339,6 +382,7 @@ mod tests {
                 &answered.approval,
                 &waiting,
                 (ApprovalStatus::Approved, "alice", None),
+                None,
                 NOW,
             );
             assert!(

@@ -270,7 +270,7 @@ pub fn replay(run: &RunRecord, parent: &StepRecord, (turn, position): (u32, u32)
     let event = match step.kind {
         StepKind::Local => StepResult::Replayed(payload).event(),
         StepKind::Subagent => SubagentResult::Replayed(payload).event(),
-        StepKind::Tool | StepKind::Agent => ToolResult::Replayed(payload).event(),
+        StepKind::Tool | StepKind::Agent | StepKind::Question => ToolResult::Replayed(payload).event(),
     };
     StepChange { step, event }
 }

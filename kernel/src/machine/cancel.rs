@@ -25,7 +25,7 @@ pub fn cancel_call(
     reason: &str,
     now: Millis,
 ) -> Result<CallCancel, KernelError> {
-    if step.kind != StepKind::Tool {
+    if !matches!(step.kind, StepKind::Tool | StepKind::Question) {
         // A hosted run's own dispatch or a subagent is the run's (or the child's) to end.
         return Err(KernelError::FailedPrecondition(format!(
             "step {} of run {} is a {} step, not a tool call; cancel the run instead",

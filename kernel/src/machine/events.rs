@@ -92,6 +92,7 @@ payloads!(
     SubagentResult,
     ToolSuspended,
     ToolResumed,
+    QuestionAsked,
 );
 
 /// Says of a payload's object (or of each of its shapes) that it has no field besides those
@@ -445,6 +446,9 @@ pub struct ApprovalAnswered {
     pub decider: String,
     /// Why, as the decider said.
     pub reason: Option<String>,
+    /// A question's answer (when `approved`): the JSON the person gave.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response: Option<Value>,
 }
 
 /// A person's answer that settled a call without running it.
@@ -743,6 +747,25 @@ pub struct SubagentStart {
     pub session_key: Option<String>,
     /// The child's input: JSON, or the text as a string when it is not JSON.
     pub input: Value,
+}
+
+/// `question:asked`.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+pub struct QuestionAsked {
+    /// The question's step in the run.
+    pub step_key: String,
+    /// The call whose body asked.
+    pub call: String,
+    /// The tool that asked.
+    pub tool: String,
+    /// What the person is asked.
+    pub question: String,
+    /// The JSON Schema the answer must meet.
+    pub schema: Value,
+    /// Who may answer; empty: anyone who may answer approvals.
+    pub approvers: Vec<String>,
+    /// How long the question waits unanswered before it expires (ms); `null`: until the run ends.
+    pub timeout_ms: Option<u64>,
 }
 
 /// A branch refused to start a subagent.

@@ -503,9 +503,9 @@ pub fn wait_for_session(dispatch: &StepRecord, session: &str) -> StepChange {
 }
 
 /// The dispatches a settle of `step` wakes, if they are suspended: the tool call whose body
-/// started it (a subagent of a call), and its hosted run's handler.
+/// started it (a subagent of a call) or asked it (a question), and its hosted run's handler.
 pub fn wakes(step: &StepRecord) -> impl Iterator<Item = StepKey> {
-    let awaited = matches!(step.kind, StepKind::Tool | StepKind::Subagent);
+    let awaited = matches!(step.kind, StepKind::Tool | StepKind::Subagent | StepKind::Question);
     let call = step.key.waiter().filter(|_| awaited);
     let handler = (awaited && step.hosted).then(StepKey::agent);
     call.into_iter().chain(handler)

@@ -46,6 +46,10 @@
 //!   kernel's limit fails as `abandoned` (by [`run::end`], so its calls settle first); a blocked
 //!   or hosted run never is.
 //!
+//! Questions ([`question`]): a tool body's question to a person is a step under its call, put to a
+//! person as a gated call is; the answer, checked against the question's schema, settles it and
+//! wakes the call; the call settling first withdraws it.
+//!
 //! One call ([`cancel`]): [`cancel::cancel_call`] settles a tool call in flight as cancelled
 //! (its open question withdrawn) and leaves its run going; a settled call is refused.
 //!
@@ -76,6 +80,7 @@ pub mod durability;
 pub mod effects;
 pub mod events;
 pub mod hosted;
+pub mod question;
 pub mod run;
 pub mod turn;
 

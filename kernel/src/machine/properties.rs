@@ -254,7 +254,7 @@ proptest! {
         let mut accepted = 0;
         for answer in answers {
             let status = [ApprovalStatus::Approved, ApprovalStatus::Rejected, ApprovalStatus::Expired][answer as usize];
-            if let Ok(answered) = approval::answer(&approval, &gated, (status, "bob", None), NOW) {
+            if let Ok(answered) = approval::answer(&approval, &gated, (status, "bob", None), None, NOW) {
                 accepted += 1;
                 approval = answered.approval;
             }

@@ -109,6 +109,7 @@ pub fn approval() -> crate::model::ApprovalRecord {
         decider: None,
         reason: None,
         capture: Capture::Io,
+        answer: None,
     }
 }
 

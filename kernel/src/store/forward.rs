@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use super::{
-    Answer, EndRun, Fence, LeaseLoss, LocalStep, NewRun, ResultReport, StartDispatch, StepGate, Store, SubagentStart,
-    SuspendReport, ToolCacheSet, TurnPlan,
+    Answer, EndRun, Fence, LeaseLoss, LocalStep, NewRun, PersonAsk, ResultReport, StartDispatch, StepGate, Store,
+    SubagentStart, SuspendReport, ToolCacheSet, TurnPlan,
 };
 use crate::error::KernelError;
 use crate::model::{ApprovalId, DispatchId, Outcome, RunId, StepKey};
@@ -54,6 +54,7 @@ pub enum Forwarded {
     RecordStep(RunId, Fence, Box<(LocalStep, StepGate)>),
     CheckStep(RunId, Fence, Box<(LocalStep, StepGate)>),
     StartSubagent(Box<SubagentStart>),
+    AskPerson(Box<PersonAsk>),
     DeleteRun(RunId),
 }
 
@@ -215,6 +216,7 @@ impl Store {
                 encode(&self.check_step((run, fence), local, gate).await)
             }
             Forwarded::StartSubagent(start) => encode(&self.start_subagent(*start).await),
+            Forwarded::AskPerson(ask) => encode(&self.ask_person(*ask).await),
             Forwarded::DeleteRun(run) => encode(&self.delete_run(run).await),
         }
     }
@@ -247,6 +249,7 @@ impl Forwarded {
             | Forwarded::CheckStep(run, ..)
             | Forwarded::DeleteRun(run) => Some(shard_of(run)),
             Forwarded::StartSubagent(start) => Some(shard_of(&start.parent)),
+            Forwarded::AskPerson(ask) => Some(shard_of(&ask.run)),
             Forwarded::AnswerApproval { .. } => None,
         }
     }

@@ -31,6 +31,7 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 pub use crate::machine::command::answer_approval::{Answer, Answered};
+pub use crate::machine::command::ask_person::{PersonAsk, PersonAsked};
 pub use crate::machine::command::local_step::{StepGate, StepRecorded};
 pub use crate::machine::command::lose_lease::LossOutcome;
 pub use crate::machine::command::start_subagent::{SubagentStart, SubagentStarted};
@@ -723,6 +724,18 @@ impl Store {
         .await
     }
 
+    /// Records a tool body's question to a person, or returns the one recorded at its identity.
+    pub async fn ask_person(&self, ask: PersonAsk) -> Result<PersonAsked, KernelError> {
+        let shard = crate::cluster::shards::shard_of(&ask.run);
+        self.write(
+            shard,
+            ask,
+            |ask| forward::Forwarded::AskPerson(Box::new(ask)),
+            |ask, reply| Command::AskPerson(Box::new(ask), reply),
+        )
+        .await
+    }
+
     /// Keeps the agents a worker offers, so runs created while none is connected are hosted.
     pub async fn register_agents(&self, agents: Vec<AgentDef>) -> Result<(), KernelError> {
         self.send(|reply| Command::RegisterAgents(agents, reply)).await
@@ -827,7 +840,7 @@ impl Store {
     ) -> Result<Answered, KernelError> {
         let answer_here = |(id, decider, reason), reply| Command::AnswerApproval {
             id,
-            answer,
+            answer: answer.clone(),
             decider,
             reason,
             reply,
@@ -846,7 +859,7 @@ impl Store {
             (id, decider, reason),
             |(id, decider, reason)| forward::Forwarded::AnswerApproval {
                 id,
-                answer,
+                answer: answer.clone(),
                 decider,
                 reason,
             },

@@ -851,13 +851,14 @@ fn insert_approval(conn: &Connection<'_>, approval: &ApprovalRecord) -> Result<(
 /// Writes what an answer or a run's end changes of an approval.
 fn save_approval(conn: &Connection<'_>, approval: &ApprovalRecord) -> Result<()> {
     conn.write(
-        "UPDATE approvals SET status = ?2, answered_at = ?3, decider = ?4, reason = ?5 WHERE id = ?1",
+        "UPDATE approvals SET status = ?2, answered_at = ?3, decider = ?4, reason = ?5, answer = ?6 WHERE id = ?1",
         params![
             approval.id,
             approval.status.as_str(),
             approval.answered_at,
             approval.decider,
-            approval.reason
+            approval.reason,
+            approval.answer
         ],
     )?;
     Ok(())

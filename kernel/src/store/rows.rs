@@ -17,7 +17,7 @@ pub const STEP_COLUMNS: &str = "run_id, step_key, turn, position, call_id, tool,
 
 pub const APPROVAL_COLUMNS: &str = "id, run_id, step_key, tool, call_hash, arguments, status, approvers, message, \
      decided_by, requested_at, expires_at, answered_at, decider, reason, \
-     (SELECT capture FROM runs WHERE runs.id = approvals.run_id)";
+     (SELECT capture FROM runs WHERE runs.id = approvals.run_id), answer";
 
 pub const EVENT_COLUMNS: &str = "run_id, seq, type, schema_version, at, payload";
 
@@ -157,6 +157,7 @@ pub fn approval_from_row(row: &Row<'_>) -> Result<ApprovalRecord> {
         decider: row.get(13)?,
         reason: row.get(14)?,
         capture: parse(row, 15)?,
+        answer: row.get(16)?,
     })
 }
 

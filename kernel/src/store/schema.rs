@@ -377,6 +377,10 @@ const MIGRATIONS: &[&str] = &[
     INSERT INTO shards (id) SELECT i FROM n;
     ALTER TABLE replicas ADD COLUMN address TEXT NOT NULL DEFAULT '';
     "#,
+    // 18: a question a tool body puts to a person is answered with JSON, kept with its approval.
+    r#"
+    ALTER TABLE approvals ADD COLUMN answer TEXT;
+    "#,
 ];
 
 /// Brings the database to the newest schema.

@@ -19,8 +19,8 @@ use super::ops::{self, Published, Tx};
 use super::sql::{Connection, PgConn};
 use super::sync::SqliteSync;
 use super::{
-    Answer, Answered, EndRun, Fence, LeaseLoss, LocalStep, LossOutcome, NewRun, ResultReport, StartDispatch, StepGate,
-    StepRecorded, SubagentStart, SubagentStarted, SuspendReport, TurnPlan,
+    Answer, Answered, EndRun, Fence, LeaseLoss, LocalStep, LossOutcome, NewRun, PersonAsk, PersonAsked, ResultReport,
+    StartDispatch, StepGate, StepRecorded, SubagentStart, SubagentStarted, SuspendReport, TurnPlan,
 };
 use crate::clock::Clock;
 use crate::error::KernelError;
@@ -93,6 +93,7 @@ pub enum Command {
     RegisterAgents(Vec<AgentDef>, Reply<()>),
     SuspendDispatch(SuspendReport, Reply<Option<StepRecord>>),
     StartSubagent(Box<SubagentStart>, Reply<SubagentStarted>),
+    AskPerson(Box<PersonAsk>, Reply<PersonAsked>),
     /// Renews this replica's row (the age of every lease it holds) with what its sessions offer.
     Beat(super::ReplicaBeat, Reply<()>),
     /// Claims waiting calls of these tools and agents, at most this many.
@@ -139,6 +140,7 @@ impl Command {
             | Command::RecordStep(run, ..)
             | Command::CheckStep(run, ..) => Some(shard_of(run)),
             Command::StartSubagent(start, _) => Some(shard_of(&start.parent)),
+            Command::AskPerson(ask, _) => Some(shard_of(&ask.run)),
             Command::AnswerApproval { .. }
             | Command::AbandonRuns(..)
             | Command::RegisterTools(..)
@@ -287,6 +289,7 @@ fn apply(tx: &mut Tx<'_>, command: Command, before_commit: &mut Option<BeforeCom
         Command::RegisterAgents(agents, reply) => respond(ops::register_agents(tx, agents), reply),
         Command::SuspendDispatch(report, reply) => respond(command::suspend::apply(tx, report), reply),
         Command::StartSubagent(start, reply) => respond(command::start_subagent::apply(tx, *start), reply),
+        Command::AskPerson(ask, reply) => respond(command::ask_person::apply(tx, *ask), reply),
         Command::Beat(beat, reply) => respond(ops::beat(tx, beat), reply),
         Command::ClaimPending {
             tools,
@@ -800,6 +803,7 @@ fn fail_command(command: Command, error: KernelError) -> Responder {
         Command::RegisterAgents(_, reply) => respond(Err(make()), reply),
         Command::SuspendDispatch(_, reply) => respond(Err(make()), reply),
         Command::StartSubagent(_, reply) => respond(Err(make()), reply),
+        Command::AskPerson(_, reply) => respond(Err(make()), reply),
         Command::Beat(_, reply) => respond(Err(make()), reply),
         Command::ClaimPending { reply, .. } => respond(Err(make()), reply),
         Command::ForgetReplica { reply, .. } => respond(Err(make()), reply),

@@ -369,6 +369,26 @@ async fn delegate(ctx: ToolContext, label: String, hold_ms: u64, fail: Option<St
         .await
 }
 
+/// Asks a person `question` (the answer an object with a boolean `ok`) and returns the answer;
+/// the ledger says `start` when the body starts and `answered` when it has the answer.
+#[tool]
+async fn confirm(ctx: ToolContext, question: String) -> Result<Value, ToolError> {
+    Ledger::write(&ctx, "start");
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]});
+    let answer = ctx.ask(question).schema(schema).approvers(["ops"]).await?;
+    Ledger::write(&ctx, "answered");
+    Ok(answer)
+}
+
+/// [`confirm`], at most once: it keeps its worker slot while it waits.
+#[tool(idempotency = "at_most_once")]
+async fn confirm_once(ctx: ToolContext, question: String) -> Result<Value, ToolError> {
+    Ledger::write(&ctx, "start");
+    let answer = ctx.ask(question).await?;
+    Ledger::write(&ctx, "answered");
+    Ok(answer)
+}
+
 /// Pushes to a repository: the ledger says `lock:<repo>` when the body starts and `unlock:<repo>`
 /// when it ends, so a test sees whether two pushes to one repository ever overlapped. With
 /// `until`, it holds until that file exists (or `hold_ms` passes), so a test that inspects the
@@ -469,6 +489,8 @@ async fn main() {
         .tool(push_tool())
         .tool(crash_tool())
         .tool(delegate_tool())
+        .tool(confirm_tool())
+        .tool(confirm_once_tool())
         .tool(whoami_tool())
         .tool(lookup_tool())
         .tool(traced_tool().retry_policy(RetryPolicy::exponential(

@@ -609,10 +609,37 @@ impl AgentClient {
         decider: impl Into<String>,
         reason: impl Into<String>,
     ) -> Result<pb::Approval, AgentError> {
+        self.approve_with(approval_id.into(), (decider.into(), reason.into()), String::new())
+            .await
+    }
+
+    /// Answers a tool body's question (an approval whose `question` is set) with `answer`, which
+    /// must meet the question's `answer_schema_json` (else `INVALID_ARGUMENT` naming
+    /// `answer_json`, and nothing is written); the body that asked gets it back. Keys and other
+    /// refusals as for [`AgentClient::approve`]; [`AgentClient::reject`] declines to answer.
+    pub async fn answer(
+        &self,
+        approval_id: impl Into<String>,
+        answer: &serde_json::Value,
+        decider: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Result<pb::Approval, AgentError> {
+        let answer = kernel_proto::canonical::to_canonical(answer);
+        self.approve_with(approval_id.into(), (decider.into(), reason.into()), answer)
+            .await
+    }
+
+    async fn approve_with(
+        &self,
+        approval_id: String,
+        (decider, reason): (String, String),
+        answer_json: String,
+    ) -> Result<pb::Approval, AgentError> {
         let request = self.request(pb::ApproveCallRequest {
-            approval_id: approval_id.into(),
-            decider: decider.into(),
-            reason: reason.into(),
+            approval_id,
+            decider,
+            reason,
+            answer_json,
         });
         let response = self.call(self.approvals.clone().approve_call(request)).await?;
         response

@@ -1,5 +1,5 @@
-//! Starting a subagent and waiting for it, for a hosted handler and for a tool body alike: both
-//! call the kernel under the dispatch they run in.
+//! Starting a subagent and waiting for it, for a hosted handler and for a tool body alike, and a
+//! tool body's question to a person: each calls the kernel under the dispatch it runs in.
 
 use kernel_proto::canonical::to_canonical;
 use kernel_proto::v1 as pb;
@@ -52,6 +52,20 @@ impl KernelLink {
             .client
             .clone()
             .start_subagent(crate::auth::request(request, self.api_key.as_ref()))
+            .await?
+            .into_inner())
+    }
+
+    /// Asks a person `question`, or gets back the question recorded under the same identity.
+    pub(crate) async fn ask(&self, question: pb::AskPersonRequest) -> Result<pb::AskPersonResponse, AgentError> {
+        let request = pb::AskPersonRequest {
+            dispatch: Some(self.dispatch.clone()),
+            ..question
+        };
+        Ok(self
+            .client
+            .clone()
+            .ask_person(crate::auth::request(request, self.api_key.as_ref()))
             .await?
             .into_inner())
     }

@@ -8,6 +8,7 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kernel_proto::v1 as pb;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -223,6 +224,57 @@ impl std::future::IntoFuture for ToolSubagent {
     }
 }
 
+/// A question a tool body puts to a person; await it (see [`ToolContext::ask`]).
+#[must_use = "a question is asked when awaited"]
+pub struct ToolQuestion {
+    ctx: ToolContext,
+    question: String,
+    schema: Option<Value>,
+    approvers: Vec<String>,
+    timeout: Option<Duration>,
+}
+
+impl ToolQuestion {
+    /// The JSON Schema the answer must meet; without one any JSON is an answer. The kernel
+    /// refuses an answer that does not meet it, so the body gets only answers that do.
+    pub fn schema(mut self, schema: Value) -> Self {
+        self.schema = Some(schema);
+        self
+    }
+
+    /// Who may answer (API key names or groups); without any, any key that may answer approvals.
+    pub fn approvers<I, S>(mut self, approvers: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.approvers = approvers.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// How long the question waits unanswered before it expires (the body then gets an error);
+    /// without it, it waits until the call ends.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+impl std::future::IntoFuture for ToolQuestion {
+    type Output = Result<Value, ToolError>;
+    type IntoFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let ctx = self.ctx.clone();
+            ctx.run_question(self).await
+        })
+    }
+}
+
+/// The occurrence counter questions share with subagents' (agent names never start with `?`).
+const QUESTIONS: &str = "?question";
+
 impl ToolContext {
     pub(crate) fn new(
         call: CallInfo,
@@ -302,6 +354,75 @@ impl ToolContext {
             kernel.await_step(&step.step_key).await.map_err(failed)?
         };
         child_outcome(agent.clone(), step).map_err(|error| ToolError::fatal(error.to_string()))
+    }
+
+    /// Asks a person `question` mid-call and returns their answer (JSON). The run is blocked
+    /// with `run:interrupted` (reason `human_input`) until someone answers with
+    /// `kernelctl approvals answer ID --with JSON`, the console, `AgentClient::answer` or an MCP
+    /// client's input; a decline or an expiry is a fatal error naming who declined. The worker's
+    /// key needs `runs:write`.
+    ///
+    /// The answer is recorded: the same call run again (a retry, a redispatch after its worker was
+    /// lost) gets it back at once, and the person is asked once. Questions are told apart by
+    /// their order in the body, so a body asks the same questions in the same order each time; a
+    /// different question in the place of a recorded one is refused (`replay_input_changed`).
+    /// While the body waits on a person alone, a `safe_to_retry` call gives back its worker slot
+    /// after 100 ms and runs again from the start once the answer is in, as with
+    /// [`ToolContext::subagent`]; an `at_most_once` call keeps its slot, and its timeout counts
+    /// the wait.
+    pub fn ask(&self, question: impl Into<String>) -> ToolQuestion {
+        ToolQuestion {
+            ctx: self.clone(),
+            question: question.into(),
+            schema: None,
+            approvers: Vec::new(),
+            timeout: None,
+        }
+    }
+
+    async fn run_question(&self, asked: ToolQuestion) -> Result<Value, ToolError> {
+        let Some(kernel) = &self.kernel else {
+            return Err(ToolError::fatal(
+                "ctx.ask: this context has no kernel (a test context); a dispatched call has one",
+            ));
+        };
+        let occurrence = {
+            let mut occurrences = self.subagents.occurrences.lock().expect("occurrences poisoned");
+            let count = occurrences.entry(QUESTIONS.to_owned()).or_default();
+            *count += 1;
+            *count - 1
+        };
+        let request = pb::AskPersonRequest {
+            dispatch: None,
+            occurrence,
+            question: asked.question,
+            answer_schema_json: asked
+                .schema
+                .as_ref()
+                .map(kernel_proto::canonical::to_canonical)
+                .unwrap_or_default(),
+            approvers: asked.approvers,
+            timeout_ms: asked.timeout.map_or(0, |t| t.as_millis().max(1) as u64),
+        };
+        let failed = |error: AgentError| ToolError::fatal(format!("ctx.ask: {error}"));
+        let step = kernel
+            .ask(request)
+            .await
+            .map_err(failed)?
+            .step
+            .ok_or_else(|| ToolError::fatal("ctx.ask: the kernel returned no step"))?;
+        let step = if is_settled(&step) {
+            step
+        } else {
+            let _waiting = self.waiting(step.step_key.clone());
+            kernel.await_step(&step.step_key).await.map_err(failed)?
+        };
+        if step.status == pb::StepStatus::Succeeded as i32 {
+            serde_json::from_str(crate::hosted::subagent::output_text(&step))
+                .map_err(|error| ToolError::fatal(format!("ctx.ask: the answer is not JSON: {error}")))
+        } else {
+            Err(ToolError::fatal(step.error))
+        }
     }
 
     fn waiting(&self, key: String) -> Waiting {

@@ -58,16 +58,29 @@ pub fn card(approval: &pb::Approval, ask_decider: bool, show_run: bool) -> Marku
                 dt { "Requested" } dd { (format::time(&approval.requested_at)) }
                 dt { "Expires" } dd { (format::time(&approval.expires_at)) }
             }
-            h3 { "Arguments" }
-            div.arguments { (format::json(&approval.arguments_json)) }
+            @if approval.question {
+                h3 { "The answer's schema" }
+                div.arguments { (format::json(&approval.answer_schema_json)) }
+            } @else {
+                h3 { "Arguments" }
+                div.arguments { (format::json(&approval.arguments_json)) }
+            }
             form.answer method="post" action={ "/approvals/" (approval.id) } {
                 input type="hidden" name="back" value={ @if show_run { "/approvals" } @else { "/runs/" (approval.run_id) } };
                 @if ask_decider {
                     label { "Your name " input name="decider" required placeholder="who answers"; }
                 }
+                @if approval.question {
+                    label { "Answer (JSON) " textarea name="answer_json" required placeholder="{}" {} }
+                }
                 label { "Reason " input name="reason" placeholder="optional"; }
-                button.approve type="submit" name="decision" value="approve" { "Approve" }
-                button.reject type="submit" name="decision" value="reject" { "Reject" }
+                @if approval.question {
+                    button.approve type="submit" name="decision" value="approve" { "Answer" }
+                    button.reject type="submit" name="decision" value="reject" { "Decline" }
+                } @else {
+                    button.approve type="submit" name="decision" value="approve" { "Approve" }
+                    button.reject type="submit" name="decision" value="reject" { "Reject" }
+                }
             }
         }
     }
@@ -83,6 +96,9 @@ pub struct Answer {
     decider: String,
     #[serde(default)]
     back: String,
+    /// A question's answer, as JSON.
+    #[serde(default)]
+    answer_json: String,
 }
 
 pub async fn answer(
@@ -103,6 +119,7 @@ pub async fn answer(
                     approval_id: id,
                     decider: answer.decider,
                     reason: answer.reason,
+                    answer_json: answer.answer_json.clone(),
                 },
                 &caller,
             ))

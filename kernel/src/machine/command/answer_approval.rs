@@ -13,9 +13,12 @@ use crate::machine::run::EndRun;
 use crate::model::{ApprovalId, ApprovalRecord, ApprovalStatus, StepRecord};
 
 /// A person's answer to an approval.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Answer {
-    Approve,
+    /// Let the call run; for a question, the answer as canonical JSON (checked against its
+    /// schema before it reaches the machine).
+    Approve { given: Option<String> },
+    /// Refuse the call, or decline the question.
     Reject,
 }
 
@@ -40,12 +43,24 @@ pub fn answer<R: Records + ?Sized>(
     let approval = records
         .approval(id)?
         .ok_or_else(|| KernelError::NotFound(format!("approval {id} not found")))?;
-    let status = match answer {
-        Answer::Approve => ApprovalStatus::Approved,
-        Answer::Reject => ApprovalStatus::Rejected,
+    let (status, given) = match answer {
+        Answer::Approve { given } => (ApprovalStatus::Approved, given),
+        Answer::Reject => (ApprovalStatus::Rejected, None),
     };
+    if given.is_some() && !approval.is_question() {
+        return Err(KernelError::invalid(
+            "answer_json",
+            format!("approval {id} is for a call, not a question: approve it without an answer"),
+        ));
+    }
     let mut answered = Answered::default();
-    settle(records, &approval, (status, decider, reason), &mut answered)?;
+    settle(
+        records,
+        &approval,
+        (status, decider, reason),
+        given.as_deref(),
+        &mut answered,
+    )?;
     let run = records.run(&approval.run_id)?;
     if let Some(reason) = branch::unresumable(&run, parent_exists(records, &run)?) {
         let (_, ended) = end_tree(records, &run, &EndRun::Fail { reason })?;
@@ -65,6 +80,7 @@ pub fn expire<R: Records + ?Sized>(records: &mut R) -> Result<Answered> {
             records,
             &approval,
             (ApprovalStatus::Expired, "kernel", Some("approval timeout")),
+            None,
             &mut answered,
         )?;
         super::ask::ask_next(records, &approval.run_id)?;
@@ -77,10 +93,11 @@ fn settle<R: Records + ?Sized>(
     records: &mut R,
     approval: &ApprovalRecord,
     answer: (ApprovalStatus, &str, Option<&str>),
+    given: Option<&str>,
     answered: &mut Answered,
 ) -> Result<()> {
     let step = step(records, &approval.run_id, &approval.key)?;
-    let change = approval::answer(approval, &step, answer, records.now())?;
+    let change = approval::answer(approval, &step, answer, given, records.now())?;
     records.save_approval(&change.approval)?;
     records.append(&approval.run_id, change.event, None)?;
     match change.step {
@@ -89,7 +106,7 @@ fn settle<R: Records + ?Sized>(
             records.effect(Effect::Dispatch(Box::new(step.clone())));
             answered.to_dispatch.push(step);
         }
-        Decided::Refused(settled) => {
+        Decided::Settled(settled) => {
             apply_change(records, settled)?;
         }
     }

@@ -432,6 +432,7 @@ impl Records for Memory {
             row.answered_at = approval.answered_at;
             row.decider.clone_from(&approval.decider);
             row.reason.clone_from(&approval.reason);
+            row.answer.clone_from(&approval.answer);
         }
         Ok(())
     }

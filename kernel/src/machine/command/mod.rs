@@ -13,6 +13,7 @@
 //! - [`local_step`]: a hosted handler's local step, checked before it runs or recorded after.
 //! - [`suspend`]: a dispatch giving back its slot to wait.
 //! - [`start_subagent`]: a hosted handler's (or a tool body's) subagent.
+//! - [`ask_person`]: a tool body's question to a person; a settled call's questions withdrawn.
 //! - [`delete`]: a finished run and what it alone holds.
 //! - [`tool_cache`]: an entry of a tool's own cache, from the dispatch running it.
 //!
@@ -25,6 +26,7 @@
 
 pub mod answer_approval;
 pub mod ask;
+pub mod ask_person;
 pub mod cancel_call;
 pub mod create_run;
 pub mod delete;

@@ -881,8 +881,12 @@ impl World {
         let id = approval
             .and_then(|n| World::nth(&ids, n))
             .unwrap_or_else(|| "forged-approval".into());
-        let answer = if approve { Answer::Approve } else { Answer::Reject };
-        self.traced(Resolved::Answer(id.clone(), answer));
+        let answer = if approve {
+            Answer::Approve { given: None }
+        } else {
+            Answer::Reject
+        };
+        self.traced(Resolved::Answer(id.clone(), answer.clone()));
         answer_approval::answer(&mut self.memory, &id, answer, ("alice", None))?;
         Ok(Done::Changed)
     }

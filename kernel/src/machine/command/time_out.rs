@@ -21,6 +21,7 @@ pub fn time_out<R: Records + ?Sized>(
     if step.status == StepStatus::Pending {
         records.effect(Effect::Dispatch(Box::new(step.clone())));
     }
+    super::ask_person::withdraw_questions(records, &step)?;
     Ok(Some(step))
 }
 
@@ -34,7 +35,10 @@ pub fn fail_pending<R: Records + ?Sized>(
     let Some(step) = records.find_step(run, key)? else {
         return Ok(None);
     };
-    dispatch::fail_pending(&step, message, why, records.now())
-        .map(|change| apply_change(records, change))
-        .transpose()
+    let Some(change) = dispatch::fail_pending(&step, message, why, records.now()) else {
+        return Ok(None);
+    };
+    let step = apply_change(records, change)?;
+    super::ask_person::withdraw_questions(records, &step)?;
+    Ok(Some(step))
 }

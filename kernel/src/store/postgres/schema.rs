@@ -255,4 +255,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     -- Writers no longer count commits to learn whether another wrote: each writes only its shards.
     DROP TABLE writer_commits;
     "#,
+    // 10: a question a tool body puts to a person is answered with JSON, kept with its approval.
+    r#"
+    ALTER TABLE approvals ADD COLUMN answer TEXT;
+    "#,
 ];

@@ -1,0 +1,163 @@
+//! Questions a tool body puts to a person mid-call (`ctx.ask`). A question is a step of its own,
+//! keyed under the call that asked (`question:<call>#<n>`, the body's n-th question), waiting for a
+//! person as a gated call does: it is put to a person by [`super::approval::ask_next`], one at a
+//! time with the run's approvals, and the person's answer (checked against the question's JSON
+//! Schema) settles it with that answer as its output; a refusal or an expiry settles it failed.
+//! Its settle wakes the asking call if the call gave back its slot to wait. The same call run again
+//! (a retry, a redispatch) asks the same question at the same identity and gets the recorded step,
+//! so a person is asked once and the answer is the one recorded.
+
+use serde_json::Value;
+
+use super::events::{self, Payload};
+use super::{StepChange, json_or_string};
+use crate::model::{ApprovalGate, Millis, StepKey, StepKind, StepRecord, StepStatus};
+
+/// What a tool body asks.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Asked {
+    /// What the person is asked.
+    pub question: String,
+    /// The JSON Schema the answer must meet, as canonical JSON text.
+    pub schema: String,
+    /// Who may answer; empty: anyone who may answer approvals.
+    pub approvers: Vec<String>,
+    /// How long the question waits unanswered; `None`: until the call or its run ends.
+    pub timeout_ms: Option<u64>,
+}
+
+/// The step that holds question `occurrence` of `call`'s body, waiting for a person, and its
+/// `question:asked` event. Its arguments are the question and the schema, so what a person is
+/// shown is what the log holds.
+pub fn question_step(call: &StepRecord, occurrence: u32, asked: &Asked, now: Millis) -> StepChange {
+    let key = StepKey::tool_question(&call.key, occurrence);
+    let schema: Value = serde_json::from_str(&asked.schema).unwrap_or(Value::Null);
+    let arguments = kernel_proto::canonical::to_canonical(&serde_json::json!({
+        "question": asked.question,
+        "schema": schema,
+    }));
+    let decided_by = format!("tool:{}", call.tool);
+    let step = StepRecord {
+        run_id: call.run_id.clone(),
+        idempotency_key: key.idempotency_key(&call.run_id),
+        key,
+        kind: StepKind::Question,
+        effect: None,
+        max_concurrency: None,
+        hosted: false,
+        turn: call.turn,
+        position: call.position,
+        call_id: None,
+        tool: call.tool.clone(),
+        fingerprint: call.fingerprint.clone(),
+        version: call.version.clone(),
+        arguments,
+        // The answer is bound to the call that asked.
+        call_hash: call.call_hash.clone(),
+        idempotency: call.idempotency,
+        timeout_ms: asked.timeout_ms.unwrap_or(0),
+        status: StepStatus::AwaitingApproval,
+        attempts: 0,
+        output: None,
+        error: None,
+        error_kind: None,
+        worker: None,
+        session_id: None,
+        replica: None,
+        dispatch_id: None,
+        lease_expires_at: None,
+        created_at: now,
+        started_at: Some(now),
+        finished_at: None,
+        replays: 0,
+        progress_count: 0,
+        retry: None,
+        blocking: false,
+        not_before: None,
+        lease_losses: 0,
+        unit_cost: 0.0,
+        cost: 0.0,
+        decided_by: Some(decided_by.clone()),
+        approval_gate: Some(ApprovalGate {
+            timeout_ms: asked.timeout_ms,
+            approvers: asked.approvers.clone(),
+            message: Some(asked.question.clone()),
+            decided_by,
+        }),
+        cache_ttl_ms: None,
+        outcome: None,
+        approval: None,
+        resources: Vec::new(),
+        from_run: None,
+        trace: call.trace,
+    };
+    let event = events::QuestionAsked {
+        step_key: step.key.to_string(),
+        call: call.key.to_string(),
+        tool: call.tool.clone(),
+        question: asked.question.clone(),
+        schema: json_or_string(&asked.schema),
+        approvers: asked.approvers.clone(),
+        timeout_ms: asked.timeout_ms,
+    }
+    .event();
+    StepChange { step, event }
+}
+
+/// The question and the answer's schema a question step holds, as its arguments say them.
+pub fn of_step(step: &StepRecord) -> (String, Value) {
+    let arguments: Value = serde_json::from_str(&step.arguments).unwrap_or(Value::Null);
+    let question = arguments["question"].as_str().unwrap_or_default().to_owned();
+    (question, arguments["schema"].clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::records::{NOW, step};
+    use crate::model::EventType;
+
+    fn asked() -> Asked {
+        Asked {
+            question: "Which account?".into(),
+            schema: r#"{"type":"object"}"#.into(),
+            approvers: vec!["ops".into()],
+            timeout_ms: Some(60_000),
+        }
+    }
+
+    #[test]
+    fn a_question_is_a_step_under_its_call_waiting_for_a_person_and_waking_the_call() {
+        let mut call = step();
+        call.status = StepStatus::Running;
+        call.resources = vec!["repo:acme".into()];
+        let change = question_step(&call, 1, &asked(), NOW);
+        let question = &change.step;
+        assert_eq!(question.key.as_str(), "question:t0/p0#1");
+        assert_eq!(question.key.waiter(), Some(call.key.clone()));
+        assert_eq!(question.kind, StepKind::Question);
+        assert_eq!(question.status, StepStatus::AwaitingApproval);
+        assert!(
+            question.resources.is_empty(),
+            "a question holds none of its call's locks"
+        );
+        let gate = question.approval_gate.as_ref().unwrap();
+        assert_eq!(gate.message.as_deref(), Some("Which account?"));
+        assert_eq!(
+            (gate.timeout_ms, gate.approvers.as_slice()),
+            (Some(60_000), &["ops".to_owned()][..])
+        );
+        assert_eq!(gate.decided_by, "tool:charge");
+        assert_eq!(
+            of_step(question),
+            ("Which account?".to_owned(), serde_json::json!({"type": "object"}))
+        );
+        assert_eq!(change.event.kind, EventType::QuestionAsked);
+        assert_eq!(change.event.payload["call"], "t0/p0");
+        assert_eq!(
+            crate::machine::hosted::wakes(question).collect::<Vec<_>>(),
+            vec![call.key.clone()],
+            "its settle wakes the call that asked"
+        );
+    }
+}

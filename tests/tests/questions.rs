@@ -1,0 +1,273 @@
+//! A tool body asking a person mid-call (`ctx.ask`), with real processes: the fault worker's
+//! `confirm` (safe to retry: it gives back its slot while it waits) and `confirm_once` (at most
+//! once: it keeps its slot), answered with kernelctl.
+
+use e2e::{Kernel, Watch, check_log, payload, wait_ledger};
+use kernel_proto::v1 as pb;
+use serde_json::{Value, json};
+
+/// Waits for the run to put a question to a person; returns the approval that holds it.
+async fn question_of(kernel: &Kernel, run: &str) -> pb::Approval {
+    let mut watch = Watch::open(kernel, run, 0, false).await;
+    let interrupted = watch.event("run:interrupted", |p| p["reason"] == "human_input").await;
+    let approvals = kernel.pending_approvals().await;
+    let approval = approvals
+        .into_iter()
+        .find(|a| a.run_id == run)
+        .expect("the question's approval");
+    assert_eq!(interrupted["approval_id"], approval.id.as_str());
+    approval
+}
+
+/// kernelctl's stdout, after checking it succeeded.
+fn kernelctl_ok(kernel: &Kernel, args: &[&str]) -> String {
+    let out = kernel.kernelctl(args);
+    assert!(
+        out.status.success(),
+        "kernelctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// kernelctl's stderr, after checking it failed.
+fn kernelctl_refused(kernel: &Kernel, args: &[&str]) -> String {
+    let out = kernel.kernelctl(args);
+    assert!(!out.status.success(), "kernelctl {args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn a_tool_asks_a_person_who_answers_with_kernelctl_and_the_call_returns_the_answer() {
+    let kernel = Kernel::start();
+    let _worker = kernel.fault_worker("asker");
+    kernel.wait_for_workers("confirm", 1).await;
+    let run = kernel.create_run("asking").await;
+    let turn = e2e::submit_in_background(
+        &kernel,
+        &run,
+        0,
+        vec![e2e::call("confirm", json!({"question": "Ship release 4.2?"}))],
+    );
+    let approval = question_of(&kernel, &run).await;
+    assert!(approval.question, "{approval:?}");
+    assert_eq!(approval.message, "Ship release 4.2?");
+    assert_eq!(approval.tool, "confirm");
+    assert_eq!(approval.step_key, "question:t0/p0#0");
+    assert_eq!(approval.approvers, ["ops"]);
+    assert_eq!(approval.decided_by, "tool:confirm");
+    let schema: Value = serde_json::from_str(&approval.answer_schema_json).unwrap();
+    assert_eq!(schema["required"], json!(["ok"]));
+    assert_eq!(
+        kernel.get(&run).await.run.unwrap().status,
+        pb::RunStatus::Blocked as i32,
+        "the run waits for the person"
+    );
+
+    // An answer that does not meet the schema, or none, is refused and writes nothing.
+    let wrong = kernelctl_refused(
+        &kernel,
+        &[
+            "approvals",
+            "answer",
+            &approval.id,
+            "--with",
+            r#"{"ok":"yes"}"#,
+            "--as",
+            "alice",
+        ],
+    );
+    assert!(wrong.contains("answer_json"), "{wrong}");
+    assert!(wrong.contains("does not meet the question's schema"), "{wrong}");
+    let none = kernelctl_refused(&kernel, &["approvals", "approve", &approval.id, "--as", "alice"]);
+    assert!(none.contains("answer_json"), "{none}");
+    assert_eq!(kernel.pending_approvals().await.len(), 1, "still waiting");
+
+    // The body gives back its slot while it waits on a person alone.
+    Watch::open(&kernel, &run, 0, false)
+        .await
+        .event("tool:suspended", |p| p["waiting_on"] == json!(["question:t0/p0#0"]))
+        .await;
+    let answered = kernelctl_ok(
+        &kernel,
+        &[
+            "approvals",
+            "answer",
+            &approval.id,
+            "--with",
+            r#"{"ok": true}"#,
+            "--as",
+            "alice",
+        ],
+    );
+    assert!(answered.contains("approved by alice"), "{answered}");
+    let outcome = turn.await.unwrap();
+    let result = &outcome.results[0];
+    assert_eq!(result.outcome, pb::CallOutcome::Ok as i32, "{result:?}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&result.content).unwrap(),
+        json!({"ok": true})
+    );
+
+    let got = kernel.get(&run).await;
+    assert_eq!(
+        got.run.unwrap().status,
+        pb::RunStatus::Running as i32,
+        "the run goes on"
+    );
+    let question = got
+        .steps
+        .iter()
+        .find(|s| s.step_key == "question:t0/p0#0")
+        .expect("the question's step");
+    assert_eq!(question.kind, pb::StepKind::Question as i32);
+    assert_eq!(question.status, pb::StepStatus::Succeeded as i32);
+    assert_eq!(question.output_json, r#"{"ok":true}"#);
+    let call = got.steps.iter().find(|s| s.step_key == "t0/p0").expect("the call");
+    // It ran again from the start once answered, and got the recorded answer.
+    assert_eq!(call.attempts, 2, "{call:?}");
+    let ledger = kernel.ledger();
+    let starts = ledger
+        .iter()
+        .filter(|l| l.tool == "confirm" && l.what == "start")
+        .count();
+    let answers = ledger
+        .iter()
+        .filter(|l| l.tool == "confirm" && l.what == "answered")
+        .count();
+    assert_eq!((starts, answers), (2, 1), "{ledger:?}");
+
+    let events = kernel.events(&run).await;
+    let kinds: Vec<&str> = events.iter().map(|e| e.r#type.as_str()).collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "question:asked").count(),
+        1,
+        "asked once: {kinds:?}"
+    );
+    let answer = events
+        .iter()
+        .find(|e| e.r#type == "approval:answered")
+        .map(payload)
+        .unwrap();
+    assert_eq!(answer["response"], json!({"ok": true}));
+    assert_eq!(answer["decider"], "alice");
+    check_log(&events, true);
+
+    let listed: Value =
+        serde_json::from_str(&kernelctl_ok(&kernel, &["approvals", "list", "--run", &run, "--json"])).unwrap();
+    assert_eq!(listed["approvals"], json!([]), "nothing left to answer");
+}
+
+#[tokio::test]
+async fn a_call_run_again_gets_the_recorded_answer_and_the_person_is_asked_once() {
+    let kernel = Kernel::start();
+    let mut worker = kernel.fault_worker("first");
+    kernel.wait_for_workers("confirm", 1).await;
+    let run = kernel.create_run("asking").await;
+    let turn = e2e::submit_in_background(
+        &kernel,
+        &run,
+        0,
+        vec![e2e::call("confirm", json!({"question": "Deploy?"}))],
+    );
+    let approval = question_of(&kernel, &run).await;
+    // No worker is left when the answer comes: the call waits for one, then its body runs again
+    // and gets the answer without a second question.
+    worker.kill9();
+    kernel.wait_for_workers("confirm", 0).await;
+    kernelctl_ok(
+        &kernel,
+        &[
+            "approvals",
+            "answer",
+            &approval.id,
+            "--with",
+            r#"{"ok": false}"#,
+            "--as",
+            "carol",
+        ],
+    );
+    let _second = kernel.fault_worker("second");
+    let outcome = turn.await.unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&outcome.results[0].content).unwrap(),
+        json!({"ok": false})
+    );
+    let events = kernel.events(&run).await;
+    let asked = events.iter().filter(|e| e.r#type == "question:asked").count();
+    let interrupted = events.iter().filter(|e| e.r#type == "run:interrupted").count();
+    assert_eq!((asked, interrupted), (1, 1), "one question, put to a person once");
+    let ledger = wait_ledger(&kernel, "the answer", |l| l.iter().any(|l| l.what == "answered")).await;
+    assert_eq!(ledger.iter().filter(|l| l.what == "answered").count(), 1, "{ledger:?}");
+    check_log(&events, true);
+}
+
+#[tokio::test]
+async fn a_declined_question_fails_its_call_and_a_call_lost_while_asking_withdraws_its_question() {
+    let kernel = Kernel::start();
+    let mut worker = kernel.fault_worker("holder");
+    kernel.wait_for_workers("confirm_once", 1).await;
+
+    // Declined: the body gets an error, which fails the call with the decider's word.
+    let run = kernel.create_run("asking").await;
+    let turn = e2e::submit_in_background(
+        &kernel,
+        &run,
+        0,
+        vec![e2e::call("confirm_once", json!({"question": "Wire the money?"}))],
+    );
+    let approval = question_of(&kernel, &run).await;
+    kernelctl_ok(
+        &kernel,
+        &[
+            "approvals",
+            "reject",
+            &approval.id,
+            "--as",
+            "bob",
+            "--reason",
+            "not today",
+        ],
+    );
+    let result = &turn.await.unwrap().results[0];
+    assert_eq!(result.outcome, pb::CallOutcome::ToolError as i32, "{result:?}");
+    assert!(
+        result
+            .content
+            .contains("the question of 'confirm_once' was declined by bob (not today)"),
+        "{}",
+        result.content
+    );
+    assert_eq!(
+        kernel.get(&run).await.run.unwrap().status,
+        pb::RunStatus::Running as i32
+    );
+
+    // Lost: an at_most_once call keeps its slot while it asks; its worker dies, the call settles
+    // as indeterminate, and its question is withdrawn, so the run does not stay blocked.
+    let run = kernel.create_run("asking").await;
+    let turn = e2e::submit_in_background(
+        &kernel,
+        &run,
+        0,
+        vec![e2e::call("confirm_once", json!({"question": "Wire it now?"}))],
+    );
+    let approval = question_of(&kernel, &run).await;
+    worker.kill9();
+    let result = &turn.await.unwrap().results[0];
+    assert_eq!(result.outcome, pb::CallOutcome::Indeterminate as i32, "{result:?}");
+    let got = kernel.get(&run).await;
+    assert_eq!(got.run.unwrap().status, pb::RunStatus::Running as i32, "not blocked");
+    let question = got.steps.iter().find(|s| s.step_key == approval.step_key).unwrap();
+    assert_eq!(question.status, pb::StepStatus::Cancelled as i32, "{question:?}");
+    assert!(
+        kernel.pending_approvals().await.is_empty(),
+        "the question was withdrawn"
+    );
+    let late = kernelctl_refused(
+        &kernel,
+        &["approvals", "answer", &approval.id, "--with", "{}", "--as", "carol"],
+    );
+    assert!(late.contains("already"), "{late}");
+    check_log(&kernel.events(&run).await, true);
+}
