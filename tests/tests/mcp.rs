@@ -493,3 +493,86 @@ async fn a_2026_server_s_task_is_followed_to_its_result_and_a_kernel_cancel_canc
     })
     .await;
 }
+
+/// A wrapped server's request for input is a question to a person in the kernel that wraps it.
+/// The server here is another kernel's MCP bridge (2026-07-28), whose tool `confirm` asks its
+/// own person mid-call: the bridge makes a task of the call, in `input_required`; `kernel-mcp`
+/// puts its form to a person here, as a question of the wrapping call, and hands the answer
+/// back with `tasks/update`; the upstream tool gets it, and the call completes with its result.
+#[tokio::test]
+async fn a_wrapped_server_s_request_for_input_is_a_question_answered_in_the_wrapping_kernel() {
+    let upstream = Kernel::start();
+    let _worker = upstream.fault_worker("fw");
+    let (_bridge, url) = upstream.mcp_serve_http(&["--allow", "confirm"]);
+    let kernel = Kernel::start();
+    let _mcp = kernel.mcp_worker(&format!("servers:\n  up:\n    url: {url}\n"));
+    tools_when(&kernel, |tools| names(tools).iter().any(|n| n == "up_confirm")).await;
+
+    let run = kernel.create_run("mcp-user").await;
+    let turn = spawn_turn(&kernel, &run, vec![call("up_confirm", json!({"question": "Ship it?"}))]);
+    let mut watch = Watch::open(&kernel, &run, 1, false).await;
+    let interrupted = watch.event("run:interrupted", |p| p["reason"] == "human_input").await;
+    let approval = kernel
+        .pending_approvals()
+        .await
+        .into_iter()
+        .find(|a| a.run_id == run)
+        .expect("the wrapping call's question");
+    assert_eq!(interrupted["approval_id"], approval.id.as_str());
+    assert!(approval.question, "{approval:?}");
+    assert!(
+        approval.message.starts_with("up asks: Ship it?"),
+        "the upstream question, named by its server: {}",
+        approval.message
+    );
+    let schema: Value = serde_json::from_str(&approval.answer_schema_json).unwrap();
+    assert_eq!(schema["properties"]["ok"]["type"], "boolean", "{schema}");
+    let upstream_waiting = upstream.pending_approvals().await;
+    assert_eq!(upstream_waiting.len(), 1, "one question upstream: {upstream_waiting:?}");
+
+    let out = kernel.kernelctl(&[
+        "approvals",
+        "answer",
+        &approval.id,
+        "--with",
+        r#"{"ok": true}"#,
+        "--as",
+        "dana",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let outcome = turn.await.unwrap();
+    let result = &outcome.results[0];
+    assert_eq!(result.outcome, pb::CallOutcome::Ok as i32, "{result:?}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&result.content).unwrap(),
+        json!({"ok": true})
+    );
+
+    // Upstream, the person's answer came from the wrapping kernel's MCP client, once.
+    assert!(upstream.pending_approvals().await.is_empty());
+    let upstream_runs = upstream.list_runs("").await;
+    let mut answered = Vec::new();
+    for upstream_run in &upstream_runs {
+        answered.extend(
+            upstream
+                .events(&upstream_run.id)
+                .await
+                .into_iter()
+                .filter(|e| e.r#type == "approval:answered")
+                .map(|e| e2e::payload(&e)),
+        );
+    }
+    assert_eq!(answered.len(), 1, "{answered:?}");
+    assert_eq!(answered[0]["response"], json!({"ok": true}));
+    assert!(
+        answered[0]["decider"].as_str().unwrap().starts_with("mcp client"),
+        "{answered:?}"
+    );
+    let answers = upstream
+        .ledger()
+        .iter()
+        .filter(|l| l.tool == "confirm" && l.what == "answered")
+        .count();
+    assert_eq!(answers, 1, "the upstream tool got its answer once");
+    check_log(&kernel.events(&run).await, true);
+}

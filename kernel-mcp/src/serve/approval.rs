@@ -121,13 +121,26 @@ impl<'a> Question<'a> {
     }
 }
 
-/// The form a person answers: approve or reject, and why.
+/// The form a person answers: approve or reject, and why; for a tool's question to a person, the
+/// question's own answer.
 pub(super) fn form(asked: &Question<'_>, approval: Option<&pb::Approval>) -> InputRequest {
     let who = match approval.map(|a| a.approvers.as_slice()) {
         Some([]) => "any key with approvals:write".to_owned(),
         Some(approvers) => approvers.join(", "),
         None => "a key the approval's rule names".to_owned(),
     };
+    if asked.reason == HUMAN_INPUT {
+        let (schema, _) = answer_form(&asked.arguments["schema"]);
+        let message = format!(
+            "{} (asked by the tool '{}' mid-call; question {}, may be answered by {who})",
+            asked.message, asked.tool, asked.approval_id
+        );
+        return serde_json::from_value(json!({
+            "method": "elicitation/create",
+            "params": {"mode": "form", "message": message, "requestedSchema": schema},
+        }))
+        .expect("a question's form is an elicitation request");
+    }
     let rule = approval
         .map(|a| a.decided_by.as_str())
         .filter(|rule| !rule.is_empty())
@@ -162,6 +175,34 @@ pub(super) fn form(asked: &Question<'_>, approval: Option<&pb::Approval>) -> Inp
         },
     }))
     .expect("the approval form is an elicitation request")
+}
+
+/// Why a run waits when a tool's body asked a person (`Interruption::reason`).
+pub(super) const HUMAN_INPUT: &str = "human_input";
+
+/// The form a question's answer is given in: its schema when that is an object's (as MCP forms
+/// are), else one field `answer` holding it; and whether it was wrapped so.
+fn answer_form(schema: &Value) -> (Value, bool) {
+    if schema["type"] == "object" {
+        (schema.clone(), false)
+    } else {
+        let schema = if schema.is_null() { json!({}) } else { schema.clone() };
+        (
+            json!({"type": "object", "properties": {"answer": schema}, "required": ["answer"]}),
+            true,
+        )
+    }
+}
+
+/// Whether `approval` is the call `step`'s own, or a question the call's body asked.
+pub(super) fn concerns(approval: &pb::Approval, step: &str) -> bool {
+    approval.step_key == step
+        || (approval.question
+            && approval
+                .step_key
+                .strip_prefix("question:")
+                .and_then(|rest| rest.rsplit_once('#'))
+                .is_some_and(|(call, _)| call == step))
 }
 
 /// The place of the call a retry's `state` names, once the log shows it is the call the retried
@@ -221,23 +262,30 @@ pub(super) async fn answer(
     response: &Value,
     context: &RequestContext<RoleServer>,
 ) {
-    let Some(decision) = decision(response) else {
-        return;
-    };
     let pending = client
         .list_approvals(Some(run), pb::ApprovalStatus::Pending)
         .await
         .unwrap_or_default();
-    if !pending.iter().any(|a| a.id == approval_id && a.step_key == step) {
+    let Some(asked) = pending.iter().find(|a| a.id == approval_id && concerns(a, step)) else {
         tracing::debug!(approval_id, "mcp answer to an approval no longer pending");
         return;
-    }
+    };
+    let decision = if asked.question {
+        let schema: Value = serde_json::from_str(&asked.answer_schema_json).unwrap_or_default();
+        answer_of(response, answer_form(&schema).1)
+    } else {
+        decision(response)
+    };
+    let Some(decision) = decision else {
+        return;
+    };
     let decider = context
         .client_info()
         .map(|info| format!("mcp client {}", info.name))
         .unwrap_or_else(|| "mcp client".to_owned());
     let answered = match decision {
         Decision::Approve(reason) => client.approve(approval_id, decider, reason).await,
+        Decision::Answer(answer) => client.answer(approval_id, &answer, decider, "").await,
         Decision::Reject(reason) => client.reject(approval_id, decider, reason).await,
     };
     match answered {
@@ -257,7 +305,27 @@ pub(super) async fn answer(
 #[derive(Debug, PartialEq)]
 enum Decision {
     Approve(String),
+    /// A question's answer.
+    Answer(Value),
     Reject(String),
+}
+
+/// The answer in an elicitation response to a question's form (`wrapped`: in its field
+/// `answer`), or a decline; a dismissed form decides nothing.
+fn answer_of(response: &Value, wrapped: bool) -> Option<Decision> {
+    let result: ElicitResult = serde_json::from_value(response.clone()).ok()?;
+    match result.action {
+        ElicitationAction::Accept => {
+            let content = result.content.unwrap_or(Value::Null);
+            Some(Decision::Answer(if wrapped {
+                content.get("answer").cloned().unwrap_or(Value::Null)
+            } else {
+                content
+            }))
+        }
+        ElicitationAction::Decline => Some(Decision::Reject("declined by the MCP client's user".to_owned())),
+        _ => None,
+    }
 }
 
 /// The decision in an elicitation response: accepted with `approve` or `reject`, or declined (a

@@ -66,6 +66,12 @@ pub(super) async fn follow(
 
 /// What a client is told while its call waits for a person.
 pub(super) fn waiting_message(asked: &Interruption) -> String {
+    if asked.reason == super::approval::HUMAN_INPUT {
+        return format!(
+            "waiting for a person to answer the question of '{}' (question {}): {}",
+            asked.tool, asked.approval_id, asked.message
+        );
+    }
     format!(
         "waiting for a person's approval of '{}' (approval {}){}",
         asked.tool,

@@ -154,6 +154,11 @@ async fn detailed(client: &AgentClient, run: &pb::Run, call: &pb::Step) -> Detai
             // The approval was answered between the two reads: the call is about to go on.
             None => TaskPayload::Working,
         },
+        // A call whose body asked a person waits on the answer (and blocks its run).
+        _ if run.status == pb::RunStatus::Blocked as i32 => match waiting_on(client, &run.id, call).await {
+            Some(input_requests) => TaskPayload::InputRequired { input_requests },
+            None => TaskPayload::Working,
+        },
         _ => TaskPayload::Working,
     };
     let mut task = Task::new(
@@ -182,14 +187,18 @@ async fn waiting_on(client: &AgentClient, run_id: &str, call: &pb::Step) -> Opti
         .await
         .ok()?
         .into_iter()
-        .find(|a| a.step_key == call.step_key)?;
+        .find(|a| approval::concerns(a, &call.step_key))?;
     let arguments: Value = serde_json::from_str(&approval.arguments_json).unwrap_or_default();
     let question = Question {
         tool: &approval.tool,
         arguments: &arguments,
         approval_id: &approval.id,
         message: &approval.message,
-        reason: "an approval",
+        reason: if approval.question {
+            approval::HUMAN_INPUT
+        } else {
+            "an approval"
+        },
     };
     let mut requests = InputRequests::new();
     requests.insert(

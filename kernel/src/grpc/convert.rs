@@ -247,13 +247,19 @@ pub fn manifest(steps: &[StepRecord]) -> pb::RunManifest {
     manifest
 }
 
-/// Tells the agent a call of its turn waits for a person.
+/// Tells the agent a call of its turn waits for a person: for its approval (`tool_approval`), or
+/// for the answer to a question its body asked (`human_input`; the step is the question's).
 pub fn interruption(approval: &ApprovalRecord, position: u32) -> pb::Interruption {
     pb::Interruption {
         position,
         step_key: approval.key.to_string(),
         tool: approval.tool.clone(),
-        reason: "tool_approval".into(),
+        reason: if approval.is_question() {
+            "human_input"
+        } else {
+            "tool_approval"
+        }
+        .into(),
         approval_id: approval.id.to_string(),
         arguments_json: approval.arguments.clone(),
         message: approval.message.clone().unwrap_or_default(),

@@ -536,9 +536,10 @@ impl Ordered {
         true
     }
 
-    /// Reports a pending approval of one of this turn's calls, once.
+    /// Reports a pending approval of one of this turn's calls (or a question one asked), once.
     async fn interrupt(&self, approval: &ApprovalRecord, told: &mut HashSet<ApprovalId>, tx: &TurnSender) -> bool {
-        let Some(index) = self.waiting.get(&approval.key) else {
+        let call = approval.key.waiter().filter(|_| approval.is_question());
+        let Some(index) = self.waiting.get(call.as_ref().unwrap_or(&approval.key)) else {
             return true;
         };
         if !told.insert(approval.id.clone()) {

@@ -6,10 +6,13 @@ use std::sync::{Arc, Mutex};
 
 use rmcp::ClientHandler;
 use rmcp::model::{
-    ClientCapabilities, ClientConfig, Implementation, JsonObject, ProgressNotificationParam, ProgressToken,
-    ProtocolVersion, TASKS_EXTENSION_ID,
+    ClientCapabilities, ClientConfig, ElicitRequestParams, ElicitResult, ElicitationAction, ElicitationCapability,
+    FormElicitationCapability, Implementation, JsonObject, ProgressNotificationParam, ProgressToken, ProtocolVersion,
+    TASKS_EXTENSION_ID, UrlElicitationCapability,
 };
-use rmcp::service::{ClientLifecycleMode, ClientServiceExt, NotificationContext, Peer, RoleClient, RunningService};
+use rmcp::service::{
+    ClientLifecycleMode, ClientServiceExt, NotificationContext, Peer, RequestContext, RoleClient, RunningService,
+};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use tokio::sync::watch;
@@ -51,6 +54,8 @@ type Routes = Arc<Mutex<HashMap<ProgressToken, ToolContext>>>;
 /// The client side of one MCP session: receives the server's notifications.
 #[derive(Clone)]
 struct Handler {
+    /// The server's name, as its questions to a person say it.
+    server: Arc<str>,
     routes: Routes,
     changes: Arc<watch::Sender<u64>>,
 }
@@ -60,6 +65,12 @@ impl ClientHandler for Handler {
         // A server of 2026-07-28 may answer a call with a task, which the wrapper follows.
         let mut capabilities = ClientCapabilities::default();
         capabilities.extensions = Some([(TASKS_EXTENSION_ID.to_owned(), JsonObject::new())].into());
+        // Its forms and pages are put to a person through the kernel (`ctx.ask`).
+        capabilities.elicitation = Some(
+            ElicitationCapability::new()
+                .with_form(FormElicitationCapability::new())
+                .with_url(UrlElicitationCapability::new()),
+        );
         ClientConfig::new(
             capabilities,
             Implementation::new("worker-sdk", env!("CARGO_PKG_VERSION")),
@@ -77,6 +88,37 @@ impl ClientHandler for Handler {
         if let Some(ctx) = ctx {
             ctx.progress_with(progress_of(&params));
         }
+    }
+
+    /// A 2025-11-25 server's form, asked during a call: the request names no call, so it is put to
+    /// a person as a question of the one call in flight on this connection; with several in
+    /// flight it cannot be told whose it is, and is declined.
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, rmcp::ErrorData> {
+        let calls: Vec<ToolContext> = {
+            let routes = self.routes.lock().expect("progress routes poisoned");
+            let mut calls: Vec<ToolContext> = Vec::new();
+            for ctx in routes.values() {
+                if !calls
+                    .iter()
+                    .any(|c| c.step_key() == ctx.step_key() && c.run_id() == ctx.run_id())
+                {
+                    calls.push(ctx.clone());
+                }
+            }
+            calls
+        };
+        let [ctx] = calls.as_slice() else {
+            tracing::warn!(server = %self.server, calls = calls.len(), "mcp input declined: not one call in flight to ask for");
+            return Ok(ElicitResult::new(ElicitationAction::Decline));
+        };
+        let answer = super::input::ask(&self.server, ctx, &request)
+            .await
+            .map_err(|error| rmcp::ErrorData::internal_error(error.to_string(), None))?;
+        serde_json::from_value(answer).map_err(|error| rmcp::ErrorData::internal_error(error.to_string(), None))
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
@@ -171,6 +213,7 @@ impl McpConnection {
         let routes = Routes::default();
         let (changes_tx, changes) = watch::channel(0);
         let handler = Handler {
+            server: name.as_str().into(),
             routes: Arc::clone(&routes),
             changes: Arc::new(changes_tx),
         };

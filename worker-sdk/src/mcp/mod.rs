@@ -19,6 +19,7 @@
 //! ```
 
 mod connection;
+mod input;
 mod task;
 mod wrap;
 

@@ -1,11 +1,10 @@
 //! What an MCP server of 2026-07-28 may answer a call with instead of its result: a task (the
-//! tasks extension), followed here until it ends, or a request for input.
+//! tasks extension), followed here until it ends, its requests for input put to a person.
 
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolResult, CancelTaskParams, CreateTaskResult, ElicitRequestParams, GetTaskParams, InputRequest,
-    InputRequests, TaskPayload,
+    CallToolResult, CancelTaskParams, CreateTaskResult, GetTaskParams, InputRequests, TaskPayload, UpdateTaskParams,
 };
 use serde_json::Value;
 
@@ -32,6 +31,7 @@ pub(super) async fn follow(
     let id = created.task.task_id;
     let mut poll = interval(created.task.poll_interval_ms);
     let mut said = created.task.status_message;
+    let mut answered = std::collections::BTreeSet::new();
     if let Some(message) = &said {
         ctx.progress(message.clone());
     }
@@ -76,8 +76,29 @@ pub(super) async fn follow(
                 )));
             }
             TaskPayload::InputRequired { input_requests } => {
-                let _ = server.peer().cancel_task(CancelTaskParams::new(id.clone())).await;
-                return Err(asks_for_input(server, name, &input_requests));
+                // Each request is answered once: a poll that still shows it (the server has not
+                // taken the update yet) does not ask again.
+                let new: InputRequests = input_requests
+                    .into_iter()
+                    .filter(|(key, _)| answered.insert(key.clone()))
+                    .collect();
+                if new.is_empty() {
+                    continue;
+                }
+                let responses = match super::input::answer(server, name, ctx, &new).await {
+                    Ok(responses) => responses,
+                    Err(error) => {
+                        let _ = server.peer().cancel_task(CancelTaskParams::new(id.clone())).await;
+                        return Err(error);
+                    }
+                };
+                if let Err(error) = server
+                    .peer()
+                    .update_task(UpdateTaskParams::new(id.clone(), responses))
+                    .await
+                {
+                    return lost(server, name, idempotency, ctx, &error).await;
+                }
             }
             _ => {}
         }
@@ -89,30 +110,6 @@ fn interval(suggested: Option<u64>) -> Duration {
         .map(Duration::from_millis)
         .unwrap_or(DEFAULT_POLL)
         .clamp(MIN_POLL, MAX_POLL)
-}
-
-/// The call's error when the server asks for input (a form, a model's answer, roots): what it
-/// asked, which the wrapper cannot yet put to a person, so the call ends there.
-pub(super) fn asks_for_input(server: &McpConnection, name: &str, requests: &InputRequests) -> ToolError {
-    let asked: Vec<String> = requests
-        .values()
-        .map(|request| match request {
-            InputRequest::Elicitation(elicit) => match &elicit.params {
-                ElicitRequestParams::FormElicitationParams { message, .. } => format!("a form: {message}"),
-                ElicitRequestParams::UrlElicitationParams { message, .. } => format!("a page to visit: {message}"),
-                _ => "a form".to_owned(),
-            },
-            InputRequest::CreateMessage(_) => "a model's answer (sampling)".to_owned(),
-            InputRequest::ListRoots(_) => "its roots".to_owned(),
-            _ => "input".to_owned(),
-        })
-        .collect();
-    ToolError::fatal(format!(
-        "MCP server '{}' asks for input to go on with '{name}' ({}); a wrapped server's questions are not put to a \
-         person yet, so the call ends here",
-        server.name(),
-        asked.join("; ")
-    ))
 }
 
 #[cfg(test)]

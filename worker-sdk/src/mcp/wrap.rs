@@ -3,7 +3,7 @@
 
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam, ClientRequest, ContentBlock,
-    ServerResult,
+    DEFAULT_MRTR_MAX_ROUNDS, InputRequiredResult, ServerResult,
 };
 use rmcp::service::{PeerRequestOptions, ServiceError};
 use serde_json::Value;
@@ -145,7 +145,44 @@ async fn call(
             )));
         }
     };
-    let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
+    let mut params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments.clone());
+    for _ in 0..DEFAULT_MRTR_MAX_ROUNDS {
+        let asked = match send(server, name, idempotency, &ctx, params).await? {
+            Answered::Done(result) => return result,
+            Answered::NeedsInput(asked) => asked,
+        };
+        let responses = super::input::answer(server, name, &ctx, &asked.input_requests.unwrap_or_default()).await?;
+        if ctx.is_cancelled() {
+            return Err(ToolError::fatal(format!("'{name}' was cancelled")));
+        }
+        params = CallToolRequestParams::new(name.to_owned())
+            .with_arguments(arguments.clone())
+            .with_input_responses(responses);
+        if let Some(state) = asked.request_state {
+            params = params.with_request_state(state);
+        }
+    }
+    Err(ToolError::fatal(format!(
+        "MCP server '{}' asked for input more than {DEFAULT_MRTR_MAX_ROUNDS} times during '{name}'; the call ends here",
+        server.name()
+    )))
+}
+
+/// What one `tools/call` round came to: the call's outcome, or the server's request for input.
+enum Answered {
+    Done(Result<Value, ToolError>),
+    NeedsInput(InputRequiredResult),
+}
+
+/// Sends one `tools/call` round and waits for its answer, relaying the server's progress and a
+/// kernel cancel.
+async fn send(
+    server: &McpConnection,
+    name: &str,
+    idempotency: Idempotency,
+    ctx: &crate::ToolContext,
+    params: CallToolRequestParams,
+) -> Result<Answered, ToolError> {
     let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
     let handle = match server
         .peer()
@@ -153,32 +190,29 @@ async fn call(
         .await
     {
         Ok(handle) => handle,
-        Err(error) => return lost(server, name, idempotency, &ctx, &error).await,
+        Err(error) => return Ok(Answered::Done(lost(server, name, idempotency, ctx, &error).await)),
     };
     let id = handle.id.clone();
     let _route = server.route_progress(handle.progress_token.clone(), ctx.clone());
-    tokio::select! {
+    let outcome = tokio::select! {
         answer = handle.await_response() => match answer {
             Ok(ServerResult::CallToolResult(result)) => flatten_result(result),
-            Ok(ServerResult::CreateTaskResult(task)) => super::task::follow(server, name, idempotency, &ctx, task).await,
-            Ok(ServerResult::InputRequiredResult(asked)) => Err(super::task::asks_for_input(
-                server,
-                name,
-                &asked.input_requests.unwrap_or_default(),
-            )),
+            Ok(ServerResult::CreateTaskResult(task)) => super::task::follow(server, name, idempotency, ctx, task).await,
+            Ok(ServerResult::InputRequiredResult(asked)) => return Ok(Answered::NeedsInput(asked)),
             Ok(other) => Err(ToolError::fatal(format!(
                 "MCP server '{}' answered tools/call '{name}' with something else: {}",
                 server.name(),
                 serde_json::to_string(&other).unwrap_or_default()
             ))),
-            Err(error) => lost(server, name, idempotency, &ctx, &error).await,
+            Err(error) => lost(server, name, idempotency, ctx, &error).await,
         },
         _ = ctx.cancelled() => {
             let reason = Some("cancelled by the kernel".to_owned());
             let _ = server.peer().notify_cancelled(CancelledNotificationParam::new(Some(id), reason)).await;
             Err(ToolError::fatal(format!("'{name}' was cancelled")))
         }
-    }
+    };
+    Ok(Answered::Done(outcome))
 }
 
 /// A request that failed below the tool. A connection that holds lost calls never answers one

@@ -232,9 +232,19 @@ pub struct ToolQuestion {
     schema: Option<Value>,
     approvers: Vec<String>,
     timeout: Option<Duration>,
+    /// The call keeps its slot while it waits, whatever its idempotency.
+    hold: bool,
 }
 
 impl ToolQuestion {
+    /// Keeps the call's worker slot while the person answers: for a body whose state cannot
+    /// survive being dropped and run again (a request in flight elsewhere).
+    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
+    pub(crate) fn holding_slot(mut self) -> Self {
+        self.hold = true;
+        self
+    }
+
     /// The JSON Schema the answer must meet; without one any JSON is an answer. The kernel
     /// refuses an answer that does not meet it, so the body gets only answers that do.
     pub fn schema(mut self, schema: Value) -> Self {
@@ -267,7 +277,7 @@ impl std::future::IntoFuture for ToolQuestion {
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
             let ctx = self.ctx.clone();
-            ctx.run_question(self).await
+            ctx.run_question(self).await?.map_err(ToolError::fatal)
         })
     }
 }
@@ -377,10 +387,13 @@ impl ToolContext {
             schema: None,
             approvers: Vec::new(),
             timeout: None,
+            hold: false,
         }
     }
 
-    async fn run_question(&self, asked: ToolQuestion) -> Result<Value, ToolError> {
+    /// Asks `asked`: the answer, or (`Ok(Err)`) why there is none (declined, expired, withdrawn),
+    /// as the log says it; `Err` when the kernel could not be asked.
+    pub(crate) async fn run_question(&self, asked: ToolQuestion) -> Result<Result<Value, String>, ToolError> {
         let Some(kernel) = &self.kernel else {
             return Err(ToolError::fatal(
                 "ctx.ask: this context has no kernel (a test context); a dispatched call has one",
@@ -395,13 +408,13 @@ impl ToolContext {
         let request = pb::AskPersonRequest {
             dispatch: None,
             occurrence,
-            question: asked.question,
+            question: asked.question.clone(),
             answer_schema_json: asked
                 .schema
                 .as_ref()
                 .map(kernel_proto::canonical::to_canonical)
                 .unwrap_or_default(),
-            approvers: asked.approvers,
+            approvers: asked.approvers.clone(),
             timeout_ms: asked.timeout.map_or(0, |t| t.as_millis().max(1) as u64),
         };
         let failed = |error: AgentError| ToolError::fatal(format!("ctx.ask: {error}"));
@@ -414,14 +427,15 @@ impl ToolContext {
         let step = if is_settled(&step) {
             step
         } else {
-            let _waiting = self.waiting(step.step_key.clone());
+            let _waiting = (!asked.hold).then(|| self.waiting(step.step_key.clone()));
             kernel.await_step(&step.step_key).await.map_err(failed)?
         };
         if step.status == pb::StepStatus::Succeeded as i32 {
             serde_json::from_str(crate::hosted::subagent::output_text(&step))
+                .map(Ok)
                 .map_err(|error| ToolError::fatal(format!("ctx.ask: the answer is not JSON: {error}")))
         } else {
-            Err(ToolError::fatal(step.error))
+            Ok(Err(step.error))
         }
     }
 
