@@ -11,7 +11,8 @@ session, as a client that crashed or lost its network would.
 With MCP_CLIENT_REVISION=2026-07-28 it speaks that revision (no session: `server/discover`, then
 each request on its own, with `_meta`), through the package's `Client`. A call may then carry
 `meta` (its `_meta`) and `answer`: what the client's user answers a form the server asks
-(`approve`, `reject`, `decline` or `cancel`); each form asked is printed. A `meta` value
+(`approve`, `reject`, `decline` or `cancel`, or an object: the form's content, for a tool's own
+question); each form asked is printed with its schema. A `meta` value
 `$last_run` stands for the run the previous result named (its `_meta` `kernel/run`). With
 MCP_CLIENT_NO_FORMS=1 the client declares no elicitation, so it cannot be asked anything. With
 MCP_CLIENT_TASKS=1 it declares the tasks extension (`io.modelcontextprotocol/tasks`, with
@@ -102,11 +103,14 @@ def emit_result(tool: str, result: Any) -> None:
 
 async def modern(server: Any, calls: list[dict[str, Any]]) -> None:
     """The calls at 2026-07-28: no session, each request with its own `_meta`."""
-    answers: list[str] = []
+    answers: list[Any] = []
 
     async def form(_context: Any, params: Any) -> Any:
-        emit({"asked": {"message": params.message}})
+        schema = getattr(params, "requested_schema", None)
+        emit({"asked": {"message": params.message, "schema": schema}})
         answer = answers[0] if answers else "cancel"
+        if isinstance(answer, dict):
+            return mcp_types.ElicitResult(action="accept", content=answer)
         if answer in ("decline", "cancel"):
             return mcp_types.ElicitResult(action=answer)
         return mcp_types.ElicitResult(

@@ -586,3 +586,53 @@ async fn over_stdio_a_2026_client_s_cancel_cancels_even_a_call_it_could_re_issue
     let steps = kernel.get(&run_of(result)).await.steps;
     assert_eq!(steps[0].status, pb::StepStatus::Cancelled as i32, "{steps:?}");
 }
+
+/// A tool's question to a person, asked mid-call, reaches a 2026-07-28 client as a form with the
+/// question's own schema; the client's content is the answer the tool gets, and a decline
+/// declines it, recorded as the client's.
+#[tokio::test]
+async fn a_tool_s_question_is_asked_of_the_client_with_its_own_schema_and_answered_by_it() {
+    let kernel = Kernel::start();
+    let _worker = kernel.fault_worker("fw");
+    let (_server, url) = bridge(&kernel, "http");
+    let confirm = |question: &str, answer: Value| json!({"tool": "confirm", "arguments": {"question": question}, "answer": answer});
+    let calls = json!([
+        confirm("Ship it?", json!({"ok": true})),
+        confirm("And this?", json!("decline"))
+    ]);
+    let client = McpClient::stateless("http", &url, &calls, &json!({}), &[]);
+    client.next();
+    client.next();
+    let seen = answers(&client, 2);
+    let asked: Vec<&Value> = seen.iter().map(|e| &e["asked"]).filter(|a| !a.is_null()).collect();
+    assert_eq!(asked.len(), 2, "{seen:?}");
+    let message = asked[0]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("Ship it? (asked by the tool 'confirm' mid-call; question "),
+        "{message}"
+    );
+    assert_eq!(
+        asked[0]["schema"]["properties"]["ok"]["type"], "boolean",
+        "{:?}",
+        asked[0]
+    );
+    let done = results(&seen);
+    assert_eq!(done[0]["is_error"], false, "{seen:?}");
+    let text: Value = serde_json::from_str(done[0]["text"][0].as_str().unwrap()).unwrap();
+    assert_eq!(text, json!({"ok": true}));
+    assert_eq!(done[1]["is_error"], true, "{seen:?}");
+    let declined = done[1]["text"][0].as_str().unwrap();
+    assert!(
+        declined.contains("the question of 'confirm' was declined by mcp client e2e-client"),
+        "{declined}"
+    );
+    let events = kernel.events(&run_of(done[0])).await;
+    let answered = events
+        .iter()
+        .find(|e| e.r#type == "approval:answered")
+        .map(e2e::payload)
+        .expect("the answer in the log");
+    assert_eq!(answered["response"], json!({"ok": true}));
+    assert_eq!(answered["decider"], "mcp client e2e-client");
+    check_log(&events, true);
+}

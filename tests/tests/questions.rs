@@ -108,6 +108,17 @@ async fn a_tool_asks_a_person_who_answers_with_kernelctl_and_the_call_returns_th
         serde_json::from_str::<Value>(&result.content).unwrap(),
         json!({"ok": true})
     );
+    // The agent's turn heard that its call waits on a person's answer.
+    let told = &outcome.interrupted;
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(
+        (
+            told[0].reason.as_str(),
+            told[0].step_key.as_str(),
+            told[0].approval_id.as_str()
+        ),
+        ("human_input", "question:t0/p0#0", approval.id.as_str())
+    );
 
     let got = kernel.get(&run).await;
     assert_eq!(

@@ -21,7 +21,7 @@ use crate::error::KernelError;
 use crate::hub::{Signal, Subscription};
 use crate::limits::{self, Limits};
 use crate::model::{
-    ApprovalId, ApprovalRecord, ApprovalStatus, Capture, EventType, RunId, StepKey, StepRecord, StepStatus, cut,
+    ApprovalId, ApprovalRecord, ApprovalStatus, Capture, EventType, RunId, StepKey, StepKind, StepRecord, cut,
 };
 use crate::registry::KnownTool;
 use crate::scheduler::{ReserveCall, Written};
@@ -598,10 +598,11 @@ async fn stream_results(
         waiting: HashMap::new(),
         positions,
     };
-    // Only a joined call already parked has a question this stream has not seen as an event.
+    // Only a joined call may have a question this stream has not seen as an event: its approval,
+    // or one its body asked while it runs.
     let parked = dispositions
         .iter()
-        .any(|d| matches!(d, CallDisposition::Joined(step) if step.status == StepStatus::AwaitingApproval));
+        .any(|d| matches!(d, CallDisposition::Joined(step) if !step.status.is_terminal()));
     for (index, disposition) in dispositions.into_iter().enumerate() {
         let position = ordered.positions[index];
         ordered.results[index] = match disposition {
@@ -656,7 +657,10 @@ async fn stream_results(
                     let Some(step) = &item.step else { continue };
                     match item.event.kind {
                         EventType::ToolResult | EventType::ToolDenied => ordered.settle(step),
-                        EventType::RunInterrupted => asked |= ordered.waiting.contains_key(&step.key),
+                        EventType::RunInterrupted => {
+                            let call = step.key.waiter().filter(|_| step.kind == StepKind::Question);
+                            asked |= ordered.waiting.contains_key(call.as_ref().unwrap_or(&step.key));
+                        }
                         _ => {}
                     }
                 }
