@@ -217,6 +217,9 @@ def approval(approval: common_pb2.Approval) -> Approval:
         decider=approval.decider,
         reason=approval.reason,
         expires_at=_time(approval, "expires_at"),
+        question=approval.question,
+        answer_schema=_json(approval.answer_schema_json) if approval.question else None,
+        answer=_json(approval.answer_json) if approval.answer_json else None,
     )
 
 

@@ -1,4 +1,5 @@
-"""Subagents a tool body starts: how it reaches the kernel, and what it waits on.
+"""Subagents a tool body starts, and questions it asks a person: how it reaches the kernel, and
+what it waits on.
 
 A call's body starts a child run through the worker's session (`KernelLink`), fenced by the
 call's dispatch, so the same call run again (a retry, a redispatch) gets back the child it
@@ -41,6 +42,15 @@ class KernelLink(Protocol):
     ) -> ChildStep: ...
 
     async def await_step(self, key: str) -> ChildStep: ...
+
+    async def ask(
+        self,
+        question: str,
+        schema_json: str,
+        approvers: Sequence[str],
+        timeout_ms: int,
+        occurrence: int,
+    ) -> ChildStep: ...
 
 
 class SubagentWaits:

@@ -365,8 +365,24 @@ class AgentClient:
         )
         return await self._answer(self._approvals.ApproveCall, request)
 
+    async def answer(
+        self, approval_id: str, answer: Any, *, decider: str = "", reason: str = ""
+    ) -> Approval:
+        """Answers a tool's question to a person (an approval whose `question` is set) with
+        `answer` (JSON), which must meet the question's `answer_schema`; else `KernelError`
+        (`INVALID_ARGUMENT`, naming `answer_json`) and nothing is written. The tool body that
+        asked gets the answer; `reject` declines to answer."""
+        request = approvals_pb2.ApproveCallRequest(
+            approval_id=approval_id,
+            decider=decider,
+            reason=reason,
+            answer_json=to_canonical(answer),
+        )
+        return await self._answer(self._approvals.ApproveCall, request)
+
     async def reject(self, approval_id: str, *, decider: str = "", reason: str = "") -> Approval:
-        """Rejects a waiting call: the model reads the reason."""
+        """Rejects a waiting call: the model reads the reason. For a question, declines to
+        answer: the tool body that asked gets an error."""
         request = approvals_pb2.RejectCallRequest(
             approval_id=approval_id, decider=decider, reason=reason
         )

@@ -9,7 +9,7 @@ import contextvars
 import json
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -413,6 +413,75 @@ class ToolContext:
                 ) from None
 
         return run()
+
+    def ask(
+        self,
+        question: str,
+        *,
+        schema: dict[str, Any] | None = None,
+        returns: Any = None,
+        approvers: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> Coroutine[Any, Any, Any]:
+        """Asks a person `question` mid-call and returns their answer (the Pyrula page's
+        `ctx.interrupt`, from a tool body). The run blocks with `run:interrupted` (reason
+        `human_input`) until someone answers with `kernelctl approvals answer ID --with JSON`, the
+        console, `Kernel.answer` or an MCP client's input. The answer meets `schema` (a JSON
+        Schema; with `returns`, a pydantic model or any type pydantic validates, the schema is the
+        type's and the answer comes back as that type); the kernel refuses one that does not.
+        `approvers` names the keys (or groups) that may answer; `timeout` (seconds) lets the
+        question expire. A declined or expired question raises `ToolError` (fatal: the call fails
+        unless the body catches it), naming who declined.
+
+        The answer is recorded: the same call run again (a retry, a redispatch after its worker
+        was lost) gets it back at once, and the person is asked once. Questions are told apart
+        by their order in the body, so ask the same questions in the same order each time; a
+        different question in the place of a recorded one is refused (`replay_input_changed`).
+        While the body waits on a person alone, a `safe_to_retry` call gives back its worker
+        slot after 100 ms and runs again from the start once answered, as with `subagent`; an
+        `at_most_once` call keeps its slot, and its timeout counts the wait.
+
+        The worker's key needs `runs:write`. A test context (`for_test`) has no kernel: there it
+        raises `ToolError`.
+        """
+        typed = Typed(returns)
+        if schema is None and returns is not None:
+            schema = pydantic.TypeAdapter(returns).json_schema()
+
+        async def run() -> Any:
+            answer = await self._ask(question, schema, approvers, timeout)
+            try:
+                return typed.of(answer)
+            except pydantic.ValidationError as error:
+                raise ToolError.fatal(
+                    f"ctx.ask: the answer does not fit its declared type: {error}"
+                ) from None
+
+        return run()
+
+    async def _ask(
+        self,
+        question: str,
+        schema: dict[str, Any] | None,
+        approvers: Sequence[str],
+        timeout: float | None,
+    ) -> Any:
+        kernel = self._kernel
+        if kernel is None:
+            raise ToolError.fatal(
+                "ctx.ask: this context has no kernel (a test context); a dispatched call has one"
+            )
+        # Questions count apart from subagents: no agent name starts with "?".
+        occurrence = self._subagents().occurrence("?question")
+        schema_json = "" if schema is None else to_canonical(schema)
+        timeout_ms = 0 if timeout is None else max(1, round(timeout * 1000))
+        step = await kernel.ask(question, schema_json, approvers, timeout_ms, occurrence)
+        if not step.settled:
+            with self._subagents().waiting(step.key):
+                step = await kernel.await_step(step.key)
+        if step.succeeded:
+            return json.loads(step.output_json or "null")
+        raise ToolError.fatal(step.error)
 
     def _subagents(self) -> SubagentWaits:
         """What the body started and waits on, made when first needed."""

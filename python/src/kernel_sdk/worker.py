@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Coroutine, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -967,6 +967,31 @@ class _CallKernel:
             raise _subagent_error(f"subagent '{agent}'", error) from None
         if response.diverged:
             raise ToolError.fatal(f"subagent '{agent}': {response.diverged}")
+        return _child(response.step)
+
+    async def ask(
+        self,
+        question: str,
+        schema_json: str,
+        approvers: Sequence[str],
+        timeout_ms: int,
+        occurrence: int,
+    ) -> ChildStep:
+        stub, dispatch = self._hosted()
+        request = hosted_pb2.AskPersonRequest(
+            dispatch=dispatch,
+            occurrence=occurrence,
+            question=question,
+            answer_schema_json=schema_json,
+            approvers=list(approvers),
+            timeout_ms=timeout_ms,
+        )
+        try:
+            response = await stub.AskPerson(
+                request, metadata=metadata(self.session.worker._api_key)
+            )
+        except grpc.aio.AioRpcError as error:
+            raise _subagent_error("ctx.ask", error) from None
         return _child(response.step)
 
     async def await_step(self, key: str) -> ChildStep:

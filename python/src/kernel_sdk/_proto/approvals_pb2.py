@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as kernel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19kernel/v1/approvals.proto\x12\tkernel.v1\x1a\x16kernel/v1/common.proto\"Q\n\x14ListApprovalsRequest\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.kernel.v1.ApprovalStatus\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"?\n\x15ListApprovalsResponse\x12&\n\tapprovals\x18\x01 \x03(\x0b\x32\x13.kernel.v1.Approval\"J\n\x12\x41pproveCallRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65\x63ider\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"<\n\x13\x41pproveCallResponse\x12%\n\x08\x61pproval\x18\x01 \x01(\x0b\x32\x13.kernel.v1.Approval\"I\n\x11RejectCallRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65\x63ider\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\";\n\x12RejectCallResponse\x12%\n\x08\x61pproval\x18\x01 \x01(\x0b\x32\x13.kernel.v1.Approval2\xfe\x01\n\x0f\x41pprovalService\x12R\n\rListApprovals\x12\x1f.kernel.v1.ListApprovalsRequest\x1a .kernel.v1.ListApprovalsResponse\x12L\n\x0b\x41pproveCall\x12\x1d.kernel.v1.ApproveCallRequest\x1a\x1e.kernel.v1.ApproveCallResponse\x12I\n\nRejectCall\x12\x1c.kernel.v1.RejectCallRequest\x1a\x1d.kernel.v1.RejectCallResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19kernel/v1/approvals.proto\x12\tkernel.v1\x1a\x16kernel/v1/common.proto\"Q\n\x14ListApprovalsRequest\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.kernel.v1.ApprovalStatus\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"?\n\x15ListApprovalsResponse\x12&\n\tapprovals\x18\x01 \x03(\x0b\x32\x13.kernel.v1.Approval\"_\n\x12\x41pproveCallRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65\x63ider\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x13\n\x0b\x61nswer_json\x18\x04 \x01(\t\"<\n\x13\x41pproveCallResponse\x12%\n\x08\x61pproval\x18\x01 \x01(\x0b\x32\x13.kernel.v1.Approval\"I\n\x11RejectCallRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65\x63ider\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\";\n\x12RejectCallResponse\x12%\n\x08\x61pproval\x18\x01 \x01(\x0b\x32\x13.kernel.v1.Approval2\xfe\x01\n\x0f\x41pprovalService\x12R\n\rListApprovals\x12\x1f.kernel.v1.ListApprovalsRequest\x1a .kernel.v1.ListApprovalsResponse\x12L\n\x0b\x41pproveCall\x12\x1d.kernel.v1.ApproveCallRequest\x1a\x1e.kernel.v1.ApproveCallResponse\x12I\n\nRejectCall\x12\x1c.kernel.v1.RejectCallRequest\x1a\x1d.kernel.v1.RejectCallResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,13 +37,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTAPPROVALSRESPONSE']._serialized_start=147
   _globals['_LISTAPPROVALSRESPONSE']._serialized_end=210
   _globals['_APPROVECALLREQUEST']._serialized_start=212
-  _globals['_APPROVECALLREQUEST']._serialized_end=286
-  _globals['_APPROVECALLRESPONSE']._serialized_start=288
-  _globals['_APPROVECALLRESPONSE']._serialized_end=348
-  _globals['_REJECTCALLREQUEST']._serialized_start=350
-  _globals['_REJECTCALLREQUEST']._serialized_end=423
-  _globals['_REJECTCALLRESPONSE']._serialized_start=425
-  _globals['_REJECTCALLRESPONSE']._serialized_end=484
-  _globals['_APPROVALSERVICE']._serialized_start=487
-  _globals['_APPROVALSERVICE']._serialized_end=741
+  _globals['_APPROVECALLREQUEST']._serialized_end=307
+  _globals['_APPROVECALLRESPONSE']._serialized_start=309
+  _globals['_APPROVECALLRESPONSE']._serialized_end=369
+  _globals['_REJECTCALLREQUEST']._serialized_start=371
+  _globals['_REJECTCALLREQUEST']._serialized_end=444
+  _globals['_REJECTCALLRESPONSE']._serialized_start=446
+  _globals['_REJECTCALLRESPONSE']._serialized_end=505
+  _globals['_APPROVALSERVICE']._serialized_start=508
+  _globals['_APPROVALSERVICE']._serialized_end=762
 # @@protoc_insertion_point(module_scope)

@@ -22,14 +22,16 @@ class ListApprovalsResponse(_message.Message):
     def __init__(self, approvals: _Optional[_Iterable[_Union[_common_pb2.Approval, _Mapping]]] = ...) -> None: ...
 
 class ApproveCallRequest(_message.Message):
-    __slots__ = ("approval_id", "decider", "reason")
+    __slots__ = ("approval_id", "decider", "reason", "answer_json")
     APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
     DECIDER_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_JSON_FIELD_NUMBER: _ClassVar[int]
     approval_id: str
     decider: str
     reason: str
-    def __init__(self, approval_id: _Optional[str] = ..., decider: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    answer_json: str
+    def __init__(self, approval_id: _Optional[str] = ..., decider: _Optional[str] = ..., reason: _Optional[str] = ..., answer_json: _Optional[str] = ...) -> None: ...
 
 class ApproveCallResponse(_message.Message):
     __slots__ = ("approval",)

@@ -71,7 +71,8 @@ class ApprovalServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RejectCall(self, request, context):
-        """RejectCall refuses the parked call; the model is told it was not approved.
+        """RejectCall refuses the parked call; the model is told it was not approved. For a question,
+        it declines to answer: the tool body that asked gets an error.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

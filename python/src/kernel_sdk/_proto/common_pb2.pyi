@@ -28,6 +28,7 @@ class StepKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STEP_KIND_AGENT: _ClassVar[StepKind]
     STEP_KIND_LOCAL: _ClassVar[StepKind]
     STEP_KIND_SUBAGENT: _ClassVar[StepKind]
+    STEP_KIND_QUESTION: _ClassVar[StepKind]
 
 class StepStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -109,6 +110,7 @@ STEP_KIND_TOOL: StepKind
 STEP_KIND_AGENT: StepKind
 STEP_KIND_LOCAL: StepKind
 STEP_KIND_SUBAGENT: StepKind
+STEP_KIND_QUESTION: StepKind
 STEP_STATUS_UNSPECIFIED: StepStatus
 STEP_STATUS_PENDING: StepStatus
 STEP_STATUS_RUNNING: StepStatus
@@ -330,7 +332,7 @@ class Step(_message.Message):
     def __init__(self, step_key: _Optional[str] = ..., turn: _Optional[int] = ..., position: _Optional[int] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., tool_fingerprint: _Optional[str] = ..., tool_version: _Optional[str] = ..., arguments_json: _Optional[str] = ..., call_hash: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., status: _Optional[_Union[StepStatus, str]] = ..., attempts: _Optional[int] = ..., output_json: _Optional[str] = ..., error: _Optional[str] = ..., error_kind: _Optional[_Union[ErrorKind, str]] = ..., worker: _Optional[str] = ..., dispatch_id: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replays: _Optional[int] = ..., progress_count: _Optional[int] = ..., next_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_losses: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency: _Optional[str] = ..., cost: _Optional[float] = ..., unit_cost: _Optional[float] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[CallOutcome, str]] = ..., approval: _Optional[_Union[ApprovalDecision, _Mapping]] = ..., kind: _Optional[_Union[StepKind, str]] = ..., effect: _Optional[str] = ..., child_run_id: _Optional[str] = ..., max_concurrency: _Optional[int] = ..., resources: _Optional[_Iterable[str]] = ..., replayed_from_run_id: _Optional[str] = ...) -> None: ...
 
 class Approval(_message.Message):
-    __slots__ = ("id", "run_id", "step_key", "tool", "arguments_json", "call_hash", "status", "approvers", "message", "decided_by", "requested_at", "expires_at", "answered_at", "decider", "reason")
+    __slots__ = ("id", "run_id", "step_key", "tool", "arguments_json", "call_hash", "status", "approvers", "message", "decided_by", "requested_at", "expires_at", "answered_at", "decider", "reason", "question", "answer_schema_json", "answer_json")
     ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -346,6 +348,9 @@ class Approval(_message.Message):
     ANSWERED_AT_FIELD_NUMBER: _ClassVar[int]
     DECIDER_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_JSON_FIELD_NUMBER: _ClassVar[int]
     id: str
     run_id: str
     step_key: str
@@ -361,7 +366,10 @@ class Approval(_message.Message):
     answered_at: _timestamp_pb2.Timestamp
     decider: str
     reason: str
-    def __init__(self, id: _Optional[str] = ..., run_id: _Optional[str] = ..., step_key: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., call_hash: _Optional[str] = ..., status: _Optional[_Union[ApprovalStatus, str]] = ..., approvers: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ..., decided_by: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., answered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., decider: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    question: bool
+    answer_schema_json: str
+    answer_json: str
+    def __init__(self, id: _Optional[str] = ..., run_id: _Optional[str] = ..., step_key: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., call_hash: _Optional[str] = ..., status: _Optional[_Union[ApprovalStatus, str]] = ..., approvers: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ..., decided_by: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., answered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., decider: _Optional[str] = ..., reason: _Optional[str] = ..., question: _Optional[bool] = ..., answer_schema_json: _Optional[str] = ..., answer_json: _Optional[str] = ...) -> None: ...
 
 class RunManifest(_message.Message):
     __slots__ = ("total_cost", "cost_by_tool")

@@ -1,11 +1,36 @@
 from . import common_pb2 as _common_pb2
 from . import tool_calls_pb2 as _tool_calls_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class AskPersonRequest(_message.Message):
+    __slots__ = ("dispatch", "occurrence", "question", "answer_schema_json", "approvers", "timeout_ms")
+    DISPATCH_FIELD_NUMBER: _ClassVar[int]
+    OCCURRENCE_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    APPROVERS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    dispatch: HostedDispatch
+    occurrence: int
+    question: str
+    answer_schema_json: str
+    approvers: _containers.RepeatedScalarFieldContainer[str]
+    timeout_ms: int
+    def __init__(self, dispatch: _Optional[_Union[HostedDispatch, _Mapping]] = ..., occurrence: _Optional[int] = ..., question: _Optional[str] = ..., answer_schema_json: _Optional[str] = ..., approvers: _Optional[_Iterable[str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class AskPersonResponse(_message.Message):
+    __slots__ = ("step", "replayed")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    step: _common_pb2.Step
+    replayed: bool
+    def __init__(self, step: _Optional[_Union[_common_pb2.Step, _Mapping]] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class CheckStepRequest(_message.Message):
     __slots__ = ("dispatch", "seq", "step_id", "occurrence", "effect", "once")

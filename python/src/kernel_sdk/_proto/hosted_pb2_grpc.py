@@ -68,6 +68,11 @@ class HostedServiceStub:
                 request_serializer=kernel_dot_v1_dot_hosted__pb2.CheckStepRequest.SerializeToString,
                 response_deserializer=kernel_dot_v1_dot_hosted__pb2.CheckStepResponse.FromString,
                 _registered_method=True)
+        self.AskPerson = channel.unary_unary(
+                '/kernel.v1.HostedService/AskPerson',
+                request_serializer=kernel_dot_v1_dot_hosted__pb2.AskPersonRequest.SerializeToString,
+                response_deserializer=kernel_dot_v1_dot_hosted__pb2.AskPersonResponse.FromString,
+                _registered_method=True)
 
 
 class HostedServiceServicer:
@@ -130,6 +135,18 @@ class HostedServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AskPerson(self, request, context):
+        """AskPerson puts a question to a person from a tool body (the dispatch of a tool call), or
+        returns the question recorded at the same identity (the call's n-th question). The question
+        is a step of the run, put to a person as approvals are (run:interrupted, reason human_input)
+        and answered with ApprovalService.ApproveCall's answer_json; AwaitStep answers once it is
+        settled: succeeded with the answer as its output, or failed when declined or expired.
+        Needs runs:write besides workers:connect.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HostedServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -162,6 +179,11 @@ def add_HostedServiceServicer_to_server(servicer, server):
                     servicer.CheckStep,
                     request_deserializer=kernel_dot_v1_dot_hosted__pb2.CheckStepRequest.FromString,
                     response_serializer=kernel_dot_v1_dot_hosted__pb2.CheckStepResponse.SerializeToString,
+            ),
+            'AskPerson': grpc.unary_unary_rpc_method_handler(
+                    servicer.AskPerson,
+                    request_deserializer=kernel_dot_v1_dot_hosted__pb2.AskPersonRequest.FromString,
+                    response_serializer=kernel_dot_v1_dot_hosted__pb2.AskPersonResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -330,6 +352,33 @@ class HostedService:
             '/kernel.v1.HostedService/CheckStep',
             kernel_dot_v1_dot_hosted__pb2.CheckStepRequest.SerializeToString,
             kernel_dot_v1_dot_hosted__pb2.CheckStepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AskPerson(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kernel.v1.HostedService/AskPerson',
+            kernel_dot_v1_dot_hosted__pb2.AskPersonRequest.SerializeToString,
+            kernel_dot_v1_dot_hosted__pb2.AskPersonResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,93 @@
+"""A Python tool body asking a person mid-call (`ctx.ask`) against the real kernel: answered with
+`Kernel.answer` as the declared type, refused when the answer does not meet the schema, and
+declined."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from conftest import pending_approval, serving
+from harness import Kernel
+from pydantic import BaseModel
+
+from kernel_sdk import AgentClient, KernelError, ToolCall, ToolContext, ToolError, tool
+
+
+class Shipping(BaseModel):
+    """What the person decides."""
+
+    ok: bool
+    note: str = ""
+
+
+STARTS: list[str] = []
+
+
+@tool
+async def py_confirm(ctx: ToolContext, release: str) -> dict[str, object]:
+    """Ships `release` once a person says so."""
+    STARTS.append(ctx.idempotency_key)
+    answer = await ctx.ask(f"Ship {release}?", returns=Shipping, approvers=["ops"])
+    return {"ok": answer.ok, "note": answer.note}
+
+
+async def test_a_tool_asks_a_person_and_gets_the_answer_as_its_declared_type(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    STARTS.clear()
+    async with serving(kernel, py_confirm):
+        run = await client.create_run("shipper")
+        turn = asyncio.ensure_future(
+            client.call_turn(run.id, 0, [ToolCall("py_confirm", {"release": "4.2"})])
+        )
+        approval_id = await pending_approval(client, run.id, "the question to a person")
+        [asked] = await client.list_approvals(run_id=run.id)
+        assert asked.question and asked.message == "Ship 4.2?", asked
+        assert asked.step_key == "question:t0/p0#0"
+        assert asked.approvers == ["ops"]
+        assert asked.answer_schema["properties"]["ok"]["type"] == "boolean", asked.answer_schema
+        assert (await client.get_run(run.id)).run.status == "blocked"
+
+        # An answer that does not fit the schema is refused, naming the field; nothing changes.
+        with pytest.raises(KernelError) as refused:
+            await client.answer(approval_id, {"ok": "yes"}, decider="alice")
+        assert refused.value.code == "INVALID_ARGUMENT"
+        assert "answer_json" in str(refused.value)
+        assert len(await client.list_approvals(run_id=run.id)) == 1
+
+        answered = await client.answer(approval_id, {"ok": True, "note": "go"}, decider="alice")
+        assert answered.status == "approved" and answered.answer == {"ok": True, "note": "go"}
+        result = (await asyncio.wait_for(turn, 30)).results[0]
+        assert result.outcome == "ok", result
+        assert result.output == {"ok": True, "note": "go"}
+        detail = await client.get_run(run.id)
+        assert detail.run.status == "running"
+        [question] = [step for step in detail.steps if step.step_key.startswith("question:")]
+        assert question.status == "succeeded"
+        events = await client.list_events(run.id)
+        assert [e.type for e in events].count("question:asked") == 1
+        # However often the body ran (it gives back its slot while it waits), one call.
+        assert len(set(STARTS)) == 1, STARTS
+
+
+async def test_a_declined_question_is_the_tool_bodys_error(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, py_confirm):
+        run = await client.create_run("shipper")
+        turn = asyncio.ensure_future(
+            client.call_turn(run.id, 0, [ToolCall("py_confirm", {"release": "5.0"})])
+        )
+        approval_id = await pending_approval(client, run.id, "the question to a person")
+        await client.reject(approval_id, decider="bob", reason="freeze")
+        result = (await asyncio.wait_for(turn, 30)).results[0]
+        assert result.outcome == "tool_error", result
+        assert "the question of 'py_confirm' was declined by bob (freeze)" in result.content
+
+
+async def test_asking_from_a_test_context_is_a_tool_error() -> None:
+    with pytest.raises(ToolError) as raised:
+        await py_confirm(ToolContext.for_test(), release="1.0")
+    assert raised.value.kind == "fatal"
+    assert "this context has no kernel" in raised.value.message
