@@ -1,5 +1,5 @@
 """A Python tool body asking a person mid-call (`ctx.ask`) against the real kernel: answered with
-`Kernel.answer` as the declared type, refused when the answer does not meet the schema, and
+`AgentClient.answer` as the declared type, refused when the answer does not meet the schema, and
 declined."""
 
 from __future__ import annotations

@@ -426,7 +426,7 @@ class ToolContext:
         """Asks a person `question` mid-call and returns their answer (the Pyrula page's
         `ctx.interrupt`, from a tool body). The run blocks with `run:interrupted` (reason
         `human_input`) until someone answers with `kernelctl approvals answer ID --with JSON`, the
-        console, `Kernel.answer` or an MCP client's input. The answer meets `schema` (a JSON
+        console, `AgentClient.answer` or an MCP client's input. The answer meets `schema` (a JSON
         Schema; with `returns`, a pydantic model or any type pydantic validates, the schema is the
         type's and the answer comes back as that type); the kernel refuses one that does not.
         `approvers` names the keys (or groups) that may answer; `timeout` (seconds) lets the

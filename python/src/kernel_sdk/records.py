@@ -221,7 +221,7 @@ class Approval:
     expires_at: datetime | None
     question: bool = False
     """A tool's question to a person (`message` is the question), answered with JSON
-    (`Kernel.answer`); else leave for a call to run."""
+    (`AgentClient.answer`); else leave for a call to run."""
     answer_schema: Any = None
     """A question's JSON Schema for its answer."""
     answer: Any = None
