@@ -282,3 +282,55 @@ async fn a_declined_question_fails_its_call_and_a_call_lost_while_asking_withdra
     assert!(late.contains("already"), "{late}");
     check_log(&kernel.events(&run).await, true);
 }
+
+/// A question open when the kernel is killed is still there after the restart, and its answer
+/// reaches the call: nothing of it was held only in memory.
+#[tokio::test]
+async fn a_question_open_across_a_kernel_sigkill_is_answered_after_the_restart() {
+    let mut kernel = Kernel::start();
+    let _worker = kernel.fault_worker("asker");
+    kernel.wait_for_workers("confirm", 1).await;
+    let run = kernel.create_run("asking").await;
+    let turn = e2e::submit_in_background(
+        &kernel,
+        &run,
+        0,
+        vec![e2e::call("confirm", json!({"question": "Still there?"}))],
+    );
+    let approval = question_of(&kernel, &run).await;
+    kernel.kill9();
+    kernel.restart();
+    let pending = kernel.pending_approvals().await;
+    assert_eq!(
+        pending.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(),
+        [approval.id.as_str()],
+        "the same question waits"
+    );
+    assert!(pending[0].question && pending[0].message == "Still there?");
+    assert_eq!(
+        kernel.get(&run).await.run.unwrap().status,
+        pb::RunStatus::Blocked as i32
+    );
+    kernelctl_ok(
+        &kernel,
+        &[
+            "approvals",
+            "answer",
+            &approval.id,
+            "--with",
+            r#"{"ok": true}"#,
+            "--as",
+            "erin",
+        ],
+    );
+    let outcome = turn.await.unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&outcome.results[0].content).unwrap(),
+        json!({"ok": true}),
+        "{:?}",
+        outcome.results[0]
+    );
+    let events = kernel.events(&run).await;
+    assert_eq!(events.iter().filter(|e| e.r#type == "question:asked").count(), 1);
+    check_log(&events, true);
+}

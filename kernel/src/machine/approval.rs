@@ -391,4 +391,58 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn a_question_is_answered_with_its_json_or_settles_failed_declined_or_expired() {
+        let mut call = step();
+        call.status = StepStatus::Running;
+        let asked = crate::machine::question::Asked {
+            question: "How many?".into(),
+            schema: r#"{"type":"integer"}"#.into(),
+            approvers: Vec::new(),
+            timeout_ms: Some(1_000),
+        };
+        let waiting = crate::machine::question::question_step(&call, 0, &asked, NOW).step;
+        let Ask::Ask(put) = asked_about(&waiting) else {
+            panic!("asked");
+        };
+        assert_eq!(put.event.payload["reason"], "human_input");
+        let open = put.approval;
+        assert!(open.is_question());
+        assert_eq!(open.expires_at, Some(NOW + 1_000));
+
+        let approved = (ApprovalStatus::Approved, "bob", None);
+        let none = answer(&open, &waiting, approved, None, NOW);
+        assert!(matches!(none, Err(KernelError::InvalidArgument { .. })), "{none:?}");
+        let answered = answer(&open, &waiting, approved, Some("3"), NOW).unwrap();
+        assert_eq!(answered.approval.answer.as_deref(), Some("3"));
+        assert_eq!(answered.event.payload["response"], 3);
+        let Decided::Settled(change) = answered.step else {
+            panic!("an answered question settles");
+        };
+        assert_eq!(
+            (change.step.status, change.step.output.as_deref()),
+            (StepStatus::Succeeded, Some("3"))
+        );
+
+        for (status, said) in [
+            (
+                ApprovalStatus::Rejected,
+                "the question of 'charge' was declined by bob (busy)",
+            ),
+            (ApprovalStatus::Expired, "the question of 'charge' expired unanswered"),
+        ] {
+            let refused = answer(&open, &waiting, (status, "bob", Some("busy")), None, NOW).unwrap();
+            let Decided::Settled(change) = refused.step else {
+                panic!("{status}: settled");
+            };
+            assert_eq!(change.step.status, StepStatus::Failed);
+            let error = change.step.error.unwrap();
+            assert!(error.starts_with(said), "{error}");
+        }
+    }
+
+    fn asked_about(step: &StepRecord) -> Ask {
+        ask_next(&run(), 0, Some(step), "ap-q".into(), NOW)
+    }
 }

@@ -1121,7 +1121,7 @@ pub(super) mod open_steps {
     pub fn next_awaiting_approval(columns: &str) -> String {
         format!(
             "SELECT {columns} FROM steps WHERE run_id = ?1 AND {} AND status = 'awaiting_approval' \
-             ORDER BY turn, position LIMIT 1",
+             ORDER BY turn, position, step_key LIMIT 1",
             unsettled!()
         )
     }
@@ -1129,7 +1129,7 @@ pub(super) mod open_steps {
     /// Every open step, in the run's order.
     pub fn all(columns: &str) -> String {
         format!(
-            "SELECT {columns} FROM steps WHERE run_id = ?1 AND {} ORDER BY turn, position",
+            "SELECT {columns} FROM steps WHERE run_id = ?1 AND {} ORDER BY turn, position, step_key",
             unsettled!()
         )
     }

@@ -11,6 +11,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::answer_approval::{self, Answer};
+use super::ask_person::{self, PersonAsk};
 use super::local_step::{StepGate, StepRecorded};
 use super::lose_lease::LossOutcome;
 use super::memory::{Memory, State};
@@ -23,6 +24,7 @@ use super::{
 };
 use crate::machine::dispatch::{self, LeaseLoss, ResultReport, StartDispatch};
 use crate::machine::hosted::{Fence, HostedAgent, LocalStep};
+use crate::machine::question::Asked;
 use crate::machine::run::{EndRun, NewRun};
 use crate::machine::turn::{CallDisposition, CallGate, PlannedCall, TurnPlan};
 use crate::model::{
@@ -142,6 +144,12 @@ enum Command {
         ok: bool,
         denied: bool,
     },
+    /// A tool body's question to a person (its `occurrence`-th), with one of two texts.
+    Ask {
+        from: Sender,
+        occurrence: u8,
+        text: u8,
+    },
     Answer {
         approval: Option<u8>,
         approve: bool,
@@ -239,6 +247,7 @@ fn command() -> impl Strategy<Value = Command> {
                 ok,
                 denied,
             }),
+        2 => (sender(), 0u8..2, 0u8..2).prop_map(|(from, occurrence, text)| Command::Ask { from, occurrence, text }),
         2 => (prop::option::weighted(0.9, any::<u8>()), any::<bool>())
             .prop_map(|(approval, approve)| Command::Answer { approval, approve }),
         1 => Just(Command::ExpireApprovals),
@@ -579,6 +588,7 @@ impl World {
             Command::TimeOut { from } => self.time_out(from),
             Command::FailPending { step } => self.fail_pending(step),
             Command::Suspend { from, waiting_on } => self.suspend(from, waiting_on),
+            Command::Ask { from, occurrence, text } => self.ask(from, occurrence, text),
             Command::Subagent {
                 run,
                 fence,
@@ -876,15 +886,45 @@ impl World {
         ))
     }
 
+    fn ask(&mut self, from: Sender, occurrence: u8, text: u8) -> super::Result<Done> {
+        let (dispatch_id, attempt, _) = self.sender(from, |s| s.kind == StepKind::Tool);
+        let run = self
+            .memory
+            .state
+            .steps
+            .values()
+            .find(|s| s.dispatch_id.as_ref() == Some(&dispatch_id))
+            .map_or_else(|| self.run_id(Target::Forged), |s| s.run_id.clone());
+        let ask = PersonAsk {
+            run,
+            fence: Fence { dispatch_id, attempt },
+            occurrence: u32::from(occurrence),
+            asked: Asked {
+                question: format!("question {text}?"),
+                schema: r#"{"type":"integer"}"#.into(),
+                approvers: vec!["ops".into()],
+                timeout_ms: Some(5_000),
+            },
+        };
+        self.traced(Resolved::Ask(ask.clone()));
+        Ok(match ask_person::apply(&mut self.memory, ask)? {
+            (_, true) => Done::Refused,
+            (_, false) => Done::Changed,
+        })
+    }
+
     fn answer(&mut self, approval: Option<u8>, approve: bool) -> super::Result<Done> {
         let ids: Vec<ApprovalId> = self.memory.state.approvals.keys().cloned().collect();
         let id = approval
             .and_then(|n| World::nth(&ids, n))
             .unwrap_or_else(|| "forged-approval".into());
-        let answer = if approve {
-            Answer::Approve { given: None }
-        } else {
-            Answer::Reject
+        let question = self.memory.state.approvals.get(&id).is_some_and(|a| a.is_question());
+        let answer = match (approve, question) {
+            (true, true) => Answer::Approve {
+                given: Some("7".into()),
+            },
+            (true, false) => Answer::Approve { given: None },
+            (false, _) => Answer::Reject,
         };
         self.traced(Resolved::Answer(id.clone(), answer.clone()));
         answer_approval::answer(&mut self.memory, &id, answer, ("alice", None))?;
@@ -1561,6 +1601,7 @@ pub(crate) enum Resolved {
     FailPending(RunId, StepKey),
     Suspend(SuspendReport),
     Subagent(SubagentStart),
+    Ask(PersonAsk),
     LocalStep(RunId, Fence, LocalStep),
     Answer(ApprovalId, Answer),
     ExpireApprovals,
@@ -1596,6 +1637,7 @@ impl Resolved {
             }
             Resolved::Suspend(report) => drop(suspend::apply(records, report)?),
             Resolved::Subagent(start) => drop(start_subagent::apply(records, start)?),
+            Resolved::Ask(ask) => drop(ask_person::apply(records, ask)?),
             Resolved::LocalStep(run, fence, local) => {
                 drop(local_step::record(records, (&run, &fence), local, StepGate::Unchecked)?)
             }
@@ -1632,6 +1674,10 @@ impl Resolved {
             Resolved::Subagent(mut start) => {
                 start.parent = run(&start.parent);
                 Resolved::Subagent(start)
+            }
+            Resolved::Ask(mut ask) => {
+                ask.run = run(&ask.run);
+                Resolved::Ask(ask)
             }
             Resolved::LocalStep(id, fence, local) => Resolved::LocalStep(run(&id), fence, local),
             Resolved::Answer(id, answer) => Resolved::Answer(approval(&id), answer),
