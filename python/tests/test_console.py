@@ -322,6 +322,63 @@ async def test_an_approval_is_answered_from_the_page_and_the_call_runs(
 
 
 @tool
+async def release(ctx: ToolContext, version: str) -> dict[str, object]:
+    """Releases once a person says how."""
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "channel": {"type": "string"}},
+        "required": ["ok"],
+    }
+    answer = await ctx.ask(f"Release {version}?", schema=schema)
+    return {"released": version, **answer}
+
+
+async def test_a_tools_question_is_answered_from_the_page_with_json_checked_against_its_schema(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    kernel = console_kernel(tmp_path)
+    try:
+        async with AgentClient(kernel.addr) as client, serving(kernel, release):
+            run = await client.create_run("releaser")
+            turn = asyncio.create_task(
+                client.call_turn(run.id, 0, [ToolCall("release", {"version": "4.2"})])
+            )
+            browser = await asyncio.to_thread(chrome, kernel)
+
+            def answer(text: str) -> None:
+                browser.open("/approvals")
+                card = browser.until(
+                    "the waiting question",
+                    lambda d: d.find_element(By.CSS_SELECTOR, "article.approval"),
+                )
+                assert "Release 4.2?" in card.text and '"channel"' in card.text, card.text
+                card.find_element(By.NAME, "decider").send_keys("alice")
+                card.find_element(By.NAME, "answer_json").send_keys(text)
+                card.find_element(By.CSS_SELECTOR, "button.approve").click()
+
+            # An answer that does not meet the schema is refused, and the question still waits.
+            await asyncio.to_thread(answer, '{"ok": "sure"}')
+            await asyncio.to_thread(
+                browser.until,
+                "the refusal naming the field",
+                lambda d: "answer_json" in browser.text(),
+            )
+            assert len(await client.list_approvals(run_id=run.id)) == 1
+            await asyncio.to_thread(answer, '{"ok": true, "channel": "stable"}')
+            await asyncio.to_thread(
+                browser.until, "an empty list", lambda d: "Nothing waits" in browser.text()
+            )
+            [result] = (await turn).results
+            assert result.outcome == CallOutcome.OK, result
+            assert result.output == {"released": "4.2", "ok": True, "channel": "stable"}
+            [answered] = await client.list_approvals(run_id=run.id, status="approved")
+            assert answered.decider == "alice"
+            assert answered.answer == {"ok": True, "channel": "stable"}
+    finally:
+        kernel.stop()
+
+
+@tool
 async def lookup(ctx: ToolContext, secret: str) -> dict[str, str]:
     """Looks a secret up."""
     return {"found": secret[::-1]}
