@@ -109,6 +109,15 @@ pub struct McpServeArgs {
     /// and its run completed, as when its client deletes it.
     #[arg(long, value_name = "MS", default_value_t = 1_800_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub session_idle_timeout_ms: u64,
+    /// With --listen, when the kernel accepts an OAuth authorization server's access tokens (its
+    /// auth file's `oauth:`): the URL clients reach this `/mcp` at, the `audience` of those tokens.
+    /// Published as OAuth protected-resource metadata, and named in every 401.
+    #[arg(long, value_name = "URL", requires_all = ["listen", "authorization_server"])]
+    pub resource: Option<String>,
+    /// The authorization server that issues the tokens (its issuer URL, the auth file's
+    /// `oauth.issuer`), named in the metadata; with --resource.
+    #[arg(long, value_name = "URL", requires = "resource")]
+    pub authorization_server: Option<String>,
 }
 
 fn parse_label(text: &str) -> Result<(String, String), String> {

@@ -144,7 +144,8 @@ pub struct Config {
     pub tls_client_ca: Option<PathBuf>,
 
     /// Auth file (YAML) of API keys: each a name, the SHA-256 of its secret, its scopes and, for
-    /// workers, the tools it may register. Reloaded on SIGHUP. Without one every request is
+    /// workers, the tools it may register; and optionally (`oauth:`) an authorization server
+    /// whose access tokens are accepted too. Reloaded on SIGHUP. Without one every request is
     /// allowed, and only on loopback unless --insecure.
     #[arg(long, env = "KERNEL_AUTH_FILE")]
     pub auth_file: Option<PathBuf>,

@@ -388,9 +388,18 @@ pub async fn run(
     if let Some(mcp) = config.mcp_listen {
         let idle = Duration::from_millis(config.mcp_session_idle_timeout_ms);
         let authenticate = keys.is_some();
+        // The resource its tokens are for, as the auth file names it when it starts.
+        let resource = keys.as_ref().and_then(|keys| {
+            keys.current()
+                .oauth()
+                .map(|oauth| kernel_mcp::serve::ProtectedResource {
+                    resource: oauth.audience().to_owned(),
+                    authorization_servers: vec![oauth.issuer().to_owned()],
+                })
+        });
         lifecycle.spawn(
             "mcp listener",
-            serve_mcp(mcp, addr, (idle, authenticate), shutdown.clone()).await?,
+            serve_mcp(mcp, addr, (idle, authenticate, resource), shutdown.clone()).await?,
         );
     }
     if let Some(http) = config.http_listen {
@@ -535,7 +544,7 @@ fn check_exposed(config: &Config, flag: &str, addr: SocketAddr) -> Result<(), Ke
 async fn serve_mcp(
     listen: SocketAddr,
     grpc: SocketAddr,
-    (session_idle, authenticate): (Duration, bool),
+    (session_idle, authenticate, resource): (Duration, bool, Option<kernel_mcp::serve::ProtectedResource>),
     shutdown: CancellationToken,
 ) -> Result<impl std::future::Future<Output = Result<(), String>> + Send + 'static, KernelError> {
     let listener = TcpListener::bind(listen)
@@ -554,6 +563,7 @@ async fn serve_mcp(
         kernel: format!("http://{}", SocketAddr::new(ip, grpc.port())),
         session_idle: Some(session_idle),
         authenticate,
+        resource,
         ..Default::default()
     };
     info!(addr = %bound, path = "/mcp", "mcp listening");

@@ -4,7 +4,7 @@
 //! key's name; without an auth file the kernel stays on loopback unless `--insecure`; SIGHUP puts
 //! a new auth file in force and closes the sessions of keys it removed.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use e2e::{Kernel, KernelOptions, Process, WAIT, binary, call, with_key};
@@ -732,4 +732,150 @@ async fn an_mcp_client_s_bearer_token_is_the_key_of_its_calls() {
     let anonymous = e2e::mcp::McpClient::run("http", &url, &calls, &json!({}));
     anonymous.process.log.wait_for("Server returned an error response");
     assert_eq!(run_count(&secured).await, 1, "no run without a key");
+}
+
+/// An access token of the authorization server the auth file names (`oauth:`), signed with the
+/// test issuer's key, for the kernel at `audience`, for `sub` with `scope`, expiring in `ttl_secs`
+/// (negative: expired).
+fn access_token(audience: &str, sub: &str, scope: &str, ttl_secs: i64) -> String {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/oauth");
+    let pem = std::fs::read(fixtures.join("issuer-key.pem")).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let claims = json!({
+        "iss": "https://idp.test/realms/agents",
+        "aud": audience,
+        "sub": sub,
+        "scope": format!("openid {scope}"),
+        "exp": now + ttl_secs,
+    });
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.kid = Some("test-issuer-1".into());
+    jsonwebtoken::encode(&header, &claims, &jsonwebtoken::EncodingKey::from_ec_pem(&pem).unwrap()).unwrap()
+}
+
+/// The whole answer to a GET of `path` at `addr`: status line, headers and body.
+fn get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+/// With an authorization server in the auth file, the kernel's MCP listener is an OAuth protected
+/// resource as the MCP specification asks: it publishes its metadata (RFC 9728) naming that
+/// server, names it in each 401, and serves an MCP client whose bearer is one of the server's
+/// access tokens for it, with that token's scopes; an expired token, or one without the scope to
+/// list tools, is refused saying why.
+#[tokio::test]
+async fn an_authorization_server_s_access_token_is_an_mcp_client_s_key_and_the_listener_publishes_its_metadata() {
+    let worker = create_key("demo-workers", &["workers:connect"], &["*"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let audience = format!("http://{addr}/mcp");
+    let jwks = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/oauth/jwks.json");
+    let files = tempfile::tempdir().unwrap();
+    let path = files.path().join("auth.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "keys:\n{}\noauth:\n  issuer: https://idp.test/realms/agents\n  audience: {audience}\n  jwks_file: {}\n",
+            worker.entry,
+            jwks.display()
+        ),
+    )
+    .unwrap();
+    let kernel = Kernel::start_with(KernelOptions {
+        args: vec![
+            "--auth-file".into(),
+            path.to_str().unwrap().into(),
+            "--mcp-listen".into(),
+            addr.clone(),
+        ],
+        ..Default::default()
+    });
+    let accepted = kernel.process.log.wait_for("oauth access tokens accepted");
+    assert!(
+        accepted.contains(r#"issuer="https://idp.test/realms/agents""#),
+        "{accepted}"
+    );
+    kernel.process.log.wait_for("mcp listening");
+    let _worker = kernel.worker_with("w1", &["--api-key", &worker.secret]);
+
+    let metadata = get(&addr, "/.well-known/oauth-protected-resource/mcp");
+    assert!(metadata.starts_with("HTTP/1.1 200"), "{metadata}");
+    let document: Value = serde_json::from_str(metadata.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(document["resource"], audience.as_str());
+    assert_eq!(
+        document["authorization_servers"],
+        json!(["https://idp.test/realms/agents"])
+    );
+    assert_eq!(document["bearer_methods_supported"], json!(["header"]));
+
+    let initialize = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    let anonymous = e2e::mcp::post_head(&addr, None, initialize);
+    assert!(anonymous.starts_with("HTTP/1.1 401"), "{anonymous}");
+    let named = format!(r#"resource_metadata="http://{addr}/.well-known/oauth-protected-resource/mcp""#);
+    assert!(anonymous.contains(&named), "{anonymous}");
+
+    let token = access_token(&audience, "dana", "runs:read runs:write tools:call", 300);
+    let calls = json!([{"tool": "add", "arguments": {"a": 1, "b": 2}}]);
+    let bearer = json!({"Authorization": format!("Bearer {token}")});
+    let client = e2e::mcp::McpClient::run("http", &audience, &calls, &bearer);
+    assert!(client.next()["tools"].as_array().is_some_and(|t| !t.is_empty()));
+    let answered = client.next();
+    assert_eq!(answered["result"]["text"], json!(["3"]), "{answered}");
+
+    let expired = access_token(&audience, "dana", "runs:read runs:write tools:call", -3600);
+    let refused = e2e::mcp::post_head(&addr, Some(&format!("Bearer {expired}")), initialize);
+    assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
+    assert!(
+        refused.contains(r#"error="invalid_token""#) && refused.contains("expired"),
+        "{refused}"
+    );
+    let elsewhere = access_token("https://other.test/mcp", "dana", "runs:read", 300);
+    let refused = e2e::mcp::post_head(&addr, Some(&format!("Bearer {elsewhere}")), initialize);
+    assert!(refused.contains("issued for another resource"), "{refused}");
+
+    // kernelctl's bridge in front of the same kernel (behind a proxy that serves it at the
+    // kernel's resource URL) publishes the same metadata, and the same token passes through it.
+    let (_bridge, bridge_url) = kernel.mcp_serve_http(&[
+        "--resource",
+        &audience,
+        "--authorization-server",
+        "https://idp.test/realms/agents",
+    ]);
+    let bridge_addr = bridge_url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let published = get(&bridge_addr, "/.well-known/oauth-protected-resource/mcp");
+    assert!(
+        published.ends_with(metadata.split("\r\n\r\n").nth(1).unwrap()),
+        "{published}"
+    );
+    let through = e2e::mcp::McpClient::run("http", &bridge_url, &calls, &bearer);
+    assert!(through.next()["tools"].as_array().is_some_and(|t| !t.is_empty()));
+    assert_eq!(through.next()["result"]["text"], json!(["3"]));
+
+    let blind = access_token(&audience, "erin", "runs:write tools:call", 300);
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list","params":{}}"#;
+    let forbidden = e2e::mcp::post_head(&addr, Some(&format!("Bearer {blind}")), list);
+    assert!(forbidden.starts_with("HTTP/1.1 403"), "{forbidden}");
+    assert!(
+        forbidden.contains(r#"error="insufficient_scope", scope="runs:read""#),
+        "{forbidden}"
+    );
 }

@@ -30,6 +30,10 @@ pub async fn serve(addr: &KernelAddr, access: &Access, args: McpServeArgs) -> Re
         session_idle: Some(std::time::Duration::from_millis(args.session_idle_timeout_ms)),
         // Whether the kernel has keys is the kernel's to say: each key is asked about.
         authenticate: true,
+        resource: args.resource.map(|resource| serve::ProtectedResource {
+            resource,
+            authorization_servers: args.authorization_server.into_iter().collect(),
+        }),
     };
     let Some(listen) = args.listen else {
         return serve::serve_stdio(bridge).await;

@@ -43,13 +43,37 @@ pub async fn serve_http(
         Arc::new(sessions),
         StreamableHttpServerConfig::default().with_cancellation_token(shutdown.child_token()),
     );
-    let app = axum::Router::new()
-        .nest_service("/mcp", service)
-        .layer(axum::middleware::from_fn_with_state(gate, guard));
+    let mut app = axum::Router::new().nest_service("/mcp", service);
+    if let Some(resource) = &gate.bridge.resource {
+        let path = resource
+            .metadata_path()
+            .ok_or_else(|| format!("the resource {} is no http(s) URL without a query", resource.resource))?;
+        let body = metadata(resource).to_string();
+        app = app.route(
+            &path,
+            axum::routing::get(move || {
+                let body = body.clone();
+                std::future::ready(([(http::header::CONTENT_TYPE, "application/json")], body))
+            }),
+        );
+    }
+    let app = app.layer(axum::middleware::from_fn_with_state(gate, guard));
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled_owned().await })
         .await
         .map_err(|e| e.to_string())
+}
+
+/// The bridge's OAuth protected-resource metadata (RFC 9728): the resource, the servers that issue
+/// its tokens, the scopes a client asks for, and that a token travels in the header.
+fn metadata(resource: &super::ProtectedResource) -> serde_json::Value {
+    serde_json::json!({
+        "resource": resource.resource,
+        "authorization_servers": resource.authorization_servers,
+        "scopes_supported": ["runs:read", "runs:write", "tools:call", "approvals:write"],
+        "bearer_methods_supported": ["header"],
+        "resource_name": "kernel (MCP)",
+    })
 }
 
 /// How long the kernel's word that it knows a key is trusted before it is asked again.
@@ -126,17 +150,26 @@ async fn guard(
     // Only the MCP endpoint is the kernel's to guard; any other path is simply not there (404).
     let endpoint = request.uri().path().starts_with("/mcp");
     if gate.bridge.authenticate && endpoint {
+        let metadata_url = gate
+            .bridge
+            .resource
+            .as_ref()
+            .and_then(super::ProtectedResource::metadata_url);
         let bearer = bearer_of(request.headers());
         let sent = bearer.is_some();
         match gate.check(bearer.or_else(|| gate.bridge.api_key.clone())).await {
             Err(why) => {
                 tracing::debug!(reason = %why, "mcp request refused");
-                return unauthorized(sent, &why);
+                return unauthorized(sent, &why, metadata_url.as_deref());
             }
             Ok(Access::NoReads) => {
                 let (method, read) = method_of(request).await;
                 if method.as_deref() == Some("tools/list") {
-                    return insufficient_scope("runs:read", "this key may not list the tools (it lacks runs:read)");
+                    return insufficient_scope(
+                        "runs:read",
+                        "this key may not list the tools (it lacks runs:read)",
+                        metadata_url.as_deref(),
+                    );
                 }
                 request = read;
             }
@@ -174,10 +207,18 @@ async fn method_of(request: axum::extract::Request) -> (Option<String>, axum::ex
     )
 }
 
+/// The challenge's `resource_metadata` parameter, when the bridge publishes its metadata.
+fn metadata_param(url: Option<&str>) -> String {
+    url.map(|url| format!(r#", resource_metadata="{url}""#))
+        .unwrap_or_default()
+}
+
 /// HTTP 403 with its Bearer challenge for a key that lacks `scope`.
-fn insufficient_scope(scope: &str, why: &str) -> axum::response::Response {
-    let challenge =
-        format!(r#"Bearer realm="kernel", error="insufficient_scope", scope="{scope}", error_description="{why}""#);
+fn insufficient_scope(scope: &str, why: &str, metadata_url: Option<&str>) -> axum::response::Response {
+    let challenge = format!(
+        r#"Bearer realm="kernel"{}, error="insufficient_scope", scope="{scope}", error_description="{why}""#,
+        metadata_param(metadata_url)
+    );
     let mut response = axum::response::Response::new(axum::body::Body::from(format!("forbidden: {why}\n")));
     *response.status_mut() = http::StatusCode::FORBIDDEN;
     if let Ok(value) = http::HeaderValue::from_str(&challenge) {
@@ -186,15 +227,17 @@ fn insufficient_scope(scope: &str, why: &str) -> axum::response::Response {
     response
 }
 
-/// HTTP 401 with its Bearer challenge: `invalid_token` when a key was sent and refused.
-fn unauthorized(sent: bool, why: &str) -> axum::response::Response {
+/// HTTP 401 with its Bearer challenge: `invalid_token` when a key was sent and refused, and where
+/// the bridge's protected-resource metadata is, when it publishes it.
+fn unauthorized(sent: bool, why: &str, metadata_url: Option<&str>) -> axum::response::Response {
     let description = why.replace(['"', '\\'], "'");
+    let metadata = metadata_param(metadata_url);
     let challenge = if sent {
         format!(
-            r#"Bearer realm="kernel", scope="{CLIENT_SCOPES}", error="invalid_token", error_description="{description}""#
+            r#"Bearer realm="kernel"{metadata}, scope="{CLIENT_SCOPES}", error="invalid_token", error_description="{description}""#
         )
     } else {
-        format!(r#"Bearer realm="kernel", scope="{CLIENT_SCOPES}""#)
+        format!(r#"Bearer realm="kernel"{metadata}, scope="{CLIENT_SCOPES}""#)
     };
     let mut response = axum::response::Response::new(axum::body::Body::from(format!(
         "unauthorized: {why}; send a kernel API key as `Authorization: Bearer <key>`\n"
@@ -213,4 +256,52 @@ pub(super) fn bearer_of(headers: &http::HeaderMap) -> Option<String> {
         .strip_prefix("Bearer ")
         .map(|key| key.trim().to_owned())
         .filter(|key| !key.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ProtectedResource;
+    use super::*;
+
+    fn resource(url: &str) -> ProtectedResource {
+        ProtectedResource {
+            resource: url.to_owned(),
+            authorization_servers: vec!["https://idp.test".into()],
+        }
+    }
+
+    #[test]
+    fn the_metadata_is_published_under_the_resource_s_path_and_named_in_challenges() {
+        let mcp = resource("https://kernel.test:8443/mcp");
+        assert_eq!(
+            mcp.metadata_path().as_deref(),
+            Some("/.well-known/oauth-protected-resource/mcp")
+        );
+        assert_eq!(
+            mcp.metadata_url().as_deref(),
+            Some("https://kernel.test:8443/.well-known/oauth-protected-resource/mcp")
+        );
+        let root = resource("http://kernel.test/");
+        assert_eq!(
+            root.metadata_path().as_deref(),
+            Some("/.well-known/oauth-protected-resource")
+        );
+        for bad in ["kernel.test/mcp", "https://kernel.test/mcp?x=1", "https://"] {
+            assert_eq!(resource(bad).metadata_path(), None, "{bad}");
+        }
+        let document = metadata(&mcp);
+        assert_eq!(document["resource"], "https://kernel.test:8443/mcp");
+        assert_eq!(
+            document["authorization_servers"],
+            serde_json::json!(["https://idp.test"])
+        );
+        let refused = unauthorized(false, "no key", mcp.metadata_url().as_deref());
+        let challenge = refused.headers()[http::header::WWW_AUTHENTICATE].to_str().unwrap();
+        assert!(
+            challenge.starts_with(
+                r#"Bearer realm="kernel", resource_metadata="https://kernel.test:8443/.well-known/oauth-protected-resource/mcp""#
+            ),
+            "{challenge}"
+        );
+    }
 }

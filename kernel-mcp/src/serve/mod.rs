@@ -65,6 +65,50 @@ pub struct Bridge {
     /// serving it: one the kernel does not authenticate gets HTTP 401. Off where the kernel is
     /// known to have no keys.
     pub authenticate: bool,
+    /// The OAuth protected resource this endpoint is, when the kernel accepts an authorization
+    /// server's access tokens: published as its metadata (RFC 9728) and named in each 401.
+    pub resource: Option<ProtectedResource>,
+}
+
+/// What the bridge publishes of itself as an OAuth protected resource.
+#[derive(Clone, Debug)]
+pub struct ProtectedResource {
+    /// The resource's identifier, the URL clients reach `/mcp` at: what the kernel's tokens must
+    /// carry as `aud`.
+    pub resource: String,
+    /// The authorization servers that issue its tokens (their issuer URLs).
+    pub authorization_servers: Vec<String>,
+}
+
+impl ProtectedResource {
+    /// Where its metadata is published, by RFC 9728: `/.well-known/oauth-protected-resource`
+    /// followed by the resource's path (`/mcp`); `None` when the resource is no http(s) URL
+    /// without a query or fragment.
+    pub fn metadata_path(&self) -> Option<String> {
+        let (_, path) = self.split()?;
+        Some(format!(
+            "/.well-known/oauth-protected-resource{}",
+            path.trim_end_matches('/')
+        ))
+    }
+
+    /// The metadata's full URL, as a 401 names it.
+    pub fn metadata_url(&self) -> Option<String> {
+        let (origin, _) = self.split()?;
+        Some(format!("{origin}{}", self.metadata_path()?))
+    }
+
+    /// The resource's origin (`https://host:port`) and path.
+    fn split(&self) -> Option<(&str, &str)> {
+        let url = self.resource.as_str();
+        let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"))?;
+        if url.contains(['?', '#']) || rest.is_empty() {
+            return None;
+        }
+        let scheme = url.len() - rest.len();
+        let end = rest.find('/').map_or(url.len(), |at| scheme + at);
+        Some((&url[..end], &url[end..]))
+    }
 }
 
 impl Bridge {

@@ -33,11 +33,15 @@
 //! request's extensions: approvals record its name as the decider, and a worker session refuses
 //! a hello that offers a tool outside the key's globs ([`Caller::may_register`]).
 //!
+//! Beside keys, the file may name an OAuth authorization server whose access tokens are accepted
+//! too (`oauth:`, see [`oauth`]): a bearer that is no key and has a JWT's shape is checked there.
+//!
 //! SIGHUP reads the file again ([`Keys::reload`]); a file that does not load is refused with its
 //! reason and the keys in force stay. A new file applies to the next request at once, and an open
 //! worker session whose key was removed, or no longer allows a tool it offers, is closed.
 
 mod guard;
+mod oauth;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -55,6 +59,7 @@ use crate::error::KernelError;
 use crate::policy::glob::{self, GlobList};
 
 pub use guard::Guarded;
+pub use oauth::Oauth;
 
 /// What a key may do. `admin` implies every other scope.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -296,16 +301,21 @@ impl Keys {
     }
 }
 
-/// The keys the kernel accepts, loaded from the auth file.
+/// The keys the kernel accepts, loaded from the auth file, and the authorization server whose
+/// access tokens it accepts beside them.
 #[derive(Debug)]
 pub struct KeyRing {
     keys: Vec<Key>,
+    oauth: Option<Oauth>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileDoc {
+    #[serde(default)]
     keys: Vec<FileKey>,
+    #[serde(default)]
+    oauth: Option<oauth::FileOauth>,
 }
 
 #[derive(Deserialize)]
@@ -339,12 +349,19 @@ impl KeyRing {
     pub fn load(path: &Path) -> Result<KeyRing, KernelError> {
         let invalid = |message: String| KernelError::invalid("--auth-file", format!("{}: {message}", path.display()));
         let text = std::fs::read_to_string(path).map_err(|e| invalid(format!("cannot read: {e}")))?;
-        KeyRing::from_yaml(&text).map_err(invalid)
+        KeyRing::from_yaml_at(&text, &oauth::base_of(path)).map_err(invalid)
     }
 
-    /// Parses the auth file's text (see the module docs for the format).
+    /// Parses the auth file's text (see the module docs for the format), its relative paths taken
+    /// from the working directory.
     pub fn from_yaml(text: &str) -> Result<KeyRing, String> {
+        KeyRing::from_yaml_at(text, Path::new(""))
+    }
+
+    /// Parses the auth file's text, its relative paths (`oauth.jwks_file`) taken from `base`.
+    pub fn from_yaml_at(text: &str, base: &Path) -> Result<KeyRing, String> {
         let doc: FileDoc = serde_norway::from_str(text).map_err(|e| e.to_string())?;
+        let oauth = doc.oauth.map(|section| Oauth::load(section, base)).transpose()?;
         let mut names = HashSet::new();
         let mut digests = HashSet::new();
         let mut keys = Vec::with_capacity(doc.keys.len());
@@ -413,7 +430,12 @@ impl KeyRing {
                 })),
             });
         }
-        Ok(KeyRing { keys })
+        Ok(KeyRing { keys, oauth })
+    }
+
+    /// The authorization server whose tokens are accepted, if the file names one.
+    pub fn oauth(&self) -> Option<&Oauth> {
+        self.oauth.as_ref()
     }
 
     /// How many keys the file holds.
@@ -421,9 +443,10 @@ impl KeyRing {
         self.keys.len()
     }
 
-    /// Whether the file holds no key (then every guarded request is refused).
+    /// Whether the file holds no key and names no authorization server (then every guarded
+    /// request is refused).
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.keys.is_empty() && self.oauth.is_none()
     }
 
     /// The key whose secret is `secret`. Every stored digest is compared, each in constant time.
@@ -481,9 +504,13 @@ impl KeyRing {
             })
             .filter(|secret| !secret.is_empty())
             .ok_or_else(|| KernelError::Unauthenticated("the authorization metadata is not 'Bearer <key>'".into()))?;
-        let caller = self
-            .authenticate(secret)
-            .ok_or_else(|| KernelError::Unauthenticated("unknown API key".into()))?;
+        let caller = match (self.authenticate(secret), &self.oauth) {
+            (Some(caller), _) => caller,
+            (None, Some(oauth)) if oauth::looks_like_a_token(secret) => {
+                oauth.caller(secret, |name| self.keys.iter().any(|key| key.caller.name() == name))?
+            }
+            (None, _) => return Err(KernelError::Unauthenticated("unknown API key".into())),
+        };
         let scope = required_scope(path);
         if !caller.has(scope) {
             return Err(KernelError::PermissionDenied(format!(
@@ -502,7 +529,16 @@ pub fn load(auth_file: Option<&Path>, listen: SocketAddr, insecure: bool) -> Res
     match auth_file {
         Some(path) => {
             let keys = Keys::load(path)?;
-            info!(keys = keys.current().len(), file = %path.display(), "api keys required");
+            let ring = keys.current();
+            info!(keys = ring.len(), file = %path.display(), "api keys required");
+            if let Some(oauth) = ring.oauth() {
+                info!(
+                    issuer = oauth.issuer(),
+                    audience = oauth.audience(),
+                    keys = oauth.key_count(),
+                    "oauth access tokens accepted"
+                );
+            }
             Ok(Some(Arc::new(keys)))
         }
         None if listen.ip().is_loopback() => {

@@ -398,3 +398,177 @@ fn grants_and_groups_are_checked_when_the_file_loads() {
             .contains("a group must be")
     );
 }
+
+/// Access tokens of an OAuth authorization server (`oauth:` in the auth file), signed with the
+/// test keys under `tests/fixtures/oauth`.
+mod oauth_tokens {
+    use std::path::PathBuf;
+
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    const ISSUER: &str = "https://idp.test/realms/agents";
+    const AUDIENCE: &str = "https://kernel.test/mcp";
+
+    fn fixtures() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/oauth")
+    }
+
+    fn yaml(extra: &str) -> String {
+        format!(
+            "keys:\n  - name: alice\n    sha256: {}\n    scopes: [admin]\noauth:\n  issuer: {ISSUER}\n  audience: {AUDIENCE}\n  jwks_file: jwks.json\n{extra}",
+            secret_digest_hex("alice-secret")
+        )
+    }
+
+    fn ring_with(extra: &str) -> KeyRing {
+        KeyRing::from_yaml_at(&yaml(extra), &fixtures()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn now() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    }
+
+    /// The claims of a token for dana that the kernel accepts, with `changes` applied (a null
+    /// removes a claim).
+    fn claims(changes: Value) -> Value {
+        let mut claims = json!({
+            "iss": ISSUER,
+            "aud": AUDIENCE,
+            "sub": "dana",
+            "exp": now() + 300,
+            "scope": "openid runs:read tools:call workers:connect",
+        });
+        for (name, value) in changes.as_object().unwrap() {
+            if value.is_null() {
+                claims.as_object_mut().unwrap().remove(name);
+            } else {
+                claims[name] = value.clone();
+            }
+        }
+        claims
+    }
+
+    fn signed(key_file: &str, kid: Option<&str>, claims: &Value) -> String {
+        let pem = std::fs::read(fixtures().join(key_file)).unwrap();
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = kid.map(str::to_owned);
+        jsonwebtoken::encode(&header, claims, &EncodingKey::from_ec_pem(&pem).unwrap()).unwrap()
+    }
+
+    fn token(changes: Value) -> String {
+        signed("issuer-key.pem", Some("test-issuer-1"), &claims(changes))
+    }
+
+    fn refusal(keys: &KeyRing, token: &str) -> String {
+        match keys.authorize("/kernel.v1.RunService/GetRun", Some(&bearer(token))) {
+            Err(KernelError::Unauthenticated(message)) => message,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_token_of_the_server_for_this_kernel_speaks_for_its_subject_with_the_kernel_scopes_it_holds() {
+        let ring = ring_with("");
+        let caller = ring
+            .authorize("/kernel.v1.RunService/GetRun", Some(&bearer(&token(json!({})))))
+            .unwrap();
+        assert_eq!(caller.name(), "dana");
+        assert!(caller.has(Scope::RunsRead) && caller.has(Scope::ToolsCall));
+        assert!(
+            !caller.has(Scope::WorkersConnect),
+            "a token never holds workers:connect"
+        );
+        // Its scopes are the token's: a call it lacks the scope for is refused, naming it.
+        let denied = ring.authorize("/kernel.v1.RunService/CreateRun", Some(&bearer(&token(json!({})))));
+        assert!(
+            matches!(&denied, Err(KernelError::PermissionDenied(m)) if m.contains("lacks scope 'runs:write'")),
+            "{denied:?}"
+        );
+        // `scp` as a list, and the file's ceiling.
+        let ring = ring_with("  scopes: [runs:read]\n  groups_claim: groups\n");
+        let listed = token(json!({"scope": null, "scp": ["runs:read", "approvals:write"], "groups": ["ops"]}));
+        let caller = ring
+            .authorize("/kernel.v1.RunService/GetRun", Some(&bearer(&listed)))
+            .unwrap();
+        assert!(caller.has(Scope::RunsRead) && !caller.has(Scope::ApprovalsWrite));
+        assert!(caller.may_answer(&["ops".to_owned()]).is_ok(), "its groups claim");
+        // API keys still work beside tokens.
+        assert_eq!(ring.authenticate("alice-secret").unwrap().name(), "alice");
+    }
+
+    #[test]
+    fn a_token_that_is_not_this_servers_for_this_kernel_and_current_is_refused_saying_why() {
+        let ring = ring_with("");
+        let cases = [
+            (token(json!({"exp": now() - 3600})), "expired"),
+            (
+                token(json!({"aud": "https://other.test/mcp"})),
+                "issued for another resource (aud)",
+            ),
+            (
+                token(json!({"iss": "https://evil.test"})),
+                "issued by another authorization server (iss)",
+            ),
+            (token(json!({"exp": null})), "no 'exp' claim"),
+            (token(json!({"nbf": now() + 3600})), "not valid yet"),
+            (token(json!({"sub": null})), "no usable 'sub' claim"),
+            (token(json!({"sub": "alice"})), "'alice' is an API key's name"),
+            (
+                signed("stranger-key.pem", Some("test-issuer-1"), &claims(json!({}))),
+                "its signature does not verify",
+            ),
+            (
+                signed("issuer-key.pem", Some("rotated-away"), &claims(json!({}))),
+                "a key the authorization server's set does not hold",
+            ),
+        ];
+        for (token, why) in cases {
+            let message = refusal(&ring, &token);
+            assert!(message.starts_with("access token refused: "), "{message}");
+            assert!(message.contains(why), "{why}: {message}");
+        }
+        // HMAC signed with the public key's bytes as the secret: the algorithm is its key's or none.
+        let jwks = std::fs::read(fixtures().join("jwks.json")).unwrap();
+        let mut header = Header::new(Algorithm::HS256);
+        header.kid = Some("test-issuer-1".into());
+        let forged =
+            jsonwebtoken::encode(&header, &claims(json!({})), &EncodingKey::from_secret(&jwks).unwrap()).unwrap();
+        assert!(refusal(&ring, &forged).contains("signed with HS256, but its key is for ES256"));
+        // Without an oauth section a token is just an unknown key.
+        assert_eq!(refusal(&super::ring(&file()), &token(json!({}))), "unknown API key");
+    }
+
+    #[test]
+    fn an_oauth_section_that_cannot_verify_tokens_safely_does_not_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+        write(
+            "hmac.json",
+            r#"{"keys": [{"kty": "oct", "k": "c2VjcmV0", "alg": "HS256"}]}"#,
+        );
+        write("empty.json", r#"{"keys": []}"#);
+        let load = |extra: &str| {
+            let text = format!("oauth:\n  issuer: {ISSUER}\n  audience: {AUDIENCE}\n{extra}");
+            KeyRing::from_yaml_at(&text, dir.path()).unwrap_err()
+        };
+        assert!(load("  jwks_file: hmac.json\n").contains("keys[0]: a symmetric key"));
+        assert!(load("  jwks_file: empty.json\n").contains("holds no key"));
+        assert!(load("  jwks_file: missing.json\n").starts_with("oauth.jwks_file: "));
+        std::fs::copy(fixtures().join("jwks.json"), dir.path().join("jwks.json")).unwrap();
+        let admin = load("  jwks_file: jwks.json\n  scopes: [runs:read, admin]\n");
+        assert!(admin.contains("a token may not hold admin"), "{admin}");
+        let ok = KeyRing::from_yaml_at(
+            &format!("oauth:\n  issuer: {ISSUER}\n  audience: {AUDIENCE}\n  jwks_file: jwks.json\n"),
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(ok.len(), 0, "a file of tokens alone, no keys");
+        assert!(!ok.is_empty() && ok.oauth().is_some(), "it refuses nothing up front");
+    }
+}
