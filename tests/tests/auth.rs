@@ -739,7 +739,7 @@ async fn an_mcp_client_s_bearer_token_is_the_key_of_its_calls() {
 /// (negative: expired).
 fn access_token(audience: &str, sub: &str, scope: &str, ttl_secs: i64) -> String {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/oauth");
-    let pem = std::fs::read(fixtures.join("issuer-key.pem")).unwrap();
+    let der = std::fs::read(fixtures.join("issuer-key.der")).unwrap();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -753,7 +753,7 @@ fn access_token(audience: &str, sub: &str, scope: &str, ttl_secs: i64) -> String
     });
     let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
     header.kid = Some("test-issuer-1".into());
-    jsonwebtoken::encode(&header, &claims, &jsonwebtoken::EncodingKey::from_ec_pem(&pem).unwrap()).unwrap()
+    jsonwebtoken::encode(&header, &claims, &jsonwebtoken::EncodingKey::from_ec_der(&der)).unwrap()
 }
 
 /// The whole answer to a GET of `path` at `addr`: status line, headers and body.

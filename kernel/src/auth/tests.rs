@@ -455,14 +455,14 @@ mod oauth_tokens {
     }
 
     fn signed(key_file: &str, kid: Option<&str>, claims: &Value) -> String {
-        let pem = std::fs::read(fixtures().join(key_file)).unwrap();
+        let der = std::fs::read(fixtures().join(key_file)).unwrap();
         let mut header = Header::new(Algorithm::ES256);
         header.kid = kid.map(str::to_owned);
-        jsonwebtoken::encode(&header, claims, &EncodingKey::from_ec_pem(&pem).unwrap()).unwrap()
+        jsonwebtoken::encode(&header, claims, &EncodingKey::from_ec_der(&der)).unwrap()
     }
 
     fn token(changes: Value) -> String {
-        signed("issuer-key.pem", Some("test-issuer-1"), &claims(changes))
+        signed("issuer-key.der", Some("test-issuer-1"), &claims(changes))
     }
 
     fn refusal(keys: &KeyRing, token: &str) -> String {
@@ -520,11 +520,11 @@ mod oauth_tokens {
             (token(json!({"sub": null})), "no usable 'sub' claim"),
             (token(json!({"sub": "alice"})), "'alice' is an API key's name"),
             (
-                signed("stranger-key.pem", Some("test-issuer-1"), &claims(json!({}))),
+                signed("stranger-key.der", Some("test-issuer-1"), &claims(json!({}))),
                 "its signature does not verify",
             ),
             (
-                signed("issuer-key.pem", Some("rotated-away"), &claims(json!({}))),
+                signed("issuer-key.der", Some("rotated-away"), &claims(json!({}))),
                 "a key the authorization server's set does not hold",
             ),
         ];
