@@ -37,18 +37,26 @@ fn kernelctl_refused(kernel: &Kernel, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// A new run whose one call of `tool` asks `question`, its turn submitted in the background (and
+/// again after a broken stream) until its result is in.
+async fn asking(kernel: &Kernel, tool: &str, question: &str) -> (String, tokio::task::JoinHandle<e2e::TurnOutcome>) {
+    let run = kernel.create_run("asking").await;
+    let calls = vec![e2e::call(tool, json!({ "question": question }))];
+    let turn = e2e::submit_in_background(kernel, &run, 0, calls);
+    (run, turn)
+}
+
+/// Answers question `id` with `answer` (JSON) as `who`, with kernelctl.
+fn answer(kernel: &Kernel, id: &str, answer: &str, who: &str) -> String {
+    kernelctl_ok(kernel, &["approvals", "answer", id, "--with", answer, "--as", who])
+}
+
 #[tokio::test]
 async fn a_tool_asks_a_person_who_answers_with_kernelctl_and_the_call_returns_the_answer() {
     let kernel = Kernel::start();
     let _worker = kernel.fault_worker("asker");
     kernel.wait_for_workers("confirm", 1).await;
-    let run = kernel.create_run("asking").await;
-    let turn = e2e::submit_in_background(
-        &kernel,
-        &run,
-        0,
-        vec![e2e::call("confirm", json!({"question": "Ship release 4.2?"}))],
-    );
+    let (run, turn) = asking(&kernel, "confirm", "Ship release 4.2?").await;
     let approval = question_of(&kernel, &run).await;
     assert!(approval.question, "{approval:?}");
     assert_eq!(approval.message, "Ship release 4.2?");
@@ -88,18 +96,7 @@ async fn a_tool_asks_a_person_who_answers_with_kernelctl_and_the_call_returns_th
         .await
         .event("tool:suspended", |p| p["waiting_on"] == json!(["question:t0/p0#0"]))
         .await;
-    let answered = kernelctl_ok(
-        &kernel,
-        &[
-            "approvals",
-            "answer",
-            &approval.id,
-            "--with",
-            r#"{"ok": true}"#,
-            "--as",
-            "alice",
-        ],
-    );
+    let answered = answer(&kernel, &approval.id, r#"{"ok": true}"#, "alice");
     assert!(answered.contains("approved by alice"), "{answered}");
     let outcome = turn.await.unwrap();
     let result = &outcome.results[0];
@@ -174,30 +171,13 @@ async fn a_call_run_again_gets_the_recorded_answer_and_the_person_is_asked_once(
     let kernel = Kernel::start();
     let mut worker = kernel.fault_worker("first");
     kernel.wait_for_workers("confirm", 1).await;
-    let run = kernel.create_run("asking").await;
-    let turn = e2e::submit_in_background(
-        &kernel,
-        &run,
-        0,
-        vec![e2e::call("confirm", json!({"question": "Deploy?"}))],
-    );
+    let (run, turn) = asking(&kernel, "confirm", "Deploy?").await;
     let approval = question_of(&kernel, &run).await;
     // No worker is left when the answer comes: the call waits for one, then its body runs again
     // and gets the answer without a second question.
     worker.kill9();
     kernel.wait_for_workers("confirm", 0).await;
-    kernelctl_ok(
-        &kernel,
-        &[
-            "approvals",
-            "answer",
-            &approval.id,
-            "--with",
-            r#"{"ok": false}"#,
-            "--as",
-            "carol",
-        ],
-    );
+    answer(&kernel, &approval.id, r#"{"ok": false}"#, "carol");
     let _second = kernel.fault_worker("second");
     let outcome = turn.await.unwrap();
     assert_eq!(
@@ -220,13 +200,7 @@ async fn a_declined_question_fails_its_call_and_a_call_lost_while_asking_withdra
     kernel.wait_for_workers("confirm_once", 1).await;
 
     // Declined: the body gets an error, which fails the call with the decider's word.
-    let run = kernel.create_run("asking").await;
-    let turn = e2e::submit_in_background(
-        &kernel,
-        &run,
-        0,
-        vec![e2e::call("confirm_once", json!({"question": "Wire the money?"}))],
-    );
+    let (run, turn) = asking(&kernel, "confirm_once", "Wire the money?").await;
     let approval = question_of(&kernel, &run).await;
     kernelctl_ok(
         &kernel,
@@ -256,13 +230,7 @@ async fn a_declined_question_fails_its_call_and_a_call_lost_while_asking_withdra
 
     // Lost: an at_most_once call keeps its slot while it asks; its worker dies, the call settles
     // as indeterminate, and its question is withdrawn, so the run does not stay blocked.
-    let run = kernel.create_run("asking").await;
-    let turn = e2e::submit_in_background(
-        &kernel,
-        &run,
-        0,
-        vec![e2e::call("confirm_once", json!({"question": "Wire it now?"}))],
-    );
+    let (run, turn) = asking(&kernel, "confirm_once", "Wire it now?").await;
     let approval = question_of(&kernel, &run).await;
     worker.kill9();
     let result = &turn.await.unwrap().results[0];
@@ -290,13 +258,7 @@ async fn a_question_open_across_a_kernel_sigkill_is_answered_after_the_restart()
     let mut kernel = Kernel::start();
     let _worker = kernel.fault_worker("asker");
     kernel.wait_for_workers("confirm", 1).await;
-    let run = kernel.create_run("asking").await;
-    let turn = e2e::submit_in_background(
-        &kernel,
-        &run,
-        0,
-        vec![e2e::call("confirm", json!({"question": "Still there?"}))],
-    );
+    let (run, turn) = asking(&kernel, "confirm", "Still there?").await;
     let approval = question_of(&kernel, &run).await;
     kernel.kill9();
     kernel.restart();
@@ -311,18 +273,7 @@ async fn a_question_open_across_a_kernel_sigkill_is_answered_after_the_restart()
         kernel.get(&run).await.run.unwrap().status,
         pb::RunStatus::Blocked as i32
     );
-    kernelctl_ok(
-        &kernel,
-        &[
-            "approvals",
-            "answer",
-            &approval.id,
-            "--with",
-            r#"{"ok": true}"#,
-            "--as",
-            "erin",
-        ],
-    );
+    answer(&kernel, &approval.id, r#"{"ok": true}"#, "erin");
     let outcome = turn.await.unwrap();
     assert_eq!(
         serde_json::from_str::<Value>(&outcome.results[0].content).unwrap(),
