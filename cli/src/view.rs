@@ -258,6 +258,7 @@ impl From<pb::Step> for StepView {
                 Ok(pb::StepKind::Agent) => "agent",
                 Ok(pb::StepKind::Local) => "local",
                 Ok(pb::StepKind::Subagent) => "subagent",
+                Ok(pb::StepKind::Question) => "question",
                 _ => "tool",
             }
             .to_owned(),
