@@ -1,7 +1,8 @@
 //! MCP servers as workers, end to end: `kernel-mcp` wraps real MCP servers nobody here wrote
 //! (`@modelcontextprotocol/server-everything` and `server-filesystem`, installed by
-//! `npm ci --prefix tests/mcp`; for the cancellation test, one tool on the official Python SDK's
-//! server, `tests/mcp/slow_server.py`), and agents call their tools through the kernel.
+//! `npm ci --prefix tests/mcp`; for the cancellation test and a form asked with `input_required`,
+//! tools on the official Python SDK's server, `tests/mcp/slow_server.py` and
+//! `tests/mcp/asking_server.py`), and agents call their tools through the kernel.
 
 use e2e::mcp::{everything_over_http, npm_bin};
 use e2e::{Kernel, Watch, call, check_log, submit, submit_until_done};
@@ -574,5 +575,110 @@ async fn a_wrapped_server_s_request_for_input_is_a_question_answered_in_the_wrap
         .filter(|l| l.tool == "confirm" && l.what == "answered")
         .count();
     assert_eq!(answers, 1, "the upstream tool got its answer once");
+    check_log(&kernel.events(&run).await, true);
+}
+
+/// A 2026-07-28 server that answers a call with `input_required` (the official Python SDK's, whose
+/// tool asks its user through a resolver: `tests/mcp/asking_server.py`): the form becomes a
+/// question in the kernel; once a person answers, `kernel-mcp` retries the call with the answer
+/// and the server's `requestState`, and the tool acts on it once. A declined question reaches the
+/// server as a declined form.
+#[tokio::test]
+async fn a_server_s_input_required_form_is_a_question_whose_answer_retries_the_call() {
+    let kernel = Kernel::start();
+    let ledger = kernel.dir.path().join("asking-server.log");
+    let server = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/asking_server.py");
+    let config = format!(
+        "servers:\n  asking:\n    command: python3\n    args: [\"{}\", \"{}\"]\n",
+        server.display(),
+        ledger.display()
+    );
+    let mcp = kernel.mcp_worker(&config);
+    let connected = mcp.log.wait_for("mcp server connected");
+    assert!(connected.contains(r#"revision="2026-07-28""#), "{connected}");
+    tools_when(&kernel, |tools| names(tools).iter().any(|n| n == "asking_ship")).await;
+
+    for (release, answer, said) in [
+        ("4.2", Some(r#"{"ok": true, "note": "green"}"#), "shipped 4.2 (green)"),
+        ("4.3", None, "held 4.3: decline"),
+    ] {
+        let run = kernel.create_run("mcp-user").await;
+        let turn = spawn_turn(&kernel, &run, vec![call("asking_ship", json!({ "release": release }))]);
+        let mut watch = Watch::open(&kernel, &run, 1, false).await;
+        watch.event("run:interrupted", |p| p["reason"] == "human_input").await;
+        let question = kernel
+            .pending_approvals()
+            .await
+            .into_iter()
+            .find(|a| a.run_id == run)
+            .expect("the server's form as a question");
+        assert_eq!(question.message, format!("asking asks: Ship {release} to production?"));
+        let schema: Value = serde_json::from_str(&question.answer_schema_json).unwrap();
+        assert_eq!(schema["properties"]["ok"]["type"], "boolean", "{schema}");
+        let out = match answer {
+            Some(answer) => kernel.kernelctl(&["approvals", "answer", &question.id, "--with", answer, "--as", "dana"]),
+            None => kernel.kernelctl(&["approvals", "reject", &question.id, "--as", "dana"]),
+        };
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let outcome = turn.await.unwrap();
+        // The server gives its tool's return value as structured content too.
+        let result: Value = serde_json::from_str(&outcome.results[0].content).unwrap();
+        assert_eq!(result, json!({ "result": said }), "{:?}", outcome.results[0]);
+        check_log(&kernel.events(&run).await, true);
+    }
+    let acted = std::fs::read_to_string(&ledger).unwrap();
+    assert_eq!(
+        acted, "shipped 4.2 (green)\nheld 4.3: decline\n",
+        "the tool acted once on each answer"
+    );
+}
+
+/// A 2025-11-25 server (server-everything) asks for a form mid-call with `elicitation/create`:
+/// with that call the only one in flight on its connection, the form is a question of the call in
+/// the kernel, and the person's answer is the form's content the server gets.
+#[tokio::test]
+async fn a_2025_server_s_elicitation_mid_call_is_a_question_of_that_call() {
+    let kernel = Kernel::start();
+    let mcp = kernel.mcp_worker(&everything_config(""));
+    let connected = mcp.log.wait_for("mcp server connected");
+    assert!(connected.contains(r#"revision="2025-11-25""#), "{connected}");
+    tools_when(&kernel, |tools| {
+        names(tools)
+            .iter()
+            .any(|n| n == "everything_trigger-elicitation-request")
+    })
+    .await;
+    let run = kernel.create_run("mcp-user").await;
+    let turn = spawn_turn(
+        &kernel,
+        &run,
+        vec![call("everything_trigger-elicitation-request", json!({}))],
+    );
+    let mut watch = Watch::open(&kernel, &run, 1, false).await;
+    watch.event("run:interrupted", |p| p["reason"] == "human_input").await;
+    let question = kernel
+        .pending_approvals()
+        .await
+        .into_iter()
+        .find(|a| a.run_id == run)
+        .expect("the server's form as a question");
+    assert!(
+        question.message.starts_with("everything asks: Please provide inputs"),
+        "{}",
+        question.message
+    );
+    let schema: Value = serde_json::from_str(&question.answer_schema_json).unwrap();
+    assert_eq!(schema["required"], json!(["name"]), "{schema}");
+    let answer = r#"{"name": "Dana Scully", "check": true, "integer": 7}"#;
+    let out = kernel.kernelctl(&["approvals", "answer", &question.id, "--with", answer, "--as", "dana"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let outcome = turn.await.unwrap();
+    let result = &outcome.results[0];
+    assert_eq!(result.outcome, pb::CallOutcome::Ok as i32, "{result:?}");
+    assert!(
+        result.content.contains("- Name: Dana Scully") && result.content.contains("- Favorite Integer: 7"),
+        "{}",
+        result.content
+    );
     check_log(&kernel.events(&run).await, true);
 }
