@@ -534,11 +534,22 @@ impl StepKey {
         StepKey(format!("question:{}#{occurrence}", call.0))
     }
 
+    /// For a question a tool call's body asked, that call's key.
+    pub fn asking_call(&self) -> Option<StepKey> {
+        let rest = self.0.strip_prefix("question:")?;
+        rest.rfind('#').map(|end| StepKey(rest[..end].to_owned()))
+    }
+
+    /// Whether this is a question a tool call's body asked.
+    pub fn is_question(&self) -> bool {
+        self.asking_call().is_some()
+    }
+
     /// For a subagent a tool call started, or a question it asked, that call's key: the step to
     /// wake when it settles.
     pub fn waiter(&self) -> Option<StepKey> {
-        if let Some(rest) = self.0.strip_prefix("question:") {
-            return rest.rfind('#').map(|end| StepKey(rest[..end].to_owned()));
+        if let Some(call) = self.asking_call() {
+            return Some(call);
         }
         let rest = self.0.strip_prefix("subagent:")?;
         rest.rfind('/').map(|end| StepKey(rest[..end].to_owned()))
@@ -966,7 +977,7 @@ impl ApprovalRecord {
     /// Whether this asks a person for an answer (a tool body's question) rather than for leave to
     /// run a call.
     pub fn is_question(&self) -> bool {
-        self.key.as_str().starts_with("question:")
+        self.key.is_question()
     }
 }
 

@@ -33,6 +33,17 @@ fn everything_config(extra: &str) -> String {
     )
 }
 
+/// The config of server `name`, the official Python SDK's server `tests/mcp/<name>_server.py`,
+/// writing what it did to `ledger`.
+fn python_server(name: &str, ledger: &std::path::Path) -> String {
+    let server = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("mcp/{name}_server.py"));
+    format!(
+        "servers:\n  {name}:\n    command: python3\n    args: [\"{}\", \"{}\"]\n",
+        server.display(),
+        ledger.display()
+    )
+}
+
 /// The registered tools, once `ready` holds for them (a server's list may change after it starts).
 async fn tools_when(kernel: &Kernel, ready: impl Fn(&[pb::RegisteredTool]) -> bool) -> Vec<pb::RegisteredTool> {
     e2e::eventually("the tools to be offered", || async {
@@ -361,13 +372,7 @@ async fn a_server_over_streamable_http_is_wrapped_the_same() {
 async fn a_kernel_cancel_becomes_an_mcp_cancellation_the_server_sees() {
     let kernel = Kernel::start();
     let marker = kernel.dir.path().join("slow-server.log");
-    let server = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/slow_server.py");
-    let config = format!(
-        "servers:\n  slow:\n    command: python3\n    args: [\"{}\", \"{}\"]\n",
-        server.display(),
-        marker.display()
-    );
-    let mcp = kernel.mcp_worker(&config);
+    let mcp = kernel.mcp_worker(&python_server("slow", &marker));
     let connected = mcp.log.wait_for("mcp server connected");
     assert!(
         connected.contains(r#"revision="2026-07-28""#),
@@ -587,13 +592,7 @@ async fn a_wrapped_server_s_request_for_input_is_a_question_answered_in_the_wrap
 async fn a_server_s_input_required_form_is_a_question_whose_answer_retries_the_call() {
     let kernel = Kernel::start();
     let ledger = kernel.dir.path().join("asking-server.log");
-    let server = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/asking_server.py");
-    let config = format!(
-        "servers:\n  asking:\n    command: python3\n    args: [\"{}\", \"{}\"]\n",
-        server.display(),
-        ledger.display()
-    );
-    let mcp = kernel.mcp_worker(&config);
+    let mcp = kernel.mcp_worker(&python_server("asking", &ledger));
     let connected = mcp.log.wait_for("mcp server connected");
     assert!(connected.contains(r#"revision="2026-07-28""#), "{connected}");
     tools_when(&kernel, |tools| names(tools).iter().any(|n| n == "asking_ship")).await;

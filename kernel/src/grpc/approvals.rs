@@ -9,7 +9,6 @@ use crate::auth::Caller;
 use crate::error::KernelError;
 use crate::model::{ApprovalId, ApprovalRecord, RunId};
 use crate::store::Answer;
-use crate::validation::ArgsValidator;
 
 /// Who answers: with API keys, the key's name (a request's `decider` cannot speak for someone
 /// else); without them, the `decider` the request names.
@@ -43,13 +42,11 @@ impl ApprovalApi {
         if decider.trim().is_empty() {
             return Err(KernelError::invalid("decider", "must say who decides").into());
         }
+        // A question's answer is checked against its schema by the machine, in the write.
         let answer = match answer {
-            Answer::Approve { given: Some(text) } if !text.trim().is_empty() => {
-                let asked = self.asked(&id).await?;
-                Answer::Approve {
-                    given: Some(checked_answer(&asked, &text)?),
-                }
-            }
+            Answer::Approve { given: Some(text) } if !text.trim().is_empty() => Answer::Approve {
+                given: Some(convert::canonical_json(&text, "answer_json", "null")?),
+            },
             Answer::Approve { .. } => Answer::Approve { given: None },
             Answer::Reject => Answer::Reject,
         };
@@ -76,40 +73,6 @@ impl ApprovalApi {
             .await?
             .ok_or_else(|| KernelError::NotFound(format!("approval {id} not found")))
     }
-}
-
-/// `text`, the answer to `asked`, as canonical JSON once it is checked: JSON, given to a question,
-/// and meeting the question's schema. Refused otherwise, naming `answer_json`, before anything is
-/// written.
-fn checked_answer(asked: &ApprovalRecord, text: &str) -> Result<String, KernelError> {
-    if !asked.is_question() {
-        return Err(KernelError::invalid(
-            "answer_json",
-            format!(
-                "approval {} is for a call, not a question: approve it without an answer",
-                asked.id
-            ),
-        ));
-    }
-    let canonical = convert::canonical_json(text, "answer_json", "null")?;
-    let answer: serde_json::Value = serde_json::from_str(&canonical).unwrap_or_default();
-    let arguments: serde_json::Value = serde_json::from_str(&asked.arguments).unwrap_or_default();
-    let schema = &arguments["schema"];
-    if !schema.is_null() {
-        let validator = ArgsValidator::compile(schema).map_err(|e| {
-            KernelError::FailedPrecondition(format!(
-                "question {} holds a schema that does not compile: {e}",
-                asked.key
-            ))
-        })?;
-        validator.check_value(&answer).map_err(|problems| {
-            KernelError::invalid(
-                "answer_json",
-                format!("does not meet the question's schema: {problems}"),
-            )
-        })?;
-    }
-    Ok(canonical)
 }
 
 #[tonic::async_trait]

@@ -222,8 +222,7 @@ pub fn approval(approval: &ApprovalRecord) -> pb::Approval {
         reason: approval.reason.clone().unwrap_or_default(),
         question: approval.is_question(),
         answer_schema_json: if approval.is_question() {
-            let arguments: serde_json::Value = serde_json::from_str(&approval.arguments).unwrap_or_default();
-            kernel_proto::canonical::to_canonical(&arguments["schema"])
+            kernel_proto::canonical::to_canonical(&crate::machine::question::asked_in(&approval.arguments).1)
         } else {
             String::new()
         },
@@ -254,12 +253,7 @@ pub fn interruption(approval: &ApprovalRecord, position: u32) -> pb::Interruptio
         position,
         step_key: approval.key.to_string(),
         tool: approval.tool.clone(),
-        reason: if approval.is_question() {
-            "human_input"
-        } else {
-            "tool_approval"
-        }
-        .into(),
+        reason: crate::machine::approval::interrupted_for(&approval.key).into(),
         approval_id: approval.id.to_string(),
         arguments_json: approval.arguments.clone(),
         message: approval.message.clone().unwrap_or_default(),

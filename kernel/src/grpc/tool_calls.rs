@@ -20,9 +20,7 @@ use super::{Kernel, STREAM_BUFFER, convert};
 use crate::error::KernelError;
 use crate::hub::{Signal, Subscription};
 use crate::limits::{self, Limits};
-use crate::model::{
-    ApprovalId, ApprovalRecord, ApprovalStatus, Capture, EventType, RunId, StepKey, StepKind, StepRecord, cut,
-};
+use crate::model::{ApprovalId, ApprovalRecord, ApprovalStatus, Capture, EventType, RunId, StepKey, StepRecord, cut};
 use crate::registry::KnownTool;
 use crate::scheduler::{ReserveCall, Written};
 use crate::store::{CallDisposition, CallGate, Fence, PlannedCall, StartDispatch, TurnPlan};
@@ -538,7 +536,7 @@ impl Ordered {
 
     /// Reports a pending approval of one of this turn's calls (or a question one asked), once.
     async fn interrupt(&self, approval: &ApprovalRecord, told: &mut HashSet<ApprovalId>, tx: &TurnSender) -> bool {
-        let call = approval.key.waiter().filter(|_| approval.is_question());
+        let call = approval.key.asking_call();
         let Some(index) = self.waiting.get(call.as_ref().unwrap_or(&approval.key)) else {
             return true;
         };
@@ -658,7 +656,7 @@ async fn stream_results(
                     match item.event.kind {
                         EventType::ToolResult | EventType::ToolDenied => ordered.settle(step),
                         EventType::RunInterrupted => {
-                            let call = step.key.waiter().filter(|_| step.kind == StepKind::Question);
+                            let call = step.key.asking_call();
                             asked |= ordered.waiting.contains_key(call.as_ref().unwrap_or(&step.key));
                         }
                         _ => {}

@@ -9,7 +9,7 @@ use super::{NewEvent, StepChange, json_or_string};
 use crate::error::KernelError;
 use crate::model::{
     ApprovalDecision, ApprovalId, ApprovalRecord, ApprovalStatus, ErrorKind, Millis, Outcome, RunRecord, RunStatus,
-    StepKind, StepRecord, StepStatus,
+    StepKey, StepKind, StepRecord, StepStatus,
 };
 
 /// What asking the next gated call of a run changes.
@@ -57,7 +57,7 @@ pub fn ask_next(run: &RunRecord, open: usize, next: Option<&StepRecord>, id: App
     let gate = step.approval_gate.clone().unwrap_or_default();
     let expires_at = gate.timeout_ms.map(|t| now + t as Millis);
     let event = RunInterrupted {
-        reason: interrupted_for(step).to_owned(),
+        reason: interrupted_for(&step.key).to_owned(),
         approval_id: id.clone(),
         step_key: step.key.to_string(),
         position: step.position,
@@ -103,12 +103,13 @@ pub fn ask_next(run: &RunRecord, open: usize, next: Option<&StepRecord>, id: App
     }))
 }
 
-/// Why a run blocks to ask about `step`: `human_input` for a tool body's question, else
+/// Why a run blocks to ask about step `key`: `human_input` for a tool body's question, else
 /// `tool_approval`.
-fn interrupted_for(step: &StepRecord) -> &'static str {
-    match step.kind {
-        StepKind::Question => "human_input",
-        _ => "tool_approval",
+pub fn interrupted_for(key: &StepKey) -> &'static str {
+    if key.is_question() {
+        "human_input"
+    } else {
+        "tool_approval"
     }
 }
 
@@ -157,12 +158,25 @@ pub fn answer(
         ApprovalStatus::Approved | ApprovalStatus::Rejected | ApprovalStatus::Expired
     ));
     let question = step.kind == StepKind::Question;
-    let given = given.filter(|_| question && status == ApprovalStatus::Approved);
-    if question && status == ApprovalStatus::Approved && given.is_none() {
-        return Err(KernelError::invalid(
-            "answer_json",
-            format!("approval {} asks a question: answer it with JSON", approval.id),
-        ));
+    let given = given.filter(|_| status == ApprovalStatus::Approved);
+    match given {
+        Some(_) if !question => {
+            return Err(KernelError::invalid(
+                "answer_json",
+                format!(
+                    "approval {} is for a call, not a question: approve it without an answer",
+                    approval.id
+                ),
+            ));
+        }
+        Some(given) => super::question::check_answer(step, given)?,
+        None if question && status == ApprovalStatus::Approved => {
+            return Err(KernelError::invalid(
+                "answer_json",
+                format!("approval {} asks a question: answer it with JSON", approval.id),
+            ));
+        }
+        None => {}
     }
     let mut answered = approval.clone();
     answered.status = status;

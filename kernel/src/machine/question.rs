@@ -11,7 +11,9 @@ use serde_json::Value;
 
 use super::events::{self, Payload};
 use super::{StepChange, json_or_string};
+use crate::error::KernelError;
 use crate::model::{ApprovalGate, Millis, StepKey, StepKind, StepRecord, StepStatus};
+use crate::validation::ArgsValidator;
 
 /// What a tool body asks.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -106,9 +108,37 @@ pub fn question_step(call: &StepRecord, occurrence: u32, asked: &Asked, now: Mil
 
 /// The question and the answer's schema a question step holds, as its arguments say them.
 pub fn of_step(step: &StepRecord) -> (String, Value) {
-    let arguments: Value = serde_json::from_str(&step.arguments).unwrap_or(Value::Null);
+    asked_in(&step.arguments)
+}
+
+/// The question and the answer's schema in a question's `arguments` (its step's, its approval's).
+pub fn asked_in(arguments: &str) -> (String, Value) {
+    let arguments: Value = serde_json::from_str(arguments).unwrap_or(Value::Null);
     let question = arguments["question"].as_str().unwrap_or_default().to_owned();
     (question, arguments["schema"].clone())
+}
+
+/// Checks `answer` (canonical JSON) against the schema question step `step` holds; `Err` names
+/// what does not fit.
+pub fn check_answer(step: &StepRecord, answer: &str) -> Result<(), KernelError> {
+    let (_, schema) = of_step(step);
+    if schema.is_null() {
+        return Ok(());
+    }
+    let answer: Value = serde_json::from_str(answer)
+        .map_err(|e| KernelError::invalid("answer_json", format!("is not valid JSON: {e}")))?;
+    let validator = ArgsValidator::compile(&schema).map_err(|e| {
+        KernelError::FailedPrecondition(format!(
+            "question {} holds a schema that does not compile: {e}",
+            step.key
+        ))
+    })?;
+    validator.check_value(&answer).map_err(|problems| {
+        KernelError::invalid(
+            "answer_json",
+            format!("does not meet the question's schema: {problems}"),
+        )
+    })
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pydantic
 
-from ._tool_subagents import KernelLink, SubagentWaits
+from ._tool_subagents import ChildStep, KernelLink, SubagentWaits
 from ._typed import Typed
 from .canonical import to_canonical
 from .errors import ToolError
@@ -405,12 +405,7 @@ class ToolContext:
 
         async def run() -> Any:
             output = await self._subagent(agent, input, session)
-            try:
-                return typed.of(output)
-            except pydantic.ValidationError as error:
-                raise ToolError.fatal(
-                    f"subagent '{agent}': its output does not fit its declared type: {error}"
-                ) from None
+            return _as_declared(typed, output, f"subagent '{agent}': its output")
 
         return run()
 
@@ -450,12 +445,7 @@ class ToolContext:
 
         async def run() -> Any:
             answer = await self._ask(question, schema, approvers, timeout)
-            try:
-                return typed.of(answer)
-            except pydantic.ValidationError as error:
-                raise ToolError.fatal(
-                    f"ctx.ask: the answer does not fit its declared type: {error}"
-                ) from None
+            return _as_declared(typed, answer, "ctx.ask: the answer")
 
         return run()
 
@@ -475,13 +465,20 @@ class ToolContext:
         occurrence = self._subagents().occurrence("?question")
         schema_json = "" if schema is None else to_canonical(schema)
         timeout_ms = 0 if timeout is None else max(1, round(timeout * 1000))
-        step = await kernel.ask(question, schema_json, approvers, timeout_ms, occurrence)
-        if not step.settled:
-            with self._subagents().waiting(step.key):
-                step = await kernel.await_step(step.key)
+        step = await self._settled(
+            kernel, await kernel.ask(question, schema_json, approvers, timeout_ms, occurrence)
+        )
         if step.succeeded:
             return json.loads(step.output_json or "null")
         raise ToolError.fatal(step.error)
+
+    async def _settled(self, kernel: KernelLink, step: ChildStep) -> ChildStep:
+        """`step` once it has settled, awaited from the kernel; while it waits, the call may give
+        back its slot."""
+        if step.settled:
+            return step
+        with self._subagents().waiting(step.key):
+            return await kernel.await_step(step.key)
 
     def _subagents(self) -> SubagentWaits:
         """What the body started and waits on, made when first needed."""
@@ -499,10 +496,17 @@ class ToolContext:
             )
         occurrence = self._subagents().occurrence(agent)
         input_json = "" if input is None else to_canonical(input)
-        step = await kernel.start(agent, input_json, session or "", occurrence)
-        if not step.settled:
-            with self._subagents().waiting(step.key):
-                step = await kernel.await_step(step.key)
+        step = await self._settled(
+            kernel, await kernel.start(agent, input_json, session or "", occurrence)
+        )
         if step.succeeded:
             return json.loads(step.output_json or "null")
         raise ToolError.fatal(f"subagent '{agent}' (run {step.child_run_id}) failed: {step.error}")
+
+
+def _as_declared(typed: Typed, value: Any, what: str) -> Any:
+    """`value` as its declared type; a value that does not fit is the call's fatal error."""
+    try:
+        return typed.of(value)
+    except pydantic.ValidationError as error:
+        raise ToolError.fatal(f"{what} does not fit its declared type: {error}") from None

@@ -339,12 +339,7 @@ impl ToolContext {
                 "subagent '{agent}': this context has no kernel (a test context); a dispatched call has one"
             )));
         };
-        let occurrence = {
-            let mut occurrences = self.subagents.occurrences.lock().expect("occurrences poisoned");
-            let count = occurrences.entry(agent.clone()).or_default();
-            *count += 1;
-            *count - 1
-        };
+        let occurrence = self.next_occurrence(&agent);
         let child = ChildRun {
             seq: 0,
             agent: &agent,
@@ -357,12 +352,7 @@ impl ToolContext {
         let step = response
             .step
             .ok_or_else(|| ToolError::fatal(format!("subagent '{agent}': the kernel returned no step")))?;
-        let step = if is_settled(&step) {
-            step
-        } else {
-            let _waiting = self.waiting(step.step_key.clone());
-            kernel.await_step(&step.step_key).await.map_err(failed)?
-        };
+        let step = self.settled(kernel, step, true).await.map_err(failed)?;
         child_outcome(agent.clone(), step).map_err(|error| ToolError::fatal(error.to_string()))
     }
 
@@ -399,12 +389,7 @@ impl ToolContext {
                 "ctx.ask: this context has no kernel (a test context); a dispatched call has one",
             ));
         };
-        let occurrence = {
-            let mut occurrences = self.subagents.occurrences.lock().expect("occurrences poisoned");
-            let count = occurrences.entry(QUESTIONS.to_owned()).or_default();
-            *count += 1;
-            *count - 1
-        };
+        let occurrence = self.next_occurrence(QUESTIONS);
         let request = pb::AskPersonRequest {
             dispatch: None,
             occurrence,
@@ -424,12 +409,7 @@ impl ToolContext {
             .map_err(failed)?
             .step
             .ok_or_else(|| ToolError::fatal("ctx.ask: the kernel returned no step"))?;
-        let step = if is_settled(&step) {
-            step
-        } else {
-            let _waiting = (!asked.hold).then(|| self.waiting(step.step_key.clone()));
-            kernel.await_step(&step.step_key).await.map_err(failed)?
-        };
+        let step = self.settled(kernel, step, !asked.hold).await.map_err(failed)?;
         if step.status == pb::StepStatus::Succeeded as i32 {
             serde_json::from_str(crate::hosted::subagent::output_text(&step))
                 .map(Ok)
@@ -437,6 +417,25 @@ impl ToolContext {
         } else {
             Ok(Err(step.error))
         }
+    }
+
+    /// How many subagents of `agent` (or questions, for [`QUESTIONS`]) the body started before
+    /// this one: its identity within the call.
+    fn next_occurrence(&self, agent: &str) -> u32 {
+        let mut occurrences = self.subagents.occurrences.lock().expect("occurrences poisoned");
+        let count = occurrences.entry(agent.to_owned()).or_default();
+        *count += 1;
+        *count - 1
+    }
+
+    /// `step` once it has settled, awaited from the kernel; while it waits, the call may give back
+    /// its slot when `suspendable`.
+    async fn settled(&self, kernel: &KernelLink, step: pb::Step, suspendable: bool) -> Result<pb::Step, AgentError> {
+        if is_settled(&step) {
+            return Ok(step);
+        }
+        let _waiting = suspendable.then(|| self.waiting(step.step_key.clone()));
+        kernel.await_step(&step.step_key).await
     }
 
     fn waiting(&self, key: String) -> Waiting {

@@ -47,12 +47,6 @@ pub fn answer<R: Records + ?Sized>(
         Answer::Approve { given } => (ApprovalStatus::Approved, given),
         Answer::Reject => (ApprovalStatus::Rejected, None),
     };
-    if given.is_some() && !approval.is_question() {
-        return Err(KernelError::invalid(
-            "answer_json",
-            format!("approval {id} is for a call, not a question: approve it without an answer"),
-        ));
-    }
     let mut answered = Answered::default();
     settle(
         records,

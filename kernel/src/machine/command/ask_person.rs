@@ -9,7 +9,7 @@ use crate::error::KernelError;
 use crate::machine::cancel;
 use crate::machine::hosted::Fence;
 use crate::machine::question::{self, Asked};
-use crate::model::{RunId, RunStatus, StepKey, StepKind, StepRecord};
+use crate::model::{RunId, StepKey, StepKind, StepRecord};
 
 /// A question to ask from the body of the tool call that dispatch `fence` holds in run `run`.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -63,20 +63,18 @@ pub fn withdraw_questions<R: Records + ?Sized>(records: &mut R, call: &StepRecor
     if call.kind != StepKind::Tool || !call.status.is_terminal() {
         return Ok(Vec::new());
     }
-    // An open question blocks its run (a hosted run's handler may have suspended it since): any
-    // other run has none, and is not read further.
-    let run = records.run(&call.run_id)?;
-    if !matches!(run.status, RunStatus::Blocked | RunStatus::Suspended) || records.count_active_steps(&run.id)? == 0 {
-        return Ok(Vec::new());
-    }
-    let questions: Vec<StepRecord> = records
-        .open_steps(&run.id)?
-        .into_iter()
-        .filter(|step| step.kind == StepKind::Question && step.key.waiter().as_ref() == Some(&call.key))
-        .collect();
-    let mut withdrawn = Vec::with_capacity(questions.len());
-    for open in questions {
-        let approval = records.open_approval_of(&run.id, &open.key)?;
+    // A body's questions are numbered from 0 in the order it asked them: a call that asked none
+    // (nearly every call) costs one lookup by key.
+    let mut withdrawn = Vec::new();
+    for occurrence in 0.. {
+        let key = StepKey::tool_question(&call.key, occurrence);
+        let Some(open) = records.find_step(&call.run_id, &key)? else {
+            break;
+        };
+        if open.status.is_terminal() {
+            continue;
+        }
+        let approval = records.open_approval_of(&call.run_id, &open.key)?;
         let change = cancel::cancel_call(
             &open,
             approval.as_ref(),
@@ -89,7 +87,7 @@ pub fn withdraw_questions<R: Records + ?Sized>(records: &mut R, call: &StepRecor
         withdrawn.push(apply_change(records, change.settled)?);
     }
     if !withdrawn.is_empty() {
-        super::ask::ask_next(records, &run.id)?;
+        super::ask::ask_next(records, &call.run_id)?;
     }
     Ok(withdrawn)
 }
@@ -102,7 +100,7 @@ mod tests {
     use crate::machine::command::cancel_call;
     use crate::machine::command::memory::Memory;
     use crate::machine::records::{NOW, run, step};
-    use crate::model::{ApprovalStatus, DispatchId, EventType, StepStatus};
+    use crate::model::{ApprovalStatus, DispatchId, EventType, RunStatus, StepStatus};
 
     /// A run whose call `t0/p0` runs under dispatch `d-1`, attempt 1.
     fn running() -> (Memory, StepRecord, Fence) {
