@@ -88,8 +88,8 @@ pub fn went_idle() {
     flush_thread_cache();
 }
 
-/// For the runtime's `on_thread_park`: flushes this thread's allocation cache once per idle
-/// epoch, a load and a comparison otherwise.
+/// For the runtime's `on_thread_park`, and a blocking thread's end of a read: flushes this
+/// thread's allocation cache once per idle epoch, a load and a comparison otherwise.
 pub fn on_park() {
     let epoch = IDLE_EPOCH.load(std::sync::atomic::Ordering::Relaxed);
     if FLUSHED_IN.with(|flushed| flushed.replace(epoch)) != epoch {

@@ -163,7 +163,11 @@ impl Readers {
             .expect("the readers' semaphore is never closed");
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            readers.pooled(BUSY_WAIT, query)
+            let result = readers.pooled(BUSY_WAIT, query);
+            // A blocking thread never parks as the runtime's do: it gives its allocation cache
+            // back after its read instead, once per time the kernel went idle, as they do.
+            crate::memory::on_park();
+            result
         })
         .await
         .map_err(|e| KernelError::Store(format!("reader task failed: {e}")))?
