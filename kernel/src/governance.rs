@@ -74,6 +74,19 @@ impl Governance {
         }
     }
 
+    /// A new run's budget limits: those it asks for, then those the policy's budgets give a run of
+    /// `agent` with `labels`.
+    pub fn budget(
+        &self,
+        asked: Vec<crate::machine::budget::Limit>,
+        agent: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Vec<crate::machine::budget::Limit> {
+        let mut limits = asked;
+        limits.extend(self.current().budgets_for(agent, labels));
+        limits
+    }
+
     fn current(&self) -> Arc<Policy> {
         self.policy.read().expect("policy lock poisoned").clone()
     }

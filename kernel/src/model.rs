@@ -323,6 +323,7 @@ text_enum!(
         LimitExceeded => "limit_exceeded",
         NoWorker => "no_worker",
         WriteToolBlocked => "write_tool_blocked",
+        BudgetExceeded => "budget_exceeded",
     }
 );
 
@@ -780,6 +781,8 @@ pub struct RunRecord {
     #[serde(with = "crate::wire::traceparent")]
     pub trace: Option<crate::traces::TraceParent>,
     pub tool_calls: u32,
+    /// What the run may spend on tool calls and has spent; `None`: no budget covers it.
+    pub budget: Option<crate::machine::budget::Budget>,
     pub last_seq: u64,
     pub created_at: Millis,
     pub updated_at: Millis,

@@ -131,7 +131,7 @@ pub mod __private;
 
 pub use agent::outcome::{ApprovalAnswer, ApprovalDecision, Outcome, ToolCallRejected};
 pub use agent::{
-    AgentClient, AgentError, Call, CallOutcome, CallStatus, Capture, Fork, Interruption, NewRun, ProgressUpdate,
+    AgentClient, AgentError, BudgetLimit, Call, CallOutcome, CallStatus, Capture, Fork, Interruption, NewRun, ProgressUpdate,
     RunHandle, RunSnapshot, TurnItem,
 };
 pub use backoff::Backoff;

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::error::KernelError;
 use crate::hub::ProgressUpdate;
+use crate::machine::budget;
 use crate::model::{
     AgentDef, ApprovalDecision, ApprovalRecord, ApprovalStatus, Capture, ErrorKind, EventRecord, Idempotency, Millis,
     Outcome, RetryPolicy, RiskLevel, RunRecord, RunStatus, StepKind, StepRecord, StepStatus, ToolDef, ToolOptions,
@@ -140,6 +141,8 @@ pub fn run(run: &RunRecord) -> pb::Run {
             .collect(),
         allow: run.allow.clone(),
         trace_id: hex::encode(crate::traces::trace_id(&run.id, run.trace.as_ref())),
+        budget: budget(run),
+        budget_under_parent: run.budget.as_ref().is_some_and(|budget| budget.under_parent),
     }
 }
 
@@ -162,7 +165,70 @@ pub fn outcome(outcome: Option<Outcome>) -> pb::CallOutcome {
         Some(Outcome::LimitExceeded) => pb::CallOutcome::LimitExceeded,
         Some(Outcome::NoWorker) => pb::CallOutcome::NoWorker,
         Some(Outcome::WriteToolBlocked) => pb::CallOutcome::WriteToolBlocked,
+        Some(Outcome::BudgetExceeded) => pb::CallOutcome::BudgetExceeded,
     }
+}
+
+/// Most limits a request may set on a run's budget.
+const MAX_BUDGET_LIMITS: usize = 32;
+
+/// A request's budget limits, checked: each limits calls, cost or both, by a cost that is a
+/// number >= 0, over a glob that compiles. Errors name the field (`budget[1].max_cost`).
+pub fn budget_limits(limits: Vec<pb::BudgetLimit>) -> Result<Vec<budget::Limit>, KernelError> {
+    if limits.len() > MAX_BUDGET_LIMITS {
+        return Err(KernelError::invalid(
+            "budget",
+            format!("{} limits; at most {MAX_BUDGET_LIMITS}", limits.len()),
+        ));
+    }
+    limits
+        .into_iter()
+        .enumerate()
+        .map(|(index, limit)| {
+            let field = |name: &str| format!("budget[{index}]{name}");
+            if limit.max_calls.is_none() && limit.max_cost.is_none() {
+                return Err(KernelError::invalid(
+                    field(""),
+                    "sets neither max_calls nor max_cost, so it limits nothing",
+                ));
+            }
+            if let Some(cost) = limit.max_cost
+                && !(cost.is_finite() && cost >= 0.0)
+            {
+                return Err(KernelError::invalid(field(".max_cost"), format!("{cost} is not a cost >= 0")));
+            }
+            let tools = match limit.tools.trim() {
+                "" => None,
+                glob => {
+                    crate::policy::glob::compile(glob).map_err(|e| KernelError::invalid(field(".tools"), e))?;
+                    Some(glob.to_owned())
+                }
+            };
+            Ok(budget::Limit {
+                tools,
+                max_calls: limit.max_calls,
+                max_cost: limit.max_cost,
+                set_by: Some("request".to_owned()),
+                spent: budget::Spent::default(),
+            })
+        })
+        .collect()
+}
+
+/// A run's budget limits with what each has spent.
+fn budget(run: &RunRecord) -> Vec<pb::BudgetLimit> {
+    run.budget
+        .iter()
+        .flat_map(|budget| &budget.limits)
+        .map(|limit| pb::BudgetLimit {
+            tools: limit.tools.clone().unwrap_or_default(),
+            max_calls: limit.max_calls,
+            max_cost: limit.max_cost,
+            set_by: limit.set_by.clone().unwrap_or_default(),
+            spent_calls: limit.spent.calls,
+            spent_cost: limit.spent.cost,
+        })
+        .collect()
 }
 
 /// The answer a gated call got.

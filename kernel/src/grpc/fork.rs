@@ -111,10 +111,16 @@ pub fn branch(
         true => parent.labels.clone(),
         false => convert::labels(req.labels)?,
     };
+    let asked = match req.budget.is_empty() {
+        true => crate::machine::budget::for_branch(parent),
+        false => convert::budget_limits(req.budget)?,
+    };
+    let budget = kernel.governance.budget(asked, &parent.agent, &labels);
     Ok(NewRun {
         agent: parent.agent.clone(),
         input,
         labels,
+        budget,
         idempotency_key: super::runs::idempotency_key(req.idempotency_key)?,
         max_tool_calls: parent.max_tool_calls,
         interactive: parent.interactive,

@@ -275,10 +275,14 @@ impl HostedService for HostedApi {
             )
             .into());
         }
+        // A subagent is charged to its parent's budget; the policy's budgets give it limits of
+        // its own too, by its agent and labels.
+        let budget = self.0.governance.budget(Vec::new(), &agent, &parent.labels);
         let child = NewRun {
             agent,
             input,
             labels: parent.labels.clone(),
+            budget,
             idempotency_key: None,
             max_tool_calls: 0,
             interactive: parent.interactive,

@@ -108,10 +108,16 @@ impl RunService for RunApi {
             }
             None => None,
         };
+        let labels = convert::labels(req.labels)?;
+        let budget = self
+            .0
+            .governance
+            .budget(convert::budget_limits(req.budget)?, &agent, &labels);
         let new = NewRun {
             agent,
             input,
-            labels: convert::labels(req.labels)?,
+            labels,
+            budget,
             idempotency_key,
             max_tool_calls: req.max_tool_calls,
             interactive: !req.non_interactive,

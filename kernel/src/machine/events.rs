@@ -185,6 +185,35 @@ pub struct RunCreated {
     pub allow: Vec<String>,
     /// The W3C trace context the run's span is a child of.
     pub traceparent: Option<String>,
+    /// The run's own budget limits (a subagent's parent's budget covers it too).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub budget: Vec<BudgetLimit>,
+}
+
+/// One limit of a run's budget, as set.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+pub struct BudgetLimit {
+    /// The tools it counts, a glob; absent: every tool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_calls: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
+    /// `request`, or the policy file's `budgets[i]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub set_by: Option<String>,
+}
+
+impl From<&super::budget::Limit> for BudgetLimit {
+    fn from(limit: &super::budget::Limit) -> Self {
+        BudgetLimit {
+            tools: limit.tools.clone(),
+            max_calls: limit.max_calls,
+            max_cost: limit.max_cost,
+            set_by: limit.set_by.clone(),
+        }
+    }
 }
 
 /// `run:started`: `turn` for an external agent's run, `hosted` for a hosted one.

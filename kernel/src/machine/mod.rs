@@ -73,6 +73,7 @@
 pub mod answer;
 pub mod approval;
 pub mod branch;
+pub mod budget;
 pub mod cancel;
 pub mod command;
 pub mod dispatch;

@@ -84,6 +84,7 @@ pub fn run() -> RunRecord {
         trace: None,
         max_concurrency: 0,
         tool_calls: 0,
+        budget: None,
         last_seq: 3,
         created_at: NOW - 1_000,
         updated_at: NOW - 1_000,
@@ -132,6 +133,7 @@ pub fn new_run() -> crate::machine::run::NewRun {
         fork: None,
         allow: Vec::new(),
         trace: None,
+        budget: Vec::new(),
         home: None,
     }
 }

@@ -46,6 +46,10 @@ pub struct NewRun {
     /// The W3C trace context its span is a child of.
     #[serde(with = "crate::wire::traceparent")]
     pub trace: Option<crate::traces::TraceParent>,
+    /// The run's own budget limits (from its request and the policy file); a subagent is also
+    /// charged to its parent's budget.
+    #[serde(default)]
+    pub budget: Vec<super::budget::Limit>,
     /// The shard to make a run in that no parent or idempotency key places
     /// ([`crate::machine::command::create_run::shard`]): one its replica owns. `None`: any.
     #[serde(default)]
@@ -89,13 +93,20 @@ fn created_event(new: &NewRun) -> NewEvent {
             .map(|at| at.key.to_string()),
         allow: new.allow.clone(),
         traceparent: new.trace.map(|trace| trace.to_string()),
+        budget: new.budget.iter().map(events::BudgetLimit::from).collect(),
     }
     .event()
 }
 
 /// Creates a run as `new` asks, given the run that holds its idempotency key, if any; a new run
 /// gets the id `id`.
-pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis) -> Result<Created, KernelError> {
+/// A subagent's `parent` is its parent run, whose budget covers it too.
+pub fn create(
+    (existing, parent): (Option<RunRecord>, Option<&RunRecord>),
+    new: &NewRun,
+    id: RunId,
+    now: Millis,
+) -> Result<Created, KernelError> {
     if let Some(run) = existing {
         if run.agent == new.agent && run.input == new.input {
             return Ok(Created::Existing(Box::new(run)));
@@ -131,6 +142,7 @@ pub fn create(existing: Option<RunRecord>, new: &NewRun, id: RunId, now: Millis)
         allow: new.allow.clone(),
         trace: new.trace,
         tool_calls: 0,
+        budget: super::budget::for_new_run(new.budget.clone(), parent),
         last_seq: 0,
         created_at: now,
         updated_at: now,
@@ -342,17 +354,17 @@ mod tests {
         let id = run().id;
         let Created::New {
             run: created, event, ..
-        } = create(None, &new_run(Some("k")), id.clone(), NOW).unwrap()
+        } = create((None, None), &new_run(Some("k")), id.clone(), NOW).unwrap()
         else {
             panic!("a new run");
         };
         assert_eq!((created.status, created.id.clone()), (RunStatus::Pending, id));
         assert_eq!(event.kind, EventType::RunCreated);
-        let again = create(Some((*created).clone()), &new_run(Some("k")), RunId::new(), NOW).unwrap();
+        let again = create((Some((*created).clone()), None), &new_run(Some("k")), RunId::new(), NOW).unwrap();
         assert_eq!(again, Created::Existing(created.clone()));
         let mut other = new_run(Some("k"));
         other.input = "[1]".into();
-        let refused = create(Some(*created), &other, RunId::new(), NOW).unwrap_err();
+        let refused = create((Some(*created), None), &other, RunId::new(), NOW).unwrap_err();
         assert!(matches!(refused, KernelError::AlreadyExists(_)), "{refused}");
     }
 

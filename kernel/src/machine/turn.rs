@@ -314,6 +314,24 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// Whether nothing refused the call: it runs, once a person approves it if it is gated.
+    pub fn runs(&self) -> bool {
+        self.refusal.is_none()
+    }
+
+    /// Refuses the call: its first attempt would go past a limit of its run's budget.
+    pub fn over_budget(&mut self, message: String) {
+        self.refusal = Some(Refusal {
+            message,
+            reason: "budget_exceeded",
+            outcome: Outcome::BudgetExceeded,
+            event: EventType::ToolResult,
+            decided_by: None,
+        });
+        self.approval = None;
+        self.cache_ttl_ms = None;
+    }
+
     /// Whether the call may be served from the result cache: a `read_only` tool with a cache
     /// TTL, the call neither refused nor gated. The store then looks for a live entry.
     pub fn may_use_cache(&self) -> bool {

@@ -48,6 +48,36 @@ pub(super) fn parse(text: &str) -> Result<Compiled, PolicyError> {
             require_permissions: file.require_permissions,
         },
         rules,
+        budgets: file
+            .budgets
+            .into_iter()
+            .enumerate()
+            .map(|(index, Keyed(raw))| build_budget(raw, index))
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+/// A budget of the file, checked: it limits something, and by a cost that is a number of money.
+fn build_budget(raw: RawBudget, index: usize) -> Result<super::PolicyBudget, PolicyError> {
+    let refused = |reason: String| PolicyError::new(None, format!("budgets[{index}]: {reason}"));
+    if raw.max_calls.is_none() && raw.max_cost.is_none() {
+        return Err(refused("sets neither max_calls nor max_cost, so it limits nothing".to_owned()));
+    }
+    if let Some(cost) = raw.max_cost
+        && !(cost.is_finite() && cost >= 0.0)
+    {
+        return Err(refused(format!("max_cost {cost} is not a cost >= 0")));
+    }
+    Ok(super::PolicyBudget {
+        labels: raw.labels.unwrap_or_default(),
+        agents: raw.agents.map(|globs| globs.0),
+        limit: crate::machine::budget::Limit {
+            tools: raw.tools.map(|pattern| pattern.0.glob().to_owned()),
+            max_calls: raw.max_calls,
+            max_cost: raw.max_cost,
+            set_by: Some(format!("policy:budgets[{index}]")),
+            spent: Default::default(),
+        },
     })
 }
 
@@ -82,6 +112,23 @@ struct PolicyFile {
     require_permissions: bool,
     #[serde(default)]
     rules: Rules,
+    #[serde(default)]
+    budgets: Vec<Keyed<RawBudget>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBudget {
+    #[serde(default)]
+    labels: Option<std::collections::BTreeMap<String, String>>,
+    #[serde(default)]
+    agents: Option<Globs>,
+    #[serde(default)]
+    tools: Option<Pattern>,
+    #[serde(default)]
+    max_calls: Option<u64>,
+    #[serde(default)]
+    max_cost: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -162,6 +209,10 @@ impl Mapping for RawMatch {
 
 impl Mapping for RawApproval {
     const SECTION: Section = Section::Approval;
+}
+
+impl Mapping for RawBudget {
+    const SECTION: Section = Section::Budget;
 }
 
 /// `T` read from a mapping whose keys were checked against its section of the table.
@@ -634,6 +685,7 @@ pub(super) fn derived_fields(section: Section) -> &'static [&'static str] {
         Section::Rule => introspect::fields::<RawRule>(),
         Section::Match => introspect::fields::<RawMatch>(),
         Section::Approval => introspect::fields::<RawApproval>(),
+        Section::Budget => introspect::fields::<RawBudget>(),
     }
 }
 

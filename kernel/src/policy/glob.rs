@@ -19,6 +19,12 @@ pub(crate) fn compile(pattern: &str) -> Result<Glob, String> {
         .map_err(|e| format!("invalid glob '{pattern}': {}", e.kind()))
 }
 
+/// Whether `pattern` (checked by [`compile`] when it was accepted) matches `name`; a pattern that
+/// does not compile matches nothing.
+pub(crate) fn matches(pattern: &str, name: &str) -> bool {
+    compile(pattern).is_ok_and(|glob| glob.compile_matcher().is_match(name))
+}
+
 /// A non-empty list of globs that remembers which entry matched.
 #[derive(Clone, Debug)]
 pub(crate) struct GlobList {

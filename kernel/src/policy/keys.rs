@@ -18,17 +18,20 @@ pub(crate) enum Section {
     Match,
     /// A rule's `approval` mapping.
     Approval,
+    /// One budget of the `budgets` list.
+    Budget,
 }
 
 impl Section {
     /// Every section, in the order the reference page lists them.
     #[cfg(test)]
-    pub(crate) const ALL: [Section; 5] = [
+    pub(crate) const ALL: [Section; 6] = [
         Section::File,
         Section::MaxRisk,
         Section::Rule,
         Section::Match,
         Section::Approval,
+        Section::Budget,
     ];
 
     /// The section as a path into the file, as the reference page names it.
@@ -40,6 +43,7 @@ impl Section {
             Section::Rule => "rules[]",
             Section::Match => "rules[].match",
             Section::Approval => "rules[].approval",
+            Section::Budget => "budgets[]",
         }
     }
 
@@ -51,6 +55,7 @@ impl Section {
             Section::Rule => "a rule",
             Section::Match => "a match",
             Section::Approval => "an approval",
+            Section::Budget => "a budget",
         }
     }
 
@@ -156,6 +161,17 @@ pub(crate) const KEYS: &[Key] = &[
         meaning: "Consulted by `priority`, higher first, ties in file order: the first rule whose matchers all \
                   hold contributes its decision (`rule:<id>`), later rules are not consulted.",
         example: "[{ id: adds, decision: allow }]",
+    },
+    Key {
+        name: "budgets",
+        section: Section::File,
+        value: "list of budgets",
+        default: "none",
+        meaning: "What runs may spend on tool calls. Each budget whose matchers hold for a new run (subagents and \
+                  branches among them) becomes a limit of its budget (`set_by: policy:budgets[<i>]`), beside those \
+                  the run asks for: a run can tighten a budget, never loosen one. A call that would go past a limit \
+                  does not run; the model reads why (`budget_exceeded`). See its keys below.",
+        example: "[{ labels: { team: billing }, max_cost: 5.0 }]",
     },
     Key {
         name: "ceiling",
@@ -310,6 +326,48 @@ pub(crate) const KEYS: &[Key] = &[
         meaning: "Shown to the person asked.",
         example: "\"check the ticket\"",
     },
+    Key {
+        name: "labels",
+        section: Section::Budget,
+        value: "mapping of label names to values",
+        default: "any run",
+        meaning: "The run has every one of these labels with these values.",
+        example: "{ team: billing }",
+    },
+    Key {
+        name: "agents",
+        section: Section::Budget,
+        value: "list of globs",
+        default: "any agent",
+        meaning: "The run's agent matches an entry.",
+        example: "[\"billing-*\"]",
+    },
+    Key {
+        name: "tools",
+        section: Section::Budget,
+        value: "glob",
+        default: "every tool",
+        meaning: "The limit counts only calls of tools whose name matches.",
+        example: "\"payments_*\"",
+    },
+    Key {
+        name: "max_calls",
+        section: Section::Budget,
+        value: "non-negative integer",
+        default: "no limit on calls",
+        meaning: "At most this many calls start (a call counts once, however many attempts it takes).",
+        example: "100",
+    },
+    Key {
+        name: "max_cost",
+        section: Section::Budget,
+        value: "non-negative number",
+        default: "no limit on cost",
+        meaning: "At most this much cost: each attempt's price (the tool's `cost_per_call`, else the kernel's \
+                  `--unit-price` for its name) is charged as it starts. A budget sets `max_calls`, `max_cost` or \
+                  both.",
+        example: "5.0",
+    },
 ];
 
 /// A short complete policy file, shown on the reference page; the tests load it.
@@ -339,4 +397,9 @@ rules:
     match: { resources: ["repo:prod-*"], writes: true }
     decision: deny
     reason: "production repositories are frozen"
+budgets:
+  - labels: { team: billing }
+    max_cost: 5.00
+  - tools: "payments_*"
+    max_calls: 100
 "#;

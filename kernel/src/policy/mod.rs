@@ -281,6 +281,18 @@ struct Compiled {
     presets: Presets,
     /// Sorted by priority, highest first; ties keep file order.
     rules: Vec<Rule>,
+    /// In file order.
+    budgets: Vec<PolicyBudget>,
+}
+
+/// A budget of the policy file: the runs it covers and the limit each gets.
+#[derive(Debug)]
+struct PolicyBudget {
+    /// Labels a run must have, each with its value.
+    labels: std::collections::BTreeMap<String, String>,
+    /// Globs one of which the run's agent must match; `None`: any agent.
+    agents: Option<glob::GlobList>,
+    limit: crate::machine::budget::Limit,
 }
 
 /// A loaded, validated policy. Cheap to clone and share between threads.
@@ -344,6 +356,23 @@ impl Policy {
         let text =
             std::fs::read_to_string(path).map_err(|e| named(PolicyError::new(None, format!("cannot read: {e}"))))?;
         Policy::from_yaml(&text).map_err(named)
+    }
+
+    /// The limits the policy's budgets give a new run of `agent` with `labels`, in file order.
+    pub fn budgets_for(
+        &self,
+        agent: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Vec<crate::machine::budget::Limit> {
+        self.inner
+            .budgets
+            .iter()
+            .filter(|budget| {
+                budget.labels.iter().all(|(name, value)| labels.get(name) == Some(value))
+                    && budget.agents.as_ref().is_none_or(|agents| agents.is_match(agent))
+            })
+            .map(|budget| budget.limit.clone())
+            .collect()
     }
 
     /// How many rules the policy holds, for logs.

@@ -1104,6 +1104,9 @@ fn file_with(section: keys::Section, key: &str, value: &str) -> String {
         }
         Section::Match => rule(&format!("match: {{ {key}: {value} }}")),
         Section::Approval => rule(&format!("approval: {{ {key}: {value} }}")),
+        // A budget limits something: the key alone when it is a limit, else beside one.
+        Section::Budget if key == "max_cost" => format!("budgets: [{{ {key}: {value} }}]\n"),
+        Section::Budget => format!("budgets: [{{ max_cost: 1.0, {key}: {value} }}]\n"),
     }
 }
 

@@ -667,8 +667,8 @@ fn insert_run(tx: &Tx<'_>, run: &RunRecord) -> Result<()> {
     tx.conn.write(
         "INSERT INTO runs (id, agent, status, input, labels, idempotency_key, max_tool_calls, created_at, updated_at, \
          interactive, permissions, capture, granted_by, hosted, parent_run_id, parent_step, session_key, \
-         max_concurrency, fork, allow, trace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
-         ?16, ?17, ?18, ?19, ?20, ?21)",
+         max_concurrency, fork, allow, trace, budget) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, \
+         ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
         params![
             run.id.as_str(),
             run.agent,
@@ -693,9 +693,17 @@ fn insert_run(tx: &Tx<'_>, run: &RunRecord) -> Result<()> {
                 .map(|fork| serde_json::to_string(fork).expect("a fork serializes")),
             (!run.allow.is_empty()).then(|| serde_json::to_string(&run.allow).expect("strings serialize")),
             run.trace.map(|trace| trace.to_string()),
+            budget_json(run),
         ],
     )?;
     Ok(())
+}
+
+/// A run's budget as its column holds it.
+fn budget_json(run: &RunRecord) -> Option<String> {
+    run.budget
+        .as_ref()
+        .map(|budget| serde_json::to_string(budget).expect("a budget serializes"))
 }
 
 /// The columns a step's save writes besides its indexed ones, `?5` on.
@@ -875,10 +883,10 @@ fn save_run(tx: &Tx<'_>, run: &RunRecord) -> Result<()> {
     tx.conn.write(
         if same_status {
             "UPDATE runs SET output = ?3, reason = ?4, tool_calls = ?5, updated_at = ?6, dispatches = ?7, \
-             suspensions = ?8 WHERE id = ?1"
+             suspensions = ?8, budget = ?9 WHERE id = ?1"
         } else {
             "UPDATE runs SET status = ?2, output = ?3, reason = ?4, tool_calls = ?5, updated_at = ?6, \
-             dispatches = ?7, suspensions = ?8 WHERE id = ?1"
+             dispatches = ?7, suspensions = ?8, budget = ?9 WHERE id = ?1"
         },
         params![
             run.id.as_str(),
@@ -889,6 +897,7 @@ fn save_run(tx: &Tx<'_>, run: &RunRecord) -> Result<()> {
             run.updated_at,
             run.dispatches,
             run.suspensions,
+            budget_json(run),
         ],
     )?;
     Ok(())

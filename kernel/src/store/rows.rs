@@ -8,7 +8,7 @@ use crate::model::{ApprovalId, ApprovalRecord, DispatchId, EventRecord, RunId, R
 
 pub const RUN_COLUMNS: &str = "id, agent, status, input, output, reason, labels, idempotency_key, \
      max_tool_calls, tool_calls, last_seq, created_at, updated_at, interactive, permissions, capture, granted_by, hosted, dispatches, parent_run_id, parent_step, \
-     session_key, suspensions, max_concurrency, fork, allow, trace";
+     session_key, suspensions, max_concurrency, fork, allow, trace, budget";
 
 pub const STEP_COLUMNS: &str = "run_id, step_key, turn, position, call_id, tool, fingerprint, version, \
      arguments, call_hash, idempotency_key, idempotency, timeout_ms, status, attempts, output, error, \
@@ -73,6 +73,10 @@ pub fn run_from_row(row: &Row<'_>) -> Result<RunRecord> {
             .and_then(|text| serde_json::from_str(&text).ok())
             .unwrap_or_default(),
         trace: parse_opt(row, 26)?,
+        budget: row
+            .get::<Option<String>>(27)?
+            .map(|text| serde_json::from_str(&text).map_err(|e| Error::conversion(27, e.to_string())))
+            .transpose()?,
     })
 }
 

@@ -381,6 +381,10 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE approvals ADD COLUMN answer TEXT;
     "#,
+    r#"
+    -- 19: what a run may spend on tool calls, and what it has spent (JSON; NULL: no budget).
+    ALTER TABLE runs ADD COLUMN budget TEXT;
+    "#,
 ];
 
 /// Brings the database to the newest schema.

@@ -6,6 +6,7 @@
 //! the recorded results without running the tools again, as long as each call keeps its
 //! position (or id) and arguments.
 
+pub(crate) mod budget;
 pub(crate) mod outcome;
 pub(crate) mod wire;
 
@@ -25,6 +26,7 @@ use crate::auth::{self, ApiKey};
 use crate::error::ErrorKind;
 use crate::tls::Tls;
 use crate::transport;
+pub use budget::BudgetLimit;
 use outcome::{ApprovalDecision, Outcome, ToolCallRejected};
 
 /// Why an agent request failed.
@@ -180,6 +182,8 @@ pub struct NewRun {
     /// The W3C `traceparent` of the agent's current span, which parents the run's spans (see
     /// [`NewRun::traceparent`]).
     pub traceparent: Option<String>,
+    /// What the run may spend on tool calls (see [`NewRun::budget`]).
+    pub budget: Vec<BudgetLimit>,
 }
 
 /// What inspection shows of a run's arguments, results, input and error texts; replay always has
@@ -211,7 +215,15 @@ impl NewRun {
             capture: Capture::Io,
             allow: Vec::new(),
             traceparent: None,
+            budget: Vec::new(),
         }
+    }
+
+    /// Adds a limit to the run's budget (repeatable): each holds, beside those the kernel's policy
+    /// gives runs with these labels.
+    pub fn budget(mut self, limit: BudgetLimit) -> Self {
+        self.budget.push(limit);
+        self
     }
 
     /// Sends the agent's trace context (a W3C `traceparent`, as an OpenTelemetry propagator
@@ -285,6 +297,7 @@ pub struct Fork {
     pub(crate) set_results: BTreeMap<String, Value>,
     pub(crate) labels: BTreeMap<String, String>,
     pub(crate) idempotency_key: Option<String>,
+    pub(crate) budget: Vec<BudgetLimit>,
 }
 
 impl Fork {
@@ -297,7 +310,15 @@ impl Fork {
             set_results: BTreeMap::new(),
             labels: BTreeMap::new(),
             idempotency_key: None,
+            budget: Vec::new(),
         }
+    }
+
+    /// Gives the branch a budget of its own (repeatable); with none it has its parent's limits,
+    /// with nothing spent.
+    pub fn budget(mut self, limit: BudgetLimit) -> Self {
+        self.budget.push(limit);
+        self
     }
 
     /// Replays the parent's record only up to and including step `step_key` (`t2/p0`,

@@ -71,6 +71,9 @@ pub enum Outcome {
     ReplayInputChanged,
     /// The run's `max_tool_calls` was reached; the call did not run.
     LimitExceeded,
+    /// The call would have gone past a limit of its run's budget (or an ancestor's); it did not
+    /// run, and the model reads which limit.
+    BudgetExceeded,
     /// No worker offering the tool connected within the kernel's schedule-to-start timeout.
     NoWorker,
     /// A branch or case run refused an effect its parent never recorded (a tool neither
@@ -102,6 +105,7 @@ impl Outcome {
             Outcome::Cancelled => "cancelled",
             Outcome::ReplayInputChanged => "replay_input_changed",
             Outcome::LimitExceeded => "limit_exceeded",
+            Outcome::BudgetExceeded => "budget_exceeded",
             Outcome::NoWorker => "no_worker",
             Outcome::WriteToolBlocked => "write_tool_blocked",
             Outcome::Unknown => "unknown",

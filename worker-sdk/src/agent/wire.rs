@@ -6,7 +6,7 @@ use kernel_proto::v1 as pb;
 use serde_json::Value;
 
 use super::outcome::{ApprovalAnswer, ApprovalDecision, Outcome};
-use super::{AgentError, Call, CallOutcome, CallStatus, Capture, Interruption, NewRun, ProgressUpdate, TurnItem};
+use super::{AgentError, BudgetLimit, Call, CallOutcome, CallStatus, Capture, Interruption, NewRun, ProgressUpdate, TurnItem};
 use crate::error::error_kind_from_pb;
 use crate::fields::optional_json;
 
@@ -22,6 +22,7 @@ pub(crate) fn create_run_request(run: NewRun) -> pb::CreateRunRequest {
         permissions: run.permissions,
         max_concurrency: run.max_concurrency,
         allow: run.allow,
+        budget: run.budget.into_iter().map(BudgetLimit::into_pb).collect(),
         capture: match run.capture {
             Capture::None => pb::Capture::None,
             Capture::Metadata => pb::Capture::Metadata,
@@ -42,6 +43,7 @@ pub(crate) fn fork_run_request(fork: super::Fork) -> pb::ForkRunRequest {
             .collect(),
         labels: fork.labels.into_iter().collect(),
         idempotency_key: fork.idempotency_key.unwrap_or_default(),
+        budget: fork.budget.into_iter().map(BudgetLimit::into_pb).collect(),
     }
 }
 
@@ -129,6 +131,7 @@ fn outcome_from_pb(value: i32) -> Outcome {
         Ok(pb::CallOutcome::Cancelled) => Outcome::Cancelled,
         Ok(pb::CallOutcome::ReplayInputChanged) => Outcome::ReplayInputChanged,
         Ok(pb::CallOutcome::LimitExceeded) => Outcome::LimitExceeded,
+        Ok(pb::CallOutcome::BudgetExceeded) => Outcome::BudgetExceeded,
         Ok(pb::CallOutcome::NoWorker) => Outcome::NoWorker,
         Ok(pb::CallOutcome::WriteToolBlocked) => Outcome::WriteToolBlocked,
         Ok(pb::CallOutcome::Unspecified) | Err(_) => Outcome::Unknown,

@@ -41,7 +41,12 @@ pub fn create<R: Records + ?Sized>(records: &mut R, new: NewRun) -> Result<Creat
         Some(shard) => RunId::new_in_shard(shard),
         None => RunId::new(),
     };
-    match run::create(existing, &new, id, records.now())? {
+    // A subagent's parent lives in its shard, so its budget is read in this transaction.
+    let parent = match (&existing, &new.parent) {
+        (None, Some((parent, _))) => Some(records.run(parent)?),
+        _ => None,
+    };
+    match run::create((existing, parent.as_ref()), &new, id, records.now())? {
         Created::Existing(run) => Ok((*run, false, None)),
         Created::New { run, event, dispatch } => {
             records.insert_run(&run)?;

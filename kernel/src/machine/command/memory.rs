@@ -180,6 +180,7 @@ impl Records for Memory {
             row.updated_at = run.updated_at;
             row.dispatches = run.dispatches;
             row.suspensions = run.suspensions;
+            row.budget.clone_from(&run.budget);
         }
         Ok(())
     }

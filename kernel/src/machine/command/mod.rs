@@ -14,6 +14,8 @@
 //! - [`suspend`]: a dispatch giving back its slot to wait.
 //! - [`start_subagent`]: a hosted handler's (or a tool body's) subagent.
 //! - [`ask_person`]: a tool body's question to a person; a settled call's questions withdrawn.
+//! - [`spend`]: an attempt paid for by the budgets over its run as it starts, or its call settled
+//!   as `budget_exceeded`.
 //! - [`delete`]: a finished run and what it alone holds.
 //! - [`tool_cache`]: an entry of a tool's own cache, from the dispatch running it.
 //!
@@ -39,6 +41,7 @@ pub(crate) mod memory;
 #[cfg(test)]
 pub(crate) mod properties;
 pub mod result;
+pub mod spend;
 pub mod start;
 pub mod start_subagent;
 pub mod submit_turn;

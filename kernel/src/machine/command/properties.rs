@@ -89,6 +89,8 @@ enum Command {
         hosted: bool,
         idempotency_key: Option<u8>,
         max_tool_calls: u8,
+        /// A budget of at most so many calls and so many tenths of cost.
+        budget: Option<(u8, u8)>,
     },
     /// A turn of an external run, or a hosted handler's calls at place `turn`, fenced by `fence`
     /// (which a forged sender adds to an external run's turn, too).
@@ -203,11 +205,17 @@ fn reported() -> impl Strategy<Value = Reported> {
 
 fn command() -> impl Strategy<Value = Command> {
     prop_oneof![
-        2 => (any::<bool>(), prop::option::weighted(0.3, 0u8..2), prop_oneof![4 => Just(0u8), 1 => 1u8..4])
-            .prop_map(|(hosted, idempotency_key, max_tool_calls)| Command::CreateRun {
+        2 => (
+            any::<bool>(),
+            prop::option::weighted(0.3, 0u8..2),
+            prop_oneof![4 => Just(0u8), 1 => 1u8..4],
+            prop::option::weighted(0.6, (0u8..3, 0u8..8)),
+        )
+            .prop_map(|(hosted, idempotency_key, max_tool_calls, budget)| Command::CreateRun {
                 hosted,
                 idempotency_key,
                 max_tool_calls,
+                budget,
             }),
         8 => (target(), 0u8..4, prop::collection::vec(call(), 1..4), sender(), any::<bool>())
             .prop_map(|(run, turn, calls, fence, reserve)| Command::Turn { run, turn, calls, fence, reserve }),
@@ -274,6 +282,7 @@ fn commands(most: usize) -> impl Strategy<Value = Vec<Timed>> {
                 hosted,
                 idempotency_key: None,
                 max_tool_calls: 0,
+                budget: None,
             },
         };
         [create(false), create(true), create(false)]
@@ -400,7 +409,8 @@ fn planned(turn: u32, position: u32, spec: CallSpec, tools: &[Arc<ToolDef>]) -> 
         tool,
         not_offered: false,
         timeout_ms: None,
-        unit_cost: 0.0,
+        // Every attempt costs, so the budgets of the runs that have one are spent.
+        unit_cost: 0.25,
         resources,
         start: None,
     }
@@ -574,7 +584,8 @@ impl World {
                 hosted,
                 idempotency_key,
                 max_tool_calls,
-            } => self.create(hosted, idempotency_key, max_tool_calls),
+                budget,
+            } => self.create(hosted, idempotency_key, max_tool_calls, budget),
             Command::Turn {
                 run,
                 turn,
@@ -617,8 +628,22 @@ impl World {
         }
     }
 
-    fn create(&mut self, hosted: bool, idempotency_key: Option<u8>, max_tool_calls: u8) -> super::Result<Done> {
-        let new = new_run(hosted, idempotency_key.map(|k| format!("key-{k}")), max_tool_calls);
+    fn create(
+        &mut self,
+        hosted: bool,
+        idempotency_key: Option<u8>,
+        max_tool_calls: u8,
+        budget: Option<(u8, u8)>,
+    ) -> super::Result<Done> {
+        let mut new = new_run(hosted, idempotency_key.map(|k| format!("key-{k}")), max_tool_calls);
+        new.budget = budget
+            .map(|(calls, tenths)| crate::machine::budget::Limit {
+                max_calls: Some(u64::from(calls)),
+                max_cost: Some(f64::from(tenths) / 10.0),
+                ..Default::default()
+            })
+            .into_iter()
+            .collect();
         self.traced(Resolved::CreateRun(new.clone()));
         let (run, created, _) = create_run::apply(&mut self.memory, new)?;
         if !created {
@@ -1401,7 +1426,49 @@ fn check(before: &State, world: &World, done: &Done) -> Result<(), TestCaseError
     divergence_fails_the_run(after, done)?;
     no_lost_wakeup(after)?;
     denied_never_ran(after)?;
+    budgets_hold(after)?;
     cache_outlives_its_runs(before, after)
+}
+
+/// Rule 6: a budget is never passed, and what it counts is exactly what started: each call of its
+/// run (and of the subagents under it) that had an attempt, and each attempt at its price.
+fn budgets_hold(state: &State) -> Result<(), TestCaseError> {
+    for run in state.runs.values() {
+        let Some(budget) = &run.budget else { continue };
+        prop_assert!(
+            crate::machine::budget::overspent(run).is_none(),
+            "run {} spent past its budget: {:?}",
+            run.id,
+            budget
+        );
+        let covered = |id: &RunId| {
+            let mut at = state.runs.get(id);
+            while let Some(r) = at {
+                if r.id == run.id {
+                    return true;
+                }
+                at = crate::machine::budget::next_account(r).and_then(|parent| state.runs.get(parent));
+            }
+            false
+        };
+        let started: Vec<&StepRecord> = state
+            .steps
+            .values()
+            .filter(|s| s.kind == StepKind::Tool && s.attempts > 0 && covered(&s.run_id))
+            .collect();
+        let cost: f64 = started.iter().map(|s| s.unit_cost * f64::from(s.attempts)).sum();
+        for limit in &budget.limits {
+            prop_assert_eq!(limit.spent.calls, started.len() as u64, "calls counted by run {}", run.id);
+            prop_assert!(
+                (limit.spent.cost - cost).abs() < 1e-9,
+                "run {} counted cost {} for attempts costing {}",
+                run.id,
+                limit.spent.cost,
+                cost
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Runs `commands` from an empty store, checking every property after each.
@@ -1460,6 +1527,7 @@ fn a_call_may_not_wait_on_a_step_whose_settle_would_not_wake_it() {
         hosted: false,
         idempotency_key: None,
         max_tool_calls: 0,
+        budget: None,
     };
     let mut world = World::new();
     for command in [external, lookups(0, 2)] {
@@ -1477,6 +1545,7 @@ fn a_call_may_not_wait_on_a_step_whose_settle_would_not_wake_it() {
             hosted: false,
             idempotency_key: None,
             max_tool_calls: 0,
+            budget: None,
         }),
         now(lookups(0, 1)),
         now(lookups(1, 2)),
@@ -1499,6 +1568,7 @@ fn started_hosted() -> Vec<Timed> {
             hosted,
             idempotency_key: None,
             max_tool_calls: 0,
+            budget: None,
         })
     };
     vec![

@@ -34,6 +34,10 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, start: StartDispatch) -> Resu
             records.append(&run.id, event, None)?;
         }
     }
+    // A call whose budget cannot pay for this attempt settles instead of starting.
+    if !super::spend::pay_start(records, &step)? {
+        return Ok(None);
+    }
     take_locks(records, &step, &start)?;
     if dispatch::consumes_approval(&step) {
         records.consume_approval(&start.run_id, &start.key)?;

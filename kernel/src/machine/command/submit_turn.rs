@@ -12,6 +12,7 @@
 use super::ending::{end_diverged, end_tree};
 use super::{Records, Result, parent_exists, parent_step, record_change};
 use crate::machine::branch::{self, Blocked, Verdict};
+use crate::machine::budget;
 use crate::machine::dispatch;
 use crate::machine::effects::Effect;
 use crate::machine::hosted;
@@ -76,7 +77,11 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, plan: TurnPlan) -> Result<Rec
         run = started;
     }
     let counted_before = run.tool_calls;
+    let budget_before = run.budget.clone();
     let mut calls = Calls::new(&plan, verdicts);
+    if run.budget.is_some() && turn::adds_calls(&recorded) {
+        calls.ancestors = super::spend::ancestors(records, &run)?;
+    }
     for (index, (call, recorded)) in plan.calls.iter().zip(recorded).enumerate() {
         let disposition = match recorded {
             Some(step) => resubmitted(records, step, call)?,
@@ -84,7 +89,7 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, plan: TurnPlan) -> Result<Rec
         };
         calls.dispositions.push(disposition);
     }
-    if run.tool_calls != counted_before {
+    if run.tool_calls != counted_before || run.budget != budget_before {
         records.save_run(&run)?;
     }
     if let Some(refused) = calls.blocked {
@@ -114,6 +119,8 @@ struct Calls {
     turn_blocked: Option<Blocked>,
     blocked: Option<Blocked>,
     gated: bool,
+    /// The runs above this one whose budgets cover its calls too (see [`super::spend`]).
+    ancestors: Vec<RunRecord>,
 }
 
 impl Calls {
@@ -128,6 +135,7 @@ impl Calls {
             turn_blocked,
             blocked: None,
             gated: false,
+            ancestors: Vec::new(),
         }
     }
 }
@@ -230,7 +238,7 @@ fn new_call<R: Records + ?Sized>(
         }
         _ => call,
     };
-    record_call(records, run, plan, call, &mut calls.gated)
+    record_call(records, run, plan, call, calls)
 }
 
 /// Records a new call as the machine decides it: settled at once, gated, or scheduled (and
@@ -240,15 +248,28 @@ fn record_call<R: Records + ?Sized>(
     run: &mut RunRecord,
     plan: &TurnPlan,
     call: &PlannedCall,
-    gated: &mut bool,
+    calls: &mut Calls,
 ) -> Result<CallDisposition> {
     let now = records.now();
-    let decision = turn::decide(run, call, &plan.available_tools);
+    let mut decision = turn::decide(run, call, &plan.available_tools);
     let cached = if decision.may_use_cache() {
         records.cached_result(&call.call_hash)?
     } else {
         None
     };
+    // A call served from the cache runs nothing and pays nothing; one already past its run's
+    // budget is refused here, before it is scheduled (its start checks again, and pays).
+    if cached.is_none() && decision.runs() && run.budget.is_some() {
+        let accounts: Vec<&RunRecord> = std::iter::once(&*run).chain(&calls.ancestors).collect();
+        let first = budget::Attempt {
+            tool: &call.tool_name,
+            unit_cost: call.unit_cost,
+            first: true,
+        };
+        if let Err(budget::Exceeded(message)) = budget::check(&accounts, first) {
+            decision.over_budget(message);
+        }
+    }
     let looked_up = cached.is_some();
     let recorded = turn::record(
         run,
@@ -270,6 +291,15 @@ fn record_call<R: Records + ?Sized>(
         }),
         _ => None,
     };
+    // Starting at once, it pays now; one the budget cannot pay for after all is scheduled, and
+    // its start settles it.
+    let started = match started {
+        Some(started) if run.budget.is_some() => {
+            let paid = super::spend::charge(records, run, &mut calls.ancestors, super::spend::next_attempt(&step))?;
+            paid.is_ok().then_some(started)
+        }
+        started => started,
+    };
     records.insert_step(started.as_ref().map_or(&step, |(change, _)| &change.step))?;
     if run.hosted {
         records.insert_place(&step)?;
@@ -281,7 +311,7 @@ fn record_call<R: Records + ?Sized>(
         }
         Next::Gated => {
             records.append(&run.id, recorded.event, None)?;
-            *gated = true;
+            calls.gated = true;
             CallDisposition::Gated(step)
         }
         Next::Scheduled => {

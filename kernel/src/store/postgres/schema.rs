@@ -259,4 +259,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE approvals ADD COLUMN answer TEXT;
     "#,
+    r#"
+    -- 11: what a run may spend on tool calls, and what it has spent (JSON; NULL: no budget).
+    ALTER TABLE runs ADD COLUMN budget TEXT;
+    "#,
 ];

@@ -1,0 +1,271 @@
+//! A tool call's attempt paid for by the budgets that cover its run ([`budget`]): checked and
+//! charged in the write that starts it, or, when it may not start, its call settled as
+//! `budget_exceeded` in that same write.
+
+use super::{Records, Result, apply_change};
+use crate::machine::budget::{self, Attempt, Exceeded};
+use crate::machine::dispatch;
+use crate::machine::events::SettledBy;
+use crate::model::{ErrorKind, Outcome, RunRecord, StepKind, StepRecord, StepStatus};
+
+/// The runs above `run` whose budgets cover it, nearest first (a subagent's parent, its parent's
+/// parent, ...): each lives in `run`'s shard, so this write holds them all.
+pub fn ancestors<R: Records + ?Sized>(records: &R, run: &RunRecord) -> Result<Vec<RunRecord>> {
+    let mut chain: Vec<RunRecord> = Vec::new();
+    let mut next = budget::next_account(run).cloned();
+    while let Some(id) = next {
+        let parent = records.run(&id)?;
+        next = budget::next_account(&parent).cloned();
+        chain.push(parent);
+    }
+    Ok(chain)
+}
+
+/// The attempt of `step` that starts next, as a budget sees it.
+pub fn next_attempt(step: &StepRecord) -> Attempt<'_> {
+    Attempt {
+        tool: &step.tool,
+        unit_cost: step.unit_cost,
+        first: step.attempts == 0,
+    }
+}
+
+/// Checks `attempt` against `run`'s budget and its ancestors' and, when it fits, charges it to
+/// each of them (`run` in place; the ancestors are saved).
+pub fn charge<R: Records + ?Sized>(
+    records: &mut R,
+    run: &mut RunRecord,
+    ancestors: &mut [RunRecord],
+    attempt: Attempt<'_>,
+) -> Result<std::result::Result<(), Exceeded>> {
+    let accounts: Vec<&RunRecord> = std::iter::once(&*run).chain(ancestors.iter()).collect();
+    if let Err(exceeded) = budget::check(&accounts, attempt) {
+        return Ok(Err(exceeded));
+    }
+    budget::charge(run, attempt);
+    for ancestor in ancestors.iter_mut() {
+        budget::charge(ancestor, attempt);
+        records.save_run(ancestor)?;
+    }
+    Ok(Ok(()))
+}
+
+/// Pays for the next attempt of tool call `step`, about to start: `true` when it may start (its
+/// run's budgets charged), `false` when a limit refused it and the call settled as
+/// `budget_exceeded` instead. Steps other than tool calls, and calls no budget covers, pay
+/// nothing.
+pub fn pay_start<R: Records + ?Sized>(records: &mut R, step: &StepRecord) -> Result<bool> {
+    if step.kind != StepKind::Tool {
+        return Ok(true);
+    }
+    let mut run = records.run(&step.run_id)?;
+    if run.budget.is_none() {
+        return Ok(true);
+    }
+    let mut chain = ancestors(records, &run)?;
+    match charge(records, &mut run, &mut chain, next_attempt(step))? {
+        Ok(()) => {
+            records.save_run(&run)?;
+            Ok(true)
+        }
+        Err(Exceeded(message)) => {
+            let change = dispatch::settle(
+                step,
+                (StepStatus::Failed, Outcome::BudgetExceeded),
+                Err((ErrorKind::Fatal, &message)),
+                0,
+                SettledBy::reason("budget_exceeded"),
+                records.now(),
+            );
+            let settled = apply_change(records, change)?;
+            super::ask_person::withdraw_questions(records, &settled)?;
+            Ok(false)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::machine::budget::Limit;
+    use crate::machine::command::memory::Memory;
+    use crate::machine::command::{create_run, start, submit_turn};
+    use crate::machine::dispatch::StartDispatch;
+    use crate::machine::records::{NOW, new_run};
+    use crate::machine::run::NewRun;
+    use crate::machine::turn::{CallGate, PlannedCall, TurnPlan};
+    use crate::model::{DispatchId, RunId, StepKey, ToolDef, ToolOptions};
+
+    fn call(position: u32) -> PlannedCall {
+        PlannedCall {
+            position,
+            key: StepKey::for_call(0, position, None),
+            call_id: None,
+            tool_name: "search".into(),
+            arguments: format!(r#"{{"n":{position}}}"#),
+            tool: Some(Arc::new(ToolDef {
+                name: "search".into(),
+                description: "d".into(),
+                input_schema: serde_json::json!({"type": "object"}),
+                version: "1".into(),
+                fingerprint: "fp".into(),
+                options: ToolOptions::default(),
+            })),
+            not_offered: false,
+            timeout_ms: None,
+            call_hash: format!("h{position}"),
+            gate: CallGate::Run {
+                decided_by: "default:allow".into(),
+            },
+            unit_cost: 0.5,
+            resources: Vec::new(),
+            start: None,
+        }
+    }
+
+    fn turn(run: &RunId, calls: u32) -> TurnPlan {
+        TurnPlan {
+            offers_approval_tool: None,
+            run_id: run.clone(),
+            turn: 0,
+            calls: (0..calls).map(call).collect(),
+            available_tools: vec!["search".into()],
+            default_timeout_ms: 30_000,
+            max_pending_calls: 100,
+            max_events: 10_000,
+            fence: None,
+            max_concurrency: None,
+        }
+    }
+
+    fn start_of(run: &RunId, position: u32, attempt: u32) -> StartDispatch {
+        StartDispatch {
+            run_id: run.clone(),
+            key: StepKey::for_call(0, position, None),
+            dispatch_id: DispatchId::from(format!("d{position}-{attempt}")),
+            attempt,
+            worker: "w1".into(),
+            session_id: "s1".into(),
+            lease_expires_at: NOW + 60_000,
+            replica: None,
+        }
+    }
+
+    fn created(records: &mut Memory, new: NewRun) -> RunRecord {
+        create_run::apply(records, new).unwrap().0
+    }
+
+    fn limited(calls: u64) -> NewRun {
+        NewRun {
+            budget: vec![Limit {
+                max_calls: Some(calls),
+                ..Limit::default()
+            }],
+            ..new_run()
+        }
+    }
+
+    fn spent(records: &Memory, run: &RunId) -> budget::Spent {
+        records.state.runs[run].budget.as_ref().unwrap().limits[0].spent
+    }
+
+    #[test]
+    fn calls_scheduled_together_start_until_the_budget_is_spent_and_the_next_settles_instead() {
+        let mut records = Memory::new(NOW);
+        let run = created(&mut records, limited(1));
+        // Nothing is spent while both are recorded: both are scheduled.
+        submit_turn::apply(&mut records, turn(&run.id, 2)).unwrap();
+        let first = start::apply(&mut records, start_of(&run.id, 0, 1)).unwrap();
+        assert!(first.is_some_and(|step| step.status == StepStatus::Running));
+        assert_eq!(spent(&records, &run.id), budget::Spent { calls: 1, cost: 0.5 });
+
+        let second = start::apply(&mut records, start_of(&run.id, 1, 1)).unwrap();
+        assert_eq!(second, None, "the second call does not start");
+        let settled = &records.state.steps[&(run.id.clone(), StepKey::for_call(0, 1, None))];
+        assert_eq!(
+            (settled.status, settled.outcome, settled.attempts),
+            (StepStatus::Failed, Some(Outcome::BudgetExceeded), 0)
+        );
+        assert_eq!(
+            settled.error.as_deref(),
+            Some(format!("budget exceeded: calls 2 of 1 for run {}; 'search' did not run", run.id).as_str())
+        );
+        let last = records.state.log[&run.id].last().unwrap();
+        assert_eq!(last.payload["outcome"], "budget_exceeded");
+        assert_eq!(last.payload["reason"], "budget_exceeded", "{}", last.payload);
+        assert_eq!(spent(&records, &run.id), budget::Spent { calls: 1, cost: 0.5 });
+    }
+
+    #[test]
+    fn a_call_past_the_budget_is_refused_as_it_is_recorded_and_an_early_start_pays_at_once() {
+        let mut records = Memory::new(NOW);
+        let run = created(&mut records, limited(1));
+        let mut plan = turn(&run.id, 2);
+        plan.calls[0].start = Some(start_of(&run.id, 0, 1));
+        let recorded = submit_turn::apply(&mut records, plan).unwrap();
+        assert!(matches!(recorded.calls[0], crate::machine::turn::CallDisposition::Started(_)));
+        let crate::machine::turn::CallDisposition::Settled(refused) = &recorded.calls[1] else {
+            panic!("the second call was not refused: {:?}", recorded.calls[1]);
+        };
+        assert_eq!(refused.outcome, Some(Outcome::BudgetExceeded));
+        assert_eq!(spent(&records, &run.id).calls, 1);
+    }
+
+    #[test]
+    fn a_retry_pays_its_price_again_but_counts_no_new_call() {
+        let mut records = Memory::new(NOW);
+        let run = created(
+            &mut records,
+            NewRun {
+                budget: vec![Limit {
+                    max_calls: Some(1),
+                    max_cost: Some(1.0),
+                    ..Limit::default()
+                }],
+                ..new_run()
+            },
+        );
+        submit_turn::apply(&mut records, turn(&run.id, 1)).unwrap();
+        let key = (run.id.clone(), StepKey::for_call(0, 0, None));
+        for attempt in 1..=2 {
+            let step = start::apply(&mut records, start_of(&run.id, 0, attempt)).unwrap();
+            assert!(step.is_some(), "attempt {attempt} starts");
+            // The attempt fails; the call waits for its next one.
+            let mut pending = records.state.steps[&key].clone();
+            pending.status = StepStatus::Pending;
+            records.state.steps.insert(key.clone(), pending);
+        }
+        assert_eq!(spent(&records, &run.id), budget::Spent { calls: 1, cost: 1.0 });
+        assert_eq!(start::apply(&mut records, start_of(&run.id, 0, 3)).unwrap(), None);
+        assert_eq!(records.state.steps[&key].outcome, Some(Outcome::BudgetExceeded));
+        assert_eq!(records.state.steps[&key].cost, 1.0, "the two attempts that ran");
+    }
+
+    #[test]
+    fn a_subagent_pays_from_its_parent_s_budget() {
+        let mut records = Memory::new(NOW);
+        let parent = created(&mut records, limited(1));
+        let child = created(
+            &mut records,
+            NewRun {
+                parent: Some((parent.id.clone(), StepKey::for_call(0, 0, None))),
+                ..new_run()
+            },
+        );
+        assert!(child.budget.as_ref().is_some_and(|b| b.under_parent && b.limits.is_empty()));
+        submit_turn::apply(&mut records, turn(&child.id, 2)).unwrap();
+        assert!(start::apply(&mut records, start_of(&child.id, 0, 1)).unwrap().is_some());
+        assert_eq!(spent(&records, &parent.id).calls, 1, "charged to the parent");
+        assert_eq!(start::apply(&mut records, start_of(&child.id, 1, 1)).unwrap(), None);
+        let refused = &records.state.steps[&(child.id.clone(), StepKey::for_call(0, 1, None))];
+        assert!(
+            refused
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains(&format!("(an ancestor of run {})", child.id))),
+            "{refused:?}"
+        );
+    }
+}

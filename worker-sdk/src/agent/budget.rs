@@ -1,0 +1,71 @@
+//! What a run may spend on tool calls.
+
+use kernel_proto::v1 as pb;
+
+/// One limit of a run's budget: at most so many calls, at most so much cost (each attempt at its
+/// tool's price), over every tool or over the tools a glob names. A call that would go past it
+/// does not run: its outcome is [`Outcome::BudgetExceeded`](super::Outcome::BudgetExceeded) and
+/// the model reads why. A subagent is charged to its parent's budget too.
+///
+/// ```
+/// use worker_sdk::{BudgetLimit, NewRun};
+///
+/// let run = NewRun::new("support", serde_json::json!({}))
+///     .budget(BudgetLimit::cost(5.0).and_calls(200))
+///     .budget(BudgetLimit::calls(10).on("payments_*"));
+/// assert_eq!(run.budget.len(), 2);
+/// ```
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BudgetLimit {
+    /// The tools it counts, a glob over tool names; `None`: every tool.
+    pub tools: Option<String>,
+    /// At most this many calls (each call once, however many attempts it takes).
+    pub max_calls: Option<u64>,
+    /// At most this much cost.
+    pub max_cost: Option<f64>,
+}
+
+impl BudgetLimit {
+    /// At most `max` calls.
+    pub fn calls(max: u64) -> Self {
+        BudgetLimit {
+            max_calls: Some(max),
+            ..Self::default()
+        }
+    }
+
+    /// At most `max` cost.
+    pub fn cost(max: f64) -> Self {
+        BudgetLimit {
+            max_cost: Some(max),
+            ..Self::default()
+        }
+    }
+
+    /// At most `max` calls as well.
+    pub fn and_calls(mut self, max: u64) -> Self {
+        self.max_calls = Some(max);
+        self
+    }
+
+    /// At most `max` cost as well.
+    pub fn and_cost(mut self, max: f64) -> Self {
+        self.max_cost = Some(max);
+        self
+    }
+
+    /// Counts only calls of tools whose name matches `glob` (`payments_*`).
+    pub fn on(mut self, glob: impl Into<String>) -> Self {
+        self.tools = Some(glob.into());
+        self
+    }
+
+    pub(crate) fn into_pb(self) -> pb::BudgetLimit {
+        pb::BudgetLimit {
+            tools: self.tools.unwrap_or_default(),
+            max_calls: self.max_calls,
+            max_cost: self.max_cost,
+            ..Default::default()
+        }
+    }
+}
