@@ -182,6 +182,10 @@ pub enum RunsCommand {
         /// Print the run's events until it ends; exit 1 unless it completed.
         #[arg(long, short = 'f')]
         follow: bool,
+        /// A limit of the run's budget, `calls=N`, `cost=X` or both, optionally on the tools a
+        /// glob names: `tools=payments_*,calls=10` (repeatable). A call past it does not run.
+        #[arg(long = "budget", value_name = "LIMIT", value_parser = parse_budget)]
+        budget: Vec<kernel_proto::v1::BudgetLimit>,
     },
     /// List runs, newest first.
     #[command(alias = "ls")]
@@ -271,6 +275,41 @@ pub struct ForkArgs {
     /// Forking again with the same key returns the first branch.
     #[arg(long, value_name = "KEY")]
     pub idempotency_key: Option<String>,
+
+    /// A limit of the branch's own budget, as for `runs start` (repeatable); without any, the
+    /// parent's limits, with nothing spent.
+    #[arg(long = "budget", value_name = "LIMIT", value_parser = parse_budget)]
+    pub budget: Vec<kernel_proto::v1::BudgetLimit>,
+}
+
+/// A budget limit: `calls=N`, `cost=X` and `tools=GLOB`, comma-separated, at least one of the
+/// first two.
+fn parse_budget(text: &str) -> Result<kernel_proto::v1::BudgetLimit, String> {
+    let mut limit = kernel_proto::v1::BudgetLimit::default();
+    for part in text.split(',').map(str::trim).filter(|part| !part.is_empty()) {
+        let Some((key, value)) = part.split_once('=') else {
+            return Err(format!("'{part}' is not key=value (calls=N, cost=X, tools=GLOB)"));
+        };
+        match key.trim() {
+            "calls" => {
+                let calls = value.trim().parse().map_err(|_| format!("calls '{value}' is not a whole number"))?;
+                limit.max_calls = Some(calls);
+            }
+            "cost" => {
+                let cost: f64 = value.trim().parse().map_err(|_| format!("cost '{value}' is not a number"))?;
+                if !(cost.is_finite() && cost >= 0.0) {
+                    return Err(format!("cost '{value}' is not a number >= 0"));
+                }
+                limit.max_cost = Some(cost);
+            }
+            "tools" => limit.tools = value.trim().to_owned(),
+            other => return Err(format!("unknown key '{other}' (expected calls, cost or tools)")),
+        }
+    }
+    if limit.max_calls.is_none() && limit.max_cost.is_none() {
+        return Err(format!("'{text}' sets neither calls nor cost"));
+    }
+    Ok(limit)
 }
 
 /// JSON text, checked and kept as written.

@@ -203,6 +203,34 @@ pub fn steps_table(steps: &[StepView]) -> String {
     )
 }
 
+/// Each limit of a run's budget with what it has spent, `calls 3 of 10, cost 1.50 of 5.00
+/// (request)`, one a line; `None` when no budget covers the run.
+fn budget(run: &RunView) -> Option<String> {
+    let mut lines: Vec<String> = run
+        .budget
+        .iter()
+        .map(|limit| {
+            let mut parts = Vec::new();
+            if let Some(max) = limit.max_calls {
+                parts.push(format!("calls {} of {max}", limit.spent_calls));
+            }
+            if let Some(max) = limit.max_cost {
+                parts.push(format!("cost {:.2} of {max:.2}", limit.spent_cost));
+            }
+            let scope = match &limit.tools {
+                Some(glob) => format!("on '{}': ", one_line(glob)),
+                None => String::new(),
+            };
+            let by = limit.set_by.as_deref().map(|by| format!(" ({by})")).unwrap_or_default();
+            format!("{scope}{}{by}", parts.join(", "))
+        })
+        .collect();
+    if run.budget_under_parent {
+        lines.push("charged to its parent's budget too".to_owned());
+    }
+    (!lines.is_empty()).then(|| lines.join("; "))
+}
+
 fn run_fields(run: &RunView) -> String {
     let mut pairs = vec![
         ("run", run.id.clone()),
@@ -222,6 +250,9 @@ fn run_fields(run: &RunView) -> String {
         None => format!("{} made (no max_tool_calls limit)", run.tool_calls),
     };
     pairs.push(("tool calls", tool_calls));
+    if let Some(budget) = budget(run) {
+        pairs.push(("budget", budget));
+    }
     if run.hosted {
         pairs.push((
             "hosted",
@@ -958,6 +989,39 @@ mod tests {
     }
 
     #[test]
+    fn a_run_s_budget_shows_each_limit_with_what_it_spent() {
+        let run = RunView::from(pb::Run {
+            budget: vec![
+                pb::BudgetLimit {
+                    max_calls: Some(10),
+                    max_cost: Some(5.0),
+                    set_by: "request".into(),
+                    spent_calls: 3,
+                    spent_cost: 1.5,
+                    ..Default::default()
+                },
+                pb::BudgetLimit {
+                    tools: "payments_*".into(),
+                    max_calls: Some(4),
+                    set_by: "policy:budgets[1]".into(),
+                    spent_calls: 1,
+                    ..Default::default()
+                },
+            ],
+            budget_under_parent: true,
+            ..sample_run()
+        });
+        assert_eq!(
+            budget(&run).as_deref(),
+            Some(
+                "calls 3 of 10, cost 1.50 of 5.00 (request); on 'payments_*': calls 1 of 4 (policy:budgets[1]); \
+                 charged to its parent's budget too"
+            )
+        );
+        assert!(run_fields(&run).contains("budget:      calls 3 of 10"), "{}", run_fields(&run));
+    }
+
+    #[test]
     fn run_detail_layout() {
         let failed = pb::Step {
             status: pb::StepStatus::Failed as i32,
@@ -987,6 +1051,7 @@ mod tests {
             text.contains("tool calls:  3 made, of at most 10 (max_tool_calls)\n"),
             "{text}"
         );
+        assert!(!text.contains("budget:"), "no budget covers the run: {text}");
         assert!(text.contains(r#"input:       {"budget":300,"task":"book a flight"}"#));
         assert!(text.contains("output:      -\n"));
         assert!(!text.contains("reason:"));

@@ -93,6 +93,36 @@ pub struct RunView {
     pub fork_results: BTreeMap<String, Json>,
     /// A case run's allow tokens (`tool:<name>`, `step:<id>`): what runs live besides reads.
     pub allow: Vec<String>,
+    /// What the run may spend on tool calls, each limit with what it has spent.
+    pub budget: Vec<BudgetView>,
+    /// A subagent whose calls are charged to its parent's budget too.
+    pub budget_under_parent: bool,
+}
+
+/// One limit of a run's budget and what it has spent.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BudgetView {
+    /// The tools it counts, a glob; `None`: every tool.
+    pub tools: Option<String>,
+    pub max_calls: Option<u64>,
+    pub max_cost: Option<f64>,
+    pub spent_calls: u64,
+    pub spent_cost: f64,
+    /// `request`, `parent`, or the policy file's `policy:budgets[i]`.
+    pub set_by: Option<String>,
+}
+
+impl From<pb::BudgetLimit> for BudgetView {
+    fn from(limit: pb::BudgetLimit) -> Self {
+        BudgetView {
+            tools: non_empty(limit.tools),
+            max_calls: limit.max_calls,
+            max_cost: limit.max_cost,
+            spent_calls: limit.spent_calls,
+            spent_cost: limit.spent_cost,
+            set_by: non_empty(limit.set_by),
+        }
+    }
 }
 
 impl From<pb::Run> for RunView {
@@ -133,6 +163,8 @@ impl From<pb::Run> for RunView {
                 .map(|(step, text)| (step, Json::parse_or(&text, Value::Null)))
                 .collect(),
             allow: run.allow,
+            budget: run.budget.into_iter().map(BudgetView::from).collect(),
+            budget_under_parent: run.budget_under_parent,
             id: run.id,
             agent: run.agent,
         }
@@ -658,6 +690,7 @@ pub fn outcome_name(raw: i32) -> Option<String> {
         pb::CallOutcome::Cancelled => "cancelled",
         pb::CallOutcome::ReplayInputChanged => "replay_input_changed",
         pb::CallOutcome::LimitExceeded => "limit_exceeded",
+        pb::CallOutcome::BudgetExceeded => "budget_exceeded",
         pb::CallOutcome::NoWorker => "no_worker",
         pb::CallOutcome::WriteToolBlocked => "write_tool_blocked",
     });

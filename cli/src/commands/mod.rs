@@ -27,9 +27,12 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
     let mut kernel = Kernel::connect(&cli.addr, &cli.access()).await?;
     let mut out = Output::new(out, cli.json);
     match cli.command {
-        Command::Runs(RunsCommand::Start { agent, input, follow }) => {
-            runs::start(&mut kernel, &mut out, (agent, input), follow).await
-        }
+        Command::Runs(RunsCommand::Start {
+            agent,
+            input,
+            follow,
+            budget,
+        }) => runs::start(&mut kernel, &mut out, (agent, input, budget), follow).await,
         Command::Runs(RunsCommand::List(args)) => runs::list(&mut kernel, &mut out, args).await,
         Command::Runs(RunsCommand::Show { id }) => runs::show(&mut kernel, &mut out, id).await,
         Command::Runs(RunsCommand::Tree { id }) => runs::tree(&mut kernel, &mut out, id).await,

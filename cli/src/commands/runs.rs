@@ -78,13 +78,14 @@ pub async fn list(kernel: &mut Kernel, out: &mut Output<'_>, args: ListRunsArgs)
 pub async fn start(
     kernel: &mut Kernel,
     out: &mut Output<'_>,
-    (agent, input): (String, String),
+    (agent, input, budget): (String, String, Vec<kernel_proto::v1::BudgetLimit>),
     follow: bool,
 ) -> Result<(), CliError> {
     let request = kernel_proto::v1::CreateRunRequest {
         agent,
         input_json: input,
         hosted: true,
+        budget,
         ..Default::default()
     };
     let response = unary(kernel.runs.create_run(request)).await?;
@@ -190,6 +191,7 @@ pub async fn fork(kernel: &mut Kernel, out: &mut Output<'_>, args: ForkArgs) -> 
         set_results: args.set_results.into_iter().collect(),
         labels: args.labels.into_iter().collect(),
         idempotency_key: args.idempotency_key.unwrap_or_default(),
+        budget: args.budget,
     };
     let response = unary(kernel.runs.fork_run(request)).await?;
     let run = RunView::from(
