@@ -968,6 +968,8 @@ pub(crate) mod tests {
                 "fork_at_step_key": null,
                 "fork_results": {},
                 "allow": [],
+                "budget": [],
+                "budget_under_parent": false,
             })
         );
     }
