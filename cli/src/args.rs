@@ -292,11 +292,17 @@ fn parse_budget(text: &str) -> Result<kernel_proto::v1::BudgetLimit, String> {
         };
         match key.trim() {
             "calls" => {
-                let calls = value.trim().parse().map_err(|_| format!("calls '{value}' is not a whole number"))?;
+                let calls = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("calls '{value}' is not a whole number"))?;
                 limit.max_calls = Some(calls);
             }
             "cost" => {
-                let cost: f64 = value.trim().parse().map_err(|_| format!("cost '{value}' is not a number"))?;
+                let cost: f64 = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("cost '{value}' is not a number"))?;
                 if !(cost.is_finite() && cost >= 0.0) {
                     return Err(format!("cost '{value}' is not a number >= 0"));
                 }

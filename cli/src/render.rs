@@ -1018,7 +1018,11 @@ mod tests {
                  charged to its parent's budget too"
             )
         );
-        assert!(run_fields(&run).contains("budget:      calls 3 of 10"), "{}", run_fields(&run));
+        assert!(
+            run_fields(&run).contains("budget:      calls 3 of 10"),
+            "{}",
+            run_fields(&run)
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod auth;
 mod bench_smoke;
 mod boot;
 mod branches;
+mod budgets;
 mod build;
 mod calls;
 mod cancel_call;

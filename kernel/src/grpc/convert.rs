@@ -195,7 +195,10 @@ pub fn budget_limits(limits: Vec<pb::BudgetLimit>) -> Result<Vec<budget::Limit>,
             if let Some(cost) = limit.max_cost
                 && !(cost.is_finite() && cost >= 0.0)
             {
-                return Err(KernelError::invalid(field(".max_cost"), format!("{cost} is not a cost >= 0")));
+                return Err(KernelError::invalid(
+                    field(".max_cost"),
+                    format!("{cost} is not a cost >= 0"),
+                ));
             }
             let tools = match limit.tools.trim() {
                 "" => None,

@@ -61,7 +61,9 @@ pub(super) fn parse(text: &str) -> Result<Compiled, PolicyError> {
 fn build_budget(raw: RawBudget, index: usize) -> Result<super::PolicyBudget, PolicyError> {
     let refused = |reason: String| PolicyError::new(None, format!("budgets[{index}]: {reason}"));
     if raw.max_calls.is_none() && raw.max_cost.is_none() {
-        return Err(refused("sets neither max_calls nor max_cost, so it limits nothing".to_owned()));
+        return Err(refused(
+            "sets neither max_calls nor max_cost, so it limits nothing".to_owned(),
+        ));
     }
     if let Some(cost) = raw.max_cost
         && !(cost.is_finite() && cost >= 0.0)

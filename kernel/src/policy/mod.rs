@@ -368,7 +368,10 @@ impl Policy {
             .budgets
             .iter()
             .filter(|budget| {
-                budget.labels.iter().all(|(name, value)| labels.get(name) == Some(value))
+                budget
+                    .labels
+                    .iter()
+                    .all(|(name, value)| labels.get(name) == Some(value))
                     && budget.agents.as_ref().is_none_or(|agents| agents.is_match(agent))
             })
             .map(|budget| budget.limit.clone())

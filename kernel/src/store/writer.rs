@@ -228,7 +228,9 @@ fn apply(tx: &mut Tx<'_>, command: Command, before_commit: &mut Option<BeforeCom
         Command::CreateRun(new, reply) => respond(command::create_run::apply(tx, *new), reply),
         Command::ScheduleTurn(plan, early, reply) => {
             let recorded = command::submit_turn::apply(tx, plan);
-            if let (Some(early), Ok(recorded)) = (early, &recorded) {
+            if let (Some(early), Ok(recorded)) = (early, &recorded)
+                && !recorded.paid
+            {
                 let steps = crate::machine::durability::dispatches_before_commit(&recorded.calls);
                 if !steps.is_empty() {
                     *before_commit = Some(Box::new(move || early(steps)));

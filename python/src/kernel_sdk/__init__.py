@@ -37,6 +37,7 @@ from .hosted import (
 from .records import (
     Approval,
     ApprovalDecision,
+    BudgetLimit,
     CallOutcome,
     CallResult,
     Event,
@@ -71,6 +72,7 @@ __all__ = [
     "AgentError",
     "Approval",
     "ApprovalDecision",
+    "BudgetLimit",
     "CallOutcome",
     "CallResult",
     "Cancellation",

@@ -4,7 +4,7 @@ into the records of `kernel_sdk.records`. The proto types stop here."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -17,6 +17,7 @@ from .errors import ConcurrentCallIdError, KernelError
 from .records import (
     Approval,
     ApprovalDecision,
+    BudgetLimit,
     CallResult,
     Event,
     Interruption,
@@ -175,7 +176,29 @@ def run(run: common_pb2.Run) -> Run:
         fork_at_step_key=run.fork_at_step_key,
         allow=tuple(run.allow),
         trace_id=run.trace_id,
+        budget=tuple(
+            BudgetLimit(
+                max_calls=limit.max_calls if limit.HasField("max_calls") else None,
+                max_cost=limit.max_cost if limit.HasField("max_cost") else None,
+                tools=limit.tools or None,
+                set_by=limit.set_by,
+                spent_calls=limit.spent_calls,
+                spent_cost=limit.spent_cost,
+            )
+            for limit in run.budget
+        ),
+        budget_under_parent=run.budget_under_parent,
     )
+
+
+def budget(limits: Sequence[BudgetLimit]) -> list[common_pb2.BudgetLimit]:
+    """A request's budget limits; what a limit read back says it spent is not sent."""
+    return [
+        common_pb2.BudgetLimit(
+            tools=limit.tools or "", max_calls=limit.max_calls, max_cost=limit.max_cost
+        )
+        for limit in limits
+    ]
 
 
 def step(step: common_pb2.Step) -> Step:

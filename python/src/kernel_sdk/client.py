@@ -30,6 +30,7 @@ from .canonical import to_canonical
 from .errors import KernelError
 from .records import (
     Approval,
+    BudgetLimit,
     CallResult,
     Event,
     Interruption,
@@ -122,6 +123,7 @@ class AgentClient:
         hosted: bool = False,
         allow: Sequence[str] = (),
         traceparent: str | None = None,
+        budget: Sequence[BudgetLimit] = (),
     ) -> Run:
         """Starts a run of `agent` (every `CreateRun` field): a repeated create with the same
         `idempotency_key` returns the first run. `capture` is what inspection shows of arguments
@@ -130,7 +132,9 @@ class AgentClient:
         `step:<id>`) make a case run: only reads run live, besides what a token names, and any
         other effect is refused with `write_tool_blocked`, which ends the run. A W3C
         `traceparent` (the agent's current span) parents the run's spans, and tools are handed
-        it (`ToolContext.trace_context()`)."""
+        it (`ToolContext.trace_context()`). Each `BudgetLimit` of `budget` holds beside those
+        the kernel's policy gives runs with these labels: a call past one does not run, and its
+        outcome is `budget_exceeded`."""
         response = await self._unary(
             self._runs.CreateRun,
             runs_pb2.CreateRunRequest(
@@ -145,6 +149,7 @@ class AgentClient:
                 capture=wire.CAPTURE[capture],
                 hosted=hosted,
                 allow=list(allow),
+                budget=wire.budget(budget),
             ),
             traceparent=traceparent,
         )
@@ -159,13 +164,15 @@ class AgentClient:
         set_results: Mapping[str, Any] | None = None,
         labels: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
+        budget: Sequence[BudgetLimit] = (),
     ) -> Run:
         """Makes a branch of recorded run `run_id`: a new run that replays the parent's recorded
         steps up to and including step `at` (all of them by default), with a new `input` or with
         the recorded results of the steps in `set_results` replaced. Only reads run live in a
         branch; any other effect the parent never recorded is refused with `write_tool_blocked`,
         which ends it. A hosted parent's branch is dispatched by the kernel; drive any other with
-        `submit_turn` on the returned run's id."""
+        `submit_turn` on the returned run's id. The branch spends a `budget` of its own: the
+        limits given, else its parent's, with nothing spent."""
         response = await self._unary(
             self._runs.ForkRun,
             runs_pb2.ForkRunRequest(
@@ -177,6 +184,7 @@ class AgentClient:
                 },
                 labels=dict(labels or {}),
                 idempotency_key=idempotency_key or "",
+                budget=wire.budget(budget),
             ),
         )
         return wire.run(response.run)

@@ -31,6 +31,9 @@ class CallOutcome(StrEnum):
     LIMIT_EXCEEDED = "limit_exceeded"
     NO_WORKER = "no_worker"
     WRITE_TOOL_BLOCKED = "write_tool_blocked"
+    BUDGET_EXCEEDED = "budget_exceeded"
+    """The call would have gone past a limit of its run's budget (or an ancestor's); it did
+    not run, and the model reads which limit."""
 
 
 class RunStatus(StrEnum):
@@ -138,6 +141,24 @@ class Turn:
 
 
 @dataclass(frozen=True)
+class BudgetLimit:
+    """One limit of a run's budget: at most `max_calls` calls, at most `max_cost` cost (each
+    attempt at its tool's price), over every tool or over the tools the glob `tools` names. A call
+    that would go past it does not run: its outcome is `budget_exceeded` and the model reads why.
+    A subagent is charged to its parent's budget too.
+
+    Read back on a `Run`, a limit also says what set it and what it has spent."""
+
+    max_calls: int | None = None
+    max_cost: float | None = None
+    tools: str | None = None
+    set_by: str = ""
+    """`request`, `parent` (a branch's), or the policy file's `policy:budgets[i]`."""
+    spent_calls: int = 0
+    spent_cost: float = 0.0
+
+
+@dataclass(frozen=True)
 class Run:
     """A run as the kernel records it."""
 
@@ -162,6 +183,10 @@ class Run:
     """A case run's allow tokens."""
     trace_id: str = ""
     """The OpenTelemetry trace of its spans: the agent's `traceparent`'s, or its own."""
+    budget: tuple[BudgetLimit, ...] = ()
+    """What the run may spend on tool calls, each limit with what it has spent."""
+    budget_under_parent: bool = False
+    """A subagent whose calls are charged to its parent's budget too."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ use kernel_proto::v1 as pb;
 use serde_json::Value;
 
 use super::outcome::{ApprovalAnswer, ApprovalDecision, Outcome};
-use super::{AgentError, BudgetLimit, Call, CallOutcome, CallStatus, Capture, Interruption, NewRun, ProgressUpdate, TurnItem};
+use super::{
+    AgentError, BudgetLimit, Call, CallOutcome, CallStatus, Capture, Interruption, NewRun, ProgressUpdate, TurnItem,
+};
 use crate::error::error_kind_from_pb;
 use crate::fields::optional_json;
 

@@ -54,8 +54,15 @@ fn a_cost_limit_charges_every_attempt_at_its_price_and_lets_free_calls_by() {
     let mut run = budgeted(vec![limit(None, None, Some(1.0))]);
     let (started, Exceeded(message)) = spend_until_refused(&mut run, attempt("search", 0.3, false));
     assert_eq!(started, 3, "0.9 spent, 1.2 would pass 1.0");
-    assert!(message.starts_with("budget exceeded: cost 1.20 of 1.00 for run "), "{message}");
-    assert_eq!(check(&[&run], attempt("free", 0.0, true)), Ok(()), "a free call costs nothing");
+    assert!(
+        message.starts_with("budget exceeded: cost 1.20 of 1.00 for run "),
+        "{message}"
+    );
+    assert_eq!(
+        check(&[&run], attempt("free", 0.0, true)),
+        Ok(()),
+        "a free call costs nothing"
+    );
     // Prices that sum to the limit inexactly in binary still fit it.
     let mut exact = budgeted(vec![limit(None, None, Some(0.3))]);
     let (started, _) = spend_until_refused(&mut exact, attempt("search", 0.1, true));

@@ -1458,7 +1458,12 @@ fn budgets_hold(state: &State) -> Result<(), TestCaseError> {
             .collect();
         let cost: f64 = started.iter().map(|s| s.unit_cost * f64::from(s.attempts)).sum();
         for limit in &budget.limits {
-            prop_assert_eq!(limit.spent.calls, started.len() as u64, "calls counted by run {}", run.id);
+            prop_assert_eq!(
+                limit.spent.calls,
+                started.len() as u64,
+                "calls counted by run {}",
+                run.id
+            );
             prop_assert!(
                 (limit.spent.cost - cost).abs() < 1e-9,
                 "run {} counted cost {} for attempts costing {}",

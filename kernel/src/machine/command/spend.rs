@@ -205,7 +205,10 @@ mod tests {
         let mut plan = turn(&run.id, 2);
         plan.calls[0].start = Some(start_of(&run.id, 0, 1));
         let recorded = submit_turn::apply(&mut records, plan).unwrap();
-        assert!(matches!(recorded.calls[0], crate::machine::turn::CallDisposition::Started(_)));
+        assert!(matches!(
+            recorded.calls[0],
+            crate::machine::turn::CallDisposition::Started(_)
+        ));
         let crate::machine::turn::CallDisposition::Settled(refused) = &recorded.calls[1] else {
             panic!("the second call was not refused: {:?}", recorded.calls[1]);
         };
@@ -254,7 +257,12 @@ mod tests {
                 ..new_run()
             },
         );
-        assert!(child.budget.as_ref().is_some_and(|b| b.under_parent && b.limits.is_empty()));
+        assert!(
+            child
+                .budget
+                .as_ref()
+                .is_some_and(|b| b.under_parent && b.limits.is_empty())
+        );
         submit_turn::apply(&mut records, turn(&child.id, 2)).unwrap();
         assert!(start::apply(&mut records, start_of(&child.id, 0, 1)).unwrap().is_some());
         assert_eq!(spent(&records, &parent.id).calls, 1, "charged to the parent");

@@ -33,6 +33,10 @@ pub struct RecordedTurn {
     pub ended_because: Option<crate::wire::Reason>,
     /// The run could not take the turn: why (its branch's parent is gone; the run ended with it).
     pub unresumable: Option<String>,
+    /// The turn's calls that started were paid for by a budget: none may go to its worker before
+    /// the commit that charged it, or a crash could lose the charge of a call that ran.
+    #[serde(default)]
+    pub paid: bool,
 }
 
 pub fn apply<R: Records + ?Sized>(records: &mut R, plan: TurnPlan) -> Result<RecordedTurn> {
@@ -100,6 +104,7 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, plan: TurnPlan) -> Result<Rec
             ended,
             unresumable: None,
             ended_because: Some("write_tool_blocked"),
+            paid: run.budget != budget_before,
         });
     }
     if calls.gated {
@@ -107,6 +112,7 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, plan: TurnPlan) -> Result<Rec
     }
     Ok(RecordedTurn {
         calls: calls.dispositions,
+        paid: run.budget != budget_before,
         ..RecordedTurn::default()
     })
 }

@@ -80,6 +80,7 @@ class CallOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CALL_OUTCOME_LIMIT_EXCEEDED: _ClassVar[CallOutcome]
     CALL_OUTCOME_NO_WORKER: _ClassVar[CallOutcome]
     CALL_OUTCOME_WRITE_TOOL_BLOCKED: _ClassVar[CallOutcome]
+    CALL_OUTCOME_BUDGET_EXCEEDED: _ClassVar[CallOutcome]
 
 class Capture(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -147,6 +148,7 @@ CALL_OUTCOME_REPLAY_INPUT_CHANGED: CallOutcome
 CALL_OUTCOME_LIMIT_EXCEEDED: CallOutcome
 CALL_OUTCOME_NO_WORKER: CallOutcome
 CALL_OUTCOME_WRITE_TOOL_BLOCKED: CallOutcome
+CALL_OUTCOME_BUDGET_EXCEEDED: CallOutcome
 CAPTURE_UNSPECIFIED: Capture
 CAPTURE_NONE: Capture
 CAPTURE_METADATA: Capture
@@ -174,7 +176,7 @@ class ApprovalDecision(_message.Message):
     def __init__(self, approval_id: _Optional[str] = ..., answer: _Optional[_Union[ApprovalStatus, str]] = ..., decider: _Optional[str] = ..., reason: _Optional[str] = ..., answered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("id", "agent", "status", "input_json", "output_json", "reason", "labels", "idempotency_key", "max_tool_calls", "tool_calls", "last_seq", "created_at", "updated_at", "non_interactive", "permissions", "capture", "permissions_granted_by", "hosted", "dispatches", "parent_run_id", "parent_step_key", "session_key", "suspensions", "max_concurrency", "forked_from_run_id", "fork_at_step_key", "fork_results", "allow", "trace_id")
+    __slots__ = ("id", "agent", "status", "input_json", "output_json", "reason", "labels", "idempotency_key", "max_tool_calls", "tool_calls", "last_seq", "created_at", "updated_at", "non_interactive", "permissions", "capture", "permissions_granted_by", "hosted", "dispatches", "parent_run_id", "parent_step_key", "session_key", "suspensions", "max_concurrency", "forked_from_run_id", "fork_at_step_key", "fork_results", "allow", "trace_id", "budget", "budget_under_parent")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +220,8 @@ class Run(_message.Message):
     FORK_RESULTS_FIELD_NUMBER: _ClassVar[int]
     ALLOW_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_UNDER_PARENT_FIELD_NUMBER: _ClassVar[int]
     id: str
     agent: str
     status: RunStatus
@@ -247,7 +251,25 @@ class Run(_message.Message):
     fork_results: _containers.ScalarMap[str, str]
     allow: _containers.RepeatedScalarFieldContainer[str]
     trace_id: str
-    def __init__(self, id: _Optional[str] = ..., agent: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., input_json: _Optional[str] = ..., output_json: _Optional[str] = ..., reason: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., max_tool_calls: _Optional[int] = ..., tool_calls: _Optional[int] = ..., last_seq: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., non_interactive: _Optional[bool] = ..., permissions: _Optional[_Iterable[str]] = ..., capture: _Optional[_Union[Capture, str]] = ..., permissions_granted_by: _Optional[str] = ..., hosted: _Optional[bool] = ..., dispatches: _Optional[int] = ..., parent_run_id: _Optional[str] = ..., parent_step_key: _Optional[str] = ..., session_key: _Optional[str] = ..., suspensions: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., forked_from_run_id: _Optional[str] = ..., fork_at_step_key: _Optional[str] = ..., fork_results: _Optional[_Mapping[str, str]] = ..., allow: _Optional[_Iterable[str]] = ..., trace_id: _Optional[str] = ...) -> None: ...
+    budget: _containers.RepeatedCompositeFieldContainer[BudgetLimit]
+    budget_under_parent: bool
+    def __init__(self, id: _Optional[str] = ..., agent: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., input_json: _Optional[str] = ..., output_json: _Optional[str] = ..., reason: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., max_tool_calls: _Optional[int] = ..., tool_calls: _Optional[int] = ..., last_seq: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., non_interactive: _Optional[bool] = ..., permissions: _Optional[_Iterable[str]] = ..., capture: _Optional[_Union[Capture, str]] = ..., permissions_granted_by: _Optional[str] = ..., hosted: _Optional[bool] = ..., dispatches: _Optional[int] = ..., parent_run_id: _Optional[str] = ..., parent_step_key: _Optional[str] = ..., session_key: _Optional[str] = ..., suspensions: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., forked_from_run_id: _Optional[str] = ..., fork_at_step_key: _Optional[str] = ..., fork_results: _Optional[_Mapping[str, str]] = ..., allow: _Optional[_Iterable[str]] = ..., trace_id: _Optional[str] = ..., budget: _Optional[_Iterable[_Union[BudgetLimit, _Mapping]]] = ..., budget_under_parent: _Optional[bool] = ...) -> None: ...
+
+class BudgetLimit(_message.Message):
+    __slots__ = ("tools", "max_calls", "max_cost", "set_by", "spent_calls", "spent_cost")
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CALLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_COST_FIELD_NUMBER: _ClassVar[int]
+    SET_BY_FIELD_NUMBER: _ClassVar[int]
+    SPENT_CALLS_FIELD_NUMBER: _ClassVar[int]
+    SPENT_COST_FIELD_NUMBER: _ClassVar[int]
+    tools: str
+    max_calls: int
+    max_cost: float
+    set_by: str
+    spent_calls: int
+    spent_cost: float
+    def __init__(self, tools: _Optional[str] = ..., max_calls: _Optional[int] = ..., max_cost: _Optional[float] = ..., set_by: _Optional[str] = ..., spent_calls: _Optional[int] = ..., spent_cost: _Optional[float] = ...) -> None: ...
 
 class Step(_message.Message):
     __slots__ = ("step_key", "turn", "position", "call_id", "tool", "tool_fingerprint", "tool_version", "arguments_json", "call_hash", "idempotency_key", "status", "attempts", "output_json", "error", "error_kind", "worker", "dispatch_id", "lease_expires_at", "created_at", "started_at", "finished_at", "replays", "progress_count", "next_attempt_at", "lease_losses", "max_attempts", "timeout_ms", "idempotency", "cost", "unit_cost", "decided_by", "outcome", "approval", "kind", "effect", "child_run_id", "max_concurrency", "resources", "replayed_from_run_id")

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class CreateRunRequest(_message.Message):
-    __slots__ = ("agent", "input_json", "labels", "idempotency_key", "max_tool_calls", "non_interactive", "permissions", "capture", "max_concurrency", "hosted", "allow")
+    __slots__ = ("agent", "input_json", "labels", "idempotency_key", "max_tool_calls", "non_interactive", "permissions", "capture", "max_concurrency", "hosted", "allow", "budget")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class CreateRunRequest(_message.Message):
     MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     HOSTED_FIELD_NUMBER: _ClassVar[int]
     ALLOW_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
     agent: str
     input_json: str
     labels: _containers.ScalarMap[str, str]
@@ -38,10 +39,11 @@ class CreateRunRequest(_message.Message):
     max_concurrency: int
     hosted: bool
     allow: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, agent: _Optional[str] = ..., input_json: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., max_tool_calls: _Optional[int] = ..., non_interactive: _Optional[bool] = ..., permissions: _Optional[_Iterable[str]] = ..., capture: _Optional[_Union[_common_pb2.Capture, str]] = ..., max_concurrency: _Optional[int] = ..., hosted: _Optional[bool] = ..., allow: _Optional[_Iterable[str]] = ...) -> None: ...
+    budget: _containers.RepeatedCompositeFieldContainer[_common_pb2.BudgetLimit]
+    def __init__(self, agent: _Optional[str] = ..., input_json: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., max_tool_calls: _Optional[int] = ..., non_interactive: _Optional[bool] = ..., permissions: _Optional[_Iterable[str]] = ..., capture: _Optional[_Union[_common_pb2.Capture, str]] = ..., max_concurrency: _Optional[int] = ..., hosted: _Optional[bool] = ..., allow: _Optional[_Iterable[str]] = ..., budget: _Optional[_Iterable[_Union[_common_pb2.BudgetLimit, _Mapping]]] = ...) -> None: ...
 
 class ForkRunRequest(_message.Message):
-    __slots__ = ("run_id", "at_step_key", "input_json", "set_results", "labels", "idempotency_key")
+    __slots__ = ("run_id", "at_step_key", "input_json", "set_results", "labels", "idempotency_key", "budget")
     class SetResultsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -62,13 +64,15 @@ class ForkRunRequest(_message.Message):
     SET_RESULTS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     at_step_key: str
     input_json: str
     set_results: _containers.ScalarMap[str, str]
     labels: _containers.ScalarMap[str, str]
     idempotency_key: str
-    def __init__(self, run_id: _Optional[str] = ..., at_step_key: _Optional[str] = ..., input_json: _Optional[str] = ..., set_results: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    budget: _containers.RepeatedCompositeFieldContainer[_common_pb2.BudgetLimit]
+    def __init__(self, run_id: _Optional[str] = ..., at_step_key: _Optional[str] = ..., input_json: _Optional[str] = ..., set_results: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., budget: _Optional[_Iterable[_Union[_common_pb2.BudgetLimit, _Mapping]]] = ...) -> None: ...
 
 class ForkRunResponse(_message.Message):
     __slots__ = ("run", "created")
