@@ -34,7 +34,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from kernel_sdk import AgentClient, CallOutcome, ToolCall, ToolContext, tool
+from kernel_sdk import AgentClient, BudgetLimit, CallOutcome, ToolCall, ToolContext, tool
 
 SCREENSHOTS = REPO / "target" / "console-screenshots"
 
@@ -406,6 +406,39 @@ async def test_capture_none_hides_arguments_and_results_on_the_page(
                     assert secret not in source, f"{secret} shown at capture none"
                 assert "capture=none" in source
                 browser.shot("capture-none")
+
+            await asyncio.to_thread(check)
+    finally:
+        kernel.stop()
+
+
+@tool(cost_per_call=0.5)
+async def priced(n: int) -> int:
+    """Doubles `n`, at a price."""
+    return 2 * n
+
+
+async def test_a_runs_page_shows_its_budget_with_what_it_spent(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    kernel = console_kernel(tmp_path)
+    try:
+        async with AgentClient(kernel.addr) as client, serving(kernel, priced):
+            run = await client.create_run(
+                "budgeted", budget=[BudgetLimit(max_calls=3, max_cost=1.0)]
+            )
+            calls = [ToolCall("priced", {"n": n}) for n in range(3)]
+            turn = await client.call_turn(run.id, 0, calls)
+            assert [r.outcome for r in turn.results][-1] == CallOutcome.BUDGET_EXCEEDED
+            browser = await asyncio.to_thread(chrome, kernel)
+
+            def check() -> None:
+                browser.open(f"/runs/{run.id}")
+                budget = browser.until("the budget", lambda d: d.find_element(By.ID, "run-budget"))
+                assert budget.text == "calls 2 of 3, cost 1.00 of 1.00 (request)", budget.text
+                steps = browser.source()
+                assert "budget_exceeded" in steps
+                browser.shot("run-budget")
 
             await asyncio.to_thread(check)
     finally:

@@ -187,6 +187,24 @@ fn live(loaded: &Loaded, ask_decider: bool) -> Markup {
     }
 }
 
+/// Each limit of the run's budget with what it has spent, one a line.
+fn budget(run: &pb::Run) -> Markup {
+    html! {
+        ul.budget {
+            @for limit in &run.budget {
+                li {
+                    @if !limit.tools.is_empty() { "on " code { (limit.tools) } ": " }
+                    @if let Some(max) = limit.max_calls { "calls " (limit.spent_calls) " of " (max) }
+                    @if limit.max_calls.is_some() && limit.max_cost.is_some() { ", " }
+                    @if let Some(max) = limit.max_cost { "cost " (format!("{:.2}", limit.spent_cost)) " of " (format!("{max:.2}")) }
+                    @if !limit.set_by.is_empty() { " " span.reason { "(" (limit.set_by) ")" } }
+                }
+            }
+            @if run.budget_under_parent { li { "charged to its parent's budget too" } }
+        }
+    }
+}
+
 fn header(run: &pb::Run, manifest: Option<&pb::RunManifest>) -> Markup {
     let status = format::run_status(run.status);
     html! {
@@ -197,6 +215,9 @@ fn header(run: &pb::Run, manifest: Option<&pb::RunManifest>) -> Markup {
             dt { "Capture" } dd { (format::capture(run.capture)) }
             dt { "Calls" } dd { (run.tool_calls) @if run.max_tool_calls > 0 { " of at most " (run.max_tool_calls) } }
             dt { "Cost" } dd { (manifest.map_or(0.0, |m| m.total_cost)) }
+            @if !run.budget.is_empty() || run.budget_under_parent {
+                dt { "Budget" } dd #run-budget { (budget(run)) }
+            }
             @if run.hosted {
                 dt { "Dispatches" } dd { (run.dispatches) @if run.suspensions > 0 { ", suspended " (run.suspensions) "×" } }
             }

@@ -1,0 +1,66 @@
+"""Budgets against the real kernel from Python: a runaway agent loop stopped at its budget with
+the model reading why, the spend read back on the run, a subagent-free branch with a budget of its
+own, and a budget that limits nothing refused naming its field."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import serving
+from harness import Kernel
+
+from kernel_sdk import AgentClient, BudgetLimit, CallOutcome, KernelError, ToolCall, tool
+
+RAN: list[str] = []
+
+
+@tool(cost_per_call=0.25)
+async def py_search(query: str) -> str:
+    """Searches for `query` (a paid API)."""
+    RAN.append(query)
+    return f"results for {query}"
+
+
+async def test_a_runaway_loop_stops_at_its_budget_and_the_model_reads_why(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    RAN.clear()
+    async with serving(kernel, py_search):
+        run = await client.create_run(
+            "researcher",
+            budget=[BudgetLimit(max_cost=1.0), BudgetLimit(max_calls=10, tools="py_*")],
+        )
+        stopped = None
+        for turn in range(20):
+            done = await client.call_turn(
+                run.id, turn, [ToolCall("py_search", {"query": f"q{turn}"})]
+            )
+            [result] = done.results
+            if not result.ok:
+                stopped = (turn, result)
+                break
+        assert stopped is not None, "the budget never stopped the loop"
+        turn, refused = stopped
+        assert turn == 4 and len(RAN) == 4, (turn, RAN)
+        assert refused.outcome == CallOutcome.BUDGET_EXCEEDED
+        assert refused.content == (
+            f"budget exceeded: cost 1.25 of 1.00 for run {run.id}; 'py_search' did not run"
+        )
+
+        detail = await client.get_run(run.id)
+        spent = [(limit.set_by, limit.spent_calls, limit.spent_cost) for limit in detail.run.budget]
+        assert spent == [("request", 4, 1.0), ("request", 4, 1.0)], detail.run.budget
+        assert detail.run.budget[1].tools == "py_*" and detail.run.budget[1].max_calls == 10
+
+        # A branch of the run spends a budget of its own: its parent's limits, nothing spent.
+        branch = await client.fork_run(run.id, at="t1/p0")
+        copied = [(b.max_calls, b.max_cost, b.set_by, b.spent_cost) for b in branch.budget]
+        assert copied == [(None, 1.0, "parent", 0.0), (10, None, "parent", 0.0)], copied
+
+
+async def test_a_budget_that_limits_nothing_is_refused_naming_its_field(
+    client: AgentClient,
+) -> None:
+    with pytest.raises(KernelError) as refused:
+        await client.create_run("researcher", budget=[BudgetLimit(tools="py_*")])
+    assert refused.value.code == "INVALID_ARGUMENT"
+    assert "budget[0]: sets neither max_calls nor max_cost" in str(refused.value)
