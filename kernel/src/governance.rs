@@ -242,6 +242,29 @@ mod tests {
         assert_eq!(policy.rule_count(), 3);
     }
 
+    /// The budgets the budgets guide shows load as shown, and give each run the limits it says.
+    #[test]
+    fn the_budgets_example_in_the_docs_loads_and_matches_by_label_and_agent() {
+        let guide = include_str!("../../docs/guides/budgets.md");
+        let block = guide
+            .split("```yaml\n")
+            .nth(1)
+            .map(|rest| &rest[..rest.find("```").expect("the block ends")])
+            .expect("the policy example in docs/guides/budgets.md");
+        let policy = Policy::from_yaml(block).unwrap_or_else(|e| panic!("{e}"));
+        let billing = [("team".to_owned(), "billing".to_owned())].into();
+        let limits = policy.budgets_for("support", &billing);
+        assert_eq!(limits.len(), 1);
+        assert_eq!(limits[0].max_cost, Some(5.0));
+        assert_eq!(limits[0].set_by.as_deref(), Some("policy:budgets[0]"));
+        let limits = policy.budgets_for("batch-nightly", &Default::default());
+        assert_eq!(
+            (limits[0].tools.as_deref(), limits[0].max_calls),
+            (Some("payments_*"), Some(100))
+        );
+        assert!(policy.budgets_for("support", &Default::default()).is_empty());
+    }
+
     #[test]
     fn the_longest_unit_price_prefix_wins_and_a_declared_cost_beats_it() {
         let governance = Governance::load(None, vec![("mcp_".into(), 0.001), ("mcp_docs_".into(), 0.002)]).unwrap();

@@ -163,6 +163,8 @@ pub use worker_sdk_macros::{agent, tool};
 mod book {
     #[doc = include_str!("../../docs/getting-started/rust.md")]
     mod getting_started_rust {}
+    #[doc = include_str!("../../docs/guides/budgets.md")]
+    mod guides_budgets {}
     #[doc = include_str!("../../docs/guides/hosted-agents.md")]
     mod guides_hosted_agents {}
     #[doc = include_str!("../../docs/guides/security.md")]
