@@ -284,7 +284,7 @@ pub struct ForkArgs {
 
 /// A budget limit: `calls=N`, `cost=X` and `tools=GLOB`, comma-separated, at least one of the
 /// first two.
-fn parse_budget(text: &str) -> Result<kernel_proto::v1::BudgetLimit, String> {
+pub(crate) fn parse_budget(text: &str) -> Result<kernel_proto::v1::BudgetLimit, String> {
     let mut limit = kernel_proto::v1::BudgetLimit::default();
     for part in text.split(',').map(str::trim).filter(|part| !part.is_empty()) {
         let Some((key, value)) = part.split_once('=') else {

@@ -27,6 +27,12 @@ pub struct CallLabels {
     pub outcome: String,
 }
 
+/// A tool's label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolLabels {
+    pub tool: String,
+}
+
 /// A run status's label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StatusLabels {
@@ -37,6 +43,8 @@ pub struct StatusLabels {
 pub struct Metrics {
     registry: Registry,
     pub calls: Family<CallLabels, Counter>,
+    /// What settled calls cost (every attempt at its price), by tool.
+    pub cost: Family<ToolLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
     pub call_seconds: Histogram,
     pub schedule_to_start_seconds: Histogram,
     pub run_seconds: Histogram,
@@ -82,6 +90,13 @@ impl Metrics {
         let mut registry = Registry::with_prefix("kernel");
         let calls = Family::<CallLabels, Counter>::default();
         registry.register("tool_calls", "Tool calls settled, by tool and outcome", calls.clone());
+        let cost = Family::<ToolLabels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "tool_cost",
+            "What settled tool calls cost, every attempt at its price (the tool's cost_per_call or --unit-price), \
+             by tool; what budgets charge",
+            cost.clone(),
+        );
         let call_seconds = Histogram::new(latency_buckets());
         registry.register_with_unit(
             "tool_call_duration",
@@ -176,6 +191,7 @@ impl Metrics {
         Metrics {
             registry,
             calls,
+            cost,
             call_seconds,
             schedule_to_start_seconds,
             run_seconds,
@@ -205,6 +221,7 @@ impl Metrics {
         let Metrics {
             registry: _,
             calls,
+            cost,
             call_seconds: _,
             schedule_to_start_seconds: _,
             run_seconds: _,
@@ -228,6 +245,7 @@ impl Metrics {
             outcome: String::new(),
         }));
         drop(runs.get_or_create(&StatusLabels { status: String::new() }));
+        drop(cost.get_or_create(&ToolLabels { tool: String::new() }));
         metrics
     }
 
@@ -253,6 +271,13 @@ impl Metrics {
                             .to_owned(),
                     })
                     .inc();
+                if step.cost > 0.0 {
+                    self.cost
+                        .get_or_create(&ToolLabels {
+                            tool: step.tool.clone(),
+                        })
+                        .inc_by(step.cost);
+                }
                 let finished = step.finished_at.unwrap_or(published.event.at);
                 self.call_seconds.observe(seconds_between(step.created_at, finished));
                 if let Some(started) = started_on_a_worker(step) {

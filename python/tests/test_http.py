@@ -35,9 +35,9 @@ def get(kernel: Kernel, path: str) -> tuple[int, str]:
         return response.status, response.read().decode()
 
 
-@tool
+@tool(cost_per_call=0.5)
 async def add(ctx: ToolContext, a: int, b: int) -> int:
-    """Adds."""
+    """Adds, at a price."""
     return a + b
 
 
@@ -70,6 +70,8 @@ async def test_metrics_count_known_work_and_the_gauges_survive_a_restart(tmp_pat
             samples = scrape(kernel)
             assert samples['kernel_tool_calls_total{tool="add",outcome="ok"}'] == 3
             assert samples['kernel_tool_calls_total{tool="add",outcome="invalid_arguments"}'] == 1
+            # Three attempts ran at 0.5 each; the refused call cost nothing.
+            assert samples['kernel_tool_cost_total{tool="add"}'] == 1.5
             assert samples["kernel_tool_call_duration_seconds_count"] == 4
             # Three ran on the worker; the refused one never started.
             assert samples["kernel_tool_call_run_seconds_count"] == 3

@@ -209,3 +209,31 @@ async fn a_sustained_lane_moves_to_a_new_run_before_the_turn_limit() {
         "every run completed: {runs:?}"
     );
 }
+
+/// `--budget` gives every run of the benchmark that budget, which its calls are charged to.
+#[tokio::test]
+async fn bench_runs_can_carry_a_budget() {
+    let kernel = Kernel::start();
+    let output = kernel.kernelctl(&[
+        "bench",
+        "--sections",
+        "sequential",
+        "--sequential",
+        "20",
+        "--budget",
+        "calls=1000000,cost=1000",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let runs = kernel.list_runs("kernelctl-bench-sequential").await;
+    assert!(!runs.is_empty());
+    for run in runs {
+        let limit = &run.budget[0];
+        assert_eq!(
+            (limit.max_calls, limit.max_cost),
+            (Some(1_000_000), Some(1000.0)),
+            "{run:?}"
+        );
+        assert!(limit.spent_calls > 0, "the bench's calls were charged: {run:?}");
+    }
+}

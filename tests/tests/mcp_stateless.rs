@@ -146,6 +146,56 @@ async fn a_2026_client_gets_a_run_per_call_or_the_run_it_names_over_both_transpo
 }
 
 #[tokio::test]
+async fn a_run_a_2026_client_opens_with_a_budget_refuses_the_call_past_it_as_a_result_the_model_reads() {
+    let kernel = Kernel::start();
+    let _worker = kernel.worker("w1");
+    let (_server, url) = kernel.mcp_serve_http(&[]);
+    let calls = json!([
+        {"tool": "add", "arguments": {"a": 1, "b": 1}, "meta": {"kernel/run": "new", "kernel/budget": {"max_calls": 2}}},
+        {"tool": "add", "arguments": {"a": 2, "b": 2}, "meta": {"kernel/run": "$last_run"}},
+        {"tool": "add", "arguments": {"a": 3, "b": 3}, "meta": {"kernel/run": "$last_run"}},
+        {"tool": "add", "arguments": {"a": 1, "b": 1}, "meta": {"kernel/run": "new", "kernel/budget": {"max_calls": "two"}}},
+        {"tool": "add", "arguments": {"a": 1, "b": 1}, "meta": {"kernel/run": "new", "kernel/budget": {"tools": "x"}}},
+    ]);
+    let client = McpClient::stateless("http", &url, &calls, &json!({}), &[]);
+    assert_eq!(client.next()["protocol_version"], "2026-07-28");
+    client.next();
+    let seen = answers(&client, 5);
+    let done = results(&seen);
+    assert_eq!(done.len(), 3, "{seen:?}");
+    let run = run_of(done[0]);
+    assert_eq!(
+        (done[0]["text"].clone(), done[1]["text"].clone()),
+        (json!(["2"]), json!(["4"]))
+    );
+    assert_eq!(done[2]["is_error"], true);
+    assert_eq!(
+        done[2]["text"],
+        json!([format!(
+            "budget exceeded: calls 3 of 2 for run {run}; 'add' did not run"
+        )])
+    );
+    let budget = kernel.get(&run).await.run.unwrap().budget;
+    assert_eq!((budget[0].max_calls, budget[0].spent_calls), (Some(2), 2), "{budget:?}");
+
+    // A malformed budget is the request's error naming the key; one that limits nothing, the
+    // kernel's refusal of the run; nothing is recorded for either.
+    let errors: Vec<&str> = seen.iter().filter_map(|e| e["error"]["message"].as_str()).collect();
+    assert_eq!(errors.len(), 2, "{seen:?}");
+    assert!(
+        errors[0].starts_with("_meta.kernel/budget: max_calls must be"),
+        "{}",
+        errors[0]
+    );
+    assert!(
+        errors[1].contains("budget[0]: sets neither max_calls nor max_cost"),
+        "{}",
+        errors[1]
+    );
+    assert_eq!(kernel.list_runs("e2e-client").await.len(), 1);
+}
+
+#[tokio::test]
 async fn a_call_re_issued_after_its_stream_was_cut_runs_once() {
     let kernel = Kernel::start();
     let _worker = kernel.fault_worker("fw");

@@ -38,6 +38,8 @@ pub struct Agent {
     /// The turns a lane of [`Agent::drive`] makes in one run before it goes on in a new one: a
     /// minute of the sustained section makes more than the kernel lets one run make.
     turns_per_run: u32,
+    /// The budget every run gets (`--budget`).
+    budget: Vec<pb::BudgetLimit>,
 }
 
 /// What a concurrent phase measured.
@@ -148,7 +150,7 @@ impl Agent {
         addr: &KernelAddr,
         access: &Access,
         label: &str,
-        turns_per_run: u32,
+        (turns_per_run, budget): (u32, Vec<pb::BudgetLimit>),
     ) -> Result<Agent, BenchError> {
         let api_key = access.api_key()?;
         let endpoint = access.endpoint(addr)?.tcp_nodelay(true);
@@ -164,6 +166,7 @@ impl Agent {
                 .collect(),
             label: label.to_owned(),
             turns_per_run,
+            budget,
         })
     }
 
@@ -175,6 +178,7 @@ impl Agent {
             // A policy that would ask a person about a bench call denies it instead, so the
             // benchmark fails with the reason rather than waiting for an approval.
             non_interactive: true,
+            budget: self.budget.clone(),
             ..Default::default()
         };
         let response = self.runs.clone().create_run(request).await?.into_inner();

@@ -129,6 +129,12 @@ pub struct BenchArgs {
     /// Tool calls of the hosted section's runs [default: 1000; --quick 50].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4000))]
     pub hosted_calls: Option<u32>,
+
+    /// Gives every run the benchmark makes this budget limit (repeatable, as `runs start
+    /// --budget`): what a budgeted call costs beside a plain one. Set it high enough that no call
+    /// passes it (`calls=1000000000`).
+    #[arg(long = "budget", value_name = "LIMIT", value_parser = crate::args::parse_budget)]
+    pub budget: Vec<kernel_proto::v1::BudgetLimit>,
 }
 
 /// Results of one payload size are capped at this many bytes per size.

@@ -24,7 +24,7 @@ pub async fn run(addr: &KernelAddr, access: &Access, out: &mut Output<'_>, args:
     let _ticker = progress.start_ticker();
 
     let label = format!("{}-{}", std::process::id(), unique_suffix());
-    let agent = Agent::connect(addr, access, &label, plan.turns_per_run).await?;
+    let agent = Agent::connect(addr, access, &label, (plan.turns_per_run, args.budget.clone())).await?;
     let mut admin = kernel.admin.clone();
     let before_sessions = crate::bench::sustained::Sessions::before(&mut admin).await;
     progress.note(&format!("opening {} worker sessions", plan.workers));

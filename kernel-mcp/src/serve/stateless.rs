@@ -30,6 +30,8 @@ use super::{Bridge, approval, tasks};
 pub(super) const META_IDEMPOTENCY_KEY: &str = "kernel/idempotency-key";
 /// `_meta` key of a request: complete the named run once this call settles.
 pub(super) const META_END_RUN: &str = "kernel/end-run";
+/// `_meta` key of a request that makes a run: the run's budget, one limit or a list of them.
+pub(super) const META_BUDGET: &str = "kernel/budget";
 /// The longest idempotency key (the kernel's limit on a call id).
 const MAX_KEY: usize = 128;
 
@@ -60,6 +62,41 @@ struct Directives {
     run: RunChoice,
     key: Option<String>,
     end_run: bool,
+    /// The budget of the run the request makes.
+    budget: Vec<worker_sdk::BudgetLimit>,
+}
+
+/// A `kernel/budget` directive: one limit (`{"max_calls": 10, "max_cost": 5.0, "tools": "pay*"}`)
+/// or a list of them. Their sense (a limit that limits something, a cost >= 0, a glob that
+/// compiles) is the kernel's to check.
+fn budget(value: &Value) -> Result<Vec<worker_sdk::BudgetLimit>, String> {
+    let limits = match value {
+        Value::Array(limits) => limits.as_slice(),
+        one => std::slice::from_ref(one),
+    };
+    limits
+        .iter()
+        .map(|limit| {
+            let Value::Object(fields) = limit else {
+                return Err("must be a limit such as {\"max_cost\": 5.0}, or a list of them".to_owned());
+            };
+            let mut read = worker_sdk::BudgetLimit::default();
+            for (name, value) in fields {
+                match (name.as_str(), value) {
+                    ("max_calls", value) => {
+                        read.max_calls = Some(value.as_u64().ok_or("max_calls must be a whole number >= 0")?);
+                    }
+                    ("max_cost", value) => read.max_cost = Some(value.as_f64().ok_or("max_cost must be a number")?),
+                    ("tools", Value::String(glob)) => read.tools = Some(glob.clone()),
+                    ("tools", _) => return Err("tools must be a glob over tool names".to_owned()),
+                    (other, _) => {
+                        return Err(format!("unknown key '{other}' (expected max_calls, max_cost or tools)"));
+                    }
+                }
+            }
+            Ok(read)
+        })
+        .collect()
 }
 
 /// Reads the kernel's keys of a request's `_meta`; a malformed one is `invalid params` naming it.
@@ -99,7 +136,22 @@ fn directives(meta: &JsonObject) -> Result<Directives, ErrorData> {
             "ends a run named in _meta.kernel/run; a call without one ends its own run anyway",
         ));
     }
-    Ok(Directives { run, key, end_run })
+    let budget = match meta.get(META_BUDGET) {
+        None | Some(Value::Null) => Vec::new(),
+        Some(_) if matches!(run, RunChoice::Named(_)) => {
+            return Err(invalid(
+                META_BUDGET,
+                "is set when a run is made (with _meta.kernel/run \"new\", or for a call's own run), not on a run named",
+            ));
+        }
+        Some(value) => budget(value).map_err(|why| invalid(META_BUDGET, &why))?,
+    };
+    Ok(Directives {
+        run,
+        key,
+        end_run,
+        budget,
+    })
 }
 
 /// Where a call is recorded, and what to do with its run once it settles.
@@ -372,10 +424,11 @@ fn new_run(
         .map(|info| (info.name, info.version))
         .unwrap_or_default();
     let kind = if own { OWN_RUN } else { OPEN_RUN };
-    let new = bridge.new_run(
+    let mut new = bridge.new_run(
         &client_name,
         json!({"mcp_client": {"name": client_name, "version": version}, "mcp_run": kind}),
     );
+    new.budget.extend(directives.budget.iter().cloned());
     match &directives.key {
         Some(key) => new.idempotency_key(run_key(bearer, &client_name, own, key)),
         None => new,
@@ -450,7 +503,8 @@ mod tests {
             Directives {
                 run: RunChoice::Own,
                 key: None,
-                end_run: false
+                end_run: false,
+                budget: Vec::new(),
             }
         );
         assert_eq!(
@@ -458,7 +512,8 @@ mod tests {
             Directives {
                 run: RunChoice::New,
                 key: Some("k1".into()),
-                end_run: false
+                end_run: false,
+                budget: Vec::new(),
             }
         );
         assert_eq!(
@@ -466,9 +521,24 @@ mod tests {
             Directives {
                 run: RunChoice::Named("r1".into()),
                 key: None,
-                end_run: true
+                end_run: true,
+                budget: Vec::new(),
             }
         );
+        let budgeted = directives(&meta(json!({
+            "kernel/run": "new",
+            "kernel/budget": [{"max_cost": 5.0}, {"tools": "pay*", "max_calls": 2}],
+        })))
+        .unwrap();
+        assert_eq!(
+            budgeted.budget,
+            [
+                worker_sdk::BudgetLimit::cost(5.0),
+                worker_sdk::BudgetLimit::calls(2).on("pay*")
+            ]
+        );
+        let one = directives(&meta(json!({"kernel/budget": {"max_calls": 3}}))).unwrap();
+        assert_eq!(one.budget, [worker_sdk::BudgetLimit::calls(3)]);
     }
 
     #[test]
@@ -490,6 +560,13 @@ mod tests {
                 "_meta.kernel/end-run",
             ),
             (json!({"kernel/end-run": true}), "_meta.kernel/end-run"),
+            (json!({"kernel/budget": 5}), "_meta.kernel/budget"),
+            (json!({"kernel/budget": {"max_calls": -1}}), "_meta.kernel/budget"),
+            (json!({"kernel/budget": {"per_day": 1}}), "_meta.kernel/budget"),
+            (
+                json!({"kernel/run": "r1", "kernel/budget": {"max_calls": 1}}),
+                "_meta.kernel/budget",
+            ),
         ] {
             let error = directives(&meta(value.clone())).unwrap_err();
             assert_eq!(error.code, rmcp::model::ErrorCode::INVALID_PARAMS, "{value}");
