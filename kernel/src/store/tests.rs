@@ -373,9 +373,10 @@ async fn a_turn_hands_out_its_safe_started_calls_before_it_commits(f: Fixture) {
     assert!(handed_out.try_recv().is_err(), "a refused turn hands out nothing");
 }
 
-/// A call a budget pays for goes to its worker only once the commit that charged it is done: a
-/// crash before it must not leave a call that ran unpaid.
-async fn a_budgeted_turn_hands_out_nothing_before_it_commits(f: Fixture) {
+/// A call a budget pays for goes to its worker only once the commit that charged it is done (a
+/// crash before it must not leave a call that ran unpaid), and at once then, before the turn is
+/// answered: another connection sees the charge when the call is handed out.
+async fn a_budgeted_turn_hands_out_its_started_calls_once_their_charge_commits(f: Fixture) {
     let budgeted = NewRun {
         budget: vec![crate::machine::budget::Limit {
             max_calls: Some(5),
@@ -387,24 +388,26 @@ async fn a_budgeted_turn_hands_out_nothing_before_it_commits(f: Fixture) {
     let mut safe = call(0, 0, Some(tool("add", Idempotency::SafeToRetry)), "add", r#"{"a":1}"#);
     safe.start = Some(slot(&run.id, safe.key.clone(), "d1"));
     let (handed, handed_out) = std::sync::mpsc::channel();
-    let early: EarlyDispatch = Box::new(move |steps| handed.send(steps).unwrap());
+    let (reads, runtime, id) = (f.store.reads.clone(), tokio::runtime::Handle::current(), run.id.clone());
+    let early: EarlyDispatch = Box::new(move |steps| {
+        // On the writer's thread, outside the runtime: a read on another connection.
+        let seen = runtime.block_on(reads.run(id)).unwrap().unwrap();
+        handed
+            .send((steps, seen.budget.unwrap().limits[0].spent.calls))
+            .unwrap();
+    });
     let recorded = f
         .store
         .record_turn_dispatching(plan(&run.id, 0, vec![safe]), early)
         .await
         .unwrap();
-    assert!(
-        matches!(recorded.calls[0], CallDisposition::Started(_)),
-        "{:?}",
-        recorded.calls[0]
-    );
     assert!(recorded.paid);
-    assert!(
-        handed_out.try_recv().is_err(),
-        "a paid call went out before its charge committed"
-    );
-    let charged = f.store.reads.run(run.id.clone()).await.unwrap().unwrap();
-    assert_eq!(charged.budget.unwrap().limits[0].spent.calls, 1);
+    let CallDisposition::Started(started) = &recorded.calls[0] else {
+        panic!("expected started, got {:?}", recorded.calls[0]);
+    };
+    let (steps, charged) = handed_out.try_recv().expect("handed out before the turn was answered");
+    assert_eq!(steps, std::slice::from_ref(started));
+    assert_eq!(charged, 1, "the call went out before its charge committed");
 }
 
 async fn a_repeated_create_with_the_same_key_returns_the_same_run(f: Fixture) {
@@ -2297,7 +2300,7 @@ on_both_stores!(a_checked_step_is_recorded_as_its_check_allowed_it);
 on_both_stores!(effects_are_handed_out_after_the_commit_they_follow);
 on_both_stores!(a_turn_read_serves_a_settled_turn_and_sees_every_commit);
 on_both_stores!(a_turn_hands_out_its_safe_started_calls_before_it_commits);
-on_both_stores!(a_budgeted_turn_hands_out_nothing_before_it_commits);
+on_both_stores!(a_budgeted_turn_hands_out_its_started_calls_once_their_charge_commits);
 on_both_stores!(a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases);
 on_both_stores!(a_repeated_create_with_the_same_key_returns_the_same_run);
 on_both_stores!(a_call_runs_through_start_and_result_with_gap_free_events);

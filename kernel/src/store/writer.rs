@@ -43,8 +43,14 @@ type Reply<T> = oneshot::Sender<Result<T, KernelError>>;
 /// `store::sync`); runs on the writer thread, so it must not block.
 pub type EarlyDispatch = Box<dyn FnOnce(Vec<StepRecord>) + Send>;
 
-/// What a command leaves to do once its batch is about to commit.
-type BeforeCommit = Box<dyn FnOnce() + Send>;
+/// What a command leaves to do once its batch is about to commit, or once it has committed: a
+/// turn's started calls handed to their workers (see [`EarlyDispatch`]).
+struct Handout {
+    hand: Box<dyn FnOnce() + Send>,
+    /// Only once the commit is done: the calls a budget paid for, so that none runs unpaid
+    /// should the kernel die before its charge commits.
+    after_commit: bool,
+}
 
 /// A write the store can perform.
 pub enum Command {
@@ -222,18 +228,19 @@ fn respond<T: Send + 'static>(result: Result<T, KernelError>, reply: Reply<T>) -
     (responder, ok)
 }
 
-/// Applies `command`; what it leaves for just before the commit goes to `before_commit`.
-fn apply(tx: &mut Tx<'_>, command: Command, before_commit: &mut Option<BeforeCommit>) -> (Responder, bool) {
+/// Applies `command`; what it leaves to hand out at the commit goes to `handout`.
+fn apply(tx: &mut Tx<'_>, command: Command, handout: &mut Option<Handout>) -> (Responder, bool) {
     match command {
         Command::CreateRun(new, reply) => respond(command::create_run::apply(tx, *new), reply),
         Command::ScheduleTurn(plan, early, reply) => {
             let recorded = command::submit_turn::apply(tx, plan);
-            if let (Some(early), Ok(recorded)) = (early, &recorded)
-                && !recorded.paid
-            {
+            if let (Some(early), Ok(recorded)) = (early, &recorded) {
                 let steps = crate::machine::durability::dispatches_before_commit(&recorded.calls);
                 if !steps.is_empty() {
-                    *before_commit = Some(Box::new(move || early(steps)));
+                    *handout = Some(Handout {
+                        hand: Box::new(move || early(steps)),
+                        after_commit: recorded.paid,
+                    });
                 }
             }
             respond(recorded, reply)
@@ -598,7 +605,7 @@ struct Applied {
     /// The command's answer waits for the disk.
     sync: bool,
     /// Dropped unrun if the command's writes are undone.
-    before_commit: Option<BeforeCommit>,
+    handout: Option<Handout>,
     /// The command wrote nothing: its answer is its refusal, whatever happens to its batch.
     refused: bool,
     /// The shards of the runs it wrote, among replicas: the commit is fenced by their epochs.
@@ -613,7 +620,7 @@ impl Applied {
             waiting: Vec::new(),
             effects: Vec::new(),
             sync: false,
-            before_commit: None,
+            handout: None,
             refused: true,
             shards: Default::default(),
         }
@@ -675,9 +682,9 @@ fn apply_isolated(
         cache,
         router,
     };
-    let mut before_commit = None;
+    let mut handout = None;
     let notes_only = command.notes_only();
-    let (responder, ok) = apply(&mut tx, command, &mut before_commit);
+    let (responder, ok) = apply(&mut tx, command, &mut handout);
     if !ok {
         if conn.wrote_since(isolation) {
             return Err(Box::new(Spoiled {
@@ -707,7 +714,7 @@ fn apply_isolated(
         published: tx.published,
         waiting: tx.waiting,
         effects: tx.effects,
-        before_commit,
+        handout,
         refused: false,
         shards,
     };
@@ -935,18 +942,20 @@ fn commit(
         mut effects,
         waiting,
         responders,
-        before_commit,
+        handouts,
         sync,
         flush_error,
         shards,
     } = gathered;
+    let (after_commit, before_commit): (Vec<Handout>, Vec<Handout>) =
+        handouts.into_iter().partition(|handout| handout.after_commit);
     let mut moved = false;
     let committed = match flush_error {
         None => match conn.fence(replica, &shards) {
             Ok(()) => {
                 // Every command's writes stand now but for the commit itself failing.
                 for early in before_commit {
-                    early();
+                    (early.hand)();
                 }
                 conn.commit(replica, (&published, &waiting), (batch.registry, sync))
             }
@@ -970,6 +979,13 @@ fn commit(
         unreachable: conn.is_closed(),
         moved,
     });
+    if commit_error.is_none() {
+        // Paid calls go out the moment their charge stands, ahead of everything the commit
+        // publishes.
+        for paid in after_commit {
+            (paid.hand)();
+        }
+    }
     if commit_error.is_some() {
         let _ = conn.batch("ROLLBACK");
         published.clear();
@@ -1024,7 +1040,7 @@ struct Gathered {
     effects: Vec<Effect>,
     waiting: Vec<(StepKind, String)>,
     responders: Vec<Responder>,
-    before_commit: Vec<BeforeCommit>,
+    handouts: Vec<Handout>,
     sync: bool,
     /// The deferred writes failed: the batch does not commit.
     flush_error: Option<String>,
@@ -1048,7 +1064,7 @@ fn gather(conn: &WriteConn, cache: &RefCell<Cache>, applied: Vec<Applied>) -> Ga
         effects: Vec::new(),
         waiting: Vec::new(),
         responders: Vec::with_capacity(applied.len()),
-        before_commit: Vec::new(),
+        handouts: Vec::new(),
         sync: false,
         flush_error,
         shards: Default::default(),
@@ -1064,7 +1080,7 @@ fn gather(conn: &WriteConn, cache: &RefCell<Cache>, applied: Vec<Applied>) -> Ga
         gathered.effects.append(&mut command.effects);
         gathered.waiting.append(&mut command.waiting);
         gathered.responders.push(command.responder);
-        gathered.before_commit.extend(command.before_commit);
+        gathered.handouts.extend(command.handout);
     }
     gathered
 }

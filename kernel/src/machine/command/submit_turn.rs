@@ -34,7 +34,7 @@ pub struct RecordedTurn {
     /// The run could not take the turn: why (its branch's parent is gone; the run ended with it).
     pub unresumable: Option<String>,
     /// The turn's calls that started were paid for by a budget: none may go to its worker before
-    /// the commit that charged it, or a crash could lose the charge of a call that ran.
+    /// the commit that charged it is done, or a crash could lose the charge of a call that ran.
     #[serde(default)]
     pub paid: bool,
 }
