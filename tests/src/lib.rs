@@ -523,6 +523,17 @@ impl Kernel {
             .expect("kernelctl runs")
     }
 
+    /// kernelctl's stdout against this kernel, after checking it succeeded.
+    pub fn kernelctl_ok(&self, args: &[&str]) -> String {
+        let out = self.kernelctl(args);
+        assert!(
+            out.status.success(),
+            "kernelctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     pub async fn runs(&self) -> RunServiceClient<Channel> {
         RunServiceClient::connect(self.url()).await.expect("connect")
     }

@@ -19,17 +19,6 @@ fn priced(policy: Option<&str>) -> Kernel {
     })
 }
 
-/// kernelctl's stdout, after checking it succeeded.
-fn kernelctl_ok(kernel: &Kernel, args: &[&str]) -> String {
-    let out = kernel.kernelctl(args);
-    assert!(
-        out.status.success(),
-        "kernelctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// The distinct idempotency keys under which the workers started `tool`.
 fn started_keys(kernel: &Kernel, tool: &str) -> BTreeSet<String> {
     kernel
@@ -87,7 +76,7 @@ async fn a_runaway_agent_is_stopped_at_its_budget_and_the_model_reads_why() {
         .map(|limit| (limit.spent_calls, limit.spent_cost))
         .collect();
     assert_eq!(spent, [(5, 2.5), (5, 2.5)], "{:?}", snapshot.run.budget);
-    let shown = kernelctl_ok(&kernel, &["runs", "show", run.id()]);
+    let shown = kernel.kernelctl_ok(&["runs", "show", run.id()]);
     assert!(
         shown.contains("budget:      calls 5 of 5 (request); on 'sleep*': cost 2.50 of 100.00 (request)"),
         "{shown}"

@@ -19,17 +19,6 @@ async fn question_of(kernel: &Kernel, run: &str) -> pb::Approval {
     approval
 }
 
-/// kernelctl's stdout, after checking it succeeded.
-fn kernelctl_ok(kernel: &Kernel, args: &[&str]) -> String {
-    let out = kernel.kernelctl(args);
-    assert!(
-        out.status.success(),
-        "kernelctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// kernelctl's stderr, after checking it failed.
 fn kernelctl_refused(kernel: &Kernel, args: &[&str]) -> String {
     let out = kernel.kernelctl(args);
@@ -48,7 +37,7 @@ async fn asking(kernel: &Kernel, tool: &str, question: &str) -> (String, tokio::
 
 /// Answers question `id` with `answer` (JSON) as `who`, with kernelctl.
 fn answer(kernel: &Kernel, id: &str, answer: &str, who: &str) -> String {
-    kernelctl_ok(kernel, &["approvals", "answer", id, "--with", answer, "--as", who])
+    kernel.kernelctl_ok(&["approvals", "answer", id, "--with", answer, "--as", who])
 }
 
 #[tokio::test]
@@ -162,9 +151,9 @@ async fn a_tool_asks_a_person_who_answers_with_kernelctl_and_the_call_returns_th
     check_log(&events, true);
 
     let listed: Value =
-        serde_json::from_str(&kernelctl_ok(&kernel, &["approvals", "list", "--run", &run, "--json"])).unwrap();
+        serde_json::from_str(&kernel.kernelctl_ok(&["approvals", "list", "--run", &run, "--json"])).unwrap();
     assert_eq!(listed["approvals"], json!([]), "nothing left to answer");
-    let shown: Value = serde_json::from_str(&kernelctl_ok(&kernel, &["runs", "show", &run, "--json"])).unwrap();
+    let shown: Value = serde_json::from_str(&kernel.kernelctl_ok(&["runs", "show", &run, "--json"])).unwrap();
     let steps = shown["steps"].as_array().expect("the run's steps");
     let question = steps
         .iter()
@@ -209,18 +198,15 @@ async fn a_declined_question_fails_its_call_and_a_call_lost_while_asking_withdra
     // Declined: the body gets an error, which fails the call with the decider's word.
     let (run, turn) = asking(&kernel, "confirm_once", "Wire the money?").await;
     let approval = question_of(&kernel, &run).await;
-    kernelctl_ok(
-        &kernel,
-        &[
-            "approvals",
-            "reject",
-            &approval.id,
-            "--as",
-            "bob",
-            "--reason",
-            "not today",
-        ],
-    );
+    kernel.kernelctl_ok(&[
+        "approvals",
+        "reject",
+        &approval.id,
+        "--as",
+        "bob",
+        "--reason",
+        "not today",
+    ]);
     let result = &turn.await.unwrap().results[0];
     assert_eq!(result.outcome, pb::CallOutcome::ToolError as i32, "{result:?}");
     assert!(
