@@ -584,6 +584,21 @@ impl Kernel {
             .approvals
     }
 
+    /// Waits for run `run` to put a question to a person (`run:interrupted`, `human_input`);
+    /// returns the approval that holds it.
+    pub async fn question_of(&self, run: &str) -> pb::Approval {
+        let mut watch = Watch::open(self, run, 0, false).await;
+        let interrupted = watch.event("run:interrupted", |p| p["reason"] == "human_input").await;
+        let approval = self
+            .pending_approvals()
+            .await
+            .into_iter()
+            .find(|a| a.run_id == run)
+            .expect("the question's approval");
+        assert_eq!(interrupted["approval_id"], approval.id.as_str());
+        approval
+    }
+
     /// Waits until the kernel holds no session, queued call, lease or run channel, and returns its
     /// status then.
     pub async fn wait_idle(&self) -> pb::GetStatusResponse {

@@ -516,15 +516,7 @@ async fn a_wrapped_server_s_request_for_input_is_a_question_answered_in_the_wrap
 
     let run = kernel.create_run("mcp-user").await;
     let turn = spawn_turn(&kernel, &run, vec![call("up_confirm", json!({"question": "Ship it?"}))]);
-    let mut watch = Watch::open(&kernel, &run, 1, false).await;
-    let interrupted = watch.event("run:interrupted", |p| p["reason"] == "human_input").await;
-    let approval = kernel
-        .pending_approvals()
-        .await
-        .into_iter()
-        .find(|a| a.run_id == run)
-        .expect("the wrapping call's question");
-    assert_eq!(interrupted["approval_id"], approval.id.as_str());
+    let approval = kernel.question_of(&run).await;
     assert!(approval.question, "{approval:?}");
     assert!(
         approval.message.starts_with("up asks: Ship it?"),
@@ -603,22 +595,16 @@ async fn a_server_s_input_required_form_is_a_question_whose_answer_retries_the_c
     ] {
         let run = kernel.create_run("mcp-user").await;
         let turn = spawn_turn(&kernel, &run, vec![call("asking_ship", json!({ "release": release }))]);
-        let mut watch = Watch::open(&kernel, &run, 1, false).await;
-        watch.event("run:interrupted", |p| p["reason"] == "human_input").await;
-        let question = kernel
-            .pending_approvals()
-            .await
-            .into_iter()
-            .find(|a| a.run_id == run)
-            .expect("the server's form as a question");
+        let question = kernel.question_of(&run).await;
         assert_eq!(question.message, format!("asking asks: Ship {release} to production?"));
         let schema: Value = serde_json::from_str(&question.answer_schema_json).unwrap();
         assert_eq!(schema["properties"]["ok"]["type"], "boolean", "{schema}");
-        let out = match answer {
-            Some(answer) => kernel.kernelctl(&["approvals", "answer", &question.id, "--with", answer, "--as", "dana"]),
-            None => kernel.kernelctl(&["approvals", "reject", &question.id, "--as", "dana"]),
+        match answer {
+            Some(answer) => {
+                kernel.kernelctl_ok(&["approvals", "answer", &question.id, "--with", answer, "--as", "dana"])
+            }
+            None => kernel.kernelctl_ok(&["approvals", "reject", &question.id, "--as", "dana"]),
         };
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let outcome = turn.await.unwrap();
         // The server gives its tool's return value as structured content too.
         let result: Value = serde_json::from_str(&outcome.results[0].content).unwrap();
@@ -653,14 +639,7 @@ async fn a_2025_server_s_elicitation_mid_call_is_a_question_of_that_call() {
         &run,
         vec![call("everything_trigger-elicitation-request", json!({}))],
     );
-    let mut watch = Watch::open(&kernel, &run, 1, false).await;
-    watch.event("run:interrupted", |p| p["reason"] == "human_input").await;
-    let question = kernel
-        .pending_approvals()
-        .await
-        .into_iter()
-        .find(|a| a.run_id == run)
-        .expect("the server's form as a question");
+    let question = kernel.question_of(&run).await;
     assert!(
         question.message.starts_with("everything asks: Please provide inputs"),
         "{}",
@@ -669,8 +648,7 @@ async fn a_2025_server_s_elicitation_mid_call_is_a_question_of_that_call() {
     let schema: Value = serde_json::from_str(&question.answer_schema_json).unwrap();
     assert_eq!(schema["required"], json!(["name"]), "{schema}");
     let answer = r#"{"name": "Dana Scully", "check": true, "integer": 7}"#;
-    let out = kernel.kernelctl(&["approvals", "answer", &question.id, "--with", answer, "--as", "dana"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    kernel.kernelctl_ok(&["approvals", "answer", &question.id, "--with", answer, "--as", "dana"]);
     let outcome = turn.await.unwrap();
     let result = &outcome.results[0];
     assert_eq!(result.outcome, pb::CallOutcome::Ok as i32, "{result:?}");

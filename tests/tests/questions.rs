@@ -6,19 +6,6 @@ use e2e::{Kernel, Watch, check_log, payload, wait_ledger};
 use kernel_proto::v1 as pb;
 use serde_json::{Value, json};
 
-/// Waits for the run to put a question to a person; returns the approval that holds it.
-async fn question_of(kernel: &Kernel, run: &str) -> pb::Approval {
-    let mut watch = Watch::open(kernel, run, 0, false).await;
-    let interrupted = watch.event("run:interrupted", |p| p["reason"] == "human_input").await;
-    let approvals = kernel.pending_approvals().await;
-    let approval = approvals
-        .into_iter()
-        .find(|a| a.run_id == run)
-        .expect("the question's approval");
-    assert_eq!(interrupted["approval_id"], approval.id.as_str());
-    approval
-}
-
 /// kernelctl's stderr, after checking it failed.
 fn kernelctl_refused(kernel: &Kernel, args: &[&str]) -> String {
     let out = kernel.kernelctl(args);
@@ -46,7 +33,7 @@ async fn a_tool_asks_a_person_who_answers_with_kernelctl_and_the_call_returns_th
     let _worker = kernel.fault_worker("asker");
     kernel.wait_for_workers("confirm", 1).await;
     let (run, turn) = asking(&kernel, "confirm", "Ship release 4.2?").await;
-    let approval = question_of(&kernel, &run).await;
+    let approval = kernel.question_of(&run).await;
     assert!(approval.question, "{approval:?}");
     assert_eq!(approval.message, "Ship release 4.2?");
     assert_eq!(approval.tool, "confirm");
@@ -168,7 +155,7 @@ async fn a_call_run_again_gets_the_recorded_answer_and_the_person_is_asked_once(
     let mut worker = kernel.fault_worker("first");
     kernel.wait_for_workers("confirm", 1).await;
     let (run, turn) = asking(&kernel, "confirm", "Deploy?").await;
-    let approval = question_of(&kernel, &run).await;
+    let approval = kernel.question_of(&run).await;
     // No worker is left when the answer comes: the call waits for one, then its body runs again
     // and gets the answer without a second question.
     worker.kill9();
@@ -197,7 +184,7 @@ async fn a_declined_question_fails_its_call_and_a_call_lost_while_asking_withdra
 
     // Declined: the body gets an error, which fails the call with the decider's word.
     let (run, turn) = asking(&kernel, "confirm_once", "Wire the money?").await;
-    let approval = question_of(&kernel, &run).await;
+    let approval = kernel.question_of(&run).await;
     kernel.kernelctl_ok(&[
         "approvals",
         "reject",
@@ -224,7 +211,7 @@ async fn a_declined_question_fails_its_call_and_a_call_lost_while_asking_withdra
     // Lost: an at_most_once call keeps its slot while it asks; its worker dies, the call settles
     // as indeterminate, and its question is withdrawn, so the run does not stay blocked.
     let (run, turn) = asking(&kernel, "confirm_once", "Wire it now?").await;
-    let approval = question_of(&kernel, &run).await;
+    let approval = kernel.question_of(&run).await;
     worker.kill9();
     let result = &turn.await.unwrap().results[0];
     assert_eq!(result.outcome, pb::CallOutcome::Indeterminate as i32, "{result:?}");
@@ -252,7 +239,7 @@ async fn a_question_open_across_a_kernel_sigkill_is_answered_after_the_restart()
     let _worker = kernel.fault_worker("asker");
     kernel.wait_for_workers("confirm", 1).await;
     let (run, turn) = asking(&kernel, "confirm", "Still there?").await;
-    let approval = question_of(&kernel, &run).await;
+    let approval = kernel.question_of(&run).await;
     kernel.kill9();
     kernel.restart();
     let pending = kernel.pending_approvals().await;

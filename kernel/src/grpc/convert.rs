@@ -172,8 +172,8 @@ pub fn outcome(outcome: Option<Outcome>) -> pb::CallOutcome {
 /// Most limits a request may set on a run's budget.
 const MAX_BUDGET_LIMITS: usize = 32;
 
-/// A request's budget limits, checked: each limits calls, cost or both, by a cost that is a
-/// number >= 0, over a glob that compiles. Errors name the field (`budget[1].max_cost`).
+/// A request's budget limits, checked ([`budget::Limit::check`]), each over a glob that compiles.
+/// Errors name the field (`budget[1].max_cost`).
 pub fn budget_limits(limits: Vec<pb::BudgetLimit>) -> Result<Vec<budget::Limit>, KernelError> {
     if limits.len() > MAX_BUDGET_LIMITS {
         return Err(KernelError::invalid(
@@ -186,20 +186,6 @@ pub fn budget_limits(limits: Vec<pb::BudgetLimit>) -> Result<Vec<budget::Limit>,
         .enumerate()
         .map(|(index, limit)| {
             let field = |name: &str| format!("budget[{index}]{name}");
-            if limit.max_calls.is_none() && limit.max_cost.is_none() {
-                return Err(KernelError::invalid(
-                    field(""),
-                    "sets neither max_calls nor max_cost, so it limits nothing",
-                ));
-            }
-            if let Some(cost) = limit.max_cost
-                && !(cost.is_finite() && cost >= 0.0)
-            {
-                return Err(KernelError::invalid(
-                    field(".max_cost"),
-                    format!("{cost} is not a cost >= 0"),
-                ));
-            }
             let tools = match limit.tools.trim() {
                 "" => None,
                 glob => {
@@ -207,13 +193,16 @@ pub fn budget_limits(limits: Vec<pb::BudgetLimit>) -> Result<Vec<budget::Limit>,
                     Some(glob.to_owned())
                 }
             };
-            Ok(budget::Limit {
+            let read = budget::Limit {
                 tools,
                 max_calls: limit.max_calls,
                 max_cost: limit.max_cost,
                 set_by: Some("request".to_owned()),
                 spent: budget::Spent::default(),
-            })
+            };
+            read.check()
+                .map_err(|(name, why)| KernelError::invalid(field(name), why))?;
+            Ok(read)
         })
         .collect()
 }

@@ -39,7 +39,8 @@ pub struct Limit {
     /// At most this much cost, each attempt at its price.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost: Option<f64>,
-    /// What the limit set it (`request`, or the policy file's `budgets[i]`), for inspection.
+    /// What set the limit (`request`, `parent`, or the policy file's `policy:budgets[i]`), for
+    /// inspection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub set_by: Option<String>,
     #[serde(default)]
@@ -67,6 +68,24 @@ pub struct Attempt<'a> {
 }
 
 impl Limit {
+    /// Checks that the limit limits something, by a cost that is a number >= 0: on refusal, the
+    /// field at fault (`""` for the limit itself, or `.max_cost`) and why. Its glob is checked
+    /// where it is read.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        if self.max_calls.is_none() && self.max_cost.is_none() {
+            return Err((
+                "",
+                "sets neither max_calls nor max_cost, so it limits nothing".to_owned(),
+            ));
+        }
+        match self.max_cost {
+            Some(cost) if !(cost.is_finite() && cost >= 0.0) => {
+                Err((".max_cost", format!("{cost} is not a cost >= 0")))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Whether the limit counts calls of `tool`.
     pub fn covers(&self, tool: &str) -> bool {
         match &self.tools {
@@ -185,7 +204,7 @@ pub fn next_account(run: &RunRecord) -> Option<&RunId> {
     }
 }
 
-/// Whether any limit of `accounts` is passed: never, if every start was checked first.
+/// A limit of `run`'s own that is passed: none, if every start was checked first.
 pub fn overspent(run: &RunRecord) -> Option<&Limit> {
     run.budget.as_ref()?.limits.iter().find(|limit| {
         limit.max_calls.is_some_and(|max| limit.spent.calls > max)

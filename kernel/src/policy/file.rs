@@ -57,29 +57,22 @@ pub(super) fn parse(text: &str) -> Result<Compiled, PolicyError> {
     })
 }
 
-/// A budget of the file, checked: it limits something, and by a cost that is a number of money.
+/// A budget of the file, checked as a request's is ([`crate::machine::budget::Limit::check`]).
 fn build_budget(raw: RawBudget, index: usize) -> Result<super::PolicyBudget, PolicyError> {
-    let refused = |reason: String| PolicyError::new(None, format!("budgets[{index}]: {reason}"));
-    if raw.max_calls.is_none() && raw.max_cost.is_none() {
-        return Err(refused(
-            "sets neither max_calls nor max_cost, so it limits nothing".to_owned(),
-        ));
-    }
-    if let Some(cost) = raw.max_cost
-        && !(cost.is_finite() && cost >= 0.0)
-    {
-        return Err(refused(format!("max_cost {cost} is not a cost >= 0")));
-    }
+    let limit = crate::machine::budget::Limit {
+        tools: raw.tools.map(|pattern| pattern.0.glob().to_owned()),
+        max_calls: raw.max_calls,
+        max_cost: raw.max_cost,
+        set_by: Some(format!("policy:budgets[{index}]")),
+        spent: Default::default(),
+    };
+    limit
+        .check()
+        .map_err(|(field, why)| PolicyError::new(None, format!("budgets[{index}]{field}: {why}")))?;
     Ok(super::PolicyBudget {
         labels: raw.labels.unwrap_or_default(),
         agents: raw.agents.map(|globs| globs.0),
-        limit: crate::machine::budget::Limit {
-            tools: raw.tools.map(|pattern| pattern.0.glob().to_owned()),
-            max_calls: raw.max_calls,
-            max_cost: raw.max_cost,
-            set_by: Some(format!("policy:budgets[{index}]")),
-            spent: Default::default(),
-        },
+        limit,
     })
 }
 

@@ -141,6 +141,11 @@ impl Cache {
         self.runs.get(id).map(|cached| cached.run.clone())
     }
 
+    /// Whether a budget covers a held run: `None` when the run is not held.
+    pub fn budgeted(&self, id: &RunId) -> Option<bool> {
+        self.runs.get(id).map(|cached| cached.run.budget.is_some())
+    }
+
     /// A held run's last event number.
     pub fn last_seq(&self, run: &RunId) -> Option<u64> {
         self.runs.get(run).map(|cached| cached.run.last_seq)

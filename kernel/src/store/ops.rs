@@ -269,6 +269,14 @@ impl Records for Tx<'_> {
         Ok(())
     }
 
+    fn budgeted(&self, id: &RunId) -> Result<bool> {
+        let held = self.cache.borrow().budgeted(id);
+        match held {
+            Some(budgeted) => Ok(budgeted),
+            None => Ok(self.run(id)?.budget.is_some()),
+        }
+    }
+
     fn run(&self, id: &RunId) -> Result<RunRecord> {
         let cached = self.cache.borrow().run(id);
         let mut run = match cached {

@@ -69,6 +69,11 @@ pub trait Records {
 
     /// Run `id`; `NotFound` when there is none.
     fn run(&self, id: &RunId) -> Result<RunRecord>;
+    /// Whether a budget covers run `id` (its own or a parent's), without loading the whole run
+    /// where the store holds that much in memory: every tool call's start asks.
+    fn budgeted(&self, id: &RunId) -> Result<bool> {
+        Ok(self.run(id)?.budget.is_some())
+    }
     /// The run holding idempotency key `key`.
     fn run_by_idempotency_key(&self, key: &str) -> Result<Option<RunRecord>>;
     fn run_exists(&self, id: &RunId) -> Result<bool>;

@@ -55,13 +55,10 @@ pub fn charge<R: Records + ?Sized>(
 /// `budget_exceeded` instead. Steps other than tool calls, and calls no budget covers, pay
 /// nothing.
 pub fn pay_start<R: Records + ?Sized>(records: &mut R, step: &StepRecord) -> Result<bool> {
-    if step.kind != StepKind::Tool {
+    if step.kind != StepKind::Tool || !records.budgeted(&step.run_id)? {
         return Ok(true);
     }
     let mut run = records.run(&step.run_id)?;
-    if run.budget.is_none() {
-        return Ok(true);
-    }
     let mut chain = ancestors(records, &run)?;
     match charge(records, &mut run, &mut chain, next_attempt(step))? {
         Ok(()) => {
