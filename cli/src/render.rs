@@ -342,6 +342,14 @@ fn step_block(step: &StepView) -> String {
         let shown: Vec<String> = step.resources.iter().map(|r| one_line(r).into_owned()).collect();
         pairs.push(("resources", shown.join(", ")));
     }
+    if !step.limited_by.is_empty() {
+        let limits: Vec<String> = step.limited_by.iter().map(|l| format!("'{}'", one_line(l))).collect();
+        let waited = match step.limit_wait_ms {
+            0 => "started without waiting".to_owned(),
+            ms => format!("waited {} for room", duration(Duration::from_millis(ms))),
+        };
+        pairs.push(("limits", format!("{} ({waited})", limits.join(", "))));
+    }
     if let (Some(call_id), "tool") = (&step.call_id, step.kind.as_str()) {
         pairs.push(("call id", one_line(call_id).into_owned()));
     }

@@ -192,6 +192,11 @@ pub struct StepView {
     /// What the call may change, instances filled from its arguments (`repo:acme/api` is a lock
     /// it holds while it runs).
     pub resources: Vec<String>,
+    /// The tool limits its last attempt's start passed (the policy file's `limits`, by glob).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub limited_by: Vec<String>,
+    /// How long that start waited in the queue for those limits, in milliseconds.
+    pub limit_wait_ms: u64,
     pub turn: u32,
     pub position: u32,
     pub call_id: Option<String>,
@@ -297,6 +302,8 @@ impl From<pb::Step> for StepView {
             effect: non_empty(step.effect),
             child_run_id: non_empty(step.child_run_id),
             resources: step.resources,
+            limited_by: step.limited_by,
+            limit_wait_ms: step.limit_wait_ms,
             status: step_status_name(step.status),
             call_id: non_empty(step.call_id),
             tool_version: non_empty(step.tool_version),

@@ -93,7 +93,8 @@ pub struct Config {
     #[arg(long, env = "KERNEL_POSTGRES_STATEMENT_TIMEOUT_MS", default_value_t = 60_000)]
     pub postgres_statement_timeout_ms: u64,
 
-    /// Milliseconds a call waits for any worker to offer its tool before it fails.
+    /// Milliseconds a call waits for any worker to offer its tool, or for a tool limit to make room,
+    /// before it fails.
     #[arg(long, env = "KERNEL_SCHEDULE_TO_START_TIMEOUT_MS", default_value_t = 30_000)]
     pub schedule_to_start_timeout_ms: u64,
 

@@ -83,11 +83,12 @@ impl Governance {
         labels: &std::collections::BTreeMap<String, String>,
     ) -> Vec<crate::machine::budget::Limit> {
         let mut limits = asked;
-        limits.extend(self.current().budgets_for(agent, labels));
+        limits.extend(self.policy().budgets_for(agent, labels));
         limits
     }
 
-    fn current(&self) -> Arc<Policy> {
+    /// The policy in force now (a reload swaps it whole).
+    pub fn policy(&self) -> Arc<Policy> {
         self.policy.read().expect("policy lock poisoned").clone()
     }
 
@@ -147,7 +148,7 @@ impl Governance {
             run_labels: &run.labels,
             run_permissions: &run.permissions,
         };
-        let decision = self.current().decide(&facts);
+        let decision = self.policy().decide(&facts);
         match decision.verdict {
             Verdict::Allow => CallGate::Run {
                 decided_by: decision.decided_by,
@@ -208,7 +209,7 @@ impl Governance {
             run_labels: &run.labels,
             run_permissions: &run.permissions,
         };
-        let decision = self.current().decide(&facts);
+        let decision = self.policy().decide(&facts);
         match decision.verdict {
             Verdict::Allow => Ok(decision.decided_by),
             Verdict::Deny { reason } => Err((format!("{name} not allowed. reason: {reason}"), decision.decided_by)),
@@ -263,6 +264,30 @@ mod tests {
             (Some("payments_*"), Some(100))
         );
         assert!(policy.budgets_for("support", &Default::default()).is_empty());
+    }
+
+    /// The limits the limits guide shows load as shown, and count the tools it says.
+    #[test]
+    fn the_limits_example_in_the_docs_loads_and_matches_its_tools() {
+        let guide = include_str!("../../docs/guides/limits.md");
+        let block = guide
+            .split("```yaml\n")
+            .nth(1)
+            .map(|rest| &rest[..rest.find("```").expect("the block ends")])
+            .expect("the policy example in docs/guides/limits.md");
+        let policy = Policy::from_yaml(block).unwrap_or_else(|e| panic!("{e}"));
+        let payments = policy.limits_for("payments_charge");
+        assert_eq!(payments.len(), 1);
+        assert_eq!(
+            (payments[0].per_second, payments[0].burst(), payments[0].at_once),
+            (Some(10.0), 10.0, Some(4))
+        );
+        assert_eq!(
+            policy.limits_for("search")[0].burst(),
+            3.0,
+            "one second's worth, rounded up"
+        );
+        assert!(policy.limits_for("lookup").is_empty());
     }
 
     #[test]

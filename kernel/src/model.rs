@@ -896,6 +896,11 @@ pub struct StepRecord {
     pub resources: Vec<String>,
     /// In a branch: the run whose recorded outcome the step replays (nothing ran).
     pub from_run: Option<RunId>,
+    /// The tool limits (the policy file's `limits`, by their `tools`) its last start passed: while
+    /// it runs it holds a slot of each that bounds calls at once.
+    pub limited_by: Vec<String>,
+    /// How long its last start waited in the queue for those limits, in milliseconds.
+    pub limit_wait_ms: u64,
     /// Its run's trace context, copied when the step was recorded, so a dispatch and its spans
     /// need no read of the run.
     #[serde(with = "crate::wire::traceparent")]

@@ -28,9 +28,12 @@ use crate::store::{LeaseLoss, LossOutcome, StartDispatch, Store};
 
 mod early;
 mod queue;
+mod throttle;
 
 pub use early::Reservation;
 use queue::Queue;
+pub use throttle::LimitSource;
+use throttle::Throttle;
 
 /// Timing of sessions and leases.
 #[derive(Clone, Debug)]
@@ -50,6 +53,8 @@ pub struct SchedulerConfig {
     /// Other kernel replicas share the database (PostgreSQL): a call whose tool only their
     /// sessions offer is theirs to claim, and only leases this replica holds are its to lose.
     pub replicated: bool,
+    /// The tool limits in force (the policy file's `limits`).
+    pub limits: LimitSource,
 }
 
 impl Default for SchedulerConfig {
@@ -62,6 +67,7 @@ impl Default for SchedulerConfig {
             tick: Duration::from_millis(100),
             scan_interval: Duration::from_secs(5),
             replicated: false,
+            limits: LimitSource::default(),
         }
     }
 }
@@ -302,6 +308,7 @@ impl Scheduler {
             delivered: Default::default(),
             stopping: false,
             quiesced: Vec::new(),
+            throttle: Throttle::new(config.limits.clone()),
         };
         (Scheduler { tx, config }, actor.run(rx, shutdown))
     }
@@ -563,6 +570,20 @@ struct Lease {
     agent: Option<String>,
     /// The call's turn: it counts toward the turn's bound.
     turn: u32,
+    /// The tool limits its start passes, with the call to queue again if the store refuses it.
+    limited: Option<Box<Limited>>,
+}
+
+/// Since when a queued call waits for a tool limit with no room, and which (described).
+type Waiting = (Instant, String);
+
+/// A start under tool limits, as its lease keeps it.
+struct Limited {
+    /// The limits, by name.
+    names: Vec<String>,
+    step: StepRecord,
+    /// Since when it waited for the limits, and for which, when it did.
+    waiting: Option<Waiting>,
 }
 
 /// The resource instances a call must hold to run ([`crate::resources::locks`]).
@@ -608,6 +629,8 @@ struct Actor {
     stopping: bool,
     /// Who waits for the last call running on a worker here to end.
     quiesced: Vec<oneshot::Sender<()>>,
+    /// The tool limits, and the calls running and tokens left under each as this replica counts.
+    throttle: Throttle,
 }
 
 impl Actor {
@@ -1089,7 +1112,7 @@ impl Actor {
             .map(|(id, _)| id.clone())
             .collect();
         for dispatch_id in lost {
-            let lease = self.leases.remove(&dispatch_id).expect("listed above");
+            let lease = self.forget(&dispatch_id).expect("listed above");
             // A lease still `Starting` is lost when its start commit comes back and finds no lease.
             if !matches!(lease.state, LeaseState::Starting) {
                 self.lose(dispatch_id, lease.attempt, format!("worker {} {reason}", session.name));
@@ -1333,10 +1356,25 @@ impl Actor {
                 continue;
             }
             let name = queued.step.tool.clone();
+            let limits = match kind {
+                StepKind::Agent => None,
+                _ => Some(self.throttle.limits(&name)).filter(|limits| !limits.is_empty()),
+            };
+            if let Some(limits) = &limits
+                && let Some(closed) = self.throttle.closed(limits, (now, self.store.clock().now_millis()))
+            {
+                let queued = self.queue.get_mut(index);
+                if queued.waiting.is_none() {
+                    queued.waiting = Some((now, closed.describe()));
+                }
+                index += 1;
+                continue;
+            }
             match self.pick(kind, &name) {
                 Some(session_id) => {
                     let queued = self.queue.remove(index);
-                    self.reserve(session_id, queued.step);
+                    let limited = limits.map(|limits| (limits.to_vec(), queued.waiting));
+                    self.reserve(session_id, queued.step, limited);
                 }
                 None => {
                     no_session[slot(kind)].insert(name);
@@ -1369,6 +1407,8 @@ impl Actor {
             session_id: session_id.clone(),
             lease_expires_at: self.store.clock().now_millis() + self.config.lease_ttl.as_millis() as Millis,
             replica: Some(self.store.replica().to_owned()),
+            limits: Vec::new(),
+            limit_wait_ms: 0,
         };
         for lock in locks {
             self.locked.insert(lock, start.dispatch_id.clone());
@@ -1383,20 +1423,43 @@ impl Actor {
                 state: LeaseState::Starting,
                 agent: agent.map(str::to_owned),
                 turn,
+                limited: None,
             },
         );
         start
     }
 
-    /// Starts a queued call on `session_id`: records its `tool:start`, then sends it.
-    fn reserve(&mut self, session_id: SessionId, step: StepRecord) {
+    /// Starts a queued call on `session_id`: records its `tool:start`, then sends it. A call under
+    /// tool limits names them, and since when it waited for them.
+    fn reserve(
+        &mut self,
+        session_id: SessionId,
+        step: StepRecord,
+        limited: Option<(Vec<crate::machine::throttle::ToolLimit>, Option<Waiting>)>,
+    ) {
         let agent = (step.kind == StepKind::Agent).then_some(step.tool.as_str());
-        let start = self.take_slot(
+        let mut start = self.take_slot(
             session_id,
             (&step.run_id, &step.key, step.turn, agent),
             step.attempts + 1,
             locks_of(&step),
         );
+        if let Some((limits, waiting)) = limited {
+            let now = self.store.clock();
+            self.throttle.take(&limits, now.now_millis());
+            start.limit_wait_ms = waiting.as_ref().map_or(0, |(since, _)| {
+                now.instant().saturating_duration_since(*since).as_millis() as u64
+            });
+            let names = limits.iter().map(|limit| limit.tools.clone()).collect();
+            start.limits = limits;
+            if let Some(lease) = self.leases.get_mut(&start.dispatch_id) {
+                lease.limited = Some(Box::new(Limited {
+                    names,
+                    step: step.clone(),
+                    waiting,
+                }));
+            }
+        }
         let (dispatch_id, attempt) = (start.dispatch_id.clone(), start.attempt);
         // Queued to the writer here, in dispatch order, so starts commit in the order given.
         let starting = self.store.start_dispatch(start);
@@ -1425,9 +1488,11 @@ impl Actor {
         calls
             .into_iter()
             .map(|call| {
+                // A call under tool limits starts from the queue, where its wait is counted.
                 if !self.queue.is_empty()
                     || limit.is_some_and(|n| taken >= n)
                     || call.locks.iter().any(|lock| self.locked.contains_key(lock))
+                    || !self.throttle.limits(&call.tool).is_empty()
                 {
                     return None;
                 }
@@ -1507,7 +1572,7 @@ impl Actor {
                     }
                     None => {
                         // The session ended while tool:start was being written.
-                        self.leases.remove(&dispatch_id);
+                        self.forget(&dispatch_id);
                         self.lose(
                             dispatch_id,
                             attempt,
@@ -1524,6 +1589,25 @@ impl Actor {
             Err(KernelError::Unavailable(error)) => {
                 warn!(%dispatch_id, %error, "tool:start may not have been recorded; asking the store");
                 self.unsure(dispatch_id);
+            }
+            Err(KernelError::LimitExceeded { field, message })
+                if self.leases.get(&dispatch_id).is_some_and(|l| l.limited.is_some()) =>
+            {
+                // The store counts calls this replica does not (another replica's, or those that
+                // ran before a restart): the call waits in the queue again.
+                debug!(%dispatch_id, limit = field, message, "a tool limit refused a start; the call waits");
+                let limited = self.leases.get_mut(&dispatch_id).and_then(|l| l.limited.take());
+                self.release(&dispatch_id);
+                if let Some(limited) = limited {
+                    let now = (self.store.clock().instant(), self.store.clock().now_millis());
+                    self.throttle.give_back(&limited.names);
+                    self.throttle.refused(&limited.names, now);
+                    if self.would_enqueue(&limited.step) && self.queue.push(limited.step, self.store.clock()) {
+                        let waiting = limited.waiting.unwrap_or((now.0, field));
+                        self.queue.last_mut().waiting = Some(waiting);
+                    }
+                }
+                self.dispatch_ready();
             }
             Err(error) => {
                 warn!(%dispatch_id, %error, "cannot record tool:start; the call waits for the next try");
@@ -1642,11 +1726,21 @@ impl Actor {
         lease.state = LeaseState::Cancelling { until };
     }
 
+    /// Drops a lease, and its count under the tool limits it passed.
+    fn forget(&mut self, dispatch_id: &DispatchId) -> Option<Lease> {
+        let lease = self.leases.remove(dispatch_id)?;
+        if let Some(limited) = &lease.limited {
+            self.throttle.give_back(&limited.names);
+        }
+        Some(lease)
+    }
+
     fn release(&mut self, dispatch_id: &DispatchId) {
         self.unlock(dispatch_id);
-        if let Some(lease) = self.leases.remove(dispatch_id)
-            && let Some(session) = self.sessions.get_mut(&lease.session_id)
-        {
+        let Some(lease) = self.forget(dispatch_id) else {
+            return;
+        };
+        if let Some(session) = self.sessions.get_mut(&lease.session_id) {
             session.in_use = session.in_use.saturating_sub(1);
             if let Some(hosting) = lease.agent.and_then(|agent| session.hosting.get_mut(&agent)) {
                 *hosting = hosting.saturating_sub(1);
@@ -1799,26 +1893,35 @@ impl Actor {
             let offered = kind == StepKind::Agent || here;
             let waited = now.saturating_duration_since(queued.not_before.unwrap_or(queued.since).max(queued.since));
             if !offered && waited > limit {
-                starved.push(queued.step.clone());
-                false
-            } else {
-                true
+                let message = format!(
+                    "no worker offering tool '{tool}' connected within {}; the call did not run",
+                    human_ms(limit.as_millis() as u64)
+                );
+                starved.push((queued.step.clone(), message, crate::model::Outcome::NoWorker));
+                return false;
             }
+            // A call waiting for a tool limit waits no longer than for a worker.
+            if let Some((since, which)) = &queued.waiting
+                && now.saturating_duration_since(*since) > limit
+            {
+                let message = format!(
+                    "waited {} for tool limit {which} to make room; the call did not run",
+                    human_ms(limit.as_millis() as u64)
+                );
+                starved.push((queued.step.clone(), message, crate::model::Outcome::LimitExceeded));
+                return false;
+            }
+            true
         });
-        for step in starved {
+        for (step, message, outcome) in starved {
             let store = self.store.clone();
-            let message = format!(
-                "no worker offering tool '{}' connected within {}; the call did not run",
-                step.tool,
-                human_ms(limit.as_millis() as u64)
-            );
             tokio::spawn(async move {
                 if let Err(error) = store
                     .fail_pending(
                         step.run_id.clone(),
                         step.key.clone(),
                         message,
-                        ("schedule_to_start_timeout", crate::model::Outcome::NoWorker),
+                        ("schedule_to_start_timeout", outcome),
                     )
                     .await
                 {

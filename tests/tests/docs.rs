@@ -278,6 +278,7 @@ fn links_are_found_outside_code_only() {
 const BLOCKS_CHECKED_ELSEWHERE: &[(&str, &str, &str)] = &[
     ("docs/guides/governance.md", "yaml", "kernel/src/governance.rs"),
     ("docs/guides/budgets.md", "yaml", "kernel/src/governance.rs"),
+    ("docs/guides/limits.md", "yaml", "kernel/src/governance.rs"),
     ("docs/reference/policy-file.md", "yaml", "kernel/src/reference.rs"),
     ("docs/guides/mcp.md", "yaml", "kernel-mcp/src/config.rs"),
     ("docs/getting-started/rust.md", "toml", "worker-sdk/tests/readme.rs"),

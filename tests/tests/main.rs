@@ -34,4 +34,5 @@ mod stopping;
 mod subagents;
 mod tls;
 mod tool_cache;
+mod tool_limits;
 mod traces;

@@ -373,6 +373,8 @@ pub fn step(step: &StepRecord, capture: Capture) -> pb::Step {
             .as_ref()
             .map(crate::model::RunId::to_string)
             .unwrap_or_default(),
+        limited_by: step.limited_by.clone(),
+        limit_wait_ms: step.limit_wait_ms,
     }
 }
 

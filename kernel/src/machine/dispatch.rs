@@ -28,6 +28,12 @@ pub struct StartDispatch {
     /// the replica whose writer records the start (a start another replica sent names its own).
     #[serde(default)]
     pub replica: Option<String>,
+    /// The tool limits the call's start must pass (the scheduler's reading of the policy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<crate::machine::throttle::ToolLimit>,
+    /// How long the call waited in the queue for those limits, in milliseconds.
+    #[serde(default)]
+    pub limit_wait_ms: u64,
 }
 
 /// A worker's result for a dispatch it claims to hold.

@@ -94,6 +94,8 @@ pub fn dispatch_step(run: &RunRecord, agent: &HostedAgent, now: Millis) -> StepR
         approval: None,
         resources: Vec::new(),
         from_run: None,
+        limited_by: Vec::new(),
+        limit_wait_ms: 0,
         trace: run.trace,
     }
 }
@@ -588,6 +590,8 @@ mod tests {
             session_id: "s".into(),
             lease_expires_at: NOW + 10_000,
             replica: None,
+            limits: Vec::new(),
+            limit_wait_ms: 0,
         };
         start(&pending, &slot, NOW).expect("a pending dispatch starts").step
     }
@@ -609,6 +613,8 @@ mod tests {
             session_id: "s".into(),
             lease_expires_at: NOW + 10_000,
             replica: None,
+            limits: Vec::new(),
+            limit_wait_ms: 0,
         };
         let change = start(&pending, &slot, NOW).unwrap();
         assert_eq!(change.event.kind, EventType::AgentDispatched);

@@ -83,6 +83,7 @@ pub mod events;
 pub mod hosted;
 pub mod question;
 pub mod run;
+pub mod throttle;
 pub mod turn;
 
 #[cfg(test)]

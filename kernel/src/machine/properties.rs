@@ -123,6 +123,8 @@ impl Life {
                     session_id: "s1".into(),
                     lease_expires_at: NOW + 1,
                     replica: None,
+                    limits: Vec::new(),
+                    limit_wait_ms: 0,
                 };
                 if let Some(change) = dispatch::start(&self.step, &start, NOW) {
                     assert!(
@@ -299,6 +301,8 @@ fn a_call_settled_when_recorded_never_starts() {
         session_id: "s".into(),
         lease_expires_at: NOW,
         replica: None,
+        limits: Vec::new(),
+        limit_wait_ms: 0,
     };
     assert!(dispatch::start(&recorded.step, &start, NOW).is_none());
 }

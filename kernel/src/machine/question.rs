@@ -91,6 +91,8 @@ pub fn question_step(call: &StepRecord, occurrence: u32, asked: &Asked, now: Mil
         approval: None,
         resources: Vec::new(),
         from_run: None,
+        limited_by: Vec::new(),
+        limit_wait_ms: 0,
         trace: call.trace,
     };
     let event = events::QuestionAsked {

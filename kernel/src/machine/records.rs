@@ -54,6 +54,8 @@ pub fn step() -> StepRecord {
         approval: None,
         resources: Vec::new(),
         from_run: None,
+        limited_by: Vec::new(),
+        limit_wait_ms: 0,
         trace: None,
     }
 }

@@ -585,6 +585,8 @@ pub fn record(
         approval: None,
         resources: call.resources.clone(),
         from_run: None,
+        limited_by: Vec::new(),
+        limit_wait_ms: 0,
         trace: run.trace,
     };
     let (event, next) = new_call_event(&step, call, refusal, approval.is_some(), cached.as_deref());

@@ -54,7 +54,39 @@ pub(super) fn parse(text: &str) -> Result<Compiled, PolicyError> {
             .enumerate()
             .map(|(index, Keyed(raw))| build_budget(raw, index))
             .collect::<Result<_, _>>()?,
+        limits: build_limits(file.limits)?,
     })
+}
+
+/// The file's tool limits, each checked as [`crate::machine::throttle::ToolLimit::check`] says;
+/// two may not name the same tools, whose state they would share.
+fn build_limits(raw: Vec<Keyed<RawLimit>>) -> Result<Vec<super::PolicyLimit>, PolicyError> {
+    let mut limits: Vec<super::PolicyLimit> = Vec::with_capacity(raw.len());
+    for (index, Keyed(raw)) in raw.into_iter().enumerate() {
+        let limit = crate::machine::throttle::ToolLimit {
+            tools: raw.tools.0.glob().to_owned(),
+            per_second: raw.per_second,
+            burst: raw.burst,
+            at_once: raw.at_once,
+        };
+        limit
+            .check()
+            .map_err(|(field, why)| PolicyError::new(None, format!("limits[{index}]{field}: {why}")))?;
+        if let Some(first) = limits.iter().position(|other| other.limit.tools == limit.tools) {
+            return Err(PolicyError::new(
+                None,
+                format!(
+                    "limits[{index}].tools: '{}' is named by limits[{first}] already; write one limit per glob",
+                    limit.tools
+                ),
+            ));
+        }
+        limits.push(super::PolicyLimit {
+            matcher: raw.tools.0.compile_matcher(),
+            limit,
+        });
+    }
+    Ok(limits)
 }
 
 /// A budget of the file, checked as a request's is ([`crate::machine::budget::Limit::check`]).
@@ -109,6 +141,20 @@ struct PolicyFile {
     rules: Rules,
     #[serde(default)]
     budgets: Vec<Keyed<RawBudget>>,
+    #[serde(default)]
+    limits: Vec<Keyed<RawLimit>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimit {
+    tools: Pattern,
+    #[serde(default)]
+    per_second: Option<f64>,
+    #[serde(default)]
+    burst: Option<u32>,
+    #[serde(default)]
+    at_once: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -208,6 +254,10 @@ impl Mapping for RawApproval {
 
 impl Mapping for RawBudget {
     const SECTION: Section = Section::Budget;
+}
+
+impl Mapping for RawLimit {
+    const SECTION: Section = Section::Limit;
 }
 
 /// `T` read from a mapping whose keys were checked against its section of the table.
@@ -681,6 +731,7 @@ pub(super) fn derived_fields(section: Section) -> &'static [&'static str] {
         Section::Match => introspect::fields::<RawMatch>(),
         Section::Approval => introspect::fields::<RawApproval>(),
         Section::Budget => introspect::fields::<RawBudget>(),
+        Section::Limit => introspect::fields::<RawLimit>(),
     }
 }
 

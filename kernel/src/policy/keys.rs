@@ -20,18 +20,21 @@ pub(crate) enum Section {
     Approval,
     /// One budget of the `budgets` list.
     Budget,
+    /// One limit of the `limits` list.
+    Limit,
 }
 
 impl Section {
     /// Every section, in the order the reference page lists them.
     #[cfg(test)]
-    pub(crate) const ALL: [Section; 6] = [
+    pub(crate) const ALL: [Section; 7] = [
         Section::File,
         Section::MaxRisk,
         Section::Rule,
         Section::Match,
         Section::Approval,
         Section::Budget,
+        Section::Limit,
     ];
 
     /// The section as a path into the file, as the reference page names it.
@@ -44,6 +47,7 @@ impl Section {
             Section::Match => "rules[].match",
             Section::Approval => "rules[].approval",
             Section::Budget => "budgets[]",
+            Section::Limit => "limits[]",
         }
     }
 
@@ -56,6 +60,7 @@ impl Section {
             Section::Match => "a match",
             Section::Approval => "an approval",
             Section::Budget => "a budget",
+            Section::Limit => "a limit",
         }
     }
 
@@ -172,6 +177,17 @@ pub(crate) const KEYS: &[Key] = &[
                   the run asks for: a run can tighten a budget, never loosen one. A call that would go past a limit \
                   does not run; the model reads why (`budget_exceeded`). See its keys below.",
         example: "[{ labels: { team: billing }, max_cost: 5.0 }]",
+    },
+    Key {
+        name: "limits",
+        section: Section::File,
+        value: "list of limits",
+        default: "none",
+        meaning: "How fast and how many at once calls of some tools may start, counted across every worker, run \
+                  and kernel replica. A call that finds no room waits in the queue (its schedule-to-start timeout \
+                  still applies) rather than fail. A call of a tool several limits match passes each. See its keys \
+                  below.",
+        example: "[{ tools: \"payments_*\", per_second: 10, at_once: 4 }]",
     },
     Key {
         name: "ceiling",
@@ -368,6 +384,42 @@ pub(crate) const KEYS: &[Key] = &[
                   both.",
         example: "5.0",
     },
+    Key {
+        name: "tools",
+        section: Section::Limit,
+        value: "glob (required)",
+        default: "none: a limit names its tools",
+        meaning: "The limit counts calls of tools whose name matches, together. Its state (tokens, calls running) \
+                  is kept in the database under this glob, so it holds through restarts and reloads; two limits \
+                  may not name the same glob.",
+        example: "\"payments_*\"",
+    },
+    Key {
+        name: "per_second",
+        section: Section::Limit,
+        value: "number above 0",
+        default: "no limit on rate",
+        meaning: "At most this many calls start each second on average (a token bucket refilled at this rate; \
+                  each attempt takes a token). A retry's attempt counts; a replayed or cached call does not.",
+        example: "10",
+    },
+    Key {
+        name: "burst",
+        section: Section::Limit,
+        value: "integer, 1 or more",
+        default: "one second's worth of `per_second`, at least 1",
+        meaning: "At most this many calls start at once after a quiet spell (the bucket's size). Needs \
+                  `per_second`.",
+        example: "20",
+    },
+    Key {
+        name: "at_once",
+        section: Section::Limit,
+        value: "integer, 1 or more",
+        default: "no limit on calls at once",
+        meaning: "At most this many calls run at once. A limit sets `per_second`, `at_once` or both.",
+        example: "4",
+    },
 ];
 
 /// A short complete policy file, shown on the reference page; the tests load it.
@@ -402,4 +454,8 @@ budgets:
     max_cost: 5.00
   - tools: "payments_*"
     max_calls: 100
+limits:
+  - tools: "payments_*"
+    per_second: 10
+    at_once: 4
 "#;

@@ -283,6 +283,15 @@ struct Compiled {
     rules: Vec<Rule>,
     /// In file order.
     budgets: Vec<PolicyBudget>,
+    /// In file order.
+    limits: Vec<PolicyLimit>,
+}
+
+/// A tool limit of the policy file, with its glob compiled: the scheduler asks for each call.
+#[derive(Debug)]
+struct PolicyLimit {
+    limit: crate::machine::throttle::ToolLimit,
+    matcher: globset::GlobMatcher,
 }
 
 /// A budget of the policy file: the runs it covers and the limit each gets.
@@ -376,6 +385,21 @@ impl Policy {
             })
             .map(|budget| budget.limit.clone())
             .collect()
+    }
+
+    /// The tool limits that count calls of `tool`, in file order.
+    pub fn limits_for(&self, tool: &str) -> Vec<crate::machine::throttle::ToolLimit> {
+        self.inner
+            .limits
+            .iter()
+            .filter(|limit| limit.matcher.is_match(tool))
+            .map(|limit| limit.limit.clone())
+            .collect()
+    }
+
+    /// Every tool limit, in file order.
+    pub fn limits(&self) -> Vec<crate::machine::throttle::ToolLimit> {
+        self.inner.limits.iter().map(|limit| limit.limit.clone()).collect()
     }
 
     /// How many rules the policy holds, for logs.

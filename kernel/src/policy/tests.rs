@@ -1107,6 +1107,10 @@ fn file_with(section: keys::Section, key: &str, value: &str) -> String {
         // A budget limits something: the key alone when it is a limit, else beside one.
         Section::Budget if key == "max_cost" => format!("budgets: [{{ {key}: {value} }}]\n"),
         Section::Budget => format!("budgets: [{{ max_cost: 1.0, {key}: {value} }}]\n"),
+        // A limit names its tools and bounds a rate (which a burst needs).
+        Section::Limit if key == "tools" => format!("limits: [{{ at_once: 1, {key}: {value} }}]\n"),
+        Section::Limit if key == "per_second" => format!("limits: [{{ tools: t, {key}: {value} }}]\n"),
+        Section::Limit => format!("limits: [{{ tools: t, per_second: 1, {key}: {value} }}]\n"),
     }
 }
 

@@ -18,6 +18,8 @@ pub(super) struct Queued {
     pub since: Instant,
     /// A retry waits for its backoff; the time lives in the store, this is its local clock.
     pub not_before: Option<Instant>,
+    /// Since when it waits for a tool limit with no room, and which (described).
+    pub waiting: Option<(Instant, String)>,
 }
 
 impl Queued {
@@ -30,6 +32,7 @@ impl Queued {
             step,
             since: now,
             not_before,
+            waiting: None,
         }
     }
 
@@ -68,6 +71,15 @@ impl Queue {
 
     pub fn get(&self, index: usize) -> &Queued {
         &self.items[index]
+    }
+
+    pub fn get_mut(&mut self, index: usize) -> &mut Queued {
+        &mut self.items[index]
+    }
+
+    /// The call queued last.
+    pub fn last_mut(&mut self) -> &mut Queued {
+        self.items.back_mut().expect("a call was just queued")
     }
 
     pub fn remove(&mut self, index: usize) -> Queued {

@@ -629,7 +629,9 @@ impl Store {
             return Box::pin(async move {
                 let shard = crate::cluster::shards::shard_of(&start.run_id);
                 store
-                    .write(shard, start, forward::Forwarded::Start, Command::StartDispatch)
+                    .write(shard, start, forward::Forwarded::Start, |start, reply| {
+                        Command::StartDispatch(Box::new(start), reply)
+                    })
                     .await
             });
         }
@@ -637,7 +639,7 @@ impl Store {
         let (reply, answer) = oneshot::channel();
         let sent = self
             .commands
-            .send(writer::Order::Write(Command::StartDispatch(start, reply)));
+            .send(writer::Order::Write(Command::StartDispatch(Box::new(start), reply)));
         Box::pin(async move {
             let stopped = || KernelError::Unavailable("the store writer has stopped".into());
             sent.map_err(|_| stopped())?;
@@ -645,7 +647,9 @@ impl Store {
                 Err(KernelError::Moved(_)) if let Some(start) = kept => {
                     let shard = crate::cluster::shards::shard_of(&start.run_id);
                     store
-                        .write(shard, start, forward::Forwarded::Start, Command::StartDispatch)
+                        .write(shard, start, forward::Forwarded::Start, |start, reply| {
+                            Command::StartDispatch(Box::new(start), reply)
+                        })
                         .await
                 }
                 answer => answer,

@@ -638,6 +638,49 @@ impl Records for Tx<'_> {
         Ok(())
     }
 
+    fn held_locks(&self, prefix: &str) -> Result<Vec<String>> {
+        // Not LIKE, whose `_` and `%` a glob holds; not a range, which a collation may reorder.
+        // The table holds only what running calls lock: a scan is short.
+        Ok(self
+            .conn
+            .prepare_cached("SELECT resource FROM resource_locks WHERE substr(resource, 1, ?2) = ?1")?
+            .query_map(params![prefix, prefix.chars().count() as i64], |row| {
+                row.get::<String>(0)
+            })?
+            .collect::<sql::Result<_>>()?)
+    }
+
+    fn lock_bucket(
+        &mut self,
+        name: &str,
+        fresh: crate::machine::throttle::Bucket,
+    ) -> Result<crate::machine::throttle::Bucket> {
+        // The upsert takes the row's lock (PostgreSQL waits here for another replica's start to
+        // commit), and the read after it sees what that start left.
+        self.conn.write(
+            "INSERT INTO limit_buckets (name, tokens, at) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (name) DO UPDATE SET name = excluded.name",
+            params![name, fresh.tokens, fresh.at],
+        )?;
+        Ok(self
+            .conn
+            .prepare_cached("SELECT tokens, at FROM limit_buckets WHERE name = ?1")?
+            .query_row(params![name], |row| {
+                Ok(crate::machine::throttle::Bucket {
+                    tokens: row.get(0)?,
+                    at: row.get(1)?,
+                })
+            })?)
+    }
+
+    fn save_bucket(&mut self, name: &str, bucket: crate::machine::throttle::Bucket) -> Result<()> {
+        self.conn.write(
+            "UPDATE limit_buckets SET tokens = ?2, at = ?3 WHERE name = ?1",
+            params![name, bucket.tokens, bucket.at],
+        )?;
+        Ok(())
+    }
+
     fn take_lock(
         &mut self,
         resource: &str,
@@ -717,7 +760,7 @@ fn budget_json(run: &RunRecord) -> Option<String> {
 /// The columns a step's save writes besides its indexed ones, `?5` on.
 const STEP_SAVED: &str = "attempts = ?5, output = ?6, error = ?7, error_kind = ?8, worker = ?9, session_id = ?10, \
      lease_expires_at = ?11, started_at = ?12, finished_at = ?13, progress_count = ?14, not_before = ?15, \
-     lease_losses = ?16, cost = ?17, outcome = ?18, approval = ?19, replays = ?20, replica = ?21";
+     lease_losses = ?16, cost = ?17, outcome = ?18, approval = ?19, replays = ?20, replica = ?21, limited_by = ?22, limit_wait_ms = ?23";
 
 /// The statement that saves a step, writing its indexed columns `status` (`?3`) and `dispatch_id`
 /// (`?4`) only as asked. SQLite rewrites an index's entry for each indexed column an `UPDATE` sets,
@@ -774,6 +817,8 @@ fn save_step(tx: &Tx<'_>, step: &StepRecord) -> Result<()> {
                 .map(|a| serde_json::to_string(a).expect("a decision serializes")),
             step.replays,
             step.replica,
+            (!step.limited_by.is_empty()).then(|| serde_json::to_string(&step.limited_by).expect("names serialize")),
+            (step.limit_wait_ms > 0).then_some(step.limit_wait_ms),
         ],
     )?;
     Ok(())
@@ -1226,7 +1271,7 @@ mod tests {
                 let sql = save_step_sql(status, dispatch);
                 assert_eq!(sql.contains("status = ?3"), status, "{sql}");
                 assert_eq!(sql.contains("dispatch_id = ?4"), dispatch, "{sql}");
-                assert_eq!(conn.prepare(sql).unwrap().parameter_count(), 21, "{sql}");
+                assert_eq!(conn.prepare(sql).unwrap().parameter_count(), 23, "{sql}");
             }
         }
     }

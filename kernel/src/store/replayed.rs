@@ -254,7 +254,7 @@ async fn postgres_logs_what_the_in_memory_records_log() {
             // A fresh schema per case, so each starts from no runs.
             let conn = super::postgres::open_writer(&target, "test").unwrap();
             conn.batch(
-                "TRUNCATE runs, events, steps, approvals, places, result_cache, result_cache_runs, resource_locks",
+                "TRUNCATE runs, events, steps, approvals, places, result_cache, result_cache_runs, resource_locks, limit_buckets",
             )
             .unwrap();
             Db::Postgres(Box::new(conn))

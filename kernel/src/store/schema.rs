@@ -385,6 +385,18 @@ const MIGRATIONS: &[&str] = &[
     -- 19: what a run may spend on tool calls, and what it has spent (JSON; NULL: no budget).
     ALTER TABLE runs ADD COLUMN budget TEXT;
     "#,
+    r#"
+    -- 20: rate and concurrency limits on tools (the policy file's `limits`): each rate's token
+    -- bucket, and on a step the limits its last start passed (JSON; NULL: none) and how long it
+    -- waited for them. A running call's slot of a limit is a row of resource_locks.
+    CREATE TABLE limit_buckets (
+        name   TEXT PRIMARY KEY,
+        tokens REAL NOT NULL,
+        at     INTEGER NOT NULL
+    ) STRICT;
+    ALTER TABLE steps ADD COLUMN limited_by TEXT;
+    ALTER TABLE steps ADD COLUMN limit_wait_ms INTEGER;
+    "#,
 ];
 
 /// Brings the database to the newest schema.

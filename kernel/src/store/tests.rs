@@ -169,6 +169,8 @@ async fn start(store: &Store, step: &StepRecord, dispatch: &str, attempt: u32, s
             session_id: session.into(),
             lease_expires_at: 0,
             replica: None,
+            limits: Vec::new(),
+            limit_wait_ms: 0,
         })
         .await
         .unwrap()
@@ -202,6 +204,8 @@ fn slot(run: &RunId, key: StepKey, dispatch: &str) -> StartDispatch {
         session_id: "s1".into(),
         lease_expires_at: 0,
         replica: None,
+        limits: Vec::new(),
+        limit_wait_ms: 0,
     }
 }
 
@@ -2581,6 +2585,8 @@ async fn an_owner_that_lost_its_shard_commits_nothing_in_it() {
         session_id: "sa".into(),
         lease_expires_at: 0,
         replica: None,
+        limits: Vec::new(),
+        limit_wait_ms: 0,
     };
     let unaware = tokio::time::timeout(
         std::time::Duration::from_millis(500),

@@ -56,7 +56,7 @@ struct Handout {
 pub enum Command {
     CreateRun(Box<NewRun>, Reply<(RunRecord, bool, Option<StepRecord>)>),
     ScheduleTurn(TurnPlan, Option<EarlyDispatch>, Reply<super::RecordedTurn>),
-    StartDispatch(StartDispatch, Reply<Option<StepRecord>>),
+    StartDispatch(Box<StartDispatch>, Reply<Option<StepRecord>>),
     RecordResult(ResultReport, Reply<Option<(StepRecord, Vec<StepRecord>)>>),
     LoseLease(LeaseLoss, Reply<LossOutcome>),
     TimeOut {
@@ -245,7 +245,7 @@ fn apply(tx: &mut Tx<'_>, command: Command, handout: &mut Option<Handout>) -> (R
             }
             respond(recorded, reply)
         }
-        Command::StartDispatch(start, reply) => respond(command::start::apply(tx, start), reply),
+        Command::StartDispatch(start, reply) => respond(command::start::apply(tx, *start), reply),
         Command::RecordResult(report, reply) => respond(command::result::apply(tx, report), reply),
         Command::LoseLease(loss, reply) => respond(command::lose_lease::apply(tx, loss), reply),
         Command::TimeOut {

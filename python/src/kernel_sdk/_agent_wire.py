@@ -223,6 +223,8 @@ def step(step: common_pb2.Step) -> Step:
         progress_count=step.progress_count,
         replayed_from_run_id=step.replayed_from_run_id,
         child_run_id=step.child_run_id,
+        limited_by=tuple(step.limited_by),
+        limit_wait_ms=step.limit_wait_ms,
     )
 
 

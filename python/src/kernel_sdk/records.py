@@ -215,6 +215,10 @@ class Step:
     """In a branch: the run whose recorded outcome the step replays (nothing ran)."""
     child_run_id: str = ""
     """For a subagent step (`subagent:...`): the child run."""
+    limited_by: tuple[str, ...] = ()
+    """The tool limits (the policy file's `limits`, by glob) its last attempt's start passed."""
+    limit_wait_ms: int = 0
+    """How long that start waited in the queue for those limits, in milliseconds."""
 
 
 @dataclass(frozen=True)

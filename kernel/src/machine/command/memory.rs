@@ -67,6 +67,8 @@ pub struct State {
     pub checks: BTreeMap<(RunId, StepKey), (Fence, String)>,
     /// `tool_cache`: (tool, key) to (value, expiry).
     pub tool_cache: BTreeMap<(String, String), (String, Option<Millis>)>,
+    /// `limit_buckets`: each rate limit's token bucket, by name.
+    pub buckets: BTreeMap<String, crate::machine::throttle::Bucket>,
 }
 
 /// The records of one store, with its clock; each command runs against it as inside the
@@ -319,6 +321,8 @@ impl Records for Memory {
             row.approval.clone_from(&step.approval);
             row.replays = step.replays;
             row.replica.clone_from(&step.replica);
+            row.limited_by.clone_from(&step.limited_by);
+            row.limit_wait_ms = step.limit_wait_ms;
         }
         Ok(())
     }
@@ -479,6 +483,29 @@ impl Records for Memory {
         self.state
             .cache_runs
             .insert((step.call_hash.clone(), step.run_id.clone()));
+        Ok(())
+    }
+
+    fn held_locks(&self, prefix: &str) -> Result<Vec<String>> {
+        Ok(self
+            .state
+            .locks
+            .range(prefix.to_owned()..)
+            .take_while(|(name, _)| name.starts_with(prefix))
+            .map(|(name, _)| name.clone())
+            .collect())
+    }
+
+    fn lock_bucket(
+        &mut self,
+        name: &str,
+        fresh: crate::machine::throttle::Bucket,
+    ) -> Result<crate::machine::throttle::Bucket> {
+        Ok(*self.state.buckets.entry(name.to_owned()).or_insert(fresh))
+    }
+
+    fn save_bucket(&mut self, name: &str, bucket: crate::machine::throttle::Bucket) -> Result<()> {
+        self.state.buckets.insert(name.to_owned(), bucket);
         Ok(())
     }
 

@@ -46,6 +46,7 @@ pub mod start;
 pub mod start_subagent;
 pub mod submit_turn;
 pub mod suspend;
+pub mod throttle;
 pub mod time_out;
 pub mod tool_cache;
 
@@ -110,10 +111,11 @@ pub trait Records {
     fn release_locks(&mut self, step: &StepRecord) -> Result<()>;
 
     /// Writes what a transition may change of a step. Every way out of running passes here, so
-    /// no exit path keeps a resource lock.
+    /// no exit path keeps a resource lock or a tool limit's slot.
     fn save_step(&mut self, step: &StepRecord) -> Result<()> {
         self.write_step(step)?;
-        if step.status != StepStatus::Running && crate::resources::locks(&step.resources).next().is_some() {
+        let holds = !step.limited_by.is_empty() || crate::resources::locks(&step.resources).next().is_some();
+        if step.status != StepStatus::Running && holds {
             self.release_locks(step)?;
         }
         Ok(())
@@ -170,6 +172,18 @@ pub trait Records {
         step: &StepRecord,
         attempt: (&DispatchId, u32),
     ) -> Result<std::result::Result<(), (String, String)>>;
+
+    /// The names of the locks held whose names start with `prefix` (a tool limit's slots).
+    fn held_locks(&self, prefix: &str) -> Result<Vec<String>>;
+    /// Locks the token bucket of rate limit `name` for the rest of this write (creating it as
+    /// `fresh` when there is none) and returns it: two replicas' starts take its tokens in turn.
+    fn lock_bucket(
+        &mut self,
+        name: &str,
+        fresh: crate::machine::throttle::Bucket,
+    ) -> Result<crate::machine::throttle::Bucket>;
+    /// Writes the token bucket of rate limit `name`.
+    fn save_bucket(&mut self, name: &str, bucket: crate::machine::throttle::Bucket) -> Result<()>;
 
     /// Appends `event` to `run`'s log, with the step it concerns when it has one (so watchers
     /// learn a result without a read).

@@ -530,6 +530,8 @@ impl World {
             session_id: "s1".into(),
             lease_expires_at: self.memory.now + LEASE_MS,
             replica: None,
+            limits: Vec::new(),
+            limit_wait_ms: 0,
         }
     }
 

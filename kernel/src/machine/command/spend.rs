@@ -82,7 +82,7 @@ pub fn pay_start<R: Records + ?Sized>(records: &mut R, step: &StepRecord) -> Res
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::Arc;
 
     use super::*;
@@ -122,7 +122,7 @@ mod tests {
         }
     }
 
-    fn turn(run: &RunId, calls: u32) -> TurnPlan {
+    pub(in crate::machine::command) fn turn(run: &RunId, calls: u32) -> TurnPlan {
         TurnPlan {
             offers_approval_tool: None,
             run_id: run.clone(),
@@ -137,7 +137,7 @@ mod tests {
         }
     }
 
-    fn start_of(run: &RunId, position: u32, attempt: u32) -> StartDispatch {
+    pub(in crate::machine::command) fn start_of(run: &RunId, position: u32, attempt: u32) -> StartDispatch {
         StartDispatch {
             run_id: run.clone(),
             key: StepKey::for_call(0, position, None),
@@ -147,10 +147,12 @@ mod tests {
             session_id: "s1".into(),
             lease_expires_at: NOW + 60_000,
             replica: None,
+            limits: Vec::new(),
+            limit_wait_ms: 0,
         }
     }
 
-    fn created(records: &mut Memory, new: NewRun) -> RunRecord {
+    pub(in crate::machine::command) fn created(records: &mut Memory, new: NewRun) -> RunRecord {
         create_run::apply(records, new).unwrap().0
     }
 

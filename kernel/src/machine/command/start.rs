@@ -34,6 +34,15 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, start: StartDispatch) -> Resu
             records.append(&run.id, event, None)?;
         }
     }
+    // A tool limit with no room refuses the start before anything is written; the call waits.
+    if !start.limits.is_empty() {
+        super::throttle::pass(records, &step, &start)?;
+        change.step.limited_by = start.limits.iter().map(|limit| limit.tools.clone()).collect();
+        change.step.limit_wait_ms = start.limit_wait_ms;
+    } else if !change.step.limited_by.is_empty() {
+        change.step.limited_by.clear();
+        change.step.limit_wait_ms = 0;
+    }
     // A call whose budget cannot pay for this attempt settles instead of starting.
     if !super::spend::pay_start(records, &step)? {
         return Ok(None);

@@ -14,6 +14,8 @@ fn lease(attempt: u32) -> StartDispatch {
         session_id: "s1".into(),
         lease_expires_at: NOW + 10_000,
         replica: None,
+        limits: Vec::new(),
+        limit_wait_ms: 0,
     }
 }
 

@@ -263,4 +263,16 @@ pub(super) const MIGRATIONS: &[&str] = &[
     -- 11: what a run may spend on tool calls, and what it has spent (JSON; NULL: no budget).
     ALTER TABLE runs ADD COLUMN budget TEXT;
     "#,
+    r#"
+    -- 12: rate and concurrency limits on tools (the policy file's `limits`): each rate's token
+    -- bucket, and on a step the limits its last start passed (JSON; NULL: none) and how long it
+    -- waited for them. A running call's slot of a limit is a row of resource_locks.
+    CREATE TABLE limit_buckets (
+        name   TEXT PRIMARY KEY,
+        tokens DOUBLE PRECISION NOT NULL,
+        at     BIGINT NOT NULL
+    );
+    ALTER TABLE steps ADD COLUMN limited_by TEXT;
+    ALTER TABLE steps ADD COLUMN limit_wait_ms BIGINT;
+    "#,
 ];

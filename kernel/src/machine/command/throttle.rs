@@ -1,0 +1,143 @@
+//! A call's start passes its tools' limits ([`crate::machine::throttle`]): it takes a token of
+//! each rate and a slot of each bound on calls at once, in the write that starts it. A limit that
+//! has neither to give refuses the start, and the call waits in the queue for its next try.
+
+use super::{Records, Result};
+use crate::error::KernelError;
+use crate::machine::dispatch::StartDispatch;
+use crate::machine::throttle::{Bucket, free_slot};
+use crate::model::StepRecord;
+
+/// Takes what `start`'s limits ask of `step`'s attempt, or refuses with `LimitExceeded` naming
+/// the limit; the command's writes are undone with the refusal.
+pub fn pass<R: Records + ?Sized>(records: &mut R, step: &StepRecord, start: &StartDispatch) -> Result<()> {
+    let now = records.now();
+    for limit in &start.limits {
+        if limit.per_second.is_some() {
+            let bucket = records.lock_bucket(&limit.tools, Bucket::full(limit, now))?;
+            match bucket.take(limit, now) {
+                Ok(after) => records.save_bucket(&limit.tools, after)?,
+                Err(wait_ms) => {
+                    return Err(refused(
+                        limit.describe(),
+                        format!("the next call may start in {wait_ms} ms"),
+                    ));
+                }
+            }
+        }
+        if let Some(at_once) = limit.at_once {
+            let prefix = limit.slot_prefix();
+            let held = records.held_locks(&prefix)?;
+            let taken = match free_slot(&prefix, at_once, &held) {
+                Some(slot) => records
+                    .take_lock(&slot, step, (&start.dispatch_id, start.attempt))?
+                    .is_ok(),
+                None => false,
+            };
+            if !taken {
+                return Err(refused(limit.describe(), format!("{} calls run already", held.len())));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn refused(limit: String, why: String) -> KernelError {
+    KernelError::LimitExceeded {
+        field: format!("limits[{limit}]"),
+        message: format!("{why}; the call waits in the queue"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::command::memory::Memory;
+    use crate::machine::command::spend::tests::{created, start_of, turn};
+    use crate::machine::command::{result, start, submit_turn};
+    use crate::machine::dispatch::ResultReport;
+    use crate::machine::records::{NOW, new_run};
+    use crate::machine::throttle::ToolLimit;
+    use crate::model::{StepKey, StepStatus};
+
+    fn under(limit: &ToolLimit, start: StartDispatch) -> StartDispatch {
+        StartDispatch {
+            limits: vec![limit.clone()],
+            limit_wait_ms: 250,
+            ..start
+        }
+    }
+
+    #[test]
+    fn a_start_past_a_bound_is_refused_and_the_slot_comes_back_with_the_result() {
+        let limit = ToolLimit {
+            tools: "sea*".into(),
+            per_second: None,
+            burst: None,
+            at_once: Some(1),
+        };
+        let mut records = Memory::new(NOW);
+        let run = created(&mut records, new_run());
+        submit_turn::apply(&mut records, turn(&run.id, 2)).unwrap();
+        let first = start::apply(&mut records, under(&limit, start_of(&run.id, 0, 1)))
+            .unwrap()
+            .expect("the first call starts");
+        assert_eq!(
+            (first.limited_by.as_slice(), first.limit_wait_ms),
+            (&["sea*".to_owned()][..], 250)
+        );
+        assert_eq!(records.state.locks.keys().collect::<Vec<_>>(), ["@limit:sea*#0"]);
+
+        let before = records.state.clone();
+        let refused = start::apply(&mut records, under(&limit, start_of(&run.id, 1, 1))).unwrap_err();
+        assert!(
+            matches!(&refused, KernelError::LimitExceeded { field, .. } if field == "limits['sea*' (1 at once)]"),
+            "{refused:?}"
+        );
+        assert_eq!(records.state, before, "a refused start writes nothing");
+
+        let report = ResultReport {
+            dispatch_id: first.dispatch_id.clone().unwrap(),
+            attempt: 1,
+            session_id: "s1".into(),
+            outcome: Ok("1".into()),
+            progress_count: 0,
+        };
+        result::apply(&mut records, report).unwrap();
+        assert!(records.state.locks.is_empty(), "the result gave the slot back");
+        let second = start::apply(&mut records, under(&limit, start_of(&run.id, 1, 1))).unwrap();
+        assert_eq!(second.map(|s| s.status), Some(StepStatus::Running));
+        let key = StepKey::for_call(0, 1, None);
+        assert_eq!(records.state.locks["@limit:sea*#0"].key, key);
+    }
+
+    #[test]
+    fn a_rate_s_tokens_are_kept_between_starts_and_refill_with_time() {
+        let limit = ToolLimit {
+            tools: "search".into(),
+            per_second: Some(1.0),
+            burst: Some(1),
+            at_once: None,
+        };
+        let mut records = Memory::new(NOW);
+        let run = created(&mut records, new_run());
+        submit_turn::apply(&mut records, turn(&run.id, 2)).unwrap();
+        assert!(
+            start::apply(&mut records, under(&limit, start_of(&run.id, 0, 1)))
+                .unwrap()
+                .is_some()
+        );
+        let refused = start::apply(&mut records, under(&limit, start_of(&run.id, 1, 1))).unwrap_err();
+        assert!(
+            refused.to_string().contains("the next call may start in 1000 ms"),
+            "{refused}"
+        );
+        records.now += 1_000;
+        assert!(
+            start::apply(&mut records, under(&limit, start_of(&run.id, 1, 1)))
+                .unwrap()
+                .is_some()
+        );
+        assert_eq!(records.state.buckets["search"].tokens, 0.0);
+    }
+}

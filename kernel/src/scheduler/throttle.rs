@@ -1,0 +1,207 @@
+//! The scheduler's count of the tool limits ([`crate::machine::throttle`]): calls running under
+//! each and each rate's tokens, as the starts it sent left them, so it tries only starts the
+//! store will admit. The store's count is the truth: a start it refuses (another replica's calls,
+//! or calls that ran before a restart) closes the limit here for a moment, and the call waits in
+//! the queue again.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::governance::Governance;
+use crate::machine::throttle::{Bucket, ToolLimit};
+use crate::model::Millis;
+use crate::policy::Policy;
+
+/// How long a limit stays closed here after the store refused a start this count allowed.
+const REFUSED_FOR: Duration = Duration::from_millis(100);
+
+/// Where the scheduler reads the tool limits in force: the policy, swapped whole on reload.
+#[derive(Clone, Default)]
+pub struct LimitSource(Option<Governance>);
+
+impl LimitSource {
+    /// The limits of the policy `governance` holds, as it is now and after each reload.
+    pub fn policy(governance: Governance) -> Self {
+        LimitSource(Some(governance))
+    }
+}
+
+impl std::fmt::Debug for LimitSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "LimitSource(policy)"
+        } else {
+            "LimitSource(none)"
+        })
+    }
+}
+
+/// One limit's count here.
+struct Gate {
+    limit: ToolLimit,
+    running: u32,
+    bucket: Option<Bucket>,
+    closed_until: Option<Instant>,
+}
+
+impl Gate {
+    fn new(limit: ToolLimit) -> Self {
+        Gate {
+            limit,
+            running: 0,
+            bucket: None,
+            closed_until: None,
+        }
+    }
+
+    fn has_room(&mut self, (now, at): (Instant, Millis)) -> bool {
+        if self.closed_until.is_some_and(|until| now < until) {
+            return false;
+        }
+        if self.limit.at_once.is_some_and(|max| self.running >= max) {
+            return false;
+        }
+        self.limit.per_second.is_none() || self.bucket(at).take(&self.limit, at).is_ok()
+    }
+
+    fn bucket(&mut self, at: Millis) -> Bucket {
+        *self.bucket.get_or_insert_with(|| Bucket::full(&self.limit, at))
+    }
+}
+
+/// The limits in force, by tool, and each limit's count.
+#[derive(Default)]
+pub(super) struct Throttle {
+    source: LimitSource,
+    /// The policy the maps below were read from.
+    policy: Option<Arc<Policy>>,
+    by_tool: HashMap<String, Arc<[ToolLimit]>>,
+    gates: HashMap<String, Gate>,
+}
+
+impl Throttle {
+    pub fn new(source: LimitSource) -> Self {
+        Throttle {
+            source,
+            ..Throttle::default()
+        }
+    }
+
+    /// The limits a call of `tool` passes (none for most tools).
+    pub fn limits(&mut self, tool: &str) -> Arc<[ToolLimit]> {
+        let Some(governance) = &self.source.0 else {
+            return Arc::from([]);
+        };
+        let policy = governance.policy();
+        if !self.policy.as_ref().is_some_and(|seen| Arc::ptr_eq(seen, &policy)) {
+            // Reloaded: limits may have changed; counts of limits still named carry over.
+            self.by_tool.clear();
+            let limits = policy.limits();
+            self.gates.retain(|name, _| limits.iter().any(|l| l.tools == *name));
+            for limit in limits {
+                match self.gates.get_mut(&limit.tools) {
+                    Some(gate) => gate.limit = limit,
+                    None => {
+                        self.gates.insert(limit.tools.clone(), Gate::new(limit));
+                    }
+                }
+            }
+            self.policy = Some(policy.clone());
+        }
+        if let Some(limits) = self.by_tool.get(tool) {
+            return limits.clone();
+        }
+        let limits: Arc<[ToolLimit]> = policy.limits_for(tool).into();
+        self.by_tool.insert(tool.to_owned(), limits.clone());
+        limits
+    }
+
+    /// The first of `limits` with no room now, if any.
+    pub fn closed<'a>(&mut self, limits: &'a [ToolLimit], now: (Instant, Millis)) -> Option<&'a ToolLimit> {
+        limits
+            .iter()
+            .find(|limit| !self.gates.get_mut(&limit.tools).is_none_or(|gate| gate.has_room(now)))
+    }
+
+    /// A start under `limits` was sent to the store.
+    pub fn take(&mut self, limits: &[ToolLimit], at: Millis) {
+        for limit in limits {
+            if let Some(gate) = self.gates.get_mut(&limit.tools) {
+                gate.running += 1;
+                if gate.limit.per_second.is_some() {
+                    let bucket = gate.bucket(at);
+                    gate.bucket = Some(bucket.take(&gate.limit, at).unwrap_or(bucket));
+                }
+            }
+        }
+    }
+
+    /// A call that took `names` no longer runs here (it ended, or its start did not commit).
+    pub fn give_back(&mut self, names: &[String]) {
+        for name in names {
+            if let Some(gate) = self.gates.get_mut(name) {
+                gate.running = gate.running.saturating_sub(1);
+            }
+        }
+    }
+
+    /// The store refused a start under `names` that the count here allowed: the limits stay
+    /// closed here for a moment, and their buckets are read as empty.
+    pub fn refused(&mut self, names: &[String], now: (Instant, Millis)) {
+        for name in names {
+            if let Some(gate) = self.gates.get_mut(name) {
+                gate.closed_until = Some(now.0 + REFUSED_FOR);
+                if gate.limit.per_second.is_some() {
+                    gate.bucket = Some(Bucket { tokens: 0.0, at: now.1 });
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(per_second: Option<f64>, at_once: Option<u32>) -> Gate {
+        Gate::new(ToolLimit {
+            tools: "pay_*".into(),
+            per_second,
+            burst: None,
+            at_once,
+        })
+    }
+
+    #[test]
+    fn a_gate_closes_at_its_bound_and_at_its_rate_and_after_a_refusal() {
+        let now = Instant::now();
+        let mut throttle = Throttle::default();
+        throttle.gates.insert("pay_*".into(), gate(Some(2.0), Some(3)));
+        let limits = [throttle.gates["pay_*"].limit.clone()];
+        assert!(throttle.closed(&limits, (now, 0)).is_none());
+        throttle.take(&limits, 0);
+        throttle.take(&limits, 0);
+        assert!(
+            throttle.closed(&limits, (now, 0)).is_some(),
+            "two tokens a second, both taken"
+        );
+        assert!(throttle.closed(&limits, (now, 500)).is_none(), "a token after 500 ms");
+        throttle.take(&limits, 500);
+        assert!(
+            throttle.closed(&limits, (now, 5_000)).is_some(),
+            "three running: the bound holds whatever the tokens"
+        );
+        throttle.give_back(&["pay_*".into()]);
+        assert!(throttle.closed(&limits, (now, 5_000)).is_none());
+        throttle.refused(&["pay_*".into()], (now, 5_000));
+        assert!(
+            throttle
+                .closed(&limits, (now + Duration::from_millis(50), 5_050))
+                .is_some()
+        );
+        assert!(throttle.closed(&limits, (now + REFUSED_FOR, 5_600)).is_none());
+    }
+}

@@ -1,0 +1,63 @@
+"""Tool limits against the real kernel from Python: a policy's bound on calls at once holds for a
+Python worker's tool, the calls past it wait rather than fail, and each step reads back the limit
+it passed and how long it waited."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import serving
+from harness import Kernel
+
+from kernel_sdk import AgentClient, ToolCall, tool
+
+POLICY = """
+default: allow
+limits:
+  - tools: "py_charge*"
+    at_once: 1
+    per_second: 50
+"""
+
+RUNNING = [0]
+MOST = [0]
+
+
+@tool
+async def py_charge(cents: int) -> str:
+    """Charges `cents` at a provider that allows one call at a time."""
+    RUNNING[0] += 1
+    MOST[0] = max(MOST[0], RUNNING[0])
+    try:
+        await asyncio.sleep(0.03)
+        return f"charged {cents}"
+    finally:
+        RUNNING[0] -= 1
+
+
+@pytest.fixture
+def limited(tmp_path: Path) -> Iterator[Kernel]:
+    """A kernel whose policy limits `py_charge*` to one call at once."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    started = Kernel(tmp_path, "--policy", str(policy))
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+async def test_a_bound_on_calls_at_once_holds_and_the_calls_past_it_wait(limited: Kernel) -> None:
+    MOST[0] = 0
+    async with AgentClient(limited.addr) as client, serving(limited, py_charge, max_concurrency=8):
+        run = await client.create_run("payer")
+        calls = [ToolCall("py_charge", {"cents": n}) for n in range(6)]
+        done = await client.call_turn(run.id, 0, calls)
+        assert [r.ok for r in done.results] == [True] * 6, done.results
+        assert MOST[0] == 1, "the worker had eight slots; the limit let one call run at a time"
+        detail = await client.get_run(run.id)
+        assert all(step.limited_by == ("py_charge*",) for step in detail.steps), detail.steps
+        assert sum(step.limit_wait_ms > 0 for step in detail.steps) >= 4, detail.steps

@@ -1,0 +1,227 @@
+//! Tool limits with real processes: a rate and a bound on calls at once held across several
+//! workers and runs, the wait shown by `runs show`, a kernel SIGKILL mid-burst that neither loses
+//! the limit's state nor lets the burst through.
+
+use std::time::Duration;
+
+use e2e::{Kernel, KernelOptions, call, check_log};
+use kernel_proto::v1 as pb;
+use serde_json::json;
+
+fn limited(policy: &str) -> Kernel {
+    Kernel::start_with(KernelOptions {
+        policy: Some(policy.to_owned()),
+        ..KernelOptions::default()
+    })
+}
+
+/// A time of the kernel's, in milliseconds.
+macro_rules! millis {
+    ($at:expr) => {{
+        let at = $at.as_ref().expect("a time");
+        at.seconds * 1000 + i64::from(at.nanos) / 1_000_000
+    }};
+}
+
+/// The most calls whose `[start, end)` spans overlap at one moment.
+fn most_at_once(mut spans: Vec<(i64, i64)>) -> usize {
+    let mut edges: Vec<(i64, i32)> = spans.drain(..).flat_map(|(s, e)| [(s, 1), (e, -1)]).collect();
+    // An end at the moment of a start comes first: the slot was given back in that write.
+    edges.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, delta) in edges {
+        now += delta;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+/// Each attempt's `[start, end)` in the log: from its `tool:start` to the event that ended it (its
+/// result, its failure, or its worker's loss), whose write gave its slots back.
+fn attempt_spans(log: &[pb::Event]) -> Vec<(i64, i64)> {
+    let mut open: std::collections::HashMap<String, i64> = Default::default();
+    let mut spans = Vec::new();
+    for event in log {
+        let key = e2e::payload(event)["step_key"].as_str().unwrap_or_default().to_owned();
+        match event.r#type.as_str() {
+            "tool:start" => {
+                open.insert(key, millis!(event.at));
+            }
+            "tool:result" | "tool:attempt_failed" | "tool:lease_lost" => {
+                if let Some(start) = open.remove(&key) {
+                    spans.push((start, millis!(event.at)));
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(open.is_empty(), "attempts never ended: {open:?}");
+    spans
+}
+
+/// Checks the token bucket's promise over every window of the start times `starts` (ms,
+/// sorted): at most `rate` a second plus `burst`. Returns the rate of the whole, after the burst.
+fn check_rate(starts: &[i64], rate: f64, burst: f64) -> f64 {
+    for (i, first) in starts.iter().enumerate() {
+        for (j, last) in starts.iter().enumerate().skip(i) {
+            let count = (j - i + 1) as f64;
+            // A millisecond either side: the kernel's times are whole milliseconds.
+            let allowed = rate * ((last - first + 1) as f64) / 1000.0 + burst;
+            assert!(
+                count <= allowed + 1e-9,
+                "{count} starts in {} ms; the limit allows {allowed:.1}: {starts:?}",
+                last - first
+            );
+        }
+    }
+    let span = (starts[starts.len() - 1] - starts[0]) as f64 / 1000.0;
+    (starts.len() as f64 - burst) / span
+}
+
+const POLICY: &str = r#"
+default: allow
+limits:
+  - tools: "sleep*"
+    per_second: 20
+    burst: 5
+    at_once: 3
+"#;
+
+#[tokio::test]
+async fn a_rate_and_a_bound_on_calls_at_once_hold_across_workers_and_runs_and_the_wait_shows() {
+    let kernel = limited(POLICY);
+    let _workers = [kernel.fault_worker("w1"), kernel.fault_worker("w2")];
+    kernel.wait_for_workers("sleepy", 2).await;
+    let mut runs = kernel.runs().await;
+    let mut ids = Vec::new();
+    let mut turns = Vec::new();
+    for n in 0..3 {
+        let run = runs
+            .create_run(pb::CreateRunRequest {
+                agent: format!("burst-{n}"),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .run
+            .unwrap()
+            .id;
+        let calls: Vec<pb::ToolCall> = (0..20).map(|i| call("sleepy", json!({"hold_ms": 40 + i}))).collect();
+        turns.push(e2e::submit_in_background(&kernel, &run, 0, calls));
+        ids.push(run);
+    }
+    let mut spans = Vec::new();
+    let mut starts = Vec::new();
+    let mut waited = 0;
+    for (run, turn) in ids.iter().zip(turns) {
+        let outcome = tokio::time::timeout(Duration::from_secs(60), turn)
+            .await
+            .expect("the turn ends")
+            .unwrap();
+        assert!(
+            outcome.results.iter().all(|r| r.outcome == pb::CallOutcome::Ok as i32),
+            "a limited call waits rather than fails: {:#?}",
+            outcome.results
+        );
+        let detail = kernel
+            .runs()
+            .await
+            .get_run(pb::GetRunRequest { run_id: run.clone() })
+            .await
+            .unwrap()
+            .into_inner();
+        for step in &detail.steps {
+            assert_eq!(step.limited_by, ["sleep*"], "{step:?}");
+            waited += usize::from(step.limit_wait_ms > 0);
+        }
+        let log = kernel.events(run).await;
+        check_log(&log, false);
+        starts.extend(log.iter().filter(|e| e.r#type == "tool:start").map(|e| millis!(e.at)));
+        spans.extend(attempt_spans(&log));
+    }
+    assert_eq!(spans.len(), 60);
+    assert!(most_at_once(spans.clone()) <= 3, "more than 3 at once: {spans:?}");
+    starts.sort();
+    let rate = check_rate(&starts, 20.0, 5.0);
+    eprintln!("60 calls at a limit of 20 a second: {rate:.1} a second after the burst");
+    assert!(waited > 40, "most calls waited for room; {waited} did");
+
+    // `runs show` says which limit a call passed and how long it waited.
+    let shown = kernel.kernelctl_ok(&["runs", "show", &ids[2]]);
+    assert!(
+        shown
+            .lines()
+            .any(|line| line.trim_start().starts_with("limits:") && line.contains("'sleep*' (waited ")),
+        "{shown}"
+    );
+}
+
+const TIGHT: &str = r#"
+default: allow
+limits:
+  - tools: "sleepy"
+    per_second: 2
+    burst: 4
+    at_once: 3
+"#;
+
+#[tokio::test]
+async fn a_kernel_sigkill_mid_burst_neither_loses_the_limit_s_state_nor_lets_the_burst_through() {
+    let mut kernel = limited(TIGHT);
+    let mut worker = kernel.fault_worker("w1");
+    kernel.wait_for_workers("sleepy", 1).await;
+    let mut runs = kernel.runs().await;
+    let run = runs
+        .create_run(pb::CreateRunRequest {
+            agent: "burst".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap()
+        .id;
+    let calls: Vec<pb::ToolCall> = (0..10).map(|n| call("sleepy", json!({"hold_ms": 100 + n}))).collect();
+    let turn = e2e::submit_in_background(&kernel, &run, 0, calls);
+    e2e::eventually("calls to start", || async {
+        let started = kernel.ledger().iter().filter(|l| l.what == "start").count();
+        if started >= 4 { Ok(()) } else { Err(started) }
+    })
+    .await;
+    kernel.kill9();
+    drop(worker);
+    kernel.restart();
+    worker = kernel.fault_worker("w2");
+    let outcome = tokio::time::timeout(Duration::from_secs(90), turn)
+        .await
+        .expect("the turn ends")
+        .unwrap();
+    drop(worker);
+    assert!(
+        outcome.results.iter().all(|r| r.outcome == pb::CallOutcome::Ok as i32),
+        "{:#?}",
+        outcome.results
+    );
+
+    // Every attempt's start, before the kill and after it, passed the one bucket the store kept:
+    // the burst was spent before the kill, and a restart does not refill it.
+    let log = kernel.events(&run).await;
+    check_log(&log, false);
+    let mut starts: Vec<i64> = log
+        .iter()
+        .filter(|e| e.r#type == "tool:start")
+        .map(|e| millis!(e.at))
+        .collect();
+    starts.sort();
+    assert!(starts.len() >= 10, "{starts:?}");
+    check_rate(&starts, 2.0, 4.0);
+    // Attempts that ran when the kernel was killed hold their slots until their loss is
+    // recorded; no more than three attempts ever held one.
+    let spans = attempt_spans(&log);
+    assert!(most_at_once(spans.clone()) <= 3, "{spans:?}");
+    // Every slot was given back by the write that ended its call, the lost ones' among them.
+    let status = kernel.status().await;
+    assert!(status.resource_locks.is_empty(), "{:?}", status.resource_locks);
+}
