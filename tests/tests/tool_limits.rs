@@ -92,21 +92,10 @@ async fn a_rate_and_a_bound_on_calls_at_once_hold_across_workers_and_runs_and_th
     let kernel = limited(POLICY);
     let _workers = [kernel.fault_worker("w1"), kernel.fault_worker("w2")];
     kernel.wait_for_workers("sleepy", 2).await;
-    let mut runs = kernel.runs().await;
     let mut ids = Vec::new();
     let mut turns = Vec::new();
     for n in 0..3 {
-        let run = runs
-            .create_run(pb::CreateRunRequest {
-                agent: format!("burst-{n}"),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .run
-            .unwrap()
-            .id;
+        let run = kernel.create_run(&format!("burst-{n}")).await;
         let calls: Vec<pb::ToolCall> = (0..20).map(|i| call("sleepy", json!({"hold_ms": 40 + i}))).collect();
         turns.push(e2e::submit_in_background(&kernel, &run, 0, calls));
         ids.push(run);
@@ -124,14 +113,7 @@ async fn a_rate_and_a_bound_on_calls_at_once_hold_across_workers_and_runs_and_th
             "a limited call waits rather than fails: {:#?}",
             outcome.results
         );
-        let detail = kernel
-            .runs()
-            .await
-            .get_run(pb::GetRunRequest { run_id: run.clone() })
-            .await
-            .unwrap()
-            .into_inner();
-        for step in &detail.steps {
+        for step in &kernel.get(run).await.steps {
             assert_eq!(step.limited_by, ["sleep*"], "{step:?}");
             waited += usize::from(step.limit_wait_ms > 0);
         }
@@ -171,18 +153,7 @@ async fn a_kernel_sigkill_mid_burst_neither_loses_the_limit_s_state_nor_lets_the
     let mut kernel = limited(TIGHT);
     let mut worker = kernel.fault_worker("w1");
     kernel.wait_for_workers("sleepy", 1).await;
-    let mut runs = kernel.runs().await;
-    let run = runs
-        .create_run(pb::CreateRunRequest {
-            agent: "burst".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .run
-        .unwrap()
-        .id;
+    let run = kernel.create_run("burst").await;
     let calls: Vec<pb::ToolCall> = (0..10).map(|n| call("sleepy", json!({"hold_ms": 100 + n}))).collect();
     let turn = e2e::submit_in_background(&kernel, &run, 0, calls);
     e2e::eventually("calls to start", || async {
