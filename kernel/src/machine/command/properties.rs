@@ -725,6 +725,12 @@ impl World {
         self.traced(Resolved::Start(start.clone()));
         Ok(match start::apply(&mut self.memory, start)? {
             Some(_) => Done::Changed,
+            // A start its budget cannot pay for settles the call instead: a change, not a refusal.
+            None if self.memory.state.steps[&(step.run_id.clone(), step.key.clone())].outcome
+                == Some(crate::model::Outcome::BudgetExceeded) =>
+            {
+                Done::Changed
+            }
             None => Done::Refused,
         })
     }
