@@ -229,30 +229,28 @@ impl Governance {
 mod tests {
     use super::*;
 
-    /// The policy file the governance guide shows must load as shown.
-    #[test]
-    fn the_policy_example_in_the_docs_loads() {
-        let guide = include_str!("../../docs/guides/governance.md");
+    /// The policy of a guide's first ```yaml block that opens with `opening`, loaded as shown.
+    fn policy_in(guide: &str, opening: &str) -> Policy {
         let block = guide
             .split("```yaml\n")
             .skip(1)
             .map(|rest| &rest[..rest.find("```").expect("the block ends")])
-            .find(|block| block.starts_with("default:"))
-            .expect("the policy example in docs/guides/governance.md");
-        let policy = Policy::from_yaml(block).unwrap_or_else(|e| panic!("{e}"));
+            .find(|block| block.starts_with(opening))
+            .unwrap_or_else(|| panic!("no ```yaml block opening with {opening}"));
+        Policy::from_yaml(block).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The policy file the governance guide shows must load as shown.
+    #[test]
+    fn the_policy_example_in_the_docs_loads() {
+        let policy = policy_in(include_str!("../../docs/guides/governance.md"), "default:");
         assert_eq!(policy.rule_count(), 3);
     }
 
     /// The budgets the budgets guide shows load as shown, and give each run the limits it says.
     #[test]
     fn the_budgets_example_in_the_docs_loads_and_matches_by_label_and_agent() {
-        let guide = include_str!("../../docs/guides/budgets.md");
-        let block = guide
-            .split("```yaml\n")
-            .nth(1)
-            .map(|rest| &rest[..rest.find("```").expect("the block ends")])
-            .expect("the policy example in docs/guides/budgets.md");
-        let policy = Policy::from_yaml(block).unwrap_or_else(|e| panic!("{e}"));
+        let policy = policy_in(include_str!("../../docs/guides/budgets.md"), "budgets:");
         let billing = [("team".to_owned(), "billing".to_owned())].into();
         let limits = policy.budgets_for("support", &billing);
         assert_eq!(limits.len(), 1);
@@ -269,13 +267,7 @@ mod tests {
     /// The limits the limits guide shows load as shown, and count the tools it says.
     #[test]
     fn the_limits_example_in_the_docs_loads_and_matches_its_tools() {
-        let guide = include_str!("../../docs/guides/limits.md");
-        let block = guide
-            .split("```yaml\n")
-            .nth(1)
-            .map(|rest| &rest[..rest.find("```").expect("the block ends")])
-            .expect("the policy example in docs/guides/limits.md");
-        let policy = Policy::from_yaml(block).unwrap_or_else(|e| panic!("{e}"));
+        let policy = policy_in(include_str!("../../docs/guides/limits.md"), "default:");
         let payments = policy.limits_for("payments_charge");
         assert_eq!(payments.len(), 1);
         assert_eq!(

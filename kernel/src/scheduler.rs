@@ -574,16 +574,13 @@ struct Lease {
     limited: Option<Box<Limited>>,
 }
 
-/// Since when a queued call waits for a tool limit with no room, and which (described).
-type Waiting = (Instant, String);
-
 /// A start under tool limits, as its lease keeps it.
 struct Limited {
     /// The limits, by name.
     names: Vec<String>,
     step: StepRecord,
-    /// Since when it waited for the limits, and for which, when it did.
-    waiting: Option<Waiting>,
+    /// Since when it waited for the limits, when it did.
+    waiting: Option<Instant>,
 }
 
 /// The resource instances a call must hold to run ([`crate::resources::locks`]).
@@ -815,7 +812,9 @@ impl Actor {
                             self.enqueue(step);
                         }
                         Some(step) => self.started(start.dispatch_id, start.attempt, Ok(Some(step))),
-                        None => self.release(&start.dispatch_id),
+                        None => {
+                            self.release(&start.dispatch_id);
+                        }
                     }
                 }
                 self.dispatch_ready();
@@ -1327,6 +1326,8 @@ impl Actor {
             return;
         }
         let now = self.store.clock().instant();
+        let now_ms = self.store.clock().now_millis();
+        self.throttle.refresh();
         // Under load the queue is long and every session full: stop as soon as no slot is left, and
         // pick at most once per tool that found no session, or each event would cost a pick per
         // queued call (found by the load test: 10,000 queued calls took minutes).
@@ -1358,22 +1359,19 @@ impl Actor {
             let name = queued.step.tool.clone();
             let limits = match kind {
                 StepKind::Agent => None,
-                _ => Some(self.throttle.limits(&name)).filter(|limits| !limits.is_empty()),
+                _ => self.throttle.limits(&name),
             };
             if let Some(limits) = &limits
-                && let Some(closed) = self.throttle.closed(limits, (now, self.store.clock().now_millis()))
+                && !self.throttle.has_room(limits, (now, now_ms))
             {
-                let queued = self.queue.get_mut(index);
-                if queued.waiting.is_none() {
-                    queued.waiting = Some((now, closed.describe()));
-                }
+                self.queue.get_mut(index).waiting.get_or_insert(now);
                 index += 1;
                 continue;
             }
             match self.pick(kind, &name) {
                 Some(session_id) => {
                     let queued = self.queue.remove(index);
-                    let limited = limits.map(|limits| (limits.to_vec(), queued.waiting));
+                    let limited = limits.map(|limits| (limits, queued.waiting));
                     self.reserve(session_id, queued.step, limited);
                 }
                 None => {
@@ -1435,7 +1433,7 @@ impl Actor {
         &mut self,
         session_id: SessionId,
         step: StepRecord,
-        limited: Option<(Vec<crate::machine::throttle::ToolLimit>, Option<Waiting>)>,
+        limited: Option<(std::sync::Arc<[crate::machine::throttle::ToolLimit]>, Option<Instant>)>,
     ) {
         let agent = (step.kind == StepKind::Agent).then_some(step.tool.as_str());
         let mut start = self.take_slot(
@@ -1447,11 +1445,11 @@ impl Actor {
         if let Some((limits, waiting)) = limited {
             let now = self.store.clock();
             self.throttle.take(&limits, now.now_millis());
-            start.limit_wait_ms = waiting.as_ref().map_or(0, |(since, _)| {
-                now.instant().saturating_duration_since(*since).as_millis() as u64
+            start.limit_wait_ms = waiting.map_or(0, |since| {
+                now.instant().saturating_duration_since(since).as_millis() as u64
             });
+            start.limits = limits.to_vec();
             let names = limits.iter().map(|limit| limit.tools.clone()).collect();
-            start.limits = limits;
             if let Some(lease) = self.leases.get_mut(&start.dispatch_id) {
                 lease.limited = Some(Box::new(Limited {
                     names,
@@ -1484,6 +1482,7 @@ impl Actor {
         if self.stopping {
             return calls.iter().map(|_| None).collect();
         }
+        self.throttle.refresh();
         let mut taken = 0;
         calls
             .into_iter()
@@ -1492,7 +1491,7 @@ impl Actor {
                 if !self.queue.is_empty()
                     || limit.is_some_and(|n| taken >= n)
                     || call.locks.iter().any(|lock| self.locked.contains_key(lock))
-                    || !self.throttle.limits(&call.tool).is_empty()
+                    || self.throttle.limits(&call.tool).is_some()
                 {
                     return None;
                 }
@@ -1596,15 +1595,11 @@ impl Actor {
                 // The store counts calls this replica does not (another replica's, or those that
                 // ran before a restart): the call waits in the queue again.
                 debug!(%dispatch_id, limit = field, message, "a tool limit refused a start; the call waits");
-                let limited = self.leases.get_mut(&dispatch_id).and_then(|l| l.limited.take());
-                self.release(&dispatch_id);
-                if let Some(limited) = limited {
+                if let Some(limited) = self.release(&dispatch_id).and_then(|lease| lease.limited) {
                     let now = (self.store.clock().instant(), self.store.clock().now_millis());
-                    self.throttle.give_back(&limited.names);
                     self.throttle.refused(&limited.names, now);
                     if self.would_enqueue(&limited.step) && self.queue.push(limited.step, self.store.clock()) {
-                        let waiting = limited.waiting.unwrap_or((now.0, field));
-                        self.queue.last_mut().waiting = Some(waiting);
+                        self.queue.last_mut().waiting = Some(limited.waiting.unwrap_or(now.0));
                     }
                 }
                 self.dispatch_ready();
@@ -1735,17 +1730,17 @@ impl Actor {
         Some(lease)
     }
 
-    fn release(&mut self, dispatch_id: &DispatchId) {
+    /// Gives a lease's slot, resource instances and tool limits' count back; returns the lease.
+    fn release(&mut self, dispatch_id: &DispatchId) -> Option<Lease> {
         self.unlock(dispatch_id);
-        let Some(lease) = self.forget(dispatch_id) else {
-            return;
-        };
+        let lease = self.forget(dispatch_id)?;
         if let Some(session) = self.sessions.get_mut(&lease.session_id) {
             session.in_use = session.in_use.saturating_sub(1);
-            if let Some(hosting) = lease.agent.and_then(|agent| session.hosting.get_mut(&agent)) {
+            if let Some(hosting) = lease.agent.as_ref().and_then(|agent| session.hosting.get_mut(agent)) {
                 *hosting = hosting.saturating_sub(1);
             }
         }
+        Some(lease)
     }
 
     fn cancel_steps(&mut self, steps: Vec<StepRecord>, reason: &str) {
@@ -1795,6 +1790,58 @@ impl Actor {
         for dispatch_id in cancelled {
             self.cancel_lease(&dispatch_id, reason);
         }
+    }
+
+    /// Takes from the queue the calls a tool limit has held back longer than `limit` and still
+    /// holds: a call waits no longer for a limit than for a worker. Each comes with why it fails.
+    fn held_too_long(&mut self, now: Instant, limit: Duration) -> Vec<(StepRecord, String, crate::model::Outcome)> {
+        let overdue: Vec<(RunId, StepKey, String)> = self
+            .queue
+            .iter()
+            .filter(|queued| {
+                queued
+                    .waiting
+                    .is_some_and(|since| now.saturating_duration_since(since) > limit)
+            })
+            .map(|queued| {
+                (
+                    queued.step.run_id.clone(),
+                    queued.step.key.clone(),
+                    queued.step.tool.clone(),
+                )
+            })
+            .collect();
+        if overdue.is_empty() {
+            return Vec::new();
+        }
+        self.throttle.refresh();
+        let now_ms = self.store.clock().now_millis();
+        let mut held = std::collections::HashMap::new();
+        for (run, key, tool) in overdue {
+            let Some(limits) = self.throttle.limits(&tool) else {
+                continue;
+            };
+            if !self.throttle.has_room(&limits, (now, now_ms)) {
+                let which: Vec<String> = limits.iter().map(|l| l.describe()).collect();
+                let message = format!(
+                    "waited {} for tool limit {} to make room; the call did not run",
+                    human_ms(limit.as_millis() as u64),
+                    which.join(" and ")
+                );
+                held.insert((run, key), message);
+            }
+        }
+        let mut failed = Vec::new();
+        self.queue.retain(
+            |queued| match held.remove(&(queued.step.run_id.clone(), queued.step.key.clone())) {
+                Some(message) => {
+                    failed.push((queued.step.clone(), message, crate::model::Outcome::LimitExceeded));
+                    false
+                }
+                None => true,
+            },
+        );
+        failed
     }
 
     fn on_tick(&mut self) {
@@ -1900,19 +1947,9 @@ impl Actor {
                 starved.push((queued.step.clone(), message, crate::model::Outcome::NoWorker));
                 return false;
             }
-            // A call waiting for a tool limit waits no longer than for a worker.
-            if let Some((since, which)) = &queued.waiting
-                && now.saturating_duration_since(*since) > limit
-            {
-                let message = format!(
-                    "waited {} for tool limit {which} to make room; the call did not run",
-                    human_ms(limit.as_millis() as u64)
-                );
-                starved.push((queued.step.clone(), message, crate::model::Outcome::LimitExceeded));
-                return false;
-            }
             true
         });
+        starved.extend(self.held_too_long(now, limit));
         for (step, message, outcome) in starved {
             let store = self.store.clone();
             tokio::spawn(async move {
@@ -2259,6 +2296,82 @@ mod tests {
             "{failed:?}"
         );
         assert_eq!(failed.attempts, 0, "it never ran");
+        shutdown.cancel();
+    }
+
+    /// A call a tool limit holds back waits in the queue, not failing, for as long as a call
+    /// waits for a worker; past that, while the limit still holds it, it fails saying which limit.
+    #[tokio::test]
+    async fn a_call_a_tool_limit_holds_back_waits_then_fails_at_its_schedule_to_start_timeout() {
+        let (dir, store, _writer, run) = store_with_run().await;
+        let clock = store.clock().clone();
+        let policy = dir.path().join("policy.yaml");
+        std::fs::write(&policy, "default: allow\nlimits:\n  - tools: \"t\"\n    at_once: 1\n").unwrap();
+        let governance = crate::governance::Governance::load(Some(&policy), Vec::new()).unwrap();
+        // The first call runs for an hour: nothing but the limit holds the second back.
+        let first = scheduled(
+            &store,
+            TurnPlan {
+                default_timeout_ms: 3_600_000,
+                ..one_call(&run, None)
+            },
+        )
+        .await;
+        let mut plan = TurnPlan {
+            turn: 1,
+            ..one_call(&run, None)
+        };
+        plan.calls[0].key = StepKey::for_call(1, 0, None);
+        plan.calls[0].arguments = r#"{"n":1}"#.into();
+        plan.calls[0].call_hash =
+            kernel_proto::canonical::call_hash("t", &tool("t").fingerprint, &serde_json::json!({"n": 1}));
+        let second = scheduled(&store, plan).await;
+        let config = SchedulerConfig {
+            schedule_to_start_timeout: Duration::from_secs(30),
+            scan_interval: Duration::from_secs(3600),
+            limits: LimitSource::policy(governance),
+            ..SchedulerConfig::default()
+        };
+        let shutdown = CancellationToken::new();
+        let scheduler = Scheduler::spawn(config, store.clone(), shutdown.clone());
+        let (outbound, mut orders) = mpsc::unbounded_channel();
+        let hello = SessionHello {
+            name: "w".into(),
+            tools: vec![tool("t")],
+            max_concurrency: 2,
+            ephemeral_tools: false,
+            agents: Vec::new(),
+        };
+        let session = scheduler.join(hello, outbound).await.unwrap();
+        scheduler.enqueue(first);
+        scheduler.enqueue(second.clone());
+        let Some(Outbound::Dispatch(order)) = orders.recv().await else {
+            panic!("expected a dispatch")
+        };
+        assert_eq!(order.step.limited_by, ["t"], "{order:?}");
+        queued(&scheduler, 1).await;
+
+        // The worker heartbeats all along, and the first call runs on: only the limit holds.
+        clock.advance(Duration::from_secs(30));
+        scheduler.heartbeat(session.clone());
+        scheduler.tick().await;
+        queued(&scheduler, 1).await;
+        clock.advance(Duration::from_millis(1));
+        scheduler.heartbeat(session);
+        scheduler.tick().await;
+        queued(&scheduler, 0).await;
+        let failed = e2e::eventually("the held call failed", || async {
+            let steps = store.reads.steps(run.clone()).await.unwrap();
+            let step = steps.into_iter().find(|s| s.key == second.key).unwrap();
+            if step.status.is_terminal() { Ok(step) } else { Err(step) }
+        })
+        .await;
+        assert_eq!(failed.outcome, Some(crate::model::Outcome::LimitExceeded), "{failed:?}");
+        assert_eq!(
+            failed.error.as_deref(),
+            Some("waited 30s for tool limit 't' (1 at once) to make room; the call did not run")
+        );
+        assert!(orders.try_recv().is_err(), "the held call never went to the worker");
         shutdown.cancel();
     }
 

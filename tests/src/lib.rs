@@ -432,6 +432,32 @@ impl Kernel {
         self.process = process;
     }
 
+    /// Submits turn 0 of `run` as an agent that survives a restart, SIGKILLs this kernel once its
+    /// workers have started `started` calls, restarts it with a fresh fault worker in place of
+    /// `worker`, and returns the turn once the agent has every result.
+    pub async fn turn_across_a_sigkill(
+        &mut self,
+        run: &str,
+        calls: Vec<pb::ToolCall>,
+        worker: Process,
+        started: usize,
+    ) -> TurnOutcome {
+        let turn = submit_in_background(self, run, 0, calls);
+        eventually("calls to start", || async {
+            let seen = self.ledger().iter().filter(|line| line.what == "start").count();
+            if seen >= started { Ok(()) } else { Err(seen) }
+        })
+        .await;
+        self.kill9();
+        drop(worker);
+        self.restart();
+        let _worker = self.fault_worker("after-restart");
+        tokio::time::timeout(Duration::from_secs(90), turn)
+            .await
+            .expect("the turn ends")
+            .expect("the agent's task")
+    }
+
     /// Starts another kernel process on this kernel's database, listening on `listen`, and
     /// waits for nothing: it may refuse to start.
     pub fn another_on_same_db(&self, listen: &str) -> Process {

@@ -3,7 +3,6 @@
 //! refused budgets that write nothing.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use e2e::{Kernel, KernelOptions, call, check_log};
 use kernel_proto::v1 as pb;
@@ -157,7 +156,7 @@ async fn the_policy_s_budgets_cover_the_runs_they_match_and_a_request_can_only_t
 #[tokio::test]
 async fn a_burst_across_a_kernel_sigkill_never_passes_its_budget() {
     let mut kernel = priced(None);
-    let mut worker = kernel.fault_worker("w1");
+    let worker = kernel.fault_worker("w1");
     kernel.wait_for_workers("sleepy", 1).await;
     let mut runs = kernel.runs().await;
     let run = runs
@@ -176,21 +175,7 @@ async fn a_burst_across_a_kernel_sigkill_never_passes_its_budget() {
         .unwrap()
         .id;
     let calls: Vec<pb::ToolCall> = (0..25).map(|n| call("sleepy", json!({"hold_ms": 300 + n}))).collect();
-    let turn = e2e::submit_in_background(&kernel, &run, 0, calls);
-    e2e::eventually("calls to start", || async {
-        let started = started_keys(&kernel, "sleepy").len();
-        if started >= 3 { Ok(()) } else { Err(started) }
-    })
-    .await;
-    kernel.kill9();
-    drop(worker);
-    kernel.restart();
-    worker = kernel.fault_worker("w2");
-    let outcome = tokio::time::timeout(Duration::from_secs(60), turn)
-        .await
-        .expect("the turn ends")
-        .unwrap();
-    drop(worker);
+    let outcome = kernel.turn_across_a_sigkill(&run, calls, worker, 3).await;
 
     let mut by_outcome = std::collections::BTreeMap::new();
     for result in &outcome.results {

@@ -151,25 +151,11 @@ limits:
 #[tokio::test]
 async fn a_kernel_sigkill_mid_burst_neither_loses_the_limit_s_state_nor_lets_the_burst_through() {
     let mut kernel = limited(TIGHT);
-    let mut worker = kernel.fault_worker("w1");
+    let worker = kernel.fault_worker("w1");
     kernel.wait_for_workers("sleepy", 1).await;
     let run = kernel.create_run("burst").await;
     let calls: Vec<pb::ToolCall> = (0..10).map(|n| call("sleepy", json!({"hold_ms": 100 + n}))).collect();
-    let turn = e2e::submit_in_background(&kernel, &run, 0, calls);
-    e2e::eventually("calls to start", || async {
-        let started = kernel.ledger().iter().filter(|l| l.what == "start").count();
-        if started >= 4 { Ok(()) } else { Err(started) }
-    })
-    .await;
-    kernel.kill9();
-    drop(worker);
-    kernel.restart();
-    worker = kernel.fault_worker("w2");
-    let outcome = tokio::time::timeout(Duration::from_secs(90), turn)
-        .await
-        .expect("the turn ends")
-        .unwrap();
-    drop(worker);
+    let outcome = kernel.turn_across_a_sigkill(&run, calls, worker, 4).await;
     assert!(
         outcome.results.iter().all(|r| r.outcome == pb::CallOutcome::Ok as i32),
         "{:#?}",

@@ -18,8 +18,8 @@ pub(super) struct Queued {
     pub since: Instant,
     /// A retry waits for its backoff; the time lives in the store, this is its local clock.
     pub not_before: Option<Instant>,
-    /// Since when it waits for a tool limit with no room, and which (described).
-    pub waiting: Option<(Instant, String)>,
+    /// Since when it waits for a tool limit with no room.
+    pub waiting: Option<Instant>,
 }
 
 impl Queued {

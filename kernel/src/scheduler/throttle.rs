@@ -90,40 +90,53 @@ impl Throttle {
         }
     }
 
-    /// The limits a call of `tool` passes (none for most tools).
-    pub fn limits(&mut self, tool: &str) -> Arc<[ToolLimit]> {
+    /// Reads the policy in force, once per pass over the queue: after a reload, the limits it
+    /// names from now on, each limit still named keeping its count.
+    pub fn refresh(&mut self) {
         let Some(governance) = &self.source.0 else {
-            return Arc::from([]);
+            return;
         };
         let policy = governance.policy();
-        if !self.policy.as_ref().is_some_and(|seen| Arc::ptr_eq(seen, &policy)) {
-            // Reloaded: limits may have changed; counts of limits still named carry over.
-            self.by_tool.clear();
-            let limits = policy.limits();
-            self.gates.retain(|name, _| limits.iter().any(|l| l.tools == *name));
-            for limit in limits {
-                match self.gates.get_mut(&limit.tools) {
-                    Some(gate) => gate.limit = limit,
-                    None => {
-                        self.gates.insert(limit.tools.clone(), Gate::new(limit));
-                    }
+        if self.policy.as_ref().is_some_and(|seen| Arc::ptr_eq(seen, &policy)) {
+            return;
+        }
+        self.by_tool.clear();
+        let limits = policy.limits();
+        self.gates.retain(|name, _| limits.iter().any(|l| l.tools == *name));
+        for limit in limits {
+            match self.gates.get_mut(&limit.tools) {
+                Some(gate) => gate.limit = limit,
+                None => {
+                    self.gates.insert(limit.tools.clone(), Gate::new(limit));
                 }
             }
-            self.policy = Some(policy.clone());
         }
-        if let Some(limits) = self.by_tool.get(tool) {
-            return limits.clone();
-        }
-        let limits: Arc<[ToolLimit]> = policy.limits_for(tool).into();
-        self.by_tool.insert(tool.to_owned(), limits.clone());
-        limits
+        self.policy = Some(policy);
     }
 
-    /// The first of `limits` with no room now, if any.
-    pub fn closed<'a>(&mut self, limits: &'a [ToolLimit], now: (Instant, Millis)) -> Option<&'a ToolLimit> {
+    /// The limits a call of `tool` passes, as the last [`Throttle::refresh`] read them; `None` for
+    /// most tools, and at once when the policy sets no limit.
+    pub fn limits(&mut self, tool: &str) -> Option<Arc<[ToolLimit]>> {
+        if self.gates.is_empty() {
+            return None;
+        }
+        let policy = self.policy.as_ref()?;
+        let limits = match self.by_tool.get(tool) {
+            Some(limits) => limits.clone(),
+            None => {
+                let limits: Arc<[ToolLimit]> = policy.limits_for(tool).into();
+                self.by_tool.insert(tool.to_owned(), limits.clone());
+                limits
+            }
+        };
+        (!limits.is_empty()).then_some(limits)
+    }
+
+    /// Whether each of `limits` has room for one more start now.
+    pub fn has_room(&mut self, limits: &[ToolLimit], now: (Instant, Millis)) -> bool {
         limits
             .iter()
-            .find(|limit| !self.gates.get_mut(&limit.tools).is_none_or(|gate| gate.has_room(now)))
+            .all(|limit| self.gates.get_mut(&limit.tools).is_none_or(|gate| gate.has_room(now)))
     }
 
     /// A start under `limits` was sent to the store.
@@ -181,27 +194,20 @@ mod tests {
         let mut throttle = Throttle::default();
         throttle.gates.insert("pay_*".into(), gate(Some(2.0), Some(3)));
         let limits = [throttle.gates["pay_*"].limit.clone()];
-        assert!(throttle.closed(&limits, (now, 0)).is_none());
+        assert!(throttle.has_room(&limits, (now, 0)));
         throttle.take(&limits, 0);
         throttle.take(&limits, 0);
-        assert!(
-            throttle.closed(&limits, (now, 0)).is_some(),
-            "two tokens a second, both taken"
-        );
-        assert!(throttle.closed(&limits, (now, 500)).is_none(), "a token after 500 ms");
+        assert!(!throttle.has_room(&limits, (now, 0)), "two tokens a second, both taken");
+        assert!(throttle.has_room(&limits, (now, 500)), "a token after 500 ms");
         throttle.take(&limits, 500);
         assert!(
-            throttle.closed(&limits, (now, 5_000)).is_some(),
+            !throttle.has_room(&limits, (now, 5_000)),
             "three running: the bound holds whatever the tokens"
         );
         throttle.give_back(&["pay_*".into()]);
-        assert!(throttle.closed(&limits, (now, 5_000)).is_none());
+        assert!(throttle.has_room(&limits, (now, 5_000)));
         throttle.refused(&["pay_*".into()], (now, 5_000));
-        assert!(
-            throttle
-                .closed(&limits, (now + Duration::from_millis(50), 5_050))
-                .is_some()
-        );
-        assert!(throttle.closed(&limits, (now + REFUSED_FOR, 5_600)).is_none());
+        assert!(!throttle.has_room(&limits, (now + Duration::from_millis(50), 5_050)));
+        assert!(throttle.has_room(&limits, (now + REFUSED_FOR, 5_600)));
     }
 }

@@ -32,6 +32,17 @@ use crate::model::{
     RunId, RunStatus, SessionId, StepKey, StepKind, StepRecord, StepStatus, ToolDef, ToolOptions,
 };
 
+/// The tool limit the scheduler passes with every start of `fetch`, as the policy file's `limits`
+/// would: one call at once, two a second.
+fn fetch_limit() -> crate::machine::throttle::ToolLimit {
+    crate::machine::throttle::ToolLimit {
+        tools: "fetch".into(),
+        per_second: Some(2.0),
+        burst: Some(2),
+        at_once: Some(1),
+    }
+}
+
 /// The policy rule that denies tool `wipe` and every local step it is asked about.
 const DENY_RULE: &str = "rule:deny-writes";
 /// How long a worker's lease runs.
@@ -683,7 +694,9 @@ impl World {
             // The scheduler reserves no slot for a call whose resource another holds.
             let mut locked: BTreeSet<String> = self.memory.state.locks.keys().cloned().collect();
             for call in &mut planned {
-                let free = crate::resources::locks(&call.resources).all(|r| locked.insert(r.clone()));
+                // Nor for a call under a tool limit: it starts from the queue.
+                let free = crate::resources::locks(&call.resources).all(|r| locked.insert(r.clone()))
+                    && call.tool_name != fetch_limit().tools;
                 if free && call.tool.is_some() && matches!(call.gate, CallGate::Run { .. }) {
                     call.start = Some(self.start_of(&run_id, &call.key, 1));
                 }
@@ -721,7 +734,10 @@ impl World {
             return Ok(Done::Refused);
         };
         let attempt = (i64::from(step.attempts) + 1 + i64::from(offset)).max(1) as u32;
-        let start = self.start_of(&step.run_id, &step.key, attempt);
+        let mut start = self.start_of(&step.run_id, &step.key, attempt);
+        if step.tool == fetch_limit().tools {
+            start.limits = vec![fetch_limit()];
+        }
         self.traced(Resolved::Start(start.clone()));
         Ok(match start::apply(&mut self.memory, start)? {
             Some(_) => Done::Changed,
@@ -1435,7 +1451,50 @@ fn check(before: &State, world: &World, done: &Done) -> Result<(), TestCaseError
     no_lost_wakeup(after)?;
     denied_never_ran(after)?;
     budgets_hold(after)?;
+    limits_hold(after)?;
     cache_outlives_its_runs(before, after)
+}
+
+/// A tool limit holds: its slots are held exactly by the running calls whose start passed it, never
+/// more than it allows at once, and its bucket holds between none and a burst of tokens.
+fn limits_hold(state: &State) -> Result<(), TestCaseError> {
+    let limit = fetch_limit();
+    let prefix = limit.slot_prefix();
+    let holders: Vec<(RunId, StepKey)> = state
+        .locks
+        .iter()
+        .filter(|(name, _)| name.starts_with(&prefix))
+        .map(|(_, lock)| (lock.run.clone(), lock.key.clone()))
+        .collect();
+    prop_assert!(
+        holders.len() <= limit.at_once.unwrap_or(u32::MAX) as usize,
+        "{} slots of {} held: {:?}",
+        holders.len(),
+        limit.describe(),
+        holders
+    );
+    let running: Vec<(RunId, StepKey)> = state
+        .steps
+        .values()
+        .filter(|s| s.status == StepStatus::Running && s.limited_by.contains(&limit.tools))
+        .map(|s| (s.run_id.clone(), s.key.clone()))
+        .collect();
+    let mut sorted = holders.clone();
+    sorted.sort();
+    prop_assert_eq!(
+        sorted,
+        running,
+        "the slots' holders are the running calls that passed the limit"
+    );
+    if let Some(bucket) = state.buckets.get(&limit.tools) {
+        prop_assert!(
+            (0.0..=limit.burst()).contains(&bucket.tokens),
+            "bucket {:?} of {}",
+            bucket,
+            limit.describe()
+        );
+    }
+    Ok(())
 }
 
 /// Rule 6: a budget is never passed, and what it counts is exactly what started: each call of its
