@@ -75,6 +75,9 @@ pub enum Command {
     Replicas(ReplicasCommand),
     /// What the kernel holds now: sessions, queued and leased calls, live runs, memory (needs admin).
     Status,
+    /// The policy file's tool limits: each with its rate, bound, the calls running under it, the
+    /// tokens left and the calls waiting for it (needs admin).
+    Limits,
     /// Measure the kernel: round-trip latency, throughput, replay and payload sizes.
     Bench(BenchArgs),
     /// API keys for the kernel's auth file; works offline, without a kernel.

@@ -13,7 +13,7 @@ use comfy_table::{ContentArrangement, Table, presets};
 use crate::diff::{Lineage, RunDiff, RunSummary, StepSide};
 use crate::time::{Precision, UtcTime};
 use crate::view::{
-    ApprovalView, EventView, Json, ProgressView, ReplicaView, RunDetail, RunView, StatusView, StepView,
+    ApprovalView, EventView, Json, ProgressView, ReplicaView, RunDetail, RunView, StatusView, StepView, ToolLimitView,
     ToolOptionsView, ToolView, WorkerView,
 };
 
@@ -886,6 +886,7 @@ pub fn status_text(status: &StatusView) -> String {
                 ),
             ),
             ("resource locks", status.resource_locks.len().to_string()),
+            ("tool limits", status.tool_limits.len().to_string()),
         ],
         "",
     );
@@ -905,7 +906,33 @@ pub fn status_text(status: &StatusView) -> String {
             }),
         ));
     }
+    if !status.tool_limits.is_empty() {
+        text.push('\n');
+        text.push_str(&limits_table(&status.tool_limits));
+    }
     text
+}
+
+/// The tool limits of `kernelctl limits` and `status`: TOOLS, RATE, BURST, AT ONCE, RUNNING,
+/// TOKENS, QUEUED; `-` where a limit sets no such bound.
+pub fn limits_table(limits: &[ToolLimitView]) -> String {
+    let number = |value: Option<f64>| value.map_or_else(|| NONE.to_owned(), |v| format!("{v:.1}"));
+    table(
+        &["TOOLS", "RATE", "BURST", "AT ONCE", "RUNNING", "TOKENS", "QUEUED"],
+        limits.iter().map(|limit| {
+            vec![
+                one_line(&limit.tools).into_owned(),
+                limit
+                    .per_second
+                    .map_or_else(|| NONE.to_owned(), |rate| format!("{rate}/s")),
+                number(limit.burst),
+                limit.at_once.map_or_else(|| NONE.to_owned(), |n| n.to_string()),
+                limit.running.to_string(),
+                number(limit.tokens),
+                limit.queued.to_string(),
+            ]
+        }),
+    )
 }
 
 #[cfg(test)]
@@ -1334,6 +1361,22 @@ mod tests {
                 acquired_at: None,
                 waiting: 2,
             }],
+            tool_limits: vec![
+                pb::ToolLimitStatus {
+                    tools: "payments_*".into(),
+                    per_second: Some(10.0),
+                    burst: Some(10.0),
+                    at_once: Some(4),
+                    running: 4,
+                    tokens: Some(0.25),
+                    queued: 7,
+                },
+                pb::ToolLimitStatus {
+                    tools: "search".into(),
+                    at_once: Some(2),
+                    ..Default::default()
+                },
+            ],
         });
         let text = status_text(&status);
         assert!(text.contains("resource locks:    1"), "{text}");
@@ -1342,6 +1385,18 @@ mod tests {
         assert!(text.contains("store statements:  120"), "{text}");
         assert!(text.contains("disk written:      8.0 MiB"), "{text}");
         assert!(text.contains("RESOURCE"), "{text}");
+        assert!(text.contains("tool limits:       2"), "{text}");
+        let limits: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("TOOLS")).collect();
+        assert_eq!(
+            limits[1].split_whitespace().collect::<Vec<_>>(),
+            ["payments_*", "10/s", "10.0", "4", "4", "0.2", "7"],
+            "{text}"
+        );
+        assert_eq!(
+            limits[2].split_whitespace().collect::<Vec<_>>(),
+            ["search", NONE, NONE, "2", "0", NONE, "0"],
+            "{text}"
+        );
         let row = text
             .lines()
             .find(|l| l.starts_with("repo:acme/api"))

@@ -598,7 +598,7 @@ impl From<pb::WorkerInfo> for WorkerView {
 }
 
 /// What the kernel holds in memory now. Byte figures the kernel could not read are `null`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StatusView {
     pub version: String,
     pub started_at: Option<UtcTime>,
@@ -628,6 +628,35 @@ pub struct StatusView {
     pub writes_applied_for_others: u64,
     /// Locks running calls hold on resource instances.
     pub resource_locks: Vec<ResourceLockView>,
+    /// The policy file's tool limits, with what each holds now.
+    pub tool_limits: Vec<ToolLimitView>,
+}
+
+/// A tool limit of the policy file: what it allows, the calls running under it on every replica,
+/// the tokens its bucket holds now and the calls waiting for it on the replica asked.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolLimitView {
+    pub tools: String,
+    pub per_second: Option<f64>,
+    pub burst: Option<f64>,
+    pub at_once: Option<u32>,
+    pub running: u32,
+    pub tokens: Option<f64>,
+    pub queued: u32,
+}
+
+impl From<pb::ToolLimitStatus> for ToolLimitView {
+    fn from(limit: pb::ToolLimitStatus) -> Self {
+        Self {
+            tools: limit.tools,
+            per_second: limit.per_second,
+            burst: limit.burst,
+            at_once: limit.at_once,
+            running: limit.running,
+            tokens: limit.tokens,
+            queued: limit.queued,
+        }
+    }
 }
 
 /// A lock a running call holds on a resource instance, and how many queued calls wait for it.
@@ -676,6 +705,7 @@ impl From<pb::GetStatusResponse> for StatusView {
                     waiting: lock.waiting,
                 })
                 .collect(),
+            tool_limits: status.tool_limits.into_iter().map(ToolLimitView::from).collect(),
         }
     }
 }

@@ -33,6 +33,15 @@ pub struct ToolLabels {
     pub tool: String,
 }
 
+/// A tool limit's label: its `tools` glob.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    pub limit: String,
+}
+
+/// A histogram of call phases, for a family to make one per label set.
+type LatencyFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
 /// A run status's label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StatusLabels {
@@ -48,6 +57,8 @@ pub struct Metrics {
     pub call_seconds: Histogram,
     pub schedule_to_start_seconds: Histogram,
     pub run_seconds: Histogram,
+    /// How long started calls waited in the queue for each tool limit that held them.
+    pub limit_wait_seconds: LatencyFamily<LimitLabels>,
     pub commit_seconds: Histogram,
     pub batch_seconds: Histogram,
     pub batch_commands: Histogram,
@@ -117,6 +128,15 @@ impl Metrics {
             "From the last attempt's start on a worker to its result",
             Unit::Seconds,
             run_seconds.clone(),
+        );
+        let limit_wait_seconds: LatencyFamily<LimitLabels> =
+            Family::new_with_constructor(|| Histogram::new(latency_buckets()));
+        registry.register_with_unit(
+            "tool_limit_wait",
+            "How long each started call waited in the queue for room under a tool limit (the policy file's \
+             limits), by limit; a call that found room at once counts 0",
+            Unit::Seconds,
+            limit_wait_seconds.clone(),
         );
         let commit_seconds = Histogram::new(commit_buckets());
         registry.register_with_unit(
@@ -195,6 +215,7 @@ impl Metrics {
             call_seconds,
             schedule_to_start_seconds,
             run_seconds,
+            limit_wait_seconds,
             commit_seconds,
             batch_seconds,
             batch_commands,
@@ -225,6 +246,7 @@ impl Metrics {
             call_seconds: _,
             schedule_to_start_seconds: _,
             run_seconds: _,
+            limit_wait_seconds,
             commit_seconds: _,
             batch_seconds: _,
             batch_commands: _,
@@ -246,6 +268,7 @@ impl Metrics {
         }));
         drop(runs.get_or_create(&StatusLabels { status: String::new() }));
         drop(cost.get_or_create(&ToolLabels { tool: String::new() }));
+        drop(limit_wait_seconds.get_or_create(&LimitLabels { limit: String::new() }));
         metrics
     }
 
@@ -259,6 +282,11 @@ impl Metrics {
                 if let Some(started) = step.started_at {
                     let due = step.not_before.unwrap_or(step.created_at).max(step.created_at);
                     self.schedule_to_start_seconds.observe(seconds_between(due, started));
+                }
+                for limit in &step.limited_by {
+                    self.limit_wait_seconds
+                        .get_or_create(&LimitLabels { limit: limit.clone() })
+                        .observe(step.limit_wait_ms as f64 / 1000.0);
                 }
             }
             EventType::ToolResult | EventType::ToolDenied => {

@@ -230,6 +230,8 @@ enum Msg {
     Unlock(DispatchId),
     /// How many queued calls wait for each held resource instance.
     LockWaits(oneshot::Sender<HashMap<String, u32>>),
+    /// How many queued calls wait for each tool limit to make room.
+    LimitWaits(oneshot::Sender<HashMap<String, u32>>),
     /// What this replica's sessions offer.
     Offers(oneshot::Sender<Offers>),
     /// What the other live replicas' sessions offer, by replica.
@@ -458,6 +460,15 @@ impl Scheduler {
     pub async fn lock_waits(&self) -> Result<HashMap<String, u32>, KernelError> {
         let (reply, answer) = oneshot::channel();
         self.send(Msg::LockWaits(reply));
+        answer
+            .await
+            .map_err(|_| KernelError::Unavailable("the scheduler has stopped".into()))
+    }
+
+    /// How many queued calls wait for each tool limit (by its `tools` glob) to make room.
+    pub async fn limit_waits(&self) -> Result<HashMap<String, u32>, KernelError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Msg::LimitWaits(reply));
         answer
             .await
             .map_err(|_| KernelError::Unavailable("the scheduler has stopped".into()))
@@ -770,6 +781,9 @@ impl Actor {
                     }
                 }
                 let _ = reply.send(waits);
+            }
+            Msg::LimitWaits(reply) => {
+                let _ = reply.send(self.limit_waits());
             }
             Msg::Reserve {
                 run_id,
@@ -1790,6 +1804,34 @@ impl Actor {
         for dispatch_id in cancelled {
             self.cancel_lease(&dispatch_id, reason);
         }
+    }
+
+    /// How many queued calls wait for each tool limit: those whose wait began and that the limit
+    /// still holds back.
+    fn limit_waits(&mut self) -> HashMap<String, u32> {
+        let mut waits: HashMap<String, u32> = HashMap::new();
+        let waiting: Vec<String> = self
+            .queue
+            .iter()
+            .filter(|queued| queued.waiting.is_some())
+            .map(|queued| queued.step.tool.clone())
+            .collect();
+        if waiting.is_empty() {
+            return waits;
+        }
+        self.throttle.refresh();
+        let now = (self.store.clock().instant(), self.store.clock().now_millis());
+        for tool in waiting {
+            let Some(limits) = self.throttle.limits(&tool) else {
+                continue;
+            };
+            for limit in limits.iter() {
+                if !self.throttle.has_room(std::slice::from_ref(limit), now) {
+                    *waits.entry(limit.tools.clone()).or_default() += 1;
+                }
+            }
+        }
+        waits
     }
 
     /// Takes from the queue the calls a tool limit has held back longer than `limit` and still

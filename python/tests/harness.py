@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import ClassVar, TypeVar
@@ -215,3 +216,18 @@ def python_worker(kernel: Kernel, *args: str) -> Process:
         [sys.executable, "-u", str(PYTHON_TESTS / "worker_process.py"), kernel.addr, *args],
         f"python worker {' '.join(args)}",
     )
+
+
+def scrape(kernel: Kernel) -> dict[str, float]:
+    """Every sample of `/metrics`, by its name and labels as written."""
+    with urllib.request.urlopen(f"http://{kernel.http}/metrics", timeout=10) as response:
+        assert response.status == 200
+        assert response.headers["content-type"].startswith("application/openmetrics-text")
+        text = response.read().decode()
+    assert text.rstrip().endswith("# EOF")
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples

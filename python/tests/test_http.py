@@ -10,24 +10,9 @@ import urllib.request
 from pathlib import Path
 
 from conftest import serving
-from harness import Kernel, Process, binary, eventually
+from harness import Kernel, Process, binary, eventually, scrape
 
 from kernel_sdk import AgentClient, ToolCall, ToolContext, tool
-
-
-def scrape(kernel: Kernel) -> dict[str, float]:
-    """Every sample of `/metrics`, by its name and labels as written."""
-    with urllib.request.urlopen(f"http://{kernel.http}/metrics", timeout=10) as response:
-        assert response.status == 200
-        assert response.headers["content-type"].startswith("application/openmetrics-text")
-        text = response.read().decode()
-    assert text.rstrip().endswith("# EOF")
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            samples[name] = float(value)
-    return samples
 
 
 def get(kernel: Kernel, path: str) -> tuple[int, str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import serving
-from harness import Kernel
+from harness import Kernel, scrape
 
 from kernel_sdk import AgentClient, ToolCall, tool
 
@@ -43,7 +43,7 @@ def limited(tmp_path: Path) -> Iterator[Kernel]:
     """A kernel whose policy limits `py_charge*` to one call at once."""
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
-    started = Kernel(tmp_path, "--policy", str(policy))
+    started = Kernel(tmp_path, "--policy", str(policy), "--http-listen", "127.0.0.1:0")
     try:
         yield started
     finally:
@@ -61,3 +61,7 @@ async def test_a_bound_on_calls_at_once_holds_and_the_calls_past_it_wait(limited
         detail = await client.get_run(run.id)
         assert all(step.limited_by == ("py_charge*",) for step in detail.steps), detail.steps
         assert sum(step.limit_wait_ms > 0 for step in detail.steps) >= 4, detail.steps
+        # Every start passed the limit; its waits are on /metrics, by limit.
+        samples = scrape(limited)
+        assert samples['kernel_tool_limit_wait_seconds_count{limit="py_charge*"}'] == 6
+        assert samples['kernel_tool_limit_wait_seconds_sum{limit="py_charge*"}'] > 0

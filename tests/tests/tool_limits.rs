@@ -100,6 +100,22 @@ async fn a_rate_and_a_bound_on_calls_at_once_hold_across_workers_and_runs_and_th
         turns.push(e2e::submit_in_background(&kernel, &run, 0, calls));
         ids.push(run);
     }
+    // While the burst runs, the kernel says what the limit holds: calls wait for it, and no more
+    // than its bound run.
+    let held = e2e::eventually("calls to wait for the limit", || async {
+        let status = kernel.status().await;
+        match status.tool_limits.as_slice() {
+            [limit] if limit.queued > 0 => Ok(limit.clone()),
+            other => Err(other.to_vec()),
+        }
+    })
+    .await;
+    assert_eq!(
+        (held.tools.as_str(), held.per_second, held.burst, held.at_once),
+        ("sleep*", Some(20.0), Some(5.0), Some(3))
+    );
+    assert!(held.running <= 3, "{held:?}");
+    assert!(held.tokens.is_some_and(|t| (0.0..=5.0).contains(&t)), "{held:?}");
     let mut spans = Vec::new();
     let mut starts = Vec::new();
     let mut waited = 0;
@@ -128,6 +144,19 @@ async fn a_rate_and_a_bound_on_calls_at_once_hold_across_workers_and_runs_and_th
     let rate = check_rate(&starts, 20.0, 5.0);
     eprintln!("60 calls at a limit of 20 a second: {rate:.1} a second after the burst");
     assert!(waited > 40, "most calls waited for room; {waited} did");
+
+    let listed = kernel.kernelctl_ok(&["limits"]);
+    let row: Vec<&str> = listed
+        .lines()
+        .find(|line| line.starts_with("sleep*"))
+        .unwrap_or_else(|| panic!("{listed}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        (row[1], row[3], row[4], row[6]),
+        ("20/s", "3", "0", "0"),
+        "after the burst nothing runs or waits: {listed}"
+    );
 
     // `runs show` says which limit a call passed and how long it waited.
     let shown = kernel.kernelctl_ok(&["runs", "show", &ids[2]]);
@@ -181,4 +210,5 @@ async fn a_kernel_sigkill_mid_burst_neither_loses_the_limit_s_state_nor_lets_the
     // Every slot was given back by the write that ended its call, the lost ones' among them.
     let status = kernel.status().await;
     assert!(status.resource_locks.is_empty(), "{:?}", status.resource_locks);
+    assert_eq!(status.tool_limits[0].running, 0, "{:?}", status.tool_limits);
 }

@@ -62,6 +62,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
             approvals::answer_question(&mut kernel, &mut out, who, answer).await
         }
         Command::Status => status::show(&mut kernel, &mut out).await,
+        Command::Limits => status::limits(&mut kernel, &mut out).await,
         Command::Bench(_) => unreachable!("main runs `bench` through commands::bench::main"),
         Command::Keys(_) => unreachable!("main runs `keys` without a kernel"),
         Command::Mcp(_) => unreachable!("main runs `mcp serve` through commands::mcp::serve"),

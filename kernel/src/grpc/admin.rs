@@ -139,6 +139,8 @@ impl AdminService for AdminApi {
             .resource_locks()
             .await?
             .into_iter()
+            // A tool limit's slots are counted under its limit.
+            .filter(|lock| !crate::machine::throttle::is_slot(&lock.resource))
             .map(|lock| pb::ResourceLock {
                 waiting: waits.get(&lock.resource).copied().unwrap_or(0),
                 resource: lock.resource,
@@ -170,6 +172,39 @@ impl AdminService for AdminApi {
             log_lines_dropped: crate::logs::dropped().get(),
             writes_forwarded: crate::metrics::get().forwarded.get(),
             writes_applied_for_others: crate::metrics::get().applied_for_others.get(),
+            tool_limits: self.tool_limits().await?,
         }))
+    }
+}
+
+impl AdminApi {
+    /// The policy's tool limits, with the calls each holds and the tokens in its bucket (from the
+    /// database) and the calls waiting for it here.
+    async fn tool_limits(&self) -> Result<Vec<pb::ToolLimitStatus>, KernelError> {
+        let limits = self.0.governance.policy().limits();
+        if limits.is_empty() {
+            return Ok(Vec::new());
+        }
+        let waits = self.0.scheduler.limit_waits().await?;
+        let held = self.0.store.reads.tool_limits(limits.clone()).await?;
+        let now = self.0.store.clock().now_millis();
+        Ok(limits
+            .into_iter()
+            .zip(held)
+            .map(|(limit, (running, bucket))| pb::ToolLimitStatus {
+                tokens: limit.per_second.map(|_| {
+                    bucket
+                        .unwrap_or_else(|| crate::machine::throttle::Bucket::full(&limit, now))
+                        .refilled(&limit, now)
+                        .tokens
+                }),
+                burst: limit.per_second.map(|_| limit.burst()),
+                queued: waits.get(&limit.tools).copied().unwrap_or(0),
+                running,
+                per_second: limit.per_second,
+                at_once: limit.at_once,
+                tools: limit.tools,
+            })
+            .collect())
     }
 }

@@ -13,6 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::Millis;
 
+/// What every slot's lock name starts with; `@` is no resource kind's first character.
+const SLOT: &str = "@limit:";
+
 /// Longest `tools` glob of a limit: it names the limit's state.
 const MAX_TOOLS_LEN: usize = 200;
 
@@ -80,7 +83,7 @@ impl ToolLimit {
     /// The lock rows of its running calls are named from this, a slot number after it; `@` is no
     /// resource kind's, so no tool's lock can take a limit's slot.
     pub fn slot_prefix(&self) -> String {
-        format!("@limit:{}#", self.tools)
+        format!("{SLOT}{}#", self.tools)
     }
 
     /// What it allows, for messages and listings: `'payments_*' (10 a second, 4 at once)`.
@@ -139,6 +142,11 @@ impl Bucket {
             u64::MAX
         })
     }
+}
+
+/// Whether lock `name` is a tool limit's slot rather than a resource instance's lock.
+pub fn is_slot(name: &str) -> bool {
+    name.starts_with(SLOT)
 }
 
 /// The slot a start takes among those `held` (lock rows `prefix<k>`) of a limit of `at_once`: the

@@ -639,11 +639,9 @@ impl Records for Tx<'_> {
     }
 
     fn held_locks(&self, prefix: &str) -> Result<Vec<String>> {
-        // Not LIKE, whose `_` and `%` a glob holds; not a range, which a collation may reorder.
-        // The table holds only what running calls lock: a scan is short.
         Ok(self
             .conn
-            .prepare_cached("SELECT resource FROM resource_locks WHERE substr(resource, 1, ?2) = ?1")?
+            .prepare_cached(HELD_LOCKS)?
             .query_map(params![prefix, prefix.chars().count() as i64], |row| {
                 row.get::<String>(0)
             })?
@@ -756,6 +754,11 @@ fn budget_json(run: &RunRecord) -> Option<String> {
         .as_ref()
         .map(|budget| serde_json::to_string(budget).expect("a budget serializes"))
 }
+
+/// The names of the locks held that start with `?1` (of `?2` characters): a tool limit's slots.
+/// Not LIKE, whose `_` and `%` a glob holds; not a range, which a collation may reorder. The table
+/// holds only what running calls lock: a scan is short.
+pub(super) const HELD_LOCKS: &str = "SELECT resource FROM resource_locks WHERE substr(resource, 1, ?2) = ?1";
 
 /// The columns a step's save writes besides its indexed ones, `?5` on.
 const STEP_SAVED: &str = "attempts = ?5, output = ?6, error = ?7, error_kind = ?8, worker = ?9, session_id = ?10, \

@@ -540,6 +540,39 @@ impl Readers {
         .await
     }
 
+    /// For each tool limit, the calls holding one of its slots and its bucket as the last start
+    /// left it (`None`: no start has drawn from it).
+    pub async fn tool_limits(
+        &self,
+        limits: Vec<crate::machine::throttle::ToolLimit>,
+    ) -> Result<Vec<(u32, Option<crate::machine::throttle::Bucket>)>, KernelError> {
+        self.with(move |conn| {
+            limits
+                .iter()
+                .map(|limit| {
+                    let prefix = limit.slot_prefix();
+                    let running = conn
+                        .prepare_cached(super::ops::HELD_LOCKS)?
+                        .query_map(params![prefix, prefix.chars().count() as i64], |row| {
+                            row.get::<String>(0)
+                        })?
+                        .count() as u32;
+                    let bucket = conn
+                        .prepare_cached("SELECT tokens, at FROM limit_buckets WHERE name = ?1")?
+                        .query_row(params![limit.tools], |row| {
+                            Ok(crate::machine::throttle::Bucket {
+                                tokens: row.get(0)?,
+                                at: row.get(1)?,
+                            })
+                        })
+                        .optional()?;
+                    Ok((running, bucket))
+                })
+                .collect()
+        })
+        .await
+    }
+
     /// The last run of `session` created before `before` that completed.
     pub async fn previous_in_session(&self, session: String, before: RunId) -> Result<Option<RunRecord>, KernelError> {
         self.with(move |conn| {
