@@ -78,6 +78,9 @@ pub enum Command {
     /// The policy file's tool limits: each with its rate, bound, the calls running under it, the
     /// tokens left and the calls waiting for it (needs admin).
     Limits,
+    /// The policy file's fair shares: the label whose value is a run's share, and each share with
+    /// its weight and the calls waiting (needs admin).
+    Shares,
     /// Measure the kernel: round-trip latency, throughput, replay and payload sizes.
     Bench(BenchArgs),
     /// API keys for the kernel's auth file; works offline, without a kernel.
@@ -189,6 +192,10 @@ pub enum RunsCommand {
         /// glob names: `tools=payments_*,calls=10` (repeatable). A call past it does not run.
         #[arg(long = "budget", value_name = "LIMIT", value_parser = parse_budget)]
         budget: Vec<kernel_proto::v1::BudgetLimit>,
+        /// A label on the run, `key=value` (repeatable): what `runs list --label` finds it by, and
+        /// what the policy's budgets and fair shares read.
+        #[arg(long, value_name = "KEY=VALUE", value_parser = parse_label)]
+        label: Vec<(String, String)>,
     },
     /// List runs, newest first.
     #[command(alias = "ls")]

@@ -13,8 +13,8 @@ use comfy_table::{ContentArrangement, Table, presets};
 use crate::diff::{Lineage, RunDiff, RunSummary, StepSide};
 use crate::time::{Precision, UtcTime};
 use crate::view::{
-    ApprovalView, EventView, Json, ProgressView, ReplicaView, RunDetail, RunView, StatusView, StepView, ToolLimitView,
-    ToolOptionsView, ToolView, WorkerView,
+    ApprovalView, EventView, FairSharesView, Json, ProgressView, ReplicaView, RunDetail, RunView, StatusView, StepView,
+    ToolLimitView, ToolOptionsView, ToolView, WorkerView,
 };
 
 /// Characters of JSON shown in human output before it is cut.
@@ -349,6 +349,9 @@ fn step_block(step: &StepView) -> String {
             ms => format!("waited {} for room", duration(Duration::from_millis(ms))),
         };
         pairs.push(("limits", format!("{} ({waited})", limits.join(", "))));
+    }
+    if let Some(share) = &step.share {
+        pairs.push(("share", one_line(share).into_owned()));
     }
     if let (Some(call_id), "tool") = (&step.call_id, step.kind.as_str()) {
         pairs.push(("call id", one_line(call_id).into_owned()));
@@ -910,6 +913,30 @@ pub fn status_text(status: &StatusView) -> String {
         text.push('\n');
         text.push_str(&limits_table(&status.tool_limits));
     }
+    if let Some(shares) = &status.fair_shares {
+        text.push('\n');
+        text.push_str(&shares_table(shares));
+    }
+    text
+}
+
+/// The fair shares of `kernelctl shares` and `status`: a line naming the label, then SHARE,
+/// WEIGHT, QUEUED; `(no <label>)` is the share of runs without the label.
+pub fn shares_table(shares: &FairSharesView) -> String {
+    let mut text = format!("fair shares by label '{}'\n", one_line(&shares.label));
+    text.push_str(&table(
+        &["SHARE", "WEIGHT", "QUEUED"],
+        shares.shares.iter().map(|share| {
+            vec![
+                share.value.as_deref().map_or_else(
+                    || format!("(no {})", one_line(&shares.label)),
+                    |v| one_line(v).into_owned(),
+                ),
+                share.weight.to_string(),
+                share.queued.to_string(),
+            ]
+        }),
+    ));
     text
 }
 
@@ -1377,6 +1404,21 @@ mod tests {
                     ..Default::default()
                 },
             ],
+            fair_shares: Some(pb::FairShareStatus {
+                label: "tenant".into(),
+                shares: vec![
+                    pb::ShareStatus {
+                        value: Some("acme".into()),
+                        weight: 4,
+                        queued: 0,
+                    },
+                    pb::ShareStatus {
+                        value: None,
+                        weight: 1,
+                        queued: 12,
+                    },
+                ],
+            }),
         });
         let text = status_text(&status);
         assert!(text.contains("resource locks:    1"), "{text}");
@@ -1396,6 +1438,17 @@ mod tests {
             limits[2].split_whitespace().collect::<Vec<_>>(),
             ["search", NONE, NONE, "2", "0", NONE, "0"],
             "{text}"
+        );
+        let shares: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("fair shares")).collect();
+        assert_eq!(shares[0], "fair shares by label 'tenant'", "{text}");
+        assert_eq!(
+            shares[1].split_whitespace().collect::<Vec<_>>(),
+            ["SHARE", "WEIGHT", "QUEUED"]
+        );
+        assert_eq!(shares[2].split_whitespace().collect::<Vec<_>>(), ["acme", "4", "0"]);
+        assert_eq!(
+            shares[3].split_whitespace().collect::<Vec<_>>(),
+            ["(no", "tenant)", "1", "12"]
         );
         let row = text
             .lines()

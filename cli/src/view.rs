@@ -197,6 +197,9 @@ pub struct StepView {
     pub limited_by: Vec<String>,
     /// How long that start waited in the queue for those limits, in milliseconds.
     pub limit_wait_ms: u64,
+    /// The run's fair share when the call was recorded (its value of the fair-share label).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub share: Option<String>,
     pub turn: u32,
     pub position: u32,
     pub call_id: Option<String>,
@@ -304,6 +307,7 @@ impl From<pb::Step> for StepView {
             resources: step.resources,
             limited_by: step.limited_by,
             limit_wait_ms: step.limit_wait_ms,
+            share: step.share,
             status: step_status_name(step.status),
             call_id: non_empty(step.call_id),
             tool_version: non_empty(step.tool_version),
@@ -630,6 +634,41 @@ pub struct StatusView {
     pub resource_locks: Vec<ResourceLockView>,
     /// The policy file's tool limits, with what each holds now.
     pub tool_limits: Vec<ToolLimitView>,
+    /// The policy file's fair shares, with the calls of each waiting; `null` when it sets none.
+    pub fair_shares: Option<FairSharesView>,
+}
+
+/// The policy file's fair shares: the label whose value is a run's share, and the shares.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FairSharesView {
+    pub label: String,
+    pub shares: Vec<ShareView>,
+}
+
+/// One share of the queue: the label's value (`null`: runs without the label), its weight, and
+/// its calls waiting in the queue of the kernel asked.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShareView {
+    pub value: Option<String>,
+    pub weight: u32,
+    pub queued: u32,
+}
+
+impl From<pb::FairShareStatus> for FairSharesView {
+    fn from(shares: pb::FairShareStatus) -> Self {
+        Self {
+            label: shares.label,
+            shares: shares
+                .shares
+                .into_iter()
+                .map(|share| ShareView {
+                    value: share.value,
+                    weight: share.weight,
+                    queued: share.queued,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// A tool limit of the policy file: what it allows, the calls running under it on every replica,
@@ -706,6 +745,7 @@ impl From<pb::GetStatusResponse> for StatusView {
                 })
                 .collect(),
             tool_limits: status.tool_limits.into_iter().map(ToolLimitView::from).collect(),
+            fair_shares: status.fair_shares.map(FairSharesView::from),
         }
     }
 }

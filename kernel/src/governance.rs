@@ -282,6 +282,25 @@ mod tests {
         assert!(policy.limits_for("lookup").is_empty());
     }
 
+    /// The fair shares the limits guide shows load as shown.
+    #[test]
+    fn the_fair_shares_example_in_the_docs_loads() {
+        let policy = policy_in(include_str!("../../docs/guides/limits.md"), "fair_shares:");
+        let shares = policy.fair_shares().expect("the guide sets fair shares");
+        assert_eq!(shares.label, "tenant");
+        assert_eq!(
+            (
+                shares.weight(Some("acme")),
+                shares.weight(Some("globex")),
+                shares.weight(None)
+            ),
+            (4, 1, 1)
+        );
+        let labels = std::collections::BTreeMap::from([("tenant".to_owned(), "acme".to_owned())]);
+        assert_eq!(policy.share_of(&labels).as_deref(), Some("acme"));
+        assert_eq!(policy.share_of(&Default::default()), None);
+    }
+
     #[test]
     fn the_longest_unit_price_prefix_wins_and_a_declared_cost_beats_it() {
         let governance = Governance::load(None, vec![("mcp_".into(), 0.001), ("mcp_docs_".into(), 0.002)]).unwrap();

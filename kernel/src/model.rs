@@ -901,6 +901,9 @@ pub struct StepRecord {
     pub limited_by: Vec<String>,
     /// How long its last start waited in the queue for those limits, in milliseconds.
     pub limit_wait_ms: u64,
+    /// Its run's share of the queue when it was recorded: the value of the run's label that the
+    /// policy's `fair_shares.label` names (`None`: the run had no such label, or no label counted).
+    pub share: Option<String>,
     /// Its run's trace context, copied when the step was recorded, so a dispatch and its spans
     /// need no read of the run.
     #[serde(with = "crate::wire::traceparent")]

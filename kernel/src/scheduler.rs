@@ -28,11 +28,12 @@ use crate::store::{LeaseLoss, LossOutcome, StartDispatch, Store};
 
 mod early;
 mod queue;
+mod shares;
 mod throttle;
 
 pub use early::Reservation;
 use queue::Queue;
-pub use throttle::LimitSource;
+pub use throttle::PolicySource;
 use throttle::Throttle;
 
 /// Timing of sessions and leases.
@@ -53,8 +54,8 @@ pub struct SchedulerConfig {
     /// Other kernel replicas share the database (PostgreSQL): a call whose tool only their
     /// sessions offer is theirs to claim, and only leases this replica holds are its to lose.
     pub replicated: bool,
-    /// The tool limits in force (the policy file's `limits`).
-    pub limits: LimitSource,
+    /// The tool limits and fair shares in force (the policy file's `limits` and `fair_shares`).
+    pub policy: PolicySource,
 }
 
 impl Default for SchedulerConfig {
@@ -67,7 +68,7 @@ impl Default for SchedulerConfig {
             tick: Duration::from_millis(100),
             scan_interval: Duration::from_secs(5),
             replicated: false,
-            limits: LimitSource::default(),
+            policy: PolicySource::default(),
         }
     }
 }
@@ -232,6 +233,8 @@ enum Msg {
     LockWaits(oneshot::Sender<HashMap<String, u32>>),
     /// How many queued calls wait for each tool limit to make room.
     LimitWaits(oneshot::Sender<HashMap<String, u32>>),
+    /// The queued calls of each fair share (`None`: runs without the label).
+    ShareQueues(oneshot::Sender<HashMap<Option<String>, u32>>),
     /// What this replica's sessions offer.
     Offers(oneshot::Sender<Offers>),
     /// What the other live replicas' sessions offer, by replica.
@@ -290,7 +293,7 @@ impl Scheduler {
         store.on_effects(move |handed| {
             let _ = effects.send(Msg::Effects(handed));
         });
-        let actor = Actor {
+        let mut actor = Actor {
             config: config.clone(),
             store,
             me: tx.clone(),
@@ -310,8 +313,10 @@ impl Scheduler {
             delivered: Default::default(),
             stopping: false,
             quiesced: Vec::new(),
-            throttle: Throttle::new(config.limits.clone()),
+            throttle: Throttle::new(config.policy.clone()),
         };
+        // The calls a restart finds queued take their shares from the first.
+        actor.read_policy();
         (Scheduler { tx, config }, actor.run(rx, shutdown))
     }
 
@@ -460,6 +465,16 @@ impl Scheduler {
     pub async fn lock_waits(&self) -> Result<HashMap<String, u32>, KernelError> {
         let (reply, answer) = oneshot::channel();
         self.send(Msg::LockWaits(reply));
+        answer
+            .await
+            .map_err(|_| KernelError::Unavailable("the scheduler has stopped".into()))
+    }
+
+    /// How many calls of each fair share wait in the queue (`None`: those of runs without the
+    /// fair-share label).
+    pub async fn share_queues(&self) -> Result<HashMap<Option<String>, u32>, KernelError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Msg::ShareQueues(reply));
         answer
             .await
             .map_err(|_| KernelError::Unavailable("the scheduler has stopped".into()))
@@ -784,6 +799,13 @@ impl Actor {
             }
             Msg::LimitWaits(reply) => {
                 let _ = reply.send(self.limit_waits());
+            }
+            Msg::ShareQueues(reply) => {
+                let mut queued: HashMap<Option<String>, u32> = HashMap::new();
+                for call in self.queue.iter() {
+                    *queued.entry(call.step.share.clone()).or_default() += 1;
+                }
+                let _ = reply.send(queued);
             }
             Msg::Reserve {
                 run_id,
@@ -1341,7 +1363,7 @@ impl Actor {
         }
         let now = self.store.clock().instant();
         let now_ms = self.store.clock().now_millis();
-        self.throttle.refresh();
+        self.read_policy();
         // Under load the queue is long and every session full: stop as soon as no slot is left, and
         // pick at most once per tool that found no session, or each event would cost a pick per
         // queued call (found by the load test: 10,000 queued calls took minutes).
@@ -1395,6 +1417,14 @@ impl Actor {
             }
         }
         self.claim_wanting();
+    }
+
+    /// Reads the policy in force (once per pass over the queue): its tool limits, and the fair
+    /// shares that tag the calls queued from now on.
+    fn read_policy(&mut self) {
+        if let Some(policy) = self.throttle.refresh() {
+            self.queue.set_shares(policy.fair_shares());
+        }
     }
 
     /// Takes a slot of `session_id` for attempt `attempt` of a call, as a lease still `Starting`.
@@ -1496,7 +1526,7 @@ impl Actor {
         if self.stopping {
             return calls.iter().map(|_| None).collect();
         }
-        self.throttle.refresh();
+        self.read_policy();
         let mut taken = 0;
         calls
             .into_iter()
@@ -1612,8 +1642,10 @@ impl Actor {
                 if let Some(limited) = self.release(&dispatch_id).and_then(|lease| lease.limited) {
                     let now = (self.store.clock().instant(), self.store.clock().now_millis());
                     self.throttle.refused(&limited.names, now);
-                    if self.would_enqueue(&limited.step) && self.queue.push(limited.step, self.store.clock()) {
-                        self.queue.last_mut().waiting = Some(limited.waiting.unwrap_or(now.0));
+                    if self.would_enqueue(&limited.step)
+                        && let Some(queued) = self.queue.push(limited.step, self.store.clock())
+                    {
+                        queued.waiting = Some(limited.waiting.unwrap_or(now.0));
                     }
                 }
                 self.dispatch_ready();
@@ -1819,7 +1851,7 @@ impl Actor {
         if waiting.is_empty() {
             return waits;
         }
-        self.throttle.refresh();
+        self.read_policy();
         let now = (self.store.clock().instant(), self.store.clock().now_millis());
         for tool in waiting {
             let Some(limits) = self.throttle.limits(&tool) else {
@@ -1856,7 +1888,7 @@ impl Actor {
         if overdue.is_empty() {
             return Vec::new();
         }
-        self.throttle.refresh();
+        self.read_policy();
         let now_ms = self.store.clock().now_millis();
         let mut held = std::collections::HashMap::new();
         for (run, key, tool) in overdue {
@@ -2092,6 +2124,7 @@ mod tests {
     fn one_call(run: &RunId, start: Option<StartDispatch>) -> TurnPlan {
         TurnPlan {
             offers_approval_tool: None,
+            share: None,
             run_id: run.clone(),
             turn: 0,
             calls: vec![PlannedCall {
@@ -2371,7 +2404,7 @@ mod tests {
         let config = SchedulerConfig {
             schedule_to_start_timeout: Duration::from_secs(30),
             scan_interval: Duration::from_secs(3600),
-            limits: LimitSource::policy(governance),
+            policy: PolicySource::policy(governance),
             ..SchedulerConfig::default()
         };
         let shutdown = CancellationToken::new();

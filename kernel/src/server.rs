@@ -284,7 +284,7 @@ pub async fn run(
     let replicated = matches!(config.db, Database::Postgres(_));
     let scheduler_config = crate::scheduler::SchedulerConfig {
         replicated,
-        limits: crate::scheduler::LimitSource::policy(governance.clone()),
+        policy: crate::scheduler::PolicySource::policy(governance.clone()),
         ..config.scheduler()
     };
     let recovered = recover(&store, replicated).await?;

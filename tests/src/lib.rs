@@ -641,14 +641,19 @@ impl Kernel {
 
     /// Creates a run and returns its id.
     pub async fn create_run(&self, agent: &str) -> String {
+        self.create_labelled_run(agent, &[]).await
+    }
+
+    /// Creates a run carrying `labels` and returns its id.
+    pub async fn create_labelled_run(&self, agent: &str, labels: &[(&str, &str)]) -> String {
         let request = pb::CreateRunRequest {
             agent: agent.into(),
             input_json: "{}".into(),
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             ..Default::default()
         };
-        self.runs()
-            .await
-            .create_run(request)
+        let mut runs = self.runs().await;
+        runs.create_run(request)
             .await
             .expect("create run")
             .into_inner()
@@ -793,6 +798,20 @@ pub struct TurnOutcome {
     pub results: Vec<pb::CallResult>,
     pub progress: Vec<pb::Progress>,
     pub interrupted: Vec<pb::Interruption>,
+}
+
+/// Waits for a turn [`submit_in_background`] submitted and checks that each call succeeded.
+pub async fn all_ok(turn: tokio::task::JoinHandle<TurnOutcome>, why: &str) -> TurnOutcome {
+    let outcome = tokio::time::timeout(Duration::from_secs(60), turn)
+        .await
+        .expect("the turn ends")
+        .expect("the turn's task");
+    assert!(
+        outcome.results.iter().all(|r| r.outcome == pb::CallOutcome::Ok as i32),
+        "{why}: {:#?}",
+        outcome.results
+    );
+    outcome
 }
 
 /// Submits a turn and reads its whole stream.

@@ -175,11 +175,20 @@ async fn kernelctl_starts_a_hosted_run_and_follows_it_to_its_end() {
         "pipeline",
         "--input",
         r#"{"calls": 2, "hold_ms": 10}"#,
+        "--label",
+        "tenant=acme",
         "--follow",
     ]);
     let stdout = String::from_utf8_lossy(&started.stdout);
     let stderr = String::from_utf8_lossy(&started.stderr);
     assert!(started.status.success(), "{stdout}\n{stderr}");
+    let labelled = kernel.kernelctl_ok(&["runs", "list", "--label", "tenant=acme", "--json"]);
+    let labelled: serde_json::Value = serde_json::from_str(&labelled).unwrap();
+    assert_eq!(
+        labelled["runs"].as_array().map(|runs| runs.len()),
+        Some(1),
+        "the run carries its label: {labelled}"
+    );
     for event in [
         "run:created",
         "agent:dispatched",

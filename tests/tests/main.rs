@@ -13,6 +13,7 @@ mod cancel_call;
 mod cli;
 mod docs;
 mod docs_run;
+mod fair_shares;
 mod fault_timing;
 mod faults;
 mod governance;

@@ -2,8 +2,6 @@
 //! workers and runs, the wait shown by `runs show`, a kernel SIGKILL mid-burst that neither loses
 //! the limit's state nor lets the burst through.
 
-use std::time::Duration;
-
 use e2e::{Kernel, KernelOptions, call, check_log};
 use kernel_proto::v1 as pb;
 use serde_json::json;
@@ -120,15 +118,7 @@ async fn a_rate_and_a_bound_on_calls_at_once_hold_across_workers_and_runs_and_th
     let mut starts = Vec::new();
     let mut waited = 0;
     for (run, turn) in ids.iter().zip(turns) {
-        let outcome = tokio::time::timeout(Duration::from_secs(60), turn)
-            .await
-            .expect("the turn ends")
-            .unwrap();
-        assert!(
-            outcome.results.iter().all(|r| r.outcome == pb::CallOutcome::Ok as i32),
-            "a limited call waits rather than fails: {:#?}",
-            outcome.results
-        );
+        e2e::all_ok(turn, "a limited call waits rather than fails").await;
         for step in &kernel.get(run).await.steps {
             assert_eq!(step.limited_by, ["sleep*"], "{step:?}");
             waited += usize::from(step.limit_wait_ms > 0);

@@ -32,7 +32,8 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
             input,
             follow,
             budget,
-        }) => runs::start(&mut kernel, &mut out, (agent, input, budget), follow).await,
+            label,
+        }) => runs::start(&mut kernel, &mut out, (agent, input, budget, label), follow).await,
         Command::Runs(RunsCommand::List(args)) => runs::list(&mut kernel, &mut out, args).await,
         Command::Runs(RunsCommand::Show { id }) => runs::show(&mut kernel, &mut out, id).await,
         Command::Runs(RunsCommand::Tree { id }) => runs::tree(&mut kernel, &mut out, id).await,
@@ -63,6 +64,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         }
         Command::Status => status::show(&mut kernel, &mut out).await,
         Command::Limits => status::limits(&mut kernel, &mut out).await,
+        Command::Shares => status::shares(&mut kernel, &mut out).await,
         Command::Bench(_) => unreachable!("main runs `bench` through commands::bench::main"),
         Command::Keys(_) => unreachable!("main runs `keys` without a kernel"),
         Command::Mcp(_) => unreachable!("main runs `mcp serve` through commands::mcp::serve"),

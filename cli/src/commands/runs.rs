@@ -78,7 +78,12 @@ pub async fn list(kernel: &mut Kernel, out: &mut Output<'_>, args: ListRunsArgs)
 pub async fn start(
     kernel: &mut Kernel,
     out: &mut Output<'_>,
-    (agent, input, budget): (String, String, Vec<kernel_proto::v1::BudgetLimit>),
+    (agent, input, budget, labels): (
+        String,
+        String,
+        Vec<kernel_proto::v1::BudgetLimit>,
+        Vec<(String, String)>,
+    ),
     follow: bool,
 ) -> Result<(), CliError> {
     let request = kernel_proto::v1::CreateRunRequest {
@@ -86,6 +91,7 @@ pub async fn start(
         input_json: input,
         hosted: true,
         budget,
+        labels: labels.into_iter().collect(),
         ..Default::default()
     };
     let response = unary(kernel.runs.create_run(request)).await?;

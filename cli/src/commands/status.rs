@@ -1,5 +1,5 @@
 //! `status`: what the kernel holds in memory now, to tell an idle kernel from a leaking one; and
-//! `limits`: its tool limits, part of the same answer.
+//! `limits` and `shares`: its tool limits and fair shares, part of the same answer.
 
 use kernel_proto::v1::GetStatusRequest;
 
@@ -27,6 +27,18 @@ pub async fn limits(kernel: &mut Kernel, out: &mut Output<'_>) -> Result<(), Cli
         out.text("no tool limits: the kernel's policy file sets none (`limits`)\n")?;
     } else {
         out.text(&render::limits_table(&status.tool_limits))?;
+    }
+    Ok(())
+}
+
+pub async fn shares(kernel: &mut Kernel, out: &mut Output<'_>) -> Result<(), CliError> {
+    let status = StatusView::from(unary(kernel.admin.get_status(GetStatusRequest {})).await?);
+    match (&status.fair_shares, out.is_json()) {
+        (shares, true) => out.document(shares)?,
+        (None, false) => {
+            out.text("no fair shares: the kernel's policy file sets none (`fair_shares`); queued calls start in the order they came\n")?
+        }
+        (Some(shares), false) => out.text(&render::shares_table(shares))?,
     }
     Ok(())
 }

@@ -173,11 +173,42 @@ impl AdminService for AdminApi {
             writes_forwarded: crate::metrics::get().forwarded.get(),
             writes_applied_for_others: crate::metrics::get().applied_for_others.get(),
             tool_limits: self.tool_limits().await?,
+            fair_shares: self.fair_shares().await?,
         }))
     }
 }
 
 impl AdminApi {
+    /// The policy's fair shares: each share it weighs or with calls queued here, heaviest first,
+    /// then by most queued.
+    async fn fair_shares(&self) -> Result<Option<pb::FairShareStatus>, KernelError> {
+        let policy = self.0.governance.policy();
+        let Some(config) = policy.fair_shares() else {
+            return Ok(None);
+        };
+        let mut queued = self.0.scheduler.share_queues().await?;
+        for value in config.weights.keys() {
+            queued.entry(Some(value.clone())).or_default();
+        }
+        let mut shares: Vec<pb::ShareStatus> = queued
+            .into_iter()
+            .map(|(value, queued)| pb::ShareStatus {
+                weight: config.weight(value.as_deref()),
+                value,
+                queued,
+            })
+            .collect();
+        shares.sort_by(|a, b| {
+            (b.weight.cmp(&a.weight))
+                .then(b.queued.cmp(&a.queued))
+                .then_with(|| a.value.cmp(&b.value))
+        });
+        Ok(Some(pb::FairShareStatus {
+            label: config.label.clone(),
+            shares,
+        }))
+    }
+
     /// The policy's tool limits, with the calls each holds and the tokens in its bucket (from the
     /// database) and the calls waiting for it here.
     async fn tool_limits(&self) -> Result<Vec<pb::ToolLimitStatus>, KernelError> {

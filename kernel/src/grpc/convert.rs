@@ -375,6 +375,7 @@ pub fn step(step: &StepRecord, capture: Capture) -> pb::Step {
             .unwrap_or_default(),
         limited_by: step.limited_by.clone(),
         limit_wait_ms: step.limit_wait_ms,
+        share: step.share.clone(),
     }
 }
 

@@ -188,6 +188,7 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
         // The turn's own bound, else the run's default.
         max_concurrency: [req_max_concurrency, run.max_concurrency].into_iter().find(|n| *n > 0),
         offers_approval_tool,
+        share: kernel.governance.policy().share_of(&run.labels),
     };
     Ok(Planned {
         plan,

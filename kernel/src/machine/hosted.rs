@@ -96,6 +96,7 @@ pub fn dispatch_step(run: &RunRecord, agent: &HostedAgent, now: Millis) -> StepR
         from_run: None,
         limited_by: Vec::new(),
         limit_wait_ms: 0,
+        share: None,
         trace: run.trace,
     }
 }

@@ -290,7 +290,7 @@ fn a_call_settled_when_recorded_never_starts() {
         start: None,
     };
     let decision = turn::decide(&run, &call, &[]);
-    let recorded = turn::record(&mut run, (0, 30_000, None), &call, decision, None, NOW);
+    let recorded = turn::record(&mut run, (0, 30_000, None, None), &call, decision, None, NOW);
     assert!(recorded.step.status.is_terminal());
     let start = StartDispatch {
         run_id: recorded.step.run_id.clone(),

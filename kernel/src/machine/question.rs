@@ -93,6 +93,7 @@ pub fn question_step(call: &StepRecord, occurrence: u32, asked: &Asked, now: Mil
         from_run: None,
         limited_by: Vec::new(),
         limit_wait_ms: 0,
+        share: None,
         trace: call.trace,
     };
     let event = events::QuestionAsked {

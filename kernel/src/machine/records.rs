@@ -56,6 +56,7 @@ pub fn step() -> StepRecord {
         from_run: None,
         limited_by: Vec::new(),
         limit_wait_ms: 0,
+        share: None,
         trace: None,
     }
 }

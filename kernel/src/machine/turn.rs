@@ -86,6 +86,8 @@ pub struct TurnPlan {
     /// The first tool the turn says the model was offered that always asks a person
     /// (`requires_approval`), by its index in the offer.
     pub offers_approval_tool: Option<(usize, String)>,
+    /// The run's share of the queue, copied to each new call ([`StepRecord::share`]).
+    pub share: Option<String>,
 }
 
 /// What recording a turn decided for one call.
@@ -501,7 +503,7 @@ fn new_call_event(
 /// the store found one; counts it toward the run's calls.
 pub fn record(
     run: &mut RunRecord,
-    (turn, default_timeout_ms, limit): (u32, u64, Option<u32>),
+    (turn, default_timeout_ms, limit, share): (u32, u64, Option<u32>, Option<&str>),
     call: &PlannedCall,
     decision: Decision,
     cached: Option<String>,
@@ -587,6 +589,7 @@ pub fn record(
         from_run: None,
         limited_by: Vec::new(),
         limit_wait_ms: 0,
+        share: share.map(str::to_owned),
         trace: run.trace,
     };
     let (event, next) = new_call_event(&step, call, refusal, approval.is_some(), cached.as_deref());
@@ -638,6 +641,7 @@ mod tests {
     fn plan(calls: Vec<PlannedCall>) -> TurnPlan {
         TurnPlan {
             offers_approval_tool: None,
+            share: None,
             run_id: run().id,
             turn: 0,
             calls,
@@ -827,7 +831,7 @@ mod tests {
         for (name, call, status, outcome, kind, next) in cases {
             let mut run = run();
             let decision = decide(&run, &call, &["lookup".into()]);
-            let recorded = record(&mut run, (0, 30_000, None), &call, decision, None, NOW);
+            let recorded = record(&mut run, (0, 30_000, None, None), &call, decision, None, NOW);
             assert_eq!(recorded.step.status, status, "{name}");
             assert_eq!(recorded.step.outcome, outcome, "{name}");
             assert_eq!(recorded.event.kind, kind, "{name}");
@@ -848,7 +852,7 @@ mod tests {
         full.max_tool_calls = 1;
         full.tool_calls = 1;
         let decision = decide(&full, &allowed(), &[]);
-        let recorded = record(&mut full, (0, 30_000, None), &allowed(), decision, None, NOW);
+        let recorded = record(&mut full, (0, 30_000, None, None), &allowed(), decision, None, NOW);
         assert_eq!(recorded.step.outcome, Some(Outcome::LimitExceeded));
         assert!(
             recorded
@@ -883,7 +887,14 @@ mod tests {
 
         let mut run = run();
         let decision = decide(&run, &reader, &[]);
-        let hit = record(&mut run, (0, 30_000, None), &reader, decision, Some("42".into()), NOW);
+        let hit = record(
+            &mut run,
+            (0, 30_000, None, None),
+            &reader,
+            decision,
+            Some("42".into()),
+            NOW,
+        );
         assert_eq!(hit.step.status, StepStatus::Succeeded);
         assert_eq!(hit.step.output.as_deref(), Some("42"));
         assert_eq!(hit.next, Next::Settled);

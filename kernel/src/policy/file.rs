@@ -55,8 +55,33 @@ pub(super) fn parse(text: &str) -> Result<Compiled, PolicyError> {
             .map(|(index, Keyed(raw))| build_budget(raw, index))
             .collect::<Result<_, _>>()?,
         limits: build_limits(file.limits)?,
+        fair_shares: file.fair_shares.map(|Keyed(raw)| build_shares(raw)).transpose()?,
     })
 }
+
+/// The file's fair shares: a label, and weights each a whole number of shares.
+fn build_shares(raw: RawFairShares) -> Result<super::FairShares, PolicyError> {
+    if raw.label.trim().is_empty() {
+        return Err(PolicyError::new(
+            None,
+            "fair_shares.label: name the run label whose value is a run's share, such as `tenant`",
+        ));
+    }
+    let weights = raw.weights.unwrap_or_default();
+    if let Some((value, weight)) = weights.iter().find(|(_, weight)| !(1..=MAX_WEIGHT).contains(*weight)) {
+        return Err(PolicyError::new(
+            None,
+            format!("fair_shares.weights.{value}: {weight} is not a weight; a share weighs 1 to {MAX_WEIGHT}"),
+        ));
+    }
+    Ok(super::FairShares {
+        label: raw.label,
+        weights,
+    })
+}
+
+/// The heaviest share: a thousand to one is as unequal as shares get.
+const MAX_WEIGHT: u32 = 1000;
 
 /// The file's tool limits, each checked as [`crate::machine::throttle::ToolLimit::check`] says;
 /// two may not name the same tools, whose state they would share.
@@ -143,6 +168,16 @@ struct PolicyFile {
     budgets: Vec<Keyed<RawBudget>>,
     #[serde(default)]
     limits: Vec<Keyed<RawLimit>>,
+    #[serde(default)]
+    fair_shares: Option<Keyed<RawFairShares>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFairShares {
+    label: String,
+    #[serde(default)]
+    weights: Option<std::collections::BTreeMap<String, u32>>,
 }
 
 #[derive(Deserialize)]
@@ -258,6 +293,10 @@ impl Mapping for RawBudget {
 
 impl Mapping for RawLimit {
     const SECTION: Section = Section::Limit;
+}
+
+impl Mapping for RawFairShares {
+    const SECTION: Section = Section::FairShares;
 }
 
 /// `T` read from a mapping whose keys were checked against its section of the table.
@@ -732,6 +771,7 @@ pub(super) fn derived_fields(section: Section) -> &'static [&'static str] {
         Section::Approval => introspect::fields::<RawApproval>(),
         Section::Budget => introspect::fields::<RawBudget>(),
         Section::Limit => introspect::fields::<RawLimit>(),
+        Section::FairShares => introspect::fields::<RawFairShares>(),
     }
 }
 

@@ -22,12 +22,14 @@ pub(crate) enum Section {
     Budget,
     /// One limit of the `limits` list.
     Limit,
+    /// The `fair_shares` mapping.
+    FairShares,
 }
 
 impl Section {
     /// Every section, in the order the reference page lists them.
     #[cfg(test)]
-    pub(crate) const ALL: [Section; 7] = [
+    pub(crate) const ALL: [Section; 8] = [
         Section::File,
         Section::MaxRisk,
         Section::Rule,
@@ -35,6 +37,7 @@ impl Section {
         Section::Approval,
         Section::Budget,
         Section::Limit,
+        Section::FairShares,
     ];
 
     /// The section as a path into the file, as the reference page names it.
@@ -48,6 +51,7 @@ impl Section {
             Section::Approval => "rules[].approval",
             Section::Budget => "budgets[]",
             Section::Limit => "limits[]",
+            Section::FairShares => "fair_shares",
         }
     }
 
@@ -61,6 +65,7 @@ impl Section {
             Section::Approval => "an approval",
             Section::Budget => "a budget",
             Section::Limit => "a limit",
+            Section::FairShares => "a fair_shares",
         }
     }
 
@@ -188,6 +193,16 @@ pub(crate) const KEYS: &[Key] = &[
                   still applies) rather than fail. A call of a tool several limits match passes each. See its keys \
                   below.",
         example: "[{ tools: \"payments_*\", per_second: 10, at_once: 4 }]",
+    },
+    Key {
+        name: "fair_shares",
+        section: Section::File,
+        value: "mapping",
+        default: "none: queued calls start in the order they came",
+        meaning: "How queued calls share what is scarce (a tool limit's room, worker slots): by the value of a run \
+                  label, each value served by its weight, so one tenant's burst cannot starve another's single \
+                  call. A call takes its run's share when it is recorded. See its keys below.",
+        example: "{ label: tenant, weights: { acme: 4 } }",
     },
     Key {
         name: "ceiling",
@@ -420,6 +435,24 @@ pub(crate) const KEYS: &[Key] = &[
         meaning: "At most this many calls run at once. A limit sets `per_second`, `at_once` or both.",
         example: "4",
     },
+    Key {
+        name: "label",
+        section: Section::FairShares,
+        value: "label name (required)",
+        default: "none: the shares name their label",
+        meaning: "The run label whose value names a run's share (subagents and branches carry their parent's \
+                  labels). Runs without the label share one share of weight 1.",
+        example: "tenant",
+    },
+    Key {
+        name: "weights",
+        section: Section::FairShares,
+        value: "mapping of label value to integer, 1 to 1000",
+        default: "1 for every value",
+        meaning: "How much each share is served while several wait: a share of weight 4 starts four calls for \
+                  each one a share of weight 1 starts. A share has no quota: alone, it takes all there is.",
+        example: "{ acme: 4, free: 1 }",
+    },
 ];
 
 /// A short complete policy file, shown on the reference page; the tests load it.
@@ -458,4 +491,7 @@ limits:
   - tools: "payments_*"
     per_second: 10
     at_once: 4
+fair_shares:
+  label: tenant
+  weights: { acme: 4 }
 "#;

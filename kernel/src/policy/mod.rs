@@ -285,6 +285,23 @@ struct Compiled {
     budgets: Vec<PolicyBudget>,
     /// In file order.
     limits: Vec<PolicyLimit>,
+    fair_shares: Option<FairShares>,
+}
+
+/// How queued calls share what is scarce: by the value of a run label, each value by its weight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FairShares {
+    /// The run label whose value names a run's share.
+    pub label: String,
+    /// Each value's weight; a value not listed weighs 1.
+    pub weights: std::collections::BTreeMap<String, u32>,
+}
+
+impl FairShares {
+    /// The weight of the share `value` (`None`: the runs without the label).
+    pub fn weight(&self, value: Option<&str>) -> u32 {
+        value.and_then(|value| self.weights.get(value)).copied().unwrap_or(1)
+    }
 }
 
 /// A tool limit of the policy file, with its glob compiled: the scheduler asks for each call.
@@ -395,6 +412,18 @@ impl Policy {
             .filter(|limit| limit.matcher.is_match(tool))
             .map(|limit| limit.limit.clone())
             .collect()
+    }
+
+    /// The policy's fair shares, if it sets them.
+    pub fn fair_shares(&self) -> Option<&FairShares> {
+        self.inner.fair_shares.as_ref()
+    }
+
+    /// The share of a run with `labels`: its value of the fair-share label, when the policy sets
+    /// fair shares and the run has that label.
+    pub fn share_of(&self, labels: &std::collections::BTreeMap<String, String>) -> Option<String> {
+        let shares = self.inner.fair_shares.as_ref()?;
+        labels.get(&shares.label).cloned()
     }
 
     /// Every tool limit, in file order.

@@ -1111,6 +1111,8 @@ fn file_with(section: keys::Section, key: &str, value: &str) -> String {
         Section::Limit if key == "tools" => format!("limits: [{{ at_once: 1, {key}: {value} }}]\n"),
         Section::Limit if key == "per_second" => format!("limits: [{{ tools: t, {key}: {value} }}]\n"),
         Section::Limit => format!("limits: [{{ tools: t, per_second: 1, {key}: {value} }}]\n"),
+        Section::FairShares if key == "label" => format!("fair_shares: {{ {key}: {value} }}\n"),
+        Section::FairShares => format!("fair_shares: {{ label: tenant, {key}: {value} }}\n"),
     }
 }
 

@@ -1,13 +1,16 @@
-//! The calls waiting for a worker slot, in arrival order, indexed by step: under load the queue
-//! holds thousands of calls, and asking whether a step is already queued must not scan them all.
+//! The calls waiting for a worker slot, in order of their fair-share tags ([`super::shares`]; with
+//! no fair shares, arrival order), indexed by step: under load the queue holds thousands of calls,
+//! and asking whether a step is already queued must not scan them all.
 
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::shares::{Shares, Tag};
 use crate::clock::Clock;
 use crate::model::{RunId, StepKey, StepRecord};
+use crate::policy::FairShares;
 
 /// Below this capacity a drained queue keeps its buffers; above it, they shrink once mostly empty,
 /// so a burst of queued calls does not keep its memory after it has been served.
@@ -20,10 +23,12 @@ pub(super) struct Queued {
     pub not_before: Option<Instant>,
     /// Since when it waits for a tool limit with no room.
     pub waiting: Option<Instant>,
+    /// Its place in the queue.
+    tag: Tag,
 }
 
 impl Queued {
-    fn new(step: StepRecord, clock: &Clock) -> Self {
+    fn new(step: StepRecord, clock: &Clock, tag: Tag) -> Self {
         let now = clock.instant();
         let not_before = step
             .not_before
@@ -33,6 +38,7 @@ impl Queued {
             since: now,
             not_before,
             waiting: None,
+            tag,
         }
     }
 
@@ -45,6 +51,7 @@ impl Queued {
 pub(super) struct Queue {
     items: VecDeque<Queued>,
     keys: HashSet<(RunId, StepKey)>,
+    shares: Shares,
 }
 
 impl Queue {
@@ -60,13 +67,24 @@ impl Queue {
         self.keys.contains(&(run_id.clone(), key.clone()))
     }
 
-    /// Queues the step at the back unless it is queued already; says whether it was added.
-    pub fn push(&mut self, step: StepRecord, clock: &Clock) -> bool {
+    /// Tags calls queued from now on by `shares` (`None`: one share, in arrival order).
+    pub fn set_shares(&mut self, shares: Option<&FairShares>) {
+        self.shares.set(shares);
+    }
+
+    /// Queues the step in its share's place unless it is queued already; the queued call, if added.
+    pub fn push(&mut self, step: StepRecord, clock: &Clock) -> Option<&mut Queued> {
         if !self.keys.insert((step.run_id.clone(), step.key.clone())) {
-            return false;
+            return None;
         }
-        self.items.push_back(Queued::new(step, clock));
-        true
+        let tag = self.shares.tag(step.share.as_deref());
+        // Tags mostly grow: only a share's first calls after a burst of another's go further in.
+        let at = match self.items.back() {
+            Some(last) if last.tag > tag => self.items.partition_point(|queued| queued.tag < tag),
+            _ => self.items.len(),
+        };
+        self.items.insert(at, Queued::new(step, clock, tag));
+        Some(&mut self.items[at])
     }
 
     pub fn get(&self, index: usize) -> &Queued {
@@ -77,13 +95,10 @@ impl Queue {
         &mut self.items[index]
     }
 
-    /// The call queued last.
-    pub fn last_mut(&mut self) -> &mut Queued {
-        self.items.back_mut().expect("a call was just queued")
-    }
-
+    /// Takes the call at `index` out to start it: its share was served.
     pub fn remove(&mut self, index: usize) -> Queued {
         let queued = self.items.remove(index).expect("index in range");
+        self.shares.served(queued.tag);
         self.keys.remove(&(queued.step.run_id.clone(), queued.step.key.clone()));
         self.shrink();
         queued
@@ -140,23 +155,64 @@ mod tests {
     fn a_step_is_queued_once_until_it_leaves() {
         let run = RunId::new();
         let mut queue = Queue::default();
-        assert!(queue.push(step(&run, 0), &Clock::wall()));
+        assert!(queue.push(step(&run, 0), &Clock::wall()).is_some());
         assert!(
-            !queue.push(step(&run, 0), &Clock::wall()),
+            queue.push(step(&run, 0), &Clock::wall()).is_none(),
             "a second offer of a queued step is ignored"
         );
-        assert!(queue.push(step(&run, 1), &Clock::wall()));
+        assert!(queue.push(step(&run, 1), &Clock::wall()).is_some());
         assert_eq!(queue.len(), 2);
         let first = queue.remove(0);
         assert_eq!(first.step.key, StepKey::for_call(0, 0, None));
         assert!(!queue.contains(&run, &first.step.key));
         assert!(
-            queue.push(step(&run, 0), &Clock::wall()),
+            queue.push(step(&run, 0), &Clock::wall()).is_some(),
             "a step that left may be queued again"
         );
         queue.retain(|q| q.step.key != StepKey::for_call(0, 1, None));
         assert!(!queue.contains(&run, &StepKey::for_call(0, 1, None)));
         assert_eq!(queue.len(), 1);
+    }
+
+    #[test]
+    fn a_share_s_first_call_goes_in_level_with_the_calls_being_served() {
+        let (a, b) = (RunId::new(), RunId::new());
+        let mut queue = Queue::default();
+        queue.set_shares(Some(&FairShares {
+            label: "tenant".into(),
+            weights: Default::default(),
+        }));
+        for n in 0..10 {
+            queue.push(
+                StepRecord {
+                    share: Some("a".into()),
+                    ..step(&a, n)
+                },
+                &Clock::wall(),
+            );
+        }
+        for _ in 0..3 {
+            queue.remove(0);
+        }
+        queue.push(
+            StepRecord {
+                share: Some("b".into()),
+                ..step(&b, 0)
+            },
+            &Clock::wall(),
+        );
+        let order: Vec<&str> = queue.iter().map(|q| q.step.share.as_deref().unwrap()).collect();
+        assert_eq!(order, ["a", "b", "a", "a", "a", "a", "a", "a"]);
+        // Without shares, arrival order.
+        queue.set_shares(None);
+        queue.push(
+            StepRecord {
+                share: Some("c".into()),
+                ..step(&b, 1)
+            },
+            &Clock::wall(),
+        );
+        assert_eq!(queue.iter().last().unwrap().step.share.as_deref(), Some("c"));
     }
 
     #[test]

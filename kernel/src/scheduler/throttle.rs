@@ -18,23 +18,24 @@ use crate::policy::Policy;
 /// How long a limit stays closed here after the store refused a start this count allowed.
 const REFUSED_FOR: Duration = Duration::from_millis(100);
 
-/// Where the scheduler reads the tool limits in force: the policy, swapped whole on reload.
+/// Where the scheduler reads the tool limits and fair shares in force: the policy, swapped whole
+/// on reload.
 #[derive(Clone, Default)]
-pub struct LimitSource(Option<Governance>);
+pub struct PolicySource(Option<Governance>);
 
-impl LimitSource {
-    /// The limits of the policy `governance` holds, as it is now and after each reload.
+impl PolicySource {
+    /// The policy `governance` holds, as it is now and after each reload.
     pub fn policy(governance: Governance) -> Self {
-        LimitSource(Some(governance))
+        PolicySource(Some(governance))
     }
 }
 
-impl std::fmt::Debug for LimitSource {
+impl std::fmt::Debug for PolicySource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(if self.0.is_some() {
-            "LimitSource(policy)"
+            "PolicySource(policy)"
         } else {
-            "LimitSource(none)"
+            "PolicySource(none)"
         })
     }
 }
@@ -75,7 +76,7 @@ impl Gate {
 /// The limits in force, by tool, and each limit's count.
 #[derive(Default)]
 pub(super) struct Throttle {
-    source: LimitSource,
+    source: PolicySource,
     /// The policy the maps below were read from.
     policy: Option<Arc<Policy>>,
     by_tool: HashMap<String, Arc<[ToolLimit]>>,
@@ -83,7 +84,7 @@ pub(super) struct Throttle {
 }
 
 impl Throttle {
-    pub fn new(source: LimitSource) -> Self {
+    pub fn new(source: PolicySource) -> Self {
         Throttle {
             source,
             ..Throttle::default()
@@ -91,14 +92,13 @@ impl Throttle {
     }
 
     /// Reads the policy in force, once per pass over the queue: after a reload, the limits it
-    /// names from now on, each limit still named keeping its count.
-    pub fn refresh(&mut self) {
-        let Some(governance) = &self.source.0 else {
-            return;
-        };
+    /// names from now on, each limit still named keeping its count. Returns the policy when it is
+    /// not the one read last.
+    pub fn refresh(&mut self) -> Option<Arc<Policy>> {
+        let governance = self.source.0.as_ref()?;
         let policy = governance.policy();
         if self.policy.as_ref().is_some_and(|seen| Arc::ptr_eq(seen, &policy)) {
-            return;
+            return None;
         }
         self.by_tool.clear();
         let limits = policy.limits();
@@ -111,7 +111,8 @@ impl Throttle {
                 }
             }
         }
-        self.policy = Some(policy);
+        self.policy = Some(policy.clone());
+        Some(policy)
     }
 
     /// The limits a call of `tool` passes, as the last [`Throttle::refresh`] read them; `None` for

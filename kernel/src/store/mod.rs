@@ -587,7 +587,7 @@ impl Store {
                 plan.calls.iter_mut().for_each(|call| call.start = None);
                 forward::Forwarded::Turn(Box::new(plan))
             },
-            |plan, reply| Command::ScheduleTurn(plan, None, reply),
+            |plan, reply| Command::ScheduleTurn(Box::new(plan), None, reply),
         )
         .await
     }
@@ -602,7 +602,10 @@ impl Store {
     ) -> Result<RecordedTurn, KernelError> {
         // Among replicas, a turn whose shard moved meanwhile goes to its owner without its slots.
         let kept = self.router.get().map(|_| plan.clone());
-        match self.send(|reply| Command::ScheduleTurn(plan, Some(early), reply)).await {
+        match self
+            .send(|reply| Command::ScheduleTurn(Box::new(plan), Some(early), reply))
+            .await
+        {
             Err(KernelError::Moved(_)) if let Some(plan) = kept => self.record_turn(plan).await,
             answer => answer,
         }

@@ -397,6 +397,11 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE steps ADD COLUMN limited_by TEXT;
     ALTER TABLE steps ADD COLUMN limit_wait_ms INTEGER;
     "#,
+    r#"
+    -- 21: the run's share of the queue (the policy's `fair_shares`), copied to a call when it is
+    -- recorded, so a restart serves the calls it finds queued by the same shares.
+    ALTER TABLE steps ADD COLUMN share TEXT;
+    "#,
 ];
 
 /// Brings the database to the newest schema.

@@ -132,6 +132,7 @@ fn call(turn: u32, position: u32, tool: Option<ToolDef>, name: &str, args: &str)
 fn plan(run: &RunId, turn: u32, calls: Vec<PlannedCall>) -> TurnPlan {
     TurnPlan {
         offers_approval_tool: None,
+        share: None,
         run_id: run.clone(),
         turn,
         calls,
@@ -259,6 +260,21 @@ async fn a_turn_read_serves_a_settled_turn_and_sees_every_commit(f: Fixture) {
         f.store.reads.idle_in_transaction(),
         0,
         "each read's snapshot ended with it"
+    );
+}
+
+/// A call keeps its run's fair share in the store, so the calls a restart finds queued are
+/// served by the same shares.
+async fn a_call_keeps_its_share_for_the_scheduler_after_a_restart(f: Fixture) {
+    let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let add = tool("add", Idempotency::SafeToRetry);
+    let mut shared = plan(&run.id, 0, vec![call(0, 0, Some(add), "add", r#"{"a":1}"#)]);
+    shared.share = Some("acme".into());
+    f.store.schedule_turn(shared).await.unwrap();
+    let queued = f.store.reads.in_flight_steps().await.unwrap();
+    assert_eq!(
+        queued.iter().map(|step| step.share.as_deref()).collect::<Vec<_>>(),
+        [Some("acme")]
     );
 }
 
@@ -2299,6 +2315,7 @@ async fn a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases(f: 
     assert!(f.store.reads.replicas().await.unwrap().is_empty());
 }
 
+on_both_stores!(a_call_keeps_its_share_for_the_scheduler_after_a_restart);
 on_both_stores!(a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_commit);
 on_both_stores!(a_checked_step_is_recorded_as_its_check_allowed_it);
 on_both_stores!(effects_are_handed_out_after_the_commit_they_follow);

@@ -55,7 +55,7 @@ struct Handout {
 /// A write the store can perform.
 pub enum Command {
     CreateRun(Box<NewRun>, Reply<(RunRecord, bool, Option<StepRecord>)>),
-    ScheduleTurn(TurnPlan, Option<EarlyDispatch>, Reply<super::RecordedTurn>),
+    ScheduleTurn(Box<TurnPlan>, Option<EarlyDispatch>, Reply<super::RecordedTurn>),
     StartDispatch(Box<StartDispatch>, Reply<Option<StepRecord>>),
     RecordResult(ResultReport, Reply<Option<(StepRecord, Vec<StepRecord>)>>),
     LoseLease(LeaseLoss, Reply<LossOutcome>),
@@ -233,7 +233,7 @@ fn apply(tx: &mut Tx<'_>, command: Command, handout: &mut Option<Handout>) -> (R
     match command {
         Command::CreateRun(new, reply) => respond(command::create_run::apply(tx, *new), reply),
         Command::ScheduleTurn(plan, early, reply) => {
-            let recorded = command::submit_turn::apply(tx, plan);
+            let recorded = command::submit_turn::apply(tx, *plan);
             if let (Some(early), Ok(recorded)) = (early, &recorded) {
                 let steps = crate::machine::durability::dispatches_before_commit(&recorded.calls);
                 if !steps.is_empty() {

@@ -225,6 +225,7 @@ def step(step: common_pb2.Step) -> Step:
         child_run_id=step.child_run_id,
         limited_by=tuple(step.limited_by),
         limit_wait_ms=step.limit_wait_ms,
+        share=step.share if step.HasField("share") else None,
     )
 
 

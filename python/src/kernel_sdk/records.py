@@ -219,6 +219,9 @@ class Step:
     """The tool limits (the policy file's `limits`, by glob) its last attempt's start passed."""
     limit_wait_ms: int = 0
     """How long that start waited in the queue for those limits, in milliseconds."""
+    share: str | None = None
+    """The run's fair share when the call was recorded: its value of the run label the policy
+    file's `fair_shares.label` names; `None` without fair shares or without that label."""
 
 
 @dataclass(frozen=True)

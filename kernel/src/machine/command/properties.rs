@@ -704,6 +704,7 @@ impl World {
         }
         let plan = TurnPlan {
             offers_approval_tool: None,
+            share: None,
             run_id: run_id.clone(),
             turn,
             calls: planned,

@@ -125,6 +125,7 @@ pub(super) mod tests {
     pub(in crate::machine::command) fn turn(run: &RunId, calls: u32) -> TurnPlan {
         TurnPlan {
             offers_approval_tool: None,
+            share: None,
             run_id: run.clone(),
             turn: 0,
             calls: (0..calls).map(call).collect(),

@@ -279,7 +279,12 @@ fn record_call<R: Records + ?Sized>(
     let looked_up = cached.is_some();
     let recorded = turn::record(
         run,
-        (plan.turn, plan.default_timeout_ms, plan.max_concurrency),
+        (
+            plan.turn,
+            plan.default_timeout_ms,
+            plan.max_concurrency,
+            plan.share.as_deref(),
+        ),
         call,
         decision,
         cached,

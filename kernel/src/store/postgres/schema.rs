@@ -275,4 +275,9 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE steps ADD COLUMN limited_by TEXT;
     ALTER TABLE steps ADD COLUMN limit_wait_ms BIGINT;
     "#,
+    r#"
+    -- 13: the run's share of the queue (the policy's `fair_shares`), copied to a call when it is
+    -- recorded, so a restart serves the calls it finds queued by the same shares.
+    ALTER TABLE steps ADD COLUMN share TEXT;
+    "#,
 ];

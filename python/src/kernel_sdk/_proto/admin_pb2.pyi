@@ -107,7 +107,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("version", "started_at", "worker_sessions", "queued_calls", "leased_calls", "live_runs", "resident_bytes", "allocated_bytes", "in_flight_scans", "lost_calls_found", "resource_locks", "cpu_micros", "store_commits", "store_syncs", "store_statements", "disk_write_bytes", "log_lines_dropped", "writes_forwarded", "writes_applied_for_others", "tool_limits")
+    __slots__ = ("version", "started_at", "worker_sessions", "queued_calls", "leased_calls", "live_runs", "resident_bytes", "allocated_bytes", "in_flight_scans", "lost_calls_found", "resource_locks", "cpu_micros", "store_commits", "store_syncs", "store_statements", "disk_write_bytes", "log_lines_dropped", "writes_forwarded", "writes_applied_for_others", "tool_limits", "fair_shares")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     WORKER_SESSIONS_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +128,7 @@ class GetStatusResponse(_message.Message):
     WRITES_FORWARDED_FIELD_NUMBER: _ClassVar[int]
     WRITES_APPLIED_FOR_OTHERS_FIELD_NUMBER: _ClassVar[int]
     TOOL_LIMITS_FIELD_NUMBER: _ClassVar[int]
+    FAIR_SHARES_FIELD_NUMBER: _ClassVar[int]
     version: str
     started_at: _timestamp_pb2.Timestamp
     worker_sessions: int
@@ -148,7 +149,26 @@ class GetStatusResponse(_message.Message):
     writes_forwarded: int
     writes_applied_for_others: int
     tool_limits: _containers.RepeatedCompositeFieldContainer[ToolLimitStatus]
-    def __init__(self, version: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., worker_sessions: _Optional[int] = ..., queued_calls: _Optional[int] = ..., leased_calls: _Optional[int] = ..., live_runs: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., allocated_bytes: _Optional[int] = ..., in_flight_scans: _Optional[int] = ..., lost_calls_found: _Optional[int] = ..., resource_locks: _Optional[_Iterable[_Union[ResourceLock, _Mapping]]] = ..., cpu_micros: _Optional[int] = ..., store_commits: _Optional[int] = ..., store_syncs: _Optional[int] = ..., store_statements: _Optional[int] = ..., disk_write_bytes: _Optional[int] = ..., log_lines_dropped: _Optional[int] = ..., writes_forwarded: _Optional[int] = ..., writes_applied_for_others: _Optional[int] = ..., tool_limits: _Optional[_Iterable[_Union[ToolLimitStatus, _Mapping]]] = ...) -> None: ...
+    fair_shares: FairShareStatus
+    def __init__(self, version: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., worker_sessions: _Optional[int] = ..., queued_calls: _Optional[int] = ..., leased_calls: _Optional[int] = ..., live_runs: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., allocated_bytes: _Optional[int] = ..., in_flight_scans: _Optional[int] = ..., lost_calls_found: _Optional[int] = ..., resource_locks: _Optional[_Iterable[_Union[ResourceLock, _Mapping]]] = ..., cpu_micros: _Optional[int] = ..., store_commits: _Optional[int] = ..., store_syncs: _Optional[int] = ..., store_statements: _Optional[int] = ..., disk_write_bytes: _Optional[int] = ..., log_lines_dropped: _Optional[int] = ..., writes_forwarded: _Optional[int] = ..., writes_applied_for_others: _Optional[int] = ..., tool_limits: _Optional[_Iterable[_Union[ToolLimitStatus, _Mapping]]] = ..., fair_shares: _Optional[_Union[FairShareStatus, _Mapping]] = ...) -> None: ...
+
+class FairShareStatus(_message.Message):
+    __slots__ = ("label", "shares")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    shares: _containers.RepeatedCompositeFieldContainer[ShareStatus]
+    def __init__(self, label: _Optional[str] = ..., shares: _Optional[_Iterable[_Union[ShareStatus, _Mapping]]] = ...) -> None: ...
+
+class ShareStatus(_message.Message):
+    __slots__ = ("value", "weight", "queued")
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    value: str
+    weight: int
+    queued: int
+    def __init__(self, value: _Optional[str] = ..., weight: _Optional[int] = ..., queued: _Optional[int] = ...) -> None: ...
 
 class ToolLimitStatus(_message.Message):
     __slots__ = ("tools", "per_second", "burst", "at_once", "running", "tokens", "queued")
