@@ -75,8 +75,8 @@ pub enum Command {
     Replicas(ReplicasCommand),
     /// What the kernel holds now: sessions, queued and leased calls, live runs, memory (needs admin).
     Status,
-    /// The policy file's tool limits: each with its rate, bound, the calls running under it, the
-    /// tokens left and the calls waiting for it (needs admin).
+    /// The tool limits (the policy file's, then those tools declare): each with its rate, bound, the
+    /// calls running under it, the tokens left and the calls waiting for it (needs admin).
     Limits,
     /// The policy file's fair shares: the label whose value is a run's share, and each share with
     /// its weight and the calls waiting (needs admin).

@@ -660,6 +660,9 @@ pub struct ToolOptions {
     /// each new call is recorded.
     #[serde(default)]
     pub approval_predicate_in_worker: bool,
+    /// The tool's own rate and concurrency limit, beside the policy file's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<crate::machine::throttle::DeclaredLimit>,
 }
 
 impl ToolOptions {

@@ -914,6 +914,7 @@ impl Actor {
             }
         }
         self.check_remote_conflicts(&hello)?;
+        self.throttle.declare(&hello.tools);
         let session_id = SessionId::new();
         let now = self.store.clock().now_millis();
         info!(

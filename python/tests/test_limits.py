@@ -12,7 +12,7 @@ import pytest
 from conftest import serving
 from harness import Kernel, scrape
 
-from kernel_sdk import AgentClient, ToolCall, tool
+from kernel_sdk import AgentClient, ToolCall, ToolDefinitionError, tool
 
 POLICY = """
 default: allow
@@ -65,3 +65,36 @@ async def test_a_bound_on_calls_at_once_holds_and_the_calls_past_it_wait(limited
         samples = scrape(limited)
         assert samples['kernel_tool_limit_wait_seconds_count{limit="py_charge*"}'] == 6
         assert samples['kernel_tool_limit_wait_seconds_sum{limit="py_charge*"}'] > 0
+
+
+@tool(at_once=1)
+async def py_render(page: int) -> str:
+    """Renders `page` on a licence that allows one render at a time, wherever it runs."""
+    RUNNING[0] += 1
+    MOST[0] = max(MOST[0], RUNNING[0])
+    try:
+        await asyncio.sleep(0.02)
+        return f"rendered {page}"
+    finally:
+        RUNNING[0] -= 1
+
+
+async def test_a_tool_s_own_limit_holds_without_a_policy(kernel: Kernel) -> None:
+    MOST[0] = 0
+    async with AgentClient(kernel.addr) as client, serving(kernel, py_render, max_concurrency=8):
+        run = await client.create_run("renderer")
+        calls = [ToolCall("py_render", {"page": n}) for n in range(5)]
+        done = await client.call_turn(run.id, 0, calls)
+        assert [r.ok for r in done.results] == [True] * 5, done.results
+        assert MOST[0] == 1, "the tool declared one call at a time; its worker had eight slots"
+        detail = await client.get_run(run.id)
+        assert all(step.limited_by == ("tool:py_render",) for step in detail.steps), detail.steps
+
+
+def test_a_tool_s_own_limit_is_checked_when_it_is_declared() -> None:
+    with pytest.raises(ToolDefinitionError, match="per_second"):
+        tool(per_second=0)(py_render.function)
+    with pytest.raises(ToolDefinitionError, match="at_once"):
+        tool(at_once=0)(py_render.function)
+    with pytest.raises(ToolDefinitionError, match="burst bounds a rate"):
+        tool(burst=3, at_once=2)(py_render.function)

@@ -202,3 +202,39 @@ async fn a_kernel_sigkill_mid_burst_neither_loses_the_limit_s_state_nor_lets_the
     assert!(status.resource_locks.is_empty(), "{:?}", status.resource_locks);
     assert_eq!(status.tool_limits[0].running, 0, "{:?}", status.tool_limits);
 }
+
+/// A limit the tool declares itself (`Tool::at_once`) holds across workers as a policy's does, and
+/// shows as `tool:<name>`.
+#[tokio::test]
+async fn a_tool_s_own_limit_holds_across_its_workers() {
+    let kernel = Kernel::start();
+    let _workers = [
+        kernel.fault_worker_with("w1", &["--sleepy-at-once", "2"]),
+        kernel.fault_worker_with("w2", &["--sleepy-at-once", "2"]),
+    ];
+    kernel.wait_for_workers("sleepy", 2).await;
+    let run = kernel.create_run("declared").await;
+    let calls: Vec<pb::ToolCall> = (0..12).map(|n| call("sleepy", json!({"hold_ms": 30 + n}))).collect();
+    let turn = e2e::submit_in_background(&kernel, &run, 0, calls);
+    let held = e2e::eventually("calls to wait for the tool's limit", || async {
+        let status = kernel.status().await;
+        match status.tool_limits.as_slice() {
+            [limit] if limit.queued > 0 => Ok(limit.clone()),
+            other => Err(other.to_vec()),
+        }
+    })
+    .await;
+    assert_eq!((held.tools.as_str(), held.at_once), ("tool:sleepy", Some(2)));
+    e2e::all_ok(turn, "a call past the tool's limit waits rather than fails").await;
+    let log = kernel.events(&run).await;
+    check_log(&log, false);
+    let spans = attempt_spans(&log);
+    assert_eq!(spans.len(), 12);
+    assert!(
+        most_at_once(spans.clone()) <= 2,
+        "two workers of 16 slots each ran more than 2 at once: {spans:?}"
+    );
+    for step in &kernel.get(&run).await.steps {
+        assert_eq!(step.limited_by, ["tool:sleepy"], "{step:?}");
+    }
+}

@@ -145,7 +145,7 @@ pub use tls::Tls;
 pub use tokio_util::sync::CancellationToken;
 pub use tool::{
     Approval, DEFAULT_TOOL_VERSION, Effect, Idempotency, Invoker, MAX_TOOL_NAME_LEN, RetryPolicy, RiskLevel, Tool,
-    ToolDefinition, ToolDefinitionError, ToolFuture, ToolOptions, validate_tool_name, wrap_blocking_tool,
+    ToolDefinition, ToolDefinitionError, ToolFuture, ToolLimit, ToolOptions, validate_tool_name, wrap_blocking_tool,
     wrap_stream_tool, wrap_tool,
 };
 pub use trace::TraceContext;
@@ -167,6 +167,8 @@ mod book {
     mod guides_budgets {}
     #[doc = include_str!("../../docs/guides/hosted-agents.md")]
     mod guides_hosted_agents {}
+    #[doc = include_str!("../../docs/guides/limits.md")]
+    mod guides_limits {}
     #[doc = include_str!("../../docs/guides/security.md")]
     mod guides_security {}
     #[doc = include_str!("../../docs/guides/writing-tools.md")]

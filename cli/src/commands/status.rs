@@ -24,7 +24,7 @@ pub async fn limits(kernel: &mut Kernel, out: &mut Output<'_>) -> Result<(), Cli
     if out.is_json() {
         out.document(&status.tool_limits)?;
     } else if status.tool_limits.is_empty() {
-        out.text("no tool limits: the kernel's policy file sets none (`limits`)\n")?;
+        out.text("no tool limits: the kernel's policy file sets none (`limits`) and no tool declares one\n")?;
     } else {
         out.text(&render::limits_table(&status.tool_limits))?;
     }

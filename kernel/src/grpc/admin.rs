@@ -209,10 +209,15 @@ impl AdminApi {
         }))
     }
 
-    /// The policy's tool limits, with the calls each holds and the tokens in its bucket (from the
+    /// The policy's tool limits, then those tools declare, with the calls each holds and the tokens in its bucket (from the
     /// database) and the calls waiting for it here.
     async fn tool_limits(&self) -> Result<Vec<pb::ToolLimitStatus>, KernelError> {
-        let limits = self.0.governance.policy().limits();
+        let mut limits = self.0.governance.policy().limits();
+        let mut declared: Vec<_> = (self.0.registry.all().iter())
+            .filter_map(|tool| tool.def.options.limit.as_ref().map(|limit| limit.of(&tool.def.name)))
+            .collect();
+        declared.sort_by(|a, b| a.tools.cmp(&b.tools));
+        limits.extend(declared);
         if limits.is_empty() {
             return Ok(Vec::new());
         }

@@ -476,6 +476,17 @@ fn options(field: &str, options: Option<pb::ToolOptions>) -> Result<ToolOptions,
             "must be a finite number >= 0",
         ));
     }
+    let limit = o.limit.map(|limit| crate::machine::throttle::DeclaredLimit {
+        per_second: limit.per_second,
+        burst: limit.burst,
+        at_once: limit.at_once,
+    });
+    if let Some(limit) = &limit {
+        limit
+            .of("tool")
+            .check()
+            .map_err(|(suffix, why)| KernelError::invalid(format!("{field}.options.limit{suffix}"), why))?;
+    }
     let idempotency = match pb::Idempotency::try_from(o.idempotency) {
         Ok(pb::Idempotency::AtMostOnce) => Some(Idempotency::AtMostOnce),
         Ok(pb::Idempotency::SafeToRetry) => Some(Idempotency::SafeToRetry),
@@ -504,6 +515,7 @@ fn options(field: &str, options: Option<pb::ToolOptions>) -> Result<ToolOptions,
         blocking: o.blocking,
         strip_nulls: o.strip_nulls,
         approval_predicate_in_worker: o.approval_predicate_in_worker,
+        limit,
     })
 }
 
@@ -688,6 +700,11 @@ fn options_proto(o: &ToolOptions) -> pb::ToolOptions {
         blocking: o.blocking,
         strip_nulls: o.strip_nulls,
         approval_predicate_in_worker: o.approval_predicate_in_worker,
+        limit: o.limit.as_ref().map(|limit| pb::ToolLimitOptions {
+            per_second: limit.per_second,
+            burst: limit.burst,
+            at_once: limit.at_once,
+        }),
     }
 }
 
@@ -872,6 +889,57 @@ mod tests {
         assert!(
             back.approval_predicate_in_worker,
             "it survives the way back to the wire"
+        );
+    }
+
+    #[test]
+    fn hello_takes_a_tool_s_own_limit_and_refuses_one_that_cannot_hold() {
+        let limited = |limit: pb::ToolLimitOptions| {
+            let mut tool = spec("charge");
+            tool.options = Some(pb::ToolOptions {
+                limit: Some(limit),
+                ..Default::default()
+            });
+            hello(hello_with(vec![tool]))
+        };
+        let err = limited(pb::ToolLimitOptions::default()).unwrap_err().to_string();
+        assert!(
+            err.starts_with("hello.tools[0].options.limit: a limit sets per_second, at_once or both"),
+            "{err}"
+        );
+        let err = limited(pb::ToolLimitOptions {
+            per_second: Some(0.0),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("hello.tools[0].options.limit.per_second: 0 is not a rate"),
+            "{err}"
+        );
+        let err = limited(pb::ToolLimitOptions {
+            burst: Some(5),
+            at_once: Some(2),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("hello.tools[0].options.limit.burst: a burst bounds a rate"),
+            "{err}"
+        );
+        let fine = pb::ToolLimitOptions {
+            per_second: Some(10.0),
+            at_once: Some(4),
+            ..Default::default()
+        };
+        let hello = limited(fine).unwrap();
+        let declared = hello.tools[0].options.limit.clone().expect("the limit is kept");
+        assert_eq!(declared.of("charge").tools, "tool:charge");
+        assert_eq!(
+            options_proto(&hello.tools[0].options).limit,
+            Some(fine),
+            "and survives the way back"
         );
     }
 

@@ -99,6 +99,34 @@ impl ToolLimit {
     }
 }
 
+/// A tool's own limit, as its worker declared it: a limit of the policy file's shape on the tool's
+/// name alone, whose state is named `tool:<name>` (no tool name holds a `:`, so no policy glob
+/// names the same state).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeclaredLimit {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_second: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_once: Option<u32>,
+}
+
+impl DeclaredLimit {
+    /// The limit it sets on calls of `tool`.
+    pub fn of(&self, tool: &str) -> ToolLimit {
+        ToolLimit {
+            tools: format!("{DECLARED}{tool}"),
+            per_second: self.per_second,
+            burst: self.burst,
+            at_once: self.at_once,
+        }
+    }
+}
+
+/// What the name of a limit a tool declared starts with.
+pub const DECLARED: &str = "tool:";
+
 /// A rate limit's token bucket: `tokens` as of `at`.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Bucket {

@@ -97,6 +97,15 @@ fn build_limits(raw: Vec<Keyed<RawLimit>>) -> Result<Vec<super::PolicyLimit>, Po
         limit
             .check()
             .map_err(|(field, why)| PolicyError::new(None, format!("limits[{index}]{field}: {why}")))?;
+        if limit.tools.contains(':') {
+            return Err(PolicyError::new(
+                None,
+                format!(
+                    "limits[{index}].tools: no tool name holds ':' (`{}<name>` names the limit a tool declares itself)",
+                    crate::machine::throttle::DECLARED
+                ),
+            ));
+        }
         if let Some(first) = limits.iter().position(|other| other.limit.tools == limit.tools) {
             return Err(PolicyError::new(
                 None,

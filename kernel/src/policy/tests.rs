@@ -1159,3 +1159,37 @@ fn the_example_of_the_reference_page_loads() {
     let policy = Policy::from_yaml(keys::EXAMPLE).unwrap_or_else(|error| panic!("{error}"));
     assert_eq!(policy.rule_count(), 4);
 }
+
+#[test]
+fn limits_and_fair_shares_that_cannot_hold_are_refused_naming_the_field() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "limits:\n  - tools: a\n    at_once: 1\n  - tools: a\n    per_second: 2\n",
+            "limits[1].tools: 'a' is named by limits[0] already",
+        ),
+        (
+            "limits:\n  - tools: \"tool:charge\"\n    at_once: 1\n",
+            "limits[0].tools: no tool name holds ':'",
+        ),
+        (
+            "limits:\n  - tools: a\n",
+            "limits[0]: a limit sets per_second, at_once or both",
+        ),
+        (
+            "fair_shares:\n  label: \" \"\n",
+            "fair_shares.label: name the run label",
+        ),
+        (
+            "fair_shares:\n  label: tenant\n  weights: { acme: 0 }\n",
+            "fair_shares.weights.acme: 0 is not a weight; a share weighs 1 to 1000",
+        ),
+        (
+            "fair_shares:\n  label: tenant\n  weights: { acme: 1001 }\n",
+            "fair_shares.weights.acme: 1001 is not a weight",
+        ),
+    ];
+    for (yaml, needle) in cases {
+        let error = refused(yaml).to_string();
+        assert!(error.contains(needle), "{error}\n{yaml}");
+    }
+}

@@ -1,5 +1,5 @@
-//! The scheduler's count of the tool limits ([`crate::machine::throttle`]): calls running under
-//! each and each rate's tokens, as the starts it sent left them, so it tries only starts the
+//! The scheduler's count of the tool limits ([`crate::machine::throttle`]), the policy file's and
+//! those tools declare: calls running under each and each rate's tokens, as the starts it sent left them, so it tries only starts the
 //! store will admit. The store's count is the truth: a start it refuses (another replica's calls,
 //! or calls that ran before a restart) closes the limit here for a moment, and the call waits in
 //! the queue again.
@@ -80,6 +80,8 @@ pub(super) struct Throttle {
     /// The policy the maps below were read from.
     policy: Option<Arc<Policy>>,
     by_tool: HashMap<String, Arc<[ToolLimit]>>,
+    /// The limits tools declared, by tool name, as the worker that joined last announced them.
+    declared: HashMap<String, ToolLimit>,
     gates: HashMap<String, Gate>,
 }
 
@@ -102,30 +104,62 @@ impl Throttle {
         }
         self.by_tool.clear();
         let limits = policy.limits();
-        self.gates.retain(|name, _| limits.iter().any(|l| l.tools == *name));
+        let declared = &self.declared;
+        self.gates
+            .retain(|name, _| limits.iter().any(|l| l.tools == *name) || declared.values().any(|l| l.tools == *name));
         for limit in limits {
-            match self.gates.get_mut(&limit.tools) {
-                Some(gate) => gate.limit = limit,
-                None => {
-                    self.gates.insert(limit.tools.clone(), Gate::new(limit));
-                }
-            }
+            self.gate(limit);
         }
         self.policy = Some(policy.clone());
         Some(policy)
     }
 
-    /// The limits a call of `tool` passes, as the last [`Throttle::refresh`] read them; `None` for
-    /// most tools, and at once when the policy sets no limit.
+    /// Takes the limits the tools of a worker that joined declare: each replaces what the tool
+    /// declared before (a limit that stays keeps its count), and a tool that declares none now has
+    /// only the policy's.
+    pub fn declare(&mut self, tools: &[crate::model::ToolDef]) {
+        for tool in tools {
+            let limit = tool.options.limit.as_ref().map(|limit| limit.of(&tool.name));
+            if self.declared.get(&tool.name) == limit.as_ref() {
+                continue;
+            }
+            self.by_tool.remove(&tool.name);
+            if let Some(old) = self.declared.remove(&tool.name) {
+                self.gates.remove(&old.tools);
+            }
+            if let Some(limit) = limit {
+                self.declared.insert(tool.name.clone(), limit.clone());
+                self.gate(limit);
+            }
+        }
+    }
+
+    /// Counts calls under `limit` from now on, keeping the count of a limit of the same name.
+    fn gate(&mut self, limit: ToolLimit) {
+        match self.gates.get_mut(&limit.tools) {
+            Some(gate) => gate.limit = limit,
+            None => {
+                self.gates.insert(limit.tools.clone(), Gate::new(limit));
+            }
+        }
+    }
+
+    /// The limits a call of `tool` passes: the policy's, as the last [`Throttle::refresh`] read
+    /// them, then the tool's own. `None` for most tools, and at once when nothing sets a limit.
     pub fn limits(&mut self, tool: &str) -> Option<Arc<[ToolLimit]>> {
         if self.gates.is_empty() {
             return None;
         }
-        let policy = self.policy.as_ref()?;
         let limits = match self.by_tool.get(tool) {
             Some(limits) => limits.clone(),
             None => {
-                let limits: Arc<[ToolLimit]> = policy.limits_for(tool).into();
+                let mut limits = self
+                    .policy
+                    .as_ref()
+                    .map(|policy| policy.limits_for(tool))
+                    .unwrap_or_default();
+                limits.extend(self.declared.get(tool).cloned());
+                let limits: Arc<[ToolLimit]> = limits.into();
                 self.by_tool.insert(tool.to_owned(), limits.clone());
                 limits
             }
@@ -179,6 +213,48 @@ impl Throttle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tool(name: &str, limit: Option<crate::machine::throttle::DeclaredLimit>) -> crate::model::ToolDef {
+        crate::model::ToolDef {
+            name: name.into(),
+            description: String::new(),
+            input_schema: serde_json::json!({"type": "object"}),
+            version: String::new(),
+            fingerprint: String::new(),
+            options: crate::model::ToolOptions {
+                limit,
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_tool_s_own_limit_counts_its_calls_until_a_worker_drops_it() {
+        let now = Instant::now();
+        let mut throttle = Throttle::default();
+        let two = crate::machine::throttle::DeclaredLimit {
+            per_second: None,
+            burst: None,
+            at_once: Some(2),
+        };
+        throttle.declare(&[tool("charge", Some(two.clone())), tool("search", None)]);
+        assert!(throttle.limits("search").is_none());
+        let limits = throttle.limits("charge").expect("the tool's own limit");
+        assert_eq!(limits[0].tools, "tool:charge");
+        throttle.take(&limits, 0);
+        throttle.take(&limits, 0);
+        assert!(!throttle.has_room(&limits, (now, 0)));
+        throttle.declare(&[tool("charge", Some(two))]);
+        assert!(
+            !throttle.has_room(&limits, (now, 0)),
+            "the same limit again keeps its count"
+        );
+        throttle.declare(&[tool("charge", None)]);
+        assert!(
+            throttle.limits("charge").is_none(),
+            "a worker that joined later declares none"
+        );
+    }
 
     fn gate(per_second: Option<f64>, at_once: Option<u32>) -> Gate {
         Gate::new(ToolLimit {

@@ -77,6 +77,16 @@ def tool_options(options: ToolOptions, *, blocking: bool = False) -> common_pb2.
         approval_timeout_ms=millis(options.approval_timeout),
         blocking=blocking,
         strip_nulls=options.strip_nulls,
+        limit=_limit(options),
+    )
+
+
+def _limit(options: ToolOptions) -> common_pb2.ToolLimitOptions | None:
+    """The tool's own limit, when it sets one."""
+    if options.per_second is None and options.at_once is None:
+        return None
+    return common_pb2.ToolLimitOptions(
+        per_second=options.per_second, burst=options.burst, at_once=options.at_once
     )
 
 

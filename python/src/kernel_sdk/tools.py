@@ -119,11 +119,22 @@ class ToolOptions:
     approval_timeout: float | None = None
     """Seconds an unanswered approval waits before the call is denied; `None` waits for ever."""
     strip_nulls: bool = False
+    per_second: float | None = None
+    """The tool's own limit: at most this many calls start each second on average, counted by the
+    kernel across every worker, run and replica; calls past it wait in the kernel's queue."""
+    burst: int | None = None
+    """At most this many calls start at once after a quiet spell (needs `per_second`); `None`
+    takes one second's worth."""
+    at_once: int | None = None
+    """The tool's own limit: at most this many calls run at once, across every worker, run and
+    replica; calls past it wait in the kernel's queue."""
 
     def __post_init__(self) -> None:
         for option in fields(self):
             checked = _OPTION_CHECKS[option.name](option.name, getattr(self, option.name))
             object.__setattr__(self, option.name, checked)
+        if self.burst is not None and self.per_second is None:
+            raise ToolDefinitionError("burst bounds a rate: set per_second too")
         if self.read_only and self.writes:
             raise ToolDefinitionError(
                 "read_only and writes cannot both be set: a tool with side effects is not read_only"
@@ -225,6 +236,22 @@ def _cost(option: str, value: Any) -> float:
     return value  # type: ignore[no-any-return]
 
 
+def _rate(option: str, value: Any) -> float | None:
+    if value is not None and (not _finite(value) or not 0 < value <= 1_000_000):
+        raise ToolDefinitionError(
+            _takes(option, "a number of calls a second above 0, or None", value)
+        )
+    return value  # type: ignore[no-any-return]
+
+
+def _calls(option: str, value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ToolDefinitionError(
+            _takes(option, "a whole number of calls, 1 or more, or None", value)
+        )
+    return value
+
+
 def _approval(option: str, value: Any) -> bool | str | ApprovalPredicate:
     if isinstance(value, bool):
         return value
@@ -257,6 +284,9 @@ _OPTION_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "requires_approval": _approval,
     "approval_timeout": _seconds,
     "strip_nulls": _flag,
+    "per_second": _rate,
+    "burst": _calls,
+    "at_once": _calls,
 }
 
 
@@ -593,6 +623,9 @@ def tool(
     requires_approval: bool | str | ApprovalPredicate = False,
     approval_timeout: float | timedelta | None = None,
     strip_nulls: bool = False,
+    per_second: float | None = None,
+    burst: int | None = None,
+    at_once: int | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 

@@ -32,6 +32,9 @@ struct Config {
     /// Host the agents as well as offering the tools.
     #[arg(long, conflicts_with = "agents_only")]
     with_agents: bool,
+    /// `sleepy` declares its own limit: at most this many of its calls run at once.
+    #[arg(long)]
+    sleepy_at_once: Option<u32>,
 }
 
 struct Ledger(Mutex<std::fs::File>);
@@ -466,8 +469,12 @@ async fn main() {
         }
         return;
     }
+    let sleepy = match config.sleepy_at_once {
+        Some(calls) => sleepy_tool().at_once(calls),
+        None => sleepy_tool(),
+    };
     let worker = builder
-        .tool(sleepy_tool())
+        .tool(sleepy)
         .tool(charge_tool().idempotency(Idempotency::AtMostOnce))
         .tool(flaky_tool().retry_policy(RetryPolicy::exponential(
             4,

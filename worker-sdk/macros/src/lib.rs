@@ -13,7 +13,8 @@ use syn::spanned::Spanned;
 use syn::{Attribute, Expr, ExprArray, ExprLit, FnArg, ItemFn, Lit, LitStr, Pat, ReturnType, Type, parse_macro_input};
 
 const OPTIONS: &str = "name, description, timeout, retry, idempotency, read_only, writes, strip_nulls, version, owner, \
-                       risk, permissions, resources, cost_per_call, cache_ttl, requires_approval, approval_timeout";
+                       risk, permissions, resources, cost_per_call, cache_ttl, requires_approval, approval_timeout, \
+                       per_second, burst, at_once";
 
 /// Turns a function into a tool: keeps the function and adds `<name>_tool() -> worker_sdk::Tool`.
 ///
@@ -43,7 +44,9 @@ const OPTIONS: &str = "name, description, timeout, retry, idempotency, read_only
 /// `idempotency = "safe_to_retry" | "at_most_once"`, `read_only`, `writes`, `version = "..."`,
 /// `owner = "..."`, `risk = "low" | "medium" | "high" | "critical"`, `permissions = [...]`,
 /// `resources = [...]`, `cost_per_call = <number>`, `cache_ttl = <seconds>`,
-/// `requires_approval = true | "<CEL predicate over args>"`, `approval_timeout = <seconds>`.
+/// `requires_approval = true | "<CEL predicate over args>"`, `approval_timeout = <seconds>`,
+/// `per_second = <number>`, `burst = <calls>`, `at_once = <calls>` (the tool's own limit, which
+/// the kernel holds across every worker: `Tool::per_second`, `Tool::burst`, `Tool::at_once`).
 #[proc_macro_attribute]
 pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut options = Options::default();
@@ -106,6 +109,9 @@ struct Options {
     cache_ttl_span: Option<Span>,
     requires_approval: Option<TokenStream2>,
     approval_timeout: Option<u64>,
+    per_second: Option<f64>,
+    burst: Option<u32>,
+    at_once: Option<u32>,
     seen: Vec<String>,
 }
 
@@ -220,6 +226,9 @@ impl Options {
             "permissions" => self.permissions = Some(string_list(&meta.value()?.parse()?)?),
             "resources" => self.resources = Some(string_list(&meta.value()?.parse()?)?),
             "cost_per_call" => self.cost_per_call = Some(number(&meta.value()?.parse()?)?),
+            "per_second" => self.per_second = Some(number(&meta.value()?.parse()?)?),
+            "burst" => self.burst = Some(meta.value()?.parse::<syn::LitInt>()?.base10_parse()?),
+            "at_once" => self.at_once = Some(meta.value()?.parse::<syn::LitInt>()?.base10_parse()?),
             "requires_approval" => {
                 self.requires_approval = Some(match meta.value()?.parse::<Lit>()? {
                     Lit::Bool(lit) => {
@@ -311,6 +320,15 @@ impl Options {
         if let Some(millis) = self.approval_timeout {
             let d = duration(millis);
             out.extend(quote!(.approval_timeout(#d)));
+        }
+        if let Some(rate) = self.per_second {
+            out.extend(quote!(.per_second(#rate)));
+        }
+        if let Some(burst) = self.burst {
+            out.extend(quote!(.burst(#burst)));
+        }
+        if let Some(calls) = self.at_once {
+            out.extend(quote!(.at_once(#calls)));
         }
         out
     }
@@ -683,7 +701,10 @@ mod tests {
             permissions = ["a:b", "c"],
             resources = "workspace",
             cost_per_call = 1,
-            requires_approval = true
+            requires_approval = true,
+            per_second = 2.5,
+            burst = 5,
+            at_once = 4
         ))
         .unwrap();
         assert_eq!(options.timeout, Some(2500));
@@ -693,6 +714,10 @@ mod tests {
         assert_eq!(options.permissions, Some(vec!["a:b".to_owned(), "c".to_owned()]));
         assert_eq!(options.resources, Some(vec!["workspace".to_owned()]));
         assert_eq!(options.cost_per_call, Some(1.0));
+        assert_eq!(
+            (options.per_second, options.burst, options.at_once),
+            (Some(2.5), Some(5), Some(4))
+        );
     }
 
     #[test]

@@ -150,6 +150,23 @@ pub struct ToolOptions {
     /// The kernel drops null-valued optional arguments before validating, hashing and recording
     /// each call (Rebuno's null stripping).
     pub strip_nulls: bool,
+    /// How fast and how many at once the tool's calls may start, counted by the kernel across
+    /// every worker, run and replica; `None`: only the policy file's limits apply.
+    pub limit: Option<ToolLimit>,
+}
+
+/// A tool's own rate and concurrency limit. The kernel holds it as it holds a policy file's limit
+/// on the tool's name (named `tool:<name>`): calls past it wait in the kernel's queue, up to the
+/// schedule-to-start timeout, rather than fail. It sets `per_second`, `at_once` or both.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ToolLimit {
+    /// Calls that may start each second, on average (a token bucket refilled at this rate).
+    pub per_second: Option<f64>,
+    /// Calls that may start at once after a quiet spell (the bucket's size); needs `per_second`.
+    /// `None`: one second's worth, at least 1.
+    pub burst: Option<u32>,
+    /// Calls that may run at once.
+    pub at_once: Option<u32>,
 }
 
 /// A tool definition the kernel would refuse.
@@ -480,6 +497,26 @@ impl Tool {
     /// Declares that the tool runs on a blocking thread that cannot be interrupted.
     pub fn blocking(mut self, blocking: bool) -> Self {
         self.definition.options.blocking = blocking;
+        self
+    }
+
+    /// At most `rate` calls of the tool start each second, on average, across every worker, run
+    /// and kernel replica; calls past it wait in the kernel's queue ([`ToolLimit::per_second`]).
+    pub fn per_second(mut self, rate: f64) -> Self {
+        self.definition.options.limit.get_or_insert_default().per_second = Some(rate);
+        self
+    }
+
+    /// At most `burst` calls start at once after a quiet spell; with [`Tool::per_second`].
+    pub fn burst(mut self, burst: u32) -> Self {
+        self.definition.options.limit.get_or_insert_default().burst = Some(burst);
+        self
+    }
+
+    /// At most `calls` calls of the tool run at once, across every worker, run and kernel replica;
+    /// calls past it wait in the kernel's queue ([`ToolLimit::at_once`]).
+    pub fn at_once(mut self, calls: u32) -> Self {
+        self.definition.options.limit.get_or_insert_default().at_once = Some(calls);
         self
     }
 }

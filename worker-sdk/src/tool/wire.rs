@@ -51,6 +51,11 @@ fn tool_options(options: &ToolOptions) -> pb::ToolOptions {
         strip_nulls: options.strip_nulls,
         // A Rust tool's predicate is CEL (`Approval::When`), which the kernel evaluates itself.
         approval_predicate_in_worker: false,
+        limit: options.limit.map(|limit| pb::ToolLimitOptions {
+            per_second: limit.per_second,
+            burst: limit.burst,
+            at_once: limit.at_once,
+        }),
     }
 }
 
@@ -102,6 +107,11 @@ mod tests {
             approval_timeout: Some(Duration::from_secs(3600)),
             blocking: true,
             strip_nulls: true,
+            limit: Some(crate::tool::ToolLimit {
+                per_second: Some(10.0),
+                burst: None,
+                at_once: Some(4),
+            }),
         };
         let pb = tool_options(&options);
         assert_eq!(pb.timeout_ms, 1500);
@@ -119,6 +129,14 @@ mod tests {
         assert_eq!(pb.approval_timeout_ms, 3_600_000);
         assert!(pb.blocking);
         assert!(pb.strip_nulls);
+        assert_eq!(
+            pb.limit,
+            Some(pb::ToolLimitOptions {
+                per_second: Some(10.0),
+                burst: None,
+                at_once: Some(4)
+            })
+        );
 
         let defaults = tool_options(&ToolOptions::default());
         assert_eq!(defaults.timeout_ms, 0);

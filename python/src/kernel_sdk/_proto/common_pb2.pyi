@@ -463,7 +463,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, max_attempts: _Optional[int] = ..., initial_interval_ms: _Optional[int] = ..., backoff_coefficient: _Optional[float] = ..., max_interval_ms: _Optional[int] = ...) -> None: ...
 
 class ToolOptions(_message.Message):
-    __slots__ = ("timeout_ms", "retry", "idempotency", "read_only", "writes", "owner", "risk", "permissions", "resources", "cost_per_call", "cache_ttl_ms", "requires_approval", "requires_approval_expr", "approval_timeout_ms", "blocking", "strip_nulls", "approval_predicate_in_worker")
+    __slots__ = ("timeout_ms", "retry", "idempotency", "read_only", "writes", "owner", "risk", "permissions", "resources", "cost_per_call", "cache_ttl_ms", "requires_approval", "requires_approval_expr", "approval_timeout_ms", "blocking", "strip_nulls", "approval_predicate_in_worker", "limit")
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     RETRY_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_FIELD_NUMBER: _ClassVar[int]
@@ -481,6 +481,7 @@ class ToolOptions(_message.Message):
     BLOCKING_FIELD_NUMBER: _ClassVar[int]
     STRIP_NULLS_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_PREDICATE_IN_WORKER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
     timeout_ms: int
     retry: RetryPolicy
     idempotency: Idempotency
@@ -498,7 +499,18 @@ class ToolOptions(_message.Message):
     blocking: bool
     strip_nulls: bool
     approval_predicate_in_worker: bool
-    def __init__(self, timeout_ms: _Optional[int] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., idempotency: _Optional[_Union[Idempotency, str]] = ..., read_only: _Optional[bool] = ..., writes: _Optional[bool] = ..., owner: _Optional[str] = ..., risk: _Optional[_Union[RiskLevel, str]] = ..., permissions: _Optional[_Iterable[str]] = ..., resources: _Optional[_Iterable[str]] = ..., cost_per_call: _Optional[float] = ..., cache_ttl_ms: _Optional[int] = ..., requires_approval: _Optional[bool] = ..., requires_approval_expr: _Optional[str] = ..., approval_timeout_ms: _Optional[int] = ..., blocking: _Optional[bool] = ..., strip_nulls: _Optional[bool] = ..., approval_predicate_in_worker: _Optional[bool] = ...) -> None: ...
+    limit: ToolLimitOptions
+    def __init__(self, timeout_ms: _Optional[int] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., idempotency: _Optional[_Union[Idempotency, str]] = ..., read_only: _Optional[bool] = ..., writes: _Optional[bool] = ..., owner: _Optional[str] = ..., risk: _Optional[_Union[RiskLevel, str]] = ..., permissions: _Optional[_Iterable[str]] = ..., resources: _Optional[_Iterable[str]] = ..., cost_per_call: _Optional[float] = ..., cache_ttl_ms: _Optional[int] = ..., requires_approval: _Optional[bool] = ..., requires_approval_expr: _Optional[str] = ..., approval_timeout_ms: _Optional[int] = ..., blocking: _Optional[bool] = ..., strip_nulls: _Optional[bool] = ..., approval_predicate_in_worker: _Optional[bool] = ..., limit: _Optional[_Union[ToolLimitOptions, _Mapping]] = ...) -> None: ...
+
+class ToolLimitOptions(_message.Message):
+    __slots__ = ("per_second", "burst", "at_once")
+    PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    AT_ONCE_FIELD_NUMBER: _ClassVar[int]
+    per_second: float
+    burst: int
+    at_once: int
+    def __init__(self, per_second: _Optional[float] = ..., burst: _Optional[int] = ..., at_once: _Optional[int] = ...) -> None: ...
 
 class ToolSpec(_message.Message):
     __slots__ = ("name", "description", "input_schema_json", "version", "fingerprint", "options")
