@@ -33,6 +33,13 @@ pub struct ToolLabels {
     pub tool: String,
 }
 
+/// A settled call's fair share (its run's value of the policy's `fair_shares.label`) and tool.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShareLabels {
+    pub share: String,
+    pub tool: String,
+}
+
 /// A tool limit's label: its `tools` glob.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabels {
@@ -54,6 +61,10 @@ pub struct Metrics {
     pub calls: Family<CallLabels, Counter>,
     /// What settled calls cost (every attempt at its price), by tool.
     pub cost: Family<ToolLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
+    /// Settled calls of runs with a fair share, by share and tool.
+    pub share_calls: Family<ShareLabels, Counter>,
+    /// What they cost, by share and tool.
+    pub share_cost: Family<ShareLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
     pub call_seconds: Histogram,
     pub schedule_to_start_seconds: Histogram,
     pub run_seconds: Histogram,
@@ -107,6 +118,19 @@ impl Metrics {
             "What settled tool calls cost, every attempt at its price (the tool's cost_per_call or --unit-price), \
              by tool; what budgets charge",
             cost.clone(),
+        );
+        let share_calls = Family::<ShareLabels, Counter>::default();
+        registry.register(
+            "tool_calls_by_share",
+            "Tool calls settled, by fair share (the run's value of the policy's fair_shares.label; runs without it \
+             are not counted here) and tool",
+            share_calls.clone(),
+        );
+        let share_cost = Family::<ShareLabels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "tool_cost_by_share",
+            "What settled tool calls cost, by fair share and tool: what each tenant spent",
+            share_cost.clone(),
         );
         let call_seconds = Histogram::new(latency_buckets());
         registry.register_with_unit(
@@ -212,6 +236,8 @@ impl Metrics {
             registry,
             calls,
             cost,
+            share_calls,
+            share_cost,
             call_seconds,
             schedule_to_start_seconds,
             run_seconds,
@@ -243,6 +269,8 @@ impl Metrics {
             registry: _,
             calls,
             cost,
+            share_calls,
+            share_cost,
             call_seconds: _,
             schedule_to_start_seconds: _,
             run_seconds: _,
@@ -269,6 +297,12 @@ impl Metrics {
         drop(runs.get_or_create(&StatusLabels { status: String::new() }));
         drop(cost.get_or_create(&ToolLabels { tool: String::new() }));
         drop(limit_wait_seconds.get_or_create(&LimitLabels { limit: String::new() }));
+        let share = ShareLabels {
+            share: String::new(),
+            tool: String::new(),
+        };
+        drop(share_calls.get_or_create(&share));
+        drop(share_cost.get_or_create(&share));
         metrics
     }
 
@@ -305,6 +339,16 @@ impl Metrics {
                             tool: step.tool.clone(),
                         })
                         .inc_by(step.cost);
+                }
+                if let Some(share) = &step.share {
+                    let labels = ShareLabels {
+                        share: share.clone(),
+                        tool: step.tool.clone(),
+                    };
+                    self.share_calls.get_or_create(&labels).inc();
+                    if step.cost > 0.0 {
+                        self.share_cost.get_or_create(&labels).inc_by(step.cost);
+                    }
                 }
                 let finished = step.finished_at.unwrap_or(published.event.at);
                 self.call_seconds.observe(seconds_between(step.created_at, finished));

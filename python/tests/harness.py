@@ -15,7 +15,8 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
@@ -200,6 +201,18 @@ class Kernel:
 
     def stop(self) -> None:
         self.process.stop()
+
+
+@contextmanager
+def kernel_with_policy(folder: Path, policy: str, *args: str) -> Iterator[Kernel]:
+    """A kernel whose policy file holds `policy`, with /metrics served; stopped after the body."""
+    path = folder / "policy.yaml"
+    path.write_text(policy)
+    started = Kernel(folder, "--policy", str(path), "--http-listen", "127.0.0.1:0", *args)
+    try:
+        yield started
+    finally:
+        started.stop()
 
 
 def _addr(line: str) -> str:

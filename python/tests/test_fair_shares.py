@@ -1,5 +1,6 @@
 """Fair shares against the real kernel from Python: one tenant's burst queued for a tool limit
-does not starve another tenant's single call, and the steps read back their run's share."""
+does not starve another tenant's single call, the steps read back their run's share, and
+`/metrics` says what each tenant spent."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import serving
-from harness import Kernel
+from harness import Kernel, kernel_with_policy, scrape
 
 from kernel_sdk import AgentClient, ToolCall, tool
 
@@ -26,7 +27,7 @@ BURST = 40
 ORDER: list[str] = []
 
 
-@tool
+@tool(cost_per_call=0.25)
 async def py_fetch(tenant: str, n: int) -> str:
     """Fetches page `n` for `tenant` from a provider that serves one call at a time."""
     ORDER.append(tenant)
@@ -37,13 +38,8 @@ async def py_fetch(tenant: str, n: int) -> str:
 @pytest.fixture
 def shared(tmp_path: Path) -> Iterator[Kernel]:
     """A kernel whose policy runs one `py_fetch` at a time, shared by the runs' `tenant` label."""
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
-    started = Kernel(tmp_path, "--policy", str(policy))
-    try:
+    with kernel_with_policy(tmp_path, POLICY) as started:
         yield started
-    finally:
-        started.stop()
 
 
 async def test_a_single_call_is_not_starved_by_another_tenant_s_burst(shared: Kernel) -> None:
@@ -67,3 +63,10 @@ async def test_a_single_call_is_not_starved_by_another_tenant_s_burst(shared: Ke
         steps = (await client.get_run(single.id)).steps
         assert [step.share for step in steps] == ["b"]
         assert {step.share for step in (await client.get_run(burst.id)).steps} == {"a"}
+        # What each tenant spent, from the kernel's metrics.
+        samples = scrape(shared)
+        by_share = 'kernel_tool_{}_by_share_total{{share="{}",tool="py_fetch"}}'
+        assert samples[by_share.format("calls", "a")] == BURST
+        assert samples[by_share.format("calls", "b")] == 1
+        assert samples[by_share.format("cost", "a")] == BURST * 0.25
+        assert samples[by_share.format("cost", "b")] == 0.25

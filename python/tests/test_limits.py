@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import serving
-from harness import Kernel, scrape
+from harness import Kernel, kernel_with_policy, scrape
 
 from kernel_sdk import AgentClient, ToolCall, ToolDefinitionError, tool
 
@@ -26,28 +26,28 @@ RUNNING = [0]
 MOST = [0]
 
 
-@tool
-async def py_charge(cents: int) -> str:
-    """Charges `cents` at a provider that allows one call at a time."""
+async def _one_at_a_time(seconds: float) -> None:
+    """Counts the calls running now while it holds `seconds`, keeping the most in `MOST`."""
     RUNNING[0] += 1
     MOST[0] = max(MOST[0], RUNNING[0])
     try:
-        await asyncio.sleep(0.03)
-        return f"charged {cents}"
+        await asyncio.sleep(seconds)
     finally:
         RUNNING[0] -= 1
+
+
+@tool
+async def py_charge(cents: int) -> str:
+    """Charges `cents` at a provider that allows one call at a time."""
+    await _one_at_a_time(0.03)
+    return f"charged {cents}"
 
 
 @pytest.fixture
 def limited(tmp_path: Path) -> Iterator[Kernel]:
     """A kernel whose policy limits `py_charge*` to one call at once."""
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
-    started = Kernel(tmp_path, "--policy", str(policy), "--http-listen", "127.0.0.1:0")
-    try:
+    with kernel_with_policy(tmp_path, POLICY) as started:
         yield started
-    finally:
-        started.stop()
 
 
 async def test_a_bound_on_calls_at_once_holds_and_the_calls_past_it_wait(limited: Kernel) -> None:
@@ -70,13 +70,8 @@ async def test_a_bound_on_calls_at_once_holds_and_the_calls_past_it_wait(limited
 @tool(at_once=1)
 async def py_render(page: int) -> str:
     """Renders `page` on a licence that allows one render at a time, wherever it runs."""
-    RUNNING[0] += 1
-    MOST[0] = max(MOST[0], RUNNING[0])
-    try:
-        await asyncio.sleep(0.02)
-        return f"rendered {page}"
-    finally:
-        RUNNING[0] -= 1
+    await _one_at_a_time(0.02)
+    return f"rendered {page}"
 
 
 async def test_a_tool_s_own_limit_holds_without_a_policy(kernel: Kernel) -> None:

@@ -923,6 +923,31 @@ pub fn assert_kept_its_one_dispatch(events: &[pb::Event]) {
     assert_eq!(dispatched, 1, "{kinds:?}");
 }
 
+/// When the kernel recorded `event`, in milliseconds.
+pub fn millis(event: &pb::Event) -> i64 {
+    let at = event.at.as_ref().expect("an event's time");
+    at.seconds * 1000 + i64::from(at.nanos) / 1_000_000
+}
+
+/// Checks the token bucket's promise over every window of the start times `starts` (ms,
+/// sorted): at most `rate` a second plus `burst`. Returns the rate of the whole, after the burst.
+pub fn check_rate(starts: &[i64], rate: f64, burst: f64) -> f64 {
+    for (i, first) in starts.iter().enumerate() {
+        for (j, last) in starts.iter().enumerate().skip(i) {
+            let count = (j - i + 1) as f64;
+            // A millisecond either side: the kernel's times are whole milliseconds.
+            let allowed = rate * ((last - first + 1) as f64) / 1000.0 + burst;
+            assert!(
+                count <= allowed + 1e-9,
+                "{count} starts in {} ms; the limit allows {allowed:.1}: {starts:?}",
+                last - first
+            );
+        }
+    }
+    let span = (starts[starts.len() - 1] - starts[0]) as f64 / 1000.0;
+    (starts.len() as f64 - burst) / span
+}
+
 /// Checks a run's whole log against the invariants: gap-free sequence numbers; every payload fits
 /// its kind's schema in docs/reference/events.schema.json; exactly one terminal event
 /// (`tool:result` or `tool:denied`) per step, with `tool:start` before any worker result; every

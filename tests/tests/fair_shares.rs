@@ -9,14 +9,6 @@ use e2e::{Kernel, KernelOptions, call, check_log};
 use kernel_proto::v1 as pb;
 use serde_json::json;
 
-/// A time of the kernel's, in milliseconds.
-macro_rules! millis {
-    ($at:expr) => {{
-        let at = $at.as_ref().expect("a time");
-        at.seconds * 1000 + i64::from(at.nanos) / 1_000_000
-    }};
-}
-
 const BURST: usize = 100;
 
 /// The burst's calls that may start ahead of the single one once it is recorded: the one whose
@@ -110,7 +102,7 @@ async fn burst_then_one(scarce: Scarce, fair: bool) -> Starved {
     let single_log = kernel.events(&single).await;
     check_log(&single_log, false);
     let at = |log: &[pb::Event], kind: &str| -> Vec<i64> {
-        log.iter().filter(|e| e.r#type == kind).map(|e| millis!(e.at)).collect()
+        log.iter().filter(|e| e.r#type == kind).map(e2e::millis).collect()
     };
     let (queued, started) = (at(&single_log, "tool:scheduled")[0], at(&single_log, "tool:start")[0]);
     let burst_log = kernel.events(&burst).await;

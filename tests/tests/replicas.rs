@@ -1553,3 +1553,81 @@ async fn a_replica_drops_from_its_queue_the_calls_another_replica_s_new_worker_r
     })
     .await;
 }
+
+/// A tool limit's rate over 30 s with four workers on two replicas: every window of starts, from
+/// both replicas' calls, stays within the bucket's promise, and the 30 s reach the rate to within
+/// 10%. The store's bucket is the one count both replicas take from.
+#[tokio::test]
+async fn a_rate_limit_holds_to_within_ten_percent_over_thirty_seconds_with_four_workers_on_two_replicas() {
+    let Some(pg) = Postgres::database("a_rate_limit_over_thirty_seconds") else {
+        return;
+    };
+    const RATE: f64 = 20.0;
+    const BURST: f64 = 5.0;
+    let options = || KernelOptions {
+        db: Some(pg.url.clone()),
+        policy: Some(format!(
+            "default: allow\nlimits:\n  - tools: sleepy\n    per_second: {RATE}\n    burst: {BURST}\n"
+        )),
+        // Every call waits its turn: the last of the burst waits longer than 30 s.
+        schedule_to_start_timeout_ms: 120_000,
+        ..KernelOptions::default()
+    };
+    let (a, b) = (Kernel::start_with(options()), Kernel::start_with(options()));
+    let _workers = [
+        a.fault_worker_on(&a, "a1", &[]),
+        a.fault_worker_on(&a, "a2", &[]),
+        a.fault_worker_on(&b, "b1", &[]),
+        a.fault_worker_on(&b, "b2", &[]),
+    ];
+    a.wait_for_workers("sleepy", 2).await;
+    b.wait_for_workers("sleepy", 2).await;
+
+    // 720 calls: 36 s of the limit's rate, so the queue never runs dry in the 30 s measured.
+    let mut runs = Vec::new();
+    for n in 0..8 {
+        let via = if n % 2 == 0 { &a } else { &b };
+        runs.push((via, via.create_run("steady").await));
+    }
+    let turns = runs.iter().map(|(via, run)| {
+        let calls: Vec<pb::ToolCall> = (0..90).map(|i| call("sleepy", json!({"hold_ms": 5 + i % 5}))).collect();
+        turn(via.url(), run.clone(), calls)
+    });
+    for outcome in futures_util::future::join_all(turns).await {
+        assert!(
+            outcome.results.iter().all(|r| r.outcome == pb::CallOutcome::Ok as i32),
+            "a limited call waits rather than fails: {:?}",
+            outcome.results.iter().find(|r| r.outcome != pb::CallOutcome::Ok as i32)
+        );
+    }
+
+    let mut starts = Vec::new();
+    let mut workers: HashMap<String, usize> = HashMap::new();
+    for (via, run) in &runs {
+        let log = via.events(run).await;
+        check_log(&log, true);
+        starts.extend(log.iter().filter(|e| e.r#type == "tool:start").map(e2e::millis));
+        for step in steps(via, run).await {
+            *workers.entry(step.worker).or_default() += 1;
+        }
+    }
+    starts.sort();
+    assert_eq!(starts.len(), 720, "each call started once");
+    e2e::check_rate(&starts, RATE, BURST);
+    let first = starts[0];
+    let in_thirty = starts.iter().filter(|t| **t < first + 30_000).count();
+    let promised = RATE * 30.0 + BURST;
+    eprintln!(
+        "{in_thirty} starts in the first 30 s at a limit of {RATE} a second (burst {BURST}): {:.1}% of the {promised} \
+         the bucket allows; by worker {workers:?}",
+        100.0 * in_thirty as f64 / promised
+    );
+    assert!(
+        in_thirty as f64 >= 0.9 * promised,
+        "the limit held calls back more than 10% below its rate: {in_thirty} of {promised}"
+    );
+    assert!(
+        ["a1", "a2"].iter().any(|w| workers.contains_key(*w)) && ["b1", "b2"].iter().any(|w| workers.contains_key(*w)),
+        "the workers of both replicas ran calls: {workers:?}"
+    );
+}

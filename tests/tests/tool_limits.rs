@@ -13,14 +13,6 @@ fn limited(policy: &str) -> Kernel {
     })
 }
 
-/// A time of the kernel's, in milliseconds.
-macro_rules! millis {
-    ($at:expr) => {{
-        let at = $at.as_ref().expect("a time");
-        at.seconds * 1000 + i64::from(at.nanos) / 1_000_000
-    }};
-}
-
 /// The most calls whose `[start, end)` spans overlap at one moment.
 fn most_at_once(mut spans: Vec<(i64, i64)>) -> usize {
     let mut edges: Vec<(i64, i32)> = spans.drain(..).flat_map(|(s, e)| [(s, 1), (e, -1)]).collect();
@@ -43,11 +35,11 @@ fn attempt_spans(log: &[pb::Event]) -> Vec<(i64, i64)> {
         let key = e2e::payload(event)["step_key"].as_str().unwrap_or_default().to_owned();
         match event.r#type.as_str() {
             "tool:start" => {
-                open.insert(key, millis!(event.at));
+                open.insert(key, e2e::millis(event));
             }
             "tool:result" | "tool:attempt_failed" | "tool:lease_lost" => {
                 if let Some(start) = open.remove(&key) {
-                    spans.push((start, millis!(event.at)));
+                    spans.push((start, e2e::millis(event)));
                 }
             }
             _ => {}
@@ -55,25 +47,6 @@ fn attempt_spans(log: &[pb::Event]) -> Vec<(i64, i64)> {
     }
     assert!(open.is_empty(), "attempts never ended: {open:?}");
     spans
-}
-
-/// Checks the token bucket's promise over every window of the start times `starts` (ms,
-/// sorted): at most `rate` a second plus `burst`. Returns the rate of the whole, after the burst.
-fn check_rate(starts: &[i64], rate: f64, burst: f64) -> f64 {
-    for (i, first) in starts.iter().enumerate() {
-        for (j, last) in starts.iter().enumerate().skip(i) {
-            let count = (j - i + 1) as f64;
-            // A millisecond either side: the kernel's times are whole milliseconds.
-            let allowed = rate * ((last - first + 1) as f64) / 1000.0 + burst;
-            assert!(
-                count <= allowed + 1e-9,
-                "{count} starts in {} ms; the limit allows {allowed:.1}: {starts:?}",
-                last - first
-            );
-        }
-    }
-    let span = (starts[starts.len() - 1] - starts[0]) as f64 / 1000.0;
-    (starts.len() as f64 - burst) / span
 }
 
 const POLICY: &str = r#"
@@ -125,13 +98,13 @@ async fn a_rate_and_a_bound_on_calls_at_once_hold_across_workers_and_runs_and_th
         }
         let log = kernel.events(run).await;
         check_log(&log, false);
-        starts.extend(log.iter().filter(|e| e.r#type == "tool:start").map(|e| millis!(e.at)));
+        starts.extend(log.iter().filter(|e| e.r#type == "tool:start").map(e2e::millis));
         spans.extend(attempt_spans(&log));
     }
     assert_eq!(spans.len(), 60);
     assert!(most_at_once(spans.clone()) <= 3, "more than 3 at once: {spans:?}");
     starts.sort();
-    let rate = check_rate(&starts, 20.0, 5.0);
+    let rate = e2e::check_rate(&starts, 20.0, 5.0);
     eprintln!("60 calls at a limit of 20 a second: {rate:.1} a second after the burst");
     assert!(waited > 40, "most calls waited for room; {waited} did");
 
@@ -188,11 +161,11 @@ async fn a_kernel_sigkill_mid_burst_neither_loses_the_limit_s_state_nor_lets_the
     let mut starts: Vec<i64> = log
         .iter()
         .filter(|e| e.r#type == "tool:start")
-        .map(|e| millis!(e.at))
+        .map(e2e::millis)
         .collect();
     starts.sort();
     assert!(starts.len() >= 10, "{starts:?}");
-    check_rate(&starts, 2.0, 4.0);
+    e2e::check_rate(&starts, 2.0, 4.0);
     // Attempts that ran when the kernel was killed hold their slots until their loss is
     // recorded; no more than three attempts ever held one.
     let spans = attempt_spans(&log);
