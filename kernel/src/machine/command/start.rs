@@ -34,7 +34,13 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, start: StartDispatch) -> Resu
             records.append(&run.id, event, None)?;
         }
     }
-    // A tool limit with no room refuses the start before anything is written; the call waits.
+    // A call whose budget cannot pay for this attempt settles (or waits for a person to raise
+    // the budget) instead of starting, before it takes anything a settled call would hold.
+    if !super::spend::pay_start(records, &step)? {
+        return Ok(None);
+    }
+    // A tool limit with no room refuses the start, and the command's savepoint undoes what was
+    // written (the budget's charge among it); the call waits.
     if !start.limits.is_empty() {
         super::throttle::pass(records, &step, &start)?;
         change.step.limited_by = start.limits.iter().map(|limit| limit.tools.clone()).collect();
@@ -42,10 +48,6 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, start: StartDispatch) -> Resu
     } else if !change.step.limited_by.is_empty() {
         change.step.limited_by.clear();
         change.step.limit_wait_ms = 0;
-    }
-    // A call whose budget cannot pay for this attempt settles instead of starting.
-    if !super::spend::pay_start(records, &step)? {
-        return Ok(None);
     }
     take_locks(records, &step, &start)?;
     if dispatch::consumes_approval(&step) {

@@ -112,6 +112,46 @@ mod tests {
     }
 
     #[test]
+    fn a_start_its_budget_refuses_takes_no_slot_and_no_token() {
+        let limit = ToolLimit {
+            tools: "search".into(),
+            per_second: Some(1.0),
+            burst: Some(5),
+            at_once: Some(1),
+        };
+        let mut records = Memory::new(NOW);
+        let one_call = crate::machine::run::NewRun {
+            budget: vec![crate::machine::budget::Limit {
+                max_calls: Some(1),
+                ..Default::default()
+            }],
+            ..new_run()
+        };
+        let run = created(&mut records, one_call);
+        submit_turn::apply(&mut records, turn(&run.id, 2)).unwrap();
+        let first = start::apply(&mut records, under(&limit, start_of(&run.id, 0, 1)))
+            .unwrap()
+            .expect("the first call starts");
+        let report = ResultReport {
+            dispatch_id: first.dispatch_id.clone().unwrap(),
+            attempt: 1,
+            session_id: "s1".into(),
+            outcome: Ok("1".into()),
+            progress_count: 0,
+        };
+        result::apply(&mut records, report).unwrap();
+        let tokens = records.state.buckets["search"].tokens;
+        assert!(
+            start::apply(&mut records, under(&limit, start_of(&run.id, 1, 1)))
+                .unwrap()
+                .is_none(),
+            "the budget settles the second call"
+        );
+        assert!(records.state.locks.is_empty(), "the settled call holds no slot");
+        assert_eq!(records.state.buckets["search"].tokens, tokens, "nor took a token");
+    }
+
+    #[test]
     fn a_rate_s_tokens_are_kept_between_starts_and_refill_with_time() {
         let limit = ToolLimit {
             tools: "search".into(),
