@@ -447,8 +447,9 @@ pub enum ApprovalsCommand {
     /// Refuse the parked call; the model is told it was not approved. For a tool's question to a
     /// person, decline to answer: the tool gets an error.
     Reject(AnswerArgs),
-    /// Answer a tool's question to a person with JSON that meets the question's schema; the tool
-    /// that asked gets it back.
+    /// Answer a tool's question to a person with JSON that meets the question's schema (the tool
+    /// that asked gets it back), or leave for a call to pass its budget with the limit's new
+    /// bounds (`--with '{"max_cost": 10}'`; the call then runs under the raised limit).
     Answer {
         #[command(flatten)]
         who: AnswerArgs,

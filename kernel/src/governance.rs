@@ -264,6 +264,22 @@ mod tests {
         assert!(policy.budgets_for("support", &Default::default()).is_empty());
     }
 
+    /// The budget that asks a person, as the budgets guide shows it, loads as shown.
+    #[test]
+    fn the_asking_budget_in_the_docs_loads_with_who_to_ask() {
+        let policy = policy_in(
+            include_str!("../../docs/guides/budgets.md"),
+            "budgets:\n  - labels: { team: research }",
+        );
+        let research = std::collections::BTreeMap::from([("team".to_owned(), "research".to_owned())]);
+        let limits = policy.budgets_for("any", &research);
+        let ask = limits[0].ask.as_ref().expect("the budget asks a person");
+        assert_eq!(
+            (ask.approvers.as_slice(), ask.timeout_ms),
+            (&["finance".to_owned()][..], Some(4 * 3_600_000))
+        );
+    }
+
     /// The limits the limits guide shows load as shown, and count the tools it says.
     #[test]
     fn the_limits_example_in_the_docs_loads_and_matches_its_tools() {

@@ -1,14 +1,26 @@
 """Budgets against the real kernel from Python: a runaway agent loop stopped at its budget with
 the model reading why, the spend read back on the run, a subagent-free branch with a budget of its
-own, and a budget that limits nothing refused naming its field."""
+own, a budget that limits nothing refused naming its field, and a policy budget that asks a person,
+raised by an answer."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import serving
-from harness import Kernel
+from harness import Kernel, kernel_with_policy
 
-from kernel_sdk import AgentClient, BudgetLimit, CallOutcome, KernelError, ToolCall, tool
+from kernel_sdk import (
+    AgentClient,
+    BudgetLimit,
+    CallOutcome,
+    CallResult,
+    Interruption,
+    KernelError,
+    ToolCall,
+    tool,
+)
 
 RAN: list[str] = []
 
@@ -64,3 +76,42 @@ async def test_a_budget_that_limits_nothing_is_refused_naming_its_field(
         await client.create_run("researcher", budget=[BudgetLimit(tools="py_*")])
     assert refused.value.code == "INVALID_ARGUMENT"
     assert "budget[0]: sets neither max_calls nor max_cost" in str(refused.value)
+
+
+ASKING = """
+default: allow
+budgets:
+  - max_cost: 0.5
+    approval: { approvers: [finance] }
+"""
+
+
+async def test_a_budget_that_asks_is_raised_by_a_person_and_the_call_runs(tmp_path: Path) -> None:
+    RAN.clear()
+    with kernel_with_policy(tmp_path, ASKING) as kernel:
+        async with AgentClient(kernel.addr) as client, serving(kernel, py_search):
+            run = await client.create_run("researcher")
+            done = await client.call_turn(
+                run.id, 0, [ToolCall("py_search", {"query": q}) for q in ("a", "b")]
+            )
+            assert [r.ok for r in done.results] == [True, True], done.results
+            # The third call would cost 0.75 of 0.50: it waits for a person, who raises the limit.
+            asked = None
+            async for item in client.submit_turn(
+                run.id, 1, [ToolCall("py_search", {"query": "c"})]
+            ):
+                if isinstance(item, Interruption):
+                    asked = item
+                    assert item.reason == "budget_exceeded", item
+                    assert item.message.startswith("budget exceeded: cost 0.75 of 0.50"), item
+                    with pytest.raises(KernelError, match="answer_json"):
+                        await client.approve(item.approval_id, decider="finance")
+                    await client.answer(item.approval_id, {"max_cost": 1.0}, decider="finance")
+                elif isinstance(item, CallResult):
+                    assert item.ok, item
+            assert asked is not None, "the call never waited for a person"
+            assert RAN == ["a", "b", "c"]
+            detail = await client.get_run(run.id)
+            [limit] = detail.run.budget
+            assert (limit.max_cost, limit.spent_cost) == (1.0, 0.75)
+            assert limit.set_by == "policy:budgets[0], raised by finance"

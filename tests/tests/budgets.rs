@@ -258,3 +258,115 @@ async fn a_budget_that_limits_nothing_or_by_no_cost_is_refused_naming_its_field_
     assert_eq!(refused.status.code(), Some(2), "a usage error");
     assert!(String::from_utf8_lossy(&refused.stderr).contains("calls 'two' is not a whole number"));
 }
+
+const ASKING: &str = r#"
+default: allow
+budgets:
+  - max_calls: 3
+    approval: { approvers: [finance], timeout: 1h }
+"#;
+
+/// The next item of a turn's stream.
+async fn next_item(
+    stream: &mut (impl futures_util::Stream<Item = Result<worker_sdk::TurnItem, worker_sdk::AgentError>> + Unpin),
+) -> worker_sdk::TurnItem {
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        futures_util::StreamExt::next(stream),
+    )
+    .await
+    .expect("the turn stalled")
+    .expect("the turn ended early")
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_budget_that_asks_waits_for_a_person_who_raises_it_or_refuses() {
+    let kernel = priced(Some(ASKING));
+    let _worker = kernel.fault_worker("w1");
+    kernel.wait_for_workers("sleepy", 1).await;
+    let agent = AgentClient::connect(kernel.url()).await.unwrap();
+    let run = agent.create_run(NewRun::new("asker", json!({}))).await.unwrap();
+    let sleepy = |n: u64| Call::new("sleepy", json!({"hold_ms": n}));
+    let done = run.call_turn(0, vec![sleepy(1), sleepy(2)]).await.unwrap();
+    assert!(done.iter().all(|r| r.outcome == Outcome::Ok), "{done:?}");
+
+    // Two more calls with one call left: both are recorded, the first starts, the second would
+    // pass the limit as it starts and waits for a person instead.
+    let mut turn = Box::pin(run.submit_turn(1, vec![sleepy(3), sleepy(4)]));
+    let mut results = Vec::new();
+    let asked = loop {
+        match next_item(&mut turn).await {
+            worker_sdk::TurnItem::Interrupted(asked) => break asked,
+            worker_sdk::TurnItem::Result(result) => results.push(result),
+            worker_sdk::TurnItem::Progress(_) => {}
+        }
+    };
+    assert_eq!(
+        (asked.reason.as_str(), asked.position),
+        ("budget_exceeded", 1),
+        "{asked:?}"
+    );
+    assert!(
+        asked
+            .message
+            .starts_with(&format!("budget exceeded: calls 4 of 3 for run {}", run.id())),
+        "{asked:?}"
+    );
+    let listed: serde_json::Value =
+        serde_json::from_str(&kernel.kernelctl_ok(&["--json", "approvals", "list"])).unwrap();
+    let approval = &listed["approvals"][0];
+    assert_eq!(approval["decided_by"], format!("budget:{}#0", run.id()));
+    assert!(
+        approval["answer_schema"]["properties"]["max_calls"].is_object(),
+        "{approval}"
+    );
+
+    // Leave without a new limit is refused, naming the answer; a raise lets the call start.
+    let bare = kernel.kernelctl(&["approvals", "approve", &asked.approval_id, "--as", "finance"]);
+    assert!(!bare.status.success());
+    assert!(
+        String::from_utf8_lossy(&bare.stderr).contains("answer_json"),
+        "{bare:?}"
+    );
+    kernel.kernelctl_ok(&[
+        "approvals",
+        "answer",
+        &asked.approval_id,
+        "--with",
+        r#"{"max_calls": 4}"#,
+        "--as",
+        "finance",
+    ]);
+    while results.len() < 2 {
+        if let worker_sdk::TurnItem::Result(result) = next_item(&mut turn).await {
+            results.push(result);
+        }
+    }
+    assert!(results.iter().all(|r| r.outcome == Outcome::Ok), "{results:?}");
+    let shown = kernel.kernelctl_ok(&["runs", "show", run.id()]);
+    assert!(
+        shown.contains("budget:      calls 4 of 4 (policy:budgets[0], raised by finance)"),
+        "{shown}"
+    );
+
+    // Past the raised limit, refused: the model reads that the budget was not raised.
+    let mut turn = Box::pin(run.submit_turn(2, vec![sleepy(5)]));
+    let worker_sdk::TurnItem::Interrupted(asked) = next_item(&mut turn).await else {
+        panic!("the fifth call did not wait for a person");
+    };
+    agent
+        .reject(&asked.approval_id, "finance", "enough for today")
+        .await
+        .unwrap();
+    let worker_sdk::TurnItem::Result(refused) = next_item(&mut turn).await else {
+        panic!("no result after the rejection");
+    };
+    assert_eq!(refused.outcome, Outcome::BudgetExceeded);
+    assert_eq!(
+        refused.content,
+        "'sleepy' did not run: its budget was passed and finance did not raise it (enough for today)"
+    );
+    assert_eq!(started_keys(&kernel, "sleepy").len(), 4, "the worker ran four calls");
+    check_log(&kernel.events(run.id()).await, false);
+}

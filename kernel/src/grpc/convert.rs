@@ -199,6 +199,8 @@ pub fn budget_limits(limits: Vec<pb::BudgetLimit>) -> Result<Vec<budget::Limit>,
                 max_cost: limit.max_cost,
                 set_by: Some("request".to_owned()),
                 spent: budget::Spent::default(),
+                // Only the policy's budgets ask a person to raise them.
+                ask: None,
             };
             read.check()
                 .map_err(|(name, why)| KernelError::invalid(field(name), why))?;
@@ -281,6 +283,8 @@ pub fn approval(approval: &ApprovalRecord) -> pb::Approval {
         question: approval.is_question(),
         answer_schema_json: if approval.is_question() {
             kernel_proto::canonical::to_canonical(&crate::machine::question::asked_in(&approval.arguments).1)
+        } else if crate::machine::budget::raised_by(&approval.decided_by).is_some() {
+            crate::machine::budget::RAISE_SCHEMA.to_owned()
         } else {
             String::new()
         },
@@ -304,14 +308,15 @@ pub fn manifest(steps: &[StepRecord]) -> pb::RunManifest {
     manifest
 }
 
-/// Tells the agent a call of its turn waits for a person: for its approval (`tool_approval`), or
-/// for the answer to a question its body asked (`human_input`; the step is the question's).
+/// Tells the agent a call of its turn waits for a person: for its approval (`tool_approval`), for
+/// leave to pass its budget (`budget_exceeded`), or for the answer to a question its body asked
+/// (`human_input`; the step is the question's).
 pub fn interruption(approval: &ApprovalRecord, position: u32) -> pb::Interruption {
     pb::Interruption {
         position,
         step_key: approval.key.to_string(),
         tool: approval.tool.clone(),
-        reason: crate::machine::approval::interrupted_for(&approval.key).into(),
+        reason: crate::machine::approval::interrupted_for(&approval.key, &approval.decided_by).into(),
         approval_id: approval.id.to_string(),
         arguments_json: approval.arguments.clone(),
         message: approval.message.clone().unwrap_or_default(),

@@ -57,7 +57,7 @@ pub fn ask_next(run: &RunRecord, open: usize, next: Option<&StepRecord>, id: App
     let gate = step.approval_gate.clone().unwrap_or_default();
     let expires_at = gate.timeout_ms.map(|t| now + t as Millis);
     let event = RunInterrupted {
-        reason: interrupted_for(&step.key).to_owned(),
+        reason: interrupted_for(&step.key, &gate.decided_by).to_owned(),
         approval_id: id.clone(),
         step_key: step.key.to_string(),
         position: step.position,
@@ -103,11 +103,13 @@ pub fn ask_next(run: &RunRecord, open: usize, next: Option<&StepRecord>, id: App
     }))
 }
 
-/// Why a run blocks to ask about step `key`: `human_input` for a tool body's question, else
-/// `tool_approval`.
-pub fn interrupted_for(key: &StepKey) -> &'static str {
+/// Why a run blocks to ask about step `key` for what `decided_by` names: `human_input` for a tool
+/// body's question, `budget_exceeded` for leave to raise a budget, else `tool_approval`.
+pub fn interrupted_for(key: &StepKey, decided_by: &str) -> &'static str {
     if key.is_question() {
         "human_input"
+    } else if super::budget::raised_by(decided_by).is_some() {
+        "budget_exceeded"
     } else {
         "tool_approval"
     }
@@ -129,6 +131,9 @@ pub struct Answer {
     pub approval: ApprovalRecord,
     pub event: NewEvent,
     pub step: Decided,
+    /// An approval that asked to raise a budget, approved: the limit's new bounds, for the
+    /// command to write to the run holding it.
+    pub raise: Option<super::budget::Raise>,
 }
 
 /// Answers `approval` about `step` with `status` (approved, rejected or expired) as `decider`;
@@ -158,8 +163,28 @@ pub fn answer(
         ApprovalStatus::Approved | ApprovalStatus::Rejected | ApprovalStatus::Expired
     ));
     let question = step.kind == StepKind::Question;
+    let raising = super::budget::raised_by(&approval.decided_by).is_some();
     let given = given.filter(|_| status == ApprovalStatus::Approved);
+    let mut raise = None;
     match given {
+        Some(given) if raising => {
+            raise = Some(super::budget::Raise::parse(given).map_err(|why| {
+                KernelError::invalid(
+                    "answer_json",
+                    format!("approval {} raises a budget: {why}", approval.id),
+                )
+            })?);
+        }
+        None if raising && status == ApprovalStatus::Approved => {
+            return Err(KernelError::invalid(
+                "answer_json",
+                format!(
+                    "approval {} asks to raise a budget: answer it with the new limit as JSON, such as \
+                     {{\"max_cost\": 10.0}} or {{\"max_calls\": 50}}",
+                    approval.id
+                ),
+            ));
+        }
         Some(_) if !question => {
             return Err(KernelError::invalid(
                 "answer_json",
@@ -203,6 +228,10 @@ pub fn answer(
         answered_at: now,
     });
     let step = match given {
+        Some(_) if raising => {
+            decided.status = StepStatus::Pending;
+            Decided::Approved(decided)
+        }
         Some(given) => Decided::Settled(settle(
             &decided,
             (StepStatus::Succeeded, Outcome::Ok),
@@ -221,6 +250,7 @@ pub fn answer(
         approval: answered,
         event,
         step,
+        raise,
     })
 }
 
@@ -231,7 +261,25 @@ fn refuse(
     now: Millis,
 ) -> StepChange {
     let question = step.kind == StepKind::Question;
+    let raising =
+        (step.approval_gate.as_ref()).is_some_and(|gate| super::budget::raised_by(&gate.decided_by).is_some());
     let (answer, outcome, mut message) = match status {
+        ApprovalStatus::Expired if raising => (
+            ApprovalStatus::Expired,
+            Outcome::BudgetExceeded,
+            format!(
+                "'{}' did not run: its budget was passed and the approval to raise it expired unanswered",
+                step.tool
+            ),
+        ),
+        _ if raising => (
+            ApprovalStatus::Rejected,
+            Outcome::BudgetExceeded,
+            format!(
+                "'{}' did not run: its budget was passed and {decider} did not raise it",
+                step.tool
+            ),
+        ),
         ApprovalStatus::Expired if question => (
             ApprovalStatus::Expired,
             Outcome::Expired,

@@ -7,13 +7,17 @@
 //! call settles as `budget_exceeded`, an error the model reads. A new call already past a limit
 //! is refused as it is recorded, without being scheduled.
 //!
+//! A limit may ask a person instead (the policy file's `budgets[].approval`): the call waits,
+//! parked as an approval whose answer is the limit's new bounds; raised, the call starts when its
+//! budget can pay, and refused or expired, it settles as `budget_exceeded`.
+//!
 //! A subagent spends its parent's budget (and its parent's parent's): every budget up its chain
 //! is checked and charged with each start, its own, if it has one, among them. A branch spends
 //! its own, with its parent's limits unless it was given others.
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{RunId, RunRecord};
+use crate::model::{ApprovalGate, RunId, RunRecord};
 
 /// A run's budget: its own limits with what each has spent, and whether its parent's budget
 /// covers it too.
@@ -45,6 +49,22 @@ pub struct Limit {
     pub set_by: Option<String>,
     #[serde(default)]
     pub spent: Spent,
+    /// A call that would pass the limit waits for a person who may raise it, instead of failing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ask: Option<Ask>,
+}
+
+/// Who is asked to raise a limit a call would pass, and for how long.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ask {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvers: Vec<String>,
+    /// How long the person may take; past it the call settles as `budget_exceeded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// Shown to the person, before what was passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// What a limit has counted.
@@ -127,19 +147,106 @@ enum Over {
     Cost { would: f64, max: f64 },
 }
 
-/// Why an attempt may not start: the message the model reads.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Exceeded(pub String);
+/// Why an attempt may not start: the message the model reads, and the person to ask when the
+/// limit passed asks for one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Exceeded {
+    pub message: String,
+    pub ask: Option<ApprovalGate>,
+}
+
+/// What an approval that asks to raise a limit names as what asked: the run holding the limit and
+/// its place among that run's limits (a run's limits are fixed when it is created).
+const RAISE: &str = "budget:";
+
+/// The limit an approval asks to raise, from what the approval says asked (`decided_by`); `None`
+/// for an approval of anything else.
+pub fn raised_by(decided_by: &str) -> Option<(RunId, usize)> {
+    let (run, index) = decided_by.strip_prefix(RAISE)?.rsplit_once('#')?;
+    Some((RunId::parse(run, "decided_by").ok()?, index.parse().ok()?))
+}
+
+/// A person's raise of a limit: its new bounds, each that is given.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Raise {
+    pub max_calls: Option<u64>,
+    pub max_cost: Option<f64>,
+}
+
+/// The JSON Schema of the answer to an approval that asks to raise a limit.
+pub const RAISE_SCHEMA: &str = r#"{"type":"object","properties":{"max_calls":{"type":"integer","minimum":0},"max_cost":{"type":"number","minimum":0}},"minProperties":1,"additionalProperties":false}"#;
+
+impl Raise {
+    /// Reads an answer (canonical JSON) as a raise, or says what is wrong with it.
+    pub fn parse(answer: &str) -> Result<Raise, String> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Given {
+            #[serde(default)]
+            max_calls: Option<u64>,
+            #[serde(default)]
+            max_cost: Option<f64>,
+        }
+        let shape = "answer with the new limit, such as {\"max_cost\": 10.0} or {\"max_calls\": 50}";
+        let given: Given = serde_json::from_str(answer).map_err(|e| format!("{e}; {shape}"))?;
+        if given.max_calls.is_none() && given.max_cost.is_none() {
+            return Err(format!("the answer raises nothing; {shape}"));
+        }
+        if let Some(cost) = given.max_cost
+            && !(cost.is_finite() && cost >= 0.0)
+        {
+            return Err(format!("max_cost {cost} is not a cost >= 0"));
+        }
+        Ok(Raise {
+            max_calls: given.max_calls,
+            max_cost: given.max_cost,
+        })
+    }
+}
+
+/// Raises limit `index` of `run`'s budget as `decider` answered; what set it keeps its name, so a
+/// branch tells a raised policy limit from one its request asked for.
+pub fn raise(run: &mut RunRecord, index: usize, raise: Raise, decider: &str) -> Result<(), String> {
+    let limit = run
+        .budget
+        .as_mut()
+        .and_then(|budget| budget.limits.get_mut(index))
+        .ok_or_else(|| format!("run {} has no budget limit {index} to raise", run.id))?;
+    if let (Some(new), Some(old)) = (raise.max_calls, limit.max_calls)
+        && new < old
+    {
+        return Err(format!(
+            "max_calls {new} is below the limit's {old}; an answer raises a limit, never lowers it"
+        ));
+    }
+    if let (Some(new), Some(old)) = (raise.max_cost, limit.max_cost)
+        && new < old
+    {
+        return Err(format!(
+            "max_cost {new} is below the limit's {old}; an answer raises a limit, never lowers it"
+        ));
+    }
+    if raise.max_calls.is_some() {
+        limit.max_calls = raise.max_calls;
+    }
+    if raise.max_cost.is_some() {
+        limit.max_cost = raise.max_cost;
+    }
+    let by = limit.set_by.take().unwrap_or_else(|| "request".to_owned());
+    limit.set_by = Some(format!("{by}, raised by {decider}"));
+    Ok(())
+}
 
 /// Checks `attempt` against every budget of `accounts` (the run first, then each ancestor whose
 /// budget covers it); the first limit it would pass refuses it, naming the run that holds it.
 pub fn check(accounts: &[&RunRecord], attempt: Attempt<'_>) -> Result<(), Exceeded> {
-    let (run, over, limit) = match accounts.iter().find_map(|run| {
+    let (run, over, (index, limit)) = match accounts.iter().find_map(|run| {
         let budget = run.budget.as_ref()?;
         budget
             .limits
             .iter()
-            .find_map(|limit| limit.over(attempt).map(|over| (*run, over, limit)))
+            .enumerate()
+            .find_map(|(index, limit)| limit.over(attempt).map(|over| (*run, over, (index, limit))))
     }) {
         Some(found) => found,
         None => return Ok(()),
@@ -157,10 +264,23 @@ pub fn check(accounts: &[&RunRecord], attempt: Attempt<'_>) -> Result<(), Exceed
     } else {
         format!("run {} (an ancestor of run {})", run.id, accounts[0].id)
     };
-    Err(Exceeded(format!(
-        "budget exceeded: {what}{scope} for {holder}; '{}' did not run",
-        attempt.tool
-    )))
+    let passed = format!("budget exceeded: {what}{scope} for {holder}");
+    let ask = limit.ask.as_ref().map(|ask| ApprovalGate {
+        timeout_ms: ask.timeout_ms,
+        approvers: ask.approvers.clone(),
+        message: Some(match &ask.message {
+            Some(message) => format!(
+                "{message} ({passed}); answer with a higher limit to let '{}' run",
+                attempt.tool
+            ),
+            None => format!("{passed}; answer with a higher limit to let '{}' run", attempt.tool),
+        }),
+        decided_by: format!("{RAISE}{}#{index}", run.id),
+    });
+    Err(Exceeded {
+        message: format!("{passed}; '{}' did not run", attempt.tool),
+        ask,
+    })
 }
 
 /// Charges `attempt` to `run`'s own limits that cover it.

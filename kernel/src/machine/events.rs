@@ -429,7 +429,9 @@ pub struct ToolDenied(pub RefusedCall);
 /// `run:interrupted`.
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 pub struct RunInterrupted {
-    /// `tool_approval`.
+    /// `tool_approval` (leave for a call to run), `budget_exceeded` (leave to raise the budget a
+    /// call would pass: `decided_by` is `budget:<run>#<limit>`, the answer its new bounds), or
+    /// `human_input` (a tool body's question).
     pub reason: String,
     /// The approval's id, to answer it with.
     pub approval_id: ApprovalId,
@@ -447,7 +449,8 @@ pub struct RunInterrupted {
     pub approvers: Vec<String>,
     /// What the approver is told.
     pub message: Option<String>,
-    /// The rule or flag that asked.
+    /// The rule or flag that asked; for a budget, `budget:<run>#<limit>`, the run holding it and
+    /// its place among that run's limits.
     pub decided_by: String,
     /// When the question expires unanswered (ms since the epoch); `null`: never.
     pub expires_at: Option<Millis>,

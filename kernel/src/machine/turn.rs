@@ -321,17 +321,23 @@ impl Decision {
         self.refusal.is_none()
     }
 
-    /// Refuses the call: its first attempt would go past a limit of its run's budget.
-    pub fn over_budget(&mut self, message: String) {
+    /// The call's first attempt would pass a limit of its run's budget: refused, or, when the
+    /// limit asks a person, gated on an approval whose answer raises it. A call the policy gates
+    /// already is asked that first; its start then finds the budget passed and asks again.
+    pub fn over_budget(&mut self, exceeded: crate::machine::budget::Exceeded) {
+        self.cache_ttl_ms = None;
+        if let Some(gate) = exceeded.ask {
+            self.approval.get_or_insert(gate);
+            return;
+        }
         self.refusal = Some(Refusal {
-            message,
+            message: exceeded.message,
             reason: "budget_exceeded",
             outcome: Outcome::BudgetExceeded,
             event: EventType::ToolResult,
             decided_by: None,
         });
         self.approval = None;
-        self.cache_ttl_ms = None;
     }
 
     /// Whether the call may be served from the result cache: a `read_only` tool with a cache

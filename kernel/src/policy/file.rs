@@ -125,12 +125,29 @@ fn build_limits(raw: Vec<Keyed<RawLimit>>) -> Result<Vec<super::PolicyLimit>, Po
 
 /// A budget of the file, checked as a request's is ([`crate::machine::budget::Limit::check`]).
 fn build_budget(raw: RawBudget, index: usize) -> Result<super::PolicyBudget, PolicyError> {
+    let ask = match raw.approval {
+        Some(Keyed(approval)) => {
+            if approval.approvers.iter().any(|a| a.trim().is_empty()) {
+                return Err(PolicyError::new(
+                    None,
+                    format!("budgets[{index}].approval.approvers: names an empty approver"),
+                ));
+            }
+            Some(crate::machine::budget::Ask {
+                approvers: approval.approvers,
+                timeout_ms: approval.timeout.map(|t| t.0),
+                message: approval.message.filter(|m| !m.trim().is_empty()),
+            })
+        }
+        None => None,
+    };
     let limit = crate::machine::budget::Limit {
         tools: raw.tools.map(|pattern| pattern.0.glob().to_owned()),
         max_calls: raw.max_calls,
         max_cost: raw.max_cost,
         set_by: Some(format!("policy:budgets[{index}]")),
         spent: Default::default(),
+        ask,
     };
     limit
         .check()
@@ -214,6 +231,8 @@ struct RawBudget {
     max_calls: Option<u64>,
     #[serde(default)]
     max_cost: Option<f64>,
+    #[serde(default)]
+    approval: Option<Keyed<RawApproval>>,
 }
 
 #[derive(Deserialize)]

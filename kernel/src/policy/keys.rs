@@ -48,7 +48,7 @@ impl Section {
             Section::MaxRisk => "max_risk",
             Section::Rule => "rules[]",
             Section::Match => "rules[].match",
-            Section::Approval => "rules[].approval",
+            Section::Approval => "rules[].approval, budgets[].approval",
             Section::Budget => "budgets[]",
             Section::Limit => "limits[]",
             Section::FairShares => "fair_shares",
@@ -336,9 +336,9 @@ pub(crate) const KEYS: &[Key] = &[
         name: "timeout",
         section: Section::Approval,
         value: "positive duration: `250ms`, `30s`, `5m`, `1h`, or whole seconds",
-        default: "the tool's own `approval_timeout`, else none",
-        meaning: "How long the person may take; expiry is a rejection. Where several contributions ask, the \
-                  shortest timeout wins.",
+        default: "the tool's own `approval_timeout`, else none (a budget's: none)",
+        meaning: "How long the person may take; expiry is a rejection (for a budget, the call settles as \
+                  `budget_exceeded`). Where several contributions ask, the shortest timeout wins.",
         example: "1h",
     },
     Key {
@@ -353,8 +353,8 @@ pub(crate) const KEYS: &[Key] = &[
         name: "message",
         section: Section::Approval,
         value: "string",
-        default: "the rule's `reason`",
-        meaning: "Shown to the person asked.",
+        default: "the rule's `reason` (a budget's: what the call would pass)",
+        meaning: "Shown to the person asked; for a budget, before what the call would pass.",
         example: "\"check the ticket\"",
     },
     Key {
@@ -398,6 +398,16 @@ pub(crate) const KEYS: &[Key] = &[
                   `--unit-price` for its name) is charged as it starts. A budget sets `max_calls`, `max_cost` or \
                   both.",
         example: "5.0",
+    },
+    Key {
+        name: "approval",
+        section: Section::Budget,
+        value: "mapping (keys below, under `rules[].approval, budgets[].approval`)",
+        default: "none: a call past the limit settles as `budget_exceeded`",
+        meaning: "A call past the limit waits for a person instead (`run:interrupted`, reason \
+                  `budget_exceeded`), who answers with the limit's new bounds (`{\"max_cost\": 10.0}`): the call \
+                  then starts under the raised limit; rejected or expired, it settles as `budget_exceeded`.",
+        example: "{ approvers: [finance], timeout: 1h }",
     },
     Key {
         name: "tools",
@@ -485,6 +495,7 @@ rules:
 budgets:
   - labels: { team: billing }
     max_cost: 5.00
+    approval: { approvers: [finance], timeout: 1h }
   - tools: "payments_*"
     max_calls: 100
 limits:

@@ -763,7 +763,8 @@ pub(super) const HELD_LOCKS: &str = "SELECT resource FROM resource_locks WHERE s
 /// The columns a step's save writes besides its indexed ones, `?5` on.
 const STEP_SAVED: &str = "attempts = ?5, output = ?6, error = ?7, error_kind = ?8, worker = ?9, session_id = ?10, \
      lease_expires_at = ?11, started_at = ?12, finished_at = ?13, progress_count = ?14, not_before = ?15, \
-     lease_losses = ?16, cost = ?17, outcome = ?18, approval = ?19, replays = ?20, replica = ?21, limited_by = ?22, limit_wait_ms = ?23";
+     lease_losses = ?16, cost = ?17, outcome = ?18, approval = ?19, replays = ?20, replica = ?21, limited_by = ?22, limit_wait_ms = ?23, \
+     approval_gate = ?24";
 
 /// The statement that saves a step, writing its indexed columns `status` (`?3`) and `dispatch_id`
 /// (`?4`) only as asked. SQLite rewrites an index's entry for each indexed column an `UPDATE` sets,
@@ -822,6 +823,10 @@ fn save_step(tx: &Tx<'_>, step: &StepRecord) -> Result<()> {
             step.replica,
             (!step.limited_by.is_empty()).then(|| serde_json::to_string(&step.limited_by).expect("names serialize")),
             (step.limit_wait_ms > 0).then_some(step.limit_wait_ms),
+            // A call its budget parks at its start is gated then, not when it was recorded.
+            step.approval_gate
+                .as_ref()
+                .map(|g| serde_json::to_string(g).expect("gate serializes")),
         ],
     )?;
     Ok(())
@@ -1275,7 +1280,7 @@ mod tests {
                 let sql = save_step_sql(status, dispatch);
                 assert_eq!(sql.contains("status = ?3"), status, "{sql}");
                 assert_eq!(sql.contains("dispatch_id = ?4"), dispatch, "{sql}");
-                assert_eq!(conn.prepare(sql).unwrap().parameter_count(), 23, "{sql}");
+                assert_eq!(conn.prepare(sql).unwrap().parameter_count(), 24, "{sql}");
             }
         }
     }

@@ -379,7 +379,9 @@ class AgentClient:
         """Answers a tool's question to a person (an approval whose `question` is set) with
         `answer` (JSON), which must meet the question's `answer_schema`; else `KernelError`
         (`INVALID_ARGUMENT`, naming `answer_json`) and nothing is written. The tool body that
-        asked gets the answer; `reject` declines to answer."""
+        asked gets the answer; `reject` declines to answer. An approval that asks to raise a budget
+        (interruption reason `budget_exceeded`) is answered the same way with the limit's new
+        bounds, such as `{"max_cost": 10.0}`: the call then runs under them."""
         request = approvals_pb2.ApproveCallRequest(
             approval_id=approval_id,
             decider=decider,

@@ -490,7 +490,8 @@ pub struct Interruption {
     pub step_key: String,
     /// The tool that was called.
     pub tool: String,
-    /// Why the call waits, e.g. `tool_approval`.
+    /// Why the call waits: `tool_approval`, `budget_exceeded` (answer with a higher limit) or
+    /// `human_input`.
     pub reason: String,
     /// The approval a reviewer answers (`kernelctl approvals approve ID`).
     pub approval_id: String,
@@ -636,7 +637,9 @@ impl AgentClient {
 
     /// Answers a tool body's question (an approval whose `question` is set) with `answer`, which
     /// must meet the question's `answer_schema_json` (else `INVALID_ARGUMENT` naming
-    /// `answer_json`, and nothing is written); the body that asked gets it back. Keys and other
+    /// `answer_json`, and nothing is written); the body that asked gets it back. An approval that
+    /// asks to raise a budget (interruption reason `budget_exceeded`) is answered the same way,
+    /// with the limit's new bounds (`{"max_cost": 10.0}`), and the call runs under them. Keys and other
     /// refusals as for [`AgentClient::approve`]; [`AgentClient::reject`] declines to answer.
     pub async fn answer(
         &self,

@@ -8,6 +8,7 @@ fn limit(tools: Option<&str>, max_calls: Option<u64>, max_cost: Option<f64>) -> 
         max_cost,
         set_by: Some("request".into()),
         spent: Spent::default(),
+        ask: None,
     }
 }
 
@@ -39,7 +40,7 @@ fn spend_until_refused(run: &mut RunRecord, next: Attempt<'_>) -> (usize, Exceed
 #[test]
 fn a_call_limit_counts_calls_not_attempts() {
     let mut run = budgeted(vec![limit(None, Some(3), None)]);
-    let (started, Exceeded(message)) = spend_until_refused(&mut run, attempt("lookup", 0.0, true));
+    let (started, Exceeded { message, .. }) = spend_until_refused(&mut run, attempt("lookup", 0.0, true));
     assert_eq!(started, 3);
     assert_eq!(
         message,
@@ -52,7 +53,7 @@ fn a_call_limit_counts_calls_not_attempts() {
 #[test]
 fn a_cost_limit_charges_every_attempt_at_its_price_and_lets_free_calls_by() {
     let mut run = budgeted(vec![limit(None, None, Some(1.0))]);
-    let (started, Exceeded(message)) = spend_until_refused(&mut run, attempt("search", 0.3, false));
+    let (started, Exceeded { message, .. }) = spend_until_refused(&mut run, attempt("search", 0.3, false));
     assert_eq!(started, 3, "0.9 spent, 1.2 would pass 1.0");
     assert!(
         message.starts_with("budget exceeded: cost 1.20 of 1.00 for run "),
@@ -77,7 +78,7 @@ fn a_limit_on_a_glob_counts_only_the_tools_it_names() {
     charge(&mut run, attempt("lookup", 0.0, true));
     assert_eq!(run.budget.as_ref().unwrap().limits[0].spent.calls, 1);
     assert_eq!(check(&[&run], attempt("lookup", 0.0, true)), Ok(()));
-    let Err(Exceeded(message)) = check(&[&run], attempt("payments_charge", 0.0, true)) else {
+    let Err(Exceeded { message, .. }) = check(&[&run], attempt("payments_charge", 0.0, true)) else {
         panic!("the second payment passed");
     };
     assert!(message.contains("calls 2 of 1 on 'payments_*'"), "{message}");
@@ -96,7 +97,7 @@ fn an_ancestor_s_budget_refuses_a_call_its_subagent_s_own_allows() {
     };
     assert_eq!(next_account(&child), Some(&parent.id));
     assert_eq!(check(&[&child, &parent], attempt("lookup", 0.0, true)), Ok(()));
-    let Err(Exceeded(message)) = check(&[&child, &spent], attempt("lookup", 0.0, true)) else {
+    let Err(Exceeded { message, .. }) = check(&[&child, &spent], attempt("lookup", 0.0, true)) else {
         panic!("the parent's spent budget let the child's call by");
     };
     assert!(

@@ -1,13 +1,15 @@
 //! Answering an approval ([`approval::answer`]), by a person or by its expiry: approve makes the
-//! call pending (its start consumes the approval), reject or an expiry settles it without
-//! running. A branch waiting on a person resumes only while the record it replays is there; then
-//! the run's next question is asked, or the run resumes.
+//! call pending (its start consumes the approval; leave to pass a budget raises the limit first,
+//! and the start pays under the new one), reject or an expiry settles it without running. A
+//! branch waiting on a person resumes only while the record it replays is there; then the run's
+//! next question is asked, or the run resumes.
 
 use super::ending::end_tree;
 use super::{Records, Result, apply_change, parent_exists, step};
 use crate::error::KernelError;
 use crate::machine::approval::{self, Decided};
 use crate::machine::branch;
+use crate::machine::budget;
 use crate::machine::effects::Effect;
 use crate::machine::run::EndRun;
 use crate::model::{ApprovalId, ApprovalRecord, ApprovalStatus, StepRecord};
@@ -92,6 +94,12 @@ fn settle<R: Records + ?Sized>(
 ) -> Result<()> {
     let step = step(records, &approval.run_id, &approval.key)?;
     let change = approval::answer(approval, &step, answer, given, records.now())?;
+    if let (Some(raise), Some((holder, index))) = (change.raise, budget::raised_by(&approval.decided_by)) {
+        // The run holding the limit is the call's, or an ancestor in its shard.
+        let mut run = records.run(&holder)?;
+        budget::raise(&mut run, index, raise, answer.1).map_err(|why| KernelError::invalid("answer_json", why))?;
+        records.save_run(&run)?;
+    }
     records.save_approval(&change.approval)?;
     records.append(&approval.run_id, change.event, None)?;
     match change.step {

@@ -323,6 +323,7 @@ impl Records for Memory {
             row.replica.clone_from(&step.replica);
             row.limited_by.clone_from(&step.limited_by);
             row.limit_wait_ms = step.limit_wait_ms;
+            row.approval_gate.clone_from(&step.approval_gate);
         }
         Ok(())
     }

@@ -100,8 +100,9 @@ enum Command {
         hosted: bool,
         idempotency_key: Option<u8>,
         max_tool_calls: u8,
-        /// A budget of at most so many calls and so many tenths of cost.
-        budget: Option<(u8, u8)>,
+        /// A budget of at most so many calls and so many tenths of cost, which asks a person to
+        /// raise it, or not.
+        budget: Option<(u8, u8, bool)>,
     },
     /// A turn of an external run, or a hosted handler's calls at place `turn`, fenced by `fence`
     /// (which a forged sender adds to an external run's turn, too).
@@ -220,7 +221,7 @@ fn command() -> impl Strategy<Value = Command> {
             any::<bool>(),
             prop::option::weighted(0.3, 0u8..2),
             prop_oneof![4 => Just(0u8), 1 => 1u8..4],
-            prop::option::weighted(0.6, (0u8..3, 0u8..8)),
+            prop::option::weighted(0.6, (0u8..3, 0u8..8, any::<bool>())),
         )
             .prop_map(|(hosted, idempotency_key, max_tool_calls, budget)| Command::CreateRun {
                 hosted,
@@ -646,13 +647,18 @@ impl World {
         hosted: bool,
         idempotency_key: Option<u8>,
         max_tool_calls: u8,
-        budget: Option<(u8, u8)>,
+        budget: Option<(u8, u8, bool)>,
     ) -> super::Result<Done> {
         let mut new = new_run(hosted, idempotency_key.map(|k| format!("key-{k}")), max_tool_calls);
         new.budget = budget
-            .map(|(calls, tenths)| crate::machine::budget::Limit {
+            .map(|(calls, tenths, asks)| crate::machine::budget::Limit {
                 max_calls: Some(u64::from(calls)),
                 max_cost: Some(f64::from(tenths) / 10.0),
+                ask: asks.then(|| crate::machine::budget::Ask {
+                    approvers: vec!["finance".into()],
+                    timeout_ms: Some(5_000),
+                    message: None,
+                }),
                 ..Default::default()
             })
             .into_iter()
@@ -742,9 +748,12 @@ impl World {
         self.traced(Resolved::Start(start.clone()));
         Ok(match start::apply(&mut self.memory, start)? {
             Some(_) => Done::Changed,
-            // A start its budget cannot pay for settles the call instead: a change, not a refusal.
-            None if self.memory.state.steps[&(step.run_id.clone(), step.key.clone())].outcome
-                == Some(crate::model::Outcome::BudgetExceeded) =>
+            // A start its budget cannot pay for settles the call instead, or parks it for a person
+            // who may raise the budget: a change, not a refusal.
+            None if {
+                let now = &self.memory.state.steps[&(step.run_id.clone(), step.key.clone())];
+                now.outcome == Some(crate::model::Outcome::BudgetExceeded) || now.status == StepStatus::AwaitingApproval
+            } =>
             {
                 Done::Changed
             }
@@ -969,7 +978,12 @@ impl World {
             .and_then(|n| World::nth(&ids, n))
             .unwrap_or_else(|| "forged-approval".into());
         let question = self.memory.state.approvals.get(&id).is_some_and(|a| a.is_question());
+        let raising = (self.memory.state.approvals.get(&id))
+            .is_some_and(|a| crate::machine::budget::raised_by(&a.decided_by).is_some());
         let answer = match (approve, question) {
+            (true, _) if raising => Answer::Approve {
+                given: Some(r#"{"max_calls":250,"max_cost":25.5}"#.into()),
+            },
             (true, true) => Answer::Approve {
                 given: Some("7".into()),
             },

@@ -50,10 +50,21 @@ pub fn charge<R: Records + ?Sized>(
     Ok(Ok(()))
 }
 
+/// Parks `step`, whose next attempt would pass a limit that asks a person, as a gated call: it
+/// waits for the approval `gate` asks for, put to the person in turn with the run's others.
+fn park<R: Records + ?Sized>(records: &mut R, step: &StepRecord, gate: crate::model::ApprovalGate) -> Result<()> {
+    let mut parked = step.clone();
+    parked.status = StepStatus::AwaitingApproval;
+    parked.approval_gate = Some(gate);
+    parked.approval = None;
+    records.save_step(&parked)?;
+    super::ask::ask_next(records, &step.run_id)
+}
+
 /// Pays for the next attempt of tool call `step`, about to start: `true` when it may start (its
 /// run's budgets charged), `false` when a limit refused it and the call settled as
-/// `budget_exceeded` instead. Steps other than tool calls, and calls no budget covers, pay
-/// nothing.
+/// `budget_exceeded` instead, or, when the limit asks a person, waits for one to raise it. Steps
+/// other than tool calls, and calls no budget covers, pay nothing.
 pub fn pay_start<R: Records + ?Sized>(records: &mut R, step: &StepRecord) -> Result<bool> {
     if step.kind != StepKind::Tool || !records.budgeted(&step.run_id)? {
         return Ok(true);
@@ -65,7 +76,11 @@ pub fn pay_start<R: Records + ?Sized>(records: &mut R, step: &StepRecord) -> Res
             records.save_run(&run)?;
             Ok(true)
         }
-        Err(Exceeded(message)) => {
+        Err(Exceeded { ask: Some(gate), .. }) => {
+            park(records, step, gate)?;
+            Ok(false)
+        }
+        Err(Exceeded { message, ask: None }) => {
             let change = dispatch::settle(
                 step,
                 (StepStatus::Failed, Outcome::BudgetExceeded),
@@ -275,5 +290,135 @@ pub(super) mod tests {
                 .is_some_and(|e| e.contains(&format!("(an ancestor of run {})", child.id))),
             "{refused:?}"
         );
+    }
+
+    /// A run whose budget allows `calls` calls and asks finance to raise it.
+    fn asking(calls: u64) -> NewRun {
+        NewRun {
+            budget: vec![Limit {
+                max_calls: Some(calls),
+                set_by: Some("policy:budgets[0]".into()),
+                ask: Some(budget::Ask {
+                    approvers: vec!["finance".into()],
+                    timeout_ms: Some(60_000),
+                    message: None,
+                }),
+                ..Limit::default()
+            }],
+            ..new_run()
+        }
+    }
+
+    fn step_at(records: &Memory, run: &RunId, position: u32) -> StepRecord {
+        records.state.steps[&(run.clone(), StepKey::for_call(0, position, None))].clone()
+    }
+
+    fn open_approval(records: &Memory) -> crate::model::ApprovalRecord {
+        let open: Vec<_> = (records.state.approvals.values())
+            .filter(|a| a.status == crate::model::ApprovalStatus::Pending)
+            .collect();
+        assert_eq!(open.len(), 1, "{open:?}");
+        open[0].clone()
+    }
+
+    /// Parks the second call of a one-call budget that asks, at its start; its approval.
+    fn parked(records: &mut Memory) -> (RunRecord, crate::model::ApprovalRecord) {
+        let run = created(records, asking(1));
+        submit_turn::apply(records, turn(&run.id, 2)).unwrap();
+        assert!(start::apply(records, start_of(&run.id, 0, 1)).unwrap().is_some());
+        assert_eq!(start::apply(records, start_of(&run.id, 1, 1)).unwrap(), None);
+        let waiting = step_at(records, &run.id, 1);
+        assert_eq!((waiting.status, waiting.attempts), (StepStatus::AwaitingApproval, 0));
+        let approval = open_approval(records);
+        assert_eq!(approval.key, waiting.key);
+        assert_eq!(approval.decided_by, format!("budget:{}#0", run.id));
+        assert_eq!(approval.approvers, ["finance"]);
+        let asked = records.state.log[&run.id].last().unwrap();
+        assert_eq!(asked.payload["reason"], "budget_exceeded", "{}", asked.payload);
+        assert_eq!(records.state.runs[&run.id].status, crate::model::RunStatus::Blocked);
+        (run, approval)
+    }
+
+    #[test]
+    fn a_call_past_a_limit_that_asks_waits_and_starts_once_a_person_raises_the_limit() {
+        use crate::machine::command::answer_approval::{self, Answer};
+        let mut records = Memory::new(NOW);
+        let (run, approval) = parked(&mut records);
+        let before = records.state.clone();
+        let bare = answer_approval::answer(
+            &mut records,
+            &approval.id,
+            Answer::Approve { given: None },
+            ("alice", None),
+        );
+        assert!(
+            bare.unwrap_err().to_string().starts_with("answer_json: approval"),
+            "leave to pass a budget names the new limit"
+        );
+        let bad = Answer::Approve {
+            given: Some(r#"{"max_calls":"lots"}"#.into()),
+        };
+        assert!(answer_approval::answer(&mut records, &approval.id, bad, ("alice", None)).is_err());
+        assert_eq!(records.state, before, "a refused answer writes nothing");
+
+        let raise = Answer::Approve {
+            given: Some(r#"{"max_calls":2}"#.into()),
+        };
+        let answered = answer_approval::answer(&mut records, &approval.id, raise, ("alice", None)).unwrap();
+        assert_eq!(answered.to_dispatch.len(), 1);
+        let limit = &records.state.runs[&run.id].budget.as_ref().unwrap().limits[0];
+        assert_eq!(
+            (limit.max_calls, limit.set_by.as_deref()),
+            (Some(2), Some("policy:budgets[0], raised by alice"))
+        );
+        let started = start::apply(&mut records, start_of(&run.id, 1, 1)).unwrap();
+        assert!(started.is_some_and(|step| step.status == StepStatus::Running));
+        assert_eq!(spent(&records, &run.id).calls, 2);
+    }
+
+    #[test]
+    fn a_raise_refused_or_expired_settles_the_call_as_budget_exceeded() {
+        use crate::machine::command::answer_approval::{self, Answer};
+        let mut records = Memory::new(NOW);
+        let (run, approval) = parked(&mut records);
+        answer_approval::answer(
+            &mut records,
+            &approval.id,
+            Answer::Reject,
+            ("bob", Some("not this month")),
+        )
+        .unwrap();
+        let settled = step_at(&records, &run.id, 1);
+        assert_eq!(
+            (settled.status, settled.outcome),
+            (StepStatus::Failed, Some(Outcome::BudgetExceeded))
+        );
+        assert!(
+            settled
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("bob did not raise it (not this month)")),
+            "{settled:?}"
+        );
+        assert_eq!(spent(&records, &run.id).calls, 1);
+
+        let mut records = Memory::new(NOW);
+        let (run, _) = parked(&mut records);
+        records.now += 60_001;
+        answer_approval::expire(&mut records).unwrap();
+        assert_eq!(step_at(&records, &run.id, 1).outcome, Some(Outcome::BudgetExceeded));
+    }
+
+    #[test]
+    fn a_new_call_past_a_limit_that_asks_is_recorded_waiting_for_a_person() {
+        let mut records = Memory::new(NOW);
+        let run = created(&mut records, asking(0));
+        let recorded = submit_turn::apply(&mut records, turn(&run.id, 1)).unwrap();
+        assert!(
+            matches!(recorded.calls[0], crate::machine::turn::CallDisposition::Gated(_)),
+            "{:?}",
+            recorded.calls[0]
+        );
+        assert_eq!(open_approval(&records).decided_by, format!("budget:{}#0", run.id));
     }
 }

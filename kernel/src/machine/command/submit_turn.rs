@@ -272,8 +272,8 @@ fn record_call<R: Records + ?Sized>(
             unit_cost: call.unit_cost,
             first: true,
         };
-        if let Err(budget::Exceeded(message)) = budget::check(&accounts, first) {
-            decision.over_budget(message);
+        if let Err(exceeded) = budget::check(&accounts, first) {
+            decision.over_budget(exceeded);
         }
     }
     let looked_up = cached.is_some();
