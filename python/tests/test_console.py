@@ -1,7 +1,7 @@
 """The web console in a real headless browser (Debian's Chromium and ChromeDriver, driven by
 Selenium): the runs list, a run's steps and live progress, an approval answered from the page,
-capture levels, and a kernel with keys that shows nothing without one. Screenshots go to
-`target/console-screenshots/`.
+capture levels, a budget raised from the approvals page, the limits page, and a kernel with keys
+that shows nothing without one. Screenshots go to `target/console-screenshots/`.
 
 Without Chromium these tests say why and skip, unless `KERNEL_REQUIRE_BROWSER=1` (which `.ci/run`
 sets): then they fail."""
@@ -445,6 +445,81 @@ async def test_a_runs_page_shows_its_budget_with_what_it_spent(
         kernel.stop()
 
 
+ASKING = """
+default: allow
+budgets:
+  - max_calls: 1
+    approval: { approvers: [finance] }
+limits:
+  - tools: "pri*"
+    per_second: 50
+    at_once: 2
+fair_shares:
+  label: tenant
+  weights: { acme: 4 }
+"""
+
+
+async def test_a_budget_is_raised_from_the_approvals_page_and_limits_and_shares_have_a_page(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(ASKING)
+    kernel = console_kernel(tmp_path, "--policy", str(policy))
+    try:
+        async with AgentClient(kernel.addr) as client, serving(kernel, priced):
+            run = await client.create_run("budgeted", labels={"tenant": "acme"})
+            first = await client.call_turn(run.id, 0, [ToolCall("priced", {"n": 1})])
+            assert first.results[0].ok, first.results
+            turn = asyncio.create_task(client.call_turn(run.id, 1, [ToolCall("priced", {"n": 2})]))
+            browser = await asyncio.to_thread(chrome, kernel)
+
+            def raise_it() -> None:
+                browser.open("/approvals")
+                card = browser.until(
+                    "the budget's approval",
+                    lambda d: d.find_element(By.CSS_SELECTOR, "article.approval"),
+                )
+                assert "budget exceeded: calls 2 of 1" in card.text, card.text
+                assert "max_calls" in card.text, "the new limit's schema is shown"
+                browser.shot("budget-approval")
+                card.find_element(By.NAME, "decider").send_keys("finance")
+                card.find_element(By.NAME, "answer_json").send_keys('{"max_calls": 2}')
+                card.find_element(By.CSS_SELECTOR, "button.approve").click()
+                browser.until("an empty list", lambda d: "Nothing waits" in browser.text())
+
+            await asyncio.to_thread(raise_it)
+            [result] = (await turn).results
+            assert result.ok and result.output == 4, result
+            detail = await client.get_run(run.id)
+            assert detail.run.budget[0].set_by == "policy:budgets[0], raised by finance"
+
+            def limits() -> None:
+                browser.open("/limits")
+                row = browser.until(
+                    "the limit's row",
+                    lambda d: d.find_element(By.CSS_SELECTOR, 'tr[data-limit="pri*"]'),
+                )
+                tools, rate, burst, at_once, running, tokens, waiting = row.text.split()
+                assert (tools, rate, burst, at_once, running, waiting) == (
+                    "pri*",
+                    "50/s",
+                    "50",
+                    "2",
+                    "0",
+                    "0",
+                ), row.text
+                assert 0 <= float(tokens) <= 50, row.text
+                share = browser.driver.find_element(By.CSS_SELECTOR, 'tr[data-share="acme"]')
+                assert share.text.split() == ["acme", "4", "0"], share.text
+                assert "tenant" in browser.text()
+                browser.shot("limits")
+
+            await asyncio.to_thread(limits)
+    finally:
+        kernel.stop()
+
+
 SECRET = "console-test-reader-key"
 
 
@@ -470,7 +545,7 @@ async def test_without_a_key_the_console_shows_nothing(
         browser = await asyncio.to_thread(chrome, kernel)
 
         def check() -> None:
-            for path in ("/runs", "/approvals", "/registry", f"/runs/{run.id}"):
+            for path in ("/runs", "/approvals", "/registry", "/limits", f"/runs/{run.id}"):
                 browser.open(path)
                 browser.until("the key form", lambda d: d.find_elements(By.NAME, "key"))
                 # The form names the page to come back to; nothing of the run is shown.
@@ -482,6 +557,12 @@ async def test_without_a_key_the_console_shows_nothing(
             browser.driver.find_element(By.NAME, "key").send_keys(SECRET + "\n")
             # Back where it was sent from, now with the key.
             browser.until("the run's page", lambda d: run.id in browser.text())
+            browser.open("/runs")
+            browser.until("the run in the list", lambda d: "secret-team" in browser.text())
+            # The limits page is an admin's, as `kernelctl limits` is: a reader is refused.
+            browser.open("/limits")
+            browser.until("the refusal", lambda d: "admin" in browser.text())
+            assert "Tool limits" not in browser.text()
             browser.open("/runs")
             browser.until("the run in the list", lambda d: "secret-team" in browser.text())
             browser.driver.find_element(By.CSS_SELECTOR, "form.logout button").click()

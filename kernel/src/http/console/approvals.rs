@@ -1,6 +1,7 @@
 //! The approvals page: what waits for a person, with the arguments (as the run's capture level
 //! allows), the rule that asked, its message, approvers and expiry; approve or reject with a
-//! reason, answered as the key's holder through `ApprovalService`.
+//! reason (a question with its answer, leave to pass a budget with the new limit), answered as the
+//! key's holder through `ApprovalService`.
 
 use axum::extract::{Form, Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -44,6 +45,8 @@ pub async fn list(State(http): State<Http>, headers: HeaderMap, uri: axum::http:
 /// One waiting approval and the form that answers it. Without keys the form asks who answers (the
 /// service needs a decider); with keys it is the key's name.
 pub fn card(approval: &pb::Approval, ask_decider: bool, show_run: bool) -> Markup {
+    // Leave for a call to pass its budget is answered with the limit's new bounds.
+    let raise = !approval.question && !approval.answer_schema_json.is_empty();
     html! {
         article.approval data-approval=(approval.id) {
             header {
@@ -65,6 +68,10 @@ pub fn card(approval: &pb::Approval, ask_decider: bool, show_run: bool) -> Marku
                 h3 { "Arguments" }
                 div.arguments { (format::json(&approval.arguments_json)) }
             }
+            @if raise {
+                h3 { "The new limit's schema" }
+                div.arguments { (format::json(&approval.answer_schema_json)) }
+            }
             form.answer method="post" action={ "/approvals/" (approval.id) } {
                 input type="hidden" name="back" value={ @if show_run { "/approvals" } @else { "/runs/" (approval.run_id) } };
                 @if ask_decider {
@@ -73,10 +80,16 @@ pub fn card(approval: &pb::Approval, ask_decider: bool, show_run: bool) -> Marku
                 @if approval.question {
                     label { "Answer (JSON) " textarea name="answer_json" required placeholder="{}" {} }
                 }
+                @if raise {
+                    label { "New limit (JSON) " textarea name="answer_json" placeholder="{\"max_cost\": 10.0}" {} }
+                }
                 label { "Reason " input name="reason" placeholder="optional"; }
                 @if approval.question {
                     button.approve type="submit" name="decision" value="approve" { "Answer" }
                     button.reject type="submit" name="decision" value="reject" { "Decline" }
+                } @else if raise {
+                    button.approve type="submit" name="decision" value="approve" { "Raise and run" }
+                    button.reject type="submit" name="decision" value="reject" { "Refuse" }
                 } @else {
                     button.approve type="submit" name="decision" value="approve" { "Approve" }
                     button.reject type="submit" name="decision" value="reject" { "Reject" }
@@ -96,7 +109,7 @@ pub struct Answer {
     decider: String,
     #[serde(default)]
     back: String,
-    /// A question's answer, as JSON.
+    /// A question's answer, or a budget's new limit, as JSON.
     #[serde(default)]
     answer_json: String,
 }

@@ -4,6 +4,7 @@
 mod approvals;
 mod assets;
 mod format;
+mod limits;
 mod login;
 mod registry;
 mod run;
@@ -32,6 +33,7 @@ pub fn routes() -> Router<Http> {
         .route("/approvals", get(approvals::list))
         .route("/approvals/{id}", post(approvals::answer))
         .route("/registry", get(registry::page))
+        .route("/limits", get(limits::page))
         .route("/assets/{file}", get(assets::serve))
 }
 
@@ -41,6 +43,7 @@ enum Section {
     Runs,
     Approvals,
     Registry,
+    Limits,
     None,
 }
 
@@ -106,6 +109,7 @@ fn layout(title: &str, section: Section, signed_in: bool, body: Markup) -> Html<
                             (nav(Section::Runs, "/runs", "Runs"))
                             (nav(Section::Approvals, "/approvals", "Approvals"))
                             (nav(Section::Registry, "/registry", "Tools & workers"))
+                            (nav(Section::Limits, "/limits", "Limits"))
                         }
                         @if signed_in {
                             form.logout method="post" action="/logout" { button type="submit" { "Log out" } }
