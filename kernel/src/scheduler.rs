@@ -604,7 +604,9 @@ struct Lease {
 struct Limited {
     /// The limits, by name.
     names: Vec<String>,
-    step: StepRecord,
+    /// The call, to queue again if the store refuses its start; `None` for a call of a turn that
+    /// starts in the turn's write, which the store schedules instead.
+    step: Option<StepRecord>,
     /// Since when it waited for the limits, when it did.
     waiting: Option<Instant>,
 }
@@ -1498,7 +1500,7 @@ impl Actor {
             if let Some(lease) = self.leases.get_mut(&start.dispatch_id) {
                 lease.limited = Some(Box::new(Limited {
                     names,
-                    step: step.clone(),
+                    step: Some(step.clone()),
                     waiting,
                 }));
             }
@@ -1528,15 +1530,20 @@ impl Actor {
             return calls.iter().map(|_| None).collect();
         }
         self.read_policy();
+        let now = (self.store.clock().instant(), self.store.clock().now_millis());
         let mut taken = 0;
         calls
             .into_iter()
             .map(|call| {
-                // A call under tool limits starts from the queue, where its wait is counted.
+                // A call under tool limits with no room now starts from the queue, where its wait
+                // is counted; with room, in the turn's write, which passes the limits in the store.
+                let limits = self.throttle.limits(&call.tool);
                 if !self.queue.is_empty()
                     || limit.is_some_and(|n| taken >= n)
                     || call.locks.iter().any(|lock| self.locked.contains_key(lock))
-                    || self.throttle.limits(&call.tool).is_some()
+                    || limits
+                        .as_ref()
+                        .is_some_and(|limits| !self.throttle.has_room(limits, now))
                 {
                     return None;
                 }
@@ -1544,7 +1551,18 @@ impl Actor {
                 taken += 1;
                 let outbound = self.sessions[&session_id].outbound.clone();
                 // A new call's first attempt.
-                let start = self.take_slot(session_id, (run_id, &call.key, turn, None), 1, call.locks);
+                let mut start = self.take_slot(session_id, (run_id, &call.key, turn, None), 1, call.locks);
+                if let Some(limits) = limits {
+                    self.throttle.take(&limits, now.1);
+                    start.limits = limits.to_vec();
+                    if let Some(lease) = self.leases.get_mut(&start.dispatch_id) {
+                        lease.limited = Some(Box::new(Limited {
+                            names: limits.iter().map(|limit| limit.tools.clone()).collect(),
+                            step: None,
+                            waiting: None,
+                        }));
+                    }
+                }
                 Some(Reservation::new(start, outbound))
             })
             .collect()
@@ -1643,8 +1661,9 @@ impl Actor {
                 if let Some(limited) = self.release(&dispatch_id).and_then(|lease| lease.limited) {
                     let now = (self.store.clock().instant(), self.store.clock().now_millis());
                     self.throttle.refused(&limited.names, now);
-                    if self.would_enqueue(&limited.step)
-                        && let Some(queued) = self.queue.push(limited.step, self.store.clock())
+                    if let Some(step) = limited.step
+                        && self.would_enqueue(&step)
+                        && let Some(queued) = self.queue.push(step, self.store.clock())
                     {
                         queued.waiting = Some(limited.waiting.unwrap_or(now.0));
                     }

@@ -654,16 +654,14 @@ impl Records for Tx<'_> {
         fresh: crate::machine::throttle::Bucket,
     ) -> Result<crate::machine::throttle::Bucket> {
         // The upsert takes the row's lock (PostgreSQL waits here for another replica's start to
-        // commit), and the read after it sees what that start left.
-        self.conn.write(
-            "INSERT INTO limit_buckets (name, tokens, at) VALUES (?1, ?2, ?3) \
-             ON CONFLICT (name) DO UPDATE SET name = excluded.name",
-            params![name, fresh.tokens, fresh.at],
-        )?;
+        // commit, then reads the row as that start left it), and returns the row: one statement.
         Ok(self
             .conn
-            .prepare_cached("SELECT tokens, at FROM limit_buckets WHERE name = ?1")?
-            .query_row(params![name], |row| {
+            .prepare_cached(
+                "INSERT INTO limit_buckets (name, tokens, at) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (name) DO UPDATE SET name = excluded.name RETURNING tokens, at",
+            )?
+            .query_row(params![name, fresh.tokens, fresh.at], |row| {
                 Ok(crate::machine::throttle::Bucket {
                     tokens: row.get(0)?,
                     at: row.get(1)?,

@@ -11,6 +11,7 @@
 
 use super::ending::{end_diverged, end_tree};
 use super::{Records, Result, parent_exists, parent_step, record_change};
+use crate::error::KernelError;
 use crate::machine::branch::{self, Blocked, Verdict};
 use crate::machine::budget;
 use crate::machine::dispatch;
@@ -33,8 +34,9 @@ pub struct RecordedTurn {
     pub ended_because: Option<crate::wire::Reason>,
     /// The run could not take the turn: why (its branch's parent is gone; the run ended with it).
     pub unresumable: Option<String>,
-    /// The turn's calls that started were paid for by a budget: none may go to its worker before
-    /// the commit that charged it is done, or a crash could lose the charge of a call that ran.
+    /// A call the turn started was paid for by a budget, or took a tool limit's token or slot:
+    /// none may go to its worker before the commit that charged it is done, or a crash could lose
+    /// the charge of a call that ran, or let a burst past its limit.
     #[serde(default)]
     pub paid: bool,
 }
@@ -104,15 +106,15 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, plan: TurnPlan) -> Result<Rec
             ended,
             unresumable: None,
             ended_because: Some("write_tool_blocked"),
-            paid: run.budget != budget_before,
+            paid: run.budget != budget_before || calls.limited,
         });
     }
     if calls.gated {
         super::ask::ask_next(records, &run.id)?;
     }
     Ok(RecordedTurn {
+        paid: run.budget != budget_before || calls.limited,
         calls: calls.dispositions,
-        paid: run.budget != budget_before,
         ..RecordedTurn::default()
     })
 }
@@ -125,6 +127,8 @@ struct Calls {
     turn_blocked: Option<Blocked>,
     blocked: Option<Blocked>,
     gated: bool,
+    /// A call started under tool limits: the turn's starts wait for its commit.
+    limited: bool,
     /// The runs above this one whose budgets cover its calls too (see [`super::spend`]).
     ancestors: Vec<RunRecord>,
 }
@@ -141,6 +145,7 @@ impl Calls {
             turn_blocked,
             blocked: None,
             gated: false,
+            limited: false,
             ancestors: Vec::new(),
         }
     }
@@ -302,6 +307,16 @@ fn record_call<R: Records + ?Sized>(
         }),
         _ => None,
     };
+    // Starting at once under tool limits, it passes them here; one they have no room for (another
+    // replica's calls took it) is scheduled, and waits in the queue.
+    let (started, admitted) = match started {
+        Some(started) if !started.1.limits.is_empty() => match super::throttle::admit(records, started.1) {
+            Ok(admitted) => (Some(started), Some(admitted)),
+            Err(KernelError::LimitExceeded { .. }) => (None, None),
+            Err(error) => return Err(error),
+        },
+        started => (started, None),
+    };
     // Starting at once, it pays now; one the budget cannot pay for after all is scheduled, and
     // its start settles it.
     let started = match started {
@@ -310,6 +325,16 @@ fn record_call<R: Records + ?Sized>(
             paid.is_ok().then_some(started)
         }
         started => started,
+    };
+    let started = match (started, admitted) {
+        (Some((mut change, start)), Some(admitted)) => {
+            super::throttle::take(records, &step, start, admitted)?;
+            change.step.limited_by = start.limits.iter().map(|limit| limit.tools.clone()).collect();
+            change.step.limit_wait_ms = start.limit_wait_ms;
+            calls.limited = true;
+            Some((change, start))
+        }
+        (started, _) => started,
     };
     records.insert_step(started.as_ref().map_or(&step, |(change, _)| &change.step))?;
     if run.hosted {

@@ -9,14 +9,33 @@ use crate::machine::throttle::{Bucket, free_slot};
 use crate::model::StepRecord;
 
 /// Takes what `start`'s limits ask of `step`'s attempt, or refuses with `LimitExceeded` naming
-/// the limit; the command's writes are undone with the refusal.
+/// the limit, having written nothing of it.
 pub fn pass<R: Records + ?Sized>(records: &mut R, step: &StepRecord, start: &StartDispatch) -> Result<()> {
+    let admitted = admit(records, start)?;
+    take(records, step, start, admitted)
+}
+
+/// What a start's limits have to give it: each rate's bucket after its token, each bound's free
+/// slot.
+pub struct Admitted {
+    buckets: Vec<(String, Bucket)>,
+    slots: Vec<String>,
+}
+
+/// Whether each of `start`'s limits has room for its attempt, as the store holds them now; refuses
+/// with `LimitExceeded` naming the limit. Writes nothing a refusal would have to undo (a rate's
+/// bucket row is made full where there was none, which is what no row means).
+pub fn admit<R: Records + ?Sized>(records: &mut R, start: &StartDispatch) -> Result<Admitted> {
     let now = records.now();
+    let mut admitted = Admitted {
+        buckets: Vec::new(),
+        slots: Vec::new(),
+    };
     for limit in &start.limits {
         if limit.per_second.is_some() {
             let bucket = records.lock_bucket(&limit.tools, Bucket::full(limit, now))?;
             match bucket.take(limit, now) {
-                Ok(after) => records.save_bucket(&limit.tools, after)?,
+                Ok(after) => admitted.buckets.push((limit.tools.clone(), after)),
                 Err(wait_ms) => {
                     return Err(refused(
                         limit.describe(),
@@ -28,15 +47,31 @@ pub fn pass<R: Records + ?Sized>(records: &mut R, step: &StepRecord, start: &Sta
         if let Some(at_once) = limit.at_once {
             let prefix = limit.slot_prefix();
             let held = records.held_locks(&prefix)?;
-            let taken = match free_slot(&prefix, at_once, &held) {
-                Some(slot) => records
-                    .take_lock(&slot, step, (&start.dispatch_id, start.attempt))?
-                    .is_ok(),
-                None => false,
-            };
-            if !taken {
-                return Err(refused(limit.describe(), format!("{} calls run already", held.len())));
+            match free_slot(&prefix, at_once, &held) {
+                Some(slot) => admitted.slots.push(slot),
+                None => return Err(refused(limit.describe(), format!("{} calls run already", held.len()))),
             }
+        }
+    }
+    Ok(admitted)
+}
+
+/// Takes what [`admit`] found for `step`'s attempt: the tokens and the slots.
+pub fn take<R: Records + ?Sized>(
+    records: &mut R,
+    step: &StepRecord,
+    start: &StartDispatch,
+    admitted: Admitted,
+) -> Result<()> {
+    for (name, bucket) in admitted.buckets {
+        records.save_bucket(&name, bucket)?;
+    }
+    for slot in admitted.slots {
+        if let Err((run, key)) = records.take_lock(&slot, step, (&start.dispatch_id, start.attempt))? {
+            return Err(KernelError::LimitExceeded {
+                field: format!("limits[{slot}]"),
+                message: format!("slot {slot} is held by step {key} of run {run}; the call waits in the queue"),
+            });
         }
     }
     Ok(())
@@ -149,6 +184,38 @@ mod tests {
         );
         assert!(records.state.locks.is_empty(), "the settled call holds no slot");
         assert_eq!(records.state.buckets["search"].tokens, tokens, "nor took a token");
+    }
+
+    #[test]
+    fn a_turn_starts_its_limited_calls_in_its_own_write_while_there_is_room_and_schedules_the_rest() {
+        let limit = ToolLimit {
+            tools: "search".into(),
+            per_second: None,
+            burst: None,
+            at_once: Some(1),
+        };
+        let mut records = Memory::new(NOW);
+        let run = created(&mut records, new_run());
+        let mut plan = turn(&run.id, 2);
+        // The scheduler reserved both (as two replicas might have): the store admits one.
+        plan.calls[0].start = Some(under(&limit, start_of(&run.id, 0, 1)));
+        plan.calls[1].start = Some(under(&limit, start_of(&run.id, 1, 1)));
+        let recorded = submit_turn::apply(&mut records, plan).unwrap();
+        let crate::machine::turn::CallDisposition::Started(first) = &recorded.calls[0] else {
+            panic!("the first call did not start: {:?}", recorded.calls[0]);
+        };
+        assert_eq!(first.limited_by, ["search"]);
+        assert!(
+            matches!(recorded.calls[1], crate::machine::turn::CallDisposition::Scheduled(_)),
+            "no room for the second: it waits in the queue ({:?})",
+            recorded.calls[1]
+        );
+        assert!(recorded.paid, "a limited start goes to its worker only once it commits");
+        assert_eq!(records.state.locks.keys().collect::<Vec<_>>(), ["@limit:search#0"]);
+        assert_eq!(
+            records.state.locks["@limit:search#0"].key,
+            StepKey::for_call(0, 0, None)
+        );
     }
 
     #[test]
