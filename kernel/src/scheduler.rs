@@ -1537,13 +1537,15 @@ impl Actor {
             .map(|call| {
                 // A call under tool limits with no room now starts from the queue, where its wait
                 // is counted; with room, in the turn's write, which passes the limits in the store.
+                // Among replicas it starts from the queue: a turn's write would wait there for
+                // another replica's lock on the limit's bucket, and hold up the whole turn.
                 let limits = self.throttle.limits(&call.tool);
                 if !self.queue.is_empty()
                     || limit.is_some_and(|n| taken >= n)
                     || call.locks.iter().any(|lock| self.locked.contains_key(lock))
                     || limits
                         .as_ref()
-                        .is_some_and(|limits| !self.throttle.has_room(limits, now))
+                        .is_some_and(|limits| self.config.replicated || !self.throttle.has_room(limits, now))
                 {
                     return None;
                 }
