@@ -95,6 +95,18 @@ mod tests {
     use crate::machine::throttle::ToolLimit;
     use crate::model::{StepKey, StepStatus};
 
+    /// The first attempt of `started` succeeds.
+    fn succeed(records: &mut Memory, started: &StepRecord) {
+        let report = ResultReport {
+            dispatch_id: started.dispatch_id.clone().unwrap(),
+            attempt: 1,
+            session_id: "s1".into(),
+            outcome: Ok("1".into()),
+            progress_count: 0,
+        };
+        result::apply(records, report).unwrap();
+    }
+
     fn under(limit: &ToolLimit, start: StartDispatch) -> StartDispatch {
         StartDispatch {
             limits: vec![limit.clone()],
@@ -131,14 +143,7 @@ mod tests {
         );
         assert_eq!(records.state, before, "a refused start writes nothing");
 
-        let report = ResultReport {
-            dispatch_id: first.dispatch_id.clone().unwrap(),
-            attempt: 1,
-            session_id: "s1".into(),
-            outcome: Ok("1".into()),
-            progress_count: 0,
-        };
-        result::apply(&mut records, report).unwrap();
+        succeed(&mut records, &first);
         assert!(records.state.locks.is_empty(), "the result gave the slot back");
         let second = start::apply(&mut records, under(&limit, start_of(&run.id, 1, 1))).unwrap();
         assert_eq!(second.map(|s| s.status), Some(StepStatus::Running));
@@ -167,14 +172,7 @@ mod tests {
         let first = start::apply(&mut records, under(&limit, start_of(&run.id, 0, 1)))
             .unwrap()
             .expect("the first call starts");
-        let report = ResultReport {
-            dispatch_id: first.dispatch_id.clone().unwrap(),
-            attempt: 1,
-            session_id: "s1".into(),
-            outcome: Ok("1".into()),
-            progress_count: 0,
-        };
-        result::apply(&mut records, report).unwrap();
+        succeed(&mut records, &first);
         let tokens = records.state.buckets["search"].tokens;
         assert!(
             start::apply(&mut records, under(&limit, start_of(&run.id, 1, 1)))
