@@ -13,6 +13,8 @@ use crate::auth::Caller;
 pub const READ: &str = "/kernel.v1.RunService/ListRuns";
 /// The method whose scope answering an approval needs (`approvals:write`).
 pub const ANSWER: &str = "/kernel.v1.ApprovalService/ApproveCall";
+/// The method whose scope the limits page needs (`admin`, as `kernelctl limits`).
+pub const ADMIN: &str = "/kernel.v1.AdminService/GetStatus";
 
 const COOKIE: &str = "kernel_key";
 

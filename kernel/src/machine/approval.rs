@@ -244,7 +244,7 @@ pub fn answer(
             decided.status = StepStatus::Pending;
             Decided::Approved(decided)
         }
-        None => Decided::Settled(refuse(&decided, (status, decider, reason), now)),
+        None => Decided::Settled(refuse(&decided, raising, (status, decider, reason), now)),
     };
     Ok(Answer {
         approval: answered,
@@ -254,15 +254,15 @@ pub fn answer(
     })
 }
 
-/// Settles `step`, rejected by `decider` (or expired when `status` says so), without running.
+/// Settles `step`, rejected by `decider` (or expired when `status` says so), without running; a
+/// call `raising` a budget settles as `budget_exceeded`.
 fn refuse(
     step: &StepRecord,
+    raising: bool,
     (status, decider, reason): (ApprovalStatus, &str, Option<&str>),
     now: Millis,
 ) -> StepChange {
     let question = step.kind == StepKind::Question;
-    let raising =
-        (step.approval_gate.as_ref()).is_some_and(|gate| super::budget::raised_by(&gate.decided_by).is_some());
     let (answer, outcome, mut message) = match status {
         ApprovalStatus::Expired if raising => (
             ApprovalStatus::Expired,

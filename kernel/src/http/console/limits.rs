@@ -11,13 +11,10 @@ use maud::html;
 
 use super::{Section, admit, layout, refused, request};
 use crate::grpc::AdminApi;
-use crate::http::Http;
-
-/// The method whose scope this page needs (`admin`, as `kernelctl status`).
-const STATUS: &str = "/kernel.v1.AdminService/GetStatus";
+use crate::http::{Http, session};
 
 pub async fn page(State(http): State<Http>, headers: HeaderMap, uri: axum::http::Uri) -> Response {
-    let caller = match admit(&http, &headers, STATUS, &uri.to_string()) {
+    let caller = match admit(&http, &headers, session::ADMIN, &uri.to_string()) {
         Ok(caller) => caller,
         Err(response) => return *response,
     };
