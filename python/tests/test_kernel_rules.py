@@ -89,20 +89,25 @@ async def test_a_call_outside_the_turns_offer_is_unknown_and_a_recorded_one_no_l
 async def test_capture_decides_what_inspection_shows_while_replay_keeps_everything(
     kernel: Kernel, client: AgentClient
 ) -> None:
+    # The planted value holds letters no hex id can, so a random id never looks like a leak.
     async with serving(kernel, echo):
         for capture in ("none", "metadata"):
-            run = await client.create_run("secretive", input={"card": "4111-1111"}, capture=capture)
-            calls = [ToolCall("echo", {"text": "4111-1111"})]
+            run = await client.create_run(
+                "secretive", input={"card": "card-QZ-4111"}, capture=capture
+            )
+            calls = [ToolCall("echo", {"text": "card-QZ-4111"})]
             [result] = (await client.call_turn(run.id, 0, calls)).results
-            assert result.content == "4111-1111", "the agent gets its result whatever the capture"
+            assert result.content == "card-QZ-4111", (
+                "the agent gets its result whatever the capture"
+            )
             [replayed] = (await client.call_turn(run.id, 0, calls)).results
-            assert replayed.replayed and replayed.content == "4111-1111", "replay has it all"
+            assert replayed.replayed and replayed.content == "card-QZ-4111", "replay has it all"
             shown = await client.get_run(run.id)
             text = repr(shown)
-            assert "4111" not in text, f"capture={capture} leaks through GetRun: {text}"
+            assert "card-QZ" not in text, f"capture={capture} leaks through GetRun: {text}"
             assert f"capture={capture}" in text, text
             events = await client.list_events(run.id)
-            assert "4111" not in repr(events), f"capture={capture} leaks through the event log"
+            assert "card-QZ" not in repr(events), f"capture={capture} leaks through the event log"
 
 
 async def test_a_runs_calls_count_toward_its_max_tool_calls_and_a_call_past_it_never_runs(
