@@ -188,8 +188,9 @@ pub enum RunsCommand {
         /// Print the run's events until it ends; exit 1 unless it completed.
         #[arg(long, short = 'f')]
         follow: bool,
-        /// A limit of the run's budget, `calls=N`, `cost=X` or both, optionally on the tools a
-        /// glob names: `tools=payments_*,calls=10` (repeatable). A call past it does not run.
+        /// A limit of the run's budget, any of `calls=N`, `cost=X` and `time=DURATION` (tool run
+        /// time, `10m`), optionally on the tools a glob names: `tools=payments_*,calls=10`
+        /// (repeatable). A call past it does not run.
         #[arg(long = "budget", value_name = "LIMIT", value_parser = parse_budget)]
         budget: Vec<kernel_proto::v1::BudgetLimit>,
         /// A label on the run, `key=value` (repeatable): what `runs list --label` finds it by, and
@@ -292,13 +293,15 @@ pub struct ForkArgs {
     pub budget: Vec<kernel_proto::v1::BudgetLimit>,
 }
 
-/// A budget limit: `calls=N`, `cost=X` and `tools=GLOB`, comma-separated, at least one of the
-/// first two.
+/// A budget limit: `calls=N`, `cost=X`, `time=DURATION` and `tools=GLOB`, comma-separated, at
+/// least one of the first three.
 pub(crate) fn parse_budget(text: &str) -> Result<kernel_proto::v1::BudgetLimit, String> {
     let mut limit = kernel_proto::v1::BudgetLimit::default();
     for part in text.split(',').map(str::trim).filter(|part| !part.is_empty()) {
         let Some((key, value)) = part.split_once('=') else {
-            return Err(format!("'{part}' is not key=value (calls=N, cost=X, tools=GLOB)"));
+            return Err(format!(
+                "'{part}' is not key=value (calls=N, cost=X, time=DURATION, tools=GLOB)"
+            ));
         };
         match key.trim() {
             "calls" => {
@@ -318,14 +321,37 @@ pub(crate) fn parse_budget(text: &str) -> Result<kernel_proto::v1::BudgetLimit, 
                 }
                 limit.max_cost = Some(cost);
             }
+            "time" => limit.max_time_ms = Some(parse_millis(value.trim()).map_err(|why| format!("time {why}"))?),
             "tools" => limit.tools = value.trim().to_owned(),
-            other => return Err(format!("unknown key '{other}' (expected calls, cost or tools)")),
+            other => {
+                return Err(format!("unknown key '{other}' (expected calls, cost, time or tools)"));
+            }
         }
     }
-    if limit.max_calls.is_none() && limit.max_cost.is_none() {
-        return Err(format!("'{text}' sets neither calls nor cost"));
+    if limit.max_calls.is_none() && limit.max_cost.is_none() && limit.max_time_ms.is_none() {
+        return Err(format!("'{text}' sets none of calls, cost and time"));
     }
     Ok(limit)
+}
+
+/// A span of time, `250ms`, `30s`, `10m`, `1h` or whole seconds, in milliseconds.
+pub(crate) fn parse_millis(text: &str) -> Result<u64, String> {
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let per = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return Err(format!("'{text}' is not a duration such as 250ms, 30s, 10m or 1h")),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(per))
+        .ok_or_else(|| format!("'{text}' is not a duration such as 250ms, 30s, 10m or 1h"))
 }
 
 /// JSON text, checked and kept as written.
@@ -615,6 +641,29 @@ mod tests {
     #[test]
     fn every_kernelctl_command_line_in_the_docs_parses() {
         crate::docs_commands::assert_every_command_line_parses::<Cli>("kernelctl", 20);
+    }
+
+    #[test]
+    fn a_budget_limit_reads_calls_cost_time_and_tools_and_names_what_is_wrong() {
+        let limit = parse_budget("tools=pay*, calls=3, time=10m").unwrap();
+        assert_eq!(
+            (limit.tools.as_str(), limit.max_calls, limit.max_time_ms),
+            ("pay*", Some(3), Some(600_000))
+        );
+        assert_eq!(
+            parse_budget("time=90").unwrap().max_time_ms,
+            Some(90_000),
+            "whole seconds"
+        );
+        assert_eq!(parse_budget("time=250ms").unwrap().max_time_ms, Some(250));
+        assert_eq!(
+            parse_budget("time=soon").unwrap_err(),
+            "time 'soon' is not a duration such as 250ms, 30s, 10m or 1h"
+        );
+        assert_eq!(
+            parse_budget("tools=pay*").unwrap_err(),
+            "'tools=pay*' sets none of calls, cost and time"
+        );
     }
 
     #[test]

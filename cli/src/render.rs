@@ -47,6 +47,10 @@ pub fn duration(d: Duration) -> String {
     }
 }
 
+fn millis(ms: u64) -> String {
+    duration(Duration::from_millis(ms))
+}
+
 /// At most `max_chars` characters of `text`, then `…` when anything was cut.
 pub fn truncate(text: &str, max_chars: usize) -> Cow<'_, str> {
     match text.char_indices().nth(max_chars) {
@@ -216,6 +220,13 @@ fn budget(run: &RunView) -> Option<String> {
             }
             if let Some(max) = limit.max_cost {
                 parts.push(format!("cost {:.2} of {max:.2}", limit.spent_cost));
+            }
+            if let Some(max) = limit.max_time_ms {
+                let held = match limit.reserved_time_ms {
+                    0 => String::new(),
+                    held => format!(" ({} held by running calls)", millis(held)),
+                };
+                parts.push(format!("time {} of {}{held}", millis(limit.spent_time_ms), millis(max)));
             }
             let scope = match &limit.tools {
                 Some(glob) => format!("on '{}': ", one_line(glob)),
@@ -1069,6 +1080,13 @@ mod tests {
                     spent_calls: 1,
                     ..Default::default()
                 },
+                pb::BudgetLimit {
+                    max_time_ms: Some(600_000),
+                    set_by: "request".into(),
+                    spent_time_ms: 12_500,
+                    reserved_time_ms: 30_000,
+                    ..Default::default()
+                },
             ],
             budget_under_parent: true,
             ..sample_run()
@@ -1077,7 +1095,7 @@ mod tests {
             budget(&run).as_deref(),
             Some(
                 "calls 3 of 10, cost 1.50 of 5.00 (request); on 'payments_*': calls 1 of 4 (policy:budgets[1]); \
-                 charged to its parent's budget too"
+                 time 12.5s of 10m00s (30.0s held by running calls) (request); charged to its parent's budget too"
             )
         );
         assert!(

@@ -108,6 +108,12 @@ pub struct BudgetView {
     pub max_cost: Option<f64>,
     pub spent_calls: u64,
     pub spent_cost: f64,
+    /// At most this much tool run time, in milliseconds.
+    pub max_time_ms: Option<u64>,
+    /// The run time of the attempts that ended, each at most its timeout.
+    pub spent_time_ms: u64,
+    /// The timeouts of the attempts running, held against `max_time_ms`.
+    pub reserved_time_ms: u64,
     /// `request`, `parent`, or the policy file's `policy:budgets[i]`.
     pub set_by: Option<String>,
 }
@@ -120,6 +126,9 @@ impl From<pb::BudgetLimit> for BudgetView {
             max_cost: limit.max_cost,
             spent_calls: limit.spent_calls,
             spent_cost: limit.spent_cost,
+            max_time_ms: limit.max_time_ms,
+            spent_time_ms: limit.spent_time_ms,
+            reserved_time_ms: limit.reserved_time_ms,
             set_by: non_empty(limit.set_by),
         }
     }

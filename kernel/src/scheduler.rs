@@ -1672,26 +1672,40 @@ impl Actor {
                 }
                 self.dispatch_ready();
             }
+            Err(KernelError::LimitExceeded { field, message })
+                if field == crate::machine::command::spend::WAITS_FOR_TIME =>
+            {
+                // Its budget's time is held by the run's running calls; one of them ends soon.
+                debug!(%dispatch_id, message, "a budget's time refused a start; the call waits");
+                self.try_again_later(&dispatch_id);
+            }
             Err(error) => {
                 warn!(%dispatch_id, %error, "cannot record tool:start; the call waits for the next try");
-                if let Some(lease) = self.leases.get(&dispatch_id) {
-                    let (run, key) = (lease.run_id.clone(), lease.key.clone());
-                    self.release(&dispatch_id);
-                    let store = self.store.clone();
-                    let me = self.me.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        if let Ok(steps) = store.reads.steps(run).await
-                            && let Some(step) = steps
-                                .into_iter()
-                                .find(|s| s.key == key && s.status == StepStatus::Pending)
-                        {
-                            let _ = me.send(Msg::Enqueue(step));
-                        }
-                    });
-                }
+                self.try_again_later(&dispatch_id);
             }
         }
+    }
+
+    /// Frees the slot of `dispatch_id`, whose start was refused, and queues its step again after
+    /// a pause if it is still pending then.
+    fn try_again_later(&mut self, dispatch_id: &DispatchId) {
+        let Some(lease) = self.leases.get(dispatch_id) else {
+            return;
+        };
+        let (run, key) = (lease.run_id.clone(), lease.key.clone());
+        self.release(dispatch_id);
+        let store = self.store.clone();
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if let Ok(steps) = store.reads.steps(run).await
+                && let Some(step) = steps
+                    .into_iter()
+                    .find(|s| s.key == key && s.status == StepStatus::Pending)
+            {
+                let _ = me.send(Msg::Enqueue(step));
+            }
+        });
     }
 
     /// A start whose commit's outcome is unknown (the connection dropped as it committed): its slot

@@ -1,10 +1,11 @@
 """Budgets against the real kernel from Python: a runaway agent loop stopped at its budget with
 the model reading why, the spend read back on the run, a subagent-free branch with a budget of its
-own, a budget that limits nothing refused naming its field, and a policy budget that asks a person,
-raised by an answer."""
+own, a budget that limits nothing refused naming its field, a policy budget that asks a person,
+raised by an answer, and a budget on tool run time that holds each call's timeout while it runs."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,7 @@ async def test_a_budget_that_limits_nothing_is_refused_naming_its_field(
     with pytest.raises(KernelError) as refused:
         await client.create_run("researcher", budget=[BudgetLimit(tools="py_*")])
     assert refused.value.code == "INVALID_ARGUMENT"
-    assert "budget[0]: sets neither max_calls nor max_cost" in str(refused.value)
+    assert "budget[0]: sets none of max_calls, max_cost and max_time" in str(refused.value)
 
 
 ASKING = """
@@ -115,3 +116,45 @@ async def test_a_budget_that_asks_is_raised_by_a_person_and_the_call_runs(tmp_pa
             [limit] = detail.run.budget
             assert (limit.max_cost, limit.spent_cost) == (1.0, 0.75)
             assert limit.set_by == "policy:budgets[0], raised by finance"
+
+
+@tool
+async def py_nap(ms: int) -> str:
+    """Sleeps `ms` milliseconds."""
+    await asyncio.sleep(ms / 1000)
+    return f"napped {ms}"
+
+
+async def test_a_time_budget_holds_each_call_s_timeout_and_stops_the_loop_past_it(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, py_nap):
+        run = await client.create_run("napper", budget=[BudgetLimit(max_time=2.5)])
+        nap = ToolCall("py_nap", {"ms": 300}, timeout=1.0)
+        # Four calls of a turn hold 1 s each of the 2.5 s: two run at once, and all four run.
+        done = await client.call_turn(run.id, 0, [nap] * 4)
+        assert all(r.ok for r in done.results), done.results
+        steps = (await client.get_run(run.id)).steps
+        spans = []
+        for step in steps:
+            assert step.started_at is not None and step.finished_at is not None, step
+            spans.append((step.started_at, step.finished_at))
+        for start, _ in spans:
+            running = sum(1 for s, f in spans if s <= start < f)
+            assert running <= 2, spans
+
+        refused = None
+        for turn in range(1, 20):
+            [result] = (await client.call_turn(run.id, turn, [nap])).results
+            if not result.ok:
+                refused = result
+                break
+        assert refused is not None, "the time budget never stopped the loop"
+        assert refused.outcome == CallOutcome.BUDGET_EXCEEDED
+        assert "with 1.00 s more for this call's timeout, of 2.50 s" in refused.content, refused
+        [limit] = (await client.get_run(run.id)).run.budget
+        assert limit.max_time == 2.5 and limit.reserved_time == 0.0, limit
+        assert 1.5 < limit.spent_time <= 2.5, limit
+
+    with pytest.raises(ValueError, match=r"budget\[0\]\.max_time"):
+        await client.create_run("napper", budget=[BudgetLimit(max_time=-1)])

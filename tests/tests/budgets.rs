@@ -370,3 +370,72 @@ async fn a_budget_that_asks_waits_for_a_person_who_raises_it_or_refuses() {
     assert_eq!(started_keys(&kernel, "sleepy").len(), 4, "the worker ran four calls");
     check_log(&kernel.events(run.id()).await, false);
 }
+
+#[tokio::test]
+async fn a_time_budget_holds_each_call_s_timeout_while_it_runs_and_stops_the_loop_past_it() {
+    let kernel = priced(None);
+    let _worker = kernel.fault_worker("w1");
+    kernel.wait_for_workers("sleepy", 1).await;
+    let agent = AgentClient::connect(kernel.url()).await.unwrap();
+    let budget = BudgetLimit::time(std::time::Duration::from_millis(2_500));
+    let run = agent
+        .create_run(NewRun::new("timed", json!({})).budget(budget))
+        .await
+        .unwrap();
+    let sleepy = |hold_ms: u64| {
+        Call::new("sleepy", json!({ "hold_ms": hold_ms })).with_timeout(std::time::Duration::from_secs(1))
+    };
+
+    // Four calls of a turn, each holding its 1 s timeout of the 2.5 s: two at a time, the others
+    // waiting until the first end, and all four run.
+    let results = run.call_turn(0, (0..4).map(|_| sleepy(300)).collect()).await.unwrap();
+    assert!(results.iter().all(|r| r.outcome == Outcome::Ok), "{results:?}");
+    let steps = kernel.get(run.id()).await.steps;
+    let at = |seconds: i64, nanos: i32| seconds * 1000 + i64::from(nanos) / 1_000_000;
+    let spans: Vec<(i64, i64)> = steps
+        .iter()
+        .map(|s| {
+            let (started, finished) = (s.started_at.as_ref().unwrap(), s.finished_at.as_ref().unwrap());
+            (at(started.seconds, started.nanos), at(finished.seconds, finished.nanos))
+        })
+        .collect();
+    for (start, _) in &spans {
+        let running = spans.iter().filter(|(s, f)| s <= start && start < f).count();
+        assert!(
+            running <= 2,
+            "{running} calls ran at once under 2.5 s of 1 s timeouts: {spans:?}"
+        );
+    }
+
+    // The loop goes on until what it spent leaves no room for one more timeout.
+    let mut stopped = None;
+    for turn in 1..20 {
+        let results = run.call_turn(turn, vec![sleepy(300)]).await.unwrap();
+        if results[0].outcome != Outcome::Ok {
+            stopped = Some(results[0].clone());
+            break;
+        }
+    }
+    let refused = stopped.expect("the time budget never stopped the loop");
+    assert_eq!(refused.outcome, Outcome::BudgetExceeded);
+    assert!(
+        refused.content.starts_with("budget exceeded: time ")
+            && refused
+                .content
+                .contains("with 1.00 s more for this call's timeout, of 2.50 s for run")
+            && refused.content.ends_with("'sleepy' did not run"),
+        "{}",
+        refused.content
+    );
+    let shown = kernel.get(run.id()).await.run.unwrap();
+    let limit = &shown.budget[0];
+    assert_eq!(limit.reserved_time_ms, 0, "nothing runs, nothing is held");
+    assert!(
+        limit.spent_time_ms > 1_500 && limit.spent_time_ms <= 2_500,
+        "spent {} ms",
+        limit.spent_time_ms
+    );
+    let printed = kernel.kernelctl(&["runs", "show", run.id()]);
+    let printed = String::from_utf8_lossy(&printed.stdout);
+    assert!(printed.contains(" of 2.5s (request)"), "{printed}");
+}

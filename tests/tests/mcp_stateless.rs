@@ -188,7 +188,7 @@ async fn a_run_a_2026_client_opens_with_a_budget_refuses_the_call_past_it_as_a_r
         errors[0]
     );
     assert!(
-        errors[1].contains("budget[0]: sets neither max_calls nor max_cost"),
+        errors[1].contains("budget[0]: sets none of max_calls, max_cost and max_time"),
         "{}",
         errors[1]
     );

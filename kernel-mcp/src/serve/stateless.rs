@@ -66,7 +66,8 @@ struct Directives {
     budget: Vec<worker_sdk::BudgetLimit>,
 }
 
-/// A `kernel/budget` directive: one limit (`{"max_calls": 10, "max_cost": 5.0, "tools": "pay*"}`)
+/// A `kernel/budget` directive: one limit (`{"max_calls": 10, "max_cost": 5.0, "max_time_ms":
+/// 600000, "tools": "pay*"}`)
 /// or a list of them. Their sense (a limit that limits something, a cost >= 0, a glob that
 /// compiles) is the kernel's to check.
 fn budget(value: &Value) -> Result<Vec<worker_sdk::BudgetLimit>, String> {
@@ -87,10 +88,18 @@ fn budget(value: &Value) -> Result<Vec<worker_sdk::BudgetLimit>, String> {
                         read.max_calls = Some(value.as_u64().ok_or("max_calls must be a whole number >= 0")?);
                     }
                     ("max_cost", value) => read.max_cost = Some(value.as_f64().ok_or("max_cost must be a number")?),
+                    ("max_time_ms", value) => {
+                        let ms = value
+                            .as_u64()
+                            .ok_or("max_time_ms must be a whole number of milliseconds >= 0")?;
+                        read.max_time = Some(std::time::Duration::from_millis(ms));
+                    }
                     ("tools", Value::String(glob)) => read.tools = Some(glob.clone()),
                     ("tools", _) => return Err("tools must be a glob over tool names".to_owned()),
                     (other, _) => {
-                        return Err(format!("unknown key '{other}' (expected max_calls, max_cost or tools)"));
+                        return Err(format!(
+                            "unknown key '{other}' (expected max_calls, max_cost, max_time_ms or tools)"
+                        ));
                     }
                 }
             }
@@ -537,8 +546,11 @@ mod tests {
                 worker_sdk::BudgetLimit::calls(2).on("pay*")
             ]
         );
-        let one = directives(&meta(json!({"kernel/budget": {"max_calls": 3}}))).unwrap();
-        assert_eq!(one.budget, [worker_sdk::BudgetLimit::calls(3)]);
+        let one = directives(&meta(json!({"kernel/budget": {"max_calls": 3, "max_time_ms": 60000}}))).unwrap();
+        assert_eq!(
+            one.budget,
+            [worker_sdk::BudgetLimit::calls(3).and_time(std::time::Duration::from_secs(60))]
+        );
     }
 
     #[test]

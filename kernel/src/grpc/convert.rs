@@ -197,6 +197,7 @@ pub fn budget_limits(limits: Vec<pb::BudgetLimit>) -> Result<Vec<budget::Limit>,
                 tools,
                 max_calls: limit.max_calls,
                 max_cost: limit.max_cost,
+                max_time_ms: limit.max_time_ms,
                 set_by: Some("request".to_owned()),
                 spent: budget::Spent::default(),
                 // Only the policy's budgets ask a person to raise them.
@@ -221,6 +222,9 @@ fn budget(run: &RunRecord) -> Vec<pb::BudgetLimit> {
             set_by: limit.set_by.clone().unwrap_or_default(),
             spent_calls: limit.spent.calls,
             spent_cost: limit.spent.cost,
+            max_time_ms: limit.max_time_ms,
+            spent_time_ms: limit.spent.time_ms,
+            reserved_time_ms: limit.spent.reserved_ms,
         })
         .collect()
 }

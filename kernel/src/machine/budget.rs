@@ -1,11 +1,18 @@
 //! What a run may spend on tool calls, and what it has spent: at most so many calls, at most so
-//! much cost (each attempt at its price), over every tool or over the tools a glob names.
+//! much cost (each attempt at its price), at most so much tool run time, over every tool or over
+//! the tools a glob names.
 //!
 //! A budget is checked and charged in the write that starts an attempt, so no race, retry, crash
 //! or replay spends past it: the start of each attempt pays its price (a replayed or cached call
 //! runs nothing and pays nothing), and an attempt that would go past a limit does not start; its
 //! call settles as `budget_exceeded`, an error the model reads. A new call already past a limit
 //! is refused as it is recorded, without being scheduled.
+//!
+//! Run time is known only when an attempt ends, so its start reserves its whole timeout (the
+//! kernel ends no attempt later than that) and its end gives back what it did not use: the time
+//! spent and the time reserved together never pass the limit. An attempt whose timeout does not
+//! fit waits while others hold reservations that may come back, and is refused once none do; a
+//! call with no timeout cannot run under a limit on time.
 //!
 //! A limit may ask a person instead (the policy file's `budgets[].approval`): the call waits,
 //! parked as an approval whose answer is the limit's new bounds; raised, the call starts when its
@@ -43,6 +50,10 @@ pub struct Limit {
     /// At most this much cost, each attempt at its price.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost: Option<f64>,
+    /// At most this much tool run time, in milliseconds: each attempt from its start to its end,
+    /// at most its timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_time_ms: Option<u64>,
     /// What set the limit (`request`, `parent`, or the policy file's `policy:budgets[i]`), for
     /// inspection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -72,6 +83,16 @@ pub struct Ask {
 pub struct Spent {
     pub calls: u64,
     pub cost: f64,
+    /// The run time of the attempts that ended, each at most its timeout.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub time_ms: u64,
+    /// The timeouts of the attempts running: what they may still spend.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reserved_ms: u64,
+}
+
+fn is_zero(ms: &u64) -> bool {
+    *ms == 0
 }
 
 /// Cost sums of prices that are not exact in binary: a limit is passed only by more than this.
@@ -85,6 +106,26 @@ pub struct Attempt<'a> {
     pub unit_cost: f64,
     /// The call's first attempt: it counts as a call.
     pub first: bool,
+    /// The attempt's timeout, reserved as it starts (0: it has none).
+    pub timeout_ms: u64,
+}
+
+/// An attempt that ended, as a budget sees it: what its start reserved and how long it ran.
+#[derive(Clone, Copy, Debug)]
+pub struct Ended<'a> {
+    pub tool: &'a str,
+    pub timeout_ms: u64,
+    pub ran_ms: u64,
+}
+
+impl Ended<'_> {
+    /// The run time the attempt is charged: what it ran, at most its timeout.
+    fn charged_ms(&self) -> u64 {
+        match self.timeout_ms {
+            0 => self.ran_ms,
+            timeout => self.ran_ms.min(timeout),
+        }
+    }
 }
 
 impl Limit {
@@ -92,10 +133,10 @@ impl Limit {
     /// field at fault (`""` for the limit itself, or `.max_cost`) and why. Its glob is checked
     /// where it is read.
     pub fn check(&self) -> Result<(), (&'static str, String)> {
-        if self.max_calls.is_none() && self.max_cost.is_none() {
+        if self.max_calls.is_none() && self.max_cost.is_none() && self.max_time_ms.is_none() {
             return Err((
                 "",
-                "sets neither max_calls nor max_cost, so it limits nothing".to_owned(),
+                "sets none of max_calls, max_cost and max_time, so it limits nothing".to_owned(),
             ));
         }
         match self.max_cost {
@@ -126,16 +167,38 @@ impl Limit {
             return Some(Over::Calls { would: calls, max });
         }
         let cost = self.spent.cost + attempt.unit_cost;
-        match self.max_cost {
-            Some(max) if attempt.unit_cost > 0.0 && cost > max + COST_EPSILON => Some(Over::Cost { would: cost, max }),
-            _ => None,
+        if let Some(max) = self.max_cost
+            && attempt.unit_cost > 0.0
+            && cost > max + COST_EPSILON
+        {
+            return Some(Over::Cost { would: cost, max });
         }
+        let max = self.max_time_ms?;
+        let spent = self.spent.time_ms;
+        let held = self.spent.reserved_ms;
+        if attempt.timeout_ms == 0 {
+            return Some(Over::Untimed { max });
+        }
+        (spent + held + attempt.timeout_ms > max).then_some(Over::Time {
+            spent,
+            held,
+            timeout: attempt.timeout_ms,
+            max,
+        })
     }
 
     fn charge(&mut self, attempt: Attempt<'_>) {
         if self.covers(attempt.tool) {
             self.spent.calls += u64::from(attempt.first);
             self.spent.cost += attempt.unit_cost;
+            self.spent.reserved_ms += attempt.timeout_ms;
+        }
+    }
+
+    fn settle(&mut self, ended: Ended<'_>) {
+        if self.covers(ended.tool) {
+            self.spent.reserved_ms = self.spent.reserved_ms.saturating_sub(ended.timeout_ms);
+            self.spent.time_ms += ended.charged_ms();
         }
     }
 }
@@ -143,8 +206,32 @@ impl Limit {
 /// What a limit would pass.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Over {
-    Calls { would: u64, max: u64 },
-    Cost { would: f64, max: f64 },
+    Calls {
+        would: u64,
+        max: u64,
+    },
+    Cost {
+        would: f64,
+        max: f64,
+    },
+    /// The attempt's timeout does not fit beside what was spent and what running attempts hold.
+    Time {
+        spent: u64,
+        held: u64,
+        timeout: u64,
+        max: u64,
+    },
+    /// The attempt has no timeout, so no reservation bounds it.
+    Untimed {
+        max: u64,
+    },
+}
+
+impl Over {
+    /// Whether the attempt may fit once running attempts give back what they hold.
+    fn may_fit_later(&self) -> bool {
+        matches!(self, Over::Time { spent, held, timeout, max } if *held > 0 && spent + timeout <= *max)
+    }
 }
 
 /// Why an attempt may not start: the message the model reads, and the person to ask when the
@@ -153,6 +240,9 @@ enum Over {
 pub struct Exceeded {
     pub message: String,
     pub ask: Option<ApprovalGate>,
+    /// The attempt's timeout passes a limit on time only by what running attempts hold: it waits
+    /// for them to end instead of failing (nobody is asked yet).
+    pub waits: bool,
 }
 
 /// What an approval that asks to raise a limit names as what asked: the run holding the limit and
@@ -171,10 +261,11 @@ pub fn raised_by(decided_by: &str) -> Option<(RunId, usize)> {
 pub struct Raise {
     pub max_calls: Option<u64>,
     pub max_cost: Option<f64>,
+    pub max_time_ms: Option<u64>,
 }
 
 /// The JSON Schema of the answer to an approval that asks to raise a limit.
-pub const RAISE_SCHEMA: &str = r#"{"type":"object","properties":{"max_calls":{"type":"integer","minimum":0},"max_cost":{"type":"number","minimum":0}},"minProperties":1,"additionalProperties":false}"#;
+pub const RAISE_SCHEMA: &str = r#"{"type":"object","properties":{"max_calls":{"type":"integer","minimum":0},"max_cost":{"type":"number","minimum":0},"max_time_ms":{"type":"integer","minimum":0}},"minProperties":1,"additionalProperties":false}"#;
 
 impl Raise {
     /// Reads an answer (canonical JSON) as a raise, or says what is wrong with it.
@@ -186,10 +277,13 @@ impl Raise {
             max_calls: Option<u64>,
             #[serde(default)]
             max_cost: Option<f64>,
+            #[serde(default)]
+            max_time_ms: Option<u64>,
         }
-        let shape = "answer with the new limit, such as {\"max_cost\": 10.0} or {\"max_calls\": 50}";
+        let shape =
+            "answer with the new limit, such as {\"max_cost\": 10.0}, {\"max_calls\": 50} or {\"max_time_ms\": 600000}";
         let given: Given = serde_json::from_str(answer).map_err(|e| format!("{e}; {shape}"))?;
-        if given.max_calls.is_none() && given.max_cost.is_none() {
+        if given.max_calls.is_none() && given.max_cost.is_none() && given.max_time_ms.is_none() {
             return Err(format!("the answer raises nothing; {shape}"));
         }
         if let Some(cost) = given.max_cost
@@ -200,6 +294,7 @@ impl Raise {
         Ok(Raise {
             max_calls: given.max_calls,
             max_cost: given.max_cost,
+            max_time_ms: given.max_time_ms,
         })
     }
 }
@@ -226,8 +321,18 @@ pub fn raise(run: &mut RunRecord, index: usize, raise: Raise, decider: &str) -> 
             "max_cost {new} is below the limit's {old}; an answer raises a limit, never lowers it"
         ));
     }
+    if let (Some(new), Some(old)) = (raise.max_time_ms, limit.max_time_ms)
+        && new < old
+    {
+        return Err(format!(
+            "max_time_ms {new} is below the limit's {old}; an answer raises a limit, never lowers it"
+        ));
+    }
     if raise.max_calls.is_some() {
         limit.max_calls = raise.max_calls;
+    }
+    if raise.max_time_ms.is_some() {
+        limit.max_time_ms = raise.max_time_ms;
     }
     if raise.max_cost.is_some() {
         limit.max_cost = raise.max_cost;
@@ -254,6 +359,19 @@ pub fn check(accounts: &[&RunRecord], attempt: Attempt<'_>) -> Result<(), Exceed
     let what = match over {
         Over::Calls { would, max } => format!("calls {would} of {max}"),
         Over::Cost { would, max } => format!("cost {would:.2} of {max:.2}"),
+        Over::Time {
+            spent,
+            held,
+            timeout,
+            max,
+        } => format!(
+            "time {} spent and {} held by running calls, with {} more for this call's timeout, of {}",
+            seconds(spent),
+            seconds(held),
+            seconds(timeout),
+            seconds(max)
+        ),
+        Over::Untimed { max } => format!("time of {} and the call has no timeout", seconds(max)),
     };
     let scope = match &limit.tools {
         Some(glob) => format!(" on '{glob}'"),
@@ -265,7 +383,8 @@ pub fn check(accounts: &[&RunRecord], attempt: Attempt<'_>) -> Result<(), Exceed
         format!("run {} (an ancestor of run {})", run.id, accounts[0].id)
     };
     let passed = format!("budget exceeded: {what}{scope} for {holder}");
-    let ask = limit.ask.as_ref().map(|ask| ApprovalGate {
+    let waits = over.may_fit_later();
+    let ask = limit.ask.as_ref().filter(|_| !waits).map(|ask| ApprovalGate {
         timeout_ms: ask.timeout_ms,
         approvers: ask.approvers.clone(),
         message: Some(match &ask.message {
@@ -280,7 +399,13 @@ pub fn check(accounts: &[&RunRecord], attempt: Attempt<'_>) -> Result<(), Exceed
     Err(Exceeded {
         message: format!("{passed}; '{}' did not run", attempt.tool),
         ask,
+        waits,
     })
+}
+
+/// A span of milliseconds as the model reads it: `1.50 s`.
+fn seconds(ms: u64) -> String {
+    format!("{:.2} s", ms as f64 / 1000.0)
 }
 
 /// Charges `attempt` to `run`'s own limits that cover it.
@@ -288,6 +413,16 @@ pub fn charge(run: &mut RunRecord, attempt: Attempt<'_>) {
     if let Some(budget) = &mut run.budget {
         for limit in &mut budget.limits {
             limit.charge(attempt);
+        }
+    }
+}
+
+/// Settles `ended`'s run time with `run`'s own limits that cover it: what its start reserved
+/// comes back, what it ran is spent.
+pub fn settle(run: &mut RunRecord, ended: Ended<'_>) {
+    if let Some(budget) = &mut run.budget {
+        for limit in &mut budget.limits {
+            limit.settle(ended);
         }
     }
 }
@@ -324,11 +459,15 @@ pub fn next_account(run: &RunRecord) -> Option<&RunId> {
     }
 }
 
-/// A limit of `run`'s own that is passed: none, if every start was checked first.
+/// A limit of `run`'s own that is passed: none, if every start was checked first. Time counts
+/// what running attempts hold, as well as what ended ones spent.
 pub fn overspent(run: &RunRecord) -> Option<&Limit> {
     run.budget.as_ref()?.limits.iter().find(|limit| {
         limit.max_calls.is_some_and(|max| limit.spent.calls > max)
             || limit.max_cost.is_some_and(|max| limit.spent.cost > max + COST_EPSILON)
+            || limit
+                .max_time_ms
+                .is_some_and(|max| limit.spent.time_ms + limit.spent.reserved_ms > max)
     })
 }
 

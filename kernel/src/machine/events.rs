@@ -200,6 +200,9 @@ pub struct BudgetLimit {
     pub max_calls: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_cost: Option<f64>,
+    /// At most this much tool run time, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_time_ms: Option<u64>,
     /// `request`, or the policy file's `budgets[i]`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub set_by: Option<String>,
@@ -211,6 +214,7 @@ impl From<&super::budget::Limit> for BudgetLimit {
             tools: limit.tools.clone(),
             max_calls: limit.max_calls,
             max_cost: limit.max_cost,
+            max_time_ms: limit.max_time_ms,
             set_by: limit.set_by.clone(),
         }
     }

@@ -507,6 +507,15 @@ fn new_call_event(
 
 /// Records a new call of turn `turn` of `run` as `decision` says, with the cached output when
 /// the store found one; counts it toward the run's calls.
+/// The timeout of `call`'s attempts: the call's own, else its tool's, else the turn's default.
+pub fn timeout(call: &PlannedCall, default_timeout_ms: u64) -> u64 {
+    let declared = call
+        .tool
+        .as_ref()
+        .and_then(|def| def.options.timeout_ms.filter(|t| *t > 0));
+    call.timeout_ms.or(declared).unwrap_or(default_timeout_ms)
+}
+
 pub fn record(
     run: &mut RunRecord,
     (turn, default_timeout_ms, limit, share): (u32, u64, Option<u32>, Option<&str>),
@@ -527,17 +536,16 @@ pub fn record(
     } = decision;
     let cached = cached.filter(|_| refusal.is_none() && approval.is_none());
     let fingerprint = call.tool.as_ref().map_or(String::new(), |t| t.fingerprint.clone());
-    let (version, idempotency, declared_timeout, retry, blocking) = match &call.tool {
+    let (version, idempotency, retry, blocking) = match &call.tool {
         Some(def) => (
             def.version.clone(),
             def.options.idempotency(),
-            def.options.timeout_ms.filter(|t| *t > 0),
             def.options.retry.clone(),
             def.options.blocking,
         ),
-        None => (String::new(), Idempotency::SafeToRetry, None, None, false),
+        None => (String::new(), Idempotency::SafeToRetry, None, false),
     };
-    let timeout_ms = call.timeout_ms.or(declared_timeout).unwrap_or(default_timeout_ms);
+    let timeout_ms = timeout(call, default_timeout_ms);
     let (status, finished_at, outcome) = match (&refusal, &approval, &cached) {
         (Some(refusal), _, _) => (StepStatus::Failed, Some(now), Some(refusal.outcome)),
         (None, Some(_), _) => (StepStatus::AwaitingApproval, None, None),

@@ -145,6 +145,7 @@ fn build_budget(raw: RawBudget, index: usize) -> Result<super::PolicyBudget, Pol
         tools: raw.tools.map(|pattern| pattern.0.glob().to_owned()),
         max_calls: raw.max_calls,
         max_cost: raw.max_cost,
+        max_time_ms: raw.max_time.map(|t| t.0),
         set_by: Some(format!("policy:budgets[{index}]")),
         spent: Default::default(),
         ask,
@@ -231,6 +232,8 @@ struct RawBudget {
     max_calls: Option<u64>,
     #[serde(default)]
     max_cost: Option<f64>,
+    #[serde(default)]
+    max_time: Option<Timeout>,
     #[serde(default)]
     approval: Option<Keyed<RawApproval>>,
 }
@@ -570,7 +573,7 @@ impl<'de> Deserialize<'de> for Globs {
     }
 }
 
-/// An approval timeout in milliseconds: `250ms`, `30s`, `5m`, `1h`, or whole seconds.
+/// A duration in milliseconds (an approval's timeout, a budget's time): `250ms`, `30s`, `5m`, `1h`, or whole seconds.
 struct Timeout(u64);
 
 impl<'de> Deserialize<'de> for Timeout {

@@ -395,9 +395,21 @@ pub(crate) const KEYS: &[Key] = &[
         value: "non-negative number",
         default: "no limit on cost",
         meaning: "At most this much cost: each attempt's price (the tool's `cost_per_call`, else the kernel's \
-                  `--unit-price` for its name) is charged as it starts. A budget sets `max_calls`, `max_cost` or \
-                  both.",
+                  `--unit-price` for its name) is charged as it starts. A budget sets at least one of `max_calls`, \
+                  `max_cost` and `max_time`.",
         example: "5.0",
+    },
+    Key {
+        name: "max_time",
+        section: Section::Budget,
+        value: "duration (`30s`, `10m`, `1h`, `250ms`, or whole seconds)",
+        default: "no limit on time",
+        meaning: "At most this much tool run time: each attempt counts from its start to its end, at most its \
+                  timeout. An attempt's start holds its whole timeout and its end gives back what it did not use, \
+                  so a call whose timeout does not fit waits while running calls hold time, and settles as \
+                  `budget_exceeded` once none do; a call with no timeout (`timeout_ms: 0`) cannot run under it. \
+                  A raise answers `{\"max_time_ms\": 600000}`.",
+        example: "10m",
     },
     Key {
         name: "approval",
@@ -498,6 +510,7 @@ budgets:
     approval: { approvers: [finance], timeout: 1h }
   - tools: "payments_*"
     max_calls: 100
+    max_time: 10m
 limits:
   - tools: "payments_*"
     per_second: 10

@@ -184,6 +184,9 @@ def run(run: common_pb2.Run) -> Run:
                 set_by=limit.set_by,
                 spent_calls=limit.spent_calls,
                 spent_cost=limit.spent_cost,
+                max_time=limit.max_time_ms / 1000 if limit.HasField("max_time_ms") else None,
+                spent_time=limit.spent_time_ms / 1000,
+                reserved_time=limit.reserved_time_ms / 1000,
             )
             for limit in run.budget
         ),
@@ -195,10 +198,22 @@ def budget(limits: Sequence[BudgetLimit]) -> list[common_pb2.BudgetLimit]:
     """A request's budget limits; what a limit read back says it spent is not sent."""
     return [
         common_pb2.BudgetLimit(
-            tools=limit.tools or "", max_calls=limit.max_calls, max_cost=limit.max_cost
+            tools=limit.tools or "",
+            max_calls=limit.max_calls,
+            max_cost=limit.max_cost,
+            max_time_ms=_budget_millis(limit.max_time, index),
         )
-        for limit in limits
+        for index, limit in enumerate(limits)
     ]
+
+
+def _budget_millis(seconds: float | None, index: int) -> int | None:
+    """A limit's time in whole milliseconds; refused when negative, naming the limit."""
+    if seconds is None:
+        return None
+    if seconds < 0:
+        raise ValueError(f"budget[{index}].max_time: {seconds} is not a duration >= 0")
+    return round(seconds * 1000)
 
 
 def step(step: common_pb2.Step) -> Step:
@@ -226,6 +241,8 @@ def step(step: common_pb2.Step) -> Step:
         limited_by=tuple(step.limited_by),
         limit_wait_ms=step.limit_wait_ms,
         share=step.share if step.HasField("share") else None,
+        started_at=_time(step, "started_at"),
+        finished_at=_time(step, "finished_at"),
     )
 
 

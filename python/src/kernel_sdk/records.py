@@ -143,19 +143,29 @@ class Turn:
 @dataclass(frozen=True)
 class BudgetLimit:
     """One limit of a run's budget: at most `max_calls` calls, at most `max_cost` cost (each
-    attempt at its tool's price), over every tool or over the tools the glob `tools` names. A call
-    that would go past it does not run: its outcome is `budget_exceeded` and the model reads why.
-    A subagent is charged to its parent's budget too.
+    attempt at its tool's price), at most `max_time` seconds of tool run time, over every tool or
+    over the tools the glob `tools` names. A call that would go past it does not run: its outcome
+    is `budget_exceeded` and the model reads why. A subagent is charged to its parent's budget too.
+
+    A limit on time holds each attempt's whole timeout while it runs and spends what it ran as it
+    ends: a call whose timeout does not fit waits while running calls hold time, and does not run
+    once none do. A call with no timeout cannot run under it.
 
     Read back on a `Run`, a limit also says what set it and what it has spent."""
 
     max_calls: int | None = None
     max_cost: float | None = None
     tools: str | None = None
+    max_time: float | None = None
+    """Seconds of tool run time, to the millisecond (each attempt at most its timeout)."""
     set_by: str = ""
     """`request`, `parent` (a branch's), or the policy file's `policy:budgets[i]`."""
     spent_calls: int = 0
     spent_cost: float = 0.0
+    spent_time: float = 0.0
+    """Seconds the attempts that ended ran, each at most its timeout."""
+    reserved_time: float = 0.0
+    """Seconds the running attempts hold: their timeouts."""
 
 
 @dataclass(frozen=True)
@@ -222,6 +232,10 @@ class Step:
     share: str | None = None
     """The run's fair share when the call was recorded: its value of the run label the policy
     file's `fair_shares.label` names; `None` without fair shares or without that label."""
+    started_at: datetime | None = None
+    """When its last attempt started; `None` if none did."""
+    finished_at: datetime | None = None
+    """When it settled; `None` while it has not."""
 
 
 @dataclass(frozen=True)

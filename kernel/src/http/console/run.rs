@@ -194,15 +194,37 @@ fn budget(run: &pb::Run) -> Markup {
             @for limit in &run.budget {
                 li {
                     @if !limit.tools.is_empty() { "on " code { (limit.tools) } ": " }
-                    @if let Some(max) = limit.max_calls { "calls " (limit.spent_calls) " of " (max) }
-                    @if limit.max_calls.is_some() && limit.max_cost.is_some() { ", " }
-                    @if let Some(max) = limit.max_cost { "cost " (format!("{:.2}", limit.spent_cost)) " of " (format!("{max:.2}")) }
+                    (spent(limit))
                     @if !limit.set_by.is_empty() { " " span.reason { "(" (limit.set_by) ")" } }
                 }
             }
             @if run.budget_under_parent { li { "charged to its parent's budget too" } }
         }
     }
+}
+
+/// What one limit has spent of each bound it sets: `calls 3 of 10, time 12.5 s of 600.0 s`.
+fn spent(limit: &pb::BudgetLimit) -> String {
+    let seconds = |ms: u64| format!("{:.1} s", ms as f64 / 1000.0);
+    let mut parts = Vec::new();
+    if let Some(max) = limit.max_calls {
+        parts.push(format!("calls {} of {max}", limit.spent_calls));
+    }
+    if let Some(max) = limit.max_cost {
+        parts.push(format!("cost {:.2} of {max:.2}", limit.spent_cost));
+    }
+    if let Some(max) = limit.max_time_ms {
+        let held = match limit.reserved_time_ms {
+            0 => String::new(),
+            held => format!(" ({} held by running calls)", seconds(held)),
+        };
+        parts.push(format!(
+            "time {} of {}{held}",
+            seconds(limit.spent_time_ms),
+            seconds(max)
+        ));
+    }
+    parts.join(", ")
 }
 
 fn header(run: &pb::Run, manifest: Option<&pb::RunManifest>) -> Markup {

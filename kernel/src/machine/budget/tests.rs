@@ -6,6 +6,7 @@ fn limit(tools: Option<&str>, max_calls: Option<u64>, max_cost: Option<f64>) -> 
         tools: tools.map(str::to_owned),
         max_calls,
         max_cost,
+        max_time_ms: None,
         set_by: Some("request".into()),
         spent: Spent::default(),
         ask: None,
@@ -23,7 +24,12 @@ fn budgeted(limits: Vec<Limit>) -> RunRecord {
 }
 
 fn attempt(tool: &str, unit_cost: f64, first: bool) -> Attempt<'_> {
-    Attempt { tool, unit_cost, first }
+    Attempt {
+        tool,
+        unit_cost,
+        first,
+        timeout_ms: 0,
+    }
 }
 
 /// Charges attempts until one is refused; how many started, and the refusal.
@@ -139,4 +145,63 @@ fn the_budget_column_round_trips_and_reads_an_absent_field_as_its_default() {
     let bare: Budget = serde_json::from_str(r#"{"limits":[{"max_calls":1}]}"#).unwrap();
     assert_eq!(bare.limits[0].spent, Spent::default());
     assert!(!bare.under_parent);
+}
+
+#[test]
+fn a_time_limit_waits_while_running_attempts_hold_what_would_fit_and_refuses_what_never_can() {
+    let mut run = budgeted(vec![Limit {
+        max_time_ms: Some(60_000),
+        ..limit(None, None, None)
+    }]);
+    let timed = |timeout_ms| Attempt {
+        timeout_ms,
+        ..attempt("slow", 0.0, true)
+    };
+    charge(&mut run, timed(40_000));
+    let held = check(&[&run], timed(30_000)).unwrap_err();
+    assert!(held.waits, "40 s held may come back: {held:?}");
+    let never = check(&[&run], timed(70_000)).unwrap_err();
+    assert!(!never.waits, "70 s never fits 60 s");
+    settle(
+        &mut run,
+        Ended {
+            tool: "slow",
+            timeout_ms: 40_000,
+            ran_ms: 50_000,
+        },
+    );
+    let spent = run.budget.as_ref().unwrap().limits[0].spent;
+    assert_eq!((spent.time_ms, spent.reserved_ms), (40_000, 0), "at most its timeout");
+    assert_eq!(check(&[&run], timed(20_000)), Ok(()));
+    let refused = check(&[&run], timed(30_000)).unwrap_err();
+    assert!(!refused.waits && refused.ask.is_none(), "{refused:?}");
+}
+
+#[test]
+fn the_raise_schema_names_every_bound_an_answer_may_raise_and_nothing_else() {
+    let schema: serde_json::Value = serde_json::from_str(RAISE_SCHEMA).unwrap();
+    let properties = schema["properties"].as_object().unwrap();
+    for (name, shape) in properties {
+        let value = if shape["type"] == "integer" { "7" } else { "7.5" };
+        let answer = format!("{{\"{name}\": {value}}}");
+        assert!(Raise::parse(&answer).is_ok(), "{answer}");
+    }
+    assert_eq!(
+        properties.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["max_calls", "max_cost", "max_time_ms"]
+    );
+    assert!(Raise::parse(r#"{"max_wait": 1}"#).is_err());
+    let mut run = budgeted(vec![Limit {
+        max_time_ms: Some(60_000),
+        ..limit(None, None, None)
+    }]);
+    let lower = Raise::parse(r#"{"max_time_ms": 1000}"#).unwrap();
+    assert!(
+        raise(&mut run, 0, lower, "finance")
+            .unwrap_err()
+            .contains("never lowers")
+    );
+    let higher = Raise::parse(r#"{"max_time_ms": 90000}"#).unwrap();
+    raise(&mut run, 0, higher, "finance").unwrap();
+    assert_eq!(run.budget.as_ref().unwrap().limits[0].max_time_ms, Some(90_000));
 }

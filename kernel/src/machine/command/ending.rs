@@ -76,9 +76,13 @@ pub fn apply_end<R: Records + ?Sized>(records: &mut R, ended: run::RunEnd) -> Re
     for change in ended.settled {
         settled.push(apply_change(records, change)?);
     }
-    records.save_run(&ended.run)?;
-    records.append(&ended.run.id, ended.event, None)?;
-    let run = records.run(&ended.run.id)?;
+    // Settling a running call gave back the time its budget held, in the run as stored now; the
+    // end changes nothing of the budget, so it keeps the stored one.
+    let mut ending = ended.run;
+    ending.budget = records.run(&ending.id)?.budget;
+    records.save_run(&ending)?;
+    records.append(&ending.id, ended.event, None)?;
+    let run = records.run(&ending.id)?;
     if !settled.is_empty() {
         let reason = effects::run_ended(run.status, run.reason.as_deref());
         records.effect(Effect::Cancel {

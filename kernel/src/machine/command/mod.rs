@@ -111,8 +111,17 @@ pub trait Records {
     fn release_locks(&mut self, step: &StepRecord) -> Result<()>;
 
     /// Writes what a transition may change of a step. Every way out of running passes here, so
-    /// no exit path keeps a resource lock or a tool limit's slot.
+    /// no exit path keeps a resource lock or a tool limit's slot, or the run time its budget
+    /// reserved.
     fn save_step(&mut self, step: &StepRecord) -> Result<()> {
+        if step.kind == StepKind::Tool
+            && self.budgeted(&step.run_id)?
+            && let Some(was) = self.find_step(&step.run_id, &step.key)?
+            && was.status == StepStatus::Running
+            && (step.status != StepStatus::Running || step.attempts != was.attempts)
+        {
+            spend::end_attempt(self, &was)?;
+        }
         self.write_step(step)?;
         let holds = !step.limited_by.is_empty() || crate::resources::locks(&step.resources).next().is_some();
         if step.status != StepStatus::Running && holds {

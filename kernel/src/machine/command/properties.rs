@@ -654,6 +654,8 @@ impl World {
             .map(|(calls, tenths, asks)| crate::machine::budget::Limit {
                 max_calls: Some(u64::from(calls)),
                 max_cost: Some(f64::from(tenths) / 10.0),
+                // Room for a few attempts of the turns' 30 s timeouts, sometimes less than the calls.
+                max_time_ms: Some(30_000 * u64::from(calls) + 10_000 * u64::from(tenths)),
                 ask: asks.then(|| crate::machine::budget::Ask {
                     approvers: vec!["finance".into()],
                     timeout_ms: Some(5_000),
@@ -986,7 +988,7 @@ impl World {
             .is_some_and(|a| crate::machine::budget::raised_by(&a.decided_by).is_some());
         let answer = match (approve, question) {
             (true, _) if raising => Answer::Approve {
-                given: Some(r#"{"max_calls":250,"max_cost":25.5}"#.into()),
+                given: Some(r#"{"max_calls":250,"max_cost":25.5,"max_time_ms":900000}"#.into()),
             },
             (true, true) => Answer::Approve {
                 given: Some("7".into()),
@@ -1518,7 +1520,8 @@ fn limits_hold(state: &State) -> Result<(), TestCaseError> {
 }
 
 /// Rule 6: a budget is never passed, and what it counts is exactly what started: each call of its
-/// run (and of the subagents under it) that had an attempt, and each attempt at its price.
+/// run (and of the subagents under it) that had an attempt, each attempt at its price, and the
+/// timeout of each attempt running held against its time.
 fn budgets_hold(state: &State) -> Result<(), TestCaseError> {
     for run in state.runs.values() {
         let Some(budget) = &run.budget else { continue };
@@ -1544,7 +1547,12 @@ fn budgets_hold(state: &State) -> Result<(), TestCaseError> {
             .filter(|s| s.kind == StepKind::Tool && s.attempts > 0 && covered(&s.run_id))
             .collect();
         let cost: f64 = started.iter().map(|s| s.unit_cost * f64::from(s.attempts)).sum();
+        let held: u64 = (started.iter())
+            .filter(|s| s.status == StepStatus::Running)
+            .map(|s| s.timeout_ms)
+            .sum();
         for limit in &budget.limits {
+            prop_assert_eq!(limit.spent.reserved_ms, held, "time held by run {}", run.id);
             prop_assert_eq!(
                 limit.spent.calls,
                 started.len() as u64,

@@ -27,7 +27,33 @@ pub fn next_attempt(step: &StepRecord) -> Attempt<'_> {
         tool: &step.tool,
         unit_cost: step.unit_cost,
         first: step.attempts == 0,
+        timeout_ms: step.timeout_ms,
     }
+}
+
+/// What a start refused because its call waits for running calls to give back the time they
+/// hold names as its field: the scheduler tries the start again later.
+pub const WAITS_FOR_TIME: &str = "budget.max_time";
+
+/// Gives back what the attempt of `ran` that ends now reserved of its run's budgets, and spends
+/// what it ran. `ran` is the step as it was while its attempt ran.
+pub fn end_attempt<R: Records + ?Sized>(records: &mut R, ran: &StepRecord) -> Result<()> {
+    let ended = budget::Ended {
+        tool: &ran.tool,
+        timeout_ms: ran.timeout_ms,
+        ran_ms: ran
+            .started_at
+            .map_or(0, |at| u64::try_from(records.now() - at).unwrap_or(0)),
+    };
+    let mut run = records.run(&ran.run_id)?;
+    let chain = ancestors(records, &run)?;
+    budget::settle(&mut run, ended);
+    records.save_run(&run)?;
+    for mut ancestor in chain {
+        budget::settle(&mut ancestor, ended);
+        records.save_run(&ancestor)?;
+    }
+    Ok(())
 }
 
 /// Checks `attempt` against `run`'s budget and its ancestors' and, when it fits, charges it to
@@ -76,11 +102,17 @@ pub fn pay_start<R: Records + ?Sized>(records: &mut R, step: &StepRecord) -> Res
             records.save_run(&run)?;
             Ok(true)
         }
+        Err(Exceeded {
+            waits: true, message, ..
+        }) => Err(crate::error::KernelError::LimitExceeded {
+            field: WAITS_FOR_TIME.to_owned(),
+            message: format!("{message}; the call waits for running calls to end"),
+        }),
         Err(Exceeded { ask: Some(gate), .. }) => {
             park(records, step, gate)?;
             Ok(false)
         }
-        Err(Exceeded { message, ask: None }) => {
+        Err(Exceeded { message, ask: None, .. }) => {
             let change = dispatch::settle(
                 step,
                 (StepStatus::Failed, Outcome::BudgetExceeded),
@@ -186,6 +218,16 @@ pub(super) mod tests {
         records.state.runs[run].budget.as_ref().unwrap().limits[0].spent
     }
 
+    /// What a limit counts with `calls` calls at `cost`, whose running attempts hold `reserved_ms`.
+    fn running(calls: u64, cost: f64, reserved_ms: u64) -> budget::Spent {
+        budget::Spent {
+            calls,
+            cost,
+            time_ms: 0,
+            reserved_ms,
+        }
+    }
+
     #[test]
     fn calls_scheduled_together_start_until_the_budget_is_spent_and_the_next_settles_instead() {
         let mut records = Memory::new(NOW);
@@ -194,7 +236,7 @@ pub(super) mod tests {
         submit_turn::apply(&mut records, turn(&run.id, 2)).unwrap();
         let first = start::apply(&mut records, start_of(&run.id, 0, 1)).unwrap();
         assert!(first.is_some_and(|step| step.status == StepStatus::Running));
-        assert_eq!(spent(&records, &run.id), budget::Spent { calls: 1, cost: 0.5 });
+        assert_eq!(spent(&records, &run.id), running(1, 0.5, 30_000));
 
         let second = start::apply(&mut records, start_of(&run.id, 1, 1)).unwrap();
         assert_eq!(second, None, "the second call does not start");
@@ -210,7 +252,7 @@ pub(super) mod tests {
         let last = records.state.log[&run.id].last().unwrap();
         assert_eq!(last.payload["outcome"], "budget_exceeded");
         assert_eq!(last.payload["reason"], "budget_exceeded", "{}", last.payload);
-        assert_eq!(spent(&records, &run.id), budget::Spent { calls: 1, cost: 0.5 });
+        assert_eq!(spent(&records, &run.id), running(1, 0.5, 30_000));
     }
 
     #[test]
@@ -253,9 +295,9 @@ pub(super) mod tests {
             // The attempt fails; the call waits for its next one.
             let mut pending = records.state.steps[&key].clone();
             pending.status = StepStatus::Pending;
-            records.state.steps.insert(key.clone(), pending);
+            records.save_step(&pending).unwrap();
         }
-        assert_eq!(spent(&records, &run.id), budget::Spent { calls: 1, cost: 1.0 });
+        assert_eq!(spent(&records, &run.id), running(1, 1.0, 0), "both attempts ended");
         assert_eq!(start::apply(&mut records, start_of(&run.id, 0, 3)).unwrap(), None);
         assert_eq!(records.state.steps[&key].outcome, Some(Outcome::BudgetExceeded));
         assert_eq!(records.state.steps[&key].cost, 1.0, "the two attempts that ran");
@@ -420,5 +462,123 @@ pub(super) mod tests {
             recorded.calls[0]
         );
         assert_eq!(open_approval(&records).decided_by, format!("budget:{}#0", run.id));
+    }
+
+    fn timed(max_time_ms: u64) -> NewRun {
+        NewRun {
+            budget: vec![Limit {
+                max_time_ms: Some(max_time_ms),
+                ..Limit::default()
+            }],
+            ..new_run()
+        }
+    }
+
+    fn succeed(records: &mut Memory, run: &RunId, position: u32) {
+        let report = crate::machine::dispatch::ResultReport {
+            dispatch_id: DispatchId::from(format!("d{position}-1")),
+            attempt: 1,
+            session_id: "s1".into(),
+            outcome: Ok("1".into()),
+            progress_count: 0,
+        };
+        assert!(
+            super::super::result::apply(records, report).unwrap().is_some(),
+            "{run} {position}"
+        );
+    }
+
+    #[test]
+    fn a_time_limit_holds_each_running_attempt_s_timeout_and_its_end_spends_what_it_ran() {
+        let mut records = Memory::new(NOW);
+        let run = created(&mut records, timed(70_000));
+        submit_turn::apply(&mut records, turn(&run.id, 3)).unwrap();
+        for position in 0..2 {
+            assert!(
+                start::apply(&mut records, start_of(&run.id, position, 1))
+                    .unwrap()
+                    .is_some()
+            );
+        }
+        assert_eq!(
+            spent(&records, &run.id).reserved_ms,
+            60_000,
+            "two timeouts of 30 s held"
+        );
+
+        // A third 30 s would pass 70 s only by what the two running hold: it waits, unwritten.
+        let waits = start::apply(&mut records, start_of(&run.id, 2, 1)).unwrap_err();
+        assert!(
+            matches!(&waits, crate::error::KernelError::LimitExceeded { field, .. } if field == WAITS_FOR_TIME),
+            "{waits}"
+        );
+        let third = &records.state.steps[&(run.id.clone(), StepKey::for_call(0, 2, None))];
+        assert_eq!((third.status, third.attempts), (StepStatus::Pending, 0));
+
+        // The first ends after 5 s: it spends 5 s and gives back 30, and the third fits.
+        records.now = NOW + 5_000;
+        succeed(&mut records, &run.id, 0);
+        let after = spent(&records, &run.id);
+        assert_eq!((after.time_ms, after.reserved_ms), (5_000, 30_000));
+        assert!(start::apply(&mut records, start_of(&run.id, 2, 1)).unwrap().is_some());
+        records.now = NOW + 9_000;
+        succeed(&mut records, &run.id, 1);
+        succeed(&mut records, &run.id, 2);
+        let after = spent(&records, &run.id);
+        assert_eq!((after.time_ms, after.reserved_ms), (5_000 + 9_000 + 4_000, 0));
+        assert_eq!(budget::overspent(&records.state.runs[&run.id]), None);
+    }
+
+    #[test]
+    fn a_timeout_that_cannot_fit_with_nothing_held_fails_the_call_and_a_late_end_spends_only_its_timeout() {
+        let mut records = Memory::new(NOW);
+        let run = created(&mut records, timed(50_000));
+        submit_turn::apply(&mut records, turn(&run.id, 2)).unwrap();
+        let first = start::apply(&mut records, start_of(&run.id, 0, 1)).unwrap().unwrap();
+        // The kernel noticed the timeout late (it was down): the attempt spends its 30 s, no more.
+        records.now = NOW + 45_000;
+        let timed_out = super::super::time_out::time_out(&mut records, first.dispatch_id.as_ref().unwrap(), 1)
+            .unwrap()
+            .expect("the attempt times out");
+        let after = spent(&records, &run.id);
+        assert_eq!((after.time_ms, after.reserved_ms), (30_000, 0), "{timed_out:?}");
+
+        // 30 s spent and nothing held: a 30 s timeout can never fit 50 s, so the call fails.
+        assert_eq!(start::apply(&mut records, start_of(&run.id, 1, 1)).unwrap(), None);
+        let refused = &records.state.steps[&(run.id.clone(), StepKey::for_call(0, 1, None))];
+        assert_eq!(refused.outcome, Some(Outcome::BudgetExceeded));
+        assert_eq!(
+            refused.error.as_deref(),
+            Some(
+                format!(
+                    "budget exceeded: time 30.00 s spent and 0.00 s held by running calls, with 30.00 s more for \
+                     this call's timeout, of 50.00 s for run {}; 'search' did not run",
+                    run.id
+                )
+                .as_str()
+            )
+        );
+    }
+
+    #[test]
+    fn a_call_with_no_timeout_cannot_run_under_a_time_limit() {
+        let mut records = Memory::new(NOW);
+        let run = created(&mut records, timed(50_000));
+        let mut plan = turn(&run.id, 1);
+        plan.default_timeout_ms = 0;
+        let recorded = submit_turn::apply(&mut records, plan).unwrap();
+        let crate::machine::turn::CallDisposition::Settled(refused) = &recorded.calls[0] else {
+            panic!("the call was not refused as it was recorded: {:?}", recorded.calls[0]);
+        };
+        assert_eq!(refused.outcome, Some(Outcome::BudgetExceeded));
+        assert!(
+            refused
+                .error
+                .as_deref()
+                .unwrap()
+                .contains("time of 50.00 s and the call has no timeout"),
+            "{:?}",
+            refused.error
+        );
     }
 }

@@ -276,8 +276,12 @@ fn record_call<R: Records + ?Sized>(
             tool: &call.tool_name,
             unit_cost: call.unit_cost,
             first: true,
+            timeout_ms: turn::timeout(call, plan.default_timeout_ms),
         };
-        if let Err(exceeded) = budget::check(&accounts, first) {
+        // One that waits for running calls to give back the time they hold is scheduled.
+        if let Err(exceeded) = budget::check(&accounts, first)
+            && !exceeded.waits
+        {
             decision.over_budget(exceeded);
         }
     }

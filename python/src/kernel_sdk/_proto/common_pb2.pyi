@@ -256,20 +256,26 @@ class Run(_message.Message):
     def __init__(self, id: _Optional[str] = ..., agent: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., input_json: _Optional[str] = ..., output_json: _Optional[str] = ..., reason: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., max_tool_calls: _Optional[int] = ..., tool_calls: _Optional[int] = ..., last_seq: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., non_interactive: _Optional[bool] = ..., permissions: _Optional[_Iterable[str]] = ..., capture: _Optional[_Union[Capture, str]] = ..., permissions_granted_by: _Optional[str] = ..., hosted: _Optional[bool] = ..., dispatches: _Optional[int] = ..., parent_run_id: _Optional[str] = ..., parent_step_key: _Optional[str] = ..., session_key: _Optional[str] = ..., suspensions: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., forked_from_run_id: _Optional[str] = ..., fork_at_step_key: _Optional[str] = ..., fork_results: _Optional[_Mapping[str, str]] = ..., allow: _Optional[_Iterable[str]] = ..., trace_id: _Optional[str] = ..., budget: _Optional[_Iterable[_Union[BudgetLimit, _Mapping]]] = ..., budget_under_parent: _Optional[bool] = ...) -> None: ...
 
 class BudgetLimit(_message.Message):
-    __slots__ = ("tools", "max_calls", "max_cost", "set_by", "spent_calls", "spent_cost")
+    __slots__ = ("tools", "max_calls", "max_cost", "set_by", "spent_calls", "spent_cost", "max_time_ms", "spent_time_ms", "reserved_time_ms")
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     MAX_CALLS_FIELD_NUMBER: _ClassVar[int]
     MAX_COST_FIELD_NUMBER: _ClassVar[int]
     SET_BY_FIELD_NUMBER: _ClassVar[int]
     SPENT_CALLS_FIELD_NUMBER: _ClassVar[int]
     SPENT_COST_FIELD_NUMBER: _ClassVar[int]
+    MAX_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    SPENT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     tools: str
     max_calls: int
     max_cost: float
     set_by: str
     spent_calls: int
     spent_cost: float
-    def __init__(self, tools: _Optional[str] = ..., max_calls: _Optional[int] = ..., max_cost: _Optional[float] = ..., set_by: _Optional[str] = ..., spent_calls: _Optional[int] = ..., spent_cost: _Optional[float] = ...) -> None: ...
+    max_time_ms: int
+    spent_time_ms: int
+    reserved_time_ms: int
+    def __init__(self, tools: _Optional[str] = ..., max_calls: _Optional[int] = ..., max_cost: _Optional[float] = ..., set_by: _Optional[str] = ..., spent_calls: _Optional[int] = ..., spent_cost: _Optional[float] = ..., max_time_ms: _Optional[int] = ..., spent_time_ms: _Optional[int] = ..., reserved_time_ms: _Optional[int] = ...) -> None: ...
 
 class Step(_message.Message):
     __slots__ = ("step_key", "turn", "position", "call_id", "tool", "tool_fingerprint", "tool_version", "arguments_json", "call_hash", "idempotency_key", "status", "attempts", "output_json", "error", "error_kind", "worker", "dispatch_id", "lease_expires_at", "created_at", "started_at", "finished_at", "replays", "progress_count", "next_attempt_at", "lease_losses", "max_attempts", "timeout_ms", "idempotency", "cost", "unit_cost", "decided_by", "outcome", "approval", "kind", "effect", "child_run_id", "max_concurrency", "resources", "replayed_from_run_id", "limited_by", "limit_wait_ms", "share")
