@@ -363,17 +363,24 @@ impl HostedService for HostedApi {
             ))
             .into());
         }
-        let asked = asked(req.question, &req.answer_schema_json, req.approvers, req.timeout_ms)?;
+        let asked = asked(
+            req.question,
+            (&req.answer_schema_json, req.choices, &req.default_answer_json),
+            req.approvers,
+            req.timeout_ms,
+        )?;
         let ask = PersonAsk {
             run,
             fence,
+            seq: req.seq,
             occurrence: req.occurrence,
             asked,
         };
-        let (step, replayed) = self.0.store.ask_person(ask).await?;
+        let (step, replayed, diverged) = placed(self.0.store.ask_person(ask).await?);
         Ok(Response::new(pb::AskPersonResponse {
-            step: Some(convert::history_step(&step)),
+            step,
             replayed,
+            diverged,
         }))
     }
 
@@ -419,8 +426,14 @@ impl HostedService for HostedApi {
 const MAX_QUESTION: usize = 4096;
 
 /// A question as the machine takes it: its text (1 to [`MAX_QUESTION`] bytes), its answer's schema
-/// (a JSON Schema that compiles; empty accepts any JSON), who may answer, and its timeout.
-fn asked(question: String, schema: &str, approvers: Vec<String>, timeout_ms: u64) -> Result<Asked, KernelError> {
+/// (a JSON Schema that compiles, narrowed to the choices when there are some; empty accepts any
+/// JSON), the default an expiry records (which must meet it), who may answer, and its timeout.
+fn asked(
+    question: String,
+    (schema, choices, default): (&str, Vec<String>, &str),
+    approvers: Vec<String>,
+    timeout_ms: u64,
+) -> Result<Asked, KernelError> {
     let question = question.trim().to_owned();
     if question.is_empty() || question.len() > MAX_QUESTION {
         return Err(KernelError::invalid(
@@ -428,18 +441,37 @@ fn asked(question: String, schema: &str, approvers: Vec<String>, timeout_ms: u64
             format!("must be 1 to {MAX_QUESTION} bytes, got {}", question.len()),
         ));
     }
+    if let Some(blank) = choices.iter().position(|c| c.trim().is_empty()) {
+        return Err(KernelError::invalid(format!("choices[{blank}]"), "must not be empty"));
+    }
     let schema = convert::canonical_json(schema, "answer_schema_json", "{}")?;
-    let compiled: serde_json::Value = serde_json::from_str(&schema).unwrap_or_default();
-    crate::validation::ArgsValidator::compile(&compiled)
+    let schema = crate::machine::question::with_choices(serde_json::from_str(&schema).unwrap_or_default(), &choices);
+    let validator = crate::validation::ArgsValidator::compile(&schema)
         .map_err(|e| KernelError::invalid("answer_schema_json", format!("is not a usable JSON Schema: {e}")))?;
+    let default = match default.trim() {
+        "" => None,
+        text => {
+            let value: serde_json::Value = serde_json::from_str(text)
+                .map_err(|e| KernelError::invalid("default_answer_json", format!("is not valid JSON: {e}")))?;
+            validator.check_value(&value).map_err(|problems| {
+                KernelError::invalid(
+                    "default_answer_json",
+                    format!("does not meet the question's schema: {problems}"),
+                )
+            })?;
+            Some(kernel_proto::canonical::to_canonical(&value))
+        }
+    };
     if let Some(blank) = approvers.iter().position(|a| a.trim().is_empty()) {
         return Err(KernelError::invalid(format!("approvers[{blank}]"), "must not be empty"));
     }
     Ok(Asked {
         question,
-        schema,
+        schema: kernel_proto::canonical::to_canonical(&schema),
         approvers,
         timeout_ms: (timeout_ms > 0).then_some(timeout_ms),
+        choices,
+        default,
     })
 }
 

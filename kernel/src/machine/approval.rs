@@ -165,6 +165,11 @@ pub fn answer(
     let question = step.kind == StepKind::Question;
     let raising = super::budget::raised_by(&approval.decided_by).is_some();
     let given = given.filter(|_| status == ApprovalStatus::Approved);
+    // A question that expires with a default is answered with it.
+    let default = (question && status == ApprovalStatus::Expired)
+        .then(|| super::question::default_of(step))
+        .flatten();
+    let given = given.or(default.as_deref());
     let mut raise = None;
     match given {
         Some(given) if raising => {
@@ -463,8 +468,12 @@ mod tests {
             schema: r#"{"type":"integer"}"#.into(),
             approvers: Vec::new(),
             timeout_ms: Some(1_000),
+            choices: Vec::new(),
+            default: None,
         };
-        let waiting = crate::machine::question::question_step(&call, 0, &asked, NOW).step;
+        let key = StepKey::tool_question(&call.key, 0);
+        let waiting =
+            crate::machine::question::question_step(&call, (key, (call.turn, call.position)), &asked, NOW).step;
         let Ask::Ask(put) = asked_about(&waiting) else {
             panic!("asked");
         };

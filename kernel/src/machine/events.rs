@@ -802,6 +802,12 @@ pub struct QuestionAsked {
     pub approvers: Vec<String>,
     /// How long the question waits unanswered before it expires (ms); `null`: until the run ends.
     pub timeout_ms: Option<u64>,
+    /// The answers a person picks from; absent: any that meets the schema.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub choices: Vec<String>,
+    /// The answer an expiry records; absent: an expiry fails the question.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default: Option<Value>,
 }
 
 /// A branch refused to start a subagent.

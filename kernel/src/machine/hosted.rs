@@ -510,7 +510,8 @@ pub fn wait_for_session(dispatch: &StepRecord, session: &str) -> StepChange {
 pub fn wakes(step: &StepRecord) -> impl Iterator<Item = StepKey> {
     let awaited = matches!(step.kind, StepKind::Tool | StepKind::Subagent | StepKind::Question);
     let call = step.key.waiter().filter(|_| awaited);
-    let handler = (awaited && step.hosted).then(StepKey::agent);
+    // A handler's own question names the handler as its asker already.
+    let handler = (awaited && step.hosted && call != Some(StepKey::agent())).then(StepKey::agent);
     call.into_iter().chain(handler)
 }
 

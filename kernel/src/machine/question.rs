@@ -1,8 +1,11 @@
-//! Questions a tool body puts to a person mid-call (`ctx.ask`). A question is a step of its own,
-//! keyed under the call that asked (`question:<call>#<n>`, the body's n-th question), waiting for a
+//! Questions a tool body or a hosted handler puts to a person (`ctx.ask`). A question is a step of
+//! its own, keyed under the call that asked (`question:<call>#<n>`, the body's n-th question; a
+//! handler's is `question:agent#<n>`, at its place in the handler's order), waiting for a
 //! person as a gated call does: it is put to a person by [`super::approval::ask_next`], one at a
 //! time with the run's approvals, and the person's answer (checked against the question's JSON
-//! Schema) settles it with that answer as its output; a refusal or an expiry settles it failed.
+//! Schema, and one of its choices when it offers some) settles it with that answer as its output;
+//! a refusal settles it failed, and so does an expiry, unless the question gave a default answer,
+//! which the expiry records instead.
 //! Its settle wakes the asking call if the call gave back its slot to wait. The same call run again
 //! (a retry, a redispatch) asks the same question at the same identity and gets the recorded step,
 //! so a person is asked once and the answer is the one recorded.
@@ -26,19 +29,39 @@ pub struct Asked {
     pub approvers: Vec<String>,
     /// How long the question waits unanswered; `None`: until the call or its run ends.
     pub timeout_ms: Option<u64>,
+    /// The answers a person picks from (the schema holds them too, as an `enum`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub choices: Vec<String>,
+    /// The answer an expiry records (canonical JSON meeting the schema); `None`: an expiry fails
+    /// the question.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
 }
 
-/// The step that holds question `occurrence` of `call`'s body, waiting for a person, and its
-/// `question:asked` event. Its arguments are the question and the schema, so what a person is
+/// The step that holds question `key` of `call`'s body (or of a hosted handler, whose dispatch
+/// `call` is then), at `(turn, position)`, waiting for a person, and its `question:asked` event.
+/// Its arguments are the question, the schema and the choices and default, so what a person is
 /// shown is what the log holds.
-pub fn question_step(call: &StepRecord, occurrence: u32, asked: &Asked, now: Millis) -> StepChange {
-    let key = StepKey::tool_question(&call.key, occurrence);
+pub fn question_step(
+    call: &StepRecord,
+    (key, (turn, position)): (StepKey, (u32, u32)),
+    asked: &Asked,
+    now: Millis,
+) -> StepChange {
     let schema: Value = serde_json::from_str(&asked.schema).unwrap_or(Value::Null);
-    let arguments = kernel_proto::canonical::to_canonical(&serde_json::json!({
+    let mut arguments = serde_json::json!({
         "question": asked.question,
         "schema": schema,
-    }));
-    let decided_by = format!("tool:{}", call.tool);
+    });
+    if !asked.choices.is_empty() {
+        arguments["choices"] = serde_json::json!(asked.choices);
+    }
+    if let Some(default) = &asked.default {
+        arguments["default"] = json_or_string(default);
+    }
+    let arguments = kernel_proto::canonical::to_canonical(&arguments);
+    let handler = call.kind == StepKind::Agent;
+    let decided_by = format!("{}:{}", if handler { "agent" } else { "tool" }, call.tool);
     let step = StepRecord {
         run_id: call.run_id.clone(),
         idempotency_key: key.idempotency_key(&call.run_id),
@@ -46,9 +69,9 @@ pub fn question_step(call: &StepRecord, occurrence: u32, asked: &Asked, now: Mil
         kind: StepKind::Question,
         effect: None,
         max_concurrency: None,
-        hosted: false,
-        turn: call.turn,
-        position: call.position,
+        hosted: handler,
+        turn,
+        position,
         call_id: None,
         tool: call.tool.clone(),
         fingerprint: call.fingerprint.clone(),
@@ -104,6 +127,8 @@ pub fn question_step(call: &StepRecord, occurrence: u32, asked: &Asked, now: Mil
         schema: json_or_string(&asked.schema),
         approvers: asked.approvers.clone(),
         timeout_ms: asked.timeout_ms,
+        choices: asked.choices.clone(),
+        default: asked.default.as_deref().map(json_or_string),
     }
     .event();
     StepChange { step, event }
@@ -112,6 +137,25 @@ pub fn question_step(call: &StepRecord, occurrence: u32, asked: &Asked, now: Mil
 /// The question and the answer's schema a question step holds, as its arguments say them.
 pub fn of_step(step: &StepRecord) -> (String, Value) {
     asked_in(&step.arguments)
+}
+
+/// The answer question step `step` records if it expires unanswered (canonical JSON), if any.
+pub fn default_of(step: &StepRecord) -> Option<String> {
+    let arguments: Value = serde_json::from_str(&step.arguments).ok()?;
+    let default = arguments.get("default")?;
+    Some(kernel_proto::canonical::to_canonical(default))
+}
+
+/// The schema a question's answer must meet: `schema`, and one of `choices` when there are some.
+pub fn with_choices(schema: Value, choices: &[String]) -> Value {
+    if choices.is_empty() {
+        return schema;
+    }
+    let one_of = serde_json::json!({ "enum": choices });
+    match schema {
+        Value::Object(fields) if fields.is_empty() => one_of,
+        schema => serde_json::json!({ "allOf": [schema, one_of] }),
+    }
 }
 
 /// The question and the answer's schema in a question's `arguments` (its step's, its approval's).
@@ -156,6 +200,8 @@ mod tests {
             schema: r#"{"type":"object"}"#.into(),
             approvers: vec!["ops".into()],
             timeout_ms: Some(60_000),
+            choices: Vec::new(),
+            default: None,
         }
     }
 
@@ -164,7 +210,12 @@ mod tests {
         let mut call = step();
         call.status = StepStatus::Running;
         call.resources = vec!["repo:acme".into()];
-        let change = question_step(&call, 1, &asked(), NOW);
+        let change = question_step(
+            &call,
+            (StepKey::tool_question(&call.key, 1), (call.turn, call.position)),
+            &asked(),
+            NOW,
+        );
         let question = &change.step;
         assert_eq!(question.key.as_str(), "question:t0/p0#1");
         assert_eq!(question.key.waiter(), Some(call.key.clone()));

@@ -232,6 +232,8 @@ pub struct ToolQuestion {
     schema: Option<Value>,
     approvers: Vec<String>,
     timeout: Option<Duration>,
+    choices: Vec<String>,
+    default: Option<Value>,
     /// The call keeps its slot while it waits, whatever its idempotency.
     hold: bool,
 }
@@ -262,10 +264,27 @@ impl ToolQuestion {
         self
     }
 
-    /// How long the question waits unanswered before it expires (the body then gets an error);
-    /// without it, it waits until the call ends.
+    /// How long the question waits unanswered before it expires (the body then gets an error,
+    /// or the [`default`](Self::default)); without it, it waits until the call ends.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// The answers a person picks from: the answer is one of them (and meets the schema too).
+    pub fn choices<I, S>(mut self, choices: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.choices = choices.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The answer recorded if the question expires unanswered; it must meet the schema. Without
+    /// it, an expiry is an error.
+    pub fn default(mut self, answer: Value) -> Self {
+        self.default = Some(answer);
         self
     }
 }
@@ -377,6 +396,8 @@ impl ToolContext {
             schema: None,
             approvers: Vec::new(),
             timeout: None,
+            choices: Vec::new(),
+            default: None,
             hold: false,
         }
     }
@@ -401,6 +422,13 @@ impl ToolContext {
                 .unwrap_or_default(),
             approvers: asked.approvers.clone(),
             timeout_ms: asked.timeout.map_or(0, |t| t.as_millis().max(1) as u64),
+            seq: 0,
+            choices: asked.choices.clone(),
+            default_answer_json: asked
+                .default
+                .as_ref()
+                .map(kernel_proto::canonical::to_canonical)
+                .unwrap_or_default(),
         };
         let failed = |error: AgentError| ToolError::fatal(format!("ctx.ask: {error}"));
         let step = kernel

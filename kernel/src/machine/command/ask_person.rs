@@ -1,59 +1,127 @@
-//! A tool body's question to a person ([`question`]): recorded under the call whose dispatch
-//! asks (fenced by that dispatch), or the question recorded at the same identity given back, then
-//! put to a person when its turn comes ([`super::ask::ask_next`]). A call that settles while its
-//! questions are open withdraws them ([`withdraw_questions`]), so no run stays blocked on a
-//! question nobody waits for.
+//! A question to a person ([`question`]) from a tool body or a hosted handler: recorded under
+//! the call whose dispatch asks (fenced by that dispatch), or under the handler at its place in
+//! the handler's order (fenced by the run's dispatch), or the question recorded at the same
+//! identity given back; then put to a person when its turn comes ([`super::ask::ask_next`]). A
+//! call that settles while its questions are open withdraws them ([`withdraw_questions`]), so no
+//! run stays blocked on a question nobody waits for; a handler's go with its run.
 
+use super::ending::end_diverged;
+use super::local_step::StepRecorded;
 use super::{Records, Result, apply_change, held_step};
 use crate::error::KernelError;
 use crate::machine::cancel;
-use crate::machine::hosted::Fence;
+use crate::machine::hosted::{self, Fence, Place};
 use crate::machine::question::{self, Asked};
 use crate::model::{RunId, StepKey, StepKind, StepRecord};
 
-/// A question to ask from the body of the tool call that dispatch `fence` holds in run `run`.
+/// A question to ask from the body of the tool call that dispatch `fence` holds in run `run`, or
+/// from the run's hosted handler when `fence` is the run's own dispatch.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct PersonAsk {
     pub run: RunId,
     pub fence: Fence,
-    /// How many questions the body asked before this one.
+    /// A handler's question: its place in the handler's order.
+    #[serde(default)]
+    pub seq: u32,
+    /// How many questions the body (or handler) asked before this one.
     pub occurrence: u32,
     pub asked: Asked,
 }
 
-/// The question's step, and whether it was recorded before (asked by an earlier attempt).
-pub type PersonAsked = (StepRecord, bool);
+/// The question's step: recorded now, recorded before (asked by an earlier attempt), or, for a
+/// handler whose place holds something else, the run's end.
+pub type PersonAsked = StepRecorded;
 
 /// Records the question `ask` asks, or gives back the one recorded at its identity; a different
-/// question at that identity is refused as `replay_input_changed`.
+/// question at that identity is refused as `replay_input_changed` (and ends a handler's run, as
+/// any divergence of a handler does).
 pub fn apply<R: Records + ?Sized>(records: &mut R, ask: PersonAsk) -> Result<PersonAsked> {
     let call = held_step(records, &ask.fence.dispatch_id, ask.fence.attempt, None)?
-        .filter(|step| step.kind == StepKind::Tool && step.run_id == ask.run)
-        .ok_or_else(|| {
-            KernelError::FailedPrecondition(format!(
-                "dispatch {} (attempt {}) holds no tool call of run {}: only a running call's body may ask a \
-                 person; nothing was asked",
-                ask.fence.dispatch_id, ask.fence.attempt, ask.run
-            ))
-        })?;
+        .filter(|step| step.kind == StepKind::Tool && step.run_id == ask.run);
+    let Some(call) = call else {
+        return ask_from_handler(records, ask);
+    };
     let key = StepKey::tool_question(&call.key, ask.occurrence);
     if let Some(recorded) = records.find_step(&ask.run, &key)? {
-        let (asked_before, schema_before) = question::of_step(&recorded);
-        let schema: serde_json::Value = serde_json::from_str(&ask.asked.schema).unwrap_or_default();
-        if asked_before != ask.asked.question || schema_before != schema {
-            return Err(KernelError::FailedPrecondition(format!(
-                "replay_input_changed: question {key} was asked before as {asked_before:?} with another schema or \
-                 text; a call run again must ask what it asked"
-            )));
-        }
-        return Ok((recorded, true));
+        return match same_question(&recorded, &ask.asked) {
+            Ok(()) => Ok(StepRecorded::Replayed(recorded)),
+            Err(message) => Err(KernelError::FailedPrecondition(message)),
+        };
     }
-    let change = question::question_step(&call, ask.occurrence, &ask.asked, records.now());
+    let place = (call.turn, call.position);
+    Ok(StepRecorded::Recorded(record(
+        records,
+        &call,
+        (key, place),
+        &ask.asked,
+    )?))
+}
+
+/// Records a hosted handler's question at place `ask.seq` of its order, or gives back the one
+/// recorded there.
+fn ask_from_handler<R: Records + ?Sized>(records: &mut R, ask: PersonAsk) -> Result<PersonAsked> {
+    let run = records.run(&ask.run)?;
+    let dispatch = records.find_step(&run.id, &StepKey::agent())?;
+    let fenced = run.hosted && hosted::check_fence(&run, dispatch.as_ref(), Some(&ask.fence)).is_ok();
+    let Some(dispatch) = dispatch.filter(|_| fenced) else {
+        return Err(KernelError::FailedPrecondition(format!(
+            "dispatch {} (attempt {}) holds neither a tool call of run {} nor its handler: only a running call's \
+             body or the run's handler may ask a person; nothing was asked",
+            ask.fence.dispatch_id, ask.fence.attempt, ask.run
+        )));
+    };
+    let key = StepKey::tool_question(&dispatch.key, ask.occurrence);
+    let at_place = records.steps_at_place(&run.id, ask.seq)?;
+    let elsewhere: Vec<StepRecord> = records.find_step(&run.id, &key)?.into_iter().collect();
+    let diverged = match hosted::place(ask.seq, std::slice::from_ref(&key), &at_place, &elsewhere) {
+        Ok(Place::Open) => {
+            let step = record(records, &dispatch, (key, (ask.seq, 0)), &ask.asked)?;
+            records.insert_place(&step)?;
+            return Ok(StepRecorded::Recorded(step));
+        }
+        Ok(Place::Recorded(mut steps)) => {
+            let recorded = steps.remove(0);
+            match same_question(&recorded, &ask.asked) {
+                Ok(()) => return Ok(StepRecorded::Replayed(recorded)),
+                Err(message) => message,
+            }
+        }
+        Err(message) => message,
+    };
+    let ended = end_diverged(records, &run, &diverged)?;
+    Ok(StepRecorded::Diverged {
+        message: diverged,
+        ended,
+    })
+}
+
+/// Whether `recorded` asked what `asked` asks (its text and its schema, choices among it).
+fn same_question(recorded: &StepRecord, asked: &Asked) -> std::result::Result<(), String> {
+    let (asked_before, schema_before) = question::of_step(recorded);
+    let schema: serde_json::Value = serde_json::from_str(&asked.schema).unwrap_or_default();
+    if asked_before != asked.question || schema_before != schema {
+        return Err(format!(
+            "replay_input_changed: question {} was asked before as {asked_before:?} with another schema or text; \
+             code run again must ask what it asked",
+            recorded.key
+        ));
+    }
+    Ok(())
+}
+
+/// Records question `key` of `asker` at `place` and puts it to a person when its turn comes.
+fn record<R: Records + ?Sized>(
+    records: &mut R,
+    asker: &StepRecord,
+    (key, place): (StepKey, (u32, u32)),
+    asked: &Asked,
+) -> Result<StepRecord> {
+    let change = question::question_step(asker, (key, place), asked, records.now());
     let step = change.step.clone();
     records.insert_step(&step)?;
-    records.append(&ask.run, change.event, Some(step.clone()))?;
-    super::ask::ask_next(records, &ask.run)?;
-    Ok((step, false))
+    records.append(&asker.run_id, change.event, Some(step.clone()))?;
+    super::ask::ask_next(records, &asker.run_id)?;
+    Ok(step)
 }
 
 /// Withdraws the open questions of `call`, which just settled: each settles as cancelled (its
@@ -122,20 +190,32 @@ mod tests {
         PersonAsk {
             run: call.run_id.clone(),
             fence: fence.clone(),
+            seq: 0,
             occurrence: 0,
             asked: Asked {
                 question: question.into(),
                 schema: r#"{"type":"integer"}"#.into(),
                 approvers: Vec::new(),
                 timeout_ms: None,
+                choices: Vec::new(),
+                default: None,
             },
+        }
+    }
+
+    /// The question's step, and whether it was recorded before.
+    fn asked(asked: PersonAsked) -> (StepRecord, bool) {
+        match asked {
+            StepRecorded::Recorded(step) => (step, false),
+            StepRecorded::Replayed(step) => (step, true),
+            other => panic!("not asked: {other:?}"),
         }
     }
 
     #[test]
     fn a_question_blocks_the_run_once_and_its_answer_settles_it_and_resumes_the_run() {
         let (mut records, call, fence) = running();
-        let (question, replayed) = apply(&mut records, ask(&call, &fence, "How many?")).unwrap();
+        let (question, replayed) = asked(apply(&mut records, ask(&call, &fence, "How many?")).unwrap());
         assert!(!replayed);
         assert_eq!(records.run(&call.run_id).unwrap().status, RunStatus::Blocked);
         let open = records.open_approvals(&call.run_id).unwrap();
@@ -143,7 +223,7 @@ mod tests {
         assert!(open[0].is_question());
 
         // Asked again (a redispatched body): the same step, no second question.
-        let (again, replayed) = apply(&mut records, ask(&call, &fence, "How many?")).unwrap();
+        let (again, replayed) = asked(apply(&mut records, ask(&call, &fence, "How many?")).unwrap());
         assert!(replayed);
         assert_eq!(again.key, question.key);
         assert_eq!(records.open_approvals(&call.run_id).unwrap().len(), 1);
@@ -200,7 +280,7 @@ mod tests {
     #[test]
     fn a_call_that_settles_withdraws_its_open_question_and_the_run_goes_on() {
         let (mut records, call, fence) = running();
-        let (question, _) = apply(&mut records, ask(&call, &fence, "How many?")).unwrap();
+        let (question, _) = asked(apply(&mut records, ask(&call, &fence, "How many?")).unwrap());
         let settled = cancel_call::cancel(&mut records, (&call.run_id, &call.key), "enough").unwrap();
         assert_eq!(settled.status, StepStatus::Cancelled);
         let withdrawn = records.find_step(&call.run_id, &question.key).unwrap().unwrap();
@@ -213,5 +293,104 @@ mod tests {
             RunStatus::Running,
             "not blocked"
         );
+    }
+
+    /// A hosted run whose handler runs under dispatch `h-1`, attempt 1.
+    fn handling() -> (Memory, RunId, Fence) {
+        let mut records = Memory::new(NOW);
+        let new = crate::machine::run::NewRun {
+            hosted: Some(crate::machine::hosted::HostedAgent {
+                name: "planner".into(),
+                fingerprint: "fp".into(),
+                version: "1".into(),
+            }),
+            ..crate::machine::records::new_run()
+        };
+        let (run, _, _) = crate::machine::command::create_run::apply(&mut records, new).unwrap();
+        let start = crate::machine::dispatch::StartDispatch {
+            run_id: run.id.clone(),
+            key: StepKey::agent(),
+            dispatch_id: DispatchId::from_stored("h-1".into()),
+            attempt: 1,
+            worker: "w".into(),
+            session_id: "s".into(),
+            lease_expires_at: NOW + 60_000,
+            replica: None,
+            limits: Vec::new(),
+            limit_wait_ms: 0,
+        };
+        crate::machine::command::start::apply(&mut records, start).unwrap().unwrap();
+        let fence = Fence {
+            dispatch_id: DispatchId::from_stored("h-1".into()),
+            attempt: 1,
+        };
+        (records, run.id, fence)
+    }
+
+    fn from_handler(run: &RunId, fence: &Fence, seq: u32, question: &str) -> PersonAsk {
+        PersonAsk {
+            run: run.clone(),
+            fence: fence.clone(),
+            seq,
+            occurrence: 0,
+            asked: Asked {
+                question: question.into(),
+                schema: r#"{"enum":["refund","replace"]}"#.into(),
+                approvers: Vec::new(),
+                timeout_ms: Some(1_000),
+                choices: vec!["refund".into(), "replace".into()],
+                default: Some(r#""replace""#.into()),
+            },
+        }
+    }
+
+    #[test]
+    fn a_handler_asks_at_its_place_and_an_expiry_records_the_default() {
+        let (mut records, run, fence) = handling();
+        let (question, replayed) = asked(apply(&mut records, from_handler(&run, &fence, 2, "Refund?")).unwrap());
+        assert!(!replayed);
+        assert_eq!(question.key.as_str(), "question:agent#0");
+        assert!(question.hosted && question.turn == 2, "{question:?}");
+        assert_eq!(records.steps_at_place(&run, 2).unwrap(), vec![question.clone()]);
+        assert_eq!(
+            crate::machine::hosted::wakes(&question).collect::<Vec<_>>(),
+            vec![StepKey::agent()],
+            "its settle wakes the handler, once"
+        );
+        assert_eq!(records.run(&run).unwrap().status, RunStatus::Blocked);
+        let (_, replayed) = asked(apply(&mut records, from_handler(&run, &fence, 2, "Refund?")).unwrap());
+        assert!(replayed, "the handler run again gets the recorded question");
+
+        // Unanswered past its timeout, the question records its default, and the run resumes.
+        records.now = NOW + 2_000;
+        answer_approval::expire(&mut records).unwrap();
+        let settled = records.find_step(&run, &question.key).unwrap().unwrap();
+        assert_eq!(
+            (settled.status, settled.output.as_deref()),
+            (StepStatus::Succeeded, Some(r#""replace""#))
+        );
+        let approval = &records.state.approvals.values().next().unwrap();
+        assert_eq!(approval.status, ApprovalStatus::Expired);
+        assert_eq!(records.run(&run).unwrap().status, RunStatus::Running);
+    }
+
+    #[test]
+    fn another_question_at_a_handler_s_place_fails_its_run_and_a_stale_dispatch_asks_nothing() {
+        let (mut records, run, fence) = handling();
+        let stale = Fence {
+            attempt: 2,
+            ..fence.clone()
+        };
+        let refused = apply(&mut records, from_handler(&run, &stale, 0, "Refund?")).unwrap_err();
+        assert!(matches!(refused, KernelError::FailedPrecondition(_)), "{refused}");
+        assert!(records.open_approvals(&run).unwrap().is_empty(), "nothing asked");
+
+        asked(apply(&mut records, from_handler(&run, &fence, 0, "Refund?")).unwrap());
+        let diverged = apply(&mut records, from_handler(&run, &fence, 0, "Replace?")).unwrap();
+        let StepRecorded::Diverged { message, .. } = diverged else {
+            panic!("not diverged: {diverged:?}");
+        };
+        assert!(message.starts_with("replay_input_changed:"), "{message}");
+        assert_eq!(records.run(&run).unwrap().status, RunStatus::Failed);
     }
 }

@@ -267,7 +267,7 @@ fn command() -> impl Strategy<Value = Command> {
                 ok,
                 denied,
             }),
-        2 => (sender(), 0u8..2, 0u8..2).prop_map(|(from, occurrence, text)| Command::Ask { from, occurrence, text }),
+        2 => (sender(), 0u8..2, 0u8..4).prop_map(|(from, occurrence, text)| Command::Ask { from, occurrence, text }),
         2 => (prop::option::weighted(0.9, any::<u8>()), any::<bool>())
             .prop_map(|(approval, approve)| Command::Answer { approval, approve }),
         1 => Just(Command::ExpireApprovals),
@@ -951,8 +951,10 @@ impl World {
         ))
     }
 
+    /// A question from a tool body or, when the dispatch is a hosted run's own, from its handler
+    /// (at a place the text picks, which may hold something else); an odd text gives a default.
     fn ask(&mut self, from: Sender, occurrence: u8, text: u8) -> super::Result<Done> {
-        let (dispatch_id, attempt, _) = self.sender(from, |s| s.kind == StepKind::Tool);
+        let (dispatch_id, attempt, _) = self.sender(from, |s| matches!(s.kind, StepKind::Tool | StepKind::Agent));
         let run = self
             .memory
             .state
@@ -961,21 +963,21 @@ impl World {
             .find(|s| s.dispatch_id.as_ref() == Some(&dispatch_id))
             .map_or_else(|| self.run_id(Target::Forged), |s| s.run_id.clone());
         let ask = PersonAsk {
-            run,
+            run: run.clone(),
             fence: Fence { dispatch_id, attempt },
+            seq: u32::from(text % 3),
             occurrence: u32::from(occurrence),
             asked: Asked {
                 question: format!("question {text}?"),
                 schema: r#"{"type":"integer"}"#.into(),
                 approvers: vec!["ops".into()],
                 timeout_ms: Some(5_000),
+                choices: Vec::new(),
+                default: (text % 2 == 1).then(|| "7".to_owned()),
             },
         };
         self.traced(Resolved::Ask(ask.clone()));
-        Ok(match ask_person::apply(&mut self.memory, ask)? {
-            (_, true) => Done::Refused,
-            (_, false) => Done::Changed,
-        })
+        Ok(recorded_done(&run, ask_person::apply(&mut self.memory, ask)?))
     }
 
     fn answer(&mut self, approval: Option<u8>, approve: bool) -> super::Result<Done> {

@@ -9,28 +9,36 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AskPersonRequest(_message.Message):
-    __slots__ = ("dispatch", "occurrence", "question", "answer_schema_json", "approvers", "timeout_ms")
+    __slots__ = ("dispatch", "occurrence", "question", "answer_schema_json", "approvers", "timeout_ms", "seq", "choices", "default_answer_json")
     DISPATCH_FIELD_NUMBER: _ClassVar[int]
     OCCURRENCE_FIELD_NUMBER: _ClassVar[int]
     QUESTION_FIELD_NUMBER: _ClassVar[int]
     ANSWER_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
     APPROVERS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_ANSWER_JSON_FIELD_NUMBER: _ClassVar[int]
     dispatch: HostedDispatch
     occurrence: int
     question: str
     answer_schema_json: str
     approvers: _containers.RepeatedScalarFieldContainer[str]
     timeout_ms: int
-    def __init__(self, dispatch: _Optional[_Union[HostedDispatch, _Mapping]] = ..., occurrence: _Optional[int] = ..., question: _Optional[str] = ..., answer_schema_json: _Optional[str] = ..., approvers: _Optional[_Iterable[str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    seq: int
+    choices: _containers.RepeatedScalarFieldContainer[str]
+    default_answer_json: str
+    def __init__(self, dispatch: _Optional[_Union[HostedDispatch, _Mapping]] = ..., occurrence: _Optional[int] = ..., question: _Optional[str] = ..., answer_schema_json: _Optional[str] = ..., approvers: _Optional[_Iterable[str]] = ..., timeout_ms: _Optional[int] = ..., seq: _Optional[int] = ..., choices: _Optional[_Iterable[str]] = ..., default_answer_json: _Optional[str] = ...) -> None: ...
 
 class AskPersonResponse(_message.Message):
-    __slots__ = ("step", "replayed")
+    __slots__ = ("step", "replayed", "diverged")
     STEP_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    DIVERGED_FIELD_NUMBER: _ClassVar[int]
     step: _common_pb2.Step
     replayed: bool
-    def __init__(self, step: _Optional[_Union[_common_pb2.Step, _Mapping]] = ..., replayed: _Optional[bool] = ...) -> None: ...
+    diverged: str
+    def __init__(self, step: _Optional[_Union[_common_pb2.Step, _Mapping]] = ..., replayed: _Optional[bool] = ..., diverged: _Optional[str] = ...) -> None: ...
 
 class CheckStepRequest(_message.Message):
     __slots__ = ("dispatch", "seq", "step_id", "occurrence", "effect", "once")

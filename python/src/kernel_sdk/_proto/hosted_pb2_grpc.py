@@ -136,8 +136,9 @@ class HostedServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AskPerson(self, request, context):
-        """AskPerson puts a question to a person from a tool body (the dispatch of a tool call), or
-        returns the question recorded at the same identity (the call's n-th question). The question
+        """AskPerson puts a question to a person from a tool body (the dispatch of a tool call) or a
+        hosted handler (the run's own dispatch, at place seq of its order), or returns the question
+        recorded at the same identity (the call's or the handler's n-th question). The question
         is a step of the run, put to a person as approvals are (run:interrupted, reason human_input)
         and answered with ApprovalService.ApproveCall's answer_json; AwaitStep answers once it is
         settled: succeeded with the answer as its output, or failed when declined or expired.
