@@ -245,6 +245,25 @@ pub enum RunsCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Answer a question the run's code put to a person (a hosted handler's or a tool body's
+    /// `ctx.ask`) with JSON that meets its schema; the code that asked gets it back.
+    Answer {
+        /// Run id.
+        run: String,
+        /// The question's step key (`question:agent#0`, `question:t2/p0#0`), as `runs show` lists
+        /// it, or its approval id.
+        question: String,
+        /// The answer, as JSON (as `approvals answer --with`).
+        #[arg(long = "with", value_name = "JSON", value_parser = parse_json)]
+        answer: String,
+        /// Who answers; recorded with the answer. Defaults to $USER. A kernel that requires API
+        /// keys records the key's name instead.
+        #[arg(long = "as", env = "USER")]
+        decider: String,
+        /// Why; recorded with the answer.
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Delete a finished run with its events, steps, approvals and the cached results no other run
     /// holds (needs admin);
     /// a run in flight is refused.

@@ -1,17 +1,29 @@
 """A Python tool body asking a person mid-call (`ctx.ask`) against the real kernel: answered with
 `AgentClient.answer` as the declared type, refused when the answer does not meet the schema, and
-declined."""
+declined; a hosted handler asking (`ctx.interrupt`), answered once across its suspension; and
+choices, with the default a question records when it expires."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from conftest import pending_approval, serving
-from harness import Kernel
+from conftest import ended_events, pending_approval, serving
+from harness import Kernel, within
 from pydantic import BaseModel
 
-from kernel_sdk import AgentClient, KernelError, ToolCall, ToolContext, ToolError, tool
+from kernel_sdk import (
+    NO_DEFAULT,
+    AgentClient,
+    AgentContext,
+    KernelError,
+    QuestionUnanswered,
+    ToolCall,
+    ToolContext,
+    ToolError,
+    agent,
+    tool,
+)
 
 
 class Shipping(BaseModel):
@@ -91,3 +103,76 @@ async def test_asking_from_a_test_context_is_a_tool_error() -> None:
         await py_confirm(ToolContext.for_test(), release="1.0")
     assert raised.value.kind == "fatal"
     assert "this context has no kernel" in raised.value.message
+
+
+ASKS: list[str] = []
+
+
+@agent
+async def py_interviewer(ctx: AgentContext, input: dict[str, object]) -> dict[str, object]:
+    """Asks a person whether to refund or replace (the seed page's `ctx.interrupt`)."""
+    ASKS.append(ctx.run_id)
+    timeout = input.get("timeout")
+    try:
+        answer = await ctx.interrupt(
+            "Refund or replace the order?",
+            choices=["refund", "replace"],
+            timeout=float(timeout) if isinstance(timeout, (int, float)) else None,
+            default=input.get("default", NO_DEFAULT),
+        )
+    except QuestionUnanswered as unanswered:
+        return {"unanswered": unanswered.step_key, "why": unanswered.message}
+    return {"answer": answer}
+
+
+async def test_a_hosted_handler_asks_a_person_and_is_asked_once_across_its_suspension(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    ASKS.clear()
+    async with serving(kernel, agents=[py_interviewer]):
+        run = await client.create_run("py_interviewer", input={}, hosted=True)
+        approval_id = await pending_approval(client, run.id, "the handler's question")
+        [asked] = await client.list_approvals(run_id=run.id)
+        assert asked.question and asked.step_key == "question:agent#0", asked
+        assert asked.answer_schema == {"enum": ["refund", "replace"]}, asked.answer_schema
+        with pytest.raises(KernelError) as refused:
+            await client.answer(approval_id, "both", decider="alice")
+        assert "answer_json" in str(refused.value)
+
+        await client.answer(approval_id, "replace", decider="alice")
+        events = await within("the run to end", ended_events(client, run.id), 30)
+        assert events[-1].type == "run:completed", events[-1]
+        assert (await client.get_run(run.id)).run.output == {"answer": "replace"}
+        assert [e.type for e in events].count("question:asked") == 1
+        assert ASKS.count(run.id) >= 1
+
+
+async def test_a_handler_s_question_past_its_timeout_records_its_default_or_raises(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, agents=[py_interviewer]):
+        defaulted = await client.create_run(
+            "py_interviewer", input={"timeout": 0.3, "default": "refund"}, hosted=True
+        )
+        unanswered = await client.create_run("py_interviewer", input={"timeout": 0.3}, hosted=True)
+        await within("the runs to end", ended_events(client, defaulted.id), 30)
+        await within("the runs to end", ended_events(client, unanswered.id), 30)
+        assert (await client.get_run(defaulted.id)).run.output == {"answer": "refund"}
+        output = (await client.get_run(unanswered.id)).run.output
+        assert output["unanswered"] == "question:agent#0", output
+        assert "expired unanswered" in output["why"], output
+
+
+@tool
+async def py_pick(ctx: ToolContext) -> object:
+    """Asks which box to ship, waiting briefly, and takes the default."""
+    return await ctx.ask("Which box?", choices=["small", "large"], timeout=0.3, default="small")
+
+
+async def test_a_tool_body_s_question_offers_choices_and_its_expiry_records_the_default(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, py_pick):
+        run = await client.create_run("picker")
+        [result] = (await client.call_turn(run.id, 0, [ToolCall("py_pick", {})])).results
+        assert result.outcome == "ok" and result.output == "small", result

@@ -1,6 +1,7 @@
 //! A tool body asking a person mid-call (`ctx.ask`), with real processes: the fault worker's
 //! `confirm` (safe to retry: it gives back its slot while it waits) and `confirm_once` (at most
-//! once: it keeps its slot), answered with kernelctl.
+//! once: it keeps its slot), answered with kernelctl; and a hosted handler asking (the fault
+//! worker's `interviewer`), answered with `kernelctl runs answer` or left to its default.
 
 use e2e::{Kernel, Watch, check_log, payload, wait_ledger};
 use kernel_proto::v1 as pb;
@@ -284,4 +285,118 @@ async fn a_question_open_across_a_kernel_sigkill_is_answered_after_the_restart()
     let events = kernel.events(&run).await;
     assert_eq!(events.iter().filter(|e| e.r#type == "question:asked").count(), 1);
     check_log(&events, true);
+}
+
+#[tokio::test]
+async fn a_hosted_handler_asks_a_person_answered_with_kernelctl_runs_answer_and_is_asked_once() {
+    let kernel = Kernel::start();
+    let _host = kernel.fault_worker_with("host", &["--agents-only", "--max-concurrency", "1"]);
+    let run = kernel.start_hosted("interviewer", json!({})).await;
+    let approval = kernel.question_of(&run).await;
+    assert_eq!(approval.step_key, "question:agent#0");
+    assert_eq!(approval.message, "Refund or replace the order?");
+    assert_eq!(approval.decided_by, "agent:interviewer");
+    let schema: Value = serde_json::from_str(&approval.answer_schema_json).unwrap();
+    assert_eq!(schema, json!({"enum": ["refund", "replace"]}));
+    let interrupted = kernel.wait_status(&run, |s| s == pb::RunStatus::Suspended).await;
+    assert_eq!(
+        interrupted.suspensions, 1,
+        "the handler gave back its slot while the person thinks"
+    );
+
+    // Not one of the choices: refused naming the field, nothing written.
+    let events = kernel.events(&run).await.len();
+    let wrong = kernelctl_refused(
+        &kernel,
+        &[
+            "runs",
+            "answer",
+            &run,
+            "question:agent#0",
+            "--with",
+            r#""both""#,
+            "--as",
+            "ana",
+        ],
+    );
+    assert!(wrong.contains("answer_json"), "{wrong}");
+    assert_eq!(
+        kernel.events(&run).await.len(),
+        events,
+        "a refused answer writes nothing"
+    );
+    let missing = kernelctl_refused(
+        &kernel,
+        &[
+            "runs",
+            "answer",
+            &run,
+            "question:agent#9",
+            "--with",
+            r#""refund""#,
+            "--as",
+            "ana",
+        ],
+    );
+    assert!(missing.contains("waiting: question:agent#0"), "{missing}");
+
+    let answered = kernel.kernelctl_ok(&[
+        "runs",
+        "answer",
+        &run,
+        "question:agent#0",
+        "--with",
+        r#""refund""#,
+        "--as",
+        "ana",
+    ]);
+    assert!(answered.contains("approved by ana"), "{answered}");
+    let done = kernel.finished(&run).await;
+    assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
+    let output: Value = serde_json::from_str(&done.output_json).unwrap();
+    assert_eq!(output, json!({"answer": "refund"}));
+
+    // The handler ran twice (before its suspension and after the answer) and asked once.
+    let asked = kernel
+        .ledger()
+        .into_iter()
+        .filter(|line| line.tool == "handler:ask" && line.key == run)
+        .count();
+    assert_eq!(asked, 2, "{:?}", kernel.ledger());
+    let questions = kernel
+        .events(&run)
+        .await
+        .iter()
+        .filter(|e| e.r#type == "question:asked")
+        .count();
+    assert_eq!(questions, 1, "the replayed handler got the recorded answer");
+    check_log(&kernel.events(&run).await, true);
+}
+
+#[tokio::test]
+async fn a_handler_s_question_past_its_timeout_records_its_default_and_without_one_fails_the_ask() {
+    let kernel = Kernel::start();
+    let _host = kernel.fault_worker_with("host", &["--agents-only"]);
+    let with_default = kernel
+        .start_hosted("interviewer", json!({"timeout_ms": 300, "default": "replace"}))
+        .await;
+    let without = kernel.start_hosted("interviewer", json!({"timeout_ms": 300})).await;
+    let done = kernel.finished(&with_default).await;
+    let output: Value = serde_json::from_str(&done.output_json).unwrap();
+    assert_eq!(output, json!({"answer": "replace"}), "{done:?}");
+    let done = kernel.finished(&without).await;
+    let output: Value = serde_json::from_str(&done.output_json).unwrap();
+    assert_eq!(output["unanswered"], "question:agent#0", "{output}");
+    assert!(
+        output["why"].as_str().unwrap().contains("expired unanswered"),
+        "{output}"
+    );
+
+    // A default that is not one of the choices is refused as the handler asks: its run fails.
+    let refused = kernel
+        .start_hosted("interviewer", json!({"timeout_ms": 300, "default": "keep"}))
+        .await;
+    let done = kernel.finished(&refused).await;
+    assert_eq!(done.status, pb::RunStatus::Failed as i32, "{done:?}");
+    assert!(done.reason.contains("default_answer_json"), "{}", done.reason);
 }

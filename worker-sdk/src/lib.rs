@@ -138,7 +138,9 @@ pub use backoff::Backoff;
 pub use error::{ErrorKind, ToolError};
 /// The stream a streaming tool returns, and the combinators that build one (from `futures-util`).
 pub use futures_util::{Stream, stream};
-pub use hosted::{Agent, AgentContext, AgentDefinition, AgentFuture, SessionInfo, StepEffect, StepInfo, Subagent};
+pub use hosted::{
+    Agent, AgentContext, AgentDefinition, AgentFuture, HandlerQuestion, SessionInfo, StepEffect, StepInfo, Subagent,
+};
 pub use kernel_proto as proto;
 pub use tls::Tls;
 /// The cancellation token of [`ToolContext::cancellation`] and [`Worker::run`] (from `tokio-util`).

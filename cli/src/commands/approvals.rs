@@ -85,6 +85,38 @@ pub async fn answer_question(
     answered(out, approval)
 }
 
+/// Answers the question `who.id` (its step key or approval id) of run `run` with `answer`.
+pub async fn answer_run_question(
+    kernel: &mut Kernel,
+    out: &mut Output<'_>,
+    run: String,
+    mut who: AnswerArgs,
+    answer: String,
+) -> Result<(), CliError> {
+    let request = ListApprovalsRequest {
+        status: 0,
+        run_id: run.clone(),
+    };
+    let pending = unary(kernel.approvals.list_approvals(request)).await?.approvals;
+    let Some(approval) = pending.iter().find(|a| a.step_key == who.id || a.id == who.id) else {
+        let open: Vec<&str> = pending.iter().map(|a| a.step_key.as_str()).collect();
+        let open = if open.is_empty() {
+            "none".to_owned()
+        } else {
+            open.join(", ")
+        };
+        return Err(CliError::Rpc {
+            code: tonic::Code::NotFound,
+            message: format!(
+                "run {run} has no question {} waiting for an answer (waiting: {open})",
+                who.id
+            ),
+        });
+    };
+    who.id = approval.id.clone();
+    answer_question(kernel, out, who, answer).await
+}
+
 /// Prints an answered approval.
 fn answered(out: &mut Output<'_>, approval: Option<Approval>) -> Result<(), CliError> {
     let approval = ApprovalView::from(approval.ok_or(CliError::MalformedResponse("the kernel returned no approval"))?);

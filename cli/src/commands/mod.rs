@@ -44,6 +44,20 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Runs(RunsCommand::CancelCall { run, step, reason }) => {
             runs::cancel_call(&mut kernel, &mut out, run, step, reason).await
         }
+        Command::Runs(RunsCommand::Answer {
+            run,
+            question,
+            answer,
+            decider,
+            reason,
+        }) => {
+            let who = crate::args::AnswerArgs {
+                id: question,
+                decider,
+                reason,
+            };
+            approvals::answer_run_question(&mut kernel, &mut out, run, who, answer).await
+        }
         Command::Runs(RunsCommand::Delete { id }) => runs::delete(&mut kernel, &mut out, id).await,
         Command::Runs(RunsCommand::Prune { finished_before }) => {
             runs::prune(&mut kernel, &mut out, finished_before).await

@@ -15,7 +15,7 @@
 
 from .canonical import call_hash, idempotency_key, to_canonical, tool_fingerprint
 from .client import AgentClient
-from .context import Cancellation, Progress, ToolCache, ToolContext
+from .context import NO_DEFAULT, Cancellation, Progress, ToolCache, ToolContext
 from .errors import ConcurrentCallIdError, KernelError, ToolCallRejected, ToolError, WorkerRefused
 from .hosted import (
     Agent,
@@ -25,6 +25,7 @@ from .hosted import (
     NestedDurableOperation,
     NestedDurableOperationError,
     PolicyError,
+    QuestionUnanswered,
     ReplayInputChanged,
     SessionInfo,
     StepDenied,
@@ -65,6 +66,7 @@ from .transport import Tls
 from .worker import Worker
 
 __all__ = [
+    "NO_DEFAULT",
     "Agent",
     "AgentClient",
     "AgentContext",
@@ -84,6 +86,7 @@ __all__ = [
     "NestedDurableOperationError",
     "PolicyError",
     "Progress",
+    "QuestionUnanswered",
     "RegisteredTool",
     "ReplayInputChanged",
     "RetryPolicy",

@@ -50,6 +50,8 @@ class KernelLink(Protocol):
         approvers: Sequence[str],
         timeout_ms: int,
         occurrence: int,
+        choices: Sequence[str] = (),
+        default_json: str = "",
     ) -> ChildStep: ...
 
 

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from .records import CallResult
 
 
+NO_DEFAULT: Any = object()
+"""`ask`'s `default` when none is given: an expiry raises (a default may be `None`, JSON null)."""
+
+
 class RunCalls(Protocol):
     """What the run around some code offers a tool called directly in it: a hosted handler's
     context, which calls the tool through the kernel."""
@@ -417,6 +421,8 @@ class ToolContext:
         returns: Any = None,
         approvers: Sequence[str] = (),
         timeout: float | None = None,
+        choices: Sequence[str] = (),
+        default: Any = NO_DEFAULT,
     ) -> Coroutine[Any, Any, Any]:
         """Asks a person `question` mid-call and returns their answer (the Pyrula page's
         `ctx.interrupt`, from a tool body). The run blocks with `run:interrupted` (reason
@@ -424,9 +430,10 @@ class ToolContext:
         console, `AgentClient.answer` or an MCP client's input. The answer meets `schema` (a JSON
         Schema; with `returns`, a pydantic model or any type pydantic validates, the schema is the
         type's and the answer comes back as that type); the kernel refuses one that does not.
-        `approvers` names the keys (or groups) that may answer; `timeout` (seconds) lets the
-        question expire. A declined or expired question raises `ToolError` (fatal: the call fails
-        unless the body catches it), naming who declined.
+        `approvers` names the keys (or groups) that may answer; `choices` are the answers a person
+        picks from; `timeout` (seconds) lets the question expire, recording `default` if given. A
+        declined question, or one expired without a default, raises `ToolError` (fatal: the call
+        fails unless the body catches it), naming who declined.
 
         The answer is recorded: the same call run again (a retry, a redispatch after its worker
         was lost) gets it back at once, and the person is asked once. Questions are told apart
@@ -443,8 +450,10 @@ class ToolContext:
         if schema is None and returns is not None:
             schema = pydantic.TypeAdapter(returns).json_schema()
 
+        default_json = "" if default is NO_DEFAULT else to_canonical(default)
+
         async def run() -> Any:
-            answer = await self._ask(question, schema, approvers, timeout)
+            answer = await self._ask(question, schema, approvers, timeout, (choices, default_json))
             return _as_declared(typed, answer, "ctx.ask: the answer")
 
         return run()
@@ -455,6 +464,7 @@ class ToolContext:
         schema: dict[str, Any] | None,
         approvers: Sequence[str],
         timeout: float | None,
+        offered: tuple[Sequence[str], str] = ((), ""),
     ) -> Any:
         kernel = self._kernel
         if kernel is None:
@@ -466,7 +476,10 @@ class ToolContext:
         schema_json = "" if schema is None else to_canonical(schema)
         timeout_ms = 0 if timeout is None else max(1, round(timeout * 1000))
         step = await self._settled(
-            kernel, await kernel.ask(question, schema_json, approvers, timeout_ms, occurrence)
+            kernel,
+            await kernel.ask(
+                question, schema_json, approvers, timeout_ms, occurrence, offered[0], offered[1]
+            ),
         )
         if step.succeeded:
             return json.loads(step.output_json or "null")

@@ -40,7 +40,7 @@ from ._proto import common_pb2, hosted_pb2, hosted_pb2_grpc, tool_calls_pb2
 from ._tool_subagents import SUSPEND_AFTER as _SUSPEND_AFTER
 from ._typed import Typed as _Typed
 from .canonical import idempotency_key, to_canonical, tool_fingerprint
-from .context import Cancellation, _carrier, current_run
+from .context import NO_DEFAULT, Cancellation, _carrier, current_run
 from .errors import ConcurrentCallIdError
 from .records import CallOutcome, CallResult
 from .tools import (
@@ -102,6 +102,16 @@ class SubagentFailed(AgentError):
         super().__init__(f"subagent '{agent}' (run {run_id}) failed: {message}")
         self.agent = agent
         self.run_id = run_id
+        self.message = message
+
+
+class QuestionUnanswered(AgentError):
+    """A hosted handler's question to a person got no answer: declined, expired without a
+    default, or withdrawn with its run."""
+
+    def __init__(self, step_key: str, message: str) -> None:
+        super().__init__(message)
+        self.step_key = step_key
         self.message = message
 
 
@@ -830,6 +840,84 @@ class AgentContext:
             return _typed_or_failed(typed, output, f"subagent:{agent}")
 
         return run()
+
+    def ask(
+        self,
+        question: str,
+        *,
+        schema: dict[str, Any] | None = None,
+        returns: Any = None,
+        choices: Sequence[str] = (),
+        default: Any = NO_DEFAULT,
+        approvers: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> Coroutine[Any, Any, Any]:
+        """Asks a person `question` and returns their answer (the Pyrula page's `ctx.interrupt`).
+        The run blocks with `run:interrupted` (reason `human_input`) until someone answers with
+        `kernelctl runs answer RUN question:agent#N --with '...'`, `kernelctl approvals answer`,
+        the console, `AgentClient.answer` or an MCP client's input. The answer meets `schema` (a
+        JSON Schema; with `returns`, a pydantic model or any type pydantic validates, the schema is
+        the type's and the answer comes back as that type) and is one of `choices` when given; the
+        kernel refuses one that does not. `approvers` names the keys (or groups) that may answer;
+        past `timeout` (seconds) the question records `default` if given, else it fails. Declined,
+        or expired without a default, it raises `QuestionUnanswered`.
+
+        The question takes the next place in the handler's order, as a subagent does: on replay the
+        recorded answer is returned and nobody is asked again, and another question in its place
+        fails the run (`ReplayInputChanged`). While the person takes their time the handler may give
+        back its slot (the run is suspended) and runs again once answered. Inside a local step it
+        raises `NestedDurableOperationError`."""
+        typed = _Typed(returns)
+        if schema is None and returns is not None:
+            schema = pydantic.TypeAdapter(returns).json_schema()
+        request = hosted_pb2.AskPersonRequest(
+            question=question,
+            answer_schema_json="" if schema is None else to_canonical(schema),
+            choices=list(choices),
+            default_answer_json="" if default is NO_DEFAULT else to_canonical(default),
+            approvers=list(approvers),
+            timeout_ms=0 if timeout is None else max(1, round(timeout * 1000)),
+        )
+
+        async def run() -> Any:
+            answer = await self._ask(request)
+            return _typed_or_failed(typed, answer, "the answer")
+
+        return run()
+
+    interrupt = ask
+    """The Pyrula page's name for `ask`."""
+
+    async def _ask(self, request: hosted_pb2.AskPersonRequest) -> Any:
+        seq, occurrence = self._place("?question", "a question to a person")
+        key = f"question:agent#{occurrence}"
+        self._waits.active += 1
+        try:
+            step = self._recorded_step(seq, key)
+            if step is None:
+                request.dispatch.CopyFrom(self._dispatch)
+                request.seq = seq
+                request.occurrence = occurrence
+                response = await self._unary(self._stub.AskPerson, request)
+                if response.diverged:
+                    raise self._diverge(response.diverged)
+                step = response.step
+            if step.status not in SETTLED:
+                waiting = _Durable(self._waits, [key], long=True)
+                try:
+                    answer = await self._unary(
+                        self._stub.AwaitStep,
+                        hosted_pb2.AwaitStepRequest(dispatch=self._dispatch, step_key=key),
+                    )
+                finally:
+                    waiting.end()
+                step = answer.step
+            if step.status == common_pb2.STEP_STATUS_SUCCEEDED:
+                return json.loads(step.output_json or "null")
+            raise QuestionUnanswered(key, step.error)
+        finally:
+            self._waits.active -= 1
+            self._waits.touch()
 
     async def _subagent(self, agent: str, input: Any, session: str | None) -> Any:
         seq, occurrence = self._place(f"subagent:{agent}", f"subagent '{agent}'")

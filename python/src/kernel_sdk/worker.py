@@ -976,6 +976,8 @@ class _CallKernel:
         approvers: Sequence[str],
         timeout_ms: int,
         occurrence: int,
+        choices: Sequence[str] = (),
+        default_json: str = "",
     ) -> ChildStep:
         stub, dispatch = self._hosted()
         request = hosted_pb2.AskPersonRequest(
@@ -985,6 +987,8 @@ class _CallKernel:
             answer_schema_json=schema_json,
             approvers=list(approvers),
             timeout_ms=timeout_ms,
+            choices=list(choices),
+            default_answer_json=default_json,
         )
         try:
             response = await stub.AskPerson(

@@ -143,6 +143,27 @@ async fn child(ctx: AgentContext, input: Value) -> Result<Value, AgentError> {
     Ok(json!({ "label": label, "previous": previous, "run_id": ctx.run_id() }))
 }
 
+/// Asks a person whether to refund or replace, with `timeout_ms` and `default` when its input
+/// gives them, and returns the answer; the ledger says each time the handler reaches the question.
+async fn interviewer(ctx: AgentContext, input: Value) -> Result<Value, AgentError> {
+    ledger_step("handler:ask", ctx.run_id(), ctx.attempt());
+    let mut question = ctx
+        .ask("Refund or replace the order?")
+        .choices(["refund", "replace"])
+        .approvers(["ops"]);
+    if let Some(ms) = input["timeout_ms"].as_u64() {
+        question = question.timeout(Duration::from_millis(ms));
+    }
+    if !input["default"].is_null() {
+        question = question.default(input["default"].clone());
+    }
+    match question.await {
+        Ok(answer) => Ok(json!({ "answer": answer })),
+        Err(AgentError::Unanswered { question, message }) => Ok(json!({ "unanswered": question, "why": message })),
+        Err(error) => Err(error),
+    }
+}
+
 /// A parent: `mode` `one` starts one `child`, `many` starts `n` at once, `session` starts `n` at
 /// once on one session; `approval` calls `wipe` (always asked); `nested` calls a tool inside a
 /// step.
@@ -446,6 +467,7 @@ async fn main() {
             Agent::new("pipeline", "Steps and sleepy calls, for fault tests", pipeline),
             Agent::new("parent", "Starts subagents, for fault tests", parent),
             Agent::new("child", "A subagent, for fault tests", child),
+            Agent::new("interviewer", "Asks a person, for question tests", interviewer),
             Agent::new(
                 "script",
                 "Runs the operations its input lists, for branch tests",

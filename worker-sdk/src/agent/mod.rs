@@ -90,6 +90,15 @@ pub enum AgentError {
         /// The step's error.
         message: String,
     },
+    /// A hosted handler's question to a person got no answer: declined, or expired without a
+    /// default, or withdrawn with its run.
+    #[error("{message}")]
+    Unanswered {
+        /// The question's identity, `question:agent#<n>`.
+        question: String,
+        /// Why, as the log says it (`the question of 'planner' was declined by alice`).
+        message: String,
+    },
 }
 
 impl AgentError {

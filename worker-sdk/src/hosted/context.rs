@@ -663,6 +663,84 @@ impl AgentContext {
         }
     }
 
+    /// Asks a person `question` (Pyrula's `ctx.interrupt`) and returns the answer, checked by the
+    /// kernel against the question's [`schema`](HandlerQuestion::schema) and
+    /// [`choices`](HandlerQuestion::choices). The run blocks with `run:interrupted` (reason
+    /// `human_input`) until someone answers: `kernelctl runs answer RUN question:agent#N --with JSON`,
+    /// `kernelctl approvals answer`, the console, [`AgentClient::answer`](crate::AgentClient::answer)
+    /// or an MCP client's input. Declined, or expired without a
+    /// [`default`](HandlerQuestion::default), it is [`AgentError::Unanswered`].
+    ///
+    /// The question takes the next place in the handler's order, as a subagent does: on replay
+    /// the recorded answer is returned and nobody is asked again, and another question in its
+    /// place fails the run (`replay_input_changed`). While the person takes their time the
+    /// handler may give back its slot (the run is suspended) and runs again once answered. Inside
+    /// a local step it is [`AgentError::NestedDurableOperation`].
+    pub fn ask(&self, question: impl Into<String>) -> HandlerQuestion {
+        HandlerQuestion {
+            ctx: self.clone(),
+            question: question.into(),
+            schema: None,
+            choices: Vec::new(),
+            default: None,
+            approvers: Vec::new(),
+            timeout: None,
+        }
+    }
+
+    fn put_question(
+        &self,
+        asked: HandlerQuestion,
+    ) -> impl Future<Output = Result<serde_json::Value, AgentError>> + Send + 'static {
+        let ctx = self.clone();
+        let nested = self.not_in_step("a question to a person");
+        let place = self.next_place(Some("?question"));
+        let active = self.active();
+        async move {
+            let _active = active;
+            nested?;
+            let (seq, occurrence) = place?;
+            let key = format!("question:agent#{occurrence}");
+            let step = match ctx.recorded_step(seq, &key)? {
+                Some(step) => step,
+                None => {
+                    let request = pb::AskPersonRequest {
+                        dispatch: None,
+                        occurrence,
+                        seq,
+                        question: asked.question,
+                        answer_schema_json: asked.schema.as_ref().map(to_canonical).unwrap_or_default(),
+                        approvers: asked.approvers,
+                        timeout_ms: asked.timeout.map_or(0, |t| t.as_millis().max(1) as u64),
+                        choices: asked.choices,
+                        default_answer_json: asked.default.as_ref().map(to_canonical).unwrap_or_default(),
+                    };
+                    let response = ctx.link().ask(request).await?;
+                    if !response.diverged.is_empty() {
+                        return Err(ctx.diverge(response.diverged));
+                    }
+                    response
+                        .step
+                        .ok_or_else(|| AgentError::Protocol("the kernel asked a question without its step".into()))?
+                }
+            };
+            let step = if is_settled(&step) {
+                step
+            } else {
+                let _waiting = ctx.durable(vec![key.clone()], true);
+                ctx.link().await_step(&key).await?
+            };
+            if step.status == pb::StepStatus::Succeeded as i32 {
+                Ok(serde_json::from_str(output_text(&step))?)
+            } else {
+                Err(AgentError::Unanswered {
+                    question: key,
+                    message: step.error,
+                })
+            }
+        }
+    }
+
     /// Starts a subagent: a child run of `agent` (hosted on any worker offering it), linked to
     /// this run, and returns its output; a failed or cancelled child is [`AgentError::Subagent`].
     /// Await the returned [`Subagent`], optionally after [`Subagent::session`]. On replay the
@@ -822,5 +900,69 @@ fn decode_step<T: DeserializeOwned>(step: pb::Step) -> Result<T, AgentError> {
             step: step.step_key,
             message: step.error,
         })
+    }
+}
+
+/// A question a hosted handler puts to a person ([`AgentContext::ask`]); await it for the answer.
+#[must_use = "a question asks nothing until it is awaited"]
+pub struct HandlerQuestion {
+    ctx: AgentContext,
+    question: String,
+    schema: Option<serde_json::Value>,
+    choices: Vec<String>,
+    default: Option<serde_json::Value>,
+    approvers: Vec<String>,
+    timeout: Option<std::time::Duration>,
+}
+
+impl HandlerQuestion {
+    /// The JSON Schema the answer must meet; without one any JSON is an answer.
+    pub fn schema(mut self, schema: serde_json::Value) -> Self {
+        self.schema = Some(schema);
+        self
+    }
+
+    /// The answers a person picks from: the answer is one of them.
+    pub fn choices<I, S>(mut self, choices: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.choices = choices.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The answer recorded if nobody answers within the [`timeout`](Self::timeout); it must meet
+    /// the schema.
+    pub fn default(mut self, answer: serde_json::Value) -> Self {
+        self.default = Some(answer);
+        self
+    }
+
+    /// Who may answer (API key names or groups); without any, any key that may answer approvals.
+    pub fn approvers<I, S>(mut self, approvers: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.approvers = approvers.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// How long the question waits unanswered; then it records its default, or fails. Without
+    /// it, it waits until the run ends.
+    pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+impl std::future::IntoFuture for HandlerQuestion {
+    type Output = Result<serde_json::Value, AgentError>;
+    type IntoFuture = std::pin::Pin<Box<dyn Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        let ctx = self.ctx.clone();
+        Box::pin(ctx.put_question(self))
     }
 }

@@ -37,7 +37,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 pub(crate) use context::HostedDispatch;
-pub use context::{AgentContext, SessionInfo, StepInfo, Subagent};
+pub use context::{AgentContext, HandlerQuestion, SessionInfo, StepInfo, Subagent};
 pub(crate) use wire::agent_spec;
 
 use crate::agent::AgentError;

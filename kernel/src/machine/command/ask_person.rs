@@ -319,7 +319,9 @@ mod tests {
             limits: Vec::new(),
             limit_wait_ms: 0,
         };
-        crate::machine::command::start::apply(&mut records, start).unwrap().unwrap();
+        crate::machine::command::start::apply(&mut records, start)
+            .unwrap()
+            .unwrap();
         let fence = Fence {
             dispatch_id: DispatchId::from_stored("h-1".into()),
             attempt: 1,
