@@ -535,6 +535,12 @@ impl StepKey {
         StepKey(format!("question:{}#{occurrence}", call.0))
     }
 
+    /// The identity of a question an external agent's code put to a person under its own id
+    /// (`question:run#confirm-refund`).
+    pub fn run_question(id: &str) -> Self {
+        StepKey(format!("question:run#{id}"))
+    }
+
     /// For a question a tool call's body asked, that call's key.
     pub fn asking_call(&self) -> Option<StepKey> {
         let rest = self.0.strip_prefix("question:")?;

@@ -176,3 +176,34 @@ async def test_a_tool_body_s_question_offers_choices_and_its_expiry_records_the_
         run = await client.create_run("picker")
         [result] = (await client.call_turn(run.id, 0, [ToolCall("py_pick", {})])).results
         assert result.outcome == "ok" and result.output == "small", result
+
+
+async def test_an_agent_s_own_code_asks_a_person_and_asked_again_gets_the_recorded_answer(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    run = await client.create_run("refunds")
+    asking = asyncio.ensure_future(
+        client.ask(run.id, "refund-1", "Refund order 9?", returns=Shipping, approvers=["ops"])
+    )
+    approval_id = await pending_approval(client, run.id, "the agent's question")
+    [asked] = await client.list_approvals(run_id=run.id)
+    assert asked.step_key == "question:run#refund-1" and asked.decided_by == "agent:refunds"
+    with pytest.raises(KernelError) as other:
+        await client.ask(run.id, "refund-1", "Refund order 10?")
+    assert "replay_input_changed" in str(other.value)
+
+    await client.answer(approval_id, {"ok": True, "note": "refund"}, decider="alice")
+    answer = await asyncio.wait_for(asking, 30)
+    assert answer == Shipping(ok=True, note="refund")
+    again = await client.ask(run.id, "refund-1", "Refund order 9?", returns=Shipping)
+    assert again == answer, "asked again, the recorded answer"
+    events = await client.list_events(run.id)
+    assert [e.type for e in events].count("question:asked") == 1
+
+    declined = asyncio.ensure_future(client.ask(run.id, "refund-2", "Refund order 11?"))
+    second = await pending_approval(client, run.id, "the second question")
+    await client.reject(second, decider="bob", reason="not today")
+    with pytest.raises(QuestionUnanswered) as unanswered:
+        await asyncio.wait_for(declined, 30)
+    assert unanswered.value.step_key == "question:run#refund-2"
+    assert "declined by bob (not today)" in unanswered.value.message

@@ -400,3 +400,69 @@ async fn a_handler_s_question_past_its_timeout_records_its_default_and_without_o
     assert_eq!(done.status, pb::RunStatus::Failed as i32, "{done:?}");
     assert!(done.reason.contains("default_answer_json"), "{}", done.reason);
 }
+
+#[tokio::test]
+async fn an_agent_s_own_code_asks_a_person_across_a_kernel_sigkill_and_is_asked_once() {
+    let mut kernel = Kernel::start();
+    let agent = worker_sdk::AgentClient::connect(kernel.url()).await.unwrap();
+    let run = agent
+        .create_run(worker_sdk::NewRun::new("refunds", json!({})))
+        .await
+        .unwrap();
+    let ask = |run: worker_sdk::RunHandle| async move {
+        run.ask("refund-1", "Refund order 9 or replace it?")
+            .choices(["refund", "replace"])
+            .approvers(["ops"])
+            .await
+    };
+    let waiting = tokio::spawn(ask(run.clone()));
+    let approval = kernel.question_of(run.id()).await;
+    assert_eq!(approval.step_key, "question:run#refund-1");
+    assert_eq!(approval.decided_by, "agent:refunds");
+    assert_eq!(
+        kernel.get(run.id()).await.run.unwrap().status,
+        pb::RunStatus::Blocked as i32
+    );
+
+    // Another question under the same id is refused; the open one stays the only one.
+    let other = run.ask("refund-1", "Refund order 10?").await.unwrap_err();
+    assert!(other.to_string().contains("replay_input_changed"), "{other}");
+
+    // The kernel dies under the waiting question: the SDK asks again once it is back, which
+    // waits on the recorded question, and nobody is asked twice.
+    kernel.kill9();
+    kernel.restart();
+    e2e::eventually("the restarted kernel to take the answer", || async {
+        let args = [
+            "runs",
+            "answer",
+            run.id(),
+            "question:run#refund-1",
+            "--with",
+            r#""replace""#,
+            "--as",
+            "erin",
+        ];
+        let out = kernel.kernelctl(&args);
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        if out.status.success() || said.contains("already approved by erin") {
+            Ok(())
+        } else {
+            Err(said)
+        }
+    })
+    .await;
+    assert_eq!(waiting.await.unwrap().unwrap(), json!("replace"));
+    assert_eq!(
+        ask(run.clone()).await.unwrap(),
+        json!("replace"),
+        "asked again, answered at once"
+    );
+    let events = kernel.events(run.id()).await;
+    assert_eq!(events.iter().filter(|e| e.r#type == "question:asked").count(), 1);
+    assert_eq!(
+        kernel.get(run.id()).await.run.unwrap().status,
+        pb::RunStatus::Running as i32
+    );
+    check_log(&events, false);
+}

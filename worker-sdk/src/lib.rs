@@ -131,8 +131,8 @@ pub mod __private;
 
 pub use agent::outcome::{ApprovalAnswer, ApprovalDecision, Outcome, ToolCallRejected};
 pub use agent::{
-    AgentClient, AgentError, BudgetLimit, Call, CallOutcome, CallStatus, Capture, Fork, Interruption, NewRun,
-    ProgressUpdate, RunHandle, RunSnapshot, TurnItem,
+    AgentClient, AgentError, AgentQuestion, BudgetLimit, Call, CallOutcome, CallStatus, Capture, Fork, Interruption,
+    NewRun, ProgressUpdate, RunHandle, RunSnapshot, TurnItem,
 };
 pub use backoff::Backoff;
 pub use error::{ErrorKind, ToolError};

@@ -186,6 +186,10 @@ impl ToolCallService for ScriptedKernel {
     async fn cancel_call(&self, _: Request<pb::CancelCallRequest>) -> Result<Response<pb::CancelCallResponse>, Status> {
         Err(Status::unimplemented("not scripted"))
     }
+
+    async fn ask_person(&self, _: Request<pb::AgentAskRequest>) -> Result<Response<pb::AgentAskResponse>, Status> {
+        Err(Status::unimplemented("not scripted"))
+    }
 }
 
 async fn start() -> (AgentClient, ScriptedKernel) {

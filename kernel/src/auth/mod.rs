@@ -132,7 +132,8 @@ pub fn required_scope(path: &str) -> Scope {
         | "RunService/CompleteRun"
         | "RunService/FailRun"
         | "RunService/CancelRun"
-        | "ToolCallService/CancelCall" => Scope::RunsWrite,
+        | "ToolCallService/CancelCall"
+        | "ToolCallService/AskPerson" => Scope::RunsWrite,
         "ToolCallService/SubmitTurn" | "ToolCallService/CallTurn" => Scope::ToolsCall,
         "ApprovalService/ListApprovals" => Scope::RunsRead,
         "ApprovalService/ApproveCall" | "ApprovalService/RejectCall" => Scope::ApprovalsWrite,

@@ -132,6 +132,7 @@ fn every_kernel_method_maps_to_its_scope() {
         ("/kernel.v1.RunService/FailRun", Scope::RunsWrite),
         ("/kernel.v1.RunService/CancelRun", Scope::RunsWrite),
         ("/kernel.v1.ToolCallService/CancelCall", Scope::RunsWrite),
+        ("/kernel.v1.ToolCallService/AskPerson", Scope::RunsWrite),
         ("/kernel.v1.ToolCallService/SubmitTurn", Scope::ToolsCall),
         ("/kernel.v1.ToolCallService/CallTurn", Scope::ToolsCall),
         ("/kernel.v1.ApprovalService/ListApprovals", Scope::RunsRead),

@@ -371,7 +371,8 @@ impl HostedService for HostedApi {
         )?;
         let ask = PersonAsk {
             run,
-            fence,
+            fence: Some(fence),
+            question_id: String::new(),
             seq: req.seq,
             occurrence: req.occurrence,
             asked,
@@ -428,7 +429,7 @@ const MAX_QUESTION: usize = 4096;
 /// A question as the machine takes it: its text (1 to [`MAX_QUESTION`] bytes), its answer's schema
 /// (a JSON Schema that compiles, narrowed to the choices when there are some; empty accepts any
 /// JSON), the default an expiry records (which must meet it), who may answer, and its timeout.
-fn asked(
+pub(super) fn asked(
     question: String,
     (schema, choices, default): (&str, Vec<String>, &str),
     approvers: Vec<String>,

@@ -33,6 +33,35 @@ const MAX_REQUESTED_NAME: usize = 1024;
 /// Implements `kernel.v1.ToolCallService`.
 pub struct ToolCallApi(pub Kernel);
 
+impl ToolCallApi {
+    /// Step `key` of run `run` once it has settled, read again at each change of the run that
+    /// `live` (subscribed before the step was written) signals.
+    async fn settled(&self, run: &RunId, key: &StepKey, live: &mut Subscription) -> Result<StepRecord, KernelError> {
+        loop {
+            let steps = self.0.store.reads.steps(run.clone()).await?;
+            let step = steps
+                .into_iter()
+                .find(|s| &s.key == key)
+                .ok_or_else(|| KernelError::NotFound(format!("run {run} has no step {key}")))?;
+            if step.status.is_terminal() {
+                return Ok(step);
+            }
+            loop {
+                tokio::select! {
+                    _ = self.0.shutdown.cancelled() => {
+                        return Err(KernelError::Unavailable("kernel shutting down".into()));
+                    }
+                    signal = live.recv() => match signal {
+                        Ok(Signal::Events(events)) if events.iter().any(|item| item.event.kind != EventType::StepResult) => break,
+                        Ok(_) => continue,
+                        Err(_) => break,
+                    },
+                }
+            }
+        }
+    }
+}
+
 type TurnStream = Pin<Box<dyn Stream<Item = Result<pb::SubmitTurnResponse, Status>> + Send>>;
 type TurnSender = mpsc::Sender<Result<pb::SubmitTurnResponse, Status>>;
 
@@ -403,6 +432,46 @@ impl ToolCallService for ToolCallApi {
         }
         response.progress = progress.into();
         Ok(Response::new(response))
+    }
+
+    async fn ask_person(
+        &self,
+        request: Request<pb::AgentAskRequest>,
+    ) -> Result<Response<pb::AgentAskResponse>, Status> {
+        let req = request.into_inner();
+        let run_id = RunId::parse(&req.run_id, "run_id")?;
+        let id = req.question_id.trim();
+        let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+        if id.is_empty() || id.len() > 128 || !id.chars().all(valid) {
+            return Err(KernelError::invalid("question_id", "must be 1 to 128 of A-Z a-z 0-9 _ . -").into());
+        }
+        let asked = super::hosted::asked(
+            req.question,
+            (&req.answer_schema_json, req.choices, &req.default_answer_json),
+            req.approvers,
+            req.timeout_ms,
+        )?;
+        let ask = crate::machine::command::ask_person::PersonAsk {
+            run: run_id.clone(),
+            fence: None,
+            question_id: id.to_owned(),
+            seq: 0,
+            occurrence: 0,
+            asked,
+        };
+        // Subscribe before writing, so an answer between the write and the wait is seen.
+        let mut live = self.0.hub.subscribe(&run_id);
+        let (step, replayed) = match self.0.store.ask_person(ask).await? {
+            crate::store::StepRecorded::Recorded(step) => (step, false),
+            crate::store::StepRecorded::Replayed(step) => (step, true),
+            other => return Err(KernelError::Store(format!("an agent's question recorded as {other:?}")).into()),
+        };
+        let settled = self.settled(&run_id, &step.key, &mut live).await?;
+        // The agent that asked gets its answer whatever the run's capture, as a turn's results.
+        Ok(Response::new(pb::AgentAskResponse {
+            step: Some(convert::history_step(&settled)),
+            replayed,
+        }))
     }
 
     async fn cancel_call(

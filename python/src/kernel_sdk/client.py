@@ -6,6 +6,7 @@ and message name the field at fault.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -13,12 +14,14 @@ from types import TracebackType
 from typing import Any, Self
 
 import grpc
+import pydantic
 
 from . import _agent_wire as wire
 from ._agent_wire import CallLike, Capture
 from ._proto import (
     approvals_pb2,
     approvals_pb2_grpc,
+    common_pb2,
     registry_pb2,
     registry_pb2_grpc,
     runs_pb2,
@@ -26,8 +29,11 @@ from ._proto import (
     tool_calls_pb2,
     tool_calls_pb2_grpc,
 )
+from ._typed import Typed
 from .canonical import to_canonical
+from .context import NO_DEFAULT
 from .errors import KernelError
+from .hosted import QuestionUnanswered
 from .records import (
     Approval,
     BudgetLimit,
@@ -350,6 +356,64 @@ class AgentClient:
             tool_calls_pb2.CancelCallRequest(run_id=run_id, step_key=step_key, reason=reason),
         )
         return wire.step(response.step)
+
+    async def ask(
+        self,
+        run_id: str,
+        question_id: str,
+        question: str,
+        *,
+        schema: dict[str, Any] | None = None,
+        returns: Any = None,
+        choices: Sequence[str] = (),
+        default: Any = NO_DEFAULT,
+        approvers: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> Any:
+        """Asks a person `question` from the agent's own code (the Pyrula page's
+        `ctx.interrupt`) and returns the answer, once a person gave it. `question_id` is the
+        question's identity in the run (1 to 128 of `A-Z a-z 0-9 _ . -`), which the agent keeps
+        across its restarts: asked again under it, the recorded answer comes back (or the open
+        question is waited on again) and nobody is asked twice; another question under it raises
+        `KernelError` (`FAILED_PRECONDITION`, `replay_input_changed`). The run is blocked with
+        `run:interrupted` (reason `human_input`) until someone answers: `kernelctl runs answer RUN
+        question:run#<id> --with JSON`, the console, `answer` or an MCP client's input.
+
+        The answer meets `schema` (with `returns`, a pydantic model or any type pydantic
+        validates, the schema is the type's and the answer comes back as that type) and is one of
+        `choices` when given. Past `timeout` (seconds) the question records `default` if given.
+        Declined, or expired without a default, it raises `QuestionUnanswered`. When the kernel
+        goes away meanwhile, the question is asked again for up to `reconnect_timeout` seconds,
+        which waits on the one recorded. A hosted run asks from its handler (`AgentContext.ask`).
+        The key needs `runs:write`."""
+        typed = Typed(returns)
+        if schema is None and returns is not None:
+            schema = pydantic.TypeAdapter(returns).json_schema()
+        request = tool_calls_pb2.AgentAskRequest(
+            run_id=run_id,
+            question_id=question_id,
+            question=question,
+            answer_schema_json="" if schema is None else to_canonical(schema),
+            choices=list(choices),
+            default_answer_json="" if default is NO_DEFAULT else to_canonical(default),
+            approvers=list(approvers),
+            timeout_ms=0 if timeout is None else max(1, round(timeout * 1000)),
+        )
+        deadline = time.monotonic() + self.reconnect_timeout
+        backoff = 0.1
+        while True:
+            try:
+                response = await self._unary(self._calls.AskPerson, request)
+                break
+            except KernelError as error:
+                if error.code not in _WENT_AWAY or time.monotonic() + backoff >= deadline:
+                    raise
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+        step = response.step
+        if step.status != common_pb2.STEP_STATUS_SUCCEEDED:
+            raise QuestionUnanswered(step.step_key, step.error)
+        return typed.of(json.loads(step.output_json or "null"))
 
     async def list_approvals(
         self, *, run_id: str | None = None, status: str | None = "pending"

@@ -8,6 +8,7 @@
 
 pub(crate) mod budget;
 pub(crate) mod outcome;
+pub(crate) mod question;
 pub(crate) mod wire;
 
 use std::collections::BTreeMap;
@@ -28,6 +29,7 @@ use crate::tls::Tls;
 use crate::transport;
 pub use budget::BudgetLimit;
 use outcome::{ApprovalDecision, Outcome, ToolCallRejected};
+pub use question::AgentQuestion;
 
 /// Why an agent request failed.
 #[derive(Debug, thiserror::Error)]
@@ -899,6 +901,20 @@ impl RunHandle {
             .call(client.runs.clone().cancel_run(client.request(request)))
             .await?;
         Ok(())
+    }
+
+    /// Asks a person `question` from the agent's own code (Pyrula's `ctx.interrupt`) and returns
+    /// the answer, checked by the kernel against the question's schema and choices. `id` is the
+    /// question's identity in the run (1 to 128 of `A-Z a-z 0-9 _ . -`), which the agent keeps
+    /// across its restarts: asked again under it, the recorded answer comes back (or the open
+    /// question is waited on again) and nobody is asked twice; another question under it is
+    /// refused (`replay_input_changed`). The run is blocked with `run:interrupted` (reason
+    /// `human_input`) until someone answers: `kernelctl runs answer RUN question:run#<id> --with
+    /// JSON`, the console, [`AgentClient::answer`] or an MCP client's input. Declined, or expired
+    /// without a default, it is [`AgentError::Unanswered`]. A hosted run asks from its handler
+    /// ([`AgentContext::ask`](crate::AgentContext::ask)). The key needs `runs:write`.
+    pub fn ask(&self, id: impl Into<String>, question: impl Into<String>) -> AgentQuestion {
+        AgentQuestion::new(self.clone(), id.into(), question.into())
     }
 
     /// Cancels one call of the run, `step_key` (`t<turn>/p<position>`, or `id:<call id>`), and

@@ -1,7 +1,8 @@
-//! A question to a person ([`question`]) from a tool body or a hosted handler: recorded under
-//! the call whose dispatch asks (fenced by that dispatch), or under the handler at its place in
-//! the handler's order (fenced by the run's dispatch), or the question recorded at the same
-//! identity given back; then put to a person when its turn comes ([`super::ask::ask_next`]). A
+//! A question to a person ([`question`]) from a tool body, a hosted handler or an external
+//! agent's code: recorded under the call whose dispatch asks (fenced by that dispatch), under the
+//! handler at its place in the handler's order (fenced by the run's dispatch), or under the id the
+//! agent gave it (`question:run#<id>`), or the question recorded at the same identity given back;
+//! then put to a person when its turn comes ([`super::ask::ask_next`]). A
 //! call that settles while its questions are open withdraws them ([`withdraw_questions`]), so no
 //! run stays blocked on a question nobody waits for; a handler's go with its run.
 
@@ -14,12 +15,17 @@ use crate::machine::hosted::{self, Fence, Place};
 use crate::machine::question::{self, Asked};
 use crate::model::{RunId, StepKey, StepKind, StepRecord};
 
-/// A question to ask from the body of the tool call that dispatch `fence` holds in run `run`, or
-/// from the run's hosted handler when `fence` is the run's own dispatch.
+/// A question to ask from the body of the tool call that dispatch `fence` holds in run `run`,
+/// from the run's hosted handler when `fence` is the run's own dispatch, or, with no `fence`, from
+/// the code of the external agent driving the run, under `question_id`.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct PersonAsk {
     pub run: RunId,
-    pub fence: Fence,
+    pub fence: Option<Fence>,
+    /// An external agent's question: its identity in the run, which the agent keeps across its
+    /// restarts.
+    #[serde(default)]
+    pub question_id: String,
     /// A handler's question: its place in the handler's order.
     #[serde(default)]
     pub seq: u32,
@@ -36,10 +42,13 @@ pub type PersonAsked = StepRecorded;
 /// question at that identity is refused as `replay_input_changed` (and ends a handler's run, as
 /// any divergence of a handler does).
 pub fn apply<R: Records + ?Sized>(records: &mut R, ask: PersonAsk) -> Result<PersonAsked> {
-    let call = held_step(records, &ask.fence.dispatch_id, ask.fence.attempt, None)?
+    let Some(fence) = ask.fence.clone() else {
+        return ask_from_agent(records, ask);
+    };
+    let call = held_step(records, &fence.dispatch_id, fence.attempt, None)?
         .filter(|step| step.kind == StepKind::Tool && step.run_id == ask.run);
     let Some(call) = call else {
-        return ask_from_handler(records, ask);
+        return ask_from_handler(records, ask, &fence);
     };
     let key = StepKey::tool_question(&call.key, ask.occurrence);
     if let Some(recorded) = records.find_step(&ask.run, &key)? {
@@ -59,15 +68,15 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, ask: PersonAsk) -> Result<Per
 
 /// Records a hosted handler's question at place `ask.seq` of its order, or gives back the one
 /// recorded there.
-fn ask_from_handler<R: Records + ?Sized>(records: &mut R, ask: PersonAsk) -> Result<PersonAsked> {
+fn ask_from_handler<R: Records + ?Sized>(records: &mut R, ask: PersonAsk, fence: &Fence) -> Result<PersonAsked> {
     let run = records.run(&ask.run)?;
     let dispatch = records.find_step(&run.id, &StepKey::agent())?;
-    let fenced = run.hosted && hosted::check_fence(&run, dispatch.as_ref(), Some(&ask.fence)).is_ok();
+    let fenced = run.hosted && hosted::check_fence(&run, dispatch.as_ref(), Some(fence)).is_ok();
     let Some(dispatch) = dispatch.filter(|_| fenced) else {
         return Err(KernelError::FailedPrecondition(format!(
             "dispatch {} (attempt {}) holds neither a tool call of run {} nor its handler: only a running call's \
              body or the run's handler may ask a person; nothing was asked",
-            ask.fence.dispatch_id, ask.fence.attempt, ask.run
+            fence.dispatch_id, fence.attempt, ask.run
         )));
     };
     let key = StepKey::tool_question(&dispatch.key, ask.occurrence);
@@ -93,6 +102,51 @@ fn ask_from_handler<R: Records + ?Sized>(records: &mut R, ask: PersonAsk) -> Res
         message: diverged,
         ended,
     })
+}
+
+/// Records the question an external agent's code asks under `ask.question_id`, or gives back the
+/// one recorded there; another question under that id is refused as `replay_input_changed`, and
+/// a hosted run's code asks from its handler, a finished run's not at all.
+fn ask_from_agent<R: Records + ?Sized>(records: &mut R, ask: PersonAsk) -> Result<PersonAsked> {
+    let run = records.run(&ask.run)?;
+    let key = StepKey::run_question(&ask.question_id);
+    if let Some(recorded) = records.find_step(&run.id, &key)? {
+        return match same_question(&recorded, &ask.asked) {
+            Ok(()) => Ok(StepRecorded::Replayed(recorded)),
+            Err(message) => Err(KernelError::FailedPrecondition(message)),
+        };
+    }
+    if run.hosted {
+        return Err(KernelError::FailedPrecondition(format!(
+            "run {} is hosted: its handler asks a person (ctx.ask); nothing was asked",
+            run.id
+        )));
+    }
+    if run.status.is_terminal() {
+        return Err(KernelError::FailedPrecondition(format!(
+            "run {} is {}: nobody waits for an answer; nothing was asked",
+            run.id, run.status
+        )));
+    }
+    let asker = hosted::dispatch_step(
+        &run,
+        &hosted::HostedAgent {
+            name: run.agent.clone(),
+            fingerprint: String::new(),
+            version: String::new(),
+        },
+        records.now(),
+    );
+    let change = question::question_step(&asker, (key, (0, 0)), &ask.asked, records.now());
+    // No handler waits on it: the agent's own request does.
+    let step = StepRecord {
+        hosted: false,
+        ..change.step
+    };
+    records.insert_step(&step)?;
+    records.append(&run.id, change.event, Some(step.clone()))?;
+    super::ask::ask_next(records, &run.id)?;
+    Ok(StepRecorded::Recorded(step))
 }
 
 /// Whether `recorded` asked what `asked` asks (its text and its schema, choices among it).
@@ -189,7 +243,8 @@ mod tests {
     fn ask(call: &StepRecord, fence: &Fence, question: &str) -> PersonAsk {
         PersonAsk {
             run: call.run_id.clone(),
-            fence: fence.clone(),
+            fence: Some(fence.clone()),
+            question_id: String::new(),
             seq: 0,
             occurrence: 0,
             asked: Asked {
@@ -332,7 +387,8 @@ mod tests {
     fn from_handler(run: &RunId, fence: &Fence, seq: u32, question: &str) -> PersonAsk {
         PersonAsk {
             run: run.clone(),
-            fence: fence.clone(),
+            fence: Some(fence.clone()),
+            question_id: String::new(),
             seq,
             occurrence: 0,
             asked: Asked {

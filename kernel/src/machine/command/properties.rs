@@ -964,7 +964,8 @@ impl World {
             .map_or_else(|| self.run_id(Target::Forged), |s| s.run_id.clone());
         let ask = PersonAsk {
             run: run.clone(),
-            fence: Fence { dispatch_id, attempt },
+            fence: Some(Fence { dispatch_id, attempt }),
+            question_id: String::new(),
             seq: u32::from(text % 3),
             occurrence: u32::from(occurrence),
             asked: Asked {

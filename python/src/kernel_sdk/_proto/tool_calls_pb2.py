@@ -25,33 +25,37 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as kernel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akernel/v1/tool_calls.proto\x12\tkernel.v1\x1a\x16kernel/v1/common.proto\"E\n\x11\x43\x61ncelCallRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08step_key\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"3\n\x12\x43\x61ncelCallResponse\x12\x1d\n\x04step\x18\x01 \x01(\x0b\x32\x0f.kernel.v1.Step\"U\n\x08ToolCall\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x04\"\x85\x01\n\x11SubmitTurnRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04turn\x18\x02 \x01(\r\x12\"\n\x05\x63\x61lls\x18\x03 \x03(\x0b\x32\x13.kernel.v1.ToolCall\x12\x15\n\roffered_tools\x18\x04 \x03(\t\x12\x17\n\x0fmax_concurrency\x18\x05 \x01(\r\"\xc5\x02\n\nCallResult\x12\x10\n\x08position\x18\x01 \x01(\r\x12\x10\n\x08step_key\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12%\n\x06status\x18\x04 \x01(\x0e\x32\x15.kernel.v1.CallStatus\x12\x0f\n\x07\x63ontent\x18\x05 \x01(\t\x12\x13\n\x0boutput_json\x18\x06 \x01(\t\x12(\n\nerror_kind\x18\x07 \x01(\x0e\x32\x14.kernel.v1.ErrorKind\x12\x10\n\x08replayed\x18\x08 \x01(\x08\x12\x10\n\x08\x61ttempts\x18\t \x01(\r\x12\'\n\x07outcome\x18\n \x01(\x0e\x32\x16.kernel.v1.CallOutcome\x12\x12\n\ndecided_by\x18\x0b \x01(\t\x12-\n\x08\x61pproval\x18\x0c \x01(\x0b\x32\x1b.kernel.v1.ApprovalDecision\"\x8e\x01\n\x0cInterruption\x12\x10\n\x08position\x18\x01 \x01(\r\x12\x10\n\x08step_key\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x05 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x06 \x01(\t\x12\x0f\n\x07message\x18\x07 \x01(\t\"=\n\x0f\x43\x61llTurnRequest\x12*\n\x04turn\x18\x01 \x01(\x0b\x32\x1c.kernel.v1.SubmitTurnRequest\"\x91\x01\n\x10\x43\x61llTurnResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.kernel.v1.CallResult\x12%\n\x08progress\x18\x02 \x03(\x0b\x32\x13.kernel.v1.Progress\x12.\n\rinterruptions\x18\x03 \x03(\x0b\x32\x17.kernel.v1.Interruption\"\x9e\x01\n\x12SubmitTurnResponse\x12\'\n\x06result\x18\x01 \x01(\x0b\x32\x15.kernel.v1.CallResultH\x00\x12\'\n\x08progress\x18\x02 \x01(\x0b\x32\x13.kernel.v1.ProgressH\x00\x12.\n\x0binterrupted\x18\x03 \x01(\x0b\x32\x17.kernel.v1.InterruptionH\x00\x42\x06\n\x04item*o\n\nCallStatus\x12\x1b\n\x17\x43\x41LL_STATUS_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x43\x41LL_STATUS_OK\x10\x01\x12\x15\n\x11\x43\x41LL_STATUS_ERROR\x10\x02\x12\x19\n\x15\x43\x41LL_STATUS_CANCELLED\x10\x03\x32\xee\x01\n\x0fToolCallService\x12K\n\nSubmitTurn\x12\x1c.kernel.v1.SubmitTurnRequest\x1a\x1d.kernel.v1.SubmitTurnResponse0\x01\x12\x43\n\x08\x43\x61llTurn\x12\x1a.kernel.v1.CallTurnRequest\x1a\x1b.kernel.v1.CallTurnResponse\x12I\n\nCancelCall\x12\x1c.kernel.v1.CancelCallRequest\x1a\x1d.kernel.v1.CancelCallResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akernel/v1/tool_calls.proto\x12\tkernel.v1\x1a\x16kernel/v1/common.proto\"\xb9\x01\n\x0f\x41gentAskRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0bquestion_id\x18\x02 \x01(\t\x12\x10\n\x08question\x18\x03 \x01(\t\x12\x1a\n\x12\x61nswer_schema_json\x18\x04 \x01(\t\x12\x0f\n\x07\x63hoices\x18\x05 \x03(\t\x12\x1b\n\x13\x64\x65\x66\x61ult_answer_json\x18\x06 \x01(\t\x12\x11\n\tapprovers\x18\x07 \x03(\t\x12\x12\n\ntimeout_ms\x18\x08 \x01(\x04\"C\n\x10\x41gentAskResponse\x12\x1d\n\x04step\x18\x01 \x01(\x0b\x32\x0f.kernel.v1.Step\x12\x10\n\x08replayed\x18\x02 \x01(\x08\"E\n\x11\x43\x61ncelCallRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08step_key\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"3\n\x12\x43\x61ncelCallResponse\x12\x1d\n\x04step\x18\x01 \x01(\x0b\x32\x0f.kernel.v1.Step\"U\n\x08ToolCall\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x04\"\x85\x01\n\x11SubmitTurnRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04turn\x18\x02 \x01(\r\x12\"\n\x05\x63\x61lls\x18\x03 \x03(\x0b\x32\x13.kernel.v1.ToolCall\x12\x15\n\roffered_tools\x18\x04 \x03(\t\x12\x17\n\x0fmax_concurrency\x18\x05 \x01(\r\"\xc5\x02\n\nCallResult\x12\x10\n\x08position\x18\x01 \x01(\r\x12\x10\n\x08step_key\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12%\n\x06status\x18\x04 \x01(\x0e\x32\x15.kernel.v1.CallStatus\x12\x0f\n\x07\x63ontent\x18\x05 \x01(\t\x12\x13\n\x0boutput_json\x18\x06 \x01(\t\x12(\n\nerror_kind\x18\x07 \x01(\x0e\x32\x14.kernel.v1.ErrorKind\x12\x10\n\x08replayed\x18\x08 \x01(\x08\x12\x10\n\x08\x61ttempts\x18\t \x01(\r\x12\'\n\x07outcome\x18\n \x01(\x0e\x32\x16.kernel.v1.CallOutcome\x12\x12\n\ndecided_by\x18\x0b \x01(\t\x12-\n\x08\x61pproval\x18\x0c \x01(\x0b\x32\x1b.kernel.v1.ApprovalDecision\"\x8e\x01\n\x0cInterruption\x12\x10\n\x08position\x18\x01 \x01(\r\x12\x10\n\x08step_key\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x05 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x06 \x01(\t\x12\x0f\n\x07message\x18\x07 \x01(\t\"=\n\x0f\x43\x61llTurnRequest\x12*\n\x04turn\x18\x01 \x01(\x0b\x32\x1c.kernel.v1.SubmitTurnRequest\"\x91\x01\n\x10\x43\x61llTurnResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.kernel.v1.CallResult\x12%\n\x08progress\x18\x02 \x03(\x0b\x32\x13.kernel.v1.Progress\x12.\n\rinterruptions\x18\x03 \x03(\x0b\x32\x17.kernel.v1.Interruption\"\x9e\x01\n\x12SubmitTurnResponse\x12\'\n\x06result\x18\x01 \x01(\x0b\x32\x15.kernel.v1.CallResultH\x00\x12\'\n\x08progress\x18\x02 \x01(\x0b\x32\x13.kernel.v1.ProgressH\x00\x12.\n\x0binterrupted\x18\x03 \x01(\x0b\x32\x17.kernel.v1.InterruptionH\x00\x42\x06\n\x04item*o\n\nCallStatus\x12\x1b\n\x17\x43\x41LL_STATUS_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x43\x41LL_STATUS_OK\x10\x01\x12\x15\n\x11\x43\x41LL_STATUS_ERROR\x10\x02\x12\x19\n\x15\x43\x41LL_STATUS_CANCELLED\x10\x03\x32\xb4\x02\n\x0fToolCallService\x12K\n\nSubmitTurn\x12\x1c.kernel.v1.SubmitTurnRequest\x1a\x1d.kernel.v1.SubmitTurnResponse0\x01\x12\x43\n\x08\x43\x61llTurn\x12\x1a.kernel.v1.CallTurnRequest\x1a\x1b.kernel.v1.CallTurnResponse\x12I\n\nCancelCall\x12\x1c.kernel.v1.CancelCallRequest\x1a\x1d.kernel.v1.CancelCallResponse\x12\x44\n\tAskPerson\x12\x1a.kernel.v1.AgentAskRequest\x1a\x1b.kernel.v1.AgentAskResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kernel.v1.tool_calls_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CALLSTATUS']._serialized_start=1257
-  _globals['_CALLSTATUS']._serialized_end=1368
-  _globals['_CANCELCALLREQUEST']._serialized_start=65
-  _globals['_CANCELCALLREQUEST']._serialized_end=134
-  _globals['_CANCELCALLRESPONSE']._serialized_start=136
-  _globals['_CANCELCALLRESPONSE']._serialized_end=187
-  _globals['_TOOLCALL']._serialized_start=189
-  _globals['_TOOLCALL']._serialized_end=274
-  _globals['_SUBMITTURNREQUEST']._serialized_start=277
-  _globals['_SUBMITTURNREQUEST']._serialized_end=410
-  _globals['_CALLRESULT']._serialized_start=413
-  _globals['_CALLRESULT']._serialized_end=738
-  _globals['_INTERRUPTION']._serialized_start=741
-  _globals['_INTERRUPTION']._serialized_end=883
-  _globals['_CALLTURNREQUEST']._serialized_start=885
-  _globals['_CALLTURNREQUEST']._serialized_end=946
-  _globals['_CALLTURNRESPONSE']._serialized_start=949
-  _globals['_CALLTURNRESPONSE']._serialized_end=1094
-  _globals['_SUBMITTURNRESPONSE']._serialized_start=1097
-  _globals['_SUBMITTURNRESPONSE']._serialized_end=1255
-  _globals['_TOOLCALLSERVICE']._serialized_start=1371
-  _globals['_TOOLCALLSERVICE']._serialized_end=1609
+  _globals['_CALLSTATUS']._serialized_start=1514
+  _globals['_CALLSTATUS']._serialized_end=1625
+  _globals['_AGENTASKREQUEST']._serialized_start=66
+  _globals['_AGENTASKREQUEST']._serialized_end=251
+  _globals['_AGENTASKRESPONSE']._serialized_start=253
+  _globals['_AGENTASKRESPONSE']._serialized_end=320
+  _globals['_CANCELCALLREQUEST']._serialized_start=322
+  _globals['_CANCELCALLREQUEST']._serialized_end=391
+  _globals['_CANCELCALLRESPONSE']._serialized_start=393
+  _globals['_CANCELCALLRESPONSE']._serialized_end=444
+  _globals['_TOOLCALL']._serialized_start=446
+  _globals['_TOOLCALL']._serialized_end=531
+  _globals['_SUBMITTURNREQUEST']._serialized_start=534
+  _globals['_SUBMITTURNREQUEST']._serialized_end=667
+  _globals['_CALLRESULT']._serialized_start=670
+  _globals['_CALLRESULT']._serialized_end=995
+  _globals['_INTERRUPTION']._serialized_start=998
+  _globals['_INTERRUPTION']._serialized_end=1140
+  _globals['_CALLTURNREQUEST']._serialized_start=1142
+  _globals['_CALLTURNREQUEST']._serialized_end=1203
+  _globals['_CALLTURNRESPONSE']._serialized_start=1206
+  _globals['_CALLTURNRESPONSE']._serialized_end=1351
+  _globals['_SUBMITTURNRESPONSE']._serialized_start=1354
+  _globals['_SUBMITTURNRESPONSE']._serialized_end=1512
+  _globals['_TOOLCALLSERVICE']._serialized_start=1628
+  _globals['_TOOLCALLSERVICE']._serialized_end=1936
 # @@protoc_insertion_point(module_scope)

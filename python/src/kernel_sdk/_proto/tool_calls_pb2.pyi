@@ -19,6 +19,34 @@ CALL_STATUS_OK: CallStatus
 CALL_STATUS_ERROR: CallStatus
 CALL_STATUS_CANCELLED: CallStatus
 
+class AgentAskRequest(_message.Message):
+    __slots__ = ("run_id", "question_id", "question", "answer_schema_json", "choices", "default_answer_json", "approvers", "timeout_ms")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_ANSWER_JSON_FIELD_NUMBER: _ClassVar[int]
+    APPROVERS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    question_id: str
+    question: str
+    answer_schema_json: str
+    choices: _containers.RepeatedScalarFieldContainer[str]
+    default_answer_json: str
+    approvers: _containers.RepeatedScalarFieldContainer[str]
+    timeout_ms: int
+    def __init__(self, run_id: _Optional[str] = ..., question_id: _Optional[str] = ..., question: _Optional[str] = ..., answer_schema_json: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., default_answer_json: _Optional[str] = ..., approvers: _Optional[_Iterable[str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class AgentAskResponse(_message.Message):
+    __slots__ = ("step", "replayed")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    step: _common_pb2.Step
+    replayed: bool
+    def __init__(self, step: _Optional[_Union[_common_pb2.Step, _Mapping]] = ..., replayed: _Optional[bool] = ...) -> None: ...
+
 class CancelCallRequest(_message.Message):
     __slots__ = ("run_id", "step_key", "reason")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]

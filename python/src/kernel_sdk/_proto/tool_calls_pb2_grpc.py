@@ -50,6 +50,11 @@ class ToolCallServiceStub:
                 request_serializer=kernel_dot_v1_dot_tool__calls__pb2.CancelCallRequest.SerializeToString,
                 response_deserializer=kernel_dot_v1_dot_tool__calls__pb2.CancelCallResponse.FromString,
                 _registered_method=True)
+        self.AskPerson = channel.unary_unary(
+                '/kernel.v1.ToolCallService/AskPerson',
+                request_serializer=kernel_dot_v1_dot_tool__calls__pb2.AgentAskRequest.SerializeToString,
+                response_deserializer=kernel_dot_v1_dot_tool__calls__pb2.AgentAskResponse.FromString,
+                _registered_method=True)
 
 
 class ToolCallServiceServicer:
@@ -84,6 +89,20 @@ class ToolCallServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AskPerson(self, request, context):
+        """AskPerson puts a question from the agent's own code to a person, under an id the agent keeps
+        across its restarts, and answers once a person has: the question is a step of the run
+        (`question:run#<id>`), put to a person as approvals are (run:interrupted, reason
+        human_input) and answered with ApprovalService.ApproveCall's answer_json. Asked again under
+        the same id, the recorded question is returned (answered, or waited on again), and nobody
+        is asked twice; another question under that id is FAILED_PRECONDITION
+        (replay_input_changed). A hosted run asks from its handler (HostedService.AskPerson).
+        Needs runs:write.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolCallServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -101,6 +120,11 @@ def add_ToolCallServiceServicer_to_server(servicer, server):
                     servicer.CancelCall,
                     request_deserializer=kernel_dot_v1_dot_tool__calls__pb2.CancelCallRequest.FromString,
                     response_serializer=kernel_dot_v1_dot_tool__calls__pb2.CancelCallResponse.SerializeToString,
+            ),
+            'AskPerson': grpc.unary_unary_rpc_method_handler(
+                    servicer.AskPerson,
+                    request_deserializer=kernel_dot_v1_dot_tool__calls__pb2.AgentAskRequest.FromString,
+                    response_serializer=kernel_dot_v1_dot_tool__calls__pb2.AgentAskResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -185,6 +209,33 @@ class ToolCallService:
             '/kernel.v1.ToolCallService/CancelCall',
             kernel_dot_v1_dot_tool__calls__pb2.CancelCallRequest.SerializeToString,
             kernel_dot_v1_dot_tool__calls__pb2.CancelCallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AskPerson(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kernel.v1.ToolCallService/AskPerson',
+            kernel_dot_v1_dot_tool__calls__pb2.AgentAskRequest.SerializeToString,
+            kernel_dot_v1_dot_tool__calls__pb2.AgentAskResponse.FromString,
             options,
             channel_credentials,
             insecure,
