@@ -333,7 +333,7 @@ async def release(ctx: ToolContext, version: str) -> dict[str, object]:
     return {"released": version, **answer}
 
 
-async def test_a_tools_question_is_answered_from_the_page_with_json_checked_against_its_schema(
+async def test_a_tools_question_is_answered_from_a_form_made_from_its_schema_or_as_checked_json(
     tmp_path: Path, chrome: Callable[[Kernel], Browser]
 ) -> None:
     kernel = console_kernel(tmp_path)
@@ -345,26 +345,39 @@ async def test_a_tools_question_is_answered_from_the_page_with_json_checked_agai
             )
             browser = await asyncio.to_thread(chrome, kernel)
 
-            def answer(text: str) -> None:
+            def card() -> Any:
                 browser.open("/approvals")
-                card = browser.until(
+                found = browser.until(
                     "the waiting question",
                     lambda d: d.find_element(By.CSS_SELECTOR, "article.approval"),
                 )
-                assert "Release 4.2?" in card.text and '"channel"' in card.text, card.text
-                card.find_element(By.NAME, "decider").send_keys("alice")
-                card.find_element(By.NAME, "answer_json").send_keys(text)
-                card.find_element(By.CSS_SELECTOR, "button.approve").click()
+                assert "Release 4.2?" in found.text and '"channel"' in found.text, found.text
+                found.find_element(By.NAME, "decider").send_keys("alice")
+                return found
+
+            def answer_as_json(text: str) -> None:
+                found = card()
+                found.find_element(By.CSS_SELECTOR, "details.json summary").click()
+                found.find_element(By.NAME, "answer_json").send_keys(text)
+                found.find_element(By.CSS_SELECTOR, "button.approve").click()
+
+            def answer_with_the_form() -> None:
+                # The schema's form: yes or no for `ok`, a text field for `channel`.
+                found = card()
+                found.find_element(By.CSS_SELECTOR, 'input[name="field:ok"][value="true"]').click()
+                found.find_element(By.NAME, "field:channel").send_keys("stable")
+                browser.shot("question-form")
+                found.find_element(By.CSS_SELECTOR, "button.approve").click()
 
             # An answer that does not meet the schema is refused, and the question still waits.
-            await asyncio.to_thread(answer, '{"ok": "sure"}')
+            await asyncio.to_thread(answer_as_json, '{"ok": "sure"}')
             await asyncio.to_thread(
                 browser.until,
                 "the refusal naming the field",
                 lambda d: "answer_json" in browser.text(),
             )
             assert len(await client.list_approvals(run_id=run.id)) == 1
-            await asyncio.to_thread(answer, '{"ok": true, "channel": "stable"}')
+            await asyncio.to_thread(answer_with_the_form)
             await asyncio.to_thread(
                 browser.until, "an empty list", lambda d: "Nothing waits" in browser.text()
             )

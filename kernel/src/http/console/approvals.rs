@@ -1,7 +1,7 @@
 //! The approvals page: what waits for a person, with the arguments (as the run's capture level
 //! allows), the rule that asked, its message, approvers and expiry; approve or reject with a
-//! reason (a question with its answer, leave to pass a budget with the new limit), answered as the
-//! key's holder through `ApprovalService`.
+//! reason (a question with its answer, in a form made from its schema, leave to pass a budget
+//! with the new limit), answered as the key's holder through `ApprovalService`.
 
 use axum::extract::{Form, Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -9,9 +9,8 @@ use axum::response::{IntoResponse, Redirect, Response};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::approval_service_server::ApprovalService;
 use maud::{Markup, html};
-use serde::Deserialize;
 
-use super::{Section, admit, error_page, format, layout, refused, request};
+use super::{Section, admit, answer_form, error_page, format, layout, refused, request};
 use crate::grpc::ApprovalApi;
 use crate::http::{Http, session};
 
@@ -47,6 +46,8 @@ pub async fn list(State(http): State<Http>, headers: HeaderMap, uri: axum::http:
 pub fn card(approval: &pb::Approval, ask_decider: bool, show_run: bool) -> Markup {
     // Leave for a call to pass its budget is answered with the limit's new bounds.
     let raise = !approval.question && !approval.answer_schema_json.is_empty();
+    let schema: serde_json::Value = serde_json::from_str(&approval.answer_schema_json).unwrap_or_default();
+    let form = approval.question.then(|| answer_form::of(&schema)).flatten();
     html! {
         article.approval data-approval=(approval.id) {
             header {
@@ -77,7 +78,13 @@ pub fn card(approval: &pb::Approval, ask_decider: bool, show_run: bool) -> Marku
                 @if ask_decider {
                     label { "Your name " input name="decider" required placeholder="who answers"; }
                 }
-                @if approval.question {
+                @if let Some(form) = &form {
+                    (answer_form::render(form))
+                    details.json {
+                        summary { "Or answer as JSON" }
+                        label { "Answer (JSON) " textarea name="answer_json" placeholder="{}" {} }
+                    }
+                } @else if approval.question {
                     label { "Answer (JSON) " textarea name="answer_json" required placeholder="{}" {} }
                 }
                 @if raise {
@@ -99,18 +106,13 @@ pub fn card(approval: &pb::Approval, ask_decider: bool, show_run: bool) -> Marku
     }
 }
 
-/// The answer form's fields.
-#[derive(Deserialize)]
+/// The answer form's fields (a question's own fields besides, read from the form as sent).
 pub struct Answer {
     decision: String,
-    #[serde(default)]
     reason: String,
-    #[serde(default)]
     decider: String,
-    #[serde(default)]
     back: String,
     /// A question's answer, or a budget's new limit, as JSON.
-    #[serde(default)]
     answer_json: String,
 }
 
@@ -118,13 +120,27 @@ pub async fn answer(
     State(http): State<Http>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Form(answer): Form<Answer>,
+    Form(sent): Form<Vec<(String, String)>>,
 ) -> Response {
     let caller = match admit(&http, &headers, session::ANSWER, "/approvals") {
         Ok(caller) => caller,
         Err(response) => return *response,
     };
+    let mut answer = match Answer::read(&sent) {
+        Ok(answer) => answer,
+        Err(why) => return error_page(StatusCode::BAD_REQUEST, &why),
+    };
     let api = ApprovalApi(http.kernel.clone());
+    if answer.decision == "approve" && answer.answer_json.trim().is_empty() {
+        match asked_with_form(&http, &id).await {
+            Ok(Some(form)) => match answer_form::answer(&form, &sent) {
+                Ok(json) => answer.answer_json = json,
+                Err(why) => return error_page(StatusCode::BAD_REQUEST, &why),
+            },
+            Ok(None) => {}
+            Err(status) => return refused(status),
+        }
+    }
     let answered = match answer.decision.as_str() {
         "approve" => api
             .approve_call(request(
@@ -164,4 +180,40 @@ pub async fn answer(
         Ok(()) => Redirect::to("/approvals").into_response(),
         Err(status) => refused(status),
     }
+}
+
+impl Answer {
+    /// The answer's own fields among the form as sent.
+    fn read(sent: &[(String, String)]) -> Result<Answer, String> {
+        let given = |name: &str| {
+            sent.iter()
+                .find(|(key, _)| key == name)
+                .map(|(_, value)| value.clone())
+                .unwrap_or_default()
+        };
+        let decision = given("decision");
+        if decision.is_empty() {
+            return Err("decision: missing; approve or reject".to_owned());
+        }
+        Ok(Answer {
+            decision,
+            reason: given("reason"),
+            decider: given("decider"),
+            back: given("back"),
+            answer_json: given("answer_json"),
+        })
+    }
+}
+
+/// The form approval `id` asks its answer with, when it is a question whose schema a form holds.
+async fn asked_with_form(http: &Http, id: &str) -> Result<Option<answer_form::Shape>, tonic::Status> {
+    let id = crate::model::ApprovalId::parse(id, "approval_id")?;
+    let Some(approval) = http.kernel.store.reads.approval(id).await? else {
+        return Ok(None);
+    };
+    if !approval.is_question() {
+        return Ok(None);
+    }
+    let (_, schema) = crate::machine::question::asked_in(&approval.arguments);
+    Ok(answer_form::of(&schema))
 }

@@ -1,6 +1,7 @@
 //! The web console: server-rendered pages over the `kernel.v1` services, a stylesheet and a
 //! little JavaScript (live event tail, progress, local times), all embedded in the binary.
 
+mod answer_form;
 mod approvals;
 mod assets;
 mod format;
