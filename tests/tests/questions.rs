@@ -466,3 +466,43 @@ async fn an_agent_s_own_code_asks_a_person_across_a_kernel_sigkill_and_is_asked_
     );
     check_log(&events, false);
 }
+
+#[tokio::test]
+async fn a_branch_of_a_handler_replays_the_answer_its_parent_recorded_or_the_one_the_fork_puts_in_its_place() {
+    let kernel = Kernel::start();
+    let _host = kernel.fault_worker_with("host", &["--agents-only"]);
+    let parent = kernel.start_hosted("interviewer", json!({})).await;
+    kernel.question_of(&parent).await;
+    kernel.kernelctl_ok(&[
+        "runs",
+        "answer",
+        &parent,
+        "question:agent#0",
+        "--with",
+        r#""refund""#,
+        "--as",
+        "ana",
+    ]);
+    assert_eq!(kernel.finished(&parent).await.status, pb::RunStatus::Completed as i32);
+
+    let fork = |args: &[&str]| {
+        let mut all = vec!["runs", "fork", parent.as_str()];
+        all.extend_from_slice(args);
+        kernel.kernelctl_ok(&all).trim().to_owned()
+    };
+    let same = fork(&[]);
+    let replaced = fork(&["--set-result", r#"question:agent#0="replace""#]);
+    for (branch, answer) in [(&same, "refund"), (&replaced, "replace")] {
+        let done = kernel.finished(branch).await;
+        assert_eq!(done.status, pb::RunStatus::Completed as i32, "{done:?}");
+        let output: Value = serde_json::from_str(&done.output_json).unwrap();
+        assert_eq!(output, json!({ "answer": answer }));
+        let events = kernel.events(branch).await;
+        assert!(
+            !events
+                .iter()
+                .any(|e| e.r#type == "question:asked" || e.r#type == "run:interrupted"),
+            "nobody was asked in the branch: {events:?}"
+        );
+    }
+}

@@ -84,7 +84,10 @@ fn ask_from_handler<R: Records + ?Sized>(records: &mut R, ask: PersonAsk, fence:
     let elsewhere: Vec<StepRecord> = records.find_step(&run.id, &key)?.into_iter().collect();
     let diverged = match hosted::place(ask.seq, std::slice::from_ref(&key), &at_place, &elsewhere) {
         Ok(Place::Open) => {
-            let step = record(records, &dispatch, (key, (ask.seq, 0)), &ask.asked)?;
+            let step = match replayed_from_parent(records, &run, (&key, (ask.seq, 0)), &ask.asked)? {
+                Some(step) => step,
+                None => record(records, &dispatch, (key, (ask.seq, 0)), &ask.asked)?,
+            };
             records.insert_place(&step)?;
             return Ok(StepRecorded::Recorded(step));
         }
@@ -128,6 +131,9 @@ fn ask_from_agent<R: Records + ?Sized>(records: &mut R, ask: PersonAsk) -> Resul
             run.id, run.status
         )));
     }
+    if let Some(step) = replayed_from_parent(records, &run, (&key, (0, 0)), &ask.asked)? {
+        return Ok(StepRecorded::Recorded(step));
+    }
     let asker = hosted::dispatch_step(
         &run,
         &hosted::HostedAgent {
@@ -147,6 +153,32 @@ fn ask_from_agent<R: Records + ?Sized>(records: &mut R, ask: PersonAsk) -> Resul
     records.append(&run.id, change.event, Some(step.clone()))?;
     super::ask::ask_next(records, &run.id)?;
     Ok(StepRecorded::Recorded(step))
+}
+
+/// In a branch, the answer its parent recorded for the same question at `key` (by the fork
+/// point; or the answer the fork put in its place), recorded as the branch's own at `place`:
+/// nobody is asked again. A question the parent did not answer there is asked live: asking a
+/// person changes nothing outside the kernel.
+fn replayed_from_parent<R: Records + ?Sized>(
+    records: &mut R,
+    run: &crate::model::RunRecord,
+    (key, place): (&StepKey, (u32, u32)),
+    asked: &Asked,
+) -> Result<Option<StepRecord>> {
+    let Some(fork) = &run.fork else {
+        return Ok(None);
+    };
+    let Some(parent) = super::parent_step(records, run, key)? else {
+        return Ok(None);
+    };
+    let answered = parent.status.is_terminal() && fork.covers(&parent) && same_question(&parent, asked).is_ok();
+    if !answered {
+        return Ok(None);
+    }
+    let change = crate::machine::branch::replay(run, &parent, place, records.now());
+    records.insert_step(&change.step)?;
+    records.append(&run.id, change.event, Some(change.step.clone()))?;
+    Ok(Some(change.step))
 }
 
 /// Whether `recorded` asked what `asked` asks (its text and its schema, choices among it).
