@@ -86,6 +86,9 @@ pub enum Command {
     /// API keys for the kernel's auth file; works offline, without a kernel.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Receipts of runs' calls, exported with `runs receipts`: check them offline.
+    #[command(subcommand)]
+    Receipts(ReceiptsCommand),
     /// The kernel's tools for MCP clients.
     #[command(subcommand)]
     Mcp(McpCommand),
@@ -131,6 +134,21 @@ fn parse_label(text: &str) -> Result<(String, String), String> {
         Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
         _ => Err(format!("'{text}' is not key=value")),
     }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReceiptsCommand {
+    /// Check a file of receipts (`runs receipts RUN > FILE`) without a kernel: each receipt's
+    /// hash and signature, and the chain from the first to the last. Exits 1, naming the line,
+    /// at the first that fails.
+    Verify {
+        /// The file, one receipt a line; `-` reads stdin.
+        file: PathBuf,
+        /// The public key (hex) the receipts must be signed with, as the kernel that signed them
+        /// prints it; without it, the key the receipts name is taken on trust.
+        #[arg(long, value_name = "HEX")]
+        key: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -244,6 +262,13 @@ pub enum RunsCommand {
         /// Why the call is cancelled; recorded in its result.
         #[arg(long)]
         reason: Option<String>,
+    },
+    /// Print a signed receipt of each settled call of the run, one JSON object a line, in the
+    /// order the calls settled: identity, tool, hashes of arguments and result, outcome, what
+    /// decided it, times; chained and signed with the kernel's key. `receipts verify` checks them.
+    Receipts {
+        /// Run id.
+        run: String,
     },
     /// Answer a question the run's code put to a person (a hosted handler's or a tool body's
     /// `ctx.ask`) with JSON that meets its schema; the code that asked gets it back.

@@ -43,6 +43,9 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Bench(args) => bench(&cli.addr, &access, cli.json, args),
         Command::Keys(args::KeysCommand::Create(args)) => commands::keys::create(args, cli.json),
+        Command::Receipts(args::ReceiptsCommand::Verify { file, key }) => {
+            commands::receipts::verify(&file, key.as_deref())
+        }
         Command::Mcp(args::McpCommand::Serve(args)) => mcp_serve(&cli.addr, &access, args),
         command => query(Cli { command, ..cli }),
     }

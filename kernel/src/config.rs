@@ -151,6 +151,13 @@ pub struct Config {
     #[arg(long, env = "KERNEL_AUTH_FILE")]
     pub auth_file: Option<PathBuf>,
 
+    /// The ed25519 key the kernel signs receipts of runs' calls with (`kernelctl runs receipts`):
+    /// a file holding its 32-byte seed as 64 hex digits, created with a new key when it does not
+    /// exist. Without it, `<db>.receipt-key` beside a SQLite file; replicas on PostgreSQL need it,
+    /// and one file shared by all, so each signs with the same key.
+    #[arg(long, env = "KERNEL_RECEIPT_KEY", value_name = "FILE")]
+    pub receipt_key: Option<PathBuf>,
+
     /// Allow --listen on a non-loopback address without --auth-file.
     #[arg(long, env = "KERNEL_INSECURE")]
     pub insecure: bool,

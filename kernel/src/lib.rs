@@ -40,6 +40,7 @@ pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod policy;
+pub mod receipts;
 #[cfg(test)]
 mod reference;
 pub mod registry;

@@ -333,6 +333,7 @@ pub async fn run(
         started_at: store.clock().now_millis(),
         address: advertised.into(),
         keys: keys.clone(),
+        receipt_key: receipt_key(&config)?,
     };
 
     // grpcurl and many tools still ask for v1alpha reflection; serve both.
@@ -580,4 +581,19 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, KernelError> {
         };
         KernelError::Unavailable(format!("cannot listen on {addr}: {e}{hint}"))
     })
+}
+
+/// The key receipts are signed with: `--receipt-key`, else the one beside a SQLite file (each
+/// created when missing); none on PostgreSQL without the flag.
+fn receipt_key(config: &Config) -> Result<Option<Arc<ed25519_dalek::SigningKey>>, KernelError> {
+    let Some(path) = config
+        .receipt_key
+        .clone()
+        .or_else(|| crate::receipts::default_path(&config.db))
+    else {
+        return Ok(None);
+    };
+    crate::receipts::load_or_create(&path)
+        .map(|key| Some(Arc::new(key)))
+        .map_err(|why| KernelError::invalid("--receipt-key", why))
 }

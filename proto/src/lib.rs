@@ -7,6 +7,7 @@
 
 pub mod canonical;
 pub mod duration;
+pub mod receipt;
 pub mod traceparent;
 
 /// Generated messages, clients and servers of package `kernel.v1`.

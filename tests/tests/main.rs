@@ -28,6 +28,7 @@ mod outcomes;
 mod postgres;
 mod protocol;
 mod questions;
+mod receipts;
 mod replicas;
 mod resources;
 mod retention;

@@ -98,6 +98,13 @@ impl RunService for ScriptedKernel {
         Ok(Response::new(pb::CompleteRunResponse { run: Some(run(&id)) }))
     }
 
+    async fn list_receipts(
+        &self,
+        _: Request<pb::ListReceiptsRequest>,
+    ) -> Result<Response<pb::ListReceiptsResponse>, Status> {
+        Err(Status::unimplemented("not scripted"))
+    }
+
     async fn fail_run(&self, request: Request<pb::FailRunRequest>) -> Result<Response<pb::FailRunResponse>, Status> {
         Err(Status::not_found(format!(
             "run '{}' not found",

@@ -184,6 +184,13 @@ impl RunService for FakeKernel {
         Err(Status::unimplemented("not in the fake"))
     }
 
+    async fn list_receipts(
+        &self,
+        _: Request<pb::ListReceiptsRequest>,
+    ) -> Result<Response<pb::ListReceiptsResponse>, Status> {
+        Err(Status::unimplemented("not in the fake"))
+    }
+
     async fn list_run_events(
         &self,
         request: Request<pb::ListRunEventsRequest>,

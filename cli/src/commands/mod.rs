@@ -8,6 +8,7 @@ mod approvals;
 pub mod bench;
 pub mod keys;
 pub mod mcp;
+pub mod receipts;
 mod replicas;
 mod runs;
 mod status;
@@ -58,6 +59,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
             };
             approvals::answer_run_question(&mut kernel, &mut out, run, who, answer).await
         }
+        Command::Runs(RunsCommand::Receipts { run }) => receipts::list(&mut kernel, &mut out, run).await,
         Command::Runs(RunsCommand::Delete { id }) => runs::delete(&mut kernel, &mut out, id).await,
         Command::Runs(RunsCommand::Prune { finished_before }) => {
             runs::prune(&mut kernel, &mut out, finished_before).await
@@ -81,6 +83,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Shares => status::shares(&mut kernel, &mut out).await,
         Command::Bench(_) => unreachable!("main runs `bench` through commands::bench::main"),
         Command::Keys(_) => unreachable!("main runs `keys` without a kernel"),
+        Command::Receipts(_) => unreachable!("main runs `receipts verify` without a kernel"),
         Command::Mcp(_) => unreachable!("main runs `mcp serve` through commands::mcp::serve"),
     }?;
     out.flush()?;

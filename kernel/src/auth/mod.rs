@@ -124,9 +124,11 @@ impl FromStr for Scope {
 pub fn required_scope(path: &str) -> Scope {
     let method = path.strip_prefix("/kernel.v1.").unwrap_or("");
     match method {
-        "RunService/GetRun" | "RunService/ListRuns" | "RunService/ListRunEvents" | "RunService/WatchRunEvents" => {
-            Scope::RunsRead
-        }
+        "RunService/GetRun"
+        | "RunService/ListRuns"
+        | "RunService/ListRunEvents"
+        | "RunService/WatchRunEvents"
+        | "RunService/ListReceipts" => Scope::RunsRead,
         "RunService/CreateRun"
         | "RunService/ForkRun"
         | "RunService/CompleteRun"

@@ -126,6 +126,7 @@ fn every_kernel_method_maps_to_its_scope() {
         ("/kernel.v1.RunService/ListRuns", Scope::RunsRead),
         ("/kernel.v1.RunService/ListRunEvents", Scope::RunsRead),
         ("/kernel.v1.RunService/WatchRunEvents", Scope::RunsRead),
+        ("/kernel.v1.RunService/ListReceipts", Scope::RunsRead),
         ("/kernel.v1.RunService/CreateRun", Scope::RunsWrite),
         ("/kernel.v1.RunService/ForkRun", Scope::RunsWrite),
         ("/kernel.v1.RunService/CompleteRun", Scope::RunsWrite),

@@ -52,6 +52,8 @@ pub struct Kernel {
     pub address: std::sync::Arc<str>,
     /// The API keys in force; `None` when authentication is off.
     pub keys: Option<std::sync::Arc<crate::auth::Keys>>,
+    /// The key receipts are signed with; `None` on PostgreSQL without `--receipt-key`.
+    pub receipt_key: Option<std::sync::Arc<ed25519_dalek::SigningKey>>,
 }
 
 impl Kernel {

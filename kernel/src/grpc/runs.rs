@@ -141,6 +141,25 @@ impl RunService for RunApi {
         }))
     }
 
+    async fn list_receipts(
+        &self,
+        request: Request<pb::ListReceiptsRequest>,
+    ) -> Result<Response<pb::ListReceiptsResponse>, Status> {
+        let id = RunId::parse(&request.into_inner().run_id, "run_id")?;
+        let key = self.0.receipt_key.clone().ok_or_else(|| {
+            KernelError::FailedPrecondition(
+                "this kernel has no key to sign receipts with: start it with --receipt-key FILE".to_owned(),
+            )
+        })?;
+        let run = self.load(&id).await?;
+        let steps = self.0.store.reads.steps(id).await?;
+        let lines = kernel_proto::receipt::chain(crate::receipts::of_run(&run, &steps), &key);
+        Ok(Response::new(pb::ListReceiptsResponse {
+            receipts_json: lines.iter().map(kernel_proto::canonical::to_canonical).collect(),
+            key: hex::encode(key.verifying_key().to_bytes()),
+        }))
+    }
+
     async fn fork_run(&self, request: Request<pb::ForkRunRequest>) -> Result<Response<pb::ForkRunResponse>, Status> {
         let caller = request.extensions().get::<crate::auth::Caller>().cloned();
         let trace = traceparent(request.metadata());

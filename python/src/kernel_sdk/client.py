@@ -205,6 +205,18 @@ class AgentClient:
             cost_by_tool=dict(response.manifest.cost_by_tool),
         )
 
+    async def receipts(self, run_id: str) -> list[dict[str, Any]]:
+        """A signed receipt of each settled call of the run, in the order the calls settled: each
+        `{"receipt": {...}, "hash": ..., "signature": ..., "key": ...}`, the receipt holding the
+        call's identity, tool, version and fingerprint, the SHA-256 of its arguments and of its
+        result, its outcome, what decided it and when, and `prev`, the hash of the receipt before
+        it. Written one canonical JSON object a line (`json.dumps(r, separators=(",", ":"),
+        sort_keys=True)`), they are what `kernelctl receipts verify` checks offline."""
+        response = await self._unary(
+            self._runs.ListReceipts, runs_pb2.ListReceiptsRequest(run_id=run_id)
+        )
+        return [json.loads(line) for line in response.receipts_json]
+
     async def submit_turn(
         self,
         run_id: str,

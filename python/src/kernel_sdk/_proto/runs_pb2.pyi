@@ -7,6 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ListReceiptsRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class ListReceiptsResponse(_message.Message):
+    __slots__ = ("receipts_json", "key")
+    RECEIPTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    receipts_json: _containers.RepeatedScalarFieldContainer[str]
+    key: str
+    def __init__(self, receipts_json: _Optional[_Iterable[str]] = ..., key: _Optional[str] = ...) -> None: ...
+
 class CreateRunRequest(_message.Message):
     __slots__ = ("agent", "input_json", "labels", "idempotency_key", "max_tool_calls", "non_interactive", "permissions", "capture", "max_concurrency", "hosted", "allow", "budget")
     class LabelsEntry(_message.Message):

@@ -80,6 +80,11 @@ class RunServiceStub:
                 request_serializer=kernel_dot_v1_dot_runs__pb2.WatchRunEventsRequest.SerializeToString,
                 response_deserializer=kernel_dot_v1_dot_runs__pb2.WatchRunEventsResponse.FromString,
                 _registered_method=True)
+        self.ListReceipts = channel.unary_unary(
+                '/kernel.v1.RunService/ListReceipts',
+                request_serializer=kernel_dot_v1_dot_runs__pb2.ListReceiptsRequest.SerializeToString,
+                response_deserializer=kernel_dot_v1_dot_runs__pb2.ListReceiptsResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -154,6 +159,18 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListReceipts(self, request, context):
+        """ListReceipts exports a receipt of each settled tool call of a run, in the order the calls
+        settled: its identity, tool, version and fingerprint, the SHA-256 of its arguments and of its
+        result, its outcome and what decided it (rule, approver), its times; each chained by hash to
+        the one before and signed with the kernel's ed25519 key (--receipt-key). A third party checks
+        them offline with `kernelctl receipts verify`. FAILED_PRECONDITION when the kernel has no key
+        (PostgreSQL without --receipt-key).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +218,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.WatchRunEvents,
                     request_deserializer=kernel_dot_v1_dot_runs__pb2.WatchRunEventsRequest.FromString,
                     response_serializer=kernel_dot_v1_dot_runs__pb2.WatchRunEventsResponse.SerializeToString,
+            ),
+            'ListReceipts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReceipts,
+                    request_deserializer=kernel_dot_v1_dot_runs__pb2.ListReceiptsRequest.FromString,
+                    response_serializer=kernel_dot_v1_dot_runs__pb2.ListReceiptsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -447,6 +469,33 @@ class RunService:
             '/kernel.v1.RunService/WatchRunEvents',
             kernel_dot_v1_dot_runs__pb2.WatchRunEventsRequest.SerializeToString,
             kernel_dot_v1_dot_runs__pb2.WatchRunEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReceipts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kernel.v1.RunService/ListReceipts',
+            kernel_dot_v1_dot_runs__pb2.ListReceiptsRequest.SerializeToString,
+            kernel_dot_v1_dot_runs__pb2.ListReceiptsResponse.FromString,
             options,
             channel_credentials,
             insecure,
