@@ -902,22 +902,28 @@ class AgentContext:
                 if response.diverged:
                     raise self._diverge(response.diverged)
                 step = response.step
-            if step.status not in SETTLED:
-                waiting = _Durable(self._waits, [key], long=True)
-                try:
-                    answer = await self._unary(
-                        self._stub.AwaitStep,
-                        hosted_pb2.AwaitStepRequest(dispatch=self._dispatch, step_key=key),
-                    )
-                finally:
-                    waiting.end()
-                step = answer.step
+            step = await self._settled(step, key)
             if step.status == common_pb2.STEP_STATUS_SUCCEEDED:
                 return json.loads(step.output_json or "null")
             raise QuestionUnanswered(key, step.error)
         finally:
             self._waits.active -= 1
             self._waits.touch()
+
+    async def _settled(self, step: common_pb2.Step, key: str) -> common_pb2.Step:
+        """`step` once settled: awaited from the kernel while the handler may give back its slot."""
+        if step.status in SETTLED:
+            return step
+        waiting = _Durable(self._waits, [key], long=True)
+        try:
+            answer = await self._unary(
+                self._stub.AwaitStep,
+                hosted_pb2.AwaitStepRequest(dispatch=self._dispatch, step_key=key),
+            )
+        finally:
+            waiting.end()
+        settled: common_pb2.Step = answer.step
+        return settled
 
     async def _subagent(self, agent: str, input: Any, session: str | None) -> Any:
         seq, occurrence = self._place(f"subagent:{agent}", f"subagent '{agent}'")
@@ -950,16 +956,7 @@ class AgentContext:
                 self._starting.discard(seq)
                 async with self._started:
                     self._started.notify_all()
-            if step.status not in SETTLED:
-                waiting = _Durable(self._waits, [key], long=True)
-                try:
-                    answer = await self._unary(
-                        self._stub.AwaitStep,
-                        hosted_pb2.AwaitStepRequest(dispatch=self._dispatch, step_key=key),
-                    )
-                finally:
-                    waiting.end()
-                step = answer.step
+            step = await self._settled(step, key)
             if step.status == common_pb2.STEP_STATUS_SUCCEEDED:
                 return json.loads(step.output_json or "null")
             raise SubagentFailed(agent, step.child_run_id, step.error)
