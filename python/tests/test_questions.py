@@ -17,6 +17,7 @@ from kernel_sdk import (
     AgentClient,
     AgentContext,
     KernelError,
+    NestedDurableOperationError,
     QuestionUnanswered,
     ToolCall,
     ToolContext,
@@ -207,3 +208,27 @@ async def test_an_agent_s_own_code_asks_a_person_and_asked_again_gets_the_record
         await asyncio.wait_for(declined, 30)
     assert unanswered.value.step_key == "question:run#refund-2"
     assert "declined by bob (not today)" in unanswered.value.message
+
+
+@agent
+async def py_asks_in_a_step(ctx: AgentContext, input: None) -> str:
+    """Asks a person inside a local step, where nothing may wait on something durable."""
+
+    async def inside(info: object) -> object:
+        return await ctx.ask("Inside?")
+
+    try:
+        await ctx.step("inside", inside)
+    except NestedDurableOperationError as error:
+        return type(error).__name__
+    return "asked"
+
+
+async def test_a_question_inside_a_local_step_raises_to_the_handler_and_asks_nobody(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, agents=[py_asks_in_a_step]):
+        run = await client.create_run("py_asks_in_a_step", hosted=True)
+        events = await within("the run to end", ended_events(client, run.id), 30)
+        assert (await client.get_run(run.id)).run.output == "NestedDurableOperationError"
+        assert not any(e.type == "question:asked" for e in events)
