@@ -506,3 +506,16 @@ async fn a_branch_of_a_handler_replays_the_answer_its_parent_recorded_or_the_one
         );
     }
 }
+
+#[tokio::test]
+async fn a_handler_asking_inside_a_local_step_gets_the_nested_operation_error_and_asks_nobody() {
+    let kernel = Kernel::start();
+    let _host = kernel.fault_worker_with("host", &["--agents-only"]);
+    let run = kernel.start_hosted("interviewer", json!({"in_step": true})).await;
+    let done = kernel.finished(&run).await;
+    let output: Value = serde_json::from_str(&done.output_json).unwrap();
+    let error = output["in_step"].as_str().unwrap_or_default();
+    assert!(error.contains("a question to a person inside a local step"), "{output}");
+    let events = kernel.events(&run).await;
+    assert!(!events.iter().any(|e| e.r#type == "question:asked"), "{events:?}");
+}

@@ -145,8 +145,19 @@ async fn child(ctx: AgentContext, input: Value) -> Result<Value, AgentError> {
 
 /// Asks a person whether to refund or replace, with `timeout_ms` and `default` when its input
 /// gives them, and returns the answer; the ledger says each time the handler reaches the question.
+/// With `in_step`, it asks inside a local step instead and returns the error it gets.
 async fn interviewer(ctx: AgentContext, input: Value) -> Result<Value, AgentError> {
     ledger_step("handler:ask", ctx.run_id(), ctx.attempt());
+    if input["in_step"].as_bool() == Some(true) {
+        // Asking inside a local step, where nothing may wait on something durable.
+        let inner = ctx.clone();
+        let asked = ctx
+            .step("outer", move |_| async move {
+                inner.ask("Inside?").await.map(|_| ()).map_err(|e| e.to_string())
+            })
+            .await;
+        return Ok(json!({ "in_step": asked.map_err(|e| e.to_string()).err() }));
+    }
     let mut question = ctx
         .ask("Refund or replace the order?")
         .choices(["refund", "replace"])
