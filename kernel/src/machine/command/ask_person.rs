@@ -134,6 +134,7 @@ fn ask_from_agent<R: Records + ?Sized>(records: &mut R, ask: PersonAsk) -> Resul
     if let Some(step) = replayed_from_parent(records, &run, (&key, (0, 0)), &ask.asked)? {
         return Ok(StepRecorded::Recorded(step));
     }
+    // The agent asks as its run's dispatch would (`agent:<name>` decides), though none exists.
     let asker = hosted::dispatch_step(
         &run,
         &hosted::HostedAgent {
