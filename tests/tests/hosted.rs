@@ -203,7 +203,7 @@ async fn kernelctl_starts_a_hosted_run_and_follows_it_to_its_end() {
     let workers = kernel.kernelctl(&["workers", "list"]);
     let workers = String::from_utf8_lossy(&workers.stdout);
     assert!(
-        workers.contains("4: child, parent, pipeline, script"),
+        workers.contains("5: child, interviewer, parent, pipeline"),
         "the host's agents are listed: {workers}"
     );
     let unknown = kernel.kernelctl(&["runs", "start", "nosuch", "--input", "{}"]);
