@@ -411,14 +411,24 @@ class AgentClient:
             approvers=list(approvers),
             timeout_ms=0 if timeout is None else max(1, round(timeout * 1000)),
         )
-        deadline = time.monotonic() + self.reconnect_timeout
+        # A person may take hours: the window to reconnect opens when the kernel goes away.
+        gone_until: float | None = None
         backoff = 0.1
         while True:
+            asked_at = time.monotonic()
             try:
                 response = await self._unary(self._calls.AskPerson, request)
                 break
             except KernelError as error:
-                if error.code not in _WENT_AWAY or time.monotonic() + backoff >= deadline:
+                if error.code not in _WENT_AWAY:
+                    raise
+                now = time.monotonic()
+                if now - asked_at >= 1.0:
+                    # An ask that waited a while was answered by a kernel: a new outage.
+                    gone_until, backoff = None, 0.1
+                if gone_until is None:
+                    gone_until = now + self.reconnect_timeout
+                if now + backoff >= gone_until:
                     raise
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

@@ -18,6 +18,10 @@ pub struct AgentQuestion {
     request: pb::AgentAskRequest,
 }
 
+/// How long an ask must have waited for its failure to count as a new outage of the kernel, not
+/// one more try during the last.
+const CONNECTED: Duration = Duration::from_secs(1);
+
 impl AgentQuestion {
     pub(super) fn new(run: RunHandle, id: String, question: String) -> Self {
         let request = pb::AgentAskRequest {
@@ -71,15 +75,27 @@ impl AgentQuestion {
 
     async fn answer(self) -> Result<Value, AgentError> {
         let client = self.run.client.clone();
-        let deadline = tokio::time::Instant::now() + client.reconnect;
+        // A person may take hours: the window to reconnect opens when the kernel goes away.
+        let mut gone_until = None;
         let mut backoff = Duration::from_millis(100);
         let response = loop {
             let mut calls = client.calls.clone();
+            let asked_at = tokio::time::Instant::now();
             match client
                 .call(calls.ask_person(client.request(self.request.clone())))
                 .await
             {
-                Err(error) if kernel_went_away(&error) && tokio::time::Instant::now() + backoff < deadline => {
+                Err(error) if kernel_went_away(&error) => {
+                    let now = tokio::time::Instant::now();
+                    // An ask that waited a while was answered by a kernel: this is a new outage.
+                    if now - asked_at >= CONNECTED {
+                        gone_until = None;
+                        backoff = Duration::from_millis(100);
+                    }
+                    let until = *gone_until.get_or_insert(now + client.reconnect);
+                    if now + backoff >= until {
+                        return Err(error);
+                    }
                     // Asked again under the same id, the recorded question is waited on.
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));
