@@ -13,9 +13,10 @@
 - `kernel_sdk.integrations` hands kernel tools to LangGraph, the OpenAI Agents SDK and Pydantic AI.
 """
 
+from ._question import NO_DEFAULT
 from .canonical import call_hash, idempotency_key, to_canonical, tool_fingerprint
 from .client import AgentClient
-from .context import NO_DEFAULT, Cancellation, Progress, ToolCache, ToolContext
+from .context import Cancellation, Progress, ToolCache, ToolContext
 from .errors import ConcurrentCallIdError, KernelError, ToolCallRejected, ToolError, WorkerRefused
 from .hosted import (
     Agent,

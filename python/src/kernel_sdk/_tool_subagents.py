@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 # How long a body must wait on the same subagents before its call may give back its slot (and a
 # hosted handler on its children and answers): long enough that a child that ends at once is
@@ -43,16 +43,9 @@ class KernelLink(Protocol):
 
     async def await_step(self, key: str) -> ChildStep: ...
 
-    async def ask(
-        self,
-        question: str,
-        schema_json: str,
-        approvers: Sequence[str],
-        timeout_ms: int,
-        occurrence: int,
-        choices: Sequence[str] = (),
-        default_json: str = "",
-    ) -> ChildStep: ...
+    async def ask(self, fields: dict[str, Any], occurrence: int) -> ChildStep:
+        """Asks a person the question `fields` hold (`_question.question_fields`)."""
+        ...
 
 
 class SubagentWaits:

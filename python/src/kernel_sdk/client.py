@@ -14,7 +14,6 @@ from types import TracebackType
 from typing import Any, Self
 
 import grpc
-import pydantic
 
 from . import _agent_wire as wire
 from ._agent_wire import CallLike, Capture
@@ -29,9 +28,9 @@ from ._proto import (
     tool_calls_pb2,
     tool_calls_pb2_grpc,
 )
+from ._question import NO_DEFAULT, question_fields
 from ._typed import Typed
 from .canonical import to_canonical
-from .context import NO_DEFAULT
 from .errors import KernelError
 from .hosted import QuestionUnanswered
 from .records import (
@@ -399,17 +398,18 @@ class AgentClient:
         which waits on the one recorded. A hosted run asks from its handler (`AgentContext.ask`).
         The key needs `runs:write`."""
         typed = Typed(returns)
-        if schema is None and returns is not None:
-            schema = pydantic.TypeAdapter(returns).json_schema()
         request = tool_calls_pb2.AgentAskRequest(
             run_id=run_id,
             question_id=question_id,
-            question=question,
-            answer_schema_json="" if schema is None else to_canonical(schema),
-            choices=list(choices),
-            default_answer_json="" if default is NO_DEFAULT else to_canonical(default),
-            approvers=list(approvers),
-            timeout_ms=0 if timeout is None else max(1, round(timeout * 1000)),
+            **question_fields(
+                question,
+                schema=schema,
+                returns=returns,
+                choices=choices,
+                default=default,
+                approvers=approvers,
+                timeout=timeout,
+            ),
         )
         # A person may take hours: the window to reconnect opens when the kernel goes away.
         gone_until: float | None = None

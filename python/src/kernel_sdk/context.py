@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pydantic
 
+from ._question import NO_DEFAULT, question_fields
 from ._tool_subagents import ChildStep, KernelLink, SubagentWaits
 from ._typed import Typed
 from .canonical import to_canonical
@@ -24,10 +25,6 @@ if TYPE_CHECKING:
     import httpx
 
     from .records import CallResult
-
-
-NO_DEFAULT: Any = object()
-"""`ask`'s `default` when none is given: an expiry raises (a default may be `None`, JSON null)."""
 
 
 class RunCalls(Protocol):
@@ -447,25 +444,23 @@ class ToolContext:
         raises `ToolError`.
         """
         typed = Typed(returns)
-        if schema is None and returns is not None:
-            schema = pydantic.TypeAdapter(returns).json_schema()
-
-        default_json = "" if default is NO_DEFAULT else to_canonical(default)
+        fields = question_fields(
+            question,
+            schema=schema,
+            returns=returns,
+            choices=choices,
+            default=default,
+            approvers=approvers,
+            timeout=timeout,
+        )
 
         async def run() -> Any:
-            answer = await self._ask(question, schema, approvers, timeout, (choices, default_json))
+            answer = await self._ask(fields)
             return _as_declared(typed, answer, "ctx.ask: the answer")
 
         return run()
 
-    async def _ask(
-        self,
-        question: str,
-        schema: dict[str, Any] | None,
-        approvers: Sequence[str],
-        timeout: float | None,
-        offered: tuple[Sequence[str], str] = ((), ""),
-    ) -> Any:
+    async def _ask(self, fields: dict[str, Any]) -> Any:
         kernel = self._kernel
         if kernel is None:
             raise ToolError.fatal(
@@ -473,14 +468,7 @@ class ToolContext:
             )
         # Questions count apart from subagents: no agent name starts with "?".
         occurrence = self._subagents().occurrence("?question")
-        schema_json = "" if schema is None else to_canonical(schema)
-        timeout_ms = 0 if timeout is None else max(1, round(timeout * 1000))
-        step = await self._settled(
-            kernel,
-            await kernel.ask(
-                question, schema_json, approvers, timeout_ms, occurrence, offered[0], offered[1]
-            ),
-        )
+        step = await self._settled(kernel, await kernel.ask(fields, occurrence))
         if step.succeeded:
             return json.loads(step.output_json or "null")
         raise ToolError.fatal(step.error)

@@ -37,10 +37,11 @@ import pydantic_core
 
 from ._agent_wire import SETTLED, CallLike, call_result, kernel_error, tool_call
 from ._proto import common_pb2, hosted_pb2, hosted_pb2_grpc, tool_calls_pb2
+from ._question import NO_DEFAULT, question_fields
 from ._tool_subagents import SUSPEND_AFTER as _SUSPEND_AFTER
 from ._typed import Typed as _Typed
 from .canonical import idempotency_key, to_canonical, tool_fingerprint
-from .context import NO_DEFAULT, Cancellation, _carrier, current_run
+from .context import Cancellation, _carrier, current_run
 from .errors import ConcurrentCallIdError
 from .records import CallOutcome, CallResult
 from .tools import (
@@ -868,15 +869,16 @@ class AgentContext:
         back its slot (the run is suspended) and runs again once answered. Inside a local step it
         raises `NestedDurableOperationError`."""
         typed = _Typed(returns)
-        if schema is None and returns is not None:
-            schema = pydantic.TypeAdapter(returns).json_schema()
         request = hosted_pb2.AskPersonRequest(
-            question=question,
-            answer_schema_json="" if schema is None else to_canonical(schema),
-            choices=list(choices),
-            default_answer_json="" if default is NO_DEFAULT else to_canonical(default),
-            approvers=list(approvers),
-            timeout_ms=0 if timeout is None else max(1, round(timeout * 1000)),
+            **question_fields(
+                question,
+                schema=schema,
+                returns=returns,
+                choices=choices,
+                default=default,
+                approvers=approvers,
+                timeout=timeout,
+            )
         )
 
         async def run() -> Any:

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -969,27 +969,9 @@ class _CallKernel:
             raise ToolError.fatal(f"subagent '{agent}': {response.diverged}")
         return _child(response.step)
 
-    async def ask(
-        self,
-        question: str,
-        schema_json: str,
-        approvers: Sequence[str],
-        timeout_ms: int,
-        occurrence: int,
-        choices: Sequence[str] = (),
-        default_json: str = "",
-    ) -> ChildStep:
+    async def ask(self, fields: dict[str, Any], occurrence: int) -> ChildStep:
         stub, dispatch = self._hosted()
-        request = hosted_pb2.AskPersonRequest(
-            dispatch=dispatch,
-            occurrence=occurrence,
-            question=question,
-            answer_schema_json=schema_json,
-            approvers=list(approvers),
-            timeout_ms=timeout_ms,
-            choices=list(choices),
-            default_answer_json=default_json,
-        )
+        request = hosted_pb2.AskPersonRequest(dispatch=dispatch, occurrence=occurrence, **fields)
         try:
             response = await stub.AskPerson(
                 request, metadata=metadata(self.session.worker._api_key)
