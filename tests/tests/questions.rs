@@ -28,6 +28,24 @@ fn answer(kernel: &Kernel, id: &str, answer: &str, who: &str) -> String {
     kernel.kernelctl_ok(&["approvals", "answer", id, "--with", answer, "--as", who])
 }
 
+/// Answers with kernelctl `args` as erin once a restarted kernel takes the answer: on PostgreSQL
+/// the killed kernel's replica owns the run's shard until its lease runs out, and until then the
+/// answer is UNAVAILABLE; a person tries again.
+async fn answer_once_back(kernel: &Kernel, args: &[&str]) {
+    e2e::eventually("the restarted kernel to take the answer", || async {
+        let mut all = args.to_vec();
+        all.extend(["--as", "erin"]);
+        let out = kernel.kernelctl(&all);
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        if out.status.success() || said.contains("already approved by erin") {
+            Ok(())
+        } else {
+            Err(said)
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_tool_asks_a_person_who_answers_with_kernelctl_and_the_call_returns_the_answer() {
     let kernel = Kernel::start();
@@ -254,26 +272,10 @@ async fn a_question_open_across_a_kernel_sigkill_is_answered_after_the_restart()
         kernel.get(&run).await.run.unwrap().status,
         pb::RunStatus::Blocked as i32
     );
-    // On PostgreSQL the killed kernel's replica owns the run's shard until its lease runs out:
-    // until then the answer is UNAVAILABLE, and a person tries again.
-    e2e::eventually("the restarted kernel to take the answer", || async {
-        let args = [
-            "approvals",
-            "answer",
-            &approval.id,
-            "--with",
-            r#"{"ok": true}"#,
-            "--as",
-            "erin",
-        ];
-        let out = kernel.kernelctl(&args);
-        let said = String::from_utf8_lossy(&out.stderr).into_owned();
-        if out.status.success() || said.contains("already approved by erin") {
-            Ok(())
-        } else {
-            Err(said)
-        }
-    })
+    answer_once_back(
+        &kernel,
+        &["approvals", "answer", &approval.id, "--with", r#"{"ok": true}"#],
+    )
     .await;
     let outcome = turn.await.unwrap();
     assert_eq!(
@@ -432,25 +434,17 @@ async fn an_agent_s_own_code_asks_a_person_across_a_kernel_sigkill_and_is_asked_
     // waits on the recorded question, and nobody is asked twice.
     kernel.kill9();
     kernel.restart();
-    e2e::eventually("the restarted kernel to take the answer", || async {
-        let args = [
+    answer_once_back(
+        &kernel,
+        &[
             "runs",
             "answer",
             run.id(),
             "question:run#refund-1",
             "--with",
             r#""replace""#,
-            "--as",
-            "erin",
-        ];
-        let out = kernel.kernelctl(&args);
-        let said = String::from_utf8_lossy(&out.stderr).into_owned();
-        if out.status.success() || said.contains("already approved by erin") {
-            Ok(())
-        } else {
-            Err(said)
-        }
-    })
+        ],
+    )
     .await;
     assert_eq!(waiting.await.unwrap().unwrap(), json!("replace"));
     assert_eq!(

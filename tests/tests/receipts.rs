@@ -90,6 +90,11 @@ async fn a_run_s_receipts_verify_offline_and_a_changed_byte_line_or_key_is_refus
 
     let (ok, said) = verify(&kernel, &text, Some(&key));
     assert!(ok, "{said}");
+    assert_eq!(
+        agent.receipts(run.id()).await.unwrap(),
+        lines,
+        "the Rust SDK exports the same"
+    );
     assert!(said.contains(&format!("ok: 3 receipts of run {}", run.id())), "{said}");
 
     // A byte changed, a line gone, another key: each refused, naming the line.

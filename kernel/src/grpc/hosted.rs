@@ -406,19 +406,7 @@ impl HostedService for HostedApi {
                 }));
             }
             // Any change of the run may be ours (or end the dispatch); a lag re-reads too.
-            loop {
-                tokio::select! {
-                    _ = self.0.shutdown.cancelled() => {
-                        return Err(KernelError::Unavailable("kernel shutting down".into()).into());
-                    }
-                    signal = live.recv() => match signal {
-                        Ok(crate::hub::Signal::Events(events))
-                            if events.iter().any(|item| item.event.kind != crate::model::EventType::StepResult) => break,
-                        Ok(_) => continue,
-                        Err(_) => break,
-                    },
-                }
-            }
+            self.0.next_change(&mut live).await?;
         }
     }
 }

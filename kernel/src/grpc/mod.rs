@@ -57,6 +57,24 @@ pub struct Kernel {
 }
 
 impl Kernel {
+    /// Waits for a change of the run `live` follows that may settle one of its steps (any event
+    /// but a step's own result, which a hosted handler's replies carry; or a lag, to read again).
+    pub(crate) async fn next_change(&self, live: &mut crate::hub::Subscription) -> Result<(), crate::KernelError> {
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => {
+                    return Err(crate::KernelError::Unavailable("kernel shutting down".into()));
+                }
+                signal = live.recv() => match signal {
+                    Ok(crate::hub::Signal::Events(events))
+                        if events.iter().any(|item| item.event.kind != crate::model::EventType::StepResult) => return Ok(()),
+                    Ok(_) => continue,
+                    Err(_) => return Ok(()),
+                },
+            }
+        }
+    }
+
     /// Refuses new work once the kernel drains to stop; `then` says what the caller may do.
     pub(crate) fn taking_work(&self, then: &str) -> Result<(), crate::KernelError> {
         if self.draining.is_cancelled() {

@@ -46,18 +46,7 @@ impl ToolCallApi {
             if step.status.is_terminal() {
                 return Ok(step);
             }
-            loop {
-                tokio::select! {
-                    _ = self.0.shutdown.cancelled() => {
-                        return Err(KernelError::Unavailable("kernel shutting down".into()));
-                    }
-                    signal = live.recv() => match signal {
-                        Ok(Signal::Events(events)) if events.iter().any(|item| item.event.kind != EventType::StepResult) => break,
-                        Ok(_) => continue,
-                        Err(_) => break,
-                    },
-                }
-            }
+            self.0.next_change(live).await?;
         }
     }
 }

@@ -307,39 +307,25 @@ pub fn raise(run: &mut RunRecord, index: usize, raise: Raise, decider: &str) -> 
         .as_mut()
         .and_then(|budget| budget.limits.get_mut(index))
         .ok_or_else(|| format!("run {} has no budget limit {index} to raise", run.id))?;
-    if let (Some(new), Some(old)) = (raise.max_calls, limit.max_calls)
-        && new < old
-    {
-        return Err(format!(
-            "max_calls {new} is below the limit's {old}; an answer raises a limit, never lowers it"
-        ));
-    }
-    if let (Some(new), Some(old)) = (raise.max_cost, limit.max_cost)
-        && new < old
-    {
-        return Err(format!(
-            "max_cost {new} is below the limit's {old}; an answer raises a limit, never lowers it"
-        ));
-    }
-    if let (Some(new), Some(old)) = (raise.max_time_ms, limit.max_time_ms)
-        && new < old
-    {
-        return Err(format!(
-            "max_time_ms {new} is below the limit's {old}; an answer raises a limit, never lowers it"
-        ));
-    }
-    if raise.max_calls.is_some() {
-        limit.max_calls = raise.max_calls;
-    }
-    if raise.max_time_ms.is_some() {
-        limit.max_time_ms = raise.max_time_ms;
-    }
-    if raise.max_cost.is_some() {
-        limit.max_cost = raise.max_cost;
-    }
+    never_lower("max_calls", raise.max_calls, limit.max_calls)?;
+    never_lower("max_cost", raise.max_cost, limit.max_cost)?;
+    never_lower("max_time_ms", raise.max_time_ms, limit.max_time_ms)?;
+    limit.max_calls = raise.max_calls.or(limit.max_calls);
+    limit.max_cost = raise.max_cost.or(limit.max_cost);
+    limit.max_time_ms = raise.max_time_ms.or(limit.max_time_ms);
     let by = limit.set_by.take().unwrap_or_else(|| "request".to_owned());
     limit.set_by = Some(format!("{by}, raised by {decider}"));
     Ok(())
+}
+
+/// Refuses a new bound `new` of `name` below the limit's `old` one.
+fn never_lower<T: PartialOrd + std::fmt::Display>(name: &str, new: Option<T>, old: Option<T>) -> Result<(), String> {
+    match (new, old) {
+        (Some(new), Some(old)) if new < old => Err(format!(
+            "{name} {new} is below the limit's {old}; an answer raises a limit, never lowers it"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Checks `attempt` against every budget of `accounts` (the run first, then each ancestor whose

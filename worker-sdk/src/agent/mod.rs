@@ -682,6 +682,22 @@ impl AgentClient {
             .ok_or_else(|| AgentError::Protocol("ApproveCall returned no approval".into()))
     }
 
+    /// A signed receipt of each settled call of run `run_id`, in the order the calls settled: each
+    /// `{"receipt": {...}, "hash", "signature", "key"}`, the receipt holding the call's identity,
+    /// tool, version and fingerprint, the SHA-256 of its arguments and of its result, its
+    /// outcome, what decided it and when, and `prev`, the hash of the receipt before it. Written
+    /// one a line as canonical JSON ([`kernel_proto::canonical::to_canonical`]), they are what
+    /// `kernelctl receipts verify` checks offline (and [`kernel_proto::receipt::verify`] in code).
+    pub async fn receipts(&self, run_id: impl Into<String>) -> Result<Vec<serde_json::Value>, AgentError> {
+        let request = self.request(pb::ListReceiptsRequest { run_id: run_id.into() });
+        let response = self.call(self.runs.clone().list_receipts(request)).await?;
+        response
+            .receipts_json
+            .iter()
+            .map(|line| serde_json::from_str(line).map_err(AgentError::from))
+            .collect()
+    }
+
     /// Rejects a waiting call: the model reads that it was not approved, with `reason`. Keys and
     /// refusals as for [`AgentClient::approve`].
     pub async fn reject(

@@ -51,11 +51,8 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, ask: PersonAsk) -> Result<Per
         return ask_from_handler(records, ask, &fence);
     };
     let key = StepKey::tool_question(&call.key, ask.occurrence);
-    if let Some(recorded) = records.find_step(&ask.run, &key)? {
-        return match same_question(&recorded, &ask.asked) {
-            Ok(()) => Ok(StepRecorded::Replayed(recorded)),
-            Err(message) => Err(KernelError::FailedPrecondition(message)),
-        };
+    if let Some(recorded) = asked_before(records, &ask.run, &key, &ask.asked)? {
+        return Ok(recorded);
     }
     let place = (call.turn, call.position);
     Ok(StepRecorded::Recorded(record(
@@ -113,11 +110,8 @@ fn ask_from_handler<R: Records + ?Sized>(records: &mut R, ask: PersonAsk, fence:
 fn ask_from_agent<R: Records + ?Sized>(records: &mut R, ask: PersonAsk) -> Result<PersonAsked> {
     let run = records.run(&ask.run)?;
     let key = StepKey::run_question(&ask.question_id);
-    if let Some(recorded) = records.find_step(&run.id, &key)? {
-        return match same_question(&recorded, &ask.asked) {
-            Ok(()) => Ok(StepRecorded::Replayed(recorded)),
-            Err(message) => Err(KernelError::FailedPrecondition(message)),
-        };
+    if let Some(recorded) = asked_before(records, &run.id, &key, &ask.asked)? {
+        return Ok(recorded);
     }
     if run.hosted {
         return Err(KernelError::FailedPrecondition(format!(
@@ -180,6 +174,21 @@ fn replayed_from_parent<R: Records + ?Sized>(
     records.insert_step(&change.step)?;
     records.append(&run.id, change.event, Some(change.step.clone()))?;
     Ok(Some(change.step))
+}
+
+/// The question recorded at `key` (asked by an earlier attempt, or by the agent before its
+/// restart), when it asked what `asked` asks; another question there is refused.
+fn asked_before<R: Records + ?Sized>(
+    records: &R,
+    run: &RunId,
+    key: &StepKey,
+    asked: &Asked,
+) -> Result<Option<PersonAsked>> {
+    let Some(recorded) = records.find_step(run, key)? else {
+        return Ok(None);
+    };
+    same_question(&recorded, asked).map_err(KernelError::FailedPrecondition)?;
+    Ok(Some(StepRecorded::Replayed(recorded)))
 }
 
 /// Whether `recorded` asked what `asked` asks (its text and its schema, choices among it).
