@@ -6,6 +6,7 @@
 //! output never goes through this module and is never cut.
 
 use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use comfy_table::{ContentArrangement, Table, presets};
@@ -182,15 +183,54 @@ fn step_version(step: &StepView) -> String {
     }
 }
 
+/// The steps in the order `runs show` prints them, each with its depth: the calls a tool's body
+/// made (`ctx.call`) follow their caller, in the body's order, one level deeper.
+fn nested_order(steps: &[StepView]) -> Vec<(usize, &StepView)> {
+    let keys: HashSet<&str> = steps.iter().map(|s| s.key.as_str()).collect();
+    let mut callees: HashMap<&str, Vec<&StepView>> = HashMap::new();
+    for step in steps {
+        if let Some(caller) = step.caller_step_key.as_deref().filter(|c| keys.contains(c)) {
+            callees.entry(caller).or_default().push(step);
+        }
+    }
+    // `call:<caller>#<n>`: the n-th call of the body.
+    let occurrence = |step: &StepView| step.key.rsplit_once('#').and_then(|(_, n)| n.parse::<u32>().ok());
+    for calls in callees.values_mut() {
+        calls.sort_by_key(|step| occurrence(step));
+    }
+    let mut ordered = Vec::with_capacity(steps.len());
+    let mut stack: Vec<(usize, &StepView)> = steps
+        .iter()
+        .rev()
+        .filter(|s| s.caller_step_key.as_deref().is_none_or(|c| !keys.contains(c)))
+        .map(|s| (0, s))
+        .collect();
+    while let Some((depth, step)) = stack.pop() {
+        ordered.push((depth, step));
+        if let Some(calls) = callees.get(step.key.as_str()) {
+            stack.extend(calls.iter().rev().map(|callee| (depth + 1, *callee)));
+        }
+    }
+    ordered
+}
+
+/// A step's key as the step table shows it: under its caller, `└ call:t0/p0#0`.
+fn nested_key(depth: usize, key: &str) -> String {
+    match depth {
+        0 => one_line(key).into_owned(),
+        depth => format!("{}└ {}", "  ".repeat(depth - 1), one_line(key)),
+    }
+}
+
 /// The step table of `runs show`: KEY, TOOL, VERSION, STATUS, ATTEMPTS, DURATION, WORKER, REPLAYS.
 pub fn steps_table(steps: &[StepView]) -> String {
     table(
         &[
             "KEY", "TOOL", "VERSION", "STATUS", "ATTEMPTS", "DURATION", "WORKER", "REPLAYS",
         ],
-        steps.iter().map(|step| {
+        nested_order(steps).into_iter().map(|(depth, step)| {
             vec![
-                one_line(&step.key).into_owned(),
+                nested_key(depth, &step.key),
                 step_what(step),
                 step_version(step),
                 step.shown_status().to_owned(),
@@ -343,6 +383,12 @@ fn step_block(step: &StepView) -> String {
         step.shown_status()
     );
     let mut pairs = Vec::new();
+    if let Some(caller) = &step.caller_step_key {
+        pairs.push((
+            "called by",
+            format!("{} (its body's call through the kernel)", one_line(caller)),
+        ));
+    }
     if let Some(effect) = &step.effect {
         pairs.push(("effect", effect.clone()));
     }
@@ -491,7 +537,7 @@ pub fn run_detail(detail: &RunDetail) -> String {
         return text;
     }
     text.push_str(&steps_table(&detail.steps));
-    for step in &detail.steps {
+    for (_, step) in nested_order(&detail.steps) {
         text.push('\n');
         text.push_str(&step_block(step));
     }

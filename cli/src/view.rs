@@ -209,6 +209,9 @@ pub struct StepView {
     /// The run's fair share when the call was recorded (its value of the fair-share label).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub share: Option<String>,
+    /// A call a tool's body made through the kernel (`ctx.call`): the calling step's key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caller_step_key: Option<String>,
     pub turn: u32,
     pub position: u32,
     pub call_id: Option<String>,
@@ -317,6 +320,7 @@ impl From<pb::Step> for StepView {
             limited_by: step.limited_by,
             limit_wait_ms: step.limit_wait_ms,
             share: step.share,
+            caller_step_key: non_empty(step.caller_step_key),
             status: step_status_name(step.status),
             call_id: non_empty(step.call_id),
             tool_version: non_empty(step.tool_version),

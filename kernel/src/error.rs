@@ -123,6 +123,26 @@ impl KernelError {
             message: message.into(),
         }
     }
+
+    /// The same error naming the request field that was `from` (or one within it) as `to`: for a
+    /// request checked as another request's part.
+    pub fn renamed(self, from: &str, to: &str) -> Self {
+        let rename = |field: String| match field.strip_prefix(from) {
+            Some(rest) => format!("{to}{rest}"),
+            None => field,
+        };
+        match self {
+            KernelError::InvalidArgument { field, message } => KernelError::InvalidArgument {
+                field: rename(field),
+                message,
+            },
+            KernelError::LimitExceeded { field, message } => KernelError::LimitExceeded {
+                field: rename(field),
+                message,
+            },
+            other => other,
+        }
+    }
 }
 
 impl From<KernelError> for Status {

@@ -541,6 +541,19 @@ impl StepKey {
         StepKey(format!("question:run#{id}"))
     }
 
+    /// The identity of a call a tool call's body made through the kernel (`ctx.call`): the
+    /// caller's key and how many calls the body made before (`call:t3/p0#0`). The callee's
+    /// idempotency key derives from it, so it is stable across the caller's attempts.
+    pub fn nested_call(caller: &StepKey, occurrence: u32) -> Self {
+        StepKey(format!("call:{}#{occurrence}", caller.0))
+    }
+
+    /// For a call a tool call's body made through the kernel, the caller's key.
+    pub fn caller(&self) -> Option<StepKey> {
+        let rest = self.0.strip_prefix("call:")?;
+        rest.rfind('#').map(|end| StepKey(rest[..end].to_owned()))
+    }
+
     /// For a question a tool call's body asked, that call's key.
     pub fn asking_call(&self) -> Option<StepKey> {
         let rest = self.0.strip_prefix("question:")?;
@@ -552,10 +565,10 @@ impl StepKey {
         self.asking_call().is_some()
     }
 
-    /// For a subagent a tool call started, or a question it asked, that call's key: the step to
-    /// wake when it settles.
+    /// For a subagent a tool call started, a question it asked or a call it made, that call's
+    /// key: the step to wake when it settles.
     pub fn waiter(&self) -> Option<StepKey> {
-        if let Some(call) = self.asking_call() {
+        if let Some(call) = self.asking_call().or_else(|| self.caller()) {
             return Some(call);
         }
         let rest = self.0.strip_prefix("subagent:")?;
@@ -1036,6 +1049,23 @@ mod tests {
             key.idempotency_key(&run),
             StepKey::for_call(2, 2, None).idempotency_key(&run)
         );
+    }
+
+    #[test]
+    fn a_nested_call_names_its_caller_however_deep_and_whatever_the_caller_s_id_holds() {
+        let run = RunId::new();
+        let caller = StepKey::for_call(3, 0, None);
+        let nested = StepKey::nested_call(&caller, 1);
+        assert_eq!(nested.as_str(), "call:t3/p0#1");
+        assert_eq!(nested.caller(), Some(caller.clone()));
+        assert_eq!(nested.waiter(), Some(caller.clone()));
+        let deeper = StepKey::nested_call(&nested, 0);
+        assert_eq!(deeper.caller(), Some(nested.clone()));
+        let named = StepKey::for_call(0, 0, Some("a#b/c"));
+        assert_eq!(StepKey::nested_call(&named, 2).caller(), Some(named));
+        assert_ne!(nested.idempotency_key(&run), caller.idempotency_key(&run));
+        assert_eq!(caller.caller(), None);
+        assert_eq!(StepKey::tool_question(&caller, 0).caller(), None);
     }
 
     #[test]

@@ -2185,6 +2185,7 @@ mod tests {
             max_pending_calls: 1024,
             max_events: 1_000_000,
             fence: None,
+            caller: None,
             max_concurrency: None,
         }
     }

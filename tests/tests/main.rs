@@ -23,6 +23,7 @@ mod load;
 mod mcp;
 mod mcp_serve;
 mod mcp_stateless;
+mod nested_calls;
 mod offers;
 mod outcomes;
 mod postgres;

@@ -385,6 +385,7 @@ pub fn step(step: &StepRecord, capture: Capture) -> pb::Step {
         limited_by: step.limited_by.clone(),
         limit_wait_ms: step.limit_wait_ms,
         share: step.share.clone(),
+        caller_step_key: step.key.caller().map(|key| key.to_string()).unwrap_or_default(),
     }
 }
 

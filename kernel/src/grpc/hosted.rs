@@ -385,6 +385,47 @@ impl HostedService for HostedApi {
         }))
     }
 
+    async fn call_tool(&self, request: Request<pb::CallToolRequest>) -> Result<Response<pb::CallToolResponse>, Status> {
+        let key = request.extensions().get::<crate::auth::Caller>().cloned();
+        let req = request.into_inner();
+        let (run_id, fence) = fence(req.dispatch)?;
+        // A nested call is a call of the run, as an agent's turn makes: the worker's key calls tools.
+        if let Some(key) = &key
+            && !key.has(crate::auth::Scope::ToolsCall)
+        {
+            return Err(KernelError::PermissionDenied(format!(
+                "a tool's body calling a tool makes a call of the run: key '{}' needs the scope tools:call",
+                key.name()
+            ))
+            .into());
+        }
+        let call = req
+            .call
+            .ok_or_else(|| KernelError::invalid("call", "must name the tool to call and its arguments"))?;
+        if !call.call_id.is_empty() {
+            return Err(KernelError::invalid(
+                "call.call_id",
+                "a nested call's identity is its caller's and its place in the body; leave it empty",
+            )
+            .into());
+        }
+        let (_, steps) = self.holding(&run_id, &fence).await?;
+        let caller = steps
+            .into_iter()
+            .find(|s| {
+                s.kind == StepKind::Tool && crate::machine::dispatch::held(s, &fence.dispatch_id, fence.attempt, None)
+            })
+            .ok_or_else(|| {
+                KernelError::FailedPrecondition(format!(
+                    "dispatch {} (attempt {}) holds no running tool call of run {run_id}: only a running call's body \
+                     calls a tool through CallTool (a handler calls with CallTools); nothing was called",
+                    fence.dispatch_id, fence.attempt
+                ))
+            })?;
+        let called = tool_calls::call_nested(&self.0, &caller, req.occurrence, call, fence).await?;
+        Ok(Response::new(called))
+    }
+
     async fn await_step(
         &self,
         request: Request<pb::AwaitStepRequest>,
@@ -403,6 +444,7 @@ impl HostedService for HostedApi {
             if step.status.is_terminal() {
                 return Ok(Response::new(pb::AwaitStepResponse {
                     step: Some(convert::history_step(step)),
+                    result: (step.kind == StepKind::Tool).then(|| convert::call_result(step, step.position, false)),
                 }));
             }
             // Any change of the run may be ours (or end the dispatch); a lag re-reads too.

@@ -54,8 +54,32 @@ impl ToolCallApi {
 type TurnStream = Pin<Box<dyn Stream<Item = Result<pb::SubmitTurnResponse, Status>> + Send>>;
 type TurnSender = mpsc::Sender<Result<pb::SubmitTurnResponse, Status>>;
 
-/// Validates a turn as a whole before anything is written, and decides each call's gate.
-async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>) -> Result<Planned, KernelError> {
+/// Where a call a tool's body makes through the kernel goes: under its caller, at the caller's
+/// place in the run's order, as the body's `occurrence`-th call.
+struct Nested {
+    caller: StepKey,
+    key: StepKey,
+    position: u32,
+}
+
+impl Nested {
+    fn under(caller: &StepRecord, occurrence: u32) -> Nested {
+        Nested {
+            caller: caller.key.clone(),
+            key: StepKey::nested_call(&caller.key, occurrence),
+            position: caller.position,
+        }
+    }
+}
+
+/// Validates a turn as a whole before anything is written, and decides each call's gate; a turn
+/// `nested` under a running call is that one call, made by the call's body.
+async fn plan(
+    kernel: &Kernel,
+    req: pb::SubmitTurnRequest,
+    fence: Option<Fence>,
+    nested: Option<Nested>,
+) -> Result<Planned, KernelError> {
     let run_id = RunId::parse(&req.run_id, "run_id")?;
     if req.calls.is_empty() {
         return Err(KernelError::invalid("calls", "a turn needs at least one call"));
@@ -130,7 +154,7 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
                 ));
             }
         }
-        let position = position as u32;
+        let position = nested.as_ref().map_or(position as u32, |nested| nested.position);
         // A tool the model was not offered is unknown to this turn, registered or not.
         let not_offered = offer.as_ref().is_some_and(|offer| !offer.contains(name));
         let known = if not_offered { None } else { kernel.registry.get(name) };
@@ -152,7 +176,10 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
         checks.push((known.clone(), args));
         calls.push(PlannedCall {
             position,
-            key: StepKey::for_call(req.turn, position, call_id.as_deref()),
+            key: match &nested {
+                Some(nested) => nested.key.clone(),
+                None => StepKey::for_call(req.turn, position, call_id.as_deref()),
+            },
             call_id,
             tool_name: name.to_owned(),
             arguments,
@@ -203,8 +230,12 @@ async fn plan(kernel: &Kernel, req: pb::SubmitTurnRequest, fence: Option<Fence>)
         max_pending_calls: kernel.limits.max_pending_calls_per_run,
         max_events: kernel.limits.max_events_per_run,
         fence,
-        // The turn's own bound, else the run's default.
-        max_concurrency: [req_max_concurrency, run.max_concurrency].into_iter().find(|n| *n > 0),
+        // The turn's own bound, else the run's default; a nested call runs within its caller's.
+        max_concurrency: [req_max_concurrency, run.max_concurrency]
+            .into_iter()
+            .find(|n| *n > 0)
+            .filter(|_| nested.is_none()),
+        caller: nested.map(|nested| nested.caller),
         offers_approval_tool,
         share: kernel.governance.policy().share_of(&run.labels),
     };
@@ -503,36 +534,12 @@ pub(super) async fn submit(
     request: pb::SubmitTurnRequest,
     fence: Option<Fence>,
 ) -> Result<mpsc::Receiver<Result<pb::SubmitTurnResponse, Status>>, KernelError> {
-    // A hosted handler's calls are its run's, already dispatched: they are recorded while the
-    // kernel drains (and run once it is back); an agent's new turn is refused.
-    let hosted = fence.is_some();
-    let mut planned = plan(kernel, request, fence).await?;
+    let planned = plan(kernel, request, fence, None).await?;
     let run_id = planned.plan.run_id.clone();
     let positions: Vec<u32> = planned.plan.calls.iter().map(|c| c.position).collect();
     // Subscribe before recording, so no result can slip between the write and the wait.
     let live = kernel.hub.subscribe(&run_id);
-    // A resubmitted turn whose calls all settled is served from a read: the results are
-    // durable already, so only the replay counter is written, without waiting for it.
-    let dispositions = match planned.replayable.take() {
-        Some(steps) => {
-            kernel
-                .store
-                .note_replays(run_id.clone(), steps.iter().map(|s| s.key.clone()).collect());
-            steps.into_iter().map(CallDisposition::Replayed).collect()
-        }
-        None => {
-            if !hosted {
-                kernel.taking_work("resubmit the turn")?;
-            }
-            let plan = decide(kernel, planned).await?;
-            // Runs to the end even if the agent goes away meanwhile: slots reserved for the
-            // turn must come back to the scheduler whatever happens.
-            let kernel = kernel.clone();
-            tokio::spawn(async move { schedule(&kernel, plan).await })
-                .await
-                .map_err(|e| KernelError::Store(format!("scheduling the turn failed: {e}")))??
-        }
-    };
+    let dispositions = record(kernel, planned).await?;
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     tokio::spawn(stream_results(
         kernel.clone(),
@@ -543,6 +550,83 @@ pub(super) async fn submit(
         tx,
     ));
     Ok(rx)
+}
+
+/// Records a planned turn, or serves it from the log when every call of it settled already:
+/// the results are durable, so only the replay counter is written, without waiting for it.
+async fn record(kernel: &Kernel, mut planned: Planned) -> Result<Vec<CallDisposition>, KernelError> {
+    if let Some(steps) = planned.replayable.take() {
+        kernel.store.note_replays(
+            planned.plan.run_id.clone(),
+            steps.iter().map(|s| s.key.clone()).collect(),
+        );
+        return Ok(steps.into_iter().map(CallDisposition::Replayed).collect());
+    }
+    // A hosted handler's calls (and a running body's) are its run's, already dispatched: they
+    // are recorded while the kernel drains (and run once it is back); an agent's new turn is
+    // refused.
+    if planned.plan.fence.is_none() {
+        kernel.taking_work("resubmit the turn")?;
+    }
+    let plan = decide(kernel, planned).await?;
+    // Runs to the end even if the agent goes away meanwhile: slots reserved for the turn must
+    // come back to the scheduler whatever happens.
+    let kernel = kernel.clone();
+    tokio::spawn(async move { schedule(&kernel, plan).await })
+        .await
+        .map_err(|e| KernelError::Store(format!("scheduling the turn failed: {e}")))?
+}
+
+/// Records the call `caller`'s body makes as its `occurrence`-th through the kernel, or finds
+/// the one recorded at that identity; with its result once it has settled.
+pub(super) async fn call_nested(
+    kernel: &Kernel,
+    caller: &StepRecord,
+    occurrence: u32,
+    call: pb::ToolCall,
+    fence: Fence,
+) -> Result<pb::CallToolResponse, KernelError> {
+    let request = pb::SubmitTurnRequest {
+        run_id: caller.run_id.to_string(),
+        turn: caller.turn,
+        calls: vec![call],
+        offered_tools: Vec::new(),
+        max_concurrency: 0,
+    };
+    let nested = Nested::under(caller, occurrence);
+    let position = nested.position;
+    let planned = plan(kernel, request, Some(fence), Some(nested))
+        .await
+        .map_err(|error| error.renamed("calls[0]", "call"))?;
+    let disposition = record(kernel, planned).await?.into_iter().next();
+    let Some(disposition) = disposition else {
+        return Err(KernelError::Store("recording a nested call gave no disposition".into()));
+    };
+    let (step, result) = match disposition {
+        CallDisposition::Diverged { step, message } => {
+            let result = diverged(&step, position, &message);
+            (step, Some(result))
+        }
+        CallDisposition::Replayed(step) => {
+            let result = convert::call_result(&step, position, true);
+            (step, Some(result))
+        }
+        CallDisposition::Settled(step)
+        | CallDisposition::Joined(step)
+        | CallDisposition::Scheduled(step)
+        | CallDisposition::Started(step)
+        | CallDisposition::Gated(step) => {
+            let result = step
+                .status
+                .is_terminal()
+                .then(|| convert::call_result(&step, position, false));
+            (step, result)
+        }
+    };
+    Ok(pb::CallToolResponse {
+        step: Some(convert::history_step(&step)),
+        result,
+    })
 }
 
 fn diverged(step: &StepRecord, position: u32, message: &str) -> pb::CallResult {

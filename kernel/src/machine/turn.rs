@@ -79,8 +79,13 @@ pub struct TurnPlan {
     /// Events a run's log may hold; checked inside the write against the log's true length, so
     /// concurrent turns cannot both pass.
     pub max_events: u64,
-    /// The dispatch of a hosted run whose handler calls: checked inside the write.
+    /// The dispatch of a hosted run whose handler calls, or of the call whose body calls (with
+    /// `caller`): checked inside the write.
     pub fence: Option<super::hosted::Fence>,
+    /// A call a tool's body makes through the kernel (a turn of that one call): the calling
+    /// step, which `fence` must hold.
+    #[serde(default)]
+    pub caller: Option<StepKey>,
     /// At most this many of the turn's calls run at once; `None` (or 0) takes the run's default.
     pub max_concurrency: Option<u32>,
     /// The first tool the turn says the model was offered that always asks a person
@@ -139,7 +144,9 @@ pub fn admit(
     }
     check_interactive(run, plan, recorded)?;
     let new_calls = recorded.iter().filter(|step| step.is_none()).count();
+    // A call a running body makes belongs to a call admitted before the run blocked.
     if run.status == RunStatus::Blocked
+        && plan.caller.is_none()
         && let Some(call) = plan
             .calls
             .iter()
@@ -664,6 +671,7 @@ mod tests {
             max_pending_calls: 2,
             max_events: 1_000,
             fence: None,
+            caller: None,
             max_concurrency: None,
         }
     }

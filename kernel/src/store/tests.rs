@@ -141,6 +141,7 @@ fn plan(run: &RunId, turn: u32, calls: Vec<PlannedCall>) -> TurnPlan {
         max_pending_calls: 1024,
         max_events: 1_000_000,
         fence: None,
+        caller: None,
         max_concurrency: None,
     }
 }

@@ -424,6 +424,24 @@ async fn confirm_once(ctx: ToolContext, question: String) -> Result<Value, ToolE
     Ok(answer)
 }
 
+/// Calls `tool` with `arguments` through the kernel from its body (`ctx.call`) and returns how
+/// that call ended; the ledger says `start` when the body starts and `called` once it has the
+/// outcome. Read-only itself, so a branch runs it live: each call it makes is judged on its own.
+#[tool(read_only)]
+async fn relay(ctx: ToolContext, tool: String, arguments: Value) -> Result<Value, ToolError> {
+    Ledger::write(&ctx, "start");
+    let called = ctx.call(Call::new(tool, arguments)).await?;
+    Ledger::write(&ctx, "called");
+    Ok(json!({
+        "outcome": called.outcome.to_string(),
+        "content": called.content,
+        "output": called.output,
+        "step_key": called.step_key,
+        "replayed": called.replayed,
+        "rejected_by": called.rejection().map(|rejected| rejected.decider),
+    }))
+}
+
 /// Pushes to a repository: the ledger says `lock:<repo>` when the body starts and `unlock:<repo>`
 /// when it ends, so a test sees whether two pushes to one repository ever overlapped. With
 /// `until`, it holds until that file exists (or `hold_ms` passes), so a test that inspects the
@@ -531,6 +549,7 @@ async fn main() {
         .tool(delegate_tool())
         .tool(confirm_tool())
         .tool(confirm_once_tool())
+        .tool(relay_tool())
         .tool(whoami_tool())
         .tool(lookup_tool())
         .tool(traced_tool().retry_policy(RetryPolicy::exponential(

@@ -60,15 +60,17 @@ pub(crate) fn submit_turn_request(
         turn,
         offered_tools: offered_tools.to_vec(),
         max_concurrency,
-        calls: calls
-            .into_iter()
-            .map(|call| pb::ToolCall {
-                tool: call.tool,
-                arguments_json: to_canonical(&call.arguments),
-                call_id: call.id.unwrap_or_default(),
-                timeout_ms: call.timeout.map(|t| t.as_millis() as u64).unwrap_or(0),
-            })
-            .collect(),
+        calls: calls.into_iter().map(tool_call).collect(),
+    }
+}
+
+/// One call as the kernel takes it.
+pub(crate) fn tool_call(call: Call) -> pb::ToolCall {
+    pb::ToolCall {
+        tool: call.tool,
+        arguments_json: to_canonical(&call.arguments),
+        call_id: call.id.unwrap_or_default(),
+        timeout_ms: call.timeout.map(|t| t.as_millis() as u64).unwrap_or(0),
     }
 }
 

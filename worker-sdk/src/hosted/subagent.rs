@@ -70,19 +70,52 @@ impl KernelLink {
             .into_inner())
     }
 
+    /// Calls a tool from the body of the call this link's dispatch runs, as its
+    /// `occurrence`-th, or gets back the call recorded under the same identity.
+    pub(crate) async fn call_tool(
+        &self,
+        occurrence: u32,
+        call: pb::ToolCall,
+    ) -> Result<pb::CallToolResponse, AgentError> {
+        let request = pb::CallToolRequest {
+            dispatch: Some(self.dispatch.clone()),
+            occurrence,
+            call: Some(call),
+        };
+        Ok(self
+            .client
+            .clone()
+            .call_tool(crate::auth::request(request, self.api_key.as_ref()))
+            .await?
+            .into_inner())
+    }
+
     /// Waits until the step `key` of the run has settled.
     pub(crate) async fn await_step(&self, key: &str) -> Result<pb::Step, AgentError> {
+        self.awaited(key)
+            .await?
+            .step
+            .ok_or_else(|| AgentError::Protocol("the kernel answered an await without its step".into()))
+    }
+
+    /// Waits until the tool call `key` of the run has settled; its result.
+    pub(crate) async fn await_call(&self, key: &str) -> Result<pb::CallResult, AgentError> {
+        self.awaited(key).await?.result.ok_or_else(|| {
+            AgentError::Protocol(format!("the kernel answered an await of call {key} without its result"))
+        })
+    }
+
+    async fn awaited(&self, key: &str) -> Result<pb::AwaitStepResponse, AgentError> {
         let request = pb::AwaitStepRequest {
             dispatch: Some(self.dispatch.clone()),
             step_key: key.to_owned(),
         };
-        self.client
+        Ok(self
+            .client
             .clone()
             .await_step(crate::auth::request(request, self.api_key.as_ref()))
             .await?
-            .into_inner()
-            .step
-            .ok_or_else(|| AgentError::Protocol("the kernel answered an await without its step".into()))
+            .into_inner())
     }
 }
 

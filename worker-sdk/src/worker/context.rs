@@ -193,6 +193,8 @@ impl Drop for Waiting {
     }
 }
 
+mod call;
+
 /// How long a tool body must wait on its subagents alone before its call gives back its slot.
 const SUSPEND_AFTER: Duration = Duration::from_millis(100);
 

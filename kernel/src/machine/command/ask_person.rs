@@ -3,14 +3,13 @@
 //! handler at its place in the handler's order (fenced by the run's dispatch), or under the id the
 //! agent gave it (`question:run#<id>`), or the question recorded at the same identity given back;
 //! then put to a person when its turn comes ([`super::ask::ask_next`]). A
-//! call that settles while its questions are open withdraws them ([`withdraw_questions`]), so no
+//! call that settles while its questions are open withdraws them ([`super::dependents::withdraw`]), so no
 //! run stays blocked on a question nobody waits for; a handler's go with its run.
 
 use super::ending::end_diverged;
 use super::local_step::StepRecorded;
-use super::{Records, Result, apply_change, held_step};
+use super::{Records, Result, held_step};
 use crate::error::KernelError;
-use crate::machine::cancel;
 use crate::machine::hosted::{self, Fence, Place};
 use crate::machine::question::{self, Asked};
 use crate::model::{RunId, StepKey, StepKind, StepRecord};
@@ -218,42 +217,6 @@ fn record<R: Records + ?Sized>(
     records.append(&asker.run_id, change.event, Some(step.clone()))?;
     super::ask::ask_next(records, &asker.run_id)?;
     Ok(step)
-}
-
-/// Withdraws the open questions of `call`, which just settled: each settles as cancelled (its
-/// approval withdrawn), and the run's next question is asked, or the run resumed. Returns the
-/// questions settled.
-pub fn withdraw_questions<R: Records + ?Sized>(records: &mut R, call: &StepRecord) -> Result<Vec<StepRecord>> {
-    if call.kind != StepKind::Tool || !call.status.is_terminal() {
-        return Ok(Vec::new());
-    }
-    // A body's questions are numbered from 0 in the order it asked them: a call that asked none
-    // (nearly every call) costs one lookup by key.
-    let mut withdrawn = Vec::new();
-    for occurrence in 0.. {
-        let key = StepKey::tool_question(&call.key, occurrence);
-        let Some(open) = records.find_step(&call.run_id, &key)? else {
-            break;
-        };
-        if open.status.is_terminal() {
-            continue;
-        }
-        let approval = records.open_approval_of(&call.run_id, &open.key)?;
-        let change = cancel::cancel_call(
-            &open,
-            approval.as_ref(),
-            &format!("call {} settled ({})", call.key, call.status),
-            records.now(),
-        )?;
-        if let Some(approval) = &change.withdrawn {
-            records.save_approval(approval)?;
-        }
-        withdrawn.push(apply_change(records, change.settled)?);
-    }
-    if !withdrawn.is_empty() {
-        super::ask::ask_next(records, &call.run_id)?;
-    }
-    Ok(withdrawn)
 }
 
 #[cfg(test)]

@@ -31,6 +31,6 @@ pub fn cancel<R: Records + ?Sized>(
     if step.status == StepStatus::AwaitingApproval {
         super::ask::ask_next(records, run_id)?;
     }
-    super::ask_person::withdraw_questions(records, &settled)?;
+    super::dependents::withdraw(records, &settled)?;
     Ok(settled)
 }

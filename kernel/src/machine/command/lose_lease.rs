@@ -23,7 +23,7 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, loss: LeaseLoss) -> Result<Lo
     };
     let change = dispatch::lose_lease(&step, &loss, records.now());
     let step = super::apply_change(records, change)?;
-    super::ask_person::withdraw_questions(records, &step)?;
+    super::dependents::withdraw(records, &step)?;
     Ok(if step.status == StepStatus::Pending {
         records.effect(Effect::Dispatch(Box::new(step.clone())));
         LossOutcome::Requeued(step)

@@ -32,6 +32,7 @@ pub mod ask_person;
 pub mod cancel_call;
 pub mod create_run;
 pub mod delete;
+pub mod dependents;
 pub mod end_run;
 pub mod ending;
 pub mod local_step;

@@ -725,6 +725,7 @@ impl World {
             max_pending_calls: 8,
             max_events: 10_000,
             fence,
+            caller: None,
             max_concurrency: None,
         };
         // What the record says, whatever the command answers: a hosted handler that

@@ -31,7 +31,7 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, report: ResultReport) -> Resu
     if step.status == StepStatus::Pending {
         records.effect(Effect::Dispatch(Box::new(step.clone())));
     }
-    super::ask_person::withdraw_questions(records, &step)?;
+    super::dependents::withdraw(records, &step)?;
     Ok(Some((step, Vec::new())))
 }
 

@@ -122,7 +122,7 @@ pub fn pay_start<R: Records + ?Sized>(records: &mut R, step: &StepRecord) -> Res
                 records.now(),
             );
             let settled = apply_change(records, change)?;
-            super::ask_person::withdraw_questions(records, &settled)?;
+            super::dependents::withdraw(records, &settled)?;
             Ok(false)
         }
     }
@@ -181,6 +181,7 @@ pub(super) mod tests {
             max_pending_calls: 100,
             max_events: 10_000,
             fence: None,
+            caller: None,
             max_concurrency: None,
         }
     }

@@ -10,7 +10,7 @@
 //! question.
 
 use super::ending::{end_diverged, end_tree};
-use super::{Records, Result, parent_exists, parent_step, record_change};
+use super::{Records, Result, held_step, parent_exists, parent_step, record_change};
 use crate::error::KernelError;
 use crate::machine::branch::{self, Blocked, Verdict};
 use crate::machine::budget;
@@ -19,7 +19,7 @@ use crate::machine::effects::Effect;
 use crate::machine::hosted;
 use crate::machine::run::EndRun;
 use crate::machine::turn::{self, CallDisposition, Next, PlannedCall, TurnPlan};
-use crate::model::{Outcome, RunRecord, StepKey, StepRecord, StepStatus};
+use crate::model::{Outcome, RunRecord, StepKey, StepKind, StepRecord, StepStatus};
 
 /// What recording a turn did: each call's disposition, and, when the turn ended its run (a
 /// branch refusing an effect, or one whose parent is gone), the steps that end settled on the way,
@@ -48,7 +48,9 @@ pub fn apply<R: Records + ?Sized>(records: &mut R, plan: TurnPlan) -> Result<Rec
         .iter()
         .map(|call| records.find_step(&run.id, &call.key))
         .collect::<Result<Vec<_>>>()?;
-    if (run.hosted || plan.fence.is_some())
+    if let Some(caller) = &plan.caller {
+        check_caller(records, &run, &plan, caller)?;
+    } else if (run.hosted || plan.fence.is_some())
         && let Some(diverged) = check_place(records, &run, &plan, &recorded)?
     {
         return Ok(diverged);
@@ -203,6 +205,29 @@ fn check_place<R: Records + ?Sized>(
     }))
 }
 
+/// Fences a call a tool's body makes through the kernel: the plan's dispatch must hold `caller`,
+/// a running call of this run; anything else records nothing.
+fn check_caller<R: Records + ?Sized>(records: &R, run: &RunRecord, plan: &TurnPlan, caller: &StepKey) -> Result<()> {
+    let held = match &plan.fence {
+        Some(fence) => held_step(records, &fence.dispatch_id, fence.attempt, None)?,
+        None => None,
+    };
+    match held {
+        Some(step) if step.kind == StepKind::Tool && step.run_id == run.id && &step.key == caller => Ok(()),
+        _ => Err(KernelError::FailedPrecondition(format!(
+            "call {caller} of run {} is not running under this dispatch: only a running call's body calls a tool \
+             through the kernel; nothing was recorded",
+            run.id
+        ))),
+    }
+}
+
+/// Whether a new call of `plan` takes a place in its hosted run's handler order: a handler's own
+/// calls do, a call a tool's body makes does not.
+fn at_place(run: &RunRecord, plan: &TurnPlan) -> bool {
+    run.hosted && plan.caller.is_none()
+}
+
 /// A call whose identity the run recorded already: replayed, joined or refused as diverged.
 fn resubmitted<R: Records + ?Sized>(records: &mut R, step: StepRecord, call: &PlannedCall) -> Result<CallDisposition> {
     let disposition = turn::resubmitted(step, call);
@@ -225,9 +250,10 @@ fn new_call<R: Records + ?Sized>(
     let call = match (calls.verdicts.get(index).cloned().flatten(), &calls.turn_blocked) {
         (Some(Verdict::Replay(parent)), _) => {
             run.tool_calls += 1;
-            let change = branch::replay(run, &parent, (plan.turn, call.position), records.now());
+            let mut change = branch::replay(run, &parent, (plan.turn, call.position), records.now());
+            change.step.hosted &= plan.caller.is_none();
             records.insert_step(&change.step)?;
-            if run.hosted {
+            if at_place(run, plan) {
                 records.insert_place(&change.step)?;
             }
             records.append(&run.id, change.event, Some(change.step.clone()))?;
@@ -299,7 +325,9 @@ fn record_call<R: Records + ?Sized>(
         cached,
         now,
     );
-    let step = recorded.step;
+    let mut step = recorded.step;
+    // The calling body waits on a nested call, not the run's handler.
+    step.hosted &= plan.caller.is_none();
     if looked_up && step.status == StepStatus::Succeeded {
         // Served from the cache: the entry is this run's too, and outlives any other's deletion.
         records.own_cached_result(&step)?;
@@ -341,7 +369,7 @@ fn record_call<R: Records + ?Sized>(
         (started, _) => started,
     };
     records.insert_step(started.as_ref().map_or(&step, |(change, _)| &change.step))?;
-    if run.hosted {
+    if at_place(run, plan) {
         records.insert_place(&step)?;
     }
     Ok(match recorded.next {

@@ -21,7 +21,7 @@ pub fn time_out<R: Records + ?Sized>(
     if step.status == StepStatus::Pending {
         records.effect(Effect::Dispatch(Box::new(step.clone())));
     }
-    super::ask_person::withdraw_questions(records, &step)?;
+    super::dependents::withdraw(records, &step)?;
     Ok(Some(step))
 }
 
@@ -39,6 +39,6 @@ pub fn fail_pending<R: Records + ?Sized>(
         return Ok(None);
     };
     let step = apply_change(records, change)?;
-    super::ask_person::withdraw_questions(records, &step)?;
+    super::dependents::withdraw(records, &step)?;
     Ok(Some(step))
 }

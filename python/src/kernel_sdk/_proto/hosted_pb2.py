@@ -26,47 +26,51 @@ from . import common_pb2 as kernel_dot_v1_dot_common__pb2
 from . import tool_calls_pb2 as kernel_dot_v1_dot_tool__calls__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kernel/v1/hosted.proto\x12\tkernel.v1\x1a\x16kernel/v1/common.proto\x1a\x1akernel/v1/tool_calls.proto\"\xe3\x01\n\x10\x41skPersonRequest\x12+\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x19.kernel.v1.HostedDispatch\x12\x12\n\noccurrence\x18\x02 \x01(\r\x12\x10\n\x08question\x18\x03 \x01(\t\x12\x1a\n\x12\x61nswer_schema_json\x18\x04 \x01(\t\x12\x11\n\tapprovers\x18\x05 \x03(\t\x12\x12\n\ntimeout_ms\x18\x06 \x01(\x04\x12\x0b\n\x03seq\x18\x07 \x01(\r\x12\x0f\n\x07\x63hoices\x18\x08 \x03(\t\x12\x1b\n\x13\x64\x65\x66\x61ult_answer_json\x18\t \x01(\t\"V\n\x11\x41skPersonResponse\x12\x1d\n\x04step\x18\x01 \x01(\x0b\x32\x0f.kernel.v1.Step\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x12\x10\n\x08\x64iverged\x18\x03 \x01(\t\"\x8f\x01\n\x10\x43heckStepRequest\x12+\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x19.kernel.v1.HostedDispatch\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12\x0f\n\x07step_id\x18\x03 \x01(\t\x12\x12\n\noccurrence\x18\x04 \x01(\r\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x05 \x01(\t\x12\x0c\n\x04once\x18\x06 \x01(\x08\"i\n\x11\x43heckStepResponse\x12\x0f\n\x07\x61llowed\x18\x01 \x01(\x08\x12\x12\n\ndecided_by\x18\x02 \x01(\t\x12\x1d\n\x04step\x18\x03 \x01(\x0b\x32\x0f.kernel.v1.Step\x12\x10\n\x08\x64iverged\x18\x04 \x01(\t\"\x84\x01\n\nRunContext\x12\x15\n\rparent_run_id\x18\x01 \x01(\t\x12\x13\n\x0bsession_key\x18\x02 \x01(\t\x12\x17\n\x0fprevious_run_id\x18\x03 \x01(\t\x12\x1c\n\x14previous_output_json\x18\x04 \x01(\t\x12\x13\n\x0b\x63heck_steps\x18\x05 \x01(\x08\"\x9c\x01\n\x14StartSubagentRequest\x12+\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x19.kernel.v1.HostedDispatch\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12\r\n\x05\x61gent\x18\x03 \x01(\t\x12\x12\n\ninput_json\x18\x04 \x01(\t\x12\x13\n\x0bsession_key\x18\x05 \x01(\t\x12\x12\n\noccurrence\x18\x06 \x01(\r\"Z\n\x15StartSubagentResponse\x12\x1d\n\x04step\x18\x01 \x01(\x0b\x32\x0f.kernel.v1.Step\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x12\x10\n\x08\x64iverged\x18\x03 \x01(\t\"Q\n\x10\x41waitStepRequest\x12+\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x19.kernel.v1.HostedDispatch\x12\x10\n\x08step_key\x18\x02 \x01(\t\"2\n\x11\x41waitStepResponse\x12\x1d\n\x04step\x18\x01 \x01(\x0b\x32\x0f.kernel.v1.Step\"F\n\x0eHostedDispatch\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64ispatch_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\"A\n\x12LoadHistoryRequest\x12+\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x19.kernel.v1.HostedDispatch\"\x99\x01\n\x13LoadHistoryResponse\x12\x1d\n\x04step\x18\x01 \x01(\x0b\x32\x0f.kernel.v1.Step\x12\x14\n\x0ctool_changed\x18\x02 \x01(\x08\x12%\n\x06result\x18\x03 \x01(\x0b\x32\x15.kernel.v1.CallResult\x12&\n\x07\x63ontext\x18\x04 \x01(\x0b\x32\x15.kernel.v1.RunContext\"k\n\x10\x43\x61llToolsRequest\x12+\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x19.kernel.v1.HostedDispatch\x12*\n\x04turn\x18\x02 \x01(\x0b\x32\x1c.kernel.v1.SubmitTurnRequest\"@\n\x11\x43\x61llToolsResponse\x12+\n\x04item\x18\x01 \x01(\x0b\x32\x1d.kernel.v1.SubmitTurnResponse\"\x1e\n\x0bStepFailure\x12\x0f\n\x07message\x18\x01 \x01(\t\"\xdb\x01\n\x11RecordStepRequest\x12+\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x19.kernel.v1.HostedDispatch\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12\x0f\n\x07step_id\x18\x03 \x01(\t\x12\x12\n\noccurrence\x18\x04 \x01(\r\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x05 \x01(\t\x12\x15\n\x0boutput_json\x18\x06 \x01(\tH\x00\x12\'\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x16.kernel.v1.StepFailureH\x00\x12\x0c\n\x04once\x18\x08 \x01(\x08\x42\t\n\x07outcome\"W\n\x12RecordStepResponse\x12\x1d\n\x04step\x18\x01 \x01(\x0b\x32\x0f.kernel.v1.Step\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x12\x10\n\x08\x64iverged\x18\x03 \x01(\t2\xa0\x04\n\rHostedService\x12N\n\x0bLoadHistory\x12\x1d.kernel.v1.LoadHistoryRequest\x1a\x1e.kernel.v1.LoadHistoryResponse0\x01\x12H\n\tCallTools\x12\x1b.kernel.v1.CallToolsRequest\x1a\x1c.kernel.v1.CallToolsResponse0\x01\x12I\n\nRecordStep\x12\x1c.kernel.v1.RecordStepRequest\x1a\x1d.kernel.v1.RecordStepResponse\x12R\n\rStartSubagent\x12\x1f.kernel.v1.StartSubagentRequest\x1a .kernel.v1.StartSubagentResponse\x12\x46\n\tAwaitStep\x12\x1b.kernel.v1.AwaitStepRequest\x1a\x1c.kernel.v1.AwaitStepResponse\x12\x46\n\tCheckStep\x12\x1b.kernel.v1.CheckStepRequest\x1a\x1c.kernel.v1.CheckStepResponse\x12\x46\n\tAskPerson\x12\x1b.kernel.v1.AskPersonRequest\x1a\x1c.kernel.v1.AskPersonResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kernel/v1/hosted.proto\x12\tkernel.v1\x1a\x16kernel/v1/common.proto\x1a\x1akernel/v1/tool_calls.proto\"u\n\x0f\x43\x61llToolRequest\x12+\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x19.kernel.v1.HostedDispatch\x12\x12\n\noccurrence\x18\x02 \x01(\r\x12!\n\x04\x63\x61ll\x18\x03 \x01(\x0b\x32\x13.kernel.v1.ToolCall\"X\n\x10\x43\x61llToolResponse\x12\x1d\n\x04step\x18\x01 \x01(\x0b\x32\x0f.kernel.v1.Step\x12%\n\x06result\x18\x02 \x01(\x0b\x32\x15.kernel.v1.CallResult\"\xe3\x01\n\x10\x41skPersonRequest\x12+\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x19.kernel.v1.HostedDispatch\x12\x12\n\noccurrence\x18\x02 \x01(\r\x12\x10\n\x08question\x18\x03 \x01(\t\x12\x1a\n\x12\x61nswer_schema_json\x18\x04 \x01(\t\x12\x11\n\tapprovers\x18\x05 \x03(\t\x12\x12\n\ntimeout_ms\x18\x06 \x01(\x04\x12\x0b\n\x03seq\x18\x07 \x01(\r\x12\x0f\n\x07\x63hoices\x18\x08 \x03(\t\x12\x1b\n\x13\x64\x65\x66\x61ult_answer_json\x18\t \x01(\t\"V\n\x11\x41skPersonResponse\x12\x1d\n\x04step\x18\x01 \x01(\x0b\x32\x0f.kernel.v1.Step\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x12\x10\n\x08\x64iverged\x18\x03 \x01(\t\"\x8f\x01\n\x10\x43heckStepRequest\x12+\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x19.kernel.v1.HostedDispatch\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12\x0f\n\x07step_id\x18\x03 \x01(\t\x12\x12\n\noccurrence\x18\x04 \x01(\r\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x05 \x01(\t\x12\x0c\n\x04once\x18\x06 \x01(\x08\"i\n\x11\x43heckStepResponse\x12\x0f\n\x07\x61llowed\x18\x01 \x01(\x08\x12\x12\n\ndecided_by\x18\x02 \x01(\t\x12\x1d\n\x04step\x18\x03 \x01(\x0b\x32\x0f.kernel.v1.Step\x12\x10\n\x08\x64iverged\x18\x04 \x01(\t\"\x84\x01\n\nRunContext\x12\x15\n\rparent_run_id\x18\x01 \x01(\t\x12\x13\n\x0bsession_key\x18\x02 \x01(\t\x12\x17\n\x0fprevious_run_id\x18\x03 \x01(\t\x12\x1c\n\x14previous_output_json\x18\x04 \x01(\t\x12\x13\n\x0b\x63heck_steps\x18\x05 \x01(\x08\"\x9c\x01\n\x14StartSubagentRequest\x12+\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x19.kernel.v1.HostedDispatch\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12\r\n\x05\x61gent\x18\x03 \x01(\t\x12\x12\n\ninput_json\x18\x04 \x01(\t\x12\x13\n\x0bsession_key\x18\x05 \x01(\t\x12\x12\n\noccurrence\x18\x06 \x01(\r\"Z\n\x15StartSubagentResponse\x12\x1d\n\x04step\x18\x01 \x01(\x0b\x32\x0f.kernel.v1.Step\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x12\x10\n\x08\x64iverged\x18\x03 \x01(\t\"Q\n\x10\x41waitStepRequest\x12+\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x19.kernel.v1.HostedDispatch\x12\x10\n\x08step_key\x18\x02 \x01(\t\"Y\n\x11\x41waitStepResponse\x12\x1d\n\x04step\x18\x01 \x01(\x0b\x32\x0f.kernel.v1.Step\x12%\n\x06result\x18\x02 \x01(\x0b\x32\x15.kernel.v1.CallResult\"F\n\x0eHostedDispatch\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64ispatch_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\"A\n\x12LoadHistoryRequest\x12+\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x19.kernel.v1.HostedDispatch\"\x99\x01\n\x13LoadHistoryResponse\x12\x1d\n\x04step\x18\x01 \x01(\x0b\x32\x0f.kernel.v1.Step\x12\x14\n\x0ctool_changed\x18\x02 \x01(\x08\x12%\n\x06result\x18\x03 \x01(\x0b\x32\x15.kernel.v1.CallResult\x12&\n\x07\x63ontext\x18\x04 \x01(\x0b\x32\x15.kernel.v1.RunContext\"k\n\x10\x43\x61llToolsRequest\x12+\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x19.kernel.v1.HostedDispatch\x12*\n\x04turn\x18\x02 \x01(\x0b\x32\x1c.kernel.v1.SubmitTurnRequest\"@\n\x11\x43\x61llToolsResponse\x12+\n\x04item\x18\x01 \x01(\x0b\x32\x1d.kernel.v1.SubmitTurnResponse\"\x1e\n\x0bStepFailure\x12\x0f\n\x07message\x18\x01 \x01(\t\"\xdb\x01\n\x11RecordStepRequest\x12+\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x19.kernel.v1.HostedDispatch\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12\x0f\n\x07step_id\x18\x03 \x01(\t\x12\x12\n\noccurrence\x18\x04 \x01(\r\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x05 \x01(\t\x12\x15\n\x0boutput_json\x18\x06 \x01(\tH\x00\x12\'\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x16.kernel.v1.StepFailureH\x00\x12\x0c\n\x04once\x18\x08 \x01(\x08\x42\t\n\x07outcome\"W\n\x12RecordStepResponse\x12\x1d\n\x04step\x18\x01 \x01(\x0b\x32\x0f.kernel.v1.Step\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x12\x10\n\x08\x64iverged\x18\x03 \x01(\t2\xe5\x04\n\rHostedService\x12N\n\x0bLoadHistory\x12\x1d.kernel.v1.LoadHistoryRequest\x1a\x1e.kernel.v1.LoadHistoryResponse0\x01\x12H\n\tCallTools\x12\x1b.kernel.v1.CallToolsRequest\x1a\x1c.kernel.v1.CallToolsResponse0\x01\x12I\n\nRecordStep\x12\x1c.kernel.v1.RecordStepRequest\x1a\x1d.kernel.v1.RecordStepResponse\x12R\n\rStartSubagent\x12\x1f.kernel.v1.StartSubagentRequest\x1a .kernel.v1.StartSubagentResponse\x12\x46\n\tAwaitStep\x12\x1b.kernel.v1.AwaitStepRequest\x1a\x1c.kernel.v1.AwaitStepResponse\x12\x46\n\tCheckStep\x12\x1b.kernel.v1.CheckStepRequest\x1a\x1c.kernel.v1.CheckStepResponse\x12\x46\n\tAskPerson\x12\x1b.kernel.v1.AskPersonRequest\x1a\x1c.kernel.v1.AskPersonResponse\x12\x43\n\x08\x43\x61llTool\x12\x1a.kernel.v1.CallToolRequest\x1a\x1b.kernel.v1.CallToolResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kernel.v1.hosted_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ASKPERSONREQUEST']._serialized_start=90
-  _globals['_ASKPERSONREQUEST']._serialized_end=317
-  _globals['_ASKPERSONRESPONSE']._serialized_start=319
-  _globals['_ASKPERSONRESPONSE']._serialized_end=405
-  _globals['_CHECKSTEPREQUEST']._serialized_start=408
-  _globals['_CHECKSTEPREQUEST']._serialized_end=551
-  _globals['_CHECKSTEPRESPONSE']._serialized_start=553
-  _globals['_CHECKSTEPRESPONSE']._serialized_end=658
-  _globals['_RUNCONTEXT']._serialized_start=661
-  _globals['_RUNCONTEXT']._serialized_end=793
-  _globals['_STARTSUBAGENTREQUEST']._serialized_start=796
-  _globals['_STARTSUBAGENTREQUEST']._serialized_end=952
-  _globals['_STARTSUBAGENTRESPONSE']._serialized_start=954
-  _globals['_STARTSUBAGENTRESPONSE']._serialized_end=1044
-  _globals['_AWAITSTEPREQUEST']._serialized_start=1046
-  _globals['_AWAITSTEPREQUEST']._serialized_end=1127
-  _globals['_AWAITSTEPRESPONSE']._serialized_start=1129
-  _globals['_AWAITSTEPRESPONSE']._serialized_end=1179
-  _globals['_HOSTEDDISPATCH']._serialized_start=1181
-  _globals['_HOSTEDDISPATCH']._serialized_end=1251
-  _globals['_LOADHISTORYREQUEST']._serialized_start=1253
-  _globals['_LOADHISTORYREQUEST']._serialized_end=1318
-  _globals['_LOADHISTORYRESPONSE']._serialized_start=1321
-  _globals['_LOADHISTORYRESPONSE']._serialized_end=1474
-  _globals['_CALLTOOLSREQUEST']._serialized_start=1476
-  _globals['_CALLTOOLSREQUEST']._serialized_end=1583
-  _globals['_CALLTOOLSRESPONSE']._serialized_start=1585
-  _globals['_CALLTOOLSRESPONSE']._serialized_end=1649
-  _globals['_STEPFAILURE']._serialized_start=1651
-  _globals['_STEPFAILURE']._serialized_end=1681
-  _globals['_RECORDSTEPREQUEST']._serialized_start=1684
-  _globals['_RECORDSTEPREQUEST']._serialized_end=1903
-  _globals['_RECORDSTEPRESPONSE']._serialized_start=1905
-  _globals['_RECORDSTEPRESPONSE']._serialized_end=1992
-  _globals['_HOSTEDSERVICE']._serialized_start=1995
-  _globals['_HOSTEDSERVICE']._serialized_end=2539
+  _globals['_CALLTOOLREQUEST']._serialized_start=89
+  _globals['_CALLTOOLREQUEST']._serialized_end=206
+  _globals['_CALLTOOLRESPONSE']._serialized_start=208
+  _globals['_CALLTOOLRESPONSE']._serialized_end=296
+  _globals['_ASKPERSONREQUEST']._serialized_start=299
+  _globals['_ASKPERSONREQUEST']._serialized_end=526
+  _globals['_ASKPERSONRESPONSE']._serialized_start=528
+  _globals['_ASKPERSONRESPONSE']._serialized_end=614
+  _globals['_CHECKSTEPREQUEST']._serialized_start=617
+  _globals['_CHECKSTEPREQUEST']._serialized_end=760
+  _globals['_CHECKSTEPRESPONSE']._serialized_start=762
+  _globals['_CHECKSTEPRESPONSE']._serialized_end=867
+  _globals['_RUNCONTEXT']._serialized_start=870
+  _globals['_RUNCONTEXT']._serialized_end=1002
+  _globals['_STARTSUBAGENTREQUEST']._serialized_start=1005
+  _globals['_STARTSUBAGENTREQUEST']._serialized_end=1161
+  _globals['_STARTSUBAGENTRESPONSE']._serialized_start=1163
+  _globals['_STARTSUBAGENTRESPONSE']._serialized_end=1253
+  _globals['_AWAITSTEPREQUEST']._serialized_start=1255
+  _globals['_AWAITSTEPREQUEST']._serialized_end=1336
+  _globals['_AWAITSTEPRESPONSE']._serialized_start=1338
+  _globals['_AWAITSTEPRESPONSE']._serialized_end=1427
+  _globals['_HOSTEDDISPATCH']._serialized_start=1429
+  _globals['_HOSTEDDISPATCH']._serialized_end=1499
+  _globals['_LOADHISTORYREQUEST']._serialized_start=1501
+  _globals['_LOADHISTORYREQUEST']._serialized_end=1566
+  _globals['_LOADHISTORYRESPONSE']._serialized_start=1569
+  _globals['_LOADHISTORYRESPONSE']._serialized_end=1722
+  _globals['_CALLTOOLSREQUEST']._serialized_start=1724
+  _globals['_CALLTOOLSREQUEST']._serialized_end=1831
+  _globals['_CALLTOOLSRESPONSE']._serialized_start=1833
+  _globals['_CALLTOOLSRESPONSE']._serialized_end=1897
+  _globals['_STEPFAILURE']._serialized_start=1899
+  _globals['_STEPFAILURE']._serialized_end=1929
+  _globals['_RECORDSTEPREQUEST']._serialized_start=1932
+  _globals['_RECORDSTEPREQUEST']._serialized_end=2151
+  _globals['_RECORDSTEPRESPONSE']._serialized_start=2153
+  _globals['_RECORDSTEPRESPONSE']._serialized_end=2240
+  _globals['_HOSTEDSERVICE']._serialized_start=2243
+  _globals['_HOSTEDSERVICE']._serialized_end=2856
 # @@protoc_insertion_point(module_scope)

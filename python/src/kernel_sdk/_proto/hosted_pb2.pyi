@@ -8,6 +8,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class CallToolRequest(_message.Message):
+    __slots__ = ("dispatch", "occurrence", "call")
+    DISPATCH_FIELD_NUMBER: _ClassVar[int]
+    OCCURRENCE_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    dispatch: HostedDispatch
+    occurrence: int
+    call: _tool_calls_pb2.ToolCall
+    def __init__(self, dispatch: _Optional[_Union[HostedDispatch, _Mapping]] = ..., occurrence: _Optional[int] = ..., call: _Optional[_Union[_tool_calls_pb2.ToolCall, _Mapping]] = ...) -> None: ...
+
+class CallToolResponse(_message.Message):
+    __slots__ = ("step", "result")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    step: _common_pb2.Step
+    result: _tool_calls_pb2.CallResult
+    def __init__(self, step: _Optional[_Union[_common_pb2.Step, _Mapping]] = ..., result: _Optional[_Union[_tool_calls_pb2.CallResult, _Mapping]] = ...) -> None: ...
+
 class AskPersonRequest(_message.Message):
     __slots__ = ("dispatch", "occurrence", "question", "answer_schema_json", "approvers", "timeout_ms", "seq", "choices", "default_answer_json")
     DISPATCH_FIELD_NUMBER: _ClassVar[int]
@@ -117,10 +135,12 @@ class AwaitStepRequest(_message.Message):
     def __init__(self, dispatch: _Optional[_Union[HostedDispatch, _Mapping]] = ..., step_key: _Optional[str] = ...) -> None: ...
 
 class AwaitStepResponse(_message.Message):
-    __slots__ = ("step",)
+    __slots__ = ("step", "result")
     STEP_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
     step: _common_pb2.Step
-    def __init__(self, step: _Optional[_Union[_common_pb2.Step, _Mapping]] = ...) -> None: ...
+    result: _tool_calls_pb2.CallResult
+    def __init__(self, step: _Optional[_Union[_common_pb2.Step, _Mapping]] = ..., result: _Optional[_Union[_tool_calls_pb2.CallResult, _Mapping]] = ...) -> None: ...
 
 class HostedDispatch(_message.Message):
     __slots__ = ("run_id", "dispatch_id", "attempt")

@@ -73,6 +73,11 @@ class HostedServiceStub:
                 request_serializer=kernel_dot_v1_dot_hosted__pb2.AskPersonRequest.SerializeToString,
                 response_deserializer=kernel_dot_v1_dot_hosted__pb2.AskPersonResponse.FromString,
                 _registered_method=True)
+        self.CallTool = channel.unary_unary(
+                '/kernel.v1.HostedService/CallTool',
+                request_serializer=kernel_dot_v1_dot_hosted__pb2.CallToolRequest.SerializeToString,
+                response_deserializer=kernel_dot_v1_dot_hosted__pb2.CallToolResponse.FromString,
+                _registered_method=True)
 
 
 class HostedServiceServicer:
@@ -148,6 +153,20 @@ class HostedServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CallTool(self, request, context):
+        """CallTool calls a tool from the body of a running tool call (ctx.call): a step of the run
+        nested under the calling one, keyed `call:<caller's key>#<n>` for the body's n-th call, with
+        the callee's own validation, policy, approval, limits, budget, idempotency key and branch
+        rule, as any call of the run. The same call from a later attempt of the caller gets the one
+        recorded (its result when settled, else the call to await with AwaitStep); another tool or
+        other arguments at that identity are answered with replay_input_changed and record nothing.
+        A call still open when its caller settles for good is cancelled. Needs tools:call besides
+        workers:connect.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HostedServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +204,11 @@ def add_HostedServiceServicer_to_server(servicer, server):
                     servicer.AskPerson,
                     request_deserializer=kernel_dot_v1_dot_hosted__pb2.AskPersonRequest.FromString,
                     response_serializer=kernel_dot_v1_dot_hosted__pb2.AskPersonResponse.SerializeToString,
+            ),
+            'CallTool': grpc.unary_unary_rpc_method_handler(
+                    servicer.CallTool,
+                    request_deserializer=kernel_dot_v1_dot_hosted__pb2.CallToolRequest.FromString,
+                    response_serializer=kernel_dot_v1_dot_hosted__pb2.CallToolResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -380,6 +404,33 @@ class HostedService:
             '/kernel.v1.HostedService/AskPerson',
             kernel_dot_v1_dot_hosted__pb2.AskPersonRequest.SerializeToString,
             kernel_dot_v1_dot_hosted__pb2.AskPersonResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CallTool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kernel.v1.HostedService/CallTool',
+            kernel_dot_v1_dot_hosted__pb2.CallToolRequest.SerializeToString,
+            kernel_dot_v1_dot_hosted__pb2.CallToolResponse.FromString,
             options,
             channel_credentials,
             insecure,
