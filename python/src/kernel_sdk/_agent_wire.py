@@ -243,6 +243,7 @@ def step(step: common_pb2.Step) -> Step:
         share=step.share if step.HasField("share") else None,
         started_at=_time(step, "started_at"),
         finished_at=_time(step, "finished_at"),
+        caller_step_key=step.caller_step_key,
     )
 
 

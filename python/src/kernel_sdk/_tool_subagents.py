@@ -1,5 +1,5 @@
-"""Subagents a tool body starts, and questions it asks a person: how it reaches the kernel, and
-what it waits on.
+"""Subagents a tool body starts, questions it asks a person and tools it calls: how it reaches
+the kernel, and what it waits on.
 
 A call's body starts a child run through the worker's session (`KernelLink`), fenced by the
 call's dispatch, so the same call run again (a retry, a redispatch) gets back the child it
@@ -13,7 +13,10 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .records import CallResult
 
 # How long a body must wait on the same subagents before its call may give back its slot (and a
 # hosted handler on its children and answers): long enough that a child that ends at once is
@@ -33,6 +36,15 @@ class ChildStep:
     error: str
 
 
+@dataclass(frozen=True)
+class NestedCall:
+    """A call a tool body made through the kernel, as the kernel answered: its step key, and
+    its result once it has settled."""
+
+    key: str
+    result: CallResult | None
+
+
 class KernelLink(Protocol):
     """How a dispatched call's body reaches the kernel: the worker's session, under the call's
     dispatch. Failures come back as `ToolError`."""
@@ -45,6 +57,16 @@ class KernelLink(Protocol):
 
     async def ask(self, fields: dict[str, Any], occurrence: int) -> ChildStep:
         """Asks a person the question `fields` hold (`_question.question_fields`)."""
+        ...
+
+    async def call(
+        self, tool: str, arguments_json: str, timeout_ms: int, occurrence: int
+    ) -> NestedCall:
+        """Calls `tool` through the kernel as the body's `occurrence`-th call."""
+        ...
+
+    async def await_call(self, key: str) -> CallResult:
+        """The result of the body's call `key`, once it has settled."""
         ...
 
 

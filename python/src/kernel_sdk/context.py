@@ -40,7 +40,8 @@ current_run: contextvars.ContextVar[RunCalls | None] = contextvars.ContextVar(
     "kernel_sdk_current_run", default=None
 )
 """The run the running code belongs to: set while a hosted handler runs (and in the tasks it
-starts), unset in a tool's body and anywhere else."""
+starts), and while a dispatched tool's async body runs (its context, which calls through the
+kernel); unset in a sync tool's thread, a test, and anywhere else."""
 
 _MAX_CACHE_KEY = 256
 
@@ -459,6 +460,57 @@ class ToolContext:
             return _as_declared(typed, answer, "ctx.ask: the answer")
 
         return run()
+
+    def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | str | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Coroutine[Any, Any, CallResult]:
+        """Calls `tool` through the kernel from this call's body and returns how it ended, as a
+        hosted handler's call does (the Pyrula page's gated call "inside another tool"). The
+        callee is a step of the run nested under this one (`call:<this step's key>#<n>` for the
+        body's n-th call, shown under it by `kernelctl runs show`), checked against its own
+        declaration: argument validation, the policy, a person's approval (the body waits for
+        the answer), tool limits, the run's budget, and in a branch the branch rule (a call the
+        branch may not make ends the branch with `write_tool_blocked`). Its idempotency key
+        derives from this call's and `n`. `timeout` (seconds) overrides the callee's own.
+
+        A denial, a rejection or the callee's failure is a result (`outcome` says which), not an
+        exception. Calling a tool function directly in an async body, `await refund(ctx,
+        cents=5)`, goes through here too, and raises `ToolCallRejected` on a rejection as it does
+        in a handler. The outcome is recorded: the same body run again (a retry, a redispatch)
+        gets it back at once, and the callee runs once; calls are told apart by their order in
+        the body, and another tool or other arguments in a recorded call's place end as
+        `replay_input_changed` with nothing run. A call still open when this one settles for
+        good is cancelled. While the body waits on the callee alone, a `safe_to_retry` call gives
+        back its worker slot after 100 ms and runs again from the start once the callee has
+        settled, as with `subagent`; an `at_most_once` call keeps its slot.
+
+        The worker's key needs `tools:call`. A test context (`for_test`) has no kernel: there it
+        raises `ToolError`, and a tool function called directly just runs.
+        """
+        return self._call_through(tool, arguments, timeout)
+
+    async def _call_through(
+        self, tool: str, arguments: dict[str, Any] | str | None, timeout: float | None
+    ) -> CallResult:
+        kernel = self._kernel
+        if kernel is None:
+            raise ToolError.fatal(
+                f"ctx.call '{tool}': this context has no kernel (a test context); "
+                "a dispatched call has one"
+            )
+        # Calls count apart from subagents and questions: no agent name starts with "?".
+        occurrence = self._subagents().occurrence("?call")
+        arguments_json = arguments if isinstance(arguments, str) else to_canonical(arguments or {})
+        timeout_ms = 0 if timeout is None else max(1, round(timeout * 1000))
+        called = await kernel.call(tool, arguments_json, timeout_ms, occurrence)
+        if called.result is not None:
+            return called.result
+        with self._subagents().waiting(called.key):
+            return await kernel.await_call(called.key)
 
     async def _ask(self, fields: dict[str, Any]) -> Any:
         kernel = self._kernel

@@ -236,6 +236,8 @@ class Step:
     """When its last attempt started; `None` if none did."""
     finished_at: datetime | None = None
     """When it settled; `None` while it has not."""
+    caller_step_key: str = ""
+    """For a call a tool's body made through the kernel (`ctx.call`): the calling step's key."""
 
 
 @dataclass(frozen=True)

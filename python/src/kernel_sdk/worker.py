@@ -40,12 +40,20 @@ from typing import Any
 import grpc
 
 from . import _wire as wire
-from ._agent_wire import SETTLED
-from ._proto import common_pb2, hosted_pb2, hosted_pb2_grpc, workers_pb2, workers_pb2_grpc
-from ._tool_subagents import ChildStep
-from .context import Cancellation, Progress, ToolContext, _Shared
+from ._agent_wire import SETTLED, call_result
+from ._proto import (
+    common_pb2,
+    hosted_pb2,
+    hosted_pb2_grpc,
+    tool_calls_pb2,
+    workers_pb2,
+    workers_pb2_grpc,
+)
+from ._tool_subagents import ChildStep, NestedCall
+from .context import Cancellation, Progress, ToolContext, _Shared, current_run
 from .errors import ToolError, WorkerRefused
 from .hosted import Agent, AgentContext, AgentError, agent_spec
+from .records import CallResult
 from .tools import Tool, ToolDefinitionError
 from .transport import Tls, channel, metadata, target
 
@@ -809,6 +817,8 @@ class _Session:
                         )
 
                 ctx._on_subagent_wait = watch
+            # A tool function the body calls directly goes through the kernel (ctx.call).
+            calls_through = current_run.set(ctx)
             try:
                 return await _within_grace(
                     tool.invoke(ctx, args, executor=self.threads), cancellation
@@ -822,6 +832,8 @@ class _Session:
                 if task is not None:
                     task.uncancel()
                 return _Suspend(given_back[0])
+            finally:
+                current_run.reset(calls_through)
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -979,6 +991,35 @@ class _CallKernel:
         except grpc.aio.AioRpcError as error:
             raise _subagent_error("ctx.ask", error) from None
         return _child(response.step)
+
+    async def call(
+        self, tool: str, arguments_json: str, timeout_ms: int, occurrence: int
+    ) -> NestedCall:
+        stub, dispatch = self._hosted()
+        request = hosted_pb2.CallToolRequest(
+            dispatch=dispatch,
+            occurrence=occurrence,
+            call=tool_calls_pb2.ToolCall(
+                tool=tool, arguments_json=arguments_json, timeout_ms=timeout_ms
+            ),
+        )
+        try:
+            response = await stub.CallTool(request, metadata=metadata(self.session.worker._api_key))
+        except grpc.aio.AioRpcError as error:
+            raise _subagent_error(f"ctx.call '{tool}'", error) from None
+        result = call_result(response.result) if response.HasField("result") else None
+        return NestedCall(response.step.step_key, result)
+
+    async def await_call(self, key: str) -> CallResult:
+        stub, dispatch = self._hosted()
+        request = hosted_pb2.AwaitStepRequest(dispatch=dispatch, step_key=key)
+        try:
+            answer = await stub.AwaitStep(request, metadata=metadata(self.session.worker._api_key))
+        except grpc.aio.AioRpcError as error:
+            raise _subagent_error(f"ctx.call step {key}", error) from None
+        if not answer.HasField("result"):
+            raise ToolError.fatal(f"ctx.call step {key}: the kernel answered without its result")
+        return call_result(answer.result)
 
     async def await_step(self, key: str) -> ChildStep:
         stub, dispatch = self._hosted()

@@ -302,7 +302,11 @@ fn step_row(axis: Axis, step: &pb::Step, attempts: &[Attempt], now: i64) -> Mark
     html! {
         details.step data-key=(step.step_key) data-status=(status) {
             summary {
-                span.name title=(step.step_key) { (name) }
+                span.name title=(step.step_key) {
+                    // A call a tool's body made, under its caller.
+                    @if !step.caller_step_key.is_empty() { span.nested title={ "called by " (step.caller_step_key) } { "↳ " } }
+                    (name)
+                }
                 span class={ "status " (status) } { (status)
                     @let outcome = format::outcome(step.outcome);
                     @if !matches!(outcome.as_str(), "ok" | "unspecified") { " · " (outcome) } }
@@ -326,6 +330,7 @@ fn step_row(axis: Axis, step: &pb::Step, attempts: &[Attempt], now: i64) -> Mark
                     }
                     @if step.cost > 0.0 { dt { "Cost" } dd { (step.cost) } }
                     @if !step.resources.is_empty() { dt { "Resources" } dd { (step.resources.join(", ")) } }
+                    @if !step.caller_step_key.is_empty() { dt { "Called by" } dd { code { (step.caller_step_key) } " " span.note { "(its body's call through the kernel)" } } }
                     @if !step.child_run_id.is_empty() { dt { "Child run" } dd { (format::run_link(&step.child_run_id)) } }
                     @if !step.replayed_from_run_id.is_empty() { dt { "Replayed from" } dd { (format::run_link(&step.replayed_from_run_id)) } }
                     dt { "Created" } dd { (format::time(&step.created_at)) }
