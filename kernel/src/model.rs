@@ -554,6 +554,18 @@ impl StepKey {
         rest.rfind('#').map(|end| StepKey(rest[..end].to_owned()))
     }
 
+    /// Whether this is a question `caller`'s body asked or a call it made through the kernel: what
+    /// the caller leaves open when it settles is withdrawn.
+    pub fn began_by(&self, caller: &StepKey) -> bool {
+        ["question:", "call:"].iter().any(|kind| {
+            self.0
+                .strip_prefix(kind)
+                .and_then(|rest| rest.strip_prefix(caller.as_str()))
+                .and_then(|rest| rest.strip_prefix('#'))
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+    }
+
     /// For a question a tool call's body asked, that call's key.
     pub fn asking_call(&self) -> Option<StepKey> {
         let rest = self.0.strip_prefix("question:")?;
@@ -1066,6 +1078,10 @@ mod tests {
         assert_ne!(nested.idempotency_key(&run), caller.idempotency_key(&run));
         assert_eq!(caller.caller(), None);
         assert_eq!(StepKey::tool_question(&caller, 0).caller(), None);
+        assert!(nested.began_by(&caller) && StepKey::tool_question(&caller, 3).began_by(&caller));
+        assert!(!deeper.began_by(&caller), "a call's call is its callee's");
+        assert!(!StepKey::nested_call(&StepKey::for_call(3, 1, None), 0).began_by(&StepKey::for_call(3, 10, None)));
+        assert!(!StepKey::tool_subagent(&caller, "researcher", 0).began_by(&caller));
     }
 
     #[test]

@@ -175,6 +175,15 @@ impl Cache {
         (step.dispatch_id.as_ref() == Some(dispatch_id)).then(|| (step.clone(), cached.run.last_seq))
     }
 
+    /// The steps of a complete run not settled yet that `keep` keeps, in the run's order; `None`
+    /// when the run is not held complete here.
+    pub fn open_steps_where(&self, run: &RunId, keep: impl Fn(&StepRecord) -> bool) -> Option<Vec<StepRecord>> {
+        let cached = self.runs.get(run).filter(|cached| cached.complete)?;
+        let mut open: Vec<StepRecord> = cached.steps.values().filter(|s| keep(s)).cloned().collect();
+        open.sort_by(|a, b| (a.turn, a.position, &a.key).cmp(&(b.turn, b.position, &b.key)));
+        Some(open)
+    }
+
     /// Calls of a complete run not settled yet (pending, running or waiting for a person).
     pub fn unsettled(&self, run: &RunId) -> Option<usize> {
         let cached = self.runs.get(run).filter(|cached| cached.complete)?;

@@ -464,11 +464,24 @@ impl Records for Tx<'_> {
     }
 
     fn open_steps(&self, run: &RunId) -> Result<Vec<StepRecord>> {
+        if let Some(open) = self.cache.borrow().open_steps_where(run, |_| true) {
+            return Ok(open);
+        }
         Ok(self
             .conn
             .prepare_cached(&open_steps::all(rows::STEP_COLUMNS))?
             .query_map(params![run.as_str()], rows::step_from_row)?
             .collect::<sql::Result<_>>()?)
+    }
+
+    fn open_dependents(&self, run: &RunId, caller: &StepKey) -> Result<Vec<StepRecord>> {
+        // Every settle asks: a run held here answers without a statement, and clones only those.
+        if let Some(open) = self.cache.borrow().open_steps_where(run, |s| s.key.began_by(caller)) {
+            return Ok(open);
+        }
+        let mut open = self.open_steps(run)?;
+        open.retain(|step| step.key.began_by(caller));
+        Ok(open)
     }
 
     fn count_active_steps(&self, run: &RunId) -> Result<usize> {

@@ -6,7 +6,7 @@
 use super::{Records, Result, apply_change};
 use crate::machine::cancel;
 use crate::machine::effects::Effect;
-use crate::model::{StepKey, StepKind, StepRecord};
+use crate::model::{StepKind, StepRecord};
 
 /// Settles as cancelled what `call`, which just settled, left open: each question it asked (its
 /// approval withdrawn) and each call it made (told to its worker, and what that call left open in
@@ -18,34 +18,22 @@ pub fn withdraw<R: Records + ?Sized>(records: &mut R, call: &StepRecord) -> Resu
     }
     let reason = format!("call {} settled ({})", call.key, call.status);
     let mut withdrawn = Vec::new();
-    let kinds: [fn(&StepKey, u32) -> StepKey; 2] = [StepKey::tool_question, StepKey::nested_call];
-    // Each kind is numbered from 0 in the order the body began them: a call that began none
-    // (nearly every call) costs a lookup by key for each.
-    for key_of in kinds {
-        for occurrence in 0.. {
-            let key = key_of(&call.key, occurrence);
-            let Some(open) = records.find_step(&call.run_id, &key)? else {
-                break;
-            };
-            if open.status.is_terminal() {
-                continue;
-            }
-            let approval = records.open_approval_of(&call.run_id, &open.key)?;
-            let change = cancel::cancel_call(&open, approval.as_ref(), &reason, records.now())?;
-            if let Some(approval) = &change.withdrawn {
-                records.save_approval(approval)?;
-            }
-            let settled = apply_change(records, change.settled)?;
-            if settled.kind == StepKind::Tool {
-                records.effect(Effect::Cancel {
-                    steps: vec![settled.clone()],
-                    reason: format!("call cancelled: {reason}"),
-                });
-                let inner = withdraw(records, &settled)?;
-                withdrawn.extend(inner);
-            }
-            withdrawn.push(settled);
+    for open in records.open_dependents(&call.run_id, &call.key)? {
+        let approval = records.open_approval_of(&call.run_id, &open.key)?;
+        let change = cancel::cancel_call(&open, approval.as_ref(), &reason, records.now())?;
+        if let Some(approval) = &change.withdrawn {
+            records.save_approval(approval)?;
         }
+        let settled = apply_change(records, change.settled)?;
+        if settled.kind == StepKind::Tool {
+            records.effect(Effect::Cancel {
+                steps: vec![settled.clone()],
+                reason: format!("call cancelled: {reason}"),
+            });
+            let inner = withdraw(records, &settled)?;
+            withdrawn.extend(inner);
+        }
+        withdrawn.push(settled);
     }
     if !withdrawn.is_empty() {
         super::ask::ask_next(records, &call.run_id)?;
@@ -63,7 +51,7 @@ mod tests {
     use crate::machine::hosted::{self, Fence};
     use crate::machine::records::{NOW, new_run};
     use crate::machine::turn::{CallDisposition, TurnPlan};
-    use crate::model::{DispatchId, RunId, RunStatus, StepStatus};
+    use crate::model::{DispatchId, RunId, RunStatus, StepKey, StepStatus};
 
     /// A run whose call `t0/p0` runs under dispatch `d0-1`, attempt 1.
     fn running() -> (Memory, StepRecord) {

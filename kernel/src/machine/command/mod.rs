@@ -132,6 +132,13 @@ pub trait Records {
     }
     /// The run's steps not settled (a hosted run's own dispatch among them).
     fn open_steps(&self, run: &RunId) -> Result<Vec<StepRecord>>;
+    /// The steps of `run` not settled that `caller`'s body began (its questions, the calls it made
+    /// through the kernel), in the run's order.
+    fn open_dependents(&self, run: &RunId, caller: &StepKey) -> Result<Vec<StepRecord>> {
+        let mut open = self.open_steps(run)?;
+        open.retain(|step| step.key.began_by(caller));
+        Ok(open)
+    }
     /// How many of the run's steps are pending, running or awaiting approval (a suspended one
     /// waits on others), a hosted run's own dispatch among them.
     fn count_active_steps(&self, run: &RunId) -> Result<usize>;

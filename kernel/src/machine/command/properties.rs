@@ -158,6 +158,12 @@ enum Command {
         ok: bool,
         denied: bool,
     },
+    /// A call a tool body makes through the kernel (its `occurrence`-th).
+    Call {
+        from: Sender,
+        occurrence: u8,
+        call: CallSpec,
+    },
     /// A tool body's question to a person (its `occurrence`-th), with one of two texts.
     Ask {
         from: Sender,
@@ -268,6 +274,7 @@ fn command() -> impl Strategy<Value = Command> {
                 denied,
             }),
         2 => (sender(), 0u8..2, 0u8..4).prop_map(|(from, occurrence, text)| Command::Ask { from, occurrence, text }),
+        2 => (sender(), 0u8..2, call()).prop_map(|(from, occurrence, call)| Command::Call { from, occurrence, call }),
         2 => (prop::option::weighted(0.9, any::<u8>()), any::<bool>())
             .prop_map(|(approval, approve)| Command::Answer { approval, approve }),
         1 => Just(Command::ExpireApprovals),
@@ -614,6 +621,7 @@ impl World {
             Command::FailPending { step } => self.fail_pending(step),
             Command::Suspend { from, waiting_on } => self.suspend(from, waiting_on),
             Command::Ask { from, occurrence, text } => self.ask(from, occurrence, text),
+            Command::Call { from, occurrence, call } => self.nested_call(from, occurrence, call),
             Command::Subagent {
                 run,
                 fence,
@@ -954,6 +962,44 @@ impl World {
 
     /// A question from a tool body or, when the dispatch is a hosted run's own, from its handler
     /// (at a place the text picks, which may hold something else); an odd text gives a default.
+    fn nested_call(&mut self, from: Sender, occurrence: u8, spec: CallSpec) -> super::Result<Done> {
+        let (dispatch_id, attempt, _) = self.sender(from, |s| s.kind == StepKind::Tool);
+        let caller = (self.memory.state.steps.values())
+            .find(|s| s.dispatch_id.as_ref() == Some(&dispatch_id))
+            .cloned();
+        let (run_id, caller_key, place) = match &caller {
+            Some(caller) => (
+                caller.run_id.clone(),
+                caller.key.clone(),
+                (caller.turn, caller.position),
+            ),
+            None => (self.run_id(Target::Forged), StepKey::for_call(0, 0, None), (0, 0)),
+        };
+        let mut call = planned(place.0, place.1, spec, &self.tools);
+        call.key = StepKey::nested_call(&caller_key, u32::from(occurrence));
+        call.call_id = None;
+        let plan = TurnPlan {
+            offers_approval_tool: None,
+            share: None,
+            run_id: run_id.clone(),
+            turn: place.0,
+            calls: vec![call],
+            available_tools: self.tools.iter().map(|t| t.name.clone()).collect(),
+            default_timeout_ms: 30_000,
+            max_pending_calls: 8,
+            max_events: 10_000,
+            fence: Some(Fence { dispatch_id, attempt }),
+            caller: Some(caller_key),
+            max_concurrency: None,
+        };
+        self.traced(Resolved::Turn(plan.clone()));
+        let recorded = submit_turn::apply(&mut self.memory, plan)?;
+        // Another call at a recorded call's place is the body's to read (replay_input_changed):
+        // nothing is recorded and the run goes on, unlike a handler's divergence.
+        let diverged = (recorded.calls.iter()).any(|call| matches!(call, CallDisposition::Diverged { .. }));
+        Ok(if diverged { Done::Refused } else { Done::Changed })
+    }
+
     fn ask(&mut self, from: Sender, occurrence: u8, text: u8) -> super::Result<Done> {
         let (dispatch_id, attempt, _) = self.sender(from, |s| matches!(s.kind, StepKind::Tool | StepKind::Agent));
         let run = self
@@ -1368,6 +1414,29 @@ fn divergence_fails_the_run(after: &State, done: &Done) -> Result<(), TestCaseEr
 
 /// Rules 2 and 6: no suspended dispatch waits on a step that settled, or on a session whose
 /// earlier runs all ended; a hosted run woken last is not suspended.
+/// A call settled for good leaves nothing it began open: its questions are withdrawn, and the
+/// calls its body made through the kernel settled (cancelled), theirs too.
+fn nothing_open_under_a_settled_call(state: &State) -> Result<(), TestCaseError> {
+    for step in state.steps.values().filter(|s| !s.status.is_terminal()) {
+        let Some(caller) = step.key.caller().or_else(|| step.key.asking_call()) else {
+            continue;
+        };
+        let settled = state
+            .steps
+            .get(&(step.run_id.clone(), caller.clone()))
+            .is_some_and(|c| c.kind == StepKind::Tool && c.status.is_terminal());
+        prop_assert!(
+            !settled,
+            "step {} of run {} is {} though its caller {} has settled",
+            step.key,
+            step.run_id,
+            step.status,
+            caller
+        );
+    }
+    Ok(())
+}
+
 fn no_lost_wakeup(state: &State) -> Result<(), TestCaseError> {
     for step in state.steps.values().filter(|s| s.status == StepStatus::Suspended) {
         let log = state.log.get(&step.run_id).map_or(&[][..], Vec::as_slice);
@@ -1474,6 +1543,7 @@ fn check(before: &State, world: &World, done: &Done) -> Result<(), TestCaseError
     steps_move_forward(before, after, &world.unknown)?;
     divergence_fails_the_run(after, done)?;
     no_lost_wakeup(after)?;
+    nothing_open_under_a_settled_call(after)?;
     denied_never_ran(after)?;
     budgets_hold(after)?;
     limits_hold(after)?;

@@ -56,3 +56,19 @@ impl ToolContext {
         crate::agent::wire::call_outcome(result).map_err(failed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_call_from_a_test_context_is_a_fatal_error() {
+        let error = ToolContext::for_test()
+            .call(Call::new("lookup", serde_json::json!({"q": "tides"})))
+            .await
+            .expect_err("a test context has no kernel");
+        assert_eq!(error.kind(), crate::ErrorKind::Fatal);
+        assert!(error.message().contains("ctx.call 'lookup'"), "{error}");
+        assert!(error.message().contains("this context has no kernel"), "{error}");
+    }
+}
