@@ -158,6 +158,15 @@ pub struct Config {
     #[arg(long, env = "KERNEL_RECEIPT_KEY", value_name = "FILE")]
     pub receipt_key: Option<PathBuf>,
 
+    /// The key the kernel keeps tools' secret fields with (a tool's `secret` option, or a schema's
+    /// `writeOnly`/`format: password`): it records a keyed hash in a secret value's place and keeps
+    /// an argument's value sealed until its dispatch. A file holding a 32-byte seed as 64 hex
+    /// digits, created with a new key when it does not exist. Without it, `<db>.secret-key` beside a
+    /// SQLite file; replicas on PostgreSQL need it, one file shared by all, or they refuse calls
+    /// that carry secret values. Keep it out of the database's backups: it is what opens them.
+    #[arg(long, env = "KERNEL_SECRET_KEY", value_name = "FILE")]
+    pub secret_key: Option<PathBuf>,
+
     /// Allow --listen on a non-loopback address without --auth-file.
     #[arg(long, env = "KERNEL_INSECURE")]
     pub insecure: bool,

@@ -694,6 +694,9 @@ pub struct ToolOptions {
     /// The tool's own rate and concurrency limit, beside the policy file's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<crate::machine::throttle::DeclaredLimit>,
+    /// Top-level argument and result fields kept out of the record ([`crate::secrets`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret: Vec<String>,
 }
 
 impl ToolOptions {
@@ -942,6 +945,9 @@ pub struct StepRecord {
     /// need no read of the run.
     #[serde(with = "crate::wire::traceparent")]
     pub trace: Option<crate::traces::TraceParent>,
+    /// Its secret argument values, sealed until its dispatch ([`crate::secrets`]); never shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<String>,
 }
 
 impl StepRecord {

@@ -15,48 +15,13 @@ use crate::store::Database;
 /// The key receipts are signed with, read from its file: its 32-byte seed as 64 hex digits.
 /// A file that does not exist is created with a new key (readable by its owner only).
 pub fn load_or_create(path: &Path) -> Result<SigningKey, String> {
-    let shown = path.display();
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let seed = hex::decode(text.trim())
-                .ok()
-                .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
-                .ok_or_else(|| format!("{shown}: not 64 hex digits (an ed25519 seed)"))?;
-            Ok(SigningKey::from_bytes(&seed))
-        }
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            let mut seed = [0u8; 32];
-            getrandom::fill(&mut seed).map_err(|e| format!("{shown}: no randomness for a key: {e}"))?;
-            write_private(path, &format!("{}\n", hex::encode(seed)))
-                .map_err(|e| format!("{shown}: cannot write a new key: {e}"))?;
-            Ok(SigningKey::from_bytes(&seed))
-        }
-        Err(error) => Err(format!("{shown}: {error}")),
-    }
-}
-
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options.open(path)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()
+    crate::key_file::seed(path, "an ed25519 seed").map(|seed| SigningKey::from_bytes(&seed))
 }
 
 /// Where the key is kept when `--receipt-key` is not given: beside a SQLite file. PostgreSQL's
 /// replicas must share one, so it is given to each.
 pub fn default_path(db: &Database) -> Option<PathBuf> {
-    match db {
-        Database::Sqlite(path) => {
-            let mut name = path.as_os_str().to_owned();
-            name.push(".receipt-key");
-            Some(PathBuf::from(name))
-        }
-        Database::Postgres(_) => None,
-    }
+    crate::key_file::beside(db, ".receipt-key")
 }
 
 /// The receipts of `run`'s settled tool calls, in the order they settled, not yet chained.

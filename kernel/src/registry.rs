@@ -21,6 +21,8 @@ pub struct KnownTool {
     /// The tool's `requires_approval` predicate over `args`, compiled; `Err` when a stored
     /// expression no longer compiles, which asks a person for every call (fail closed).
     pub approval_predicate: Option<Result<Predicate, String>>,
+    /// Where its secret fields are, found once ([`crate::secrets`]).
+    pub secrets: crate::secrets::SecretFields,
     pub first_seen_at: Millis,
     pub last_seen_at: Millis,
 }
@@ -36,6 +38,7 @@ impl KnownTool {
             Some(compile_predicate(expr))
         };
         KnownTool {
+            secrets: crate::secrets::SecretFields::of(&def),
             def: Arc::new(def),
             validator,
             approval_predicate,

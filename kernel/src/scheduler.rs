@@ -2169,6 +2169,7 @@ mod tests {
                 call_id: None,
                 tool_name: "t".into(),
                 arguments: "{}".into(),
+                sealed: None,
                 tool: Some(std::sync::Arc::new(tool("t"))),
                 not_offered: false,
                 timeout_ms: None,

@@ -334,6 +334,7 @@ pub async fn run(
         address: advertised.into(),
         keys: keys.clone(),
         receipt_key: receipt_key(&config)?,
+        secret_key: secret_key(&config)?,
     };
 
     // grpcurl and many tools still ask for v1alpha reflection; serve both.
@@ -596,4 +597,15 @@ fn receipt_key(config: &Config) -> Result<Option<Arc<ed25519_dalek::SigningKey>>
     crate::receipts::load_or_create(&path)
         .map(|key| Some(Arc::new(key)))
         .map_err(|why| KernelError::invalid("--receipt-key", why))
+}
+
+/// The key secret fields are kept with: `--secret-key`, else the one beside a SQLite file (each
+/// created when missing); none on PostgreSQL without the flag.
+fn secret_key(config: &Config) -> Result<Option<Arc<crate::secrets::SecretKey>>, KernelError> {
+    let Some(path) = (config.secret_key.clone()).or_else(|| crate::key_file::beside(&config.db, ".secret-key")) else {
+        return Ok(None);
+    };
+    crate::secrets::SecretKey::load_or_create(&path)
+        .map(|key| Some(Arc::new(key)))
+        .map_err(|why| KernelError::invalid("--secret-key", why))
 }

@@ -33,6 +33,7 @@ mod receipts;
 mod replicas;
 mod resources;
 mod retention;
+mod secrets;
 mod stopping;
 mod subagents;
 mod tls;

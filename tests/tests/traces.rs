@@ -29,7 +29,7 @@ fn traceparent() -> String {
 
 /// An OTLP/gRPC collector that keeps every span it is sent.
 #[derive(Clone, Default)]
-struct Collector {
+pub(crate) struct Collector {
     spans: Arc<Mutex<Vec<Span>>>,
     services: Arc<Mutex<Vec<String>>>,
     arrived: Arc<Notify>,
@@ -68,7 +68,7 @@ fn text(value: Option<&AnyValue>) -> String {
 
 impl Collector {
     /// Listens on a port of its own; returns the endpoint for `--otlp-endpoint`.
-    async fn start() -> (Collector, String) {
+    pub(crate) async fn start() -> (Collector, String) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the collector");
@@ -84,7 +84,7 @@ impl Collector {
     }
 
     /// Waits until the spans received hold what `found` looks for.
-    async fn until(&self, what: &str, found: impl Fn(&[Span]) -> bool) -> Vec<Span> {
+    pub(crate) async fn until(&self, what: &str, found: impl Fn(&[Span]) -> bool) -> Vec<Span> {
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
             let arrived = self.arrived.notified();

@@ -15,6 +15,7 @@ use worker_sdk::{Approval, Effect, ErrorKind, Idempotency, RetryPolicy, RiskLeve
     risk = "high",
     permissions = ["billing:write"],
     resources = ["ledger", "email"],
+    secret = ["reason"],
     timeout = 10,
     retry = 2,
     idempotency = "at_most_once",
@@ -121,6 +122,7 @@ fn spec_carries_name_description_schema_and_options() {
     assert_eq!(options.risk, Some(RiskLevel::High));
     assert_eq!(options.permissions, ["billing:write"]);
     assert_eq!(options.resources, ["ledger", "email"]);
+    assert_eq!(options.secret, ["reason"]);
     assert_eq!(options.cost_per_call, 0.0025);
     assert_eq!(options.cache_ttl, None, "a cache needs read_only");
     assert_eq!(options.approval, Approval::When("args.cents > 10000".into()));

@@ -497,6 +497,8 @@ fn options(field: &str, options: Option<pb::ToolOptions>) -> Result<ToolOptions,
             .check()
             .map_err(|(suffix, why)| KernelError::invalid(format!("{field}.options.limit{suffix}"), why))?;
     }
+    crate::secrets::check_names(&o.secret)
+        .map_err(|(index, why)| KernelError::invalid(format!("{field}.options.secret[{index}]"), why))?;
     let idempotency = match pb::Idempotency::try_from(o.idempotency) {
         Ok(pb::Idempotency::AtMostOnce) => Some(Idempotency::AtMostOnce),
         Ok(pb::Idempotency::SafeToRetry) => Some(Idempotency::SafeToRetry),
@@ -526,6 +528,7 @@ fn options(field: &str, options: Option<pb::ToolOptions>) -> Result<ToolOptions,
         strip_nulls: o.strip_nulls,
         approval_predicate_in_worker: o.approval_predicate_in_worker,
         limit,
+        secret: o.secret,
     })
 }
 
@@ -715,6 +718,7 @@ fn options_proto(o: &ToolOptions) -> pb::ToolOptions {
             burst: limit.burst,
             at_once: limit.at_once,
         }),
+        secret: o.secret.clone(),
     }
 }
 

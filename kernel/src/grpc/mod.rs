@@ -54,6 +54,9 @@ pub struct Kernel {
     pub keys: Option<std::sync::Arc<crate::auth::Keys>>,
     /// The key receipts are signed with; `None` on PostgreSQL without `--receipt-key`.
     pub receipt_key: Option<std::sync::Arc<ed25519_dalek::SigningKey>>,
+    /// The key secret fields are hashed and sealed with; `None` on PostgreSQL without
+    /// `--secret-key`, which refuses calls that carry secret values.
+    pub secret_key: Option<std::sync::Arc<crate::secrets::SecretKey>>,
 }
 
 impl Kernel {

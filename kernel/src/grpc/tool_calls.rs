@@ -167,22 +167,38 @@ async fn plan(
             }
             _ => arguments,
         };
+        let key = match &nested {
+            Some(nested) => nested.key.clone(),
+            None => StepKey::for_call(req.turn, position, call_id.as_deref()),
+        };
+        // Validation and policy see the values; the record, the replay identity and the
+        // resources see their keyed hashes.
+        let hidden = match &known {
+            Some(tool) if !tool.secrets.is_empty() => hide(kernel, tool, &args, &field)?,
+            _ => None,
+        };
+        let recorded = hidden.as_ref().map_or(&args, |hidden| &hidden.recorded);
         let fingerprint = known.as_ref().map_or("", |tool| tool.def.fingerprint.as_str());
-        let call_hash = kernel_proto::canonical::call_hash(name, fingerprint, &args);
+        let call_hash = kernel_proto::canonical::call_hash(name, fingerprint, recorded);
         let resources = known
             .as_ref()
-            .map(|tool| crate::resources::resolve(&tool.def.options.resources, &args))
+            .map(|tool| crate::resources::resolve(&tool.def.options.resources, recorded))
             .unwrap_or_default();
+        let (arguments, sealed) = match (&hidden, &kernel.secret_key) {
+            (Some(hidden), Some(secret_key)) => (
+                kernel_proto::canonical::to_canonical(&hidden.recorded),
+                Some(hidden.seal(secret_key, (&run_id, &key))),
+            ),
+            _ => (arguments, None),
+        };
         checks.push((known.clone(), args));
         calls.push(PlannedCall {
             position,
-            key: match &nested {
-                Some(nested) => nested.key.clone(),
-                None => StepKey::for_call(req.turn, position, call_id.as_deref()),
-            },
+            key,
             call_id,
             tool_name: name.to_owned(),
             arguments,
+            sealed,
             tool: known.map(|t| t.def.clone()),
             not_offered,
             timeout_ms: (call.timeout_ms > 0).then_some(call.timeout_ms),
@@ -245,6 +261,29 @@ async fn plan(
         run,
         replayable,
     })
+}
+
+/// The arguments of a call of `tool` with its secret values taken out; `None` when it holds none.
+/// A kernel without a secret key refuses such a call, recording nothing: it would have to write
+/// the values in clear.
+fn hide(
+    kernel: &Kernel,
+    tool: &KnownTool,
+    args: &serde_json::Value,
+    field: &str,
+) -> Result<Option<crate::secrets::Hidden>, KernelError> {
+    let Some(secret_key) = &kernel.secret_key else {
+        return match tool.secrets.present_in(args) {
+            true => Err(KernelError::FailedPrecondition(format!(
+                "{field}: tool '{}' has secret fields ({}) and this kernel has no secret key to keep them with: \
+                 start it with --secret-key FILE; nothing was recorded",
+                tool.def.name,
+                tool.secrets.names().join(", ")
+            ))),
+            false => Ok(None),
+        };
+    };
+    Ok(crate::secrets::hide(args, &tool.secrets, secret_key))
 }
 
 /// Drops the null-valued fields of `args` that `schema` does not require; whether any went.
@@ -368,9 +407,33 @@ async fn decide(kernel: &Kernel, planned: Planned) -> Result<TurnPlan, KernelErr
         if let Some(tool) = known {
             call.gate = kernel.governance.gate(&tool, &args, &call.resources, &run, asked);
             call.unit_cost = kernel.governance.unit_cost(&tool.def);
+            // A refusal the model reads may quote the arguments (a schema error names the value).
+            if call.sealed.is_some() {
+                call.gate = scrubbed(call.gate.clone(), &tool.secrets, &args);
+            }
         }
     }
     Ok(plan)
+}
+
+/// `gate` with each secret value of `args` cut out of the message it records.
+fn scrubbed(gate: CallGate, fields: &crate::secrets::SecretFields, args: &serde_json::Value) -> CallGate {
+    match gate {
+        CallGate::Refuse {
+            message,
+            reason,
+            outcome,
+        } => CallGate::Refuse {
+            message: fields.scrub(&message, args),
+            reason,
+            outcome,
+        },
+        CallGate::Deny { message, decided_by } => CallGate::Deny {
+            message: fields.scrub(&message, args),
+            decided_by,
+        },
+        gate => gate,
+    }
 }
 
 /// How long a worker may take to evaluate a tool's approval predicate before the call is asked

@@ -457,8 +457,11 @@ impl Session {
                     next = after;
                     let mut batch: Vec<pb::Dispatch> = orders_taken
                         .into_iter()
-                        .map(|order| self.call_dispatch(order))
+                        .filter_map(|order| self.tool_dispatch(order))
                         .collect();
+                    if batch.is_empty() {
+                        continue;
+                    }
                     let message = if batch.len() == 1 {
                         Out::Dispatch(batch.pop().expect("one dispatch"))
                     } else {
@@ -495,8 +498,55 @@ impl Session {
         );
     }
 
-    /// Holds a tool call's dispatch for the session and makes its message.
-    fn call_dispatch(&mut self, order: DispatchOrder) -> pb::Dispatch {
+    /// A tool call's dispatch message, its secret arguments unsealed; `None` when they cannot be
+    /// (the call fails instead).
+    fn tool_dispatch(&mut self, order: DispatchOrder) -> Option<pb::Dispatch> {
+        match crate::secrets::dispatched(&order.step, self.kernel.secret_key.as_deref()) {
+            Ok(arguments) => Some(self.call_dispatch(order, arguments)),
+            Err(why) => {
+                self.unsealable(order, why);
+                None
+            }
+        }
+    }
+
+    /// A call whose secret arguments this kernel cannot unseal (its key changed, or is missing)
+    /// fails at once, never sent to the worker: it would run without them.
+    fn unsealable(&mut self, order: DispatchOrder, why: String) {
+        let DispatchOrder {
+            dispatch_id,
+            attempt,
+            step,
+        } = order;
+        warn!(run_id = %step.run_id, step = %step.key, tool = step.tool, why, "a call's secret arguments cannot be unsealed; it fails");
+        let owed = Owed {
+            kind: step.kind,
+            name: &step.tool,
+        };
+        let answer = Answer::Error {
+            kind: crate::model::ErrorKind::Fatal,
+            message: why,
+        };
+        let report = ResultReport {
+            dispatch_id: dispatch_id.clone(),
+            attempt,
+            session_id: self.session_id.clone(),
+            outcome: answer::outcome(answer, owed, self.kernel.limits.max_result_bytes),
+            progress_count: 0,
+        };
+        let kernel = self.kernel.clone();
+        let place = (step.run_id.clone(), step.key.clone());
+        self.recording.spawn(async move {
+            if let Err(error) = record_result(&kernel, report, place).await {
+                warn!(%dispatch_id, %error, "cannot record the failure of a call whose secrets cannot be unsealed");
+            }
+            kernel.scheduler.settled(dispatch_id, attempt);
+            None
+        });
+    }
+
+    /// Holds a tool call's dispatch for the session and makes its message, with `arguments`.
+    fn call_dispatch(&mut self, order: DispatchOrder, arguments: String) -> pb::Dispatch {
         let DispatchOrder {
             dispatch_id,
             attempt,
@@ -512,7 +562,7 @@ impl Session {
             turn: step.turn,
             position: step.position,
             tool: step.tool.clone(),
-            arguments_json: step.arguments.clone(),
+            arguments_json: arguments,
             idempotency_key: step.idempotency_key.clone(),
             timeout_ms: step.timeout_ms,
             traceparent: crate::traces::handed_to_worker(&step, attempt, self.kernel.hub.exports_traces()),
@@ -523,7 +573,9 @@ impl Session {
         let message = match order {
             Outbound::Dispatch(order) => {
                 if order.step.kind != StepKind::Agent {
-                    let dispatch = self.call_dispatch(*order);
+                    let Some(dispatch) = self.tool_dispatch(*order) else {
+                        return true;
+                    };
                     return self.tx.send(out(Out::Dispatch(dispatch))).await.is_ok();
                 }
                 let DispatchOrder {
@@ -703,7 +755,7 @@ impl Session {
                         "oversized result: the call fails, the session goes on"
                     );
                 }
-                Answer::Output(text)
+                Answer::Output(self.recorded_output(&held, text))
             }
             Some(pb::dispatch_result::Outcome::Error(failure)) => Answer::Error {
                 kind: convert::error_kind_from(failure.kind),
@@ -769,6 +821,17 @@ impl Session {
             let _ = tx.send(out(Out::ResultAck(ack))).await;
             None
         });
+    }
+
+    /// A tool's output as the record keeps it: its secret result fields marked ([`crate::secrets`]).
+    fn recorded_output(&self, held: &Held, text: String) -> String {
+        let (StepKind::Tool, Some(key)) = (held.kind, &self.kernel.secret_key) else {
+            return text;
+        };
+        match self.kernel.registry.get(&held.tool) {
+            Some(tool) => crate::secrets::recorded_output(text, &tool.secrets, key),
+            None => text,
+        }
     }
 
     /// Refuses a worker's answer for `reason` without recording anything.

@@ -54,6 +54,7 @@ pub fn dispatch_step(run: &RunRecord, agent: &HostedAgent, now: Millis) -> StepR
         key,
         kind: StepKind::Agent,
         effect: None,
+        sealed: None,
         max_concurrency: None,
         hosted: run.hosted,
         turn: 0,

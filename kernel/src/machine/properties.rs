@@ -278,6 +278,7 @@ fn a_call_settled_when_recorded_never_starts() {
         call_id: None,
         tool_name: "nosuch".into(),
         arguments: "{}".into(),
+        sealed: None,
         tool: None,
         not_offered: false,
         timeout_ms: None,

@@ -68,6 +68,7 @@ pub fn question_step(
         key,
         kind: StepKind::Question,
         effect: None,
+        sealed: None,
         max_concurrency: None,
         hosted: handler,
         turn,

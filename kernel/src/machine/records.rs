@@ -13,6 +13,7 @@ pub fn step() -> StepRecord {
         key: StepKey::for_call(0, 0, None),
         kind: crate::model::StepKind::Tool,
         effect: None,
+        sealed: None,
         max_concurrency: None,
         hosted: false,
         turn: 0,

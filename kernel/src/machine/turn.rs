@@ -25,8 +25,11 @@ pub struct PlannedCall {
     pub key: StepKey,
     pub call_id: Option<String>,
     pub tool_name: String,
-    /// Canonical JSON text.
+    /// Canonical JSON text, each secret value in it marked by its keyed hash ([`crate::secrets`]).
     pub arguments: String,
+    /// The secret values taken out of the arguments, sealed for the call's dispatch.
+    #[serde(default)]
+    pub sealed: Option<String>,
     /// `None` when no worker registered the tool, or the turn's offer leaves it out.
     pub tool: Option<Arc<ToolDef>>,
     /// The turn named the tools the model was offered, and this call's is not among them.
@@ -564,6 +567,7 @@ pub fn record(
         key: call.key.clone(),
         kind: StepKind::Tool,
         effect: None,
+        sealed: call.sealed.clone(),
         hosted: run.hosted,
         // The turn's own bound, else the run's default.
         max_concurrency: limit
@@ -642,6 +646,7 @@ mod tests {
             call_id: None,
             tool_name: "lookup".into(),
             arguments: r#"{"q":"x"}"#.into(),
+            sealed: None,
             tool: Some(tool(ToolOptions::default())),
             not_offered: false,
             timeout_ms: None,

@@ -852,9 +852,9 @@ fn insert_step(tx: &Tx<'_>, step: &StepRecord) -> Result<()> {
          call_hash, idempotency_key, idempotency, timeout_ms, status, error, error_kind, created_at, finished_at, \
          retry, blocking, unit_cost, decided_by, approval_gate, cache_ttl_ms, output, outcome, attempts, kind, effect, \
          started_at, max_concurrency, hosted, resources, worker, session_id, dispatch_id, lease_expires_at, \
-         not_before, replica, from_run, trace, share, limited_by, limit_wait_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, \
-         ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, \
-         ?31, ?32, ?33, ?34, ?35, ?36, ?37, ?38, ?39, ?40, ?41, ?42, ?43, ?44)",
+         not_before, replica, from_run, trace, share, limited_by, limit_wait_ms, sealed) VALUES (?1, ?2, ?3, ?4, ?5, ?6, \
+         ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, \
+         ?30, ?31, ?32, ?33, ?34, ?35, ?36, ?37, ?38, ?39, ?40, ?41, ?42, ?43, ?44, ?45)",
         params![
             step.run_id.as_str(),
             step.key.as_str(),
@@ -905,6 +905,7 @@ fn insert_step(tx: &Tx<'_>, step: &StepRecord) -> Result<()> {
             // A call started in the turn that records it holds its limits' slots from its insert.
             (!step.limited_by.is_empty()).then(|| serde_json::to_string(&step.limited_by).expect("names serialize")),
             (step.limit_wait_ms > 0).then_some(step.limit_wait_ms),
+            step.sealed,
         ],
     )?;
     Ok(())

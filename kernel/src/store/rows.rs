@@ -13,7 +13,7 @@ pub const RUN_COLUMNS: &str = "id, agent, status, input, output, reason, labels,
 pub const STEP_COLUMNS: &str = "run_id, step_key, turn, position, call_id, tool, fingerprint, version, \
      arguments, call_hash, idempotency_key, idempotency, timeout_ms, status, attempts, output, error, \
      error_kind, worker, session_id, dispatch_id, lease_expires_at, created_at, started_at, finished_at, \
-     replays, progress_count, retry, blocking, not_before, lease_losses, unit_cost, cost, decided_by, approval_gate, cache_ttl_ms, outcome, approval, kind, effect, max_concurrency, hosted, resources, replica, from_run, trace, limited_by, limit_wait_ms, share";
+     replays, progress_count, retry, blocking, not_before, lease_losses, unit_cost, cost, decided_by, approval_gate, cache_ttl_ms, outcome, approval, kind, effect, max_concurrency, hosted, resources, replica, from_run, trace, limited_by, limit_wait_ms, share, sealed";
 
 pub const APPROVAL_COLUMNS: &str = "id, run_id, step_key, tool, call_hash, arguments, status, approvers, message, \
      decided_by, requested_at, expires_at, answered_at, decider, reason, \
@@ -146,6 +146,7 @@ pub fn step_from_row(row: &Row<'_>) -> Result<StepRecord> {
             .unwrap_or_default(),
         limit_wait_ms: row.get::<Option<u64>>(47)?.unwrap_or(0),
         share: row.get(48)?,
+        sealed: row.get(49)?,
     })
 }
 

@@ -402,6 +402,11 @@ const MIGRATIONS: &[&str] = &[
     -- recorded, so a restart serves the calls it finds queued by the same shares.
     ALTER TABLE steps ADD COLUMN share TEXT;
     "#,
+    r#"
+    -- 22: a call's secret argument values, sealed with the kernel's secret key until its dispatch
+    -- (hex; NULL: none). The arguments column holds their keyed hashes.
+    ALTER TABLE steps ADD COLUMN sealed TEXT;
+    "#,
 ];
 
 /// Brings the database to the newest schema.

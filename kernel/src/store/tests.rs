@@ -117,6 +117,7 @@ fn call(turn: u32, position: u32, tool: Option<ToolDef>, name: &str, args: &str)
         call_id: None,
         tool_name: name.into(),
         arguments: args.into(),
+        sealed: None,
         tool: tool.map(std::sync::Arc::new),
         not_offered: false,
         timeout_ms: None,

@@ -442,6 +442,19 @@ async fn relay(ctx: ToolContext, tool: String, arguments: Value) -> Result<Value
     }))
 }
 
+/// Logs `user` in with `password` (a secret field, as is the `token` it returns): returns the
+/// password's length, so a test sees the tool got the value the kernel kept sealed, and a token
+/// made from it. The ledger says `start`.
+#[tool(secret = ["password", "token"])]
+async fn login(ctx: ToolContext, user: String, password: String) -> Result<Value, ToolError> {
+    Ledger::write(&ctx, "start");
+    Ok(json!({
+        "user": user,
+        "password_length": password.len(),
+        "token": format!("tok-{password}"),
+    }))
+}
+
 /// Pushes to a repository: the ledger says `lock:<repo>` when the body starts and `unlock:<repo>`
 /// when it ends, so a test sees whether two pushes to one repository ever overlapped. With
 /// `until`, it holds until that file exists (or `hold_ms` passes), so a test that inspects the
@@ -550,6 +563,7 @@ async fn main() {
         .tool(confirm_tool())
         .tool(confirm_once_tool())
         .tool(relay_tool())
+        .tool(login_tool())
         .tool(whoami_tool())
         .tool(lookup_tool())
         .tool(traced_tool().retry_policy(RetryPolicy::exponential(

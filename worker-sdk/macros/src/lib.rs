@@ -13,8 +13,8 @@ use syn::spanned::Spanned;
 use syn::{Attribute, Expr, ExprArray, ExprLit, FnArg, ItemFn, Lit, LitStr, Pat, ReturnType, Type, parse_macro_input};
 
 const OPTIONS: &str = "name, description, timeout, retry, idempotency, read_only, writes, strip_nulls, version, owner, \
-                       risk, permissions, resources, cost_per_call, cache_ttl, requires_approval, approval_timeout, \
-                       per_second, burst, at_once";
+                       risk, permissions, resources, secret, cost_per_call, cache_ttl, requires_approval, \
+                       approval_timeout, per_second, burst, at_once";
 
 /// Turns a function into a tool: keeps the function and adds `<name>_tool() -> worker_sdk::Tool`.
 ///
@@ -43,7 +43,8 @@ const OPTIONS: &str = "name, description, timeout, retry, idempotency, read_only
 /// Options: `name = "..."`, `description = "..."`, `timeout = <seconds>`, `retry = <retries>`,
 /// `idempotency = "safe_to_retry" | "at_most_once"`, `read_only`, `writes`, `version = "..."`,
 /// `owner = "..."`, `risk = "low" | "medium" | "high" | "critical"`, `permissions = [...]`,
-/// `resources = [...]`, `cost_per_call = <number>`, `cache_ttl = <seconds>`,
+/// `resources = [...]`, `secret = [...]` (fields kept out of the kernel's record: `Tool::secret`),
+/// `cost_per_call = <number>`, `cache_ttl = <seconds>`,
 /// `requires_approval = true | "<CEL predicate over args>"`, `approval_timeout = <seconds>`,
 /// `per_second = <number>`, `burst = <calls>`, `at_once = <calls>` (the tool's own limit, which
 /// the kernel holds across every worker: `Tool::per_second`, `Tool::burst`, `Tool::at_once`).
@@ -104,6 +105,7 @@ struct Options {
     risk: Option<TokenStream2>,
     permissions: Option<Vec<String>>,
     resources: Option<Vec<String>>,
+    secret: Option<Vec<String>>,
     cost_per_call: Option<f64>,
     cache_ttl: Option<u64>,
     cache_ttl_span: Option<Span>,
@@ -225,6 +227,7 @@ impl Options {
             "owner" => self.owner = Some(meta.value()?.parse::<LitStr>()?.value()),
             "permissions" => self.permissions = Some(string_list(&meta.value()?.parse()?)?),
             "resources" => self.resources = Some(string_list(&meta.value()?.parse()?)?),
+            "secret" => self.secret = Some(string_list(&meta.value()?.parse()?)?),
             "cost_per_call" => self.cost_per_call = Some(number(&meta.value()?.parse()?)?),
             "per_second" => self.per_second = Some(number(&meta.value()?.parse()?)?),
             "burst" => self.burst = Some(meta.value()?.parse::<syn::LitInt>()?.base10_parse()?),
@@ -306,6 +309,9 @@ impl Options {
         }
         if let Some(resources) = &self.resources {
             out.extend(quote!(.resources(<[&str]>::to_vec(&[#(#resources),*]))));
+        }
+        if let Some(secret) = &self.secret {
+            out.extend(quote!(.secret(<[&str]>::to_vec(&[#(#secret),*]))));
         }
         if let Some(cost) = self.cost_per_call {
             out.extend(quote!(.cost_per_call(#cost)));

@@ -137,6 +137,9 @@ pub struct ToolOptions {
     /// What the tool may change: a kind (`workspace`), or an instance (`repo:{repo}`, its
     /// `{name}`s filled from required arguments) that calls hold as a lock while they run.
     pub resources: Vec<String>,
+    /// Secret fields, by name: top-level fields of the arguments, or of an object result, that
+    /// the kernel never records, shows or exports in clear (see [`Tool::secret`]).
+    pub secret: Vec<String>,
     /// Price of one call, for the run's cost account.
     pub cost_per_call: f64,
     /// Serve a recorded result for the same arguments for this long.
@@ -419,6 +422,22 @@ impl Tool {
         S: Into<String>,
     {
         self.definition.options.resources = resources.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Secret fields, by name: a top-level field of the arguments, or of an object result, that
+    /// the kernel never records, shows or exports in clear. It records a keyed hash in the
+    /// value's place (so a resubmitted call is still replayed, or refused when it changed) and
+    /// hands an argument's value to the tool only in the dispatch; a result's reaches nobody (the
+    /// model reads the hash). A field whose JSON Schema says `writeOnly: true` or
+    /// `format: password` is secret without being named (`#[schemars(extend("writeOnly" =
+    /// true))]` on a field of the arguments' type).
+    pub fn secret<I, S>(mut self, fields: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.definition.options.secret = fields.into_iter().map(Into::into).collect();
         self
     }
 

@@ -56,6 +56,7 @@ fn tool_options(options: &ToolOptions) -> pb::ToolOptions {
             burst: limit.burst,
             at_once: limit.at_once,
         }),
+        secret: options.secret.clone(),
     }
 }
 
@@ -101,6 +102,7 @@ mod tests {
             risk: Some(RiskLevel::High),
             permissions: vec!["billing:write".into()],
             resources: vec!["ledger".into()],
+            secret: vec!["api_key".into()],
             cost_per_call: 0.25,
             cache_ttl: Some(Duration::from_secs(300)),
             approval: Approval::When("args.cents > 10000".into()),
@@ -122,6 +124,7 @@ mod tests {
         assert_eq!(pb.risk, pb::RiskLevel::High as i32);
         assert_eq!(pb.permissions, ["billing:write"]);
         assert_eq!(pb.resources, ["ledger"]);
+        assert_eq!(pb.secret, ["api_key"]);
         assert_eq!(pb.cost_per_call, 0.25);
         assert_eq!(pb.cache_ttl_ms, 300_000);
         assert!(!pb.requires_approval);

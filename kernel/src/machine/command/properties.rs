@@ -419,6 +419,7 @@ fn planned(turn: u32, position: u32, spec: CallSpec, tools: &[Arc<ToolDef>]) -> 
         call_hash: kernel_proto::canonical::call_hash(&name, fingerprint, &args),
         tool_name: name,
         arguments: kernel_proto::canonical::to_canonical(&args),
+        sealed: None,
         gate: tool.as_deref().map_or(
             CallGate::Run {
                 decided_by: String::new(),

@@ -149,6 +149,7 @@ pub(super) mod tests {
             call_id: None,
             tool_name: "search".into(),
             arguments: format!(r#"{{"n":{position}}}"#),
+            sealed: None,
             tool: Some(Arc::new(ToolDef {
                 name: "search".into(),
                 description: "d".into(),

@@ -280,4 +280,9 @@ pub(super) const MIGRATIONS: &[&str] = &[
     -- recorded, so a restart serves the calls it finds queued by the same shares.
     ALTER TABLE steps ADD COLUMN share TEXT;
     "#,
+    r#"
+    -- 14: a call's secret argument values, sealed with the kernel's secret key until its dispatch
+    -- (hex; NULL: none). The arguments column holds their keyed hashes.
+    ALTER TABLE steps ADD COLUMN sealed TEXT;
+    "#,
 ];
