@@ -69,6 +69,7 @@ def tool_options(options: ToolOptions, *, blocking: bool = False) -> common_pb2.
         risk=_RISK[options.risk],
         permissions=list(options.permissions),
         resources=list(options.resources),
+        secret=list(options.secret),
         cost_per_call=options.cost_per_call,
         cache_ttl_ms=millis(options.cache_ttl),
         requires_approval=approval is True,

@@ -109,6 +109,12 @@ class ToolOptions:
     risk: Risk | None = None
     permissions: tuple[str, ...] = ()
     resources: tuple[str, ...] = ()
+    secret: tuple[str, ...] = ()
+    """Secret fields, by name: a top-level field of the arguments, or of a dict result, that the
+    kernel never records, shows or exports in clear (a keyed hash is recorded in its place; an
+    argument's value reaches the tool only in its dispatch, a result's reaches nobody). A
+    parameter typed `pydantic.SecretStr` is secret without being named: its schema says
+    `writeOnly`."""
     cost_per_call: float = 0.0
     cache_ttl: float | None = None
     """Seconds a `read_only` tool's success is served again for identical calls."""
@@ -279,6 +285,7 @@ _OPTION_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "risk": _one_of(get_args(Risk), optional=True),
     "permissions": _strings,
     "resources": _strings,
+    "secret": _strings,
     "cost_per_call": _cost,
     "cache_ttl": _seconds,
     "requires_approval": _approval,
@@ -618,6 +625,7 @@ def tool(
     risk_level: Risk | None = None,
     permissions: tuple[str, ...] | list[str] = (),
     resources: tuple[str, ...] | list[str] = (),
+    secret: tuple[str, ...] | list[str] = (),
     cost_per_call: float = 0.0,
     cache_ttl: float | timedelta | None = None,
     requires_approval: bool | str | ApprovalPredicate = False,

@@ -471,7 +471,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, max_attempts: _Optional[int] = ..., initial_interval_ms: _Optional[int] = ..., backoff_coefficient: _Optional[float] = ..., max_interval_ms: _Optional[int] = ...) -> None: ...
 
 class ToolOptions(_message.Message):
-    __slots__ = ("timeout_ms", "retry", "idempotency", "read_only", "writes", "owner", "risk", "permissions", "resources", "cost_per_call", "cache_ttl_ms", "requires_approval", "requires_approval_expr", "approval_timeout_ms", "blocking", "strip_nulls", "approval_predicate_in_worker", "limit")
+    __slots__ = ("timeout_ms", "retry", "idempotency", "read_only", "writes", "owner", "risk", "permissions", "resources", "cost_per_call", "cache_ttl_ms", "requires_approval", "requires_approval_expr", "approval_timeout_ms", "blocking", "strip_nulls", "approval_predicate_in_worker", "limit", "secret")
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     RETRY_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_FIELD_NUMBER: _ClassVar[int]
@@ -490,6 +490,7 @@ class ToolOptions(_message.Message):
     STRIP_NULLS_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_PREDICATE_IN_WORKER_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     timeout_ms: int
     retry: RetryPolicy
     idempotency: Idempotency
@@ -508,7 +509,8 @@ class ToolOptions(_message.Message):
     strip_nulls: bool
     approval_predicate_in_worker: bool
     limit: ToolLimitOptions
-    def __init__(self, timeout_ms: _Optional[int] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., idempotency: _Optional[_Union[Idempotency, str]] = ..., read_only: _Optional[bool] = ..., writes: _Optional[bool] = ..., owner: _Optional[str] = ..., risk: _Optional[_Union[RiskLevel, str]] = ..., permissions: _Optional[_Iterable[str]] = ..., resources: _Optional[_Iterable[str]] = ..., cost_per_call: _Optional[float] = ..., cache_ttl_ms: _Optional[int] = ..., requires_approval: _Optional[bool] = ..., requires_approval_expr: _Optional[str] = ..., approval_timeout_ms: _Optional[int] = ..., blocking: _Optional[bool] = ..., strip_nulls: _Optional[bool] = ..., approval_predicate_in_worker: _Optional[bool] = ..., limit: _Optional[_Union[ToolLimitOptions, _Mapping]] = ...) -> None: ...
+    secret: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, timeout_ms: _Optional[int] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., idempotency: _Optional[_Union[Idempotency, str]] = ..., read_only: _Optional[bool] = ..., writes: _Optional[bool] = ..., owner: _Optional[str] = ..., risk: _Optional[_Union[RiskLevel, str]] = ..., permissions: _Optional[_Iterable[str]] = ..., resources: _Optional[_Iterable[str]] = ..., cost_per_call: _Optional[float] = ..., cache_ttl_ms: _Optional[int] = ..., requires_approval: _Optional[bool] = ..., requires_approval_expr: _Optional[str] = ..., approval_timeout_ms: _Optional[int] = ..., blocking: _Optional[bool] = ..., strip_nulls: _Optional[bool] = ..., approval_predicate_in_worker: _Optional[bool] = ..., limit: _Optional[_Union[ToolLimitOptions, _Mapping]] = ..., secret: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ToolLimitOptions(_message.Message):
     __slots__ = ("per_second", "burst", "at_once")
