@@ -775,7 +775,7 @@ pub(super) const HELD_LOCKS: &str = "SELECT resource FROM resource_locks WHERE s
 const STEP_SAVED: &str = "attempts = ?5, output = ?6, error = ?7, error_kind = ?8, worker = ?9, session_id = ?10, \
      lease_expires_at = ?11, started_at = ?12, finished_at = ?13, progress_count = ?14, not_before = ?15, \
      lease_losses = ?16, cost = ?17, outcome = ?18, approval = ?19, replays = ?20, replica = ?21, limited_by = ?22, limit_wait_ms = ?23, \
-     approval_gate = ?24";
+     approval_gate = ?24, sealed = ?25";
 
 /// The statement that saves a step, writing its indexed columns `status` (`?3`) and `dispatch_id`
 /// (`?4`) only as asked. SQLite rewrites an index's entry for each indexed column an `UPDATE` sets,
@@ -838,6 +838,8 @@ fn save_step(tx: &Tx<'_>, step: &StepRecord) -> Result<()> {
             step.approval_gate
                 .as_ref()
                 .map(|g| serde_json::to_string(g).expect("gate serializes")),
+            // A settled call is never dispatched again: its sealed secrets go with its last attempt.
+            step.sealed.as_ref().filter(|_| !step.status.is_terminal()),
         ],
     )?;
     Ok(())

@@ -799,6 +799,30 @@ async fn unknown_tools_are_recorded_without_start_and_count_toward_the_limit(f: 
     assert_eq!(log.iter().filter(|e| e.kind == EventType::ToolResult).count(), 2);
 }
 
+async fn a_call_s_sealed_secrets_are_kept_until_it_settles_then_dropped(f: Fixture) {
+    let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let mut sealed = call(
+        0,
+        0,
+        Some(tool("login", Idempotency::SafeToRetry)),
+        "login",
+        r#"{"password":{"$secret":"hmac-sha256:00"}}"#,
+    );
+    sealed.sealed = Some("00ff".into());
+    f.store.schedule_turn(plan(&run.id, 0, vec![sealed])).await.unwrap();
+    let read = f.store.reads.steps(run.id.clone()).await.unwrap();
+    assert_eq!(read[0].sealed.as_deref(), Some("00ff"), "read back for its dispatch");
+    f.store
+        .cancel_call(run.id.clone(), read[0].key.clone(), "not needed".into())
+        .await
+        .unwrap();
+    let settled = f.store.reads.steps(run.id.clone()).await.unwrap();
+    assert_eq!(
+        settled[0].sealed, None,
+        "never dispatched again, so never unsealed again"
+    );
+}
+
 async fn a_resubmitted_turn_replays_joins_or_diverges(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let add = tool("add", Idempotency::SafeToRetry);
@@ -2334,6 +2358,7 @@ on_both_stores!(a_lost_at_most_once_call_is_indeterminate);
 on_both_stores!(a_timed_out_at_most_once_call_is_indeterminate_and_never_retried);
 on_both_stores!(a_start_is_fenced_by_the_attempt_it_expects);
 on_both_stores!(unknown_tools_are_recorded_without_start_and_count_toward_the_limit);
+on_both_stores!(a_call_s_sealed_secrets_are_kept_until_it_settles_then_dropped);
 on_both_stores!(a_resubmitted_turn_replays_joins_or_diverges);
 on_both_stores!(refused_writes_leave_nothing_behind);
 on_both_stores!(cancelling_settles_in_flight_steps_before_the_run);
