@@ -797,6 +797,9 @@ fn governance(options: &ToolOptionsView) -> String {
     if options.cost_per_call > 0.0 {
         parts.push(format!("{}/call", options.cost_per_call));
     }
+    if !options.secret.is_empty() {
+        parts.push(format!("secret {}", options.secret.join("+")));
+    }
     if let Some(ttl) = options.cache_ttl_ms {
         parts.push(format!("cache {}", duration(Duration::from_millis(ttl))));
     }

@@ -499,6 +499,9 @@ pub struct ToolOptionsView {
     pub risk: String,
     pub permissions: Vec<String>,
     pub resources: Vec<String>,
+    /// Fields the kernel keeps out of its record (the tool's `secret` option).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub secret: Vec<String>,
     pub cost_per_call: f64,
     pub cache_ttl_ms: Option<u64>,
     pub requires_approval: bool,
@@ -519,6 +522,7 @@ impl From<pb::ToolOptions> for ToolOptionsView {
             risk: risk_name(options.risk),
             permissions: options.permissions,
             resources: options.resources,
+            secret: options.secret,
             cost_per_call: options.cost_per_call,
             cache_ttl_ms: non_zero(options.cache_ttl_ms),
             requires_approval: options.requires_approval,

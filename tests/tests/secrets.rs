@@ -170,6 +170,9 @@ async fn a_secret_reaches_its_tool_and_nothing_the_kernel_keeps_shows_or_exports
     assert_hidden("the exported spans", &format!("{spans:?}"));
     assert_hidden("the database", &database_text(&kernel).await);
     assert_hidden("the kernel's log", &kernel.process.log.text());
+    let tools = kernel.kernelctl_ok(&["tools", "list"]);
+    let line = tools.lines().find(|l| l.contains("login")).expect("login is listed");
+    assert!(line.contains("secret password+token"), "{tools}");
 }
 
 #[tokio::test]
