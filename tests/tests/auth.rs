@@ -711,6 +711,58 @@ async fn a_subagent_needs_runs_write_on_the_hosting_worker_s_key() {
     assert_eq!(run_count(&secured).await, 1, "no child run was created");
 }
 
+/// A tool's body calling a tool makes a call of the run: a worker whose key lacks `tools:call`
+/// is refused with PERMISSION_DENIED naming the scope, and no nested call is recorded.
+#[tokio::test]
+async fn a_tool_calling_a_tool_needs_tools_call_on_its_worker_s_key() {
+    let secured = secured_with(None);
+    let kernel = &secured.kernel;
+    let _worker = kernel.fault_worker_with("relays", &["--api-key", &secured.worker]);
+    let run = runs(kernel)
+        .await
+        .create_run(with_key(new_run(), &secured.agent))
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap()
+        .id;
+    let relay = call(
+        "relay",
+        json!({"tool": "lookup", "arguments": {"q": "x", "hold_ms": 0}}),
+    );
+    let mut turn = ToolCallServiceClient::connect(kernel.url())
+        .await
+        .unwrap()
+        .submit_turn(with_key(
+            pb::SubmitTurnRequest {
+                run_id: run.clone(),
+                turn: 0,
+                calls: vec![relay],
+                offered_tools: Vec::new(),
+                max_concurrency: 0,
+            },
+            &secured.agent,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let result = result_of(&mut turn).await;
+    assert_eq!(result.outcome, pb::CallOutcome::ToolError as i32, "{result:?}");
+    assert!(
+        result.content.contains("key 'demo-workers' needs the scope tools:call"),
+        "{}",
+        result.content
+    );
+    let got = runs(kernel)
+        .await
+        .get_run(with_key(pb::GetRunRequest { run_id: run }, &secured.admin))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.steps.len(), 1, "no nested call recorded: {:?}", got.steps);
+}
+
 /// `kernelctl mcp serve --listen`: an MCP client's bearer token is the key its calls are made with.
 #[tokio::test]
 async fn an_mcp_client_s_bearer_token_is_the_key_of_its_calls() {

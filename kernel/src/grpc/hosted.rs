@@ -13,6 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::{Kernel, convert, tool_calls};
+use crate::auth::Scope;
 use crate::error::KernelError;
 use crate::limits::Limits;
 use crate::machine::command::local_step;
@@ -45,6 +46,18 @@ fn fence(dispatch: Option<pb::HostedDispatch>) -> Result<(RunId, Fence), KernelE
             attempt: dispatch.attempt,
         },
     ))
+}
+
+/// Refuses an operation of a hosted handler or tool body that does `what` unless the worker's key
+/// (when the kernel has keys) also holds `scope`, beyond workers:connect.
+fn needs(caller: Option<&crate::auth::Caller>, scope: Scope, what: &str) -> Result<(), KernelError> {
+    match caller {
+        Some(caller) if !caller.has(scope) => Err(KernelError::PermissionDenied(format!(
+            "{what}: key '{}' needs the scope {scope}",
+            caller.name()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Checks a local step id against `[a-zA-Z0-9_.:-]{1,128}`.
@@ -237,15 +250,7 @@ impl HostedService for HostedApi {
         let req = request.into_inner();
         let (run_id, fence) = fence(req.dispatch)?;
         // A child run is a new run: the worker's key needs runs:write as well.
-        if let Some(caller) = &caller
-            && !caller.has(crate::auth::Scope::RunsWrite)
-        {
-            return Err(KernelError::PermissionDenied(format!(
-                "starting a subagent creates a run: key '{}' needs the scope runs:write",
-                caller.name()
-            ))
-            .into());
-        }
+        needs(caller.as_ref(), Scope::RunsWrite, "starting a subagent creates a run")?;
         let agent = req.agent.trim().to_owned();
         let known = self
             .0
@@ -354,15 +359,7 @@ impl HostedService for HostedApi {
         let req = request.into_inner();
         let (run, fence) = fence(req.dispatch)?;
         // A question blocks the run until a person answers: the worker's key writes runs.
-        if let Some(caller) = &caller
-            && !caller.has(crate::auth::Scope::RunsWrite)
-        {
-            return Err(KernelError::PermissionDenied(format!(
-                "asking a person blocks the run: key '{}' needs the scope runs:write",
-                caller.name()
-            ))
-            .into());
-        }
+        needs(caller.as_ref(), Scope::RunsWrite, "asking a person blocks the run")?;
         let asked = asked(
             req.question,
             (&req.answer_schema_json, req.choices, &req.default_answer_json),
@@ -390,15 +387,11 @@ impl HostedService for HostedApi {
         let req = request.into_inner();
         let (run_id, fence) = fence(req.dispatch)?;
         // A nested call is a call of the run, as an agent's turn makes: the worker's key calls tools.
-        if let Some(key) = &key
-            && !key.has(crate::auth::Scope::ToolsCall)
-        {
-            return Err(KernelError::PermissionDenied(format!(
-                "a tool's body calling a tool makes a call of the run: key '{}' needs the scope tools:call",
-                key.name()
-            ))
-            .into());
-        }
+        needs(
+            key.as_ref(),
+            Scope::ToolsCall,
+            "a tool's body calling a tool makes a call of the run",
+        )?;
         let call = req
             .call
             .ok_or_else(|| KernelError::invalid("call", "must name the tool to call and its arguments"))?;

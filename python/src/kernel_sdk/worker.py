@@ -1011,24 +1011,25 @@ class _CallKernel:
         return NestedCall(response.step.step_key, result)
 
     async def await_call(self, key: str) -> CallResult:
-        stub, dispatch = self._hosted()
-        request = hosted_pb2.AwaitStepRequest(dispatch=dispatch, step_key=key)
-        try:
-            answer = await stub.AwaitStep(request, metadata=metadata(self.session.worker._api_key))
-        except grpc.aio.AioRpcError as error:
-            raise _subagent_error(f"ctx.call step {key}", error) from None
+        answer = await self._awaited(key, f"ctx.call step {key}")
         if not answer.HasField("result"):
             raise ToolError.fatal(f"ctx.call step {key}: the kernel answered without its result")
         return call_result(answer.result)
 
     async def await_step(self, key: str) -> ChildStep:
+        return _child((await self._awaited(key, f"subagent step {key}")).step)
+
+    async def _awaited(self, key: str, what: str) -> hosted_pb2.AwaitStepResponse:
+        """The kernel's answer once step `key` has settled; a failure is `what`'s error."""
         stub, dispatch = self._hosted()
         request = hosted_pb2.AwaitStepRequest(dispatch=dispatch, step_key=key)
         try:
-            answer = await stub.AwaitStep(request, metadata=metadata(self.session.worker._api_key))
+            answer: hosted_pb2.AwaitStepResponse = await stub.AwaitStep(
+                request, metadata=metadata(self.session.worker._api_key)
+            )
         except grpc.aio.AioRpcError as error:
-            raise _subagent_error(f"subagent step {key}", error) from None
-        return _child(answer.step)
+            raise _subagent_error(what, error) from None
+        return answer
 
 
 def _child(step: Any) -> ChildStep:

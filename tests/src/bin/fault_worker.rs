@@ -35,6 +35,9 @@ struct Config {
     /// `sleepy` declares its own limit: at most this many of its calls run at once.
     #[arg(long)]
     sleepy_at_once: Option<u32>,
+    /// The API key the worker connects with, for a kernel with an auth file.
+    #[arg(long)]
+    api_key: Option<String>,
 }
 
 struct Ledger(Mutex<std::fs::File>);
@@ -504,6 +507,10 @@ async fn main() {
     let builder = Worker::builder(config.kernel)
         .name(config.name)
         .max_concurrency(config.max_concurrency);
+    let builder = match config.api_key {
+        Some(key) => builder.api_key(key),
+        None => builder,
+    };
     let agents = || {
         [
             Agent::new("pipeline", "Steps and sleepy calls, for fault tests", pipeline),
