@@ -10,7 +10,7 @@ use serde_json::json;
 
 /// The PostgreSQL schema's version this build writes: one per entry of `MIGRATIONS` in
 /// `kernel/src/store/postgres/schema.rs`.
-const SCHEMA: i64 = 13;
+const SCHEMA: i64 = 14;
 
 fn kernel(args: &[&str]) -> Output {
     Command::new(binary("kernel")).args(args).output().expect("kernel runs")
