@@ -566,6 +566,11 @@ impl StepKey {
         })
     }
 
+    /// Whether a call's body began this step: a question it asked or a call it made.
+    pub fn is_dependent(&self) -> bool {
+        self.0.starts_with("question:") || self.0.starts_with("call:")
+    }
+
     /// For a question a tool call's body asked, that call's key.
     pub fn asking_call(&self) -> Option<StepKey> {
         let rest = self.0.strip_prefix("question:")?;

@@ -50,6 +50,9 @@ struct Cached {
     recorded: RecordedKeys,
     /// Every step of the run has been seen here, so one `recorded` lacks does not exist.
     complete: bool,
+    /// How many of `steps` a call's body began (its questions, the calls it made): with none, a
+    /// settle finds nothing to withdraw without looking.
+    open_dependents: usize,
     /// The row of the run's last event on SQLite (see `store::chain`): `None` when not known
     /// here, `Some(None)` when the run has no events.
     last_event: Option<Option<i64>>,
@@ -175,6 +178,17 @@ impl Cache {
         (step.dispatch_id.as_ref() == Some(dispatch_id)).then(|| (step.clone(), cached.run.last_seq))
     }
 
+    /// The steps of a complete run not settled yet that `caller`'s body began, in the run's order;
+    /// `None` when the run is not held complete here. Asked at every settle: a run with none open
+    /// answers without looking at its steps.
+    pub fn open_dependents(&self, run: &RunId, caller: &StepKey) -> Option<Vec<StepRecord>> {
+        let cached = self.runs.get(run).filter(|cached| cached.complete)?;
+        if cached.open_dependents == 0 {
+            return Some(Vec::new());
+        }
+        self.open_steps_where(run, |step| step.key.began_by(caller))
+    }
+
     /// The steps of a complete run not settled yet that `keep` keeps, in the run's order; `None`
     /// when the run is not held complete here.
     pub fn open_steps_where(&self, run: &RunId, keep: impl Fn(&StepRecord) -> bool) -> Option<Vec<StepRecord>> {
@@ -256,6 +270,7 @@ impl Cache {
             return;
         };
         if let Some(old) = cached.steps.remove(&step.key) {
+            cached.open_dependents -= usize::from(old.key.is_dependent());
             self.bytes = self.bytes.saturating_sub(step_bytes(&old));
             if let Some(dispatch) = &old.dispatch_id {
                 self.dispatches.remove(dispatch);
@@ -270,6 +285,7 @@ impl Cache {
                     .insert(dispatch.clone(), (step.run_id.clone(), step.key.clone()));
             }
             self.bytes += step_bytes(step);
+            cached.open_dependents += usize::from(step.key.is_dependent());
             cached.steps.insert(step.key.clone(), step.clone());
         }
         if self.bytes > MAX_BYTES {
@@ -311,6 +327,7 @@ impl Cache {
                 steps: HashMap::new(),
                 recorded: RecordedKeys::new(MAX_HASHED_KEYS),
                 complete,
+                open_dependents: 0,
                 // A run this writer inserted has no events yet; one read has them in the row.
                 last_event: complete.then_some(None),
             },
@@ -335,6 +352,31 @@ mod tests {
         step.key = key;
         step.status = StepStatus::Succeeded;
         step
+    }
+
+    #[test]
+    fn a_complete_run_knows_without_looking_when_no_call_began_anything_still_open() {
+        let run = records::run();
+        let mut cache = Cache::default();
+        cache.inserted_run(&run);
+        let caller = StepKey::for_call(0, 0, None);
+        let mut open = |key: StepKey| {
+            let mut step = records::step();
+            step.key = key;
+            step.status = StepStatus::Pending;
+            step
+        };
+        cache.step_is(&open(caller.clone()));
+        assert_eq!(cache.open_dependents(&run.id, &caller), Some(Vec::new()));
+        let nested = open(StepKey::nested_call(&caller, 3));
+        cache.step_is(&nested);
+        cache.step_is(&open(StepKey::tool_question(&StepKey::for_call(0, 1, None), 0)));
+        let found = cache.open_dependents(&run.id, &caller).unwrap();
+        assert_eq!(found.iter().map(|s| &s.key).collect::<Vec<_>>(), [&nested.key]);
+        cache.step_is(&settled(nested.key.clone()));
+        assert_eq!(cache.open_dependents(&run.id, &caller), Some(Vec::new()));
+        assert_eq!(cache.runs[&run.id].open_dependents, 1, "the other call's question");
+        assert_eq!(cache.open_dependents(&RunId::new(), &caller), None, "a run not held");
     }
 
     #[test]

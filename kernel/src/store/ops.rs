@@ -476,7 +476,7 @@ impl Records for Tx<'_> {
 
     fn open_dependents(&self, run: &RunId, caller: &StepKey) -> Result<Vec<StepRecord>> {
         // Every settle asks: a run held here answers without a statement, and clones only those.
-        if let Some(open) = self.cache.borrow().open_steps_where(run, |s| s.key.began_by(caller)) {
+        if let Some(open) = self.cache.borrow().open_dependents(run, caller) {
             return Ok(open);
         }
         let mut open = self.open_steps(run)?;
