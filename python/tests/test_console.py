@@ -34,7 +34,15 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from kernel_sdk import AgentClient, BudgetLimit, CallOutcome, ToolCall, ToolContext, tool
+from kernel_sdk import (
+    AgentClient,
+    BudgetLimit,
+    CallOutcome,
+    KernelError,
+    ToolCall,
+    ToolContext,
+    tool,
+)
 
 SCREENSHOTS = REPO / "target" / "console-screenshots"
 
@@ -592,5 +600,164 @@ async def test_without_a_key_the_console_shows_nothing(
             with pytest.raises(urllib.error.HTTPError) as refused:
                 await asyncio.to_thread(urllib.request.urlopen, f"http://{kernel.http}{path}")
             assert refused.value.code == 401, path
+    finally:
+        kernel.stop()
+
+
+@tool
+async def add_up(ctx: ToolContext, a: int, b: int) -> int:
+    """Adds."""
+    return a + b
+
+
+@tool
+async def hold_on(ctx: ToolContext) -> str:
+    """Runs until it is cancelled."""
+    await ctx.cancelled.wait()
+    return "let go"
+
+
+def confirm_and_do(browser: Browser, form: str, what: str) -> None:
+    """Submits the action form `form` of the page, then its confirmation page's yes."""
+    browser.until(f"the {what} form", lambda d: d.find_element(By.CSS_SELECTOR, form))
+    browser.driver.find_element(By.CSS_SELECTOR, f"{form} button[type=submit]").click()
+    browser.until(f"the {what} confirmation", lambda d: "No, go back" in browser.text())
+    browser.shot(f"confirm-{what.replace(' ', '-')}")
+    browser.driver.find_element(By.CSS_SELECTOR, "form.confirm button.danger").click()
+
+
+def open_step(browser: Browser, key: str) -> Any:
+    step = browser.until(
+        f"step {key}", lambda d: d.find_element(By.CSS_SELECTOR, f'details.step[data-key="{key}"]')
+    )
+    if step.get_attribute("open") is None:
+        step.find_element(By.CSS_SELECTOR, "summary").click()
+    return step
+
+
+async def test_a_call_and_a_run_are_cancelled_forked_and_deleted_from_the_page_each_confirmed(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    kernel = console_kernel(tmp_path)
+    try:
+        async with AgentClient(kernel.addr) as client, serving(kernel, add_up, hold_on):
+            run = await client.create_run("acted-on")
+            await client.call_turn(run.id, 0, [ToolCall("add_up", {"a": 1, "b": 2})])
+            held = asyncio.create_task(client.call_turn(run.id, 1, [ToolCall("hold_on", {})]))
+            browser = await asyncio.to_thread(chrome, kernel)
+
+            def cancel_the_call() -> None:
+                browser.open(f"/runs/{run.id}")
+                step = open_step(browser, "t1/p0")
+                browser.until("the call running", lambda d: "running" in step.text)
+                confirm_and_do(
+                    browser, 'details.step[data-key="t1/p0"] form.cancel-call', "cancel call"
+                )
+                browser.until(
+                    "the call cancelled",
+                    lambda d: (
+                        "cancelled"
+                        in d.find_element(
+                            By.CSS_SELECTOR, 'details.step[data-key="t1/p0"] .status'
+                        ).text
+                    ),
+                )
+
+            await asyncio.to_thread(cancel_the_call)
+            [cancelled] = (await held).results
+            assert cancelled.outcome == CallOutcome.CANCELLED, cancelled
+
+            def fork_with_a_new_result() -> str:
+                browser.open(f"/runs/{run.id}")
+                step = open_step(browser, "t0/p0")
+                form = step.find_element(By.CSS_SELECTOR, "form.fork-here")
+                form.find_element(By.CSS_SELECTOR, "details summary").click()
+                form.find_element(By.NAME, "result").send_keys("42")
+                form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+                browser.until(
+                    "the fork's confirmation", lambda d: "replays t0/p0 as" in browser.text()
+                )
+                assert "42" in browser.text()
+                browser.driver.find_element(By.CSS_SELECTOR, "form.confirm button.danger").click()
+                browser.until(
+                    "the branch's page",
+                    lambda d: "/runs/" in d.current_url and run.id not in d.current_url,
+                )
+                return str(browser.driver.current_url.rsplit("/", 1)[-1])
+
+            branch_id = await asyncio.to_thread(fork_with_a_new_result)
+            branch = (await client.get_run(branch_id)).run
+            assert branch.forked_from_run_id == run.id, branch
+            assert branch.fork_at_step_key == "t0/p0"
+            [replayed] = (
+                await client.call_turn(branch_id, 0, [ToolCall("add_up", {"a": 1, "b": 2})])
+            ).results
+            assert replayed.output == 42, "the branch replays the result the form put there"
+
+            def cancel_then_delete_the_run() -> None:
+                browser.open(f"/runs/{run.id}")
+                assert not browser.driver.find_elements(By.CSS_SELECTOR, "form.delete-run")
+                confirm_and_do(browser, "form.cancel-run", "cancel run")
+                browser.until(
+                    "the run cancelled",
+                    lambda d: d.find_elements(By.CSS_SELECTOR, "form.delete-run"),
+                )
+                assert "cancelled" in browser.text()
+                confirm_and_do(browser, "form.delete-run", "delete run")
+                browser.until("the runs list", lambda d: d.current_url.endswith("/runs"))
+                assert run.id not in browser.source()
+
+            await asyncio.to_thread(cancel_then_delete_the_run)
+            with pytest.raises(KernelError) as gone:
+                await client.get_run(run.id)
+            assert gone.value.code == "NOT_FOUND"
+    finally:
+        kernel.stop()
+
+
+async def test_a_read_only_key_sees_no_action_and_its_forged_posts_are_refused(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    kernel = console_kernel(tmp_path, "--auth-file", str(auth_file(tmp_path)))
+    try:
+        async with AgentClient(kernel.addr, api_key="admin-key") as client:
+            run = await client.create_run("guarded")
+            browser = await asyncio.to_thread(chrome, kernel)
+
+            def reader_sees_no_forms() -> None:
+                browser.open(f"/runs/{run.id}")
+                browser.until("the key form", lambda d: d.find_elements(By.NAME, "key"))
+                browser.driver.find_element(By.NAME, "key").send_keys(SECRET + "\n")
+                browser.until("the run's page", lambda d: run.id in browser.text())
+                assert not browser.driver.find_elements(By.CSS_SELECTOR, "form.action")
+
+            await asyncio.to_thread(reader_sees_no_forms)
+            for action in ("cancel", "fork", "delete"):
+                request = urllib.request.Request(
+                    f"http://{kernel.http}/runs/{run.id}/{action}",
+                    data=b"confirmed=yes",
+                    headers={
+                        "authorization": f"Bearer {SECRET}",
+                        "origin": f"http://{kernel.http}",
+                        "content-type": "application/x-www-form-urlencoded",
+                    },
+                    method="POST",
+                )
+                with pytest.raises(urllib.error.HTTPError) as refused:
+                    await asyncio.to_thread(urllib.request.urlopen, request)
+                assert refused.value.code == 403, action
+            assert (await client.get_run(run.id)).run.status == "pending"
+
+            def admin_sees_them() -> None:
+                browser.driver.find_element(By.CSS_SELECTOR, "form.logout button").click()
+                browser.until("the key form", lambda d: d.find_elements(By.NAME, "key"))
+                browser.open(f"/runs/{run.id}")
+                browser.until("the key form", lambda d: d.find_elements(By.NAME, "key"))
+                browser.driver.find_element(By.NAME, "key").send_keys("admin-key\n")
+                browser.until(
+                    "the actions", lambda d: d.find_elements(By.CSS_SELECTOR, "form.cancel-run")
+                )
+
+            await asyncio.to_thread(admin_sees_them)
     finally:
         kernel.stop()

@@ -360,7 +360,7 @@ mod tests {
         let mut cache = Cache::default();
         cache.inserted_run(&run);
         let caller = StepKey::for_call(0, 0, None);
-        let mut open = |key: StepKey| {
+        let open = |key: StepKey| {
             let mut step = records::step();
             step.key = key;
             step.status = StepStatus::Pending;

@@ -36,6 +36,22 @@ pub fn capture(value: i32) -> String {
     pb::Capture::try_from(value).map_or_else(|_| value.to_string(), |s| enum_text(s.as_str_name(), "CAPTURE_"))
 }
 
+/// Whether a run with this status has ended (completed, failed or cancelled).
+pub fn run_ended(value: i32) -> bool {
+    matches!(
+        pb::RunStatus::try_from(value),
+        Ok(pb::RunStatus::Completed | pb::RunStatus::Failed | pb::RunStatus::Cancelled)
+    )
+}
+
+/// Whether a step with this status has settled (succeeded, failed or cancelled).
+pub fn step_settled(value: i32) -> bool {
+    matches!(
+        pb::StepStatus::try_from(value),
+        Ok(pb::StepStatus::Succeeded | pb::StepStatus::Failed | pb::StepStatus::Cancelled)
+    )
+}
+
 /// A run status from its text, for the list's filter.
 pub fn parse_run_status(text: &str) -> Option<pb::RunStatus> {
     pb::RunStatus::from_str_name(&format!("RUN_STATUS_{}", text.to_ascii_uppercase()))

@@ -1,6 +1,7 @@
 //! The web console: server-rendered pages over the `kernel.v1` services, a stylesheet and a
 //! little JavaScript (live event tail, progress, local times), all embedded in the binary.
 
+mod actions;
 mod answer_form;
 mod approvals;
 mod assets;
@@ -31,6 +32,10 @@ pub fn routes() -> Router<Http> {
         .route("/runs/{id}", get(run::page))
         .route("/runs/{id}/live", get(run::live_part))
         .route("/runs/{id}/stream", get(run::stream))
+        .route("/runs/{id}/cancel", post(actions::cancel_run))
+        .route("/runs/{id}/cancel-call", post(actions::cancel_call))
+        .route("/runs/{id}/fork", post(actions::fork))
+        .route("/runs/{id}/delete", post(actions::delete))
         .route("/approvals", get(approvals::list))
         .route("/approvals/{id}", post(approvals::answer))
         .route("/registry", get(registry::page))

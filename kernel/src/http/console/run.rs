@@ -17,7 +17,7 @@ use serde::Deserialize;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::timeline::{self, Attempt, Axis};
-use super::{Section, admit, approvals, format, layout, refused, request};
+use super::{Section, actions, admit, approvals, format, layout, refused, request};
 use crate::auth::Caller;
 use crate::grpc::RunApi;
 use crate::http::{Http, session};
@@ -80,10 +80,24 @@ async fn load(http: &Http, caller: &Option<Caller>, id: &str) -> Result<Loaded, 
 }
 
 fn is_live(run: &pb::Run) -> bool {
-    !matches!(
-        pb::RunStatus::try_from(run.status),
-        Ok(pb::RunStatus::Completed | pb::RunStatus::Failed | pb::RunStatus::Cancelled)
-    )
+    !format::run_ended(run.status)
+}
+
+/// Who looks at the page, as its forms need: whether an approval's form asks who answers (no
+/// keys), and what the key may do to the run.
+#[derive(Clone, Copy)]
+struct Viewer {
+    ask_decider: bool,
+    allowed: actions::Allowed,
+}
+
+impl Viewer {
+    fn of(http: &Http, headers: &HeaderMap) -> Viewer {
+        Viewer {
+            ask_decider: !session::required(http),
+            allowed: actions::Allowed::of(http, headers),
+        }
+    }
 }
 
 pub async fn page(
@@ -110,7 +124,7 @@ pub async fn page(
     let body = html! {
         h1 { "Run " code { (run.id) } }
         div #live data-src={ "/runs/" (run.id) "/live" } data-live=(is_live(run)) {
-            (live(&loaded, !session::required(&http)))
+            (live(&loaded, Viewer::of(&http, &headers)))
         }
         section.events {
             h2 { "Events" }
@@ -151,12 +165,12 @@ pub async fn live_part(State(http): State<Http>, headers: HeaderMap, Path(id): P
         Err(refusal) => return refusal.plain(),
     };
     match load(&http, &caller, &id).await {
-        Ok(loaded) => Html(live(&loaded, !session::required(&http)).into_string()).into_response(),
+        Ok(loaded) => Html(live(&loaded, Viewer::of(&http, &headers)).into_string()).into_response(),
         Err(status) => crate::http::plain(&status),
     }
 }
 
-fn live(loaded: &Loaded, ask_decider: bool) -> Markup {
+fn live(loaded: &Loaded, viewer: Viewer) -> Markup {
     let run = loaded.run();
     let waiting: Vec<&pb::Approval> = loaded
         .got
@@ -166,10 +180,11 @@ fn live(loaded: &Loaded, ask_decider: bool) -> Markup {
         .collect();
     html! {
         (header(run, loaded.got.manifest.as_ref()))
+        (actions::run_actions(run, viewer.allowed))
         @if !waiting.is_empty() {
             section.waiting {
                 h2 { "Waiting for a person" }
-                @for approval in waiting { (approvals::card(approval, ask_decider, false)) }
+                @for approval in waiting { (approvals::card(approval, viewer.ask_decider, false)) }
             }
         }
         @if !loaded.children.is_empty() {
@@ -183,7 +198,7 @@ fn live(loaded: &Loaded, ask_decider: bool) -> Markup {
                 } }
             }
         }
-        (steps(loaded))
+        (steps(loaded, viewer.allowed))
     }
 }
 
@@ -270,7 +285,7 @@ fn header(run: &pb::Run, manifest: Option<&pb::RunManifest>) -> Markup {
     }
 }
 
-fn steps(loaded: &Loaded) -> Markup {
+fn steps(loaded: &Loaded, allowed: actions::Allowed) -> Markup {
     let run = loaded.run();
     let steps = &loaded.got.steps;
     // The console reads the kernel as a client does, over its API: "now" is the reader's.
@@ -286,14 +301,15 @@ fn steps(loaded: &Loaded) -> Markup {
             div.timeline {
                 @for step in steps.iter().take(MAX_STEPS) {
                     @let tried = attempts.get(&step.step_key).unwrap_or(&none);
-                    (step_row(axis, step, tried, now))
+                    (step_row(axis, step, tried, now, actions::step_actions(&run.id, step, allowed)))
                 }
             }
         }
     }
 }
 
-fn step_row(axis: Axis, step: &pb::Step, attempts: &[Attempt], now: i64) -> Markup {
+/// A step's row: its bar on the timeline, and in its details what it holds, then `actions`.
+fn step_row(axis: Axis, step: &pb::Step, attempts: &[Attempt], now: i64, actions: Markup) -> Markup {
     let status = format::step_status(step.status);
     let name = match step.tool.as_str() {
         "" => format::step_kind(step.kind),
@@ -351,6 +367,7 @@ fn step_row(axis: Axis, step: &pb::Step, attempts: &[Attempt], now: i64) -> Mark
                         } }
                     }
                 }
+                (actions)
             }
         }
     }

@@ -1,0 +1,295 @@
+//! What a person does to runs from the console: cancel a run, cancel one of its calls, fork it at
+//! a step (that step's result replaced, or not), and delete a finished run. Each is the `kernel.v1` method a client would call, made as the visitor's key:
+//! a page offers only what the key may do, and a post the key may not make is refused as the
+//! service refuses it. Each asks first: a post without `confirmed` answers with what it will do
+//! and the button that does it, so nothing happens on one click and no JavaScript is needed.
+
+use axum::extract::{Form, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use kernel_proto::v1 as pb;
+use kernel_proto::v1::admin_service_server::AdminService;
+use kernel_proto::v1::run_service_server::RunService;
+use kernel_proto::v1::tool_call_service_server::ToolCallService;
+use maud::{Markup, html};
+
+use super::{Section, admit, error_page, format, layout, refused, request};
+use crate::grpc::{AdminApi, RunApi, ToolCallApi};
+use crate::http::{Http, session};
+
+const CANCEL_RUN: &str = "/kernel.v1.RunService/CancelRun";
+const CANCEL_CALL: &str = "/kernel.v1.ToolCallService/CancelCall";
+const FORK_RUN: &str = "/kernel.v1.RunService/ForkRun";
+const DELETE_RUN: &str = "/kernel.v1.AdminService/DeleteRun";
+
+/// What the visitor's key may do to runs: the forms a page offers.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Allowed {
+    pub cancel: bool,
+    pub fork: bool,
+    pub delete: bool,
+}
+
+impl Allowed {
+    pub fn of(http: &Http, headers: &HeaderMap) -> Allowed {
+        let may = |path: &str| session::authorize(http, headers, path).is_ok();
+        Allowed {
+            cancel: may(CANCEL_RUN) && may(CANCEL_CALL),
+            fork: may(FORK_RUN),
+            delete: may(DELETE_RUN),
+        }
+    }
+}
+
+/// A run's own actions, for its page: cancel it while it runs, delete it once it ended.
+pub fn run_actions(run: &pb::Run, allowed: Allowed) -> Markup {
+    let ended = format::run_ended(run.status);
+    html! {
+        @if (allowed.cancel && !ended) || (allowed.delete && ended) || allowed.fork {
+            section.actions {
+                h2 { "Actions" }
+                @if allowed.cancel && !ended {
+                    form.action.cancel-run method="post" action={ "/runs/" (run.id) "/cancel" } {
+                        label { "Reason " input name="reason" placeholder="optional"; }
+                        button.danger type="submit" { "Cancel run…" }
+                    }
+                }
+                @if allowed.fork {
+                    form.action.fork-run method="post" action={ "/runs/" (run.id) "/fork" } {
+                        button type="submit" { "Fork the whole run…" }
+                    }
+                }
+                @if allowed.delete && ended {
+                    form.action.delete-run method="post" action={ "/runs/" (run.id) "/delete" } {
+                        button.danger type="submit" { "Delete run…" }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A step's actions, inside its details: cancel a call in flight; fork the run at a settled
+/// call, its result replaced when one is given.
+pub fn step_actions(run_id: &str, step: &pb::Step, allowed: Allowed) -> Markup {
+    let settled = format::step_settled(step.status);
+    let call = step.kind == pb::StepKind::Tool as i32 || step.kind == pb::StepKind::Unspecified as i32;
+    html! {
+        @if allowed.cancel && call && !settled {
+            form.action.cancel-call method="post" action={ "/runs/" (run_id) "/cancel-call" } {
+                input type="hidden" name="key" value=(step.step_key);
+                label { "Reason " input name="reason" placeholder="optional"; }
+                button.danger type="submit" { "Cancel this call…" }
+            }
+        }
+        @if allowed.fork && settled {
+            form.action.fork-here method="post" action={ "/runs/" (run_id) "/fork" } {
+                input type="hidden" name="at" value=(step.step_key);
+                details {
+                    summary { "Replace its result" }
+                    label { "Result (JSON) " textarea name="result" placeholder="the result the branch replays" {} }
+                }
+                button type="submit" { "Fork here…" }
+            }
+        }
+    }
+}
+
+/// The fields of a posted form.
+struct Sent(Vec<(String, String)>);
+
+impl Sent {
+    fn get(&self, name: &str) -> &str {
+        self.0
+            .iter()
+            .find(|(key, _)| key == name)
+            .map_or("", |(_, value)| value.as_str())
+    }
+
+    fn confirmed(&self) -> bool {
+        self.get("confirmed") == "yes"
+    }
+}
+
+/// The page that asks before doing: what will happen, and a form sending `sent` again, confirmed.
+fn confirm(title: &str, what: Markup, (action, back): (&str, &str), sent: &Sent, signed_in: bool) -> Response {
+    let body = html! {
+        h1 { (title) }
+        div.confirm { (what) }
+        form.confirm method="post" action=(action) {
+            @for (name, value) in sent.0.iter().filter(|(name, _)| name != "confirmed") {
+                input type="hidden" name=(name) value=(value);
+            }
+            input type="hidden" name="confirmed" value="yes";
+            button.danger type="submit" { "Yes, " (title.to_lowercase()) }
+            " "
+            a href=(back) { "No, go back" }
+        }
+    };
+    layout(title, Section::Runs, signed_in, body).into_response()
+}
+
+pub async fn cancel_run(
+    State(http): State<Http>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(sent): Form<Vec<(String, String)>>,
+) -> Response {
+    let back = format!("/runs/{id}");
+    let caller = match admit(&http, &headers, CANCEL_RUN, &back) {
+        Ok(caller) => caller,
+        Err(response) => return *response,
+    };
+    let sent = Sent(sent);
+    if !sent.confirmed() {
+        let what = html! { p { "Run " code { (id) } " ends as cancelled, and its calls in flight are cancelled on their workers." } };
+        return confirm(
+            "Cancel run",
+            what,
+            (&format!("/runs/{id}/cancel"), &back),
+            &sent,
+            caller.is_some(),
+        );
+    }
+    let message = pb::CancelRunRequest {
+        run_id: id,
+        reason: reason(&sent, "cancelled from the console"),
+    };
+    match RunApi(http.kernel.clone()).cancel_run(request(message, &caller)).await {
+        Ok(_) => Redirect::to(&back).into_response(),
+        Err(status) => refused(status),
+    }
+}
+
+pub async fn cancel_call(
+    State(http): State<Http>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(sent): Form<Vec<(String, String)>>,
+) -> Response {
+    let back = format!("/runs/{id}");
+    let caller = match admit(&http, &headers, CANCEL_CALL, &back) {
+        Ok(caller) => caller,
+        Err(response) => return *response,
+    };
+    let sent = Sent(sent);
+    let key = sent.get("key").to_owned();
+    if key.is_empty() {
+        return error_page(StatusCode::BAD_REQUEST, "key: missing; the call's step key");
+    }
+    if !sent.confirmed() {
+        let what = html! { p { "Call " code { (key) } " of run " code { (id) } " settles as cancelled (its worker is told); the run goes on." } };
+        return confirm(
+            "Cancel call",
+            what,
+            (&format!("/runs/{id}/cancel-call"), &back),
+            &sent,
+            caller.is_some(),
+        );
+    }
+    let message = pb::CancelCallRequest {
+        run_id: id,
+        step_key: key,
+        reason: reason(&sent, "cancelled from the console"),
+    };
+    match ToolCallApi(http.kernel.clone())
+        .cancel_call(request(message, &caller))
+        .await
+    {
+        Ok(_) => Redirect::to(&back).into_response(),
+        Err(status) => refused(status),
+    }
+}
+
+pub async fn fork(
+    State(http): State<Http>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(sent): Form<Vec<(String, String)>>,
+) -> Response {
+    let back = format!("/runs/{id}");
+    let caller = match admit(&http, &headers, FORK_RUN, &back) {
+        Ok(caller) => caller,
+        Err(response) => return *response,
+    };
+    let sent = Sent(sent);
+    let at = sent.get("at").trim().to_owned();
+    let result = sent.get("result").trim().to_owned();
+    if !result.is_empty() && at.is_empty() {
+        return error_page(
+            StatusCode::BAD_REQUEST,
+            "result: replaces the result of the step forked at; name it (at)",
+        );
+    }
+    if !sent.confirmed() {
+        let what = html! {
+            p { "A new run, a branch of " code { (id) } ", replays its record "
+                @if at.is_empty() { "whole" } @else { "up to and including " code { (at) } }
+                "; only reads run live in it." }
+            @if !result.is_empty() { p { "The branch replays " code { (at) } " as:" } div.arguments { (format::json(&result)) } }
+        };
+        return confirm(
+            "Fork run",
+            what,
+            (&format!("/runs/{id}/fork"), &back),
+            &sent,
+            caller.is_some(),
+        );
+    }
+    let message = pb::ForkRunRequest {
+        run_id: id,
+        at_step_key: at.clone(),
+        set_results: if result.is_empty() {
+            Default::default()
+        } else {
+            [(at, result)].into()
+        },
+        ..Default::default()
+    };
+    match RunApi(http.kernel.clone()).fork_run(request(message, &caller)).await {
+        Ok(response) => match response.into_inner().run {
+            Some(branch) => Redirect::to(&format!("/runs/{}", branch.id)).into_response(),
+            None => Redirect::to(&back).into_response(),
+        },
+        Err(status) => refused(status),
+    }
+}
+
+pub async fn delete(
+    State(http): State<Http>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(sent): Form<Vec<(String, String)>>,
+) -> Response {
+    let back = format!("/runs/{id}");
+    let caller = match admit(&http, &headers, DELETE_RUN, &back) {
+        Ok(caller) => caller,
+        Err(response) => return *response,
+    };
+    let sent = Sent(sent);
+    if !sent.confirmed() {
+        let what = html! { p { "Run " code { (id) } ", its steps, events and approvals are deleted for good." } };
+        return confirm(
+            "Delete run",
+            what,
+            (&format!("/runs/{id}/delete"), &back),
+            &sent,
+            caller.is_some(),
+        );
+    }
+    let message = pb::DeleteRunRequest { run_id: id };
+    match AdminApi(http.kernel.clone())
+        .delete_run(request(message, &caller))
+        .await
+    {
+        Ok(_) => Redirect::to("/runs").into_response(),
+        Err(status) => refused(status),
+    }
+}
+
+fn reason(sent: &Sent, otherwise: &str) -> String {
+    match sent.get("reason").trim() {
+        "" => otherwise.to_owned(),
+        given => given.to_owned(),
+    }
+}
