@@ -440,6 +440,14 @@ pub struct ListRunsArgs {
     #[arg(long, value_name = "RUN_ID")]
     pub parent: Option<String>,
 
+    /// Only runs that made a call of this tool.
+    #[arg(long)]
+    pub tool: Option<String>,
+
+    /// Only runs created within this long before now (`15m`, `24h`, `7d`).
+    #[arg(long, value_name = "DURATION", value_parser = kernel_proto::duration::parse_millis)]
+    pub since: Option<u64>,
+
     /// Most runs to print.
     #[arg(
         long,

@@ -761,3 +761,42 @@ async def test_a_read_only_key_sees_no_action_and_its_forged_posts_are_refused(
             await asyncio.to_thread(admin_sees_them)
     finally:
         kernel.stop()
+
+
+async def test_runs_are_found_by_id_by_a_tool_they_called_and_by_when_they_were_created(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    kernel = console_kernel(tmp_path)
+    try:
+        async with AgentClient(kernel.addr) as client, serving(kernel, add_up):
+            adding = await client.create_run("finder")
+            await client.call_turn(adding.id, 0, [ToolCall("add_up", {"a": 1, "b": 1})])
+            idle = await client.create_run("finder")
+            browser = await asyncio.to_thread(chrome, kernel)
+
+            def row(run_id: str) -> Callable[[WebDriver], Any]:
+                return lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-run="{run_id}"]')
+
+            def check() -> None:
+                browser.open("/runs?tool=add_up")
+                browser.until("the run that called add_up", row(adding.id))
+                assert idle.id not in browser.source()
+                browser.open("/runs?since=15m")
+                browser.until("the recent runs", row(idle.id))
+                assert row(adding.id)(browser.driver)
+                for window in ("from=2999-01-01T00:00", "to=2000-01-01T00:00"):
+                    browser.open(f"/runs?{window}")
+                    browser.until(f"nothing {window}", lambda d: "No runs match." in browser.text())
+                browser.open("/runs?from=yesterday")
+                browser.until("the refusal", lambda d: "from: 'yesterday'" in browser.text())
+                browser.open("/runs")
+                browser.until("the id box", lambda d: d.find_elements(By.NAME, "q"))
+                browser.driver.find_element(By.NAME, "q").send_keys(idle.id + "\n")
+                browser.until(
+                    "the run's page", lambda d: d.current_url.endswith(f"/runs/{idle.id}")
+                )
+                browser.shot("found")
+
+            await asyncio.to_thread(check)
+    finally:
+        kernel.stop()

@@ -77,6 +77,14 @@ async fn runs_show_tells_which_tool_ran_where_with_what() {
 
     let listed = stdout(&kernel.kernelctl(&["runs", "list"]));
     assert!(listed.contains(&run), "{listed}");
+    // Found by a tool it called and by when it was created; not by a tool it never called.
+    let idle = kernel.create_run("idle").await;
+    let by_tool = stdout(&kernel.kernelctl(&["runs", "list", "--tool", "add", "--since", "1h"]));
+    assert!(by_tool.contains(&run) && !by_tool.contains(&idle), "{by_tool}");
+    let by_other = stdout(&kernel.kernelctl(&["runs", "list", "--tool", "echo"]));
+    assert!(!by_other.contains(&run), "{by_other}");
+    let recent = stdout(&kernel.kernelctl(&["runs", "list", "--since", "1h"]));
+    assert!(recent.contains(&run) && recent.contains(&idle), "{recent}");
     let tools: Value = serde_json::from_str(&stdout(&kernel.kernelctl(&["--json", "tools", "list"]))).unwrap();
     let add = tools["tools"]
         .as_array()

@@ -34,6 +34,18 @@ struct RunDocument {
     run: RunView,
 }
 
+/// The time `millis` before now.
+fn ago(millis: u64) -> prost_types::Timestamp {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let then = now.saturating_sub(std::time::Duration::from_millis(millis));
+    prost_types::Timestamp {
+        seconds: then.as_secs() as i64,
+        nanos: then.subsec_nanos() as i32,
+    }
+}
+
 pub async fn list(kernel: &mut Kernel, out: &mut Output<'_>, args: ListRunsArgs) -> Result<(), CliError> {
     let limit = if args.all { usize::MAX } else { args.limit as usize };
     let mut request = ListRunsRequest {
@@ -43,6 +55,9 @@ pub async fn list(kernel: &mut Kernel, out: &mut Output<'_>, args: ListRunsArgs)
         page_size: 0,
         page_token: args.page_token.unwrap_or_default(),
         parent_run_id: args.parent.unwrap_or_default(),
+        tool: args.tool.unwrap_or_default(),
+        created_after: args.since.map(ago),
+        created_before: None,
     };
     let mut runs = Vec::new();
     loop {

@@ -19,6 +19,11 @@ use crate::model::{
 use crate::registry::KnownTool;
 use crate::scheduler::{SessionHello, WorkerSnapshot};
 
+/// A timestamp as milliseconds since the epoch.
+pub fn millis_of(time: &Timestamp) -> Millis {
+    time.seconds.saturating_mul(1000) + i64::from(time.nanos) / 1_000_000
+}
+
 pub fn timestamp(ms: Millis) -> Timestamp {
     Timestamp {
         seconds: ms.div_euclid(1000),

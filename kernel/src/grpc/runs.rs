@@ -210,6 +210,9 @@ impl RunService for RunApi {
                 id => Some(RunId::parse(id, "parent_run_id")?),
             },
             before,
+            tool: Some(req.tool.trim().to_owned()).filter(|tool| !tool.is_empty()),
+            created_from: req.created_after.as_ref().map(convert::millis_of),
+            created_until: req.created_before.as_ref().map(convert::millis_of),
             limit: limit + 1,
         };
         let mut runs = self.0.store.reads.runs(filter).await?;

@@ -99,6 +99,11 @@ pub struct RunFilter {
     pub parent: Option<RunId>,
     /// Only runs with an id lower than this (newest first paging).
     pub before: Option<String>,
+    /// Only runs that made a call of this tool.
+    pub tool: Option<String>,
+    /// Only runs created in `[from, until)`, in milliseconds since the epoch.
+    pub created_from: Option<crate::model::Millis>,
+    pub created_until: Option<crate::model::Millis>,
     pub limit: u32,
 }
 
@@ -306,6 +311,18 @@ impl Readers {
             if let Some(before) = &filter.before {
                 sql.push_str(" AND id < ?");
                 args.push(Arg::Text(before));
+            }
+            if let Some(tool) = &filter.tool {
+                sql.push_str(" AND EXISTS (SELECT 1 FROM steps WHERE steps.run_id = runs.id AND steps.tool = ?)");
+                args.push(Arg::Text(tool));
+            }
+            if let Some(from) = filter.created_from {
+                sql.push_str(" AND created_at >= ?");
+                args.push(Arg::Int(from));
+            }
+            if let Some(until) = filter.created_until {
+                sql.push_str(" AND created_at < ?");
+                args.push(Arg::Int(until));
             }
             sql.push_str(" ORDER BY id DESC LIMIT ?");
             args.push(Arg::Int(i64::from(filter.limit)));

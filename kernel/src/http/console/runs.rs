@@ -1,4 +1,5 @@
-//! The runs page: newest first, filtered by status, agent, labels and parent, a page at a time.
+//! The runs page: newest first, filtered by status, agent, labels, parent, a tool the run called
+//! and when it was created, a page at a time; a run's id goes straight to its page.
 
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
@@ -6,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::run_service_server::RunService;
 use maud::html;
+use prost_types::Timestamp;
 use serde::Deserialize;
 
 use super::{Section, admit, format, layout, refused, request};
@@ -26,18 +28,51 @@ pub struct Filter {
     labels: String,
     #[serde(default)]
     parent: String,
+    /// A run's id: its page.
+    #[serde(default)]
+    q: String,
+    /// Only runs that made a call of this tool.
+    #[serde(default)]
+    tool: String,
+    /// Only runs created within this long before now (`15m`, `24h`, `7d`).
+    #[serde(default)]
+    since: String,
+    /// Only runs created at or after, and before, these times (UTC, as a `datetime-local` input
+    /// sends them: `2026-12-07T05:00`).
+    #[serde(default)]
+    from: String,
+    #[serde(default)]
+    to: String,
     /// The page token: runs older than this one.
     #[serde(default)]
     before: String,
 }
 
 impl Filter {
+    /// The creation times asked for: `since` back from `now`, or `from` on; `to` as the end.
+    fn window(&self, now: crate::model::Millis) -> Result<(Option<Timestamp>, Option<Timestamp>), String> {
+        let since = match self.since.trim() {
+            "" => None,
+            text => {
+                let ms = kernel_proto::duration::parse_millis(text).map_err(|why| format!("since: {why}"))?;
+                Some(crate::grpc::convert::timestamp(now.saturating_sub(ms as i64)))
+            }
+        };
+        let from = utc("from", &self.from)?;
+        let to = utc("to", &self.to)?;
+        Ok((since.or(from), to))
+    }
+
     fn query(&self, before: &str) -> String {
         let pairs = [
             ("status", self.status.as_str()),
             ("agent", self.agent.as_str()),
             ("labels", self.labels.as_str()),
             ("parent", self.parent.as_str()),
+            ("tool", self.tool.as_str()),
+            ("since", self.since.as_str()),
+            ("from", self.from.as_str()),
+            ("to", self.to.as_str()),
             ("before", before),
         ];
         let query: Vec<String> = pairs
@@ -49,6 +84,22 @@ impl Filter {
     }
 }
 
+/// A `datetime-local` input's value (`2026-12-07T05:00`, seconds optional) read as UTC.
+fn utc(field: &str, text: &str) -> Result<Option<Timestamp>, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let full = if text.len() == 16 {
+        format!("{text}:00Z")
+    } else {
+        format!("{text}Z")
+    };
+    full.parse::<Timestamp>()
+        .map(Some)
+        .map_err(|_| format!("{field}: '{text}' is not a date and time like 2026-12-07T05:00 (UTC)"))
+}
+
 pub async fn list(
     State(http): State<Http>,
     headers: HeaderMap,
@@ -58,6 +109,16 @@ pub async fn list(
     let caller = match admit(&http, &headers, session::READ, &uri.to_string()) {
         Ok(caller) => caller,
         Err(response) => return *response,
+    };
+    if !filter.q.trim().is_empty() {
+        return match crate::model::RunId::parse(filter.q.trim(), "q") {
+            Ok(id) => axum::response::Redirect::to(&format!("/runs/{id}")).into_response(),
+            Err(error) => super::error_page(axum::http::StatusCode::BAD_REQUEST, &error.to_string()),
+        };
+    }
+    let (created_after, created_before) = match filter.window(crate::clock::Clock::wall().now_millis()) {
+        Ok(window) => window,
+        Err(why) => return super::error_page(axum::http::StatusCode::BAD_REQUEST, &why),
     };
     let status = match filter.status.as_str() {
         "" => pb::RunStatus::Unspecified,
@@ -84,6 +145,9 @@ pub async fn list(
         page_size: PAGE,
         page_token: filter.before.trim().to_owned(),
         parent_run_id: filter.parent.trim().to_owned(),
+        tool: filter.tool.trim().to_owned(),
+        created_after,
+        created_before,
     };
     let listed = match RunApi(http.kernel.clone()).list_runs(request(message, &caller)).await {
         Ok(response) => response.into_inner(),
@@ -116,7 +180,22 @@ fn body(filter: &Filter, listed: &pb::ListRunsResponse) -> maud::Markup {
             label { "Agent " input name="agent" value=(filter.agent) placeholder="any"; }
             label { "Labels " input name="labels" value=(filter.labels) placeholder="key=value, …"; }
             label { "Parent " input name="parent" value=(filter.parent) placeholder="run id"; }
+            label { "Tool " input name="tool" value=(filter.tool) placeholder="any call"; }
+            label { "Created within "
+                select name="since" {
+                    option value="" { "any time" }
+                    @for (value, text) in [("15m", "15 minutes"), ("1h", "an hour"), ("24h", "a day"), ("7d", "a week"), ("30d", "30 days")] {
+                        option value=(value) selected[filter.since == value] { (text) }
+                    }
+                }
+            }
+            label { "From (UTC) " input type="datetime-local" name="from" value=(filter.from); }
+            label { "To (UTC) " input type="datetime-local" name="to" value=(filter.to); }
             button type="submit" { "Filter" }
+        }
+        form.find method="get" action="/runs" {
+            label { "Run id " input name="q" placeholder="01a2…" size="38"; }
+            button type="submit" { "Open" }
         }
         @if listed.runs.is_empty() {
             p.empty { "No runs match." }

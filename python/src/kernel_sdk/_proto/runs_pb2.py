@@ -22,10 +22,11 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from . import common_pb2 as kernel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14kernel/v1/runs.proto\x12\tkernel.v1\x1a\x16kernel/v1/common.proto\"%\n\x13ListReceiptsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\":\n\x14ListReceiptsResponse\x12\x15\n\rreceipts_json\x18\x01 \x03(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"\x81\x03\n\x10\x43reateRunRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x12\n\ninput_json\x18\x02 \x01(\t\x12\x37\n\x06labels\x18\x03 \x03(\x0b\x32\'.kernel.v1.CreateRunRequest.LabelsEntry\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x16\n\x0emax_tool_calls\x18\x05 \x01(\r\x12\x17\n\x0fnon_interactive\x18\x06 \x01(\x08\x12\x13\n\x0bpermissions\x18\x07 \x03(\t\x12#\n\x07\x63\x61pture\x18\x08 \x01(\x0e\x32\x12.kernel.v1.Capture\x12\x17\n\x0fmax_concurrency\x18\n \x01(\r\x12\x0e\n\x06hosted\x18\t \x01(\x08\x12\r\n\x05\x61llow\x18\x0b \x03(\t\x12&\n\x06\x62udget\x18\x0c \x03(\x0b\x32\x16.kernel.v1.BudgetLimit\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe3\x02\n\x0e\x46orkRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61t_step_key\x18\x02 \x01(\t\x12\x12\n\ninput_json\x18\x03 \x01(\t\x12>\n\x0bset_results\x18\x04 \x03(\x0b\x32).kernel.v1.ForkRunRequest.SetResultsEntry\x12\x35\n\x06labels\x18\x05 \x03(\x0b\x32%.kernel.v1.ForkRunRequest.LabelsEntry\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12&\n\x06\x62udget\x18\x07 \x03(\x0b\x32\x16.kernel.v1.BudgetLimit\x1a\x31\n\x0fSetResultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x0f\x46orkRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"A\n\x11\x43reateRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x9f\x01\n\x0eGetRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\x12\x1e\n\x05steps\x18\x02 \x03(\x0b\x32\x0f.kernel.v1.Step\x12(\n\x08manifest\x18\x03 \x01(\x0b\x32\x16.kernel.v1.RunManifest\x12&\n\tapprovals\x18\x04 \x03(\x0b\x32\x13.kernel.v1.Approval\"\x94\x01\n\x0fListRunsRequest\x12$\n\x06status\x18\x01 \x01(\x0e\x32\x14.kernel.v1.RunStatus\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x0e\n\x06labels\x18\x03 \x03(\t\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x15\n\rparent_run_id\x18\x06 \x01(\t\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.kernel.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"0\n\x11\x43\x61ncelRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\"9\n\x12\x43ompleteRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0boutput_json\x18\x02 \x01(\t\"2\n\x13\x43ompleteRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\"0\n\x0e\x46\x61ilRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\".\n\x0f\x46\x61ilRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\"K\n\x14ListRunEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\x11\n\tpage_size\x18\x03 \x01(\r\"K\n\x15ListRunEventsResponse\x12 \n\x06\x65vents\x18\x01 \x03(\x0b\x32\x10.kernel.v1.Event\x12\x10\n\x08next_seq\x18\x02 \x01(\x04\"S\n\x15WatchRunEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\x18\n\x10include_progress\x18\x03 \x01(\x08\"l\n\x16WatchRunEventsResponse\x12!\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x10.kernel.v1.EventH\x00\x12\'\n\x08progress\x18\x02 \x01(\x0b\x32\x13.kernel.v1.ProgressH\x00\x42\x06\n\x04item2\xf0\x05\n\nRunService\x12\x46\n\tCreateRun\x12\x1b.kernel.v1.CreateRunRequest\x1a\x1c.kernel.v1.CreateRunResponse\x12=\n\x06GetRun\x12\x18.kernel.v1.GetRunRequest\x1a\x19.kernel.v1.GetRunResponse\x12\x43\n\x08ListRuns\x12\x1a.kernel.v1.ListRunsRequest\x1a\x1b.kernel.v1.ListRunsResponse\x12\x46\n\tCancelRun\x12\x1b.kernel.v1.CancelRunRequest\x1a\x1c.kernel.v1.CancelRunResponse\x12L\n\x0b\x43ompleteRun\x12\x1d.kernel.v1.CompleteRunRequest\x1a\x1e.kernel.v1.CompleteRunResponse\x12@\n\x07\x46\x61ilRun\x12\x19.kernel.v1.FailRunRequest\x1a\x1a.kernel.v1.FailRunResponse\x12R\n\rListRunEvents\x12\x1f.kernel.v1.ListRunEventsRequest\x1a .kernel.v1.ListRunEventsResponse\x12@\n\x07\x46orkRun\x12\x19.kernel.v1.ForkRunRequest\x1a\x1a.kernel.v1.ForkRunResponse\x12W\n\x0eWatchRunEvents\x12 .kernel.v1.WatchRunEventsRequest\x1a!.kernel.v1.WatchRunEventsResponse0\x01\x12O\n\x0cListReceipts\x12\x1e.kernel.v1.ListReceiptsRequest\x1a\x1f.kernel.v1.ListReceiptsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14kernel/v1/runs.proto\x12\tkernel.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16kernel/v1/common.proto\"%\n\x13ListReceiptsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\":\n\x14ListReceiptsResponse\x12\x15\n\rreceipts_json\x18\x01 \x03(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"\x81\x03\n\x10\x43reateRunRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x12\n\ninput_json\x18\x02 \x01(\t\x12\x37\n\x06labels\x18\x03 \x03(\x0b\x32\'.kernel.v1.CreateRunRequest.LabelsEntry\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x16\n\x0emax_tool_calls\x18\x05 \x01(\r\x12\x17\n\x0fnon_interactive\x18\x06 \x01(\x08\x12\x13\n\x0bpermissions\x18\x07 \x03(\t\x12#\n\x07\x63\x61pture\x18\x08 \x01(\x0e\x32\x12.kernel.v1.Capture\x12\x17\n\x0fmax_concurrency\x18\n \x01(\r\x12\x0e\n\x06hosted\x18\t \x01(\x08\x12\r\n\x05\x61llow\x18\x0b \x03(\t\x12&\n\x06\x62udget\x18\x0c \x03(\x0b\x32\x16.kernel.v1.BudgetLimit\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe3\x02\n\x0e\x46orkRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61t_step_key\x18\x02 \x01(\t\x12\x12\n\ninput_json\x18\x03 \x01(\t\x12>\n\x0bset_results\x18\x04 \x03(\x0b\x32).kernel.v1.ForkRunRequest.SetResultsEntry\x12\x35\n\x06labels\x18\x05 \x03(\x0b\x32%.kernel.v1.ForkRunRequest.LabelsEntry\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12&\n\x06\x62udget\x18\x07 \x03(\x0b\x32\x16.kernel.v1.BudgetLimit\x1a\x31\n\x0fSetResultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x0f\x46orkRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"A\n\x11\x43reateRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x9f\x01\n\x0eGetRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\x12\x1e\n\x05steps\x18\x02 \x03(\x0b\x32\x0f.kernel.v1.Step\x12(\n\x08manifest\x18\x03 \x01(\x0b\x32\x16.kernel.v1.RunManifest\x12&\n\tapprovals\x18\x04 \x03(\x0b\x32\x13.kernel.v1.Approval\"\x89\x02\n\x0fListRunsRequest\x12$\n\x06status\x18\x01 \x01(\x0e\x32\x14.kernel.v1.RunStatus\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x0e\n\x06labels\x18\x03 \x03(\t\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x15\n\rparent_run_id\x18\x06 \x01(\t\x12\x0c\n\x04tool\x18\x07 \x01(\t\x12\x31\n\rcreated_after\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.kernel.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"0\n\x11\x43\x61ncelRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\"9\n\x12\x43ompleteRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0boutput_json\x18\x02 \x01(\t\"2\n\x13\x43ompleteRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\"0\n\x0e\x46\x61ilRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\".\n\x0f\x46\x61ilRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.kernel.v1.Run\"K\n\x14ListRunEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\x11\n\tpage_size\x18\x03 \x01(\r\"K\n\x15ListRunEventsResponse\x12 \n\x06\x65vents\x18\x01 \x03(\x0b\x32\x10.kernel.v1.Event\x12\x10\n\x08next_seq\x18\x02 \x01(\x04\"S\n\x15WatchRunEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\x18\n\x10include_progress\x18\x03 \x01(\x08\"l\n\x16WatchRunEventsResponse\x12!\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x10.kernel.v1.EventH\x00\x12\'\n\x08progress\x18\x02 \x01(\x0b\x32\x13.kernel.v1.ProgressH\x00\x42\x06\n\x04item2\xf0\x05\n\nRunService\x12\x46\n\tCreateRun\x12\x1b.kernel.v1.CreateRunRequest\x1a\x1c.kernel.v1.CreateRunResponse\x12=\n\x06GetRun\x12\x18.kernel.v1.GetRunRequest\x1a\x19.kernel.v1.GetRunResponse\x12\x43\n\x08ListRuns\x12\x1a.kernel.v1.ListRunsRequest\x1a\x1b.kernel.v1.ListRunsResponse\x12\x46\n\tCancelRun\x12\x1b.kernel.v1.CancelRunRequest\x1a\x1c.kernel.v1.CancelRunResponse\x12L\n\x0b\x43ompleteRun\x12\x1d.kernel.v1.CompleteRunRequest\x1a\x1e.kernel.v1.CompleteRunResponse\x12@\n\x07\x46\x61ilRun\x12\x19.kernel.v1.FailRunRequest\x1a\x1a.kernel.v1.FailRunResponse\x12R\n\rListRunEvents\x12\x1f.kernel.v1.ListRunEventsRequest\x1a .kernel.v1.ListRunEventsResponse\x12@\n\x07\x46orkRun\x12\x19.kernel.v1.ForkRunRequest\x1a\x1a.kernel.v1.ForkRunResponse\x12W\n\x0eWatchRunEvents\x12 .kernel.v1.WatchRunEventsRequest\x1a!.kernel.v1.WatchRunEventsResponse0\x01\x12O\n\x0cListReceipts\x12\x1e.kernel.v1.ListReceiptsRequest\x1a\x1f.kernel.v1.ListReceiptsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,52 +39,52 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FORKRUNREQUEST_SETRESULTSENTRY']._serialized_options = b'8\001'
   _globals['_FORKRUNREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_FORKRUNREQUEST_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_LISTRECEIPTSREQUEST']._serialized_start=59
-  _globals['_LISTRECEIPTSREQUEST']._serialized_end=96
-  _globals['_LISTRECEIPTSRESPONSE']._serialized_start=98
-  _globals['_LISTRECEIPTSRESPONSE']._serialized_end=156
-  _globals['_CREATERUNREQUEST']._serialized_start=159
-  _globals['_CREATERUNREQUEST']._serialized_end=544
-  _globals['_CREATERUNREQUEST_LABELSENTRY']._serialized_start=499
-  _globals['_CREATERUNREQUEST_LABELSENTRY']._serialized_end=544
-  _globals['_FORKRUNREQUEST']._serialized_start=547
-  _globals['_FORKRUNREQUEST']._serialized_end=902
-  _globals['_FORKRUNREQUEST_SETRESULTSENTRY']._serialized_start=806
-  _globals['_FORKRUNREQUEST_SETRESULTSENTRY']._serialized_end=855
-  _globals['_FORKRUNREQUEST_LABELSENTRY']._serialized_start=499
-  _globals['_FORKRUNREQUEST_LABELSENTRY']._serialized_end=544
-  _globals['_FORKRUNRESPONSE']._serialized_start=904
-  _globals['_FORKRUNRESPONSE']._serialized_end=967
-  _globals['_CREATERUNRESPONSE']._serialized_start=969
-  _globals['_CREATERUNRESPONSE']._serialized_end=1034
-  _globals['_GETRUNREQUEST']._serialized_start=1036
-  _globals['_GETRUNREQUEST']._serialized_end=1067
-  _globals['_GETRUNRESPONSE']._serialized_start=1070
-  _globals['_GETRUNRESPONSE']._serialized_end=1229
-  _globals['_LISTRUNSREQUEST']._serialized_start=1232
-  _globals['_LISTRUNSREQUEST']._serialized_end=1380
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1382
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1455
-  _globals['_CANCELRUNREQUEST']._serialized_start=1457
-  _globals['_CANCELRUNREQUEST']._serialized_end=1507
-  _globals['_CANCELRUNRESPONSE']._serialized_start=1509
-  _globals['_CANCELRUNRESPONSE']._serialized_end=1557
-  _globals['_COMPLETERUNREQUEST']._serialized_start=1559
-  _globals['_COMPLETERUNREQUEST']._serialized_end=1616
-  _globals['_COMPLETERUNRESPONSE']._serialized_start=1618
-  _globals['_COMPLETERUNRESPONSE']._serialized_end=1668
-  _globals['_FAILRUNREQUEST']._serialized_start=1670
-  _globals['_FAILRUNREQUEST']._serialized_end=1718
-  _globals['_FAILRUNRESPONSE']._serialized_start=1720
-  _globals['_FAILRUNRESPONSE']._serialized_end=1766
-  _globals['_LISTRUNEVENTSREQUEST']._serialized_start=1768
-  _globals['_LISTRUNEVENTSREQUEST']._serialized_end=1843
-  _globals['_LISTRUNEVENTSRESPONSE']._serialized_start=1845
-  _globals['_LISTRUNEVENTSRESPONSE']._serialized_end=1920
-  _globals['_WATCHRUNEVENTSREQUEST']._serialized_start=1922
-  _globals['_WATCHRUNEVENTSREQUEST']._serialized_end=2005
-  _globals['_WATCHRUNEVENTSRESPONSE']._serialized_start=2007
-  _globals['_WATCHRUNEVENTSRESPONSE']._serialized_end=2115
-  _globals['_RUNSERVICE']._serialized_start=2118
-  _globals['_RUNSERVICE']._serialized_end=2870
+  _globals['_LISTRECEIPTSREQUEST']._serialized_start=92
+  _globals['_LISTRECEIPTSREQUEST']._serialized_end=129
+  _globals['_LISTRECEIPTSRESPONSE']._serialized_start=131
+  _globals['_LISTRECEIPTSRESPONSE']._serialized_end=189
+  _globals['_CREATERUNREQUEST']._serialized_start=192
+  _globals['_CREATERUNREQUEST']._serialized_end=577
+  _globals['_CREATERUNREQUEST_LABELSENTRY']._serialized_start=532
+  _globals['_CREATERUNREQUEST_LABELSENTRY']._serialized_end=577
+  _globals['_FORKRUNREQUEST']._serialized_start=580
+  _globals['_FORKRUNREQUEST']._serialized_end=935
+  _globals['_FORKRUNREQUEST_SETRESULTSENTRY']._serialized_start=839
+  _globals['_FORKRUNREQUEST_SETRESULTSENTRY']._serialized_end=888
+  _globals['_FORKRUNREQUEST_LABELSENTRY']._serialized_start=532
+  _globals['_FORKRUNREQUEST_LABELSENTRY']._serialized_end=577
+  _globals['_FORKRUNRESPONSE']._serialized_start=937
+  _globals['_FORKRUNRESPONSE']._serialized_end=1000
+  _globals['_CREATERUNRESPONSE']._serialized_start=1002
+  _globals['_CREATERUNRESPONSE']._serialized_end=1067
+  _globals['_GETRUNREQUEST']._serialized_start=1069
+  _globals['_GETRUNREQUEST']._serialized_end=1100
+  _globals['_GETRUNRESPONSE']._serialized_start=1103
+  _globals['_GETRUNRESPONSE']._serialized_end=1262
+  _globals['_LISTRUNSREQUEST']._serialized_start=1265
+  _globals['_LISTRUNSREQUEST']._serialized_end=1530
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1532
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1605
+  _globals['_CANCELRUNREQUEST']._serialized_start=1607
+  _globals['_CANCELRUNREQUEST']._serialized_end=1657
+  _globals['_CANCELRUNRESPONSE']._serialized_start=1659
+  _globals['_CANCELRUNRESPONSE']._serialized_end=1707
+  _globals['_COMPLETERUNREQUEST']._serialized_start=1709
+  _globals['_COMPLETERUNREQUEST']._serialized_end=1766
+  _globals['_COMPLETERUNRESPONSE']._serialized_start=1768
+  _globals['_COMPLETERUNRESPONSE']._serialized_end=1818
+  _globals['_FAILRUNREQUEST']._serialized_start=1820
+  _globals['_FAILRUNREQUEST']._serialized_end=1868
+  _globals['_FAILRUNRESPONSE']._serialized_start=1870
+  _globals['_FAILRUNRESPONSE']._serialized_end=1916
+  _globals['_LISTRUNEVENTSREQUEST']._serialized_start=1918
+  _globals['_LISTRUNEVENTSREQUEST']._serialized_end=1993
+  _globals['_LISTRUNEVENTSRESPONSE']._serialized_start=1995
+  _globals['_LISTRUNEVENTSRESPONSE']._serialized_end=2070
+  _globals['_WATCHRUNEVENTSREQUEST']._serialized_start=2072
+  _globals['_WATCHRUNEVENTSREQUEST']._serialized_end=2155
+  _globals['_WATCHRUNEVENTSRESPONSE']._serialized_start=2157
+  _globals['_WATCHRUNEVENTSRESPONSE']._serialized_end=2265
+  _globals['_RUNSERVICE']._serialized_start=2268
+  _globals['_RUNSERVICE']._serialized_end=3020
 # @@protoc_insertion_point(module_scope)
