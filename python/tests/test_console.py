@@ -800,3 +800,62 @@ async def test_runs_are_found_by_id_by_a_tool_they_called_and_by_when_they_were_
             await asyncio.to_thread(check)
     finally:
         kernel.stop()
+
+
+async def test_the_approvals_page_follows_what_arrives_and_is_answered_and_confirms_who_answered(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    kernel = console_kernel(tmp_path)
+    try:
+        async with AgentClient(kernel.addr) as client, serving(kernel, refund):
+            run = await client.create_run("support")
+            browser = await asyncio.to_thread(chrome, kernel)
+
+            def empty_page() -> None:
+                browser.open("/approvals")
+                browser.until("an empty list", lambda d: "Nothing waits" in browser.text())
+
+            await asyncio.to_thread(empty_page)
+            first = asyncio.create_task(
+                client.call_turn(run.id, 0, [ToolCall("refund", {"cents": 700})])
+            )
+
+            def answer_it() -> None:
+                # It arrives on the page left open, with no reload.
+                card = browser.until(
+                    "the approval arriving",
+                    lambda d: d.find_element(By.CSS_SELECTOR, "article.approval"),
+                )
+                card.find_element(By.NAME, "decider").send_keys("alice")
+                card.find_element(By.NAME, "reason").send_keys("receipt checked")
+                card.find_element(By.CSS_SELECTOR, "button.approve").click()
+                banner = browser.until(
+                    "the confirmation", lambda d: d.find_element(By.CSS_SELECTOR, "p.answered")
+                )
+                assert "was approved by alice (receipt checked)" in banner.text, banner.text
+                assert "refund" in banner.text
+                browser.shot("answered")
+
+            await asyncio.to_thread(answer_it)
+            [done] = (await first).results
+            assert done.outcome == CallOutcome.OK
+            second = asyncio.create_task(
+                client.call_turn(run.id, 1, [ToolCall("refund", {"cents": 800})])
+            )
+            await asyncio.to_thread(
+                browser.until,
+                "the second approval arriving",
+                lambda d: '"cents": 800' in browser.text(),
+            )
+            [waiting] = await client.list_approvals(run_id=run.id)
+            await client.reject(waiting.id, decider="bob", reason="too late")
+            # Answered elsewhere, it leaves the page left open.
+            await asyncio.to_thread(
+                browser.until,
+                "the answered approval leaving",
+                lambda d: '"cents": 800' not in browser.text(),
+            )
+            [rejected] = (await second).results
+            assert rejected.outcome == CallOutcome.REJECTED
+    finally:
+        kernel.stop()

@@ -1,44 +1,126 @@
 //! The approvals page: what waits for a person, with the arguments (as the run's capture level
 //! allows), the rule that asked, its message, approvers and expiry; approve or reject with a
 //! reason (a question with its answer, in a form made from its schema, leave to pass a budget
-//! with the new limit), answered as the key's holder through `ApprovalService`.
+//! with the new limit), answered as the key's holder through `ApprovalService`. The list follows
+//! what arrives and what others answer (the script fetches it again every two seconds, unless the
+//! visitor is typing in it), and an answer given here is confirmed with who answered and why.
 
-use axum::extract::{Form, Path, State};
+use axum::extract::{Form, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::{Html, IntoResponse, Redirect, Response};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::approval_service_server::ApprovalService;
+use kernel_proto::v1::run_service_server::RunService;
 use maud::{Markup, html};
 
 use super::{Section, admit, answer_form, error_page, format, layout, refused, request};
-use crate::grpc::ApprovalApi;
+use crate::grpc::{ApprovalApi, RunApi};
 use crate::http::{Http, session};
 
-pub async fn list(State(http): State<Http>, headers: HeaderMap, uri: axum::http::Uri) -> Response {
+/// The approval just answered here, named by the redirect that follows the answer.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct Answered {
+    #[serde(default)]
+    answered: String,
+    #[serde(default)]
+    run: String,
+}
+
+pub async fn list(
+    State(http): State<Http>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+    Query(answered): Query<Answered>,
+) -> Response {
     let caller = match admit(&http, &headers, session::READ, &uri.to_string()) {
         Ok(caller) => caller,
         Err(response) => return *response,
     };
+    let waiting = match waiting(&http, &caller).await {
+        Ok(waiting) => waiting,
+        Err(status) => return refused(status),
+    };
+    let confirmed = match answered.answered.is_empty() {
+        true => None,
+        false => just_answered(&http, &caller, &answered).await,
+    };
+    let body = html! {
+        h1 { "Approvals" }
+        @if let Some(approval) = &confirmed { (confirmation(approval)) }
+        section #approvals-live data-src="/approvals/live" { (waiting) }
+    };
+    layout("Approvals", Section::Approvals, caller.is_some(), body).into_response()
+}
+
+/// The waiting list alone, for the script that keeps the page current.
+pub async fn live_part(State(http): State<Http>, headers: HeaderMap) -> Response {
+    let caller = match session::authorize(&http, &headers, session::READ) {
+        Ok(caller) => caller,
+        Err(refusal) => return refusal.plain(),
+    };
+    match waiting(&http, &caller).await {
+        Ok(waiting) => Html(waiting.into_string()).into_response(),
+        Err(status) => crate::http::plain(&status),
+    }
+}
+
+/// Every approval that waits for an answer, each with the form that answers it.
+async fn waiting(http: &Http, caller: &Option<crate::auth::Caller>) -> Result<Markup, tonic::Status> {
     let message = pb::ListApprovalsRequest {
         status: pb::ApprovalStatus::Pending as i32,
         run_id: String::new(),
     };
-    let approvals = match ApprovalApi(http.kernel.clone())
-        .list_approvals(request(message, &caller))
-        .await
-    {
-        Ok(response) => response.into_inner().approvals,
-        Err(status) => return refused(status),
-    };
-    let ask_decider = !session::required(&http);
-    let body = html! {
-        h1 { "Approvals" }
+    let approvals = ApprovalApi(http.kernel.clone())
+        .list_approvals(request(message, caller))
+        .await?
+        .into_inner()
+        .approvals;
+    let ask_decider = !session::required(http);
+    Ok(html! {
         @if approvals.is_empty() {
             p.empty { "Nothing waits for an answer." }
         }
         @for approval in &approvals { (card(approval, ask_decider, true)) }
-    };
-    layout("Approvals", Section::Approvals, caller.is_some(), body).into_response()
+    })
+}
+
+/// The approval answered here, as its run records it now; `None` when it cannot be read.
+async fn just_answered(http: &Http, caller: &Option<crate::auth::Caller>, asked: &Answered) -> Option<pb::Approval> {
+    let got = RunApi(http.kernel.clone())
+        .get_run(request(
+            pb::GetRunRequest {
+                run_id: asked.run.clone(),
+            },
+            caller,
+        ))
+        .await
+        .ok()?
+        .into_inner();
+    got.approvals.into_iter().find(|a| a.id == asked.answered)
+}
+
+/// How an approval was answered, as a person says it (a consumed approval was approved, and its
+/// call has run).
+fn answer_word(approval: &pb::Approval) -> String {
+    match (pb::ApprovalStatus::try_from(approval.status), approval.question) {
+        (Ok(pb::ApprovalStatus::Approved | pb::ApprovalStatus::Consumed), true) => "answered".to_owned(),
+        (Ok(pb::ApprovalStatus::Approved | pb::ApprovalStatus::Consumed), false) => "approved".to_owned(),
+        (Ok(pb::ApprovalStatus::Rejected), true) => "declined".to_owned(),
+        _ => format::approval_status(approval.status),
+    }
+}
+
+/// Who answered an approval, how and why.
+fn confirmation(approval: &pb::Approval) -> Markup {
+    html! {
+        p.answered role="status" {
+            "Answered: " strong { (approval.tool) } " in run " (format::run_link(&approval.run_id))
+            " was " strong { (answer_word(approval)) }
+            @if !approval.decider.is_empty() { " by " strong { (approval.decider) } }
+            @if !approval.reason.is_empty() { " (" (approval.reason) ")" }
+            "."
+        }
+    }
 }
 
 /// One waiting approval and the form that answers it. Without keys the form asks who answers (the
@@ -145,7 +227,7 @@ pub async fn answer(
         "approve" => api
             .approve_call(request(
                 pb::ApproveCallRequest {
-                    approval_id: id,
+                    approval_id: id.clone(),
                     decider: answer.decider,
                     reason: answer.reason,
                     answer_json: answer.answer_json.clone(),
@@ -157,7 +239,7 @@ pub async fn answer(
         "reject" => api
             .reject_call(request(
                 pb::RejectCallRequest {
-                    approval_id: id,
+                    approval_id: id.clone(),
                     decider: answer.decider,
                     reason: answer.reason,
                 },
@@ -174,10 +256,18 @@ pub async fn answer(
     };
     match answered {
         // Only a page of this console: never a redirect elsewhere.
-        Ok(()) if answer.back.starts_with('/') && !answer.back.starts_with("//") => {
+        Ok(()) if answer.back.starts_with('/') && !answer.back.starts_with("//") && answer.back != "/approvals" => {
             Redirect::to(&answer.back).into_response()
         }
-        Ok(()) => Redirect::to("/approvals").into_response(),
+        Ok(()) => {
+            let run = run_of(&http, &id).await.unwrap_or_default();
+            Redirect::to(&format!(
+                "/approvals?answered={}&run={}",
+                session::urlencode(&id),
+                session::urlencode(&run)
+            ))
+            .into_response()
+        }
         Err(status) => refused(status),
     }
 }
@@ -203,6 +293,13 @@ impl Answer {
             answer_json: given("answer_json"),
         })
     }
+}
+
+/// The run approval `id` belongs to.
+async fn run_of(http: &Http, id: &str) -> Option<String> {
+    let id = crate::model::ApprovalId::parse(id, "approval_id").ok()?;
+    let approval = http.kernel.store.reads.approval(id).await.ok()??;
+    Some(approval.run_id.to_string())
 }
 
 /// The form approval `id` asks its answer with, when it is a question whose schema a form holds.

@@ -37,6 +37,7 @@ pub fn routes() -> Router<Http> {
         .route("/runs/{id}/fork", post(actions::fork))
         .route("/runs/{id}/delete", post(actions::delete))
         .route("/approvals", get(approvals::list))
+        .route("/approvals/live", get(approvals::live_part))
         .route("/approvals/{id}", post(approvals::answer))
         .route("/registry", get(registry::page))
         .route("/limits", get(limits::page))

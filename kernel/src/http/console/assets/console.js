@@ -1,6 +1,14 @@
-// The console's only script: local times, and on a run's page the live tail of its events, the
-// progress of running calls, and a fresh copy of the steps whenever the run changes.
+// The console's only script: local times; on a run's page the live tail of its events, the
+// progress of running calls, and a fresh copy of the steps whenever the run changes; on the
+// approvals page a fresh copy of what waits, every two seconds. A part being typed in is never
+// replaced under the visitor's fingers: its refresh waits until they leave it.
 "use strict";
+
+// Whether the visitor is filling in a form inside `part`.
+function editing(part) {
+  const el = document.activeElement;
+  return !!el && part.contains(el) && ["INPUT", "TEXTAREA", "SELECT"].includes(el.tagName);
+}
 
 // Event rows a run's page keeps; older ones are a `kernelctl runs events` away.
 const MAX_ROWS = 1000;
@@ -44,6 +52,7 @@ function followRun(events) {
 
   async function refresh() {
     if (refreshing) { wanted = true; return; }
+    if (editing(live)) { wanted = true; setTimeout(refresh, 1000); return; }
     const wait = 1000 - (Date.now() - last);
     if (wait > 0) { wanted = true; setTimeout(refresh, wait); return; }
     refreshing = true;
@@ -97,8 +106,30 @@ function followRun(events) {
   if (events.dataset.live === "true") connect();
 }
 
+function followApprovals(part) {
+  let shown = part.innerHTML;
+  async function poll() {
+    try {
+      if (!editing(part)) {
+        const response = await fetch(part.dataset.src, { credentials: "same-origin" });
+        const html = response.ok ? await response.text() : shown;
+        if (html !== shown && !editing(part)) {
+          part.innerHTML = html;
+          shown = html;
+          formatTimes(part);
+        }
+      }
+    } finally {
+      setTimeout(poll, 2000);
+    }
+  }
+  setTimeout(poll, 2000);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   formatTimes(document);
   const events = document.querySelector("table#events[data-run]");
   if (events) followRun(events);
+  const approvals = document.getElementById("approvals-live");
+  if (approvals) followApprovals(approvals);
 });
