@@ -857,5 +857,21 @@ async def test_the_approvals_page_follows_what_arrives_and_is_answered_and_confi
             )
             [rejected] = (await second).results
             assert rejected.outcome == CallOutcome.REJECTED
+
+            def the_wait_shows_on_the_timeline() -> None:
+                # The rejected call never ran, and its wait for a person is still drawn.
+                browser.open(f"/runs/{run.id}")
+                bar = browser.until(
+                    "the wait for a person",
+                    lambda d: d.find_element(
+                        By.CSS_SELECTOR, 'details.step[data-key="t1/p0"] .bar.person'
+                    ),
+                )
+                assert "rejected by bob" in (bar.get_attribute("title") or "")
+                assert "waiting for a person" in browser.text(), "the legend names it"
+                assert browser.driver.find_elements(By.CSS_SELECTOR, ".ticks .tick")
+                browser.shot("timeline")
+
+            await asyncio.to_thread(the_wait_shows_on_the_timeline)
     finally:
         kernel.stop()

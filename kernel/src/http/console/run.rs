@@ -292,16 +292,21 @@ fn steps(loaded: &Loaded, allowed: actions::Allowed) -> Markup {
     let now = crate::clock::Clock::wall().now_millis();
     let axis = Axis::of(run, steps, now, is_live(run));
     let attempts = timeline::attempts(&loaded.events);
+    let waits = timeline::person_waits(&loaded.got.approvals);
     let none: Vec<Attempt> = Vec::new();
+    let no_wait = Vec::new();
     html! {
         section.steps {
             h2 { "Steps " span.note { (steps.len()) " · axis " (format::duration(axis.length_ms())) } }
             @if steps.is_empty() { p.empty { "No steps yet." } }
             @if steps.len() > MAX_STEPS { p.note { "The first " (MAX_STEPS) " steps; every one: " code { "kernelctl runs show " (run.id) } } }
+            @if !steps.is_empty() { (timeline::legend()) }
             div.timeline {
+                @if !steps.is_empty() { div.axis { span {} span {} (timeline::ticks(axis)) span {} } }
                 @for step in steps.iter().take(MAX_STEPS) {
                     @let tried = attempts.get(&step.step_key).unwrap_or(&none);
-                    (step_row(axis, step, tried, now, actions::step_actions(&run.id, step, allowed)))
+                    @let waited = waits.get(&step.step_key).unwrap_or(&no_wait);
+                    (step_row(axis, step, (tried, waited), now, actions::step_actions(&run.id, step, allowed)))
                 }
             }
         }
@@ -309,7 +314,13 @@ fn steps(loaded: &Loaded, allowed: actions::Allowed) -> Markup {
 }
 
 /// A step's row: its bar on the timeline, and in its details what it holds, then `actions`.
-fn step_row(axis: Axis, step: &pb::Step, attempts: &[Attempt], now: i64, actions: Markup) -> Markup {
+fn step_row(
+    axis: Axis,
+    step: &pb::Step,
+    (attempts, waits): (&[Attempt], &[timeline::PersonWait]),
+    now: i64,
+    actions: Markup,
+) -> Markup {
     let status = format::step_status(step.status);
     let name = match step.tool.as_str() {
         "" => format::step_kind(step.kind),
@@ -326,7 +337,7 @@ fn step_row(axis: Axis, step: &pb::Step, attempts: &[Attempt], now: i64, actions
                 span class={ "status " (status) } { (status)
                     @let outcome = format::outcome(step.outcome);
                     @if !matches!(outcome.as_str(), "ok" | "unspecified") { " · " (outcome) } }
-                (timeline::track(axis, step, attempts, now))
+                (timeline::track(axis, step, (attempts, waits), now))
                 span.progress data-progress=(step.step_key) {}
             }
             div.detail {

@@ -1,5 +1,7 @@
 //! A run's steps on a time axis: a bar per attempt, read from the event log, coloured by how the
-//! attempt ended, after a thin bar for the wait before the first one.
+//! attempt ended, after a thin bar for the wait before the first one; the wait for a person
+//! (an approval or a question) as a bar of its own, whatever the answer; the backoff between a
+//! failed attempt and the next; ticks along the axis and a legend that names every colour.
 
 use std::collections::HashMap;
 
@@ -62,6 +64,67 @@ pub fn attempts(events: &[pb::Event]) -> HashMap<String, Vec<Attempt>> {
     by_step
 }
 
+/// A wait for a person about a step: an approval of its call, or a question it is.
+pub struct PersonWait {
+    from: i64,
+    /// `None` while nobody has answered.
+    to: Option<i64>,
+    /// The approval's status (`pending`, `approved`, `rejected`, ...) and who answered.
+    how: String,
+    who: String,
+}
+
+/// The waits for a person, by the step each is about, from the run's approvals.
+pub fn person_waits(approvals: &[pb::Approval]) -> HashMap<String, Vec<PersonWait>> {
+    let mut by_step: HashMap<String, Vec<PersonWait>> = HashMap::new();
+    for approval in approvals {
+        let Some(from) = format::millis(&approval.requested_at) else {
+            continue;
+        };
+        by_step.entry(approval.step_key.clone()).or_default().push(PersonWait {
+            from,
+            to: format::millis(&approval.answered_at),
+            how: format::approval_status(approval.status),
+            who: approval.decider.clone(),
+        });
+    }
+    by_step
+}
+
+/// What each colour of the timeline means, as the page's legend says it.
+pub fn legend() -> Markup {
+    let items = [
+        ("wait", "waiting for a worker"),
+        ("person", "waiting for a person"),
+        ("ok", "attempt succeeded"),
+        ("error", "attempt failed"),
+        ("backoff", "backoff before a retry"),
+        ("lost", "worker lost"),
+        ("running", "running"),
+        ("suspended", "gave back its slot"),
+        ("replayed", "replayed or settled without running"),
+    ];
+    html! {
+        ul.legend aria-label="What the bars mean" {
+            @for (class, text) in items { li { span class={ "swatch " (class) } {} " " (text) } }
+        }
+    }
+}
+
+/// Ticks along the axis: its start, quarters and end, as offsets from the run's creation.
+pub fn ticks(axis: Axis) -> Markup {
+    html! {
+        div.ticks aria-hidden="true" {
+            @for quarter in 0..=4i64 {
+                @let offset = axis.length_ms() * quarter / 4;
+                span.tick style={ "left:" (quarter * 25) "%" } {
+                    @if quarter == 0 { "0" } @else { "+" (format::duration(offset)) }
+                }
+            }
+        }
+    }
+}
+
 /// The span of time the timeline shows.
 #[derive(Clone, Copy)]
 pub struct Axis {
@@ -101,8 +164,9 @@ impl Axis {
     }
 }
 
-/// A step's track: its wait, then a bar per attempt.
-pub fn track(axis: Axis, step: &pb::Step, attempts: &[Attempt], now: i64) -> Markup {
+/// A step's track: its wait, the waits for a person about it, then a bar per attempt with the
+/// backoff before each retry.
+pub fn track(axis: Axis, step: &pb::Step, (attempts, waits): (&[Attempt], &[PersonWait]), now: i64) -> Markup {
     let created = format::millis(&step.created_at).unwrap_or(axis.start);
     let finished = format::millis(&step.finished_at);
     let first_start = attempts
@@ -121,10 +185,19 @@ pub fn track(axis: Axis, step: &pb::Step, attempts: &[Attempt], now: i64) -> Mar
                 @let why = if step.replayed_from_run_id.is_empty() { "settled without running" } else { "replayed from the parent run: nothing ran" };
                 span.bar.replayed style=(axis.place(at, at)) title=(why) {}
             }
-            @for attempt in attempts {
+            @for wait in waits {
+                @let end = wait.to.unwrap_or(now);
+                span.bar.person style=(axis.place(wait.from, end))
+                    title={ "waited for a person " (format::duration(end - wait.from)) ": " (wait.how) @if !wait.who.is_empty() { " by " (wait.who) } } {}
+            }
+            @for (index, attempt) in attempts.iter().enumerate() {
                 @let end = attempt.end.unwrap_or(now);
                 span class={ "bar attempt " (attempt.how) } style=(axis.place(attempt.start, end))
                     title={ "attempt " (attempt.number) @if !attempt.worker.is_empty() { " on " (attempt.worker) } ": " (attempt.how) ", " (format::duration(end - attempt.start)) } {}
+                @if let (Some(ended), Some(next)) = (attempt.end.filter(|_| attempt.how == "error"), attempts.get(index + 1)) {
+                    span.bar.backoff style=(axis.place(ended, next.start))
+                        title={ "backoff " (format::duration(next.start - ended)) " before attempt " (next.number) } {}
+                }
             }
             @if attempts.is_empty() && !replayed {
                 @if let Some(started) = format::millis(&step.started_at) {
@@ -162,6 +235,57 @@ mod tests {
             payload_json: payload.to_string(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_wait_for_a_person_and_a_backoff_have_bars_of_their_own() {
+        let key = "t0/p0";
+        let at = |ms: i64| {
+            Some(prost_types::Timestamp {
+                seconds: ms / 1000,
+                nanos: ((ms % 1000) * 1_000_000) as i32,
+            })
+        };
+        let approvals = [pb::Approval {
+            step_key: key.into(),
+            requested_at: at(1_000),
+            answered_at: at(4_000),
+            status: pb::ApprovalStatus::Rejected as i32,
+            decider: "alice".into(),
+            ..Default::default()
+        }];
+        let waits = person_waits(&approvals);
+        let events = [
+            event("tool:start", 5_000, serde_json::json!({"step_key": key, "attempt": 1})),
+            event("tool:attempt_failed", 5_500, serde_json::json!({"step_key": key})),
+            event("tool:start", 6_500, serde_json::json!({"step_key": key, "attempt": 2})),
+            event(
+                "tool:result",
+                7_000,
+                serde_json::json!({"step_key": key, "status": "ok"}),
+            ),
+        ];
+        let attempts = attempts(&events);
+        let step = pb::Step {
+            step_key: key.into(),
+            created_at: at(1_000),
+            finished_at: at(7_000),
+            ..Default::default()
+        };
+        let axis = Axis { start: 0, end: 10_000 };
+        let html = track(axis, &step, (&attempts[key], &waits[key]), 10_000).into_string();
+        assert!(
+            html.contains(r#"class="bar person" style="left:10.00%;width:30.00%""#),
+            "{html}"
+        );
+        assert!(html.contains("rejected by alice"), "{html}");
+        assert!(
+            html.contains(r#"class="bar backoff" style="left:55.00%;width:10.00%""#),
+            "{html}"
+        );
+        assert!(html.contains("before attempt 2"), "{html}");
+        let ticks = ticks(axis).into_string();
+        assert!(ticks.contains("+10.00 s") && ticks.contains("+2.50 s"), "{ticks}");
     }
 
     #[test]
