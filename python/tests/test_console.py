@@ -204,6 +204,11 @@ async def test_the_runs_list_shows_the_demo_agents_run_and_its_page_its_steps(
             assert "demo-worker" in steps[0].text
             events = browser.driver.find_elements(By.CSS_SELECTOR, "#events tbody tr")
             assert events and "run:created" in events[0].text and "run:completed" in events[-1].text
+            # A payload is one line until opened, then indented, with a button that copies it.
+            payload = events[0].find_element(By.CSS_SELECTOR, "details.payload")
+            payload.find_element(By.CSS_SELECTOR, "summary").click()
+            browser.until("the payload indented", lambda d: '"agent": "demo-agent"' in payload.text)
+            assert payload.find_element(By.CSS_SELECTOR, "button.copy").is_displayed()
             browser.shot("run")
             # A filter that matches nothing shows nothing of it.
             browser.open("/runs?status=failed")

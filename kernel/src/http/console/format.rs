@@ -82,7 +82,8 @@ pub fn duration(ms: i64) -> String {
     }
 }
 
-/// JSON text indented for reading; text that is not JSON as it is.
+/// JSON text indented for reading, with a button that copies it (the script makes it work);
+/// text that is not JSON as it is.
 pub fn json(text: &str) -> Markup {
     if text.is_empty() {
         return html! { span.none { "—" } };
@@ -90,7 +91,12 @@ pub fn json(text: &str) -> Markup {
     let pretty = serde_json::from_str::<serde_json::Value>(text)
         .and_then(|value| serde_json::to_string_pretty(&value))
         .unwrap_or_else(|_| text.to_owned());
-    html! { pre.json { (pretty) } }
+    html! {
+        div.copyable {
+            button.copy type="button" hidden title="Copy to the clipboard" { "Copy" }
+            pre.json { (pretty) }
+        }
+    }
 }
 
 /// At most `limit` characters of `text`, cut at a character boundary.

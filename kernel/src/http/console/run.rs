@@ -401,7 +401,13 @@ fn event_row(event: &pb::Event, step: Option<&str>) -> Markup {
             td { (format::time(&event.at)) }
             td { code { (event.r#type) } }
             td { code { (step) } }
-            td.payload { code title=(format::clip(&event.payload_json, 4000)) { (format::clip(&event.payload_json, 240)) } }
+            td.payload {
+                // One line to scan; opened, the whole payload indented, to read and copy.
+                details.payload {
+                    summary { code { (format::clip(&event.payload_json, 240)) } }
+                    (format::json(&event.payload_json))
+                }
+            }
         }
     }
 }

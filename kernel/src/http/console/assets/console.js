@@ -126,8 +126,28 @@ function followApprovals(part) {
   setTimeout(poll, 2000);
 }
 
+// A JSON block's Copy button: shown only where the script runs, and copies the block's text.
+document.addEventListener("click", (event) => {
+  const button = event.target.closest && event.target.closest("button.copy");
+  if (!button) return;
+  const pre = button.parentElement.querySelector("pre");
+  if (!pre || !navigator.clipboard) return;
+  navigator.clipboard.writeText(pre.textContent).then(() => {
+    button.textContent = "Copied";
+    setTimeout(() => { button.textContent = "Copy"; }, 1500);
+  });
+});
+
+function showCopyButtons(root) {
+  for (const button of (root || document).querySelectorAll("button.copy[hidden]")) button.hidden = false;
+}
+
+const observer = new MutationObserver(() => showCopyButtons(document));
+
 document.addEventListener("DOMContentLoaded", () => {
   formatTimes(document);
+  showCopyButtons(document);
+  observer.observe(document.body, { childList: true, subtree: true });
   const events = document.querySelector("table#events[data-run]");
   if (events) followRun(events);
   const approvals = document.getElementById("approvals-live");
