@@ -148,6 +148,11 @@ impl Registry {
         self.read().agents.get(name).cloned()
     }
 
+    /// Every agent some worker offers or offered.
+    pub fn agents(&self) -> Vec<Arc<KnownAgent>> {
+        self.read().agents.values().cloned().collect()
+    }
+
     pub fn get(&self, name: &str) -> Option<Arc<KnownTool>> {
         self.read().tools.get(name).cloned()
     }

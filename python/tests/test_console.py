@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import pytest
-from conftest import serving
+from conftest import ended_run, serving
 from harness import REPO, WAIT, Kernel, Process, binary
 from selenium import webdriver
 from selenium.common.exceptions import (
@@ -36,11 +37,13 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from kernel_sdk import (
     AgentClient,
+    AgentContext,
     BudgetLimit,
     CallOutcome,
     KernelError,
     ToolCall,
     ToolContext,
+    agent,
     tool,
 )
 
@@ -737,9 +740,9 @@ async def test_a_read_only_key_sees_no_action_and_its_forged_posts_are_refused(
                 assert not browser.driver.find_elements(By.CSS_SELECTOR, "form.action")
 
             await asyncio.to_thread(reader_sees_no_forms)
-            for action in ("cancel", "fork", "delete"):
+            for path in (f"/runs/{run.id}/{action}" for action in ("cancel", "fork", "delete")):
                 request = urllib.request.Request(
-                    f"http://{kernel.http}/runs/{run.id}/{action}",
+                    f"http://{kernel.http}{path}",
                     data=b"confirmed=yes",
                     headers={
                         "authorization": f"Bearer {SECRET}",
@@ -750,7 +753,20 @@ async def test_a_read_only_key_sees_no_action_and_its_forged_posts_are_refused(
                 )
                 with pytest.raises(urllib.error.HTTPError) as refused:
                     await asyncio.to_thread(urllib.request.urlopen, request)
-                assert refused.value.code == 403, action
+                assert refused.value.code == 403, path
+            start = urllib.request.Request(
+                f"http://{kernel.http}/agents/anything/start",
+                data=b"confirmed=yes&input_json=null",
+                headers={
+                    "authorization": f"Bearer {SECRET}",
+                    "origin": f"http://{kernel.http}",
+                    "content-type": "application/x-www-form-urlencoded",
+                },
+                method="POST",
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                await asyncio.to_thread(urllib.request.urlopen, start)
+            assert refused.value.code == 403, "a reader starts no run"
             assert (await client.get_run(run.id)).run.status == "pending"
 
             def admin_sees_them() -> None:
@@ -878,5 +894,55 @@ async def test_the_approvals_page_follows_what_arrives_and_is_answered_and_confi
                 browser.shot("timeline")
 
             await asyncio.to_thread(the_wait_shows_on_the_timeline)
+    finally:
+        kernel.stop()
+
+
+class Greeting(pydantic.BaseModel):
+    """Whom to greet, and how often."""
+
+    name: str
+    times: int = 1
+
+
+@agent
+async def greeter(ctx: AgentContext, greeting: Greeting) -> dict[str, str]:
+    """Greets someone a few times."""
+    return {"said": ", ".join([f"hello {greeting.name}"] * greeting.times)}
+
+
+async def test_a_hosted_agents_run_is_started_from_a_form_made_from_its_input_schema(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    kernel = console_kernel(tmp_path)
+    try:
+        async with AgentClient(kernel.addr) as client, serving(kernel, agents=[greeter]):
+            browser = await asyncio.to_thread(chrome, kernel)
+
+            def start_one() -> str:
+                browser.open("/registry")
+                row = browser.until(
+                    "the hosted agent",
+                    lambda d: d.find_element(By.CSS_SELECTOR, 'tr[data-agent="greeter"]'),
+                )
+                row.find_element(By.CSS_SELECTOR, "a.start").click()
+                browser.until("the input form", lambda d: d.find_elements(By.NAME, "field:name"))
+                browser.driver.find_element(By.NAME, "field:name").send_keys("ada")
+                browser.driver.find_element(By.NAME, "field:times").send_keys("2")
+                browser.driver.find_element(By.NAME, "labels").send_keys("team=docs")
+                browser.shot("start-form")
+                browser.driver.find_element(
+                    By.CSS_SELECTOR, "form.start button[type=submit]"
+                ).click()
+                browser.until("the confirmation", lambda d: '"name": "ada"' in browser.text())
+                browser.driver.find_element(By.CSS_SELECTOR, "form.confirm button.danger").click()
+                browser.until("the run's page", lambda d: "/runs/" in d.current_url)
+                return str(browser.driver.current_url.rsplit("/", 1)[-1])
+
+            run_id = await asyncio.to_thread(start_one)
+            done = await ended_run(client, run_id)
+            assert done.status == "completed", done
+            assert done.output == {"said": "hello ada, hello ada"}
+            assert done.labels == {"team": "docs"}
     finally:
         kernel.stop()

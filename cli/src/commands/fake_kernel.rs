@@ -253,4 +253,8 @@ impl RegistryService for FakeKernel {
         let workers = self.data.lock().unwrap().workers.clone();
         Ok(Response::new(pb::ListWorkersResponse { workers }))
     }
+
+    async fn list_agents(&self, _: Request<pb::ListAgentsRequest>) -> Result<Response<pb::ListAgentsResponse>, Status> {
+        Ok(Response::new(pb::ListAgentsResponse::default()))
+    }
 }

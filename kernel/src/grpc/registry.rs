@@ -45,4 +45,33 @@ impl RegistryService for RegistryApi {
             workers: workers.iter().map(convert::worker).collect(),
         }))
     }
+
+    async fn list_agents(&self, _: Request<pb::ListAgentsRequest>) -> Result<Response<pb::ListAgentsResponse>, Status> {
+        let workers = self.0.scheduler.snapshot().await?;
+        let mut agents: Vec<pb::HostedAgentInfo> = self
+            .0
+            .registry
+            .agents()
+            .iter()
+            .map(|agent| {
+                let def = &agent.def;
+                let mut hosting: Vec<String> = (workers.iter())
+                    .filter(|worker| worker.agents.iter().any(|name| *name == def.name))
+                    .map(|worker| worker.name.clone())
+                    .collect();
+                hosting.sort();
+                hosting.dedup();
+                pb::HostedAgentInfo {
+                    name: def.name.clone(),
+                    description: def.description.clone(),
+                    input_schema_json: kernel_proto::canonical::to_canonical(&def.input_schema),
+                    version: def.version.clone(),
+                    fingerprint: def.fingerprint.clone(),
+                    workers: hosting,
+                }
+            })
+            .collect();
+        agents.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(Response::new(pb::ListAgentsResponse { agents }))
+    }
 }

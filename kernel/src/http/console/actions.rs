@@ -21,6 +21,7 @@ const CANCEL_RUN: &str = "/kernel.v1.RunService/CancelRun";
 const CANCEL_CALL: &str = "/kernel.v1.ToolCallService/CancelCall";
 const FORK_RUN: &str = "/kernel.v1.RunService/ForkRun";
 const DELETE_RUN: &str = "/kernel.v1.AdminService/DeleteRun";
+pub const CREATE_RUN: &str = "/kernel.v1.RunService/CreateRun";
 
 /// What the visitor's key may do to runs: the forms a page offers.
 #[derive(Clone, Copy, Debug, Default)]
@@ -28,6 +29,7 @@ pub struct Allowed {
     pub cancel: bool,
     pub fork: bool,
     pub delete: bool,
+    pub start: bool,
 }
 
 impl Allowed {
@@ -37,6 +39,7 @@ impl Allowed {
             cancel: may(CANCEL_RUN) && may(CANCEL_CALL),
             fork: may(FORK_RUN),
             delete: may(DELETE_RUN),
+            start: may(CREATE_RUN),
         }
     }
 }
@@ -96,23 +99,33 @@ pub fn step_actions(run_id: &str, step: &pb::Step, allowed: Allowed) -> Markup {
 }
 
 /// The fields of a posted form.
-struct Sent(Vec<(String, String)>);
+pub struct Sent(Vec<(String, String)>);
+
+impl From<Vec<(String, String)>> for Sent {
+    fn from(fields: Vec<(String, String)>) -> Sent {
+        Sent(fields)
+    }
+}
 
 impl Sent {
-    fn get(&self, name: &str) -> &str {
+    pub fn fields(&self) -> &[(String, String)] {
+        &self.0
+    }
+
+    pub fn get(&self, name: &str) -> &str {
         self.0
             .iter()
             .find(|(key, _)| key == name)
             .map_or("", |(_, value)| value.as_str())
     }
 
-    fn confirmed(&self) -> bool {
+    pub fn confirmed(&self) -> bool {
         self.get("confirmed") == "yes"
     }
 }
 
 /// The page that asks before doing: what will happen, and a form sending `sent` again, confirmed.
-fn confirm(title: &str, what: Markup, (action, back): (&str, &str), sent: &Sent, signed_in: bool) -> Response {
+pub fn confirm(title: &str, what: Markup, (action, back): (&str, &str), sent: &Sent, signed_in: bool) -> Response {
     let body = html! {
         h1 { (title) }
         div.confirm { (what) }

@@ -11,6 +11,7 @@ mod login;
 mod registry;
 mod run;
 mod runs;
+mod start;
 mod timeline;
 
 use axum::Router;
@@ -40,6 +41,7 @@ pub fn routes() -> Router<Http> {
         .route("/approvals/live", get(approvals::live_part))
         .route("/approvals/{id}", post(approvals::answer))
         .route("/registry", get(registry::page))
+        .route("/agents/{name}/start", get(start::form).post(start::start))
         .route("/limits", get(limits::page))
         .route("/assets/{file}", get(assets::serve))
 }

@@ -1,4 +1,5 @@
-//! Tools and workers: what is registered, which worker offers what, and the slots in use.
+//! Tools, hosted agents and workers: what is registered, which worker offers or hosts what, and
+//! the slots in use; a hosted agent's run is started from here.
 
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -25,6 +26,11 @@ pub async fn page(State(http): State<Http>, headers: HeaderMap, uri: axum::http:
         Ok(response) => response.into_inner().workers,
         Err(status) => return refused(status),
     };
+    let agents = match api.list_agents(request(pb::ListAgentsRequest {}, &caller)).await {
+        Ok(response) => response.into_inner().agents,
+        Err(status) => return refused(status),
+    };
+    let may_start = super::actions::Allowed::of(&http, &headers).start;
     let body = html! {
         h1 { "Tools" }
         @if tools.is_empty() { p.empty { "No tool is registered: start a worker." } }
@@ -49,6 +55,21 @@ pub async fn page(State(http): State<Http>, headers: HeaderMap, uri: axum::http:
                 } }
             }
         }
+        h1 { "Hosted agents" }
+        @if agents.is_empty() { p.empty { "No hosted agent is registered: start a worker that hosts one." } }
+        @else {
+            table.agents {
+                thead { tr { th { "Agent" } th { "Version" } th { "Hosted by" } th {} } }
+                tbody { @for agent in &agents {
+                    tr data-agent=(agent.name) {
+                        td { strong { (agent.name) } @if !agent.description.is_empty() { br; span.note { (format::clip(&agent.description, 120)) } } }
+                        td { (agent.version) }
+                        td { @if agent.workers.is_empty() { span.none { "no worker" } } @else { (agent.workers.join(", ")) } }
+                        td { @if may_start { a.start href={ "/agents/" (agent.name) "/start" } { "Start a run…" } } }
+                    }
+                } }
+            }
+        }
         h1 { "Workers" }
         @if workers.is_empty() { p.empty { "No worker is connected." } }
         @else {
@@ -67,5 +88,5 @@ pub async fn page(State(http): State<Http>, headers: HeaderMap, uri: axum::http:
             }
         }
     };
-    layout("Tools & workers", Section::Registry, caller.is_some(), body).into_response()
+    layout("Tools, agents & workers", Section::Registry, caller.is_some(), body).into_response()
 }

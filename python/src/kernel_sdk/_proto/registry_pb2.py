@@ -26,25 +26,31 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from . import common_pb2 as kernel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18kernel/v1/registry.proto\x12\tkernel.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16kernel/v1/common.proto\"\x12\n\x10ListToolsRequest\"\xa9\x01\n\x0eRegisteredTool\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.kernel.v1.ToolSpec\x12\x0f\n\x07workers\x18\x02 \x03(\t\x12\x31\n\rfirst_seen_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0clast_seen_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"=\n\x11ListToolsResponse\x12(\n\x05tools\x18\x01 \x03(\x0b\x32\x19.kernel.v1.RegisteredTool\"\x14\n\x12ListWorkersRequest\"\x88\x02\n\nWorkerInfo\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05tools\x18\x03 \x03(\t\x12\x17\n\x0fmax_concurrency\x18\x04 \x01(\r\x12\x14\n\x0cslots_in_use\x18\x05 \x01(\r\x12\x10\n\x08\x64raining\x18\x06 \x01(\x08\x12\x30\n\x0c\x63onnected_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11last_heartbeat_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x61gents\x18\t \x03(\t\x12\x0f\n\x07replica\x18\n \x01(\t\"=\n\x13ListWorkersResponse\x12&\n\x07workers\x18\x01 \x03(\x0b\x32\x15.kernel.v1.WorkerInfo2\xa7\x01\n\x0fRegistryService\x12\x46\n\tListTools\x12\x1b.kernel.v1.ListToolsRequest\x1a\x1c.kernel.v1.ListToolsResponse\x12L\n\x0bListWorkers\x12\x1d.kernel.v1.ListWorkersRequest\x1a\x1e.kernel.v1.ListWorkersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18kernel/v1/registry.proto\x12\tkernel.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16kernel/v1/common.proto\"\x13\n\x11ListAgentsRequest\"\x86\x01\n\x0fHostedAgentInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x19\n\x11input_schema_json\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x05 \x01(\t\x12\x0f\n\x07workers\x18\x06 \x03(\t\"@\n\x12ListAgentsResponse\x12*\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x1a.kernel.v1.HostedAgentInfo\"\x12\n\x10ListToolsRequest\"\xa9\x01\n\x0eRegisteredTool\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.kernel.v1.ToolSpec\x12\x0f\n\x07workers\x18\x02 \x03(\t\x12\x31\n\rfirst_seen_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0clast_seen_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"=\n\x11ListToolsResponse\x12(\n\x05tools\x18\x01 \x03(\x0b\x32\x19.kernel.v1.RegisteredTool\"\x14\n\x12ListWorkersRequest\"\x88\x02\n\nWorkerInfo\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05tools\x18\x03 \x03(\t\x12\x17\n\x0fmax_concurrency\x18\x04 \x01(\r\x12\x14\n\x0cslots_in_use\x18\x05 \x01(\r\x12\x10\n\x08\x64raining\x18\x06 \x01(\x08\x12\x30\n\x0c\x63onnected_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11last_heartbeat_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x61gents\x18\t \x03(\t\x12\x0f\n\x07replica\x18\n \x01(\t\"=\n\x13ListWorkersResponse\x12&\n\x07workers\x18\x01 \x03(\x0b\x32\x15.kernel.v1.WorkerInfo2\xf2\x01\n\x0fRegistryService\x12\x46\n\tListTools\x12\x1b.kernel.v1.ListToolsRequest\x1a\x1c.kernel.v1.ListToolsResponse\x12L\n\x0bListWorkers\x12\x1d.kernel.v1.ListWorkersRequest\x1a\x1e.kernel.v1.ListWorkersResponse\x12I\n\nListAgents\x12\x1c.kernel.v1.ListAgentsRequest\x1a\x1d.kernel.v1.ListAgentsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kernel.v1.registry_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LISTTOOLSREQUEST']._serialized_start=96
-  _globals['_LISTTOOLSREQUEST']._serialized_end=114
-  _globals['_REGISTEREDTOOL']._serialized_start=117
-  _globals['_REGISTEREDTOOL']._serialized_end=286
-  _globals['_LISTTOOLSRESPONSE']._serialized_start=288
-  _globals['_LISTTOOLSRESPONSE']._serialized_end=349
-  _globals['_LISTWORKERSREQUEST']._serialized_start=351
-  _globals['_LISTWORKERSREQUEST']._serialized_end=371
-  _globals['_WORKERINFO']._serialized_start=374
-  _globals['_WORKERINFO']._serialized_end=638
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=640
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=701
-  _globals['_REGISTRYSERVICE']._serialized_start=704
-  _globals['_REGISTRYSERVICE']._serialized_end=871
+  _globals['_LISTAGENTSREQUEST']._serialized_start=96
+  _globals['_LISTAGENTSREQUEST']._serialized_end=115
+  _globals['_HOSTEDAGENTINFO']._serialized_start=118
+  _globals['_HOSTEDAGENTINFO']._serialized_end=252
+  _globals['_LISTAGENTSRESPONSE']._serialized_start=254
+  _globals['_LISTAGENTSRESPONSE']._serialized_end=318
+  _globals['_LISTTOOLSREQUEST']._serialized_start=320
+  _globals['_LISTTOOLSREQUEST']._serialized_end=338
+  _globals['_REGISTEREDTOOL']._serialized_start=341
+  _globals['_REGISTEREDTOOL']._serialized_end=510
+  _globals['_LISTTOOLSRESPONSE']._serialized_start=512
+  _globals['_LISTTOOLSRESPONSE']._serialized_end=573
+  _globals['_LISTWORKERSREQUEST']._serialized_start=575
+  _globals['_LISTWORKERSREQUEST']._serialized_end=595
+  _globals['_WORKERINFO']._serialized_start=598
+  _globals['_WORKERINFO']._serialized_end=862
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=864
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=925
+  _globals['_REGISTRYSERVICE']._serialized_start=928
+  _globals['_REGISTRYSERVICE']._serialized_end=1170
 # @@protoc_insertion_point(module_scope)

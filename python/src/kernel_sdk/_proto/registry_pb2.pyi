@@ -10,6 +10,32 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ListAgentsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HostedAgentInfo(_message.Message):
+    __slots__ = ("name", "description", "input_schema_json", "version", "fingerprint", "workers")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    input_schema_json: str
+    version: str
+    fingerprint: str
+    workers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., version: _Optional[str] = ..., fingerprint: _Optional[str] = ..., workers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListAgentsResponse(_message.Message):
+    __slots__ = ("agents",)
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    agents: _containers.RepeatedCompositeFieldContainer[HostedAgentInfo]
+    def __init__(self, agents: _Optional[_Iterable[_Union[HostedAgentInfo, _Mapping]]] = ...) -> None: ...
+
 class ListToolsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

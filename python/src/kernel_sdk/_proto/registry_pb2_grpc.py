@@ -45,6 +45,11 @@ class RegistryServiceStub:
                 request_serializer=kernel_dot_v1_dot_registry__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=kernel_dot_v1_dot_registry__pb2.ListWorkersResponse.FromString,
                 _registered_method=True)
+        self.ListAgents = channel.unary_unary(
+                '/kernel.v1.RegistryService/ListAgents',
+                request_serializer=kernel_dot_v1_dot_registry__pb2.ListAgentsRequest.SerializeToString,
+                response_deserializer=kernel_dot_v1_dot_registry__pb2.ListAgentsResponse.FromString,
+                _registered_method=True)
 
 
 class RegistryServiceServicer:
@@ -65,6 +70,14 @@ class RegistryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAgents(self, request, context):
+        """ListAgents returns every hosted agent a worker offers or offered, with the JSON Schema of a
+        run's input and the workers hosting it now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RegistryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +90,11 @@ def add_RegistryServiceServicer_to_server(servicer, server):
                     servicer.ListWorkers,
                     request_deserializer=kernel_dot_v1_dot_registry__pb2.ListWorkersRequest.FromString,
                     response_serializer=kernel_dot_v1_dot_registry__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'ListAgents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAgents,
+                    request_deserializer=kernel_dot_v1_dot_registry__pb2.ListAgentsRequest.FromString,
+                    response_serializer=kernel_dot_v1_dot_registry__pb2.ListAgentsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +152,33 @@ class RegistryService:
             '/kernel.v1.RegistryService/ListWorkers',
             kernel_dot_v1_dot_registry__pb2.ListWorkersRequest.SerializeToString,
             kernel_dot_v1_dot_registry__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAgents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kernel.v1.RegistryService/ListAgents',
+            kernel_dot_v1_dot_registry__pb2.ListAgentsRequest.SerializeToString,
+            kernel_dot_v1_dot_registry__pb2.ListAgentsResponse.FromString,
             options,
             channel_credentials,
             insecure,
