@@ -56,7 +56,7 @@ impl RegistryService for RegistryApi {
             .map(|agent| {
                 let def = &agent.def;
                 let mut hosting: Vec<String> = (workers.iter())
-                    .filter(|worker| worker.agents.iter().any(|name| *name == def.name))
+                    .filter(|worker| worker.agents.contains(&def.name))
                     .map(|worker| worker.name.clone())
                     .collect();
                 hosting.sort();
