@@ -1297,7 +1297,7 @@ mod tests {
                 let sql = save_step_sql(status, dispatch);
                 assert_eq!(sql.contains("status = ?3"), status, "{sql}");
                 assert_eq!(sql.contains("dispatch_id = ?4"), dispatch, "{sql}");
-                assert_eq!(conn.prepare(sql).unwrap().parameter_count(), 24, "{sql}");
+                assert_eq!(conn.prepare(sql).unwrap().parameter_count(), 25, "{sql}");
             }
         }
     }
