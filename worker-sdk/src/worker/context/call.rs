@@ -21,9 +21,10 @@ impl ToolContext {
     /// The outcome is recorded: the same body run again (a retry, a redispatch) gets it back at
     /// once, and the callee runs once. Calls are told apart by their order in the body, so a
     /// body makes the same calls in the same order each time; another tool or other arguments
-    /// in the place of a recorded call end as [`Outcome::ReplayInputChanged`]
-    /// (crate::Outcome::ReplayInputChanged), and nothing runs. A denial, a rejection or the
-    /// callee's failure is an outcome to match on ([`CallOutcome::rejection`]), not an `Err`;
+    /// in the place of a recorded call end as
+    /// [`Outcome::ReplayInputChanged`](crate::Outcome::ReplayInputChanged), and nothing runs.
+    /// A denial, a rejection or the callee's failure is an outcome to match on
+    /// ([`CallOutcome::rejection`]), not an `Err`;
     /// `Err` is a fatal error when the kernel cannot be reached, or the context has none (a test
     /// context). A call still open when this one settles for good is cancelled.
     ///
