@@ -6,7 +6,6 @@
 //! output never goes through this module and is never cut.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use comfy_table::{ContentArrangement, Table, presets};
@@ -186,32 +185,14 @@ fn step_version(step: &StepView) -> String {
 /// The steps in the order `runs show` prints them, each with its depth: the calls a tool's body
 /// made (`ctx.call`) follow their caller, in the body's order, one level deeper.
 fn nested_order(steps: &[StepView]) -> Vec<(usize, &StepView)> {
-    let keys: HashSet<&str> = steps.iter().map(|s| s.key.as_str()).collect();
-    let mut callees: HashMap<&str, Vec<&StepView>> = HashMap::new();
-    for step in steps {
-        if let Some(caller) = step.caller_step_key.as_deref().filter(|c| keys.contains(c)) {
-            callees.entry(caller).or_default().push(step);
-        }
-    }
-    // `call:<caller>#<n>`: the n-th call of the body.
-    let occurrence = |step: &StepView| step.key.rsplit_once('#').and_then(|(_, n)| n.parse::<u32>().ok());
-    for calls in callees.values_mut() {
-        calls.sort_by_key(|step| occurrence(step));
-    }
-    let mut ordered = Vec::with_capacity(steps.len());
-    let mut stack: Vec<(usize, &StepView)> = steps
+    let keys: Vec<(&str, &str)> = steps
         .iter()
-        .rev()
-        .filter(|s| s.caller_step_key.as_deref().is_none_or(|c| !keys.contains(c)))
-        .map(|s| (0, s))
+        .map(|step| (step.key.as_str(), step.caller_step_key.as_deref().unwrap_or_default()))
         .collect();
-    while let Some((depth, step)) = stack.pop() {
-        ordered.push((depth, step));
-        if let Some(calls) = callees.get(step.key.as_str()) {
-            stack.extend(calls.iter().rev().map(|callee| (depth + 1, *callee)));
-        }
-    }
-    ordered
+    kernel_proto::nesting::nested_order(&keys)
+        .into_iter()
+        .map(|(index, depth)| (depth, &steps[index]))
+        .collect()
 }
 
 /// A step's key as the step table shows it: under its caller, `└ call:t0/p0#0`.

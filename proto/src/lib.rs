@@ -7,6 +7,7 @@
 
 pub mod canonical;
 pub mod duration;
+pub mod nesting;
 pub mod receipt;
 pub mod traceparent;
 

@@ -142,6 +142,11 @@ async def test_the_console_s_run_page_names_a_nested_call_s_caller(tmp_path: Pat
             await client.call_turn(run.id, 0, turn)
             url = f"http://{kernel.http}/runs/{run.id}"
             page = await asyncio.to_thread(_read, url)
+        # Each nested call right after its caller, in the body's order.
+        places = [
+            page.index(f'data-key="{key}"') for key in ("t0/p0", "call:t0/p0#0", "call:t0/p0#1")
+        ]
+        assert places == sorted(places), places
         for key in ("call:t0/p0#0", "call:t0/p0#1"):
             row = page[page.index(f'data-key="{key}"') :]
             row = row[: row.index("</details>")]

@@ -303,20 +303,32 @@ fn steps(loaded: &Loaded, allowed: actions::Allowed) -> Markup {
             @if !steps.is_empty() { (timeline::legend()) }
             div.timeline {
                 @if !steps.is_empty() { div.axis { span {} span {} (timeline::ticks(axis)) span {} } }
-                @for step in steps.iter().take(MAX_STEPS) {
+                @for (step, depth) in in_call_order(&steps[..steps.len().min(MAX_STEPS)]) {
                     @let tried = attempts.get(&step.step_key).unwrap_or(&none);
                     @let waited = waits.get(&step.step_key).unwrap_or(&no_wait);
-                    (step_row(axis, step, (tried, waited), now, actions::step_actions(&run.id, step, allowed)))
+                    (step_row(axis, (step, depth), (tried, waited), now, actions::step_actions(&run.id, step, allowed)))
                 }
             }
         }
     }
 }
 
+/// The steps as the page shows them, each with its depth: a call a tool's body made right after
+/// its caller, one level deeper.
+fn in_call_order(steps: &[pb::Step]) -> Vec<(&pb::Step, usize)> {
+    let keys: Vec<(&str, &str)> = (steps.iter())
+        .map(|step| (step.step_key.as_str(), step.caller_step_key.as_str()))
+        .collect();
+    kernel_proto::nesting::nested_order(&keys)
+        .into_iter()
+        .map(|(index, depth)| (&steps[index], depth))
+        .collect()
+}
+
 /// A step's row: its bar on the timeline, and in its details what it holds, then `actions`.
 fn step_row(
     axis: Axis,
-    step: &pb::Step,
+    (step, depth): (&pb::Step, usize),
     (attempts, waits): (&[Attempt], &[timeline::PersonWait]),
     now: i64,
     actions: Markup,
@@ -329,7 +341,7 @@ fn step_row(
     html! {
         details.step data-key=(step.step_key) data-status=(status) {
             summary {
-                span.name title=(step.step_key) {
+                span.name title=(step.step_key) style=[(depth > 0).then(|| format!("padding-left:{}px", 14 * depth))] {
                     // A call a tool's body made, under its caller.
                     @if !step.caller_step_key.is_empty() { span.nested title={ "called by " (step.caller_step_key) } { "↳ " } }
                     (name)
