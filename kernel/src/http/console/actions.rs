@@ -14,6 +14,7 @@ use kernel_proto::v1::tool_call_service_server::ToolCallService;
 use maud::{Markup, html};
 
 use super::{Section, admit, error_page, format, layout, refused, request};
+use crate::auth::Caller;
 use crate::grpc::{AdminApi, RunApi, ToolCallApi};
 use crate::http::{Http, session};
 
@@ -142,34 +143,73 @@ pub fn confirm(title: &str, what: Markup, (action, back): (&str, &str), sent: &S
     layout(title, Section::Runs, signed_in, body).into_response()
 }
 
+/// An action posted about run `id`: by a visitor whose key may call the action's method, with
+/// what they sent; the run's page is where they came from.
+struct Posted {
+    caller: Option<Caller>,
+    sent: Sent,
+    id: String,
+    back: String,
+}
+
+impl Posted {
+    fn admit(
+        http: &Http,
+        headers: &HeaderMap,
+        method: &str,
+        id: String,
+        sent: Vec<(String, String)>,
+    ) -> Result<Posted, Box<Response>> {
+        let back = format!("/runs/{id}");
+        let caller = admit(http, headers, method, &back)?;
+        Ok(Posted {
+            caller,
+            sent: Sent(sent),
+            id,
+            back,
+        })
+    }
+
+    /// The page asking to confirm `title` (posting again to `/runs/<id>/<action>`), unless the
+    /// post confirms it already.
+    fn unconfirmed(&self, title: &str, action: &str, what: impl FnOnce() -> Markup) -> Option<Response> {
+        (!self.sent.confirmed()).then(|| {
+            let target = format!("/runs/{}/{action}", self.id);
+            confirm(title, what(), (&target, &self.back), &self.sent, self.caller.is_some())
+        })
+    }
+
+    /// Where a done action goes: `to`, or the run's page.
+    fn done(&self, to: Option<String>) -> Response {
+        Redirect::to(to.as_deref().unwrap_or(&self.back)).into_response()
+    }
+}
+
 pub async fn cancel_run(
     State(http): State<Http>,
     headers: HeaderMap,
     Path(id): Path<String>,
     Form(sent): Form<Vec<(String, String)>>,
 ) -> Response {
-    let back = format!("/runs/{id}");
-    let caller = match admit(&http, &headers, CANCEL_RUN, &back) {
-        Ok(caller) => caller,
+    let posted = match Posted::admit(&http, &headers, CANCEL_RUN, id, sent) {
+        Ok(posted) => posted,
         Err(response) => return *response,
     };
-    let sent = Sent(sent);
-    if !sent.confirmed() {
-        let what = html! { p { "Run " code { (id) } " ends as cancelled, and its calls in flight are cancelled on their workers." } };
-        return confirm(
-            "Cancel run",
-            what,
-            (&format!("/runs/{id}/cancel"), &back),
-            &sent,
-            caller.is_some(),
-        );
+    let id = &posted.id;
+    if let Some(page) = posted.unconfirmed("Cancel run", "cancel", || {
+        html! { p { "Run " code { (id) } " ends as cancelled, and its calls in flight are cancelled on their workers." } }
+    }) {
+        return page;
     }
     let message = pb::CancelRunRequest {
-        run_id: id,
-        reason: reason(&sent, "cancelled from the console"),
+        run_id: id.clone(),
+        reason: reason(&posted.sent, "cancelled from the console"),
     };
-    match RunApi(http.kernel.clone()).cancel_run(request(message, &caller)).await {
-        Ok(_) => Redirect::to(&back).into_response(),
+    match RunApi(http.kernel.clone())
+        .cancel_run(request(message, &posted.caller))
+        .await
+    {
+        Ok(_) => posted.done(None),
         Err(status) => refused(status),
     }
 }
@@ -180,36 +220,29 @@ pub async fn cancel_call(
     Path(id): Path<String>,
     Form(sent): Form<Vec<(String, String)>>,
 ) -> Response {
-    let back = format!("/runs/{id}");
-    let caller = match admit(&http, &headers, CANCEL_CALL, &back) {
-        Ok(caller) => caller,
+    let posted = match Posted::admit(&http, &headers, CANCEL_CALL, id, sent) {
+        Ok(posted) => posted,
         Err(response) => return *response,
     };
-    let sent = Sent(sent);
-    let key = sent.get("key").to_owned();
+    let (id, key) = (&posted.id, posted.sent.get("key"));
     if key.is_empty() {
         return error_page(StatusCode::BAD_REQUEST, "key: missing; the call's step key");
     }
-    if !sent.confirmed() {
-        let what = html! { p { "Call " code { (key) } " of run " code { (id) } " settles as cancelled (its worker is told); the run goes on." } };
-        return confirm(
-            "Cancel call",
-            what,
-            (&format!("/runs/{id}/cancel-call"), &back),
-            &sent,
-            caller.is_some(),
-        );
+    if let Some(page) = posted.unconfirmed("Cancel call", "cancel-call", || {
+        html! { p { "Call " code { (key) } " of run " code { (id) } " settles as cancelled (its worker is told); the run goes on." } }
+    }) {
+        return page;
     }
     let message = pb::CancelCallRequest {
-        run_id: id,
-        step_key: key,
-        reason: reason(&sent, "cancelled from the console"),
+        run_id: id.clone(),
+        step_key: key.to_owned(),
+        reason: reason(&posted.sent, "cancelled from the console"),
     };
     match ToolCallApi(http.kernel.clone())
-        .cancel_call(request(message, &caller))
+        .cancel_call(request(message, &posted.caller))
         .await
     {
-        Ok(_) => Redirect::to(&back).into_response(),
+        Ok(_) => posted.done(None),
         Err(status) => refused(status),
     }
 }
@@ -220,50 +253,43 @@ pub async fn fork(
     Path(id): Path<String>,
     Form(sent): Form<Vec<(String, String)>>,
 ) -> Response {
-    let back = format!("/runs/{id}");
-    let caller = match admit(&http, &headers, FORK_RUN, &back) {
-        Ok(caller) => caller,
+    let posted = match Posted::admit(&http, &headers, FORK_RUN, id, sent) {
+        Ok(posted) => posted,
         Err(response) => return *response,
     };
-    let sent = Sent(sent);
-    let at = sent.get("at").trim().to_owned();
-    let result = sent.get("result").trim().to_owned();
+    let id = &posted.id;
+    let (at, result) = (posted.sent.get("at").trim(), posted.sent.get("result").trim());
     if !result.is_empty() && at.is_empty() {
         return error_page(
             StatusCode::BAD_REQUEST,
             "result: replaces the result of the step forked at; name it (at)",
         );
     }
-    if !sent.confirmed() {
-        let what = html! {
+    if let Some(page) = posted.unconfirmed("Fork run", "fork", || {
+        html! {
             p { "A new run, a branch of " code { (id) } ", replays its record "
                 @if at.is_empty() { "whole" } @else { "up to and including " code { (at) } }
                 "; only reads run live in it." }
-            @if !result.is_empty() { p { "The branch replays " code { (at) } " as:" } div.arguments { (format::json(&result)) } }
-        };
-        return confirm(
-            "Fork run",
-            what,
-            (&format!("/runs/{id}/fork"), &back),
-            &sent,
-            caller.is_some(),
-        );
+            @if !result.is_empty() { p { "The branch replays " code { (at) } " as:" } div.arguments { (format::json(result)) } }
+        }
+    }) {
+        return page;
     }
     let message = pb::ForkRunRequest {
-        run_id: id,
-        at_step_key: at.clone(),
+        run_id: id.clone(),
+        at_step_key: at.to_owned(),
         set_results: if result.is_empty() {
             Default::default()
         } else {
-            [(at, result)].into()
+            [(at.to_owned(), result.to_owned())].into()
         },
         ..Default::default()
     };
-    match RunApi(http.kernel.clone()).fork_run(request(message, &caller)).await {
-        Ok(response) => match response.into_inner().run {
-            Some(branch) => Redirect::to(&format!("/runs/{}", branch.id)).into_response(),
-            None => Redirect::to(&back).into_response(),
-        },
+    match RunApi(http.kernel.clone())
+        .fork_run(request(message, &posted.caller))
+        .await
+    {
+        Ok(response) => posted.done(response.into_inner().run.map(|branch| format!("/runs/{}", branch.id))),
         Err(status) => refused(status),
     }
 }
@@ -274,28 +300,22 @@ pub async fn delete(
     Path(id): Path<String>,
     Form(sent): Form<Vec<(String, String)>>,
 ) -> Response {
-    let back = format!("/runs/{id}");
-    let caller = match admit(&http, &headers, DELETE_RUN, &back) {
-        Ok(caller) => caller,
+    let posted = match Posted::admit(&http, &headers, DELETE_RUN, id, sent) {
+        Ok(posted) => posted,
         Err(response) => return *response,
     };
-    let sent = Sent(sent);
-    if !sent.confirmed() {
-        let what = html! { p { "Run " code { (id) } ", its steps, events and approvals are deleted for good." } };
-        return confirm(
-            "Delete run",
-            what,
-            (&format!("/runs/{id}/delete"), &back),
-            &sent,
-            caller.is_some(),
-        );
+    let id = &posted.id;
+    if let Some(page) = posted.unconfirmed("Delete run", "delete", || {
+        html! { p { "Run " code { (id) } ", its steps, events and approvals are deleted for good." } }
+    }) {
+        return page;
     }
-    let message = pb::DeleteRunRequest { run_id: id };
+    let message = pb::DeleteRunRequest { run_id: id.clone() };
     match AdminApi(http.kernel.clone())
-        .delete_run(request(message, &caller))
+        .delete_run(request(message, &posted.caller))
         .await
     {
-        Ok(_) => Redirect::to("/runs").into_response(),
+        Ok(_) => posted.done(Some("/runs".to_owned())),
         Err(status) => refused(status),
     }
 }
