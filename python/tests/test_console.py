@@ -934,3 +934,41 @@ async def test_a_hosted_agents_run_is_started_from_a_form_made_from_its_input_sc
             assert done.labels == {"team": "docs"}
     finally:
         kernel.stop()
+
+
+async def test_without_javascript_a_runs_page_reads_whole_with_its_times_in_utc(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    kernel = console_kernel(tmp_path)
+    try:
+        async with AgentClient(kernel.addr) as client, serving(kernel, add_up):
+            run = await client.create_run("plain")
+            await client.call_turn(run.id, 0, [ToolCall("add_up", {"a": 2, "b": 3})])
+            browser = await asyncio.to_thread(chrome, kernel)
+
+            def read() -> None:
+                browser.driver.execute_cdp_cmd(
+                    "Emulation.setScriptExecutionDisabled", {"value": True}
+                )
+                browser.open(f"/runs/{run.id}")
+                step = browser.until(
+                    "the step",
+                    lambda d: d.find_element(By.CSS_SELECTOR, 'details.step[data-key="t0/p0"]'),
+                )
+                step.find_element(By.CSS_SELECTOR, "summary").click()
+                browser.until("its arguments", lambda d: '"a": 2' in step.text)
+                created = browser.driver.find_element(By.CSS_SELECTOR, "dl.header time")
+                assert created.text.endswith("Z") and "T" in created.text, created.text
+                assert created.text == created.get_attribute("datetime")
+                # A Copy button needs the script: without it, none is shown.
+                assert not [
+                    b
+                    for b in browser.driver.find_elements(By.CSS_SELECTOR, "button.copy")
+                    if b.is_displayed()
+                ]
+                assert "run:created" in browser.text()
+                browser.shot("no-javascript")
+
+            await asyncio.to_thread(read)
+    finally:
+        kernel.stop()

@@ -64,12 +64,21 @@ pub fn millis(time: &Option<Timestamp>) -> Option<i64> {
         .filter(|ms| *ms > 0)
 }
 
-/// A time the browser writes in its own zone; until the script runs, milliseconds since the epoch.
+/// A time the browser writes in its own zone; without the script, in UTC (`2026-12-07T06:11:31.685Z`).
 pub fn time(time: &Option<Timestamp>) -> Markup {
     match millis(time) {
-        Some(ms) => html! { time data-ms=(ms) { (ms) } },
+        Some(ms) => at_millis(ms),
         None => html! { span.none { "—" } },
     }
+}
+
+/// The time `ms` milliseconds after the epoch, as [`time`] writes it.
+pub fn at_millis(ms: i64) -> Markup {
+    let utc = Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
+    };
+    html! { time data-ms=(ms) datetime=(utc) { (utc) } }
 }
 
 /// A duration in the unit that reads best.

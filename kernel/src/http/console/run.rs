@@ -384,7 +384,7 @@ fn step_row(
                         thead { tr { th { "#" } th { "Worker" } th { "Started" } th { "Took" } th { "Ended" } } }
                         tbody { @for attempt in attempts {
                             tr { td { (attempt.number) } td { (attempt.worker) }
-                                 td { time data-ms=(attempt.start) { (attempt.start) } }
+                                 td { (format::at_millis(attempt.start)) }
                                  td { (format::duration(attempt.end.unwrap_or(now) - attempt.start)) }
                                  td class={ "how " (attempt.how) } { (attempt.how) } }
                         } }
