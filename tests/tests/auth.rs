@@ -141,6 +141,11 @@ fn demo_worker(kernel: &Kernel, name: &str, key: &str) -> Process {
 
 /// Opens a turn of run `run` calling `add` (gated by this file's policies), with `key`.
 async fn add_turn(kernel: &Kernel, run: &str, key: &str) -> tonic::Streaming<pb::SubmitTurnResponse> {
+    turn_of(kernel, run, key, call("add", json!({"a": 2, "b": 3}))).await
+}
+
+/// Turn 0 of `run`, its one call `one`, submitted with `key`.
+async fn turn_of(kernel: &Kernel, run: &str, key: &str, one: pb::ToolCall) -> tonic::Streaming<pb::SubmitTurnResponse> {
     ToolCallServiceClient::connect(kernel.url())
         .await
         .unwrap()
@@ -148,7 +153,7 @@ async fn add_turn(kernel: &Kernel, run: &str, key: &str) -> tonic::Streaming<pb:
             pb::SubmitTurnRequest {
                 run_id: run.into(),
                 turn: 0,
-                calls: vec![call("add", json!({"a": 2, "b": 3}))],
+                calls: vec![one],
                 offered_tools: Vec::new(),
                 max_concurrency: 0,
             },
@@ -731,22 +736,7 @@ async fn a_tool_calling_a_tool_needs_tools_call_on_its_worker_s_key() {
         "relay",
         json!({"tool": "lookup", "arguments": {"q": "x", "hold_ms": 0}}),
     );
-    let mut turn = ToolCallServiceClient::connect(kernel.url())
-        .await
-        .unwrap()
-        .submit_turn(with_key(
-            pb::SubmitTurnRequest {
-                run_id: run.clone(),
-                turn: 0,
-                calls: vec![relay],
-                offered_tools: Vec::new(),
-                max_concurrency: 0,
-            },
-            &secured.agent,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut turn = turn_of(kernel, &run, &secured.agent, relay).await;
     let result = result_of(&mut turn).await;
     assert_eq!(result.outcome, pb::CallOutcome::ToolError as i32, "{result:?}");
     assert!(

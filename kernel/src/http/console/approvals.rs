@@ -13,6 +13,7 @@ use kernel_proto::v1::approval_service_server::ApprovalService;
 use kernel_proto::v1::run_service_server::RunService;
 use maud::{Markup, html};
 
+use super::actions::Sent;
 use super::{Section, admit, answer_form, error_page, format, layout, refused, request};
 use crate::grpc::{ApprovalApi, RunApi};
 use crate::http::{Http, session};
@@ -208,6 +209,7 @@ pub async fn answer(
         Ok(caller) => caller,
         Err(response) => return *response,
     };
+    let sent = Sent::from(sent);
     let mut answer = match Answer::read(&sent) {
         Ok(answer) => answer,
         Err(why) => return error_page(StatusCode::BAD_REQUEST, &why),
@@ -215,7 +217,7 @@ pub async fn answer(
     let api = ApprovalApi(http.kernel.clone());
     if answer.decision == "approve" && answer.answer_json.trim().is_empty() {
         match asked_with_form(&http, &id).await {
-            Ok(Some(form)) => match answer_form::answer(&form, &sent) {
+            Ok(Some(form)) => match answer_form::answer(&form, sent.fields()) {
                 Ok(json) => answer.answer_json = json,
                 Err(why) => return error_page(StatusCode::BAD_REQUEST, &why),
             },
@@ -274,13 +276,8 @@ pub async fn answer(
 
 impl Answer {
     /// The answer's own fields among the form as sent.
-    fn read(sent: &[(String, String)]) -> Result<Answer, String> {
-        let given = |name: &str| {
-            sent.iter()
-                .find(|(key, _)| key == name)
-                .map(|(_, value)| value.clone())
-                .unwrap_or_default()
-        };
+    fn read(sent: &Sent) -> Result<Answer, String> {
+        let given = |name: &str| sent.get(name).to_owned();
         let decision = given("decision");
         if decision.is_empty() {
             return Err("decision: missing; approve or reject".to_owned());
