@@ -32,6 +32,7 @@ from selenium.common.exceptions import (
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -679,14 +680,15 @@ async def test_a_call_and_a_run_are_cancelled_forked_and_deleted_from_the_page_e
                 browser.open(f"/runs/{run.id}")
                 step = open_step(browser, "t0/p0")
                 form = step.find_element(By.CSS_SELECTOR, "form.fork-here")
-                form.find_element(By.CSS_SELECTOR, "details summary").click()
-                form.find_element(By.NAME, "result").send_keys("42")
                 form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+                # The result is replaced on the confirmation page, not in each step.
                 browser.until(
-                    "the fork's confirmation", lambda d: "replays t0/p0 as" in browser.text()
+                    "the fork's confirmation",
+                    lambda d: "Replay t0/p0 with this result instead" in browser.text(),
                 )
-                assert "42" in browser.text()
-                browser.driver.find_element(By.CSS_SELECTOR, "form.confirm button.danger").click()
+                confirm = browser.driver.find_element(By.CSS_SELECTOR, "form.confirm")
+                confirm.find_element(By.NAME, "result").send_keys("42")
+                confirm.find_element(By.CSS_SELECTOR, "button.danger").click()
                 browser.until(
                     "the branch's page",
                     lambda d: "/runs/" in d.current_url and run.id not in d.current_url,
@@ -968,6 +970,77 @@ async def test_without_javascript_a_runs_page_reads_whole_with_its_times_in_utc(
                 ]
                 assert "run:created" in browser.text()
                 browser.shot("no-javascript")
+
+            await asyncio.to_thread(read)
+    finally:
+        kernel.stop()
+
+
+def tab_to(browser: Browser, what: str, found: Callable[[Any], bool], limit: int = 40) -> Any:
+    """Presses Tab until the focused element is `found`; fails naming what the keys reached."""
+    reached: list[str] = []
+    for _ in range(limit):
+        browser.driver.switch_to.active_element.send_keys(Keys.TAB)
+        focused = browser.driver.switch_to.active_element
+        if found(focused):
+            return focused
+        reached.append(f"{focused.tag_name}:{focused.text[:30]!r}")
+    raise AssertionError(f"Tab never reached {what}; it reached {reached}")
+
+
+async def test_a_long_runs_steps_are_paged_and_every_part_is_reached_by_keyboard(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    kernel = console_kernel(tmp_path)
+    try:
+        async with AgentClient(kernel.addr) as client, serving(kernel, add_up):
+            run = await client.create_run("long")
+            for turn in range(3):
+                calls = [ToolCall("add_up", {"a": turn, "b": n}) for n in range(100)]
+                await client.call_turn(run.id, turn, calls)
+            browser = await asyncio.to_thread(chrome, kernel)
+
+            def steps() -> list[str]:
+                return [
+                    str(step.get_attribute("data-key"))
+                    for step in browser.driver.find_elements(By.CSS_SELECTOR, "details.step")
+                ]
+
+            def read() -> None:
+                browser.open(f"/runs/{run.id}")
+                browser.until("the pager", lambda d: "Steps 1\u2013200 of 300" in browser.text())
+                assert "page 1 of 2" in browser.text()
+                first = steps()
+                assert len(first) == 200 and first[0] == "t0/p0", first[:3]
+                # The keyboard: the first Tab shows the skip link, which leads past the navigation.
+                skip = tab_to(browser, "the skip link", lambda e: e.text == "Skip to content")
+                skip.send_keys(Keys.ENTER)
+                assert browser.driver.switch_to.active_element.get_attribute("id") == "main"
+                following = tab_to(browser, "the next page", lambda e: e.text == "Next \u203a")
+                following.send_keys(Keys.ENTER)
+                browser.until("page 2", lambda d: d.current_url.endswith("?page=2"))
+                browser.until(
+                    "the second page", lambda d: "Steps 201\u2013300 of 300" in browser.text()
+                )
+                second = steps()
+                assert len(second) == 100 and second[0] == "t2/p0", second[:3]
+                # A deep page draws its steps' attempts too (from the events where they begin).
+                bars = browser.driver.find_elements(By.CSS_SELECTOR, "details.step .bar.attempt")
+                assert len(bars) == 100, len(bars)
+                summary = tab_to(browser, "a step", lambda e: e.tag_name == "summary", limit=60)
+                summary.send_keys(Keys.ENTER)
+                step = browser.driver.find_element(
+                    By.CSS_SELECTOR, 'details.step[data-key="t2/p0"]'
+                )
+                browser.until("the step opened", lambda d: step.get_attribute("open") is not None)
+                assert '"a": 2' in step.text
+                browser.shot("paged")
+                browser.open(f"/runs/{run.id}?page=0")
+                browser.until(
+                    "the refusal", lambda d: "page: expected a page number from 1" in browser.text()
+                )
+                browser.open(f"/runs/{run.id}?page=9")
+                browser.until("the last page", lambda d: "page 2 of 2" in browser.text())
 
             await asyncio.to_thread(read)
     finally:

@@ -496,9 +496,10 @@ impl Agent {
             progress.add(u64::from(calls));
         }
         let replay = replaying.elapsed();
-        self.complete_runs(vec![run_id]).await?;
+        self.complete_runs(vec![run_id.clone()]).await?;
         progress.finish(&format!("{} results from the log in {:.1}ms", replayed, millis(replay)));
         Ok(Replay {
+            run_id,
             turns,
             calls_per_turn: calls,
             calls: total,

@@ -7,6 +7,7 @@
 //! [`progress`] keeps stderr informed while it runs. The command itself, which ties these
 //! together, is `crate::commands::bench`.
 
+pub mod console;
 pub mod driver;
 pub mod hosted;
 pub mod progress;
@@ -135,6 +136,16 @@ pub struct BenchArgs {
     /// passes it (`calls=1000000000`).
     #[arg(long = "budget", value_name = "LIMIT", value_parser = crate::args::parse_budget)]
     pub budget: Vec<kernel_proto::v1::BudgetLimit>,
+
+    /// The kernel's web console (its `--http-listen`, e.g. `http://127.0.0.1:8080`): the replay
+    /// section's run (10,000 steps by default) is then read from it, its first, middle and last
+    /// page of steps and its live part timed; sent the `--api-key` when there is one.
+    #[arg(long, value_name = "URL")]
+    pub console: Option<String>,
+
+    /// Times each console page is fetched [default: 20; --quick 3].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub console_rounds: Option<u32>,
 }
 
 /// Results of one payload size are capped at this many bytes per size.
@@ -152,6 +163,8 @@ pub struct Plan {
     pub sustained: Option<(u32, std::time::Duration, Option<std::time::Duration>)>,
     pub fanout: Option<(u32, u32)>,
     pub replay: Option<(u32, u32)>,
+    /// The console's URL and rounds, to read the replay section's run from.
+    pub console: Option<(String, u32)>,
     /// Sizes with the calls each makes, and the concurrency.
     pub payload: Option<(Vec<(ByteSize, u32)>, u32)>,
     /// Local steps and tool calls of the hosted runs.
@@ -187,6 +200,9 @@ impl Plan {
             }),
             fanout: wants(Section::Fanout).then(|| (pick(args.fanout, 100, 20), pick(args.fanout_turns, 5, 2))),
             replay: wants(Section::Replay).then(|| (pick(args.replay_turns, 100, 5), pick(args.replay_calls, 100, 20))),
+            console: (args.console.clone())
+                .filter(|_| wants(Section::Replay))
+                .map(|url| (url, pick(args.console_rounds, 20, 3))),
             payload: wants(Section::Payload).then(|| {
                 let sizes = sizes
                     .into_iter()
@@ -412,5 +428,15 @@ mod tests {
         assert_eq!(plan.replay, None);
         assert_eq!(plan.payload, None);
         assert_eq!(plan.peak_concurrency(), 300);
+    }
+
+    #[test]
+    fn the_console_is_read_only_with_the_replay_section() {
+        let url = "http://127.0.0.1:8080";
+        let with = Plan::new(&args(&["--sections", "replay", "--console", url, "--quick"]));
+        assert_eq!(with.console, Some((url.to_owned(), 3)));
+        let without = Plan::new(&args(&["--sections", "sequential", "--console", url]));
+        assert_eq!(without.console, None);
+        assert_eq!(Plan::new(&args(&[])).console, None);
     }
 }

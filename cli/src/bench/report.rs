@@ -20,6 +20,8 @@ pub struct Report {
     pub sustained: Option<super::sustained::Sustained>,
     pub fanout: Option<Fanout>,
     pub replay: Option<Replay>,
+    /// The replay section's run read from the web console (`--console`).
+    pub console: Option<super::console::Console>,
     pub payload: Option<Vec<Payload>>,
     pub hosted: Option<super::hosted::Hosted>,
 }
@@ -68,6 +70,8 @@ pub struct Fanout {
 /// A run recorded turn by turn, then every turn submitted again.
 #[derive(Debug, Clone, Serialize)]
 pub struct Replay {
+    /// The recorded run, left in the kernel to read.
+    pub run_id: String,
     pub turns: u32,
     pub calls_per_turn: u32,
     pub calls: u64,
@@ -273,6 +277,25 @@ impl Report {
                 ]],
             ));
         }
+        if let Some(c) = &self.console {
+            text.push_str(&format!(
+                "\nconsole ({}, a run of {} steps, each page fetched {} times)\n",
+                c.url, c.steps, c.rounds
+            ));
+            text.push_str(&table(
+                &["PAGE", "PATH", "SIZE", "P50", "P90", "MAX"],
+                c.pages.iter().map(|p| {
+                    vec![
+                        p.page.clone(),
+                        p.path.clone(),
+                        format!("{:.0} KiB", p.bytes as f64 / 1024.0),
+                        ms(p.latency.p50_ms),
+                        ms(p.latency.p90_ms),
+                        ms(p.latency.max_ms),
+                    ]
+                }),
+            ));
+        }
         if let Some(sizes) = &self.payload {
             let concurrency = sizes.first().map_or(0, |p| p.concurrency);
             text.push_str(&format!("\npayload (result size, {concurrency} concurrent runs)\n"));
@@ -395,7 +418,20 @@ mod tests {
                 }),
             }),
             fanout: None,
+            console: Some(super::super::console::Console {
+                url: "http://127.0.0.1:2".into(),
+                run_id: "01a24f86-c53f-76f4-9738-c31be175adcc".into(),
+                steps: 10_000,
+                rounds: 20,
+                pages: vec![super::super::console::ConsolePage {
+                    page: "last page".into(),
+                    path: "/runs/01a24f86-c53f-76f4-9738-c31be175adcc?page=50".into(),
+                    bytes: 700 << 10,
+                    latency: latency(48.0),
+                }],
+            }),
             replay: Some(Replay {
+                run_id: "01a24f86-c53f-76f4-9738-c31be175adcc".into(),
                 turns: 100,
                 calls_per_turn: 100,
                 calls: 10_000,
@@ -465,6 +501,14 @@ mod tests {
         assert!(text.contains("1 MiB  64     64       67.1"), "{text}");
         assert!(text.contains("hosted runs"), "{text}");
         assert!(
+            text.contains("console (http://127.0.0.1:2, a run of 10000 steps, each page fetched 20 times)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("last page  /runs/01a24f86-c53f-76f4-9738-c31be175adcc?page=50  700 KiB  48.0ms"),
+            "{text}"
+        );
+        assert!(
             text.contains("900µs") && text.contains("40.0ms (2000 recorded)"),
             "{text}"
         );
@@ -481,6 +525,8 @@ mod tests {
         assert_eq!(json["throughput"][0]["p99_ms"], 24.0);
         assert!(json["fanout"].is_null());
         assert_eq!(json["replay"]["replayed"], 10_000);
+        assert_eq!(json["console"]["pages"][0]["p50_ms"], 48.0);
+        assert_eq!(json["console"]["pages"][0]["bytes"], 700 << 10);
         assert_eq!(json["payload"][0]["mb_per_s"], 67.1);
         assert_eq!(json["sustained"]["per_second"][1], 3_100);
         assert_eq!(json["sustained"]["kernel"]["commits_per_call"], 0.25);

@@ -18,6 +18,11 @@ use super::Output;
 /// key needs `runs:write`, `tools:call` and `workers:connect` with tools `bench_*` (or `admin`).
 pub async fn run(addr: &KernelAddr, access: &Access, out: &mut Output<'_>, args: BenchArgs) -> Result<(), BenchError> {
     let plan = Plan::new(&args);
+    if args.console.is_some() && plan.console.is_none() {
+        return Err(BenchError::Setup(
+            "--console reads the replay section's run: add `replay` to --sections".to_owned(),
+        ));
+    }
     // Fails fast, with the usual wording, when nothing listens at `addr`.
     let kernel = Kernel::connect(addr, access).await?;
     let progress = Progress::new();
@@ -39,7 +44,7 @@ pub async fn run(addr: &KernelAddr, access: &Access, out: &mut Output<'_>, args:
     .await?;
     let sessions = crate::bench::sustained::Sessions::measure(&mut admin, before_sessions, plan.workers).await;
 
-    let measured = sections(&agent, &progress, &plan, (addr, &kernel)).await;
+    let measured = sections(&agent, &progress, &plan, (addr, &kernel, access)).await;
     let measured = measured.map(|report| Report { sessions, ..report });
     let measured = match (measured, plan.hosted) {
         (Ok(mut report), Some(counts)) => {
@@ -70,7 +75,7 @@ async fn sections(
     agent: &Agent,
     progress: &Progress,
     plan: &Plan,
-    (addr, kernel): (&KernelAddr, &Kernel),
+    (addr, kernel, access): (&KernelAddr, &Kernel, &Access),
 ) -> Result<Report, BenchError> {
     let mut report = Report {
         kernel: addr.to_string(),
@@ -82,6 +87,7 @@ async fn sections(
         sustained: None,
         fanout: None,
         replay: None,
+        console: None,
         payload: None,
         hosted: None,
     };
@@ -104,7 +110,13 @@ async fn sections(
         report.fanout = Some(agent.fanout(progress, calls, turns).await?);
     }
     if let Some((turns, calls)) = plan.replay {
-        report.replay = Some(agent.replay(progress, turns, calls).await?);
+        let replay = agent.replay(progress, turns, calls).await?;
+        if let Some((url, rounds)) = &plan.console {
+            let run = (replay.run_id.as_str(), replay.calls);
+            let read = crate::bench::console::read(progress, (url, access.api_key.as_deref()), run, *rounds).await?;
+            report.console = Some(read);
+        }
+        report.replay = Some(replay);
     }
     if let Some((sizes, concurrency)) = &plan.payload {
         let mut measured = Vec::with_capacity(sizes.len());

@@ -88,11 +88,9 @@ pub fn step_actions(run_id: &str, step: &pb::Step, allowed: Allowed) -> Markup {
         }
         @if allowed.fork && settled {
             form.action.fork-here method="post" action={ "/runs/" (run_id) "/fork" } {
+                // Its result is replaced on the confirmation page: a text area in each of a long
+                // run's steps would cost the browser more than the rest of the page.
                 input type="hidden" name="at" value=(step.step_key);
-                details {
-                    summary { "Replace its result" }
-                    label { "Result (JSON) " textarea name="result" placeholder="the result the branch replays" {} }
-                }
                 button type="submit" { "Fork here…" }
             }
         }
@@ -125,15 +123,27 @@ impl Sent {
     }
 }
 
-/// The page that asks before doing: what will happen, and a form sending `sent` again, confirmed.
-pub fn confirm(title: &str, what: Markup, (action, back): (&str, &str), sent: &Sent, signed_in: bool) -> Response {
+/// A field the confirmation page still lets the visitor fill in: its name, and its markup.
+pub type Editable<'a> = Option<(&'a str, Markup)>;
+
+/// The page that asks before doing: what will happen, and a form sending `sent` again, confirmed,
+/// with the `editable` field as the visitor leaves it.
+pub fn confirm(
+    title: &str,
+    what: Markup,
+    (action, back): (&str, &str),
+    (sent, editable): (&Sent, Editable<'_>),
+    signed_in: bool,
+) -> Response {
+    let (edited, field) = editable.map_or(("", None), |(name, markup)| (name, Some(markup)));
     let body = html! {
         h1 { (title) }
         div.confirm { (what) }
         form.confirm method="post" action=(action) {
-            @for (name, value) in sent.0.iter().filter(|(name, _)| name != "confirmed") {
+            @for (name, value) in sent.0.iter().filter(|(name, _)| name != "confirmed" && name != edited) {
                 input type="hidden" name=(name) value=(value);
             }
+            @if let Some(field) = field { (field) }
             input type="hidden" name="confirmed" value="yes";
             button.danger type="submit" { "Yes, " (title.to_lowercase()) }
             " "
@@ -173,9 +183,26 @@ impl Posted {
     /// The page asking to confirm `title` (posting again to `/runs/<id>/<action>`), unless the
     /// post confirms it already.
     fn unconfirmed(&self, title: &str, action: &str, what: impl FnOnce() -> Markup) -> Option<Response> {
+        self.unconfirmed_with(title, action, || (what(), None))
+    }
+
+    /// [`Posted::unconfirmed`], its page with a field still to fill in.
+    fn unconfirmed_with<'a>(
+        &self,
+        title: &str,
+        action: &str,
+        what: impl FnOnce() -> (Markup, Editable<'a>),
+    ) -> Option<Response> {
         (!self.sent.confirmed()).then(|| {
             let target = format!("/runs/{}/{action}", self.id);
-            confirm(title, what(), (&target, &self.back), &self.sent, self.caller.is_some())
+            let (what, editable) = what();
+            confirm(
+                title,
+                what,
+                (&target, &self.back),
+                (&self.sent, editable),
+                self.caller.is_some(),
+            )
         })
     }
 
@@ -265,13 +292,17 @@ pub async fn fork(
             "result: replaces the result of the step forked at; name it (at)",
         );
     }
-    if let Some(page) = posted.unconfirmed("Fork run", "fork", || {
-        html! {
+    if let Some(page) = posted.unconfirmed_with("Fork run", "fork", || {
+        let what = html! {
             p { "A new run, a branch of " code { (id) } ", replays its record "
                 @if at.is_empty() { "whole" } @else { "up to and including " code { (at) } }
                 "; only reads run live in it." }
-            @if !result.is_empty() { p { "The branch replays " code { (at) } " as:" } div.arguments { (format::json(result)) } }
-        }
+        };
+        let replaced = html! {
+            label.result { "Replay " code { (at) } " with this result instead (JSON; leave it empty to keep the recorded one)"
+                textarea name="result" rows="4" placeholder="the result the branch replays" { (result) } }
+        };
+        (what, (!at.is_empty()).then_some(("result", replaced)))
     }) {
         return page;
     }

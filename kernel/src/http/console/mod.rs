@@ -10,6 +10,7 @@ mod limits;
 mod login;
 mod registry;
 mod run;
+mod run_steps;
 mod runs;
 mod start;
 mod timeline;
@@ -98,7 +99,8 @@ fn error_page(status: StatusCode, message: &str) -> Response {
 /// The frame every page shares; `signed_in` (a key in the browser session) offers to log out.
 fn layout(title: &str, section: Section, signed_in: bool, body: Markup) -> Html<String> {
     let nav = |target: Section, href: &str, label: &str| {
-        html! { a href=(href) class=[(section == target).then_some("active")] { (label) } }
+        let here = section == target;
+        html! { a href=(href) class=[here.then_some("active")] aria-current=[here.then_some("page")] { (label) } }
     };
     Html(
         html! {
@@ -112,6 +114,8 @@ fn layout(title: &str, section: Section, signed_in: bool, body: Markup) -> Html<
                     script src=(assets::SCRIPT) defer {}
                 }
                 body {
+                    // The first stop of the Tab key: past the navigation, straight to the page.
+                    a.skip href="#main" { "Skip to content" }
                     header.top {
                         a.brand href="/runs" { "kernel" }
                         nav {
@@ -124,7 +128,7 @@ fn layout(title: &str, section: Section, signed_in: bool, body: Markup) -> Html<
                             form.logout method="post" action="/logout" { button type="submit" { "Log out" } }
                         }
                     }
-                    main { (body) }
+                    main #main tabindex="-1" { (body) }
                 }
             }
         }

@@ -16,7 +16,7 @@ use maud::{Markup, html};
 use serde::Deserialize;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::timeline::{self, Attempt, Axis};
+use super::run_steps::{self, PageQuery, StepPage};
 use super::{Section, actions, admit, approvals, format, layout, refused, request};
 use crate::auth::Caller;
 use crate::grpc::RunApi;
@@ -24,10 +24,6 @@ use crate::http::{Http, session};
 
 /// Events the page shows when it opens; older ones are a `kernelctl runs events` away.
 const LOG_TAIL: u64 = 200;
-/// Events read to draw attempts; a step whose events lie past them shows its last attempt only.
-const ATTEMPT_EVENTS: u32 = 5000;
-/// Steps drawn on the timeline.
-const MAX_STEPS: usize = 500;
 /// How long the live stream gathers signals into one message, so a busy run costs the browser
 /// (and the kernel) a few messages a second, not one per event.
 const GATHER: Duration = Duration::from_millis(250);
@@ -36,34 +32,31 @@ const GATHER_MAX: usize = 200;
 /// Everything the live part of the page shows.
 struct Loaded {
     got: pb::GetRunResponse,
+    /// The events from where the page's steps begin, to draw their attempts.
     events: Vec<pb::Event>,
     children: Vec<pb::Run>,
+    /// The page of steps asked for.
+    page: usize,
 }
 
 impl Loaded {
     fn run(&self) -> &pb::Run {
         self.got.run.as_ref().expect("GetRun always returns its run")
     }
+
+    fn steps_page(&self) -> StepPage<'_> {
+        StepPage::of(&self.got.steps, self.page)
+    }
 }
 
-async fn load(http: &Http, caller: &Option<Caller>, id: &str) -> Result<Loaded, tonic::Status> {
+async fn load(http: &Http, caller: &Option<Caller>, id: &str, page: usize) -> Result<Loaded, tonic::Status> {
     let runs = RunApi(http.kernel.clone());
     let got = runs
         .get_run(request(pb::GetRunRequest { run_id: id.to_owned() }, caller))
         .await?
         .into_inner();
-    let events = runs
-        .list_run_events(request(
-            pb::ListRunEventsRequest {
-                run_id: id.to_owned(),
-                from_seq: 1,
-                page_size: ATTEMPT_EVENTS,
-            },
-            caller,
-        ))
-        .await?
-        .into_inner()
-        .events;
+    let run = got.run.as_ref().expect("GetRun always returns its run");
+    let events = run_steps::events_for(&runs, caller, run, &StepPage::of(&got.steps, page)).await?;
     let children = runs
         .list_runs(request(
             pb::ListRunsRequest {
@@ -76,7 +69,12 @@ async fn load(http: &Http, caller: &Option<Caller>, id: &str) -> Result<Loaded, 
         .await?
         .into_inner()
         .runs;
-    Ok(Loaded { got, events, children })
+    Ok(Loaded {
+        got,
+        events,
+        children,
+        page,
+    })
 }
 
 fn is_live(run: &pb::Run) -> bool {
@@ -105,12 +103,17 @@ pub async fn page(
     headers: HeaderMap,
     uri: axum::http::Uri,
     Path(id): Path<String>,
+    Query(query): Query<PageQuery>,
 ) -> Response {
     let caller = match admit(&http, &headers, session::READ, &uri.to_string()) {
         Ok(caller) => caller,
         Err(response) => return *response,
     };
-    let loaded = match load(&http, &caller, &id).await {
+    let page = match query.number() {
+        Ok(page) => page,
+        Err(status) => return refused(status),
+    };
+    let loaded = match load(&http, &caller, &id, page).await {
         Ok(loaded) => loaded,
         Err(status) => return refused(status),
     };
@@ -123,7 +126,7 @@ pub async fn page(
     let first_shown = tail.first().map_or(run.last_seq + 1, |e| e.seq);
     let body = html! {
         h1 { "Run " code { (run.id) } }
-        div #live data-src={ "/runs/" (run.id) "/live" } data-live=(is_live(run)) {
+        div #live data-src={ "/runs/" (run.id) "/live?page=" (loaded.steps_page().number) } data-live=(is_live(run)) {
             (live(&loaded, Viewer::of(&http, &headers)))
         }
         section.events {
@@ -159,12 +162,21 @@ async fn tail(http: &Http, caller: &Option<Caller>, run: &pb::Run) -> Result<Vec
 }
 
 /// The part of the page the script fetches again when the run changes.
-pub async fn live_part(State(http): State<Http>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+pub async fn live_part(
+    State(http): State<Http>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(query): Query<PageQuery>,
+) -> Response {
     let caller = match session::authorize(&http, &headers, session::READ) {
         Ok(caller) => caller,
         Err(refusal) => return refusal.plain(),
     };
-    match load(&http, &caller, &id).await {
+    let page = match query.number() {
+        Ok(page) => page,
+        Err(status) => return crate::http::plain(&status),
+    };
+    match load(&http, &caller, &id, page).await {
         Ok(loaded) => Html(live(&loaded, Viewer::of(&http, &headers)).into_string()).into_response(),
         Err(status) => crate::http::plain(&status),
     }
@@ -198,7 +210,12 @@ fn live(loaded: &Loaded, viewer: Viewer) -> Markup {
                 } }
             }
         }
-        (steps(loaded, viewer.allowed))
+        (run_steps::section(
+            run,
+            (&loaded.steps_page(), &loaded.events),
+            &loaded.got.approvals,
+            (is_live(run), viewer.allowed),
+        ))
     }
 }
 
@@ -281,117 +298,6 @@ fn header(run: &pb::Run, manifest: Option<&pb::RunManifest>) -> Markup {
         div.io {
             div { h3 { "Input" } (format::json(&run.input_json)) }
             div { h3 { "Output" } (format::json(&run.output_json)) }
-        }
-    }
-}
-
-fn steps(loaded: &Loaded, allowed: actions::Allowed) -> Markup {
-    let run = loaded.run();
-    let steps = &loaded.got.steps;
-    // The console reads the kernel as a client does, over its API: "now" is the reader's.
-    let now = crate::clock::Clock::wall().now_millis();
-    let axis = Axis::of(run, steps, now, is_live(run));
-    let attempts = timeline::attempts(&loaded.events);
-    let waits = timeline::person_waits(&loaded.got.approvals);
-    let none: Vec<Attempt> = Vec::new();
-    let no_wait = Vec::new();
-    html! {
-        section.steps {
-            h2 { "Steps " span.note { (steps.len()) " · axis " (format::duration(axis.length_ms())) } }
-            @if steps.is_empty() { p.empty { "No steps yet." } }
-            @if steps.len() > MAX_STEPS { p.note { "The first " (MAX_STEPS) " steps; every one: " code { "kernelctl runs show " (run.id) } } }
-            @if !steps.is_empty() { (timeline::legend()) }
-            div.timeline {
-                @if !steps.is_empty() { div.axis { span {} span {} (timeline::ticks(axis)) span {} } }
-                @for (step, depth) in in_call_order(&steps[..steps.len().min(MAX_STEPS)]) {
-                    @let tried = attempts.get(&step.step_key).unwrap_or(&none);
-                    @let waited = waits.get(&step.step_key).unwrap_or(&no_wait);
-                    (step_row(axis, (step, depth), (tried, waited), now, actions::step_actions(&run.id, step, allowed)))
-                }
-            }
-        }
-    }
-}
-
-/// The steps as the page shows them, each with its depth: a call a tool's body made right after
-/// its caller, one level deeper.
-fn in_call_order(steps: &[pb::Step]) -> Vec<(&pb::Step, usize)> {
-    let keys: Vec<(&str, &str)> = (steps.iter())
-        .map(|step| (step.step_key.as_str(), step.caller_step_key.as_str()))
-        .collect();
-    kernel_proto::nesting::nested_order(&keys)
-        .into_iter()
-        .map(|(index, depth)| (&steps[index], depth))
-        .collect()
-}
-
-/// A step's row: its bar on the timeline, and in its details what it holds, then `actions`.
-fn step_row(
-    axis: Axis,
-    (step, depth): (&pb::Step, usize),
-    (attempts, waits): (&[Attempt], &[timeline::PersonWait]),
-    now: i64,
-    actions: Markup,
-) -> Markup {
-    let status = format::step_status(step.status);
-    let name = match step.tool.as_str() {
-        "" => format::step_kind(step.kind),
-        tool => tool.to_owned(),
-    };
-    html! {
-        details.step data-key=(step.step_key) data-status=(status) {
-            summary {
-                span.name title=(step.step_key) style=[(depth > 0).then(|| format!("padding-left:{}px", 14 * depth))] {
-                    // A call a tool's body made, under its caller.
-                    @if !step.caller_step_key.is_empty() { span.nested title={ "called by " (step.caller_step_key) } { "↳ " } }
-                    (name)
-                }
-                span class={ "status " (status) } { (status)
-                    @let outcome = format::outcome(step.outcome);
-                    @if !matches!(outcome.as_str(), "ok" | "unspecified") { " · " (outcome) } }
-                (timeline::track(axis, step, (attempts, waits), now))
-                span.progress data-progress=(step.step_key) {}
-            }
-            div.detail {
-                dl {
-                    dt { "Step" } dd { code { (step.step_key) } " · " (format::step_kind(step.kind))
-                        @if !step.effect.is_empty() { " · effect " (step.effect) } }
-                    @if !step.tool_version.is_empty() { dt { "Version" } dd { (step.tool_version) " " span.note { (format::clip(&step.tool_fingerprint, 16)) } } }
-                    dt { "Outcome" } dd { (format::outcome(step.outcome)) }
-                    dt { "Attempts" } dd { (step.attempts) @if step.max_attempts > 0 { " of " (step.max_attempts) }
-                        @if step.lease_losses > 0 { ", worker lost " (step.lease_losses) "×" } }
-                    @if !step.idempotency.is_empty() { dt { "Idempotency" } dd { (step.idempotency) " " code { (step.idempotency_key) } } }
-                    @if !step.worker.is_empty() { dt { "Worker" } dd { (step.worker) } }
-                    @if !step.decided_by.is_empty() { dt { "Decided by" } dd { (step.decided_by) } }
-                    @if let Some(approval) = &step.approval {
-                        dt { "Approval" } dd { (format::approval_status(approval.answer)) " by " (approval.decider)
-                            @if !approval.reason.is_empty() { ": " (approval.reason) } }
-                    }
-                    @if step.cost > 0.0 { dt { "Cost" } dd { (step.cost) } }
-                    @if !step.resources.is_empty() { dt { "Resources" } dd { (step.resources.join(", ")) } }
-                    @if !step.caller_step_key.is_empty() { dt { "Called by" } dd { code { (step.caller_step_key) } " " span.note { "(its body's call through the kernel)" } } }
-                    @if !step.child_run_id.is_empty() { dt { "Child run" } dd { (format::run_link(&step.child_run_id)) } }
-                    @if !step.replayed_from_run_id.is_empty() { dt { "Replayed from" } dd { (format::run_link(&step.replayed_from_run_id)) } }
-                    dt { "Created" } dd { (format::time(&step.created_at)) }
-                    dt { "Finished" } dd { (format::time(&step.finished_at)) }
-                }
-                h3 { "Arguments" } div.arguments { (format::json(&step.arguments_json)) }
-                @if !step.output_json.is_empty() { h3 { "Result" } div.result { (format::json(&step.output_json)) } }
-                @if !step.error.is_empty() { h3 { "Error" } pre.error { (step.error) } }
-                @if !attempts.is_empty() {
-                    h3 { "Attempts" }
-                    table.attempts {
-                        thead { tr { th { "#" } th { "Worker" } th { "Started" } th { "Took" } th { "Ended" } } }
-                        tbody { @for attempt in attempts {
-                            tr { td { (attempt.number) } td { (attempt.worker) }
-                                 td { (format::at_millis(attempt.start)) }
-                                 td { (format::duration(attempt.end.unwrap_or(now) - attempt.start)) }
-                                 td class={ "how " (attempt.how) } { (attempt.how) } }
-                        } }
-                    }
-                }
-                (actions)
-            }
         }
     }
 }

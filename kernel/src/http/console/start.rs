@@ -103,7 +103,7 @@ pub async fn start(
             div.arguments { (format::json(if input.is_empty() { "null" } else { &input })) }
         };
         let action = format!("/agents/{name}/start");
-        return actions::confirm("Start run", what, (&action, &back), &sent, caller.is_some());
+        return actions::confirm("Start run", what, (&action, &back), (&sent, None), caller.is_some());
     }
     let message = pb::CreateRunRequest {
         agent: agent.name,

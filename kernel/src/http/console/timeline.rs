@@ -134,7 +134,7 @@ pub struct Axis {
 
 impl Axis {
     /// From the run's creation to its last recorded moment, or to `now` while it is live.
-    pub fn of(run: &pb::Run, steps: &[pb::Step], now: i64, live: bool) -> Axis {
+    pub fn of(run: &pb::Run, steps: &[&pb::Step], now: i64, live: bool) -> Axis {
         let start = format::millis(&run.created_at).unwrap_or(now);
         let mut end = format::millis(&run.updated_at).unwrap_or(start);
         for step in steps {
@@ -142,6 +142,27 @@ impl Axis {
         }
         if live {
             end = end.max(now);
+        }
+        Axis {
+            start,
+            end: end.max(start + 1),
+        }
+    }
+
+    /// From the first of `steps` to be created to the last to finish, or to `now` while one of
+    /// them runs in a live run: one page of a long run's steps, drawn at a scale that shows them.
+    pub fn spanning(steps: &[&pb::Step], now: i64, live: bool) -> Axis {
+        let start = (steps.iter())
+            .filter_map(|step| format::millis(&step.created_at))
+            .min()
+            .unwrap_or(now);
+        let mut end = start;
+        for step in steps {
+            match format::millis(&step.finished_at) {
+                Some(finished) => end = end.max(finished),
+                None if live => end = end.max(now),
+                None => {}
+            }
         }
         Axis {
             start,
