@@ -938,7 +938,7 @@ async def test_a_hosted_agents_run_is_started_from_a_form_made_from_its_input_sc
         kernel.stop()
 
 
-async def test_without_javascript_a_runs_page_reads_whole_with_its_times_in_utc(
+async def test_without_javascript_every_page_reads_whole_with_times_in_utc(
     tmp_path: Path, chrome: Callable[[Kernel], Browser]
 ) -> None:
     kernel = console_kernel(tmp_path)
@@ -970,6 +970,17 @@ async def test_without_javascript_a_runs_page_reads_whole_with_its_times_in_utc(
                 ]
                 assert "run:created" in browser.text()
                 browser.shot("no-javascript")
+                # Every other page reads whole too.
+                row = f'data-run="{run.id}"'
+                for path, shows in (
+                    ("/runs", row),
+                    ("/runs?agent=plain", row),
+                    ("/approvals", "Nothing waits for an answer."),
+                    ("/registry", "add_up"),
+                    ("/limits", "No tool limit"),
+                ):
+                    browser.open(path)
+                    browser.until(f"{path} read", lambda d, shows=shows: shows in browser.source())
 
             await asyncio.to_thread(read)
     finally:
