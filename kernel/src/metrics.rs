@@ -65,7 +65,8 @@ pub struct Metrics {
     pub share_calls: Family<ShareLabels, Counter>,
     /// What they cost, by share and tool.
     pub share_cost: Family<ShareLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
-    pub call_seconds: Histogram,
+    /// By tool: what the console's Tools page reads a tool's latency from.
+    pub call_seconds: LatencyFamily<ToolLabels>,
     pub schedule_to_start_seconds: Histogram,
     pub run_seconds: Histogram,
     /// How long started calls waited in the queue for each tool limit that held them.
@@ -132,10 +133,11 @@ impl Metrics {
             "What settled tool calls cost, by fair share and tool: what each tenant spent",
             share_cost.clone(),
         );
-        let call_seconds = Histogram::new(latency_buckets());
+        let call_seconds: LatencyFamily<ToolLabels> =
+            Family::new_with_constructor(|| Histogram::new(latency_buckets()));
         registry.register_with_unit(
             "tool_call_duration",
-            "From a call's recording to its result, approval waits and retries included",
+            "From a call's recording to its result, approval waits and retries included, by tool",
             Unit::Seconds,
             call_seconds.clone(),
         );
@@ -271,7 +273,7 @@ impl Metrics {
             cost,
             share_calls,
             share_cost,
-            call_seconds: _,
+            call_seconds,
             schedule_to_start_seconds: _,
             run_seconds: _,
             limit_wait_seconds,
@@ -296,6 +298,7 @@ impl Metrics {
         }));
         drop(runs.get_or_create(&StatusLabels { status: String::new() }));
         drop(cost.get_or_create(&ToolLabels { tool: String::new() }));
+        drop(call_seconds.get_or_create(&ToolLabels { tool: String::new() }));
         drop(limit_wait_seconds.get_or_create(&LimitLabels { limit: String::new() }));
         let share = ShareLabels {
             share: String::new(),
@@ -351,7 +354,11 @@ impl Metrics {
                     }
                 }
                 let finished = step.finished_at.unwrap_or(published.event.at);
-                self.call_seconds.observe(seconds_between(step.created_at, finished));
+                self.call_seconds
+                    .get_or_create(&ToolLabels {
+                        tool: step.tool.clone(),
+                    })
+                    .observe(seconds_between(step.created_at, finished));
                 if let Some(started) = started_on_a_worker(step) {
                     self.run_seconds.observe(seconds_between(started, finished));
                 }

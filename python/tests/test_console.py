@@ -938,6 +938,11 @@ async def test_a_hosted_agents_run_is_started_from_a_form_made_from_its_input_sc
         kernel.stop()
 
 
+def showing(browser: Browser, text: str) -> Callable[[WebDriver], bool]:
+    """A wait's check: the page's source holds `text`."""
+    return lambda _: text in browser.source()
+
+
 async def test_without_javascript_every_page_reads_whole_with_times_in_utc(
     tmp_path: Path, chrome: Callable[[Kernel], Browser]
 ) -> None:
@@ -980,7 +985,7 @@ async def test_without_javascript_every_page_reads_whole_with_times_in_utc(
                     ("/limits", "No tool limit"),
                 ):
                     browser.open(path)
-                    browser.until(f"{path} read", lambda d, shows=shows: shows in browser.source())
+                    browser.until(f"{path} read", showing(browser, shows))
 
             await asyncio.to_thread(read)
     finally:
@@ -1054,5 +1059,77 @@ async def test_a_long_runs_steps_are_paged_and_every_part_is_reached_by_keyboard
                 browser.until("the last page", lambda d: "page 2 of 2" in browser.text())
 
             await asyncio.to_thread(read)
+    finally:
+        kernel.stop()
+
+
+@tool
+async def sometimes_fails(ctx: ToolContext, n: int) -> int:
+    """Fails on odd numbers."""
+    if n % 2:
+        raise ValueError(f"{n} is odd")
+    return n
+
+
+async def test_tools_show_their_rates_and_latency_and_a_worker_that_left_is_marked_gone(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    kernel = console_kernel(tmp_path)
+    try:
+        async with AgentClient(kernel.addr) as client:
+            browser = await asyncio.to_thread(chrome, kernel)
+            async with serving(kernel, sometimes_fails, name="flaky", max_concurrency=3):
+                run = await client.create_run("rates")
+                calls = [ToolCall("sometimes_fails", {"n": n}) for n in range(10)]
+                results = (await client.call_turn(run.id, 0, calls)).results
+                assert [r.outcome for r in results].count(CallOutcome.TOOL_ERROR) == 5
+
+                def figures() -> None:
+                    browser.open("/registry")
+                    row = browser.until(
+                        "the tool's row",
+                        lambda d: d.find_element(
+                            By.CSS_SELECTOR, 'tr[data-tool="sometimes_fails"]'
+                        ),
+                    )
+
+                    def cell(name: str) -> str:
+                        return str(row.find_element(By.CSS_SELECTOR, f"td.{name}").text)
+
+                    assert cell("calls") == "10", row.text
+                    assert cell("failed") == "5 (50.0%)", row.text
+                    assert cell("p50").startswith("≤ ") and cell("p99").startswith("≤ "), row.text
+                    assert float(cell("per-minute")) > 0, row.text
+                    # The worker's slots over time: its chart says what it shows.
+                    chart = browser.driver.find_element(
+                        By.CSS_SELECTOR, 'tr[data-worker="flaky"] svg.slots'
+                    )
+                    assert "of 3" in str(chart.get_attribute("aria-label")), chart.get_attribute(
+                        "aria-label"
+                    )
+
+                    # Sampled every ten seconds: wait for a sample that saw the worker.
+                    def sampled(d: WebDriver) -> bool:
+                        d.refresh()
+                        bars = d.find_elements(
+                            By.CSS_SELECTOR, 'tr[data-worker="flaky"] svg.slots rect:not(.full)'
+                        )
+                        return len(bars) >= 2
+
+                    WebDriverWait(browser.driver, 30, poll_frequency=1).until(sampled)
+                    browser.shot("rates")
+
+                await asyncio.to_thread(figures)
+
+            def gone() -> None:
+                browser.open("/registry")
+                row = browser.until(
+                    "the worker marked gone",
+                    lambda d: d.find_element(By.CSS_SELECTOR, 'tr.gone[data-worker="flaky"]'),
+                )
+                assert "gone" in row.text and "last seen" in row.text, row.text
+                browser.shot("gone")
+
+            await asyncio.to_thread(gone)
     finally:
         kernel.stop()

@@ -57,7 +57,7 @@ async def test_metrics_count_known_work_and_the_gauges_survive_a_restart(tmp_pat
             assert samples['kernel_tool_calls_total{tool="add",outcome="invalid_arguments"}'] == 1
             # Three attempts ran at 0.5 each; the refused call cost nothing.
             assert samples['kernel_tool_cost_total{tool="add"}'] == 1.5
-            assert samples["kernel_tool_call_duration_seconds_count"] == 4
+            assert samples['kernel_tool_call_duration_seconds_count{tool="add"}'] == 4
             # Three ran on the worker; the refused one never started.
             assert samples["kernel_tool_call_run_seconds_count"] == 3
             assert samples["kernel_tool_call_schedule_to_start_seconds_count"] == 3

@@ -5,6 +5,7 @@
 //! clients reach, called in process with the caller's key: validation, capture levels, approver
 //! lists and scopes are theirs, so a page shows exactly what `kernelctl` would.
 
+mod activity;
 mod console;
 mod health;
 mod scrape;
@@ -33,6 +34,8 @@ pub struct Http {
     /// The listener's own address: requests naming another host are refused (DNS rebinding).
     bound: SocketAddr,
     scrape: Arc<scrape::Cache>,
+    /// Tools' calls and workers' slots over the last minutes, for the console.
+    activity: Arc<activity::Activity>,
 }
 
 /// Binds `listen`, then returns what serves it until `shutdown`.
@@ -47,10 +50,17 @@ pub async fn serve(
     let bound = listener
         .local_addr()
         .map_err(|e| KernelError::Unavailable(e.to_string()))?;
+    let activity = Arc::<activity::Activity>::default();
+    tokio::spawn(activity::sample_every(
+        activity.clone(),
+        kernel.clone(),
+        shutdown.clone(),
+    ));
     let state = Http {
         kernel,
         bound,
         scrape: Arc::default(),
+        activity,
     };
     let app = router(state);
     info!(addr = %bound, "http listening");

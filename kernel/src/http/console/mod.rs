@@ -2,6 +2,7 @@
 //! little JavaScript (live event tail, progress, local times), all embedded in the binary.
 
 mod actions;
+mod activity;
 mod answer_form;
 mod approvals;
 mod assets;
