@@ -440,6 +440,10 @@ pub struct ListRunsArgs {
     #[arg(long, value_name = "RUN_ID")]
     pub parent: Option<String>,
 
+    /// Only the branches forked from this run (`runs fork`).
+    #[arg(long, value_name = "RUN_ID")]
+    pub branch_of: Option<String>,
+
     /// Only runs that made a call of this tool.
     #[arg(long)]
     pub tool: Option<String>,

@@ -7,16 +7,12 @@
 //! Values are compared as the kernel sent them: arguments and results a run's capture level
 //! withheld are compared as their placeholders (sizes and hashes at `metadata`), never guessed at.
 
+pub use kernel_proto::alignment::{Difference, Mark};
+use kernel_proto::v1 as pb;
 use serde::Serialize;
 
-use crate::view::{Json, RunDetail, RunView, StepView};
-
-/// The outcome of a call a branch (or case run) refused: where the branch stopped.
-const WRITE_TOOL_BLOCKED: &str = "write_tool_blocked";
-/// `decided_by` of a branch step replaying its parent's recorded outcome.
-const BRANCH_PARENT: &str = "branch:parent";
-/// `decided_by` of a branch step replaying the result the fork put in place of the parent's.
-const BRANCH_SET_RESULT: &str = "branch:set_result";
+use crate::error::CliError;
+use crate::view::{Json, RunView, StepView};
 
 /// Two runs and their steps, aligned.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -93,66 +89,6 @@ impl From<&StepView> for StepSide {
     }
 }
 
-impl StepSide {
-    fn is_blocked(&self) -> bool {
-        self.outcome.as_deref() == Some(WRITE_TOOL_BLOCKED)
-    }
-}
-
-/// What B's step is, relative to A's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mark {
-    /// B replays its parent's recorded outcome; nothing ran.
-    Replayed,
-    /// B replays the result its fork put in place of the parent's.
-    Set,
-    /// B ran the step itself.
-    Live,
-    /// B refused the step with write_tool_blocked: where the branch stopped.
-    Blocked,
-    OnlyInA,
-    OnlyInB,
-}
-
-impl Mark {
-    /// The mark in the table's words.
-    pub fn words(self) -> &'static str {
-        match self {
-            Mark::Replayed => "replayed",
-            Mark::Set => "set",
-            Mark::Live => "live",
-            Mark::Blocked => "blocked",
-            Mark::OnlyInA => "only in A",
-            Mark::OnlyInB => "only in B",
-        }
-    }
-}
-
-/// A part of a step the two runs recorded differently.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Difference {
-    /// Another tool at the same identity (the kernel refuses such a replay).
-    Tool,
-    Arguments,
-    /// The output or the error.
-    Result,
-    /// The status or the outcome.
-    Status,
-}
-
-impl Difference {
-    pub fn word(self) -> &'static str {
-        match self {
-            Difference::Tool => "tool",
-            Difference::Arguments => "arguments",
-            Difference::Result => "result",
-            Difference::Status => "status",
-        }
-    }
-}
-
 /// Who branched from whom, as the header says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lineage {
@@ -162,55 +98,36 @@ pub enum Lineage {
 }
 
 impl RunDiff {
-    /// Aligns `a`'s and `b`'s steps by key, in (turn, position) order of whichever run has the
-    /// step, A's first where they tie. A hosted run's own dispatch (its `agent` step) is not a
-    /// call either run made, so it is left out.
-    pub fn new(a: &RunDetail, b: &RunDetail) -> Self {
-        fn calls(detail: &RunDetail) -> Vec<&StepView> {
-            detail
-                .steps
-                .iter()
-                .filter(|step| step.kind != "agent" && step.key != "agent")
-                .collect()
-        }
-        let (a_steps, b_steps) = (calls(a), calls(b));
-        let mut pairs: Vec<(Option<&StepView>, Option<&StepView>)> = a_steps
-            .iter()
-            .map(|a_step| {
-                (
-                    Some(*a_step),
-                    b_steps.iter().find(|b_step| b_step.key == a_step.key).copied(),
-                )
+    /// Aligns `a`'s and `b`'s steps as [`kernel_proto::alignment::align`] does.
+    pub fn new(a: &pb::GetRunResponse, b: &pb::GetRunResponse) -> Result<Self, CliError> {
+        let run = |got: &pb::GetRunResponse| {
+            (got.run.clone())
+                .map(RunView::from)
+                .ok_or(CliError::MalformedResponse("GetRun returned no run"))
+        };
+        let (a_run, b_run) = (run(a)?, run(b)?);
+        let aligned = kernel_proto::alignment::align(&a.steps, &b.steps);
+        let view = |got: &pb::GetRunResponse, index: usize| StepView::from(got.steps[index].clone());
+        let steps = (aligned.rows.into_iter())
+            .map(|row| {
+                let (a_step, b_step) = (row.a.map(|i| view(a, i)), row.b.map(|i| view(b, i)));
+                let step = a_step.as_ref().or(b_step.as_ref()).expect("a row holds a step");
+                StepDiff {
+                    step_key: step.key.clone(),
+                    tool: tool_of(step),
+                    a: a_step.as_ref().map(StepSide::from),
+                    b: b_step.as_ref().map(StepSide::from),
+                    mark: row.mark,
+                    differs: row.differs,
+                }
             })
             .collect();
-        pairs.extend(
-            b_steps
-                .iter()
-                .filter(|b_step| !a_steps.iter().any(|a_step| a_step.key == b_step.key))
-                .map(|b_step| (None, Some(*b_step))),
-        );
-        // Stable: among steps at the same place, A's order, then B's extra ones.
-        pairs.sort_by_key(|(a_step, b_step)| {
-            let step = a_step.or(*b_step).expect("a pair holds a step");
-            (step.turn, step.position)
-        });
-        let steps: Vec<StepDiff> = pairs
-            .into_iter()
-            .map(|(a_step, b_step)| StepDiff::new(a_step, b_step))
-            .collect();
-        let blocked_in = |side: fn(&StepDiff) -> Option<&StepSide>| {
-            steps
-                .iter()
-                .find(|step| side(step).is_some_and(StepSide::is_blocked))
-                .map(|step| step.step_key.clone())
-        };
-        let stopped_at = blocked_in(|step| step.b.as_ref()).or_else(|| blocked_in(|step| step.a.as_ref()));
-        Self {
-            a: RunSummary::from(&a.run),
-            b: RunSummary::from(&b.run),
+        Ok(Self {
+            a: RunSummary::from(&a_run),
+            b: RunSummary::from(&b_run),
             steps,
-            stopped_at,
-        }
+            stopped_at: aligned.stopped_at,
+        })
     }
 
     /// Whether one run is a branch of the other.
@@ -225,34 +142,6 @@ impl RunDiff {
     }
 }
 
-impl StepDiff {
-    fn new(a: Option<&StepView>, b: Option<&StepView>) -> Self {
-        let step = a.or(b).expect("a pair holds a step");
-        let mark = match (a, b) {
-            (_, None) => Mark::OnlyInA,
-            (_, Some(b)) if b.outcome.as_deref() == Some(WRITE_TOOL_BLOCKED) => Mark::Blocked,
-            (_, Some(b)) if b.decided_by.as_deref() == Some(BRANCH_SET_RESULT) => Mark::Set,
-            (_, Some(b)) if b.replayed_from_run_id.is_some() && b.decided_by.as_deref() == Some(BRANCH_PARENT) => {
-                Mark::Replayed
-            }
-            (None, Some(_)) => Mark::OnlyInB,
-            (Some(_), Some(_)) => Mark::Live,
-        };
-        let differs = match (a, b) {
-            (Some(a), Some(b)) => differences(a, b),
-            _ => Vec::new(),
-        };
-        Self {
-            step_key: step.key.clone(),
-            tool: tool_of(step),
-            a: a.map(StepSide::from),
-            b: b.map(StepSide::from),
-            mark,
-            differs,
-        }
-    }
-}
-
 /// What a step called: a tool's name, or a handler step's kind and name (`local:fetch`).
 fn tool_of(step: &StepView) -> String {
     match step.kind.as_str() {
@@ -261,42 +150,22 @@ fn tool_of(step: &StepView) -> String {
     }
 }
 
-fn differences(a: &StepView, b: &StepView) -> Vec<Difference> {
-    let error = |step: &StepView| step.error.as_ref().map(|error| error.message.clone());
-    let mut differs = Vec::new();
-    if tool_of(a) != tool_of(b) {
-        differs.push(Difference::Tool);
-    }
-    if a.arguments != b.arguments {
-        differs.push(Difference::Arguments);
-    }
-    if a.output != b.output || error(a) != error(b) {
-        differs.push(Difference::Result);
-    }
-    if a.status != b.status || a.outcome != b.outcome {
-        differs.push(Difference::Status);
-    }
-    differs
-}
-
 #[cfg(test)]
 mod tests {
-    use kernel_proto::v1 as pb;
     use serde_json::json;
 
     use super::*;
     use crate::view::tests::{sample_run, sample_step};
 
-    fn detail(id: &str, steps: Vec<pb::Step>) -> RunDetail {
-        RunDetail::try_from(pb::GetRunResponse {
+    fn detail(id: &str, steps: Vec<pb::Step>) -> pb::GetRunResponse {
+        pb::GetRunResponse {
             run: Some(pb::Run {
                 id: id.into(),
                 ..sample_run()
             }),
             steps,
             ..Default::default()
-        })
-        .unwrap()
+        }
     }
 
     #[test]
@@ -319,7 +188,7 @@ mod tests {
                 },
             ],
         );
-        let diff = RunDiff::new(&a, &b);
+        let diff = RunDiff::new(&a, &b).unwrap();
         let rows: Vec<(&str, Mark)> = diff.steps.iter().map(|s| (s.step_key.as_str(), s.mark)).collect();
         assert_eq!(
             rows,
@@ -341,12 +210,12 @@ mod tests {
         let parent = detail("a", vec![sample_step(0, 0), sample_step(0, 1), sample_step(0, 2)]);
         let replayed = pb::Step {
             replayed_from_run_id: "a".into(),
-            decided_by: BRANCH_PARENT.into(),
+            decided_by: "branch:parent".into(),
             ..sample_step(0, 0)
         };
         let set = pb::Step {
             replayed_from_run_id: "a".into(),
-            decided_by: BRANCH_SET_RESULT.into(),
+            decided_by: "branch:set_result".into(),
             output_json: r#"["XX1"]"#.into(),
             ..sample_step(0, 1)
         };
@@ -358,8 +227,8 @@ mod tests {
             ..sample_step(0, 2)
         };
         let mut branch = detail("b", vec![replayed, set, blocked]);
-        branch.run.forked_from_run_id = Some("a".into());
-        let diff = RunDiff::new(&parent, &branch);
+        branch.run.as_mut().unwrap().forked_from_run_id = "a".into();
+        let diff = RunDiff::new(&parent, &branch).unwrap();
         let marks: Vec<Mark> = diff.steps.iter().map(|s| s.mark).collect();
         assert_eq!(marks, [Mark::Replayed, Mark::Set, Mark::Blocked]);
         assert_eq!(diff.steps[0].differs, []);
@@ -367,9 +236,9 @@ mod tests {
         assert_eq!(diff.steps[2].differs, [Difference::Result, Difference::Status]);
         assert_eq!(diff.stopped_at.as_deref(), Some("t0/p2"));
         assert_eq!(diff.lineage(), Lineage::BranchOfA);
-        assert_eq!(RunDiff::new(&branch, &parent).lineage(), Lineage::BranchOfB);
+        assert_eq!(RunDiff::new(&branch, &parent).unwrap().lineage(), Lineage::BranchOfB);
         assert_eq!(
-            RunDiff::new(&branch, &parent).stopped_at.as_deref(),
+            RunDiff::new(&branch, &parent).unwrap().stopped_at.as_deref(),
             Some("t0/p2"),
             "the branch stopped there whichever side it is on"
         );
@@ -384,12 +253,14 @@ mod tests {
         let same = RunDiff::new(
             &detail("a", vec![withheld(9, "ab")]),
             &detail("b", vec![withheld(9, "ab")]),
-        );
+        )
+        .unwrap();
         assert_eq!(same.steps[0].differs, []);
         let other = RunDiff::new(
             &detail("a", vec![withheld(9, "ab")]),
             &detail("b", vec![withheld(9, "cd")]),
-        );
+        )
+        .unwrap();
         assert_eq!(other.steps[0].differs, [Difference::Arguments]);
     }
 }

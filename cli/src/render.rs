@@ -1302,17 +1302,14 @@ mod tests {
 
     #[test]
     fn a_diff_says_what_capture_withheld() {
-        let detail = |capture: pb::Capture| {
-            RunDetail::try_from(pb::GetRunResponse {
-                run: Some(pb::Run {
-                    capture: capture as i32,
-                    ..sample_run()
-                }),
-                ..Default::default()
-            })
-            .unwrap()
+        let detail = |capture: pb::Capture| pb::GetRunResponse {
+            run: Some(pb::Run {
+                capture: capture as i32,
+                ..sample_run()
+            }),
+            ..Default::default()
         };
-        let diff = RunDiff::new(&detail(pb::Capture::Io), &detail(pb::Capture::Metadata));
+        let diff = RunDiff::new(&detail(pb::Capture::Io), &detail(pb::Capture::Metadata)).unwrap();
         let text = run_diff(&diff);
         assert!(
             text.contains("\nB captures metadata: its arguments and results are compared by size and hash\n"),
@@ -1321,7 +1318,7 @@ mod tests {
         assert!(!text.contains("A captures"), "{text}");
         assert!(!text.contains("branch"), "unrelated runs: {text}");
         assert!(text.ends_with("\nno steps recorded in either run\n"), "{text}");
-        let text = run_diff(&RunDiff::new(&detail(pb::Capture::None), &detail(pb::Capture::Io)));
+        let text = run_diff(&RunDiff::new(&detail(pb::Capture::None), &detail(pb::Capture::Io)).unwrap());
         assert!(text.contains("\nA captures nothing: "), "{text}");
     }
 

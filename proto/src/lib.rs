@@ -5,6 +5,7 @@
 //! announced fingerprint can be checked byte for byte; [`duration`] reads durations as people
 //! write them, for the kernel's flags and policy files and for `kernelctl`.
 
+pub mod alignment;
 pub mod canonical;
 pub mod duration;
 pub mod nesting;

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import hosted_agents
 import pydantic
 import pytest
 from conftest import ended_run, serving
@@ -1131,5 +1132,75 @@ async def test_tools_show_their_rates_and_latency_and_a_worker_that_left_is_mark
                 browser.shot("gone")
 
             await asyncio.to_thread(gone)
+    finally:
+        kernel.stop()
+
+
+@agent
+async def grandparent(ctx: AgentContext, input: None) -> object:
+    """Starts a parent, which starts counters: a tree of subagent runs two levels deep."""
+    return await ctx.subagent("py_parent", None)
+
+
+async def test_subagents_are_a_tree_and_a_branch_is_compared_with_its_parent(
+    tmp_path: Path, chrome: Callable[[Kernel], Browser]
+) -> None:
+    kernel = console_kernel(tmp_path)
+    try:
+        agents = [grandparent, hosted_agents.py_parent, hosted_agents.py_counter]
+        async with AgentClient(kernel.addr) as client, serving(kernel, add_up, agents=agents):
+            hosted = await client.create_run("grandparent", hosted=True)
+            assert (await ended_run(client, hosted.id)).status == "completed"
+            parent = await client.create_run("compared")
+            await client.call_turn(parent.id, 0, [ToolCall("add_up", {"a": 1, "b": 1})])
+            await client.call_turn(parent.id, 1, [ToolCall("add_up", {"a": 2, "b": 2})])
+            branch = await client.fork_run(parent.id, set_results={"t0/p0": 42})
+            [replayed] = (
+                await client.call_turn(branch.id, 0, [ToolCall("add_up", {"a": 1, "b": 1})])
+            ).results
+            assert replayed.output == 42
+            [blocked] = (
+                await client.call_turn(branch.id, 1, [ToolCall("add_up", {"a": 5, "b": 5})])
+            ).results
+            assert blocked.outcome == CallOutcome.WRITE_TOOL_BLOCKED, blocked
+            browser = await asyncio.to_thread(chrome, kernel)
+
+            def read() -> None:
+                browser.open(f"/runs/{hosted.id}")
+                tree = browser.until(
+                    "the subagents",
+                    lambda d: d.find_elements(By.CSS_SELECTOR, "section.children li[data-run]"),
+                )
+                # py_parent under the run, its three counters under it, each a link.
+                assert len(tree) == 4, [li.text for li in tree]
+                assert "py_parent" in tree[0].text and "↳" not in tree[0].text
+                assert all("py_counter" in li.text and "↳" in li.text for li in tree[1:])
+                tree[1].find_element(By.CSS_SELECTOR, "a").click()
+                browser.until("a counter's page", lambda d: "py_counter" in browser.text())
+                browser.open(f"/runs/{parent.id}")
+                link = browser.until(
+                    "the branch",
+                    lambda d: d.find_element(By.CSS_SELECTOR, "section.branches a.compare"),
+                )
+                assert branch.id in browser.source()
+                link.click()
+                browser.until("the comparison", lambda d: "Compare runs" in browser.text())
+                assert "B is a branch of A" in browser.text()
+                assert "The branch stopped at t1/p0" in browser.text()
+                first = browser.driver.find_element(By.CSS_SELECTOR, 'tr[data-key="t0/p0"]')
+                assert "set" in first.find_element(By.CSS_SELECTOR, "td.mark").text
+                assert "result" in first.find_element(By.CSS_SELECTOR, "td.differs").text
+                first.find_element(By.CSS_SELECTOR, "details.both summary").click()
+                assert "42" in first.text and "2" in first.text
+                second = browser.driver.find_element(By.CSS_SELECTOR, 'tr[data-key="t1/p0"]')
+                assert "blocked" in second.find_element(By.CSS_SELECTOR, "td.mark").text
+                browser.shot("compare")
+                browser.open(f"/runs?branch_of={parent.id}")
+                browser.until("the branch listed", showing(browser, f'data-run="{branch.id}"'))
+                assert f'data-run="{parent.id}"' not in browser.source()
+                browser.open(f"/compare?a={parent.id}")
+                browser.until("the refusal", lambda d: "b: missing" in browser.text())
+
+            await asyncio.to_thread(read)
     finally:
         kernel.stop()

@@ -172,6 +172,9 @@ async fn a_writes_tool_is_refused_live_and_capture_none_withholds_the_reason() {
         let parent = recorded_run(&kernel, capture).await;
         // Forked before the push: the same push is now an unrecorded write.
         let branch = fork(&kernel, &[&parent, "--at", "t0/p1"]);
+        let listed = kernel.kernelctl(&["runs", "list", "--branch-of", &parent]);
+        let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+        assert!(listed.contains(&branch) && !listed.contains(&parent), "{listed}");
         let push = vec![call("push", json!({"repo": "a", "hold_ms": 0}))];
         let refused = submit(&kernel, &branch, 1, push).await.unwrap();
         let content = &refused.results[0].content;

@@ -55,6 +55,7 @@ pub async fn list(kernel: &mut Kernel, out: &mut Output<'_>, args: ListRunsArgs)
         page_size: 0,
         page_token: args.page_token.unwrap_or_default(),
         parent_run_id: args.parent.unwrap_or_default(),
+        forked_from_run_id: args.branch_of.unwrap_or_default(),
         tool: args.tool.unwrap_or_default(),
         created_after: args.since.map(ago),
         created_before: None,
@@ -235,7 +236,7 @@ pub async fn fork(kernel: &mut Kernel, out: &mut Output<'_>, args: ForkArgs) -> 
 pub async fn diff(kernel: &mut Kernel, out: &mut Output<'_>, (a, b): (String, String)) -> Result<(), CliError> {
     let a = unary(kernel.runs.get_run(GetRunRequest { run_id: a })).await?;
     let b = unary(kernel.runs.get_run(GetRunRequest { run_id: b })).await?;
-    let diff = RunDiff::new(&RunDetail::try_from(a)?, &RunDetail::try_from(b)?);
+    let diff = RunDiff::new(&a, &b)?;
     if out.is_json() {
         out.document(&diff)?;
     } else {

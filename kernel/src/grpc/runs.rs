@@ -209,6 +209,10 @@ impl RunService for RunApi {
                 "" => None,
                 id => Some(RunId::parse(id, "parent_run_id")?),
             },
+            forked_from: match req.forked_from_run_id.trim() {
+                "" => None,
+                id => Some(RunId::parse(id, "forked_from_run_id")?),
+            },
             before,
             tool: Some(req.tool.trim().to_owned()).filter(|tool| !tool.is_empty()),
             created_from: req.created_after.as_ref().map(convert::millis_of),

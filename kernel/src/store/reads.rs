@@ -97,6 +97,8 @@ pub struct RunFilter {
     pub labels: Vec<(String, String)>,
     /// Only the children of this run.
     pub parent: Option<RunId>,
+    /// Only the branches forked from this run.
+    pub forked_from: Option<RunId>,
     /// Only runs with an id lower than this (newest first paging).
     pub before: Option<String>,
     /// Only runs that made a call of this tool.
@@ -285,6 +287,7 @@ impl Readers {
         self.with(move |conn| {
             let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE 1 = 1");
             let parent = filter.parent.as_ref().map(ToString::to_string);
+            let forked_from = filter.forked_from.as_ref().map(ToString::to_string);
             let mut args: Vec<Arg<'_>> = Vec::new();
             if let Some(status) = filter.status {
                 sql.push_str(" AND status = ?");
@@ -307,6 +310,13 @@ impl Readers {
             if let Some(parent) = &parent {
                 sql.push_str(" AND parent_run_id = ?");
                 args.push(Arg::Text(parent));
+            }
+            if let Some(of) = &forked_from {
+                sql.push_str(match conn.dialect() {
+                    Dialect::Sqlite => " AND json_extract(fork, '$.of') = ?",
+                    Dialect::Postgres => " AND (fork::jsonb ->> 'of') = ?",
+                });
+                args.push(Arg::Text(of));
             }
             if let Some(before) = &filter.before {
                 sql.push_str(" AND id < ?");

@@ -6,6 +6,7 @@ mod activity;
 mod answer_form;
 mod approvals;
 mod assets;
+mod compare;
 mod format;
 mod limits;
 mod login;
@@ -39,6 +40,7 @@ pub fn routes() -> Router<Http> {
         .route("/runs/{id}/cancel-call", post(actions::cancel_call))
         .route("/runs/{id}/fork", post(actions::fork))
         .route("/runs/{id}/delete", post(actions::delete))
+        .route("/compare", get(compare::page))
         .route("/approvals", get(approvals::list))
         .route("/approvals/live", get(approvals::live_part))
         .route("/approvals/{id}", post(approvals::answer))

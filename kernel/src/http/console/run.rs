@@ -24,6 +24,10 @@ use crate::http::{Http, session};
 
 /// Events the page shows when it opens; older ones are a `kernelctl runs events` away.
 const LOG_TAIL: u64 = 200;
+/// Subagent runs, and branches, the page lists.
+const MAX_LISTED: u32 = 200;
+/// Levels of subagents under the run the page draws.
+const MAX_DEPTH: usize = 4;
 /// How long the live stream gathers signals into one message, so a busy run costs the browser
 /// (and the kernel) a few messages a second, not one per event.
 const GATHER: Duration = Duration::from_millis(250);
@@ -34,7 +38,10 @@ struct Loaded {
     got: pb::GetRunResponse,
     /// The events from where the page's steps begin, to draw their attempts.
     events: Vec<pb::Event>,
-    children: Vec<pb::Run>,
+    /// Its subagent runs and theirs, each after its parent, with its depth under this run.
+    children: Vec<(pb::Run, usize)>,
+    /// The branches forked from it.
+    branches: Vec<pb::Run>,
     /// The page of steps asked for.
     page: usize,
 }
@@ -57,11 +64,12 @@ async fn load(http: &Http, caller: &Option<Caller>, id: &str, page: usize) -> Re
         .into_inner();
     let run = got.run.as_ref().expect("GetRun always returns its run");
     let events = run_steps::events_for(&runs, caller, run, &StepPage::of(&got.steps, page)).await?;
-    let children = runs
+    let children = descendants(&runs, caller, id).await?;
+    let branches = runs
         .list_runs(request(
             pb::ListRunsRequest {
-                parent_run_id: id.to_owned(),
-                page_size: 100,
+                forked_from_run_id: id.to_owned(),
+                page_size: MAX_LISTED,
                 ..Default::default()
             },
             caller,
@@ -73,8 +81,45 @@ async fn load(http: &Http, caller: &Option<Caller>, id: &str, page: usize) -> Re
         got,
         events,
         children,
+        branches,
         page,
     })
+}
+
+/// The subagent runs under `id`, each followed by its own, depth first, oldest first at each
+/// level; at most [`MAX_LISTED`] in all and [`MAX_DEPTH`] levels down.
+async fn descendants(runs: &RunApi, caller: &Option<Caller>, id: &str) -> Result<Vec<(pb::Run, usize)>, tonic::Status> {
+    let mut tree: Vec<(pb::Run, usize)> = Vec::new();
+    let mut pending: Vec<(String, usize)> = vec![(id.to_owned(), 0)];
+    while let Some((parent, depth)) = pending.pop() {
+        if depth == MAX_DEPTH || tree.len() >= MAX_LISTED as usize {
+            continue;
+        }
+        let mut children = runs
+            .list_runs(request(
+                pb::ListRunsRequest {
+                    parent_run_id: parent.clone(),
+                    page_size: MAX_LISTED,
+                    ..Default::default()
+                },
+                caller,
+            ))
+            .await?
+            .into_inner()
+            .runs;
+        // Listed newest first; a tree reads in the order they were started.
+        children.reverse();
+        let at = tree
+            .iter()
+            .position(|(run, _)| run.id == parent)
+            .map_or(0, |index| index + 1);
+        for (offset, child) in children.into_iter().enumerate() {
+            pending.push((child.id.clone(), depth + 1));
+            tree.insert(at + offset, (child, depth));
+        }
+    }
+    tree.truncate(MAX_LISTED as usize);
+    Ok(tree)
 }
 
 fn is_live(run: &pb::Run) -> bool {
@@ -202,11 +247,26 @@ fn live(loaded: &Loaded, viewer: Viewer) -> Markup {
         @if !loaded.children.is_empty() {
             section.children {
                 h2 { "Subagents" }
-                ul.tree { @for child in &loaded.children {
-                    li { (format::run_link(&child.id)) " " (child.agent) " "
+                ul.tree { @for (child, depth) in &loaded.children {
+                    li data-run=(child.id) style=[(*depth > 0).then(|| format!("margin-left:{}px", 20 * depth))] {
+                         @if *depth > 0 { span.nested { "↳ " } }
+                         (format::run_link(&child.id)) " " (child.agent) " "
                          span class={ "status " (format::run_status(child.status)) } { (format::run_status(child.status)) }
+                         " from step " code { (child.parent_step_key) }
                          @if !child.session_key.is_empty() { " session " code { (child.session_key) } }
                          @if child.suspensions > 0 { " · suspended " (child.suspensions) "×" } }
+                } }
+            }
+        }
+        @if !loaded.branches.is_empty() {
+            section.branches {
+                h2 { "Branches" }
+                ul.tree { @for branch in &loaded.branches {
+                    li data-run=(branch.id) { (format::run_link(&branch.id)) " "
+                         span class={ "status " (format::run_status(branch.status)) } { (format::run_status(branch.status)) }
+                         @if !branch.fork_at_step_key.is_empty() { " forked at " code { (branch.fork_at_step_key) } }
+                         @else { " forked whole" }
+                         " · " a.compare href={ "/compare?a=" (run.id) "&b=" (branch.id) } { "Compare with this run" } }
                 } }
             }
         }
@@ -290,7 +350,8 @@ fn header(run: &pb::Run, manifest: Option<&pb::RunManifest>) -> Markup {
             @if !run.session_key.is_empty() { dt { "Session" } dd { code { (run.session_key) } } }
             @if !run.forked_from_run_id.is_empty() {
                 dt { "Branch of" } dd { (format::run_link(&run.forked_from_run_id))
-                    @if !run.fork_at_step_key.is_empty() { " at " code { (run.fork_at_step_key) } } }
+                    @if !run.fork_at_step_key.is_empty() { " at " code { (run.fork_at_step_key) } }
+                    " · " a.compare href={ "/compare?a=" (run.forked_from_run_id) "&b=" (run.id) } { "Compare with it" } }
             }
             @if !run.allow.is_empty() { dt { "Allowed" } dd { (run.allow.join(", ")) } }
             @if !run.trace_id.is_empty() { dt { "Trace" } dd { code #run-trace { (run.trace_id) } } }

@@ -28,6 +28,9 @@ pub struct Filter {
     labels: String,
     #[serde(default)]
     parent: String,
+    /// Only the branches forked from this run.
+    #[serde(default)]
+    branch_of: String,
     /// A run's id: its page.
     #[serde(default)]
     q: String,
@@ -69,6 +72,7 @@ impl Filter {
             ("agent", self.agent.as_str()),
             ("labels", self.labels.as_str()),
             ("parent", self.parent.as_str()),
+            ("branch_of", self.branch_of.as_str()),
             ("tool", self.tool.as_str()),
             ("since", self.since.as_str()),
             ("from", self.from.as_str()),
@@ -145,6 +149,7 @@ pub async fn list(
         page_size: PAGE,
         page_token: filter.before.trim().to_owned(),
         parent_run_id: filter.parent.trim().to_owned(),
+        forked_from_run_id: filter.branch_of.trim().to_owned(),
         tool: filter.tool.trim().to_owned(),
         created_after,
         created_before,
@@ -180,6 +185,7 @@ fn body(filter: &Filter, listed: &pb::ListRunsResponse) -> maud::Markup {
             label { "Agent " input name="agent" value=(filter.agent) placeholder="any"; }
             label { "Labels " input name="labels" value=(filter.labels) placeholder="key=value, …"; }
             label { "Parent " input name="parent" value=(filter.parent) placeholder="run id"; }
+            label { "Branch of " input name="branch_of" value=(filter.branch_of) placeholder="run id"; }
             label { "Tool " input name="tool" value=(filter.tool) placeholder="any call"; }
             label { "Created within "
                 select name="since" {
