@@ -1052,6 +1052,19 @@ async def test_a_long_runs_steps_are_paged_and_every_part_is_reached_by_keyboard
                 browser.until("the step opened", lambda d: step.get_attribute("open") is not None)
                 assert '"a": 2' in step.text
                 browser.shot("paged")
+                # The time axis zooms in and back out with plain links.
+                browser.driver.find_element(By.CSS_SELECTOR, "nav.zoom a.zoom-in").click()
+                browser.until("zoomed", lambda d: "&zoom=" in d.current_url)
+                assert "page=2" in browser.driver.current_url
+                # Its ticks start a quarter of the way along the page's axis, not at 0.
+                first_tick = browser.driver.find_element(By.CSS_SELECTOR, ".ticks .tick")
+                assert str(first_tick.get_attribute("textContent")).startswith("+"), first_tick
+                browser.driver.find_element(By.CSS_SELECTOR, "nav.zoom a.whole").click()
+                browser.until("the whole axis", lambda d: "zoom=" not in d.current_url)
+                browser.open(f"/runs/{run.id}?zoom=9-3")
+                browser.until(
+                    "the zoom refused", lambda d: "zoom: expected FROM-TO" in browser.text()
+                )
                 browser.open(f"/runs/{run.id}?page=0")
                 browser.until(
                     "the refusal", lambda d: "page: expected a page number from 1" in browser.text()

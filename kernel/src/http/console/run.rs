@@ -44,6 +44,8 @@ struct Loaded {
     branches: Vec<pb::Run>,
     /// The page of steps asked for.
     page: usize,
+    /// The part of its time axis asked for.
+    zoom: Option<super::timeline::Zoom>,
 }
 
 impl Loaded {
@@ -56,7 +58,8 @@ impl Loaded {
     }
 }
 
-async fn load(http: &Http, caller: &Option<Caller>, id: &str, page: usize) -> Result<Loaded, tonic::Status> {
+async fn load(http: &Http, caller: &Option<Caller>, id: &str, query: &PageQuery) -> Result<Loaded, tonic::Status> {
+    let (page, zoom) = (query.number()?, query.zoom()?);
     let runs = RunApi(http.kernel.clone());
     let got = runs
         .get_run(request(pb::GetRunRequest { run_id: id.to_owned() }, caller))
@@ -83,6 +86,7 @@ async fn load(http: &Http, caller: &Option<Caller>, id: &str, page: usize) -> Re
         children,
         branches,
         page,
+        zoom,
     })
 }
 
@@ -154,11 +158,7 @@ pub async fn page(
         Ok(caller) => caller,
         Err(response) => return *response,
     };
-    let page = match query.number() {
-        Ok(page) => page,
-        Err(status) => return refused(status),
-    };
-    let loaded = match load(&http, &caller, &id, page).await {
+    let loaded = match load(&http, &caller, &id, &query).await {
         Ok(loaded) => loaded,
         Err(status) => return refused(status),
     };
@@ -171,7 +171,7 @@ pub async fn page(
     let first_shown = tail.first().map_or(run.last_seq + 1, |e| e.seq);
     let body = html! {
         h1 { "Run " code { (run.id) } }
-        div #live data-src={ "/runs/" (run.id) "/live?page=" (loaded.steps_page().number) } data-live=(is_live(run)) {
+        div #live data-src={ "/runs/" (run.id) "/live" (run_steps::query(loaded.steps_page().number, loaded.zoom)) } data-live=(is_live(run)) {
             (live(&loaded, Viewer::of(&http, &headers)))
         }
         section.events {
@@ -217,11 +217,7 @@ pub async fn live_part(
         Ok(caller) => caller,
         Err(refusal) => return refusal.plain(),
     };
-    let page = match query.number() {
-        Ok(page) => page,
-        Err(status) => return crate::http::plain(&status),
-    };
-    match load(&http, &caller, &id, page).await {
+    match load(&http, &caller, &id, &query).await {
         Ok(loaded) => Html(live(&loaded, Viewer::of(&http, &headers)).into_string()).into_response(),
         Err(status) => crate::http::plain(&status),
     }
@@ -272,7 +268,7 @@ fn live(loaded: &Loaded, viewer: Viewer) -> Markup {
         }
         (run_steps::section(
             run,
-            (&loaded.steps_page(), &loaded.events),
+            (&loaded.steps_page(), &loaded.events, loaded.zoom),
             &loaded.got.approvals,
             (is_live(run), viewer.allowed),
         ))

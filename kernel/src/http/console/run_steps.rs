@@ -7,7 +7,7 @@ use kernel_proto::v1::run_service_server::RunService;
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::timeline::{self, Attempt, Axis};
+use super::timeline::{self, Attempt, Axis, Zoom};
 use super::{actions, format, request};
 use crate::auth::Caller;
 use crate::grpc::RunApi;
@@ -23,6 +23,9 @@ const ATTEMPT_EVENTS: u32 = 5000;
 pub struct PageQuery {
     #[serde(default)]
     page: Option<String>,
+    /// The part of the time axis shown: `FROM-TO`, milliseconds from its start.
+    #[serde(default)]
+    zoom: Option<String>,
 }
 
 impl PageQuery {
@@ -37,6 +40,22 @@ impl PageQuery {
                 ))),
             },
         }
+    }
+
+    /// The zoom asked for, if any.
+    pub fn zoom(&self) -> Result<Option<Zoom>, tonic::Status> {
+        match self.zoom.as_deref().map(str::trim) {
+            None | Some("") => Ok(None),
+            Some(text) => Zoom::parse(text).map(Some).map_err(tonic::Status::invalid_argument),
+        }
+    }
+}
+
+/// The query of page `page` of a run's steps, zoomed to `zoom`.
+pub fn query(page: usize, zoom: Option<Zoom>) -> String {
+    match zoom {
+        None => format!("?page={page}"),
+        Some(zoom) => format!("?page={page}&zoom={}-{}", zoom.from, zoom.to),
     }
 }
 
@@ -156,13 +175,13 @@ async fn first_event_at(
 /// The steps' section: the page's steps on the run's time axis, with the way to the other pages.
 pub fn section(
     run: &pb::Run,
-    (page, events): (&StepPage<'_>, &[pb::Event]),
+    (page, events, zoom): (&StepPage<'_>, &[pb::Event], Option<Zoom>),
     approvals: &[pb::Approval],
     (live, allowed): (bool, actions::Allowed),
 ) -> Markup {
     // The console reads the kernel as a client does, over its API: "now" is the reader's.
     let now = crate::clock::Clock::wall().now_millis();
-    let axis = page.axis(run, now, live);
+    let axis = page.axis(run, now, live).zoomed(zoom);
     let attempts = timeline::attempts(events);
     let waits = timeline::person_waits(approvals);
     let none: Vec<Attempt> = Vec::new();
@@ -173,7 +192,7 @@ pub fn section(
                 @if page.pages > 1 { "this page spans " } @else { "axis " } (format::duration(axis.length_ms())) } }
             @if page.total == 0 { p.empty { "No steps yet." } }
             @if page.pages > 1 { (pager(&run.id, page)) }
-            @if page.total > 0 { (timeline::legend()) }
+            @if page.total > 0 { (zoom_controls(&run.id, page.number, axis)) (timeline::legend()) }
             div.timeline {
                 @if page.total > 0 { div.axis { span {} span {} (timeline::ticks(axis)) span {} } }
                 @for &(step, depth) in &page.rows {
@@ -208,6 +227,32 @@ fn pager(run_id: &str, page: &StepPage<'_>) -> Markup {
                 " · page " (page.number) " of " (page.pages) } " "
             (link(page.number + 1, "Next ›", Some("next"))) " "
             (link(page.pages, "Last »", None))
+        }
+    }
+}
+
+/// Links that zoom the time axis in and out and move it earlier and later: plain links, so they
+/// work without the script and from the keyboard.
+fn zoom_controls(run_id: &str, page: usize, axis: Axis) -> Markup {
+    let [zoom_in, zoom_out, earlier, later] = axis.moves();
+    let link = |zoom: Option<Zoom>, text: &str, class: &str| {
+        html! {
+            @match zoom {
+                Some(zoom) => a class=(class) href={ "/runs/" (run_id) (query(page, Some(zoom))) } { (text) },
+                None => span.off class=(class) aria-disabled="true" { (text) },
+            }
+        }
+    };
+    html! {
+        nav.zoom aria-label="Zoom the time axis" {
+            "Time axis: "
+            (link(zoom_in, "Zoom in", "zoom-in")) " "
+            (link(zoom_out, "Zoom out", "zoom-out")) " "
+            (link(earlier, "← Earlier", "earlier")) " "
+            (link(later, "Later →", "later")) " "
+            @if axis.is_zoomed() {
+                a.whole href={ "/runs/" (run_id) (query(page, None)) } { "Whole axis" }
+            }
         }
     }
 }
@@ -326,12 +371,21 @@ mod tests {
         for bad in ["0", "x", "-1", "1.5"] {
             let query = PageQuery {
                 page: Some(bad.to_owned()),
+                zoom: None,
             };
             let status = query.number().unwrap_err();
             assert_eq!(status.code(), tonic::Code::InvalidArgument);
             assert!(status.message().starts_with("page:"), "{}", status.message());
         }
         assert_eq!(PageQuery::default().number().unwrap(), 1);
-        assert_eq!(PageQuery { page: Some("7".into()) }.number().unwrap(), 7);
+        assert_eq!(
+            PageQuery {
+                page: Some("7".into()),
+                zoom: None
+            }
+            .number()
+            .unwrap(),
+            7
+        );
     }
 }

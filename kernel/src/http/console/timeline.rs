@@ -111,14 +111,15 @@ pub fn legend() -> Markup {
     }
 }
 
-/// Ticks along the axis: its start, quarters and end, as offsets from the run's creation.
+/// Ticks along the axis: its start, quarters and end, as offsets from the unzoomed axis's start
+/// (the run's creation, or the page's first step).
 pub fn ticks(axis: Axis) -> Markup {
     html! {
         div.ticks aria-hidden="true" {
             @for quarter in 0..=4i64 {
-                @let offset = axis.length_ms() * quarter / 4;
+                @let offset = axis.start - axis.origin + axis.length_ms() * quarter / 4;
                 span.tick style={ "left:" (quarter * 25) "%" } {
-                    @if quarter == 0 { "0" } @else { "+" (format::duration(offset)) }
+                    @if offset == 0 { "0" } @else { "+" (format::duration(offset)) }
                 }
             }
         }
@@ -126,10 +127,38 @@ pub fn ticks(axis: Axis) -> Markup {
 }
 
 /// The span of time the timeline shows.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Axis {
     start: i64,
     end: i64,
+    /// Where the whole axis starts: a zoomed one shows part of it.
+    origin: i64,
+    /// Where the whole axis ends.
+    whole_end: i64,
+}
+
+/// A part of an axis to show: milliseconds from its start, `from < to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Zoom {
+    pub from: i64,
+    pub to: i64,
+}
+
+impl Zoom {
+    /// `FROM-TO` as the page's `?zoom=` gives it.
+    pub fn parse(text: &str) -> Result<Zoom, String> {
+        let refuse =
+            || format!("zoom: expected FROM-TO, milliseconds from the axis's start with FROM < TO, got {text:?}");
+        let (from, to) = text.trim().split_once('-').ok_or_else(refuse)?;
+        let (from, to) = (
+            from.parse::<i64>().map_err(|_| refuse())?,
+            to.parse::<i64>().map_err(|_| refuse())?,
+        );
+        if from < 0 || to <= from {
+            return Err(refuse());
+        }
+        Ok(Zoom { from, to })
+    }
 }
 
 impl Axis {
@@ -143,10 +172,56 @@ impl Axis {
         if live {
             end = end.max(now);
         }
+        Axis::whole(start, end)
+    }
+
+    fn whole(start: i64, end: i64) -> Axis {
+        let end = end.max(start + 1);
         Axis {
             start,
-            end: end.max(start + 1),
+            end,
+            origin: start,
+            whole_end: end,
         }
+    }
+
+    /// The part of the axis `zoom` names, within it.
+    pub fn zoomed(self, zoom: Option<Zoom>) -> Axis {
+        let Some(zoom) = zoom else {
+            return self;
+        };
+        let start = (self.origin + zoom.from).min(self.whole_end - 1);
+        Axis {
+            start,
+            end: (self.origin + zoom.to).clamp(start + 1, self.whole_end),
+            ..self
+        }
+    }
+
+    /// Whether the axis shows only part of itself.
+    pub fn is_zoomed(self) -> bool {
+        (self.start, self.end) != (self.origin, self.whole_end)
+    }
+
+    /// The zooms of the controls: in (the middle half), out (twice as long), earlier and later
+    /// (by half the span); `None` where there is no such move.
+    pub fn moves(self) -> [Option<Zoom>; 4] {
+        let (from, to) = (self.start - self.origin, self.end - self.origin);
+        let (span, whole) = (to - from, self.whole_end - self.origin);
+        let zoom = |from: i64, to: i64| {
+            let (from, to) = (from.clamp(0, whole), to.clamp(0, whole));
+            (to > from && (from, to) != (self.start - self.origin, self.end - self.origin)).then_some(Zoom { from, to })
+        };
+        let shift = |by: i64| {
+            let by = by.clamp(-from, whole - to);
+            zoom(from + by, to + by)
+        };
+        [
+            (span >= 4).then(|| zoom(from + span / 4, to - span / 4)).flatten(),
+            zoom(from - span / 2, to + span / 2),
+            shift(-span / 2),
+            shift(span / 2),
+        ]
     }
 
     /// From the first of `steps` to be created to the last to finish, or to `now` while one of
@@ -164,19 +239,20 @@ impl Axis {
                 None => {}
             }
         }
-        Axis {
-            start,
-            end: end.max(start + 1),
-        }
+        Axis::whole(start, end)
     }
 
-    /// `left` and `width` of a bar from `from` to `to`, in percent of the axis; never thinner than
-    /// a hair, so an instant still shows.
-    fn place(self, from: i64, to: i64) -> String {
+    /// `left` and `width` of a bar from `from` to `to`, in percent of the axis, cut to it; never
+    /// thinner than a hair, so an instant still shows. `None` for a bar wholly outside it.
+    fn place(self, from: i64, to: i64) -> Option<String> {
+        if to < self.start || from > self.end {
+            return None;
+        }
+        let (from, to) = (from.max(self.start), to.min(self.end));
         let span = (self.end - self.start) as f64;
         let left = ((from - self.start) as f64 / span * 100.0).clamp(0.0, 100.0);
         let width = ((to - from).max(0) as f64 / span * 100.0).clamp(0.4, 100.0 - left.min(99.6));
-        format!("left:{left:.2}%;width:{width:.2}%")
+        Some(format!("left:{left:.2}%;width:{width:.2}%"))
     }
 
     /// The axis's length, for its caption.
@@ -199,32 +275,42 @@ pub fn track(axis: Axis, step: &pb::Step, (attempts, waits): (&[Attempt], &[Pers
     html! {
         div.track {
             @if !replayed && waited_until > created {
-                span.bar.wait style=(axis.place(created, waited_until)) title={ "waited " (format::duration(waited_until - created)) } {}
+                @if let Some(place) = axis.place(created, waited_until) {
+                    span.bar.wait style=(place) title={ "waited " (format::duration(waited_until - created)) } {}
+                }
             }
             @if replayed {
                 @let at = finished.unwrap_or(created);
                 @let why = if step.replayed_from_run_id.is_empty() { "settled without running" } else { "replayed from the parent run: nothing ran" };
-                span.bar.replayed style=(axis.place(at, at)) title=(why) {}
+                @if let Some(place) = axis.place(at, at) { span.bar.replayed style=(place) title=(why) {} }
             }
             @for wait in waits {
                 @let end = wait.to.unwrap_or(now);
-                span.bar.person style=(axis.place(wait.from, end))
-                    title={ "waited for a person " (format::duration(end - wait.from)) ": " (wait.how) @if !wait.who.is_empty() { " by " (wait.who) } } {}
+                @if let Some(place) = axis.place(wait.from, end) {
+                    span.bar.person style=(place)
+                        title={ "waited for a person " (format::duration(end - wait.from)) ": " (wait.how) @if !wait.who.is_empty() { " by " (wait.who) } } {}
+                }
             }
             @for (index, attempt) in attempts.iter().enumerate() {
                 @let end = attempt.end.unwrap_or(now);
-                span class={ "bar attempt " (attempt.how) } style=(axis.place(attempt.start, end))
-                    title={ "attempt " (attempt.number) @if !attempt.worker.is_empty() { " on " (attempt.worker) } ": " (attempt.how) ", " (format::duration(end - attempt.start)) } {}
+                @if let Some(place) = axis.place(attempt.start, end) {
+                    span class={ "bar attempt " (attempt.how) } style=(place)
+                        title={ "attempt " (attempt.number) @if !attempt.worker.is_empty() { " on " (attempt.worker) } ": " (attempt.how) ", " (format::duration(end - attempt.start)) } {}
+                }
                 @if let (Some(ended), Some(next)) = (attempt.end.filter(|_| attempt.how == "error"), attempts.get(index + 1)) {
-                    span.bar.backoff style=(axis.place(ended, next.start))
-                        title={ "backoff " (format::duration(next.start - ended)) " before attempt " (next.number) } {}
+                    @if let Some(place) = axis.place(ended, next.start) {
+                        span.bar.backoff style=(place)
+                            title={ "backoff " (format::duration(next.start - ended)) " before attempt " (next.number) } {}
+                    }
                 }
             }
             @if attempts.is_empty() && !replayed {
                 @if let Some(started) = format::millis(&step.started_at) {
                     @let end = finished.unwrap_or(now);
-                    span class={ "bar attempt " (bar_class(step)) } style=(axis.place(started, end))
-                        title={ "attempt " (step.attempts) ", " (format::duration(end - started)) } {}
+                    @if let Some(place) = axis.place(started, end) {
+                        span class={ "bar attempt " (bar_class(step)) } style=(place)
+                            title={ "attempt " (step.attempts) ", " (format::duration(end - started)) } {}
+                    }
                 }
             }
         }
@@ -293,7 +379,7 @@ mod tests {
             finished_at: at(7_000),
             ..Default::default()
         };
-        let axis = Axis { start: 0, end: 10_000 };
+        let axis = Axis::whole(0, 10_000);
         let html = track(axis, &step, (&attempts[key], &waits[key]), 10_000).into_string();
         assert!(
             html.contains(r#"class="bar person" style="left:10.00%;width:30.00%""#),
@@ -307,6 +393,52 @@ mod tests {
         assert!(html.contains("before attempt 2"), "{html}");
         let ticks = ticks(axis).into_string();
         assert!(ticks.contains("+10.00 s") && ticks.contains("+2.50 s"), "{ticks}");
+
+        // Zoomed to its last second and a half: the person's wait is gone, the backoff cut.
+        let zoomed = axis.zoomed(Some(Zoom { from: 6_000, to: 7_500 }));
+        let html = track(zoomed, &step, (&attempts[key], &waits[key]), 10_000).into_string();
+        assert!(!html.contains("bar person"), "{html}");
+        assert!(
+            html.contains(r#"class="bar backoff" style="left:0.00%;width:33.33%""#),
+            "{html}"
+        );
+        let ticks = super::ticks(zoomed).into_string();
+        assert!(ticks.contains("+6.00 s") && ticks.contains("+7.50 s"), "{ticks}");
+    }
+
+    #[test]
+    fn zoom_moves_stay_within_the_axis() {
+        let axis = Axis::whole(1_000, 11_000);
+        assert!(!axis.is_zoomed());
+        let [zoom_in, zoom_out, earlier, later] = axis.moves();
+        assert_eq!(zoom_in, Some(Zoom { from: 2_500, to: 7_500 }));
+        assert_eq!(
+            (zoom_out, earlier, later),
+            (None, None, None),
+            "the whole axis has nowhere else to go"
+        );
+        let part = axis.zoomed(zoom_in);
+        assert!(part.is_zoomed());
+        let [_, out, earlier, later] = part.moves();
+        assert_eq!(out, Some(Zoom { from: 0, to: 10_000 }));
+        assert_eq!(earlier, Some(Zoom { from: 0, to: 5_000 }));
+        assert_eq!(
+            later,
+            Some(Zoom {
+                from: 5_000,
+                to: 10_000
+            })
+        );
+        // Past the end, a zoom is cut to the axis.
+        let past = axis.zoomed(Some(Zoom {
+            from: 9_000,
+            to: 50_000,
+        }));
+        assert_eq!(past.moves()[3], None);
+        assert_eq!(Zoom::parse("10-20"), Ok(Zoom { from: 10, to: 20 }));
+        for bad in ["20-10", "x", "5", "-1-3", "1-1"] {
+            assert!(Zoom::parse(bad).unwrap_err().starts_with("zoom:"), "{bad}");
+        }
     }
 
     #[test]
