@@ -68,18 +68,15 @@ async fn load(http: &Http, caller: &Option<Caller>, id: &str, query: &PageQuery)
     let run = got.run.as_ref().expect("GetRun always returns its run");
     let events = run_steps::events_for(&runs, caller, run, &StepPage::of(&got.steps, page)).await?;
     let children = descendants(&runs, caller, id).await?;
-    let branches = runs
-        .list_runs(request(
-            pb::ListRunsRequest {
-                forked_from_run_id: id.to_owned(),
-                page_size: MAX_LISTED,
-                ..Default::default()
-            },
-            caller,
-        ))
-        .await?
-        .into_inner()
-        .runs;
+    let branches = listed(
+        &runs,
+        caller,
+        pb::ListRunsRequest {
+            forked_from_run_id: id.to_owned(),
+            ..Default::default()
+        },
+    )
+    .await?;
     Ok(Loaded {
         got,
         events,
@@ -88,6 +85,19 @@ async fn load(http: &Http, caller: &Option<Caller>, id: &str, query: &PageQuery)
         page,
         zoom,
     })
+}
+
+/// The first [`MAX_LISTED`] runs `asked` finds, newest first.
+async fn listed(
+    runs: &RunApi,
+    caller: &Option<Caller>,
+    asked: pb::ListRunsRequest,
+) -> Result<Vec<pb::Run>, tonic::Status> {
+    let asked = pb::ListRunsRequest {
+        page_size: MAX_LISTED,
+        ..asked
+    };
+    Ok(runs.list_runs(request(asked, caller)).await?.into_inner().runs)
 }
 
 /// The subagent runs under `id`, each followed by its own, depth first, oldest first at each
@@ -99,18 +109,11 @@ async fn descendants(runs: &RunApi, caller: &Option<Caller>, id: &str) -> Result
         if depth == MAX_DEPTH || tree.len() >= MAX_LISTED as usize {
             continue;
         }
-        let mut children = runs
-            .list_runs(request(
-                pb::ListRunsRequest {
-                    parent_run_id: parent.clone(),
-                    page_size: MAX_LISTED,
-                    ..Default::default()
-                },
-                caller,
-            ))
-            .await?
-            .into_inner()
-            .runs;
+        let asked = pb::ListRunsRequest {
+            parent_run_id: parent.clone(),
+            ..Default::default()
+        };
+        let mut children = listed(runs, caller, asked).await?;
         // Listed newest first; a tree reads in the order they were started.
         children.reverse();
         let at = tree
