@@ -126,7 +126,7 @@ class GetRunResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[_common_pb2.Step, _Mapping]]] = ..., manifest: _Optional[_Union[_common_pb2.RunManifest, _Mapping]] = ..., approvals: _Optional[_Iterable[_Union[_common_pb2.Approval, _Mapping]]] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("status", "agent", "labels", "page_size", "page_token", "parent_run_id", "tool", "created_after", "created_before")
+    __slots__ = ("status", "agent", "labels", "page_size", "page_token", "parent_run_id", "tool", "created_after", "created_before", "forked_from_run_id")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     AGENT_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +136,7 @@ class ListRunsRequest(_message.Message):
     TOOL_FIELD_NUMBER: _ClassVar[int]
     CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
     CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    FORKED_FROM_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     status: _common_pb2.RunStatus
     agent: str
     labels: _containers.RepeatedScalarFieldContainer[str]
@@ -145,7 +146,8 @@ class ListRunsRequest(_message.Message):
     tool: str
     created_after: _timestamp_pb2.Timestamp
     created_before: _timestamp_pb2.Timestamp
-    def __init__(self, status: _Optional[_Union[_common_pb2.RunStatus, str]] = ..., agent: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., tool: _Optional[str] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    forked_from_run_id: str
+    def __init__(self, status: _Optional[_Union[_common_pb2.RunStatus, str]] = ..., agent: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., tool: _Optional[str] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., forked_from_run_id: _Optional[str] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
     __slots__ = ("runs", "next_page_token")
