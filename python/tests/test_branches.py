@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from conftest import ended_run, serving
 from harness import Kernel, binary, eventually
 
@@ -18,6 +20,7 @@ from kernel_sdk import (
     AgentClient,
     AgentContext,
     CallOutcome,
+    KernelError,
     RunStatus,
     StepInfo,
     ToolCall,
@@ -73,6 +76,42 @@ async def test_a_fork_replays_the_recorded_write_runs_reads_and_ends_at_a_new_wr
         assert detail.run.reason == "write_tool_blocked: pay (reason: write)"
         assert [s.replayed_from_run_id for s in detail.steps[:2]] == [run.id, run.id]
         assert charged == [200], "only the parent paid"
+
+
+async def test_runs_are_listed_by_branch_tool_label_status_and_time_page_by_page(
+    kernel: Kernel, client: AgentClient
+) -> None:
+    async with serving(kernel, quote):
+        started = datetime.now(UTC) - timedelta(seconds=1)
+        shop = await client.create_run("shop", labels={"team": "billing"})
+        await client.call_turn(shop.id, 0, [ToolCall("quote", {"sku": "ab"})])
+        await client.complete_run(shop.id, None)
+        idle = await client.create_run("idle")
+        branch = await client.fork_run(shop.id)
+
+        def ids(page: Any) -> list[str]:
+            return [run.id for run in page.runs]
+
+        assert ids(await client.list_runs(branch_of=shop.id)) == [branch.id]
+        assert ids(await client.list_runs(tool="quote")) == [shop.id]
+        assert ids(await client.list_runs(labels={"team": "billing"}, status="completed")) == [
+            shop.id
+        ]
+        assert ids(await client.list_runs(agent="idle")) == [idle.id]
+        assert ids(await client.list_runs(created_before=started)) == []
+        everything = ids(await client.list_runs(created_after=started))
+        assert everything == [branch.id, idle.id, shop.id], "newest first"
+        first = await client.list_runs(page_size=2)
+        assert ids(first) == everything[:2] and first.next_page_token
+        rest = await client.list_runs(page_size=2, page_token=first.next_page_token)
+        assert ids(rest) == everything[2:] and not rest.next_page_token
+        with pytest.raises(ValueError, match="unknown run status 'done'"):
+            await client.list_runs(status="done")
+        with pytest.raises(ValueError, match="created_after: give a timezone-aware"):
+            await client.list_runs(created_after=datetime.now())
+        with pytest.raises(KernelError) as refused:
+            await client.list_runs(branch_of="not-a-run")
+        assert "forked_from_run_id" in str(refused.value)
 
 
 async def test_at_capture_none_a_branchs_refusal_withholds_its_reason(

@@ -414,3 +414,47 @@ async fn a_branch_s_subagent_replays_runs_as_a_branch_of_the_recorded_child_or_i
     let ended = kernel.finished(&refused).await;
     assert_eq!(ended.reason, "write_tool_blocked: subagent:pipeline (reason: effect)");
 }
+
+#[tokio::test]
+async fn the_rust_client_lists_runs_by_branch_label_status_and_time_page_by_page() {
+    use worker_sdk::{AgentClient, Fork, NewRun, RunQuery};
+    let kernel = Kernel::start();
+    let agent = AgentClient::connect(kernel.url()).await.unwrap();
+    let started = std::time::SystemTime::now() - std::time::Duration::from_secs(1);
+    let shop = agent
+        .create_run(NewRun::new("shop", json!({})).label("team", "billing"))
+        .await
+        .unwrap();
+    shop.complete(json!(null)).await.unwrap();
+    let idle = agent.create_run(NewRun::new("idle", json!({}))).await.unwrap();
+    let branch = agent.fork_run(Fork::of(shop.id())).await.unwrap();
+    let ids = |page: worker_sdk::RunPage| page.runs.into_iter().map(|run| run.id).collect::<Vec<_>>();
+    let listed = |query: RunQuery| {
+        let agent = &agent;
+        async move { ids(agent.list_runs(query).await.unwrap()) }
+    };
+    assert_eq!(listed(RunQuery::new().branch_of(shop.id())).await, [branch.id()]);
+    let billing = RunQuery::new()
+        .label("team", "billing")
+        .status(pb::RunStatus::Completed);
+    assert_eq!(listed(billing).await, [shop.id()]);
+    assert_eq!(listed(RunQuery::new().agent("idle")).await, [idle.id()]);
+    assert!(listed(RunQuery::new().created_before(started)).await.is_empty());
+    let everything = listed(RunQuery::new().created_after(started)).await;
+    assert_eq!(everything, [branch.id(), idle.id(), shop.id()], "newest first");
+    let first = agent.list_runs(RunQuery::new().page_size(2)).await.unwrap();
+    assert!(!first.next_page_token.is_empty());
+    let token = first.next_page_token.clone();
+    assert_eq!(ids(first), everything[..2]);
+    let rest = agent
+        .list_runs(RunQuery::new().page_size(2).page_token(token))
+        .await
+        .unwrap();
+    assert!(rest.next_page_token.is_empty());
+    assert_eq!(ids(rest), everything[2..]);
+    let refused = agent
+        .list_runs(RunQuery::new().branch_of("not-a-run"))
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("forked_from_run_id"), "{refused}");
+}

@@ -132,7 +132,7 @@ pub mod __private;
 pub use agent::outcome::{ApprovalAnswer, ApprovalDecision, Outcome, ToolCallRejected};
 pub use agent::{
     AgentClient, AgentError, AgentQuestion, BudgetLimit, Call, CallOutcome, CallStatus, Capture, Fork, Interruption,
-    NewRun, ProgressUpdate, RunHandle, RunSnapshot, TurnItem,
+    NewRun, ProgressUpdate, RunHandle, RunPage, RunQuery, RunSnapshot, TurnItem,
 };
 pub use backoff::Backoff;
 pub use error::{ErrorKind, ToolError};

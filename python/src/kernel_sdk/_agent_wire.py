@@ -76,6 +76,22 @@ def approval_status(status: str | None) -> Any:
         raise ValueError(f"unknown approval status '{status}'") from None
 
 
+def run_status(status: str | None) -> Any:
+    if status is None:
+        return common_pb2.RUN_STATUS_UNSPECIFIED
+    try:
+        return common_pb2.RunStatus.Value(f"RUN_STATUS_{status.upper()}")
+    except ValueError:
+        raise ValueError(f"unknown run status '{status}'") from None
+
+
+def aware(at: datetime, field: str) -> datetime:
+    """`at`, which must be timezone-aware: a naive datetime names no moment."""
+    if at.tzinfo is None:
+        raise ValueError(f"{field}: give a timezone-aware datetime (such as datetime.now(UTC))")
+    return at
+
+
 def _time(message: Any, name: str) -> datetime | None:
     if not message.HasField(name):
         return None

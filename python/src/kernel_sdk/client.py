@@ -10,6 +10,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
@@ -42,6 +43,7 @@ from .records import (
     RegisteredTool,
     Run,
     RunDetail,
+    RunPage,
     Step,
     Turn,
     TurnEvent,
@@ -202,6 +204,47 @@ class AgentClient:
             steps=[wire.step(step) for step in response.steps],
             total_cost=response.manifest.total_cost,
             cost_by_tool=dict(response.manifest.cost_by_tool),
+        )
+
+    async def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        agent: str = "",
+        labels: Mapping[str, str] | None = None,
+        parent_run_id: str = "",
+        branch_of: str = "",
+        tool: str = "",
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        page_size: int = 50,
+        page_token: str = "",
+    ) -> RunPage:
+        """Runs, newest first, that meet every filter given: a status (`running`, `completed`,
+        ...), an agent, labels (each `key: value` carried), the subagent runs of a parent, the
+        branches forked from a run, a tool the run called, created at or after `created_after`
+        and before `created_before` (timezone-aware datetimes). `page_size` runs at most (the
+        kernel caps it at 1000); pass the page's `next_page_token` as `page_token` for the next.
+        An unknown status or a naive datetime raises `ValueError` before anything is sent; a
+        malformed run id is the kernel's `INVALID_ARGUMENT`, naming the field."""
+        request = runs_pb2.ListRunsRequest(
+            status=wire.run_status(status),
+            agent=agent,
+            labels=[f"{key}={value}" for key, value in (labels or {}).items()],
+            page_size=page_size,
+            page_token=page_token,
+            parent_run_id=parent_run_id,
+            forked_from_run_id=branch_of,
+            tool=tool,
+        )
+        if created_after is not None:
+            request.created_after.FromDatetime(wire.aware(created_after, "created_after"))
+        if created_before is not None:
+            request.created_before.FromDatetime(wire.aware(created_before, "created_before"))
+        response = await self._unary(self._runs.ListRuns, request)
+        return RunPage(
+            runs=[wire.run(run) for run in response.runs],
+            next_page_token=response.next_page_token,
         )
 
     async def receipts(self, run_id: str) -> list[dict[str, Any]]:

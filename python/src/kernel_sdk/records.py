@@ -251,6 +251,15 @@ class RunDetail:
 
 
 @dataclass(frozen=True)
+class RunPage:
+    """One page of `AgentClient.list_runs`: runs newest first, and the token of the next page
+    (empty on the last)."""
+
+    runs: list[Run]
+    next_page_token: str
+
+
+@dataclass(frozen=True)
 class Approval:
     """A gated call's request for a person's answer."""
 

@@ -9,6 +9,7 @@
 pub(crate) mod budget;
 pub(crate) mod outcome;
 pub(crate) mod question;
+pub(crate) mod run_query;
 pub(crate) mod wire;
 
 use std::collections::BTreeMap;
@@ -30,6 +31,7 @@ use crate::transport;
 pub use budget::BudgetLimit;
 use outcome::{ApprovalDecision, Outcome, ToolCallRejected};
 pub use question::AgentQuestion;
+pub use run_query::{RunPage, RunQuery};
 
 /// Why an agent request failed.
 #[derive(Debug, thiserror::Error)]
@@ -612,6 +614,18 @@ impl AgentClient {
     pub async fn registered_tools(&self) -> Result<Vec<pb::RegisteredTool>, AgentError> {
         let request = self.request(pb::ListToolsRequest {});
         Ok(self.call(self.registry.clone().list_tools(request)).await?.tools)
+    }
+
+    /// Runs that meet every filter of `query`, newest first, a page at a time
+    /// (`RunService.ListRuns`); the key needs `runs:read`. A malformed run id in a filter is
+    /// `INVALID_ARGUMENT` naming its field.
+    pub async fn list_runs(&self, query: RunQuery) -> Result<RunPage, AgentError> {
+        let request = self.request(query.into_request());
+        let listed = self.call(self.runs.clone().list_runs(request)).await?;
+        Ok(RunPage {
+            runs: listed.runs,
+            next_page_token: listed.next_page_token,
+        })
     }
 
     /// Approvals in one status (`ApprovalService.ListApprovals`), of one run or of all; the
