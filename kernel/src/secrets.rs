@@ -87,11 +87,18 @@ pub fn check_names(names: &[String]) -> Result<(), (usize, String)> {
     Ok(())
 }
 
+/// A step of a path to a secret field: a property of an object, or every element of an array.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Segment {
+    Key(String),
+    Each,
+}
+
 /// Where a tool's secret fields are.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SecretFields {
-    /// Paths of property names into the arguments object.
-    arguments: Vec<Vec<String>>,
+    /// Paths into the arguments object.
+    arguments: Vec<Vec<Segment>>,
     /// Top-level fields of an object result.
     results: Vec<String>,
 }
@@ -102,7 +109,7 @@ impl SecretFields {
         let mut arguments = Vec::new();
         marked(&def.input_schema, &def.input_schema, &mut Vec::new(), &mut arguments, 0);
         for name in &def.options.secret {
-            let path = vec![name.clone()];
+            let path = vec![Segment::Key(name.clone())];
             if !arguments.contains(&path) {
                 arguments.push(path);
             }
@@ -119,16 +126,17 @@ impl SecretFields {
 
     /// Whether `args` holds a value (not null) in one of these fields.
     pub fn present_in(&self, args: &Value) -> bool {
-        self.arguments
-            .iter()
-            .any(|path| place(args, path).is_some_and(|value| !value.is_null()))
+        (self.arguments.iter())
+            .flat_map(|path| places(args, path))
+            .any(|concrete| place(args, &concrete).is_some_and(|value| !value.is_null()))
     }
 
     /// `text` with every secret value of `args` in it replaced by `<secret>`: as JSON (how a
     /// schema error quotes it) and, for a string, as its bare text.
     pub fn scrub(&self, text: &str, args: &Value) -> String {
         let mut scrubbed = text.to_owned();
-        for value in self.arguments.iter().filter_map(|path| place(args, path)) {
+        let concrete = self.arguments.iter().flat_map(|path| places(args, path));
+        for value in concrete.collect::<Vec<_>>().iter().filter_map(|path| place(args, path)) {
             let mut forms = vec![to_canonical(value), value.to_string()];
             if let Some(text) = value.as_str().filter(|t| !t.is_empty()) {
                 forms.push(text.to_owned());
@@ -140,15 +148,22 @@ impl SecretFields {
         scrubbed
     }
 
-    /// The arguments' secret fields, dotted (`card.number`), for messages.
+    /// The arguments' secret fields, dotted (`card.number`, `cards.*.number` for each element of
+    /// an array), for messages.
     pub fn names(&self) -> Vec<String> {
-        self.arguments.iter().map(|path| path.join(".")).collect()
+        let segment = |segment: &Segment| match segment {
+            Segment::Key(name) => name.clone(),
+            Segment::Each => "*".to_owned(),
+        };
+        (self.arguments.iter())
+            .map(|path| path.iter().map(segment).collect::<Vec<_>>().join("."))
+            .collect()
     }
 }
 
-/// Collects the paths of the properties of `schema` marked secret, resolving local `$ref`s
-/// against `root`.
-fn marked(root: &Value, schema: &Value, path: &mut Vec<String>, found: &mut Vec<Vec<String>>, depth: usize) {
+/// Collects the paths of the properties of `schema` marked secret, and of the elements of its
+/// arrays (`items`), resolving local `$ref`s against `root`.
+fn marked(root: &Value, schema: &Value, path: &mut Vec<Segment>, found: &mut Vec<Vec<Segment>>, depth: usize) {
     if depth > MAX_DEPTH {
         return;
     }
@@ -158,19 +173,22 @@ fn marked(root: &Value, schema: &Value, path: &mut Vec<String>, found: &mut Vec<
             marked(root, branch, path, found, depth + 1);
         }
     }
-    let Some(properties) = schema["properties"].as_object() else {
-        return;
-    };
-    for (name, property) in properties {
-        path.push(name.clone());
-        if is_marked(root, property) {
+    let inside = |segment: Segment, part: &Value, path: &mut Vec<Segment>, found: &mut Vec<Vec<Segment>>| {
+        path.push(segment);
+        if is_marked(root, part) {
             if !found.contains(path) {
                 found.push(path.clone());
             }
         } else {
-            marked(root, property, path, found, depth + 1);
+            marked(root, part, path, found, depth + 1);
         }
         path.pop();
+    };
+    if schema["items"].is_object() {
+        inside(Segment::Each, &schema["items"], path, found);
+    }
+    for (name, property) in schema["properties"].as_object().into_iter().flatten() {
+        inside(Segment::Key(name.clone()), property, path, found);
     }
 }
 
@@ -200,7 +218,7 @@ fn resolved<'a>(root: &'a Value, schema: &'a Value) -> &'a Value {
 pub struct Hidden {
     /// The arguments as the record holds them: each secret value present replaced by its mark.
     pub recorded: Value,
-    /// What was taken out, by path, to seal for the dispatch.
+    /// What was taken out, by path (an array's element by its index), to seal for the dispatch.
     taken: Vec<(Vec<String>, Value)>,
 }
 
@@ -237,8 +255,8 @@ fn bound(run: &RunId, step: &StepKey) -> String {
 pub fn hide(args: &Value, fields: &SecretFields, key: &SecretKey) -> Option<Hidden> {
     let mut recorded = args.clone();
     let mut taken = Vec::new();
-    for path in &fields.arguments {
-        let Some(place) = place_mut(&mut recorded, path) else {
+    for path in fields.arguments.iter().flat_map(|path| places(args, path)) {
+        let Some(place) = place_mut(&mut recorded, &path) else {
             continue;
         };
         if place.is_null() {
@@ -246,20 +264,53 @@ pub fn hide(args: &Value, fields: &SecretFields, key: &SecretKey) -> Option<Hidd
         }
         let value = std::mem::replace(place, Value::Null);
         *place = key.mark(&value);
-        taken.push((path.clone(), value));
+        taken.push((path, value));
     }
     (!taken.is_empty()).then_some(Hidden { recorded, taken })
 }
 
-/// The field at `path` within `value`, when every step of it is an object that holds it.
+/// The concrete paths `path` names within `value`: each `Each` in turn every index of the array
+/// there (written as its number), each key as it is; a step that finds no object or array ends
+/// there, naming nothing.
+fn places(value: &Value, path: &[Segment]) -> Vec<Vec<String>> {
+    let Some((first, rest)) = path.split_first() else {
+        return vec![Vec::new()];
+    };
+    let below = |step: String, inner: &Value| {
+        places(inner, rest).into_iter().map(move |mut tail| {
+            tail.insert(0, step.clone());
+            tail
+        })
+    };
+    match (first, value) {
+        (Segment::Key(name), Value::Object(object)) => object
+            .get(name)
+            .map(|inner| below(name.clone(), inner).collect())
+            .unwrap_or_default(),
+        (Segment::Each, Value::Array(items)) => (items.iter().enumerate())
+            .flat_map(|(index, inner)| below(index.to_string(), inner))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The value at concrete `path` within `value`: a key of an object, or the index of an array's
+/// element.
 fn place<'a>(value: &'a Value, path: &[String]) -> Option<&'a Value> {
-    path.iter().try_fold(value, |at, name| at.as_object()?.get(name))
+    path.iter().try_fold(value, |at, step| match at {
+        Value::Object(object) => object.get(step),
+        Value::Array(items) => items.get(step.parse::<usize>().ok()?),
+        _ => None,
+    })
 }
 
 /// As [`place`], to change.
 fn place_mut<'a>(value: &'a mut Value, path: &[String]) -> Option<&'a mut Value> {
-    path.iter()
-        .try_fold(value, |at, name| at.as_object_mut()?.get_mut(name))
+    path.iter().try_fold(value, |at, step| match at {
+        Value::Object(object) => object.get_mut(step),
+        Value::Array(items) => items.get_mut(step.parse::<usize>().ok()?),
+        _ => None,
+    })
 }
 
 /// The arguments a worker is dispatched: the recorded ones with the sealed values put back in
@@ -428,6 +479,48 @@ mod tests {
         let elsewhere = reveal(&recorded, &sealed, &key(), (&run, &StepKey::for_call(0, 2, None)));
         assert!(elsewhere.unwrap_err().contains("do not open"));
         assert!(reveal(&recorded, &sealed, &SecretKey::from_seed(&[8; 32]), (&run, &step)).is_err());
+    }
+
+    #[test]
+    fn secrets_in_the_elements_of_arrays_are_marked_each_and_revealed_in_place() {
+        // As pydantic writes `cards: list[Card]` and `pins: list[SecretStr]`.
+        let schema = json!({"type": "object", "properties": {
+            "cards": {"type": "array", "items": {"$ref": "#/$defs/Card"}},
+            "pins": {"type": "array", "items": {"type": "string", "format": "password", "writeOnly": true}},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        }, "$defs": {"Card": {"type": "object", "properties": {
+            "number": {"type": "string", "writeOnly": true},
+            "holder": {"type": "string"},
+        }}}});
+        let fields = SecretFields::of(&tool(schema, &[]));
+        let mut names = fields.names();
+        names.sort();
+        assert_eq!(names, ["cards.*.number", "pins.*"]);
+        let args = json!({
+            "cards": [{"number": "4111-QZ", "holder": "ann"}, {"holder": "bo"}, {"number": "5500-QZ", "holder": "cy"}],
+            "pins": ["12-QZ", "34-QZ"],
+            "tags": ["QZ-not-secret"],
+        });
+        assert!(fields.present_in(&args));
+        let hidden = hide(&args, &fields, &key()).unwrap();
+        let recorded = to_canonical(&hidden.recorded);
+        assert_eq!(recorded.matches("QZ").count(), 1, "only the tag is kept: {recorded}");
+        assert!(hidden.recorded["cards"][0]["number"][MARK].is_string());
+        assert_eq!(hidden.recorded["cards"][0]["holder"], "ann");
+        assert!(hidden.recorded["cards"][1].get("number").is_none());
+        assert!(hidden.recorded["pins"][1][MARK].is_string());
+        let (run, step) = (RunId::new(), StepKey::for_call(0, 0, None));
+        let sealed = hidden.seal(&key(), (&run, &step));
+        assert_eq!(
+            reveal(&recorded, &sealed, &key(), (&run, &step)).unwrap(),
+            to_canonical(&args)
+        );
+        let said = r#"/cards/2/number: "5500-QZ" is too long; /pins/0: "12-QZ""#;
+        assert_eq!(
+            fields.scrub(said, &args),
+            r#"/cards/2/number: <secret> is too long; /pins/0: <secret>"#
+        );
+        assert!(hide(&json!({"cards": [], "pins": null}), &fields, &key()).is_none());
     }
 
     #[test]

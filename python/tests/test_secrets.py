@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pydantic
 from conftest import serving
 from harness import Kernel
 from pydantic import SecretStr
@@ -73,5 +74,45 @@ async def test_a_secret_str_reaches_the_tool_and_nothing_the_kernel_keeps_or_sho
             ("the database", _database(tmp_path)),
         ):
             assert "hunter2" not in text, f"{what} holds the secret"
+    finally:
+        kernel.stop()
+
+
+class Card(pydantic.BaseModel):
+    holder: str
+    number: SecretStr
+
+
+CHARGED: list[str] = []
+
+
+@tool
+async def py_charge_cards(ctx: ToolContext, cards: list[Card]) -> int:
+    """Charges each card."""
+    CHARGED.extend(card.number.get_secret_value() for card in cards)
+    return len(cards)
+
+
+async def test_a_secret_inside_each_element_of_a_list_is_marked_and_reaches_the_tool(
+    tmp_path: Path,
+) -> None:
+    CHARGED.clear()
+    kernel = Kernel(tmp_path)
+    try:
+        async with AgentClient(kernel.addr) as client, serving(kernel, py_charge_cards):
+            run = await client.create_run("charging")
+            cards = [
+                {"holder": "ada", "number": "4111-hunter2"},
+                {"holder": "bo", "number": "5500-hunter2"},
+            ]
+            turn = [ToolCall("py_charge_cards", {"cards": cards})]
+            [result] = (await client.call_turn(run.id, 0, turn)).results
+            assert result.outcome == CallOutcome.OK and result.output == 2, result
+            assert CHARGED == ["4111-hunter2", "5500-hunter2"], "the tool got each value"
+            [step] = (await client.get_run(run.id)).steps
+            recorded = step.arguments["cards"]
+            assert [card["holder"] for card in recorded] == ["ada", "bo"]
+            assert all(card["number"]["$secret"].startswith("hmac-sha256:") for card in recorded)
+        assert "hunter2" not in _database(tmp_path), "the database holds a card's number"
     finally:
         kernel.stop()
