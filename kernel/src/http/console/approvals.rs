@@ -13,7 +13,7 @@ use kernel_proto::v1::approval_service_server::ApprovalService;
 use kernel_proto::v1::run_service_server::RunService;
 use maud::{Markup, html};
 
-use super::actions::Sent;
+use super::form::Sent;
 use super::{Section, admit, answer_form, error_page, format, layout, refused, request};
 use crate::grpc::{ApprovalApi, RunApi};
 use crate::http::{Http, session};

@@ -7,6 +7,7 @@ mod answer_form;
 mod approvals;
 mod assets;
 mod compare;
+mod form;
 mod format;
 mod limits;
 mod login;

@@ -10,7 +10,8 @@ use kernel_proto::v1::registry_service_server::RegistryService;
 use kernel_proto::v1::run_service_server::RunService;
 use maud::html;
 
-use super::actions::{self, Sent};
+use super::actions;
+use super::form::{self, Sent};
 use super::{Section, admit, answer_form, error_page, format, layout, refused, request};
 use crate::grpc::{RegistryApi, RunApi};
 use crate::http::Http;
@@ -103,7 +104,7 @@ pub async fn start(
             div.arguments { (format::json(if input.is_empty() { "null" } else { &input })) }
         };
         let action = format!("/agents/{name}/start");
-        return actions::confirm("Start run", what, (&action, &back), (&sent, None), caller.is_some());
+        return form::confirm("Start run", what, (&action, &back), (&sent, None), caller.is_some());
     }
     let message = pb::CreateRunRequest {
         agent: agent.name,
