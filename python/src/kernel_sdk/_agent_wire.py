@@ -67,22 +67,21 @@ def _name(enum: Any, value: int, prefix: str) -> str:
         return str(value)
 
 
-def approval_status(status: str | None) -> Any:
-    if status is None:
-        return common_pb2.APPROVAL_STATUS_UNSPECIFIED
+def _value(enum: Any, name: str | None, prefix: str, what: str) -> Any:
+    """`timed_out` as `CALL_OUTCOME_TIMED_OUT`'s number (`_name` the other way); `None` as the
+    enum's unspecified value; a name the enum does not hold is a `ValueError` naming `what`."""
     try:
-        return common_pb2.ApprovalStatus.Value(f"APPROVAL_STATUS_{status.upper()}")
+        return enum.Value(f"{prefix}{(name or 'unspecified').upper()}")
     except ValueError:
-        raise ValueError(f"unknown approval status '{status}'") from None
+        raise ValueError(f"unknown {what} '{name}'") from None
+
+
+def approval_status(status: str | None) -> Any:
+    return _value(common_pb2.ApprovalStatus, status, "APPROVAL_STATUS_", "approval status")
 
 
 def run_status(status: str | None) -> Any:
-    if status is None:
-        return common_pb2.RUN_STATUS_UNSPECIFIED
-    try:
-        return common_pb2.RunStatus.Value(f"RUN_STATUS_{status.upper()}")
-    except ValueError:
-        raise ValueError(f"unknown run status '{status}'") from None
+    return _value(common_pb2.RunStatus, status, "RUN_STATUS_", "run status")
 
 
 def aware(at: datetime, field: str) -> datetime:

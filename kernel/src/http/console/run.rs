@@ -42,7 +42,7 @@ struct Loaded {
     children: Vec<(pb::Run, usize)>,
     /// The branches forked from it.
     branches: Vec<pb::Run>,
-    /// The page of steps asked for.
+    /// The page of steps shown.
     page: usize,
     /// The part of its time axis asked for.
     zoom: Option<super::timeline::Zoom>,
@@ -66,7 +66,10 @@ async fn load(http: &Http, caller: &Option<Caller>, id: &str, query: &PageQuery)
         .await?
         .into_inner();
     let run = got.run.as_ref().expect("GetRun always returns its run");
-    let events = run_steps::events_for(&runs, caller, run, &StepPage::of(&got.steps, page)).await?;
+    let shown = StepPage::of(&got.steps, page);
+    let events = run_steps::events_for(&runs, caller, run, &shown).await?;
+    // The page shown, a page past the last being the last.
+    let page = shown.number;
     let children = descendants(&runs, caller, id).await?;
     let branches = listed(
         &runs,
@@ -174,7 +177,7 @@ pub async fn page(
     let first_shown = tail.first().map_or(run.last_seq + 1, |e| e.seq);
     let body = html! {
         h1 { "Run " code { (run.id) } }
-        div #live data-src={ "/runs/" (run.id) "/live" (run_steps::query(loaded.steps_page().number, loaded.zoom)) } data-live=(is_live(run)) {
+        div #live data-src={ "/runs/" (run.id) "/live" (run_steps::query(loaded.page, loaded.zoom)) } data-live=(is_live(run)) {
             (live(&loaded, Viewer::of(&http, &headers)))
         }
         section.events {

@@ -13,11 +13,12 @@ use maud::html;
 use super::actions;
 use super::form::{self, Sent};
 use super::{Section, admit, answer_form, error_page, format, layout, refused, request};
+use crate::auth::Caller;
 use crate::grpc::{RegistryApi, RunApi};
 use crate::http::Http;
 
 /// The hosted agent `name` as the registry has it, or the page that says it has none.
-async fn agent(http: &Http, caller: &Option<crate::auth::Caller>, name: &str) -> Result<pb::HostedAgentInfo, Response> {
+async fn agent(http: &Http, caller: &Option<Caller>, name: &str) -> Result<pb::HostedAgentInfo, Response> {
     let agents = RegistryApi(http.kernel.clone())
         .list_agents(request(pb::ListAgentsRequest {}, caller))
         .await
@@ -37,14 +38,26 @@ fn shape(agent: &pb::HostedAgentInfo) -> Option<answer_form::Shape> {
     answer_form::of(&schema)
 }
 
+/// The visitor, if their key may start runs, and the hosted agent `name`; else the page that
+/// says why not.
+async fn admitted(
+    http: &Http,
+    headers: &HeaderMap,
+    name: &str,
+) -> Result<(Option<Caller>, pb::HostedAgentInfo), Response> {
+    let caller = admit(http, headers, actions::CREATE_RUN, &start_path(name)).map_err(|response| *response)?;
+    let agent = agent(http, &caller, name).await?;
+    Ok((caller, agent))
+}
+
+/// The start page of agent `name`, where its form posts too.
+fn start_path(name: &str) -> String {
+    format!("/agents/{name}/start")
+}
+
 pub async fn form(State(http): State<Http>, headers: HeaderMap, Path(name): Path<String>) -> Response {
-    let back = format!("/agents/{name}/start");
-    let caller = match admit(&http, &headers, actions::CREATE_RUN, &back) {
-        Ok(caller) => caller,
-        Err(response) => return *response,
-    };
-    let agent = match agent(&http, &caller, &name).await {
-        Ok(agent) => agent,
+    let (caller, agent) = match admitted(&http, &headers, &name).await {
+        Ok(admitted) => admitted,
         Err(response) => return response,
     };
     let fields = shape(&agent);
@@ -54,7 +67,7 @@ pub async fn form(State(http): State<Http>, headers: HeaderMap, Path(name): Path
         @if agent.workers.is_empty() { p.error { "No worker hosts it now: the run waits for one." } }
         h3 { "Its input's schema" }
         div.arguments { (format::json(&agent.input_schema_json)) }
-        form.start method="post" action={ "/agents/" (agent.name) "/start" } {
+        form.start method="post" action=(start_path(&agent.name)) {
             @if let Some(fields) = &fields {
                 (answer_form::render(fields))
                 details.json {
@@ -77,13 +90,8 @@ pub async fn start(
     Path(name): Path<String>,
     Form(sent): Form<Vec<(String, String)>>,
 ) -> Response {
-    let back = format!("/agents/{name}/start");
-    let caller = match admit(&http, &headers, actions::CREATE_RUN, &back) {
-        Ok(caller) => caller,
-        Err(response) => return *response,
-    };
-    let agent = match agent(&http, &caller, &name).await {
-        Ok(agent) => agent,
+    let (caller, agent) = match admitted(&http, &headers, &name).await {
+        Ok(admitted) => admitted,
         Err(response) => return response,
     };
     let sent = Sent::from(sent);
@@ -103,8 +111,8 @@ pub async fn start(
             p { "A new run of " code { (agent.name) } " starts, dispatched to a worker hosting it, with the input:" }
             div.arguments { (format::json(if input.is_empty() { "null" } else { &input })) }
         };
-        let action = format!("/agents/{name}/start");
-        return form::confirm("Start run", what, (&action, &back), (&sent, None), caller.is_some());
+        let action = start_path(&name);
+        return form::confirm("Start run", what, (&action, &action), (&sent, None), caller.is_some());
     }
     let message = pb::CreateRunRequest {
         agent: agent.name,
