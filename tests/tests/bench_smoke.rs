@@ -16,7 +16,8 @@ fn positive(value: &Value, what: &str) -> f64 {
 #[tokio::test]
 async fn quick_bench_reports_every_section() {
     let kernel = Kernel::start();
-    let output = kernel.kernelctl(&["bench", "--quick", "--json"]);
+    let floor_dir = kernel.dir.path().display().to_string();
+    let output = kernel.kernelctl(&["bench", "--quick", "--json", "--floor-dir", &floor_dir]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
@@ -29,6 +30,19 @@ async fn quick_bench_reports_every_section() {
     let report: Value = serde_json::from_slice(&output.stdout).expect("the report is JSON");
 
     assert_eq!(report["workers"], 4);
+    // This machine's floors, in the kernel's directory, the file gone after.
+    let floor = &report["floor"];
+    assert_eq!(floor["samples"], 100);
+    assert_eq!(floor["dir"], floor_dir.as_str());
+    for measure in ["sync", "wake_round_trip", "tcp_round_trip"] {
+        positive(&floor[measure]["p50_ms"], measure);
+    }
+    let left: Vec<_> = std::fs::read_dir(kernel.dir.path())
+        .unwrap()
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| entry.file_name().to_string_lossy().contains("bench-floor"))
+        .collect();
+    assert!(left.is_empty(), "the floor's file is removed: {left:?}");
     let sequential = &report["sequential"];
     positive(&sequential["calls"], "sequential calls");
     for field in ["p50_ms", "p90_ms", "p99_ms", "max_ms", "calls_per_s"] {

@@ -9,6 +9,7 @@
 
 pub mod console;
 pub mod driver;
+pub mod floor;
 pub mod hosted;
 pub mod progress;
 pub mod report;
@@ -27,6 +28,9 @@ use crate::error::CliError;
 /// One part of the benchmark, selectable with `--sections`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Section {
+    /// This machine's floors, before the kernel is driven: a 4 KiB append synced to disk, a
+    /// sleeping thread woken and answering, a loopback TCP round trip.
+    Floor,
     /// One call per turn, one after the other: round-trip latency, for a safe_to_retry tool and
     /// an at_most_once one.
     Sequential,
@@ -62,6 +66,15 @@ pub struct BenchArgs {
     /// resident memory per session.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub workers: u32,
+
+    /// Samples of each of the floor section's measures [default: 1000; --quick 100].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub floor: Option<u32>,
+
+    /// Where the floor section measures the disk's sync (a file made there and removed): a
+    /// directory on the kernel's disk.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub floor_dir: std::path::PathBuf,
 
     /// Calls of the sequential section, one per turn, for each of its two tools (declared
     /// safe_to_retry, then at_most_once) [default: 2000; --quick 50].
@@ -155,6 +168,8 @@ const PAYLOAD_BUDGET: u64 = 64 << 20;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub workers: u32,
+    /// Samples of each floor, and where the sync is measured.
+    pub floor: Option<(u32, std::path::PathBuf)>,
     /// Turns a run of a concurrent section makes before a new run takes its place.
     pub turns_per_run: u32,
     pub sequential: Option<u32>,
@@ -184,6 +199,7 @@ impl Plan {
         Plan {
             workers: args.workers,
             turns_per_run: args.turns_per_run,
+            floor: wants(Section::Floor).then(|| (pick(args.floor, 1000, 100), args.floor_dir.clone())),
             sequential: wants(Section::Sequential).then(|| pick(args.sequential, 2000, 50)),
             throughput: wants(Section::Throughput).then(|| {
                 let levels = args
@@ -383,6 +399,7 @@ mod tests {
         let plan = Plan::new(&args(&[]));
         assert_eq!(plan.workers, 4);
         assert_eq!(plan.turns_per_run, 5_000);
+        assert_eq!(plan.floor, Some((1000, std::path::PathBuf::from("."))));
         assert_eq!(plan.sequential, Some(2000));
         assert_eq!(plan.throughput, Some((vec![1, 16, 64, 256], 5000)));
         assert_eq!(plan.sustained, Some((64, std::time::Duration::from_secs(60), None)));
@@ -403,6 +420,7 @@ mod tests {
     fn quick_shrinks_what_flags_leave_unset() {
         let plan = Plan::new(&args(&["--quick", "--sequential", "7"]));
         assert_eq!(plan.sequential, Some(7));
+        assert_eq!(plan.floor.map(|(samples, _)| samples), Some(100));
         assert_eq!(plan.throughput, Some((vec![1, 16], 100)));
         assert_eq!(plan.sustained, Some((64, std::time::Duration::from_secs(2), None)));
         assert_eq!(plan.replay, Some((5, 20)));
@@ -423,6 +441,7 @@ mod tests {
         ]));
         assert_eq!(plan.sequential, Some(2000));
         assert_eq!(plan.fanout, Some((300, 5)));
+        assert_eq!(plan.floor, None);
         assert_eq!(plan.throughput, None);
         assert_eq!(plan.sustained, None);
         assert_eq!(plan.replay, None);

@@ -13,6 +13,8 @@ pub struct Report {
     pub workers: u32,
     /// The kernel's resident memory per open worker session; `None` without `GetStatus`.
     pub sessions: Option<super::sustained::Sessions>,
+    /// This machine's floors, measured before the kernel is driven.
+    pub floor: Option<super::floor::Floor>,
     pub sequential: Option<Sequential>,
     /// The same, calling a tool declared `at_most_once`.
     pub sequential_at_most_once: Option<Sequential>,
@@ -127,6 +129,32 @@ fn kib(per_call: Option<f64>) -> String {
     per_call.map_or_else(|| "-".into(), |n| format!("{n:.1} KiB"))
 }
 
+/// The floor section: each of this machine's floors as a row.
+fn floor_table(floor: &super::floor::Floor) -> String {
+    let rows = [
+        ("4 KiB append + fdatasync", &floor.sync),
+        ("thread woken, answers (2 wakes)", &floor.wake_round_trip),
+        ("loopback TCP round trip, 64 B", &floor.tcp_round_trip),
+    ];
+    format!(
+        "\nthis machine's floors (the sync in {})\n{}",
+        floor.dir,
+        table(
+            &["MEASURE", "SAMPLES", "P50", "P90", "P99", "MAX"],
+            rows.into_iter().map(|(name, l)| {
+                vec![
+                    name.to_owned(),
+                    floor.samples.to_string(),
+                    ms(l.p50_ms),
+                    ms(l.p90_ms),
+                    ms(l.p99_ms),
+                    ms(l.max_ms),
+                ]
+            }),
+        )
+    )
+}
+
 /// The sustained section: its rate and latency, the rate second by second, and the kernel's cost.
 fn sustained(s: &super::sustained::Sustained) -> String {
     let mut text = format!(
@@ -195,6 +223,9 @@ impl Report {
                 mib(s.rss_after_bytes),
                 s.kib_per_session
             ));
+        }
+        if let Some(floor) = &self.floor {
+            text.push_str(&floor_table(floor));
         }
         let sequential: Vec<&Sequential> = [&self.sequential, &self.sequential_at_most_once]
             .into_iter()
@@ -370,6 +401,13 @@ mod tests {
                 rss_after_bytes: (20 << 20) + 200 * 1024,
                 kib_per_session: 50.0,
             }),
+            floor: Some(super::super::floor::Floor {
+                dir: ".".into(),
+                samples: 1000,
+                sync: latency(0.16),
+                wake_round_trip: latency(0.042),
+                tcp_round_trip: latency(0.03),
+            }),
             sequential: Some(Sequential {
                 idempotency: "safe_to_retry",
                 fsyncs_per_call: Some(1.0),
@@ -476,6 +514,15 @@ mod tests {
         let text = report().render();
         assert!(text.starts_with("kernelctl bench: http://127.0.0.1:1 with 4 worker sessions\n"));
         assert!(text.contains("sequential round trip"), "{text}");
+        assert!(text.contains("this machine's floors (the sync in .)"), "{text}");
+        assert!(
+            text.contains("4 KiB append + fdatasync         1000     0.160ms  0.320ms  0.640ms  1.600ms"),
+            "{text}"
+        );
+        assert!(
+            text.contains("thread woken, answers (2 wakes)  1000     0.042ms"),
+            "{text}"
+        );
         assert!(
             text.contains("kernel rss 20.0 MiB before the sessions opened, 20.2 MiB after: 50.0 KiB per session"),
             "{text}"
@@ -519,6 +566,8 @@ mod tests {
     fn json_flattens_latencies_and_keeps_absent_sections_null() {
         let json = serde_json::to_value(report()).unwrap();
         assert_eq!(json["sequential"]["p50_ms"], 0.5);
+        assert_eq!(json["floor"]["sync"]["p50_ms"], 0.16);
+        assert_eq!(json["floor"]["wake_round_trip"]["p99_ms"], 0.168);
         assert_eq!(json["sequential"]["calls"], 2000);
         assert_eq!(json["sequential"]["disk_kib_per_call"], 9.25);
         assert_eq!(json["throughput"][0]["concurrency"], 64);

@@ -81,6 +81,7 @@ async fn sections(
         kernel: addr.to_string(),
         workers: plan.workers,
         sessions: None,
+        floor: None,
         sequential: None,
         sequential_at_most_once: None,
         throughput: None,
@@ -91,6 +92,10 @@ async fn sections(
         payload: None,
         hosted: None,
     };
+    if let Some((samples, dir)) = &plan.floor {
+        progress.note("measuring this machine's floors");
+        report.floor = Some(crate::bench::floor::measure(dir.clone(), *samples).await?);
+    }
     if let Some(calls) = plan.sequential {
         let mut admin = kernel.admin.clone();
         report.sequential = Some(agent.sequential(progress, (calls, false), &mut admin).await?);
