@@ -584,8 +584,10 @@ async fn on_two_replicas_a_re_issued_call_and_a_task_s_polls_go_to_the_other_one
         a.ledger()
     );
 
-    // A task of a call begun on A is polled on B: the log answers.
-    let nap = keyed("sleepy", json!({"hold_ms": 3000}), "nap-2");
+    // A task of a call begun on A is polled on B: the log answers. The call runs long enough that
+    // the second client, started after the first is cut, finds it still working on a loaded
+    // machine (3 s was seen to pass first, the result then served with no task).
+    let nap = keyed("sleepy", json!({"hold_ms": 8000}), "nap-2");
     let tasks = [("MCP_CLIENT_TASKS", "1")];
     let begun = McpClient::stateless(
         "http",
@@ -599,7 +601,7 @@ async fn on_two_replicas_a_re_issued_call_and_a_task_s_polls_go_to_the_other_one
     let seen = polled.until(|e| !result_of(e).is_null());
     assert_eq!(task_statuses(&seen), ["working", "completed"], "{seen:?}");
     let result = result_of(seen.last().unwrap());
-    assert_eq!(result["text"], json!(["slept 3000ms"]));
+    assert_eq!(result["text"], json!(["slept 8000ms"]));
     let run = b.finished(&run_of(result)).await;
     assert_eq!(run.status, pb::RunStatus::Completed as i32);
     let started = a
