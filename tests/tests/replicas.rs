@@ -1580,8 +1580,11 @@ async fn a_rate_limit_holds_to_within_ten_percent_over_thirty_seconds_with_four_
         a.fault_worker_on(&b, "b1", &[]),
         a.fault_worker_on(&b, "b2", &[]),
     ];
-    a.wait_for_workers("sleepy", 2).await;
-    b.wait_for_workers("sleepy", 2).await;
+    // Every replica lists every replica's workers: each waits for all four (two, as it once
+    // waited for, stops holding as soon as the other replica's pair shows, which a loaded
+    // machine lets happen before the first look).
+    a.wait_for_workers("sleepy", 4).await;
+    b.wait_for_workers("sleepy", 4).await;
 
     // 720 calls: 36 s of the limit's rate, so the queue never runs dry in the 30 s measured.
     let mut runs = Vec::new();
