@@ -126,17 +126,21 @@ impl SecretFields {
 
     /// Whether `args` holds a value (not null) in one of these fields.
     pub fn present_in(&self, args: &Value) -> bool {
+        self.values_in(args).any(|value| !value.is_null())
+    }
+
+    /// Each value `args` holds in one of these fields, an array's field once per element.
+    fn values_in<'a>(&'a self, args: &'a Value) -> impl Iterator<Item = &'a Value> {
         (self.arguments.iter())
             .flat_map(|path| places(args, path))
-            .any(|concrete| place(args, &concrete).is_some_and(|value| !value.is_null()))
+            .filter_map(|concrete| place(args, &concrete))
     }
 
     /// `text` with every secret value of `args` in it replaced by `<secret>`: as JSON (how a
     /// schema error quotes it) and, for a string, as its bare text.
     pub fn scrub(&self, text: &str, args: &Value) -> String {
         let mut scrubbed = text.to_owned();
-        let concrete = self.arguments.iter().flat_map(|path| places(args, path));
-        for value in concrete.collect::<Vec<_>>().iter().filter_map(|path| place(args, path)) {
+        for value in self.values_in(args) {
             let mut forms = vec![to_canonical(value), value.to_string()];
             if let Some(text) = value.as_str().filter(|t| !t.is_empty()) {
                 forms.push(text.to_owned());
