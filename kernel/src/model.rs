@@ -607,6 +607,11 @@ impl StepKey {
         &self.0
     }
 
+    /// The key's text, taken.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+
     /// The key a tool receives to deduplicate its effect: stable across retries, redispatches and
     /// resubmissions of the same call.
     pub fn idempotency_key(&self, run: &RunId) -> String {
@@ -959,13 +964,60 @@ impl StepRecord {
     /// The step's outcome; for a step settled before outcomes were recorded, the best reading of
     /// its status.
     pub fn outcome(&self) -> Option<Outcome> {
-        self.outcome.or(match self.status {
-            StepStatus::Succeeded => Some(Outcome::Ok),
-            StepStatus::Cancelled => Some(Outcome::Cancelled),
-            StepStatus::Failed => Some(Outcome::ToolError),
-            _ => None,
-        })
+        outcome_of(self.outcome, self.status)
     }
+
+    /// What the step's caller is answered: its result as it stands.
+    pub fn result(&self) -> RecordedResult {
+        RecordedResult {
+            key: self.key.clone(),
+            tool: self.tool.clone(),
+            call_hash: self.call_hash.clone(),
+            status: self.status,
+            attempts: self.attempts,
+            output: self.output.clone(),
+            error: self.error.clone(),
+            error_kind: self.error_kind,
+            outcome: self.outcome,
+            decided_by: self.decided_by.clone(),
+            approval: self.approval.clone(),
+        }
+    }
+}
+
+/// The part of a step its caller is answered with: what a turn served from the log reads of each
+/// call, a sixth of a step's columns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordedResult {
+    pub key: StepKey,
+    pub tool: String,
+    pub call_hash: String,
+    pub status: StepStatus,
+    pub attempts: u32,
+    pub output: Option<String>,
+    pub error: Option<String>,
+    pub error_kind: Option<ErrorKind>,
+    pub outcome: Option<Outcome>,
+    pub decided_by: Option<String>,
+    pub approval: Option<ApprovalDecision>,
+}
+
+impl RecordedResult {
+    /// As [`StepRecord::outcome`].
+    pub fn outcome(&self) -> Option<Outcome> {
+        outcome_of(self.outcome, self.status)
+    }
+}
+
+/// A step's recorded outcome, or for a step settled before outcomes were recorded, the best
+/// reading of its status.
+fn outcome_of(recorded: Option<Outcome>, status: StepStatus) -> Option<Outcome> {
+    recorded.or(match status {
+        StepStatus::Succeeded => Some(Outcome::Ok),
+        StepStatus::Cancelled => Some(Outcome::Cancelled),
+        StepStatus::Failed => Some(Outcome::ToolError),
+        _ => None,
+    })
 }
 
 /// A person's (or the clock's) answer to a gated call, kept on the step it decided.

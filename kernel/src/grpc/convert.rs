@@ -13,8 +13,8 @@ use crate::hub::ProgressUpdate;
 use crate::machine::budget;
 use crate::model::{
     AgentDef, ApprovalDecision, ApprovalRecord, ApprovalStatus, Capture, ErrorKind, EventRecord, Idempotency, Millis,
-    Outcome, RetryPolicy, RiskLevel, RunRecord, RunStatus, StepKind, StepRecord, StepStatus, ToolDef, ToolOptions,
-    validate_tool_name,
+    Outcome, RecordedResult, RetryPolicy, RiskLevel, RunRecord, RunStatus, StepKind, StepRecord, StepStatus, ToolDef,
+    ToolOptions, validate_tool_name,
 };
 use crate::registry::KnownTool;
 use crate::scheduler::{SessionHello, WorkerSnapshot};
@@ -426,37 +426,34 @@ pub fn progress(update: &ProgressUpdate) -> pb::Progress {
 }
 
 /// What the agent (and the model) gets for a settled step.
-pub fn call_result(step: &StepRecord, position: u32, replayed: bool) -> pb::CallResult {
-    let (status, content, output_json) = match step.status {
+pub fn call_result(result: RecordedResult, position: u32, replayed: bool) -> pb::CallResult {
+    let outcome = outcome(result.outcome());
+    let (status, content, output_json) = match result.status {
         StepStatus::Succeeded => {
-            let output = step.output.clone().unwrap_or_else(|| "null".into());
+            let output = result.output.unwrap_or_else(|| "null".into());
             let value: Value = serde_json::from_str(&output).unwrap_or(Value::Null);
             (pb::CallStatus::Ok, canonical::model_text(&value), output)
         }
         StepStatus::Cancelled => (
             pb::CallStatus::Cancelled,
-            step.error.clone().unwrap_or_default(),
+            result.error.unwrap_or_default(),
             String::new(),
         ),
-        _ => (
-            pb::CallStatus::Error,
-            step.error.clone().unwrap_or_default(),
-            String::new(),
-        ),
+        _ => (pb::CallStatus::Error, result.error.unwrap_or_default(), String::new()),
     };
     pb::CallResult {
         position,
-        step_key: step.key.to_string(),
-        tool: step.tool.clone(),
+        step_key: result.key.into_string(),
+        tool: result.tool,
         status: status as i32,
         content,
         output_json,
-        error_kind: error_kind(step.error_kind) as i32,
+        error_kind: error_kind(result.error_kind) as i32,
         replayed,
-        attempts: step.attempts,
-        outcome: outcome(step.outcome()) as i32,
-        decided_by: step.decided_by.clone().unwrap_or_default(),
-        approval: step.approval.as_ref().map(approval_decision),
+        attempts: result.attempts,
+        outcome: outcome as i32,
+        decided_by: result.decided_by.unwrap_or_default(),
+        approval: result.approval.as_ref().map(approval_decision),
     }
 }
 

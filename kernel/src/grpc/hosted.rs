@@ -169,7 +169,7 @@ impl HostedService for HostedApi {
                     .get(&step.tool)
                     .is_none_or(|known| known.def.fingerprint != step.fingerprint);
             let result = (step.kind == StepKind::Tool && step.status.is_terminal())
-                .then(|| convert::call_result(&step, step.position, true));
+                .then(|| convert::call_result(step.result(), step.position, true));
             Ok(pb::LoadHistoryResponse {
                 step: Some(convert::history_step(&step)),
                 tool_changed,
@@ -437,7 +437,8 @@ impl HostedService for HostedApi {
             if step.status.is_terminal() {
                 return Ok(Response::new(pb::AwaitStepResponse {
                     step: Some(convert::history_step(step)),
-                    result: (step.kind == StepKind::Tool).then(|| convert::call_result(step, step.position, false)),
+                    result: (step.kind == StepKind::Tool)
+                        .then(|| convert::call_result(step.result(), step.position, false)),
                 }));
             }
             // Any change of the run may be ours (or end the dispatch); a lag re-reads too.

@@ -20,10 +20,12 @@ use super::{Kernel, STREAM_BUFFER, convert};
 use crate::error::KernelError;
 use crate::hub::{Signal, Subscription};
 use crate::limits::{self, Limits};
-use crate::model::{ApprovalId, ApprovalRecord, ApprovalStatus, Capture, EventType, RunId, StepKey, StepRecord, cut};
+use crate::model::{
+    ApprovalId, ApprovalRecord, ApprovalStatus, Capture, EventType, RecordedResult, RunId, StepKey, StepRecord, cut,
+};
 use crate::registry::KnownTool;
 use crate::scheduler::{ReserveCall, Written};
-use crate::store::{CallDisposition, CallGate, Fence, PlannedCall, StartDispatch, TurnPlan};
+use crate::store::{CallDisposition, CallGate, Fence, PlannedCall, Served, StartDispatch, TurnPlan};
 
 /// The longest call id accepted.
 const MAX_CALL_ID: usize = 128;
@@ -73,13 +75,14 @@ impl Nested {
 }
 
 /// Validates a turn as a whole before anything is written, and decides each call's gate; a turn
-/// `nested` under a running call is that one call, made by the call's body.
-async fn plan(
+/// `nested` under a running call is that one call, made by the call's body. A turn every call of
+/// which is recorded and settled is to be served from the log, as `T` (whole steps or results).
+async fn plan<T: Served>(
     kernel: &Kernel,
     req: pb::SubmitTurnRequest,
     fence: Option<Fence>,
     nested: Option<Nested>,
-) -> Result<Planned, KernelError> {
+) -> Result<Planned<T>, KernelError> {
     let run_id = RunId::parse(&req.run_id, "run_id")?;
     if req.calls.is_empty() {
         return Err(KernelError::invalid("calls", "a turn needs at least one call"));
@@ -387,18 +390,18 @@ async fn schedule(kernel: &Kernel, mut plan: TurnPlan) -> Result<Vec<CallDisposi
 }
 
 /// A validated turn, with what its calls still have to pass before they may be recorded.
-struct Planned {
+struct Planned<T> {
     plan: TurnPlan,
     /// Per call: the registered tool (if any) and the parsed arguments.
     checks: Vec<(Option<Arc<KnownTool>>, serde_json::Value)>,
     run: crate::model::RunRecord,
     /// Set when every call of the turn is recorded and settled: the turn is served from the log.
-    replayable: Option<Vec<StepRecord>>,
+    replayable: Option<Vec<T>>,
 }
 
 /// Decides each call's gate (argument validation, policy, approval) and price. Skipped for a turn
 /// that only replays recorded results.
-async fn decide(kernel: &Kernel, planned: Planned) -> Result<TurnPlan, KernelError> {
+async fn decide<T>(kernel: &Kernel, planned: Planned<T>) -> Result<TurnPlan, KernelError> {
     let Planned {
         mut plan, checks, run, ..
     } = planned;
@@ -597,13 +600,18 @@ pub(super) async fn submit(
     request: pb::SubmitTurnRequest,
     fence: Option<Fence>,
 ) -> Result<mpsc::Receiver<Result<pb::SubmitTurnResponse, Status>>, KernelError> {
-    let planned = plan(kernel, request, fence, None).await?;
+    let mut planned = plan::<RecordedResult>(kernel, request, fence, None).await?;
     let run_id = planned.plan.run_id.clone();
     let positions: Vec<u32> = planned.plan.calls.iter().map(|c| c.position).collect();
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    if let Some(results) = served(kernel, &mut planned) {
+        let mut ordered = Ordered::served(results, positions);
+        tokio::spawn(async move { ordered.flush(&tx).await });
+        return Ok(rx);
+    }
     // Subscribe before recording, so no result can slip between the write and the wait.
     let live = kernel.hub.subscribe(&run_id);
     let dispositions = record(kernel, planned).await?;
-    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     tokio::spawn(stream_results(
         kernel.clone(),
         run_id,
@@ -615,16 +623,20 @@ pub(super) async fn submit(
     Ok(rx)
 }
 
-/// Records a planned turn, or serves it from the log when every call of it settled already:
-/// the results are durable, so only the replay counter is written, without waiting for it.
-async fn record(kernel: &Kernel, mut planned: Planned) -> Result<Vec<CallDisposition>, KernelError> {
-    if let Some(steps) = planned.replayable.take() {
-        kernel.store.note_replays(
-            planned.plan.run_id.clone(),
-            steps.iter().map(|s| s.key.clone()).collect(),
-        );
-        return Ok(steps.into_iter().map(CallDisposition::Replayed).collect());
-    }
+/// What a turn whose every call settled already is served from the log, taken from `planned`;
+/// `None` for a turn to record. The results are durable, so only the replay counter is written,
+/// without waiting for it.
+fn served<T: Served>(kernel: &Kernel, planned: &mut Planned<T>) -> Option<Vec<T>> {
+    let served = planned.replayable.take()?;
+    kernel.store.note_replays(
+        planned.plan.run_id.clone(),
+        served.iter().map(|call| call.key().clone()).collect(),
+    );
+    Some(served)
+}
+
+/// Records a planned turn that is not served from the log ([`served`]).
+async fn record<T>(kernel: &Kernel, planned: Planned<T>) -> Result<Vec<CallDisposition>, KernelError> {
     // A hosted handler's calls (and a running body's) are its run's, already dispatched: they
     // are recorded while the kernel drains (and run once it is back); an agent's new turn is
     // refused.
@@ -658,10 +670,13 @@ pub(super) async fn call_nested(
     };
     let nested = Nested::under(caller, occurrence);
     let position = nested.position;
-    let planned = plan(kernel, request, Some(fence), Some(nested))
+    let mut planned = plan::<StepRecord>(kernel, request, Some(fence), Some(nested))
         .await
         .map_err(|error| error.renamed("calls[0]", "call"))?;
-    let disposition = record(kernel, planned).await?.into_iter().next();
+    let disposition = match served(kernel, &mut planned) {
+        Some(steps) => steps.into_iter().map(CallDisposition::Replayed).next(),
+        None => record(kernel, planned).await?.into_iter().next(),
+    };
     let Some(disposition) = disposition else {
         return Err(KernelError::Store("recording a nested call gave no disposition".into()));
     };
@@ -671,7 +686,7 @@ pub(super) async fn call_nested(
             (step, Some(result))
         }
         CallDisposition::Replayed(step) => {
-            let result = convert::call_result(&step, position, true);
+            let result = convert::call_result(step.result(), position, true);
             (step, Some(result))
         }
         CallDisposition::Settled(step)
@@ -682,7 +697,7 @@ pub(super) async fn call_nested(
             let result = step
                 .status
                 .is_terminal()
-                .then(|| convert::call_result(&step, position, false));
+                .then(|| convert::call_result(step.result(), position, false));
             (step, result)
         }
     };
@@ -723,9 +738,24 @@ struct Ordered {
 }
 
 impl Ordered {
+    /// The results of a turn served from the log, all known.
+    fn served(results: Vec<RecordedResult>, positions: Vec<u32>) -> Ordered {
+        let results = results
+            .into_iter()
+            .zip(&positions)
+            .map(|(result, position)| Some(convert::call_result(result, *position, true)))
+            .collect();
+        Ordered {
+            results,
+            next: 0,
+            waiting: HashMap::new(),
+            positions,
+        }
+    }
+
     fn settle(&mut self, step: &StepRecord) {
         if let Some(index) = self.waiting.remove(&step.key) {
-            self.results[index] = Some(convert::call_result(step, self.positions[index], false));
+            self.results[index] = Some(convert::call_result(step.result(), self.positions[index], false));
         }
     }
 
@@ -810,8 +840,8 @@ async fn stream_results(
     for (index, disposition) in dispositions.into_iter().enumerate() {
         let position = ordered.positions[index];
         ordered.results[index] = match disposition {
-            CallDisposition::Replayed(step) => Some(convert::call_result(&step, position, true)),
-            CallDisposition::Settled(step) => Some(convert::call_result(&step, position, false)),
+            CallDisposition::Replayed(step) => Some(convert::call_result(step.result(), position, true)),
+            CallDisposition::Settled(step) => Some(convert::call_result(step.result(), position, false)),
             CallDisposition::Diverged { step, message } => Some(diverged(&step, position, &message)),
             CallDisposition::Joined(step)
             | CallDisposition::Scheduled(step)

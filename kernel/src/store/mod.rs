@@ -45,7 +45,7 @@ pub use crate::machine::turn::{CallDisposition, CallGate, PlannedCall, TurnPlan}
 pub use location::Database;
 pub use lock::{DbLock, lock_path};
 pub use ops::Published;
-pub use reads::{Readers, RunFilter, StoreGauges};
+pub use reads::{Readers, RunFilter, Served, StoreGauges};
 pub use sql::describe as describe_postgres_error;
 use writer::Command;
 pub use writer::EarlyDispatch;

@@ -13,8 +13,8 @@ use super::rows::{self, APPROVAL_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUM
 use crate::clock::Clock;
 use crate::error::KernelError;
 use crate::model::{
-    ApprovalId, ApprovalRecord, ApprovalStatus, EventRecord, Millis, RunId, RunRecord, RunStatus, StepKey, StepRecord,
-    ToolDef, ToolOptions,
+    ApprovalId, ApprovalRecord, ApprovalStatus, EventRecord, Millis, RecordedResult, RunId, RunRecord, RunStatus,
+    StepKey, StepRecord, ToolDef, ToolOptions,
 };
 
 /// A pool of reading connections.
@@ -354,15 +354,16 @@ impl Readers {
         .await
     }
 
-    /// A turn's run, and its recorded calls when every call `(key, call_hash)` is recorded with the
-    /// same hash and settled (the turn is then a pure replay), in one read. A run this kernel's
-    /// writer holds with a call of the turn not recorded needs no read: its record comes from
-    /// memory, with `status` and counters as created and `last_seq` as last committed.
-    pub async fn turn(
+    /// A turn's run, and its recorded calls (whole steps, or only their results) when every call
+    /// `(key, call_hash)` is recorded with the same hash and settled (the turn is then a pure
+    /// replay), in one read. A run this kernel's writer holds with a call of the turn not recorded
+    /// needs no read: its record comes from memory, with `status` and counters as created and
+    /// `last_seq` as last committed.
+    pub async fn turn<T: Served>(
         &self,
         run: RunId,
         calls: Vec<(crate::model::StepKey, String)>,
-    ) -> Result<(Option<RunRecord>, Option<Vec<StepRecord>>), KernelError> {
+    ) -> Result<(Option<RunRecord>, Option<Vec<T>>), KernelError> {
         if let Some(live) = &self.live
             && let Some(record) = live.unrecorded_turn(&run, calls.iter().map(|(key, _)| key))
         {
@@ -373,15 +374,14 @@ impl Readers {
                 let Some(record) = rows::load_run(&conn, &run)? else {
                     return Ok((None, None));
                 };
-                let mut found: HashMap<StepKey, StepRecord> =
-                    rows::load_steps(&conn, &run, calls.iter().map(|(key, _)| key))?
-                        .into_iter()
-                        .map(|step| (step.key.clone(), step))
-                        .collect();
+                let mut found: HashMap<StepKey, T> = T::load(&conn, &run, calls.iter().map(|(key, _)| key))?
+                    .into_iter()
+                    .map(|step| (step.key().clone(), step))
+                    .collect();
                 let mut steps = Vec::with_capacity(calls.len());
                 for (key, hash) in &calls {
                     match found.remove(key) {
-                        Some(step) if step.status.is_terminal() && step.call_hash == *hash => steps.push(step),
+                        Some(step) if step.settled_as(hash) => steps.push(step),
                         _ => return Ok((Some(record), None)),
                     }
                 }
@@ -673,5 +673,58 @@ impl Readers {
             .optional()
         })
         .await
+    }
+}
+
+/// What a turn served from the log reads of each of its calls ([`Readers::turn`]): a whole step
+/// (a body's call, answered with its step), or only its result (an agent's, a sixth of the
+/// columns to read).
+pub trait Served: Sized + Send + 'static {
+    /// The calls of `run` under `keys` that are recorded, in no particular order.
+    fn load<'k>(
+        conn: &Connection<'_>,
+        run: &RunId,
+        keys: impl IntoIterator<Item = &'k StepKey>,
+    ) -> sql::Result<Vec<Self>>;
+
+    fn key(&self) -> &StepKey;
+
+    /// Settled, with the call identity `hash`: served again as it is.
+    fn settled_as(&self, hash: &str) -> bool;
+}
+
+impl Served for StepRecord {
+    fn load<'k>(
+        conn: &Connection<'_>,
+        run: &RunId,
+        keys: impl IntoIterator<Item = &'k StepKey>,
+    ) -> sql::Result<Vec<Self>> {
+        rows::load_steps(conn, run, keys)
+    }
+
+    fn key(&self) -> &StepKey {
+        &self.key
+    }
+
+    fn settled_as(&self, hash: &str) -> bool {
+        self.status.is_terminal() && self.call_hash == hash
+    }
+}
+
+impl Served for RecordedResult {
+    fn load<'k>(
+        conn: &Connection<'_>,
+        run: &RunId,
+        keys: impl IntoIterator<Item = &'k StepKey>,
+    ) -> sql::Result<Vec<Self>> {
+        rows::load_results(conn, run, keys)
+    }
+
+    fn key(&self) -> &StepKey {
+        &self.key
+    }
+
+    fn settled_as(&self, hash: &str) -> bool {
+        self.status.is_terminal() && self.call_hash == hash
     }
 }

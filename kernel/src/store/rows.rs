@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 
 use super::sql::{Connection, Dialect, Error, OptionalExtension, Result, Row, params};
 
-use crate::model::{ApprovalId, ApprovalRecord, DispatchId, EventRecord, RunId, RunRecord, StepKey, StepRecord};
+use crate::model::{
+    ApprovalId, ApprovalRecord, DispatchId, EventRecord, RecordedResult, RunId, RunRecord, StepKey, StepRecord,
+};
 
 pub const RUN_COLUMNS: &str = "id, agent, status, input, output, reason, labels, idempotency_key, \
      max_tool_calls, tool_calls, last_seq, created_at, updated_at, interactive, permissions, capture, granted_by, hosted, dispatches, parent_run_id, parent_step, \
@@ -14,6 +16,10 @@ pub const STEP_COLUMNS: &str = "run_id, step_key, turn, position, call_id, tool,
      arguments, call_hash, idempotency_key, idempotency, timeout_ms, status, attempts, output, error, \
      error_kind, worker, session_id, dispatch_id, lease_expires_at, created_at, started_at, finished_at, \
      replays, progress_count, retry, blocking, not_before, lease_losses, unit_cost, cost, decided_by, approval_gate, cache_ttl_ms, outcome, approval, kind, effect, max_concurrency, hosted, resources, replica, from_run, trace, limited_by, limit_wait_ms, share, sealed";
+
+/// The columns of a step that [`result_from_row`] reads.
+pub const RESULT_COLUMNS: &str =
+    "step_key, tool, call_hash, status, attempts, output, error, error_kind, outcome, decided_by, approval";
 
 pub const APPROVAL_COLUMNS: &str = "id, run_id, step_key, tool, call_hash, arguments, status, approvers, message, \
      decided_by, requested_at, expires_at, answered_at, decider, reason, \
@@ -150,6 +156,24 @@ pub fn step_from_row(row: &Row<'_>) -> Result<StepRecord> {
     })
 }
 
+pub fn result_from_row(row: &Row<'_>) -> Result<RecordedResult> {
+    Ok(RecordedResult {
+        key: StepKey::from_stored(row.get(0)?),
+        tool: row.get(1)?,
+        call_hash: row.get(2)?,
+        status: parse(row, 3)?,
+        attempts: row.get(4)?,
+        output: row.get(5)?,
+        error: row.get(6)?,
+        error_kind: parse_opt(row, 7)?,
+        outcome: parse_opt(row, 8)?,
+        decided_by: row.get(9)?,
+        approval: row
+            .get::<Option<String>>(10)?
+            .and_then(|text| serde_json::from_str(&text).ok()),
+    })
+}
+
 pub fn approval_from_row(row: &Row<'_>) -> Result<ApprovalRecord> {
     Ok(ApprovalRecord {
         id: row.get(0)?,
@@ -210,11 +234,30 @@ pub fn load_steps<'k>(
     run: &RunId,
     keys: impl IntoIterator<Item = &'k StepKey>,
 ) -> Result<Vec<StepRecord>> {
+    load_keyed(conn, STEP_COLUMNS, step_from_row, run, keys)
+}
+
+/// The results of `run`'s steps under `keys`, as [`load_steps`] finds the steps.
+pub fn load_results<'k>(
+    conn: &Connection<'_>,
+    run: &RunId,
+    keys: impl IntoIterator<Item = &'k StepKey>,
+) -> Result<Vec<RecordedResult>> {
+    load_keyed(conn, RESULT_COLUMNS, result_from_row, run, keys)
+}
+
+fn load_keyed<'k, T>(
+    conn: &Connection<'_>,
+    columns: &str,
+    from_row: fn(&Row<'_>) -> Result<T>,
+    run: &RunId,
+    keys: impl IntoIterator<Item = &'k StepKey>,
+) -> Result<Vec<T>> {
     let (listed, keys) = key_list(conn, keys);
     conn.prepare_cached(&format!(
-        "SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ?1 AND step_key IN ({listed})"
+        "SELECT {columns} FROM steps WHERE run_id = ?1 AND step_key IN ({listed})"
     ))?
-    .query_map(params![run.as_str(), keys], step_from_row)?
+    .query_map(params![run.as_str(), keys], from_row)?
     .collect()
 }
 

@@ -4,7 +4,10 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::model::{ApprovalStatus, ErrorKind, EventType, Idempotency, RunStatus, StepKind, StepStatus, ToolOptions};
+use crate::model::{
+    ApprovalStatus, ErrorKind, EventType, Idempotency, RecordedResult, RunStatus, StepKind, StepRecord, StepStatus,
+    ToolOptions,
+};
 use crate::store::postgres::Target;
 
 struct Fixture {
@@ -214,12 +217,18 @@ fn slot(run: &RunId, key: StepKey, dispatch: &str) -> StartDispatch {
 
 /// A turn's read: a settled turn is served from the log (whether or not the writer holds its run
 /// in memory), a new or changed one is not, and the run comes back with its last event number.
+/// Its results read alone are the results of its steps read whole.
 async fn a_turn_read_serves_a_settled_turn_and_sees_every_commit(f: Fixture) {
     let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
     let add = tool("add", Idempotency::SafeToRetry);
     let first = call(0, 0, Some(add.clone()), "add", r#"{"a":1}"#);
     let identity = |call: &PlannedCall| vec![(call.key.clone(), call.call_hash.clone())];
-    let (found, replay) = f.store.reads.turn(run.id.clone(), identity(&first)).await.unwrap();
+    let (found, replay) = f
+        .store
+        .reads
+        .turn::<RecordedResult>(run.id.clone(), identity(&first))
+        .await
+        .unwrap();
     assert_eq!(found.map(|r| r.last_seq), Some(run.last_seq));
     assert!(replay.is_none(), "nothing is recorded yet");
 
@@ -229,7 +238,12 @@ async fn a_turn_read_serves_a_settled_turn_and_sees_every_commit(f: Fixture) {
         .await
         .unwrap();
     let step = scheduled(&turn[0]);
-    let (_, replay) = f.store.reads.turn(run.id.clone(), identity(&first)).await.unwrap();
+    let (_, replay) = f
+        .store
+        .reads
+        .turn::<RecordedResult>(run.id.clone(), identity(&first))
+        .await
+        .unwrap();
     assert!(
         replay.is_none(),
         "a call in flight is joined by the writer, not replayed"
@@ -242,19 +256,46 @@ async fn a_turn_read_serves_a_settled_turn_and_sees_every_commit(f: Fixture) {
         .expect("the holder's result is recorded");
     let last = events(&f.store, &run.id).await.last().unwrap().seq;
 
-    let (found, replay) = f.store.reads.turn(run.id.clone(), identity(&first)).await.unwrap();
+    let (found, replay) = f
+        .store
+        .reads
+        .turn::<RecordedResult>(run.id.clone(), identity(&first))
+        .await
+        .unwrap();
     assert_eq!(found.map(|r| r.last_seq), Some(last));
     let replay = replay.expect("a settled turn is served from the log");
     assert_eq!(replay[0].output.as_deref(), Some("3"));
+    let (_, steps) = f
+        .store
+        .reads
+        .turn::<StepRecord>(run.id.clone(), identity(&first))
+        .await
+        .unwrap();
+    let steps = steps.expect("served whole too");
+    assert_eq!(
+        steps[0].result(),
+        replay[0],
+        "each column of the result is read as the step's"
+    );
 
     let changed = call(0, 0, Some(add.clone()), "add", r#"{"a":2}"#);
-    let (_, replay) = f.store.reads.turn(run.id.clone(), identity(&changed)).await.unwrap();
+    let (_, replay) = f
+        .store
+        .reads
+        .turn::<RecordedResult>(run.id.clone(), identity(&changed))
+        .await
+        .unwrap();
     assert!(
         replay.is_none(),
         "changed arguments go to the writer, which refuses them"
     );
     let next = call(1, 0, Some(add), "add", r#"{"a":1}"#);
-    let (found, replay) = f.store.reads.turn(run.id.clone(), identity(&next)).await.unwrap();
+    let (found, replay) = f
+        .store
+        .reads
+        .turn::<RecordedResult>(run.id.clone(), identity(&next))
+        .await
+        .unwrap();
     assert!(replay.is_none(), "a new turn is not a replay");
     let found = found.expect("the run is found");
     assert_eq!((found.id, found.last_seq), (run.id, last));
@@ -1074,7 +1115,7 @@ async fn a_turn_read_that_finds_the_database_locked_waits_off_the_runtime() {
     let read = tokio::spawn({
         let id = id.clone();
         let reads = reads.clone();
-        async move { reads.turn(id, Vec::new()).await }
+        async move { reads.turn::<StepRecord>(id, Vec::new()).await }
     });
     // On this one-thread runtime the timer fires on time only if the read left the thread free;
     // a read sleeping on the lock there would hold it for its whole busy timeout (seconds).
@@ -2664,7 +2705,7 @@ async fn an_owner_that_lost_its_shard_commits_nothing_in_it() {
     let (read, _) = a
         .store
         .reads
-        .turn(run.id.clone(), vec![(next.key.clone(), next.call_hash.clone())])
+        .turn::<StepRecord>(run.id.clone(), vec![(next.key.clone(), next.call_hash.clone())])
         .await
         .unwrap();
     let on_b = b.reads.run(run.id.clone()).await.unwrap().expect("the run");
