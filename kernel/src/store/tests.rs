@@ -215,6 +215,16 @@ fn slot(run: &RunId, key: StepKey, dispatch: &str) -> StartDispatch {
     }
 }
 
+/// A one-call turn's read for an agent, its run and the call's result if it is served from the log.
+async fn results(
+    f: &Fixture,
+    run: &RunId,
+    call: &PlannedCall,
+) -> (Option<crate::model::RunRecord>, Option<Vec<RecordedResult>>) {
+    let identity = vec![(call.key.clone(), call.call_hash.clone())];
+    f.store.reads.turn(run.clone(), identity).await.unwrap()
+}
+
 /// A turn's read: a settled turn is served from the log (whether or not the writer holds its run
 /// in memory), a new or changed one is not, and the run comes back with its last event number.
 /// Its results read alone are the results of its steps read whole.
@@ -223,12 +233,7 @@ async fn a_turn_read_serves_a_settled_turn_and_sees_every_commit(f: Fixture) {
     let add = tool("add", Idempotency::SafeToRetry);
     let first = call(0, 0, Some(add.clone()), "add", r#"{"a":1}"#);
     let identity = |call: &PlannedCall| vec![(call.key.clone(), call.call_hash.clone())];
-    let (found, replay) = f
-        .store
-        .reads
-        .turn::<RecordedResult>(run.id.clone(), identity(&first))
-        .await
-        .unwrap();
+    let (found, replay) = results(&f, &run.id, &first).await;
     assert_eq!(found.map(|r| r.last_seq), Some(run.last_seq));
     assert!(replay.is_none(), "nothing is recorded yet");
 
@@ -238,12 +243,7 @@ async fn a_turn_read_serves_a_settled_turn_and_sees_every_commit(f: Fixture) {
         .await
         .unwrap();
     let step = scheduled(&turn[0]);
-    let (_, replay) = f
-        .store
-        .reads
-        .turn::<RecordedResult>(run.id.clone(), identity(&first))
-        .await
-        .unwrap();
+    let (_, replay) = results(&f, &run.id, &first).await;
     assert!(
         replay.is_none(),
         "a call in flight is joined by the writer, not replayed"
@@ -256,12 +256,7 @@ async fn a_turn_read_serves_a_settled_turn_and_sees_every_commit(f: Fixture) {
         .expect("the holder's result is recorded");
     let last = events(&f.store, &run.id).await.last().unwrap().seq;
 
-    let (found, replay) = f
-        .store
-        .reads
-        .turn::<RecordedResult>(run.id.clone(), identity(&first))
-        .await
-        .unwrap();
+    let (found, replay) = results(&f, &run.id, &first).await;
     assert_eq!(found.map(|r| r.last_seq), Some(last));
     let replay = replay.expect("a settled turn is served from the log");
     assert_eq!(replay[0].output.as_deref(), Some("3"));
@@ -279,23 +274,13 @@ async fn a_turn_read_serves_a_settled_turn_and_sees_every_commit(f: Fixture) {
     );
 
     let changed = call(0, 0, Some(add.clone()), "add", r#"{"a":2}"#);
-    let (_, replay) = f
-        .store
-        .reads
-        .turn::<RecordedResult>(run.id.clone(), identity(&changed))
-        .await
-        .unwrap();
+    let (_, replay) = results(&f, &run.id, &changed).await;
     assert!(
         replay.is_none(),
         "changed arguments go to the writer, which refuses them"
     );
     let next = call(1, 0, Some(add), "add", r#"{"a":1}"#);
-    let (found, replay) = f
-        .store
-        .reads
-        .turn::<RecordedResult>(run.id.clone(), identity(&next))
-        .await
-        .unwrap();
+    let (found, replay) = results(&f, &run.id, &next).await;
     assert!(replay.is_none(), "a new turn is not a replay");
     let found = found.expect("the run is found");
     assert_eq!((found.id, found.last_seq), (run.id, last));
