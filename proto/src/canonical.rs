@@ -47,12 +47,22 @@ pub fn tool_fingerprint(name: &str, description: &str, input_schema: &Value, ver
 /// The hash of one call: tool name, tool fingerprint and canonical arguments. A resubmitted call
 /// whose hash differs from the recorded one is a divergence, never a replay.
 pub fn call_hash(tool: &str, fingerprint: &str, arguments: &Value) -> String {
-    let doc = serde_json::json!({
-        "tool": tool,
-        "fingerprint": fingerprint,
-        "arguments": arguments,
-    });
-    sha256_hex(to_canonical(&doc).as_bytes())
+    // The canonical text of `{"tool", "fingerprint", "arguments"}`, its keys in sorted order, written
+    // from borrowed parts: every call of a turn is hashed, replayed or not, and a map of the three
+    // would copy the arguments first.
+    #[derive(serde::Serialize)]
+    struct Identity<'a> {
+        arguments: &'a Value,
+        fingerprint: &'a str,
+        tool: &'a str,
+    }
+    let identity = Identity {
+        arguments,
+        fingerprint,
+        tool,
+    };
+    let text = serde_json::to_vec(&identity).expect("a serde_json::Value always serializes");
+    sha256_hex(&text)
 }
 
 /// The identity of a tool call within its run: its call id when it has one (`id:<call id>`),
@@ -261,6 +271,14 @@ mod properties {
             let other = Value::Array(vec![value.clone()]);
             prop_assert_ne!(&hash, &call_hash(&tool, &fingerprint, &other));
             prop_assert_ne!(&hash, &call_hash(&format!("{tool}x"), &fingerprint, &value));
+        }
+
+        /// The hash is of the canonical text of the map `{tool, fingerprint, arguments}`, which
+        /// the Python SDK and stored hashes are made from, whatever the tool's name sorts against.
+        #[test]
+        fn call_hash_is_of_the_canonical_identity_map(tool in any::<String>(), fingerprint in any::<String>(), value in json()) {
+            let map = serde_json::json!({"tool": tool, "fingerprint": fingerprint, "arguments": value});
+            prop_assert_eq!(call_hash(&tool, &fingerprint, &value), sha256_hex(to_canonical(&map).as_bytes()));
         }
     }
 

@@ -37,8 +37,16 @@ fn opt_timestamp(ms: Option<Millis>) -> Option<Timestamp> {
 
 /// Parses JSON text from a request into canonical text; empty text means `default`.
 pub fn canonical_json(text: &str, field: &str, default: &str) -> Result<String, KernelError> {
+    canonical_value(text, field, default).map(|(_, canonical)| canonical)
+}
+
+/// JSON text parsed once: its value, and its canonical text.
+pub fn canonical_value(text: &str, field: &str, default: &str) -> Result<(Value, String), KernelError> {
     let text = if text.trim().is_empty() { default } else { text };
-    canonical::canonicalize(text).map_err(|e| KernelError::invalid(field, format!("is not valid JSON: {e}")))
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| KernelError::invalid(field, format!("is not valid JSON: {e}")))?;
+    let canonical = canonical::to_canonical(&value);
+    Ok((value, canonical))
 }
 
 pub fn run_status(status: RunStatus) -> pb::RunStatus {

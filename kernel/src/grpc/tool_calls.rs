@@ -135,8 +135,9 @@ async fn plan<T: Served>(
             limits.max_argument_bytes,
             "max-argument-bytes",
         )?;
-        let arguments = convert::canonical_json(&call.arguments_json, &format!("{field}.arguments_json"), "{}")?;
-        if !arguments.starts_with('{') {
+        let (mut args, arguments) =
+            convert::canonical_value(&call.arguments_json, &format!("{field}.arguments_json"), "{}")?;
+        if !args.is_object() {
             return Err(KernelError::invalid(
                 format!("{field}.arguments_json"),
                 "must be a JSON object",
@@ -161,7 +162,6 @@ async fn plan<T: Served>(
         // A tool the model was not offered is unknown to this turn, registered or not.
         let not_offered = offer.as_ref().is_some_and(|offer| !offer.contains(name));
         let known = if not_offered { None } else { kernel.registry.get(name) };
-        let mut args: serde_json::Value = serde_json::from_str(&arguments).expect("canonical JSON parses");
         // Models fill optional fields with null, and typed tools reject it: a tool that asks has
         // them dropped before anything sees the arguments, the record and the replay identity included.
         let arguments = match &known {
