@@ -630,7 +630,7 @@ fn served<T: Served>(kernel: &Kernel, planned: &mut Planned<T>) -> Option<Vec<T>
     let served = planned.replayable.take()?;
     kernel.store.note_replays(
         planned.plan.run_id.clone(),
-        served.iter().map(|call| call.key().clone()).collect(),
+        served.iter().map(|call| call.identity().0.clone()).collect(),
     );
     Some(served)
 }

@@ -14,7 +14,7 @@ use crate::clock::Clock;
 use crate::error::KernelError;
 use crate::model::{
     ApprovalId, ApprovalRecord, ApprovalStatus, EventRecord, Millis, RecordedResult, RunId, RunRecord, RunStatus,
-    StepKey, StepRecord, ToolDef, ToolOptions,
+    StepKey, StepRecord, StepStatus, ToolDef, ToolOptions,
 };
 
 /// A pool of reading connections.
@@ -374,16 +374,22 @@ impl Readers {
                 let Some(record) = rows::load_run(&conn, &run)? else {
                     return Ok((None, None));
                 };
-                let mut found: HashMap<StepKey, T> = T::load(&conn, &run, calls.iter().map(|(key, _)| key))?
+                let keys = calls.iter().map(|(key, _)| key);
+                let mut found: HashMap<StepKey, T> = rows::load_keyed(&conn, T::COLUMNS, T::from_row, &run, keys)?
                     .into_iter()
-                    .map(|step| (step.key().clone(), step))
+                    .map(|step| (step.identity().0.clone(), step))
                     .collect();
                 let mut steps = Vec::with_capacity(calls.len());
                 for (key, hash) in &calls {
-                    match found.remove(key) {
-                        Some(step) if step.settled_as(hash) => steps.push(step),
-                        _ => return Ok((Some(record), None)),
+                    let Some(step) = found.remove(key) else {
+                        return Ok((Some(record), None));
+                    };
+                    // Served again as it is only if it settled under the same identity.
+                    let (_, status, recorded) = step.identity();
+                    if !status.is_terminal() || recorded != hash {
+                        return Ok((Some(record), None));
                     }
+                    steps.push(step);
                 }
                 Ok((Some(record), Some(steps)))
             })
@@ -680,51 +686,35 @@ impl Readers {
 /// (a body's call, answered with its step), or only its result (an agent's, a sixth of the
 /// columns to read).
 pub trait Served: Sized + Send + 'static {
-    /// The calls of `run` under `keys` that are recorded, in no particular order.
-    fn load<'k>(
-        conn: &Connection<'_>,
-        run: &RunId,
-        keys: impl IntoIterator<Item = &'k StepKey>,
-    ) -> sql::Result<Vec<Self>>;
+    /// The step's columns it is read from, in the order [`Served::from_row`] takes them.
+    const COLUMNS: &'static str;
 
-    fn key(&self) -> &StepKey;
+    fn from_row(row: &sql::Row<'_>) -> sql::Result<Self>;
 
-    /// Settled, with the call identity `hash`: served again as it is.
-    fn settled_as(&self, hash: &str) -> bool;
+    /// The step's key, its status, and the call identity (hash) it was recorded with.
+    fn identity(&self) -> (&StepKey, StepStatus, &str);
 }
 
 impl Served for StepRecord {
-    fn load<'k>(
-        conn: &Connection<'_>,
-        run: &RunId,
-        keys: impl IntoIterator<Item = &'k StepKey>,
-    ) -> sql::Result<Vec<Self>> {
-        rows::load_steps(conn, run, keys)
+    const COLUMNS: &'static str = STEP_COLUMNS;
+
+    fn from_row(row: &sql::Row<'_>) -> sql::Result<Self> {
+        rows::step_from_row(row)
     }
 
-    fn key(&self) -> &StepKey {
-        &self.key
-    }
-
-    fn settled_as(&self, hash: &str) -> bool {
-        self.status.is_terminal() && self.call_hash == hash
+    fn identity(&self) -> (&StepKey, StepStatus, &str) {
+        (&self.key, self.status, &self.call_hash)
     }
 }
 
 impl Served for RecordedResult {
-    fn load<'k>(
-        conn: &Connection<'_>,
-        run: &RunId,
-        keys: impl IntoIterator<Item = &'k StepKey>,
-    ) -> sql::Result<Vec<Self>> {
-        rows::load_results(conn, run, keys)
+    const COLUMNS: &'static str = rows::RESULT_COLUMNS;
+
+    fn from_row(row: &sql::Row<'_>) -> sql::Result<Self> {
+        rows::result_from_row(row)
     }
 
-    fn key(&self) -> &StepKey {
-        &self.key
-    }
-
-    fn settled_as(&self, hash: &str) -> bool {
-        self.status.is_terminal() && self.call_hash == hash
+    fn identity(&self) -> (&StepKey, StepStatus, &str) {
+        (&self.key, self.status, &self.call_hash)
     }
 }

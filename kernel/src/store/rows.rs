@@ -237,16 +237,9 @@ pub fn load_steps<'k>(
     load_keyed(conn, STEP_COLUMNS, step_from_row, run, keys)
 }
 
-/// The results of `run`'s steps under `keys`, as [`load_steps`] finds the steps.
-pub fn load_results<'k>(
-    conn: &Connection<'_>,
-    run: &RunId,
-    keys: impl IntoIterator<Item = &'k StepKey>,
-) -> Result<Vec<RecordedResult>> {
-    load_keyed(conn, RESULT_COLUMNS, result_from_row, run, keys)
-}
-
-fn load_keyed<'k, T>(
+/// The rows of `run`'s steps under `keys`, `columns` of each mapped by `from_row`, in one
+/// statement and in no particular order.
+pub fn load_keyed<'k, T>(
     conn: &Connection<'_>,
     columns: &str,
     from_row: fn(&Row<'_>) -> Result<T>,
