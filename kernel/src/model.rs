@@ -513,6 +513,16 @@ impl StepKey {
         StepKey(kernel_proto::canonical::call_step_key(turn, position, call_id))
     }
 
+    /// The turn of a call the agent made at a position without naming it (`t3/p0` is turn 3's).
+    pub fn positional_turn(&self) -> Option<u32> {
+        let (turn, position) = self.0.strip_prefix('t')?.split_once("/p")?;
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(turn) || !digits(position) {
+            return None;
+        }
+        turn.parse().ok()
+    }
+
     /// The identity of a hosted run's own dispatch, one per run.
     pub fn agent() -> Self {
         StepKey("agent".to_owned())
@@ -1124,6 +1134,23 @@ mod tests {
             key.idempotency_key(&run),
             StepKey::for_call(2, 2, None).idempotency_key(&run)
         );
+    }
+
+    #[test]
+    fn only_a_positional_call_key_names_its_turn() {
+        assert_eq!(StepKey::for_call(12, 3, None).positional_turn(), Some(12));
+        let not_positional = [
+            StepKey::for_call(2, 1, Some("t2/p1")),
+            StepKey::nested_call(&StepKey::for_call(2, 1, None), 0),
+            StepKey::local("t2/p1", 0),
+            StepKey::agent(),
+        ];
+        for key in not_positional {
+            assert_eq!(key.positional_turn(), None, "{key:?}");
+        }
+        for text in ["t2/p", "t/p1", "t2/p1/x", "t2/px", "tt2/p1", "t99999999999/p0"] {
+            assert_eq!(StepKey(text.to_owned()).positional_turn(), None, "{text}");
+        }
     }
 
     #[test]

@@ -374,11 +374,12 @@ impl Readers {
                 let Some(record) = rows::load_run(&conn, &run)? else {
                     return Ok((None, None));
                 };
-                let keys = calls.iter().map(|(key, _)| key);
-                let mut found: HashMap<StepKey, T> = rows::load_keyed(&conn, T::COLUMNS, T::from_row, &run, keys)?
-                    .into_iter()
-                    .map(|step| (step.identity().0.clone(), step))
-                    .collect();
+                let keys: Vec<&StepKey> = calls.iter().map(|(key, _)| key).collect();
+                let mut found: HashMap<StepKey, T> =
+                    rows::load_turn_keyed(&conn, T::COLUMNS, T::from_row, &run, &keys)?
+                        .into_iter()
+                        .map(|step| (step.identity().0.clone(), step))
+                        .collect();
                 let mut steps = Vec::with_capacity(calls.len());
                 for (key, hash) in &calls {
                     let Some(step) = found.remove(key) else {

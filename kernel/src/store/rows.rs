@@ -254,6 +254,35 @@ pub fn load_keyed<'k, T>(
     .collect()
 }
 
+/// The rows of `run`'s steps under `keys` as [`load_keyed`] reads them, or on SQLite, when every
+/// key is a positional call of one turn (`t3/p0`), as the one range of the key index from the
+/// smallest key to the largest: a turn's calls lie side by side there, and one seek and a walk
+/// cost less than a seek per key. That range may hold other calls of the turn too; the caller
+/// picks out the keys it asked for.
+pub fn load_turn_keyed<T>(
+    conn: &Connection<'_>,
+    columns: &str,
+    from_row: fn(&Row<'_>) -> Result<T>,
+    run: &RunId,
+    keys: &[&StepKey],
+) -> Result<Vec<T>> {
+    let one_turn = keys
+        .first()
+        .and_then(|key| key.positional_turn())
+        .filter(|turn| keys.iter().all(|key| key.positional_turn() == Some(*turn)));
+    let (Some(_), Dialect::Sqlite) = (one_turn, conn.dialect()) else {
+        return load_keyed(conn, columns, from_row, run, keys.iter().copied());
+    };
+    let (first, last) = keys
+        .iter()
+        .fold((keys[0], keys[0]), |(first, last), key| (first.min(key), last.max(key)));
+    conn.prepare_cached(&format!(
+        "SELECT {columns} FROM steps WHERE run_id = ?1 AND step_key BETWEEN ?2 AND ?3"
+    ))?
+    .query_map(params![run.as_str(), first.as_str(), last.as_str()], from_row)?
+    .collect()
+}
+
 /// Step keys as one argument, `?2`, with the subquery that lists them: a statement over many
 /// keys is prepared once and run once, whatever their number.
 pub fn key_list<'k>(conn: &Connection<'_>, keys: impl IntoIterator<Item = &'k StepKey>) -> (&'static str, String) {

@@ -291,6 +291,72 @@ async fn a_turn_read_serves_a_settled_turn_and_sees_every_commit(f: Fixture) {
     );
 }
 
+/// A turn of positional calls is read as a range of its keys, which holds calls not asked for
+/// (`t0/p10` lies between `t0/p1` and `t0/p2`): the turn served is exactly the calls asked, in
+/// the order asked, and a call not asked for decides nothing, settled or not.
+async fn a_turn_read_serves_exactly_the_calls_asked_whatever_else_its_range_holds(f: Fixture) {
+    let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let add = tool("add", Idempotency::SafeToRetry);
+    let calls: Vec<PlannedCall> = (0..12)
+        .map(|p| call(0, p, Some(add.clone()), "add", &format!(r#"{{"a":{p}}}"#)))
+        .collect();
+    let turn = f.store.schedule_turn(plan(&run.id, 0, calls.clone())).await.unwrap();
+    // Every call settles but the one at position 10.
+    for (p, disposition) in turn.iter().enumerate().filter(|(p, _)| *p != 10) {
+        let dispatch = format!("d{p}");
+        assert!(
+            start(&f.store, &scheduled(disposition), &dispatch, 1, "s1")
+                .await
+                .is_some()
+        );
+        f.store
+            .record_result(returned(&dispatch, &p.to_string()))
+            .await
+            .unwrap()
+            .expect("the holder's result is recorded");
+    }
+    let asked = |positions: &[usize]| -> Vec<(StepKey, String)> {
+        positions
+            .iter()
+            .map(|p| (calls[*p].key.clone(), calls[*p].call_hash.clone()))
+            .collect()
+    };
+    let served = |positions: &'static [usize]| {
+        let identities = asked(positions);
+        let reads = f.store.reads.clone();
+        let run = run.id.clone();
+        async move {
+            let (_, served) = reads.turn::<RecordedResult>(run, identities).await.unwrap();
+            served.map(|results| results.into_iter().map(|r| r.output.unwrap()).collect::<Vec<_>>())
+        }
+    };
+    assert_eq!(served(&[2, 1]).await, Some(vec!["2".to_owned(), "1".to_owned()]));
+    assert_eq!(
+        served(&[11, 0, 3]).await,
+        Some(vec!["11".to_owned(), "0".to_owned(), "3".to_owned()])
+    );
+    assert_eq!(served(&[9]).await, Some(vec!["9".to_owned()]));
+    assert_eq!(served(&[1, 10]).await, None, "a call in flight is the writer's to join");
+    let mut mixed = asked(&[1, 2]);
+    mixed.push((StepKey::for_call(1, 0, None), calls[0].call_hash.clone()));
+    let (_, served) = f
+        .store
+        .reads
+        .turn::<RecordedResult>(run.id.clone(), mixed)
+        .await
+        .unwrap();
+    assert!(served.is_none(), "a call of another turn, not recorded, is not served");
+    let mut changed = asked(&[1, 2]);
+    changed[1].1 = calls[3].call_hash.clone();
+    let (_, served) = f
+        .store
+        .reads
+        .turn::<RecordedResult>(run.id.clone(), changed)
+        .await
+        .unwrap();
+    assert!(served.is_none(), "a call asked under another identity is not served");
+}
+
 /// A call keeps its run's fair share in the store, so the calls a restart finds queued are
 /// served by the same shares.
 async fn a_call_keeps_its_share_for_the_scheduler_after_a_restart(f: Fixture) {
@@ -2372,6 +2438,7 @@ on_both_stores!(a_call_with_a_reserved_slot_is_scheduled_and_started_in_one_comm
 on_both_stores!(a_checked_step_is_recorded_as_its_check_allowed_it);
 on_both_stores!(effects_are_handed_out_after_the_commit_they_follow);
 on_both_stores!(a_turn_read_serves_a_settled_turn_and_sees_every_commit);
+on_both_stores!(a_turn_read_serves_exactly_the_calls_asked_whatever_else_its_range_holds);
 on_both_stores!(a_turn_hands_out_its_safe_started_calls_before_it_commits);
 on_both_stores!(a_budgeted_turn_hands_out_its_started_calls_once_their_charge_commits);
 on_both_stores!(a_replica_holds_what_its_writer_starts_and_its_row_dates_its_leases);
