@@ -9,7 +9,6 @@ use std::pin::Pin;
 use futures_util::{Stream, StreamExt};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::hosted_service_server::HostedService;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::{Kernel, convert, tool_calls};
@@ -194,8 +193,9 @@ impl HostedService for HostedApi {
         if turn.run_id.trim() != run_id.as_str() {
             return Err(KernelError::invalid("turn.run_id", format!("must be the dispatch's run {run_id}")).into());
         }
-        let rx = tool_calls::submit(&self.0, turn, Some(fence)).await?;
-        let items = ReceiverStream::new(rx).map(|item| item.map(|item| pb::CallToolsResponse { item: Some(item) }));
+        let items = tool_calls::submit(&self.0, turn, Some(fence))
+            .await?
+            .map(|item| item.map(|item| pb::CallToolsResponse { item: Some(item) }));
         Ok(Response::new(Box::pin(items)))
     }
 

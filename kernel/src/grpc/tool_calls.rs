@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use kernel_proto::v1 as pb;
 use kernel_proto::v1::tool_call_service_server::ToolCallService;
 use tokio::sync::{broadcast, mpsc};
@@ -53,7 +53,7 @@ impl ToolCallApi {
     }
 }
 
-type TurnStream = Pin<Box<dyn Stream<Item = Result<pb::SubmitTurnResponse, Status>> + Send>>;
+pub(super) type TurnStream = Pin<Box<dyn Stream<Item = Result<pb::SubmitTurnResponse, Status>> + Send>>;
 type TurnSender = mpsc::Sender<Result<pb::SubmitTurnResponse, Status>>;
 
 /// Where a call a tool's body makes through the kernel goes: under its caller, at the caller's
@@ -489,8 +489,7 @@ impl ToolCallService for ToolCallApi {
         &self,
         request: Request<pb::SubmitTurnRequest>,
     ) -> Result<Response<Self::SubmitTurnStream>, Status> {
-        let rx = submit(&self.0, request.into_inner(), None).await?;
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(submit(&self.0, request.into_inner(), None).await?))
     }
 
     async fn call_turn(&self, request: Request<pb::CallTurnRequest>) -> Result<Response<pb::CallTurnResponse>, Status> {
@@ -498,10 +497,10 @@ impl ToolCallService for ToolCallApi {
             .into_inner()
             .turn
             .ok_or_else(|| KernelError::invalid("turn", "must carry the turn's calls"))?;
-        let mut rx = submit(&self.0, turn, None).await?;
+        let mut items = submit(&self.0, turn, None).await?;
         let mut response = pb::CallTurnResponse::default();
         let mut progress = VecDeque::new();
-        while let Some(item) = rx.recv().await {
+        while let Some(item) = items.next().await {
             match item?.item {
                 Some(pb::submit_turn_response::Item::Result(result)) => response.results.push(result),
                 Some(pb::submit_turn_response::Item::Progress(report)) => {
@@ -599,16 +598,22 @@ pub(super) async fn submit(
     kernel: &Kernel,
     request: pb::SubmitTurnRequest,
     fence: Option<Fence>,
-) -> Result<mpsc::Receiver<Result<pb::SubmitTurnResponse, Status>>, KernelError> {
+) -> Result<TurnStream, KernelError> {
     let mut planned = plan::<RecordedResult>(kernel, request, fence, None).await?;
     let run_id = planned.plan.run_id.clone();
     let positions: Vec<u32> = planned.plan.calls.iter().map(|c| c.position).collect();
-    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     if let Some(results) = served(kernel, &mut planned) {
-        let mut ordered = Ordered::served(results, positions);
-        tokio::spawn(async move { ordered.flush(&tx).await });
-        return Ok(rx);
+        // Every result is known: the stream yields them as fast as it is read, with no task
+        // or channel between, and the transport encodes as many as are ready into one write.
+        let items = results.into_iter().zip(positions).map(|(result, position)| {
+            let result = convert::call_result(result, position, true);
+            Ok(pb::SubmitTurnResponse {
+                item: Some(pb::submit_turn_response::Item::Result(result)),
+            })
+        });
+        return Ok(Box::pin(tokio_stream::iter(items)));
     }
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     // Subscribe before recording, so no result can slip between the write and the wait.
     let live = kernel.hub.subscribe(&run_id);
     let dispositions = record(kernel, planned).await?;
@@ -620,7 +625,7 @@ pub(super) async fn submit(
         live,
         tx,
     ));
-    Ok(rx)
+    Ok(Box::pin(ReceiverStream::new(rx)))
 }
 
 /// What a turn whose every call settled already is served from the log, taken from `planned`;
@@ -738,21 +743,6 @@ struct Ordered {
 }
 
 impl Ordered {
-    /// The results of a turn served from the log, all known.
-    fn served(results: Vec<RecordedResult>, positions: Vec<u32>) -> Ordered {
-        let results = results
-            .into_iter()
-            .zip(&positions)
-            .map(|(result, position)| Some(convert::call_result(result, *position, true)))
-            .collect();
-        Ordered {
-            results,
-            next: 0,
-            waiting: HashMap::new(),
-            positions,
-        }
-    }
-
     fn settle(&mut self, step: &StepRecord) {
         if let Some(index) = self.waiting.remove(&step.key) {
             self.results[index] = Some(convert::call_result(step.result(), self.positions[index], false));
