@@ -77,9 +77,14 @@ pub fn exceeded(
 
 impl Limits {
     /// Refuses a payload over `max` bytes.
-    pub fn check_bytes(field: &str, len: usize, max: usize, flag: &str) -> Result<(), KernelError> {
+    pub fn check_bytes(field: impl std::fmt::Display, len: usize, max: usize, flag: &str) -> Result<(), KernelError> {
         if len > max {
-            return Err(exceeded(field, format!("{len} bytes"), format!("{max} bytes"), flag));
+            return Err(exceeded(
+                field.to_string(),
+                format!("{len} bytes"),
+                format!("{max} bytes"),
+                flag,
+            ));
         }
         Ok(())
     }

@@ -40,11 +40,16 @@ pub fn canonical_json(text: &str, field: &str, default: &str) -> Result<String, 
     canonical_value(text, field, default).map(|(_, canonical)| canonical)
 }
 
-/// JSON text parsed once: its value, and its canonical text.
-pub fn canonical_value(text: &str, field: &str, default: &str) -> Result<(Value, String), KernelError> {
+/// JSON text parsed once: its value, and its canonical text. `field` is written out only to
+/// name it in an error.
+pub fn canonical_value(
+    text: &str,
+    field: impl std::fmt::Display,
+    default: &str,
+) -> Result<(Value, String), KernelError> {
     let text = if text.trim().is_empty() { default } else { text };
-    let value: Value =
-        serde_json::from_str(text).map_err(|e| KernelError::invalid(field, format!("is not valid JSON: {e}")))?;
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| KernelError::invalid(field.to_string(), format!("is not valid JSON: {e}")))?;
     let canonical = canonical::to_canonical(&value);
     Ok((value, canonical))
 }

@@ -74,6 +74,17 @@ impl Nested {
     }
 }
 
+/// The `position`-th call of a turn as a request's field, `calls[3]`: written out only when an
+/// error names it, not for every call of every turn.
+#[derive(Clone, Copy)]
+struct CallField(usize);
+
+impl std::fmt::Display for CallField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "calls[{}]", self.0)
+    }
+}
+
 /// Validates a turn as a whole before anything is written, and decides each call's gate; a turn
 /// `nested` under a running call is that one call, made by the call's body. A turn every call of
 /// which is recorded and settled is to be served from the log, as `T` (whole steps or results).
@@ -115,7 +126,7 @@ async fn plan<T: Served>(
     let mut calls = Vec::with_capacity(req.calls.len());
     let mut checks = Vec::with_capacity(req.calls.len());
     for (position, call) in req.calls.into_iter().enumerate() {
-        let field = format!("calls[{position}]");
+        let field = CallField(position);
         let name = call.tool.trim();
         if name.is_empty() {
             return Err(KernelError::invalid(format!("{field}.tool"), "must not be empty"));
@@ -130,13 +141,13 @@ async fn plan<T: Served>(
             ));
         }
         Limits::check_bytes(
-            &format!("{field}.arguments_json"),
+            format_args!("{field}.arguments_json"),
             call.arguments_json.len(),
             limits.max_argument_bytes,
             "max-argument-bytes",
         )?;
         let (mut args, arguments) =
-            convert::canonical_value(&call.arguments_json, &format!("{field}.arguments_json"), "{}")?;
+            convert::canonical_value(&call.arguments_json, format_args!("{field}.arguments_json"), "{}")?;
         if !args.is_object() {
             return Err(KernelError::invalid(
                 format!("{field}.arguments_json"),
@@ -177,7 +188,7 @@ async fn plan<T: Served>(
         // Validation and policy see the values; the record, the replay identity and the
         // resources see their keyed hashes.
         let hidden = match &known {
-            Some(tool) if !tool.secrets.is_empty() => hide(kernel, tool, &args, &field)?,
+            Some(tool) if !tool.secrets.is_empty() => hide(kernel, tool, &args, field)?,
             _ => None,
         };
         let recorded = hidden.as_ref().map_or(&args, |hidden| &hidden.recorded);
@@ -273,7 +284,7 @@ fn hide(
     kernel: &Kernel,
     tool: &KnownTool,
     args: &serde_json::Value,
-    field: &str,
+    field: CallField,
 ) -> Result<Option<crate::secrets::Hidden>, KernelError> {
     let Some(secret_key) = &kernel.secret_key else {
         return match tool.secrets.present_in(args) {

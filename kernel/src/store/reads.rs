@@ -375,14 +375,16 @@ impl Readers {
                     return Ok((None, None));
                 };
                 let keys: Vec<&StepKey> = calls.iter().map(|(key, _)| key).collect();
-                let mut found: HashMap<StepKey, T> =
-                    rows::load_turn_keyed(&conn, T::COLUMNS, T::from_row, &run, &keys)?
-                        .into_iter()
-                        .map(|step| (step.identity().0.clone(), step))
-                        .collect();
+                let asked: HashMap<&StepKey, usize> = keys.iter().enumerate().map(|(at, key)| (*key, at)).collect();
+                let mut found: Vec<Option<T>> = std::iter::repeat_with(|| None).take(calls.len()).collect();
+                for step in rows::load_turn_keyed(&conn, T::COLUMNS, T::from_row, &run, &keys)? {
+                    if let Some(at) = asked.get(step.identity().0) {
+                        found[*at] = Some(step);
+                    }
+                }
                 let mut steps = Vec::with_capacity(calls.len());
-                for (key, hash) in &calls {
-                    let Some(step) = found.remove(key) else {
+                for (step, (_, hash)) in found.into_iter().zip(&calls) {
+                    let Some(step) = step else {
                         return Ok((Some(record), None));
                     };
                     // Served again as it is only if it settled under the same identity.
