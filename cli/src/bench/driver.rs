@@ -94,6 +94,14 @@ impl Sample {
     }
 }
 
+/// How a recorded turn is submitted again: its results streamed one by one (`SubmitTurn`), or
+/// all in one answer (`CallTurn`).
+#[derive(Clone, Copy)]
+enum Resubmit {
+    Streamed,
+    OneAnswer,
+}
+
 pub(super) fn noop_call() -> pb::ToolCall {
     pb::ToolCall {
         tool: NOOP.into(),
@@ -257,6 +265,31 @@ impl Agent {
         tokio::time::timeout(TURN_TIMEOUT, turn)
             .await
             .map_err(|_| BenchError::Stalled(TURN_TIMEOUT.as_secs()))?
+    }
+
+    /// Submits one turn as `CallTurn`: every result in one answer, as the SDKs' `call_turn` asks
+    /// for them.
+    async fn call_turn(
+        &self,
+        lane: usize,
+        run_id: &str,
+        turn: u32,
+        calls: Vec<pb::ToolCall>,
+    ) -> Result<Vec<pb::CallResult>, BenchError> {
+        let mut client = self.calls[lane % self.calls.len()].clone();
+        let request = pb::CallTurnRequest {
+            turn: Some(pb::SubmitTurnRequest {
+                run_id: run_id.to_owned(),
+                turn,
+                calls,
+                offered_tools: Vec::new(),
+                max_concurrency: 0,
+            }),
+        };
+        let answered = tokio::time::timeout(TURN_TIMEOUT, client.call_turn(request))
+            .await
+            .map_err(|_| BenchError::Stalled(TURN_TIMEOUT.as_secs()))??;
+        Ok(answered.into_inner().results)
     }
 
     /// `n` one-call turns of a single run, one after the other, calling `NOOP` or, with
@@ -479,25 +512,23 @@ impl Agent {
         progress.finish(&format!("{:.0} calls/s", total as f64 / record.as_secs_f64()));
 
         progress.phase(format!("replay, resubmitting {turns} turns of {calls} calls"), total);
-        let mut replayed = 0;
-        let replaying = Instant::now();
-        for turn in 0..turns {
-            let results = self.submit(0, &run_id, turn, batch.clone()).await?;
-            check_results(&results, calls as usize)?;
-            let fresh = results.iter().filter(|r| !r.replayed).count();
-            if fresh > 0 {
-                return Err(BenchError::NotReplayed {
-                    turn,
-                    fresh,
-                    calls: results.len(),
-                });
-            }
-            replayed += results.len() as u64;
-            progress.add(u64::from(calls));
-        }
-        let replay = replaying.elapsed();
-        self.complete_runs(vec![run_id.clone()]).await?;
+        let (replay, replayed) = self
+            .resubmit(progress, &run_id, turns, &batch, Resubmit::Streamed)
+            .await?;
         progress.finish(&format!("{} results from the log in {:.1}ms", replayed, millis(replay)));
+        progress.phase(
+            format!("replay, resubmitting {turns} turns of {calls} calls, each in one answer"),
+            total,
+        );
+        let (one_answer, _) = self
+            .resubmit(progress, &run_id, turns, &batch, Resubmit::OneAnswer)
+            .await?;
+        progress.finish(&format!(
+            "{} results from the log in {:.1}ms",
+            replayed,
+            millis(one_answer)
+        ));
+        self.complete_runs(vec![run_id.clone()]).await?;
         Ok(Replay {
             run_id,
             turns,
@@ -507,8 +538,42 @@ impl Agent {
             record_calls_per_s: total as f64 / record.as_secs_f64().max(1e-9),
             replay_ms: millis(replay),
             replay_calls_per_s: total as f64 / replay.as_secs_f64().max(1e-9),
+            one_answer_ms: millis(one_answer),
+            one_answer_calls_per_s: total as f64 / one_answer.as_secs_f64().max(1e-9),
             replayed,
         })
+    }
+
+    /// Submits every turn of a recorded run again, `how`; the time it took and the results
+    /// served, every one of which must come from the log.
+    async fn resubmit(
+        &self,
+        progress: &Progress,
+        run_id: &str,
+        turns: u32,
+        batch: &[pb::ToolCall],
+        how: Resubmit,
+    ) -> Result<(Duration, u64), BenchError> {
+        let mut replayed = 0;
+        let replaying = Instant::now();
+        for turn in 0..turns {
+            let results = match how {
+                Resubmit::Streamed => self.submit(0, run_id, turn, batch.to_vec()).await?,
+                Resubmit::OneAnswer => self.call_turn(0, run_id, turn, batch.to_vec()).await?,
+            };
+            check_results(&results, batch.len())?;
+            let fresh = results.iter().filter(|r| !r.replayed).count();
+            if fresh > 0 {
+                return Err(BenchError::NotReplayed {
+                    turn,
+                    fresh,
+                    calls: results.len(),
+                });
+            }
+            replayed += results.len() as u64;
+            progress.add(batch.len() as u64);
+        }
+        Ok((replaying.elapsed(), replayed))
     }
 
     /// `calls` calls whose results are `size` long, from `concurrency` runs.

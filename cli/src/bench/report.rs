@@ -80,9 +80,14 @@ pub struct Replay {
     /// Time to record the run in the first place (every call run by a worker).
     pub record_s: f64,
     pub record_calls_per_s: f64,
-    /// Time to resubmit every turn and get every result back from the log.
+    /// Time to resubmit every turn and get every result back from the log, streamed one by one
+    /// (`SubmitTurn`).
     pub replay_ms: f64,
     pub replay_calls_per_s: f64,
+    /// The same again, each turn's results in one answer (`CallTurn`, what the SDKs'
+    /// `call_turn` asks for).
+    pub one_answer_ms: f64,
+    pub one_answer_calls_per_s: f64,
     /// Results served from the log; always equal to `calls` (anything else fails the benchmark).
     pub replayed: u64,
 }
@@ -295,9 +300,20 @@ impl Report {
             ));
         }
         if let Some(r) = &self.replay {
-            text.push_str("\nreplay (every turn of a recorded run submitted again)\n");
+            text.push_str(
+                "\nreplay (every turn of a recorded run submitted again: its results streamed, then in one answer)\n",
+            );
             text.push_str(&table(
-                &["TURNS", "CALLS/TURN", "CALLS", "RECORD", "REPLAY", "REPLAYED/S"],
+                &[
+                    "TURNS",
+                    "CALLS/TURN",
+                    "CALLS",
+                    "RECORD",
+                    "REPLAY",
+                    "REPLAYED/S",
+                    "ONE ANSWER",
+                    "REPLAYED/S",
+                ],
                 [vec![
                     r.turns.to_string(),
                     r.calls_per_turn.to_string(),
@@ -305,6 +321,8 @@ impl Report {
                     ms(r.record_s * 1000.0),
                     ms(r.replay_ms),
                     rate(r.replay_calls_per_s),
+                    ms(r.one_answer_ms),
+                    rate(r.one_answer_calls_per_s),
                 ]],
             ));
         }
@@ -477,6 +495,8 @@ mod tests {
                 record_calls_per_s: 4000.0,
                 replay_ms: 150.0,
                 replay_calls_per_s: 66_666.0,
+                one_answer_ms: 100.0,
+                one_answer_calls_per_s: 100_000.0,
                 replayed: 10_000,
             }),
             payload: Some(vec![Payload {
