@@ -23,80 +23,11 @@ struct Seen {
     turns: Vec<pb::SubmitTurnRequest>,
     completed: Vec<pb::CompleteRunRequest>,
     forks: Vec<pb::ForkRunRequest>,
-    /// Turns asked for in one answer (`CallTurn`), and by the stream (`SubmitTurn`).
-    one_answer: u32,
-    streamed: u32,
-}
-
-/// How the scripted kernel answers `CallTurn`.
-#[derive(Clone, Copy, Default, PartialEq)]
-enum OneAnswer {
-    /// With the turn's results.
-    #[default]
-    Results,
-    /// With an answer over the client's 4 MiB message size.
-    TooBig,
-    /// As a kernel from before `CallTurn`.
-    Unimplemented,
 }
 
 #[derive(Clone, Default)]
 struct ScriptedKernel {
     seen: Arc<Mutex<Seen>>,
-    one_answer: Arc<Mutex<OneAnswer>>,
-}
-
-/// Progress then a result for each call of a turn: `add` answered with the sum, any other tool
-/// as unknown.
-fn turn_items(request: &pb::SubmitTurnRequest) -> Vec<pb::submit_turn_response::Item> {
-    use pb::submit_turn_response::Item;
-    let mut items = Vec::new();
-    for (position, call) in request.calls.iter().enumerate() {
-        let position = position as u32;
-        let step_key = format!("t{}/p{position}", request.turn);
-        items.push(Item::Progress(pb::Progress {
-            run_id: request.run_id.clone(),
-            step_key: step_key.clone(),
-            position,
-            tool: call.tool.clone(),
-            message: "working".into(),
-            data_json: r#"{"k":1}"#.into(),
-            current: 1,
-            total: 2,
-        }));
-        let result = if call.tool == "add" {
-            let args: serde_json::Value = serde_json::from_str(&call.arguments_json).unwrap();
-            let sum = args["a"].as_i64().unwrap() + args["b"].as_i64().unwrap();
-            pb::CallResult {
-                status: pb::CallStatus::Ok as i32,
-                content: sum.to_string(),
-                output_json: sum.to_string(),
-                attempts: 1,
-                ..Default::default()
-            }
-        } else {
-            pb::CallResult {
-                status: pb::CallStatus::Error as i32,
-                content: format!("unknown tool '{}'; available: add", call.tool),
-                error_kind: pb::ErrorKind::Fatal as i32,
-                ..Default::default()
-            }
-        };
-        items.push(Item::Result(pb::CallResult {
-            position,
-            step_key,
-            tool: call.tool.clone(),
-            ..result
-        }));
-    }
-    items
-}
-
-fn known_run(request: &pb::SubmitTurnRequest) -> Result<(), Status> {
-    match request.run_id.as_str() {
-        "run-1" => Ok(()),
-        other => Err(Status::not_found(format!("run '{other}' not found"))),
-    }
 }
 
 fn run(id: &str) -> pb::Run {
@@ -200,43 +131,61 @@ impl RunService for ScriptedKernel {
 impl ToolCallService for ScriptedKernel {
     type SubmitTurnStream = Items<pb::SubmitTurnResponse>;
 
-    /// As `OneAnswer` says: the results, an answer too big to read, or none.
-    async fn call_turn(&self, request: Request<pb::CallTurnRequest>) -> Result<Response<pb::CallTurnResponse>, Status> {
-        use pb::submit_turn_response::Item;
-        let request = request.into_inner().turn.unwrap_or_default();
-        let mode = *self.one_answer.lock().unwrap();
-        self.seen.lock().unwrap().one_answer += 1;
-        if mode == OneAnswer::Unimplemented {
-            return Err(Status::unimplemented("unknown method CallTurn"));
-        }
-        known_run(&request)?;
-        self.seen.lock().unwrap().turns.push(request.clone());
-        let mut answer = pb::CallTurnResponse::default();
-        for item in turn_items(&request) {
-            match item {
-                Item::Result(result) => answer.results.push(result),
-                Item::Progress(progress) => answer.progress.push(progress),
-                Item::Interrupted(interruption) => answer.interruptions.push(interruption),
-            }
-        }
-        if mode == OneAnswer::TooBig {
-            answer.results[0].content = "x".repeat(5 << 20);
-        }
-        Ok(Response::new(answer))
+    /// The SDK drives turns with `SubmitTurn`; a call here is a mistake the test should see.
+    async fn call_turn(&self, _: Request<pb::CallTurnRequest>) -> Result<Response<pb::CallTurnResponse>, Status> {
+        Err(Status::unimplemented("not scripted"))
     }
 
+    /// Answers `add` with the sum, any other tool as unknown; progress before each result.
     async fn submit_turn(
         &self,
         request: Request<pb::SubmitTurnRequest>,
     ) -> Result<Response<Self::SubmitTurnStream>, Status> {
+        use pb::submit_turn_response::Item;
         let request = request.into_inner();
-        known_run(&request)?;
-        {
-            let mut seen = self.seen.lock().unwrap();
-            seen.streamed += 1;
-            seen.turns.push(request.clone());
+        if request.run_id != "run-1" {
+            return Err(Status::not_found(format!("run '{}' not found", request.run_id)));
         }
-        let items = turn_items(&request);
+        self.seen.lock().unwrap().turns.push(request.clone());
+        let mut items = Vec::new();
+        for (position, call) in request.calls.iter().enumerate() {
+            let position = position as u32;
+            let step_key = format!("t{}/p{position}", request.turn);
+            items.push(Item::Progress(pb::Progress {
+                run_id: request.run_id.clone(),
+                step_key: step_key.clone(),
+                position,
+                tool: call.tool.clone(),
+                message: "working".into(),
+                data_json: r#"{"k":1}"#.into(),
+                current: 1,
+                total: 2,
+            }));
+            let result = if call.tool == "add" {
+                let args: serde_json::Value = serde_json::from_str(&call.arguments_json).unwrap();
+                let sum = args["a"].as_i64().unwrap() + args["b"].as_i64().unwrap();
+                pb::CallResult {
+                    status: pb::CallStatus::Ok as i32,
+                    content: sum.to_string(),
+                    output_json: sum.to_string(),
+                    attempts: 1,
+                    ..Default::default()
+                }
+            } else {
+                pb::CallResult {
+                    status: pb::CallStatus::Error as i32,
+                    content: format!("unknown tool '{}'; available: add", call.tool),
+                    error_kind: pb::ErrorKind::Fatal as i32,
+                    ..Default::default()
+                }
+            };
+            items.push(Item::Result(pb::CallResult {
+                position,
+                step_key,
+                tool: call.tool.clone(),
+                ..result
+            }));
+        }
         let stream = futures_util::stream::iter(items).map(|item| Ok(pb::SubmitTurnResponse { item: Some(item) }));
         Ok(Response::new(Box::pin(stream)))
     }
@@ -352,7 +301,7 @@ async fn a_turn_streams_progress_then_results() {
 
 #[tokio::test]
 async fn call_turn_keeps_only_results() {
-    let (client, kernel) = start().await;
+    let (client, _kernel) = start().await;
     let run = client.run("run-1");
     let outcomes = run
         .call_turn(0, vec![Call::new("add", json!({"a": 1, "b": 1}))])
@@ -360,35 +309,6 @@ async fn call_turn_keeps_only_results() {
         .unwrap();
     assert_eq!(outcomes.len(), 1);
     assert_eq!(outcomes[0].content, "2");
-    let seen = kernel.seen.lock().unwrap();
-    assert_eq!((seen.one_answer, seen.streamed), (1, 0), "asked in one answer");
-}
-
-#[tokio::test]
-async fn call_turn_takes_the_stream_when_one_answer_cannot_do() {
-    let (client, kernel) = start().await;
-    let run = client.run("run-1");
-    let asked = || {
-        let seen = kernel.seen.lock().unwrap();
-        (seen.one_answer, seen.streamed)
-    };
-    let add = |a: i64| vec![Call::new("add", json!({"a": a, "b": 1}))];
-
-    // Over the client's message size: that turn by the stream, the next in one answer again.
-    *kernel.one_answer.lock().unwrap() = OneAnswer::TooBig;
-    let outcomes = run.call_turn(0, add(1)).await.unwrap();
-    assert_eq!(outcomes[0].content, "2");
-    assert_eq!(asked(), (1, 1));
-    *kernel.one_answer.lock().unwrap() = OneAnswer::Results;
-    run.call_turn(1, add(2)).await.unwrap();
-    assert_eq!(asked(), (2, 1));
-
-    // A kernel from before `CallTurn`: the stream, from then on, for every clone of the client.
-    *kernel.one_answer.lock().unwrap() = OneAnswer::Unimplemented;
-    let outcomes = run.call_turn(2, add(3)).await.unwrap();
-    assert_eq!(outcomes[0].content, "4");
-    client.clone().run("run-1").call_turn(3, add(4)).await.unwrap();
-    assert_eq!(asked(), (3, 3), "asked once, then streamed");
 }
 
 #[tokio::test]

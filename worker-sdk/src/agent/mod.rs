@@ -14,7 +14,6 @@ pub(crate) mod wire;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::{Stream, TryStreamExt, future, stream};
 use kernel_proto::v1 as pb;
@@ -536,9 +535,6 @@ pub struct AgentClient {
     addr: Option<Arc<str>>,
     /// How long [`RunHandle::call_turn`] resubmits a turn the kernel went away from.
     reconnect: std::time::Duration,
-    /// Whether [`RunHandle::call_turn`] asks for each turn in one answer (`CallTurn`): until a
-    /// kernel from before it answers `UNIMPLEMENTED`, for every clone of this client.
-    one_answer_turns: Arc<AtomicBool>,
 }
 
 /// How long a turn is resubmitted while the kernel is away (stopping, restarting, or a replica
@@ -589,7 +585,6 @@ impl AgentClient {
             api_key: None,
             addr: None,
             reconnect: DEFAULT_RECONNECT,
-            one_answer_turns: Arc::new(AtomicBool::new(true)),
         }
     }
 
@@ -841,18 +836,12 @@ impl RunHandle {
         turn: u32,
         calls: Vec<Call>,
     ) -> impl Stream<Item = Result<TurnItem, AgentError>> + Send + 'static {
-        self.stream_turn(self.turn_request(turn, calls))
-    }
-
-    fn turn_request(&self, turn: u32, calls: Vec<Call>) -> pb::SubmitTurnRequest {
-        wire::submit_turn_request(&self.id, turn, calls, (&self.offered_tools, self.max_concurrency))
-    }
-
-    fn stream_turn(
-        &self,
-        request: pb::SubmitTurnRequest,
-    ) -> impl Stream<Item = Result<TurnItem, AgentError>> + Send + 'static {
-        let request = self.client.request(request);
+        let request = self.client.request(wire::submit_turn_request(
+            &self.id,
+            turn,
+            calls,
+            (&self.offered_tools, self.max_concurrency),
+        ));
         let mut client = self.client.calls.clone();
         let addr = self.client.addr.clone();
         let opened = async move {
@@ -868,10 +857,7 @@ impl RunHandle {
     }
 
     /// Submits one turn's calls and returns their results in position order, ignoring progress;
-    /// a call parked for approval is waited for until someone answers. It asks for the turn in
-    /// one answer (`CallTurn`), which costs less than the stream; a turn whose results are over
-    /// this client's message size (4 MiB) comes by the stream instead, as does every turn once a
-    /// kernel from before `CallTurn` said it has none. When the kernel goes away
+    /// a call parked for approval is waited for until someone answers. When the kernel goes away
     /// meanwhile (it drains to stop, or the connection breaks), the turn is submitted again, with
     /// a backoff, for up to [`AgentClient::reconnect_for`]: the kernel answers a resubmitted turn
     /// from its record, so no call runs twice.
@@ -897,31 +883,7 @@ impl RunHandle {
     }
 
     async fn collect_turn(&self, turn: u32, calls: Vec<Call>) -> Result<Vec<CallOutcome>, AgentError> {
-        let request = self.turn_request(turn, calls);
-        if self.client.one_answer_turns.load(Ordering::Relaxed) {
-            let one = self.client.request(pb::CallTurnRequest {
-                turn: Some(request.clone()),
-            });
-            match self.client.calls.clone().call_turn(one).await {
-                Ok(answer) => {
-                    return answer
-                        .into_inner()
-                        .results
-                        .into_iter()
-                        .map(wire::call_outcome)
-                        .collect();
-                }
-                // A kernel from before `CallTurn`: the stream, from now on.
-                Err(status) if status.code() == tonic::Code::Unimplemented => {
-                    self.client.one_answer_turns.store(false, Ordering::Relaxed);
-                }
-                // An answer over this client's message size: this turn by the stream, which the
-                // kernel serves from its record one result at a time.
-                Err(status) if status.code() == tonic::Code::OutOfRange => {}
-                Err(status) => return Err(failed(self.client.addr.as_deref(), status).await),
-            }
-        }
-        self.stream_turn(request)
+        self.submit_turn(turn, calls)
             .try_filter_map(|item| {
                 future::ready(Ok(match item {
                     TurnItem::Result(outcome) => Some(outcome),
