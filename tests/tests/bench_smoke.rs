@@ -106,6 +106,7 @@ async fn quick_bench_reports_every_section() {
         "every call replayed: {replay}"
     );
     positive(&replay["replay_ms"], "replay time");
+    positive(&replay["one_answer_ms"], "replay time in one answer per turn");
 
     let sizes = report["payload"].as_array().expect("payload sizes");
     let bytes: Vec<u64> = sizes.iter().map(|p| p["bytes"].as_u64().unwrap()).collect();

@@ -102,6 +102,17 @@ enum Resubmit {
     OneAnswer,
 }
 
+/// A turn of `calls` of run `run_id`, with no offer and the run's own bound.
+fn turn_request(run_id: &str, turn: u32, calls: Vec<pb::ToolCall>) -> pb::SubmitTurnRequest {
+    pb::SubmitTurnRequest {
+        run_id: run_id.to_owned(),
+        turn,
+        calls,
+        offered_tools: Vec::new(),
+        max_concurrency: 0,
+    }
+}
+
 pub(super) fn noop_call() -> pb::ToolCall {
     pb::ToolCall {
         tool: NOOP.into(),
@@ -245,13 +256,7 @@ impl Agent {
         calls: Vec<pb::ToolCall>,
     ) -> Result<Vec<pb::CallResult>, BenchError> {
         let mut client = self.calls[lane % self.calls.len()].clone();
-        let request = pb::SubmitTurnRequest {
-            run_id: run_id.to_owned(),
-            turn,
-            calls,
-            offered_tools: Vec::new(),
-            max_concurrency: 0,
-        };
+        let request = turn_request(run_id, turn, calls);
         let turn = async {
             let mut stream = client.submit_turn(request).await?.into_inner();
             let mut results = Vec::new();
@@ -267,8 +272,8 @@ impl Agent {
             .map_err(|_| BenchError::Stalled(TURN_TIMEOUT.as_secs()))?
     }
 
-    /// Submits one turn as `CallTurn`: every result in one answer, as the SDKs' `call_turn` asks
-    /// for them.
+    /// Submits one turn as `CallTurn`: every result in one answer, as the Python SDK's
+    /// `call_turn` asks for them.
     async fn call_turn(
         &self,
         lane: usize,
@@ -278,13 +283,7 @@ impl Agent {
     ) -> Result<Vec<pb::CallResult>, BenchError> {
         let mut client = self.calls[lane % self.calls.len()].clone();
         let request = pb::CallTurnRequest {
-            turn: Some(pb::SubmitTurnRequest {
-                run_id: run_id.to_owned(),
-                turn,
-                calls,
-                offered_tools: Vec::new(),
-                max_concurrency: 0,
-            }),
+            turn: Some(turn_request(run_id, turn, calls)),
         };
         let answered = tokio::time::timeout(TURN_TIMEOUT, client.call_turn(request))
             .await
@@ -493,42 +492,18 @@ impl Agent {
     /// back from the log.
     pub async fn replay(&self, progress: &Progress, turns: u32, calls: u32) -> Result<Replay, BenchError> {
         let total = u64::from(turns) * u64::from(calls);
-        progress.phase(format!("replay, recording {turns} turns of {calls} calls"), total);
-        let run_id = self.create_run("replay").await?;
         let batch = vec![noop_call(); calls as usize];
-        let recording = Instant::now();
-        for turn in 0..turns {
-            let results = self.submit(0, &run_id, turn, batch.clone()).await?;
-            check_results(&results, calls as usize)?;
-            if let Some(replayed) = results.iter().position(|r| r.replayed) {
-                return Err(BenchError::Unexpected(format!(
-                    "the first submission of turn {turn} served position {replayed} from the log; \
-                     the kernel already knew this run"
-                )));
-            }
-            progress.add(u64::from(calls));
-        }
-        let record = recording.elapsed();
-        progress.finish(&format!("{:.0} calls/s", total as f64 / record.as_secs_f64()));
-
-        progress.phase(format!("replay, resubmitting {turns} turns of {calls} calls"), total);
-        let (replay, replayed) = self
-            .resubmit(progress, &run_id, turns, &batch, Resubmit::Streamed)
+        let (run_id, record) = self.record(progress, "replay", turns, &batch).await?;
+        let replay = self
+            .resubmit_all(progress, &run_id, turns, &batch, Resubmit::Streamed)
             .await?;
-        progress.finish(&format!("{} results from the log in {:.1}ms", replayed, millis(replay)));
-        progress.phase(
-            format!("replay, resubmitting {turns} turns of {calls} calls, each in one answer"),
-            total,
-        );
-        let (one_answer, _) = self
-            .resubmit(progress, &run_id, turns, &batch, Resubmit::OneAnswer)
+        // A run of its own, recorded the same way, so that each way is the first to resubmit
+        // its turns.
+        let (one_answer_run, _) = self.record(progress, "replay-one-answer", turns, &batch).await?;
+        let one_answer = self
+            .resubmit_all(progress, &one_answer_run, turns, &batch, Resubmit::OneAnswer)
             .await?;
-        progress.finish(&format!(
-            "{} results from the log in {:.1}ms",
-            replayed,
-            millis(one_answer)
-        ));
-        self.complete_runs(vec![run_id.clone()]).await?;
+        self.complete_runs(vec![run_id.clone(), one_answer_run]).await?;
         Ok(Replay {
             run_id,
             turns,
@@ -540,40 +515,102 @@ impl Agent {
             replay_calls_per_s: total as f64 / replay.as_secs_f64().max(1e-9),
             one_answer_ms: millis(one_answer),
             one_answer_calls_per_s: total as f64 / one_answer.as_secs_f64().max(1e-9),
-            replayed,
+            replayed: total,
         })
     }
 
-    /// Submits every turn of a recorded run again, `how`; the time it took and the results
-    /// served, every one of which must come from the log.
-    async fn resubmit(
+    /// A new run of agent `agent` made of `turns` turns of `batch`, recorded one after the
+    /// other; with the time that took.
+    async fn record(
+        &self,
+        progress: &Progress,
+        agent: &str,
+        turns: u32,
+        batch: &[pb::ToolCall],
+    ) -> Result<(String, Duration), BenchError> {
+        let calls = batch.len() as u64;
+        progress.phase(
+            format!("{agent}, recording {turns} turns of {calls} calls"),
+            u64::from(turns) * calls,
+        );
+        let run_id = self.create_run(agent).await?;
+        let recording = Instant::now();
+        for turn in 0..turns {
+            let results = self.submit(0, &run_id, turn, batch.to_vec()).await?;
+            check_results(&results, batch.len())?;
+            if let Some(replayed) = results.iter().position(|r| r.replayed) {
+                return Err(BenchError::Unexpected(format!(
+                    "the first submission of turn {turn} served position {replayed} from the log; \
+                     the kernel already knew this run"
+                )));
+            }
+            progress.add(calls);
+        }
+        let record = recording.elapsed();
+        progress.finish(&format!(
+            "{:.0} calls/s",
+            (u64::from(turns) * calls) as f64 / record.as_secs_f64()
+        ));
+        Ok((run_id, record))
+    }
+
+    /// Submits every turn of recorded run `run_id` again, `how`: the time it took, every result
+    /// having come from the log.
+    async fn resubmit_all(
         &self,
         progress: &Progress,
         run_id: &str,
         turns: u32,
         batch: &[pb::ToolCall],
         how: Resubmit,
-    ) -> Result<(Duration, u64), BenchError> {
-        let mut replayed = 0;
-        let replaying = Instant::now();
+    ) -> Result<Duration, BenchError> {
+        let calls = batch.len() as u64;
+        let way = match how {
+            Resubmit::Streamed => "streamed",
+            Resubmit::OneAnswer => "in one answer",
+        };
+        progress.phase(
+            format!("replay, resubmitting {turns} turns of {calls} calls, {way}"),
+            u64::from(turns) * calls,
+        );
+        let mut took = Duration::ZERO;
         for turn in 0..turns {
-            let results = match how {
-                Resubmit::Streamed => self.submit(0, run_id, turn, batch.to_vec()).await?,
-                Resubmit::OneAnswer => self.call_turn(0, run_id, turn, batch.to_vec()).await?,
-            };
-            check_results(&results, batch.len())?;
-            let fresh = results.iter().filter(|r| !r.replayed).count();
-            if fresh > 0 {
-                return Err(BenchError::NotReplayed {
-                    turn,
-                    fresh,
-                    calls: results.len(),
-                });
-            }
-            replayed += results.len() as u64;
-            progress.add(batch.len() as u64);
+            took += self.resubmit(run_id, turn, batch, how).await?;
+            progress.add(calls);
         }
-        Ok((replaying.elapsed(), replayed))
+        progress.finish(&format!(
+            "{} results from the log in {:.1}ms",
+            u64::from(turns) * calls,
+            millis(took)
+        ));
+        Ok(took)
+    }
+
+    /// Submits turn `turn` of a recorded run again, `how`: the time it took, every result
+    /// having come from the log.
+    async fn resubmit(
+        &self,
+        run_id: &str,
+        turn: u32,
+        batch: &[pb::ToolCall],
+        how: Resubmit,
+    ) -> Result<Duration, BenchError> {
+        let sent = Instant::now();
+        let results = match how {
+            Resubmit::Streamed => self.submit(0, run_id, turn, batch.to_vec()).await?,
+            Resubmit::OneAnswer => self.call_turn(0, run_id, turn, batch.to_vec()).await?,
+        };
+        let took = sent.elapsed();
+        check_results(&results, batch.len())?;
+        let fresh = results.iter().filter(|r| !r.replayed).count();
+        if fresh > 0 {
+            return Err(BenchError::NotReplayed {
+                turn,
+                fresh,
+                calls: results.len(),
+            });
+        }
+        Ok(took)
     }
 
     /// `calls` calls whose results are `size` long, from `concurrency` runs.

@@ -41,8 +41,8 @@ pub enum Section {
     Sustained,
     /// One turn of many calls at once.
     Fanout,
-    /// A recorded run's turns submitted again, their results streamed, then each turn's in one
-    /// answer: every result served from the log.
+    /// A recorded run's turns submitted again, their results streamed, and another's, each
+    /// turn's in one answer: every result served from the log.
     Replay,
     /// Results of growing size: calls/s and MB/s.
     Payload,

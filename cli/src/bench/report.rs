@@ -84,8 +84,8 @@ pub struct Replay {
     /// (`SubmitTurn`).
     pub replay_ms: f64,
     pub replay_calls_per_s: f64,
-    /// The same again, each turn's results in one answer (`CallTurn`, what the SDKs'
-    /// `call_turn` asks for).
+    /// The same for another run recorded the same way, each turn's results in one answer
+    /// (`CallTurn`, what the Python SDK's `call_turn` asks for).
     pub one_answer_ms: f64,
     pub one_answer_calls_per_s: f64,
     /// Results served from the log; always equal to `calls` (anything else fails the benchmark).
@@ -301,7 +301,7 @@ impl Report {
         }
         if let Some(r) = &self.replay {
             text.push_str(
-                "\nreplay (every turn of a recorded run submitted again: its results streamed, then in one answer)\n",
+                "\nreplay (every turn of a recorded run submitted again, its results streamed; of another, in one answer)\n",
             );
             text.push_str(&table(
                 &[

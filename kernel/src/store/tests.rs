@@ -321,8 +321,8 @@ async fn a_turn_read_serves_exactly_the_calls_asked_whatever_else_its_range_hold
             .map(|p| (calls[*p].key.clone(), calls[*p].call_hash.clone()))
             .collect()
     };
-    let served = |positions: &'static [usize]| {
-        let identities = asked(positions);
+    // The outputs served for these identities, if the turn is served.
+    let serve = |identities: Vec<(StepKey, String)>| {
         let reads = f.store.reads.clone();
         let run = run.id.clone();
         async move {
@@ -330,6 +330,7 @@ async fn a_turn_read_serves_exactly_the_calls_asked_whatever_else_its_range_hold
             served.map(|results| results.into_iter().map(|r| r.output.unwrap()).collect::<Vec<_>>())
         }
     };
+    let served = |positions: &[usize]| serve(asked(positions));
     assert_eq!(served(&[2, 1]).await, Some(vec!["2".to_owned(), "1".to_owned()]));
     assert_eq!(
         served(&[11, 0, 3]).await,
@@ -339,22 +340,18 @@ async fn a_turn_read_serves_exactly_the_calls_asked_whatever_else_its_range_hold
     assert_eq!(served(&[1, 10]).await, None, "a call in flight is the writer's to join");
     let mut mixed = asked(&[1, 2]);
     mixed.push((StepKey::for_call(1, 0, None), calls[0].call_hash.clone()));
-    let (_, served) = f
-        .store
-        .reads
-        .turn::<RecordedResult>(run.id.clone(), mixed)
-        .await
-        .unwrap();
-    assert!(served.is_none(), "a call of another turn, not recorded, is not served");
+    assert_eq!(
+        serve(mixed).await,
+        None,
+        "a call of another turn, not recorded, is not served"
+    );
     let mut changed = asked(&[1, 2]);
     changed[1].1 = calls[3].call_hash.clone();
-    let (_, served) = f
-        .store
-        .reads
-        .turn::<RecordedResult>(run.id.clone(), changed)
-        .await
-        .unwrap();
-    assert!(served.is_none(), "a call asked under another identity is not served");
+    assert_eq!(
+        serve(changed).await,
+        None,
+        "a call asked under another identity is not served"
+    );
 }
 
 /// A call keeps its run's fair share in the store, so the calls a restart finds queued are
