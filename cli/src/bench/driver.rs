@@ -529,10 +529,8 @@ impl Agent {
         batch: &[pb::ToolCall],
     ) -> Result<(String, Duration), BenchError> {
         let calls = batch.len() as u64;
-        progress.phase(
-            format!("{agent}, recording {turns} turns of {calls} calls"),
-            u64::from(turns) * calls,
-        );
+        let total = u64::from(turns) * calls;
+        progress.phase(format!("{agent}, recording {turns} turns of {calls} calls"), total);
         let run_id = self.create_run(agent).await?;
         let recording = Instant::now();
         for turn in 0..turns {
@@ -547,10 +545,7 @@ impl Agent {
             progress.add(calls);
         }
         let record = recording.elapsed();
-        progress.finish(&format!(
-            "{:.0} calls/s",
-            (u64::from(turns) * calls) as f64 / record.as_secs_f64()
-        ));
+        progress.finish(&format!("{:.0} calls/s", total as f64 / record.as_secs_f64()));
         Ok((run_id, record))
     }
 
@@ -565,24 +560,21 @@ impl Agent {
         how: Resubmit,
     ) -> Result<Duration, BenchError> {
         let calls = batch.len() as u64;
+        let total = u64::from(turns) * calls;
         let way = match how {
             Resubmit::Streamed => "streamed",
             Resubmit::OneAnswer => "in one answer",
         };
         progress.phase(
             format!("replay, resubmitting {turns} turns of {calls} calls, {way}"),
-            u64::from(turns) * calls,
+            total,
         );
         let mut took = Duration::ZERO;
         for turn in 0..turns {
             took += self.resubmit(run_id, turn, batch, how).await?;
             progress.add(calls);
         }
-        progress.finish(&format!(
-            "{} results from the log in {:.1}ms",
-            u64::from(turns) * calls,
-            millis(took)
-        ));
+        progress.finish(&format!("{total} results from the log in {:.1}ms", millis(took)));
         Ok(took)
     }
 

@@ -239,7 +239,7 @@ pub fn load_steps<'k>(
 
 /// The rows of `run`'s steps under `keys`, `columns` of each mapped by `from_row`, in one
 /// statement and in no particular order.
-pub fn load_keyed<'k, T>(
+fn load_keyed<'k, T>(
     conn: &Connection<'_>,
     columns: &str,
     from_row: fn(&Row<'_>) -> Result<T>,
@@ -266,16 +266,13 @@ pub fn load_turn_keyed<T>(
     run: &RunId,
     keys: &[&StepKey],
 ) -> Result<Vec<T>> {
-    let one_turn = keys
-        .first()
-        .and_then(|key| key.positional_turn())
-        .filter(|turn| keys.iter().all(|key| key.positional_turn() == Some(*turn)));
-    let (Some(_), Dialect::Sqlite) = (one_turn, conn.dialect()) else {
+    let turn = keys.first().and_then(|key| key.positional_turn());
+    let one_turn = turn.is_some() && keys.iter().all(|key| key.positional_turn() == turn);
+    let (true, Dialect::Sqlite, Some(first), Some(last)) =
+        (one_turn, conn.dialect(), keys.iter().min(), keys.iter().max())
+    else {
         return load_keyed(conn, columns, from_row, run, keys.iter().copied());
     };
-    let (first, last) = keys
-        .iter()
-        .fold((keys[0], keys[0]), |(first, last), key| (first.min(key), last.max(key)));
     conn.prepare_cached(&format!(
         "SELECT {columns} FROM steps WHERE run_id = ?1 AND step_key BETWEEN ?2 AND ?3"
     ))?
