@@ -46,7 +46,7 @@ impl Db {
                 if ok {
                     conn.end_command();
                     conn.flush().unwrap();
-                    assert!(conn.take_failed().is_empty(), "a write failed");
+                    assert!(conn.take_undone().is_empty(), "a write failed");
                     conn.batch("COMMIT").unwrap();
                 } else {
                     conn.undo_command().unwrap();

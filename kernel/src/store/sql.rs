@@ -350,9 +350,13 @@ pub struct PgConn {
     deferred: RefCell<Vec<(usize, Deferred)>>,
     /// The writer's command now writing (numbered in its batch), under savepoint `c<N>`.
     command: Cell<usize>,
-    /// Commands that had ended when one of their writes turned out to fail, with the error: their
-    /// writes are undone and the writer answers them with it ([`PgConn::take_failed`]).
-    failed: RefCell<Vec<(usize, String)>>,
+    /// Commands that had ended when one of their writes turned out to fail, with the error: they
+    /// and every command after them in the batch are undone, and the writer answers them so
+    /// ([`PgConn::take_undone`]).
+    undone: RefCell<Vec<(usize, String)>>,
+    /// The command now writing was undone with an earlier one: its savepoint is gone, and nothing
+    /// more of it goes out.
+    lost: Cell<bool>,
 }
 
 /// A write waiting to go out with the next statement waited for.
@@ -411,7 +415,8 @@ impl PgConn {
             statements: RefCell::new(HashMap::new()),
             deferred: RefCell::new(Vec::new()),
             command: Cell::new(0),
-            failed: RefCell::new(Vec::new()),
+            undone: RefCell::new(Vec::new()),
+            lost: Cell::new(false),
         })
     }
 
@@ -434,12 +439,13 @@ impl PgConn {
     /// waited for.
     pub fn begin_command(&self, index: usize) {
         self.command.set(index);
+        self.lost.set(false);
         self.defer_batch(&format!("SAVEPOINT c{index}"));
     }
 
     /// Ends the command that succeeded, without waiting: its release goes out with the next
-    /// statement waited for. Should one of its writes fail then, the command is undone and
-    /// named in [`PgConn::take_failed`], and what came after it is sent again.
+    /// statement waited for. Should one of its writes fail then, the command is undone with the
+    /// commands after it, named in [`PgConn::take_undone`].
     pub fn end_command(&self) {
         self.defer_batch(&format!("RELEASE SAVEPOINT c{}", self.command.get()));
     }
@@ -448,6 +454,9 @@ impl PgConn {
     /// rolled back to its savepoint (the writes of the commands before it stand).
     pub fn undo_command(&self) -> Result<()> {
         let index = self.command.get();
+        if self.lost.get() {
+            return Ok(());
+        }
         let mut never_sent = false;
         self.deferred.borrow_mut().retain(|(command, deferred)| {
             let dropped = *command == index;
@@ -463,17 +472,22 @@ impl PgConn {
     /// Sends what is deferred and waits for it: after the last command of a batch, before the
     /// commit, so every command's writes are known good or undone when it commits.
     pub fn flush(&self) -> Result<()> {
-        self.command.set(usize::MAX);
+        self.command.set(FLUSHING);
+        self.lost.set(false);
         self.send(|| std::future::ready(Ok(())))
     }
 
-    /// The commands undone after they ended, with what failed them; taken once.
-    pub fn take_failed(&self) -> Vec<(usize, String)> {
-        std::mem::take(&mut *self.failed.borrow_mut())
+    /// Each command found undone after it ended, with what failed it: it and every command after
+    /// it up to the one then writing (or, found by [`PgConn::flush`], to the batch's last) were
+    /// undone. Taken once.
+    pub fn take_undone(&self) -> Vec<(usize, String)> {
+        std::mem::take(&mut *self.undone.borrow_mut())
     }
 
     fn push(&self, deferred: Deferred) {
-        self.deferred.borrow_mut().push((self.command.get(), deferred));
+        if !self.lost.get() {
+            self.deferred.borrow_mut().push((self.command.get(), deferred));
+        }
     }
 
     fn statement(&self, sql: &str) -> Result<postgres::Statement> {
@@ -502,48 +516,63 @@ impl PgConn {
 
     /// Sends the deferred writes, then the statement `last` makes, in one go, and waits for all
     /// of their answers. A failed write of the command now writing is `last`'s error. One of a
-    /// command that already ended undoes that command alone: the writes after it (rejected only
-    /// because the transaction had aborted) and `last` are sent again.
-    fn send<T, F>(&self, last: impl Fn() -> F) -> Result<T>
+    /// command that already ended undoes that command and every one after it, the one now writing
+    /// included: they were applied on what it wrote (the writer's memory of its runs, event
+    /// numbers after its own), so keeping them would keep numbers it never wrote.
+    fn send<T, F>(&self, last: impl FnOnce() -> F) -> Result<T>
     where
         F: std::future::Future<Output = std::result::Result<T, postgres::Error>>,
     {
-        loop {
-            let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
-            let client = &self.client;
-            let earlier: Vec<Pending<'_>> = deferred
-                .iter()
-                .map(|(_, deferred)| -> Pending<'_> {
-                    match deferred {
-                        Deferred::Batch(sql) => Box::pin(client.batch_execute(sql)),
-                        Deferred::Execute(statement, args) => Box::pin(async move {
-                            client
-                                .execute_raw(statement, args.iter().map(OwnedArg::arg))
-                                .await
-                                .map(drop)
-                        }),
-                    }
-                })
-                .collect();
-            let (earlier, last) = self.runtime.block_on(in_order(earlier, last()));
-            let Some((at, error)) = earlier else {
-                return Ok(last?);
-            };
-            let failed = deferred[at].0;
-            if failed == self.command.get() || client.is_closed() {
-                return Err(error.into());
-            }
-            self.runtime.block_on(
-                client.batch_execute(&format!("ROLLBACK TO SAVEPOINT c{failed}; RELEASE SAVEPOINT c{failed}")),
-            )?;
-            self.failed.borrow_mut().push((failed, describe(&error)));
-            let mut again: Vec<(usize, Deferred)> =
-                deferred.into_iter().skip(at).filter(|(c, _)| *c != failed).collect();
-            again.append(&mut self.deferred.borrow_mut());
-            *self.deferred.borrow_mut() = again;
+        if self.lost.get() {
+            return Err(self.lost_error());
+        }
+        let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
+        let client = &self.client;
+        let earlier: Vec<Pending<'_>> = deferred.iter().map(|(_, deferred)| self.sending(deferred)).collect();
+        let (earlier, last) = self.runtime.block_on(in_order(earlier, last()));
+        let Some((at, error)) = earlier else {
+            return Ok(last?);
+        };
+        let failed = deferred[at].0;
+        let now = self.command.get();
+        if failed == now || client.is_closed() {
+            return Err(error.into());
+        }
+        // Everything sent after the failed write was rejected: the transaction had aborted.
+        self.runtime
+            .block_on(client.batch_execute(&format!("ROLLBACK TO SAVEPOINT c{failed}; RELEASE SAVEPOINT c{failed}")))?;
+        self.undone.borrow_mut().push((failed, describe(&error)));
+        if now == FLUSHING {
+            return Ok(last?);
+        }
+        self.lost.set(true);
+        Err(self.lost_error())
+    }
+
+    /// A deferred write on its way.
+    fn sending<'a>(&'a self, deferred: &'a Deferred) -> Pending<'a> {
+        match deferred {
+            Deferred::Batch(sql) => Box::pin(self.client.batch_execute(sql)),
+            Deferred::Execute(statement, args) => Box::pin(async move {
+                self.client
+                    .execute_raw(statement, args.iter().map(OwnedArg::arg))
+                    .await
+                    .map(drop)
+            }),
         }
     }
+
+    /// The answer to every statement of a command undone with an earlier one.
+    fn lost_error(&self) -> Error {
+        let (failed, error) = self.undone.borrow().last().cloned().unwrap_or_default();
+        Error::Backend(format!(
+            "undone with command {failed} of its batch, whose write failed after it ended: {error}"
+        ))
+    }
 }
+
+/// The writer's command number while [`PgConn::flush`] sends the batch's last writes.
+const FLUSHING: usize = usize::MAX;
 
 /// Polls `earlier` and then `last` in order, each time, until all are done: a request goes out on
 /// its future's first poll, so they reach the server in this order. The first error of `earlier`,
@@ -864,17 +893,18 @@ mod tests {
     }
 
     /// A command ends without waiting for its writes. When one of them fails later, that command
-    /// alone is undone and named; the commands after it, whose writes the aborted transaction
-    /// rejected, are sent again and stand, and the statement that found the failure gets its own
-    /// answer.
+    /// is undone with every command after it up to the one whose statement found the failure
+    /// (they were applied on what it wrote), and that statement, and anything more of its
+    /// command, is refused; the commands before it stand, and the commands begun after it go on.
     #[test]
-    fn a_failed_write_of_an_ended_command_undoes_that_command_alone() {
+    fn a_failed_write_of_an_ended_command_undoes_it_and_the_commands_after_it() {
         let Some(server) = e2e::postgres::Postgres::database("store::sql::ended_command") else {
             return;
         };
         let conn = table_t_in_a_transaction(&server);
         let sql = Connection::postgres(&conn);
         let insert = "INSERT INTO t (k, v) VALUES (?1, ?2)";
+        let count = || sql.query_row("SELECT COUNT(*) FROM t", params![], |row| row.get::<i64>(0));
         conn.begin_command(0);
         sql.write(insert, params![1, "first"]).unwrap();
         conn.end_command();
@@ -888,32 +918,40 @@ mod tests {
         conn.end_command();
         conn.begin_command(3);
         sql.write(insert, params![5, "fourth"]).unwrap();
-        let count: i64 = sql
-            .query_row("SELECT COUNT(*) FROM t", params![], |row| row.get(0))
-            .unwrap();
-        assert_eq!(
-            count, 3,
-            "commands 0, 2 and 3 (so far) stand, all of command 1 is undone"
-        );
-        let failed = conn.take_failed();
-        assert_eq!(failed.len(), 1, "{failed:?}");
-        assert_eq!(failed[0].0, 1);
+        let error = count().unwrap_err().to_string();
         assert!(
-            failed[0].1.contains("23505"),
-            "the duplicate's own error: {}",
-            failed[0].1
+            error.contains("undone with command 1") && error.contains("23505"),
+            "the statement that found it names the command and its error: {error}"
         );
-
+        let undone = conn.take_undone();
+        assert_eq!(undone.len(), 1, "{undone:?}");
+        assert_eq!(undone[0].0, 1, "commands 1 to 3 are undone");
+        assert!(
+            undone[0].1.contains("23505"),
+            "the duplicate's own error: {}",
+            undone[0].1
+        );
+        sql.write(insert, params![6, "more of the fourth"]).unwrap();
+        assert!(count().is_err(), "nothing more of the undone command goes out");
         conn.end_command();
+        conn.undo_command().unwrap();
+
         conn.begin_command(4);
-        sql.write(insert, params![5, "fourth again"]).unwrap();
+        assert_eq!(count().unwrap(), 1, "only command 0 stands");
+        sql.write(insert, params![5, "fifth"]).unwrap();
+        conn.end_command();
+        conn.begin_command(5);
+        sql.write(insert, params![5, "sixth, a duplicate"]).unwrap();
+        conn.end_command();
+        conn.begin_command(6);
+        sql.write(insert, params![7, "seventh"]).unwrap();
         conn.end_command();
         conn.flush().unwrap();
-        let failed = conn.take_failed();
+        let undone = conn.take_undone();
         assert_eq!(
-            failed.iter().map(|f| f.0).collect::<Vec<_>>(),
-            [4],
-            "found by the flush"
+            undone.iter().map(|f| f.0).collect::<Vec<_>>(),
+            [5],
+            "found by the flush: commands 5 and 6 are undone"
         );
         conn.batch("COMMIT").unwrap();
         let rows: Vec<(i64, String)> = sql
@@ -923,7 +961,7 @@ mod tests {
             .unwrap()
             .collect::<super::Result<_>>()
             .unwrap();
-        let expected = [(1, "first"), (4, "third"), (5, "fourth")];
+        let expected = [(1, "first"), (5, "fifth")];
         assert_eq!(rows, expected.map(|(k, v)| (k, v.to_owned())));
     }
 

@@ -2588,6 +2588,138 @@ async fn a_batch_s_commands_keep_their_answers_when_one_fails_after_it_wrote(f: 
 
 on_both_stores!(a_batch_s_commands_keep_their_answers_when_one_fails_after_it_wrote);
 
+/// Makes the database refuse, from now on, a `tool:start` event whose payload holds `marker`
+/// (`None` lifts it): a write the writer cannot foresee failing, as a lock timeout or a
+/// deadlock between replicas can fail one.
+async fn refuse_starts_holding(f: &Fixture, marker: Option<&str>) {
+    let sqlite = match marker {
+        Some(marker) => format!(
+            "CREATE TRIGGER refuse_start BEFORE INSERT ON events \
+             WHEN NEW.type = 'tool:start' AND NEW.payload LIKE '%{marker}%' \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+        ),
+        None => "DROP TRIGGER refuse_start".to_owned(),
+    };
+    let postgres = match marker {
+        Some(marker) => format!(
+            "CREATE FUNCTION refuse_start() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               IF NEW.type = 'tool:start' AND NEW.payload LIKE '%{marker}%' THEN \
+                 RAISE EXCEPTION 'refused by the test'; \
+               END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER refuse_start BEFORE INSERT ON events \
+               FOR EACH ROW EXECUTE FUNCTION refuse_start()"
+        ),
+        None => "DROP TRIGGER refuse_start ON events; DROP FUNCTION refuse_start()".to_owned(),
+    };
+    let (url, dir) = (
+        f._postgres.as_ref().map(|server| server.url.clone()),
+        f._dir.as_ref().map(|dir| dir.path().join("k.db")),
+    );
+    tokio::task::spawn_blocking(move || match (url, dir) {
+        (Some(url), _) => super::sql::PgConn::connect(&url.parse().unwrap())
+            .unwrap()
+            .batch(&postgres)
+            .unwrap(),
+        (None, Some(file)) => rusqlite::Connection::open(file)
+            .unwrap()
+            .execute_batch(&sqlite)
+            .unwrap(),
+        (None, None) => unreachable!("a fixture has a database"),
+    })
+    .await
+    .unwrap();
+}
+
+/// A command of a batch whose write fails after it ended (on PostgreSQL the writes go out with
+/// a later statement) takes with it the commands after it that were applied on what it wrote:
+/// its run's next starts, numbered after its own event. Every answer says what the log holds,
+/// the log stays gap-free, and the calls start once the database takes them.
+async fn a_write_failing_after_its_command_ended_leaves_no_gap_behind(f: Fixture) {
+    let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let (holder, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let add = |p| {
+        call(
+            0,
+            p,
+            Some(tool("add", Idempotency::SafeToRetry)),
+            "add",
+            &format!(r#"{{"p":{p}}}"#),
+        )
+    };
+    let turn = f
+        .store
+        .schedule_turn(plan(&run.id, 0, (0..3).map(add).collect()))
+        .await
+        .unwrap();
+    let steps: Vec<StepRecord> = turn.iter().map(scheduled).collect();
+    refuse_starts_holding(&f, Some("d-refused")).await;
+
+    // The writer is held inside a batch, so the starts are queued and applied as one batch.
+    let (entered, is_entered) = tokio::sync::oneshot::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let early: EarlyDispatch = Box::new(move |_| {
+        entered.send(()).unwrap();
+        released.recv().unwrap();
+    });
+    let mut holding = add(0);
+    holding.start = Some(slot(&holder.id, holding.key.clone(), "d-holder"));
+    let held = tokio::spawn({
+        let store = f.store.clone();
+        let plan = plan(&holder.id, 0, vec![holding]);
+        async move { store.record_turn_dispatching(plan, early).await }
+    });
+    is_entered.await.unwrap();
+    let dispatches = ["d-refused", "d-1", "d-2"];
+    let mut starts = Vec::new();
+    for (step, dispatch) in steps.iter().zip(dispatches) {
+        let start = slot(&run.id, step.key.clone(), dispatch);
+        starts.push(queued(Box::pin(f.store.start_dispatch(start))).await);
+    }
+    release.send(()).unwrap();
+    held.await.unwrap().unwrap();
+
+    let mut answers = Vec::new();
+    for start in starts {
+        answers.push(start.await);
+    }
+    let refused = answers[0].as_ref().unwrap_err().to_string();
+    assert!(refused.contains("refused by the test"), "{refused}");
+    let log = events(&f.store, &run.id).await;
+    assert_gap_free(&log);
+    for (answer, dispatch) in answers.iter().zip(dispatches) {
+        let logged = log
+            .iter()
+            .any(|e| e.kind == EventType::ToolStart && e.payload.contains(dispatch));
+        match answer {
+            Ok(started) => {
+                assert!(
+                    started.is_some() && logged,
+                    "{dispatch} started and its start is logged"
+                )
+            }
+            Err(error) => assert!(!logged, "{dispatch} was refused ({error}) and left no start behind"),
+        }
+    }
+
+    refuse_starts_holding(&f, None).await;
+    for ((answer, step), dispatch) in answers.iter().zip(&steps).zip(dispatches) {
+        if answer.is_err() {
+            let again = f
+                .store
+                .start_dispatch(slot(&run.id, step.key.clone(), &format!("{dispatch}-again")));
+            assert!(
+                again.await.unwrap().is_some(),
+                "{dispatch} starts once the database takes it"
+            );
+        }
+    }
+    let log = events(&f.store, &run.id).await;
+    assert_gap_free(&log);
+    assert_eq!(log.iter().filter(|e| e.kind == EventType::ToolStart).count(), 3);
+}
+
+on_both_stores!(a_write_failing_after_its_command_ended_leaves_no_gap_behind);
+
 /// A turn's count of calls reaches the run's row in the turn's commit, in the statement that
 /// writes the run's last event number: the database holds what the writer counts, and a turn
 /// past `max_tool_calls` is refused by a writer that holds the run as by one that must read it.

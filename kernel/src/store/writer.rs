@@ -7,7 +7,6 @@
 //! none (see [`Isolation`]).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 
 use tokio::sync::oneshot;
@@ -441,16 +440,26 @@ impl WriteConn {
         }
     }
 
-    /// After a batch's last command: sends what waits to go out, and names the commands that
-    /// were undone after they ended because one of their writes failed, with the error.
-    fn undone(&self) -> Result<Vec<(usize, String)>, String> {
+    /// After a batch's last command: sends what waits to go out, and names each command undone
+    /// after it ended because one of its writes failed, with the error ([`WriteConn::undone`]).
+    fn flush(&self) -> Result<Vec<(usize, String)>, String> {
         match self {
             WriteConn::Sqlite(..) => Ok(Vec::new()),
             WriteConn::Postgres { conn, .. } => {
                 let flushed = conn.flush();
-                let failed = conn.take_failed();
-                flushed.map(|()| failed).map_err(|e| e.to_string())
+                let undone = conn.take_undone();
+                flushed.map(|()| undone).map_err(|e| e.to_string())
             }
+        }
+    }
+
+    /// Each command of the batch so far found undone after it ended because one of its writes
+    /// failed (on PostgreSQL, whose writes go out with a later statement), with the error: it and
+    /// every command after it were undone ([`PgConn::take_undone`]).
+    fn undone(&self) -> Vec<(usize, String)> {
+        match self {
+            WriteConn::Sqlite(..) => Vec::new(),
+            WriteConn::Postgres { conn, .. } => conn.take_undone(),
         }
     }
 
@@ -764,7 +773,10 @@ fn apply_batch(
     for (index, command) in batch.into_iter().enumerate() {
         let isolation = conn.isolation(&command, (index, commands));
         match apply_isolated((conn, cache), (replica, now), isolation, command) {
-            Ok(done) => applied.push(done),
+            Ok(done) => {
+                applied.push(done);
+                undo_from(&mut applied, cache, conn.undone());
+            }
             Err(spoiled) => {
                 let Spoiled { applied: failed, error } = *spoiled;
                 tracing::warn!(%error, undone = applied.len(), "a command failed after it wrote; its batch is undone");
@@ -777,6 +789,25 @@ fn apply_batch(
         }
     }
     applied
+}
+
+/// Answers each command the database undid after it ended (a write of its failed, sent with a
+/// later statement) with that error, and the commands after it, undone with it because they were
+/// applied on what it wrote, with why.
+fn undo_from(applied: &mut Vec<Applied>, cache: &RefCell<Cache>, undone: Vec<(usize, String)>) {
+    if undone.is_empty() {
+        return;
+    }
+    // Which rows the undone commands had changed is not worth tracking for so rare a case.
+    cache.borrow_mut().clear();
+    for (from, error) in undone {
+        tracing::warn!(%error, command = from, undone = applied.len().saturating_sub(from), "a command's write failed after it ended; it and the commands after it are undone");
+        let mut later = applied.split_off(from.min(applied.len())).into_iter();
+        applied.extend(later.next().map(|failed| failed.undone(error.clone())));
+        let message =
+            format!("undone with an earlier command of its batch, whose write failed after it ended: {error}");
+        applied.extend(later.map(|a| a.undone(message.clone())));
+    }
 }
 
 fn fail_command(command: Command, error: KernelError) -> Responder {
@@ -1048,17 +1079,16 @@ struct Gathered {
     shards: std::collections::BTreeSet<u32>,
 }
 
-/// Gathers what the applied commands left, each command the database undid (a deferred write
-/// of its failed) answered with its error instead.
-fn gather(conn: &WriteConn, cache: &RefCell<Cache>, applied: Vec<Applied>) -> Gathered {
-    let (mut undone, flush_error) = match conn.undone() {
-        Ok(undone) => (undone.into_iter().collect::<HashMap<_, _>>(), None),
-        Err(error) => (HashMap::new(), Some(error)),
+/// Gathers what the applied commands left, each command the database undid (see [`undo_from`])
+/// answered with why instead.
+fn gather(conn: &WriteConn, cache: &RefCell<Cache>, mut applied: Vec<Applied>) -> Gathered {
+    let flush_error = match conn.flush() {
+        Ok(undone) => {
+            undo_from(&mut applied, cache, undone);
+            None
+        }
+        Err(error) => Some(error),
     };
-    if !undone.is_empty() {
-        // Which rows the undone commands had changed is not worth tracking for so rare a case.
-        cache.borrow_mut().clear();
-    }
     let mut gathered = Gathered {
         published: Vec::new(),
         effects: Vec::new(),
@@ -1069,11 +1099,7 @@ fn gather(conn: &WriteConn, cache: &RefCell<Cache>, applied: Vec<Applied>) -> Ga
         flush_error,
         shards: Default::default(),
     };
-    for (index, command) in applied.into_iter().enumerate() {
-        let mut command = match undone.remove(&index) {
-            Some(error) => command.undone(error),
-            None => command,
-        };
+    for mut command in applied {
         gathered.sync |= command.sync;
         gathered.shards.append(&mut command.shards);
         gathered.published.append(&mut command.published);
