@@ -2938,3 +2938,96 @@ async fn a_shard_changes_owner_only_at_the_epoch_it_was_read_at(f: Fixture) {
     );
     assert_eq!(rows[1].epoch, 2);
 }
+
+/// Among replicas a claim marks waiting calls of any shard, and their rows stay locked until its
+/// batch commits. A command after it in the same batch that waited for a lock another replica
+/// holds (a rate limit's bucket), while that replica waited for a claimed row (its own call's,
+/// to start it), would deadlock the two: the database would end one of them after a second. A
+/// batch's claims go last, after every command that may wait.
+#[tokio::test]
+async fn a_batch_s_claims_hold_their_rows_only_once_nothing_after_them_waits() {
+    let Some(f) = open_postgres("store::tests::a_batch_s_claims_go_last").await else {
+        return;
+    };
+    let url = f._postgres.as_ref().expect("a server").url.clone();
+    let (run, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let (other, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let turn = |name: &'static str| call(0, 0, Some(tool(name, Idempotency::SafeToRetry)), name, "{}");
+    let claimable = scheduled(
+        &f.store
+            .schedule_turn(plan(&run.id, 0, vec![turn("add")]))
+            .await
+            .unwrap()[0],
+    );
+    let limited = scheduled(
+        &f.store
+            .schedule_turn(plan(&other.id, 0, vec![turn("slow")]))
+            .await
+            .unwrap()[0],
+    );
+
+    // Another replica's transaction holds the limit's bucket, as its start of a call would.
+    let (replica, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    replica
+        .batch_execute(
+            "BEGIN; INSERT INTO limit_buckets (name, tokens, at) VALUES ('slow', 100, 0) \
+             ON CONFLICT (name) DO UPDATE SET name = excluded.name",
+        )
+        .await
+        .unwrap();
+
+    // The writer is held inside a batch, so the claim and the limited start share the next one,
+    // the claim sent first.
+    let (entered, is_entered) = tokio::sync::oneshot::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let early: EarlyDispatch = Box::new(move |_| {
+        entered.send(()).unwrap();
+        released.recv().unwrap();
+    });
+    let (holder, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
+    let mut holding = turn("hold");
+    holding.start = Some(slot(&holder.id, holding.key.clone(), "d-holder"));
+    let held = tokio::spawn({
+        let store = f.store.clone();
+        let plan = plan(&holder.id, 0, vec![holding]);
+        async move { store.record_turn_dispatching(plan, early).await }
+    });
+    is_entered.await.unwrap();
+    let claim = queued(Box::pin(f.store.claim_pending(vec!["add".into()], Vec::new(), 10))).await;
+    let mut start = slot(&other.id, limited.key.clone(), "d-limited");
+    start.limits = vec![crate::machine::throttle::ToolLimit {
+        tools: "slow".into(),
+        per_second: Some(1000.0),
+        burst: Some(1000),
+        at_once: None,
+    }];
+    let start = queued(Box::pin(f.store.start_dispatch(start))).await;
+    release.send(()).unwrap();
+    held.await.unwrap().unwrap();
+
+    // Once the writer waits for the bucket, the other replica writes its own call's row.
+    let waiting =
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while replica.query_one(waiting, &[]).await.unwrap().get::<_, i64>(0) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writer never waited for the bucket"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let wrote = replica
+        .execute(
+            "UPDATE steps SET claimed_until = NULL WHERE run_id = $1 AND step_key = $2",
+            &[&run.id.as_str(), &claimable.key.to_string()],
+        )
+        .await;
+    assert!(wrote.is_ok(), "the other replica's write of its own call: {wrote:?}");
+    replica.batch_execute("COMMIT").await.unwrap();
+
+    let started = start.await.unwrap().expect("the limited call started");
+    assert_eq!(started.status, StepStatus::Running);
+    let claimed = claim.await.unwrap();
+    assert_eq!(claimed.iter().map(|s| &s.key).collect::<Vec<_>>(), [&claimable.key]);
+}

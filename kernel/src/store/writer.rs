@@ -760,14 +760,18 @@ fn apply_isolated(
     Ok(applied)
 }
 
-/// Applies a batch's commands in order. A spoiled one rolls back the transaction (see
+/// Applies a batch's commands in order, claims last. A spoiled one rolls back the transaction (see
 /// [`Spoiled`]): the commands before it are answered its error, and the rest go on in a new
 /// transaction.
 fn apply_batch(
     (conn, cache): (&WriteConn, &RefCell<Cache>),
     (replica, now): (&str, i64),
-    batch: Vec<Command>,
+    mut batch: Vec<Command>,
 ) -> Vec<Applied> {
+    // A claim's rows (of any shard) stay locked until the commit: a command after it that
+    // waited for another replica's lock, while that replica waited for a claimed row of its own
+    // run, would deadlock the two. Claims go last, after every command that may wait.
+    batch.sort_by_key(Command::claims_only);
     let commands = batch.len();
     let mut applied: Vec<Applied> = Vec::with_capacity(commands);
     for (index, command) in batch.into_iter().enumerate() {
