@@ -141,13 +141,25 @@ impl Log {
     pub fn text(&self) -> String {
         self.lines.0.lock().unwrap().join("\n")
     }
+
+    /// The last `count` lines logged.
+    fn tail(&self, count: usize) -> Vec<String> {
+        let lines = self.lines.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        lines[lines.len().saturating_sub(count)..].to_vec()
+    }
 }
+
+/// How many of its last log lines each process of a failing test prints: a failure seen once in
+/// CI is read from them.
+const TAIL_ON_FAILURE: usize = 120;
 
 /// A child process killed (SIGKILL) when dropped; it counts towards its test's time limit (see
 /// `watchdog`) while it lives.
 pub struct Process {
     pub child: Child,
     pub log: Log,
+    /// What it is, in the lines it prints when its test fails.
+    label: &'static str,
     /// The test that started it.
     test: String,
 }
@@ -161,14 +173,19 @@ impl Process {
         let mut child = command.spawn().unwrap_or_else(|e| panic!("cannot start {label}: {e}"));
         let log = Log::default();
         log.follow(child.stderr.take().expect("piped stderr"), label);
-        Process::adopt(child, log)
+        Process::adopt(child, log, label)
     }
 
     /// A child started elsewhere, from now on the harness's: killed when dropped, and counted
     /// towards its test's time limit.
-    pub(crate) fn adopt(child: Child, log: Log) -> Process {
+    pub(crate) fn adopt(child: Child, log: Log, label: &'static str) -> Process {
         let test = watchdog::started(child.id());
-        Process { child, log, test }
+        Process {
+            child,
+            log,
+            label,
+            test,
+        }
     }
 
     fn signal(&self, name: &str) {
@@ -218,6 +235,16 @@ impl Drop for Process {
         let _ = self.child.kill();
         let _ = self.child.wait();
         watchdog::ended(self.child.id(), &self.test);
+        // Dropped while its test unwinds from a failure: what the process said goes with the
+        // failure's report (`E2E_ECHO=1` prints every line as it comes instead).
+        if std::thread::panicking() && std::env::var_os("E2E_ECHO").is_none() {
+            let tail = self.log.tail(TAIL_ON_FAILURE);
+            let pid = self.child.id();
+            eprintln!("--- the last {} lines of {} (pid {pid}) ---", tail.len(), self.label);
+            for line in tail {
+                eprintln!("[{}] {line}", self.label);
+            }
+        }
     }
 }
 
@@ -412,7 +439,7 @@ impl Kernel {
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("no addr= in {line:?}"));
         Kernel {
-            process: Process::adopt(child, Log::default()),
+            process: Process::adopt(child, Log::default(), "kernel"),
             addr,
             dir,
             options,

@@ -150,7 +150,7 @@ impl McpClient {
             }
         });
         McpClient {
-            process: Process::adopt(child, log),
+            process: Process::adopt(child, log, "mcp-client"),
             events,
         }
     }
