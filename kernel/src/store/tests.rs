@@ -2509,6 +2509,39 @@ async fn queued<F: std::future::Future + Unpin>(mut request: F) -> F {
     request
 }
 
+/// The store's writer held inside a batch: a turn whose call is handed out before its commit
+/// waits there until released, so what is sent to the store meanwhile makes the next batch.
+struct HeldWriter {
+    release: std::sync::mpsc::Sender<()>,
+    turn: tokio::task::JoinHandle<Result<RecordedTurn, KernelError>>,
+}
+
+impl HeldWriter {
+    /// Holds `store`'s writer with a turn of `run` whose one call starts as `dispatch`.
+    async fn hold(store: &Store, run: &RunId, mut call: PlannedCall, dispatch: &str) -> Self {
+        let (entered, is_entered) = tokio::sync::oneshot::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let early: EarlyDispatch = Box::new(move |_| {
+            entered.send(()).unwrap();
+            released.recv().unwrap();
+        });
+        call.start = Some(slot(run, call.key.clone(), dispatch));
+        let turn = tokio::spawn({
+            let store = store.clone();
+            let plan = plan(run, 0, vec![call]);
+            async move { store.record_turn_dispatching(plan, early).await }
+        });
+        is_entered.await.unwrap();
+        HeldWriter { release, turn }
+    }
+
+    /// Lets the writer go on, and waits for the holding turn to commit.
+    async fn release(self) {
+        self.release.send(()).unwrap();
+        self.turn.await.unwrap().unwrap();
+    }
+}
+
 /// Commands that share a batch refuse alone. A turn refused before it wrote (over its run's
 /// limit) leaves its batch-mates' writes standing, on either store. On SQLite a turn refused after
 /// it wrote (its call's resource instance is held) runs without a savepoint, so it undoes the
@@ -2523,20 +2556,7 @@ async fn a_batch_s_commands_keep_their_answers_when_one_fails_after_it_wrote(f: 
     let add = || call(0, 0, Some(tool("add", Idempotency::SafeToRetry)), "add", "{}");
 
     // The writer is held inside a batch, so what follows is queued and applied as one batch.
-    let (entered, is_entered) = tokio::sync::oneshot::channel();
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let early: EarlyDispatch = Box::new(move |_| {
-        entered.send(()).unwrap();
-        released.recv().unwrap();
-    });
-    let mut holding = add();
-    holding.start = Some(slot(&runs[0].id, holding.key.clone(), "d2"));
-    let held = tokio::spawn({
-        let store = f.store.clone();
-        let plan = plan(&runs[0].id, 0, vec![holding]);
-        async move { store.record_turn_dispatching(plan, early).await }
-    });
-    is_entered.await.unwrap();
+    let held = HeldWriter::hold(&f.store, &runs[0].id, add(), "d2").await;
 
     let before = queued(Box::pin(f.store.schedule_turn(plan(&runs[1].id, 0, vec![add()])))).await;
     let mut over = plan(&runs[2].id, 0, vec![add()]);
@@ -2548,8 +2568,7 @@ async fn a_batch_s_commands_keep_their_answers_when_one_fails_after_it_wrote(f: 
     let after_writing = queued(Box::pin(f.store.schedule_turn(plan(&runs[3].id, 0, vec![locked])))).await;
     let after = queued(Box::pin(f.store.schedule_turn(plan(&runs[4].id, 0, vec![add()])))).await;
     let result = queued(Box::pin(f.store.record_result(returned("d1", "{}")))).await;
-    release.send(()).unwrap();
-    held.await.unwrap().unwrap();
+    held.release().await;
 
     let sqlite = f._postgres.is_none();
     match before.await {
@@ -2655,28 +2674,14 @@ async fn a_write_failing_after_its_command_ended_leaves_no_gap_behind(f: Fixture
     refuse_starts_holding(&f, Some("d-refused")).await;
 
     // The writer is held inside a batch, so the starts are queued and applied as one batch.
-    let (entered, is_entered) = tokio::sync::oneshot::channel();
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let early: EarlyDispatch = Box::new(move |_| {
-        entered.send(()).unwrap();
-        released.recv().unwrap();
-    });
-    let mut holding = add(0);
-    holding.start = Some(slot(&holder.id, holding.key.clone(), "d-holder"));
-    let held = tokio::spawn({
-        let store = f.store.clone();
-        let plan = plan(&holder.id, 0, vec![holding]);
-        async move { store.record_turn_dispatching(plan, early).await }
-    });
-    is_entered.await.unwrap();
+    let held = HeldWriter::hold(&f.store, &holder.id, add(0), "d-holder").await;
     let dispatches = ["d-refused", "d-1", "d-2"];
     let mut starts = Vec::new();
     for (step, dispatch) in steps.iter().zip(dispatches) {
         let start = slot(&run.id, step.key.clone(), dispatch);
         starts.push(queued(Box::pin(f.store.start_dispatch(start))).await);
     }
-    release.send(()).unwrap();
-    held.await.unwrap().unwrap();
+    held.release().await;
 
     let mut answers = Vec::new();
     for start in starts {
@@ -2979,21 +2984,8 @@ async fn a_batch_s_claims_hold_their_rows_only_once_nothing_after_them_waits() {
 
     // The writer is held inside a batch, so the claim and the limited start share the next one,
     // the claim sent first.
-    let (entered, is_entered) = tokio::sync::oneshot::channel();
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let early: EarlyDispatch = Box::new(move |_| {
-        entered.send(()).unwrap();
-        released.recv().unwrap();
-    });
     let (holder, _) = f.store.create_run(new_run(None, 0)).await.unwrap();
-    let mut holding = turn("hold");
-    holding.start = Some(slot(&holder.id, holding.key.clone(), "d-holder"));
-    let held = tokio::spawn({
-        let store = f.store.clone();
-        let plan = plan(&holder.id, 0, vec![holding]);
-        async move { store.record_turn_dispatching(plan, early).await }
-    });
-    is_entered.await.unwrap();
+    let held = HeldWriter::hold(&f.store, &holder.id, turn("hold"), "d-holder").await;
     let claim = queued(Box::pin(f.store.claim_pending(vec!["add".into()], Vec::new(), 10))).await;
     let mut start = slot(&other.id, limited.key.clone(), "d-limited");
     start.limits = vec![crate::machine::throttle::ToolLimit {
@@ -3003,8 +2995,7 @@ async fn a_batch_s_claims_hold_their_rows_only_once_nothing_after_them_waits() {
         at_once: None,
     }];
     let start = queued(Box::pin(f.store.start_dispatch(start))).await;
-    release.send(()).unwrap();
-    held.await.unwrap().unwrap();
+    held.release().await;
 
     // Once the writer waits for the bucket, the other replica writes its own call's row.
     let waiting =
