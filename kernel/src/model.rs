@@ -516,11 +516,14 @@ impl StepKey {
     /// The turn of a call the agent made at a position without naming it (`t3/p0` is turn 3's).
     pub fn positional_turn(&self) -> Option<u32> {
         let (turn, position) = self.0.strip_prefix('t')?.split_once("/p")?;
-        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-        if !digits(turn) || !digits(position) {
-            return None;
-        }
-        turn.parse().ok()
+        let number = |s: &str| {
+            s.bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| s.parse::<u32>().ok())
+                .flatten()
+        };
+        number(position)?;
+        number(turn)
     }
 
     /// The identity of a hosted run's own dispatch, one per run.
@@ -1148,7 +1151,16 @@ mod tests {
         for key in not_positional {
             assert_eq!(key.positional_turn(), None, "{key:?}");
         }
-        for text in ["t2/p", "t/p1", "t2/p1/x", "t2/px", "tt2/p1", "t99999999999/p0"] {
+        for text in [
+            "t2/p",
+            "t/p1",
+            "t2/p1/x",
+            "t2/px",
+            "tt2/p1",
+            "t99999999999/p0",
+            "t2/p99999999999",
+            "t+2/p1",
+        ] {
             assert_eq!(StepKey(text.to_owned()).positional_turn(), None, "{text}");
         }
     }

@@ -113,6 +113,13 @@ fn turn_request(run_id: &str, turn: u32, calls: Vec<pb::ToolCall>) -> pb::Submit
     }
 }
 
+/// `turn`'s answer, or [`BenchError::Stalled`] if it takes longer than [`TURN_TIMEOUT`].
+async fn within_a_turn<T>(turn: impl Future<Output = Result<T, BenchError>>) -> Result<T, BenchError> {
+    tokio::time::timeout(TURN_TIMEOUT, turn)
+        .await
+        .map_err(|_| BenchError::Stalled(TURN_TIMEOUT.as_secs()))?
+}
+
 pub(super) fn noop_call() -> pb::ToolCall {
     pb::ToolCall {
         tool: NOOP.into(),
@@ -247,6 +254,11 @@ impl Agent {
         Ok(())
     }
 
+    /// The client of connection `lane`.
+    fn lane(&self, lane: usize) -> ToolCallServiceClient<Authed> {
+        self.calls[lane % self.calls.len()].clone()
+    }
+
     /// Submits one turn on connection `lane` and reads its stream to the end.
     async fn submit(
         &self,
@@ -255,9 +267,9 @@ impl Agent {
         turn: u32,
         calls: Vec<pb::ToolCall>,
     ) -> Result<Vec<pb::CallResult>, BenchError> {
-        let mut client = self.calls[lane % self.calls.len()].clone();
+        let mut client = self.lane(lane);
         let request = turn_request(run_id, turn, calls);
-        let turn = async {
+        within_a_turn(async {
             let mut stream = client.submit_turn(request).await?.into_inner();
             let mut results = Vec::new();
             while let Some(response) = stream.message().await? {
@@ -265,11 +277,9 @@ impl Agent {
                     results.push(result);
                 }
             }
-            Ok::<_, BenchError>(results)
-        };
-        tokio::time::timeout(TURN_TIMEOUT, turn)
-            .await
-            .map_err(|_| BenchError::Stalled(TURN_TIMEOUT.as_secs()))?
+            Ok(results)
+        })
+        .await
     }
 
     /// Submits one turn as `CallTurn`: every result in one answer, as the Python SDK's
@@ -281,14 +291,11 @@ impl Agent {
         turn: u32,
         calls: Vec<pb::ToolCall>,
     ) -> Result<Vec<pb::CallResult>, BenchError> {
-        let mut client = self.calls[lane % self.calls.len()].clone();
+        let mut client = self.lane(lane);
         let request = pb::CallTurnRequest {
             turn: Some(turn_request(run_id, turn, calls)),
         };
-        let answered = tokio::time::timeout(TURN_TIMEOUT, client.call_turn(request))
-            .await
-            .map_err(|_| BenchError::Stalled(TURN_TIMEOUT.as_secs()))??;
-        Ok(answered.into_inner().results)
+        within_a_turn(async { Ok(client.call_turn(request).await?.into_inner().results) }).await
     }
 
     /// `n` one-call turns of a single run, one after the other, calling `NOOP` or, with

@@ -31,15 +31,10 @@ enum Kind {
 
 impl Kind {
     fn of(key: &StepKey) -> Kind {
-        let text = key.as_str();
-        let position = text
-            .strip_prefix('t')
-            .and_then(|rest| rest.split_once("/p"))
-            .filter(|(_, position)| position.parse::<u32>().is_ok())
-            .and_then(|(turn, _)| turn.parse().ok());
-        match position {
+        match key.positional_turn() {
             Some(turn) => Kind::Position(turn),
             None => {
+                let text = key.as_str();
                 // A fixed hasher, so a key hashes the same in every process and every run.
                 let mut hasher = DefaultHasher::new();
                 text.hash(&mut hasher);
